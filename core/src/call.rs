@@ -1,0 +1,160 @@
+//! Call records, isolation-key slots, and the memory of recently ended calls.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Key, SandboxId, Snapshot, Spec};
+use crate::map::Map;
+use crate::name::{CallId, ExternalId, SessionId, UserId};
+use crate::time::Instant;
+
+/// What the application asks for when it acquires a sandbox for a call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSpec {
+    /// The call's name; unique among live calls.
+    pub call: CallId,
+    /// The session the call belongs to.
+    pub session: SessionId,
+    /// The user, required by scope `User`.
+    pub user: Option<UserId>,
+    /// An application-supplied sandbox to bind at once instead of a managed one.
+    pub external: Option<ExternalId>,
+    /// Passed through to Start.
+    pub spec: Spec,
+}
+
+impl CallSpec {
+    /// A call of `session` with no user, no external sandbox and an empty spec.
+    pub fn new(call: CallId, session: SessionId) -> Self {
+        CallSpec {
+            call,
+            session,
+            user: None,
+            external: None,
+            spec: Spec::default(),
+        }
+    }
+
+    /// The same, naming the user.
+    pub fn with_user(mut self, user: UserId) -> Self {
+        self.user = Some(user);
+        self
+    }
+
+    /// The same, bound to an external sandbox.
+    pub fn with_external(mut self, external: ExternalId) -> Self {
+        self.external = Some(external);
+        self
+    }
+
+    /// The same, with a spec for Start.
+    pub fn with_spec(mut self, spec: Spec) -> Self {
+        self.spec = spec;
+        self
+    }
+}
+
+/// Where a live call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallStatus {
+    /// Queued behind its key.
+    Waiting,
+    /// Bound to a sandbox that is starting.
+    Starting(SandboxId),
+    /// Bound to a sandbox that is up: ready.
+    Ready(SandboxId),
+    /// Was ready; its sandbox died. Live until released.
+    Lost(SandboxId),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum CallState {
+    /// Queued in its key's waiters until the deadline.
+    Waiting { deadline: Instant },
+    /// Bound to a starting sandbox.
+    Starting(SandboxId),
+    /// Bound to a sandbox that was up when bound (it may have died since).
+    Ready(SandboxId),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Call {
+    pub(crate) session: SessionId,
+    pub(crate) key: Key,
+    pub(crate) spec: Spec,
+    pub(crate) state: CallState,
+}
+
+impl Call {
+    /// The sandbox the call is bound to, if any.
+    pub(crate) fn sandbox(&self) -> Option<SandboxId> {
+        match self.state {
+            CallState::Waiting { .. } => None,
+            CallState::Starting(x) | CallState::Ready(x) => Some(x),
+        }
+    }
+}
+
+/// Per isolation key: which sandbox serves it, which one is retiring, who waits.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct KeySlot {
+    /// The sandbox calls of this key bind to: Starting, Running, Idle or Draining.
+    pub(crate) current: Option<SandboxId>,
+    /// The key's previous sandbox while it stops and persists: the next Start of the key waits
+    /// for its snapshot.
+    pub(crate) retiring: Option<SandboxId>,
+    /// Live calls of this key bound to a sandbox (starting or ready, dead sandboxes included).
+    pub(crate) bound: u32,
+    /// Queued calls, first in first out.
+    pub(crate) waiters: VecDeque<CallId>,
+    /// The latest persisted snapshot, for the next Start's `resume_from`.
+    pub(crate) snapshot: Option<Snapshot>,
+}
+
+impl KeySlot {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.current.is_none()
+            && self.retiring.is_none()
+            && self.bound == 0
+            && self.waiters.is_empty()
+            && self.snapshot.is_none()
+    }
+}
+
+/// The last [`Limits::remembered_ended_calls`](crate::Limits) ended call names, oldest first.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct EndedCalls {
+    order: VecDeque<(CallId, u64)>,
+    index: Map<CallId, u64>,
+    next: u64,
+}
+
+impl EndedCalls {
+    pub(crate) fn remember(&mut self, call: CallId, capacity: usize) {
+        if capacity == 0 {
+            return;
+        }
+        let stamp = self.next;
+        self.next += 1;
+        self.index.insert(call.clone(), stamp);
+        self.order.push_back((call, stamp));
+        while self.order.len() > capacity {
+            if let Some((old, old_stamp)) = self.order.pop_front() {
+                if self.index.get(&old) == Some(&old_stamp) {
+                    self.index.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn forget(&mut self, call: &CallId) {
+        // The queue entry stays and is skipped when it falls out (its stamp no longer matches).
+        self.index.remove(call);
+    }
+
+    pub(crate) fn contains(&self, call: &CallId) -> bool {
+        self.index.contains_key(call)
+    }
+}

@@ -1,0 +1,274 @@
+//! Close: refuse new work, drain to the deadline, revoke what is left, shut everything down,
+//! report.
+//!
+//! Phases: `Open` → `close()` → `Draining` (live calls may still flush and end; warm sandboxes go
+//! down; queued calls are refused) → the deadline, or nothing left to drain → `Revoked` (live
+//! calls revoked, drains cut, pending versions dropped with `closed`, every managed sandbox on its
+//! way down, waiting for acknowledgements) → every sandbox answered, or the second deadline →
+//! `Closed` (the `Closed` event; no command ever again; every input refused).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DropReason, Error, ErrorKind};
+use crate::event::{CloseReport, Event};
+use crate::ids::{SandboxId, Version};
+use crate::lifecycle::{EndHow, Lifecycle};
+use crate::name::{CallId, PathName, SessionId};
+use crate::sandbox::{Awaiting, SandboxState};
+use crate::time::Instant;
+use crate::timer::Timer;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum CloseState {
+    Open,
+    Draining {
+        deadline: Instant,
+        report: CloseReport,
+        /// A sandbox seen still up the last time close looked, checked first next time.
+        blocked_by: Option<SandboxId>,
+    },
+    Revoked {
+        grace: Instant,
+        report: CloseReport,
+    },
+    Closed,
+}
+
+impl Lifecycle {
+    /// Begins close: new calls are refused (`Closed`), queued calls fail with `closed`, warm
+    /// sandboxes go down, flushes are refused for sessions with no live call and no sandbox to
+    /// drain into. Live calls may still flush and end, and mirror work drains, until `deadline`
+    /// from now; then what is left is revoked (`CallRevoked`, versions dropped with `closed`),
+    /// every managed sandbox is stopped and shut down (warm ones included), and `Closed
+    /// { report }` comes once every Shutdown is answered, or after the second deadline
+    /// (`close_grace`) with the rest reported unconfirmed. O(n log n), once.
+    ///
+    /// Errors: `Closed` if close was already called.
+    pub fn close(&mut self, now: Instant, deadline: Duration) -> Result<(), Error> {
+        if self.is_closing() {
+            return Err(Error::Closed { what: "close" });
+        }
+        self.advance(now);
+        let at = self.now + deadline;
+        tracing::info!(deadline = ?deadline, "close");
+        self.close = CloseState::Draining {
+            deadline: at,
+            report: CloseReport::default(),
+            blocked_by: None,
+        };
+        self.timers.set(at, Timer::Close);
+
+        let mut waiters: Vec<CallId> = Vec::new();
+        for slot in self.keys.values_mut() {
+            waiters.extend(std::mem::take(&mut slot.waiters));
+        }
+        waiters.sort();
+        for call in waiters {
+            if let Some(report) = self.close_report() {
+                report.refused_waiters.push(call.clone());
+            }
+            self.end_call(&call, EndHow::Failed(ErrorKind::Closed));
+        }
+
+        let mut warm: Vec<SandboxId> = self
+            .sandboxes
+            .iter()
+            .filter(|(_, x)| x.state == SandboxState::Idle)
+            .map(|(id, _)| *id)
+            .collect();
+        warm.sort();
+        for sandbox in warm {
+            self.cancel_sandbox_timer(sandbox);
+            self.begin_drain(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The close timer fired: the first deadline revokes, the second ends close.
+    pub(crate) fn close_deadline(&mut self) {
+        match self.close {
+            CloseState::Draining { .. } => self.revoke(),
+            CloseState::Revoked { .. } => self.grace_expired(),
+            CloseState::Open | CloseState::Closed => unreachable!("close timer while not closing"),
+        }
+    }
+
+    /// Checks, after each input during close, whether close can move on.
+    pub(crate) fn close_progress(&mut self) {
+        match &mut self.close {
+            CloseState::Draining {
+                deadline,
+                blocked_by,
+                ..
+            } => {
+                if !self.calls.is_empty() || !self.uploads.is_empty() {
+                    return;
+                }
+                let up = |x: &crate::sandbox::Sandbox| {
+                    x.state.accepts_uploads() || x.state == SandboxState::Starting
+                };
+                if let Some(b) = *blocked_by {
+                    if self.sandboxes.get(&b).is_some_and(up) {
+                        return;
+                    }
+                }
+                if let Some((id, _)) = self.sandboxes.iter().find(|(_, x)| up(x)) {
+                    *blocked_by = Some(*id);
+                    return;
+                }
+                let at = *deadline;
+                self.timers.cancel(at, &Timer::Close);
+                self.revoke();
+            }
+            CloseState::Revoked { .. } => {
+                if self.sandboxes.is_empty() {
+                    self.finish_close();
+                }
+            }
+            CloseState::Open | CloseState::Closed => {}
+        }
+    }
+
+    /// The first deadline, or nothing left to drain: revoke calls and holds, cut drains, send
+    /// every managed sandbox down.
+    fn revoke(&mut self) {
+        let CloseState::Draining { report, .. } =
+            std::mem::replace(&mut self.close, CloseState::Closed)
+        else {
+            unreachable!("revoke outside the draining phase")
+        };
+        let grace = self.now + self.config.close_grace;
+        tracing::info!("close: revoking what is left");
+        self.close = CloseState::Revoked { grace, report };
+        self.timers.set(grace, Timer::Close);
+
+        let mut live: Vec<CallId> = self.calls.keys().cloned().collect();
+        live.sort();
+        for call in live {
+            if let Some(report) = self.close_report() {
+                report.revoked_calls.push(call.clone());
+            }
+            self.end_call(&call, EndHow::Revoked);
+        }
+
+        let mut held: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.holds > 0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        held.sort();
+        for session in held {
+            let s = self.sessions.get_mut(&session).expect("held session");
+            let holds = std::mem::take(&mut s.holds);
+            if let Some(report) = self.close_report() {
+                report.revoked_holds.push((session.clone(), holds));
+            }
+            self.session_changed(&session);
+        }
+
+        let mut sandboxes: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
+        sandboxes.sort();
+        for sandbox in sandboxes {
+            let Some(x) = self.sandboxes.get(&sandbox) else {
+                continue;
+            };
+            match x.state {
+                SandboxState::Idle | SandboxState::Running => {
+                    unreachable!("no call is live and warm sandboxes drain at close")
+                }
+                SandboxState::Draining => self.end_drain(sandbox, DropReason::Closed),
+                SandboxState::Starting => {
+                    // Its calls were revoked; waiting for the start to answer could outlast
+                    // close, so it is shut down now and the start's answer will be stale.
+                    self.cancel_sandbox_timer(sandbox);
+                    self.sandboxes.get_mut(&sandbox).expect("live").awaiting = Awaiting::Nothing;
+                    self.shutdown(sandbox);
+                }
+                _ => {}
+            }
+        }
+        self.finish_input();
+    }
+
+    /// The second deadline: whatever has not answered is reported, and close ends.
+    fn grace_expired(&mut self) {
+        let mut left: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
+        left.sort();
+        tracing::warn!(sandboxes = left.len(), "close: second deadline passed");
+        for sandbox in left {
+            let x = &self.sandboxes[&sandbox];
+            if x.is_managed() && !x.shutdown_ordered {
+                // Still stopping or persisting: it is ordered down now, its one Shutdown.
+                self.cancel_sandbox_timer(sandbox);
+                self.sandboxes.get_mut(&sandbox).expect("live").awaiting = Awaiting::Nothing;
+                self.shutdown(sandbox);
+            }
+            if self.sandboxes[&sandbox].awaiting == Awaiting::Shutdown {
+                self.unconfirmed(sandbox);
+            }
+        }
+        self.finish_close();
+    }
+
+    fn finish_close(&mut self) {
+        let CloseState::Revoked { report, .. } =
+            std::mem::replace(&mut self.close, CloseState::Closed)
+        else {
+            unreachable!("close finishes after revoking")
+        };
+        tracing::info!(?report, "closed");
+        self.timers.clear();
+        self.calls.clear();
+        self.sandboxes.clear();
+        self.uploads.clear();
+        self.keys.clear();
+        self.sessions.clear();
+        self.idle = Default::default();
+        self.dirty.clear();
+        self.events.push_back(Event::Closed { report });
+    }
+
+    fn close_report(&mut self) -> Option<&mut CloseReport> {
+        match &mut self.close {
+            CloseState::Draining { report, .. } | CloseState::Revoked { report, .. } => {
+                Some(report)
+            }
+            CloseState::Open | CloseState::Closed => None,
+        }
+    }
+
+    pub(crate) fn close_note_dropped(
+        &mut self,
+        session: &SessionId,
+        path: &PathName,
+        version: Version,
+    ) {
+        if let Some(report) = self.close_report() {
+            report
+                .dropped_versions
+                .push((session.clone(), path.clone(), version));
+        }
+    }
+
+    pub(crate) fn close_note_shut_down(&mut self) {
+        if let Some(report) = self.close_report() {
+            report.shut_down += 1;
+        }
+    }
+
+    pub(crate) fn close_note_suspended(&mut self, sandbox: SandboxId) {
+        if let Some(report) = self.close_report() {
+            report.suspended.push(sandbox);
+        }
+    }
+
+    pub(crate) fn close_note_unconfirmed(&mut self, sandbox: SandboxId) {
+        if let Some(report) = self.close_report() {
+            report.unconfirmed.push(sandbox);
+        }
+    }
+}

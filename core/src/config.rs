@@ -1,0 +1,196 @@
+//! Configuration: isolation scope, same-key policy, release policy, deadlines and limits.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Which calls share an isolation key, and so a sandbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    /// Every call gets a fresh sandbox.
+    Call,
+    /// Calls of one session share a key.
+    #[default]
+    Session,
+    /// Calls of one user share a key (a call must name its user).
+    User,
+    /// All calls of the agent this core serves share one key.
+    Agent,
+    /// All calls share one key, which a backend may share beyond this core.
+    Global,
+}
+
+/// What happens when a call's key already has a live call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SameKey {
+    /// Both calls are bound to the one sandbox, which is released only after the last of them.
+    #[default]
+    Share,
+    /// The later call waits, first in first out, until the earlier one has released.
+    Serialize,
+}
+
+/// What happens to a managed sandbox when its last call has released.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleasePolicy {
+    /// Drain, Stop, Persist (when Stop returned a snapshot), Shutdown.
+    #[default]
+    Shutdown,
+    /// Stay up, idle, for the next call with the same key; after `idle` without a call, or at
+    /// close, go the `Shutdown` way.
+    KeepWarm {
+        /// How long an idle sandbox waits for its next call.
+        idle: Duration,
+    },
+    /// Drain, Stop, Persist; no Shutdown. The backend keeps the persisted sandbox; the next Start
+    /// of the key carries the snapshot as `resume_from`.
+    Suspend,
+}
+
+/// Explicit limits on everything that grows with input. Crossing one is a typed error
+/// ([`Error::LimitExceeded`]), never an unbounded queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Live calls (waiting, starting or bound).
+    pub max_calls: usize,
+    /// Sandboxes the core tracks at once, in any state.
+    pub max_sandboxes: usize,
+    /// Session records with something live (a call, mirror work, a hold).
+    pub max_active_sessions: usize,
+    /// Idle session records kept (they remember the last version of each path); the oldest
+    /// idle record is forgotten beyond this, and its next flush starts again at version 1.
+    pub max_idle_sessions: usize,
+    /// Mirrored paths per session.
+    pub max_paths_per_session: usize,
+    /// Bytes in one flushed payload.
+    pub max_payload_bytes: usize,
+    /// Holds per session.
+    pub max_holds_per_session: u32,
+    /// Ended call names remembered, so that a second release says `AlreadyReleased` rather than
+    /// `UnknownCall`.
+    pub remembered_ended_calls: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_calls: 1 << 20,
+            max_sandboxes: 1 << 20,
+            max_active_sessions: 1 << 20,
+            max_idle_sessions: 1 << 21,
+            max_paths_per_session: 32,
+            max_payload_bytes: 64 << 20,
+            max_holds_per_session: 64,
+            remembered_ended_calls: 4096,
+        }
+    }
+}
+
+/// The whole configuration of a [`Lifecycle`](crate::Lifecycle).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// Which calls share a key.
+    pub scope: Scope,
+    /// What a second live call with the same key gets.
+    pub same_key: SameKey,
+    /// What happens to a managed sandbox after its last call.
+    pub release: ReleasePolicy,
+    /// How long a Start may take before its calls fail with `StartTimeout`.
+    pub start_timeout: Duration,
+    /// How long one upload attempt may take before its version is dropped (`upload-timeout`).
+    pub upload_timeout: Duration,
+    /// Transient upload failures retried per version before it is dropped (`upload-failed`).
+    pub upload_retries: u32,
+    /// The first retry's delay; each further retry doubles it.
+    pub retry_backoff: Duration,
+    /// How long a draining sandbox waits for its mirror work and holds.
+    pub drain_deadline: Duration,
+    /// How long a queued call waits for its key before it fails with `WaitTimeout`.
+    pub wait_timeout: Duration,
+    /// Queued calls per key; one more is refused with `QueueFull`.
+    pub max_waiters: usize,
+    /// How long a Stop, Persist or Shutdown may go unanswered. A Stop or Persist that times out
+    /// counts as failed; a Shutdown that times out is reported unconfirmed.
+    pub command_timeout: Duration,
+    /// The second close deadline: after the first one revoked what was left, how long close waits
+    /// for shutdown acknowledgements before it reports the rest unconfirmed.
+    pub close_grace: Duration,
+    /// Limits on everything that grows.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            scope: Scope::default(),
+            same_key: SameKey::default(),
+            release: ReleasePolicy::default(),
+            start_timeout: Duration::from_secs(30),
+            upload_timeout: Duration::from_secs(10),
+            upload_retries: 3,
+            retry_backoff: Duration::from_millis(100),
+            drain_deadline: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(30),
+            max_waiters: 8,
+            command_timeout: Duration::from_secs(30),
+            close_grace: Duration::from_secs(30),
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks that every deadline is positive and every limit at least one.
+    pub fn validate(&self) -> Result<(), Error> {
+        let durations = [
+            ("start_timeout", self.start_timeout),
+            ("upload_timeout", self.upload_timeout),
+            ("drain_deadline", self.drain_deadline),
+            ("wait_timeout", self.wait_timeout),
+            ("command_timeout", self.command_timeout),
+            ("close_grace", self.close_grace),
+        ];
+        for (name, d) in durations {
+            if d.is_zero() {
+                return Err(Error::InvalidConfig {
+                    field: name,
+                    why: "must be longer than zero",
+                });
+            }
+        }
+        if let ReleasePolicy::KeepWarm { idle } = self.release {
+            if idle.is_zero() {
+                return Err(Error::InvalidConfig {
+                    field: "release.keep_warm.idle",
+                    why: "must be longer than zero",
+                });
+            }
+        }
+        let l = &self.limits;
+        let limits = [
+            ("limits.max_calls", l.max_calls),
+            ("limits.max_sandboxes", l.max_sandboxes),
+            ("limits.max_active_sessions", l.max_active_sessions),
+            ("limits.max_paths_per_session", l.max_paths_per_session),
+            ("limits.max_payload_bytes", l.max_payload_bytes),
+            (
+                "limits.max_holds_per_session",
+                l.max_holds_per_session as usize,
+            ),
+        ];
+        for (name, n) in limits {
+            if n == 0 {
+                return Err(Error::InvalidConfig {
+                    field: name,
+                    why: "must be at least 1",
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,115 @@
+//! Events: news for the application, drained with
+//! [`Lifecycle::poll_event`](crate::Lifecycle::poll_event).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DropReason, ErrorKind};
+use crate::ids::{SandboxId, Version};
+use crate::name::{CallId, PathName, SessionId};
+
+/// Something the application may wait for or should know.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "event")]
+pub enum Event {
+    /// The call is bound to a sandbox that is up.
+    CallReady {
+        /// The call.
+        call: CallId,
+        /// Its sandbox.
+        sandbox: SandboxId,
+    },
+    /// The call ended without becoming ready. Its name is free again.
+    CallFailed {
+        /// The call.
+        call: CallId,
+        /// Why: `start-failed`, `start-timeout`, `wait-timeout`, `sandbox-gone` or `closed`.
+        error: ErrorKind,
+    },
+    /// The call's release has completed: its session's mirror work for the call's sandbox has
+    /// settled (uploaded or dropped), its holds there are let go, or nothing was pending.
+    /// A call released before it was bound completes at once.
+    CallReleased {
+        /// The call.
+        call: CallId,
+    },
+    /// Close revoked the call at its deadline; the call has ended.
+    CallRevoked {
+        /// The call.
+        call: CallId,
+    },
+    /// The sandbox this live call is bound to died. The call stays live until it is released;
+    /// `resolve` for its session answers `SandboxGone`.
+    SandboxLost {
+        /// The call.
+        call: CallId,
+        /// The dead sandbox.
+        sandbox: SandboxId,
+    },
+    /// A flushed version settled. Every version settles exactly once.
+    Settled {
+        /// The session.
+        session: SessionId,
+        /// The path.
+        path: PathName,
+        /// The version.
+        version: Version,
+        /// How.
+        outcome: Settlement,
+    },
+    /// Every version flushed for this session so far has settled.
+    MirrorSettled {
+        /// The session.
+        session: SessionId,
+    },
+    /// A Shutdown went unacknowledged (failed or timed out): the backend may still hold it.
+    ShutdownUnconfirmed {
+        /// The sandbox.
+        sandbox: SandboxId,
+    },
+    /// Close has finished. No command follows; every later input is refused.
+    Closed {
+        /// What close did.
+        report: CloseReport,
+    },
+}
+
+/// How a version settled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "outcome")]
+pub enum Settlement {
+    /// It was written into this sandbox.
+    Uploaded {
+        /// The sandbox.
+        sandbox: SandboxId,
+    },
+    /// A newer version of the same path took its place before it was written.
+    Superseded {
+        /// The newer version.
+        by: Version,
+    },
+    /// It never reached a sandbox.
+    Dropped {
+        /// Why.
+        reason: DropReason,
+    },
+}
+
+/// What close did, in the `Closed` event.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseReport {
+    /// Calls still live at the close deadline, ended by close.
+    pub revoked_calls: Vec<CallId>,
+    /// Calls that were queued when close began, failed with `closed`.
+    pub refused_waiters: Vec<CallId>,
+    /// Versions dropped by close, as (session, path, version).
+    pub dropped_versions: Vec<(SessionId, PathName, Version)>,
+    /// Holds still taken at the close deadline, per session.
+    pub revoked_holds: Vec<(SessionId, u32)>,
+    /// Managed sandboxes whose Shutdown was acknowledged during close.
+    pub shut_down: u64,
+    /// Sandboxes suspended (persisted, not shut down) by the `Suspend` policy during close.
+    pub suspended: Vec<SandboxId>,
+    /// Sandboxes whose Shutdown was ordered but not acknowledged (failed, or not by the second
+    /// deadline).
+    pub unconfirmed: Vec<SandboxId>,
+}

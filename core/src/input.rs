@@ -1,0 +1,117 @@
+//! Inputs as values: every input the core takes, for traces, replay and the simulator.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::call::CallSpec;
+use crate::error::Error;
+use crate::ids::{Payload, SandboxId, Snapshot, UploadId};
+use crate::lifecycle::Lifecycle;
+use crate::name::{CallId, PathName, SessionId};
+use crate::time::Instant;
+
+/// How an upload failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UploadFailure {
+    /// It may work if tried again (a dropped connection, a 5xx): retried with backoff.
+    Transient,
+    /// The sandbox is gone (a 404, a deleted pod, a removed directory): treated as its death.
+    Gone,
+}
+
+/// One input to the core, as a value. [`Lifecycle::handle`] applies it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "input")]
+#[allow(missing_docs)] // each variant is the method of the same name
+pub enum Input {
+    Acquire(CallSpec),
+    Release {
+        call: CallId,
+    },
+    Flush {
+        session: SessionId,
+        path: PathName,
+        payload: Payload,
+    },
+    Hold {
+        session: SessionId,
+    },
+    Unhold {
+        session: SessionId,
+    },
+    Close {
+        deadline: Duration,
+    },
+    StartOk {
+        sandbox: SandboxId,
+    },
+    StartFailed {
+        sandbox: SandboxId,
+    },
+    UploadOk {
+        upload: UploadId,
+    },
+    UploadFailed {
+        upload: UploadId,
+        failure: UploadFailure,
+    },
+    StopOk {
+        sandbox: SandboxId,
+        snapshot: Option<Snapshot>,
+    },
+    StopFailed {
+        sandbox: SandboxId,
+    },
+    PersistOk {
+        sandbox: SandboxId,
+    },
+    PersistFailed {
+        sandbox: SandboxId,
+    },
+    ShutdownOk {
+        sandbox: SandboxId,
+    },
+    ShutdownFailed {
+        sandbox: SandboxId,
+    },
+    Died {
+        sandbox: SandboxId,
+    },
+    Timeout,
+}
+
+impl Lifecycle {
+    /// Applies one input: the method of the same name. A flush's version is returned as
+    /// `Some`.
+    pub fn handle(&mut self, now: Instant, input: Input) -> Result<Option<crate::Version>, Error> {
+        match input {
+            Input::Acquire(spec) => self.acquire(now, spec),
+            Input::Release { call } => self.release(now, &call),
+            Input::Flush {
+                session,
+                path,
+                payload,
+            } => return self.flush(now, &session, &path, payload).map(Some),
+            Input::Hold { session } => self.hold(now, &session),
+            Input::Unhold { session } => self.unhold(now, &session),
+            Input::Close { deadline } => self.close(now, deadline),
+            Input::StartOk { sandbox } => self.handle_start_ok(now, sandbox),
+            Input::StartFailed { sandbox } => self.handle_start_failed(now, sandbox),
+            Input::UploadOk { upload } => self.handle_upload_ok(now, upload),
+            Input::UploadFailed { upload, failure } => {
+                self.handle_upload_failed(now, upload, failure)
+            }
+            Input::StopOk { sandbox, snapshot } => self.handle_stop_ok(now, sandbox, snapshot),
+            Input::StopFailed { sandbox } => self.handle_stop_failed(now, sandbox),
+            Input::PersistOk { sandbox } => self.handle_persist_ok(now, sandbox),
+            Input::PersistFailed { sandbox } => self.handle_persist_failed(now, sandbox),
+            Input::ShutdownOk { sandbox } => self.handle_shutdown_ok(now, sandbox),
+            Input::ShutdownFailed { sandbox } => self.handle_shutdown_failed(now, sandbox),
+            Input::Died { sandbox } => self.handle_died(now, sandbox),
+            Input::Timeout => self.handle_timeout(now),
+        }
+        .map(|()| None)
+    }
+}

@@ -1,0 +1,438 @@
+//! The invariants of DESIGN.md that can be read off the core's state, checked in one pass.
+//!
+//! The core `debug_assert`s them after every input while it is small; the simulator calls
+//! [`Lifecycle::check_invariants`] after every step, and checks the invariants about histories
+//! (no command after Shutdown, versions settle once, ...) on the commands and events it drains.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::call::CallState;
+use crate::close::CloseState;
+use crate::config::SameKey;
+use crate::ids::{Key, SandboxId};
+use crate::lifecycle::Lifecycle;
+use crate::name::CallId;
+use crate::sandbox::{Awaiting, SandboxState};
+use crate::timer::Timer;
+
+/// A broken invariant: which one, and what was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name.
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant {} broken: {}", self.invariant, self.detail)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+macro_rules! ensure {
+    ($cond:expr, $name:literal, $($detail:tt)+) => {
+        if !$cond {
+            return Err(Violation {
+                invariant: $name,
+                detail: format!($($detail)+),
+            });
+        }
+    };
+}
+
+impl Lifecycle {
+    /// Checks every state invariant in one pass over the state. O(n log n): for tests and the
+    /// simulator, not for a hot path.
+    ///
+    /// Names: `bound-calls` (a sandbox's calls are exactly the calls bound to it, in a state
+    /// that can hold calls), `key-counts` (a key's bound count, current and retiring sandboxes),
+    /// `serialize` (never two live calls on one key under `Serialize`), `session-calls` (a
+    /// session's ready list and coming count), `session-target` (a session's mirror goes to its
+    /// own first up sandbox or its linger sandbox, and the sandbox lists it), `busy-count`,
+    /// `uploads` (in flight only into sandboxes that accept uploads, one per path),
+    /// `shutdown-once`, `timers` (every deadline is in the table and nothing else is),
+    /// `idle-count`, `closed` (nothing left after close).
+    pub fn check_invariants(&self) -> Result<(), Violation> {
+        if let CloseState::Closed = self.close {
+            ensure!(
+                self.timers.len() == 0
+                    && self.calls.is_empty()
+                    && self.sandboxes.is_empty()
+                    && self.uploads.is_empty(),
+                "closed",
+                "state left after close: {} timers, {} calls, {} sandboxes, {} uploads",
+                self.timers.len(),
+                self.calls.len(),
+                self.sandboxes.len(),
+                self.uploads.len()
+            );
+            return Ok(());
+        }
+
+        let mut expected_timers = 0usize;
+        // Calls, seen from the calls.
+        let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<&CallId>> = BTreeMap::new();
+        let mut bound_by_key: BTreeMap<&Key, u32> = BTreeMap::new();
+        for (id, call) in &self.calls {
+            let session = self.sessions.get(&call.session);
+            ensure!(
+                session.is_some(),
+                "session-calls",
+                "call {id} has no session record"
+            );
+            let session = session.expect("checked");
+            match call.state {
+                CallState::Waiting { deadline } => {
+                    expected_timers += 1;
+                    ensure!(
+                        self.timers.contains(deadline, &Timer::Wait(id.clone())),
+                        "timers",
+                        "waiting call {id} has no wait timer"
+                    );
+                    let queued = self
+                        .keys
+                        .get(&call.key)
+                        .is_some_and(|k| k.waiters.contains(id));
+                    ensure!(queued, "key-counts", "waiting call {id} is not queued");
+                }
+                CallState::Starting(x) | CallState::Ready(x) => {
+                    bound_by_sandbox.entry(x).or_default().push(id);
+                    *bound_by_key.entry(&call.key).or_default() += 1;
+                    let ready = session.ready.contains(id);
+                    ensure!(
+                        ready == matches!(call.state, CallState::Ready(_)),
+                        "session-calls",
+                        "call {id} is {:?} but its session's ready list says {ready}",
+                        call.state
+                    );
+                }
+            }
+        }
+
+        // Sandboxes.
+        let mut busy_by_sandbox: BTreeMap<SandboxId, u32> = BTreeMap::new();
+        for (id, x) in &self.sandboxes {
+            let calls = bound_by_sandbox.remove(id).unwrap_or_default();
+            ensure!(
+                calls.len() == x.bound.len() && calls.iter().all(|c| x.bound.contains(*c)),
+                "bound-calls",
+                "sandbox {id} counts {} bound calls, {} calls are bound to it",
+                x.bound.len(),
+                calls.len()
+            );
+            if !x.bound.is_empty() {
+                ensure!(
+                    matches!(
+                        x.state,
+                        SandboxState::Starting | SandboxState::Running | SandboxState::Dead
+                    ),
+                    "bound-calls",
+                    "sandbox {id} has calls in state {:?}",
+                    x.state
+                );
+            }
+            for call in &x.bound {
+                let state = &self.calls[call].state;
+                let fits = match x.state {
+                    SandboxState::Starting => matches!(state, CallState::Starting(_)),
+                    SandboxState::Running => matches!(state, CallState::Ready(_)),
+                    _ => true,
+                };
+                ensure!(
+                    fits,
+                    "bound-calls",
+                    "call {call} is {state:?} on {id} which is {:?}",
+                    x.state
+                );
+            }
+            if x.shutdown_ordered {
+                ensure!(
+                    matches!(x.state, SandboxState::ShuttingDown | SandboxState::Dead),
+                    "shutdown-once",
+                    "sandbox {id} was ordered to shut down and is {:?}",
+                    x.state
+                );
+                ensure!(x.is_managed(), "shutdown-once", "external {id} shut down");
+            }
+            if x.state == SandboxState::ShuttingDown {
+                ensure!(
+                    x.shutdown_ordered,
+                    "shutdown-once",
+                    "sandbox {id} shuts down unordered"
+                );
+            }
+            let awaits_ok = match x.awaiting {
+                Awaiting::Nothing => true,
+                Awaiting::Start => x.state == SandboxState::Starting,
+                Awaiting::Stop => x.state == SandboxState::Stopping,
+                Awaiting::Persist => x.state == SandboxState::Persisting,
+                Awaiting::Shutdown => x.shutdown_ordered,
+            };
+            ensure!(
+                awaits_ok,
+                "shutdown-once",
+                "sandbox {id} in {:?} awaits {:?}",
+                x.state,
+                x.awaiting
+            );
+            if let Some(at) = x.deadline {
+                expected_timers += 1;
+                ensure!(
+                    self.timers.contains(at, &Timer::Sandbox(*id)),
+                    "timers",
+                    "sandbox {id} deadline is not in the table"
+                );
+            }
+            if !x.state.accepts_uploads() {
+                ensure!(
+                    x.uploads.is_empty() && x.targeting.is_empty() && x.busy_sessions == 0,
+                    "uploads",
+                    "sandbox {id} in {:?} has {} uploads in flight and {} sessions targeting it",
+                    x.state,
+                    x.uploads.len(),
+                    x.targeting.len()
+                );
+            }
+            for upload in &x.uploads {
+                let up = self.uploads.get(upload);
+                ensure!(
+                    up.is_some_and(|u| u.sandbox == *id),
+                    "uploads",
+                    "sandbox {id} lists upload {upload} which is not in flight into it"
+                );
+            }
+        }
+        ensure!(
+            bound_by_sandbox.is_empty(),
+            "bound-calls",
+            "calls bound to untracked sandboxes: {:?}",
+            bound_by_sandbox
+        );
+
+        // Keys.
+        for (key, slot) in &self.keys {
+            let bound = bound_by_key.remove(key).unwrap_or(0);
+            ensure!(
+                slot.bound == bound,
+                "key-counts",
+                "key {key} counts {} bound calls, {bound} are bound",
+                slot.bound
+            );
+            if self.config.same_key == SameKey::Serialize && !matches!(key, Key::External(_)) {
+                ensure!(
+                    bound <= 1,
+                    "serialize",
+                    "key {key} has {bound} live calls under Serialize"
+                );
+            }
+            if let Some(x) = slot.current {
+                let state = self.sandboxes.get(&x).map(|x| x.state);
+                ensure!(
+                    matches!(
+                        state,
+                        Some(
+                            SandboxState::Starting
+                                | SandboxState::Running
+                                | SandboxState::Idle
+                                | SandboxState::Draining
+                        )
+                    ),
+                    "key-counts",
+                    "key {key}'s current sandbox {x} is {state:?}"
+                );
+            }
+            if let Some(x) = slot.retiring {
+                let state = self.sandboxes.get(&x).map(|x| x.state);
+                ensure!(
+                    matches!(
+                        state,
+                        Some(SandboxState::Stopping | SandboxState::Persisting)
+                    ),
+                    "key-counts",
+                    "key {key}'s retiring sandbox {x} is {state:?}"
+                );
+            }
+            for w in &slot.waiters {
+                ensure!(
+                    matches!(
+                        self.calls.get(w).map(|c| &c.state),
+                        Some(CallState::Waiting { .. })
+                    ),
+                    "key-counts",
+                    "key {key} queues {w}, which is not waiting"
+                );
+            }
+        }
+        ensure!(
+            bound_by_key.is_empty(),
+            "key-counts",
+            "calls bound under untracked keys: {:?}",
+            bound_by_key
+        );
+
+        // Sessions and the mirror.
+        let mut idle = 0usize;
+        let mut uploads_seen = 0usize;
+        for (id, s) in &self.sessions {
+            let coming = self
+                .calls
+                .values()
+                .filter(|c| {
+                    &c.session == id
+                        && matches!(c.state, CallState::Waiting { .. } | CallState::Starting(_))
+                })
+                .count();
+            ensure!(
+                s.coming as usize == coming,
+                "session-calls",
+                "session {id} counts {} coming calls, {coming} are waiting or starting",
+                s.coming
+            );
+            for call in &s.ready {
+                ensure!(
+                    self.calls
+                        .get(call)
+                        .is_some_and(|c| &c.session == id && matches!(c.state, CallState::Ready(_))),
+                    "session-calls",
+                    "session {id} lists {call} as ready"
+                );
+            }
+            let first_up = s
+                .ready
+                .iter()
+                .filter_map(|c| self.calls[c].sandbox())
+                .find(|x| self.sandboxes[x].state.accepts_uploads());
+            let expected = first_up.or(s.linger.filter(|x| {
+                self.sandboxes
+                    .get(x)
+                    .is_some_and(|x| x.state.accepts_uploads())
+            }));
+            ensure!(
+                s.target == expected,
+                "session-target",
+                "session {id} targets {:?}, expected {expected:?}",
+                s.target
+            );
+            if let Some(t) = s.target {
+                ensure!(
+                    self.sandboxes[&t].targeting.contains(id),
+                    "session-target",
+                    "sandbox {t} does not list session {id} that targets it"
+                );
+            }
+            let busy_on = if s.is_busy() { s.target } else { None };
+            ensure!(
+                s.busy_on == busy_on,
+                "busy-count",
+                "session {id} is busy on {:?}, expected {busy_on:?}",
+                s.busy_on
+            );
+            if let Some(b) = busy_on {
+                *busy_by_sandbox.entry(b).or_default() += 1;
+            }
+            for slot in &s.paths {
+                if let Some(u) = slot.inflight {
+                    uploads_seen += 1;
+                    let up = self.uploads.get(&u);
+                    ensure!(
+                        up.is_some_and(|up| &up.session == id && up.path == slot.path),
+                        "uploads",
+                        "session {id} path {} has upload {u} in flight that is not its own",
+                        slot.path
+                    );
+                    let up = up.expect("checked");
+                    ensure!(
+                        up.version.0 <= slot.last
+                            && slot.pending.as_ref().is_none_or(|(v, _)| *v > up.version),
+                        "uploads",
+                        "session {id} path {}: in flight {} out of order",
+                        slot.path,
+                        up.version
+                    );
+                    expected_timers += 1;
+                }
+                if let Some(at) = slot.retry_at {
+                    expected_timers += 1;
+                    ensure!(
+                        slot.pending.is_some()
+                            && self
+                                .timers
+                                .contains(at, &Timer::Retry(id.clone(), slot.path.clone())),
+                        "timers",
+                        "session {id} path {} has a retry without a timer or a version",
+                        slot.path
+                    );
+                }
+            }
+            if s.idle_stamp.is_some() {
+                idle += 1;
+                ensure!(
+                    s.is_idle(),
+                    "idle-count",
+                    "session {id} counted idle while live"
+                );
+            }
+        }
+        ensure!(
+            uploads_seen == self.uploads.len(),
+            "uploads",
+            "{} uploads in flight, {uploads_seen} referenced by sessions",
+            self.uploads.len()
+        );
+        for (id, x) in &self.sandboxes {
+            let busy = busy_by_sandbox.remove(id).unwrap_or(0);
+            ensure!(
+                x.busy_sessions == busy,
+                "busy-count",
+                "sandbox {id} counts {} busy sessions, {busy} are busy on it",
+                x.busy_sessions
+            );
+            for s in &x.targeting {
+                ensure!(
+                    self.sessions.get(s).is_some_and(|r| r.target == Some(*id)),
+                    "session-target",
+                    "sandbox {id} lists session {s} which targets elsewhere"
+                );
+            }
+        }
+        ensure!(
+            busy_by_sandbox.is_empty(),
+            "busy-count",
+            "sessions busy on untracked sandboxes: {busy_by_sandbox:?}"
+        );
+        ensure!(
+            idle == self.idle.count,
+            "idle-count",
+            "{} sessions counted idle, {idle} are",
+            self.idle.count
+        );
+        for (u, up) in &self.uploads {
+            ensure!(
+                self.sandboxes
+                    .get(&up.sandbox)
+                    .is_some_and(|x| x.state.accepts_uploads() && x.uploads.contains(u)),
+                "uploads",
+                "upload {u} in flight into {} which does not accept uploads",
+                up.sandbox
+            );
+        }
+
+        if matches!(
+            self.close,
+            CloseState::Draining { .. } | CloseState::Revoked { .. }
+        ) {
+            expected_timers += 1;
+        }
+        ensure!(
+            expected_timers == self.timers.len(),
+            "timers",
+            "{} timers set, {expected_timers} deadlines known",
+            self.timers.len()
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! # sandkeeper: the sans-IO lifecycle of an agent harness's sandboxes
+//!
+//! One shared agent serves many users' calls at once. Every call needs a sandbox (a local
+//! directory, a container, a Kubernetes pod), and background jobs (the session-log mirror, memory
+//! writes) keep writing into a session's sandbox after the call's own work is done. This crate is
+//! the pure, synchronous state machine that decides the whole lifecycle — acquire, start, bind,
+//! flush, release, drain, stop, persist, shutdown, close — and emits commands for a driver to
+//! execute. It reads no clock, draws no randomness, spawns nothing and does no IO: a driver
+//! (`sandkeeper-tokio`, `sandkeeper-k8s`) or the simulator (`sim`) feeds it inputs and executes
+//! its outputs.
+//!
+//! ```
+//! use std::time::Duration;
+//! use sandkeeper::*;
+//!
+//! let mut core = Lifecycle::new(Config::default()).unwrap();
+//! let t = Instant::ZERO;
+//! let (call, session) = (CallId::new("c1").unwrap(), SessionId::new("s1").unwrap());
+//! core.acquire(t, CallSpec::new(call.clone(), session.clone())).unwrap();
+//! let Some(Command::Start { sandbox, .. }) = core.poll_command() else { panic!() };
+//! core.handle_start_ok(t, sandbox).unwrap();
+//! assert_eq!(core.poll_event(), Some(Event::CallReady { call: call.clone(), sandbox }));
+//! assert_eq!(core.resolve(&session), Ok(sandbox));
+//!
+//! // The session log is mirrored into the session's own sandbox.
+//! let v = core.flush(t, &session, &PathName::session_log(), Payload::new(b"{}\n".to_vec())).unwrap();
+//! let Some(Command::Upload { upload, sandbox: into, .. }) = core.poll_command() else { panic!() };
+//! assert_eq!(into, sandbox);
+//! core.release(t, &call).unwrap();           // drains: Stop waits for the upload
+//! assert!(matches!(core.poll_command(), Some(Command::Drain { .. })));
+//! assert_eq!(core.poll_command(), None);
+//! core.handle_upload_ok(t, upload).unwrap(); // settled; the drain is done; Stop follows
+//! assert_eq!(core.poll_command(), Some(Command::Stop { sandbox }));
+//! # let _ = (v, Duration::ZERO);
+//! ```
+//!
+//! ## The drain contract (the caller's obligations)
+//!
+//! In the manner of str0m's `Rtc`:
+//!
+//! 1. **One input at a time.** Every input is a method taking `now` ([`Instant`], the driver's
+//!    clock as nanoseconds since an origin it chose). The core never reads a clock; an earlier
+//!    `now` than one already seen counts as the latest.
+//! 2. **Drain after every input.** Call [`Lifecycle::poll_command`] until `None` and
+//!    [`Lifecycle::poll_event`] until `None` before the next input. Commands are work for the
+//!    driver, in the order they must be started; events are news for the application. The core
+//!    queues them, so draining late is not a loss, but output of one input may be needed to
+//!    answer the next correctly (an Upload's id, a Start's sandbox).
+//! 3. **Keep the timer.** After draining, [`Lifecycle::poll_timeout`] gives the earliest deadline;
+//!    call [`Lifecycle::handle_timeout`] once the clock has reached it (calling it early or twice
+//!    is harmless). Check the clock against the deadline before sleeping: a runtime may wake a
+//!    sleep late.
+//! 4. **Answer every command that wants an answer**, exactly once: Start, Upload, Stop, Persist
+//!    and Shutdown with the matching `handle_*`; Drain and CancelUpload want none. An answer the
+//!    core no longer awaits (after a timeout, a death, a cancel) is stale: it returns `Ok` and
+//!    changes nothing, so a driver never has to know.
+//! 5. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
+//!    directory removed, an exec answered 404), call [`Lifecycle::handle_died`]. Never assume a
+//!    sandbox alive because a backend object said so earlier: liveness is the core's state.
+//! 6. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
+//!    broken internal invariant: a bug, never bad input.
+//!
+//! Output order is a pure function of the input sequence: maps are looked up, never iterated
+//! into output, and timers fire in (deadline, timer) order.
+//!
+//! ## Inputs
+//!
+//! | input | does | cost |
+//! |---|---|---|
+//! | [`acquire`](Lifecycle::acquire) | binds a call to its key's sandbox, starts one, or queues it | O(log n) |
+//! | [`release`](Lifecycle::release) | ends a call (done, failed, cancelled); applies the release policy to its sandbox's last call | O(log n) |
+//! | [`flush`](Lifecycle::flush) | records the next version of a session's file; uploads it when the path is free | O(log n + paths) |
+//! | [`hold`](Lifecycle::hold) / [`unhold`](Lifecycle::unhold) | a background writer promises a write; draining waits for it | O(log n) |
+//! | [`resolve`](Lifecycle::resolve) | (a getter) the sandbox of a session's live call, for context-free code | O(calls of the session) |
+//! | [`close`](Lifecycle::close) | refuses new calls, drains to a deadline, revokes, shuts everything down | O(n log n), once |
+//! | `handle_start_ok` / `_failed` | a Start's answer | O(log n + calls bound) |
+//! | `handle_upload_ok` / `_failed` | an Upload's answer; transient failures retry with backoff | O(log n + paths) |
+//! | `handle_stop_ok` / `_failed`, `handle_persist_ok` / `_failed`, `handle_shutdown_ok` / `_failed` | the way down | O(log n) |
+//! | [`handle_died`](Lifecycle::handle_died) | the backend reports a sandbox gone | O(log n + what it held) |
+//! | [`handle_timeout`](Lifecycle::handle_timeout) | fires due timers | O(log n) per timer |
+//!
+//! n is the number of live calls, sessions and sandboxes; "paths" is the number of mirrored
+//! paths of one session (bounded by [`Limits::max_paths_per_session`]). No input scans all
+//! sessions or sandboxes, except close, once. [`Lifecycle::handle`] takes any input as an
+//! [`Input`] value, for traces and replay.
+//!
+//! ## Commands ([`Command`])
+//!
+//! `Start` (with the key, the call's opaque [`Spec`] and `resume_from`, the key's last
+//! persisted [`Snapshot`]), `Upload`, `CancelUpload`, `Drain` (the sandbox and the sessions whose
+//! background writers should submit now), `Stop`, `Persist`, `Shutdown`. Each names one
+//! sandbox. The order on the way down is always Drain → Stop → Persist → Shutdown: never an
+//! Upload after Stop, Shutdown or death, never Persist before Stop, never a command naming a
+//! sandbox after its Shutdown, and exactly one Shutdown per managed sandbox (never one for an
+//! external sandbox).
+//!
+//! ## Events ([`Event`])
+//!
+//! `CallReady`, `CallFailed` (with an [`ErrorKind`]), `CallReleased` (the release completed:
+//! its session's mirror work for that sandbox settled), `CallRevoked` (by close), `SandboxLost`
+//! (a bound call's sandbox died), `Settled` (every flushed version exactly once: `Uploaded`,
+//! `Superseded` or `Dropped` with a [`DropReason`]), `MirrorSettled` (one session's mirror has
+//! nothing unsettled: sessions are awaited one by one, never "everything"),
+//! `ShutdownUnconfirmed`, `Closed` (with a [`CloseReport`]).
+//!
+//! ## Errors ([`Error`])
+//!
+//! Typed, and an input that fails changes nothing: `Closed`, `UnknownCall`, `DuplicateCall`,
+//! `AlreadyReleased`, `InvalidName`, `NoActiveSandbox`, `SandboxGone`, `QueueFull`,
+//! `UnknownSandbox`, `UnknownUpload`, `NotHeld`, `MissingUser`, `LimitExceeded`,
+//! `InvalidConfig`. Names are validated when made ([`SessionId::new`] and friends): a name that
+//! could escape a directory or reach a shell is an [`InvalidName`].
+//!
+//! ## Semantics in brief
+//!
+//! - **Keys.** A call's isolation key comes from the [`Scope`] (or the external sandbox it
+//!   names). Under [`SameKey::Share`] calls of one key are bound to one sandbox, reference
+//!   counted; under [`SameKey::Serialize`] the later call queues (first in, first out,
+//!   `max_waiters`, `wait_timeout`). A new call of a key whose previous sandbox is still
+//!   stopping waits for its persist, so its Start resumes from the newest snapshot. A warm or
+//!   draining sandbox is revived by the next call of its key rather than replaced.
+//! - **Release policy** ([`ReleasePolicy`]), applied when a managed sandbox's last call goes:
+//!   `Shutdown`, `KeepWarm { idle }` or `Suspend` (drain, Stop, Persist; the backend keeps the
+//!   persisted sandbox; the core forgets it and resumes the key from its snapshot). External
+//!   sandboxes drain and are unbound, never stopped.
+//! - **Mirror.** See the `flush` docs: per (session, path) one upload in flight, newer
+//!   versions supersede pending ones, retries with backoff, drain on release up to
+//!   `drain_deadline`, holds for writers that will write after their call ends.
+//! - **Death.** [`SandboxState::Dead`]: calls on it get `SandboxLost`, `resolve` answers
+//!   `SandboxGone`, its uploads are dropped, outstanding answers become stale, Shutdown is
+//!   ordered once to clean up.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod call;
+mod close;
+mod command;
+mod config;
+mod error;
+mod event;
+mod ids;
+mod input;
+mod invariants;
+mod lifecycle;
+mod map;
+mod mirror;
+mod name;
+mod sandbox;
+mod session;
+mod stats;
+mod time;
+mod timer;
+
+pub use call::{CallSpec, CallStatus};
+pub use command::Command;
+pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope};
+pub use error::{DropReason, Error, ErrorKind};
+pub use event::{CloseReport, Event, Settlement};
+pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
+pub use input::{Input, UploadFailure};
+pub use invariants::Violation;
+pub use lifecycle::Lifecycle;
+pub use name::{CallId, ExternalId, InvalidName, PathName, SessionId, UserId, MAX_NAME_LEN};
+pub use sandbox::{Ownership, SandboxState};
+pub use stats::Stats;
+pub use time::Instant;

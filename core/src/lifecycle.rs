@@ -1,0 +1,1176 @@
+//! The lifecycle: calls, keys and sandboxes, from acquire to shutdown. The mirror lives in
+//! `mirror.rs`, close in `close.rs`; all three are methods of [`Lifecycle`].
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::call::{Call, CallSpec, CallState, CallStatus, EndedCalls, KeySlot};
+use crate::close::CloseState;
+use crate::command::Command;
+use crate::config::{Config, ReleasePolicy, SameKey, Scope};
+use crate::error::{DropReason, Error, ErrorKind};
+use crate::event::Event;
+use crate::ids::{Key, SandboxId, Snapshot};
+use crate::map::Map;
+use crate::name::{CallId, SessionId};
+use crate::sandbox::{Awaiting, Ownership, Sandbox, SandboxState};
+use crate::session::{IdleSessions, Session, Upload};
+use crate::stats::Stats;
+use crate::time::Instant;
+use crate::timer::{Timer, Timers};
+
+/// The sans-IO lifecycle and mirror state machine of one agent's sandboxes.
+///
+/// Its methods come in four groups, in the manner of quinn-proto's `Connection`:
+///
+/// - **Getters** read state and never change it: [`resolve`](Self::resolve),
+///   [`call_status`](Self::call_status), [`sandbox_state`](Self::sandbox_state),
+///   [`is_mirror_settled`](Self::is_mirror_settled), [`stats`](Self::stats), ...
+/// - **Application inputs** (mutators): [`acquire`](Self::acquire), [`release`](Self::release),
+///   [`flush`](Self::flush), [`hold`](Self::hold), [`unhold`](Self::unhold),
+///   [`close`](Self::close).
+/// - **Backend inputs** (`handle_*`): the answers to commands, deaths, and
+///   [`handle_timeout`](Self::handle_timeout).
+/// - **Outputs** (`poll_*`): [`poll_command`](Self::poll_command),
+///   [`poll_event`](Self::poll_event), [`poll_timeout`](Self::poll_timeout).
+///
+/// Every input takes `now`; time never goes backwards inside the core (an earlier `now` counts
+/// as the latest one seen). An input that returns `Err` changed nothing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Lifecycle {
+    pub(crate) config: Config,
+    pub(crate) now: Instant,
+    pub(crate) calls: Map<CallId, Call>,
+    pub(crate) sessions: Map<SessionId, Session>,
+    pub(crate) sandboxes: Map<SandboxId, Sandbox>,
+    pub(crate) keys: Map<Key, KeySlot>,
+    pub(crate) uploads: Map<crate::ids::UploadId, Upload>,
+    pub(crate) timers: Timers,
+    pub(crate) commands: VecDeque<Command>,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) ended: EndedCalls,
+    pub(crate) idle: IdleSessions,
+    pub(crate) next_sandbox: u64,
+    pub(crate) next_upload: u64,
+    pub(crate) close: CloseState,
+    pub(crate) stats: Stats,
+    /// Sandboxes to look at once the current input is done (drain finished? record forgettable?).
+    /// Always empty between inputs.
+    #[serde(skip)]
+    pub(crate) dirty: Vec<SandboxId>,
+}
+
+impl Lifecycle {
+    /// A lifecycle with this configuration, at time zero of its own clock, with nothing live.
+    pub fn new(config: Config) -> Result<Self, Error> {
+        config.validate()?;
+        Ok(Lifecycle {
+            config,
+            now: Instant::ZERO,
+            calls: Map::default(),
+            sessions: Map::default(),
+            sandboxes: Map::default(),
+            keys: Map::default(),
+            uploads: Map::default(),
+            timers: Timers::default(),
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            ended: EndedCalls::default(),
+            idle: IdleSessions::default(),
+            next_sandbox: 0,
+            next_upload: 0,
+            close: CloseState::Open,
+            stats: Stats::default(),
+            dirty: Vec::new(),
+        })
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Getters
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The latest `now` an input carried.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The sandbox that context-free code acting for `session` must use: the sandbox of the
+    /// session's earliest bound live call whose sandbox is up. Never another session's sandbox;
+    /// there is no agent-wide fallback. O(calls of the session).
+    ///
+    /// Errors: `NoActiveSandbox` when no live call of the session is bound to a sandbox (none,
+    /// or all still waiting or starting); `SandboxGone` when every bound one's sandbox died;
+    /// `Closed` after close finished.
+    pub fn resolve(&self, session: &SessionId) -> Result<SandboxId, Error> {
+        self.check_not_closed("resolve")?;
+        let no_sandbox = || Error::NoActiveSandbox {
+            session: session.clone(),
+        };
+        let s = self.sessions.get(session).ok_or_else(no_sandbox)?;
+        let mut dead = None;
+        for call in &s.ready {
+            let x = self.calls[call].sandbox().expect("a ready call is bound");
+            if self.sandboxes[&x].state.accepts_uploads() {
+                return Ok(x);
+            }
+            dead.get_or_insert(x);
+        }
+        match dead {
+            Some(sandbox) => Err(Error::SandboxGone {
+                session: session.clone(),
+                sandbox,
+            }),
+            None => Err(no_sandbox()),
+        }
+    }
+
+    /// Where a live call is, or `None` for a call that is not live. O(1).
+    pub fn call_status(&self, call: &CallId) -> Option<CallStatus> {
+        let c = self.calls.get(call)?;
+        Some(match c.state {
+            CallState::Waiting { .. } => CallStatus::Waiting,
+            CallState::Starting(x) => CallStatus::Starting(x),
+            CallState::Ready(x) if self.sandboxes[&x].state == SandboxState::Dead => {
+                CallStatus::Lost(x)
+            }
+            CallState::Ready(x) => CallStatus::Ready(x),
+        })
+    }
+
+    /// The state of a sandbox the core still tracks. O(1).
+    pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
+        self.sandboxes.get(&sandbox).map(|x| x.state)
+    }
+
+    /// The ownership of a sandbox the core still tracks. O(1).
+    pub fn sandbox_ownership(&self, sandbox: SandboxId) -> Option<&Ownership> {
+        self.sandboxes.get(&sandbox).map(|x| &x.owner)
+    }
+
+    /// Whether every version flushed for `session` so far has settled. O(paths of the session).
+    pub fn is_mirror_settled(&self, session: &SessionId) -> bool {
+        self.sessions
+            .get(session)
+            .is_none_or(|s| !s.has_unsettled())
+    }
+
+    /// The last version flushed for (session, path), if the core remembers one.
+    pub fn last_version(
+        &self,
+        session: &SessionId,
+        path: &crate::name::PathName,
+    ) -> Option<crate::ids::Version> {
+        let s = self.sessions.get(session)?;
+        let slot = &s.paths[s.slot(path)?];
+        Some(crate::ids::Version(slot.last))
+    }
+
+    /// Counters of everything the core has done.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Live calls (waiting, starting or bound).
+    pub fn live_calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Sandboxes the core tracks, in any state.
+    pub fn tracked_sandboxes(&self) -> usize {
+        self.sandboxes.len()
+    }
+
+    /// Session records kept (active and idle).
+    pub fn session_records(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether close has begun.
+    pub fn is_closing(&self) -> bool {
+        !matches!(self.close, CloseState::Open)
+    }
+
+    /// Whether close has finished: no command will ever come again.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.close, CloseState::Closed)
+    }
+
+    /// Whether nothing is live: no call, no sandbox, no upload, no timer, nothing to drain.
+    pub fn is_quiescent(&self) -> bool {
+        self.calls.is_empty()
+            && self.sandboxes.is_empty()
+            && self.uploads.is_empty()
+            && self.timers.len() == 0
+            && self.commands.is_empty()
+            && self.events.is_empty()
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Outputs
+
+    /// The next command for the driver. Drain until `None` after every input.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The next event for the application. Drain until `None` after every input.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest deadline: call [`handle_timeout`](Self::handle_timeout) when it has passed.
+    /// `None` when no timer is set (always after close finished). O(log timers).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Application inputs
+
+    /// Starts a call: binds it to its key's sandbox, starts one, or queues it behind its key.
+    ///
+    /// The outcome comes as an event: `CallReady` (at once when the key's sandbox is up, or an
+    /// external sandbox is named), later `CallReady` or `CallFailed`. O(log n).
+    ///
+    /// Errors: `Closed` once close began, `DuplicateCall`, `MissingUser` (scope `User`),
+    /// `QueueFull`, `LimitExceeded`.
+    pub fn acquire(&mut self, now: Instant, spec: CallSpec) -> Result<(), Error> {
+        if self.is_closing() {
+            return Err(Error::Closed { what: "acquire" });
+        }
+        if self.calls.contains_key(&spec.call) {
+            return Err(Error::DuplicateCall { call: spec.call });
+        }
+        let limits = &self.config.limits;
+        if self.calls.len() >= limits.max_calls {
+            return Err(Error::LimitExceeded {
+                limit: "max_calls",
+                max: limits.max_calls,
+            });
+        }
+        if !self.sessions.contains_key(&spec.session)
+            && self.active_sessions() >= limits.max_active_sessions
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_active_sessions",
+                max: limits.max_active_sessions,
+            });
+        }
+        let key = self.key_of(&spec)?;
+        let must_wait = self.must_wait(&key);
+        if must_wait {
+            let waiting = self.keys.get(&key).map_or(0, |k| k.waiters.len());
+            if waiting >= self.config.max_waiters {
+                return Err(Error::QueueFull {
+                    key,
+                    max: self.config.max_waiters,
+                });
+            }
+        } else if self.keys.get(&key).and_then(|k| k.current).is_none()
+            && self.sandboxes.len() >= self.config.limits.max_sandboxes
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_sandboxes",
+                max: self.config.limits.max_sandboxes,
+            });
+        }
+
+        self.advance(now);
+        let CallSpec {
+            call,
+            session,
+            spec: start_spec,
+            ..
+        } = spec;
+        tracing::debug!(call = %call, session = %session, key = %key, "acquire");
+        self.stats.calls_acquired += 1;
+        self.ended.forget(&call);
+        let deadline = self.now + self.config.wait_timeout;
+        self.calls.insert(
+            call.clone(),
+            Call {
+                session: session.clone(),
+                key: key.clone(),
+                spec: start_spec,
+                state: CallState::Waiting { deadline },
+            },
+        );
+        let s = self.session_mut_or_new(&session);
+        s.coming += 1;
+        if must_wait {
+            self.keys
+                .entry(key)
+                .or_default()
+                .waiters
+                .push_back(call.clone());
+            self.timers.set(deadline, Timer::Wait(call));
+        } else {
+            self.bind(&call);
+        }
+        self.session_changed(&session);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// Ends a call, whatever the reason (done, error, cancelled). Exactly once per call.
+    ///
+    /// A queued or starting call ends at once (`CallReleased` follows at once); a sandbox that
+    /// was starting only for it is shut down as soon as its start answers. A bound call unbinds;
+    /// when it was its sandbox's last call, the release policy applies (drain → Stop → Persist →
+    /// Shutdown, keep warm, or suspend). `CallReleased` comes once its session's mirror work
+    /// for that sandbox has settled. O(log n).
+    ///
+    /// Errors: `UnknownCall`, `AlreadyReleased`, `Closed` after close finished.
+    pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
+        self.check_not_closed("release")?;
+        if !self.calls.contains_key(call) {
+            return Err(if self.ended.contains(call) {
+                Error::AlreadyReleased { call: call.clone() }
+            } else {
+                Error::UnknownCall { call: call.clone() }
+            });
+        }
+        self.advance(now);
+        tracing::debug!(call = %call, "release");
+        self.stats.calls_released += 1;
+        self.end_call(call, EndHow::Released);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Backend inputs
+
+    /// The sandbox's Start succeeded: it is up, its calls are ready. A Start that is no longer
+    /// awaited (the sandbox timed out, died, or was shut down by close) is stale and ignored.
+    ///
+    /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
+    pub fn handle_start_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Start)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "start ok");
+        self.stats.starts_ok += 1;
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.state = SandboxState::Running;
+        let starters: Vec<CallId> = x.bound.iter().cloned().collect();
+        for call in starters {
+            if matches!(self.calls[&call].state, CallState::Starting(s) if s == sandbox) {
+                self.make_ready(&call, sandbox);
+            }
+        }
+        let key = self.sandboxes[&sandbox].key.clone();
+        self.admit(&key);
+        if self.sandboxes[&sandbox].bound.is_empty() {
+            // Every call it was started for ended while it started.
+            self.stats.orphan_starts += 1;
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Start failed: the calls waiting on it fail with `start-failed`, and it is
+    /// shut down (to clean up whatever the start left). Others' bindings are untouched.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_start_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Start)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "start failed");
+        self.stats.starts_failed += 1;
+        self.fail_start(sandbox, ErrorKind::StartFailed);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Stop succeeded, with the snapshot it took, if any. Persist follows when
+    /// there is a snapshot (or the policy is `Suspend`), else Shutdown.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_stop_ok(
+        &mut self,
+        now: Instant,
+        sandbox: SandboxId,
+        snapshot: Option<Snapshot>,
+    ) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Stop)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "stop ok");
+        self.cancel_sandbox_timer(sandbox);
+        let suspend = self.config.release == ReleasePolicy::Suspend;
+        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.snapshot = snapshot;
+        if x.snapshot.is_some() || suspend {
+            self.persist(sandbox);
+        } else {
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
+    /// says); nothing is persisted; Shutdown follows.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Stop)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "stop failed");
+        self.stats.stops_failed += 1;
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.shutdown(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Persist succeeded: its snapshot becomes its key's `resume_from`. Under
+    /// `Suspend` the sandbox is done (kept by the backend); otherwise Shutdown follows.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_persist_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Persist)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "persist ok");
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        let key = x.key.clone();
+        if let Some(snapshot) = x.snapshot.clone() {
+            if !matches!(key, Key::Call(_)) {
+                self.keys.entry(key).or_default().snapshot = Some(snapshot);
+            }
+        }
+        if self.config.release == ReleasePolicy::Suspend {
+            self.suspended(sandbox);
+        } else {
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Persist failed: the key keeps its previous snapshot; Shutdown follows (a
+    /// sandbox that could not be persisted is not kept suspended).
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_persist_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Persist)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "persist failed");
+        self.stats.persists_failed += 1;
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.shutdown(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Shutdown succeeded: the core forgets it (once no live call is bound to it).
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_shutdown_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Shutdown)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::debug!(sandbox = %sandbox, "shutdown ok");
+        self.stats.shutdowns_ok += 1;
+        self.close_note_shut_down();
+        self.shutdown_answered(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Shutdown failed: `ShutdownUnconfirmed` tells the application the backend
+    /// may still hold it. Shutdown is never ordered twice.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_shutdown_failed(
+        &mut self,
+        now: Instant,
+        sandbox: SandboxId,
+    ) -> Result<(), Error> {
+        if !self.awaits(sandbox, Awaiting::Shutdown)? {
+            return Ok(());
+        }
+        self.advance(now);
+        tracing::warn!(sandbox = %sandbox, "shutdown failed");
+        self.unconfirmed(sandbox);
+        self.shutdown_answered(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The backend reports the sandbox gone (pod evicted, claim expired, connection closed,
+    /// directory removed). It is Dead: bound calls get `SandboxLost`, calls starting on it fail
+    /// with `sandbox-gone`, uploads in flight into it are cancelled and their versions dropped
+    /// (`sandbox-gone`), answers still outstanding become stale, and Shutdown is ordered once
+    /// (managed sandboxes) to clean up whatever is left. A second report is ignored.
+    ///
+    /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
+    pub fn handle_died(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.check_not_closed("died")?;
+        self.check_sandbox_id(sandbox)?;
+        match self.sandboxes.get(&sandbox) {
+            None => {
+                self.stats.stale_answers += 1;
+                return Ok(());
+            }
+            Some(x) if x.state == SandboxState::Dead => return Ok(()),
+            Some(_) => {}
+        }
+        self.advance(now);
+        self.died(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// Fires every timer due at or before `now`, in deadline order. Calling it early, or twice,
+    /// is harmless.
+    ///
+    /// Errors: `Closed` after close finished.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), Error> {
+        self.check_not_closed("timeout")?;
+        self.advance(now);
+        while let Some((at, timer)) = self.timers.pop_due(self.now) {
+            self.fire(at, timer);
+            self.finish_input();
+            if self.is_closed() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: input checks
+
+    pub(crate) fn advance(&mut self, now: Instant) {
+        if now > self.now {
+            self.now = now;
+        }
+    }
+
+    pub(crate) fn check_not_closed(&self, what: &'static str) -> Result<(), Error> {
+        if self.is_closed() {
+            Err(Error::Closed { what })
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_sandbox_id(&self, sandbox: SandboxId) -> Result<(), Error> {
+        if sandbox.0 >= self.next_sandbox {
+            Err(Error::UnknownSandbox { sandbox })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether `sandbox` awaits this answer; a known sandbox that does not is a stale answer.
+    fn awaits(&mut self, sandbox: SandboxId, answer: Awaiting) -> Result<bool, Error> {
+        self.check_not_closed("answer")?;
+        self.check_sandbox_id(sandbox)?;
+        let awaited = self
+            .sandboxes
+            .get(&sandbox)
+            .is_some_and(|x| x.awaiting == answer);
+        if !awaited {
+            tracing::debug!(sandbox = %sandbox, answer = ?answer, "stale answer ignored");
+            self.stats.stale_answers += 1;
+        }
+        Ok(awaited)
+    }
+
+    fn key_of(&self, spec: &CallSpec) -> Result<Key, Error> {
+        if let Some(external) = &spec.external {
+            return Ok(Key::External(external.clone()));
+        }
+        Ok(match self.config.scope {
+            Scope::Call => Key::Call(spec.call.clone()),
+            Scope::Session => Key::Session(spec.session.clone()),
+            Scope::User => Key::User(spec.user.clone().ok_or_else(|| Error::MissingUser {
+                call: spec.call.clone(),
+            })?),
+            Scope::Agent => Key::Agent,
+            Scope::Global => Key::Global,
+        })
+    }
+
+    /// Whether a new call of `key` must queue: others queue already (first in, first out), the
+    /// key's previous sandbox is still stopping (its snapshot is not persisted yet), or the
+    /// policy is `Serialize` and a call holds the key.
+    fn must_wait(&self, key: &Key) -> bool {
+        if matches!(key, Key::External(_)) {
+            return false;
+        }
+        self.keys.get(key).is_some_and(|k| {
+            !k.waiters.is_empty()
+                || k.retiring.is_some()
+                || (self.config.same_key == SameKey::Serialize && k.bound > 0)
+        })
+    }
+
+    pub(crate) fn active_sessions(&self) -> usize {
+        self.sessions.len() - self.idle.count
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: binding
+
+    /// Binds a call that is not queued to its key's sandbox, starting one when there is none.
+    fn bind(&mut self, call: &CallId) {
+        let c = &self.calls[call];
+        let key = c.key.clone();
+        let current = self.keys.get(&key).and_then(|k| k.current);
+        let sandbox = match current {
+            Some(x) => x,
+            None => match &key {
+                Key::External(name) => {
+                    let x = self.new_sandbox_id();
+                    self.sandboxes.insert(
+                        x,
+                        Sandbox::new(
+                            key.clone(),
+                            Ownership::External(name.clone()),
+                            SandboxState::Running,
+                        ),
+                    );
+                    self.keys.entry(key.clone()).or_default().current = Some(x);
+                    tracing::debug!(sandbox = %x, external = %name, "external sandbox bound");
+                    x
+                }
+                _ => self.start_sandbox(call),
+            },
+        };
+        let session = self.calls[call].session.clone();
+        self.keys.get_mut(&key).expect("bound key").bound += 1;
+        let x = self.sandboxes.get_mut(&sandbox).expect("current sandbox");
+        x.bound.insert(call.clone());
+        match x.state {
+            SandboxState::Starting => {
+                self.calls.get_mut(call).expect("live").state = CallState::Starting(sandbox);
+            }
+            SandboxState::Running | SandboxState::Idle | SandboxState::Draining => {
+                if x.state != SandboxState::Running {
+                    // A warm or draining sandbox is revived for the next call of its key: no
+                    // churn, the workspace stays.
+                    tracing::debug!(sandbox = %sandbox, state = ?x.state, "revived");
+                    x.state = SandboxState::Running;
+                    self.stats.revivals += 1;
+                    self.cancel_sandbox_timer(sandbox);
+                }
+                self.make_ready(call, sandbox);
+            }
+            other => unreachable!("a key's current sandbox is never {other:?}"),
+        }
+        self.session_changed(&session);
+    }
+
+    /// A bound call becomes ready on an up sandbox.
+    fn make_ready(&mut self, call: &CallId, sandbox: SandboxId) {
+        let c = self.calls.get_mut(call).expect("live");
+        c.state = CallState::Ready(sandbox);
+        let session = c.session.clone();
+        let s = self
+            .sessions
+            .get_mut(&session)
+            .expect("session of a live call");
+        s.coming -= 1;
+        s.ready.push(call.clone());
+        s.linger = None;
+        self.stats.calls_ready += 1;
+        tracing::debug!(call = %call, session = %session, sandbox = %sandbox, "call ready");
+        self.events.push_back(Event::CallReady {
+            call: call.clone(),
+            sandbox,
+        });
+        self.retarget(&session, DropReason::NoSandbox);
+    }
+
+    /// Admits queued calls of `key` while the policy lets them in.
+    pub(crate) fn admit(&mut self, key: &Key) {
+        loop {
+            let serialize = self.config.same_key == SameKey::Serialize;
+            let Some(slot) = self.keys.get_mut(key) else {
+                return;
+            };
+            if slot.retiring.is_some() || (serialize && slot.bound > 0) {
+                return;
+            }
+            let Some(call) = slot.waiters.pop_front() else {
+                return;
+            };
+            if let CallState::Waiting { deadline } = self.calls[&call].state {
+                self.timers.cancel(deadline, &Timer::Wait(call.clone()));
+            }
+            tracing::debug!(call = %call, key = %key, "admitted");
+            self.bind(&call);
+        }
+    }
+
+    fn new_sandbox_id(&mut self) -> SandboxId {
+        let x = SandboxId(self.next_sandbox);
+        self.next_sandbox += 1;
+        x
+    }
+
+    /// Orders a Start for `call`'s key.
+    fn start_sandbox(&mut self, call: &CallId) -> SandboxId {
+        let c = &self.calls[call];
+        let key = c.key.clone();
+        let spec = c.spec.clone();
+        let x = self.new_sandbox_id();
+        let mut sandbox = Sandbox::new(key.clone(), Ownership::Managed, SandboxState::Starting);
+        sandbox.awaiting = Awaiting::Start;
+        self.sandboxes.insert(x, sandbox);
+        let slot = self.keys.entry(key.clone()).or_default();
+        slot.current = Some(x);
+        let resume_from = slot.snapshot.clone();
+        self.set_sandbox_timer(x, self.config.start_timeout);
+        self.stats.starts_ordered += 1;
+        tracing::debug!(sandbox = %x, key = %key, resume_from = ?resume_from, "start");
+        self.commands.push_back(Command::Start {
+            sandbox: x,
+            key,
+            spec,
+            resume_from,
+        });
+        x
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: ending calls
+
+    /// Ends a live call: released by the application, failed, or revoked by close.
+    pub(crate) fn end_call(&mut self, call: &CallId, how: EndHow) {
+        let c = self.calls.remove(call).expect("live call");
+        self.ended
+            .remember(call.clone(), self.config.limits.remembered_ended_calls);
+        let session = c.session.clone();
+        match how {
+            EndHow::Released => {}
+            EndHow::Failed(error) => {
+                self.stats.calls_failed += 1;
+                tracing::debug!(call = %call, error = %error, "call failed");
+                self.events.push_back(Event::CallFailed {
+                    call: call.clone(),
+                    error,
+                });
+            }
+            EndHow::Revoked => {
+                self.stats.calls_revoked += 1;
+                tracing::debug!(call = %call, "call revoked");
+                self.events
+                    .push_back(Event::CallRevoked { call: call.clone() });
+            }
+        }
+        let released = how == EndHow::Released;
+        match c.state {
+            CallState::Waiting { deadline } => {
+                self.timers.cancel(deadline, &Timer::Wait(call.clone()));
+                if let Some(slot) = self.keys.get_mut(&c.key) {
+                    slot.waiters.retain(|w| w != call);
+                }
+                self.sessions.get_mut(&session).expect("session").coming -= 1;
+                if released {
+                    self.events
+                        .push_back(Event::CallReleased { call: call.clone() });
+                }
+            }
+            CallState::Starting(x) => {
+                self.sessions.get_mut(&session).expect("session").coming -= 1;
+                self.unbind(call, &c.key, x);
+                if released {
+                    self.events
+                        .push_back(Event::CallReleased { call: call.clone() });
+                }
+            }
+            CallState::Ready(x) => {
+                let s = self.sessions.get_mut(&session).expect("session");
+                s.ready.retain(|r| r != call);
+                if s.ready.is_empty() && self.sandboxes[&x].state.accepts_uploads() {
+                    s.linger = Some(x);
+                }
+                if released {
+                    s.releasing.push((call.clone(), x));
+                }
+                self.unbind(call, &c.key, x);
+                self.retarget(&session, DropReason::NoSandbox);
+            }
+        }
+        self.session_changed(&session);
+        self.after_unbind_key(&c.key);
+    }
+
+    /// Takes a call off its sandbox and key.
+    fn unbind(&mut self, call: &CallId, key: &Key, sandbox: SandboxId) {
+        let slot = self.keys.get_mut(key).expect("key of a bound call");
+        slot.bound -= 1;
+        let x = self
+            .sandboxes
+            .get_mut(&sandbox)
+            .expect("sandbox of a bound call");
+        let was_bound = x.bound.remove(call);
+        debug_assert!(was_bound, "call {call} was not bound to {sandbox}");
+        if !x.bound.is_empty() {
+            return;
+        }
+        match x.state {
+            SandboxState::Running => {
+                // Queued calls take the sandbox over before the release policy sees it empty.
+                let key = key.clone();
+                self.admit(&key);
+                if self.sandboxes[&sandbox].bound.is_empty() {
+                    self.last_call_released(sandbox);
+                }
+            }
+            SandboxState::Starting => {
+                // Its start answers later: a queued call takes it over, or it shuts down then.
+                let key = key.clone();
+                self.admit(&key);
+            }
+            SandboxState::Dead => self.dirty.push(sandbox),
+            other => unreachable!("a sandbox with calls is never {other:?}"),
+        }
+    }
+
+    fn after_unbind_key(&mut self, key: &Key) {
+        self.admit(key);
+        self.forget_key_if_empty(key);
+    }
+
+    pub(crate) fn forget_key_if_empty(&mut self, key: &Key) {
+        if self.keys.get(key).is_some_and(KeySlot::is_empty) {
+            self.keys.remove(key);
+        }
+    }
+
+    /// The release policy, applied when a running sandbox's last call has gone.
+    fn last_call_released(&mut self, sandbox: SandboxId) {
+        let x = &self.sandboxes[&sandbox];
+        match (&x.owner, self.config.release, self.is_closing()) {
+            (Ownership::Managed, ReleasePolicy::KeepWarm { idle }, false) => {
+                tracing::debug!(sandbox = %sandbox, "kept warm");
+                self.sandboxes.get_mut(&sandbox).expect("live").state = SandboxState::Idle;
+                self.set_sandbox_timer(sandbox, idle);
+            }
+            _ => self.begin_drain(sandbox),
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: the way down (drain → Stop → Persist → Shutdown)
+
+    /// The sandbox drains: its sessions' mirror work and holds finish before Stop, up to the
+    /// drain deadline.
+    pub(crate) fn begin_drain(&mut self, sandbox: SandboxId) {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        debug_assert!(x.bound.is_empty());
+        x.state = SandboxState::Draining;
+        let sessions: Vec<SessionId> = x.targeting.iter().cloned().collect();
+        tracing::debug!(sandbox = %sandbox, sessions = sessions.len(), "drain");
+        self.set_sandbox_timer(sandbox, self.config.drain_deadline);
+        self.commands
+            .push_back(Command::Drain { sandbox, sessions });
+        self.dirty.push(sandbox);
+    }
+
+    /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
+    /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
+    pub(crate) fn end_drain(&mut self, sandbox: SandboxId, reason: DropReason) {
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let managed = x.is_managed();
+        x.state = if managed {
+            SandboxState::Stopping
+        } else {
+            SandboxState::Dead
+        };
+        self.leave_uploads(sandbox, reason);
+        let key = self.sandboxes[&sandbox].key.clone();
+        let slot = self.keys.get_mut(&key).expect("key of a live sandbox");
+        if slot.current == Some(sandbox) {
+            slot.current = None;
+        }
+        if managed {
+            slot.retiring = Some(sandbox);
+            let x = self.sandboxes.get_mut(&sandbox).expect("live");
+            x.awaiting = Awaiting::Stop;
+            self.set_sandbox_timer(sandbox, self.config.command_timeout);
+            tracing::debug!(sandbox = %sandbox, "stop");
+            self.commands.push_back(Command::Stop { sandbox });
+        } else {
+            tracing::debug!(sandbox = %sandbox, "external sandbox unbound");
+            self.dirty.push(sandbox);
+        }
+        self.admit(&key);
+    }
+
+    fn persist(&mut self, sandbox: SandboxId) {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        x.state = SandboxState::Persisting;
+        x.awaiting = Awaiting::Persist;
+        let snapshot = x.snapshot.clone();
+        self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "persist");
+        self.commands
+            .push_back(Command::Persist { sandbox, snapshot });
+    }
+
+    /// Orders the sandbox's one Shutdown.
+    pub(crate) fn shutdown(&mut self, sandbox: SandboxId) {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        debug_assert!(!x.shutdown_ordered, "shutdown ordered twice for {sandbox}");
+        debug_assert!(x.is_managed());
+        debug_assert!(x.uploads.is_empty());
+        x.shutdown_ordered = true;
+        x.awaiting = Awaiting::Shutdown;
+        if x.state != SandboxState::Dead {
+            x.state = SandboxState::ShuttingDown;
+        }
+        let key = x.key.clone();
+        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        self.cancel_sandbox_timer(sandbox);
+        self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        self.stats.shutdowns_ordered += 1;
+        tracing::debug!(sandbox = %sandbox, "shutdown");
+        self.commands.push_back(Command::Shutdown { sandbox });
+        self.key_lets_go(&key, sandbox);
+    }
+
+    /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
+    fn suspended(&mut self, sandbox: SandboxId) {
+        tracing::debug!(sandbox = %sandbox, "suspended");
+        self.stats.suspended += 1;
+        self.close_note_suspended(sandbox);
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        x.state = SandboxState::Dead;
+        x.awaiting = Awaiting::Nothing;
+        let key = x.key.clone();
+        self.key_lets_go(&key, sandbox);
+        self.dirty.push(sandbox);
+    }
+
+    /// The key no longer waits on the sandbox: queued calls may start a new one.
+    fn key_lets_go(&mut self, key: &Key, sandbox: SandboxId) {
+        if let Some(slot) = self.keys.get_mut(key) {
+            if slot.current == Some(sandbox) {
+                slot.current = None;
+            }
+            if slot.retiring == Some(sandbox) {
+                slot.retiring = None;
+            }
+        }
+        self.admit(key);
+        self.forget_key_if_empty(key);
+    }
+
+    fn shutdown_answered(&mut self, sandbox: SandboxId) {
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.dirty.push(sandbox);
+    }
+
+    pub(crate) fn unconfirmed(&mut self, sandbox: SandboxId) {
+        self.stats.shutdowns_unconfirmed += 1;
+        self.close_note_unconfirmed(sandbox);
+        self.events
+            .push_back(Event::ShutdownUnconfirmed { sandbox });
+    }
+
+    /// A start that failed, timed out or died: its calls fail, it is cleaned up.
+    fn fail_start(&mut self, sandbox: SandboxId, error: ErrorKind) {
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        x.awaiting = Awaiting::Nothing;
+        let key = x.key.clone();
+        if let Some(slot) = self.keys.get_mut(&key) {
+            if slot.current == Some(sandbox) {
+                slot.current = None;
+            }
+        }
+        let starters: Vec<CallId> = x.bound.iter().cloned().collect();
+        for call in starters {
+            self.end_call(&call, EndHow::Failed(error));
+        }
+        if error == ErrorKind::SandboxGone {
+            let x = self.sandboxes.get_mut(&sandbox).expect("live");
+            x.state = SandboxState::Dead;
+            if x.is_managed() && !x.shutdown_ordered {
+                self.shutdown(sandbox);
+            }
+        } else {
+            self.shutdown(sandbox);
+        }
+        self.admit(&key);
+        self.forget_key_if_empty(&key);
+    }
+
+    /// The backend reported the sandbox gone.
+    pub(crate) fn died(&mut self, sandbox: SandboxId) {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let previous = x.state;
+        tracing::warn!(sandbox = %sandbox, state = ?previous, "sandbox died");
+        self.stats.deaths += 1;
+        if previous == SandboxState::Starting {
+            self.fail_start(sandbox, ErrorKind::SandboxGone);
+            return;
+        }
+        x.state = SandboxState::Dead;
+        let key = x.key.clone();
+        let lost: Vec<CallId> = x.bound.iter().cloned().collect();
+        if x.awaiting != Awaiting::Shutdown {
+            // Stop or Persist answers still outstanding are stale now.
+            x.awaiting = Awaiting::Nothing;
+            self.cancel_sandbox_timer(sandbox);
+        }
+        for call in lost {
+            self.events.push_back(Event::SandboxLost {
+                call: call.clone(),
+                sandbox,
+            });
+        }
+        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        let x = &self.sandboxes[&sandbox];
+        if x.is_managed() && !x.shutdown_ordered {
+            self.shutdown(sandbox);
+        } else {
+            self.key_lets_go(&key, sandbox);
+        }
+        self.dirty.push(sandbox);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: timers
+
+    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxId, after: Duration) {
+        self.cancel_sandbox_timer(sandbox);
+        let at = self.now + after;
+        self.sandboxes.get_mut(&sandbox).expect("live").deadline = Some(at);
+        self.timers.set(at, Timer::Sandbox(sandbox));
+    }
+
+    pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxId) {
+        if let Some(x) = self.sandboxes.get_mut(&sandbox) {
+            if let Some(at) = x.deadline.take() {
+                self.timers.cancel(at, &Timer::Sandbox(sandbox));
+            }
+        }
+    }
+
+    fn fire(&mut self, at: Instant, timer: Timer) {
+        match timer {
+            Timer::Sandbox(sandbox) => {
+                let x = self
+                    .sandboxes
+                    .get_mut(&sandbox)
+                    .expect("timer of a live sandbox");
+                debug_assert_eq!(x.deadline, Some(at));
+                x.deadline = None;
+                match (x.state, x.awaiting) {
+                    (SandboxState::Starting, Awaiting::Start) => {
+                        tracing::debug!(sandbox = %sandbox, "start timed out");
+                        self.stats.starts_timed_out += 1;
+                        self.fail_start(sandbox, ErrorKind::StartTimeout);
+                    }
+                    (SandboxState::Idle, _) => {
+                        tracing::debug!(sandbox = %sandbox, "idle timeout");
+                        self.begin_drain(sandbox);
+                    }
+                    (SandboxState::Draining, _) => {
+                        tracing::debug!(sandbox = %sandbox, "drain deadline");
+                        self.stats.drain_deadlines += 1;
+                        self.end_drain(sandbox, DropReason::DrainDeadline);
+                    }
+                    (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
+                        tracing::debug!(sandbox = %sandbox, "stop or persist timed out");
+                        x.awaiting = Awaiting::Nothing;
+                        self.shutdown(sandbox);
+                    }
+                    (_, Awaiting::Shutdown) => {
+                        tracing::warn!(sandbox = %sandbox, "shutdown timed out");
+                        self.unconfirmed(sandbox);
+                        self.shutdown_answered(sandbox);
+                    }
+                    (state, awaiting) => {
+                        unreachable!("sandbox timer in {state:?} awaiting {awaiting:?}")
+                    }
+                }
+            }
+            Timer::Upload(upload) => self.upload_timed_out(upload),
+            Timer::Retry(session, path) => self.retry_due(&session, &path),
+            Timer::Wait(call) => {
+                tracing::debug!(call = %call, "wait timed out");
+                self.end_call(&call, EndHow::Failed(ErrorKind::WaitTimeout));
+            }
+            Timer::Close => self.close_deadline(),
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: bookkeeping after each input
+
+    /// Runs the checks deferred during an input: finished drains, forgettable sandboxes, close
+    /// progress. Every input ends here.
+    pub(crate) fn finish_input(&mut self) {
+        while let Some(sandbox) = self.dirty.pop() {
+            let Some(x) = self.sandboxes.get(&sandbox) else {
+                continue;
+            };
+            match x.state {
+                SandboxState::Draining if x.uploads.is_empty() && x.busy_sessions == 0 => {
+                    tracing::debug!(sandbox = %sandbox, "drained");
+                    self.end_drain(sandbox, DropReason::DrainDeadline);
+                }
+                SandboxState::Dead | SandboxState::ShuttingDown
+                    if x.bound.is_empty() && x.awaiting == Awaiting::Nothing =>
+                {
+                    debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
+                    let key = x.key.clone();
+                    self.sandboxes.remove(&sandbox);
+                    self.key_lets_go(&key, sandbox);
+                }
+                _ => {}
+            }
+        }
+        self.close_progress();
+        #[cfg(debug_assertions)]
+        if self.sandboxes.len() + self.calls.len() <= 64 {
+            if let Err(v) = self.check_invariants() {
+                panic!("internal invariant broken: {v}");
+            }
+        }
+    }
+}
+
+/// How a call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EndHow {
+    Released,
+    Failed(ErrorKind),
+    Revoked,
+}

@@ -1,0 +1,611 @@
+//! The mirror: background writes of session-scoped files (the session log, transcript segments,
+//! memory files) into the session's sandbox, with versions, coalescing, retries, holds and drain.
+//!
+//! Per (session, path) at most one upload is in flight; a newer flush supersedes the pending one;
+//! versions reach a sandbox in increasing order; every version settles exactly once. A session's
+//! mirror targets the sandbox of its earliest ready call, else the sandbox its last call was
+//! released from while that one still accepts uploads ("linger"): never another session's.
+
+use crate::command::Command;
+use crate::error::{DropReason, Error};
+use crate::event::{Event, Settlement};
+use crate::ids::{Payload, SandboxId, UploadId, Version};
+use crate::input::UploadFailure;
+use crate::lifecycle::Lifecycle;
+use crate::name::{PathName, SessionId};
+use crate::sandbox::SandboxState;
+use crate::session::{Session, Slot, Upload};
+use crate::time::Instant;
+use crate::timer::Timer;
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Application inputs
+
+    /// Records the next version of (session, path) and returns it. Never waits on an upload.
+    ///
+    /// The version is uploaded to the session's sandbox when the path has no upload in flight,
+    /// else it waits and is superseded by any newer flush. A session with no sandbox, none
+    /// coming and none to linger on settles the version at once as `Dropped(no-sandbox)`
+    /// (`sandbox-gone` when its calls' sandboxes died). O(log n + paths of the session).
+    ///
+    /// Errors: `Closed` after close finished, or during close for a session with no live call
+    /// and no sandbox to drain into; `LimitExceeded` (payload size, paths per session, sessions).
+    pub fn flush(
+        &mut self,
+        now: Instant,
+        session: &SessionId,
+        path: &PathName,
+        payload: Payload,
+    ) -> Result<Version, Error> {
+        self.check_not_closed("flush")?;
+        let limits = &self.config.limits;
+        if payload.len() > limits.max_payload_bytes {
+            return Err(Error::LimitExceeded {
+                limit: "max_payload_bytes",
+                max: limits.max_payload_bytes,
+            });
+        }
+        let existing = self.sessions.get(session);
+        if self.is_closing() && !existing.is_some_and(Session::is_live) {
+            return Err(Error::Closed { what: "flush" });
+        }
+        match existing {
+            None if self.active_sessions() >= limits.max_active_sessions => {
+                return Err(Error::LimitExceeded {
+                    limit: "max_active_sessions",
+                    max: limits.max_active_sessions,
+                })
+            }
+            Some(s) if s.slot(path).is_none() && s.paths.len() >= limits.max_paths_per_session => {
+                return Err(Error::LimitExceeded {
+                    limit: "max_paths_per_session",
+                    max: limits.max_paths_per_session,
+                })
+            }
+            _ => {}
+        }
+
+        self.advance(now);
+        self.stats.versions_flushed += 1;
+        let s = self.session_mut_or_new(session);
+        let i = match s.slot(path) {
+            Some(i) => i,
+            None => {
+                s.paths.push(Slot {
+                    path: path.clone(),
+                    last: 0,
+                    pending: None,
+                    inflight: None,
+                    attempts: 0,
+                    retry_at: None,
+                });
+                s.paths.len() - 1
+            }
+        };
+        let slot = &mut s.paths[i];
+        slot.last += 1;
+        let version = Version(slot.last);
+        tracing::trace!(session = %session, path = %path, version = %version, "flush");
+        if s.target.is_none() && s.coming == 0 {
+            let reason = if s.ready.is_empty() {
+                DropReason::NoSandbox
+            } else {
+                DropReason::SandboxGone
+            };
+            self.settle(session, path, version, Settlement::Dropped { reason });
+        } else {
+            let superseded = slot.pending.replace((version, payload));
+            if let Some((old, _)) = superseded {
+                slot.attempts = 0;
+                self.settle(session, path, old, Settlement::Superseded { by: version });
+            }
+            self.pump(session);
+        }
+        self.session_changed(session);
+        self.finish_input();
+        Ok(version)
+    }
+
+    /// A background writer of `session` (a memory flush, a transcript writer) promises a write:
+    /// while held, a draining sandbox of the session waits for it (up to the drain deadline),
+    /// and the session's released calls do not complete their release. O(1).
+    ///
+    /// Errors: `NoActiveSandbox` when the session has no live call and no sandbox to linger on;
+    /// `LimitExceeded`; `Closed` after close finished.
+    pub fn hold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
+        self.check_not_closed("hold")?;
+        let Some(s) = self.sessions.get(session).filter(|s| s.is_live()) else {
+            return Err(Error::NoActiveSandbox {
+                session: session.clone(),
+            });
+        };
+        let max = self.config.limits.max_holds_per_session;
+        if s.holds >= max {
+            return Err(Error::LimitExceeded {
+                limit: "max_holds_per_session",
+                max: max as usize,
+            });
+        }
+        self.advance(now);
+        tracing::debug!(session = %session, "hold");
+        self.sessions.get_mut(session).expect("checked").holds += 1;
+        self.session_changed(session);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// Lets one hold of `session` go (its write was submitted with [`flush`](Self::flush), or
+    /// will not come). O(1).
+    ///
+    /// Errors: `NotHeld`; `Closed` after close finished.
+    pub fn unhold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
+        self.check_not_closed("unhold")?;
+        if self.sessions.get(session).is_none_or(|s| s.holds == 0) {
+            return Err(Error::NotHeld {
+                session: session.clone(),
+            });
+        }
+        self.advance(now);
+        tracing::debug!(session = %session, "unhold");
+        self.sessions.get_mut(session).expect("checked").holds -= 1;
+        self.session_changed(session);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Backend inputs
+
+    /// The upload was written. Its version settles `Uploaded`; the path's next pending version
+    /// goes out. An upload that is no longer awaited (timed out, cancelled) is stale and ignored.
+    ///
+    /// Errors: `UnknownUpload` for an id never handed out; `Closed` after close finished.
+    pub fn handle_upload_ok(&mut self, now: Instant, upload: UploadId) -> Result<(), Error> {
+        let Some(up) = self.take_upload(upload)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        self.stats.versions_uploaded += 1;
+        let sandbox = up.sandbox;
+        self.settle(
+            &up.session,
+            &up.path,
+            up.version,
+            Settlement::Uploaded { sandbox },
+        );
+        self.pump(&up.session);
+        self.session_changed(&up.session);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The upload failed. `Gone` means the sandbox is gone (treated as its death). `Transient`
+    /// retries the version with backoff up to `upload_retries` times, unless a newer version
+    /// supersedes it; then it is dropped (`upload-failed`).
+    ///
+    /// Errors: as [`handle_upload_ok`](Self::handle_upload_ok).
+    pub fn handle_upload_failed(
+        &mut self,
+        now: Instant,
+        upload: UploadId,
+        failure: UploadFailure,
+    ) -> Result<(), Error> {
+        let Some(up) = self.take_upload(upload)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        let Upload {
+            session,
+            path,
+            version,
+            sandbox,
+            payload,
+            attempts,
+            ..
+        } = up;
+        match failure {
+            UploadFailure::Gone => {
+                self.settle(
+                    &session,
+                    &path,
+                    version,
+                    Settlement::Dropped {
+                        reason: DropReason::SandboxGone,
+                    },
+                );
+                if self.sandboxes[&sandbox].state != SandboxState::Dead {
+                    self.died(sandbox);
+                }
+            }
+            UploadFailure::Transient => {
+                let s = self
+                    .sessions
+                    .get_mut(&session)
+                    .expect("session of an upload");
+                let i = s.slot(&path).expect("slot of an upload");
+                let slot = &mut s.paths[i];
+                if let Some((newer, _)) = &slot.pending {
+                    let by = *newer;
+                    self.settle(&session, &path, version, Settlement::Superseded { by });
+                } else if attempts < self.config.upload_retries {
+                    let factor = 1u32.checked_shl(attempts).unwrap_or(u32::MAX);
+                    let delay = self.config.retry_backoff.saturating_mul(factor);
+                    let at = self.now + delay;
+                    tracing::debug!(session = %session, path = %path, version = %version, attempt = attempts + 1, "upload retry");
+                    slot.pending = Some((version, payload));
+                    slot.attempts = attempts + 1;
+                    slot.retry_at = Some(at);
+                    self.stats.upload_retries += 1;
+                    self.timers
+                        .set(at, Timer::Retry(session.clone(), path.clone()));
+                } else {
+                    self.settle(
+                        &session,
+                        &path,
+                        version,
+                        Settlement::Dropped {
+                            reason: DropReason::UploadFailed,
+                        },
+                    );
+                }
+            }
+        }
+        self.pump(&session);
+        self.session_changed(&session);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals
+
+    /// Removes an awaited upload from every record; `None` for a stale one.
+    fn take_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
+        self.check_not_closed("answer")?;
+        let Some(up) = self.uploads.remove(&upload) else {
+            if upload.0 < self.next_upload {
+                tracing::debug!(upload = %upload, "stale upload answer ignored");
+                self.stats.stale_answers += 1;
+                return Ok(None);
+            }
+            return Err(Error::UnknownUpload { upload });
+        };
+        self.timers.cancel(up.deadline, &Timer::Upload(upload));
+        let x = self
+            .sandboxes
+            .get_mut(&up.sandbox)
+            .expect("sandbox of an upload");
+        x.uploads.remove(&upload);
+        self.dirty.push(up.sandbox);
+        let s = self
+            .sessions
+            .get_mut(&up.session)
+            .expect("session of an upload");
+        let i = s.slot(&up.path).expect("slot of an upload");
+        s.paths[i].inflight = None;
+        s.paths[i].attempts = 0;
+        Ok(Some(up))
+    }
+
+    pub(crate) fn upload_timed_out(&mut self, upload: UploadId) {
+        let up = self.uploads.get(&upload).expect("timer of a live upload");
+        let deadline = up.deadline;
+        // take_upload cancels the timer, which has already fired: harmless.
+        let up = self
+            .take_upload(upload)
+            .ok()
+            .flatten()
+            .expect("live upload");
+        debug_assert!(deadline <= self.now);
+        tracing::debug!(upload = %upload, session = %up.session, "upload timed out");
+        self.commands.push_back(Command::CancelUpload {
+            upload,
+            sandbox: up.sandbox,
+        });
+        self.settle(
+            &up.session,
+            &up.path,
+            up.version,
+            Settlement::Dropped {
+                reason: DropReason::UploadTimeout,
+            },
+        );
+        self.pump(&up.session);
+        self.session_changed(&up.session);
+    }
+
+    pub(crate) fn retry_due(&mut self, session: &SessionId, path: &PathName) {
+        let s = self.sessions.get_mut(session).expect("session of a retry");
+        let i = s.slot(path).expect("slot of a retry");
+        s.paths[i].retry_at = None;
+        self.pump(session);
+        self.session_changed(session);
+    }
+
+    /// Emits a settlement.
+    pub(crate) fn settle(
+        &mut self,
+        session: &SessionId,
+        path: &PathName,
+        version: Version,
+        outcome: Settlement,
+    ) {
+        match &outcome {
+            Settlement::Uploaded { .. } => {}
+            Settlement::Superseded { .. } => self.stats.versions_superseded += 1,
+            Settlement::Dropped { reason } => {
+                self.stats.versions_dropped += 1;
+                if *reason == DropReason::Closed {
+                    self.close_note_dropped(session, path, version);
+                }
+            }
+        }
+        tracing::debug!(session = %session, path = %path, version = %version, outcome = ?outcome, "settled");
+        self.events.push_back(Event::Settled {
+            session: session.clone(),
+            path: path.clone(),
+            version,
+            outcome,
+        });
+    }
+
+    /// Orders the uploads the session's target can take now.
+    pub(crate) fn pump(&mut self, session: &SessionId) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let Some(target) = s.target else {
+            return;
+        };
+        let x = self.sandboxes.get_mut(&target).expect("target sandbox");
+        debug_assert!(
+            x.state.accepts_uploads(),
+            "target {target} is {:?}",
+            x.state
+        );
+        for slot in s.paths.iter_mut() {
+            if slot.inflight.is_some() || slot.retry_at.is_some() {
+                continue;
+            }
+            let Some((version, payload)) = slot.pending.take() else {
+                continue;
+            };
+            let upload = UploadId(self.next_upload);
+            self.next_upload += 1;
+            let deadline = self.now + self.config.upload_timeout;
+            slot.inflight = Some(upload);
+            x.uploads.insert(upload);
+            self.uploads.insert(
+                upload,
+                Upload {
+                    session: session.clone(),
+                    path: slot.path.clone(),
+                    version,
+                    sandbox: target,
+                    payload: payload.clone(),
+                    deadline,
+                    attempts: slot.attempts,
+                },
+            );
+            self.timers.set(deadline, Timer::Upload(upload));
+            self.stats.uploads_ordered += 1;
+            tracing::trace!(upload = %upload, session = %session, sandbox = %target, version = %version, "upload");
+            self.commands.push_back(Command::Upload {
+                upload,
+                sandbox: target,
+                session: session.clone(),
+                path: slot.path.clone(),
+                version,
+                payload,
+            });
+        }
+    }
+
+    /// Recomputes where the session's mirror goes; with nowhere to go and no sandbox coming,
+    /// its pending versions are dropped with `reason`.
+    pub(crate) fn retarget(&mut self, session: &SessionId, reason: DropReason) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let mut target = None;
+        for call in &s.ready {
+            let x = self.calls[call].sandbox().expect("ready call is bound");
+            if self.sandboxes[&x].state.accepts_uploads() {
+                target = Some(x);
+                break;
+            }
+        }
+        if target.is_none() {
+            if let Some(linger) = s.linger {
+                if self
+                    .sandboxes
+                    .get(&linger)
+                    .is_some_and(|x| x.state.accepts_uploads())
+                {
+                    target = Some(linger);
+                } else {
+                    s.linger = None;
+                }
+            }
+        }
+        if target != s.target {
+            if let Some(old) = s.target {
+                let x = self.sandboxes.get_mut(&old).expect("old target");
+                x.targeting.remove(session);
+            }
+            if let Some(new) = target {
+                let x = self.sandboxes.get_mut(&new).expect("new target");
+                x.targeting.insert(session.clone());
+            }
+            tracing::trace!(session = %session, target = ?target, "mirror target");
+            s.target = target;
+        }
+        if target.is_none() && s.coming == 0 {
+            self.drop_pending(session, reason);
+        }
+        self.pump(session);
+        self.session_changed(session);
+    }
+
+    fn drop_pending(&mut self, session: &SessionId, reason: DropReason) {
+        let s = self.sessions.get_mut(session).expect("session");
+        let mut dropped = Vec::new();
+        for slot in s.paths.iter_mut() {
+            if let Some(at) = slot.retry_at.take() {
+                self.timers
+                    .cancel(at, &Timer::Retry(session.clone(), slot.path.clone()));
+            }
+            slot.attempts = 0;
+            if let Some((version, _)) = slot.pending.take() {
+                dropped.push((slot.path.clone(), version));
+            }
+        }
+        for (path, version) in dropped {
+            self.settle(session, &path, version, Settlement::Dropped { reason });
+        }
+    }
+
+    /// The sandbox no longer accepts uploads (its state already says so): uploads in flight into
+    /// it are cancelled and dropped with `reason`, and the sessions that targeted it move on.
+    pub(crate) fn leave_uploads(&mut self, sandbox: SandboxId, reason: DropReason) {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        debug_assert!(!x.state.accepts_uploads());
+        let uploads = std::mem::take(&mut x.uploads);
+        let sessions: Vec<SessionId> = x.targeting.iter().cloned().collect();
+        let mut touched = Vec::new();
+        for upload in uploads {
+            let up = self.uploads.remove(&upload).expect("upload of a sandbox");
+            self.timers.cancel(up.deadline, &Timer::Upload(upload));
+            let s = self
+                .sessions
+                .get_mut(&up.session)
+                .expect("session of an upload");
+            let i = s.slot(&up.path).expect("slot of an upload");
+            s.paths[i].inflight = None;
+            s.paths[i].attempts = 0;
+            self.commands
+                .push_back(Command::CancelUpload { upload, sandbox });
+            self.settle(
+                &up.session,
+                &up.path,
+                up.version,
+                Settlement::Dropped { reason },
+            );
+            touched.push(up.session);
+        }
+        for session in &sessions {
+            self.retarget(session, reason);
+        }
+        for session in &touched {
+            self.pump(session);
+            self.session_changed(session);
+        }
+    }
+
+    pub(crate) fn session_mut_or_new(&mut self, session: &SessionId) -> &mut Session {
+        let idle = &mut self.idle;
+        let s = self.sessions.entry(session.clone()).or_default();
+        if s.idle_stamp.take().is_some() {
+            idle.count -= 1;
+        }
+        s
+    }
+
+    /// Brings a session's derived bookkeeping up to date after any change to it: which sandbox
+    /// its busyness keeps draining, which releases have completed, whether its mirror settled,
+    /// whether it is idle.
+    pub(crate) fn session_changed(&mut self, session: &SessionId) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let busy = s.is_busy();
+        let busy_on = if busy { s.target } else { None };
+        if busy_on != s.busy_on {
+            if let Some(old) = s.busy_on {
+                if let Some(x) = self.sandboxes.get_mut(&old) {
+                    x.busy_sessions -= 1;
+                }
+                self.dirty.push(old);
+            }
+            if let Some(new) = busy_on {
+                self.sandboxes.get_mut(&new).expect("target").busy_sessions += 1;
+            }
+            s.busy_on = busy_on;
+        }
+        if !s.releasing.is_empty() {
+            let uploads = &self.uploads;
+            let paths = &s.paths;
+            let events = &mut self.events;
+            s.releasing.retain(|(call, x)| {
+                let in_flight = paths
+                    .iter()
+                    .any(|p| p.inflight.is_some_and(|u| uploads[&u].sandbox == *x));
+                let done = busy_on != Some(*x) && !in_flight;
+                if done {
+                    tracing::debug!(call = %call, "release completed");
+                    events.push_back(Event::CallReleased { call: call.clone() });
+                }
+                !done
+            });
+        }
+        let unsettled = s.has_unsettled();
+        if s.unsettled && !unsettled {
+            self.events.push_back(Event::MirrorSettled {
+                session: session.clone(),
+            });
+        }
+        s.unsettled = unsettled;
+        let idle = s.is_idle();
+        match (idle, s.idle_stamp) {
+            (true, None) => {
+                let stamp = self.idle.next_stamp;
+                self.idle.next_stamp += 1;
+                s.idle_stamp = Some(stamp);
+                self.idle.queue.push_back((session.clone(), stamp));
+                self.idle.count += 1;
+                self.forget_idle_sessions();
+            }
+            (false, Some(_)) => {
+                s.idle_stamp = None;
+                self.idle.count -= 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets the oldest idle session records beyond the limit, and compacts the idle queue.
+    fn forget_idle_sessions(&mut self) {
+        let max = self.config.limits.max_idle_sessions;
+        while self.idle.count > max {
+            let Some((session, stamp)) = self.idle.queue.pop_front() else {
+                break;
+            };
+            if self
+                .sessions
+                .get(&session)
+                .is_some_and(|s| s.idle_stamp == Some(stamp))
+            {
+                tracing::debug!(session = %session, "idle session forgotten");
+                self.sessions.remove(&session);
+                self.idle.count -= 1;
+                self.stats.sessions_forgotten += 1;
+            }
+        }
+        if self.idle.queue.len() > 2 * self.idle.count + 64 {
+            let sessions = &self.sessions;
+            self.idle.queue.retain(|(session, stamp)| {
+                sessions
+                    .get(session)
+                    .is_some_and(|s| s.idle_stamp == Some(*stamp))
+            });
+        }
+    }
+}
+
+impl Session {
+    /// Whether the session has a live call or a sandbox its mirror can still go to.
+    pub(crate) fn is_live(&self) -> bool {
+        !self.ready.is_empty() || self.coming > 0 || self.target.is_some()
+    }
+}

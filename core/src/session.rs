@@ -1,0 +1,101 @@
+//! Session records: bound calls, mirror slots per path, holds, pending releases.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Payload, SandboxId, UploadId, Version};
+use crate::name::{CallId, PathName, SessionId};
+use crate::time::Instant;
+
+/// The mirror state of one (session, path).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Slot {
+    pub(crate) path: PathName,
+    /// The last version flushed.
+    pub(crate) last: u64,
+    /// The newest flushed version not yet ordered uploaded.
+    pub(crate) pending: Option<(Version, Payload)>,
+    /// The upload in flight, if any.
+    pub(crate) inflight: Option<UploadId>,
+    /// Failed attempts of the pending version.
+    pub(crate) attempts: u32,
+    /// When the pending version may be tried again.
+    pub(crate) retry_at: Option<Instant>,
+}
+
+/// One upload in flight.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Upload {
+    pub(crate) session: SessionId,
+    pub(crate) path: PathName,
+    pub(crate) version: Version,
+    pub(crate) sandbox: SandboxId,
+    pub(crate) payload: Payload,
+    pub(crate) deadline: Instant,
+    /// Failed attempts before this one.
+    pub(crate) attempts: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Session {
+    /// Live calls bound to a sandbox, in the order they became ready.
+    pub(crate) ready: Vec<CallId>,
+    /// Live calls still waiting or starting: a sandbox is coming.
+    pub(crate) coming: u32,
+    /// The sandbox of the session's last released call, while it accepts uploads.
+    pub(crate) linger: Option<SandboxId>,
+    /// Where its mirror goes now: the first ready call's sandbox that accepts uploads, else the
+    /// linger sandbox.
+    pub(crate) target: Option<SandboxId>,
+    /// The sandbox whose `busy_sessions` counts this session.
+    pub(crate) busy_on: Option<SandboxId>,
+    pub(crate) holds: u32,
+    pub(crate) paths: Vec<Slot>,
+    /// Released calls whose release has not completed, with their sandbox.
+    pub(crate) releasing: Vec<(CallId, SandboxId)>,
+    /// Whether it had unsettled versions when last looked at (for `MirrorSettled`).
+    pub(crate) unsettled: bool,
+    /// Its stamp in the idle queue, while idle.
+    pub(crate) idle_stamp: Option<u64>,
+}
+
+impl Session {
+    pub(crate) fn slot(&self, path: &PathName) -> Option<usize> {
+        self.paths.iter().position(|s| &s.path == path)
+    }
+
+    pub(crate) fn has_pending(&self) -> bool {
+        self.paths.iter().any(|s| s.pending.is_some())
+    }
+
+    pub(crate) fn has_unsettled(&self) -> bool {
+        self.paths
+            .iter()
+            .any(|s| s.pending.is_some() || s.inflight.is_some())
+    }
+
+    /// Whether this session must keep its target sandbox from finishing its drain.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.holds > 0 || self.has_pending()
+    }
+
+    /// Whether nothing about it is live: the record only remembers versions.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.ready.is_empty()
+            && self.coming == 0
+            && self.holds == 0
+            && self.target.is_none()
+            && self.linger.is_none()
+            && self.releasing.is_empty()
+            && !self.has_unsettled()
+    }
+}
+
+/// Idle session records, oldest first, so the oldest can be forgotten past the limit.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct IdleSessions {
+    pub(crate) queue: VecDeque<(SessionId, u64)>,
+    pub(crate) count: usize,
+    pub(crate) next_stamp: u64,
+}

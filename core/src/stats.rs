@@ -1,0 +1,39 @@
+//! Counters of what the core has done, for reports and tests.
+
+use serde::{Deserialize, Serialize};
+
+/// Counters since the core was made. Every counter only grows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)] // each field says what it counts
+pub struct Stats {
+    pub calls_acquired: u64,
+    pub calls_ready: u64,
+    pub calls_failed: u64,
+    pub calls_released: u64,
+    pub calls_revoked: u64,
+    pub starts_ordered: u64,
+    pub starts_ok: u64,
+    pub starts_failed: u64,
+    pub starts_timed_out: u64,
+    /// Starts answered after every call they were for had ended: shut down at once.
+    pub orphan_starts: u64,
+    /// Warm or draining sandboxes taken back into use by the next call of their key.
+    pub revivals: u64,
+    pub stops_failed: u64,
+    pub persists_failed: u64,
+    pub shutdowns_ordered: u64,
+    pub shutdowns_ok: u64,
+    pub shutdowns_unconfirmed: u64,
+    pub suspended: u64,
+    pub deaths: u64,
+    pub drain_deadlines: u64,
+    pub versions_flushed: u64,
+    pub uploads_ordered: u64,
+    pub versions_uploaded: u64,
+    pub versions_superseded: u64,
+    pub versions_dropped: u64,
+    pub upload_retries: u64,
+    /// Answers for commands no longer awaited (late, duplicate, after death).
+    pub stale_answers: u64,
+    pub sessions_forgotten: u64,
+}

@@ -1,0 +1,1 @@
+//! The deterministic simulator of sandkeeper. Filled in by its own issue.
