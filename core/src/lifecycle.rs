@@ -819,10 +819,15 @@ impl Lifecycle {
                     s.releasing.push((call.clone(), x));
                 }
                 self.unbind(call, &c.key, x);
-                self.retarget(&session, DropReason::NoSandbox);
             }
         }
-        self.session_changed(&session);
+        // With no sandbox to go to and none coming, the session's pending versions are dropped.
+        let reason = if self.is_closing() {
+            DropReason::Closed
+        } else {
+            DropReason::NoSandbox
+        };
+        self.retarget(&session, reason);
         self.after_unbind_key(&c.key);
     }
 

@@ -251,8 +251,9 @@ impl Lifecycle {
                 }
             }
         }
-        self.pump(&session);
-        self.session_changed(&session);
+        // A version kept for a retry needs somewhere to go: with no sandbox and none coming,
+        // it fails now.
+        self.retarget(&session, DropReason::UploadFailed);
         self.finish_input();
         Ok(())
     }
@@ -319,8 +320,7 @@ impl Lifecycle {
         let s = self.sessions.get_mut(session).expect("session of a retry");
         let i = s.slot(path).expect("slot of a retry");
         s.paths[i].retry_at = None;
-        self.pump(session);
-        self.session_changed(session);
+        self.retarget(session, DropReason::UploadFailed);
     }
 
     /// Emits a settlement.
