@@ -1,0 +1,799 @@
+//! A scripted harness for the core's named tests: one [`Script`] drives a [`Lifecycle`] step by
+//! step, the way a driver would, so a test reads like the interleaving it encodes.
+//!
+//! After every input the script drains the core's commands and events into its own queues
+//! (the drain contract), checks the core's state invariants, and checks the history invariants
+//! that can only be seen on the outputs (no command after Shutdown, no Upload after Stop,
+//! Shutdown or death, Persist only after Stop, one Shutdown per sandbox and none for an external
+//! one, every version settled exactly once). A test then takes what it expects off the queues
+//! with the `expect_*` and `take_*` helpers; [`Script::quiet`] asserts nothing is left unread.
+#![allow(dead_code)] // each test file uses its own part of the harness
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use sandkeeper::*;
+
+// ----------------------------------------------------------------------------------------------
+// Names
+
+/// A call name.
+pub fn call(name: &str) -> CallId {
+    CallId::new(name).unwrap()
+}
+
+/// A session name.
+pub fn session(name: &str) -> SessionId {
+    SessionId::new(name).unwrap()
+}
+
+/// A user name.
+pub fn user(name: &str) -> UserId {
+    UserId::new(name).unwrap()
+}
+
+/// A mirrored path name.
+pub fn path(name: &str) -> PathName {
+    PathName::new(name).unwrap()
+}
+
+/// An external sandbox name.
+pub fn external(name: &str) -> ExternalId {
+    ExternalId::new(name).unwrap()
+}
+
+/// The session log path.
+pub fn log() -> PathName {
+    PathName::session_log()
+}
+
+/// A snapshot reference.
+pub fn snap(name: &str) -> Snapshot {
+    Snapshot::new(name)
+}
+
+/// A call of `session`.
+pub fn spec(c: &str, s: &str) -> CallSpec {
+    CallSpec::new(call(c), session(s))
+}
+
+/// Milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Seconds.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A configuration with short, distinct deadlines, so that a test can tell which fired:
+/// start 1 s, upload 2 s, drain 3 s, wait 4 s, command 5 s, close grace 6 s, backoff 100 ms,
+/// 3 retries.
+pub fn config() -> Config {
+    Config {
+        start_timeout: secs(1),
+        upload_timeout: secs(2),
+        upload_retries: 3,
+        retry_backoff: ms(100),
+        drain_deadline: secs(3),
+        wait_timeout: secs(4),
+        command_timeout: secs(5),
+        close_grace: secs(6),
+        max_waiters: 2,
+        ..Config::default()
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Commands and events, short
+
+/// `Drain { sandbox, sessions }`.
+pub fn drain(x: SandboxId, sessions: &[&str]) -> Command {
+    Command::Drain {
+        sandbox: x,
+        sessions: sessions.iter().map(|s| session(s)).collect(),
+    }
+}
+
+/// `Stop { sandbox }`.
+pub fn stop(x: SandboxId) -> Command {
+    Command::Stop { sandbox: x }
+}
+
+/// `Persist { sandbox, snapshot }`.
+pub fn persist(x: SandboxId, snapshot: Option<&str>) -> Command {
+    Command::Persist {
+        sandbox: x,
+        snapshot: snapshot.map(snap),
+    }
+}
+
+/// `Shutdown { sandbox }`.
+pub fn shutdown(x: SandboxId) -> Command {
+    Command::Shutdown { sandbox: x }
+}
+
+/// `CancelUpload { upload, sandbox }`.
+pub fn cancel(upload: UploadId, x: SandboxId) -> Command {
+    Command::CancelUpload { upload, sandbox: x }
+}
+
+/// `CallReady`.
+pub fn ready(c: &str, x: SandboxId) -> Event {
+    Event::CallReady {
+        call: call(c),
+        sandbox: x,
+    }
+}
+
+/// `CallFailed`.
+pub fn failed(c: &str, error: ErrorKind) -> Event {
+    Event::CallFailed {
+        call: call(c),
+        error,
+    }
+}
+
+/// `CallReleased`.
+pub fn released(c: &str) -> Event {
+    Event::CallReleased { call: call(c) }
+}
+
+/// `CallRevoked`.
+pub fn revoked(c: &str) -> Event {
+    Event::CallRevoked { call: call(c) }
+}
+
+/// `SandboxLost`.
+pub fn lost(c: &str, x: SandboxId) -> Event {
+    Event::SandboxLost {
+        call: call(c),
+        sandbox: x,
+    }
+}
+
+/// `Settled` as `Uploaded` into `x`.
+pub fn uploaded(s: &str, p: &PathName, v: u64, x: SandboxId) -> Event {
+    Event::Settled {
+        session: session(s),
+        path: p.clone(),
+        version: Version(v),
+        outcome: Settlement::Uploaded { sandbox: x },
+    }
+}
+
+/// `Settled` as `Superseded` by `by`.
+pub fn superseded(s: &str, p: &PathName, v: u64, by: u64) -> Event {
+    Event::Settled {
+        session: session(s),
+        path: p.clone(),
+        version: Version(v),
+        outcome: Settlement::Superseded { by: Version(by) },
+    }
+}
+
+/// `Settled` as `Dropped` with `reason`.
+pub fn dropped(s: &str, p: &PathName, v: u64, reason: DropReason) -> Event {
+    Event::Settled {
+        session: session(s),
+        path: p.clone(),
+        version: Version(v),
+        outcome: Settlement::Dropped { reason },
+    }
+}
+
+/// `MirrorSettled`.
+pub fn mirror_settled(s: &str) -> Event {
+    Event::MirrorSettled {
+        session: session(s),
+    }
+}
+
+/// `ShutdownUnconfirmed`.
+pub fn unconfirmed(x: SandboxId) -> Event {
+    Event::ShutdownUnconfirmed { sandbox: x }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The script
+
+/// An Upload command the script has seen and not seen answered or cancelled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenUpload {
+    /// The upload.
+    pub upload: UploadId,
+    /// Where to.
+    pub sandbox: SandboxId,
+    /// Whose.
+    pub session: SessionId,
+    /// Which file.
+    pub path: PathName,
+    /// Which version.
+    pub version: Version,
+    /// The bytes.
+    pub payload: Payload,
+}
+
+/// A Start command, taken apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenStart {
+    /// The new sandbox.
+    pub sandbox: SandboxId,
+    /// Its key.
+    pub key: Key,
+    /// The call's spec.
+    pub spec: Spec,
+    /// The snapshot to resume from.
+    pub resume_from: Option<Snapshot>,
+}
+
+/// The history invariants, checked on every drained command and event.
+#[derive(Clone, Debug, Default)]
+struct History {
+    started: BTreeSet<SandboxId>,
+    stopped: BTreeSet<SandboxId>,
+    shut_down: BTreeSet<SandboxId>,
+    dead: BTreeSet<SandboxId>,
+    external: BTreeSet<SandboxId>,
+    flushed: BTreeSet<(SessionId, PathName, Version)>,
+    settled: BTreeSet<(SessionId, PathName, Version)>,
+    last_uploaded: BTreeMap<(SessionId, PathName), Version>,
+    closed: bool,
+}
+
+/// A core driven step by step.
+pub struct Script {
+    /// The core under test.
+    pub core: Lifecycle,
+    /// The script's clock.
+    pub now: Instant,
+    /// Commands drained and not yet taken by the test.
+    pub commands: VecDeque<Command>,
+    /// Events drained and not yet taken by the test.
+    pub events: VecDeque<Event>,
+    /// Uploads ordered and not yet answered or cancelled.
+    pub uploads: BTreeMap<UploadId, SeenUpload>,
+    /// Every input applied, with its instant: a trace that can be replayed.
+    pub trace: Vec<(Instant, Input)>,
+    /// Every command drained, in order.
+    pub all_commands: Vec<Command>,
+    /// Every event drained, in order.
+    pub all_events: Vec<Event>,
+    history: History,
+}
+
+impl Script {
+    /// A script over a core with `config`, at time zero.
+    pub fn new(config: Config) -> Self {
+        Script {
+            core: Lifecycle::new(config).expect("valid config"),
+            now: Instant::ZERO,
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            uploads: BTreeMap::new(),
+            trace: Vec::new(),
+            all_commands: Vec::new(),
+            all_events: Vec::new(),
+            history: History::default(),
+        }
+    }
+
+    /// A script over [`config()`].
+    pub fn default_config() -> Self {
+        Script::new(config())
+    }
+
+    /// A script over [`config()`], changed by `f`.
+    pub fn with(f: impl FnOnce(&mut Config)) -> Self {
+        let mut c = config();
+        f(&mut c);
+        Script::new(c)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Inputs
+
+    /// Applies one input now, drains, and checks. An input that fails must change nothing: the
+    /// serialised core is compared before and after.
+    pub fn input(&mut self, input: Input) -> Result<Option<Version>, Error> {
+        let before = serde_json::to_string(&self.core).expect("core serialises");
+        let flushed = match &input {
+            Input::Flush { session, path, .. } => Some((session.clone(), path.clone())),
+            _ => None,
+        };
+        if let Input::Died { sandbox } = &input {
+            if self.core.sandbox_state(*sandbox).is_some() {
+                self.history.dead.insert(*sandbox);
+            }
+        }
+        if let Input::UploadFailed {
+            upload,
+            failure: UploadFailure::Gone,
+        } = &input
+        {
+            if let Some(up) = self.uploads.get(upload) {
+                self.history.dead.insert(up.sandbox);
+            }
+        }
+        self.trace.push((self.now, input.clone()));
+        let result = self.core.handle(self.now, input.clone());
+        match &result {
+            Err(_) => {
+                let after = serde_json::to_string(&self.core).expect("core serialises");
+                assert_eq!(
+                    before, after,
+                    "a rejected input changed the core: {input:?}"
+                );
+                assert_eq!(self.core.poll_command(), None);
+                assert_eq!(self.core.poll_event(), None);
+            }
+            Ok(version) => {
+                if let (Some(v), Some((s, p))) = (version, flushed) {
+                    let fresh = self.history.flushed.insert((s, p, *v));
+                    assert!(fresh, "a version was handed out twice");
+                }
+                match &input {
+                    Input::UploadOk { upload } | Input::UploadFailed { upload, .. } => {
+                        self.uploads.remove(upload);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.drain();
+        result
+    }
+
+    /// Drains the core's outputs into the script's queues, checking each.
+    pub fn drain(&mut self) {
+        while let Some(command) = self.core.poll_command() {
+            self.check_command(&command);
+            self.all_commands.push(command.clone());
+            self.commands.push_back(command);
+        }
+        while let Some(event) = self.core.poll_event() {
+            self.check_event(&event);
+            self.all_events.push(event.clone());
+            self.events.push_back(event);
+        }
+        if let Err(v) = self.core.check_invariants() {
+            panic!("{v}");
+        }
+        if self.core.is_closed() {
+            assert_eq!(self.core.poll_timeout(), None, "a timer after Closed");
+        }
+    }
+
+    fn check_command(&mut self, command: &Command) {
+        let h = &mut self.history;
+        assert!(!h.closed, "a command after Closed: {command:?}");
+        let x = command.sandbox();
+        assert!(
+            !h.shut_down.contains(&x),
+            "a command names {x} after its Shutdown: {command:?}"
+        );
+        match command {
+            Command::Start { sandbox, .. } => {
+                assert!(h.started.insert(*sandbox), "{sandbox} started twice");
+            }
+            Command::Upload {
+                upload,
+                sandbox,
+                session,
+                path,
+                version,
+                payload,
+            } => {
+                assert!(
+                    !h.stopped.contains(sandbox),
+                    "Upload after Stop of {sandbox}"
+                );
+                assert!(!h.dead.contains(sandbox), "Upload after death of {sandbox}");
+                let last = h
+                    .last_uploaded
+                    .insert((session.clone(), path.clone()), *version);
+                assert!(
+                    last.is_none_or(|l| l <= *version),
+                    "versions of {session}/{path} go backwards: {last:?} then {version}"
+                );
+                assert!(
+                    !self
+                        .uploads
+                        .values()
+                        .any(|u| &u.session == session && &u.path == path),
+                    "two uploads in flight for {session}/{path}"
+                );
+                self.uploads.insert(
+                    *upload,
+                    SeenUpload {
+                        upload: *upload,
+                        sandbox: *sandbox,
+                        session: session.clone(),
+                        path: path.clone(),
+                        version: *version,
+                        payload: payload.clone(),
+                    },
+                );
+            }
+            Command::CancelUpload { upload, .. } => {
+                self.uploads.remove(upload);
+            }
+            Command::Drain { .. } => {}
+            Command::Stop { sandbox } => {
+                assert!(!h.external.contains(sandbox), "Stop of external {sandbox}");
+                assert!(h.stopped.insert(*sandbox), "{sandbox} stopped twice");
+            }
+            Command::Persist { sandbox, .. } => {
+                assert!(
+                    h.stopped.contains(sandbox),
+                    "Persist before Stop of {sandbox}"
+                );
+            }
+            Command::Shutdown { sandbox } => {
+                assert!(
+                    !h.external.contains(sandbox),
+                    "Shutdown of external {sandbox}"
+                );
+                h.shut_down.insert(*sandbox);
+                self.uploads.retain(|_, u| u.sandbox != *sandbox);
+            }
+        }
+    }
+
+    fn check_event(&mut self, event: &Event) {
+        let h = &mut self.history;
+        assert!(!h.closed, "an event after Closed: {event:?}");
+        match event {
+            Event::Settled {
+                session,
+                path,
+                version,
+                ..
+            } => {
+                let key = (session.clone(), path.clone(), *version);
+                assert!(
+                    h.settled.insert(key),
+                    "{session}/{path} {version} settled twice"
+                );
+            }
+            Event::Closed { .. } => h.closed = true,
+            Event::CallReady { sandbox, .. } => {
+                if matches!(
+                    self.core.sandbox_ownership(*sandbox),
+                    Some(Ownership::External(_))
+                ) {
+                    h.external.insert(*sandbox);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Every version flushed so far has settled exactly once.
+    pub fn assert_all_settled(&self) {
+        let unsettled: Vec<_> = self
+            .history
+            .flushed
+            .difference(&self.history.settled)
+            .collect();
+        assert!(unsettled.is_empty(), "unsettled versions: {unsettled:?}");
+    }
+
+    /// Every sandbox the core started was ordered to shut down exactly once.
+    pub fn assert_all_shut_down(&self) {
+        let left: Vec<_> = self
+            .history
+            .started
+            .difference(&self.history.shut_down)
+            .collect();
+        assert!(left.is_empty(), "started and never shut down: {left:?}");
+    }
+
+    /// Whether the script saw a Shutdown for `x`.
+    pub fn was_shut_down(&self, x: SandboxId) -> bool {
+        self.history.shut_down.contains(&x)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Time
+
+    /// Moves the clock by `d` without any input.
+    pub fn wait(&mut self, d: Duration) {
+        self.now = self.now + d;
+    }
+
+    /// Moves the clock by `d` and hands the core a timeout.
+    pub fn advance(&mut self, d: Duration) {
+        self.wait(d);
+        self.timeout();
+    }
+
+    /// Hands the core a timeout now.
+    pub fn timeout(&mut self) {
+        self.input(Input::Timeout).expect("timeout");
+    }
+
+    /// Moves the clock to the core's next deadline and hands it a timeout there.
+    pub fn to_next_deadline(&mut self) -> Instant {
+        let at = self.core.poll_timeout().expect("a deadline is set");
+        assert!(at >= self.now);
+        self.now = at;
+        self.timeout();
+        at
+    }
+
+    /// The time from the script's start to the core's next deadline.
+    pub fn next_deadline_in(&self) -> Option<Duration> {
+        self.core
+            .poll_timeout()
+            .map(|at| at.saturating_duration_since(self.now))
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Application inputs
+
+    /// Acquires `c` of session `s`.
+    pub fn acquire(&mut self, c: &str, s: &str) {
+        self.try_acquire(spec(c, s)).expect("acquire");
+    }
+
+    /// Acquires with a full spec.
+    pub fn try_acquire(&mut self, spec: CallSpec) -> Result<(), Error> {
+        self.input(Input::Acquire(spec)).map(|_| ())
+    }
+
+    /// Releases `c`.
+    pub fn release(&mut self, c: &str) {
+        self.try_release(c).expect("release");
+    }
+
+    /// Releases `c`, returning what the core said.
+    pub fn try_release(&mut self, c: &str) -> Result<(), Error> {
+        self.input(Input::Release { call: call(c) }).map(|_| ())
+    }
+
+    /// Flushes `bytes` as the next version of (s, p).
+    pub fn flush(&mut self, s: &str, p: &PathName, bytes: &str) -> u64 {
+        self.try_flush(s, p, bytes).expect("flush").0
+    }
+
+    /// Flushes, returning what the core said.
+    pub fn try_flush(&mut self, s: &str, p: &PathName, bytes: &str) -> Result<Version, Error> {
+        self.input(Input::Flush {
+            session: session(s),
+            path: p.clone(),
+            payload: Payload::new(bytes.as_bytes().to_vec()),
+        })
+        .map(|v| v.expect("a flush returns its version"))
+    }
+
+    /// Holds session `s`.
+    pub fn hold(&mut self, s: &str) -> Result<(), Error> {
+        self.input(Input::Hold {
+            session: session(s),
+        })
+        .map(|_| ())
+    }
+
+    /// Lets one hold of `s` go.
+    pub fn unhold(&mut self, s: &str) -> Result<(), Error> {
+        self.input(Input::Unhold {
+            session: session(s),
+        })
+        .map(|_| ())
+    }
+
+    /// Begins close with `deadline`.
+    pub fn close(&mut self, deadline: Duration) -> Result<(), Error> {
+        self.input(Input::Close { deadline }).map(|_| ())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Backend answers
+
+    /// Start of `x` succeeded.
+    pub fn start_ok(&mut self, x: SandboxId) {
+        self.input(Input::StartOk { sandbox: x }).expect("start ok");
+    }
+
+    /// Start of `x` failed.
+    pub fn start_failed(&mut self, x: SandboxId) {
+        self.input(Input::StartFailed { sandbox: x })
+            .expect("start failed");
+    }
+
+    /// Upload `u` succeeded.
+    pub fn upload_ok(&mut self, u: UploadId) {
+        self.input(Input::UploadOk { upload: u })
+            .expect("upload ok");
+    }
+
+    /// Upload `u` failed.
+    pub fn upload_failed(&mut self, u: UploadId, failure: UploadFailure) {
+        self.input(Input::UploadFailed { upload: u, failure })
+            .expect("upload failed");
+    }
+
+    /// Answers every outstanding upload into `x` as written, oldest first.
+    pub fn answer_uploads_in(&mut self, x: SandboxId) -> usize {
+        let ids: Vec<UploadId> = self
+            .uploads
+            .values()
+            .filter(|u| u.sandbox == x)
+            .map(|u| u.upload)
+            .collect();
+        for u in &ids {
+            self.upload_ok(*u);
+        }
+        ids.len()
+    }
+
+    /// The outstanding upload of (s, p).
+    pub fn upload_of(&self, s: &str, p: &PathName) -> SeenUpload {
+        self.uploads
+            .values()
+            .find(|u| u.session.as_str() == s && &u.path == p)
+            .cloned()
+            .unwrap_or_else(|| panic!("no upload of {s}/{p} outstanding"))
+    }
+
+    /// Stop of `x` succeeded with `snapshot`.
+    pub fn stop_ok(&mut self, x: SandboxId, snapshot: Option<&str>) {
+        self.input(Input::StopOk {
+            sandbox: x,
+            snapshot: snapshot.map(snap),
+        })
+        .expect("stop ok");
+    }
+
+    /// Stop of `x` failed.
+    pub fn stop_failed(&mut self, x: SandboxId) {
+        self.input(Input::StopFailed { sandbox: x })
+            .expect("stop failed");
+    }
+
+    /// Persist of `x` succeeded.
+    pub fn persist_ok(&mut self, x: SandboxId) {
+        self.input(Input::PersistOk { sandbox: x })
+            .expect("persist ok");
+    }
+
+    /// Persist of `x` failed.
+    pub fn persist_failed(&mut self, x: SandboxId) {
+        self.input(Input::PersistFailed { sandbox: x })
+            .expect("persist failed");
+    }
+
+    /// Shutdown of `x` succeeded.
+    pub fn shutdown_ok(&mut self, x: SandboxId) {
+        self.input(Input::ShutdownOk { sandbox: x })
+            .expect("shutdown ok");
+    }
+
+    /// Shutdown of `x` failed.
+    pub fn shutdown_failed(&mut self, x: SandboxId) {
+        self.input(Input::ShutdownFailed { sandbox: x })
+            .expect("shutdown failed");
+    }
+
+    /// The backend reports `x` gone.
+    pub fn died(&mut self, x: SandboxId) {
+        self.input(Input::Died { sandbox: x }).expect("died");
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Expectations
+
+    /// Takes every pending command.
+    pub fn take_commands(&mut self) -> Vec<Command> {
+        self.commands.drain(..).collect()
+    }
+
+    /// Takes every pending event.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        self.events.drain(..).collect()
+    }
+
+    /// The pending commands are exactly `expected`, in order; takes them.
+    #[track_caller]
+    pub fn expect_commands(&mut self, expected: &[Command]) {
+        let got = self.take_commands();
+        assert_eq!(got, expected, "commands");
+    }
+
+    /// The pending events are exactly `expected`, in order; takes them.
+    #[track_caller]
+    pub fn expect_events(&mut self, expected: &[Event]) {
+        let got = self.take_events();
+        assert_eq!(got, expected, "events");
+    }
+
+    /// No command and no event is pending.
+    #[track_caller]
+    pub fn quiet(&mut self) {
+        self.expect_commands(&[]);
+        self.expect_events(&[]);
+    }
+
+    /// The pending commands are exactly one Start; takes it.
+    #[track_caller]
+    pub fn take_start(&mut self) -> SeenStart {
+        let got = self.take_commands();
+        match got.as_slice() {
+            [Command::Start {
+                sandbox,
+                key,
+                spec,
+                resume_from,
+            }] => SeenStart {
+                sandbox: *sandbox,
+                key: key.clone(),
+                spec: spec.clone(),
+                resume_from: resume_from.clone(),
+            },
+            other => panic!("expected one Start, got {other:?}"),
+        }
+    }
+
+    /// The pending commands are exactly one Start; takes it and returns its sandbox.
+    #[track_caller]
+    pub fn started(&mut self) -> SandboxId {
+        self.take_start().sandbox
+    }
+
+    /// The pending commands are exactly one Upload; takes it.
+    #[track_caller]
+    pub fn take_upload(&mut self) -> SeenUpload {
+        let got = self.take_commands();
+        match got.as_slice() {
+            [Command::Upload { upload, .. }] => self.uploads[upload].clone(),
+            other => panic!("expected one Upload, got {other:?}"),
+        }
+    }
+
+    /// The pending commands are exactly one Upload of (s, p, v) into `x`; takes it.
+    #[track_caller]
+    pub fn expect_upload(&mut self, s: &str, p: &PathName, v: u64, x: SandboxId) -> UploadId {
+        let up = self.take_upload();
+        assert_eq!(
+            (up.session.as_str(), &up.path, up.version, up.sandbox),
+            (s, p, Version(v), x),
+            "upload"
+        );
+        up.upload
+    }
+
+    /// Acquires `c` of `s` on a fresh sandbox and starts it: returns the sandbox, with
+    /// `CallReady` taken.
+    #[track_caller]
+    pub fn ready_call(&mut self, c: &str, s: &str) -> SandboxId {
+        self.acquire(c, s);
+        let x = self.started();
+        self.start_ok(x);
+        self.expect_events(&[ready(c, x)]);
+        x
+    }
+
+    /// Takes the way down of `x` when nothing was mirrored: Drain (naming `sessions`), Stop,
+    /// stop ok without a snapshot, Shutdown, shutdown ok.
+    #[track_caller]
+    pub fn expect_down(&mut self, x: SandboxId, sessions: &[&str]) {
+        self.expect_commands(&[drain(x, sessions), stop(x)]);
+        self.stop_ok(x, None);
+        self.expect_commands(&[shutdown(x)]);
+        self.shutdown_ok(x);
+        self.expect_commands(&[]);
+        assert_eq!(self.core.sandbox_state(x), None, "{x} forgotten");
+    }
+
+    /// `resolve(s)`.
+    pub fn resolve(&self, s: &str) -> Result<SandboxId, Error> {
+        self.core.resolve(&session(s))
+    }
+
+    /// The core serialised.
+    pub fn snapshot_json(&self) -> String {
+        serde_json::to_string(&self.core).unwrap()
+    }
+}
