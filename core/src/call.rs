@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{Key, SandboxId, Snapshot, Spec};
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
-use crate::time::Instant;
+use crate::timer::TimerRef;
 
 /// What the application asks for when it acquires a sandbox for a call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ pub enum CallStatus {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum CallState {
     /// Queued in its key's waiters until the deadline.
-    Waiting { deadline: Instant },
+    Waiting { deadline: TimerRef },
     /// Bound to a starting sandbox.
     Starting(SandboxId),
     /// Bound to a sandbox that was up when bound (it may have died since).

@@ -18,19 +18,19 @@ use crate::lifecycle::{EndHow, Lifecycle};
 use crate::name::{CallId, PathName, SessionId};
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::time::Instant;
-use crate::timer::Timer;
+use crate::timer::{Timer, TimerRef};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum CloseState {
     Open,
     Draining {
-        deadline: Instant,
+        deadline: TimerRef,
         report: CloseReport,
         /// A sandbox seen still up the last time close looked, checked first next time.
         blocked_by: Option<SandboxId>,
     },
     Revoked {
-        grace: Instant,
+        grace: TimerRef,
         report: CloseReport,
     },
     Closed,
@@ -51,14 +51,13 @@ impl Lifecycle {
             return Err(Error::Closed { what: "close" });
         }
         self.advance(now);
-        let at = self.now + deadline;
+        let at = self.timers.set(self.now + deadline, Timer::Close);
         tracing::info!(deadline = ?deadline, "close");
         self.close = CloseState::Draining {
             deadline: at,
             report: CloseReport::default(),
             blocked_by: None,
         };
-        self.timers.set(at, Timer::Close);
 
         let mut waiters: Vec<CallId> = Vec::new();
         for slot in self.keys.values_mut() {
@@ -120,7 +119,7 @@ impl Lifecycle {
                     return;
                 }
                 let at = *deadline;
-                self.timers.cancel(at, &Timer::Close);
+                self.timers.cancel(at);
                 self.revoke();
             }
             CloseState::Revoked { .. } => {
@@ -140,10 +139,9 @@ impl Lifecycle {
         else {
             unreachable!("revoke outside the draining phase")
         };
-        let grace = self.now + self.config.close_grace;
+        let grace = self.timers.set(self.now + self.config.close_grace, Timer::Close);
         tracing::info!("close: revoking what is left");
         self.close = CloseState::Revoked { grace, report };
-        self.timers.set(grace, Timer::Close);
 
         let mut live: Vec<CallId> = self.calls.keys().cloned().collect();
         live.sort();

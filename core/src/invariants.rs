@@ -113,6 +113,18 @@ impl Lifecycle {
             }
         }
 
+        let waiting = self
+            .calls
+            .values()
+            .filter(|c| matches!(c.state, CallState::Waiting { .. }))
+            .count();
+        ensure!(
+            waiting == self.waiting,
+            "key-counts",
+            "{} calls counted waiting, {waiting} are",
+            self.waiting
+        );
+
         // Sandboxes.
         let mut busy_by_sandbox: BTreeMap<SandboxId, u32> = BTreeMap::new();
         for (id, x) in &self.sandboxes {
@@ -135,7 +147,7 @@ impl Lifecycle {
                     x.state
                 );
             }
-            for call in &x.bound {
+            for call in x.bound.iter() {
                 let state = &self.calls[call].state;
                 let fits = match x.state {
                     SandboxState::Starting => matches!(state, CallState::Starting(_)),
@@ -197,7 +209,7 @@ impl Lifecycle {
                     x.targeting.len()
                 );
             }
-            for upload in &x.uploads {
+            for upload in x.uploads.iter() {
                 let up = self.uploads.get(upload);
                 ensure!(
                     up.is_some_and(|u| u.sandbox == *id),
@@ -391,7 +403,7 @@ impl Lifecycle {
                 "sandbox {id} counts {} busy sessions, {busy} are busy on it",
                 x.busy_sessions
             );
-            for s in &x.targeting {
+            for s in x.targeting.iter() {
                 ensure!(
                     self.sessions.get(s).is_some_and(|r| r.target == Some(*id)),
                     "session-target",

@@ -147,6 +147,7 @@ mod mirror;
 mod name;
 mod sandbox;
 mod session;
+mod small_set;
 mod stats;
 mod time;
 mod timer;

@@ -19,7 +19,7 @@ use crate::sandbox::{Awaiting, Ownership, Sandbox, SandboxState};
 use crate::session::{IdleSessions, Session, Upload};
 use crate::stats::Stats;
 use crate::time::Instant;
-use crate::timer::{Timer, Timers};
+use crate::timer::{Timer, TimerRef, Timers};
 
 /// The sans-IO lifecycle and mirror state machine of one agent's sandboxes.
 ///
@@ -54,6 +54,8 @@ pub struct Lifecycle {
     pub(crate) idle: IdleSessions,
     pub(crate) next_sandbox: u64,
     pub(crate) next_upload: u64,
+    /// Calls queued behind their keys, over all keys.
+    pub(crate) waiting: usize,
     pub(crate) close: CloseState,
     pub(crate) stats: Stats,
     /// Sandboxes to look at once the current input is done (drain finished? record forgettable?).
@@ -81,6 +83,7 @@ impl Lifecycle {
             idle: IdleSessions::default(),
             next_sandbox: 0,
             next_upload: 0,
+            waiting: 0,
             close: CloseState::Open,
             stats: Stats::default(),
             dirty: Vec::new(),
@@ -291,7 +294,13 @@ impl Lifecycle {
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
         self.ended.forget(&call);
-        let deadline = self.now + self.config.wait_timeout;
+        let deadline = if must_wait {
+            let at = self.now + self.config.wait_timeout;
+            self.waiting += 1;
+            self.timers.set(at, Timer::Wait(call.clone()))
+        } else {
+            TimerRef::UNSET
+        };
         self.calls.insert(
             call.clone(),
             Call {
@@ -309,7 +318,6 @@ impl Lifecycle {
                 .or_default()
                 .waiters
                 .push_back(call.clone());
-            self.timers.set(deadline, Timer::Wait(call));
         } else {
             self.bind(&call);
         }
@@ -713,6 +721,9 @@ impl Lifecycle {
 
     /// Admits queued calls of `key` while the policy lets them in.
     pub(crate) fn admit(&mut self, key: &Key) {
+        if self.waiting == 0 {
+            return;
+        }
         loop {
             let serialize = self.config.same_key == SameKey::Serialize;
             let Some(slot) = self.keys.get_mut(key) else {
@@ -725,8 +736,9 @@ impl Lifecycle {
                 return;
             };
             if let CallState::Waiting { deadline } = self.calls[&call].state {
-                self.timers.cancel(deadline, &Timer::Wait(call.clone()));
+                self.timers.cancel(deadline);
             }
+            self.waiting -= 1;
             tracing::debug!(call = %call, key = %key, "admitted");
             self.bind(&call);
         }
@@ -791,7 +803,8 @@ impl Lifecycle {
         let released = how == EndHow::Released;
         match c.state {
             CallState::Waiting { deadline } => {
-                self.timers.cancel(deadline, &Timer::Wait(call.clone()));
+                self.timers.cancel(deadline);
+                self.waiting -= 1;
                 if let Some(slot) = self.keys.get_mut(&c.key) {
                     slot.waiters.retain(|w| w != call);
                 }
@@ -1074,20 +1087,19 @@ impl Lifecycle {
 
     pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxId, after: Duration) {
         self.cancel_sandbox_timer(sandbox);
-        let at = self.now + after;
+        let at = self.timers.set(self.now + after, Timer::Sandbox(sandbox));
         self.sandboxes.get_mut(&sandbox).expect("live").deadline = Some(at);
-        self.timers.set(at, Timer::Sandbox(sandbox));
     }
 
     pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxId) {
         if let Some(x) = self.sandboxes.get_mut(&sandbox) {
             if let Some(at) = x.deadline.take() {
-                self.timers.cancel(at, &Timer::Sandbox(sandbox));
+                self.timers.cancel(at);
             }
         }
     }
 
-    fn fire(&mut self, at: Instant, timer: Timer) {
+    fn fire(&mut self, at: TimerRef, timer: Timer) {
         match timer {
             Timer::Sandbox(sandbox) => {
                 let x = self

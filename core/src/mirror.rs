@@ -235,10 +235,11 @@ impl Lifecycle {
                     tracing::debug!(session = %session, path = %path, version = %version, attempt = attempts + 1, "upload retry");
                     slot.pending = Some((version, payload));
                     slot.attempts = attempts + 1;
-                    slot.retry_at = Some(at);
+                    slot.retry_at = Some(
+                        self.timers
+                            .set(at, Timer::Retry(session.clone(), path.clone())),
+                    );
                     self.stats.upload_retries += 1;
-                    self.timers
-                        .set(at, Timer::Retry(session.clone(), path.clone()));
                 } else {
                     self.settle(
                         &session,
@@ -272,7 +273,7 @@ impl Lifecycle {
             }
             return Err(Error::UnknownUpload { upload });
         };
-        self.timers.cancel(up.deadline, &Timer::Upload(upload));
+        self.timers.cancel(up.deadline);
         let x = self
             .sandboxes
             .get_mut(&up.sandbox)
@@ -298,7 +299,7 @@ impl Lifecycle {
             .ok()
             .flatten()
             .expect("live upload");
-        debug_assert!(deadline <= self.now);
+        debug_assert!(deadline.at <= self.now);
         tracing::debug!(upload = %upload, session = %up.session, "upload timed out");
         self.commands.push_back(Command::CancelUpload {
             upload,
@@ -373,7 +374,9 @@ impl Lifecycle {
             };
             let upload = UploadId(self.next_upload);
             self.next_upload += 1;
-            let deadline = self.now + self.config.upload_timeout;
+            let deadline = self
+                .timers
+                .set(self.now + self.config.upload_timeout, Timer::Upload(upload));
             slot.inflight = Some(upload);
             x.uploads.insert(upload);
             self.uploads.insert(
@@ -388,7 +391,6 @@ impl Lifecycle {
                     attempts: slot.attempts,
                 },
             );
-            self.timers.set(deadline, Timer::Upload(upload));
             self.stats.uploads_ordered += 1;
             tracing::trace!(upload = %upload, session = %session, sandbox = %target, version = %version, "upload");
             self.commands.push_back(Command::Upload {
@@ -453,8 +455,7 @@ impl Lifecycle {
         let mut dropped = Vec::new();
         for slot in s.paths.iter_mut() {
             if let Some(at) = slot.retry_at.take() {
-                self.timers
-                    .cancel(at, &Timer::Retry(session.clone(), slot.path.clone()));
+                self.timers.cancel(at);
             }
             slot.attempts = 0;
             if let Some((version, _)) = slot.pending.take() {
@@ -471,12 +472,15 @@ impl Lifecycle {
     pub(crate) fn leave_uploads(&mut self, sandbox: SandboxId, reason: DropReason) {
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
         debug_assert!(!x.state.accepts_uploads());
-        let uploads = std::mem::take(&mut x.uploads);
+        if x.uploads.is_empty() && x.targeting.is_empty() {
+            return;
+        }
+        let uploads = x.uploads.take();
         let sessions: Vec<SessionId> = x.targeting.iter().cloned().collect();
         let mut touched = Vec::new();
         for upload in uploads {
             let up = self.uploads.remove(&upload).expect("upload of a sandbox");
-            self.timers.cancel(up.deadline, &Timer::Upload(upload));
+            self.timers.cancel(up.deadline);
             let s = self
                 .sessions
                 .get_mut(&up.session)

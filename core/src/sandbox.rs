@@ -1,12 +1,11 @@
 //! Sandbox records and their states.
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Key, Snapshot, UploadId};
 use crate::name::{CallId, ExternalId, SessionId};
-use crate::time::Instant;
+use crate::small_set::SmallSet;
+use crate::timer::TimerRef;
 
 /// Where a sandbox is in its life, as the core decides it. A sandbox's liveness is this state,
 /// never a flag on a backend object.
@@ -71,15 +70,15 @@ pub(crate) struct Sandbox {
     pub(crate) state: SandboxState,
     pub(crate) awaiting: Awaiting,
     /// Live calls bound to it (starting or ready): its reference count is this set's size.
-    pub(crate) bound: BTreeSet<CallId>,
+    pub(crate) bound: SmallSet<CallId>,
     /// Uploads in flight into it.
-    pub(crate) uploads: BTreeSet<UploadId>,
+    pub(crate) uploads: SmallSet<UploadId>,
     /// Sessions whose mirror targets it.
-    pub(crate) targeting: BTreeSet<SessionId>,
+    pub(crate) targeting: SmallSet<SessionId>,
     /// How many of those have pending work or holds.
     pub(crate) busy_sessions: u32,
     /// The instant of its `Timer::Sandbox`, if set.
-    pub(crate) deadline: Option<Instant>,
+    pub(crate) deadline: Option<TimerRef>,
     pub(crate) shutdown_ordered: bool,
     /// The snapshot its Stop returned.
     pub(crate) snapshot: Option<Snapshot>,
@@ -92,9 +91,9 @@ impl Sandbox {
             owner,
             state,
             awaiting: Awaiting::Nothing,
-            bound: BTreeSet::new(),
-            uploads: BTreeSet::new(),
-            targeting: BTreeSet::new(),
+            bound: SmallSet::Empty,
+            uploads: SmallSet::Empty,
+            targeting: SmallSet::Empty,
             busy_sessions: 0,
             deadline: None,
             shutdown_ordered: false,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::name::{CallId, PathName, SessionId};
-use crate::time::Instant;
+use crate::timer::TimerRef;
 
 /// The mirror state of one (session, path).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -21,7 +21,7 @@ pub(crate) struct Slot {
     /// Failed attempts of the pending version.
     pub(crate) attempts: u32,
     /// When the pending version may be tried again.
-    pub(crate) retry_at: Option<Instant>,
+    pub(crate) retry_at: Option<TimerRef>,
 }
 
 /// One upload in flight.
@@ -32,7 +32,7 @@ pub(crate) struct Upload {
     pub(crate) version: Version,
     pub(crate) sandbox: SandboxId,
     pub(crate) payload: Payload,
-    pub(crate) deadline: Instant,
+    pub(crate) deadline: TimerRef,
     /// Failed attempts before this one.
     pub(crate) attempts: u32,
 }

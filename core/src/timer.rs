@@ -1,6 +1,6 @@
 //! The one timer table: every deadline the core keeps, ordered by instant.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +9,7 @@ use crate::name::{CallId, PathName, SessionId};
 use crate::time::Instant;
 
 /// What a deadline is for.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Timer {
     /// The sandbox's current state has a deadline: Starting (start timeout), Idle (warm idle
     /// timeout), Draining (drain deadline), Stopping, Persisting or ShuttingDown (command
@@ -25,35 +25,58 @@ pub(crate) enum Timer {
     Close,
 }
 
-/// Deadlines ordered by (instant, timer): the order in which due timers fire is a pure function
-/// of the inputs. Whoever sets a timer remembers its instant to cancel it.
+/// A set timer, as its owner remembers it in order to cancel it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TimerRef {
+    /// When it is due.
+    pub(crate) at: Instant,
+    /// The order it was set in, which breaks ties between equal instants.
+    seq: u64,
+}
+
+impl TimerRef {
+    /// A reference to no timer, for a state that is about to be replaced.
+    pub(crate) const UNSET: TimerRef = TimerRef {
+        at: Instant::MAX,
+        seq: u64::MAX,
+    };
+}
+
+/// Deadlines ordered by (instant, order of setting): the order in which due timers fire is a
+/// pure function of the inputs. Whoever sets a timer keeps its [`TimerRef`] to cancel it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Timers {
-    due: BTreeSet<(Instant, Timer)>,
+    #[serde(with = "entries")]
+    due: BTreeMap<(Instant, u64), Timer>,
+    next_seq: u64,
 }
 
 impl Timers {
     /// Sets `timer` at `at`. O(log n).
-    pub(crate) fn set(&mut self, at: Instant, timer: Timer) {
-        let fresh = self.due.insert((at, timer));
-        debug_assert!(fresh, "a timer was set twice");
+    pub(crate) fn set(&mut self, at: Instant, timer: Timer) -> TimerRef {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.due.insert((at, seq), timer);
+        TimerRef { at, seq }
     }
 
-    /// Cancels `timer` set at `at`; harmless if it is not set. O(log n).
-    pub(crate) fn cancel(&mut self, at: Instant, timer: &Timer) {
-        // BTreeSet::remove needs an owned key of the tuple type.
-        self.due.remove(&(at, timer.clone()));
+    /// Cancels a timer; harmless if it already fired or was cancelled. O(log n).
+    pub(crate) fn cancel(&mut self, timer: TimerRef) {
+        self.due.remove(&(timer.at, timer.seq));
     }
 
     /// The earliest deadline.
     pub(crate) fn next(&self) -> Option<Instant> {
-        self.due.first().map(|(at, _)| *at)
+        self.due.first_key_value().map(|((at, _), _)| *at)
     }
 
     /// Removes and returns the earliest timer due at or before `now`.
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(Instant, Timer)> {
-        match self.due.first() {
-            Some((at, _)) if *at <= now => self.due.pop_first(),
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(TimerRef, Timer)> {
+        match self.due.first_key_value() {
+            Some(((at, _), _)) if *at <= now => {
+                let ((at, seq), timer) = self.due.pop_first().expect("first exists");
+                Some((TimerRef { at, seq }, timer))
+            }
             _ => None,
         }
     }
@@ -63,13 +86,35 @@ impl Timers {
         self.due.len()
     }
 
-    /// Whether `timer` is set at `at`.
-    pub(crate) fn contains(&self, at: Instant, timer: &Timer) -> bool {
-        self.due.contains(&(at, timer.clone()))
+    /// Whether `timer` is set as `r`.
+    pub(crate) fn contains(&self, r: TimerRef, timer: &Timer) -> bool {
+        self.due.get(&(r.at, r.seq)) == Some(timer)
     }
 
     /// Forgets every timer.
     pub(crate) fn clear(&mut self) {
         self.due.clear();
+    }
+}
+
+/// Serialises the table as a list of entries (JSON maps need string keys).
+mod entries {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Timer;
+    use crate::time::Instant;
+
+    type Table = BTreeMap<(Instant, u64), Timer>;
+
+    pub(super) fn serialize<S: Serializer>(table: &Table, s: S) -> Result<S::Ok, S::Error> {
+        let entries: Vec<(&(Instant, u64), &Timer)> = table.iter().collect();
+        entries.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Table, D::Error> {
+        let entries: Vec<((Instant, u64), Timer)> = Vec::deserialize(d)?;
+        Ok(entries.into_iter().collect())
     }
 }
