@@ -1,0 +1,443 @@
+//! The scripted controllers: a kubelet that runs pods (Pending → Running, `activeDeadlineSeconds`
+//! → Failed/DeadlineExceeded) and an agent-sandbox controller (claim → Sandbox → Pod, `Ready`
+//! conditions, `status.sandbox.name`, the `agents.x-k8s.io/pod-name` annotation, terminal
+//! reasons, `shutdownTime` expiry, `operatingMode: Suspended`).
+//!
+//! Every pass reconciles every object (idempotent; writes only on change), after each store event
+//! and after every clock advance.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::resources::{PODS, SANDBOXES, SANDBOX_CLAIMS, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use crate::store::{Propagation, Store};
+
+/// Annotation naming the pod of a Sandbox adopted from a warm pool.
+pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
+
+/// Switches of the scripted controllers.
+#[derive(Default)]
+pub struct ControllerSwitches {
+    /// While set, nothing is reconciled: pods stay Pending, claims unready.
+    pub paused: AtomicBool,
+    /// While set, new pods fail (`phase: Failed`) instead of running.
+    pub fail_pods: AtomicBool,
+}
+
+/// Handle to the running controllers.
+pub struct Controller {
+    pub(crate) store: Arc<Store>,
+    pub(crate) switches: Arc<ControllerSwitches>,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) pods_root: PathBuf,
+}
+
+fn meta_str<'a>(o: &'a Value, ptr: &str) -> Option<&'a str> {
+    o.pointer(ptr).and_then(Value::as_str)
+}
+
+fn name(o: &Value) -> String {
+    meta_str(o, "/metadata/name").unwrap_or("").to_string()
+}
+
+fn ns(o: &Value) -> String {
+    meta_str(o, "/metadata/namespace").unwrap_or("").to_string()
+}
+
+fn condition(o: &Value, ty: &str) -> Option<(String, String)> {
+    o.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+        .map(|c| {
+            (
+                c.get("status")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                c.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+}
+
+/// Sets a condition, keeping `lastTransitionTime` when the status does not change.
+fn set_condition(o: &mut Value, ty: &str, status: bool, reason: &str, message: &str, now: &str) {
+    let status = if status { "True" } else { "False" };
+    if !o.get("status").is_some_and(Value::is_object) {
+        o["status"] = json!({});
+    }
+    if !o["status"].get("conditions").is_some_and(Value::is_array) {
+        o["status"]["conditions"] = json!([]);
+    }
+    let conds = o["status"]["conditions"]
+        .as_array_mut()
+        .expect("made an array above");
+    let prev = conds
+        .iter()
+        .position(|c| c.get("type").and_then(Value::as_str) == Some(ty));
+    let since = prev
+        .and_then(|i| {
+            (conds[i].get("status").and_then(Value::as_str) == Some(status))
+                .then(|| conds[i].get("lastTransitionTime").cloned())
+                .flatten()
+        })
+        .unwrap_or_else(|| json!(now));
+    let c = json!({"type": ty, "status": status, "reason": reason, "message": message, "lastTransitionTime": since});
+    match prev {
+        Some(i) => conds[i] = c,
+        None => conds.push(c),
+    }
+}
+
+fn owner_ref(o: &Value) -> Value {
+    json!({
+        "apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"],
+        "uid": o["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+    })
+}
+
+const TERMINAL: &[&str] = &[
+    "WarmPoolNotFound",
+    "TemplateNotFound",
+    "ClaimExpired",
+    "SandboxExpired",
+    "InvalidMetadata",
+];
+
+fn expired(store: &Store, at: Option<&str>) -> bool {
+    at.and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .is_some_and(|t| t <= store.now())
+}
+
+impl Controller {
+    /// Runs reconcile passes until the store is dropped.
+    pub(crate) async fn run(self) {
+        let mut events = self.store.subscribe();
+        loop {
+            if !self.switches.paused.load(Ordering::SeqCst) {
+                self.reconcile_all();
+            }
+            tokio::select! {
+                r = events.recv() => if let Err(tokio::sync::broadcast::error::RecvError::Closed) = r { return },
+                _ = self.wake.notified() => {}
+            }
+            while events.try_recv().is_ok() {}
+        }
+    }
+
+    fn reconcile_all(&self) {
+        for claim in self.store.all(&SANDBOX_CLAIMS) {
+            self.reconcile_claim(&claim);
+        }
+        for sb in self.store.all(&SANDBOXES) {
+            self.reconcile_sandbox(&sb);
+        }
+        for pod in self.store.all(&PODS) {
+            self.reconcile_pod(&pod);
+        }
+        // Status flows up again once pods and sandboxes moved.
+        for sb in self.store.all(&SANDBOXES) {
+            self.reconcile_sandbox(&sb);
+        }
+        for claim in self.store.all(&SANDBOX_CLAIMS) {
+            self.reconcile_claim(&claim);
+        }
+    }
+
+    fn set_status(
+        &self,
+        rt: &crate::resources::ResourceType,
+        o: &Value,
+        f: impl FnOnce(&mut Value),
+    ) {
+        let _ = self.store.modify(rt, &ns(o), &name(o), f);
+    }
+
+    fn reconcile_pod(&self, pod: &Value) {
+        let now = self.store.now_rfc3339();
+        let phase = meta_str(pod, "/status/phase").unwrap_or("Pending");
+        let (n, namespace) = (name(pod), ns(pod));
+        match phase {
+            "Pending" => {
+                let _ = std::fs::create_dir_all(
+                    crate::exec::pod_dir(&self.pods_root, &namespace, &n).join("workspace"),
+                );
+                let fail = self.switches.fail_pods.load(Ordering::SeqCst);
+                self.set_status(&PODS, pod, |p| {
+                    let seq = p
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .map(|u| u.len() as u64 + u.bytes().map(u64::from).sum::<u64>() % 200)
+                        .unwrap_or(1);
+                    p["status"]["phase"] = json!(if fail { "Failed" } else { "Running" });
+                    p["status"]["startTime"] = json!(now);
+                    p["status"]["podIP"] = json!(format!("10.0.0.{}", 1 + seq % 250));
+                    p["status"]["podIPs"] = json!([{"ip": format!("10.0.0.{}", 1 + seq % 250)}]);
+                    if fail {
+                        p["status"]["reason"] = json!("Error");
+                    }
+                    set_condition(p, "Ready", !fail, "", "", &now);
+                });
+            }
+            "Running" => {
+                let deadline = pod
+                    .pointer("/spec/activeDeadlineSeconds")
+                    .and_then(Value::as_i64);
+                let started = meta_str(pod, "/status/startTime")
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                if let (Some(d), Some(s)) = (deadline, started) {
+                    if s.checked_add(jiff::SignedDuration::from_secs(d))
+                        .is_ok_and(|end| end <= self.store.now())
+                    {
+                        self.set_status(&PODS, pod, |p| {
+                            p["status"]["phase"] = json!("Failed");
+                            p["status"]["reason"] = json!("DeadlineExceeded");
+                            p["status"]["message"] = json!(format!(
+                                "Pod was active on the node longer than the specified deadline"
+                            ));
+                            set_condition(p, "Ready", false, "PodFailed", "", &now);
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn pod_name_of(sb: &Value) -> String {
+        meta_str(
+            sb,
+            &format!(
+                "/metadata/annotations/{}",
+                POD_NAME_ANNOTATION.replace('/', "~1")
+            ),
+        )
+        .map(str::to_string)
+        .unwrap_or_else(|| name(sb))
+    }
+
+    fn reconcile_sandbox(&self, sb: &Value) {
+        let now = self.store.now_rfc3339();
+        let namespace = ns(sb);
+        let pod_name = Self::pod_name_of(sb);
+        let pod = self.store.get(&PODS, &namespace, &pod_name).ok();
+        if expired(&self.store, meta_str(sb, "/spec/shutdownTime")) {
+            if let Some(p) = &pod {
+                let _ =
+                    self.store
+                        .delete(&PODS, &namespace, &name(p), Propagation::Background, None);
+            }
+            if meta_str(sb, "/spec/shutdownPolicy") == Some("Delete") {
+                let _ = self.store.delete(
+                    &SANDBOXES,
+                    &namespace,
+                    &name(sb),
+                    Propagation::Background,
+                    None,
+                );
+            } else {
+                self.set_status(&SANDBOXES, sb, |s| {
+                    set_condition(
+                        s,
+                        "Ready",
+                        false,
+                        "SandboxExpired",
+                        "the sandbox reached its shutdownTime",
+                        &now,
+                    )
+                });
+            }
+            return;
+        }
+        if meta_str(sb, "/spec/operatingMode") == Some("Suspended") {
+            if let Some(p) = &pod {
+                let _ =
+                    self.store
+                        .delete(&PODS, &namespace, &name(p), Propagation::Background, None);
+            }
+            self.set_status(&SANDBOXES, sb, |s| {
+                set_condition(
+                    s,
+                    "Ready",
+                    false,
+                    "SandboxSuspended",
+                    "the sandbox is suspended",
+                    &now,
+                )
+            });
+            return;
+        }
+        let Some(pod) = pod else {
+            let template = sb
+                .pointer("/spec/podTemplate")
+                .cloned()
+                .unwrap_or(json!({}));
+            let mut p = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": template.get("metadata").cloned().unwrap_or(json!({})),
+                "spec": template.get("spec").cloned().unwrap_or(json!({})),
+            });
+            p["metadata"]["name"] = json!(pod_name);
+            p["metadata"]["namespace"] = json!(namespace);
+            p["metadata"]["ownerReferences"] = json!([owner_ref(sb)]);
+            if let Err(e) = self.store.create(&PODS, &namespace, p) {
+                self.set_status(&SANDBOXES, sb, |s| {
+                    set_condition(s, "Ready", false, "ReconcilerError", &e.message, &now)
+                });
+            } else {
+                self.set_status(&SANDBOXES, sb, |s| {
+                    set_condition(
+                        s,
+                        "Ready",
+                        false,
+                        "DependenciesNotReady",
+                        "the pod is not ready",
+                        &now,
+                    )
+                });
+            }
+            return;
+        };
+        let (ready, reason) = match meta_str(&pod, "/status/phase") {
+            Some("Running") => (true, "DependenciesReady"),
+            Some("Failed") => (false, "PodFailed"),
+            Some("Succeeded") => (false, "PodSucceeded"),
+            _ => (false, "DependenciesNotReady"),
+        };
+        let ips = pod.pointer("/status/podIPs").cloned().unwrap_or(json!([]));
+        self.set_status(&SANDBOXES, sb, |s| {
+            set_condition(s, "Ready", ready, reason, "", &now);
+            s["status"]["podIPs"] = json!(ips
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(|i| i.get("ip").cloned())
+                    .collect::<Vec<_>>())
+                .unwrap_or_default());
+        });
+    }
+
+    fn reconcile_claim(&self, claim: &Value) {
+        let now = self.store.now_rfc3339();
+        let namespace = ns(claim);
+        let claim_name = name(claim);
+        if condition(claim, "Ready").is_some_and(|(_, r)| TERMINAL.contains(&r.as_str())) {
+            return;
+        }
+        if expired(&self.store, meta_str(claim, "/spec/lifecycle/shutdownTime")) {
+            match meta_str(claim, "/spec/lifecycle/shutdownPolicy") {
+                Some("Retain") => {
+                    if let Some(sb) = meta_str(claim, "/status/sandbox/name") {
+                        let _ = self.store.delete(
+                            &SANDBOXES,
+                            &namespace,
+                            sb,
+                            Propagation::Background,
+                            None,
+                        );
+                    }
+                    self.set_status(&SANDBOX_CLAIMS, claim, |c| {
+                        set_condition(
+                            c,
+                            "Ready",
+                            false,
+                            "ClaimExpired",
+                            "the claim reached its shutdownTime",
+                            &now,
+                        )
+                    });
+                }
+                _ => {
+                    let _ = self.store.delete(
+                        &SANDBOX_CLAIMS,
+                        &namespace,
+                        &claim_name,
+                        Propagation::Background,
+                        None,
+                    );
+                }
+            }
+            return;
+        }
+        let fail = |reason: &str, message: String| {
+            self.set_status(&SANDBOX_CLAIMS, claim, |c| {
+                set_condition(c, "Ready", false, reason, &message, &now)
+            });
+        };
+        let sandbox = match self.store.get(&SANDBOXES, &namespace, &claim_name) {
+            Ok(sb) => sb,
+            Err(_) => {
+                let Some(pool_name) = meta_str(claim, "/spec/warmPoolRef/name") else {
+                    return fail(
+                        "InvalidMetadata",
+                        "spec.warmPoolRef.name is required".into(),
+                    );
+                };
+                let Ok(pool) = self.store.get(&SANDBOX_WARM_POOLS, &namespace, pool_name) else {
+                    return fail(
+                        "WarmPoolNotFound",
+                        format!("warm pool {pool_name:?} not found"),
+                    );
+                };
+                let template_name = meta_str(&pool, "/spec/sandboxTemplateRef/name").unwrap_or("");
+                let Ok(template) = self
+                    .store
+                    .get(&SANDBOX_TEMPLATES, &namespace, template_name)
+                else {
+                    return fail(
+                        "TemplateNotFound",
+                        format!("template {template_name:?} not found"),
+                    );
+                };
+                // Adopted from the warm pool: the pod is named after the pool, and the Sandbox
+                // says so in its annotation.
+                let uid = meta_str(claim, "/metadata/uid").unwrap_or("0");
+                let pod_name = format!("{pool_name}-{}", &uid[uid.len().saturating_sub(5)..]);
+                let mut pod_template = template
+                    .pointer("/spec/podTemplate")
+                    .cloned()
+                    .unwrap_or(json!({}));
+                if let Some(extra) = claim
+                    .pointer("/spec/additionalPodMetadata/labels")
+                    .and_then(Value::as_object)
+                {
+                    for (k, v) in extra {
+                        pod_template["metadata"]["labels"][k] = v.clone();
+                    }
+                }
+                let sb = json!({
+                    "apiVersion": SANDBOXES.api_version(), "kind": "Sandbox",
+                    "metadata": {
+                        "name": claim_name, "namespace": namespace,
+                        "labels": claim.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                        "annotations": {POD_NAME_ANNOTATION: pod_name},
+                        "ownerReferences": [owner_ref(claim)],
+                    },
+                    "spec": {"podTemplate": pod_template, "operatingMode": "Running"},
+                });
+                if let Err(e) = self.store.create(&SANDBOXES, &namespace, sb) {
+                    return fail("ReconcilerError", e.message);
+                }
+                return fail("DependenciesNotReady", "the sandbox is starting".into());
+            }
+        };
+        let (ready, reason) =
+            condition(&sandbox, "Ready").unwrap_or(("False".into(), "DependenciesNotReady".into()));
+        let ready = ready == "True";
+        let ips = sandbox.pointer("/status/podIPs").cloned();
+        self.set_status(&SANDBOX_CLAIMS, claim, |c| {
+            if ready {
+                c["status"]["sandbox"] =
+                    json!({"name": claim_name, "podIPs": ips.unwrap_or(json!([]))});
+            }
+            set_condition(c, "Ready", ready, &reason, "", &now);
+        });
+    }
+}
