@@ -1,1 +1,41 @@
-//! The deterministic simulator of sandkeeper. Filled in by its own issue.
+//! # sim: the deterministic simulator of sandkeeper
+//!
+//! Drives the real `sandkeeper` core (never a copy) through a simulated application and backend,
+//! in virtual time, from one `u64` seed, in the manner of TigerBeetle's VOPR:
+//!
+//! - [`swarm`]: the seed draws a configuration (scope, same-key and release policies, deadlines,
+//!   fault rates, workload mix); it is printed at the start of a run.
+//! - [`world`]: the application (sessions, users, concurrent calls, same-key collisions,
+//!   externals, flushes of several paths, resolves, holds, cancellations, close at any moment)
+//!   and the backend (start and upload latency, failures, hangs, deaths at any moment, stop,
+//!   persist and shutdown failures, late and duplicate answers).
+//! - [`harness`]: applies steps to the core and, after every input, drains its output and checks
+//!   the invariants: the history invariants of [`history`] every input, and the core's own
+//!   `check_invariants` every input while the state is small (at most
+//!   [`HarnessOptions::small_state`](harness::HarnessOptions) calls plus sandboxes), else every
+//!   `full_check_every` inputs.
+//! - [`run`]: one seed, then the liveness phase (faults off, everything answered, time runs;
+//!   every call ready or failed, every release complete, every version settled, the core quiet,
+//!   close complete).
+//! - [`scenario`]: scenario files (`.scn`, see `../shared/SCENARIOS.md`): parser with
+//!   line-numbered errors, runner, expectations.
+//! - [`shrink`]: reduces a failing seed to a short scenario failing the same invariant.
+//!
+//! The command line is `cargo run --release -p sim -- explore|replay|shrink|run`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod batch;
+pub mod failure;
+pub mod fastmap;
+pub mod harness;
+pub mod history;
+pub mod marks;
+pub mod rng;
+pub mod run;
+pub mod scenario;
+pub mod shrink;
+pub mod step;
+pub mod swarm;
+pub mod world;

@@ -1,0 +1,611 @@
+//! The harness: the real core, the backend ledger and the history, driven one step at a time.
+//! After every input it drains commands and events, checks the history invariants and (amortised)
+//! the core's own `check_invariants`, records marks and, when asked, the trace.
+
+use std::time::Duration;
+
+use sandkeeper::{
+    CallId, CallSpec, CallStatus, Command, Config, Error, ErrorKind, Event, Instant, Lifecycle,
+    PathName, Payload, Settlement, SessionId, Stats, UploadFailure,
+};
+
+use crate::backend::{Ledger, Op};
+use crate::failure::Failure;
+use crate::fastmap::{fnv1a, FNV_START};
+use crate::marks::Mark;
+use crate::history::History;
+use crate::step::{Answer, Expect, OpKind, ResolveExpect, Step};
+
+/// Why a step could not go on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The step itself is wrong (a scenario answers a command the core did not order, names a
+    /// call that never had a sandbox): an error of the scenario, not of the core.
+    Misuse(String),
+    /// An invariant or expectation broke.
+    Failed(Failure),
+}
+
+/// How thoroughly to check and record.
+#[derive(Clone, Debug)]
+pub struct HarnessOptions {
+    /// Keep cancelled uploads for late answers (random runs).
+    pub keep_zombies: bool,
+    /// Keep every settlement (scenario expectations).
+    pub keep_settlements: bool,
+    /// Run the core's full `check_invariants` after every input while it tracks at most this
+    /// many calls plus sandboxes; beyond, every `full_check_every` inputs.
+    pub small_state: usize,
+    /// See `small_state`.
+    pub full_check_every: u64,
+    /// Record the trace as JSON lines.
+    pub trace: bool,
+    /// Compute the trace hash (implies building each trace line).
+    pub hash: bool,
+}
+
+impl Default for HarnessOptions {
+    fn default() -> Self {
+        HarnessOptions {
+            keep_zombies: false,
+            keep_settlements: false,
+            small_state: 24,
+            full_check_every: 16,
+            trace: false,
+            hash: false,
+        }
+    }
+}
+
+/// The core under test and everything around it.
+pub struct Harness {
+    /// The real core.
+    pub core: Lifecycle,
+    /// Virtual time, in milliseconds.
+    pub now_ms: u64,
+    /// Outstanding backend commands.
+    pub ledger: Ledger,
+    /// The history and its checks.
+    pub history: History,
+    /// Steps applied.
+    pub steps: usize,
+    /// Core inputs given.
+    pub inputs: u64,
+    /// The error kind of the last input, if it was rejected.
+    pub last_error: Option<ErrorKind>,
+    /// The default close deadline (`close` without `deadline=`).
+    pub close_deadline: Duration,
+    opts: HarnessOptions,
+    stats_before: Stats,
+    /// The trace, one JSON line per input, when recorded.
+    pub trace: Vec<String>,
+    /// The trace hash, when computed.
+    pub hash: u64,
+    step_text: String,
+    out_commands: Vec<Command>,
+    out_events: Vec<Event>,
+    was_closed: bool,
+}
+
+impl Harness {
+    /// A harness around a fresh core.
+    pub fn new(config: Config, close_deadline: Duration, opts: HarnessOptions) -> Result<Self, Error> {
+        let history = History::new(&config, opts.keep_settlements);
+        let core = Lifecycle::new(config)?;
+        Ok(Harness {
+            core,
+            now_ms: 0,
+            ledger: Ledger::default(),
+            history,
+            steps: 0,
+            inputs: 0,
+            last_error: None,
+            close_deadline,
+            opts,
+            stats_before: Stats::default(),
+            trace: Vec::new(),
+            hash: FNV_START,
+            step_text: String::new(),
+            out_commands: Vec::new(),
+            out_events: Vec::new(),
+            was_closed: false,
+        })
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_millis(self.now_ms)
+    }
+
+    fn recording(&self) -> bool {
+        self.opts.trace || self.opts.hash
+    }
+
+    /// Applies one step. A rejected input is not a failure (`last_error` says what it was);
+    /// a broken invariant or expectation is.
+    pub fn apply(&mut self, step: &Step) -> Result<(), Stop> {
+        self.steps += 1;
+        self.history.step = self.steps;
+        self.was_closed = self.history.closed;
+        if self.recording() {
+            self.step_text = step.to_string();
+        }
+        let now = self.now();
+        match step {
+            Step::Acquire {
+                call,
+                session,
+                user,
+                external,
+            } => {
+                let mut spec = CallSpec::new(call.clone(), session.clone());
+                spec.user = user.clone();
+                spec.external = external.clone();
+                let was_live = self.history.calls.contains_key(call);
+                let r = self.core.acquire(now, spec);
+                match &r {
+                    Ok(()) => self.history.acquired(
+                        call,
+                        session,
+                        user.as_ref(),
+                        external.as_ref(),
+                    ),
+                    Err(e) => self.history.acquire_rejected(call, e.kind(), was_live),
+                }
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Release(call) => {
+                let r = self.core.release(now, call);
+                match &r {
+                    Ok(()) => self.history.released(call),
+                    Err(e) => self.history.release_rejected(call, e.kind()),
+                }
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Flush {
+                session,
+                path,
+                bytes,
+            } => {
+                let path = path.clone().unwrap_or_else(PathName::session_log);
+                let payload = Payload::new(vec![b'x'; *bytes]);
+                let r = self.core.flush(now, session, &path, payload);
+                if let Ok(v) = &r {
+                    self.history.flushed(session, &path, v.0);
+                }
+                self.after(r.map(|_| ()).map_err(|e| e.kind()))?;
+            }
+            Step::Resolve(session, expect) => {
+                let got = self.observe_resolve(session);
+                self.last_error = None;
+                match got {
+                    Some(observed) if &observed == expect => {}
+                    _ => {
+                        let got = self.core.resolve(session);
+                        return Err(self.expectation(format!(
+                            "resolve {session}: expected {expect:?}, got {got:?}"
+                        )));
+                    }
+                }
+            }
+            Step::Hold(session) => {
+                let r = self.core.hold(now, session);
+                if r.is_ok() {
+                    *self.history.holds.entry(session.clone()).or_default() += 1;
+                }
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Unhold(session) => {
+                let r = self.core.unhold(now, session);
+                if r.is_ok() {
+                    if let Some(h) = self.history.holds.get_mut(session) {
+                        *h = h.saturating_sub(1);
+                    }
+                }
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Close(deadline) => {
+                let d = deadline.unwrap_or(self.close_deadline);
+                let r = self.core.close(now, d);
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Advance(d) => {
+                self.now_ms += d.as_millis() as u64;
+                let now = self.now();
+                let due = self.core.poll_timeout().is_some_and(|t| t <= now);
+                if due || self.history.closed {
+                    let r = self.core.handle_timeout(now);
+                    self.after(r.map_err(|e| e.kind()))?;
+                } else {
+                    self.last_error = None;
+                }
+            }
+            Step::Answer(answer, call) => {
+                let Some(x) = self.history.sandbox_of(call) else {
+                    return Err(Stop::Misuse(format!("@{call} names no sandbox: {call} was never bound")));
+                };
+                match answer.op() {
+                    None => {
+                        self.history.died(x);
+                        let r = self.core.handle_died(now, x);
+                        self.after(r.map_err(|e| e.kind()))?;
+                    }
+                    Some(kind) => {
+                        let Some(op) = self.ledger.take(kind, x) else {
+                            return Err(Stop::Misuse(format!(
+                                "{answer} @{call}: the core ordered no {kind:?} for {x} that is still unanswered"
+                            )));
+                        };
+                        self.answer(answer, &op)?;
+                    }
+                }
+            }
+            Step::Settle(only) => {
+                let x = match only {
+                    None => None,
+                    Some(call) => match self.history.sandbox_of(call) {
+                        Some(x) => Some(x),
+                        None => {
+                            return Err(Stop::Misuse(format!(
+                                "@{call} names no sandbox: {call} was never bound"
+                            )))
+                        }
+                    },
+                };
+                self.settle(x)?;
+            }
+            Step::Expect(e) => self.expect(e)?,
+            Step::Unspellable(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Applies an answer a scenario cannot spell (late or duplicate), as one step.
+    pub fn apply_raw(&mut self, answer: &Answer, op: &Op, what: &str) -> Result<(), Stop> {
+        self.steps += 1;
+        self.history.step = self.steps;
+        self.was_closed = self.history.closed;
+        if self.recording() {
+            self.step_text = format!("{what}: {answer} {}", op.sandbox);
+        }
+        if what.starts_with("duplicate") {
+            self.history.marks.hit(Mark::DuplicateAnswer);
+        }
+        self.answer(answer, op)
+    }
+
+    /// Gives one backend answer to an outstanding command taken from the ledger.
+    pub fn answer(&mut self, answer: &Answer, op: &Op) -> Result<(), Stop> {
+        let now = self.now();
+        let x = op.sandbox;
+        let r = match (answer, op.kind) {
+            (Answer::StartOk, OpKind::Start) => self.core.handle_start_ok(now, x),
+            (Answer::StartFail, OpKind::Start) => self.core.handle_start_failed(now, x),
+            (Answer::UploadOk, OpKind::Upload) => {
+                let u = op.upload.expect("upload op");
+                self.history.upload_answered(u, true, false);
+                self.core.handle_upload_ok(now, u)
+            }
+            (Answer::UploadFail { gone }, OpKind::Upload) => {
+                let u = op.upload.expect("upload op");
+                self.history.upload_answered(u, false, *gone);
+                let failure = if *gone {
+                    UploadFailure::Gone
+                } else {
+                    UploadFailure::Transient
+                };
+                self.core.handle_upload_failed(now, u, failure)
+            }
+            (Answer::StopOk { snapshot }, OpKind::Stop) => {
+                self.history.stop_answered(x);
+                self.core.handle_stop_ok(now, x, snapshot.clone())
+            }
+            (Answer::StopFail, OpKind::Stop) => self.core.handle_stop_failed(now, x),
+            (Answer::PersistOk, OpKind::Persist) => self.core.handle_persist_ok(now, x),
+            (Answer::PersistFail, OpKind::Persist) => self.core.handle_persist_failed(now, x),
+            (Answer::ShutdownOk, OpKind::Shutdown) => self.core.handle_shutdown_ok(now, x),
+            (Answer::ShutdownFail, OpKind::Shutdown) => self.core.handle_shutdown_failed(now, x),
+            (a, k) => return Err(Stop::Misuse(format!("{a} does not answer a {k:?}"))),
+        };
+        if self.opts.keep_zombies {
+            self.ledger.answered.push(op.clone());
+            if self.ledger.answered.len() > 8 {
+                self.ledger.answered.remove(0);
+            }
+        }
+        let closed = self.was_closed;
+        if r.is_err() && !closed {
+            self.history.fail(
+                "answers-accepted",
+                format!("{answer} for {x} (an ordered command) was rejected: {r:?}"),
+            );
+        }
+        self.after(r.map_err(|e| e.kind()))
+    }
+
+    /// Answers every outstanding command (for one sandbox, when given) with success until none
+    /// is left. Time does not move.
+    pub fn settle(&mut self, only: Option<sandkeeper::SandboxId>) -> Result<(), Stop> {
+        let mut rounds = 0;
+        while let Some(op) = self.ledger.oldest(only).cloned() {
+            rounds += 1;
+            if rounds > 100_000 {
+                return Err(self.fail_now("liveness-settle", "settle never ran out of commands".into()));
+            }
+            let op = self.ledger.take(op.kind, op.sandbox).expect("outstanding");
+            self.answer(&Answer::success(op.kind), &op)?;
+        }
+        Ok(())
+    }
+
+    /// What `resolve(session)` answers, spelled as a scenario expectation; `None` for any other
+    /// answer (or a sandbox no call names).
+    pub fn observe_resolve(&mut self, session: &SessionId) -> Option<ResolveExpect> {
+        match self.core.resolve(session) {
+            Ok(x) => {
+                // Prefer a live call of the session as the name, else the sandbox's first call.
+                let live = self.history.live.iter().find(|c| {
+                    self.history.calls.get(*c).is_some_and(|r| &r.session == session && r.sandbox == Some(x))
+                });
+                let name = live.cloned().or_else(|| {
+                    self.history.sandboxes.get(&x).and_then(|s| s.call.clone())
+                })?;
+                Some(ResolveExpect::Call(name))
+            }
+            Err(Error::NoActiveSandbox { .. }) => Some(ResolveExpect::None),
+            Err(Error::SandboxGone { .. }) => Some(ResolveExpect::Gone),
+            Err(_) => None,
+        }
+    }
+
+    fn fail_now(&mut self, invariant: &str, detail: String) -> Stop {
+        self.history.fail(invariant, detail);
+        Stop::Failed(self.history.failure.clone().expect("just failed"))
+    }
+
+    fn expectation(&mut self, detail: String) -> Stop {
+        Stop::Failed(Failure {
+            invariant: "expectation".into(),
+            step: self.steps,
+            detail,
+        })
+    }
+
+    /// Drains and checks after one core input.
+    fn after(&mut self, result: Result<(), ErrorKind>) -> Result<(), Stop> {
+        self.inputs += 1;
+        self.last_error = result.err();
+        let recording = self.recording();
+        if self.was_closed && result.is_ok() {
+            self.history.fail(
+                "closed-refuses-inputs",
+                format!("after Closed, `{}` was accepted", self.step_text),
+            );
+        }
+        let mut new_starts = false;
+        let mut outputs = false;
+        while let Some(cmd) = self.core.poll_command() {
+            outputs = true;
+            self.history.command(&cmd);
+            self.ledger.record(&cmd, self.opts.keep_zombies);
+            new_starts |= matches!(cmd, Command::Start { .. });
+            if recording {
+                self.out_commands.push(cmd);
+            }
+        }
+        while let Some(ev) = self.core.poll_event() {
+            outputs = true;
+            self.history.event(&ev);
+            if recording {
+                self.out_events.push(ev);
+            }
+        }
+        if new_starts {
+            self.learn_starting_bindings();
+        }
+        let stats = self.core.stats();
+        if result.is_err() && (outputs || *stats != self.stats_before) {
+            self.history.fail(
+                "rejection-changes-nothing",
+                format!("`{}` was rejected ({:?}) yet changed the core", self.step_text, result),
+            );
+        }
+        self.stats_marks();
+        self.history.after_input(&self.core);
+        let small = self.core.live_calls() + self.core.tracked_sandboxes() <= self.opts.small_state;
+        if small || self.inputs % self.opts.full_check_every == 0 {
+            if let Err(v) = self.core.check_invariants() {
+                let name = format!("core:{}", v.invariant);
+                self.history.fail(&name, v.detail);
+            }
+        }
+        if recording {
+            self.record_trace(result);
+        }
+        match &self.history.failure {
+            Some(f) => Err(Stop::Failed(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn learn_starting_bindings(&mut self) {
+        let mut learned = Vec::new();
+        for call in &self.history.live {
+            let Some(rec) = self.history.calls.get(call) else {
+                continue;
+            };
+            if rec.sandbox.is_none() {
+                if let Some(CallStatus::Starting(x)) = self.core.call_status(call) {
+                    learned.push((call.clone(), x));
+                }
+            }
+        }
+        for (call, x) in learned {
+            self.history.learn_binding(&call, x);
+        }
+    }
+
+    fn stats_marks(&mut self) {
+        let s = self.core.stats();
+        let b = &self.stats_before;
+        let m = &mut self.history.marks;
+        if s.stale_answers > b.stale_answers {
+            m.hit(Mark::StaleAnswer);
+        }
+        if s.upload_retries > b.upload_retries {
+            m.hit(Mark::UploadRetry);
+        }
+        if s.suspended > b.suspended {
+            m.hit(Mark::Suspended);
+        }
+        if s.revivals > b.revivals {
+            m.hit(Mark::Revival);
+        }
+        if s.orphan_starts > b.orphan_starts {
+            m.hit(Mark::OrphanStart);
+        }
+        if s.stops_failed > b.stops_failed {
+            m.hit(Mark::StopFailed);
+        }
+        if s.persists_failed > b.persists_failed {
+            m.hit(Mark::PersistFailed);
+        }
+        if s.drain_deadlines > b.drain_deadlines {
+            m.hit(Mark::DrainDeadline);
+        }
+        if s != b {
+            self.stats_before = s.clone();
+        }
+    }
+
+    fn record_trace(&mut self, result: Result<(), ErrorKind>) {
+        let line = serde_json::json!({
+            "step": self.steps,
+            "t_ms": self.now_ms,
+            "do": self.step_text,
+            "result": match result { Ok(()) => "ok".to_string(), Err(k) => k.as_str().to_string() },
+            "commands": self.out_commands,
+            "events": self.out_events,
+        })
+        .to_string();
+        self.out_commands.clear();
+        self.out_events.clear();
+        self.hash = fnv1a(self.hash, line.as_bytes());
+        self.hash = fnv1a(self.hash, b"\n");
+        if self.opts.trace {
+            self.trace.push(line);
+        }
+    }
+
+    /// Checks one expectation.
+    fn expect(&mut self, e: &Expect) -> Result<(), Stop> {
+        let sandbox = |h: &Harness, c: &CallId| h.history.sandbox_of(c);
+        let ok = match e {
+            Expect::Ready(c) => matches!(self.core.call_status(c), Some(CallStatus::Ready(_))),
+            Expect::Waiting(c) => matches!(
+                self.core.call_status(c),
+                Some(CallStatus::Waiting | CallStatus::Starting(_))
+            ),
+            Expect::Failed(c, kind) => match self.history.failed.get(c) {
+                Some(k) => kind.as_deref().is_none_or(|want| want == k.as_str()),
+                None => false,
+            },
+            Expect::Uploaded {
+                session,
+                path,
+                version,
+                into,
+            } => {
+                let path = path.clone().unwrap_or_else(PathName::session_log);
+                let x = sandbox(self, into);
+                let got = self
+                    .history
+                    .settlements
+                    .as_ref()
+                    .and_then(|s| s.get(&(session.clone(), path, *version)));
+                matches!(got, Some(Settlement::Uploaded { sandbox }) if Some(*sandbox) == x)
+            }
+            Expect::Dropped {
+                session,
+                path,
+                version,
+                reason,
+            } => {
+                let path = path.clone().unwrap_or_else(PathName::session_log);
+                let got = self
+                    .history
+                    .settlements
+                    .as_ref()
+                    .and_then(|s| s.get(&(session.clone(), path, *version)));
+                match got {
+                    Some(Settlement::Superseded { .. }) => {
+                        reason.as_deref().is_none_or(|r| r == "superseded")
+                    }
+                    Some(Settlement::Dropped { reason: why }) => {
+                        reason.as_deref().is_none_or(|r| r == why.as_str())
+                    }
+                    _ => false,
+                }
+            }
+            Expect::Running(c) => sandbox(self, c)
+                .and_then(|x| self.core.sandbox_state(x))
+                .is_some_and(|s| s == sandkeeper::SandboxState::Running),
+            Expect::Stop(c) | Expect::NoStop(c) => {
+                let stopped = sandbox(self, c)
+                    .and_then(|x| self.history.sandboxes.get(&x))
+                    .is_some_and(|s| s.stop);
+                stopped == matches!(e, Expect::Stop(_))
+            }
+            Expect::Shutdown(c) | Expect::NoShutdown(c) => {
+                let down = sandbox(self, c)
+                    .and_then(|x| self.history.sandboxes.get(&x))
+                    .is_some_and(|s| s.shutdown);
+                down == matches!(e, Expect::Shutdown(_))
+            }
+            Expect::Resumed(c, snap) => sandbox(self, c)
+                .and_then(|x| self.history.sandboxes.get(&x))
+                .and_then(|s| s.resume_from.as_ref())
+                .is_some_and(|s| s.as_str() == snap),
+            Expect::Closed => self.history.closed,
+            Expect::Error(kind) => self.last_error.is_some_and(|k| k.as_str() == kind),
+        };
+        if ok {
+            Ok(())
+        } else {
+            let detail = self.explain(e);
+            Err(self.expectation(format!("`{e}` does not hold: {detail}")))
+        }
+    }
+
+    fn explain(&self, e: &Expect) -> String {
+        match e {
+            Expect::Ready(c) | Expect::Waiting(c) => {
+                format!("{c} is {:?}", self.core.call_status(c))
+            }
+            Expect::Failed(c, _) => format!("{c} failed with {:?}", self.history.failed.get(c)),
+            Expect::Error(_) => format!("the last input's error was {:?}", self.last_error),
+            Expect::Uploaded { session, path, version, .. } | Expect::Dropped { session, path, version, .. } => {
+                let path = path.clone().unwrap_or_else(PathName::session_log);
+                let got = self
+                    .history
+                    .settlements
+                    .as_ref()
+                    .and_then(|s| s.get(&(session.clone(), path, *version)));
+                format!("it settled as {got:?}")
+            }
+            Expect::Running(c)
+            | Expect::Stop(c)
+            | Expect::NoStop(c)
+            | Expect::Shutdown(c)
+            | Expect::NoShutdown(c)
+            | Expect::Resumed(c, _) => match self.history.sandbox_of(c) {
+                None => format!("{c} was never bound to a sandbox"),
+                Some(x) => format!(
+                    "{x} is {:?}; seen: {:?}",
+                    self.core.sandbox_state(x),
+                    self.history.sandboxes.get(&x)
+                ),
+            },
+            Expect::Closed => "no Closed event yet".into(),
+        }
+    }
+}

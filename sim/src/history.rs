@@ -1,0 +1,983 @@
+//! History invariants: DESIGN.md's invariants 1–9, checked from outside the core over what it
+//! was given (inputs) and what it said (commands, events), plus what its getters answer. Each
+//! check has a name; the first broken one is kept as the run's [`Failure`].
+
+use std::collections::BTreeSet;
+
+use sandkeeper::{
+    CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Key, Lifecycle,
+    PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot,
+    UploadId, UserId,
+};
+
+use crate::failure::Failure;
+use crate::fastmap::FastMap;
+use crate::marks::{Mark, Marks};
+
+/// What the history knows of one sandbox.
+#[derive(Clone, Debug, Default)]
+pub struct SandboxRecord {
+    /// A Start was ordered for it (managed).
+    pub started: bool,
+    /// Bound by an external name.
+    pub external: bool,
+    /// A Drain was ordered and no call revived it since.
+    pub draining: bool,
+    /// A Stop was ordered.
+    pub stop: bool,
+    /// A Stop answer was accepted while the Stop was outstanding.
+    pub stop_ok: bool,
+    /// A Persist was ordered.
+    pub persist: bool,
+    /// A Shutdown was ordered.
+    pub shutdown: bool,
+    /// Reported dead (a `die`, or an awaited upload answered `gone`).
+    pub dead: bool,
+    /// The snapshot its Start resumed from.
+    pub resume_from: Option<Snapshot>,
+    /// The first call bound to it, to name it as `@call`.
+    pub call: Option<CallId>,
+    /// Uploads ordered into it and still awaited.
+    pub uploads_awaited: u32,
+}
+
+/// Where a live call is, as the events told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Acquired, neither ready nor failed.
+    Pending,
+    /// Ready on its sandbox.
+    Ready,
+    /// Ready once; its sandbox died.
+    Lost,
+}
+
+/// A live call.
+#[derive(Clone, Debug)]
+pub struct CallRecord {
+    /// Its session.
+    pub session: SessionId,
+    /// Its key, when not external.
+    pub key: Option<Key>,
+    /// Where it is.
+    pub phase: Phase,
+    /// Its sandbox, once known.
+    pub sandbox: Option<SandboxId>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PathRecord {
+    last: u64,
+    unsettled: BTreeSet<u64>,
+    last_uploaded: u64,
+    last_ordered: u64,
+    inflight: Option<UploadId>,
+}
+
+#[derive(Clone, Debug)]
+struct UploadRecord {
+    session: SessionId,
+    path: PathName,
+    version: u64,
+    sandbox: SandboxId,
+    awaited: bool,
+}
+
+/// The history of one run and its checks.
+#[derive(Debug)]
+pub struct History {
+    scope: Scope,
+    same_key: SameKey,
+    release: ReleasePolicy,
+    /// Every sandbox ever named.
+    pub sandboxes: FastMap<SandboxId, SandboxRecord>,
+    /// Live calls.
+    pub calls: FastMap<CallId, CallRecord>,
+    /// Live calls in the order they were acquired.
+    pub live: Vec<CallId>,
+    /// The sandbox each call (live or ended) was bound to, for `@call`.
+    pub bound_to: FastMap<CallId, SandboxId>,
+    /// How each ended-without-ready call failed (`CallFailed`, or a rejected acquire).
+    pub failed: FastMap<CallId, ErrorKind>,
+    paths: FastMap<(SessionId, PathName), PathRecord>,
+    uploads: FastMap<UploadId, UploadRecord>,
+    session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
+    awaiting_release: FastMap<CallId, u32>,
+    /// Uploads of the current input, checked for routing once its events are in.
+    routing: Vec<(UploadId, SessionId, SandboxId)>,
+    /// The upload whose `upload-ok` is the current input.
+    acked_upload: Option<UploadId>,
+    starts: u64,
+    shutdowns: u64,
+    uploads_ordered: u64,
+    flushes: u64,
+    acquires: u64,
+    releases: u64,
+    /// `Closed` was seen.
+    pub closed: bool,
+    /// Holds the application took, per session (for the drain-waits-for-hold mark).
+    pub holds: FastMap<SessionId, u32>,
+    /// The first broken invariant.
+    pub failure: Option<Failure>,
+    /// The current step, for failures.
+    pub step: usize,
+    /// Marks reached.
+    pub marks: Marks,
+    /// Every settlement seen, when kept (scenarios): (session, path, version) → outcome.
+    pub settlements: Option<FastMap<(SessionId, PathName, u64), Settlement>>,
+}
+
+macro_rules! check {
+    ($self:ident, $cond:expr, $name:literal, $($arg:tt)+) => {
+        if !$cond {
+            $self.fail($name, format!($($arg)+));
+        }
+    };
+}
+
+impl History {
+    /// An empty history for a core with this configuration.
+    pub fn new(config: &Config, keep_settlements: bool) -> Self {
+        History {
+            scope: config.scope,
+            same_key: config.same_key,
+            release: config.release,
+            sandboxes: FastMap::default(),
+            calls: FastMap::default(),
+            live: Vec::new(),
+            bound_to: FastMap::default(),
+            failed: FastMap::default(),
+            paths: FastMap::default(),
+            uploads: FastMap::default(),
+            session_sandboxes: FastMap::default(),
+            awaiting_release: FastMap::default(),
+            acked_upload: None,
+            routing: Vec::new(),
+            starts: 0,
+            shutdowns: 0,
+            uploads_ordered: 0,
+            flushes: 0,
+            acquires: 0,
+            releases: 0,
+            closed: false,
+            holds: FastMap::default(),
+            failure: None,
+            step: 0,
+            marks: Marks::default(),
+            settlements: keep_settlements.then(FastMap::default),
+        }
+    }
+
+    /// Records a broken invariant (the first one wins).
+    pub fn fail(&mut self, invariant: &str, detail: String) {
+        if self.failure.is_none() {
+            self.failure = Some(Failure {
+                invariant: invariant.to_string(),
+                step: self.step,
+                detail,
+            });
+        }
+    }
+
+    fn sbx(&mut self, x: SandboxId) -> &mut SandboxRecord {
+        self.sandboxes.entry(x).or_default()
+    }
+
+    fn key_of(&self, session: &SessionId, call: &CallId, user: Option<&UserId>) -> Key {
+        match self.scope {
+            Scope::Call => Key::Call(call.clone()),
+            Scope::Session => Key::Session(session.clone()),
+            Scope::User => match user {
+                Some(u) => Key::User(u.clone()),
+                None => Key::Agent,
+            },
+            Scope::Agent => Key::Agent,
+            Scope::Global => Key::Global,
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Inputs the core accepted
+
+    /// `acquire` returned `Ok`.
+    pub fn acquired(
+        &mut self,
+        call: &CallId,
+        session: &SessionId,
+        user: Option<&UserId>,
+        external: Option<&ExternalId>,
+    ) {
+        self.acquires += 1;
+        check!(
+            self,
+            !self.calls.contains_key(call),
+            "call-names-unique",
+            "acquire of live call {call} was accepted"
+        );
+        let key = external
+            .is_none()
+            .then(|| self.key_of(session, call, user));
+        self.calls.insert(
+            call.clone(),
+            CallRecord {
+                session: session.clone(),
+                key,
+                phase: Phase::Pending,
+                sandbox: None,
+            },
+        );
+        self.bound_to.remove(call);
+        self.failed.remove(call);
+        self.live.push(call.clone());
+    }
+
+    /// `acquire` was rejected.
+    pub fn acquire_rejected(&mut self, call: &CallId, kind: ErrorKind, was_live: bool) {
+        if !was_live {
+            self.failed.insert(call.clone(), kind);
+        }
+        if kind == ErrorKind::QueueFull {
+            self.marks.hit(Mark::QueueFull);
+        }
+        if kind == ErrorKind::DuplicateCall {
+            self.marks.hit(Mark::DuplicateCall);
+        }
+        check!(
+            self,
+            !was_live || kind == ErrorKind::DuplicateCall || kind == ErrorKind::Closed,
+            "typed-errors",
+            "acquire of live call {call} failed with {kind}, not duplicate-call"
+        );
+    }
+
+    /// `release` returned `Ok`.
+    pub fn released(&mut self, call: &CallId) {
+        self.releases += 1;
+        let Some(c) = self.calls.remove(call) else {
+            self.fail("release-live", format!("release of {call} accepted, but it is not live"));
+            return;
+        };
+        if c.phase == Phase::Pending {
+            self.marks.hit(Mark::CancelBeforeReady);
+        }
+        self.live.retain(|l| l != call);
+        *self.awaiting_release.entry(call.clone()).or_default() += 1;
+    }
+
+    /// `release` was rejected.
+    pub fn release_rejected(&mut self, call: &CallId, kind: ErrorKind) {
+        if kind == ErrorKind::AlreadyReleased {
+            self.marks.hit(Mark::AlreadyReleased);
+        }
+        check!(
+            self,
+            !self.calls.contains_key(call) || self.closed,
+            "release-live",
+            "release of live call {call} was rejected with {kind}"
+        );
+    }
+
+    /// `flush` returned `Ok(version)`.
+    pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
+        self.flushes += 1;
+        let p = self
+            .paths
+            .entry((session.clone(), path.clone()))
+            .or_default();
+        let next = p.last + 1;
+        p.last = version;
+        let fresh = p.unsettled.insert(version);
+        check!(
+            self,
+            version == next && fresh,
+            "versions-numbered",
+            "flush of {session}/{path} returned v{version}, expected v{next}"
+        );
+    }
+
+    /// A Stop was answered `ok` (before the core saw it).
+    pub fn stop_answered(&mut self, x: SandboxId) {
+        let s = self.sbx(x);
+        if s.stop && !s.dead && !s.shutdown {
+            s.stop_ok = true;
+        }
+    }
+
+    /// An upload is being answered (before the core sees it).
+    pub fn upload_answered(&mut self, upload: UploadId, ok: bool, gone: bool) {
+        self.acked_upload = None;
+        let Some(u) = self.uploads.get_mut(&upload) else {
+            return;
+        };
+        if !u.awaited {
+            return;
+        }
+        u.awaited = false;
+        let (session, path, sandbox) = (u.session.clone(), u.path.clone(), u.sandbox);
+        if let Some(p) = self.paths.get_mut(&(session, path)) {
+            if p.inflight == Some(upload) {
+                p.inflight = None;
+            }
+        }
+        let s = self.sbx(sandbox);
+        s.uploads_awaited = s.uploads_awaited.saturating_sub(1);
+        if ok {
+            self.acked_upload = Some(upload);
+        }
+        if gone {
+            self.marks.hit(Mark::UploadGone);
+            self.sbx(sandbox).dead = true;
+        }
+    }
+
+    /// The backend reported a sandbox dead (before the core saw it).
+    pub fn died(&mut self, x: SandboxId) {
+        let s = self.sbx(x).clone();
+        if !s.shutdown && !s.dead {
+            if s.uploads_awaited > 0 {
+                self.marks.hit(Mark::DeathDuringUpload);
+            }
+            if s.draining {
+                self.marks.hit(Mark::DeathDuringDrain);
+            }
+        }
+        let starting = self.live.iter().any(|c| {
+            self.calls
+                .get(c)
+                .is_some_and(|r| r.phase == Phase::Pending && r.sandbox == Some(x))
+        });
+        if starting {
+            self.marks.hit(Mark::DeathDuringStart);
+        }
+        self.sbx(x).dead = true;
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Outputs
+
+    /// One command the core emitted.
+    pub fn command(&mut self, cmd: &Command) {
+        check!(
+            self,
+            !self.closed,
+            "nothing-after-closed",
+            "command {cmd:?} after Closed"
+        );
+        let x = cmd.sandbox();
+        let rec = self.sandboxes.get(&x).cloned().unwrap_or_default();
+        check!(
+            self,
+            !rec.shutdown,
+            "no-command-after-shutdown",
+            "{cmd:?} names {x} after its Shutdown"
+        );
+        match cmd {
+            Command::Start {
+                resume_from,
+                sandbox,
+                ..
+            } => {
+                self.starts += 1;
+                check!(
+                    self,
+                    !rec.started && !rec.external,
+                    "start-once",
+                    "second Start for {sandbox}"
+                );
+                if resume_from.is_some() {
+                    self.marks.hit(Mark::ResumeFrom);
+                }
+                let s = self.sbx(x);
+                s.started = true;
+                s.resume_from = resume_from.clone();
+            }
+            Command::Upload {
+                upload,
+                session,
+                path,
+                version,
+                ..
+            } => {
+                self.uploads_ordered += 1;
+                check!(
+                    self,
+                    !rec.stop && !rec.dead,
+                    "no-upload-after-stop",
+                    "Upload {upload} of {session} into {x} after its Stop, Shutdown or death"
+                );
+                // Checked after the input's events: CallReady comes after the Upload it caused.
+                self.routing.push((*upload, session.clone(), x));
+                let p = self
+                    .paths
+                    .entry((session.clone(), path.clone()))
+                    .or_default();
+                let inflight = p.inflight;
+                let last_ordered = p.last_ordered;
+                let unsettled = p.unsettled.contains(&version.0);
+                p.inflight = Some(*upload);
+                p.last_ordered = p.last_ordered.max(version.0);
+                check!(
+                    self,
+                    inflight.is_none(),
+                    "one-upload-per-path",
+                    "Upload {upload} of {session}/{path} while {inflight:?} is in flight"
+                );
+                check!(
+                    self,
+                    version.0 >= last_ordered,
+                    "versions-increase",
+                    "Upload of {session}/{path} {version} after v{last_ordered}"
+                );
+                check!(
+                    self,
+                    unsettled,
+                    "settle-once",
+                    "Upload of {session}/{path} {version}, which is settled or was never flushed"
+                );
+                self.uploads.insert(
+                    *upload,
+                    UploadRecord {
+                        session: session.clone(),
+                        path: path.clone(),
+                        version: version.0,
+                        sandbox: x,
+                        awaited: true,
+                    },
+                );
+                self.sbx(x).uploads_awaited += 1;
+            }
+            Command::CancelUpload { upload, .. } => {
+                if let Some(u) = self.uploads.get_mut(upload) {
+                    if u.awaited {
+                        u.awaited = false;
+                        let key = (u.session.clone(), u.path.clone());
+                        if let Some(p) = self.paths.get_mut(&key) {
+                            if p.inflight == Some(*upload) {
+                                p.inflight = None;
+                            }
+                        }
+                        let s = self.sbx(x);
+                        s.uploads_awaited = s.uploads_awaited.saturating_sub(1);
+                    }
+                }
+            }
+            Command::Drain { sessions, .. } => {
+                if sessions
+                    .iter()
+                    .any(|s| self.holds.get(s).is_some_and(|h| *h > 0))
+                {
+                    self.marks.hit(Mark::DrainWaitsForHold);
+                }
+                self.sbx(x).draining = true;
+            }
+            Command::Stop { .. } => {
+                check!(
+                    self,
+                    rec.started,
+                    "stop-managed-only",
+                    "Stop for {x}, which is not managed"
+                );
+                check!(
+                    self,
+                    rec.draining,
+                    "drain-before-stop",
+                    "Stop for {x} without a Drain first"
+                );
+                check!(
+                    self,
+                    rec.uploads_awaited == 0,
+                    "no-upload-after-stop",
+                    "Stop for {x} with {} uploads still in flight",
+                    rec.uploads_awaited
+                );
+                let s = self.sbx(x);
+                s.stop = true;
+                s.draining = false;
+            }
+            Command::Persist { .. } => {
+                check!(
+                    self,
+                    rec.stop_ok,
+                    "persist-after-stop",
+                    "Persist for {x} before its Stop succeeded"
+                );
+                self.sbx(x).persist = true;
+            }
+            Command::Shutdown { .. } => {
+                self.shutdowns += 1;
+                check!(
+                    self,
+                    rec.started && !rec.external,
+                    "no-shutdown-of-external",
+                    "Shutdown for {x}, which the core never started"
+                );
+                check!(
+                    self,
+                    rec.uploads_awaited == 0,
+                    "no-upload-after-stop",
+                    "Shutdown for {x} with uploads still in flight"
+                );
+                let s = self.sbx(x);
+                s.shutdown = true;
+                s.draining = false;
+            }
+        }
+    }
+
+    /// One event the core emitted.
+    pub fn event(&mut self, ev: &Event) {
+        check!(
+            self,
+            !self.closed,
+            "nothing-after-closed",
+            "event {ev:?} after Closed"
+        );
+        match ev {
+            Event::CallReady { call, sandbox } => {
+                let rec = self.sandboxes.get(sandbox).cloned().unwrap_or_default();
+                check!(
+                    self,
+                    !rec.dead && !rec.stop && !rec.shutdown,
+                    "ready-on-live-sandbox",
+                    "{call} ready on {sandbox}, which is stopped, shut down or dead"
+                );
+                let pending = self
+                    .calls
+                    .get(call)
+                    .is_some_and(|c| c.phase == Phase::Pending);
+                check!(
+                    self,
+                    pending,
+                    "call-events",
+                    "CallReady for {call}, which is not a pending live call"
+                );
+                let others = self
+                    .live
+                    .iter()
+                    .filter(|c| {
+                        *c != call
+                            && self.calls.get(*c).is_some_and(|r| {
+                                r.phase == Phase::Ready && r.sandbox == Some(*sandbox)
+                            })
+                    })
+                    .count();
+                if others > 0 {
+                    self.marks.hit(Mark::SharedSandbox);
+                }
+                let session = if let Some(c) = self.calls.get_mut(call) {
+                    c.phase = Phase::Ready;
+                    c.sandbox = Some(*sandbox);
+                    Some(c.session.clone())
+                } else {
+                    None
+                };
+                self.bound_to.insert(call.clone(), *sandbox);
+                if let Some(session) = session {
+                    let v = self.session_sandboxes.entry(session).or_default();
+                    if !v.contains(sandbox) {
+                        v.push(*sandbox);
+                    }
+                }
+                let s = self.sbx(*sandbox);
+                s.draining = false;
+                if s.call.is_none() {
+                    s.call = Some(call.clone());
+                }
+                if !s.started {
+                    s.external = true;
+                }
+            }
+            Event::CallFailed { call, error } => {
+                let pending = self
+                    .calls
+                    .get(call)
+                    .is_some_and(|c| c.phase == Phase::Pending);
+                check!(
+                    self,
+                    pending,
+                    "call-events",
+                    "CallFailed for {call}, which is not a pending live call"
+                );
+                match error {
+                    ErrorKind::WaitTimeout => self.marks.hit(Mark::WaitTimeout),
+                    ErrorKind::StartTimeout => self.marks.hit(Mark::StartTimeout),
+                    ErrorKind::StartFailed => self.marks.hit(Mark::StartFailed),
+                    ErrorKind::Closed => self.marks.hit(Mark::CloseRefusedWaiter),
+                    _ => {}
+                }
+                self.calls.remove(call);
+                self.live.retain(|l| l != call);
+                self.failed.insert(call.clone(), *error);
+            }
+            Event::CallReleased { call } => {
+                let n = self.awaiting_release.get_mut(call);
+                let ok = n.is_some();
+                if let Some(n) = n {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.awaiting_release.remove(call);
+                    }
+                }
+                check!(
+                    self,
+                    ok,
+                    "release-completes-once",
+                    "CallReleased for {call}, which was not released or already completed"
+                );
+            }
+            Event::CallRevoked { call } => {
+                self.marks.hit(Mark::CloseRevokedCall);
+                let live = self.calls.remove(call).is_some();
+                self.live.retain(|l| l != call);
+                check!(
+                    self,
+                    live,
+                    "call-events",
+                    "CallRevoked for {call}, which is not live"
+                );
+            }
+            Event::SandboxLost { call, sandbox } => {
+                self.marks.hit(Mark::SandboxLost);
+                let dead = self.sandboxes.get(sandbox).is_some_and(|s| s.dead);
+                check!(
+                    self,
+                    dead,
+                    "call-events",
+                    "SandboxLost for {call} on {sandbox}, which was not reported dead"
+                );
+                let ok = match self.calls.get_mut(call) {
+                    Some(c) if c.phase == Phase::Ready && c.sandbox == Some(*sandbox) => {
+                        c.phase = Phase::Lost;
+                        true
+                    }
+                    _ => false,
+                };
+                check!(
+                    self,
+                    ok,
+                    "call-events",
+                    "SandboxLost for {call} on {sandbox}, which it was not ready on"
+                );
+            }
+            Event::Settled {
+                session,
+                path,
+                version,
+                outcome,
+            } => {
+                let key = (session.clone(), path.clone());
+                let p = self.paths.entry(key).or_default();
+                let was = p.unsettled.remove(&version.0);
+                let last = p.last;
+                let last_uploaded = p.last_uploaded;
+                check!(
+                    self,
+                    was,
+                    "settle-once",
+                    "{session}/{path} {version} settled twice or never flushed"
+                );
+                match outcome {
+                    Settlement::Uploaded { sandbox } => {
+                        let acked = self.acked_upload.and_then(|u| self.uploads.get(&u));
+                        let matches = acked.is_some_and(|u| {
+                            &u.session == session
+                                && &u.path == path
+                                && u.version == version.0
+                                && u.sandbox == *sandbox
+                        });
+                        check!(
+                            self,
+                            matches,
+                            "uploaded-is-acknowledged",
+                            "{session}/{path} {version} settled uploaded into {sandbox} without that upload's ok"
+                        );
+                        check!(
+                            self,
+                            version.0 > last_uploaded,
+                            "versions-increase",
+                            "{session}/{path} {version} uploaded after v{last_uploaded}"
+                        );
+                        self.acked_upload = None;
+                        if let Some(p) = self.paths.get_mut(&(session.clone(), path.clone())) {
+                            p.last_uploaded = version.0;
+                        }
+                    }
+                    Settlement::Superseded { by } => {
+                        self.marks.hit(Mark::Superseded);
+                        check!(
+                            self,
+                            by.0 > version.0 && by.0 <= last,
+                            "superseded-by-newer",
+                            "{session}/{path} {version} superseded by {by} (last v{last})"
+                        );
+                    }
+                    Settlement::Dropped { reason } => match reason {
+                        sandkeeper::DropReason::DrainDeadline => {
+                            self.marks.hit(Mark::DrainDeadline)
+                        }
+                        sandkeeper::DropReason::NoSandbox => {
+                            self.marks.hit(Mark::DroppedNoSandbox)
+                        }
+                        sandkeeper::DropReason::Closed => self.marks.hit(Mark::DroppedClosed),
+                        sandkeeper::DropReason::UploadFailed => {
+                            self.marks.hit(Mark::DroppedUploadFailed)
+                        }
+                        sandkeeper::DropReason::UploadTimeout => {
+                            self.marks.hit(Mark::UploadTimeout)
+                        }
+                        sandkeeper::DropReason::SandboxGone => {}
+                    },
+                }
+                if let Some(all) = &mut self.settlements {
+                    all.insert((session.clone(), path.clone(), version.0), outcome.clone());
+                }
+            }
+            Event::MirrorSettled { session } => {
+                let open = self
+                    .paths
+                    .iter()
+                    .find(|((s, _), p)| s == session && !p.unsettled.is_empty())
+                    .map(|((_, path), p)| (path.clone(), p.unsettled.len()));
+                check!(
+                    self,
+                    open.is_none(),
+                    "mirror-settled-true",
+                    "MirrorSettled for {session} with unsettled versions: {open:?}"
+                );
+            }
+            Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
+            Event::Closed { .. } => {
+                self.marks.hit(Mark::Closed);
+                self.closed = true;
+                for u in self.uploads.values_mut() {
+                    u.awaited = false;
+                }
+                for p in self.paths.values_mut() {
+                    p.inflight = None;
+                }
+                // Close revoked or dropped everything still live; it says so in its report.
+                self.calls.clear();
+                self.live.clear();
+                self.awaiting_release.clear();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // After every input
+
+    /// Checks the core's getters and counters against the history.
+    pub fn after_input(&mut self, core: &Lifecycle) {
+        for (upload, session, x) in std::mem::take(&mut self.routing) {
+            let routed = self
+                .session_sandboxes
+                .get(&session)
+                .is_some_and(|v| v.contains(&x));
+            check!(
+                self,
+                routed,
+                "upload-routing",
+                "Upload {upload} of session {session} into {x}, where no call of {session} was ever ready"
+            );
+        }
+        let stats = core.stats();
+        let counters = [
+            ("starts_ordered", stats.starts_ordered, self.starts),
+            ("shutdowns_ordered", stats.shutdowns_ordered, self.shutdowns),
+            ("uploads_ordered", stats.uploads_ordered, self.uploads_ordered),
+            ("versions_flushed", stats.versions_flushed, self.flushes),
+            ("calls_acquired", stats.calls_acquired, self.acquires),
+            ("calls_released", stats.calls_released, self.releases),
+        ];
+        for (name, core_count, seen) in counters {
+            check!(
+                self,
+                core_count == seen,
+                "counters",
+                "stats.{name} is {core_count}, {seen} were seen"
+            );
+        }
+        if self.closed {
+            return;
+        }
+        let mut keys: Vec<(&Key, SandboxId)> = Vec::new();
+        let mut broken: Option<(&'static str, String)> = None;
+        for call in &self.live {
+            let Some(rec) = self.calls.get(call) else {
+                continue;
+            };
+            let status = core.call_status(call);
+            let fits = match (rec.phase, status) {
+                (Phase::Pending, Some(CallStatus::Waiting | CallStatus::Starting(_))) => true,
+                (Phase::Ready, Some(CallStatus::Ready(x))) => Some(x) == rec.sandbox,
+                (Phase::Ready | Phase::Lost, Some(CallStatus::Lost(x))) => {
+                    Some(x) == rec.sandbox
+                        && self.sandboxes.get(&x).is_some_and(|s| s.dead)
+                }
+                _ => false,
+            };
+            if !fits && broken.is_none() {
+                broken = Some((
+                    "binding-stable",
+                    format!("{call} is {:?} by its events, the core says {status:?}", rec.phase),
+                ));
+            }
+            let bound = match status {
+                Some(CallStatus::Starting(x) | CallStatus::Ready(x)) => Some(x),
+                _ => None,
+            };
+            if let Some(x) = bound {
+                let s = self.sandboxes.get(&x);
+                let torn = s.is_some_and(|s| !s.dead && (s.stop || s.shutdown || s.draining));
+                if torn && broken.is_none() {
+                    broken = Some((
+                        "no-teardown-under-live-call",
+                        format!("{call} is bound to {x}, which is draining, stopped or shut down"),
+                    ));
+                }
+            }
+            if let (Some(key), Some(x), SameKey::Serialize) = (&rec.key, bound.or(rec.sandbox), self.same_key)
+            {
+                if status.is_some() && !matches!(status, Some(CallStatus::Waiting)) {
+                    keys.push((key, x));
+                }
+            }
+        }
+        if self.same_key == SameKey::Serialize && keys.len() > 1 && broken.is_none() {
+            keys.sort();
+            let dup = keys.windows(2).find(|w| w[0].0 == w[1].0).map(|w| w[0].0.clone());
+            if let Some(key) = dup {
+                broken = Some((
+                    "serialize-one-per-key",
+                    format!("two live calls bound under key {key} with same-key=serialize"),
+                ));
+            }
+        }
+        if let Some((name, detail)) = broken {
+            self.fail(name, detail);
+        }
+        self.check_resolve(core);
+    }
+
+    /// `resolve(S)` for every session with a live call: the sandbox of one of its own ready
+    /// calls, or the right error.
+    fn check_resolve(&mut self, core: &Lifecycle) {
+        let mut seen: Vec<&SessionId> = Vec::new();
+        let mut broken = None;
+        for call in &self.live {
+            let Some(rec) = self.calls.get(call) else {
+                continue;
+            };
+            if seen.contains(&&rec.session) {
+                continue;
+            }
+            seen.push(&rec.session);
+            let got = core.resolve(&rec.session);
+            let mut up = false;
+            let mut lost = false;
+            let mut ok_here = false;
+            for other in &self.live {
+                let Some(o) = self.calls.get(other) else {
+                    continue;
+                };
+                if o.session != rec.session {
+                    continue;
+                }
+                match o.phase {
+                    Phase::Ready if !o.sandbox.is_some_and(|x| self.sandboxes.get(&x).is_some_and(|s| s.dead)) => {
+                        up = true;
+                        if let Ok(x) = &got {
+                            ok_here |= o.sandbox == Some(*x);
+                        }
+                    }
+                    Phase::Ready | Phase::Lost => lost = true,
+                    Phase::Pending => {}
+                }
+            }
+            let fits = match &got {
+                Ok(_) => up && ok_here,
+                Err(Error::SandboxGone { .. }) => !up && lost,
+                Err(Error::NoActiveSandbox { .. }) => !up && !lost,
+                Err(_) => false,
+            };
+            if !fits && broken.is_none() {
+                broken = Some(format!(
+                    "resolve({}) = {got:?}; its live calls: up={up} lost={lost}",
+                    rec.session
+                ));
+            }
+        }
+        if let Some(detail) = broken {
+            self.fail("resolve-own-sandbox", detail);
+        }
+    }
+
+    /// The sandbox a `@call` names: the one the call is (or was) bound to.
+    pub fn sandbox_of(&self, call: &CallId) -> Option<SandboxId> {
+        self.bound_to.get(call).copied()
+    }
+
+    /// Learns that `call` is bound to `x` (from the core's getter, while starting).
+    pub fn learn_binding(&mut self, call: &CallId, x: SandboxId) {
+        self.bound_to.insert(call.clone(), x);
+        if let Some(c) = self.calls.get_mut(call) {
+            c.sandbox = Some(x);
+        }
+        let s = self.sbx(x);
+        if s.call.is_none() {
+            s.call = Some(call.clone());
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Liveness
+
+    /// Every flushed version settled.
+    pub fn check_all_settled(&mut self) {
+        let open = self
+            .paths
+            .iter()
+            .find(|(_, p)| !p.unsettled.is_empty())
+            .map(|((s, path), p)| format!("{s}/{path}: {:?}", p.unsettled));
+        if let Some(open) = open {
+            self.fail("liveness-settled", format!("unsettled versions: {open}"));
+        }
+    }
+
+    /// Every completed release was announced.
+    pub fn check_releases_completed(&mut self) {
+        if let Some((call, _)) = self.awaiting_release.iter().next() {
+            let call = call.clone();
+            self.fail(
+                "liveness-release-completes",
+                format!("release of {call} never completed"),
+            );
+        }
+    }
+
+    /// Every started sandbox was ordered to shut down (or suspended under `Suspend`).
+    pub fn check_every_started_shut_down(&mut self) {
+        let suspend = self.release == ReleasePolicy::Suspend;
+        let left = self
+            .sandboxes
+            .iter()
+            .filter(|(_, s)| s.started && !s.shutdown && !(suspend && s.persist))
+            .map(|(x, _)| *x)
+            .min();
+        if let Some(x) = left {
+            self.fail(
+                "liveness-shutdown-every-started",
+                format!("{x} was started and never ordered to shut down"),
+            );
+        }
+    }
+
+    /// Calls still live and not ready (none may remain after the liveness phase).
+    pub fn pending_calls(&self) -> Vec<CallId> {
+        self.live
+            .iter()
+            .filter(|c| self.calls.get(*c).is_some_and(|r| r.phase == Phase::Pending))
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,243 @@
+//! The simulator's command line: `explore`, `replay`, `shrink`, `run`.
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use sim::batch::run_batch;
+use sim::run::{run_seed, RunOptions};
+use sim::scenario::{parse, run_scenario, Verdict};
+use sim::shrink::shrink_seed;
+use sim::swarm::Swarm;
+
+/// The deterministic simulator of sandkeeper.
+#[derive(Parser)]
+#[command(name = "sim", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs a range of seeds; prints throughput, marks reached and every failing seed.
+    Explore {
+        /// How many seeds.
+        #[arg(long, default_value_t = 1000)]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Threads.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Stop at the first failing seed.
+        #[arg(long)]
+        stop_at_first: bool,
+    },
+    /// Reruns one seed and writes its trace (JSON lines).
+    Replay {
+        /// The seed.
+        #[arg(long)]
+        seed: u64,
+        /// Where to write the trace (default: standard output).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+    },
+    /// Reduces a failing seed to a short scenario failing the same invariant.
+    Shrink {
+        /// The seed.
+        #[arg(long)]
+        seed: u64,
+        /// Where to write the scenario (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Runs a scenario file: exit 0 on pass, 1 on failure, 2 when malformed.
+    Run {
+        /// The `.scn` file.
+        file: PathBuf,
+        /// Print only the verdict.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Explore {
+            seeds,
+            from,
+            jobs,
+            stop_at_first,
+        } => explore(seeds, from, jobs, stop_at_first),
+        Cmd::Replay { seed, trace } => replay(seed, trace),
+        Cmd::Shrink { seed, out } => shrink(seed, out),
+        Cmd::Run { file, quiet } => run_file(file, quiet),
+    }
+}
+
+// Throughput is measured on the wall clock: this is the driver, not the simulation.
+#[allow(clippy::disallowed_methods)]
+fn wall_clock() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool) -> ExitCode {
+    let done = AtomicU64::new(0);
+    let bar = ProgressBar::new(seeds);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = wall_clock();
+    let report = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| run_batch(from, seeds, jobs, &done, stop_at_first));
+        while !worker.is_finished() {
+            bar.set_position(done.load(Ordering::Relaxed));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        worker.join().expect("batch thread")
+    });
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    println!(
+        "seeds {}..{}: {} run, {} steps, {} core inputs in {:.2}s on {} jobs",
+        from,
+        from + seeds,
+        report.seeds,
+        report.steps,
+        report.inputs,
+        secs,
+        jobs
+    );
+    println!(
+        "throughput: {:.0} seeds/s, {:.0} steps/s, {:.0} core inputs/s ({:.0} inputs/s per job)",
+        report.seeds as f64 / secs,
+        report.steps as f64 / secs,
+        report.inputs as f64 / secs,
+        report.inputs as f64 / secs / jobs.max(1) as f64
+    );
+    println!("marks reached: {}", report.marks.reached().join(" "));
+    let missing = report.marks.missing();
+    if !missing.is_empty() {
+        println!("marks missing: {}", missing.join(" "));
+    }
+    if report.failures.is_empty() {
+        println!("no failing seed");
+        ExitCode::SUCCESS
+    } else {
+        for (seed, f) in &report.failures {
+            println!("FAIL seed {seed}: {f}");
+        }
+        println!(
+            "{} failing seeds; replay with `sim replay --seed S`, shrink with `sim shrink --seed S`",
+            report.failures.len()
+        );
+        ExitCode::from(1)
+    }
+}
+
+fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
+    println!("seed {seed}: {}", Swarm::new(seed));
+    let r = run_seed(
+        seed,
+        &RunOptions {
+            trace: true,
+            hash: true,
+        },
+    );
+    let text = r.trace.join("\n") + "\n";
+    match trace {
+        Some(path) => {
+            if let Err(e) = std::fs::write(&path, text) {
+                eprintln!("cannot write {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+            println!("trace: {} lines written to {}", r.trace.len(), path.display());
+        }
+        None => {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+        }
+    }
+    println!(
+        "seed {seed}: {} steps, {} inputs, trace hash {:016x}",
+        r.steps, r.inputs, r.hash
+    );
+    match r.failure {
+        None => {
+            println!("PASS");
+            ExitCode::SUCCESS
+        }
+        Some(f) => {
+            println!("FAIL seed {seed}: {f}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn shrink(seed: u64, out: Option<PathBuf>) -> ExitCode {
+    println!("seed {seed}: {}", Swarm::new(seed));
+    match shrink_seed(seed) {
+        Ok(s) => {
+            println!(
+                "shrunk {} steps to {} (invariant {})",
+                s.original_steps, s.steps, s.invariant
+            );
+            match out {
+                Some(path) => {
+                    if let Err(e) = std::fs::write(&path, &s.text) {
+                        eprintln!("cannot write {}: {e}", path.display());
+                        return ExitCode::from(2);
+                    }
+                    println!("written to {}", path.display());
+                }
+                None => print!("{}", s.text),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_file(file: PathBuf, quiet: bool) -> ExitCode {
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let scenario = match parse(&text) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{}: malformed: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let mut print = |line: &str| println!("{line}");
+    let log: Option<&mut dyn FnMut(&str)> = if quiet { None } else { Some(&mut print) };
+    match run_scenario(&scenario, log) {
+        Verdict::Pass => {
+            println!("PASS {}", file.display());
+            ExitCode::SUCCESS
+        }
+        Verdict::Fail { line, failure } => {
+            println!("FAIL {} line {line}: {failure}", file.display());
+            ExitCode::from(1)
+        }
+        Verdict::Misuse { line, message } => {
+            eprintln!("{}: malformed: line {line}: {message}", file.display());
+            ExitCode::from(2)
+        }
+    }
+}

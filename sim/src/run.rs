@@ -1,0 +1,239 @@
+//! One seeded run: the random phase, then the liveness phase, with every step checked.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use sandkeeper::Config;
+
+use crate::failure::Failure;
+use crate::harness::{Harness, HarnessOptions, Stop};
+use crate::marks::Marks;
+use crate::step::Step;
+use crate::swarm::Swarm;
+use crate::world::{Move, World};
+
+/// What to record during a run.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Keep the trace (JSON lines).
+    pub trace: bool,
+    /// Compute the trace hash.
+    pub hash: bool,
+}
+
+/// The outcome of one seed.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// The sampled configuration, as printed at the start.
+    pub swarm: String,
+    /// The core configuration.
+    pub config: Config,
+    /// The close deadline used.
+    pub close_deadline: Duration,
+    /// Steps applied.
+    pub steps: usize,
+    /// Core inputs given.
+    pub inputs: u64,
+    /// The first failure.
+    pub failure: Option<Failure>,
+    /// Marks reached.
+    pub marks: Marks,
+    /// The trace hash (when asked).
+    pub hash: u64,
+    /// The steps, as a scenario would spell them.
+    pub transcript: Vec<Step>,
+    /// The trace lines (when asked).
+    pub trace: Vec<String>,
+}
+
+/// The bound on liveness rounds (each answers everything, then advances to the next timer).
+const LIVENESS_ROUNDS: usize = 2_000;
+
+/// Runs one seed.
+pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
+    let swarm = Swarm::new(seed);
+    let summary = swarm.to_string();
+    let config = swarm.config.clone();
+    let close_deadline = swarm.close_deadline;
+    let hopts = HarnessOptions {
+        keep_zombies: true,
+        trace: opts.trace,
+        hash: opts.hash,
+        ..HarnessOptions::default()
+    };
+    let mut transcript = Vec::new();
+    let mut harness =
+        Harness::new(config.clone(), close_deadline, hopts).expect("swarm configs are valid");
+    let mut world = World::new(seed, swarm);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        drive(&mut harness, &mut world, &mut transcript)
+    }));
+    let failure = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(Stop::Failed(f))) => Some(f),
+        Ok(Err(Stop::Misuse(m))) => Some(Failure {
+            invariant: "sim-misuse".into(),
+            step: harness.steps,
+            detail: m,
+        }),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            Some(Failure {
+                invariant: "panic".into(),
+                step: harness.steps,
+                detail: msg,
+            })
+        }
+    };
+    RunReport {
+        seed,
+        swarm: summary,
+        config,
+        close_deadline,
+        steps: harness.steps,
+        inputs: harness.inputs,
+        failure,
+        marks: harness.history.marks,
+        hash: harness.hash,
+        transcript,
+        trace: std::mem::take(&mut harness.trace),
+    }
+}
+
+fn apply(h: &mut Harness, transcript: &mut Vec<Step>, step: Step) -> Result<(), Stop> {
+    let step = match step {
+        // The world's resolves record what the core answered; the history judges it.
+        Step::Resolve(session, _) => match h.observe_resolve(&session) {
+            Some(seen) => Step::Resolve(session, seen),
+            None => return Ok(()),
+        },
+        other => other,
+    };
+    transcript.push(step.clone());
+    h.apply(&step)
+}
+
+fn drive(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(), Stop> {
+    while !w.done(h) {
+        match w.next(h) {
+            Move::Step(step) => {
+                let hold = match &step {
+                    Step::Hold(s) => Some(s.clone()),
+                    _ => None,
+                };
+                apply(h, transcript, step)?;
+                if let (Some(s), Some(_)) = (hold, h.last_error) {
+                    w.hold_refused(&s);
+                }
+            }
+            Move::Raw(answer, op, what) => {
+                transcript.push(Step::Unspellable(format!("{what}: {answer} {}", op.sandbox)));
+                h.apply_raw(&answer, &op, &what)?;
+            }
+        }
+        w.plan(h);
+    }
+    liveness(h, w, transcript)
+}
+
+/// Answers everything, then moves time to the next timer, until neither is left.
+fn quiesce(h: &mut Harness, transcript: &mut Vec<Step>, phase: &str) -> Result<(), Stop> {
+    h.ledger.zombies.clear();
+    for _ in 0..LIVENESS_ROUNDS {
+        if h.ledger.any(None) {
+            apply(h, transcript, Step::Settle(None))?;
+        }
+        if h.history.closed {
+            return Ok(());
+        }
+        match h.core.poll_timeout() {
+            Some(t) => {
+                let t = t.as_nanos().div_ceil(1_000_000);
+                let d = t.saturating_sub(h.now_ms).max(1);
+                apply(h, transcript, Step::Advance(Duration::from_millis(d)))?;
+            }
+            None if !h.ledger.any(None) => return Ok(()),
+            None => {}
+        }
+    }
+    h.history.fail(
+        "liveness-bound",
+        format!("{phase}: still busy after {LIVENESS_ROUNDS} rounds"),
+    );
+    Err(Stop::Failed(h.history.failure.clone().expect("failed")))
+}
+
+fn liveness_fail(h: &mut Harness, name: &str, detail: String) -> Stop {
+    h.history.fail(name, detail);
+    Stop::Failed(h.history.failure.clone().expect("failed"))
+}
+
+/// Faults stop; pending answers are delivered; time runs. Every call must become ready or
+/// failed, every release complete, every version settle, the core go quiet, close complete.
+pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(), Stop> {
+    // A: answer everything, let timers run; nobody may stay waiting or starting.
+    for (session, n) in w.take_holds() {
+        for _ in 0..n {
+            apply(h, transcript, Step::Unhold(session.clone()))?;
+        }
+    }
+    quiesce(h, transcript, "calls")?;
+    let pending = h.history.pending_calls();
+    if !pending.is_empty() && !h.history.closed {
+        return Err(liveness_fail(
+            h,
+            "liveness-calls-resolve",
+            format!("calls neither ready nor failed: {pending:?}"),
+        ));
+    }
+    // B: the application releases everything; releases complete, versions settle, all quiet.
+    let live = h.history.live.clone();
+    for call in live {
+        apply(h, transcript, Step::Release(call))?;
+    }
+    quiesce(h, transcript, "release")?;
+    if !h.history.closed {
+        h.history.check_all_settled();
+        h.history.check_releases_completed();
+        if h.history.failure.is_none() && !h.core.is_closing() && !h.core.is_quiescent() {
+            h.history.fail(
+                "liveness-quiescent",
+                format!(
+                    "after every release: {} calls, {} sandboxes, next timer {:?}",
+                    h.core.live_calls(),
+                    h.core.tracked_sandboxes(),
+                    h.core.poll_timeout()
+                ),
+            );
+        }
+        if let Some(f) = &h.history.failure {
+            return Err(Stop::Failed(f.clone()));
+        }
+    }
+    // C: close completes.
+    if !h.core.is_closing() {
+        apply(h, transcript, Step::Close(Some(h.close_deadline)))?;
+    }
+    quiesce(h, transcript, "close")?;
+    if !h.history.closed || !h.core.is_closed() {
+        return Err(liveness_fail(
+            h,
+            "liveness-close-completes",
+            "close never finished".into(),
+        ));
+    }
+    h.history.check_all_settled();
+    h.history.check_every_started_shut_down();
+    // After Closed every input is refused.
+    apply(h, transcript, Step::Advance(Duration::from_millis(1)))?;
+    match &h.history.failure {
+        Some(f) => Err(Stop::Failed(f.clone())),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,319 @@
+//! Steps: one thing the application or the backend does, or one expectation. The random world
+//! makes them, scenario files spell them, the harness applies them, the shrinker writes them back
+//! out as scenario lines (their `Display` is the scenario syntax).
+
+use std::fmt;
+use std::time::Duration;
+
+use sandkeeper::{CallId, ExternalId, PathName, SessionId, Snapshot, UserId};
+
+/// What a `resolve` step expects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolveExpect {
+    /// The sandbox of this call.
+    Call(CallId),
+    /// `NoActiveSandbox`.
+    None,
+    /// `SandboxGone`.
+    Gone,
+}
+
+/// A backend answer, naming its sandbox through a call (`@call`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// `start-ok`
+    StartOk,
+    /// `start-fail`
+    StartFail,
+    /// `upload-ok` (the oldest upload outstanding to the sandbox)
+    UploadOk,
+    /// `upload-fail [gone]`
+    UploadFail {
+        /// The sandbox is gone rather than the failure being transient.
+        gone: bool,
+    },
+    /// `stop-ok [snapshot=..]`
+    StopOk {
+        /// The snapshot the stop took.
+        snapshot: Option<Snapshot>,
+    },
+    /// `stop-fail`
+    StopFail,
+    /// `persist-ok`
+    PersistOk,
+    /// `persist-fail`
+    PersistFail,
+    /// `shutdown-ok`
+    ShutdownOk,
+    /// `shutdown-fail`
+    ShutdownFail,
+    /// `die`: the backend reports the sandbox gone (needs no outstanding command).
+    Die,
+}
+
+/// The kind of command an answer answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// A Start.
+    Start,
+    /// An Upload.
+    Upload,
+    /// A Stop.
+    Stop,
+    /// A Persist.
+    Persist,
+    /// A Shutdown.
+    Shutdown,
+}
+
+impl Answer {
+    /// The command kind it answers; `None` for `die`.
+    pub fn op(&self) -> Option<OpKind> {
+        Some(match self {
+            Answer::StartOk | Answer::StartFail => OpKind::Start,
+            Answer::UploadOk | Answer::UploadFail { .. } => OpKind::Upload,
+            Answer::StopOk { .. } | Answer::StopFail => OpKind::Stop,
+            Answer::PersistOk | Answer::PersistFail => OpKind::Persist,
+            Answer::ShutdownOk | Answer::ShutdownFail => OpKind::Shutdown,
+            Answer::Die => return None,
+        })
+    }
+
+    /// The successful answer to a command of `kind`.
+    pub fn success(kind: OpKind) -> Answer {
+        match kind {
+            OpKind::Start => Answer::StartOk,
+            OpKind::Upload => Answer::UploadOk,
+            OpKind::Stop => Answer::StopOk { snapshot: None },
+            OpKind::Persist => Answer::PersistOk,
+            OpKind::Shutdown => Answer::ShutdownOk,
+        }
+    }
+}
+
+/// A call's observed outcome, for `expect failed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// `expect ready <call>`
+    Ready(CallId),
+    /// `expect waiting <call>`
+    Waiting(CallId),
+    /// `expect failed <call> [error=<kind>]`
+    Failed(CallId, Option<String>),
+    /// `expect uploaded <session> [path=] version=<n> into=@<call>`
+    Uploaded {
+        /// The session.
+        session: SessionId,
+        /// The path (`None`: the session log).
+        path: Option<PathName>,
+        /// The version.
+        version: u64,
+        /// The call whose sandbox received it.
+        into: CallId,
+    },
+    /// `expect dropped <session> [path=] version=<n> [reason=<kind>]`
+    Dropped {
+        /// The session.
+        session: SessionId,
+        /// The path (`None`: the session log).
+        path: Option<PathName>,
+        /// The version.
+        version: u64,
+        /// The reason, kebab case (`superseded` included).
+        reason: Option<String>,
+    },
+    /// `expect running @<call>`
+    Running(CallId),
+    /// `expect stop @<call>`
+    Stop(CallId),
+    /// `expect no-stop @<call>`
+    NoStop(CallId),
+    /// `expect shutdown @<call>`
+    Shutdown(CallId),
+    /// `expect no-shutdown @<call>`
+    NoShutdown(CallId),
+    /// `expect resumed @<call> from=<snapshot>`
+    Resumed(CallId, String),
+    /// `expect closed`
+    Closed,
+    /// `expect error <kind>`
+    Error(String),
+}
+
+/// One step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `acquire <call> session=<s> [user=<u>] [external=<name>]`
+    Acquire {
+        /// The call.
+        call: CallId,
+        /// Its session.
+        session: SessionId,
+        /// Its user.
+        user: Option<UserId>,
+        /// The external sandbox it names.
+        external: Option<ExternalId>,
+    },
+    /// `release <call>`
+    Release(CallId),
+    /// `flush <session> [path=<p>] [bytes=<n>]`
+    Flush {
+        /// The session.
+        session: SessionId,
+        /// The path (`None`: the session log).
+        path: Option<PathName>,
+        /// The payload size.
+        bytes: usize,
+    },
+    /// `resolve <session> expect=...`
+    Resolve(SessionId, ResolveExpect),
+    /// `hold <session>`
+    Hold(SessionId),
+    /// `unhold <session>`
+    Unhold(SessionId),
+    /// `close [deadline=<d>]`
+    Close(Option<Duration>),
+    /// `advance <d>`
+    Advance(Duration),
+    /// A backend answer to the sandbox of `@call`.
+    Answer(Answer, CallId),
+    /// `settle [@call]`
+    Settle(Option<CallId>),
+    /// `expect ...`
+    Expect(Expect),
+    /// A random-world step a scenario cannot spell (a duplicate answer, a late answer to a
+    /// cancelled upload): written out as a comment.
+    Unspellable(String),
+}
+
+/// Writes a duration the way scenario files spell it.
+pub fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 && ms > 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn path_word(path: &Option<PathName>) -> String {
+    match path {
+        Some(p) => format!(" path={p}"),
+        None => String::new(),
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Answer::StartOk => "start-ok",
+            Answer::StartFail => "start-fail",
+            Answer::UploadOk => "upload-ok",
+            Answer::UploadFail { .. } => "upload-fail",
+            Answer::StopOk { .. } => "stop-ok",
+            Answer::StopFail => "stop-fail",
+            Answer::PersistOk => "persist-ok",
+            Answer::PersistFail => "persist-fail",
+            Answer::ShutdownOk => "shutdown-ok",
+            Answer::ShutdownFail => "shutdown-fail",
+            Answer::Die => "die",
+        })
+    }
+}
+
+impl fmt::Display for Expect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expect::Ready(c) => write!(f, "expect ready {c}"),
+            Expect::Waiting(c) => write!(f, "expect waiting {c}"),
+            Expect::Failed(c, None) => write!(f, "expect failed {c}"),
+            Expect::Failed(c, Some(e)) => write!(f, "expect failed {c} error={e}"),
+            Expect::Uploaded {
+                session,
+                path,
+                version,
+                into,
+            } => write!(
+                f,
+                "expect uploaded {session}{} version={version} into=@{into}",
+                path_word(path)
+            ),
+            Expect::Dropped {
+                session,
+                path,
+                version,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "expect dropped {session}{} version={version}",
+                    path_word(path)
+                )?;
+                if let Some(r) = reason {
+                    write!(f, " reason={r}")?;
+                }
+                Ok(())
+            }
+            Expect::Running(c) => write!(f, "expect running @{c}"),
+            Expect::Stop(c) => write!(f, "expect stop @{c}"),
+            Expect::NoStop(c) => write!(f, "expect no-stop @{c}"),
+            Expect::Shutdown(c) => write!(f, "expect shutdown @{c}"),
+            Expect::NoShutdown(c) => write!(f, "expect no-shutdown @{c}"),
+            Expect::Resumed(c, s) => write!(f, "expect resumed @{c} from={s}"),
+            Expect::Closed => write!(f, "expect closed"),
+            Expect::Error(k) => write!(f, "expect error {k}"),
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Acquire {
+                call,
+                session,
+                user,
+                external,
+            } => {
+                write!(f, "acquire {call} session={session}")?;
+                if let Some(u) = user {
+                    write!(f, " user={u}")?;
+                }
+                if let Some(e) = external {
+                    write!(f, " external={e}")?;
+                }
+                Ok(())
+            }
+            Step::Release(c) => write!(f, "release {c}"),
+            Step::Flush {
+                session,
+                path,
+                bytes,
+            } => write!(f, "flush {session}{} bytes={bytes}", path_word(path)),
+            Step::Resolve(s, e) => match e {
+                ResolveExpect::Call(c) => write!(f, "resolve {s} expect=@{c}"),
+                ResolveExpect::None => write!(f, "resolve {s} expect=none"),
+                ResolveExpect::Gone => write!(f, "resolve {s} expect=gone"),
+            },
+            Step::Hold(s) => write!(f, "hold {s}"),
+            Step::Unhold(s) => write!(f, "unhold {s}"),
+            Step::Close(None) => write!(f, "close"),
+            Step::Close(Some(d)) => write!(f, "close deadline={}", fmt_duration(*d)),
+            Step::Advance(d) => write!(f, "advance {}", fmt_duration(*d)),
+            Step::Answer(a, c) => {
+                write!(f, "{a} @{c}")?;
+                match a {
+                    Answer::UploadFail { gone: true } => write!(f, " gone"),
+                    Answer::StopOk {
+                        snapshot: Some(s),
+                    } => write!(f, " snapshot={}", s.as_str()),
+                    _ => Ok(()),
+                }
+            }
+            Step::Settle(None) => write!(f, "settle"),
+            Step::Settle(Some(c)) => write!(f, "settle @{c}"),
+            Step::Expect(e) => write!(f, "{e}"),
+            Step::Unspellable(text) => write!(f, "# not expressible in a scenario: {text}"),
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The random world: the application (sessions, users, calls, flushes, holds, resolves,
+//! cancellations, close) and the backend's fates (latency, failures, hangs, deaths, late and
+//! duplicate answers), all drawn from one seed.
+
+use std::time::Duration;
+
+use sandkeeper::{CallId, ExternalId, PathName, SessionId, UserId};
+
+use crate::backend::{Fate, Op};
+use crate::harness::Harness;
+use crate::rng::Rng;
+use crate::step::{Answer, OpKind, Step};
+use crate::swarm::Swarm;
+
+/// What the world does next.
+#[derive(Clone, Debug)]
+pub enum Move {
+    /// A step a scenario can spell.
+    Step(Step),
+    /// A backend answer a scenario cannot spell (late answer to a cancelled upload, a duplicate
+    /// answer): given straight to the harness.
+    Raw(Answer, Op, String),
+}
+
+/// The random application and backend.
+pub struct World {
+    rng: Rng,
+    /// The swarm configuration.
+    pub swarm: Swarm,
+    sessions: Vec<SessionId>,
+    users: Vec<UserId>,
+    externals: Vec<ExternalId>,
+    paths: Vec<Option<PathName>>,
+    next_call: u64,
+    next_snapshot: u64,
+    ended: Vec<CallId>,
+    /// Holds the application took and has not let go, per session index.
+    holds: Vec<u32>,
+    /// Random steps made.
+    pub made: usize,
+    closed_steps: usize,
+}
+
+fn name<T>(make: impl Fn(String) -> Result<T, sandkeeper::InvalidName>, text: String) -> T {
+    make(text).expect("simulator names are valid")
+}
+
+impl World {
+    /// The world of `seed`.
+    pub fn new(seed: u64, swarm: Swarm) -> Self {
+        let sessions = (0..swarm.sessions)
+            .map(|i| name(SessionId::new, format!("s{i}")))
+            .collect();
+        let users = (0..swarm.users)
+            .map(|i| name(UserId::new, format!("u{i}")))
+            .collect();
+        let externals = (0..swarm.externals)
+            .map(|i| name(ExternalId::new, format!("e{i}")))
+            .collect();
+        let mut paths = vec![None];
+        for i in 1..swarm.paths {
+            paths.push(Some(name(PathName::new, format!("p{i}"))));
+        }
+        let holds = vec![0; swarm.sessions as usize];
+        World {
+            rng: Rng::new(seed),
+            swarm,
+            sessions,
+            users,
+            externals,
+            paths,
+            next_call: 0,
+            next_snapshot: 0,
+            ended: Vec::new(),
+            holds,
+            made: 0,
+            closed_steps: 0,
+        }
+    }
+
+    /// Whether the random phase is over.
+    pub fn done(&self, h: &Harness) -> bool {
+        self.made >= self.swarm.steps || (h.history.closed && self.closed_steps >= 4)
+    }
+
+    /// Plans the fate of every command the core ordered since the last call.
+    pub fn plan(&mut self, h: &mut Harness) {
+        let now = h.now_ms;
+        let s = &self.swarm;
+        for op in h.ledger.ops.iter_mut().filter(|o| !o.planned) {
+            op.planned = true;
+            let r = &mut self.rng;
+            let (fail, hang, gone) = match op.kind {
+                OpKind::Start => (s.start_fail, s.start_hang, 0),
+                OpKind::Upload => (s.upload_fail, s.upload_hang, s.upload_gone),
+                OpKind::Stop => (s.stop_fail, s.command_hang, 0),
+                OpKind::Persist => (s.persist_fail, s.command_hang, 0),
+                OpKind::Shutdown => (s.shutdown_fail, s.command_hang, 0),
+            };
+            op.fate = if r.chance(gone) {
+                Fate::Gone
+            } else if r.chance(fail) {
+                Fate::Fail
+            } else {
+                Fate::Ok
+            };
+            op.due = if r.chance(hang) {
+                u64::MAX
+            } else {
+                now + r.range(0, s.latency_ms)
+            };
+        }
+        // Cancelled uploads the driver abandons rather than answering late.
+        let late = self.swarm.late_answer;
+        let rng = &mut self.rng;
+        h.ledger.zombies.retain(|_| rng.chance(late));
+        if h.ledger.zombies.len() > 8 {
+            h.ledger.zombies.remove(0);
+        }
+    }
+
+    /// The next move.
+    pub fn next(&mut self, h: &Harness) -> Move {
+        self.made += 1;
+        if h.history.closed {
+            self.closed_steps += 1;
+            return self.after_close(h);
+        }
+        if self.swarm.close_at == Some(self.made) && !h.core.is_closing() {
+            return Move::Step(Step::Close(Some(self.swarm.close_deadline)));
+        }
+        for _ in 0..8 {
+            let w = self.swarm.weights;
+            let Some(i) = self.rng.weighted(&w) else {
+                break;
+            };
+            let m = match i {
+                0 => self.acquire(h),
+                1 => self.release(h),
+                2 => Some(self.flush(h)),
+                3 => self.resolve(h),
+                4 => self.hold(h),
+                5 => self.unhold(),
+                6 => self.answer(h),
+                7 => self.die(h),
+                8 => Some(self.advance(h)),
+                _ => self.misuse(h),
+            };
+            if let Some(m) = m {
+                return m;
+            }
+        }
+        self.advance(h)
+    }
+
+    fn after_close(&mut self, h: &Harness) -> Move {
+        match self.rng.below(4) {
+            0 => self.acquire(h).unwrap_or_else(|| self.advance(h)),
+            1 => self.flush(h),
+            2 => self.advance(h),
+            _ => self.answer(h).unwrap_or_else(|| self.advance(h)),
+        }
+    }
+
+    fn session(&mut self) -> usize {
+        self.rng.index(self.sessions.len())
+    }
+
+    fn live_session(&mut self, h: &Harness) -> SessionId {
+        if !h.history.live.is_empty() && self.rng.chance(700) {
+            let c = &h.history.live[self.rng.index(h.history.live.len())];
+            if let Some(rec) = h.history.calls.get(c) {
+                return rec.session.clone();
+            }
+        }
+        let i = self.session();
+        self.sessions[i].clone()
+    }
+
+    fn acquire(&mut self, h: &Harness) -> Option<Move> {
+        if h.history.live.len() >= self.swarm.max_live && !h.history.closed {
+            return None;
+        }
+        let call = name(CallId::new, format!("c{}", self.next_call));
+        self.next_call += 1;
+        let si = self.session();
+        let session = self.sessions[si].clone();
+        let user = Some(self.users[si % self.users.len()].clone());
+        let external = if !self.externals.is_empty() && self.rng.chance(self.swarm.external_rate)
+        {
+            Some(self.externals[self.rng.index(self.externals.len())].clone())
+        } else {
+            None
+        };
+        Some(Move::Step(Step::Acquire {
+            call,
+            session,
+            user,
+            external,
+        }))
+    }
+
+    fn release(&mut self, h: &Harness) -> Option<Move> {
+        if h.history.live.is_empty() {
+            return None;
+        }
+        let call = h.history.live[self.rng.index(h.history.live.len())].clone();
+        self.ended.push(call.clone());
+        if self.ended.len() > 16 {
+            self.ended.remove(0);
+        }
+        Some(Move::Step(Step::Release(call)))
+    }
+
+    fn flush(&mut self, h: &Harness) -> Move {
+        let session = self.live_session(h);
+        let path = self.paths[self.rng.index(self.paths.len())].clone();
+        let bytes = self.rng.range(0, 64) as usize;
+        Move::Step(Step::Flush {
+            session,
+            path,
+            bytes,
+        })
+    }
+
+    fn resolve(&mut self, h: &Harness) -> Option<Move> {
+        let session = self.live_session(h);
+        // The expectation is filled in with what the core answers (the history checks it).
+        Some(Move::Step(Step::Resolve(
+            session,
+            crate::step::ResolveExpect::None,
+        )))
+    }
+
+    fn hold(&mut self, h: &Harness) -> Option<Move> {
+        let session = self.live_session(h);
+        let i = self.sessions.iter().position(|s| *s == session)?;
+        self.holds[i] += 1;
+        Some(Move::Step(Step::Hold(session)))
+    }
+
+    fn unhold(&mut self) -> Option<Move> {
+        let held: Vec<usize> = (0..self.holds.len()).filter(|i| self.holds[*i] > 0).collect();
+        if held.is_empty() {
+            return None;
+        }
+        let i = held[self.rng.index(held.len())];
+        self.holds[i] -= 1;
+        Some(Move::Step(Step::Unhold(self.sessions[i].clone())))
+    }
+
+    /// Corrects the application's hold count after a hold the core refused.
+    pub fn hold_refused(&mut self, session: &SessionId) {
+        if let Some(i) = self.sessions.iter().position(|s| s == session) {
+            self.holds[i] = self.holds[i].saturating_sub(1);
+        }
+    }
+
+    /// Sessions still holding, with their counts (for the liveness phase).
+    pub fn take_holds(&mut self) -> Vec<(SessionId, u32)> {
+        let mut out = Vec::new();
+        for (i, n) in self.holds.iter_mut().enumerate() {
+            if *n > 0 {
+                out.push((self.sessions[i].clone(), *n));
+                *n = 0;
+            }
+        }
+        out
+    }
+
+    fn answer(&mut self, h: &Harness) -> Option<Move> {
+        let now = h.now_ms;
+        if !h.ledger.zombies.is_empty() && self.rng.chance(200) {
+            let op = h.ledger.zombies[self.rng.index(h.ledger.zombies.len())].clone();
+            let a = if self.rng.chance(500) {
+                Answer::UploadOk
+            } else {
+                Answer::UploadFail { gone: false }
+            };
+            return Some(Move::Raw(a, op, "late answer to a cancelled upload".into()));
+        }
+        if !h.ledger.answered.is_empty() && self.rng.chance(self.swarm.duplicate) {
+            let op = h.ledger.answered[self.rng.index(h.ledger.answered.len())].clone();
+            let a = self.answer_for(&op);
+            return Some(Move::Raw(a, op, "duplicate answer".into()));
+        }
+        let due: Vec<usize> = (0..h.ledger.ops.len())
+            .filter(|i| h.ledger.ops[*i].due <= now)
+            .collect();
+        if due.is_empty() {
+            return None;
+        }
+        let mut op = h.ledger.ops[due[self.rng.index(due.len())]].clone();
+        if op.kind == OpKind::Upload && !h.ledger.is_oldest_upload(&op) {
+            // Scenario files answer a sandbox's uploads oldest first; so does the world.
+            op = h
+                .ledger
+                .ops
+                .iter()
+                .find(|o| o.kind == OpKind::Upload && o.sandbox == op.sandbox)
+                .cloned()
+                .expect("an upload of that sandbox");
+        }
+        let answer = self.answer_for(&op);
+        match h.history.sandboxes.get(&op.sandbox).and_then(|s| s.call.clone()) {
+            Some(call) => Some(Move::Step(Step::Answer(answer, call))),
+            None => Some(Move::Raw(answer, op, "answer to a sandbox no call names".into())),
+        }
+    }
+
+    fn answer_for(&mut self, op: &Op) -> Answer {
+        match (op.kind, op.fate) {
+            (OpKind::Start, Fate::Ok) => Answer::StartOk,
+            (OpKind::Start, _) => Answer::StartFail,
+            (OpKind::Upload, Fate::Ok) => Answer::UploadOk,
+            (OpKind::Upload, Fate::Fail) => Answer::UploadFail { gone: false },
+            (OpKind::Upload, Fate::Gone) => Answer::UploadFail { gone: true },
+            (OpKind::Stop, Fate::Ok) => {
+                let snapshot = self.rng.chance(self.swarm.snapshot).then(|| {
+                    self.next_snapshot += 1;
+                    sandkeeper::Snapshot::new(format!("snap{}", self.next_snapshot))
+                });
+                Answer::StopOk { snapshot }
+            }
+            (OpKind::Stop, _) => Answer::StopFail,
+            (OpKind::Persist, Fate::Ok) => Answer::PersistOk,
+            (OpKind::Persist, _) => Answer::PersistFail,
+            (OpKind::Shutdown, Fate::Ok) => Answer::ShutdownOk,
+            (OpKind::Shutdown, _) => Answer::ShutdownFail,
+        }
+    }
+
+    fn die(&mut self, h: &Harness) -> Option<Move> {
+        let mut candidates: Vec<sandkeeper::SandboxId> =
+            h.ledger.ops.iter().map(|o| o.sandbox).collect();
+        for c in &h.history.live {
+            if let Some(x) = h.history.calls.get(c).and_then(|r| r.sandbox) {
+                candidates.push(x);
+            }
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        let x = candidates[self.rng.index(candidates.len())];
+        let call = h.history.sandboxes.get(&x).and_then(|s| s.call.clone())?;
+        Some(Move::Step(Step::Answer(Answer::Die, call)))
+    }
+
+    fn advance(&mut self, h: &Harness) -> Move {
+        let now = h.now_ms;
+        let next_due = h
+            .ledger
+            .ops
+            .iter()
+            .map(|o| o.due)
+            .filter(|d| *d > now && *d != u64::MAX)
+            .min();
+        let next_timer = h
+            .core
+            .poll_timeout()
+            .map(|t| t.as_nanos().div_ceil(1_000_000))
+            .filter(|t| *t > now);
+        let target = match (next_due, next_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let d = match target {
+            Some(t) if self.rng.chance(600) => t - now,
+            _ => self.rng.range(1, self.swarm.jump_ms),
+        };
+        Move::Step(Step::Advance(Duration::from_millis(d.max(1))))
+    }
+
+    fn misuse(&mut self, h: &Harness) -> Option<Move> {
+        match self.rng.below(3) {
+            0 if !h.history.live.is_empty() => {
+                let call = h.history.live[self.rng.index(h.history.live.len())].clone();
+                let si = self.session();
+                let session = self.sessions[si].clone();
+                Some(Move::Step(Step::Acquire {
+                    call,
+                    session,
+                    user: Some(self.users[0].clone()),
+                    external: None,
+                }))
+            }
+            1 if !self.ended.is_empty() => {
+                let call = self.ended[self.rng.index(self.ended.len())].clone();
+                if h.history.calls.contains_key(&call) {
+                    return None;
+                }
+                Some(Move::Step(Step::Release(call)))
+            }
+            _ => {
+                let si = self.session();
+                let session = self.sessions[si].clone();
+                let i = self.sessions.iter().position(|s| *s == session)?;
+                if self.holds[i] > 0 {
+                    return None;
+                }
+                Some(Move::Step(Step::Unhold(session)))
+            }
+        }
+    }
+}
