@@ -1,4 +1,66 @@
-//! The async tokio driver for sandkeeper: it runs the [`sandkeeper`] core behind one cloneable
-//! handle and executes its commands on a backend.
+//! # sandkeeper-tokio: the async driver
 //!
-//! Not built yet: this crate is a placeholder in the workspace until its issue lands.
+//! Runs the [`sandkeeper`] core behind one cloneable handle, [`Keeper`], and executes its
+//! commands on a [`Backend`]. [`LocalBackend`] (sandboxes as local directories, commands as
+//! real processes) is the embedded default; [`FaultBackend`] is a seeded world of failures,
+//! hangs and deaths for tests.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sandkeeper_tokio::KeeperError> {
+//! use std::time::Duration;
+//! use sandkeeper::{CallId, CallSpec, PathName, SessionId};
+//! use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
+//!
+//! let keeper = Keeper::new(KeeperConfig::default(), LocalBackend::new_temp().unwrap())?;
+//! let session = SessionId::new("s1").unwrap();
+//! let guard = keeper.acquire(CallSpec::new(CallId::new("c1").unwrap(), session.clone())).await?;
+//! keeper.flush(&session, &PathName::session_log(), b"{\"turn\":1}\n".to_vec())?;
+//! guard.release().await; // the log is in the sandbox (or reported dropped) when this returns
+//! let report = keeper.close(Duration::from_secs(5)).await;
+//! # let _ = report; Ok(()) }
+//! ```
+//!
+//! ## Shape
+//!
+//! - `shared.rs`: the core behind one lock, waiters, the close handshake, release on drop. It
+//!   is written against the `sync` shim and checked by loom models (`shared/models.rs`; run
+//!   `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p sandkeeper-tokio --release
+//!   --lib models`).
+//! - `executor.rs`: commands on tokio tasks (a lane per sandbox for its lifecycle, a task per
+//!   upload), with explicit concurrency limits; `classify.rs`: backend failures into core
+//!   inputs; `timer.rs`: the core's deadlines.
+//! - `keeper.rs`, `guard.rs`: the application's API.
+//! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
+//!
+//! ## Tracing
+//!
+//! Spans: `call` (call, session) around an acquire and its guard's release; `sandbox`
+//! (sandbox) around each sandbox's lifecycle commands; `upload` (upload, sandbox, session,
+//! path, version) around each upload; `timer`, `deaths`, `close`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod classify;
+mod error;
+mod executor;
+pub mod fault;
+mod guard;
+mod keeper;
+pub mod local;
+mod notice;
+pub mod rng;
+mod shared;
+mod signal;
+mod sync;
+mod tally;
+mod timer;
+
+pub use backend::{Backend, BackendError, DeathSink, FailureClass, StartRequest, UploadRequest};
+pub use error::{KeeperError, Released};
+pub use fault::FaultBackend;
+pub use guard::CallGuard;
+pub use keeper::{Keeper, KeeperConfig, Load};
+pub use local::LocalBackend;
+pub use notice::Notice;
+pub use tally::Tally;

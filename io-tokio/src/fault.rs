@@ -1,0 +1,489 @@
+//! The fault backend: a seeded, in-memory world for tests under tokio's paused clock.
+//!
+//! Sandboxes are records, files are bytes in them, latencies are tokio sleeps (virtual under
+//! `start_paused`), and every failure is drawn from one seeded source: start failures, transient
+//! upload failures, uploads that hang forever, stop and shutdown failures, sandboxes that die on
+//! their own. Sessions can be made to hang on purpose ([`FaultBackend::hang_uploads`]) and
+//! sandboxes killed on purpose ([`FaultBackend::kill`]).
+//!
+//! It also watches the driver from the backend's side and records a *violation* for every
+//! order the races of DESIGN.md would produce: an upload received after the sandbox's Stop or
+//! Shutdown or death, any command after Shutdown, Persist before Stop, a second Shutdown, a
+//! Start for a sandbox already started.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sandkeeper::{PathName, Payload, SandboxId, SessionId, Snapshot, Version};
+
+use crate::backend::{Backend, BackendError, DeathSink, StartRequest, UploadRequest};
+use crate::rng::SplitMix64;
+
+/// Fault rates and latencies. Probabilities are per operation.
+#[derive(Clone, Debug)]
+pub struct FaultConfig {
+    /// Start latency, drawn between the two.
+    pub start_latency: (Duration, Duration),
+    /// Upload latency.
+    pub upload_latency: (Duration, Duration),
+    /// Stop, persist and shutdown latency.
+    pub op_latency: (Duration, Duration),
+    /// A start fails (fatal).
+    pub start_failure: f64,
+    /// An upload fails transiently.
+    pub upload_failure: f64,
+    /// An upload never answers.
+    pub upload_hang: f64,
+    /// A stop fails.
+    pub stop_failure: f64,
+    /// A shutdown fails.
+    pub shutdown_failure: f64,
+    /// A started sandbox dies on its own, some time later.
+    pub death: f64,
+    /// How long after its start a dying sandbox dies, at most.
+    pub death_within: Duration,
+    /// Stop returns a snapshot.
+    pub snapshots: bool,
+}
+
+impl FaultConfig {
+    /// No faults; small latencies.
+    pub fn reliable() -> Self {
+        FaultConfig {
+            start_latency: (Duration::from_millis(5), Duration::from_millis(20)),
+            upload_latency: (Duration::from_millis(1), Duration::from_millis(10)),
+            op_latency: (Duration::from_millis(1), Duration::from_millis(5)),
+            start_failure: 0.0,
+            upload_failure: 0.0,
+            upload_hang: 0.0,
+            stop_failure: 0.0,
+            shutdown_failure: 0.0,
+            death: 0.0,
+            death_within: Duration::from_secs(1),
+            snapshots: false,
+        }
+    }
+
+    /// Every kind of fault, at rates that a run of a few hundred operations meets each of.
+    pub fn stormy() -> Self {
+        FaultConfig {
+            start_failure: 0.1,
+            upload_failure: 0.15,
+            upload_hang: 0.05,
+            stop_failure: 0.1,
+            shutdown_failure: 0.05,
+            death: 0.15,
+            snapshots: true,
+            ..FaultConfig::reliable()
+        }
+    }
+}
+
+/// What the backend was asked, in the order it was asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A start.
+    Start(SandboxId),
+    /// An upload received (before its latency).
+    Upload {
+        /// Into.
+        sandbox: SandboxId,
+        /// Whose.
+        session: SessionId,
+        /// Which version.
+        version: Version,
+    },
+    /// A stop.
+    Stop(SandboxId),
+    /// A persist.
+    Persist(SandboxId),
+    /// A shutdown.
+    Shutdown(SandboxId),
+}
+
+impl Op {
+    /// The sandbox it names.
+    pub fn sandbox(&self) -> SandboxId {
+        match self {
+            Op::Start(x) | Op::Stop(x) | Op::Persist(x) | Op::Shutdown(x) => *x,
+            Op::Upload { sandbox, .. } => *sandbox,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Up,
+    Stopped,
+    Persisted,
+    ShutDown,
+    Dead,
+}
+
+/// The files of one sandbox: (session, path) to (version, bytes).
+type Files = BTreeMap<(SessionId, PathName), (Version, Payload)>;
+
+#[derive(Debug)]
+struct Box {
+    phase: Phase,
+    files: Files,
+}
+
+#[derive(Debug, Default)]
+struct World {
+    log: Vec<Op>,
+    boxes: BTreeMap<SandboxId, Box>,
+    violations: Vec<String>,
+    hung: HashSet<SessionId>,
+    late_writes_refused: u64,
+    /// Files of each sandbox as they were when its Shutdown was received.
+    at_shutdown: BTreeMap<SandboxId, Files>,
+}
+
+/// A seeded in-memory backend with faults. See the module docs.
+pub struct FaultBackend {
+    config: FaultConfig,
+    rng: Mutex<SplitMix64>,
+    world: Arc<Mutex<World>>,
+    deaths: Mutex<Option<DeathSink>>,
+}
+
+impl FaultBackend {
+    /// A backend drawing its faults from `seed`.
+    pub fn new(seed: u64, config: FaultConfig) -> Self {
+        FaultBackend {
+            config,
+            rng: Mutex::new(SplitMix64::new(seed)),
+            world: Arc::new(Mutex::new(World::default())),
+            deaths: Mutex::new(None),
+        }
+    }
+
+    /// A backend with no faults.
+    pub fn reliable() -> Self {
+        Self::new(0, FaultConfig::reliable())
+    }
+
+    /// From now on, every upload of `session` hangs (never answers) until it is cancelled.
+    pub fn hang_uploads(&self, session: &SessionId) {
+        self.world().hung.insert(session.clone());
+    }
+
+    /// Kills `sandbox` now, as if its pod were evicted, and reports the death.
+    pub fn kill(&self, sandbox: SandboxId) {
+        self.die(sandbox);
+    }
+
+    /// Every operation received, in order.
+    pub fn log(&self) -> Vec<Op> {
+        self.world().log.clone()
+    }
+
+    /// The operations received for one sandbox, in order.
+    pub fn ops_for(&self, sandbox: SandboxId) -> Vec<Op> {
+        self.world()
+            .log
+            .iter()
+            .filter(|op| op.sandbox() == sandbox)
+            .cloned()
+            .collect()
+    }
+
+    /// Orders that the races of DESIGN.md would produce, seen from the backend.
+    pub fn violations(&self) -> Vec<String> {
+        self.world().violations.clone()
+    }
+
+    /// Writes that arrived at a stopped or gone sandbox after their upload was received in time
+    /// (refused, so nothing landed after a snapshot).
+    pub fn late_writes_refused(&self) -> u64 {
+        self.world().late_writes_refused
+    }
+
+    /// The version and bytes of a session's file in a sandbox, if written.
+    pub fn file(
+        &self,
+        sandbox: SandboxId,
+        session: &SessionId,
+        path: &PathName,
+    ) -> Option<(Version, Payload)> {
+        let world = self.world();
+        let key = (session.clone(), path.clone());
+        world
+            .boxes
+            .get(&sandbox)
+            .and_then(|b| b.files.get(&key))
+            .or_else(|| world.at_shutdown.get(&sandbox).and_then(|f| f.get(&key)))
+            .cloned()
+    }
+
+    /// Sandboxes started and not shut down, dead or persisted-and-kept.
+    pub fn live_sandboxes(&self) -> Vec<SandboxId> {
+        self.world()
+            .boxes
+            .iter()
+            .filter(|(_, b)| !matches!(b.phase, Phase::ShutDown | Phase::Dead | Phase::Persisted))
+            .map(|(x, _)| *x)
+            .collect()
+    }
+
+    /// Sandboxes persisted and never shut down: kept by the backend (the `Suspend` policy).
+    pub fn kept_sandboxes(&self) -> Vec<SandboxId> {
+        self.world()
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.phase == Phase::Persisted)
+            .map(|(x, _)| *x)
+            .collect()
+    }
+
+    /// Sandboxes ever started.
+    pub fn started(&self) -> usize {
+        self.world().boxes.len()
+    }
+
+    fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn draw<T>(&self, f: impl FnOnce(&mut SplitMix64) -> T) -> T {
+        f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn die(&self, sandbox: SandboxId) {
+        {
+            let mut world = self.world();
+            match world.boxes.get_mut(&sandbox) {
+                Some(b) if !matches!(b.phase, Phase::ShutDown | Phase::Dead) => {
+                    b.phase = Phase::Dead
+                }
+                _ => return,
+            }
+        }
+        let sink = self.deaths.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(sink) = sink {
+            sink.report(sandbox);
+        }
+    }
+
+    /// Records a received operation and checks the order against the sandbox's phase.
+    fn receive(&self, op: Op) -> Option<Phase> {
+        let mut world = self.world();
+        let sandbox = op.sandbox();
+        let phase = world.boxes.get(&sandbox).map(|b| b.phase);
+        let violation = match (&op, phase) {
+            (Op::Start(_), Some(_)) => Some("start of a sandbox already started"),
+            (Op::Start(_), None) => None,
+            (_, None) => Some("command for a sandbox never started"),
+            (_, Some(Phase::ShutDown)) => Some("command after shutdown"),
+            (Op::Upload { .. }, Some(Phase::Stopped | Phase::Persisted)) => {
+                Some("upload after stop")
+            }
+            (Op::Persist(_), Some(p)) if p != Phase::Stopped && p != Phase::Dead => {
+                Some("persist before stop")
+            }
+            _ => None,
+        };
+        if let Some(v) = violation {
+            world.violations.push(format!("{v}: {op:?}"));
+        }
+        world.log.push(op);
+        phase
+    }
+
+    fn set_phase(&self, sandbox: SandboxId, phase: Phase) {
+        if let Some(b) = self.world().boxes.get_mut(&sandbox) {
+            if b.phase != Phase::Dead || phase == Phase::ShutDown {
+                b.phase = phase;
+            }
+        }
+    }
+}
+
+impl Backend for FaultBackend {
+    async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
+        let sandbox = request.sandbox;
+        if self.receive(Op::Start(sandbox)).is_none() {
+            self.world().boxes.insert(
+                sandbox,
+                Box {
+                    phase: Phase::Starting,
+                    files: BTreeMap::new(),
+                },
+            );
+        }
+        let (latency, fails, dies, death_at) = self.draw(|r| {
+            (
+                r.between(self.config.start_latency.0, self.config.start_latency.1),
+                r.chance(self.config.start_failure),
+                r.chance(self.config.death),
+                r.between(Duration::ZERO, self.config.death_within),
+            )
+        });
+        tokio::time::sleep(latency).await;
+        if fails {
+            self.set_phase(sandbox, Phase::Dead);
+            return Err(BackendError::fatal("start failed (injected)"));
+        }
+        {
+            let mut world = self.world();
+            let b = world.boxes.get_mut(&sandbox).expect("received");
+            if b.phase == Phase::Dead {
+                return Err(BackendError::gone("died while starting"));
+            }
+            b.phase = Phase::Up;
+        }
+        if dies {
+            let sink = self.deaths.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(sink) = sink {
+                // The death comes later, from the world, not from this call.
+                let me = DeathLater {
+                    world: self.world.clone(),
+                    sink,
+                    sandbox,
+                };
+                tokio::spawn(async move {
+                    tokio::time::sleep(death_at).await;
+                    me.fire();
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {
+        let sandbox = request.sandbox;
+        let phase = self.receive(Op::Upload {
+            sandbox,
+            session: request.session.clone(),
+            version: request.version,
+        });
+        if phase != Some(Phase::Up) {
+            return Err(BackendError::gone(format!("sandbox is {phase:?}")));
+        }
+        let hung = self.world().hung.contains(&request.session);
+        let (latency, fails, hangs) = self.draw(|r| {
+            (
+                r.between(self.config.upload_latency.0, self.config.upload_latency.1),
+                r.chance(self.config.upload_failure),
+                r.chance(self.config.upload_hang),
+            )
+        });
+        if hung || hangs {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(latency).await;
+        if fails {
+            return Err(BackendError::transient("upload failed (injected)"));
+        }
+        let mut world = self.world();
+        let Some(b) = world.boxes.get_mut(&sandbox) else {
+            return Err(BackendError::gone("no such sandbox"));
+        };
+        match b.phase {
+            Phase::Up => {
+                let key = (request.session.clone(), request.path.clone());
+                if let Some((old, _)) = b.files.get(&key) {
+                    if *old >= request.version {
+                        let v = format!(
+                            "version {} written after {} for {key:?} in {sandbox}",
+                            request.version, old
+                        );
+                        world.violations.push(v);
+                        return Ok(());
+                    }
+                }
+                b.files.insert(key, (request.version, request.payload));
+                Ok(())
+            }
+            Phase::Dead => Err(BackendError::gone("sandbox died")),
+            _ => {
+                world.late_writes_refused += 1;
+                Err(BackendError::gone("sandbox stopped"))
+            }
+        }
+    }
+
+    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
+        let phase = self.receive(Op::Stop(sandbox));
+        let (latency, fails) = self.draw(|r| {
+            (
+                r.between(self.config.op_latency.0, self.config.op_latency.1),
+                r.chance(self.config.stop_failure),
+            )
+        });
+        if phase == Some(Phase::Dead) {
+            return Err(BackendError::gone("sandbox died"));
+        }
+        // Stopped at once: nothing may land after this point.
+        self.set_phase(sandbox, Phase::Stopped);
+        tokio::time::sleep(latency).await;
+        if fails {
+            return Err(BackendError::transient("stop failed (injected)"));
+        }
+        Ok(self
+            .config
+            .snapshots
+            .then(|| Snapshot::new(format!("snap-{}", sandbox.0))))
+    }
+
+    async fn persist(&self, sandbox: SandboxId, _snapshot: Option<Snapshot>) -> Result<(), BackendError> {
+        self.receive(Op::Persist(sandbox));
+        let latency = self.draw(|r| r.between(self.config.op_latency.0, self.config.op_latency.1));
+        tokio::time::sleep(latency).await;
+        self.set_phase(sandbox, Phase::Persisted);
+        Ok(())
+    }
+
+    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+        let phase = self.receive(Op::Shutdown(sandbox));
+        {
+            let mut world = self.world();
+            if let Some(b) = world.boxes.get(&sandbox) {
+                let files = b.files.clone();
+                world.at_shutdown.insert(sandbox, files);
+            }
+        }
+        let (latency, fails) = self.draw(|r| {
+            (
+                r.between(self.config.op_latency.0, self.config.op_latency.1),
+                r.chance(self.config.shutdown_failure),
+            )
+        });
+        tokio::time::sleep(latency).await;
+        self.set_phase(sandbox, Phase::ShutDown);
+        if phase == Some(Phase::Dead) {
+            return Err(BackendError::gone("already gone"));
+        }
+        if fails {
+            return Err(BackendError::transient("shutdown failed (injected)"));
+        }
+        Ok(())
+    }
+
+    async fn watch_deaths(&self, deaths: DeathSink) {
+        *self.deaths.lock().unwrap_or_else(|p| p.into_inner()) = Some(deaths);
+    }
+}
+
+/// A death scheduled by the world.
+struct DeathLater {
+    world: Arc<Mutex<World>>,
+    sink: DeathSink,
+    sandbox: SandboxId,
+}
+
+impl DeathLater {
+    fn fire(self) {
+        {
+            let mut world = self.world.lock().unwrap_or_else(|p| p.into_inner());
+            match world.boxes.get_mut(&self.sandbox) {
+                Some(b) if matches!(b.phase, Phase::Starting | Phase::Up) => b.phase = Phase::Dead,
+                _ => return,
+            }
+        }
+        self.sink.report(self.sandbox);
+    }
+}

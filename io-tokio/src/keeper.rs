@@ -1,0 +1,305 @@
+//! The keeper: one cloneable handle for the whole agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandkeeper::{
+    CallSpec, CloseReport, Config, Lifecycle, PathName, Payload, ReleasePolicy, SandboxId,
+    SandboxState, SessionId, Stats, Version,
+};
+use tokio::sync::{broadcast, Notify};
+use tracing::Instrument;
+
+use crate::backend::{Backend, DeathSink};
+use crate::error::KeeperError;
+use crate::executor::{ExecutorLimits, TokioExecutor};
+use crate::guard::CallGuard;
+use crate::notice::Notice;
+use crate::shared::Shared;
+use crate::tally::Tally;
+use crate::timer;
+
+/// How a keeper runs: the core's configuration plus the driver's own limits.
+#[derive(Clone, Debug)]
+pub struct KeeperConfig {
+    /// The core's configuration (scope, same-key and release policy, deadlines, limits).
+    pub core: Config,
+    /// Lifecycle operations (start, stop, persist, shutdown) running on the backend at once.
+    /// More wait in FIFO order. Default 32.
+    pub max_lifecycle_ops: usize,
+    /// Uploads running on the backend at once, in a pool of their own. Default 64.
+    pub max_uploads: usize,
+    /// Notices kept for each subscriber; a subscriber that falls further behind loses the
+    /// oldest (and is told how many). Default 1024.
+    pub notice_capacity: usize,
+}
+
+impl Default for KeeperConfig {
+    fn default() -> Self {
+        KeeperConfig {
+            core: Config::default(),
+            max_lifecycle_ops: 32,
+            max_uploads: 64,
+            notice_capacity: 1024,
+        }
+    }
+}
+
+impl KeeperConfig {
+    /// The default driver limits around this core configuration.
+    pub fn with_core(core: Config) -> Self {
+        KeeperConfig {
+            core,
+            ..KeeperConfig::default()
+        }
+    }
+}
+
+/// The handle an application embeds: acquire sandboxes for calls, flush session files, resolve a
+/// session's sandbox for context-free code, wait for one session's mirror, close. Cheap to clone;
+/// every clone drives the same core.
+///
+/// Method groups: **calls** ([`acquire`](Self::acquire), then the [`CallGuard`]), **mirror**
+/// ([`flush`](Self::flush), [`hold`](Self::hold), [`unhold`](Self::unhold),
+/// [`mirror_settled`](Self::mirror_settled)), **lookup** ([`resolve`](Self::resolve),
+/// [`sandbox_state`](Self::sandbox_state)), **end** ([`close`](Self::close)), **observation**
+/// ([`subscribe`](Self::subscribe), [`stats`](Self::stats), [`tally`](Self::tally),
+/// [`check_invariants`](Self::check_invariants)).
+///
+/// Close before dropping the last handle: close shuts every sandbox down. A keeper dropped
+/// without close stops its timer and leaves running sandboxes to the backend's own expiry.
+pub struct Keeper<B: Backend> {
+    shared: Arc<Shared<TokioExecutor<B>>>,
+}
+
+impl<B: Backend> Clone for Keeper<B> {
+    fn clone(&self) -> Self {
+        Keeper {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Keeper<B> {
+    /// A keeper over `backend`. Must be called inside a tokio runtime: it spawns the timer task
+    /// and the backend's death watcher there, and runs every command on that runtime.
+    ///
+    /// Errors: `Core(InvalidConfig)` for a bad core configuration, `InvalidConfig` for a zero
+    /// driver limit.
+    pub fn new(config: KeeperConfig, backend: B) -> Result<Self, KeeperError> {
+        if config.max_lifecycle_ops == 0 {
+            return Err(KeeperError::InvalidConfig(
+                "max_lifecycle_ops must be at least 1",
+            ));
+        }
+        if config.max_uploads == 0 {
+            return Err(KeeperError::InvalidConfig("max_uploads must be at least 1"));
+        }
+        if config.notice_capacity == 0 {
+            return Err(KeeperError::InvalidConfig(
+                "notice_capacity must be at least 1",
+            ));
+        }
+        let core = Lifecycle::new(config.core.clone())?;
+        let runtime = tokio::runtime::Handle::current();
+        let wake = Arc::new(Notify::new());
+        let (notices, _) = broadcast::channel(config.notice_capacity);
+        let limits = ExecutorLimits {
+            max_lifecycle_ops: config.max_lifecycle_ops,
+            max_uploads: config.max_uploads,
+            start_timeout: config.core.start_timeout,
+            upload_timeout: config.core.upload_timeout,
+            command_timeout: config.core.command_timeout,
+            suspend: config.core.release == ReleasePolicy::Suspend,
+        };
+        let backend = Arc::new(backend);
+        let executor = TokioExecutor::new(
+            backend.clone(),
+            runtime.clone(),
+            tokio::time::Instant::now(),
+            limits,
+            wake.clone(),
+            notices,
+        );
+        let shared = Shared::new(core, executor);
+        runtime.spawn(timer::run(Arc::downgrade(&shared), wake).instrument(tracing::info_span!("timer")));
+        let weak = Arc::downgrade(&shared);
+        let listening = weak.clone();
+        let deaths = DeathSink::new(
+            move |sandbox| {
+            let Some(shared) = weak.upgrade() else {
+                return false;
+            };
+            if shared.is_closed() {
+                return false;
+            }
+            tracing::info!(sandbox = %sandbox, "backend reports sandbox gone");
+            Shared::answer(&shared, sandkeeper::Input::Died { sandbox });
+            true
+            },
+            move || listening.upgrade().is_some_and(|s| !s.is_closed()),
+        );
+        runtime.spawn(async move { backend.watch_deaths(deaths).await }.instrument(tracing::info_span!("deaths")));
+        Ok(Keeper { shared })
+    }
+
+    /// The backend the keeper runs on.
+    pub fn backend(&self) -> &B {
+        self.shared.executor().backend()
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Calls
+
+    /// Acquires a sandbox for a call: resolves once the call is ready (bound to a sandbox that
+    /// is up) with a guard that releases the call when released or dropped.
+    ///
+    /// Cancellation-safe: dropping the future at any await point releases the call in the core
+    /// (a sandbox started only for it is shut down when its start answers; a shared one is
+    /// released or kept for the others). Before its first poll it has done nothing.
+    ///
+    /// Errors: `Core(..)` when the core refuses the call (closed, duplicate name, queue full,
+    /// limit, missing user); `CallFailed` when it ended without becoming ready (start failed or
+    /// timed out, waited too long, sandbox gone, refused by close); `Revoked`; `Closed`.
+    pub async fn acquire(&self, spec: CallSpec) -> Result<CallGuard<B>, KeeperError> {
+        let call = spec.call.clone();
+        let session = spec.session.clone();
+        let span = tracing::info_span!("call", call = %call, session = %session);
+        let pending = span.in_scope(|| Shared::acquire(&self.shared, spec))?;
+        let ticket = pending
+            .ready()
+            .instrument(span.clone())
+            .await
+            .map_err(|end| end.into_error(call))?;
+        span.in_scope(|| tracing::debug!(sandbox = %ticket.sandbox(), "ready"));
+        Ok(CallGuard::new(ticket, session, span))
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Mirror
+
+    /// Records the next version of `path` of `session` and returns it at once; the upload runs
+    /// in the background into the session's own sandbox. Settles exactly once (see
+    /// [`Notice`]s, [`tally`](Self::tally)).
+    ///
+    /// Errors: `Core(Closed)` after close (or during close for a session with nothing live),
+    /// `Core(LimitExceeded)`.
+    pub fn flush(
+        &self,
+        session: &SessionId,
+        path: &PathName,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<Version, KeeperError> {
+        Shared::flush(&self.shared, session, path, Payload::new(bytes))
+    }
+
+    /// A background writer of `session` promises a write: draining waits for it (bounded by the
+    /// drain deadline). Errors: `Core(NoActiveSandbox)`, `Core(LimitExceeded)`, `Core(Closed)`.
+    pub fn hold(&self, session: &SessionId) -> Result<(), KeeperError> {
+        Shared::hold(&self.shared, session)
+    }
+
+    /// Lets one hold of `session` go. Errors: `Core(NotHeld)`, `Core(Closed)`.
+    pub fn unhold(&self, session: &SessionId) -> Result<(), KeeperError> {
+        Shared::unhold(&self.shared, session)
+    }
+
+    /// Waits until every version flushed for `session` so far has settled (uploaded, superseded
+    /// or dropped). Other sessions' mirrors are never waited for.
+    pub async fn mirror_settled(&self, session: &SessionId) {
+        self.shared.mirror_settled(session).await;
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Lookup
+
+    /// The sandbox context-free code acting for `session` must use: the sandbox of a live call
+    /// of that session, never another session's.
+    ///
+    /// Errors: `Core(NoActiveSandbox)`, `Core(SandboxGone)`, `Core(Closed)`.
+    pub fn resolve(&self, session: &SessionId) -> Result<SandboxId, KeeperError> {
+        self.shared.resolve(session)
+    }
+
+    /// The core's state of a sandbox it still tracks.
+    pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
+        self.shared.with_core(|core| core.sandbox_state(sandbox))
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // End
+
+    /// Closes: refuses new calls at once; live calls may still flush and release, and mirror
+    /// work drains, until `deadline`; then what is left is revoked, every managed sandbox is
+    /// shut down, and the report comes once every shutdown answered (or the core's
+    /// `close_grace` passed). Calling it again waits for the same report.
+    pub async fn close(&self, deadline: Duration) -> CloseReport {
+        let wait = Shared::close(&self.shared, deadline);
+        wait.instrument(tracing::info_span!("close")).await.unwrap_or_default()
+    }
+
+    /// Whether close has begun.
+    pub fn is_closing(&self) -> bool {
+        self.shared.is_closing()
+    }
+
+    /// Whether close has finished.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Observation
+
+    /// Notices from now on: the core's events in order, and drains.
+    pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
+        self.shared.executor().notices().subscribe()
+    }
+
+    /// The core's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// The driver's counts of the core's events (drops per reason, failures per kind, ...).
+    pub fn tally(&self) -> Tally {
+        self.shared.tally()
+    }
+
+    /// Checks the core's invariants and the driver's own (no command after close): `Err` says
+    /// which broke.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.shared.check_invariants()
+    }
+
+    /// Releases the core refused because the call had already ended (a guard released after
+    /// close revoked it). Evidence for "every call ends exactly once".
+    pub fn release_refusals(&self) -> u64 {
+        self.shared.release_refusals()
+    }
+
+    /// Uploads running on the backend now.
+    pub fn uploads_running(&self) -> usize {
+        self.shared.executor().uploads_running()
+    }
+
+    /// Live calls, tracked sandboxes and whether the core is quiescent.
+    pub fn load(&self) -> Load {
+        self.shared.with_core(|core| Load {
+            live_calls: core.live_calls(),
+            tracked_sandboxes: core.tracked_sandboxes(),
+            quiescent: core.is_quiescent(),
+        })
+    }
+}
+
+/// How much the core holds now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Load {
+    /// Live calls (waiting, starting or bound).
+    pub live_calls: usize,
+    /// Sandboxes the core tracks, in any state.
+    pub tracked_sandboxes: usize,
+    /// Nothing live: no call, sandbox, upload, timer or undrained output.
+    pub quiescent: bool,
+}

@@ -1,0 +1,106 @@
+//! Where a local sandbox's files live, derived only from validated names, and the atomic write.
+//!
+//! ```text
+//! <root>/sbx-<n>/                          one sandbox (its working directory)
+//! <root>/sbx-<n>/.sandkeeper/sandbox.json  what it was started for
+//! <root>/sbx-<n>/.sandkeeper/<session>/<path>   a session's mirrored file
+//! <root>/.snapshots/<snapshot>/            a stopped sandbox's saved workspace
+//! ```
+//!
+//! `<n>` is the core's sandbox number; `<session>` and `<path>` are [`SessionId`] and
+//! [`PathName`] values, which the core validated as single safe path components; a snapshot
+//! name is checked the same way before it is used.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use sandkeeper::{PathName, SandboxId, SessionId, Snapshot, UploadId};
+
+/// The directory of sandbox metadata inside a sandbox.
+pub(crate) const META_DIR: &str = ".sandkeeper";
+
+/// The directory of snapshots under the root.
+pub(crate) const SNAPSHOTS_DIR: &str = ".snapshots";
+
+/// A sandbox's directory.
+pub(crate) fn sandbox_dir(root: &Path, sandbox: SandboxId) -> PathBuf {
+    root.join(format!("sbx-{}", sandbox.0))
+}
+
+/// A session's mirrored file in a sandbox.
+pub(crate) fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
+    dir.join(META_DIR).join(session.as_str()).join(path.as_str())
+}
+
+/// A snapshot's directory, if its name is one safe path component.
+pub(crate) fn snapshot_dir(root: &Path, snapshot: &Snapshot) -> io::Result<PathBuf> {
+    let name = PathName::new(snapshot.as_str())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    Ok(root.join(SNAPSHOTS_DIR).join(name.as_str()))
+}
+
+/// Writes `bytes` to `target` atomically: a temporary file beside it (named after the upload,
+/// so concurrent writers never share one), flushed, then renamed over the target. A reader sees
+/// the old file or the new one, never a part.
+pub(crate) fn write_atomically(target: &Path, upload: UploadId, bytes: &[u8]) -> io::Result<()> {
+    let parent = target
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
+    let name = target
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{upload}.tmp"));
+    let tmp = parent.join(tmp_name);
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_data()?;
+        std::fs::rename(&tmp, target)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Copies a directory tree (files and directories; symlinks are not followed and not copied).
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_under_the_sandbox_and_snapshot_names_are_checked() {
+        let root = Path::new("/r");
+        let dir = sandbox_dir(root, SandboxId(4));
+        assert_eq!(dir, Path::new("/r/sbx-4"));
+        let s = SessionId::new("s1").unwrap();
+        let p = PathName::session_log();
+        assert_eq!(
+            session_file(&dir, &s, &p),
+            Path::new("/r/sbx-4/.sandkeeper/s1/session.log")
+        );
+        assert!(snapshot_dir(root, &Snapshot::new("../etc")).is_err());
+        assert!(snapshot_dir(root, &Snapshot::new("a/b")).is_err());
+        assert_eq!(
+            snapshot_dir(root, &Snapshot::new("sbx-4")).unwrap(),
+            Path::new("/r/.snapshots/sbx-4")
+        );
+    }
+}
