@@ -139,7 +139,9 @@ impl Lifecycle {
         else {
             unreachable!("revoke outside the draining phase")
         };
-        let grace = self.timers.set(self.now + self.config.close_grace, Timer::Close);
+        let grace = self
+            .timers
+            .set(self.now + self.config.close_grace, Timer::Close);
         tracing::info!("close: revoking what is left");
         self.close = CloseState::Revoked { grace, report };
 

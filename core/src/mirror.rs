@@ -72,23 +72,20 @@ impl Lifecycle {
         let i = match s.slot(path) {
             Some(i) => i,
             None => {
-                s.paths.push(Slot {
-                    path: path.clone(),
-                    last: 0,
-                    pending: None,
-                    inflight: None,
-                    attempts: 0,
-                    retry_at: None,
-                });
+                // Most sessions have one path: no spare capacity in idle records.
+                s.paths.reserve_exact(1);
+                s.paths.push(Slot::new(path.clone()));
                 s.paths.len() - 1
             }
         };
+        let nowhere = s.target.is_none() && s.coming == 0;
+        let none_ready = s.ready.is_empty();
         let slot = &mut s.paths[i];
         slot.last += 1;
         let version = Version(slot.last);
         tracing::trace!(session = %session, path = %path, version = %version, "flush");
-        if s.target.is_none() && s.coming == 0 {
-            let reason = if s.ready.is_empty() {
+        if nowhere {
+            let reason = if none_ready {
                 DropReason::NoSandbox
             } else {
                 DropReason::SandboxGone
@@ -366,7 +363,7 @@ impl Lifecycle {
             x.state
         );
         for slot in s.paths.iter_mut() {
-            if slot.inflight.is_some() || slot.retry_at.is_some() {
+            if slot.inflight.is_some() || slot.retry_at.is_some() || slot.pending.is_none() {
                 continue;
             }
             let Some((version, payload)) = slot.pending.take() else {
@@ -454,6 +451,9 @@ impl Lifecycle {
         let s = self.sessions.get_mut(session).expect("session");
         let mut dropped = Vec::new();
         for slot in s.paths.iter_mut() {
+            if slot.is_quiet() {
+                continue;
+            }
             if let Some(at) = slot.retry_at.take() {
                 self.timers.cancel(at);
             }
@@ -539,9 +539,10 @@ impl Lifecycle {
         }
         if !s.releasing.is_empty() {
             let uploads = &self.uploads;
-            let paths = &s.paths;
             let events = &mut self.events;
-            s.releasing.retain(|(call, x)| {
+            let mut releasing = std::mem::take(&mut s.releasing);
+            let paths = &s.paths;
+            releasing.retain(|(call, x)| {
                 let in_flight = paths
                     .iter()
                     .any(|p| p.inflight.is_some_and(|u| uploads[&u].sandbox == *x));
@@ -552,6 +553,7 @@ impl Lifecycle {
                 }
                 !done
             });
+            s.releasing = releasing;
         }
         let unsettled = s.has_unsettled();
         if s.unsettled && !unsettled {
@@ -559,10 +561,13 @@ impl Lifecycle {
                 session: session.clone(),
             });
         }
-        s.unsettled = unsettled;
+        if s.unsettled != unsettled {
+            s.unsettled = unsettled;
+        }
         let idle = s.is_idle();
         match (idle, s.idle_stamp) {
             (true, None) => {
+                s.compact();
                 let stamp = self.idle.next_stamp;
                 self.idle.next_stamp += 1;
                 s.idle_stamp = Some(stamp);

@@ -1,6 +1,12 @@
 //! Session records: bound calls, mirror slots per path, holds, pending releases.
+//!
+//! A session outlives its calls: its record remembers the last version of each path, so a later
+//! flush continues the numbering. Most records are idle, so a record keeps only that inline;
+//! everything about live calls and work in progress sits in a box that exists only while there
+//! is some (`Deref` reads an empty one when there is none).
 
 use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +20,12 @@ pub(crate) struct Slot {
     pub(crate) path: PathName,
     /// The last version flushed.
     pub(crate) last: u64,
+    work: Option<Box<SlotWork>>,
+}
+
+/// What a slot has in progress.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct SlotWork {
     /// The newest flushed version not yet ordered uploaded.
     pub(crate) pending: Option<(Version, Payload)>,
     /// The upload in flight, if any.
@@ -22,6 +34,49 @@ pub(crate) struct Slot {
     pub(crate) attempts: u32,
     /// When the pending version may be tried again.
     pub(crate) retry_at: Option<TimerRef>,
+}
+
+static NO_WORK: SlotWork = SlotWork {
+    pending: None,
+    inflight: None,
+    attempts: 0,
+    retry_at: None,
+};
+
+impl Slot {
+    pub(crate) fn new(path: PathName) -> Self {
+        Slot {
+            path,
+            last: 0,
+            work: None,
+        }
+    }
+
+    /// Whether nothing is in progress: no pending version, no upload, no retry.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.pending.is_none() && self.inflight.is_none() && self.retry_at.is_none()
+    }
+
+    /// Frees the work box once nothing is in progress.
+    fn compact(&mut self) {
+        if self.is_quiet() {
+            self.work = None;
+        }
+    }
+}
+
+impl Deref for Slot {
+    type Target = SlotWork;
+
+    fn deref(&self) -> &SlotWork {
+        self.work.as_deref().unwrap_or(&NO_WORK)
+    }
+}
+
+impl DerefMut for Slot {
+    fn deref_mut(&mut self) -> &mut SlotWork {
+        self.work.get_or_insert_with(Box::default)
+    }
 }
 
 /// One upload in flight.
@@ -37,8 +92,18 @@ pub(crate) struct Upload {
     pub(crate) attempts: u32,
 }
 
+/// A session record: its paths inline, the rest boxed while live.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Session {
+    pub(crate) paths: Vec<Slot>,
+    /// Its stamp in the idle queue, while idle.
+    pub(crate) idle_stamp: Option<u64>,
+    live: Option<Box<Live>>,
+}
+
+/// The parts of a session record that matter only while something is live.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Live {
     /// Live calls bound to a sandbox, in the order they became ready.
     pub(crate) ready: Vec<CallId>,
     /// Live calls still waiting or starting: a sandbox is coming.
@@ -51,13 +116,35 @@ pub(crate) struct Session {
     /// The sandbox whose `busy_sessions` counts this session.
     pub(crate) busy_on: Option<SandboxId>,
     pub(crate) holds: u32,
-    pub(crate) paths: Vec<Slot>,
     /// Released calls whose release has not completed, with their sandbox.
     pub(crate) releasing: Vec<(CallId, SandboxId)>,
     /// Whether it had unsettled versions when last looked at (for `MirrorSettled`).
     pub(crate) unsettled: bool,
-    /// Its stamp in the idle queue, while idle.
-    pub(crate) idle_stamp: Option<u64>,
+}
+
+static NOT_LIVE: Live = Live {
+    ready: Vec::new(),
+    coming: 0,
+    linger: None,
+    target: None,
+    busy_on: None,
+    holds: 0,
+    releasing: Vec::new(),
+    unsettled: false,
+};
+
+impl Deref for Session {
+    type Target = Live;
+
+    fn deref(&self) -> &Live {
+        self.live.as_deref().unwrap_or(&NOT_LIVE)
+    }
+}
+
+impl DerefMut for Session {
+    fn deref_mut(&mut self) -> &mut Live {
+        self.live.get_or_insert_with(Box::default)
+    }
 }
 
 impl Session {
@@ -89,6 +176,15 @@ impl Session {
             && self.linger.is_none()
             && self.releasing.is_empty()
             && !self.has_unsettled()
+    }
+
+    /// Frees the boxes of an idle record, keeping only its versions.
+    pub(crate) fn compact(&mut self) {
+        debug_assert!(self.is_idle());
+        self.live = None;
+        for slot in &mut self.paths {
+            slot.compact();
+        }
     }
 }
 
