@@ -9,17 +9,12 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 /// An ordered set, inline while it has at most one element.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) enum SmallSet<T: Ord> {
+    #[default]
     Empty,
     One(T),
     Many(BTreeSet<T>),
-}
-
-impl<T: Ord> Default for SmallSet<T> {
-    fn default() -> Self {
-        SmallSet::Empty
-    }
 }
 
 impl<T: Ord + Clone> SmallSet<T> {
