@@ -1,3 +1,62 @@
-//! A sandkeeper backend on Kubernetes.
+//! # sandkeeper-k8s: sandboxes on Kubernetes
 //!
-//! Not built yet: this crate is a placeholder in the workspace until its issue lands.
+//! The Kubernetes operations a sandkeeper backend needs, as plain async methods of [`Cluster`]
+//! (a `kube::Client` bound to one namespace and one owner instance). Two modes ([`Mode`]):
+//!
+//! - **agent-sandbox** (kubernetes-sigs/agent-sandbox): one `SandboxClaim`
+//!   (`extensions.agents.x-k8s.io/v1beta1`) per sandbox against a warm pool; ready when
+//!   `status.sandbox.name` is set and `Ready=True`; terminal reasons fail fast; the pod is named
+//!   by the Sandbox's `agents.x-k8s.io/pod-name` annotation (else the Sandbox's name); deleting
+//!   the claim ends it all (the claim owns the Sandbox, which owns the Pod). Typed CRDs: [`crd`].
+//! - **pod**: a plain `Pod` per sandbox from a user template.
+//!
+//! Behaviour:
+//! - files go in through `pods/exec` with an argv (`timeout -s KILL <secs> tar -x -C <workdir>`)
+//!   and a tar stream on stdin ([`upload`]); an exec without a status frame is
+//!   [`K8sError::OutcomeUnknown`], never success; payloads over the limit are refused;
+//! - every object carries owner, session-hash and sandbox labels ([`names`]) and a server-side
+//!   expiry backstop (claim `shutdownTime`, pod `activeDeadlineSeconds`);
+//! - each owner keeps a `Lease`; [`Cluster::sweep_orphans`] deletes objects of owners whose
+//!   Lease is gone ([`lease`]);
+//! - readiness and deaths come from `kube::runtime` watches ([`wait`], [`deaths`]); a 410 Gone
+//!   relists;
+//! - API errors are classified ([`ErrorClass`]): 404 gone, 409 retried after a fresh read, 429
+//!   and 5xx retried with backoff and jitter under a deadline ([`retry`]), 401/403 fatal with
+//!   the missing permission named. `deploy/rbac.yaml` grants exactly [`cluster::calls::ALL`].
+//!
+//! ## Kubernetes version
+//!
+//! `k8s-openapi` is built with the `v1_33` feature: the earliest version kube 5 supports, so the
+//! client works with every cluster from 1.33 on (the Pod, Lease and exec APIs used here are
+//! stable across 1.33–1.37). Exactly one version feature is enabled in the workspace.
+//!
+//! ## Testing
+//!
+//! Tests run against `k8s-loopback` (a loopback Kubernetes API over real HTTP with real watch
+//! framing and a real exec websocket). Tests against a real cluster are `#[ignore]`d:
+//! `KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod claim;
+pub mod cluster;
+pub mod config;
+pub mod crd;
+pub mod deaths;
+pub mod error;
+pub mod lease;
+pub mod names;
+pub mod pod;
+pub mod retry;
+pub mod sandbox;
+pub mod upload;
+pub mod wait;
+
+pub use cluster::Cluster;
+pub use config::{K8sConfig, Mode};
+pub use deaths::{Death, DeathWatch};
+pub use error::{ErrorClass, K8sError};
+pub use lease::SweepReport;
+pub use sandbox::SandboxHandle;
+pub use upload::UploadFile;

@@ -1,0 +1,206 @@
+//! Configuration of the Kubernetes backend (read from YAML or JSON; see
+//! `deploy/sandkeeper-k8s.example.yaml`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+use crate::names::{check_owner, InvalidOwner};
+
+/// How sandboxes are made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Mode {
+    /// agent-sandbox: one `SandboxClaim` per sandbox against a warm pool.
+    #[serde(rename_all = "camelCase")]
+    AgentSandbox {
+        /// Name of the `SandboxWarmPool`.
+        warm_pool: String,
+    },
+    /// A plain `Pod` per sandbox, from a template (for clusters without agent-sandbox).
+    #[serde(rename_all = "camelCase")]
+    Pod {
+        /// The pod template; name, namespace, labels and `activeDeadlineSeconds` are set by
+        /// io-k8s.
+        template: Box<Pod>,
+    },
+}
+
+/// Configuration of the backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct K8sConfig {
+    /// Namespace of every object.
+    pub namespace: String,
+    /// This instance's name (see [`crate::names::check_owner`]); labels and its Lease use it.
+    pub owner: String,
+    /// Claims or pods.
+    pub mode: Mode,
+    /// Directory inside the container that session files are extracted under
+    /// (`<workdir>/<session>/<path>`). Absolute.
+    #[serde(default = "default_workdir")]
+    pub workdir: String,
+    /// Container to exec into (default: the pod's first).
+    #[serde(default)]
+    pub container: Option<String>,
+    /// Server-side expiry backstop: claim `shutdownTime` / pod `activeDeadlineSeconds`.
+    #[serde(default = "default_max_lifetime")]
+    pub max_lifetime_secs: u64,
+    /// How long a start may wait for readiness.
+    #[serde(default = "default_ready_timeout")]
+    pub ready_timeout_secs: u64,
+    /// Client deadline of one upload; the in-container `timeout` gets the same.
+    #[serde(default = "default_upload_timeout")]
+    pub upload_timeout_secs: u64,
+    /// Largest payload accepted for one upload.
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: u64,
+    /// Lease duration; renewed every third of it.
+    #[serde(default = "default_lease_duration")]
+    pub lease_duration_secs: u64,
+    /// Budget for retrying one API call on 409/429/5xx.
+    #[serde(default = "default_api_deadline")]
+    pub api_deadline_secs: u64,
+    /// First retry delay (doubles, with jitter, up to 2 s).
+    #[serde(default = "default_retry_base")]
+    pub retry_base_millis: u64,
+}
+
+fn default_workdir() -> String {
+    "/workspace".into()
+}
+fn default_max_lifetime() -> u64 {
+    24 * 3600
+}
+fn default_ready_timeout() -> u64 {
+    120
+}
+fn default_upload_timeout() -> u64 {
+    30
+}
+fn default_max_payload() -> u64 {
+    16 << 20
+}
+fn default_lease_duration() -> u64 {
+    60
+}
+fn default_api_deadline() -> u64 {
+    30
+}
+fn default_retry_base() -> u64 {
+    100
+}
+
+/// A configuration was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Bad owner name.
+    #[error(transparent)]
+    Owner(#[from] InvalidOwner),
+    /// Bad namespace.
+    #[error("invalid namespace {0:?}: a DNS-1123 label is required")]
+    Namespace(String),
+    /// Bad workdir.
+    #[error("invalid workdir {0:?}: an absolute path of plain components is required")]
+    Workdir(String),
+    /// A zero limit.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    /// A pod template without containers.
+    #[error("the pod template has no containers")]
+    NoContainers,
+    /// Bad warm pool name.
+    #[error("invalid warm pool name {0:?}")]
+    WarmPool(String),
+}
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl K8sConfig {
+    /// A configuration with defaults for everything but the essentials.
+    pub fn new(namespace: impl Into<String>, owner: impl Into<String>, mode: Mode) -> Self {
+        K8sConfig {
+            namespace: namespace.into(),
+            owner: owner.into(),
+            mode,
+            workdir: default_workdir(),
+            container: None,
+            max_lifetime_secs: default_max_lifetime(),
+            ready_timeout_secs: default_ready_timeout(),
+            upload_timeout_secs: default_upload_timeout(),
+            max_payload_bytes: default_max_payload(),
+            lease_duration_secs: default_lease_duration(),
+            api_deadline_secs: default_api_deadline(),
+            retry_base_millis: default_retry_base(),
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_owner(&self.owner)?;
+        if !dns_label(&self.namespace) {
+            return Err(ConfigError::Namespace(self.namespace.clone()));
+        }
+        let wd_ok = self.workdir.starts_with('/')
+            && self.workdir[1..].split('/').all(|c| {
+                !c.is_empty()
+                    && c != "."
+                    && c != ".."
+                    && !c.starts_with('-')
+                    && c.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+            });
+        if !wd_ok {
+            return Err(ConfigError::Workdir(self.workdir.clone()));
+        }
+        for (name, v) in [
+            ("maxLifetimeSecs", self.max_lifetime_secs),
+            ("readyTimeoutSecs", self.ready_timeout_secs),
+            ("uploadTimeoutSecs", self.upload_timeout_secs),
+            ("maxPayloadBytes", self.max_payload_bytes),
+            ("leaseDurationSecs", self.lease_duration_secs),
+            ("apiDeadlineSecs", self.api_deadline_secs),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        match &self.mode {
+            Mode::AgentSandbox { warm_pool } if !dns_label(warm_pool) => {
+                Err(ConfigError::WarmPool(warm_pool.clone()))
+            }
+            Mode::Pod { template }
+                if template
+                    .spec
+                    .as_ref()
+                    .is_none_or(|s| s.containers.is_empty()) =>
+            {
+                Err(ConfigError::NoContainers)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`K8sConfig::upload_timeout_secs`] as a duration.
+    pub fn upload_timeout(&self) -> Duration {
+        Duration::from_secs(self.upload_timeout_secs)
+    }
+
+    /// [`K8sConfig::ready_timeout_secs`] as a duration.
+    pub fn ready_timeout(&self) -> Duration {
+        Duration::from_secs(self.ready_timeout_secs)
+    }
+
+    /// [`K8sConfig::api_deadline_secs`] as a duration.
+    pub fn api_deadline(&self) -> Duration {
+        Duration::from_secs(self.api_deadline_secs)
+    }
+}

@@ -1,0 +1,252 @@
+//! Typed structs for the agent-sandbox API (kubernetes-sigs/agent-sandbox, `v1beta1`), the
+//! fields io-k8s reads and writes. Unknown fields are ignored on read, so newer controllers do
+//! not break the client.
+//!
+//! - `extensions.agents.x-k8s.io/v1beta1` [`SandboxClaim`]: a request for a sandbox from a warm
+//!   pool. It owns its [`Sandbox`], which owns its Pod: deleting the claim deletes all three.
+//! - `agents.x-k8s.io/v1beta1` [`Sandbox`]: one pod with a stable identity; `operatingMode:
+//!   Suspended` deletes the pod and keeps the rest.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+/// Annotation on a Sandbox naming its pod when it was adopted from a warm pool.
+pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
+
+/// Condition type that says a claim or sandbox is usable.
+pub const READY: &str = "Ready";
+
+/// Reasons of a `Ready=False` condition after which the claim will never become ready.
+pub const TERMINAL_REASONS: &[&str] = &[
+    "WarmPoolNotFound",
+    "TemplateNotFound",
+    "InvalidMetadata",
+    "ClaimExpired",
+    "SandboxExpired",
+    "PodFailed",
+    "PodSucceeded",
+];
+
+/// A Kubernetes condition (`metav1.Condition`), as far as io-k8s reads it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready`, ...
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// Names the warm pool a claim takes its sandbox from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct WarmPoolRef {
+    /// Name of the `SandboxWarmPool` in the claim's namespace.
+    pub name: String,
+}
+
+/// When and how a claim ends on its own (the server-side expiry backstop).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimLifecycle {
+    /// RFC 3339 time after which the controller ends the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_time: Option<String>,
+    /// `Delete`, `DeleteForeground` or `Retain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_policy: Option<String>,
+    /// Seconds to keep a finished claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<i64>,
+}
+
+/// Labels and annotations the controller adds to the claim's pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct PodMetadata {
+    /// Extra pod labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Spec of a [`SandboxClaim`].
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "extensions.agents.x-k8s.io",
+    version = "v1beta1",
+    kind = "SandboxClaim",
+    plural = "sandboxclaims",
+    namespaced,
+    status = "SandboxClaimStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxClaimSpec {
+    /// The warm pool to take a sandbox from.
+    pub warm_pool_ref: WarmPoolRef,
+    /// Expiry backstop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<ClaimLifecycle>,
+    /// Extra pod metadata (io-k8s puts its owner and session labels here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub additional_pod_metadata: Option<PodMetadata>,
+}
+
+/// The sandbox a claim got.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimedSandbox {
+    /// Name of the `Sandbox`.
+    #[serde(default)]
+    pub name: String,
+    /// Its pod IPs.
+    #[serde(default)]
+    pub pod_ips: Vec<String>,
+}
+
+/// Status of a [`SandboxClaim`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxClaimStatus {
+    /// Conditions; `Ready` is authoritative.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The sandbox, once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<ClaimedSandbox>,
+}
+
+/// Spec of a [`Sandbox`] (the fields io-k8s touches; the pod template is passed through).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "agents.x-k8s.io",
+    version = "v1beta1",
+    kind = "Sandbox",
+    plural = "sandboxes",
+    namespaced,
+    status = "SandboxStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    /// `Running` or `Suspended`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operating_mode: Option<String>,
+    /// RFC 3339 expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_time: Option<String>,
+    /// The pod template, untyped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<serde_json::Value>,
+}
+
+/// Status of a [`Sandbox`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// Conditions; `Ready` is authoritative.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Pod IPs.
+    #[serde(default)]
+    pub pod_ips: Vec<String>,
+}
+
+/// What a claim's status says about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimState {
+    /// `status.sandbox.name` is set and `Ready=True`.
+    Ready {
+        /// The bound Sandbox.
+        sandbox: String,
+    },
+    /// `Ready=False` with a reason after which it never becomes ready.
+    Failed {
+        /// The condition's reason.
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// Still on its way.
+    Pending,
+}
+
+impl SandboxClaim {
+    /// Reads the claim's state from its status.
+    pub fn state(&self) -> ClaimState {
+        let Some(status) = &self.status else {
+            return ClaimState::Pending;
+        };
+        let ready = status.conditions.iter().find(|c| c.type_ == READY);
+        match (ready, &status.sandbox) {
+            (Some(c), Some(sb)) if c.status == "True" && !sb.name.is_empty() => ClaimState::Ready {
+                sandbox: sb.name.clone(),
+            },
+            (Some(c), _)
+                if c.status == "False" && TERMINAL_REASONS.contains(&c.reason.as_str()) =>
+            {
+                ClaimState::Failed {
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                }
+            }
+            _ => ClaimState::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn claim_state_needs_both_the_sandbox_name_and_ready_true() {
+        let mut c: SandboxClaim = serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": "c"}, "spec": {"warmPoolRef": {"name": "p"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady"}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            c.state(),
+            ClaimState::Pending,
+            "Ready without a sandbox name"
+        );
+        c.status.as_mut().unwrap().sandbox = Some(ClaimedSandbox {
+            name: "sb".into(),
+            pod_ips: vec![],
+        });
+        assert_eq!(
+            c.state(),
+            ClaimState::Ready {
+                sandbox: "sb".into()
+            }
+        );
+        c.status.as_mut().unwrap().conditions[0] = Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "WarmPoolNotFound".into(),
+            message: "no pool".into(),
+        };
+        assert!(
+            matches!(c.state(), ClaimState::Failed { reason, .. } if reason == "WarmPoolNotFound")
+        );
+        c.status.as_mut().unwrap().conditions[0].reason = "DependenciesNotReady".into();
+        assert_eq!(
+            c.state(),
+            ClaimState::Pending,
+            "a passing reason is not terminal"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! Owner liveness: one `coordination.k8s.io/v1` Lease per owner instance, renewed while the
+//! instance lives; at start-up, objects of owners whose Lease is gone or expired are swept. At
+//! close, an owner deletes everything it labelled.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::SignedDuration;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::ResourceExt;
+
+use crate::cluster::{calls, err, wall_clock, Cluster};
+use crate::error::K8sError;
+use crate::names::{self, MANAGED_BY, MANAGER, OWNER};
+
+/// What a sweep removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Owners found dead (no Lease, or an expired one), in name order.
+    pub dead_owners: Vec<String>,
+    /// Claims deleted.
+    pub claims: usize,
+    /// Pods deleted.
+    pub pods: usize,
+    /// Leases deleted.
+    pub leases: usize,
+}
+
+/// Renews the Lease in the background until dropped.
+pub struct LeaseRenewal(tokio::task::JoinHandle<()>);
+
+impl Drop for LeaseRenewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn lease_alive(lease: &Lease, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let Some(spec) = &lease.spec else {
+        return false;
+    };
+    let (Some(MicroTime(renewed)), Some(secs)) = (&spec.renew_time, spec.lease_duration_seconds)
+    else {
+        return false;
+    };
+    renewed
+        .checked_add(SignedDuration::from_secs(i64::from(secs)))
+        .is_ok_and(|end| end > now)
+}
+
+impl Cluster {
+    fn lease_object(&self) -> Lease {
+        let now = MicroTime(wall_clock());
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(names::lease_name(&self.config.owner)),
+                namespace: Some(self.config.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    (MANAGED_BY.to_string(), MANAGER.to_string()),
+                    (OWNER.to_string(), self.config.owner.clone()),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.config.owner.clone()),
+                lease_duration_seconds: Some(
+                    self.config.lease_duration_secs.min(i32::MAX as u64) as i32
+                ),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Creates this owner's Lease, or renews it when it exists (a restart of the same owner).
+    pub async fn acquire_lease(&self) -> Result<(), K8sError> {
+        let lease = self.lease_object();
+        let what = format!("lease {}", lease.name_any());
+        match self
+            .retry
+            .run(|| async {
+                self.leases()
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .map_err(|e| err(e, calls::CREATE_LEASE, &what))
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(K8sError::Conflict { .. }) => self.renew_lease().await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the Lease's `renewTime` to now: a fresh read and a replace with its
+    /// resourceVersion, again on 409; the Lease is created when it is gone.
+    pub async fn renew_lease(&self) -> Result<(), K8sError> {
+        let name = names::lease_name(&self.config.owner);
+        let what = format!("lease {name}");
+        self.retry
+            .run(|| async {
+                let current = self
+                    .leases()
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_LEASE, &what))?;
+                let Some(mut lease) = current else {
+                    let fresh = self.lease_object();
+                    return self
+                        .leases()
+                        .create(&PostParams::default(), &fresh)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| err(e, calls::CREATE_LEASE, &what));
+                };
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                spec.renew_time = Some(MicroTime(wall_clock()));
+                spec.holder_identity = Some(self.config.owner.clone());
+                spec.lease_duration_seconds =
+                    Some(self.config.lease_duration_secs.min(i32::MAX as u64) as i32);
+                self.leases()
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::UPDATE_LEASE, &what))
+            })
+            .await
+    }
+
+    /// Renews the Lease every third of its duration until the returned guard is dropped.
+    pub fn spawn_lease_renewal(&self) -> LeaseRenewal {
+        let me = self.clone();
+        let every = std::time::Duration::from_secs(self.config.lease_duration_secs.max(3) / 3);
+        LeaseRenewal(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = me.renew_lease().await {
+                    tracing::warn!(error = %e, "renewing the owner lease failed");
+                }
+            }
+        }))
+    }
+
+    /// Deletes this owner's Lease (at close, after its objects).
+    pub async fn release_lease(&self) -> Result<(), K8sError> {
+        let name = names::lease_name(&self.config.owner);
+        self.delete_lease(&name).await.map(|_| ())
+    }
+
+    async fn delete_lease(&self, name: &str) -> Result<bool, K8sError> {
+        let what = format!("lease {name}");
+        match self
+            .retry
+            .run(|| async {
+                self.leases()
+                    .delete(name, &DeleteParams::background())
+                    .await
+                    .map_err(|e| err(e, calls::DELETE_LEASE, &what))
+            })
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_gone() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_claims(&self, selector: &str) -> Result<Vec<crate::crd::SandboxClaim>, K8sError> {
+        let lp = ListParams::default().labels(selector);
+        self.retry
+            .run(|| async {
+                self.claims()
+                    .list(&lp)
+                    .await
+                    .map(|l| l.items)
+                    .map_err(|e| err(e, calls::LIST_CLAIMS, "claims"))
+            })
+            .await
+    }
+
+    async fn list_pods(
+        &self,
+        selector: &str,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, K8sError> {
+        let lp = ListParams::default().labels(selector);
+        self.retry
+            .run(|| async {
+                self.pods()
+                    .list(&lp)
+                    .await
+                    .map(|l| l.items)
+                    .map_err(|e| err(e, calls::LIST_PODS, "pods"))
+            })
+            .await
+    }
+
+    /// Deletes every claim and pod of owners other than this one whose Lease is gone or
+    /// expired, then their Leases. Owners with a live Lease are left alone. Claims are looked
+    /// for only in agent-sandbox mode (a cluster without the CRD answers 404 to the list).
+    pub async fn sweep_orphans(&self) -> Result<SweepReport, K8sError> {
+        let sel = names::managed_selector();
+        let claims = match self.list_claims(&sel).await {
+            Ok(c) => c,
+            Err(e) if e.is_gone() => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let pods = self.list_pods(&sel).await?;
+        let leases = self
+            .retry
+            .run(|| async {
+                self.leases()
+                    .list(&ListParams::default().labels(&sel))
+                    .await
+                    .map(|l| l.items)
+                    .map_err(|e| err(e, calls::LIST_LEASES, "leases"))
+            })
+            .await?;
+        let now = wall_clock();
+        let owner_of = |l: Option<&BTreeMap<String, String>>| l.and_then(|l| l.get(OWNER)).cloned();
+        let mut owners: BTreeSet<String> = BTreeSet::new();
+        owners.extend(
+            claims
+                .iter()
+                .filter_map(|c| owner_of(c.metadata.labels.as_ref())),
+        );
+        owners.extend(
+            pods.iter()
+                .filter_map(|p| owner_of(p.metadata.labels.as_ref())),
+        );
+        owners.extend(
+            leases
+                .iter()
+                .filter_map(|l| owner_of(l.metadata.labels.as_ref())),
+        );
+        owners.remove(&self.config.owner);
+        let mut report = SweepReport::default();
+        for owner in owners {
+            let lease = leases
+                .iter()
+                .find(|l| owner_of(l.metadata.labels.as_ref()).as_deref() == Some(owner.as_str()));
+            if lease.is_some_and(|l| lease_alive(l, now)) {
+                continue;
+            }
+            tracing::info!(%owner, "sweeping the objects of an owner whose lease is gone");
+            for c in claims
+                .iter()
+                .filter(|c| owner_of(c.metadata.labels.as_ref()).as_deref() == Some(owner.as_str()))
+            {
+                if self.delete_claim(&c.name_any()).await? {
+                    report.claims += 1;
+                }
+            }
+            for p in pods
+                .iter()
+                .filter(|p| owner_of(p.metadata.labels.as_ref()).as_deref() == Some(owner.as_str()))
+            {
+                if self.delete_pod(&p.name_any()).await? {
+                    report.pods += 1;
+                }
+            }
+            if let Some(l) = lease {
+                if self.delete_lease(&l.name_any()).await? {
+                    report.leases += 1;
+                }
+            }
+            report.dead_owners.push(owner);
+        }
+        Ok(report)
+    }
+
+    /// Deletes every claim and pod labelled with this owner (at close). Returns how many.
+    pub async fn delete_all_owned(&self) -> Result<usize, K8sError> {
+        let sel = names::owner_selector(&self.config.owner);
+        let mut n = 0;
+        match self.list_claims(&sel).await {
+            Ok(claims) => {
+                for c in claims {
+                    n += usize::from(self.delete_claim(&c.name_any()).await?);
+                }
+            }
+            Err(e) if e.is_gone() => {}
+            Err(e) => return Err(e),
+        }
+        for p in self.list_pods(&sel).await? {
+            n += usize::from(self.delete_pod(&p.name_any()).await?);
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_lives_for_its_duration_after_renewal() {
+        let now = wall_clock();
+        let lease = |renewed: k8s_openapi::jiff::Timestamp| Lease {
+            metadata: Default::default(),
+            spec: Some(LeaseSpec {
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: Some(60),
+                ..Default::default()
+            }),
+        };
+        assert!(lease_alive(&lease(now), now));
+        let old = now.checked_sub(SignedDuration::from_secs(61)).unwrap();
+        assert!(!lease_alive(&lease(old), now));
+        assert!(!lease_alive(&Lease::default(), now), "no spec: dead");
+    }
+}
