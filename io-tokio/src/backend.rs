@@ -144,8 +144,10 @@ pub trait Backend: Send + Sync + 'static {
         -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Writes one version of a session's file into the sandbox, atomically (all or nothing).
-    fn upload(&self, request: UploadRequest)
-        -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn upload(
+        &self,
+        request: UploadRequest,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Stops the sandbox's processes; may return a snapshot of its workspace. After it, no
     /// write may land in the sandbox.

@@ -79,8 +79,15 @@ mod tests {
         let u = UploadId(7);
         let err = |c| Err(BackendError::new(c, "x"));
         assert_eq!(start(x, Ok(())), Input::StartOk { sandbox: x });
-        assert_eq!(start(x, err(FailureClass::Gone)), Input::Died { sandbox: x });
-        for c in [FailureClass::Timeout, FailureClass::Transient, FailureClass::Fatal] {
+        assert_eq!(
+            start(x, err(FailureClass::Gone)),
+            Input::Died { sandbox: x }
+        );
+        for c in [
+            FailureClass::Timeout,
+            FailureClass::Transient,
+            FailureClass::Fatal,
+        ] {
             assert_eq!(start(x, err(c)), Input::StartFailed { sandbox: x });
             assert_eq!(
                 upload(u, err(c)),
@@ -89,7 +96,10 @@ mod tests {
                     failure: UploadFailure::Transient
                 }
             );
-            assert_eq!(stop(x, err(c).map(|()| None)), Input::StopFailed { sandbox: x });
+            assert_eq!(
+                stop(x, err(c).map(|()| None)),
+                Input::StopFailed { sandbox: x }
+            );
             assert_eq!(persist(x, err(c)), Input::PersistFailed { sandbox: x });
             assert_eq!(shutdown(x, err(c)), Input::ShutdownFailed { sandbox: x });
         }
@@ -104,8 +114,14 @@ mod tests {
             stop(x, err(FailureClass::Gone).map(|()| None)),
             Input::Died { sandbox: x }
         );
-        assert_eq!(persist(x, err(FailureClass::Gone)), Input::Died { sandbox: x });
-        assert_eq!(shutdown(x, err(FailureClass::Gone)), Input::ShutdownOk { sandbox: x });
+        assert_eq!(
+            persist(x, err(FailureClass::Gone)),
+            Input::Died { sandbox: x }
+        );
+        assert_eq!(
+            shutdown(x, err(FailureClass::Gone)),
+            Input::ShutdownOk { sandbox: x }
+        );
         assert_eq!(shutdown(x, Ok(())), Input::ShutdownOk { sandbox: x });
     }
 }

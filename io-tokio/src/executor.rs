@@ -286,9 +286,7 @@ async fn deadline<T>(
 ) -> Result<T, BackendError> {
     match tokio::time::timeout(limit, op).await {
         Ok(result) => result,
-        Err(_) => Err(BackendError::timeout(format!(
-            "no answer within {limit:?}"
-        ))),
+        Err(_) => Err(BackendError::timeout(format!("no answer within {limit:?}"))),
     }
 }
 

@@ -262,7 +262,11 @@ impl FaultBackend {
                 _ => return,
             }
         }
-        let sink = self.deaths.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let sink = self
+            .deaths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if let Some(sink) = sink {
             sink.report(sandbox);
         }
@@ -336,7 +340,11 @@ impl Backend for FaultBackend {
             b.phase = Phase::Up;
         }
         if dies {
-            let sink = self.deaths.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let sink = self
+                .deaths
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             if let Some(sink) = sink {
                 // The death comes later, from the world, not from this call.
                 let me = DeathLater {
@@ -429,7 +437,11 @@ impl Backend for FaultBackend {
             .then(|| Snapshot::new(format!("snap-{}", sandbox.0))))
     }
 
-    async fn persist(&self, sandbox: SandboxId, _snapshot: Option<Snapshot>) -> Result<(), BackendError> {
+    async fn persist(
+        &self,
+        sandbox: SandboxId,
+        _snapshot: Option<Snapshot>,
+    ) -> Result<(), BackendError> {
         self.receive(Op::Persist(sandbox));
         let latency = self.draw(|r| r.between(self.config.op_latency.0, self.config.op_latency.1));
         tokio::time::sleep(latency).await;

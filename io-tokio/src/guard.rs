@@ -19,7 +19,11 @@ pub struct CallGuard<B: Backend> {
 }
 
 impl<B: Backend> CallGuard<B> {
-    pub(crate) fn new(ticket: CallTicket<TokioExecutor<B>>, session: SessionId, span: Span) -> Self {
+    pub(crate) fn new(
+        ticket: CallTicket<TokioExecutor<B>>,
+        session: SessionId,
+        span: Span,
+    ) -> Self {
         CallGuard {
             ticket,
             session,

@@ -122,24 +122,29 @@ impl<B: Backend> Keeper<B> {
             notices,
         );
         let shared = Shared::new(core, executor);
-        runtime.spawn(timer::run(Arc::downgrade(&shared), wake).instrument(tracing::info_span!("timer")));
+        runtime.spawn(
+            timer::run(Arc::downgrade(&shared), wake).instrument(tracing::info_span!("timer")),
+        );
         let weak = Arc::downgrade(&shared);
         let listening = weak.clone();
         let deaths = DeathSink::new(
             move |sandbox| {
-            let Some(shared) = weak.upgrade() else {
-                return false;
-            };
-            if shared.is_closed() {
-                return false;
-            }
-            tracing::info!(sandbox = %sandbox, "backend reports sandbox gone");
-            Shared::answer(&shared, sandkeeper::Input::Died { sandbox });
-            true
+                let Some(shared) = weak.upgrade() else {
+                    return false;
+                };
+                if shared.is_closed() {
+                    return false;
+                }
+                tracing::info!(sandbox = %sandbox, "backend reports sandbox gone");
+                Shared::answer(&shared, sandkeeper::Input::Died { sandbox });
+                true
             },
             move || listening.upgrade().is_some_and(|s| !s.is_closed()),
         );
-        runtime.spawn(async move { backend.watch_deaths(deaths).await }.instrument(tracing::info_span!("deaths")));
+        runtime.spawn(
+            async move { backend.watch_deaths(deaths).await }
+                .instrument(tracing::info_span!("deaths")),
+        );
         Ok(Keeper { shared })
     }
 
@@ -235,7 +240,9 @@ impl<B: Backend> Keeper<B> {
     /// `close_grace` passed). Calling it again waits for the same report.
     pub async fn close(&self, deadline: Duration) -> CloseReport {
         let wait = Shared::close(&self.shared, deadline);
-        wait.instrument(tracing::info_span!("close")).await.unwrap_or_default()
+        wait.instrument(tracing::info_span!("close"))
+            .await
+            .unwrap_or_default()
     }
 
     /// Whether close has begun.

@@ -39,7 +39,11 @@ impl SplitMix64 {
     }
 
     /// A duration between `lo` and `hi` (inclusive of `lo`), in whole microseconds.
-    pub fn between(&mut self, lo: std::time::Duration, hi: std::time::Duration) -> std::time::Duration {
+    pub fn between(
+        &mut self,
+        lo: std::time::Duration,
+        hi: std::time::Duration,
+    ) -> std::time::Duration {
         let lo_us = lo.as_micros() as u64;
         let hi_us = hi.as_micros() as u64;
         if hi_us <= lo_us {

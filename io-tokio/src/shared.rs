@@ -327,7 +327,9 @@ impl<E: Executor> Shared<E> {
     /// The core's invariants, and the layer's own: no command after `Closed`.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let st = lock(&self.state);
-        st.core.check_invariants().map_err(|v: Violation| v.to_string())?;
+        st.core
+            .check_invariants()
+            .map_err(|v: Violation| v.to_string())?;
         if st.commands_after_closed > 0 {
             return Err(format!(
                 "{} commands executed after Closed",

@@ -324,12 +324,12 @@ async fn a_death_is_reported_and_the_call_sees_it() {
 /// cancellations and kills on a backend with every fault; then close. Returns a digest.
 async fn storm(seed: u64) -> (String, sandkeeper::Stats) {
     let core = Config {
-        scope: if seed % 2 == 0 {
+        scope: if seed.is_multiple_of(2) {
             Scope::Session
         } else {
             Scope::User
         },
-        same_key: if seed % 3 == 0 {
+        same_key: if seed.is_multiple_of(3) {
             SameKey::Serialize
         } else {
             SameKey::Share

@@ -29,7 +29,9 @@ pub(crate) fn sandbox_dir(root: &Path, sandbox: SandboxId) -> PathBuf {
 
 /// A session's mirrored file in a sandbox.
 pub(crate) fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
-    dir.join(META_DIR).join(session.as_str()).join(path.as_str())
+    dir.join(META_DIR)
+        .join(session.as_str())
+        .join(path.as_str())
 }
 
 /// A snapshot's directory, if its name is one safe path component.

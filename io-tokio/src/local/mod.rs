@@ -126,7 +126,8 @@ impl LocalBackend {
         let mut dirs = Vec::new();
         for entry in std::fs::read_dir(&self.config.root)? {
             let entry = entry?;
-            if entry.file_type()?.is_dir() && entry.file_name().to_string_lossy().starts_with("sbx-")
+            if entry.file_type()?.is_dir()
+                && entry.file_name().to_string_lossy().starts_with("sbx-")
             {
                 dirs.push(entry.path());
             }
@@ -143,11 +144,8 @@ impl LocalBackend {
     /// Looks for sandbox directories removed from outside and reports each once. Returns how
     /// many it reported. The death watcher calls this every [`LocalConfig::death_check`].
     pub fn check_deaths(&self, deaths: &DeathSink) -> usize {
-        let candidates: Vec<(SandboxId, Arc<LocalSandbox>)> = self
-            .table()
-            .iter()
-            .map(|(x, s)| (*x, s.clone()))
-            .collect();
+        let candidates: Vec<(SandboxId, Arc<LocalSandbox>)> =
+            self.table().iter().map(|(x, s)| (*x, s.clone())).collect();
         let mut reported = 0;
         for (sandbox, s) in candidates {
             let sealed = *s.gate.read().unwrap_or_else(|p| p.into_inner());
@@ -203,7 +201,8 @@ impl Backend for LocalBackend {
             }
             let from = match &request.resume_from {
                 Some(snapshot) => {
-                    let from = snapshot_dir(&root, snapshot).map_err(|e| io_error("snapshot", e))?;
+                    let from =
+                        snapshot_dir(&root, snapshot).map_err(|e| io_error("snapshot", e))?;
                     from.exists().then_some(from)
                 }
                 None => None,
@@ -244,7 +243,10 @@ impl Backend for LocalBackend {
 
     async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {
         let Some(s) = self.get(request.sandbox) else {
-            return Err(BackendError::gone(format!("no sandbox {}", request.sandbox)));
+            return Err(BackendError::gone(format!(
+                "no sandbox {}",
+                request.sandbox
+            )));
         };
         blocking(move || {
             let sealed = s.gate.read().unwrap_or_else(|p| p.into_inner());
