@@ -240,7 +240,7 @@ fn r06_mirror_into_dead_sandbox() {
     assert_eq!(h.next_deadline_in(), Some(secs(2))); // the upload timeout comes first
     h.flush("sa", &log(), "v2"); // pending behind the hung v1
     h.wait(ms(1500));
-    h.to_next_deadline(); // upload timeout at 2 s: v1 dropped, v2 goes out, still into xa
+    h.run_to_next_deadline(); // upload timeout at 2 s: v1 dropped, v2 goes out, still into xa
     h.expect_commands(&[
         cancel(u1, xa),
         Command::Upload {
@@ -253,7 +253,7 @@ fn r06_mirror_into_dead_sandbox() {
         },
     ]);
     h.expect_events(&[dropped("sa", &log(), 1, DropReason::UploadTimeout)]);
-    h.to_next_deadline(); // the drain deadline at 3 s
+    h.run_to_next_deadline(); // the drain deadline at 3 s
     assert_eq!(h.now, Instant::ZERO + secs(3));
     h.expect_commands(&[cancel(UploadId(1), xa), stop(xa)]);
     h.expect_events(&[

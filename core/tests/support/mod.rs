@@ -515,7 +515,7 @@ impl Script {
     }
 
     /// Moves the clock to the core's next deadline and hands it a timeout there.
-    pub fn to_next_deadline(&mut self) -> Instant {
+    pub fn run_to_next_deadline(&mut self) -> Instant {
         let at = self.core.poll_timeout().expect("a deadline is set");
         assert!(at >= self.now);
         self.now = at;
