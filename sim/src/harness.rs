@@ -125,6 +125,7 @@ impl Harness {
     pub fn apply(&mut self, step: &Step) -> Result<(), Stop> {
         self.steps += 1;
         self.history.step = self.steps;
+        self.history.now_ms = self.now_ms;
         self.was_closed = self.history.closed;
         if self.recording() {
             self.step_text = step.to_string();
@@ -175,11 +176,17 @@ impl Harness {
                 self.after(r.map(|_| ()).map_err(|e| e.kind()))?;
             }
             Step::Resolve(session, expect) => {
-                let got = self.observe_resolve(session);
                 self.last_error = None;
-                match got {
-                    Some(observed) if &observed == expect => {}
-                    _ => {
+                let got = self.core.resolve(session);
+                let fits = match (expect, &got) {
+                    (ResolveExpect::Call(c), Ok(x)) => self.history.sandbox_of(c) == Some(*x),
+                    (ResolveExpect::None, Err(Error::NoActiveSandbox { .. })) => true,
+                    (ResolveExpect::Gone, Err(Error::SandboxGone { .. })) => true,
+                    _ => false,
+                };
+                match fits {
+                    true => {}
+                    false => {
                         let got = self.core.resolve(session);
                         return Err(self.expectation(format!(
                             "resolve {session}: expected {expect:?}, got {got:?}"
@@ -206,10 +213,14 @@ impl Harness {
             Step::Close(deadline) => {
                 let d = deadline.unwrap_or(self.close_deadline);
                 let r = self.core.close(now, d);
+                if r.is_ok() {
+                    self.history.closing = true;
+                }
                 self.after(r.map_err(|e| e.kind()))?;
             }
             Step::Advance(d) => {
                 self.now_ms += d.as_millis() as u64;
+                self.history.now_ms = self.now_ms;
                 let now = self.now();
                 let due = self.core.poll_timeout().is_some_and(|t| t <= now);
                 if due || self.history.closed {
@@ -263,6 +274,7 @@ impl Harness {
     pub fn apply_raw(&mut self, answer: &Answer, op: &Op, what: &str) -> Result<(), Stop> {
         self.steps += 1;
         self.history.step = self.steps;
+        self.history.now_ms = self.now_ms;
         self.was_closed = self.history.closed;
         if self.recording() {
             self.step_text = format!("{what}: {answer} {}", op.sandbox);
@@ -296,11 +308,14 @@ impl Harness {
                 self.core.handle_upload_failed(now, u, failure)
             }
             (Answer::StopOk { snapshot }, OpKind::Stop) => {
-                self.history.stop_answered(x);
+                self.history.stop_answered(x, snapshot.as_ref());
                 self.core.handle_stop_ok(now, x, snapshot.clone())
             }
             (Answer::StopFail, OpKind::Stop) => self.core.handle_stop_failed(now, x),
-            (Answer::PersistOk, OpKind::Persist) => self.core.handle_persist_ok(now, x),
+            (Answer::PersistOk, OpKind::Persist) => {
+                self.history.persist_answered(x);
+                self.core.handle_persist_ok(now, x)
+            }
             (Answer::PersistFail, OpKind::Persist) => self.core.handle_persist_failed(now, x),
             (Answer::ShutdownOk, OpKind::Shutdown) => self.core.handle_shutdown_ok(now, x),
             (Answer::ShutdownFail, OpKind::Shutdown) => self.core.handle_shutdown_failed(now, x),

@@ -39,6 +39,16 @@ pub struct SandboxRecord {
     pub call: Option<CallId>,
     /// Uploads ordered into it and still awaited.
     pub uploads_awaited: u32,
+    /// Its isolation key (managed sandboxes).
+    pub key: Option<Key>,
+    /// When its last Drain was ordered (ms).
+    pub drain_at: u64,
+    /// The sessions its last Drain named.
+    pub drain_sessions: Vec<SessionId>,
+    /// The snapshot its Stop answer carried.
+    pub snapshot: Option<Snapshot>,
+    /// Its Persist was answered ok while awaited.
+    pub persist_ok: bool,
 }
 
 /// Where a live call is, as the events told.
@@ -72,6 +82,8 @@ struct PathRecord {
     last_uploaded: u64,
     last_ordered: u64,
     inflight: Option<UploadId>,
+    /// A transient failure left a version waiting for its retry.
+    retry_waiting: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -103,10 +115,31 @@ pub struct History {
     uploads: FastMap<UploadId, UploadRecord>,
     session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
     awaiting_release: FastMap<CallId, u32>,
+    /// Sandboxes stopped in this input before their drain deadline.
+    stopped_now: Vec<SandboxId>,
     /// Uploads of the current input, checked for routing once its events are in.
     routing: Vec<(UploadId, SessionId, SandboxId)>,
     /// The upload whose `upload-ok` is the current input.
     acked_upload: Option<UploadId>,
+    /// A session whose ready call on an up sandbox is being released (this input).
+    releasing_session: Option<SessionId>,
+    /// A flush that must be uploaded in this input (its session has an up sandbox, its path is
+    /// free).
+    expect_upload: Option<(SessionId, PathName, u64)>,
+    /// A version whose upload failed transiently in this input.
+    failing: Option<(SessionId, PathName, u64)>,
+    /// Per key, the sandbox stopping or persisting (its snapshot is not in yet).
+    retiring: FastMap<Key, SandboxId>,
+    /// Per key, the latest snapshot persisted.
+    key_snapshot: FastMap<Key, Snapshot>,
+    /// Per session, the sandbox of its last released ready call (cleared when a call of it
+    /// becomes ready).
+    last_released: FastMap<SessionId, SandboxId>,
+    drain_deadline_ms: u64,
+    /// Close was accepted.
+    pub closing: bool,
+    /// Virtual time of the current input (ms).
+    pub now_ms: u64,
     starts: u64,
     shutdowns: u64,
     uploads_ordered: u64,
@@ -152,7 +185,17 @@ impl History {
             session_sandboxes: FastMap::default(),
             awaiting_release: FastMap::default(),
             acked_upload: None,
+            releasing_session: None,
+            expect_upload: None,
+            failing: None,
+            retiring: FastMap::default(),
+            key_snapshot: FastMap::default(),
+            last_released: FastMap::default(),
+            drain_deadline_ms: config.drain_deadline.as_millis() as u64,
+            closing: false,
+            now_ms: 0,
             routing: Vec::new(),
+            stopped_now: Vec::new(),
             starts: 0,
             shutdowns: 0,
             uploads_ordered: 0,
@@ -260,6 +303,12 @@ impl History {
         if c.phase == Phase::Pending {
             self.marks.hit(Mark::CancelBeforeReady);
         }
+        if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
+            if !self.sandboxes.get(&x).is_some_and(|s| s.dead) {
+                self.releasing_session = Some(c.session.clone());
+                self.last_released.insert(c.session.clone(), x);
+            }
+        }
         self.live.retain(|l| l != call);
         *self.awaiting_release.entry(call.clone()).or_default() += 1;
     }
@@ -287,19 +336,63 @@ impl History {
         let next = p.last + 1;
         p.last = version;
         let fresh = p.unsettled.insert(version);
+        let free = p.inflight.is_none() && !p.retry_waiting;
         check!(
             self,
             version == next && fresh,
             "versions-numbered",
             "flush of {session}/{path} returned v{version}, expected v{next}"
         );
+        if free && self.has_up_call(session) {
+            self.expect_upload = Some((session.clone(), path.clone(), version));
+        }
+    }
+
+    /// Whether the session has a live call ready on a sandbox not reported dead.
+    fn has_up_call(&self, session: &SessionId) -> bool {
+        self.live.iter().any(|c| {
+            self.calls.get(c).is_some_and(|r| {
+                &r.session == session
+                    && r.phase == Phase::Ready
+                    && r.sandbox
+                        .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.dead))
+            })
+        })
     }
 
     /// A Stop was answered `ok` (before the core saw it).
-    pub fn stop_answered(&mut self, x: SandboxId) {
+    pub fn stop_answered(&mut self, x: SandboxId, snapshot: Option<&Snapshot>) {
         let s = self.sbx(x);
-        if s.stop && !s.dead && !s.shutdown {
+        if s.stop && !s.dead && !s.shutdown && !s.stop_ok && !s.persist {
             s.stop_ok = true;
+            s.snapshot = snapshot.cloned();
+        }
+    }
+
+    /// A Persist was answered `ok` (before the core saw it).
+    pub fn persist_answered(&mut self, x: SandboxId) {
+        let suspend = self.release == ReleasePolicy::Suspend;
+        let s = self.sbx(x);
+        if s.persist && !s.dead && !s.shutdown && !s.persist_ok {
+            s.persist_ok = true;
+            let key = s.key.clone();
+            let snapshot = s.snapshot.clone();
+            if let Some(key) = key {
+                if let (Some(snap), false) = (snapshot, matches!(key, Key::Call(_))) {
+                    self.key_snapshot.insert(key.clone(), snap);
+                }
+                if suspend && self.retiring.get(&key) == Some(&x) {
+                    self.retiring.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn lets_go(&mut self, x: SandboxId) {
+        if let Some(key) = self.sandboxes.get(&x).and_then(|s| s.key.clone()) {
+            if self.retiring.get(&key) == Some(&x) {
+                self.retiring.remove(&key);
+            }
         }
     }
 
@@ -323,10 +416,13 @@ impl History {
         s.uploads_awaited = s.uploads_awaited.saturating_sub(1);
         if ok {
             self.acked_upload = Some(upload);
+        } else if !gone {
+            self.failing = Some({ let u = &self.uploads[&upload]; (u.session.clone(), u.path.clone(), u.version) });
         }
         if gone {
             self.marks.hit(Mark::UploadGone);
             self.sbx(sandbox).dead = true;
+            self.lets_go(sandbox);
         }
     }
 
@@ -350,6 +446,7 @@ impl History {
             self.marks.hit(Mark::DeathDuringStart);
         }
         self.sbx(x).dead = true;
+        self.lets_go(x);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -375,9 +472,24 @@ impl History {
             Command::Start {
                 resume_from,
                 sandbox,
+                key,
                 ..
             } => {
                 self.starts += 1;
+                if let Some(old) = self.retiring.get(key) {
+                    let old = *old;
+                    self.fail(
+                        "start-after-persist",
+                        format!("Start {sandbox} for key {key} while its previous sandbox {old} still stops or persists"),
+                    );
+                }
+                let expected = self.key_snapshot.get(key);
+                check!(
+                    self,
+                    resume_from.as_ref() == expected,
+                    "resume-latest-snapshot",
+                    "Start {sandbox} for key {key} resumes from {resume_from:?}, the latest persisted is {expected:?}"
+                );
                 check!(
                     self,
                     !rec.started && !rec.external,
@@ -390,6 +502,7 @@ impl History {
                 let s = self.sbx(x);
                 s.started = true;
                 s.resume_from = resume_from.clone();
+                s.key = Some(key.clone());
             }
             Command::Upload {
                 upload,
@@ -405,6 +518,13 @@ impl History {
                     "no-upload-after-stop",
                     "Upload {upload} of {session} into {x} after its Stop, Shutdown or death"
                 );
+                if self
+                    .expect_upload
+                    .as_ref()
+                    .is_some_and(|(s, p, _)| s == session && p == path)
+                {
+                    self.expect_upload = None;
+                }
                 // Checked after the input's events: CallReady comes after the Upload it caused.
                 self.routing.push((*upload, session.clone(), x));
                 let p = self
@@ -415,6 +535,7 @@ impl History {
                 let last_ordered = p.last_ordered;
                 let unsettled = p.unsettled.contains(&version.0);
                 p.inflight = Some(*upload);
+                p.retry_waiting = false;
                 p.last_ordered = p.last_ordered.max(version.0);
                 check!(
                     self,
@@ -462,6 +583,10 @@ impl History {
                 }
             }
             Command::Drain { sessions, .. } => {
+                let now = self.now_ms;
+                let s = self.sbx(x);
+                s.drain_at = now;
+                s.drain_sessions = sessions.clone();
                 if sessions
                     .iter()
                     .any(|s| self.holds.get(s).is_some_and(|h| *h > 0))
@@ -490,6 +615,14 @@ impl History {
                     "Stop for {x} with {} uploads still in flight",
                     rec.uploads_awaited
                 );
+                if !self.closing && self.now_ms < rec.drain_at + self.drain_deadline_ms {
+                    // Checked once the input's events are in (a call of the session may have
+                    // become ready elsewhere in the same input).
+                    self.stopped_now.push(x);
+                }
+                if let Some(key) = rec.key.clone() {
+                    self.retiring.insert(key, x);
+                }
                 let s = self.sbx(x);
                 s.stop = true;
                 s.draining = false;
@@ -517,6 +650,7 @@ impl History {
                     "no-upload-after-stop",
                     "Shutdown for {x} with uploads still in flight"
                 );
+                self.lets_go(x);
                 let s = self.sbx(x);
                 s.shutdown = true;
                 s.draining = false;
@@ -573,6 +707,7 @@ impl History {
                 };
                 self.bound_to.insert(call.clone(), *sandbox);
                 if let Some(session) = session {
+                    self.last_released.remove(&session);
                     let v = self.session_sandboxes.entry(session).or_default();
                     if !v.contains(sandbox) {
                         v.push(*sandbox);
@@ -711,7 +846,19 @@ impl History {
                             "{session}/{path} {version} superseded by {by} (last v{last})"
                         );
                     }
-                    Settlement::Dropped { reason } => match reason {
+                    Settlement::Dropped { reason } => {
+                        if let Some(p) = self.paths.get_mut(&(session.clone(), path.clone())) {
+                            p.retry_waiting = false;
+                        }
+                        if *reason == sandkeeper::DropReason::NoSandbox
+                            && self.releasing_session.as_ref() == Some(session)
+                        {
+                            self.fail(
+                                "release-drains-mirror",
+                                format!("{session}/{path} {version} dropped (no-sandbox) by the release of a call whose sandbox is up"),
+                            );
+                        }
+                        match reason {
                         sandkeeper::DropReason::DrainDeadline => {
                             self.marks.hit(Mark::DrainDeadline)
                         }
@@ -726,7 +873,7 @@ impl History {
                             self.marks.hit(Mark::UploadTimeout)
                         }
                         sandkeeper::DropReason::SandboxGone => {}
-                    },
+                    }},
                 }
                 if let Some(all) = &mut self.settlements {
                     all.insert((session.clone(), path.clone(), version.0), outcome.clone());
@@ -768,6 +915,43 @@ impl History {
 
     /// Checks the core's getters and counters against the history.
     pub fn after_input(&mut self, core: &Lifecycle) {
+        self.releasing_session = None;
+        for x in std::mem::take(&mut self.stopped_now) {
+            let Some(rec) = self.sandboxes.get(&x) else {
+                continue;
+            };
+            let held = rec.drain_sessions.iter().find(|s| {
+                self.holds.get(*s).is_some_and(|h| *h > 0)
+                    && !self.has_up_call(s)
+                    && self.last_released.get(*s) == Some(&x)
+            });
+            if let Some(held) = held {
+                let held = held.clone();
+                self.fail(
+                    "drain-waits-for-holds",
+                    format!("Stop for {x} before its drain deadline while session {held} still holds it"),
+                );
+            }
+        }
+        if let Some((session, path, version)) = self.failing.take() {
+            if let Some(p) = self.paths.get_mut(&(session, path)) {
+                if p.unsettled.contains(&version) {
+                    p.retry_waiting = true;
+                }
+            }
+        }
+        if let Some((session, path, version)) = self.expect_upload.take() {
+            let unsettled = self
+                .paths
+                .get(&(session.clone(), path.clone()))
+                .is_some_and(|p| p.unsettled.contains(&version));
+            check!(
+                self,
+                !unsettled,
+                "mirror-independent",
+                "{session}/{path} v{version} was flushed with its path free and an up sandbox, yet not uploaded at once"
+            );
+        }
         for (upload, session, x) in std::mem::take(&mut self.routing) {
             let routed = self
                 .session_sandboxes
