@@ -825,7 +825,14 @@ impl Lifecycle {
             CallState::Ready(x) => {
                 let s = self.sessions.get_mut(&session).expect("session");
                 s.ready.retain(|r| r != call);
-                if s.ready.is_empty() && self.sandboxes[&x].state.accepts_uploads() {
+                // The session's mirror lingers on this sandbox unless another of its ready calls
+                // has a sandbox that is up (a call whose sandbox died does not count).
+                let other_up = s.ready.iter().any(|r| {
+                    self.calls[r]
+                        .sandbox()
+                        .is_some_and(|y| self.sandboxes[&y].state.accepts_uploads())
+                });
+                if !other_up && self.sandboxes[&x].state.accepts_uploads() {
                     s.linger = Some(x);
                 }
                 if released {
