@@ -598,6 +598,27 @@ fn start_failure_fails_only_its_calls() {
     assert_ne!(y, y2);
 }
 
+/// Under `Serialize`, a call queued behind a start that fails was not waiting on that start:
+/// it gets a Start of its own (and the failed sandbox is shut down).
+#[test]
+fn start_failure_does_not_fail_the_calls_queued_behind_it() {
+    let mut h = Script::with(|c| c.same_key = SameKey::Serialize);
+    h.acquire("a1", "s");
+    let x = h.started();
+    h.acquire("a2", "s");
+    h.quiet();
+    h.start_failed(x);
+    h.expect_events(&[failed("a1", ErrorKind::StartFailed)]);
+    let cmds = h.take_commands();
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    assert!(cmds.contains(&shutdown(x)), "{cmds:?}");
+    let Some(Command::Start { sandbox: y, .. }) = cmds.iter().find(|c| c.sandbox() != x) else {
+        panic!("{cmds:?}")
+    };
+    h.start_ok(*y);
+    h.expect_events(&[ready("a2", *y)]);
+}
+
 // ----------------------------------------------------------------------------------------------
 // Deaths
 
@@ -641,6 +662,39 @@ fn death_of_a_running_sandbox() {
     h.quiet();
     assert!(h.core.is_quiescent());
     assert_eq!(h.core.stats().shutdowns_ordered, 1);
+}
+
+/// After its sandbox died, a key's next call gets a new sandbox (never the dead one), while the
+/// lost call stays live, bound to the dead one, until it is released. Under `Serialize` the
+/// next call waits for the lost call's release (never two live calls on one key).
+#[test]
+fn after_a_death_the_next_call_of_the_key_gets_a_new_sandbox() {
+    let mut h = Script::default_config();
+    let x = h.ready_call("a1", "s");
+    h.died(x);
+    h.expect_events(&[lost("a1", x)]);
+    h.expect_commands(&[shutdown(x)]);
+    h.acquire("a2", "s");
+    let y = h.started();
+    assert_ne!(x, y);
+    h.start_ok(y);
+    h.expect_events(&[ready("a2", y)]);
+    assert_eq!(h.core.call_status(&call("a1")), Some(CallStatus::Lost(x)));
+    assert_eq!(h.resolve("s"), Ok(y)); // the live one, not the dead one
+    h.flush("s", &log(), "v1");
+    h.expect_upload("s", &log(), 1, y);
+
+    let mut h = Script::with(|c| c.same_key = SameKey::Serialize);
+    let x = h.ready_call("a1", "s");
+    h.acquire("a2", "s");
+    h.died(x);
+    h.expect_events(&[lost("a1", x)]);
+    h.expect_commands(&[shutdown(x)]);
+    assert_eq!(h.core.call_status(&call("a2")), Some(CallStatus::Waiting));
+    h.release("a1");
+    h.expect_events(&[released("a1")]);
+    let y = h.started();
+    assert_ne!(x, y);
 }
 
 /// Death while starting fails the calls with `sandbox-gone`; death while stopping makes the
@@ -1361,6 +1415,72 @@ fn timers_poll_timeout_and_early_handle_timeout() {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Answers
+
+/// An answer naming a sandbox or upload never handed out is a typed error that changes nothing
+/// (`UnknownSandbox`, `UnknownUpload`); a duplicate or late answer is stale: `Ok`, nothing
+/// changes but the stale-answer counter, nothing is emitted.
+#[test]
+fn unknown_answers_are_errors_and_duplicate_answers_are_stale() {
+    let mut h = Script::default_config();
+    let x = h.ready_call("a", "s");
+    let never = SandboxId(99);
+    for input in [
+        Input::StartOk { sandbox: never },
+        Input::StartFailed { sandbox: never },
+        Input::StopOk {
+            sandbox: never,
+            snapshot: None,
+        },
+        Input::StopFailed { sandbox: never },
+        Input::PersistOk { sandbox: never },
+        Input::PersistFailed { sandbox: never },
+        Input::ShutdownOk { sandbox: never },
+        Input::ShutdownFailed { sandbox: never },
+        Input::Died { sandbox: never },
+    ] {
+        assert_eq!(
+            h.input(input),
+            Err(Error::UnknownSandbox { sandbox: never })
+        );
+    }
+    for input in [
+        Input::UploadOk {
+            upload: UploadId(0),
+        },
+        Input::UploadFailed {
+            upload: UploadId(0),
+            failure: UploadFailure::Gone,
+        },
+    ] {
+        assert_eq!(
+            h.input(input),
+            Err(Error::UnknownUpload {
+                upload: UploadId(0)
+            })
+        );
+    }
+    h.quiet();
+    // Duplicates and answers to commands never given for this sandbox: stale.
+    h.flush("s", &log(), "v1");
+    let u = h.expect_upload("s", &log(), 1, x);
+    h.upload_ok(u);
+    h.take_events();
+    let stale = h.core.stats().stale_answers;
+    h.start_ok(x);
+    h.start_failed(x);
+    h.upload_ok(u);
+    h.upload_failed(u, UploadFailure::Gone);
+    h.stop_ok(x, Some("s"));
+    h.persist_ok(x);
+    h.shutdown_ok(x);
+    h.quiet();
+    assert_eq!(h.core.stats().stale_answers, stale + 7);
+    assert_eq!(h.core.sandbox_state(x), Some(SandboxState::Running));
+    assert_eq!(h.resolve("s"), Ok(x));
+}
+
+// ----------------------------------------------------------------------------------------------
 // Names and limits
 
 /// Names that could escape a directory or reach a shell are `InvalidName`, for every kind of
@@ -1453,6 +1573,36 @@ fn limits_are_typed_errors() {
         Lifecycle::new(bad),
         Err(Error::InvalidConfig { .. })
     ));
+}
+
+/// Idle session records are bounded (`max_idle_sessions`): the oldest is forgotten, and, as
+/// documented on the limit, its next flush starts again at version 1.
+#[test]
+fn idle_session_records_are_bounded() {
+    let mut h = Script::with(|c| c.limits.max_idle_sessions = 1);
+    h.flush("s1", &log(), "x");
+    h.flush("s1", &log(), "x");
+    assert_eq!(
+        h.core.last_version(&session("s1"), &log()),
+        Some(Version(2))
+    );
+    h.flush("s2", &log(), "x");
+    assert_eq!(h.core.session_records(), 1);
+    assert_eq!(h.core.stats().sessions_forgotten, 1);
+    assert_eq!(h.core.last_version(&session("s1"), &log()), None);
+    assert_eq!(h.flush("s1", &log(), "x"), 1);
+    h.take_events();
+    // A session with a live call is never forgotten.
+    let x = h.ready_call("a", "s3");
+    h.flush("s3", &log(), "x");
+    h.expect_upload("s3", &log(), 1, x);
+    for i in 0..5 {
+        h.flush(&format!("idle{i}"), &log(), "x");
+    }
+    assert_eq!(
+        h.core.last_version(&session("s3"), &log()),
+        Some(Version(1))
+    );
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -330,8 +330,15 @@ impl Script {
             }
             Ok(version) => {
                 if let (Some(v), Some((s, p))) = (version, flushed) {
-                    let fresh = self.history.flushed.insert((s, p, *v));
-                    assert!(fresh, "a version was handed out twice");
+                    let key = (s, p, *v);
+                    if !self.history.flushed.insert(key.clone()) {
+                        // Only a forgotten idle session starts its numbering again, and only
+                        // after every version it had settled.
+                        assert!(
+                            self.history.settled.remove(&key),
+                            "version {key:?} handed out twice while the first is unsettled"
+                        );
+                    }
                 }
                 match &input {
                     Input::UploadOk { upload } | Input::UploadFailed { upload, .. } => {
