@@ -1007,14 +1007,32 @@ fn transient_upload_failure_retries_with_backoff_then_drops() {
     h.expect_commands(&[]);
     assert_eq!(h.core.stats().upload_retries, 3);
 
+    // The upload timeout bounds one attempt (as `Config::upload_timeout` documents): an
+    // attempt that fails late is retried with a fresh timeout; one that hangs is dropped
+    // `upload-timeout` without a retry. See the report: the "within the upload timeout"
+    // could also be read as a bound on all attempts of a version together.
+    h.flush("s", &log(), "late");
+    let u = h.expect_upload("s", &log(), 2, x);
+    h.wait(ms(1900));
+    h.upload_failed(u, UploadFailure::Transient);
+    h.advance(ms(100));
+    let u = h.expect_upload("s", &log(), 2, x);
+    assert_eq!(h.next_deadline_in(), Some(secs(2)));
+    h.advance(secs(2));
+    h.expect_commands(&[cancel(u, x)]);
+    h.expect_events(&[
+        dropped("s", &log(), 2, DropReason::UploadTimeout),
+        mirror_settled("s"),
+    ]);
+
     // A newer version waiting when the attempt fails: the failed one is superseded, the newer
     // one goes out at once.
-    h.flush("s", &log(), "v2");
-    let u2 = h.expect_upload("s", &log(), 2, x);
     h.flush("s", &log(), "v3");
-    h.upload_failed(u2, UploadFailure::Transient);
-    h.expect_events(&[superseded("s", &log(), 2, 3)]);
-    h.expect_upload("s", &log(), 3, x);
+    let u3 = h.expect_upload("s", &log(), 3, x);
+    h.flush("s", &log(), "v4");
+    h.upload_failed(u3, UploadFailure::Transient);
+    h.expect_events(&[superseded("s", &log(), 3, 4)]);
+    h.expect_upload("s", &log(), 4, x);
 }
 
 /// An attempt unanswered for `upload_timeout` is cancelled and its version dropped
@@ -1081,6 +1099,11 @@ fn mirror_settled_per_session() {
     assert!(!h.core.is_mirror_settled(&session("sa")));
     h.upload_ok(ua);
     h.expect_events(&[uploaded("sa", &log(), 1, xa), mirror_settled("sa")]);
+    // `MirrorSettled` marks the change from unsettled to settled: a flush that settles at once
+    // (nowhere to go) emits none, and the getter says settled. A waiter checks the getter first.
+    h.flush("nobody", &log(), "x");
+    h.expect_events(&[dropped("nobody", &log(), 1, DropReason::NoSandbox)]);
+    assert!(h.core.is_mirror_settled(&session("nobody")));
 }
 
 /// `CallReleased` waits for the released call's own session's mirror work in its sandbox, and
