@@ -95,6 +95,7 @@ impl Lifecycle {
             let superseded = slot.pending.replace((version, payload));
             if let Some((old, _)) = superseded {
                 slot.attempts = 0;
+                slot.since = None;
                 self.settle(session, path, old, Settlement::Superseded { by: version });
             }
             self.pump(session);
@@ -199,6 +200,7 @@ impl Lifecycle {
             sandbox,
             payload,
             attempts,
+            since,
             ..
         } = up;
         match failure {
@@ -216,6 +218,8 @@ impl Lifecycle {
                 }
             }
             UploadFailure::Transient => {
+                let delay = self.retry_delay(attempts);
+                let in_time = self.now + delay < since + self.config.upload_timeout;
                 let s = self
                     .sessions
                     .get_mut(&session)
@@ -225,13 +229,12 @@ impl Lifecycle {
                 if let Some((newer, _)) = &slot.pending {
                     let by = *newer;
                     self.settle(&session, &path, version, Settlement::Superseded { by });
-                } else if attempts < self.config.upload_retries {
-                    let factor = 1u32.checked_shl(attempts).unwrap_or(u32::MAX);
-                    let delay = self.config.retry_backoff.saturating_mul(factor);
+                } else if attempts < self.config.upload_retries && in_time {
                     let at = self.now + delay;
                     tracing::debug!(session = %session, path = %path, version = %version, attempt = attempts + 1, "upload retry");
                     slot.pending = Some((version, payload));
                     slot.attempts = attempts + 1;
+                    slot.since = Some(since);
                     slot.retry_at = Some(
                         self.timers
                             .set(at, Timer::Retry(session.clone(), path.clone())),
@@ -258,6 +261,12 @@ impl Lifecycle {
 
     // ------------------------------------------------------------------------------------------
     // Internals
+
+    /// The delay before retry number `attempts + 1`: the backoff, doubled per failed attempt.
+    fn retry_delay(&self, attempts: u32) -> std::time::Duration {
+        let factor = 1u32.checked_shl(attempts).unwrap_or(u32::MAX);
+        self.config.retry_backoff.saturating_mul(factor)
+    }
 
     /// Removes an awaited upload from every record; `None` for a stale one.
     fn take_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
@@ -371,9 +380,11 @@ impl Lifecycle {
             };
             let upload = UploadId(self.next_upload);
             self.next_upload += 1;
+            // Every attempt of a version ends within the upload timeout of its first attempt.
+            let since = slot.since.take().unwrap_or(self.now);
             let deadline = self
                 .timers
-                .set(self.now + self.config.upload_timeout, Timer::Upload(upload));
+                .set(since + self.config.upload_timeout, Timer::Upload(upload));
             slot.inflight = Some(upload);
             x.uploads.insert(upload);
             self.uploads.insert(
@@ -386,6 +397,7 @@ impl Lifecycle {
                     payload: payload.clone(),
                     deadline,
                     attempts: slot.attempts,
+                    since,
                 },
             );
             self.stats.uploads_ordered += 1;
@@ -458,6 +470,7 @@ impl Lifecycle {
                 self.timers.cancel(at);
             }
             slot.attempts = 0;
+            slot.since = None;
             if let Some((version, _)) = slot.pending.take() {
                 dropped.push((slot.path.clone(), version));
             }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::name::{CallId, PathName, SessionId};
+use crate::time::Instant;
 use crate::timer::TimerRef;
 
 /// The mirror state of one (session, path).
@@ -32,6 +33,9 @@ pub(crate) struct SlotWork {
     pub(crate) inflight: Option<UploadId>,
     /// Failed attempts of the pending version.
     pub(crate) attempts: u32,
+    /// When the pending version's first attempt began: all its attempts end by this plus the
+    /// upload timeout.
+    pub(crate) since: Option<Instant>,
     /// When the pending version may be tried again.
     pub(crate) retry_at: Option<TimerRef>,
 }
@@ -40,6 +44,7 @@ static NO_WORK: SlotWork = SlotWork {
     pending: None,
     inflight: None,
     attempts: 0,
+    since: None,
     retry_at: None,
 };
 
@@ -90,6 +95,8 @@ pub(crate) struct Upload {
     pub(crate) deadline: TimerRef,
     /// Failed attempts before this one.
     pub(crate) attempts: u32,
+    /// When the version's first attempt began.
+    pub(crate) since: Instant,
 }
 
 /// A session record: its paths inline, the rest boxed while live.
