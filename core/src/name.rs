@@ -73,7 +73,7 @@ macro_rules! name_type {
         $(#[$meta])*
         ///
         /// Validated when made (see the module docs); cheap to clone.
-        #[derive(Clone, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Eq, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $ty(Arc<str>);
 
@@ -82,6 +82,13 @@ macro_rules! name_type {
                 // The core clones one `Arc` per name around: comparing the pointers first spares
                 // most byte comparisons in lookups.
                 Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+            }
+        }
+
+        impl std::hash::Hash for $ty {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                // As `str` hashes: a name and its text find the same map entry.
+                (*self.0).hash(state);
             }
         }
 
