@@ -102,9 +102,12 @@ pub struct Config {
     pub release: ReleasePolicy,
     /// How long a Start may take before its calls fail with `StartTimeout`.
     pub start_timeout: Duration,
-    /// How long one upload attempt may take before its version is dropped (`upload-timeout`).
+    /// How long the attempts of one version may take together, from its first attempt. An
+    /// attempt still unanswered then is cancelled and its version dropped (`upload-timeout`); a
+    /// retry whose backoff would end later is not made (`upload-failed`).
     pub upload_timeout: Duration,
-    /// Transient upload failures retried per version before it is dropped (`upload-failed`).
+    /// Transient upload failures retried per version, within `upload_timeout`, before it is
+    /// dropped (`upload-failed`).
     pub upload_retries: u32,
     /// The first retry's delay; each further retry doubles it.
     pub retry_backoff: Duration,
