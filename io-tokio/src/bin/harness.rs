@@ -337,7 +337,7 @@ async fn run(args: Args) -> Result<(), String> {
     row(
         "sandboxes",
         format!(
-            "{} started, {} shut down, {} revived warm, {} died, {} unconfirmed",
+            "{} started, {} shut down, {} revived (warm or draining), {} died, {} unconfirmed",
             stats.starts_ordered,
             stats.shutdowns_ok,
             stats.revivals,
@@ -505,9 +505,13 @@ async fn session_task(
             }
             if dies_at == Some(t as u64) {
                 // Someone deletes the sandbox directory from outside.
+                // Writes may race the removal; try until the directory is gone.
                 let dir = keeper.backend().sandbox_dir(guard.sandbox());
-                if std::fs::remove_dir_all(&dir).is_ok() {
-                    record.killed.insert(guard.sandbox());
+                record.killed.insert(guard.sandbox());
+                for _ in 0..10 {
+                    if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+                        break;
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(rng.below(4))).await;

@@ -2,7 +2,6 @@
 //! sandbox's directory, with a timeout, stopped when the sandbox stops.
 
 use std::ffi::OsStr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use sandkeeper::SandboxId;
@@ -82,9 +81,9 @@ impl LocalBackend {
                 .args(args)
                 .current_dir(&s.dir)
                 .env("SANDKEEPER_SANDBOX", sandbox.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|error| RunError::Spawn {

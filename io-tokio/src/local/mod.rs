@@ -258,7 +258,14 @@ impl Backend for LocalBackend {
             }
             let target = session_file(&s.dir, &request.session, &request.path);
             if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io_error("mkdir", e))?;
+                // Only the session's own directory is made here, never its parents: a sandbox
+                // directory removed from outside is not brought back by a write (it stays gone,
+                // and the death check sees it).
+                match std::fs::create_dir(parent) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io_error("mkdir", e)),
+                }
             }
             write_atomically(&target, request.upload, request.payload.as_bytes())
                 .map_err(|e| io_error("write", e))?;
