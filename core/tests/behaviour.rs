@@ -288,6 +288,52 @@ fn serialize_wait_timeout() {
     assert!(h.core.call_status(&call("a1")).is_some());
 }
 
+/// Under `Share`, a call of a key whose previous sandbox is still stopping waits for its
+/// persist (to resume from the new snapshot). That wait uses the key's queue: it is bounded by
+/// `max_waiters` (`QueueFull`) and `wait_timeout` (`wait-timeout`), like a `Serialize` wait.
+/// Documented as it is; see the report (a `Share` user may not expect a queue here).
+#[test]
+fn share_waits_for_a_retiring_sandbox_within_the_queue_limits() {
+    let mut h = Script::default_config(); // max_waiters 2, wait 4 s, command 5 s
+    let x = h.ready_call("a1", "s");
+    h.release("a1");
+    h.take_events();
+    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.acquire("a2", "s");
+    h.acquire("a3", "s");
+    h.quiet();
+    assert_eq!(
+        h.try_acquire(spec("a4", "s")),
+        Err(Error::QueueFull {
+            key: Key::Session(session("s")),
+            max: 2
+        })
+    );
+    h.advance(secs(4)); // the Stop is still unanswered
+    h.expect_events(&[
+        failed("a2", ErrorKind::WaitTimeout),
+        failed("a3", ErrorKind::WaitTimeout),
+    ]);
+    h.stop_ok(x, None);
+    h.expect_commands(&[shutdown(x)]);
+    // Answered in time, the waiters all share the one new sandbox.
+    let mut h = Script::default_config();
+    let x = h.ready_call("a1", "s");
+    h.release("a1");
+    h.take_events();
+    h.take_commands();
+    h.acquire("a2", "s");
+    h.acquire("a3", "s");
+    h.stop_ok(x, None);
+    let cmds = h.take_commands();
+    let Some(Command::Start { sandbox: y, .. }) = cmds.iter().find(|c| c.sandbox() != x) else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(cmds.len(), 2, "{cmds:?}"); // Shutdown of x, one Start
+    h.start_ok(*y);
+    h.expect_events(&[ready("a2", *y), ready("a3", *y)]);
+}
+
 // ----------------------------------------------------------------------------------------------
 // Ownership and release policies
 
@@ -341,6 +387,27 @@ fn external_sandboxes_are_never_stopped_or_shut_down() {
         c,
         Command::Start { .. } | Command::Stop { .. } | Command::Shutdown { .. }
     )));
+}
+
+/// Calls naming one external sandbox share it even under `Serialize`: the application owns the
+/// sandbox (and its concurrency), and no release of it can tear anything down (R10 cannot
+/// happen). Documented as it is; see the report (DESIGN's invariant 8 reads "never two live
+/// calls on one key", and the core exempts external keys on purpose).
+#[test]
+fn external_sandboxes_are_shared_even_under_serialize() {
+    let mut h = Script::with(|c| c.same_key = SameKey::Serialize);
+    h.try_acquire(spec("a", "s1").with_external(external("e")))
+        .unwrap();
+    h.try_acquire(spec("b", "s2").with_external(external("e")))
+        .unwrap();
+    let events = h.take_events();
+    let [Event::CallReady { sandbox: xa, .. }, Event::CallReady { sandbox: xb, .. }] =
+        events.as_slice()
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!(xa, xb);
+    h.expect_commands(&[]);
 }
 
 /// `KeepWarm`: the next call of the key reuses the idle sandbox; after `idle` without a call it
