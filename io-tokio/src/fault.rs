@@ -138,6 +138,11 @@ struct World {
     violations: Vec<String>,
     hung: HashSet<SessionId>,
     late_writes_refused: u64,
+    /// Uploads and starts inside the backend now, and the most there ever were at once.
+    uploads_now: usize,
+    uploads_max: usize,
+    starts_now: usize,
+    starts_max: usize,
     /// Files of each sandbox as they were when its Shutdown was received.
     at_shutdown: BTreeMap<SandboxId, Files>,
 }
@@ -200,6 +205,16 @@ impl FaultBackend {
     /// (refused, so nothing landed after a snapshot).
     pub fn late_writes_refused(&self) -> u64 {
         self.world().late_writes_refused
+    }
+
+    /// The most uploads that were inside the backend at once.
+    pub fn max_concurrent_uploads(&self) -> usize {
+        self.world().uploads_max
+    }
+
+    /// The most starts that were inside the backend at once.
+    pub fn max_concurrent_starts(&self) -> usize {
+        self.world().starts_max
     }
 
     /// The version and bytes of a session's file in a sandbox, if written.
@@ -308,6 +323,7 @@ impl FaultBackend {
 
 impl Backend for FaultBackend {
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
+        let _inside = Inside::enter(&self.world, Meter::Starts);
         let sandbox = request.sandbox;
         if self.receive(Op::Start(sandbox)).is_none() {
             self.world().boxes.insert(
@@ -362,6 +378,7 @@ impl Backend for FaultBackend {
     }
 
     async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {
+        let _inside = Inside::enter(&self.world, Meter::Uploads);
         let sandbox = request.sandbox;
         let phase = self.receive(Op::Upload {
             sandbox,
@@ -497,5 +514,47 @@ impl DeathLater {
             }
         }
         self.sink.report(self.sandbox);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Meter {
+    Uploads,
+    Starts,
+}
+
+/// Counts an operation inside the backend while it lives (a cancelled one leaves on drop).
+struct Inside {
+    world: Arc<Mutex<World>>,
+    meter: Meter,
+}
+
+impl Inside {
+    fn enter(world: &Arc<Mutex<World>>, meter: Meter) -> Self {
+        let mut w = world.lock().unwrap_or_else(|p| p.into_inner());
+        match meter {
+            Meter::Uploads => {
+                w.uploads_now += 1;
+                w.uploads_max = w.uploads_max.max(w.uploads_now);
+            }
+            Meter::Starts => {
+                w.starts_now += 1;
+                w.starts_max = w.starts_max.max(w.starts_now);
+            }
+        }
+        Inside {
+            world: world.clone(),
+            meter,
+        }
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let mut w = self.world.lock().unwrap_or_else(|p| p.into_inner());
+        match self.meter {
+            Meter::Uploads => w.uploads_now -= 1,
+            Meter::Starts => w.starts_now -= 1,
+        }
     }
 }

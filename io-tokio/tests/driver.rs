@@ -460,3 +460,41 @@ fn a_storm_replays_identically_from_its_seed() {
     };
     assert_eq!(run(5), run(5));
 }
+
+#[tokio::test(start_paused = true)]
+async fn backend_concurrency_stays_within_the_configured_limits() {
+    let mut faults = FaultConfig::reliable();
+    faults.upload_latency = (Duration::from_millis(100), Duration::from_millis(100));
+    faults.start_latency = (Duration::from_millis(100), Duration::from_millis(100));
+    let config = KeeperConfig {
+        max_uploads: 2,
+        max_lifecycle_ops: 3,
+        ..KeeperConfig::default()
+    };
+    let k = Keeper::new(config, FaultBackend::new(4, faults)).unwrap();
+    let mut acquires = Vec::new();
+    for i in 0..8 {
+        let k = k.clone();
+        acquires.push(tokio::spawn(async move {
+            k.acquire(spec(&format!("c{i}"), &format!("s{i}")))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut guards = Vec::new();
+    for a in acquires {
+        guards.push(a.await.unwrap());
+    }
+    for i in 0..8 {
+        k.flush(&sid(&format!("s{i}")), &log(), b"x".to_vec())
+            .unwrap();
+    }
+    for g in guards {
+        assert_eq!(g.release().await, Released::Completed);
+    }
+    assert_eq!(k.backend().max_concurrent_starts(), 3);
+    assert_eq!(k.backend().max_concurrent_uploads(), 2);
+    assert_eq!(k.tally().uploaded, 8, "waiting for a permit loses nothing");
+    k.close(Duration::from_secs(1)).await;
+    k.check_invariants().unwrap();
+}
