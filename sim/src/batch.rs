@@ -25,7 +25,14 @@ pub struct BatchReport {
 
 /// Runs seeds `from..from + count` on `jobs` threads. `done` counts finished seeds (for a
 /// progress bar). `stop_at_first`: stop handing out seeds once one fails.
-pub fn run_batch(from: u64, count: u64, jobs: usize, done: &AtomicU64, stop_at_first: bool) -> BatchReport {
+pub fn run_batch(
+    from: u64,
+    count: u64,
+    jobs: usize,
+    done: &AtomicU64,
+    stop_at_first: bool,
+    opts: &RunOptions,
+) -> BatchReport {
     let next = AtomicU64::new(from);
     let end = from.saturating_add(count);
     let report = Mutex::new(BatchReport::default());
@@ -42,7 +49,7 @@ pub fn run_batch(from: u64, count: u64, jobs: usize, done: &AtomicU64, stop_at_f
                     if seed >= end {
                         break;
                     }
-                    let r = run_seed(seed, &RunOptions::default());
+                    let r = run_seed(seed, opts);
                     local.seeds += 1;
                     local.steps += r.steps as u64;
                     local.inputs += r.inputs;

@@ -49,7 +49,7 @@ impl Default for HarnessOptions {
         HarnessOptions {
             keep_zombies: false,
             keep_settlements: false,
-            small_state: 24,
+            small_state: 0,
             full_check_every: 16,
             trace: false,
             hash: false,

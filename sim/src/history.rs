@@ -51,6 +51,36 @@ pub struct SandboxRecord {
     pub persist_ok: bool,
 }
 
+/// The flags of a sandbox record, copied out for a check.
+#[derive(Clone, Copy, Default)]
+struct Flags {
+    started: bool,
+    external: bool,
+    draining: bool,
+    stop: bool,
+    stop_ok: bool,
+    shutdown: bool,
+    dead: bool,
+    uploads_awaited: u32,
+    drain_at: u64,
+}
+
+impl Flags {
+    fn of(s: &SandboxRecord) -> Flags {
+        Flags {
+            started: s.started,
+            external: s.external,
+            draining: s.draining,
+            stop: s.stop,
+            stop_ok: s.stop_ok,
+            shutdown: s.shutdown,
+            dead: s.dead,
+            uploads_awaited: s.uploads_awaited,
+            drain_at: s.drain_at,
+        }
+    }
+}
+
 /// Where a live call is, as the events told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -461,7 +491,7 @@ impl History {
             "command {cmd:?} after Closed"
         );
         let x = cmd.sandbox();
-        let rec = self.sandboxes.get(&x).cloned().unwrap_or_default();
+        let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
         check!(
             self,
             !rec.shutdown,
@@ -620,7 +650,7 @@ impl History {
                     // become ready elsewhere in the same input).
                     self.stopped_now.push(x);
                 }
-                if let Some(key) = rec.key.clone() {
+                if let Some(key) = self.sandboxes.get(&x).and_then(|s| s.key.clone()) {
                     self.retiring.insert(key, x);
                 }
                 let s = self.sbx(x);
@@ -668,7 +698,7 @@ impl History {
         );
         match ev {
             Event::CallReady { call, sandbox } => {
-                let rec = self.sandboxes.get(sandbox).cloned().unwrap_or_default();
+                let rec = self.sandboxes.get(sandbox).map(Flags::of).unwrap_or_default();
                 check!(
                     self,
                     !rec.dead && !rec.stop && !rec.shutdown,

@@ -39,6 +39,13 @@ enum Cmd {
         /// Stop at the first failing seed.
         #[arg(long)]
         stop_at_first: bool,
+        /// Run the core's full state check after every input while calls plus sandboxes are at
+        /// most this many (default 0) ...
+        #[arg(long)]
+        small_state: Option<usize>,
+        /// ... and otherwise every this many inputs (default 16).
+        #[arg(long)]
+        full_check_every: Option<u64>,
     },
     /// Reruns one seed and writes its trace (JSON lines).
     Replay {
@@ -76,7 +83,19 @@ fn main() -> ExitCode {
             from,
             jobs,
             stop_at_first,
-        } => explore(seeds, from, jobs, stop_at_first),
+            small_state,
+            full_check_every,
+        } => {
+            let full_check = match (small_state, full_check_every) {
+                (None, None) => None,
+                (a, b) => Some((a.unwrap_or(0), b.unwrap_or(16))),
+            };
+            let opts = RunOptions {
+                full_check,
+                ..RunOptions::default()
+            };
+            explore(seeds, from, jobs, stop_at_first, &opts)
+        }
         Cmd::Replay { seed, trace } => replay(seed, trace),
         Cmd::Shrink { seed, out } => shrink(seed, out),
         Cmd::Run { file, quiet } => run_file(file, quiet),
@@ -89,7 +108,7 @@ fn wall_clock() -> std::time::Instant {
     std::time::Instant::now()
 }
 
-fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool) -> ExitCode {
+fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool, opts: &RunOptions) -> ExitCode {
     let done = AtomicU64::new(0);
     let bar = ProgressBar::new(seeds);
     bar.set_style(
@@ -98,7 +117,7 @@ fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool) -> ExitCode 
     );
     let started = wall_clock();
     let report = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| run_batch(from, seeds, jobs, &done, stop_at_first));
+        let worker = scope.spawn(|| run_batch(from, seeds, jobs, &done, stop_at_first, opts));
         while !worker.is_finished() {
             bar.set_position(done.load(Ordering::Relaxed));
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -151,6 +170,7 @@ fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
         &RunOptions {
             trace: true,
             hash: true,
+            ..RunOptions::default()
         },
     );
     let text = r.trace.join("\n") + "\n";

@@ -19,6 +19,11 @@ pub struct RunOptions {
     pub trace: bool,
     /// Compute the trace hash.
     pub hash: bool,
+    /// Keep the transcript (the steps as a scenario spells them), for shrinking.
+    pub transcript: bool,
+    /// Override of the full-state check cadence: (small_state, full_check_every). `None`: the
+    /// harness defaults.
+    pub full_check: Option<(usize, u64)>,
 }
 
 /// The outcome of one seed.
@@ -57,13 +62,20 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let summary = swarm.to_string();
     let config = swarm.config.clone();
     let close_deadline = swarm.close_deadline;
-    let hopts = HarnessOptions {
+    let mut hopts = HarnessOptions {
         keep_zombies: true,
         trace: opts.trace,
         hash: opts.hash,
         ..HarnessOptions::default()
     };
-    let mut transcript = Vec::new();
+    if let Some((small, every)) = opts.full_check {
+        hopts.small_state = small;
+        hopts.full_check_every = every.max(1);
+    }
+    let mut transcript = Transcript {
+        keep: opts.transcript,
+        steps: Vec::new(),
+    };
     let mut harness =
         Harness::new(config.clone(), close_deadline, hopts).expect("swarm configs are valid");
     let mut world = World::new(seed, swarm);
@@ -101,12 +113,12 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
         failure,
         marks: harness.history.marks,
         hash: harness.hash,
-        transcript,
+        transcript: transcript.steps,
         trace: std::mem::take(&mut harness.trace),
     }
 }
 
-fn apply(h: &mut Harness, transcript: &mut Vec<Step>, step: Step) -> Result<(), Stop> {
+fn apply(h: &mut Harness, transcript: &mut Transcript, step: Step) -> Result<(), Stop> {
     let step = match step {
         // The world's resolves record what the core answered; the history judges it.
         Step::Resolve(session, _) => match h.observe_resolve(&session) {
@@ -115,11 +127,19 @@ fn apply(h: &mut Harness, transcript: &mut Vec<Step>, step: Step) -> Result<(), 
         },
         other => other,
     };
-    transcript.push(step.clone());
+    if transcript.keep {
+        transcript.steps.push(step.clone());
+    }
     h.apply(&step)
 }
 
-fn drive(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(), Stop> {
+/// The steps of a run, kept only when asked.
+pub struct Transcript {
+    keep: bool,
+    steps: Vec<Step>,
+}
+
+fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<(), Stop> {
     while !w.done(h) {
         match w.next(h) {
             Move::Step(step) => {
@@ -133,7 +153,11 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(
                 }
             }
             Move::Raw(answer, op, what) => {
-                transcript.push(Step::Unspellable(format!("{what}: {answer} {}", op.sandbox)));
+                if transcript.keep {
+                    transcript
+                        .steps
+                        .push(Step::Unspellable(format!("{what}: {answer} {}", op.sandbox)));
+                }
                 h.apply_raw(&answer, &op, &what)?;
             }
         }
@@ -143,7 +167,7 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(
 }
 
 /// Answers everything, then moves time to the next timer, until neither is left.
-fn quiesce(h: &mut Harness, transcript: &mut Vec<Step>, phase: &str) -> Result<(), Stop> {
+fn quiesce(h: &mut Harness, transcript: &mut Transcript, phase: &str) -> Result<(), Stop> {
     h.ledger.zombies.clear();
     for _ in 0..LIVENESS_ROUNDS {
         if h.ledger.any(None) {
@@ -176,7 +200,7 @@ fn liveness_fail(h: &mut Harness, name: &str, detail: String) -> Stop {
 
 /// Faults stop; pending answers are delivered; time runs. Every call must become ready or
 /// failed, every release complete, every version settle, the core go quiet, close complete.
-pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Vec<Step>) -> Result<(), Stop> {
+pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<(), Stop> {
     // A: answer everything, let timers run; nobody may stay waiting or starting.
     for (session, n) in w.take_holds() {
         for _ in 0..n {

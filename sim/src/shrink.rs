@@ -51,7 +51,13 @@ fn with_steps(base: &Scenario, steps: Vec<Step>) -> Scenario {
 
 /// Shrinks the failing run of `seed`.
 pub fn shrink_seed(seed: u64) -> Result<Shrunk, ShrinkError> {
-    let report = run_seed(seed, &RunOptions::default());
+    let report = run_seed(
+        seed,
+        &RunOptions {
+            transcript: true,
+            ..RunOptions::default()
+        },
+    );
     let Some(failure) = report.failure else {
         return Err(ShrinkError::Passes(seed));
     };

@@ -43,7 +43,7 @@ fn seed_batch_passes_and_reaches_every_mark() {
     let seeds = env_u64("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
     let done = AtomicU64::new(0);
-    let report = run_batch(0, seeds, jobs, &done, false);
+    let report = run_batch(0, seeds, jobs, &done, false, &RunOptions::default());
     println!(
         "{} seeds, {} steps, {} core inputs; marks reached: {}",
         report.seeds,
@@ -70,8 +70,8 @@ fn seed_batch_passes_and_reaches_every_mark() {
 fn same_seed_same_trace_hash() {
     for seed in [0u64, 1, 7, 42, 1234, 99_999] {
         let opts = RunOptions {
-            trace: false,
             hash: true,
+            ..RunOptions::default()
         };
         let a = run_seed(seed, &opts);
         let b = run_seed(seed, &opts);
@@ -79,14 +79,14 @@ fn same_seed_same_trace_hash() {
         assert_eq!(a.steps, b.steps);
         assert!(a.steps > 0);
     }
-    let a = run_seed(3, &RunOptions { trace: false, hash: true });
-    let b = run_seed(4, &RunOptions { trace: false, hash: true });
+    let a = run_seed(3, &RunOptions { hash: true, ..RunOptions::default() });
+    let b = run_seed(4, &RunOptions { hash: true, ..RunOptions::default() });
     assert_ne!(a.hash, b.hash, "different seeds, different runs");
 }
 
 #[test]
 fn replay_trace_is_json_lines() {
-    let r = run_seed(11, &RunOptions { trace: true, hash: true });
+    let r = run_seed(11, &RunOptions { trace: true, hash: true, ..RunOptions::default() });
     assert!(!r.trace.is_empty());
     for line in &r.trace {
         let v: serde_json::Value = serde_json::from_str(line).expect("json");
