@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, CallSpec, CallStatus, Command, Config, Error, ErrorKind, Event, Instant, Lifecycle,
-    PathName, Payload, Settlement, SessionId, Stats, UploadFailure,
+    PathName, Payload, SessionId, Settlement, Stats, UploadFailure,
 };
 
 use crate::backend::{Ledger, Op};
 use crate::failure::Failure;
 use crate::fastmap::{fnv1a, FNV_START};
-use crate::marks::Mark;
 use crate::history::History;
+use crate::marks::Mark;
 use crate::step::{Answer, Expect, OpKind, ResolveExpect, Step};
 
 /// Why a step could not go on.
@@ -89,7 +89,11 @@ pub struct Harness {
 
 impl Harness {
     /// A harness around a fresh core.
-    pub fn new(config: Config, close_deadline: Duration, opts: HarnessOptions) -> Result<Self, Error> {
+    pub fn new(
+        config: Config,
+        close_deadline: Duration,
+        opts: HarnessOptions,
+    ) -> Result<Self, Error> {
         let history = History::new(&config, opts.keep_settlements);
         let core = Lifecycle::new(config)?;
         Ok(Harness {
@@ -144,12 +148,10 @@ impl Harness {
                 let was_live = self.history.calls.contains_key(call);
                 let r = self.core.acquire(now, spec);
                 match &r {
-                    Ok(()) => self.history.acquired(
-                        call,
-                        session,
-                        user.as_ref(),
-                        external.as_ref(),
-                    ),
+                    Ok(()) => {
+                        self.history
+                            .acquired(call, session, user.as_ref(), external.as_ref())
+                    }
                     Err(e) => self.history.acquire_rejected(call, e.kind(), was_live),
                 }
                 self.after(r.map_err(|e| e.kind()))?;
@@ -232,7 +234,9 @@ impl Harness {
             }
             Step::Answer(answer, call) => {
                 let Some(x) = self.history.sandbox_of(call) else {
-                    return Err(Stop::Misuse(format!("@{call} names no sandbox: {call} was never bound")));
+                    return Err(Stop::Misuse(format!(
+                        "@{call} names no sandbox: {call} was never bound"
+                    )));
                 };
                 match answer.op() {
                     None => {
@@ -344,7 +348,9 @@ impl Harness {
         while let Some(op) = self.ledger.oldest(only).cloned() {
             rounds += 1;
             if rounds > 100_000 {
-                return Err(self.fail_now("liveness-settle", "settle never ran out of commands".into()));
+                return Err(
+                    self.fail_now("liveness-settle", "settle never ran out of commands".into())
+                );
             }
             let op = self.ledger.take(op.kind, op.sandbox).expect("outstanding");
             self.answer(&Answer::success(op.kind), &op)?;
@@ -359,11 +365,14 @@ impl Harness {
             Ok(x) => {
                 // Prefer a live call of the session as the name, else the sandbox's first call.
                 let live = self.history.live.iter().find(|c| {
-                    self.history.calls.get(*c).is_some_and(|r| &r.session == session && r.sandbox == Some(x))
+                    self.history
+                        .calls
+                        .get(*c)
+                        .is_some_and(|r| &r.session == session && r.sandbox == Some(x))
                 });
-                let name = live.cloned().or_else(|| {
-                    self.history.sandboxes.get(&x).and_then(|s| s.call.clone())
-                })?;
+                let name = live
+                    .cloned()
+                    .or_else(|| self.history.sandboxes.get(&x).and_then(|s| s.call.clone()))?;
                 Some(ResolveExpect::Call(name))
             }
             Err(Error::NoActiveSandbox { .. }) => Some(ResolveExpect::None),
@@ -421,13 +430,16 @@ impl Harness {
         if result.is_err() && (outputs || *stats != self.stats_before) {
             self.history.fail(
                 "rejection-changes-nothing",
-                format!("`{}` was rejected ({:?}) yet changed the core", self.step_text, result),
+                format!(
+                    "`{}` was rejected ({:?}) yet changed the core",
+                    self.step_text, result
+                ),
             );
         }
         self.stats_marks();
         self.history.after_input(&self.core);
         let small = self.core.live_calls() + self.core.tracked_sandboxes() <= self.opts.small_state;
-        if small || self.inputs % self.opts.full_check_every == 0 {
+        if small || self.inputs.is_multiple_of(self.opts.full_check_every) {
             if let Err(v) = self.core.check_invariants() {
                 let name = format!("core:{}", v.invariant);
                 self.history.fail(&name, v.detail);
@@ -598,7 +610,18 @@ impl Harness {
             }
             Expect::Failed(c, _) => format!("{c} failed with {:?}", self.history.failed.get(c)),
             Expect::Error(_) => format!("the last input's error was {:?}", self.last_error),
-            Expect::Uploaded { session, path, version, .. } | Expect::Dropped { session, path, version, .. } => {
+            Expect::Uploaded {
+                session,
+                path,
+                version,
+                ..
+            }
+            | Expect::Dropped {
+                session,
+                path,
+                version,
+                ..
+            } => {
                 let path = path.clone().unwrap_or_else(PathName::session_log);
                 let got = self
                     .history

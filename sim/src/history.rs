@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use sandkeeper::{
     CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Key, Lifecycle,
-    PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot,
-    UploadId, UserId,
+    PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot, UploadId,
+    UserId,
 };
 
 use crate::failure::Failure;
@@ -287,9 +287,7 @@ impl History {
             "call-names-unique",
             "acquire of live call {call} was accepted"
         );
-        let key = external
-            .is_none()
-            .then(|| self.key_of(session, call, user));
+        let key = external.is_none().then(|| self.key_of(session, call, user));
         self.calls.insert(
             call.clone(),
             CallRecord {
@@ -327,7 +325,10 @@ impl History {
     pub fn released(&mut self, call: &CallId) {
         self.releases += 1;
         let Some(c) = self.calls.remove(call) else {
-            self.fail("release-live", format!("release of {call} accepted, but it is not live"));
+            self.fail(
+                "release-live",
+                format!("release of {call} accepted, but it is not live"),
+            );
             return;
         };
         if c.phase == Phase::Pending {
@@ -447,7 +448,10 @@ impl History {
         if ok {
             self.acked_upload = Some(upload);
         } else if !gone {
-            self.failing = Some({ let u = &self.uploads[&upload]; (u.session.clone(), u.path.clone(), u.version) });
+            self.failing = Some({
+                let u = &self.uploads[&upload];
+                (u.session.clone(), u.path.clone(), u.version)
+            });
         }
         if gone {
             self.marks.hit(Mark::UploadGone);
@@ -698,7 +702,11 @@ impl History {
         );
         match ev {
             Event::CallReady { call, sandbox } => {
-                let rec = self.sandboxes.get(sandbox).map(Flags::of).unwrap_or_default();
+                let rec = self
+                    .sandboxes
+                    .get(sandbox)
+                    .map(Flags::of)
+                    .unwrap_or_default();
                 check!(
                     self,
                     !rec.dead && !rec.stop && !rec.shutdown,
@@ -889,21 +897,22 @@ impl History {
                             );
                         }
                         match reason {
-                        sandkeeper::DropReason::DrainDeadline => {
-                            self.marks.hit(Mark::DrainDeadline)
+                            sandkeeper::DropReason::DrainDeadline => {
+                                self.marks.hit(Mark::DrainDeadline)
+                            }
+                            sandkeeper::DropReason::NoSandbox => {
+                                self.marks.hit(Mark::DroppedNoSandbox)
+                            }
+                            sandkeeper::DropReason::Closed => self.marks.hit(Mark::DroppedClosed),
+                            sandkeeper::DropReason::UploadFailed => {
+                                self.marks.hit(Mark::DroppedUploadFailed)
+                            }
+                            sandkeeper::DropReason::UploadTimeout => {
+                                self.marks.hit(Mark::UploadTimeout)
+                            }
+                            sandkeeper::DropReason::SandboxGone => {}
                         }
-                        sandkeeper::DropReason::NoSandbox => {
-                            self.marks.hit(Mark::DroppedNoSandbox)
-                        }
-                        sandkeeper::DropReason::Closed => self.marks.hit(Mark::DroppedClosed),
-                        sandkeeper::DropReason::UploadFailed => {
-                            self.marks.hit(Mark::DroppedUploadFailed)
-                        }
-                        sandkeeper::DropReason::UploadTimeout => {
-                            self.marks.hit(Mark::UploadTimeout)
-                        }
-                        sandkeeper::DropReason::SandboxGone => {}
-                    }},
+                    }
                 }
                 if let Some(all) = &mut self.settlements {
                     all.insert((session.clone(), path.clone(), version.0), outcome.clone());
@@ -998,7 +1007,11 @@ impl History {
         let counters = [
             ("starts_ordered", stats.starts_ordered, self.starts),
             ("shutdowns_ordered", stats.shutdowns_ordered, self.shutdowns),
-            ("uploads_ordered", stats.uploads_ordered, self.uploads_ordered),
+            (
+                "uploads_ordered",
+                stats.uploads_ordered,
+                self.uploads_ordered,
+            ),
             ("versions_flushed", stats.versions_flushed, self.flushes),
             ("calls_acquired", stats.calls_acquired, self.acquires),
             ("calls_released", stats.calls_released, self.releases),
@@ -1025,15 +1038,17 @@ impl History {
                 (Phase::Pending, Some(CallStatus::Waiting | CallStatus::Starting(_))) => true,
                 (Phase::Ready, Some(CallStatus::Ready(x))) => Some(x) == rec.sandbox,
                 (Phase::Ready | Phase::Lost, Some(CallStatus::Lost(x))) => {
-                    Some(x) == rec.sandbox
-                        && self.sandboxes.get(&x).is_some_and(|s| s.dead)
+                    Some(x) == rec.sandbox && self.sandboxes.get(&x).is_some_and(|s| s.dead)
                 }
                 _ => false,
             };
             if !fits && broken.is_none() {
                 broken = Some((
                     "binding-stable",
-                    format!("{call} is {:?} by its events, the core says {status:?}", rec.phase),
+                    format!(
+                        "{call} is {:?} by its events, the core says {status:?}",
+                        rec.phase
+                    ),
                 ));
             }
             let bound = match status {
@@ -1050,7 +1065,8 @@ impl History {
                     ));
                 }
             }
-            if let (Some(key), Some(x), SameKey::Serialize) = (&rec.key, bound.or(rec.sandbox), self.same_key)
+            if let (Some(key), Some(x), SameKey::Serialize) =
+                (&rec.key, bound.or(rec.sandbox), self.same_key)
             {
                 if status.is_some() && !matches!(status, Some(CallStatus::Waiting)) {
                     keys.push((key, x));
@@ -1059,7 +1075,10 @@ impl History {
         }
         if self.same_key == SameKey::Serialize && keys.len() > 1 && broken.is_none() {
             keys.sort();
-            let dup = keys.windows(2).find(|w| w[0].0 == w[1].0).map(|w| w[0].0.clone());
+            let dup = keys
+                .windows(2)
+                .find(|w| w[0].0 == w[1].0)
+                .map(|w| w[0].0.clone());
             if let Some(key) = dup {
                 broken = Some((
                     "serialize-one-per-key",
@@ -1098,7 +1117,11 @@ impl History {
                     continue;
                 }
                 match o.phase {
-                    Phase::Ready if !o.sandbox.is_some_and(|x| self.sandboxes.get(&x).is_some_and(|s| s.dead)) => {
+                    Phase::Ready
+                        if !o
+                            .sandbox
+                            .is_some_and(|x| self.sandboxes.get(&x).is_some_and(|s| s.dead)) =>
+                    {
                         up = true;
                         if let Ok(x) = &got {
                             ok_here |= o.sandbox == Some(*x);
@@ -1190,7 +1213,11 @@ impl History {
     pub fn pending_calls(&self) -> Vec<CallId> {
         self.live
             .iter()
-            .filter(|c| self.calls.get(*c).is_some_and(|r| r.phase == Phase::Pending))
+            .filter(|c| {
+                self.calls
+                    .get(*c)
+                    .is_some_and(|r| r.phase == Phase::Pending)
+            })
             .cloned()
             .collect()
     }

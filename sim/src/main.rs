@@ -180,7 +180,11 @@ fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
                 eprintln!("cannot write {}: {e}", path.display());
                 return ExitCode::from(2);
             }
-            println!("trace: {} lines written to {}", r.trace.len(), path.display());
+            println!(
+                "trace: {} lines written to {}",
+                r.trace.len(),
+                path.display()
+            );
         }
         None => {
             let _ = std::io::stdout().write_all(text.as_bytes());

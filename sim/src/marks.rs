@@ -173,7 +173,10 @@ impl Marks {
 
     /// The names of the marks set.
     pub fn reached(&self) -> Vec<&'static str> {
-        ALL.iter().filter(|m| self.has(**m)).map(|m| m.name()).collect()
+        ALL.iter()
+            .filter(|m| self.has(**m))
+            .map(|m| m.name())
+            .collect()
     }
 
     /// The names of the marks not set.

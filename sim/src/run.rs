@@ -154,9 +154,10 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<
             }
             Move::Raw(answer, op, what) => {
                 if transcript.keep {
-                    transcript
-                        .steps
-                        .push(Step::Unspellable(format!("{what}: {answer} {}", op.sandbox)));
+                    transcript.steps.push(Step::Unspellable(format!(
+                        "{what}: {answer} {}",
+                        op.sandbox
+                    )));
                 }
                 h.apply_raw(&answer, &op, &what)?;
             }

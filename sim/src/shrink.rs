@@ -45,7 +45,11 @@ fn with_steps(base: &Scenario, steps: Vec<Step>) -> Scenario {
     Scenario {
         config: base.config.clone(),
         close_deadline: base.close_deadline,
-        steps: steps.into_iter().enumerate().map(|(i, s)| (i + 2, s)).collect(),
+        steps: steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (i + 2, s))
+            .collect(),
     }
 }
 
@@ -116,7 +120,9 @@ pub fn shrink_seed(seed: u64) -> Result<Shrunk, ShrinkError> {
             _ => merged.push(s.clone()),
         }
     }
-    if merged.len() < current.len() && fails_same(&with_steps(&base, merged.clone()), &invariant).is_some() {
+    if merged.len() < current.len()
+        && fails_same(&with_steps(&base, merged.clone()), &invariant).is_some()
+    {
         current = merged;
     }
     // The result must fail strictly, too.

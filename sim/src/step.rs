@@ -189,7 +189,7 @@ pub enum Step {
 /// Writes a duration the way scenario files spell it.
 pub fn fmt_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 && ms > 0 {
+    if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -304,9 +304,7 @@ impl fmt::Display for Step {
                 write!(f, "{a} @{c}")?;
                 match a {
                     Answer::UploadFail { gone: true } => write!(f, " gone"),
-                    Answer::StopOk {
-                        snapshot: Some(s),
-                    } => write!(f, " snapshot={}", s.as_str()),
+                    Answer::StopOk { snapshot: Some(s) } => write!(f, " snapshot={}", s.as_str()),
                     _ => Ok(()),
                 }
             }

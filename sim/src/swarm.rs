@@ -73,8 +73,13 @@ impl Swarm {
     pub fn new(seed: u64) -> Self {
         // A stream of its own, so the world's stream does not shift when this grows.
         let mut r = Rng::new(seed ^ 0x5357_4152_4d5f_5345);
-        let scope = [Scope::Call, Scope::Session, Scope::User, Scope::Agent, Scope::Global]
-            [r.index(5)];
+        let scope = [
+            Scope::Call,
+            Scope::Session,
+            Scope::User,
+            Scope::Agent,
+            Scope::Global,
+        ][r.index(5)];
         let same_key = if r.chance(500) {
             SameKey::Share
         } else {
@@ -144,7 +149,11 @@ impl Swarm {
             close_at,
             sessions: r.range(1, 6) as u32,
             users: r.range(1, 3) as u32,
-            externals: if r.chance(300) { r.range(1, 2) as u32 } else { 0 },
+            externals: if r.chance(300) {
+                r.range(1, 2) as u32
+            } else {
+                0
+            },
             paths: r.range(1, 3) as u32,
             max_live: r.range(1, 10) as usize,
             weights,

@@ -186,8 +186,7 @@ impl World {
         let si = self.session();
         let session = self.sessions[si].clone();
         let user = Some(self.users[si % self.users.len()].clone());
-        let external = if !self.externals.is_empty() && self.rng.chance(self.swarm.external_rate)
-        {
+        let external = if !self.externals.is_empty() && self.rng.chance(self.swarm.external_rate) {
             Some(self.externals[self.rng.index(self.externals.len())].clone())
         } else {
             None
@@ -240,7 +239,9 @@ impl World {
     }
 
     fn unhold(&mut self) -> Option<Move> {
-        let held: Vec<usize> = (0..self.holds.len()).filter(|i| self.holds[*i] > 0).collect();
+        let held: Vec<usize> = (0..self.holds.len())
+            .filter(|i| self.holds[*i] > 0)
+            .collect();
         if held.is_empty() {
             return None;
         }
@@ -302,9 +303,18 @@ impl World {
                 .expect("an upload of that sandbox");
         }
         let answer = self.answer_for(&op);
-        match h.history.sandboxes.get(&op.sandbox).and_then(|s| s.call.clone()) {
+        match h
+            .history
+            .sandboxes
+            .get(&op.sandbox)
+            .and_then(|s| s.call.clone())
+        {
             Some(call) => Some(Move::Step(Step::Answer(answer, call))),
-            None => Some(Move::Raw(answer, op, "answer to a sandbox no call names".into())),
+            None => Some(Move::Raw(
+                answer,
+                op,
+                "answer to a sandbox no call names".into(),
+            )),
         }
     }
 

@@ -19,7 +19,11 @@ fn every_scenario_in_the_corpus_passes() {
         .filter(|p| p.extension().is_some_and(|e| e == "scn"))
         .collect();
     files.sort();
-    assert!(files.len() >= 13, "expected a scenario per race, found {}", files.len());
+    assert!(
+        files.len() >= 13,
+        "expected a scenario per race, found {}",
+        files.len()
+    );
     let mut failures = Vec::new();
     for f in &files {
         let text = std::fs::read_to_string(f).expect("readable");
@@ -95,7 +99,11 @@ fn malformed_lines_are_named() {
     let cases: &[(&str, usize, &str)] = &[
         ("acquire a\n", 1, "session"),
         ("# c\n\nfrobnicate x\n", 3, "unknown step"),
-        ("acquire a session=s1\nconfig scope=call\n", 2, "before the first step"),
+        (
+            "acquire a session=s1\nconfig scope=call\n",
+            2,
+            "before the first step",
+        ),
         ("config scope=galaxy\n", 1, "scope"),
         ("config release=keep-warm:5\n", 1, "duration"),
         ("advance 5m\n", 1, "duration"),

@@ -37,11 +37,17 @@ fn seed_batch_passes_and_reaches_every_mark() {
     if let Some(seed) = env_u64("SIM_SEED") {
         let r = run_seed(seed, &RunOptions::default());
         println!("seed {seed}: {}", r.swarm);
-        assert!(r.failure.is_none(), "seed {seed}: {}", r.failure.expect("failed"));
+        assert!(
+            r.failure.is_none(),
+            "seed {seed}: {}",
+            r.failure.expect("failed")
+        );
         return;
     }
     let seeds = env_u64("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
+    let jobs = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(4);
     let done = AtomicU64::new(0);
     let report = run_batch(0, seeds, jobs, &done, false, &RunOptions::default());
     println!(
@@ -79,14 +85,33 @@ fn same_seed_same_trace_hash() {
         assert_eq!(a.steps, b.steps);
         assert!(a.steps > 0);
     }
-    let a = run_seed(3, &RunOptions { hash: true, ..RunOptions::default() });
-    let b = run_seed(4, &RunOptions { hash: true, ..RunOptions::default() });
+    let a = run_seed(
+        3,
+        &RunOptions {
+            hash: true,
+            ..RunOptions::default()
+        },
+    );
+    let b = run_seed(
+        4,
+        &RunOptions {
+            hash: true,
+            ..RunOptions::default()
+        },
+    );
     assert_ne!(a.hash, b.hash, "different seeds, different runs");
 }
 
 #[test]
 fn replay_trace_is_json_lines() {
-    let r = run_seed(11, &RunOptions { trace: true, hash: true, ..RunOptions::default() });
+    let r = run_seed(
+        11,
+        &RunOptions {
+            trace: true,
+            hash: true,
+            ..RunOptions::default()
+        },
+    );
     assert!(!r.trace.is_empty());
     for line in &r.trace {
         let v: serde_json::Value = serde_json::from_str(line).expect("json");
@@ -97,7 +122,13 @@ fn replay_trace_is_json_lines() {
 #[test]
 fn the_swarm_varies_the_configuration() {
     let configs: std::collections::BTreeSet<String> = (0..64)
-        .map(|s| format!("{:?}/{:?}", sim::swarm::Swarm::new(s).config.scope, sim::swarm::Swarm::new(s).config.same_key))
+        .map(|s| {
+            format!(
+                "{:?}/{:?}",
+                sim::swarm::Swarm::new(s).config.scope,
+                sim::swarm::Swarm::new(s).config.same_key
+            )
+        })
         .collect();
     assert!(configs.len() >= 8, "{configs:?}");
 }

@@ -92,10 +92,24 @@ pub fn run_steps(
             Ok(Ok(())) => effective.push(i),
             Ok(Err(Stop::Failed(failure))) => {
                 effective.push(i);
-                return (Verdict::Fail { line: *line, failure }, effective);
+                return (
+                    Verdict::Fail {
+                        line: *line,
+                        failure,
+                    },
+                    effective,
+                );
             }
             Ok(Err(Stop::Misuse(message))) => match mode {
-                RunMode::Strict => return (Verdict::Misuse { line: *line, message }, effective),
+                RunMode::Strict => {
+                    return (
+                        Verdict::Misuse {
+                            line: *line,
+                            message,
+                        },
+                        effective,
+                    )
+                }
                 RunMode::Lenient => {}
             },
             Err(panic) => {
@@ -158,13 +172,21 @@ fn end_liveness(h: &mut Harness) -> Result<(), Stop> {
         }
     }
     if h.core.poll_timeout().is_some() && !h.history.closed {
-        h.history.fail("liveness-bound", "timers still due after 2000 rounds".into());
+        h.history.fail(
+            "liveness-bound",
+            "timers still due after 2000 rounds".into(),
+        );
     }
     let stuck: Vec<String> = h
         .history
         .live
         .iter()
-        .filter(|c| h.history.calls.get(*c).is_some_and(|r| r.phase == Phase::Pending))
+        .filter(|c| {
+            h.history
+                .calls
+                .get(*c)
+                .is_some_and(|r| r.phase == Phase::Pending)
+        })
         .map(|c| c.to_string())
         .collect();
     if !stuck.is_empty() {

@@ -136,7 +136,9 @@ fn check_name(line: &Line, what: &str, text: &str) -> Result<(), ParseError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
     {
-        return line.err(format!("invalid {what} name `{text}`: expected [A-Za-z0-9_.-]+"));
+        return line.err(format!(
+            "invalid {what} name `{text}`: expected [A-Za-z0-9_.-]+"
+        ));
     }
     Ok(())
 }
@@ -188,10 +190,15 @@ fn duration(line: &Line, text: &str) -> Result<Duration, ParseError> {
 
 fn number(line: &Line, key: &str, text: &str) -> Result<u64, ParseError> {
     if !text.bytes().all(|b| b.is_ascii_digit()) {
-        return line.err(format!("`{key}` expects a non-negative integer, found `{text}`"));
+        return line.err(format!(
+            "`{key}` expects a non-negative integer, found `{text}`"
+        ));
     }
-    text.parse::<u64>()
-        .or_else(|_| line.err(format!("`{key}` expects a non-negative integer, found `{text}`")))
+    text.parse::<u64>().or_else(|_| {
+        line.err(format!(
+            "`{key}` expects a non-negative integer, found `{text}`"
+        ))
+    })
 }
 
 fn kind(line: &Line, text: &str) -> Result<String, ParseError> {
