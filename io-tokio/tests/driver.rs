@@ -498,3 +498,32 @@ async fn backend_concurrency_stays_within_the_configured_limits() {
     k.close(Duration::from_secs(1)).await;
     k.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn close_completes_and_reports_shutdowns_the_backend_never_confirmed() {
+    let mut faults = FaultConfig::reliable();
+    faults.shutdown_failure = 1.0;
+    let k = keeper(Config::default(), FaultBackend::new(6, faults));
+    let a = k.acquire(spec("a", "sa")).await.unwrap();
+    let b = k.acquire(spec("b", "sb")).await.unwrap();
+    let (ax, bx) = (a.sandbox(), b.sandbox());
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(k.tally().shutdowns_unconfirmed, 1);
+    let report = k.close(Duration::from_secs(1)).await;
+    assert_eq!(report.revoked_calls, vec![cid("b")]);
+    assert_eq!(
+        report.unconfirmed,
+        vec![bx],
+        "the shutdown during close failed"
+    );
+    assert_eq!(
+        k.tally().shutdowns_unconfirmed,
+        2,
+        "a's failed before close began"
+    );
+    assert!(k.is_closed());
+    assert_eq!(b.release().await, Released::Closed);
+    assert!(k.backend().ops_for(ax).contains(&Op::Shutdown(ax)));
+    k.check_invariants().unwrap();
+}
