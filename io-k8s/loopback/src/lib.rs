@@ -88,6 +88,8 @@ impl Loopback {
             rbac: Mutex::new(None),
             pods_root: dir.path().join("pods"),
             container_root: "/workspace".into(),
+            watches_opened: tokio::sync::watch::channel(0).0,
+            watches_expired: tokio::sync::watch::channel(0).0,
         });
         let switches = Arc::new(ControllerSwitches::default());
         let wake = Arc::new(Notify::new());
@@ -148,6 +150,22 @@ impl Loopback {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Watch requests served so far.
+    pub fn watches_opened(&self) -> u64 {
+        *self.shared.watches_opened.borrow()
+    }
+
+    /// Watches answered with 410 Gone (an expired resourceVersion) so far.
+    pub fn watches_expired(&self) -> u64 {
+        *self.shared.watches_expired.borrow()
+    }
+
+    /// Waits until at least `n` watch requests have been served (no polling, no sleeping).
+    pub async fn wait_for_watches(&self, n: u64) {
+        let mut rx = self.shared.watches_opened.subscribe();
+        let _ = rx.wait_for(|v| *v >= n).await;
     }
 
     /// Enforces RBAC: from now on, requests no rule allows answer 403 Forbidden.

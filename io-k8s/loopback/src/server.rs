@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     pub rbac: Mutex<Option<Vec<PolicyRule>>>,
     pub pods_root: PathBuf,
     pub container_root: String,
+    /// Watch requests served so far.
+    pub watches_opened: tokio::sync::watch::Sender<u64>,
+    /// Watches answered with a 410 (expired resourceVersion) so far.
+    pub watches_expired: tokio::sync::watch::Sender<u64>,
 }
 
 pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {

@@ -94,6 +94,10 @@ pub(crate) fn serve(
             .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param}")))?;
         shared.store.watch_from(rv)
     };
+    shared.watches_opened.send_modify(|n| *n += 1);
+    if subscription.is_err() {
+        shared.watches_expired.send_modify(|n| *n += 1);
+    }
     let mut epoch = shared.faults.watch_epoch();
     epoch.mark_unchanged();
     tokio::spawn(async move {
@@ -123,6 +127,9 @@ pub(crate) fn serve(
         tokio::pin!(deadline);
         loop {
             tokio::select! {
+                // A dropped watch ends before it sends anything newer (tests rely on it).
+                biased;
+                _ = epoch.changed() => return,
                 ev = live.recv() => match ev {
                     Ok(ev) if ev.rv <= last_rv => {}
                     Ok(ev) => {
@@ -134,7 +141,6 @@ pub(crate) fn serve(
                     // A watcher too slow for the event rate is closed; it re-watches.
                     Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
                 },
-                _ = epoch.changed() => return,
                 _ = &mut deadline => return,
                 _ = tx.closed() => return,
             }

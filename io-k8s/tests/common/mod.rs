@@ -1,0 +1,100 @@
+//! Shared set-up: a loopback API server, a kube client for it, and agent-sandbox fixtures.
+
+#![allow(dead_code)]
+
+use k8s_loopback::resources::{SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use k8s_loopback::Loopback;
+use k8s_openapi::api::core::v1::Pod;
+use sandkeeper_k8s::{Cluster, K8sConfig, Mode};
+use serde_json::{json, Value};
+
+pub const NS: &str = "sk-test";
+
+pub async fn server() -> Loopback {
+    let server = Loopback::start().await.expect("loopback starts");
+    server
+        .store()
+        .create(
+            &SANDBOX_TEMPLATES,
+            NS,
+            json!({"metadata": {"name": "tpl"}, "spec": {"podTemplate": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}}}),
+        )
+        .unwrap();
+    server
+        .store()
+        .create(
+            &SANDBOX_WARM_POOLS,
+            NS,
+            json!({"metadata": {"name": "pool"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "tpl"}}}),
+        )
+        .unwrap();
+    server
+}
+
+pub fn client(server: &Loopback) -> kube::Client {
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.default_namespace = NS.into();
+    config.read_timeout = Some(std::time::Duration::from_secs(30));
+    kube::Client::try_from(config).expect("client for the loopback")
+}
+
+pub fn claim_config(owner: &str) -> K8sConfig {
+    let mut c = K8sConfig::new(
+        NS,
+        owner,
+        Mode::AgentSandbox {
+            warm_pool: "pool".into(),
+        },
+    );
+    c.retry_base_millis = 5;
+    c.api_deadline_secs = 10;
+    c.ready_timeout_secs = 30;
+    c.upload_timeout_secs = 10;
+    c
+}
+
+pub fn pod_template() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"labels": {"app": "sandbox"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]}
+    }))
+    .unwrap()
+}
+
+pub fn pod_config(owner: &str) -> K8sConfig {
+    let mut c = claim_config(owner);
+    c.mode = Mode::Pod {
+        template: Box::new(pod_template()),
+    };
+    c
+}
+
+pub fn cluster(server: &Loopback, config: K8sConfig) -> Cluster {
+    Cluster::new(client(server), config).expect("valid config")
+}
+
+pub fn labels(o: &Value) -> &serde_json::Map<String, Value> {
+    o.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .expect("labels")
+}
+
+pub fn owned_by(server: &Loopback, owner: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for rt in k8s_loopback::resources::ALL {
+        for o in server.store().all(rt) {
+            let mine = o
+                .pointer("/metadata/labels/sandkeeper.io~1owner")
+                .and_then(Value::as_str)
+                == Some(owner);
+            if mine {
+                out.push(format!(
+                    "{}/{}",
+                    rt.plural,
+                    o["metadata"]["name"].as_str().unwrap_or("")
+                ));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,262 @@
+//! Every fault switch of the loopback API against the operations: conflicts, throttling,
+//! server errors, permission errors, slow answers, dropped watches, execs without a status
+//! frame, and a pod deleted in the middle of an upload.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS};
+use k8s_loopback::{Fault, Matcher, Verb};
+use sandkeeper::{PathName, SessionId};
+use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
+
+#[tokio::test]
+async fn conflicts_throttling_and_server_errors_are_retried_to_success() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-f"));
+    let f = server.faults();
+    f.inject(
+        Matcher::on(Verb::Create, "sandboxclaims"),
+        Fault::Status(409),
+        1,
+    );
+    f.inject(
+        Matcher::on(Verb::Create, "sandboxclaims"),
+        Fault::Status(429),
+        2,
+    );
+    f.inject(Matcher::on(Verb::Get, "sandboxes"), Fault::Status(500), 1);
+    f.inject(Matcher::on(Verb::Get, "pods"), Fault::Status(503), 2);
+    f.inject(
+        Matcher::on(Verb::Delete, "sandboxclaims"),
+        Fault::Status(429),
+        1,
+    );
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    k.shutdown_sandbox(&h).await.unwrap();
+    assert_eq!(
+        f.pending(),
+        0,
+        "every injected fault was met and retried past"
+    );
+    assert!(server.store().all(&SANDBOX_CLAIMS).is_empty());
+}
+
+#[tokio::test]
+async fn a_conflicting_create_adopts_a_claim_that_an_earlier_attempt_made() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-c"));
+    let first = k.create_claim(4, "s").await.unwrap();
+    // The answer of the first create was "lost": creating again meets 409 AlreadyExists,
+    // reads the claim afresh, finds it ours and adopts it.
+    assert_eq!(k.create_claim(4, "s").await.unwrap(), first);
+    // Someone else's claim under that name is not adopted.
+    let other = cluster(&server, claim_config("owner-d"));
+    let mut c = other.claim_for(4, "s").unwrap();
+    c.metadata.name = Some("sk-owner-e-4".into());
+    kube::Api::<sandkeeper_k8s::crd::SandboxClaim>::namespaced(client(&server), NS)
+        .create(&Default::default(), &c)
+        .await
+        .unwrap();
+    let e = cluster(&server, claim_config("owner-e"))
+        .create_claim(4, "s")
+        .await
+        .unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Fatal, "{e}");
+}
+
+#[tokio::test]
+async fn persistent_server_errors_give_up_within_the_deadline() {
+    let server = server().await;
+    let mut c = claim_config("owner-x");
+    c.api_deadline_secs = 1;
+    let k = cluster(&server, c);
+    server.faults().inject(
+        Matcher::on(Verb::Create, "sandboxclaims"),
+        Fault::Status(503),
+        10_000,
+    );
+    let started = tokio::time::Instant::now();
+    let e = k.create_claim(1, "s").await.unwrap_err();
+    assert!(matches!(e, K8sError::Retryable { code: 503, .. }), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "gave up near the 1 s deadline: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn permission_errors_are_fatal_and_name_the_missing_permission() {
+    let server = server().await;
+    let k = cluster(&server, pod_config("owner-r"));
+    server
+        .faults()
+        .inject(Matcher::on(Verb::Create, "pods"), Fault::Status(403), 1);
+    let e = k.create_pod(1, "s").await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Fatal);
+    assert!(e.to_string().contains("`create` on `pods`"), "{e}");
+    server
+        .faults()
+        .inject(Matcher::on(Verb::Create, "pods"), Fault::Status(401), 1);
+    assert!(matches!(
+        k.create_pod(1, "s").await.unwrap_err(),
+        K8sError::Forbidden { code: 401, .. }
+    ));
+
+    let h = k.start_sandbox(2, "s").await.unwrap();
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::Status(403), 1);
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("f").unwrap());
+    let e = k
+        .upload(
+            &h.pod,
+            &[UploadFile {
+                session: &s,
+                path: &p,
+                bytes: b"x",
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("`create` on `pods/exec`"), "{e}");
+}
+
+#[tokio::test]
+async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
+    let server = server().await;
+    let k = cluster(&server, pod_config("owner-n"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::ExecWithoutStatus, 1);
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    let e = k
+        .upload(
+            &h.pod,
+            &[UploadFile {
+                session: &s,
+                path: &p,
+                bytes: b"data",
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, K8sError::OutcomeUnknown { .. }), "{e}");
+    assert_eq!(
+        e.class(),
+        ErrorClass::Retryable,
+        "the pod lives: worth another try"
+    );
+    // The command did run (that is what makes the outcome unknown rather than failed).
+    assert_eq!(
+        std::fs::read(server.pod_path(NS, &h.pod, "/workspace/s/log")).unwrap(),
+        b"data"
+    );
+    k.upload(
+        &h.pod,
+        &[UploadFile {
+            session: &s,
+            path: &p,
+            bytes: b"again",
+        }],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_pod_deleted_mid_upload_makes_the_upload_gone() {
+    let server = server().await;
+    let k = cluster(&server, pod_config("owner-m"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::DeletePodMidUpload, 1);
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    let payload = vec![7u8; 256 * 1024];
+    let e = k
+        .upload(
+            &h.pod,
+            &[UploadFile {
+                session: &s,
+                path: &p,
+                bytes: &payload,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_gone(),
+        "R6: an upload into a deleted pod is a typed Gone, not a crash or a success: {e}"
+    );
+    assert!(server.store().all(&PODS).is_empty());
+    // Exec into the pod that is gone is Gone as well (404 on the upgrade).
+    let e = k
+        .upload(
+            &h.pod,
+            &[UploadFile {
+                session: &s,
+                path: &p,
+                bytes: b"x",
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_gone(), "{e}");
+}
+
+#[tokio::test]
+async fn a_slow_exec_hits_the_client_deadline() {
+    let server = server().await;
+    let mut c = pod_config("owner-l");
+    c.upload_timeout_secs = 1;
+    let k = cluster(&server, c);
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::Delay(Duration::from_secs(5)), 1);
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    let started = tokio::time::Instant::now();
+    let e = k
+        .upload(
+            &h.pod,
+            &[UploadFile {
+                session: &s,
+                path: &p,
+                bytes: b"x",
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, K8sError::Timeout { .. }), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[tokio::test]
+async fn readiness_survives_slow_answers_and_dropped_watches() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-d"));
+    server.faults().inject(
+        Matcher::on(Verb::List, "sandboxclaims"),
+        Fault::Delay(Duration::from_millis(50)),
+        1,
+    );
+    server.pause_controllers(true);
+    let name = k.create_claim(1, "s").await.unwrap();
+    let waiting = {
+        let k = k.clone();
+        let name = name.clone();
+        tokio::spawn(async move { k.wait_claim_ready(&name).await })
+    };
+    server.wait_for_watches(1).await;
+    server.faults().drop_watches();
+    server.wait_for_watches(2).await;
+    server.faults().drop_watches();
+    server.wait_for_watches(3).await;
+    server.pause_controllers(false);
+    assert_eq!(waiting.await.unwrap().unwrap(), name);
+}

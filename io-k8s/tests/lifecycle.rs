@@ -1,0 +1,294 @@
+//! Start, upload and shutdown in both modes against the loopback API, with the labels, expiry
+//! backstops, readiness waits and cascade the design asks for.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_loopback::resources::{PODS, SANDBOXES, SANDBOX_CLAIMS};
+use k8s_loopback::store::{Event, EventType};
+use sandkeeper::{PathName, SessionId};
+use sandkeeper_k8s::names::session_hash;
+use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
+use serde_json::Value;
+
+/// Waits (bounded) for the store to report `kind` for pod `name`.
+async fn pod_event(
+    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<Event>>,
+    kind: EventType,
+    name: &str,
+) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let ev = events.recv().await.unwrap();
+            if ev.kind == kind && ev.resource == PODS && ev.object["metadata"]["name"] == name {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {kind:?} event for pod {name}"));
+}
+
+fn file<'a>(s: &'a SessionId, p: &'a PathName, bytes: &'a [u8]) -> UploadFile<'a> {
+    UploadFile {
+        session: s,
+        path: p,
+        bytes,
+    }
+}
+
+#[tokio::test]
+async fn agent_sandbox_claim_starts_takes_files_and_cascades_on_delete() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-a"));
+    let h = k.start_sandbox(7, "session-1").await.unwrap();
+    assert_eq!(h.object, "sk-owner-a-7");
+    assert_eq!(h.sandbox_name.as_deref(), Some("sk-owner-a-7"));
+    assert!(
+        h.pod.starts_with("pool-"),
+        "pod named by the adoption annotation: {}",
+        h.pod
+    );
+
+    let claim = server
+        .store()
+        .get(&SANDBOX_CLAIMS, NS, "sk-owner-a-7")
+        .unwrap();
+    let l = labels(&claim);
+    assert_eq!(l["sandkeeper.io/owner"], "owner-a");
+    assert_eq!(
+        l["sandkeeper.io/session-hash"],
+        session_hash("session-1").as_str()
+    );
+    assert_eq!(l["sandkeeper.io/sandbox"], "7");
+    let shutdown: k8s_openapi::jiff::Timestamp = claim["spec"]["lifecycle"]["shutdownTime"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        shutdown > server.store().now(),
+        "the expiry backstop is in the future"
+    );
+    assert_eq!(claim["spec"]["lifecycle"]["shutdownPolicy"], "Delete");
+    let pod = server.store().get(&PODS, NS, &h.pod).unwrap();
+    assert_eq!(
+        labels(&pod)["sandkeeper.io/owner"],
+        "owner-a",
+        "pod labelled through additionalPodMetadata"
+    );
+
+    let (s, p) = (
+        SessionId::new("session-1").unwrap(),
+        PathName::new("log.jsonl").unwrap(),
+    );
+    k.upload(&h.pod, &[file(&s, &p, b"{\"turn\":1}\n")])
+        .await
+        .unwrap();
+    k.upload(&h.pod, &[file(&s, &p, b"{\"turn\":2}\n")])
+        .await
+        .unwrap();
+    let on_disk = server.pod_path(NS, &h.pod, "/workspace/session-1/log.jsonl");
+    assert_eq!(std::fs::read_to_string(&on_disk).unwrap(), "{\"turn\":2}\n");
+
+    k.shutdown_sandbox(&h).await.unwrap();
+    assert!(server.store().all(&SANDBOX_CLAIMS).is_empty());
+    assert!(
+        server.store().all(&SANDBOXES).is_empty(),
+        "the claim owned the Sandbox"
+    );
+    assert!(
+        server.store().all(&PODS).is_empty(),
+        "the Sandbox owned the Pod"
+    );
+    k.shutdown_sandbox(&h)
+        .await
+        .expect("a second shutdown finds it gone: success");
+}
+
+#[tokio::test]
+async fn pod_mode_sets_the_deadline_backstop_and_uploads() {
+    let server = server().await;
+    let k = cluster(&server, pod_config("owner-p"));
+    let h = k.start_sandbox(3, "s").await.unwrap();
+    assert_eq!(h.pod, "sk-owner-p-3");
+    let pod = server.store().get(&PODS, NS, &h.pod).unwrap();
+    assert_eq!(pod["spec"]["activeDeadlineSeconds"], 86400);
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    assert_eq!(labels(&pod)["app"], "sandbox", "template labels kept");
+    assert_eq!(labels(&pod)["sandkeeper.io/owner"], "owner-p");
+    assert!(pod["metadata"]["annotations"]["sandkeeper.io/expires-at"].is_string());
+
+    let (s, p) = (
+        SessionId::new("s").unwrap(),
+        PathName::new("memory.md").unwrap(),
+    );
+    let big = vec![b'x'; 300 * 1024];
+    k.upload(&h.pod, &[file(&s, &p, &big)]).await.unwrap();
+    assert_eq!(
+        std::fs::read(server.pod_path(NS, &h.pod, "/workspace/s/memory.md")).unwrap(),
+        big
+    );
+    k.shutdown_sandbox(&h).await.unwrap();
+    assert!(server.store().all(&PODS).is_empty());
+}
+
+#[tokio::test]
+async fn terminal_claim_reasons_fail_fast_and_clean_up() {
+    let server = server().await;
+    let mut c = claim_config("owner-t");
+    c.mode = sandkeeper_k8s::Mode::AgentSandbox {
+        warm_pool: "no-such-pool".into(),
+    };
+    let k = cluster(&server, c);
+    let e = k.start_sandbox(1, "s").await.unwrap_err();
+    assert!(
+        matches!(&e, K8sError::Terminal { reason, .. } if reason == "WarmPoolNotFound"),
+        "{e}"
+    );
+    assert_eq!(e.class(), ErrorClass::Fatal);
+    assert!(
+        server.store().all(&SANDBOX_CLAIMS).is_empty(),
+        "the failed start deleted its claim"
+    );
+}
+
+#[tokio::test]
+async fn readiness_comes_from_the_watch_and_a_deleted_claim_is_gone() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-w"));
+    server.pause_controllers(true);
+    let name = k.create_claim(1, "s").await.unwrap();
+    let waiting = {
+        let k = k.clone();
+        let name = name.clone();
+        tokio::spawn(async move { k.wait_claim_ready(&name).await })
+    };
+    server.wait_for_watches(1).await;
+    assert!(
+        !waiting.is_finished(),
+        "not ready while the controller is paused"
+    );
+    server.pause_controllers(false);
+    assert_eq!(waiting.await.unwrap().unwrap(), name);
+
+    // A claim deleted while waited for is gone, at once.
+    server.pause_controllers(true);
+    let name2 = k.create_claim(2, "s").await.unwrap();
+    let opened = server.watches_opened();
+    let waiting = {
+        let k = k.clone();
+        let name2 = name2.clone();
+        tokio::spawn(async move { k.wait_claim_ready(&name2).await })
+    };
+    server.wait_for_watches(opened + 1).await;
+    server
+        .store()
+        .delete(
+            &SANDBOX_CLAIMS,
+            NS,
+            &name2,
+            k8s_loopback::store::Propagation::Background,
+            None,
+        )
+        .unwrap();
+    let e = waiting.await.unwrap().unwrap_err();
+    assert!(e.is_gone(), "{e}");
+    // And a claim that is not there at all is gone too.
+    assert!(k
+        .wait_claim_ready("sk-owner-w-99")
+        .await
+        .unwrap_err()
+        .is_gone());
+}
+
+#[tokio::test]
+async fn the_wait_relists_after_410_gone_and_survives_dropped_watches() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-g"));
+    server.pause_controllers(true);
+    let name = k.create_claim(1, "s").await.unwrap();
+    let waiting = {
+        let k = k.clone();
+        let name = name.clone();
+        tokio::spawn(async move { k.wait_claim_ready(&name).await })
+    };
+    server.wait_for_watches(1).await;
+    // The stream drops, then a change the waiter has not seen, then history compaction (all
+    // before the waiter runs again): its re-watch from its old resourceVersion gets 410 and it
+    // must relist.
+    server.faults().drop_watches();
+    server
+        .store()
+        .modify(&SANDBOX_CLAIMS, NS, &name, |c| {
+            c["metadata"]["annotations"] = serde_json::json!({"touched": "yes"});
+        })
+        .unwrap();
+    server.store().compact();
+    server.wait_for_watches(2).await;
+    server.pause_controllers(false);
+    assert_eq!(waiting.await.unwrap().unwrap(), name);
+    assert!(
+        server.watches_expired() >= 1,
+        "a watch was answered 410 Gone and the waiter went on"
+    );
+}
+
+#[tokio::test]
+async fn suspend_deletes_the_pod_and_resume_brings_one_back() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-s"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let sb = h.sandbox_name.clone().unwrap();
+    let mut events = server.store().subscribe();
+    k.set_operating_mode(&sb, true).await.unwrap();
+    pod_event(&mut events, EventType::Deleted, &h.pod).await;
+    let e = k.wait_pod_running(&h.pod).await.unwrap_err();
+    assert!(e.is_gone(), "a suspended sandbox has no pod: {e}");
+    let sandbox = server.store().get(&SANDBOXES, NS, &sb).unwrap();
+    assert_eq!(sandbox["spec"]["operatingMode"], "Suspended");
+    k.set_operating_mode(&sb, false).await.unwrap();
+    pod_event(&mut events, EventType::Added, &h.pod).await;
+    k.wait_pod_running(&h.pod).await.unwrap();
+    let sandbox = server.store().get(&SANDBOXES, NS, &sb).unwrap();
+    let ready = sandbox["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready["status"], Value::from("True"));
+}
+
+#[tokio::test]
+async fn upload_limits_and_command_failures_are_typed() {
+    let server = server().await;
+    let mut c = pod_config("owner-u");
+    c.max_payload_bytes = 1024;
+    c.workdir = "/workspace/missing-dir".into();
+    let k = cluster(&server, c);
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("f").unwrap());
+    let e = k
+        .upload(&h.pod, &[file(&s, &p, &[0u8; 2048])])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            K8sError::TooLarge {
+                size: 2048,
+                limit: 1024
+            }
+        ),
+        "{e}"
+    );
+    let e = k.upload(&h.pod, &[file(&s, &p, b"x")]).await.unwrap_err();
+    assert!(
+        matches!(&e, K8sError::CommandFailed { code, .. } if *code != 0),
+        "{e}"
+    );
+}

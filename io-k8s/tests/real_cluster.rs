@@ -1,0 +1,71 @@
+//! Against a real cluster (kind, k3d, ...): `KUBECONFIG=... cargo test -p sandkeeper-k8s --
+//! --ignored`. Pod mode with a busybox pod in `$SANDKEEPER_NAMESPACE` (default `default`); the
+//! agent-sandbox test also needs the agent-sandbox CRDs and a warm pool named
+//! `$SANDKEEPER_WARM_POOL`.
+
+use sandkeeper::{PathName, SessionId};
+use sandkeeper_k8s::{Cluster, K8sConfig, Mode, UploadFile};
+
+fn namespace() -> String {
+    std::env::var("SANDKEEPER_NAMESPACE").unwrap_or_else(|_| "default".into())
+}
+
+async fn run(mode: Mode) {
+    let client = kube::Client::try_default()
+        .await
+        .expect("KUBECONFIG points at a cluster");
+    let mut config = K8sConfig::new(namespace(), "real-test", mode);
+    config.workdir = "/tmp".into();
+    let k = Cluster::new(client, config).unwrap();
+    k.acquire_lease().await.unwrap();
+    let h = k.start_sandbox(1, "real").await.unwrap();
+    let (s, p) = (
+        SessionId::new("real").unwrap(),
+        PathName::new("hello.txt").unwrap(),
+    );
+    k.upload(
+        &h.pod,
+        &[UploadFile {
+            session: &s,
+            path: &p,
+            bytes: b"hello\n",
+        }],
+    )
+    .await
+    .unwrap();
+    k.exec_with_stdin(
+        &h.pod,
+        vec![
+            "grep".into(),
+            "-q".into(),
+            "hello".into(),
+            "/tmp/real/hello.txt".into(),
+        ],
+        Vec::new(),
+    )
+    .await
+    .expect("the file arrived");
+    k.shutdown_sandbox(&h).await.unwrap();
+    k.delete_all_owned().await.unwrap();
+    k.release_lease().await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
+async fn pod_mode_on_a_real_cluster() {
+    let template = serde_json::from_value(serde_json::json!({
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}
+    }))
+    .unwrap();
+    run(Mode::Pod {
+        template: Box::new(template),
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
+async fn agent_sandbox_mode_on_a_real_cluster() {
+    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "sandkeeper-test".into());
+    run(Mode::AgentSandbox { warm_pool: pool }).await;
+}
