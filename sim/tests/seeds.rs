@@ -12,7 +12,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Sized to about a minute in debug on two shared cores.
-const DEFAULT_SEEDS: u64 = 1500;
+const DEFAULT_SEEDS: u64 = 25_000;
 
 #[test]
 fn once_failing_seeds_pass() {
