@@ -292,6 +292,8 @@ impl Harness {
     /// Gives one backend answer to an outstanding command taken from the ledger.
     pub fn answer(&mut self, answer: &Answer, op: &Op) -> Result<(), Stop> {
         let now = self.now();
+        // `settle` gives several answers in one step: close may finish between them.
+        self.was_closed = self.history.closed;
         let x = op.sandbox;
         let r = match (answer, op.kind) {
             (Answer::StartOk, OpKind::Start) => self.core.handle_start_ok(now, x),

@@ -334,13 +334,17 @@ impl History {
         if c.phase == Phase::Pending {
             self.marks.hit(Mark::CancelBeforeReady);
         }
+        self.live.retain(|l| l != call);
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
             if !self.sandboxes.get(&x).is_some_and(|s| s.dead) {
                 self.releasing_session = Some(c.session.clone());
-                self.last_released.insert(c.session.clone(), x);
+                // The mirror lingers on the released sandbox unless another call of the
+                // session has an up sandbox (then the mirror goes there).
+                if !self.has_up_call(&c.session) {
+                    self.last_released.insert(c.session.clone(), x);
+                }
             }
         }
-        self.live.retain(|l| l != call);
         *self.awaiting_release.entry(call.clone()).or_default() += 1;
     }
 
