@@ -507,12 +507,24 @@ impl Harness {
     }
 
     fn record_trace(&mut self, result: Result<(), ErrorKind>) {
+        // Payloads are written as their size: a trace is for reading.
+        let commands: Vec<serde_json::Value> = self
+            .out_commands
+            .iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(c).unwrap_or(serde_json::Value::Null);
+                if let (Command::Upload { payload, .. }, Some(obj)) = (c, v.as_object_mut()) {
+                    obj.insert("payload".into(), serde_json::json!(payload.len()));
+                }
+                v
+            })
+            .collect();
         let line = serde_json::json!({
             "step": self.steps,
             "t_ms": self.now_ms,
             "do": self.step_text,
             "result": match result { Ok(()) => "ok".to_string(), Err(k) => k.as_str().to_string() },
-            "commands": self.out_commands,
+            "commands": commands,
             "events": self.out_events,
         })
         .to_string();

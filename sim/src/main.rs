@@ -248,7 +248,10 @@ fn run_file(file: PathBuf, quiet: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut print = |line: &str| println!("{line}");
+    let mut print = |line: &str| {
+        // A closed pipe (`| head`) is not an error of the scenario.
+        let _ = writeln!(std::io::stdout(), "{line}");
+    };
     let log: Option<&mut dyn FnMut(&str)> = if quiet { None } else { Some(&mut print) };
     match run_scenario(&scenario, log) {
         Verdict::Pass => {
