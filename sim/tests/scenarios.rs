@@ -148,3 +148,20 @@ settle @a\nexpect uploaded s1 path=p version=2 into=@a\nexpect dropped s1 versio
         again.steps.iter().map(|(_, s)| s).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn every_race_has_a_canary_patch() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("canaries");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("canaries dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "run.sh"));
+    for n in 1..=13 {
+        let prefix = format!("r{n:02}-");
+        assert!(
+            names.iter().any(|f| f.starts_with(&prefix) && f.ends_with(".patch")),
+            "no canary for R{n}"
+        );
+    }
+}
