@@ -160,7 +160,9 @@ fn every_race_has_a_canary_patch() {
     for n in 1..=13 {
         let prefix = format!("r{n:02}-");
         assert!(
-            names.iter().any(|f| f.starts_with(&prefix) && f.ends_with(".patch")),
+            names
+                .iter()
+                .any(|f| f.starts_with(&prefix) && f.ends_with(".patch")),
             "no canary for R{n}"
         );
     }
