@@ -24,6 +24,13 @@ pub enum Scope {
 }
 
 /// What happens when a call's key already has a live call.
+///
+/// Calls naming one external sandbox always share it, whatever the policy: the application
+/// supplied it for all of them, and releasing it tears nothing down.
+///
+/// Under either policy, a call whose key's previous sandbox is still stopping or persisting
+/// queues until that sandbox's snapshot is persisted (so its Start resumes from it), within
+/// `max_waiters` and `wait_timeout`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SameKey {
