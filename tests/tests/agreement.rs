@@ -1,0 +1,897 @@
+//! Agreement: every scenario of `sim/scenarios/` run (a) through the simulator's own harness on
+//! the real core and (b) through the io-tokio [`Keeper`] with a scripted backend that answers
+//! each command exactly as the scenario's backend steps say, under tokio's paused clock. Both
+//! runs must give the same settlements (session, path, version, outcome), the same commands in
+//! the same order for every sandbox, the same call outcomes (ready, failed, revoked, lost) and
+//! the same immediate answers to the application's inputs. The driver run also checks every
+//! `resolve` and `expect` line on its own.
+//!
+//! How the scenario maps onto the driver:
+//! - `acquire` spawns `keeper.acquire(..)` (the call's name travels in its `Spec`, so a Start
+//!   names the call that caused it); `release` releases the guard, or drops the acquire future
+//!   while it is not ready (the driver's cancellation, which the core sees as a release).
+//! - backend steps answer the oldest matching command the scripted backend holds; `die` goes
+//!   through the backend's `DeathSink`; `settle` answers everything outstanding with success
+//!   until nothing is.
+//! - `advance` is `tokio::time::advance`; between steps the test only yields (never parks), so
+//!   the paused clock never moves on its own.
+//! - after the last line, as the simulator does: every command is answered with success and time
+//!   runs (auto-advance) until no timer is due.
+//!
+//! Steps the driver cannot express, skipped in (b) only (the simulator must have refused them,
+//! so they changed nothing): a `release` of a call the application holds no guard for (an
+//! unknown call, a second release, a release after close revoked or ended the call). The typed
+//! API makes these impossible: a guard is consumed by its one release. This affects
+//! `edge-errors.scn` (`release zz`, the second `release a`) and `r08-close-vs-late-write.scn`
+//! (`release a` after `Closed`); the `expect error` line after such a step is left to the
+//! simulator. No scenario file is skipped as a whole.
+//!
+//! Two scenarios disagree today, for reasons in io-tokio (see [`KNOWN_DISAGREEMENTS`]): the test
+//! requires each of them to fail in exactly its known way, and fails when one starts agreeing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sandkeeper::{
+    CallSpec, Command, ErrorKind, Event, PathName, SandboxId, SandboxState, SessionId, Settlement,
+    Snapshot, Spec,
+};
+use sandkeeper_tokio::{
+    Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Notice,
+    StartRequest, UploadRequest,
+};
+use sim::harness::{Harness, HarnessOptions};
+use sim::scenario::{parse, run_scenario, Scenario, Verdict};
+use sim::step::{Answer, Expect, OpKind, ResolveExpect, Step};
+use tokio::sync::{broadcast, oneshot};
+use tokio::task::JoinHandle;
+
+// ---------------------------------------------------------------------------------------------
+// What both runs are compared on
+
+/// A command as a backend receives it, without the ids and bytes that only one side has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cmd {
+    Start {
+        resume_from: Option<String>,
+    },
+    Upload {
+        session: String,
+        path: String,
+        version: u64,
+    },
+    Stop,
+    Persist {
+        snapshot: Option<String>,
+    },
+    Shutdown,
+}
+
+impl Cmd {
+    /// The backend-facing commands of the core (Drain and CancelUpload are not sent to a
+    /// backend: the driver publishes the one and aborts the upload for the other).
+    fn of(command: &Command) -> Option<(SandboxId, Cmd)> {
+        let snap = |s: &Option<Snapshot>| s.as_ref().map(|s| s.as_str().to_string());
+        Some(match command {
+            Command::Start {
+                sandbox,
+                resume_from,
+                ..
+            } => (
+                *sandbox,
+                Cmd::Start {
+                    resume_from: snap(resume_from),
+                },
+            ),
+            Command::Upload {
+                sandbox,
+                session,
+                path,
+                version,
+                ..
+            } => (
+                *sandbox,
+                Cmd::Upload {
+                    session: session.to_string(),
+                    path: path.to_string(),
+                    version: version.0,
+                },
+            ),
+            Command::Stop { sandbox } => (*sandbox, Cmd::Stop),
+            Command::Persist { sandbox, snapshot } => (
+                *sandbox,
+                Cmd::Persist {
+                    snapshot: snap(snapshot),
+                },
+            ),
+            Command::Shutdown { sandbox } => (*sandbox, Cmd::Shutdown),
+            Command::CancelUpload { .. } | Command::Drain { .. } => return None,
+        })
+    }
+}
+
+/// (session, path, version).
+type VersionKey = (String, String, u64);
+
+/// Everything one run is compared on.
+#[derive(Debug, Default, PartialEq)]
+struct Record {
+    /// Per sandbox, the commands in the order the core ordered (sim) or the backend received
+    /// them (driver).
+    commands: BTreeMap<u64, Vec<Cmd>>,
+    /// Every settled version.
+    settlements: BTreeMap<VersionKey, Settlement>,
+    /// Call events (ready, failed, revoked, lost), in order.
+    calls: Vec<String>,
+    /// The immediate answer to each acquire, flush, hold and unhold: (line, error kind).
+    answers: Vec<(usize, Option<String>)>,
+    /// Whether close finished.
+    closed: bool,
+}
+
+impl Record {
+    fn event(&mut self, event: &Event) {
+        match event {
+            Event::Settled {
+                session,
+                path,
+                version,
+                outcome,
+            } => {
+                let key = (session.to_string(), path.to_string(), version.0);
+                let old = self.settlements.insert(key.clone(), outcome.clone());
+                assert!(old.is_none(), "{key:?} settled twice");
+            }
+            Event::CallReady { call, sandbox } => {
+                self.calls.push(format!("{call} ready {sandbox}"))
+            }
+            Event::CallFailed { call, error } => {
+                self.calls.push(format!("{call} failed {}", error.as_str()))
+            }
+            Event::CallRevoked { call } => self.calls.push(format!("{call} revoked")),
+            Event::SandboxLost { call, sandbox } => {
+                self.calls.push(format!("{call} lost {sandbox}"))
+            }
+            Event::Closed { .. } => self.closed = true,
+            Event::CallReleased { .. }
+            | Event::MirrorSettled { .. }
+            | Event::ShutdownUnconfirmed { .. } => {}
+        }
+    }
+}
+
+/// Whether a step is an application input whose immediate answer both sides can observe.
+fn answered_at_once(step: &Step) -> bool {
+    matches!(
+        step,
+        Step::Acquire { .. } | Step::Flush { .. } | Step::Hold(_) | Step::Unhold(_)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) The simulator
+
+/// Runs the scenario through the simulator's runner (it must pass), then once more through its
+/// harness with the trace on, to read the commands and events the core gave.
+fn simulate(scenario: &Scenario) -> Record {
+    assert_eq!(run_scenario(scenario, None), Verdict::Pass);
+    let opts = HarnessOptions {
+        keep_settlements: true,
+        trace: true,
+        ..HarnessOptions::default()
+    };
+    let mut h = Harness::new(scenario.config.clone(), scenario.close_deadline, opts).unwrap();
+    let mut answers = Vec::new();
+    for (line, step) in &scenario.steps {
+        h.apply(step)
+            .unwrap_or_else(|e| panic!("line {line}: {e:?}"));
+        if answered_at_once(step) {
+            answers.push((*line, h.last_error.map(|k| k.as_str().to_string())));
+        }
+    }
+    // The runner's liveness phase: answer everything, let time run until no timer is due.
+    for _ in 0..2_000 {
+        h.settle(None).unwrap();
+        if h.history.closed {
+            break;
+        }
+        match h.core.poll_timeout() {
+            Some(t) => {
+                let t = t.as_nanos().div_ceil(1_000_000);
+                let d = t.saturating_sub(h.now_ms).max(1);
+                h.apply(&Step::Advance(Duration::from_millis(d))).unwrap();
+            }
+            None if !h.ledger.any(None) => break,
+            None => {}
+        }
+    }
+    let mut record = Record {
+        answers,
+        ..Record::default()
+    };
+    for line in &h.trace {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut commands = value["commands"].clone();
+        // The trace writes an upload's payload as its length; the bytes are not compared.
+        for c in commands.as_array_mut().into_iter().flatten() {
+            if let Some(p) = c.get_mut("payload").filter(|p| p.is_number()) {
+                *p = serde_json::json!([]);
+            }
+        }
+        let commands: Vec<Command> = serde_json::from_value(commands).unwrap();
+        for (x, cmd) in commands.iter().filter_map(Cmd::of) {
+            record.commands.entry(x.0).or_default().push(cmd);
+        }
+        let events: Vec<Event> = serde_json::from_value(value["events"].clone()).unwrap();
+        for event in &events {
+            record.event(event);
+        }
+    }
+    record
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) The driver, on a scripted backend
+
+/// How the script answers one command.
+#[derive(Debug)]
+enum Reply {
+    Ok(Option<Snapshot>),
+    Fail,
+    Gone,
+}
+
+/// A command the backend received and has not answered.
+struct Outstanding {
+    kind: OpKind,
+    sandbox: SandboxId,
+    reply: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct ScriptState {
+    /// Every command received, in order.
+    log: Vec<(SandboxId, Cmd)>,
+    /// Commands waiting for the script, oldest first.
+    outstanding: Vec<Outstanding>,
+    /// Answer everything with success at once (the liveness phase).
+    auto: bool,
+    /// The sandbox each call's Start brought up (the call's name is its spec).
+    starters: HashMap<String, SandboxId>,
+    deaths: Option<DeathSink>,
+}
+
+/// A backend that answers each command only when the test says how.
+#[derive(Default)]
+struct Script {
+    state: Mutex<ScriptState>,
+}
+
+impl Script {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ScriptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a received command and waits for its answer.
+    async fn receive(&self, kind: OpKind, sandbox: SandboxId, cmd: Cmd) -> Reply {
+        let rx = {
+            let mut st = self.lock();
+            st.log.push((sandbox, cmd));
+            if st.auto {
+                return Reply::Ok(None);
+            }
+            let (reply, rx) = oneshot::channel();
+            st.outstanding.push(Outstanding {
+                kind,
+                sandbox,
+                reply,
+            });
+            rx
+        };
+        rx.await.unwrap_or(Reply::Fail)
+    }
+
+    /// Answers the oldest outstanding command of `kind` for `sandbox` whose caller still
+    /// waits. `false`: there is none (the driver abandoned it, e.g. at its own deadline).
+    fn answer(&self, kind: OpKind, sandbox: SandboxId, reply: Reply) -> bool {
+        let mut st = self.lock();
+        st.outstanding.retain(|o| !o.reply.is_closed());
+        let Some(i) = st
+            .outstanding
+            .iter()
+            .position(|o| o.kind == kind && o.sandbox == sandbox)
+        else {
+            return false;
+        };
+        let o = st.outstanding.remove(i);
+        o.reply.send(reply).is_ok()
+    }
+
+    /// The oldest outstanding command (for `sandbox`, when given) whose caller still waits.
+    fn oldest(&self, sandbox: Option<SandboxId>) -> Option<(OpKind, SandboxId)> {
+        let mut st = self.lock();
+        st.outstanding.retain(|o| !o.reply.is_closed());
+        st.outstanding
+            .iter()
+            .find(|o| sandbox.is_none_or(|x| o.sandbox == x))
+            .map(|o| (o.kind, o.sandbox))
+    }
+
+    /// From now on every command succeeds at once; the outstanding ones too.
+    fn go_auto(&self) {
+        let mut st = self.lock();
+        st.auto = true;
+        for o in st.outstanding.drain(..) {
+            let _ = o.reply.send(Reply::Ok(None));
+        }
+    }
+
+    fn received(&self, sandbox: SandboxId) -> Vec<Cmd> {
+        self.lock()
+            .log
+            .iter()
+            .filter(|(x, _)| *x == sandbox)
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+}
+
+fn failure(reply: Reply) -> BackendError {
+    match reply {
+        Reply::Gone => BackendError::gone("scripted: gone"),
+        _ => BackendError::fatal("scripted: failed"),
+    }
+}
+
+impl Backend for Script {
+    async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
+        let x = request.sandbox;
+        self.lock()
+            .starters
+            .insert(request.spec.as_str().to_string(), x);
+        let resume_from = request.resume_from.map(|s| s.as_str().to_string());
+        match self
+            .receive(OpKind::Start, x, Cmd::Start { resume_from })
+            .await
+        {
+            Reply::Ok(_) => Ok(()),
+            other => Err(failure(other)),
+        }
+    }
+
+    async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {
+        let cmd = Cmd::Upload {
+            session: request.session.to_string(),
+            path: request.path.to_string(),
+            version: request.version.0,
+        };
+        match self.receive(OpKind::Upload, request.sandbox, cmd).await {
+            Reply::Ok(_) => Ok(()),
+            Reply::Fail => Err(BackendError::transient("scripted: failed")),
+            Reply::Gone => Err(BackendError::gone("scripted: gone")),
+        }
+    }
+
+    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
+        match self.receive(OpKind::Stop, sandbox, Cmd::Stop).await {
+            Reply::Ok(snapshot) => Ok(snapshot),
+            other => Err(failure(other)),
+        }
+    }
+
+    async fn persist(
+        &self,
+        sandbox: SandboxId,
+        snapshot: Option<Snapshot>,
+    ) -> Result<(), BackendError> {
+        let snapshot = snapshot.map(|s| s.as_str().to_string());
+        match self
+            .receive(OpKind::Persist, sandbox, Cmd::Persist { snapshot })
+            .await
+        {
+            Reply::Ok(_) => Ok(()),
+            other => Err(failure(other)),
+        }
+    }
+
+    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+        match self.receive(OpKind::Shutdown, sandbox, Cmd::Shutdown).await {
+            Reply::Ok(_) => Ok(()),
+            other => Err(failure(other)),
+        }
+    }
+
+    async fn watch_deaths(&self, deaths: DeathSink) {
+        self.lock().deaths = Some(deaths);
+    }
+}
+
+/// The answer a scenario's backend step gives.
+fn reply(answer: &Answer) -> Reply {
+    match answer {
+        Answer::StartOk
+        | Answer::UploadOk
+        | Answer::PersistOk
+        | Answer::ShutdownOk
+        | Answer::StopOk { snapshot: None } => Reply::Ok(None),
+        Answer::StopOk { snapshot } => Reply::Ok(snapshot.clone()),
+        Answer::UploadFail { gone: true } => Reply::Gone,
+        Answer::StartFail
+        | Answer::UploadFail { gone: false }
+        | Answer::StopFail
+        | Answer::PersistFail
+        | Answer::ShutdownFail
+        | Answer::Die => Reply::Fail,
+    }
+}
+
+/// Lets every task that can run, run, without letting the paused clock move (the test task is
+/// always runnable, so the runtime never parks and never auto-advances).
+async fn quiesce() {
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `last_error` after a step the driver cannot express (see the module docs).
+const SKIPPED: &str = "(step not expressible through the driver)";
+
+type Acquire = JoinHandle<Result<CallGuard<Script>, KeeperError>>;
+
+/// A call as the application holds it.
+enum Held {
+    Acquiring(Acquire),
+    Ready(CallGuard<Script>),
+}
+
+/// The application side of the driver run.
+struct Driver {
+    keeper: Keeper<Script>,
+    notices: broadcast::Receiver<Notice>,
+    close_deadline: Duration,
+    held: HashMap<String, Held>,
+    /// Calls that failed (at once or later), with the error kind.
+    failed: HashMap<String, String>,
+    /// The sandbox each call was bound to, as the driver saw it.
+    bound: HashMap<String, SandboxId>,
+    last_error: Option<String>,
+    record: Record,
+    tasks: Vec<JoinHandle<()>>,
+    /// Steps skipped as inexpressible, and answers that found the command abandoned.
+    skipped: Vec<usize>,
+    abandoned: Vec<usize>,
+}
+
+impl Driver {
+    fn new(scenario: &Scenario) -> Self {
+        let keeper = Keeper::new(
+            KeeperConfig::with_core(scenario.config.clone()),
+            Script::default(),
+        )
+        .unwrap();
+        let notices = keeper.subscribe();
+        Driver {
+            keeper,
+            notices,
+            close_deadline: scenario.close_deadline,
+            held: HashMap::new(),
+            failed: HashMap::new(),
+            bound: HashMap::new(),
+            last_error: None,
+            record: Record::default(),
+            tasks: Vec::new(),
+            skipped: Vec::new(),
+            abandoned: Vec::new(),
+        }
+    }
+
+    fn script(&self) -> &Script {
+        self.keeper.backend()
+    }
+
+    /// Lets the runtime settle, then reads the notices and the acquires that ended.
+    async fn observe(&mut self) {
+        quiesce().await;
+        loop {
+            match self.notices.try_recv() {
+                Ok(Notice::Event(event)) => {
+                    match &event {
+                        Event::CallReady { call, sandbox }
+                        | Event::SandboxLost { call, sandbox } => {
+                            self.bound.insert(call.to_string(), *sandbox);
+                        }
+                        Event::CallFailed { call, error } => {
+                            self.failed
+                                .insert(call.to_string(), error.as_str().to_string());
+                        }
+                        _ => {}
+                    }
+                    self.record.event(&event);
+                }
+                Ok(Notice::Drain { .. }) => {}
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(e) => panic!("notices: {e}"),
+            }
+        }
+        let finished: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| matches!(h, Held::Acquiring(t) if t.is_finished()))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for call in finished {
+            let Some(Held::Acquiring(task)) = self.held.remove(&call) else {
+                unreachable!()
+            };
+            match task.await.unwrap() {
+                Ok(guard) => {
+                    self.held.insert(call, Held::Ready(guard));
+                }
+                Err(KeeperError::CallFailed { error, .. }) => {
+                    self.failed.insert(call, error.as_str().to_string());
+                }
+                Err(KeeperError::Core(e)) => {
+                    self.failed.insert(call, e.kind().as_str().to_string());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The sandbox `@call` names.
+    fn sandbox_of(&self, call: &str) -> SandboxId {
+        self.bound
+            .get(call)
+            .copied()
+            .or_else(|| self.script().lock().starters.get(call).copied())
+            .unwrap_or_else(|| panic!("@{call} names no sandbox in the driver run"))
+    }
+
+    fn answered(&mut self, line: usize, result: Result<(), ErrorKind>) {
+        self.last_error = result.err().map(|k| k.as_str().to_string());
+        self.record.answers.push((line, self.last_error.clone()));
+    }
+
+    async fn step(&mut self, line: usize, step: &Step) {
+        match step {
+            Step::Acquire {
+                call,
+                session,
+                user,
+                external,
+            } => {
+                let mut spec = CallSpec::new(call.clone(), session.clone())
+                    .with_spec(Spec::new(call.as_str()));
+                if let Some(u) = user {
+                    spec = spec.with_user(u.clone());
+                }
+                if let Some(e) = external {
+                    spec = spec.with_external(e.clone());
+                }
+                let keeper = self.keeper.clone();
+                let task = tokio::spawn(async move { keeper.acquire(spec).await });
+                quiesce().await;
+                if task.is_finished() {
+                    match task.await.unwrap() {
+                        Err(KeeperError::Core(e)) => {
+                            let kind = e.kind();
+                            if !self.held.contains_key(call.as_str()) {
+                                self.failed
+                                    .insert(call.to_string(), kind.as_str().to_string());
+                            }
+                            self.answered(line, Err(kind));
+                        }
+                        Ok(guard) => {
+                            self.held.insert(call.to_string(), Held::Ready(guard));
+                            self.answered(line, Ok(()));
+                        }
+                        Err(other) => {
+                            self.failed.insert(call.to_string(), format!("{other}"));
+                            self.answered(line, Ok(()));
+                        }
+                    }
+                } else {
+                    self.held.insert(call.to_string(), Held::Acquiring(task));
+                    self.answered(line, Ok(()));
+                }
+            }
+            Step::Release(call) => match self.held.remove(call.as_str()) {
+                Some(Held::Ready(guard)) => {
+                    self.tasks.push(tokio::spawn(async move {
+                        guard.release().await;
+                    }));
+                }
+                // Dropping the acquire future is the driver's release of a call not ready yet.
+                Some(Held::Acquiring(task)) => task.abort(),
+                None => {
+                    self.skipped.push(line);
+                    self.last_error = Some(SKIPPED.to_string());
+                }
+            },
+            Step::Flush {
+                session,
+                path,
+                bytes,
+            } => {
+                let path = path.clone().unwrap_or_else(PathName::session_log);
+                let r = self.keeper.flush(session, &path, vec![b'x'; *bytes]);
+                self.answered(line, r.map(|_| ()).map_err(kind_of));
+            }
+            Step::Resolve(session, expect) => self.resolve(line, session, expect),
+            Step::Hold(session) => {
+                let r = self.keeper.hold(session);
+                self.answered(line, r.map_err(kind_of));
+            }
+            Step::Unhold(session) => {
+                let r = self.keeper.unhold(session);
+                self.answered(line, r.map_err(kind_of));
+            }
+            Step::Close(deadline) => {
+                let keeper = self.keeper.clone();
+                let d = deadline.unwrap_or(self.close_deadline);
+                self.tasks.push(tokio::spawn(async move {
+                    keeper.close(d).await;
+                }));
+            }
+            Step::Advance(d) => tokio::time::advance(*d).await,
+            Step::Answer(answer, call) => {
+                let x = self.sandbox_of(call.as_str());
+                match answer.op() {
+                    None => {
+                        let sink = self.script().lock().deaths.clone().expect("death sink");
+                        sink.report(x);
+                    }
+                    Some(kind) => {
+                        if !self.script().answer(kind, x, reply(answer)) {
+                            self.abandoned.push(line);
+                        }
+                    }
+                }
+            }
+            Step::Settle(only) => {
+                let only = only.as_ref().map(|c| self.sandbox_of(c.as_str()));
+                for _ in 0..10_000 {
+                    quiesce().await;
+                    let Some((kind, x)) = self.script().oldest(only) else {
+                        break;
+                    };
+                    let answer = Answer::success(kind);
+                    assert!(self.script().answer(kind, x, reply(&answer)));
+                }
+            }
+            Step::Expect(e) => {
+                self.observe().await;
+                self.expect(line, e);
+            }
+            Step::Unspellable(_) => {}
+        }
+        self.observe().await;
+    }
+
+    fn resolve(&self, line: usize, session: &SessionId, expect: &ResolveExpect) {
+        let got = self.keeper.resolve(session);
+        let fits = match (expect, &got) {
+            (ResolveExpect::Call(c), Ok(x)) => self.sandbox_of(c.as_str()) == *x,
+            (ResolveExpect::None, Err(e)) => kind_of(e.clone()) == ErrorKind::NoActiveSandbox,
+            (ResolveExpect::Gone, Err(e)) => kind_of(e.clone()) == ErrorKind::SandboxGone,
+            _ => false,
+        };
+        assert!(
+            fits,
+            "line {line}: resolve {session}: expected {expect:?}, got {got:?}"
+        );
+    }
+
+    fn expect(&self, line: usize, e: &Expect) {
+        let cmds = |call: &str| self.script().received(self.sandbox_of(call));
+        let settled = |session: &SessionId, path: &Option<PathName>, version: u64| {
+            let path = path.clone().unwrap_or_else(PathName::session_log);
+            self.record
+                .settlements
+                .get(&(session.to_string(), path.to_string(), version))
+                .cloned()
+        };
+        let ok = match e {
+            Expect::Ready(c) => matches!(self.held.get(c.as_str()), Some(Held::Ready(_))),
+            Expect::Waiting(c) => matches!(self.held.get(c.as_str()), Some(Held::Acquiring(_))),
+            Expect::Failed(c, kind) => self
+                .failed
+                .get(c.as_str())
+                .is_some_and(|k| kind.as_ref().is_none_or(|want| want == k)),
+            Expect::Uploaded {
+                session,
+                path,
+                version,
+                into,
+            } => {
+                let x = self.sandbox_of(into.as_str());
+                settled(session, path, *version) == Some(Settlement::Uploaded { sandbox: x })
+            }
+            Expect::Dropped {
+                session,
+                path,
+                version,
+                reason,
+            } => match settled(session, path, *version) {
+                Some(Settlement::Superseded { .. }) => {
+                    reason.as_deref().is_none_or(|r| r == "superseded")
+                }
+                Some(Settlement::Dropped { reason: why }) => {
+                    reason.as_deref().is_none_or(|r| r == why.as_str())
+                }
+                _ => false,
+            },
+            Expect::Running(c) => {
+                self.keeper.sandbox_state(self.sandbox_of(c.as_str()))
+                    == Some(SandboxState::Running)
+            }
+            Expect::Stop(c) => cmds(c.as_str()).contains(&Cmd::Stop),
+            Expect::NoStop(c) => !cmds(c.as_str()).contains(&Cmd::Stop),
+            Expect::Shutdown(c) => cmds(c.as_str()).contains(&Cmd::Shutdown),
+            Expect::NoShutdown(c) => !cmds(c.as_str()).contains(&Cmd::Shutdown),
+            Expect::Resumed(c, snap) => cmds(c.as_str())
+                .iter()
+                .any(|cmd| matches!(cmd, Cmd::Start { resume_from: Some(s) } if s == snap)),
+            Expect::Closed => self.keeper.is_closed(),
+            // The refusal of a step the driver cannot express is the simulator's to check.
+            Expect::Error(kind) => {
+                self.last_error.as_deref() == Some(SKIPPED)
+                    || self.last_error.as_deref() == Some(kind.as_str())
+            }
+        };
+        assert!(
+            ok,
+            "line {line}: `{e}` does not hold in the driver run; received: {:?}; abandoned answers at lines {:?}; calls: {:?}",
+            self.script().lock().log,
+            self.abandoned,
+            self.record.calls,
+        );
+    }
+
+    /// After the last line: every command succeeds and time runs until no timer is due.
+    async fn liveness(&mut self) {
+        self.observe().await;
+        self.script().go_auto();
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        self.observe().await;
+        for task in std::mem::take(&mut self.tasks) {
+            assert!(task.is_finished(), "a release or close never finished");
+        }
+        let log = self.script().lock().log.clone();
+        for (x, cmd) in log {
+            self.record.commands.entry(x.0).or_default().push(cmd);
+        }
+    }
+}
+
+fn kind_of(e: KeeperError) -> ErrorKind {
+    match e {
+        KeeperError::Core(e) => e.kind(),
+        other => panic!("not a core refusal: {other}"),
+    }
+}
+
+async fn drive(scenario: &Scenario) -> (Record, Vec<usize>, Vec<usize>) {
+    let mut d = Driver::new(scenario);
+    d.observe().await;
+    for (line, step) in &scenario.steps {
+        d.step(*line, step).await;
+    }
+    d.liveness().await;
+    d.keeper.check_invariants().unwrap();
+    let skipped = std::mem::take(&mut d.skipped);
+    let abandoned = std::mem::take(&mut d.abandoned);
+    (std::mem::take(&mut d.record), skipped, abandoned)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test
+
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sim/scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "scn"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Compares the two runs of one scenario: `Err` says where they differ.
+async fn agree(name: &str, scenario: Scenario) -> Result<String, String> {
+    let sim = simulate(&scenario);
+    let steps = scenario.steps.clone();
+    // A failed `expect`/`resolve` in the driver run panics inside its own task.
+    let (driver, skipped, abandoned) = tokio::spawn(async move { drive(&scenario).await })
+        .await
+        .map_err(|e| format!("{name}: the driver run failed: {e}"))?;
+    // Steps the driver cannot express were refused by the simulator (they changed nothing).
+    for line in &skipped {
+        if !steps
+            .iter()
+            .any(|(l, s)| l == line && matches!(s, Step::Release(_)))
+        {
+            return Err(format!("{name}: line {line} skipped"));
+        }
+    }
+    let differs = |what: &str, d: &dyn std::fmt::Debug, s: &dyn std::fmt::Debug| {
+        Err(format!(
+            "{name}: {what} differ\n  driver:    {d:?}\n  simulator: {s:?}"
+        ))
+    };
+    if driver.commands != sim.commands {
+        return differs("commands per sandbox", &driver.commands, &sim.commands);
+    }
+    if driver.settlements != sim.settlements {
+        return differs("settlements", &driver.settlements, &sim.settlements);
+    }
+    if driver.calls != sim.calls {
+        return differs("call outcomes", &driver.calls, &sim.calls);
+    }
+    if driver.answers != sim.answers {
+        return differs("immediate answers", &driver.answers, &sim.answers);
+    }
+    if driver.closed != sim.closed {
+        return differs("close", &driver.closed, &sim.closed);
+    }
+    Ok(format!(
+        "{name}: agree ({} sandboxes, {} commands, {} settlements; skipped lines {skipped:?}; \
+         answers to commands the driver had abandoned at lines {abandoned:?})",
+        sim.commands.len(),
+        sim.commands.values().map(Vec::len).sum::<usize>(),
+        sim.settlements.len()
+    ))
+}
+
+/// Scenarios where the driver and the simulator are known to disagree, each with the text its
+/// disagreement must contain. Both are io-tokio behaviours, reported to its owner; when one is
+/// fixed the test fails and says to remove the entry.
+const KNOWN_DISAGREEMENTS: &[(&str, &str)] = &[
+    // The core orders Shutdown of a sandbox whose Start is still outstanding (close revoked its
+    // only call). io-tokio runs a sandbox's lifecycle commands one after the other on its lane,
+    // so the Shutdown reaches the backend only after the Start answers or hits the driver's
+    // start deadline (30 s by default): `expect shutdown @a` fails right after the close
+    // deadline.
+    (
+        "edge-answer-after-closed.scn",
+        "line 7: `expect shutdown @a` does not hold in the driver run",
+    ),
+    // The driver's own start deadline equals the core's start timeout; both fire at the same
+    // instant and the driver's timeout, classified as a failed start, reaches the core first:
+    // the call fails `start-failed`, not `start-timeout` (`Shared::answer` does not fire due
+    // timers before a backend input).
+    (
+        "edge-start-timeout.scn",
+        "line 8: `expect failed a error=start-timeout` does not hold in the driver run",
+    ),
+];
+
+#[tokio::test(start_paused = true)]
+async fn every_scenario_agrees_between_the_simulator_and_the_driver() {
+    let files = scenario_files();
+    assert!(files.len() >= 20, "scenario corpus not found: {files:?}");
+    let mut disagreements = Vec::new();
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(file).unwrap();
+        let scenario = parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let known = KNOWN_DISAGREEMENTS.iter().find(|(n, _)| *n == name);
+        match (agree(&name, scenario).await, known) {
+            (Ok(line), None) => eprintln!("{line}"),
+            (Err(why), Some((_, how))) if why.contains(how) => {
+                eprintln!("known disagreement: {why}")
+            }
+            (Ok(_), Some(_)) => disagreements.push(format!(
+                "{name} now agrees: remove it from KNOWN_DISAGREEMENTS"
+            )),
+            (Err(why), _) => {
+                eprintln!("DISAGREE {why}");
+                disagreements.push(why);
+            }
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+}
