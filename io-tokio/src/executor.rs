@@ -8,6 +8,11 @@
 //!   sandboxes run side by side. A lane holds at most four commands over its life (the core
 //!   orders at most one of each per sandbox), so its channel is bounded by construction; it ends
 //!   after Shutdown (or after Persist under `Suspend`).
+//! - **A Start the core stops waiting for is abandoned.** When the core orders Stop or Shutdown
+//!   of a sandbox whose Start is still outstanding (close revoked its calls, its start timed out,
+//!   it died while starting), the lane drops the start future (or stops waiting for its permit)
+//!   and runs the Shutdown at once; the core no longer awaits that start's answer, so none is
+//!   given. A backend's start must therefore be cancellation-safe (see [`Backend`]).
 //! - **Uploads** run each in its own task, never on a lane: a hung upload of one session never
 //!   delays another session's upload, release, drain or any lifecycle command. `CancelUpload`
 //!   aborts the task (its future is dropped at its next await point).
@@ -15,17 +20,25 @@
 //!
 //! # Limits
 //!
-//! At most [`KeeperConfig::max_lifecycle_ops`](crate::KeeperConfig) lifecycle operations and
-//! [`KeeperConfig::max_uploads`](crate::KeeperConfig) uploads run on the backend at once; more
-//! wait for a permit in FIFO order. The two pools are separate, so uploads (however slow) never
-//! hold back a start or a shutdown. The core allows one upload per (session, path) in flight, so
-//! one hung session occupies at most `max_paths_per_session` upload permits, and only until its
-//! `upload_timeout`, when the core cancels it and the permit comes back.
+//! At most [`KeeperConfig::max_lifecycle_ops`](crate::KeeperConfig) lifecycle operations run on
+//! the backend at once; more wait for a permit in FIFO order.
+//!
+//! Uploads have **no shared pool**, on purpose: any pool shared by sessions lets enough hung
+//! uploads of some sessions hold every slot, and another session's mirror and drain then wait
+//! for a slot (R13 by the back door). Their number is bounded by the core instead: it has at
+//! most one upload in flight per (session, path), a session has at most
+//! `limits.max_paths_per_session` paths, and at most `limits.max_active_sessions` sessions are
+//! active, so at most `max_active_sessions x max_paths_per_session` uploads run at once (an
+//! upload task ends when its upload answers or the moment the core cancels it, at its
+//! `upload_timeout` or when its sandbox goes). An application whose backend needs a tighter
+//! bound lowers those two core limits; one hung session can occupy at most
+//! `max_paths_per_session` uploads, and only its own.
 //!
 //! Every backend operation also runs under a driver-side deadline equal to the core's (start
 //! timeout, upload timeout, command timeout), so a backend that never answers cannot hold a
-//! lane or a permit forever; the core's own timer decides first or at the same instant, and the
-//! later answer is stale.
+//! lane or a permit forever. The core's own timer decides first: it fires no later than the
+//! driver's deadline, and when both fall on the same instant, [`Shared::answer`] fires the
+//! core's due timers before it applies the driver's answer, which is then stale.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -34,7 +47,7 @@ use std::time::Duration;
 
 use sandkeeper::{Command, Event, Instant, SandboxId, UploadId};
 use tokio::runtime::Handle;
-use tokio::sync::{broadcast, mpsc, Notify, Semaphore};
+use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::Instrument;
 
@@ -47,7 +60,6 @@ use crate::shared::{Executor, Shared};
 #[derive(Clone, Debug)]
 pub(crate) struct ExecutorLimits {
     pub(crate) max_lifecycle_ops: usize,
-    pub(crate) max_uploads: usize,
     pub(crate) start_timeout: Duration,
     pub(crate) upload_timeout: Duration,
     pub(crate) command_timeout: Duration,
@@ -61,9 +73,10 @@ pub(crate) struct TokioExecutor<B: Backend> {
     origin: tokio::time::Instant,
     limits: ExecutorLimits,
     lifecycle_permits: Arc<Semaphore>,
-    upload_permits: Arc<Semaphore>,
     /// The lane of each sandbox with lifecycle work ahead.
-    lanes: StdMutex<HashMap<SandboxId, mpsc::UnboundedSender<Command>>>,
+    lanes: StdMutex<HashMap<SandboxId, mpsc::UnboundedSender<LaneCommand>>>,
+    /// Starts handed to a lane and not yet answered, each with the switch that abandons it.
+    starts: StdMutex<HashMap<SandboxId, oneshot::Sender<()>>>,
     /// Uploads running, to cancel.
     uploads: StdMutex<HashMap<UploadId, AbortHandle>>,
     /// Wakes the timer task when the core's deadline changes.
@@ -82,12 +95,12 @@ impl<B: Backend> TokioExecutor<B> {
     ) -> Self {
         TokioExecutor {
             lifecycle_permits: Arc::new(Semaphore::new(limits.max_lifecycle_ops)),
-            upload_permits: Arc::new(Semaphore::new(limits.max_uploads)),
             backend,
             runtime,
             origin,
             limits,
             lanes: StdMutex::new(HashMap::new()),
+            starts: StdMutex::new(HashMap::new()),
             uploads: StdMutex::new(HashMap::new()),
             timer,
             notices,
@@ -111,6 +124,11 @@ impl<B: Backend> TokioExecutor<B> {
         lock_std(&self.uploads).len()
     }
 
+    /// Starts handed to lanes and not yet answered nor abandoned (for tests and reports).
+    pub(crate) fn starts_running(&self) -> usize {
+        lock_std(&self.starts).len()
+    }
+
     fn publish(&self, notice: Notice) {
         if self.notices.receiver_count() > 0 {
             // A lagging subscriber loses the oldest notices; the send never blocks.
@@ -125,6 +143,23 @@ impl<B: Backend> TokioExecutor<B> {
             Command::Persist { .. } => self.limits.suspend,
             _ => false,
         };
+        let abandon = match command {
+            Command::Start { .. } => {
+                let (switch, abandon) = oneshot::channel();
+                lock_std(&self.starts).insert(sandbox, switch);
+                Some(abandon)
+            }
+            Command::Stop { .. } | Command::Shutdown { .. } => {
+                // The core no longer awaits this sandbox's start: stop waiting for it, so the
+                // command runs now rather than when the start answers or hits its deadline.
+                if let Some(switch) = lock_std(&self.starts).remove(&sandbox) {
+                    tracing::debug!(sandbox = %sandbox, "start abandoned");
+                    let _ = switch.send(());
+                }
+                None
+            }
+            _ => None,
+        };
         let mut lanes = lock_std(&self.lanes);
         let sender = lanes.entry(sandbox).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -133,7 +168,7 @@ impl<B: Backend> TokioExecutor<B> {
                 .spawn(Self::lane(shared.clone(), sandbox, rx).instrument(span));
             tx
         });
-        if sender.send(command).is_err() {
+        if sender.send(LaneCommand { command, abandon }).is_err() {
             tracing::error!(sandbox = %sandbox, "lane ended before its last command");
         }
         if last {
@@ -145,13 +180,11 @@ impl<B: Backend> TokioExecutor<B> {
     async fn lane(
         shared: Arc<Shared<Self>>,
         sandbox: SandboxId,
-        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut commands: mpsc::UnboundedReceiver<LaneCommand>,
     ) {
-        while let Some(command) = commands.recv().await {
+        while let Some(LaneCommand { command, abandon }) = commands.recv().await {
             let this = shared.executor();
-            let Ok(_permit) = this.lifecycle_permits.clone().acquire_owned().await else {
-                return;
-            };
+            let permits = this.lifecycle_permits.clone();
             let backend = this.backend.clone();
             let limits = this.limits.clone();
             tracing::debug!(command = command_name(&command), "run");
@@ -168,25 +201,59 @@ impl<B: Backend> TokioExecutor<B> {
                         spec,
                         resume_from,
                     };
-                    let result = deadline(limits.start_timeout, backend.start(request)).await;
+                    let run = async {
+                        let _permit = permits.acquire_owned().await.ok()?;
+                        Some(deadline(limits.start_timeout, backend.start(request)).await)
+                    };
+                    let abandoned = async {
+                        match abandon {
+                            // A dropped switch (the executor is gone) abandons too.
+                            Some(abandon) => {
+                                let _ = abandon.await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let result = tokio::select! {
+                        biased;
+                        () = abandoned => None,
+                        result = run => result,
+                    };
+                    lock_std(&this.starts).remove(&sandbox);
+                    let Some(result) = result else {
+                        tracing::debug!("start dropped: the core no longer awaits it");
+                        continue;
+                    };
                     classify::start(sandbox, result)
                 }
-                Command::Stop { sandbox } => {
-                    let result = deadline(limits.command_timeout, backend.stop(sandbox)).await;
-                    classify::stop(sandbox, result)
-                }
-                Command::Persist { sandbox, snapshot } => {
-                    let result =
-                        deadline(limits.command_timeout, backend.persist(sandbox, snapshot)).await;
-                    classify::persist(sandbox, result)
-                }
-                Command::Shutdown { sandbox } => {
-                    let result = deadline(limits.command_timeout, backend.shutdown(sandbox)).await;
-                    classify::shutdown(sandbox, result)
-                }
                 other => {
-                    tracing::error!(command = ?other, "not a lifecycle command");
-                    continue;
+                    let Ok(_permit) = permits.acquire_owned().await else {
+                        return;
+                    };
+                    match other {
+                        Command::Stop { sandbox } => {
+                            let result =
+                                deadline(limits.command_timeout, backend.stop(sandbox)).await;
+                            classify::stop(sandbox, result)
+                        }
+                        Command::Persist { sandbox, snapshot } => {
+                            let result = deadline(
+                                limits.command_timeout,
+                                backend.persist(sandbox, snapshot),
+                            )
+                            .await;
+                            classify::persist(sandbox, result)
+                        }
+                        Command::Shutdown { sandbox } => {
+                            let result =
+                                deadline(limits.command_timeout, backend.shutdown(sandbox)).await;
+                            classify::shutdown(sandbox, result)
+                        }
+                        other => {
+                            tracing::error!(command = ?other, "not a lifecycle command");
+                            continue;
+                        }
+                    }
                 }
             };
             tracing::debug!(answer = ?input, "answer");
@@ -206,7 +273,6 @@ impl<B: Backend> TokioExecutor<B> {
             version = %request.version,
         );
         let shared2 = shared.clone();
-        let permits = self.upload_permits.clone();
         let backend = self.backend.clone();
         let timeout = self.limits.upload_timeout;
         // The map is locked while spawning, so the task cannot forget itself before it is
@@ -214,9 +280,6 @@ impl<B: Backend> TokioExecutor<B> {
         let mut uploads = lock_std(&self.uploads);
         let task = self.runtime.spawn(
             async move {
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return;
-                };
                 let result = deadline(timeout, backend.upload(request)).await;
                 let input = classify::upload(upload, result);
                 tracing::debug!(answer = ?input, "upload answered");
@@ -277,6 +340,12 @@ impl<B: Backend> Executor for TokioExecutor<B> {
         // A stored permit: the timer task sees it even if it was not waiting yet.
         self.timer.notify_one();
     }
+}
+
+/// A lifecycle command for a lane; a Start carries the switch that abandons it.
+struct LaneCommand {
+    command: Command,
+    abandon: Option<oneshot::Receiver<()>>,
 }
 
 /// Runs `op` under the driver-side deadline.

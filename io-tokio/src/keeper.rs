@@ -26,9 +26,14 @@ pub struct KeeperConfig {
     pub core: Config,
     /// Lifecycle operations (start, stop, persist, shutdown) running on the backend at once.
     /// More wait in FIFO order. Default 32.
+    ///
+    /// Uploads have no pool: a pool shared by sessions would let hung uploads of some sessions
+    /// hold every slot another session needs. The core bounds them instead, to one per
+    /// (session, path): at most `core.limits.max_active_sessions x
+    /// core.limits.max_paths_per_session` run at once, and a hung session occupies at most
+    /// `max_paths_per_session` of them, until its `upload_timeout`. Lower those two limits to
+    /// bound a backend's upload concurrency.
     pub max_lifecycle_ops: usize,
-    /// Uploads running on the backend at once, in a pool of their own. Default 64.
-    pub max_uploads: usize,
     /// Notices kept for each subscriber; a subscriber that falls further behind loses the
     /// oldest (and is told how many). Default 1024.
     pub notice_capacity: usize,
@@ -39,7 +44,6 @@ impl Default for KeeperConfig {
         KeeperConfig {
             core: Config::default(),
             max_lifecycle_ops: 32,
-            max_uploads: 64,
             notice_capacity: 1024,
         }
     }
@@ -92,9 +96,6 @@ impl<B: Backend> Keeper<B> {
                 "max_lifecycle_ops must be at least 1",
             ));
         }
-        if config.max_uploads == 0 {
-            return Err(KeeperError::InvalidConfig("max_uploads must be at least 1"));
-        }
         if config.notice_capacity == 0 {
             return Err(KeeperError::InvalidConfig(
                 "notice_capacity must be at least 1",
@@ -106,7 +107,6 @@ impl<B: Backend> Keeper<B> {
         let (notices, _) = broadcast::channel(config.notice_capacity);
         let limits = ExecutorLimits {
             max_lifecycle_ops: config.max_lifecycle_ops,
-            max_uploads: config.max_uploads,
             start_timeout: config.core.start_timeout,
             upload_timeout: config.core.upload_timeout,
             command_timeout: config.core.command_timeout,
@@ -288,6 +288,12 @@ impl<B: Backend> Keeper<B> {
     /// Uploads running on the backend now.
     pub fn uploads_running(&self) -> usize {
         self.shared.executor().uploads_running()
+    }
+
+    /// Starts running on the backend now (a start the core abandoned, by shutting its sandbox
+    /// down, no longer counts).
+    pub fn starts_running(&self) -> usize {
+        self.shared.executor().starts_running()
     }
 
     /// Live calls, tracked sandboxes and whether the core is quiescent.

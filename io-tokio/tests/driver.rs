@@ -467,7 +467,6 @@ async fn backend_concurrency_stays_within_the_configured_limits() {
     faults.upload_latency = (Duration::from_millis(100), Duration::from_millis(100));
     faults.start_latency = (Duration::from_millis(100), Duration::from_millis(100));
     let config = KeeperConfig {
-        max_uploads: 2,
         max_lifecycle_ops: 3,
         ..KeeperConfig::default()
     };
@@ -493,7 +492,8 @@ async fn backend_concurrency_stays_within_the_configured_limits() {
         assert_eq!(g.release().await, Released::Completed);
     }
     assert_eq!(k.backend().max_concurrent_starts(), 3);
-    assert_eq!(k.backend().max_concurrent_uploads(), 2);
+    // Uploads have no shared pool: every session's upload ran at once.
+    assert_eq!(k.backend().max_concurrent_uploads(), 8);
     assert_eq!(k.tally().uploaded, 8, "waiting for a permit loses nothing");
     k.close(Duration::from_secs(1)).await;
     k.check_invariants().unwrap();
@@ -526,4 +526,129 @@ async fn close_completes_and_reports_shutdowns_the_backend_never_confirmed() {
     assert_eq!(b.release().await, Released::Closed);
     assert!(k.backend().ops_for(ax).contains(&Op::Shutdown(ax)));
     k.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_shuts_a_starting_sandbox_down_without_waiting_for_its_start() {
+    // The core orders Shutdown while the Start is outstanding (close revoked its only call):
+    // the driver abandons the start and runs the Shutdown at once, not when the start answers
+    // (60 s here) or hits the driver's start deadline (120 s).
+    let mut faults = FaultConfig::reliable();
+    faults.start_latency = (Duration::from_secs(60), Duration::from_secs(60));
+    let core = Config {
+        start_timeout: Duration::from_secs(120),
+        ..Config::default()
+    };
+    let k = keeper(core, FaultBackend::new(7, faults));
+    let acquiring = {
+        let k = k.clone();
+        tokio::spawn(async move { k.acquire(spec("a", "sa")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let x = match k.backend().log().first() {
+        Some(Op::Start(x)) => *x,
+        other => panic!("expected the start first, got {other:?}"),
+    };
+    let t0 = Instant::now();
+    let report = k.close(Duration::from_secs(1)).await;
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1_100),
+        "close took {took:?}: {report:?}"
+    );
+    assert!(report.unconfirmed.is_empty(), "{report:?}");
+    assert_eq!(report.shut_down, 1, "{report:?}");
+    assert_eq!(k.starts_running(), 0, "the start was abandoned");
+    assert_eq!(k.backend().ops_for(x), vec![Op::Start(x), Op::Shutdown(x)]);
+    assert_eq!(
+        acquiring.await.unwrap().err(),
+        Some(KeeperError::Revoked { call: cid("a") })
+    );
+    assert!(k.backend().violations().is_empty());
+    k.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_that_never_answers_fails_with_start_timeout_not_start_failed() {
+    // The driver's own start deadline and the core's start timeout fall on the same instant;
+    // the core's timeout must decide, whichever task tokio wakes first.
+    let mut faults = FaultConfig::reliable();
+    faults.start_latency = (Duration::from_secs(600), Duration::from_secs(600));
+    let core = Config {
+        start_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let k = keeper(core, FaultBackend::new(8, faults));
+    let mut acquires = Vec::new();
+    for i in 0..8 {
+        let k = k.clone();
+        acquires.push(tokio::spawn(async move {
+            k.acquire(spec(&format!("c{i}"), &format!("s{i}"))).await
+        }));
+        tokio::task::yield_now().await;
+    }
+    for (i, a) in acquires.into_iter().enumerate() {
+        assert_eq!(
+            a.await.unwrap().err(),
+            Some(KeeperError::CallFailed {
+                call: cid(&format!("c{i}")),
+                error: ErrorKind::StartTimeout
+            })
+        );
+    }
+    assert_eq!(k.stats().starts_timed_out, 8);
+    k.close(Duration::from_secs(1)).await;
+    k.check_invariants().unwrap();
+    assert!(k.backend().violations().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn hung_uploads_of_many_sessions_take_no_capacity_another_session_needs() {
+    // 100 sessions (more than any upload pool the driver ever had) each hold a live call and an
+    // upload that hangs until its upload timeout (60 s). Another session flushes and releases:
+    // its upload runs at once and its release completes without waiting for a slot.
+    const HUNG: usize = 100;
+    let core = Config {
+        upload_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let k = keeper(core, FaultBackend::reliable());
+    let mut hung = Vec::new();
+    for i in 0..HUNG {
+        let session = sid(&format!("h{i}"));
+        hung.push(
+            k.acquire(spec(&format!("h{i}"), session.as_str()))
+                .await
+                .unwrap(),
+        );
+        k.backend().hang_uploads(&session);
+        k.flush(&session, &log(), b"hung\n".to_vec()).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(k.uploads_running(), HUNG);
+
+    let p = k.acquire(spec("p", "sp")).await.unwrap();
+    let px = p.sandbox();
+    let t0 = Instant::now();
+    let version = k.flush(&sid("sp"), &log(), b"probe\n".to_vec()).unwrap();
+    assert_eq!(p.release().await, Released::Completed);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(100),
+        "p's release took {took:?}"
+    );
+    let (written, bytes) = k
+        .backend()
+        .file(px, &sid("sp"), &log())
+        .expect("p's log reached its sandbox");
+    assert_eq!(written, version);
+    assert_eq!(bytes.as_bytes(), b"probe\n");
+    assert_eq!(k.tally().uploaded, 1);
+    assert!(k.tally().dropped.is_empty(), "{:?}", k.tally());
+    assert_eq!(k.uploads_running(), HUNG, "the hung ones still hang");
+
+    drop(hung);
+    k.close(Duration::from_secs(1)).await;
+    k.check_invariants().unwrap();
+    assert!(k.backend().violations().is_empty());
 }
