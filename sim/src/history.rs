@@ -166,6 +166,11 @@ pub struct History {
     /// becomes ready).
     last_released: FastMap<SessionId, SandboxId>,
     drain_deadline_ms: u64,
+    /// Per ended call name, the number of its latest end (for `AlreadyReleased` vs
+    /// `UnknownCall`).
+    ended_at: FastMap<CallId, u64>,
+    ends: u64,
+    remembered: u64,
     /// Close was accepted.
     pub closing: bool,
     /// Virtual time of the current input (ms).
@@ -222,6 +227,9 @@ impl History {
             key_snapshot: FastMap::default(),
             last_released: FastMap::default(),
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
+            ended_at: FastMap::default(),
+            ends: 0,
+            remembered: config.limits.remembered_ended_calls as u64,
             closing: false,
             now_ms: 0,
             routing: Vec::new(),
@@ -299,6 +307,7 @@ impl History {
         );
         self.bound_to.remove(call);
         self.failed.remove(call);
+        self.ended_at.remove(call);
         self.live.push(call.clone());
     }
 
@@ -335,6 +344,7 @@ impl History {
             self.marks.hit(Mark::CancelBeforeReady);
         }
         self.live.retain(|l| l != call);
+        self.ended(call);
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
             if !self.sandboxes.get(&x).is_some_and(|s| s.dead) {
                 self.releasing_session = Some(c.session.clone());
@@ -348,8 +358,30 @@ impl History {
         *self.awaiting_release.entry(call.clone()).or_default() += 1;
     }
 
+    fn ended(&mut self, call: &CallId) {
+        self.ends += 1;
+        self.ended_at.insert(call.clone(), self.ends);
+    }
+
     /// `release` was rejected.
     pub fn release_rejected(&mut self, call: &CallId, kind: ErrorKind) {
+        if !self.closed && !self.calls.contains_key(call) {
+            let remembered = self
+                .ended_at
+                .get(call)
+                .is_some_and(|at| self.ends - at < self.remembered);
+            let want = if remembered {
+                ErrorKind::AlreadyReleased
+            } else {
+                ErrorKind::UnknownCall
+            };
+            check!(
+                self,
+                kind == want,
+                "typed-errors",
+                "release of {call} (not live) was refused with {kind}, expected {want}"
+            );
+        }
         if kind == ErrorKind::AlreadyReleased {
             self.marks.hit(Mark::AlreadyReleased);
         }
@@ -785,6 +817,7 @@ impl History {
                 self.calls.remove(call);
                 self.live.retain(|l| l != call);
                 self.failed.insert(call.clone(), *error);
+                self.ended(call);
             }
             Event::CallReleased { call } => {
                 let n = self.awaiting_release.get_mut(call);
@@ -806,6 +839,7 @@ impl History {
                 self.marks.hit(Mark::CloseRevokedCall);
                 let live = self.calls.remove(call).is_some();
                 self.live.retain(|l| l != call);
+                self.ended(call);
                 check!(
                     self,
                     live,

@@ -107,7 +107,12 @@ impl Swarm {
             close_grace: ms(r.range(100, 3000)),
             ..Config::default()
         };
-        config.limits.remembered_ended_calls = 4096;
+        // Sometimes a tiny memory of ended calls, so that forgetting them is exercised.
+        config.limits.remembered_ended_calls = if r.chance(300) {
+            r.range(1, 8) as usize
+        } else {
+            4096
+        };
         // A fault is off entirely in a third of the seeds, else up to its cap.
         let mut rate = |cap: u64| -> u32 {
             if r.below(3) == 0 {
