@@ -189,6 +189,11 @@ impl Lifecycle {
         self.sandboxes.len()
     }
 
+    /// Isolation keys the core tracks (a live call, a sandbox, a queue or a snapshot).
+    pub fn tracked_keys(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Session records kept (active and idle).
     pub fn session_records(&self) -> usize {
         self.sessions.len()

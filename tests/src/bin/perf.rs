@@ -35,7 +35,10 @@ impl Names {
         let call_strings: Vec<String> = (0..calls).map(|i| format!("call-{i}")).collect();
         let session_strings: Vec<String> = (0..sessions).map(|i| format!("hot-{i}")).collect();
         Names {
-            calls: call_strings.iter().map(|c| CallId::new(c).unwrap()).collect(),
+            calls: call_strings
+                .iter()
+                .map(|c| CallId::new(c).unwrap())
+                .collect(),
             sessions: session_strings
                 .iter()
                 .map(|s| SessionId::new(s).unwrap())
@@ -133,7 +136,8 @@ struct Report {
 impl Report {
     fn add(&mut self, name: &str, value: f64, unit: &str) {
         println!("{name} {value:.3} {unit}");
-        self.figures.push((name.to_string(), value, unit.to_string()));
+        self.figures
+            .push((name.to_string(), value, unit.to_string()));
     }
 }
 
@@ -201,14 +205,16 @@ fn core_figures(report: &mut Report) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let json = args
-        .iter()
-        .position(|a| a == "--json")
-        .map(|i| args.get(i + 1).cloned().unwrap_or_else(|| "perf.json".into()));
+    let json = args.iter().position(|a| a == "--json").map(|i| {
+        args.get(i + 1)
+            .cloned()
+            .unwrap_or_else(|| "perf.json".into())
+    });
     let mut report = Report {
         figures: Vec::new(),
     };
     core_figures(&mut report);
+    tests::perf_tokio::tokio_figures(&mut |name, value, unit| report.add(name, value, unit));
     if let Some(path) = json {
         let body: Vec<String> = report
             .figures

@@ -1,0 +1,120 @@
+//! Bookkeeping that only shows over time: keys are forgotten when nothing needs them, and the
+//! memory of ended calls is exactly as long as configured.
+
+use std::time::Duration;
+
+use sandkeeper::*;
+
+fn ids(call: &str, session: &str) -> (CallId, SessionId) {
+    (CallId::new(call).unwrap(), SessionId::new(session).unwrap())
+}
+
+/// Runs one call through its whole life, answering every command.
+fn call_cycle(core: &mut Lifecycle, call: &CallId, session: &SessionId, t: Instant) {
+    core.acquire(t, CallSpec::new(call.clone(), session.clone()))
+        .unwrap();
+    answer_all(core, t);
+    core.release(t, call).unwrap();
+    answer_all(core, t);
+}
+
+fn answer_all(core: &mut Lifecycle, t: Instant) {
+    while let Some(cmd) = core.poll_command() {
+        match cmd {
+            Command::Start { sandbox, .. } => core.handle_start_ok(t, sandbox).unwrap(),
+            Command::Upload { upload, .. } => core.handle_upload_ok(t, upload).unwrap(),
+            Command::Stop { sandbox } => core.handle_stop_ok(t, sandbox, None).unwrap(),
+            Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
+            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Drain { .. } | Command::CancelUpload { .. } => {}
+        }
+    }
+    while core.poll_event().is_some() {}
+}
+
+#[test]
+fn keys_are_forgotten_when_nothing_needs_them() {
+    let mut core = Lifecycle::new(Config {
+        scope: Scope::Call,
+        ..Config::default()
+    })
+    .unwrap();
+    let t = Instant::ZERO;
+    for i in 0..50 {
+        let (c, s) = ids(&format!("c{i}"), "s");
+        call_cycle(&mut core, &c, &s, t);
+    }
+    assert_eq!(core.tracked_keys(), 0, "per-call keys must not pile up");
+    assert_eq!(core.tracked_sandboxes(), 0);
+    assert!(core.is_quiescent());
+
+    // A session key that persisted a snapshot is kept: its next Start resumes from it.
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (c, s) = ids("c", "s");
+    core.acquire(t, CallSpec::new(c.clone(), s.clone()))
+        .unwrap();
+    answer_all(&mut core, t);
+    core.release(t, &c).unwrap();
+    while let Some(cmd) = core.poll_command() {
+        match cmd {
+            Command::Stop { sandbox } => core
+                .handle_stop_ok(t, sandbox, Some(Snapshot::new("snap")))
+                .unwrap(),
+            Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
+            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            _ => {}
+        }
+    }
+    assert_eq!(core.tracked_keys(), 1);
+}
+
+#[test]
+fn ended_calls_are_remembered_exactly_as_long_as_configured() {
+    let capacity = 3;
+    let mut core = Lifecycle::new(Config {
+        scope: Scope::Call,
+        limits: Limits {
+            remembered_ended_calls: capacity,
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .unwrap();
+    let t = Instant::ZERO;
+    let (a, s) = ids("a", "s");
+    call_cycle(&mut core, &a, &s, t);
+    for i in 0..capacity - 1 {
+        let (c, _) = ids(&format!("c{i}"), "s");
+        call_cycle(&mut core, &c, &s, t);
+    }
+    // `a` is the oldest of exactly `capacity` ended calls: still remembered.
+    assert!(matches!(
+        core.release(t, &a),
+        Err(Error::AlreadyReleased { .. })
+    ));
+    // One more ended call pushes it out.
+    let (d, _) = ids("d", "s");
+    call_cycle(&mut core, &d, &s, t);
+    assert!(matches!(
+        core.release(t, &a),
+        Err(Error::UnknownCall { .. })
+    ));
+
+    // A name used again is remembered from its latest end, even when its older entry falls
+    // out of the memory afterwards.
+    let (e, _) = ids("e", "s");
+    call_cycle(&mut core, &e, &s, t);
+    call_cycle(&mut core, &e, &s, t);
+    for i in 0..capacity - 2 {
+        let (c, _) = ids(&format!("f{i}"), "s");
+        call_cycle(&mut core, &c, &s, t);
+    }
+    // Ended, newest first: f.., e (second), e (first, now the oldest entry).
+    let (g, _) = ids("g", "s");
+    call_cycle(&mut core, &g, &s, t);
+    assert!(
+        matches!(core.release(t, &e), Err(Error::AlreadyReleased { .. })),
+        "the first entry of `e` fell out, its second one must still answer"
+    );
+    let _ = Duration::ZERO;
+}
