@@ -135,7 +135,10 @@ impl std::fmt::Debug for DeathSink {
 /// A place to run sandboxes. The driver calls these for the core's commands, concurrently
 /// across sandboxes and sessions, in the core's order for one sandbox's lifecycle (Start, Stop,
 /// Persist, Shutdown one after the other; uploads alongside). Each future may be dropped
-/// (cancelled) at any await point: when its upload is cancelled, or its deadline passes.
+/// (cancelled) at any await point: when its upload is cancelled, when its deadline passes, or,
+/// for a start, when the core orders the sandbox's Shutdown (or Stop) while it is outstanding;
+/// the driver then calls `shutdown` at once, and it must leave nothing behind even if the
+/// dropped start's work goes on elsewhere (a blocking thread).
 ///
 /// A backend never decides lifecycle: it executes and reports, with a [`FailureClass`].
 pub trait Backend: Send + Sync + 'static {

@@ -7,7 +7,8 @@
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
 //!   on, copies the workspace to `<root>/.snapshots/sbx-<n>` and returns that snapshot.
-//! - Persist marks the snapshot persisted. Shutdown removes the directory.
+//! - Persist marks the snapshot persisted. Shutdown removes the directory, also one that a
+//!   start the driver dropped was still making (a per-sandbox fence orders the two).
 //! - A sandbox directory removed from outside is reported as a death by a periodic check
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
@@ -79,7 +80,16 @@ struct LocalSandbox {
 pub struct LocalBackend {
     config: LocalConfig,
     sandboxes: Mutex<HashMap<SandboxId, Arc<LocalSandbox>>>,
+    /// The fence of each sandbox whose start's file work may still run. A start's file work
+    /// runs on a blocking thread and goes on when the driver drops the start (its deadline, or
+    /// the core ordering Shutdown while it starts); it holds the fence while it makes the
+    /// directory and makes nothing once the fence says shut down. Shutdown sets the fence under
+    /// its lock before it removes the directory, so no directory outlives its shutdown.
+    fences: Mutex<HashMap<SandboxId, Fence>>,
 }
+
+/// `true` once the sandbox was shut down; held while a start makes its directory.
+type Fence = Arc<Mutex<bool>>;
 
 impl LocalBackend {
     /// A backend under `config.root` (made if missing).
@@ -88,6 +98,7 @@ impl LocalBackend {
         Ok(LocalBackend {
             config,
             sandboxes: Mutex::new(HashMap::new()),
+            fences: Mutex::new(HashMap::new()),
         })
     }
 
@@ -163,6 +174,10 @@ impl LocalBackend {
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn fences(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Fence>> {
+        self.fences.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn get(&self, sandbox: SandboxId) -> Option<Arc<LocalSandbox>> {
         self.table().get(&sandbox).cloned()
     }
@@ -192,7 +207,13 @@ impl Backend for LocalBackend {
         let dir = self.sandbox_dir(request.sandbox);
         let root = self.config.root.clone();
         let made = dir.clone();
-        blocking(move || {
+        let fence = self.fences().entry(request.sandbox).or_default().clone();
+        let sandbox = request.sandbox;
+        let work = blocking(move || {
+            let shut_down = fence.lock().unwrap_or_else(|p| p.into_inner());
+            if *shut_down {
+                return Err(BackendError::gone("shut down while starting"));
+            }
             if made.exists() {
                 return Err(BackendError::fatal(format!(
                     "{} exists already",
@@ -225,9 +246,12 @@ impl Backend for LocalBackend {
                 info.to_string().as_bytes(),
             )
             .map_err(|e| io_error("sandbox.json", e))?;
+            drop(shut_down);
             Ok(())
         })
-        .await?;
+        .await;
+        self.fences().remove(&sandbox);
+        work?;
         let (stopped, _) = watch::channel(false);
         self.table().insert(
             request.sandbox,
@@ -334,10 +358,13 @@ impl Backend for LocalBackend {
             let _ = s.stopped.send(true);
         }
         let dir = self.sandbox_dir(sandbox);
+        let fence = self.fences().remove(&sandbox).unwrap_or_default();
         blocking(move || {
             if let Some(s) = &s {
                 *s.gate.write().unwrap_or_else(|p| p.into_inner()) = true;
             }
+            // Waits for a dropped start's file work, and stops one that has not begun.
+            *fence.lock().unwrap_or_else(|p| p.into_inner()) = true;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
