@@ -194,6 +194,31 @@ fn quiesce(h: &mut Harness, transcript: &mut Transcript, phase: &str) -> Result<
     Err(Stop::Failed(h.history.failure.clone().expect("failed")))
 }
 
+/// Once quiet, the core keeps a key's record only for its snapshot (read from its serialised
+/// state: the core has no getter for keys, and needs none).
+fn check_keys_forgotten(h: &mut Harness) {
+    let Ok(state) = serde_json::to_value(&h.core) else {
+        h.history.fail(
+            "liveness-keys-forgotten",
+            "the core state does not serialise".into(),
+        );
+        return;
+    };
+    let Some(keys) = state.get("keys").and_then(|k| k.as_object()) else {
+        return;
+    };
+    let kept = keys
+        .iter()
+        .find(|(_, slot)| slot.get("snapshot").is_none_or(|s| s.is_null()))
+        .map(|(k, slot)| format!("{k}: {slot}"));
+    if let Some(kept) = kept {
+        h.history.fail(
+            "liveness-keys-forgotten",
+            format!("a quiet core still keeps a key with nothing to remember: {kept}"),
+        );
+    }
+}
+
 fn liveness_fail(h: &mut Harness, name: &str, detail: String) -> Stop {
     h.history.fail(name, detail);
     Stop::Failed(h.history.failure.clone().expect("failed"))
@@ -236,6 +261,9 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
                     h.core.poll_timeout()
                 ),
             );
+        }
+        if h.history.failure.is_none() && !h.core.is_closing() {
+            check_keys_forgotten(h);
         }
         if let Some(f) = &h.history.failure {
             return Err(Stop::Failed(f.clone()));
