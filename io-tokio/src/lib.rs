@@ -27,8 +27,10 @@
 //!   `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p sandkeeper-tokio --release
 //!   --lib models`).
 //! - `executor.rs`: commands on tokio tasks (a lane per sandbox for its lifecycle, a task per
-//!   upload), with explicit concurrency limits; `classify.rs`: backend failures into core
-//!   inputs; `timer.rs`: the core's deadlines.
+//!   upload), with explicit concurrency limits (a pool for lifecycle operations; uploads bounded
+//!   by the core's per-(session, path) rule, never by a pool that sessions share); a start the
+//!   core stops awaiting is abandoned so its Shutdown runs at once; `classify.rs`: backend
+//!   failures into core inputs; `timer.rs`: the core's deadlines.
 //! - `keeper.rs`, `guard.rs`: the application's API.
 //! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
 //!
