@@ -149,11 +149,6 @@ impl EndedCalls {
         }
     }
 
-    pub(crate) fn forget(&mut self, call: &CallId) {
-        // The queue entry stays and is skipped when it falls out (its stamp no longer matches).
-        self.index.remove(call);
-    }
-
     pub(crate) fn contains(&self, call: &CallId) -> bool {
         self.index.contains_key(call)
     }

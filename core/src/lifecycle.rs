@@ -298,7 +298,6 @@ impl Lifecycle {
         } = spec;
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
-        self.ended.forget(&call);
         let deadline = if must_wait {
             let at = self.now + self.config.wait_timeout;
             self.waiting += 1;

@@ -118,3 +118,75 @@ fn ended_calls_are_remembered_exactly_as_long_as_configured() {
     );
     let _ = Duration::ZERO;
 }
+
+/// Close moves on before its deadline only when nothing is left to drain: a hold that keeps a
+/// draining sandbox busy, or a start still unanswered, keeps it in its first phase.
+#[test]
+fn close_waits_for_holds_and_starts_until_its_deadline() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (c, s) = ids("c", "s");
+    core.acquire(t, CallSpec::new(c.clone(), s.clone()))
+        .unwrap();
+    answer_all(&mut core, t);
+    core.hold(t, &s).unwrap();
+    core.release(t, &c).unwrap();
+    core.close(t, Duration::from_secs(10)).unwrap();
+    let commands: Vec<Command> = std::iter::from_fn(|| core.poll_command()).collect();
+    assert!(
+        commands.iter().all(|c| matches!(c, Command::Drain { .. })),
+        "the hold keeps the sandbox draining: {commands:?}"
+    );
+    // The writer submits its last write and lets go: it is uploaded, then the sandbox goes down.
+    let v = core
+        .flush(
+            Instant::from_millis(10),
+            &s,
+            &PathName::session_log(),
+            Payload::default(),
+        )
+        .unwrap();
+    core.unhold(Instant::from_millis(10), &s).unwrap();
+    let mut uploaded = false;
+    while let Some(cmd) = core.poll_command() {
+        if let Command::Upload {
+            upload, version, ..
+        } = cmd
+        {
+            assert_eq!(version, v);
+            core.handle_upload_ok(Instant::from_millis(20), upload)
+                .unwrap();
+            uploaded = true;
+        }
+    }
+    assert!(uploaded);
+    let events: Vec<Event> = std::iter::from_fn(|| core.poll_event()).collect();
+    assert!(
+        !events.iter().any(|e| matches!(
+            e,
+            Event::Settled {
+                outcome: Settlement::Dropped { .. },
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+
+    // A start still unanswered at close keeps close in its first phase as well.
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (c, s) = ids("c", "s");
+    core.acquire(t, CallSpec::new(c.clone(), s)).unwrap();
+    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
+        panic!("no start")
+    };
+    core.release(t, &c).unwrap();
+    core.close(t, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        core.poll_command(),
+        None,
+        "no Shutdown before the start answers or the deadline"
+    );
+    core.handle_start_ok(Instant::from_millis(5), sandbox)
+        .unwrap();
+    assert_eq!(core.poll_command(), Some(Command::Shutdown { sandbox }));
+}
