@@ -84,7 +84,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Binds `client` to a validated configuration.
+    /// A client for sandkeeper from a kube `Config`: kube's own retry layer (up to 15 retries
+    /// of 429/503/504, honouring `Retry-After`) is turned off, so that retries happen here,
+    /// under [`K8sConfig::api_deadline_secs`], with the errors classified.
+    pub fn make_client(mut config: kube::Config) -> Result<Client, kube::Error> {
+        config.default_retry = false;
+        Client::try_from(config)
+    }
+
+    /// Binds `client` to a validated configuration. Build the client with [`Cluster::make_client`]
+    /// (kube's default retry layer would otherwise retry on its own, outside the deadline).
     pub fn new(client: Client, config: K8sConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let retry = RetryPolicy::new(

@@ -39,6 +39,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod claim;
 pub mod cluster;
 pub mod config;
@@ -53,6 +54,7 @@ pub mod sandbox;
 pub mod upload;
 pub mod wait;
 
+pub use backend::K8sBackend;
 pub use cluster::Cluster;
 pub use config::{K8sConfig, Mode};
 pub use deaths::{Death, DeathWatch};

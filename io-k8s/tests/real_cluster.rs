@@ -11,9 +11,10 @@ fn namespace() -> String {
 }
 
 async fn run(mode: Mode) {
-    let client = kube::Client::try_default()
+    let kube_config = kube::Config::infer()
         .await
         .expect("KUBECONFIG points at a cluster");
+    let client = Cluster::make_client(kube_config).unwrap();
     let mut config = K8sConfig::new(namespace(), "real-test", mode);
     config.workdir = "/tmp".into();
     let k = Cluster::new(client, config).unwrap();

@@ -53,6 +53,9 @@ pub struct Event {
     pub previous: Option<Value>,
 }
 
+/// The history after a resourceVersion, and a receiver of every later change.
+pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
 /// How a delete treats dependents (`propagationPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Propagation {
@@ -274,10 +277,7 @@ impl Store {
 
     /// Events after `rv` from the history plus a live receiver, atomically; 410 when `rv`
     /// predates the retained history.
-    pub fn watch_from(
-        &self,
-        rv: u64,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), ApiError> {
+    pub fn watch_from(&self, rv: u64) -> Result<Subscription, ApiError> {
         let g = self.lock();
         if rv < g.compacted_through {
             return Err(ApiError::gone(&format!(

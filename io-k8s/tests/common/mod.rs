@@ -35,7 +35,7 @@ pub fn client(server: &Loopback) -> kube::Client {
     let mut config = kube::Config::new(server.url().parse().unwrap());
     config.default_namespace = NS.into();
     config.read_timeout = Some(std::time::Duration::from_secs(30));
-    kube::Client::try_from(config).expect("client for the loopback")
+    sandkeeper_k8s::Cluster::make_client(config).expect("client for the loopback")
 }
 
 pub fn claim_config(owner: &str) -> K8sConfig {
@@ -70,7 +70,9 @@ pub fn pod_config(owner: &str) -> K8sConfig {
 }
 
 pub fn cluster(server: &Loopback, config: K8sConfig) -> Cluster {
-    Cluster::new(client(server), config).expect("valid config")
+    let c = Cluster::new(client(server), config).expect("valid config");
+    assert_eq!(c.owner(), c.config().owner);
+    c
 }
 
 pub fn labels(o: &Value) -> &serde_json::Map<String, Value> {
