@@ -78,19 +78,24 @@ impl Cluster {
     pub async fn acquire_lease(&self) -> Result<(), K8sError> {
         let lease = self.lease_object();
         let what = format!("lease {}", lease.name_any());
-        match self
+        // 409 here means the Lease exists (a restart of this owner): renew it rather than
+        // retrying the create until the deadline.
+        let created = self
             .retry
             .run(|| async {
-                self.leases()
-                    .create(&PostParams::default(), &lease)
-                    .await
-                    .map_err(|e| err(e, calls::CREATE_LEASE, &what))
+                match self.leases().create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(true),
+                    Err(e) => match err(e, calls::CREATE_LEASE, &what) {
+                        K8sError::Conflict { .. } => Ok(false),
+                        other => Err(other),
+                    },
+                }
             })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(K8sError::Conflict { .. }) => self.renew_lease().await,
-            Err(e) => Err(e),
+            .await?;
+        if created {
+            Ok(())
+        } else {
+            self.renew_lease().await
         }
     }
 
