@@ -1,5 +1,7 @@
 //! Configuration of the Kubernetes backend (read from YAML or JSON; see
-//! `deploy/sandkeeper-k8s.example.yaml`).
+//! `deploy/sandkeeper-k8s.example.yaml`). `mode` is written as a map with one key
+//! (`mode: {agentSandbox: {warmPool: ...}}`); with serde_yaml 0.9, read the YAML into a
+//! `serde_json::Value` first (it would expect a `!agentSandbox` tag otherwise).
 
 use std::time::Duration;
 

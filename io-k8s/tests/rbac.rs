@@ -145,7 +145,10 @@ fn the_example_config_parses_and_validates() {
         "/deploy/sandkeeper-k8s.example.yaml"
     ))
     .unwrap();
-    let c: K8sConfig = serde_yaml::from_str(&text).unwrap();
+    // YAML through a JSON value: `mode` is an externally tagged enum written as a map
+    // (`mode: {agentSandbox: {...}}`), the same shape as in JSON.
+    let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    let c: K8sConfig = serde_json::from_value(value).unwrap();
     c.validate().unwrap();
     assert_eq!(c.namespace, "sandkeeper");
     let mut bad = c.clone();
