@@ -77,7 +77,8 @@ impl K8sBackend {
         Ok(n)
     }
 
-    fn handle(&self, sandbox: SandboxId) -> Option<SandboxHandle> {
+    /// The objects of a sandbox started here and not shut down yet.
+    pub fn handle(&self, sandbox: SandboxId) -> Option<SandboxHandle> {
         self.started
             .lock()
             .unwrap_or_else(|e| e.into_inner())

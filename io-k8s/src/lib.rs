@@ -24,6 +24,13 @@
 //!   and 5xx retried with backoff and jitter under a deadline ([`retry`]), 401/403 fatal with
 //!   the missing permission named. `deploy/rbac.yaml` grants exactly [`cluster::calls::ALL`].
 //!
+//! ## The main job on a cluster
+//!
+//! [`workload::run_workload`] runs the io-tokio harness workload on a [`K8sBackend`]; the
+//! `harness-k8s` binary wraps it:
+//! `cargo run --release -p sandkeeper-k8s --bin harness-k8s -- --namespace NS --warm-pool POOL`
+//! (or `--pod-template FILE`; `--kubeconfig FILE`, `--server URL`).
+//!
 //! ## Kubernetes version
 //!
 //! `k8s-openapi` is built with the `v1_33` feature: the earliest version kube 5 supports, so the
@@ -53,6 +60,7 @@ pub mod retry;
 pub mod sandbox;
 pub mod upload;
 pub mod wait;
+pub mod workload;
 
 pub use backend::K8sBackend;
 pub use cluster::Cluster;

@@ -33,6 +33,8 @@
 //!   failures into core inputs; `timer.rs`: the core's deadlines.
 //! - `keeper.rs`, `guard.rs`: the application's API.
 //! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
+//! - `workload/`: the main job's workload on any backend ([`workload::run`]); the `harness`
+//!   binary runs it on [`LocalBackend`].
 //!
 //! ## Tracing
 //!
@@ -57,6 +59,7 @@ mod signal;
 mod sync;
 mod tally;
 mod timer;
+pub mod workload;
 
 pub use backend::{Backend, BackendError, DeathSink, FailureClass, StartRequest, UploadRequest};
 pub use error::{KeeperError, Released};

@@ -1,0 +1,75 @@
+//! The main job on Kubernetes: [`K8sBackend`] as a [`WorkloadTarget`] of the io-tokio
+//! workload, and [`run_workload`], which the `harness-k8s` binary runs.
+//!
+//! - the message bus runs `argv` in the session's pod through `pods/exec` (no shell);
+//! - a death from outside is a deletion of the sandbox's pod;
+//! - after the keeper closed, a final sweep of this owner's claims and pods must find nothing
+//!   left (every shutdown deleted its object), and the owner's Lease is released.
+
+use sandkeeper::SandboxId;
+use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
+
+use crate::backend::K8sBackend;
+use crate::cluster::Cluster;
+use crate::error::K8sError;
+
+impl WorkloadTarget for K8sBackend {
+    fn kind(&self) -> &'static str {
+        "k8s"
+    }
+
+    async fn run_in(&self, sandbox: SandboxId, argv: &[&str]) -> Result<(), String> {
+        let Some(h) = self.handle(sandbox) else {
+            return Err(format!("{sandbox} is not started here"));
+        };
+        let argv = argv.iter().map(|a| a.to_string()).collect();
+        self.cluster()
+            .exec_with_stdin(&h.pod, argv, Vec::new())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn kill(&self, sandbox: SandboxId) {
+        if let Some(h) = self.handle(sandbox) {
+            // Gone already, or a failed delete: either way the workload goes on; the keeper
+            // learns of the death (if any) from its watch.
+            let _ = self.cluster().delete_pod(&h.pod).await;
+        }
+    }
+
+    async fn after_close(&self) -> Vec<(bool, String)> {
+        match self.close().await {
+            Ok(n) => vec![(
+                n == 0,
+                format!(
+                    "no object of owner {} remains after close ({n} deleted by the final sweep)",
+                    self.cluster().owner()
+                ),
+            )],
+            Err(e) => vec![(false, format!("the final sweep failed: {e}"))],
+        }
+    }
+}
+
+/// Why the workload did not run on the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// Taking the owner's Lease or the start-up sweep failed.
+    #[error("connecting to the cluster: {0}")]
+    Connect(#[from] K8sError),
+    /// The workload could not run.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+}
+
+/// Connects a [`K8sBackend`] on `cluster` (takes the owner's Lease, sweeps orphans of dead
+/// owners) and runs the harness workload on it. The summary's last check is the final sweep:
+/// no claim or pod of this owner may be left after close.
+pub async fn run_workload(
+    cluster: Cluster,
+    options: &WorkloadOptions,
+) -> Result<Summary, HarnessError> {
+    options.check()?;
+    let (backend, _sweep) = K8sBackend::connect(cluster).await?;
+    Ok(workload::run(backend, options).await?)
+}

@@ -1,0 +1,568 @@
+//! The main job's workload, on any backend: a realistic agent-harness load with checks.
+//!
+//! Many sessions of many users run calls at once on one shared agent. Calls of one user share
+//! a sandbox (same-key collisions under `Share`); every turn appends a JSON line to the
+//! session log and flushes it; context-free components (a message bus) resolve the session's
+//! sandbox and run real processes there; a memory writer holds the session and writes after
+//! the call ends; now and then a sandbox is killed from outside (a death). At the end the
+//! keeper closes and [`run`] checks what it can see: every call ended once, every flushed
+//! version settled once, every shutdown confirmed, bus writes in the right sandbox; on
+//! [`LocalBackend`](crate::LocalBackend) also the snapshot files and that no sandbox
+//! directory remains; and whatever the backend adds ([`WorkloadTarget::after_close`]).
+//!
+//! Binaries: `harness` in this crate (local), `harness-k8s` in `sandkeeper-k8s`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sandkeeper_tokio::workload::WorkloadError> {
+//! use sandkeeper_tokio::workload::{self, WorkloadOptions};
+//! use sandkeeper_tokio::LocalBackend;
+//!
+//! let options = WorkloadOptions { sessions: 4, quiet: true, ..WorkloadOptions::default() };
+//! let summary = workload::run(LocalBackend::new_temp().unwrap(), &options).await?;
+//! summary.print();
+//! assert!(summary.ok());
+//! # Ok(()) }
+//! ```
+
+mod options;
+mod summary;
+mod target;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use sandkeeper::{
+    CallId, CallSpec, Config, Event, PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId,
+    Settlement, UserId, Version,
+};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::rng::SplitMix64;
+use crate::{Keeper, KeeperConfig, KeeperError, Notice, Released};
+
+pub use options::WorkloadOptions;
+pub use summary::Summary;
+pub use target::WorkloadTarget;
+
+/// Why a workload could not run (failed checks are not errors: they are in the [`Summary`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// A count that must be positive is zero.
+    #[error("sessions, users, calls and concurrency must be at least 1")]
+    Options,
+    /// The keeper could not be made.
+    #[error(transparent)]
+    Keeper(#[from] KeeperError),
+    /// A workload task panicked or the progress style was rejected.
+    #[error("{0}")]
+    Internal(String),
+    /// The local backend's directories could not be read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// What one session's task saw.
+#[derive(Default)]
+struct SessionRecord {
+    /// Contents of each flushed version of the session log.
+    versions: BTreeMap<Version, String>,
+    release_latencies: Vec<Duration>,
+    calls_ok: u64,
+    calls_failed: u64,
+    bus_writes: u64,
+    bus_misroutes: u64,
+    killed: BTreeSet<SandboxId>,
+}
+
+/// Times of flushes and settlements, from the notices.
+#[derive(Default)]
+struct Timeline {
+    flushed_at: HashMap<(SessionId, PathName, Version), Instant>,
+    settle_latencies: Vec<Duration>,
+    settled: BTreeMap<(SessionId, PathName, Version), Settlement>,
+    settled_twice: u64,
+    drains: u64,
+    lagged: u64,
+}
+
+/// Runs the workload on `backend` and closes the keeper; returns what was measured and
+/// checked. Must run inside a tokio runtime (a multi-threaded one for real backends).
+pub async fn run<B: WorkloadTarget>(
+    backend: B,
+    options: &WorkloadOptions,
+) -> Result<Summary, WorkloadError> {
+    let args = options;
+    args.check()?;
+    let core = Config {
+        scope: Scope::User,
+        same_key: SameKey::Share,
+        release: if args.warm_ms > 0 {
+            ReleasePolicy::KeepWarm {
+                idle: Duration::from_millis(args.warm_ms),
+            }
+        } else {
+            ReleasePolicy::Shutdown
+        },
+        drain_deadline: Duration::from_secs(3),
+        ..Config::default()
+    };
+    let config = KeeperConfig {
+        notice_capacity: 1 << 16,
+        ..KeeperConfig::with_core(core)
+    };
+    let keeper = Keeper::new(config, backend)?;
+
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let watcher = tokio::spawn(watch(keeper.subscribe(), timeline.clone()));
+    let checks = Arc::new(AtomicU64::new(0));
+
+    let total_calls = (args.sessions * args.calls) as u64;
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total_calls)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} calls  {msg}",
+        )
+        .map_err(|e| WorkloadError::Internal(e.to_string()))?,
+    );
+
+    let started = Instant::now();
+    let gate = Arc::new(Semaphore::new(args.concurrency));
+    let mut tasks = Vec::new();
+    for s in 0..args.sessions {
+        let keeper = keeper.clone();
+        let args = args.clone();
+        let gate = gate.clone();
+        let bar = bar.clone();
+        let timeline = timeline.clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let _slot = gate.acquire_owned().await.expect("open");
+            session_task(s, &args, &keeper, &bar, &timeline, &checks).await
+        }));
+    }
+    let mut records = BTreeMap::new();
+    for (s, task) in tasks.into_iter().enumerate() {
+        let record = task
+            .await
+            .map_err(|e| WorkloadError::Internal(e.to_string()))?;
+        records.insert(sid(s), record);
+    }
+    let workload = started.elapsed();
+    bar.set_message("closing");
+    let close_started = Instant::now();
+    let report = keeper.close(Duration::from_secs(args.close_deadline)).await;
+    let close_took = close_started.elapsed();
+    bar.finish_and_clear();
+    // Let the watcher see the last notices (bounded wait).
+    let flushed = keeper.stats().versions_flushed;
+    for _ in 0..500 {
+        let seen = timeline
+            .lock()
+            .map(|tl| tl.settled.len() as u64 + tl.lagged)
+            .unwrap_or(flushed);
+        if seen >= flushed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watcher.abort();
+
+    // ---------------------------------------------------------------------------------------
+    // Checks after close.
+    let mut failures: Vec<String> = Vec::new();
+    let mut passed = checks.load(Ordering::SeqCst);
+    let mut check = |ok: bool, what: String| {
+        if ok {
+            passed += 1;
+        } else {
+            failures.push(what);
+        }
+    };
+    check(
+        keeper.check_invariants().is_ok(),
+        format!(
+            "core invariants after close: {:?}",
+            keeper.check_invariants()
+        ),
+    );
+    let stats = keeper.stats();
+    let tally = keeper.tally();
+    check(
+        stats.calls_acquired == stats.calls_released + stats.calls_failed + stats.calls_revoked,
+        "every call ended exactly once".into(),
+    );
+    check(
+        tally.settled_total() == stats.versions_flushed,
+        format!(
+            "every flushed version settled exactly once ({} of {})",
+            tally.settled_total(),
+            stats.versions_flushed
+        ),
+    );
+    let local = keeper.backend().as_local();
+    if let Some(local) = local {
+        let left = local.sandbox_dirs_present()?;
+        check(
+            left.is_empty(),
+            format!("no sandbox directory remains ({} left)", left.len()),
+        );
+    }
+    check(
+        report.unconfirmed.is_empty(),
+        format!("every shutdown confirmed ({:?})", report.unconfirmed),
+    );
+    let misroutes: u64 = records.values().map(|r| r.bus_misroutes).sum();
+    check(
+        misroutes == 0,
+        format!("context-free writes landed in their own session's sandbox ({misroutes} did not)"),
+    );
+
+    for (ok, what) in keeper.backend().after_close().await {
+        check(ok, what);
+    }
+
+    // Each sandbox's snapshot holds the last version of each session log uploaded into it.
+    let timeline = timeline
+        .lock()
+        .map_err(|e| WorkloadError::Internal(e.to_string()))?;
+    check(
+        timeline.settled_twice == 0,
+        "no version settled twice".into(),
+    );
+    let mut logs_verified = 0u64;
+    if let Some(local) = local {
+        let killed: BTreeSet<SandboxId> = records.values().flat_map(|r| r.killed.clone()).collect();
+        let mut last_into: BTreeMap<(SandboxId, SessionId), Version> = BTreeMap::new();
+        for ((session, path, version), outcome) in &timeline.settled {
+            if let Settlement::Uploaded { sandbox } = outcome {
+                if *path == PathName::session_log() {
+                    let slot = last_into
+                        .entry((*sandbox, session.clone()))
+                        .or_insert(*version);
+                    *slot = (*slot).max(*version);
+                }
+            }
+        }
+        let snapshots = local.snapshots_dir();
+        for ((sandbox, session), version) in &last_into {
+            if killed.contains(sandbox) {
+                continue;
+            }
+            let file = snapshots
+                .join(format!("sbx-{}", sandbox.0))
+                .join(".sandkeeper")
+                .join(session.as_str())
+                .join("session.log");
+            let on_disk = std::fs::read_to_string(&file).unwrap_or_default();
+            let expected = records
+                .get(session)
+                .and_then(|r| r.versions.get(version))
+                .cloned()
+                .unwrap_or_default();
+            if on_disk == expected {
+                logs_verified += 1;
+            }
+            check(
+                on_disk == expected,
+                format!("{} holds {session} {version}", file.display()),
+            );
+        }
+    }
+    for (session, record) in &records {
+        if let Some((last, _)) = record.versions.iter().next_back() {
+            let outcome = timeline
+                .settled
+                .get(&(session.clone(), PathName::session_log(), *last));
+            check(
+                matches!(
+                    outcome,
+                    Some(Settlement::Uploaded { .. } | Settlement::Dropped { .. })
+                ),
+                format!("{session}'s last log version {last} was uploaded or reported dropped ({outcome:?})"),
+            );
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // The summary.
+    let mut release: Vec<Duration> = records
+        .values()
+        .flat_map(|r| r.release_latencies.clone())
+        .collect();
+    let mut settle = timeline.settle_latencies.clone();
+    let calls_ok: u64 = records.values().map(|r| r.calls_ok).sum();
+    let calls_failed: u64 = records.values().map(|r| r.calls_failed).sum();
+    let bus: u64 = records.values().map(|r| r.bus_writes).sum();
+
+    let header = format!(
+        "sandkeeper harness: {} sessions, {} users, {} calls each, {} turns per call, seed {}",
+        args.sessions, args.users, args.calls, args.turns, args.seed
+    );
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut row = |name: &str, value: String| rows.push((name.to_string(), value));
+    if local.is_none() {
+        row("backend", keeper.backend().kind().to_string());
+    }
+    row(
+        "workload time",
+        format!("{:.2?} (close {:.2?})", workload, close_took),
+    );
+    row(
+        "calls",
+        format!(
+            "{} acquired, {} ready, {} failed, {} released, {} revoked",
+            stats.calls_acquired, calls_ok, calls_failed, stats.calls_released, stats.calls_revoked
+        ),
+    );
+    row(
+        "sandboxes",
+        format!(
+            "{} started, {} shut down, {} revived (warm or draining), {} died, {} unconfirmed",
+            stats.starts_ordered,
+            stats.shutdowns_ok,
+            stats.revivals,
+            stats.deaths,
+            stats.shutdowns_unconfirmed
+        ),
+    );
+    row(
+        "mirror",
+        format!(
+            "{} versions flushed, {} uploads ordered, {} uploaded, {} superseded, {} dropped",
+            stats.versions_flushed,
+            stats.uploads_ordered,
+            tally.uploaded,
+            tally.superseded,
+            tally.dropped_total()
+        ),
+    );
+    let reasons = if tally.dropped.is_empty() {
+        "none".to_string()
+    } else {
+        tally
+            .dropped
+            .iter()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    row("drops by reason", reasons);
+    row(
+        "context-free writes",
+        format!("{bus} via resolve (processes run in the session's sandbox)"),
+    );
+    row("release latency", percentiles(&mut release));
+    row("drain (flush→settled)", percentiles(&mut settle));
+    row(
+        "drains announced",
+        format!("{} (notices lagged: {})", timeline.drains, timeline.lagged),
+    );
+    row(
+        "close",
+        format!(
+            "{} shut down, {} revoked calls, {} dropped versions",
+            report.shut_down,
+            report.revoked_calls.len(),
+            report.dropped_versions.len()
+        ),
+    );
+    row(
+        "invariant checks",
+        format!("{passed} passed, {} failed", failures.len()),
+    );
+    if let Some(local) = local {
+        row(
+            "session logs checked",
+            format!("{logs_verified} snapshots hold the last uploaded version"),
+        );
+        row(
+            "files",
+            format!("{} (sandboxes removed at shutdown)", local.root().display()),
+        );
+        row(
+            "snapshots",
+            format!(
+                "{}/sbx-<n>/.sandkeeper/<session>/session.log",
+                local.snapshots_dir().display()
+            ),
+        );
+    }
+    Ok(Summary {
+        header,
+        rows,
+        stats,
+        tally,
+        close: report,
+        passed,
+        failures,
+    })
+}
+
+fn percentiles(xs: &mut [Duration]) -> String {
+    if xs.is_empty() {
+        return "no samples".into();
+    }
+    xs.sort();
+    let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "p50 {:.2?}  p90 {:.2?}  p99 {:.2?}  max {:.2?}  (n={})",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        xs[xs.len() - 1],
+        xs.len()
+    )
+}
+
+fn sid(s: usize) -> SessionId {
+    SessionId::new(format!("session-{s:03}")).expect("a valid name")
+}
+
+/// One session: its calls one after another.
+async fn session_task<B: WorkloadTarget>(
+    s: usize,
+    args: &WorkloadOptions,
+    keeper: &Keeper<B>,
+    bar: &ProgressBar,
+    timeline: &Arc<Mutex<Timeline>>,
+    checks: &Arc<AtomicU64>,
+) -> SessionRecord {
+    let mut rng = SplitMix64::new(args.seed.wrapping_mul(0x9E37_79B9).wrapping_add(s as u64));
+    let session = sid(s);
+    let user = UserId::new(format!("user-{:02}", s % args.users)).expect("a valid name");
+    let log_path = PathName::session_log();
+    let memory = PathName::new("memory.md").expect("a valid name");
+    let mut record = SessionRecord::default();
+    let mut log = String::new();
+    for c in 0..args.calls {
+        let call = CallId::new(format!("{session}-call-{c}")).expect("a valid name");
+        let spec = CallSpec::new(call, session.clone()).with_user(user.clone());
+        let guard = match keeper.acquire(spec).await {
+            Ok(guard) => guard,
+            Err(_) => {
+                record.calls_failed += 1;
+                bar.inc(1);
+                continue;
+            }
+        };
+        record.calls_ok += 1;
+        let dies_at = rng
+            .chance(args.death_rate)
+            .then(|| rng.below(args.turns as u64));
+        for t in 0..args.turns {
+            let line = serde_json::json!({
+                "session": session.as_str(),
+                "user": user.as_str(),
+                "call": c,
+                "turn": t,
+                "sandbox": guard.sandbox().0,
+            });
+            log.push_str(&line.to_string());
+            log.push('\n');
+            let flushed = Instant::now();
+            if let Ok(v) = keeper.flush(&session, &log_path, log.clone().into_bytes()) {
+                record.versions.insert(v, log.clone());
+                if let Ok(mut tl) = timeline.lock() {
+                    tl.flushed_at
+                        .insert((session.clone(), log_path.clone(), v), flushed);
+                }
+            }
+            // A context-free component (the message bus) acts for the session.
+            if t % 2 == 1 {
+                if let Ok(x) = keeper.resolve(&session) {
+                    let marker = format!("bus-{c}-{t}");
+                    let argv = ["mkdir", "-p", marker.as_str()];
+                    if keeper.backend().run_in(x, &argv).await.is_ok() {
+                        record.bus_writes += 1;
+                        if x != guard.sandbox() {
+                            record.bus_misroutes += 1;
+                        }
+                    }
+                }
+            }
+            if dies_at == Some(t as u64) {
+                // Someone kills the sandbox from outside.
+                record.killed.insert(guard.sandbox());
+                keeper.backend().kill(guard.sandbox()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.below(4))).await;
+        }
+        // The memory writer will write after the call ends: it holds the session.
+        if keeper.hold(&session).is_ok() {
+            let keeper2 = keeper.clone();
+            let session2 = session.clone();
+            let memory2 = memory.clone();
+            let text = format!("# memory of {session}\ncalls so far: {}\n", c + 1);
+            let delay = Duration::from_millis(1 + rng.below(10));
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = keeper2.flush(&session2, &memory2, text.into_bytes());
+                let _ = keeper2.unhold(&session2);
+            });
+        }
+        let t0 = Instant::now();
+        let outcome = guard.release().await;
+        if outcome == Released::Completed {
+            record.release_latencies.push(t0.elapsed());
+        }
+        if keeper.check_invariants().is_ok() {
+            checks.fetch_add(1, Ordering::SeqCst);
+        } else {
+            eprintln!("invariant broken: {:?}", keeper.check_invariants());
+        }
+        let load = keeper.load();
+        bar.set_message(format!(
+            "{} live calls, {} sandboxes",
+            load.live_calls, load.tracked_sandboxes
+        ));
+        bar.inc(1);
+    }
+    record
+}
+
+/// Reads notices: flush-to-settle latencies, settlements, drains.
+async fn watch(
+    mut notices: tokio::sync::broadcast::Receiver<Notice>,
+    timeline: Arc<Mutex<Timeline>>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let notice = match notices.recv().await {
+            Ok(notice) => notice,
+            Err(RecvError::Lagged(n)) => {
+                if let Ok(mut tl) = timeline.lock() {
+                    tl.lagged += n;
+                }
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        let Ok(mut tl) = timeline.lock() else { return };
+        match notice {
+            Notice::Drain { .. } => tl.drains += 1,
+            Notice::Event(Event::Settled {
+                session,
+                path,
+                version,
+                outcome,
+            }) => {
+                let key = (session, path, version);
+                if let Some(at) = tl.flushed_at.remove(&key) {
+                    tl.settle_latencies.push(at.elapsed());
+                }
+                if tl.settled.insert(key, outcome).is_some() {
+                    tl.settled_twice += 1;
+                }
+            }
+            Notice::Event(_) => {}
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! [`WorkloadOptions`]: the shape of a workload run (also the harness binaries' flags).
+
+/// The shape of a harness workload run. With clap, `#[command(flatten)]` it into a binary's
+/// arguments.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct WorkloadOptions {
+    /// Sessions (conversations).
+    #[arg(long, default_value_t = 64)]
+    pub sessions: usize,
+    /// Users; sessions are spread over them, and a user's calls share one sandbox.
+    #[arg(long, default_value_t = 12)]
+    pub users: usize,
+    /// Calls per session, one after another.
+    #[arg(long, default_value_t = 6)]
+    pub calls: usize,
+    /// Turns per call (each appends a JSON line to the session log and flushes it).
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Sessions running at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Chance that a call's sandbox is killed from outside during the call.
+    #[arg(long, default_value_t = 0.03)]
+    pub death_rate: f64,
+    /// Keep a user's sandbox warm this many milliseconds after its last call (0: shut down).
+    #[arg(long, default_value_t = 0)]
+    pub warm_ms: u64,
+    /// The seed of the workload's choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Close deadline, in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub close_deadline: u64,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl WorkloadOptions {
+    /// Checks that sessions, users, calls and concurrency are at least 1.
+    pub fn check(&self) -> Result<(), super::WorkloadError> {
+        if self.sessions == 0 || self.users == 0 || self.calls == 0 || self.concurrency == 0 {
+            Err(super::WorkloadError::Options)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Default for WorkloadOptions {
+    /// The binaries' defaults.
+    fn default() -> Self {
+        WorkloadOptions {
+            sessions: 64,
+            users: 12,
+            calls: 6,
+            turns: 4,
+            concurrency: 32,
+            death_rate: 0.03,
+            warm_ms: 0,
+            seed: 1,
+            close_deadline: 5,
+            quiet: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        options: WorkloadOptions,
+    }
+
+    #[test]
+    fn default_is_the_flags_defaults() {
+        let parsed = Wrap::parse_from(["harness"]).options;
+        assert_eq!(parsed, WorkloadOptions::default());
+    }
+}

@@ -1,0 +1,67 @@
+//! [`WorkloadTarget`]: what the workload needs of a backend beyond [`Backend`].
+
+use std::future::Future;
+
+use sandkeeper::SandboxId;
+
+use crate::{Backend, LocalBackend};
+
+/// A backend the harness workload can run on: it can run a process in a sandbox (the
+/// context-free message bus), kill a sandbox from outside (a death), and may add checks of
+/// its own after the keeper closed.
+pub trait WorkloadTarget: Backend {
+    /// A short name of the backend kind, shown in the summary ("local", "k8s").
+    fn kind(&self) -> &'static str;
+
+    /// Runs `argv` in the sandbox's working directory (no shell); `Ok` when the process ran to
+    /// its end (whatever its exit code).
+    fn run_in(
+        &self,
+        sandbox: SandboxId,
+        argv: &[&str],
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Kills the sandbox from outside, as an operator or the platform would; the keeper must
+    /// learn of it through its death watch.
+    fn kill(&self, sandbox: SandboxId) -> impl Future<Output = ()> + Send;
+
+    /// The local backend, for the checks only it allows (snapshot files on disk, sandbox
+    /// directories removed). `None` for other backends.
+    fn as_local(&self) -> Option<&LocalBackend> {
+        None
+    }
+
+    /// Checks of the backend's own after the keeper closed, as `(passed, what)`; for example
+    /// "no object of this owner remains". The default has none.
+    fn after_close(&self) -> impl Future<Output = Vec<(bool, String)>> + Send {
+        async { Vec::new() }
+    }
+}
+
+impl WorkloadTarget for LocalBackend {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    async fn run_in(&self, sandbox: SandboxId, argv: &[&str]) -> Result<(), String> {
+        self.run(sandbox, argv, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn kill(&self, sandbox: SandboxId) {
+        // Someone deletes the sandbox directory from outside. Writes may race the removal;
+        // try until the directory is gone.
+        let dir = self.sandbox_dir(sandbox);
+        for _ in 0..10 {
+            if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+                break;
+            }
+        }
+    }
+
+    fn as_local(&self) -> Option<&LocalBackend> {
+        Some(self)
+    }
+}
