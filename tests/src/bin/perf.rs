@@ -203,6 +203,66 @@ fn core_figures(report: &mut Report) {
     let _ = Duration::ZERO;
 }
 
+/// Simulator throughput on one thread: core inputs per second (invariant checks included) and
+/// seeds per second for the default scenario size, and the share of coverage marks reached.
+fn sim_figures(report: &mut Report) {
+    use std::sync::atomic::AtomicU64;
+    let opts = sim::run::RunOptions::default();
+    let done = AtomicU64::new(0);
+    let mut rates = Vec::new();
+    let mut seed_rates = Vec::new();
+    let mut marks = sim::marks::Marks::default();
+    let per_round = 400;
+    for round in 0..5 {
+        let t0 = wall();
+        let batch = sim::batch::run_batch(round * per_round, per_round, 1, &done, false, &opts);
+        let secs = t0.elapsed().as_secs_f64();
+        assert!(
+            batch.failures.is_empty(),
+            "the simulator found a failing seed: {:?}",
+            batch.failures.first()
+        );
+        rates.push(batch.inputs as f64 / secs);
+        seed_rates.push(batch.seeds as f64 / secs);
+        marks = marks.union(batch.marks);
+    }
+    report.add("sim.steps_per_sec", median(rates), "inputs/s");
+    report.add("sim.seeds_per_sec", median(seed_rates), "seeds/s");
+    let reached = marks.reached().len();
+    let total = reached + marks.missing().len();
+    report.add(
+        "sim.marks_reached",
+        reached as f64 / total as f64,
+        "share (of 2000 seeds)",
+    );
+}
+
+/// loom iteration counts, read from the log of the CI's loom run (`target/loom-models.log`), as
+/// loom models only run in a `--cfg loom` build.
+fn loom_figures(report: &mut Report) {
+    let log = std::env::var("LOOM_LOG").unwrap_or_else(|_| "target/loom-models.log".into());
+    let Ok(text) = std::fs::read_to_string(&log) else {
+        eprintln!("loom.iterations: no {log}; run .ci/run's loom step first");
+        return;
+    };
+    for line in text.lines() {
+        // "loom model NAME: N iterations (preemption bound ...)"
+        let Some(rest) = line.strip_prefix("loom model ") else {
+            continue;
+        };
+        let Some((name, rest)) = rest.split_once(": ") else {
+            continue;
+        };
+        if let Some(n) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+        {
+            report.add(&format!("loom.iterations.{name}"), n, "iterations");
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().position(|a| a == "--json").map(|i| {
@@ -215,6 +275,8 @@ fn main() {
     };
     core_figures(&mut report);
     tests::perf_tokio::tokio_figures(&mut |name, value, unit| report.add(name, value, unit));
+    sim_figures(&mut report);
+    loom_figures(&mut report);
     if let Some(path) = json {
         let body: Vec<String> = report
             .figures

@@ -1,0 +1,50 @@
+//! What people read: ids, names, snapshots, specs and payloads display and debug as documented,
+//! and the invariant checker reports a broken state by name.
+
+use sandkeeper::*;
+
+#[test]
+fn ids_and_values_display_and_debug_as_documented() {
+    assert_eq!(SandboxId(7).to_string(), "sbx-7");
+    assert_eq!(UploadId(3).to_string(), "upl-3");
+    assert_eq!(Version(2).to_string(), "v2");
+    let snapshot = Snapshot::new("vol/snap-1");
+    assert_eq!(snapshot.as_str(), "vol/snap-1");
+    assert_eq!(format!("{snapshot:?}"), "\"vol/snap-1\"");
+    let spec = Spec::new("{\"image\":\"python\"}");
+    assert_eq!(spec.as_str(), "{\"image\":\"python\"}");
+    assert_eq!(format!("{spec:?}"), "\"{\\\"image\\\":\\\"python\\\"}\"");
+    let payload = Payload::new(b"abc".to_vec());
+    assert_eq!(payload.len(), 3);
+    assert!(!payload.is_empty());
+    assert!(Payload::default().is_empty());
+    assert_eq!(format!("{payload:?}"), "Payload(3 bytes)");
+    assert_eq!(
+        Key::Session(SessionId::new("s1").unwrap()).to_string(),
+        "session:s1"
+    );
+}
+
+#[test]
+fn the_checker_names_what_a_broken_state_breaks() {
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let t = Instant::ZERO;
+    core.acquire(
+        t,
+        CallSpec::new(CallId::new("c").unwrap(), SessionId::new("s").unwrap()),
+    )
+    .unwrap();
+    assert_eq!(core.check_invariants(), Ok(()));
+
+    // A state read back from a trace whose key count was tampered with.
+    let mut state: serde_json::Value = serde_json::to_value(&core).unwrap();
+    state["keys"]["session:s"]["bound"] = serde_json::json!(2);
+    let broken: Lifecycle = serde_json::from_value(state).unwrap();
+    let violation = broken.check_invariants().unwrap_err();
+    assert_eq!(violation.invariant, "key-counts");
+    assert_eq!(
+        violation.to_string(),
+        format!("invariant key-counts broken: {}", violation.detail)
+    );
+    assert!(violation.detail.contains("session:s"), "{violation}");
+}
