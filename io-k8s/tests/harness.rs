@@ -64,3 +64,39 @@ async fn the_harness_workload_runs_on_pods_and_leaves_nothing_behind() {
         owned_by(&server, "harness")
     );
 }
+
+/// The binary itself, pointed at the loopback API with `--server` and a pod template file:
+/// it prints the summary, passes every check and exits 0; nothing of its owner is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_k8s_binary_runs_against_the_loopback_api() {
+    let server = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("pod.yaml");
+    std::fs::write(
+        &template,
+        "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, infinity]\n",
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness-k8s"))
+        .args(["--namespace", NS, "--server", &server.url()])
+        .arg("--pod-template")
+        .arg(&template)
+        .args(["--owner", "bin-harness", "--sessions", "3", "--users", "2"])
+        .args(["--calls", "2", "--turns", "2", "--quiet"])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the binary ends")
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("backend                  k8s"), "{stdout}");
+    assert!(stdout.contains("6 acquired"), "{stdout}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    assert!(owned_by(&server, "bin-harness").is_empty());
+}

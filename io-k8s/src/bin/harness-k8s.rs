@@ -22,7 +22,10 @@ use sandkeeper_tokio::workload::WorkloadOptions;
 
 /// The sandkeeper harness workload on a Kubernetes cluster.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "The sandkeeper harness workload on a Kubernetes cluster."
+)]
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["warm_pool", "pod_template"])))]
 struct Args {
     /// Namespace of every object (claims or pods, the owner's Lease).
