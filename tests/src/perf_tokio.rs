@@ -292,7 +292,7 @@ pub struct HolWorkload {
     /// The naive driver's bound on one upload.
     pub naive_upload_timeout: Duration,
     /// Whether each probe flushes one version of its own before it releases (so its release
-    /// drains an upload of its own, which then competes with the hung ones for upload slots).
+    /// drains an upload of its own while the hung ones are in flight).
     pub probe_flushes: bool,
 }
 
@@ -521,8 +521,8 @@ mod tests {
 
     #[test]
     fn a_flushing_probe_never_waits_past_its_drain_deadline() {
-        // More hung sessions than upload slots (64): a probe's own upload waits for a slot, and
-        // its release is bounded by the drain deadline plus Stop and Shutdown.
+        // Many hung sessions: a probe's own upload takes no capacity from them (io-tokio has no
+        // shared upload pool), so its release costs the same as with none hung.
         let w = HolWorkload {
             background: 100,
             probes: 5,
@@ -535,18 +535,12 @@ mod tests {
             hol.ours_calm >= w.upload_latency + w.op_latency * 2,
             "{hol:?}"
         );
+        assert_eq!(hol.ours_hung, hol.ours_calm, "{hol:?}");
         assert!(hol.ours_hung <= bound, "{hol:?}");
         assert!(
             hol.naive_hung >= w.naive_upload_timeout * w.background as u32,
             "{hol:?}"
         );
-    }
-
-    /// The full figures: `cargo test --release -p tests --lib -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "the full measurement; run in release"]
-    fn print_the_full_figures() {
-        tokio_figures(&mut |name, value, unit| println!("{name} {value:.3} {unit}"));
     }
 
     #[test]
