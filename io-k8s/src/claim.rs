@@ -2,7 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::SignedDuration;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::cluster::{calls, err, wall_clock, Cluster};
@@ -66,39 +66,14 @@ impl Cluster {
         let claim = self.claim_for(sandbox, session_key)?;
         let name = claim.metadata.name.clone().unwrap_or_default();
         let what = format!("claim {name}");
-        let api = self.claims();
-        self.retry
-            .run(|| async {
-                match api.create(&PostParams::default(), &claim).await {
-                    Ok(_) => Ok(()),
-                    Err(e) => match err(e, calls::CREATE_CLAIM, &what) {
-                        K8sError::Conflict { message, .. } => {
-                            // Fresh read: ours already (adopt), someone else's (fatal), or
-                            // nothing (retry the create).
-                            let existing = api
-                                .get_opt(&name)
-                                .await
-                                .map_err(|e| err(e, calls::GET_CLAIM, &what))?;
-                            match existing {
-                                Some(c) if self.is_ours(c.metadata.labels.as_ref(), sandbox) => {
-                                    Ok(())
-                                }
-                                Some(_) => Err(K8sError::Invalid {
-                                    code: 409,
-                                    reason: "AlreadyExists".into(),
-                                    message: format!("{what} exists and belongs to another owner"),
-                                }),
-                                None => Err(K8sError::Conflict {
-                                    what: what.clone(),
-                                    message,
-                                }),
-                            }
-                        }
-                        other => Err(other),
-                    },
-                }
-            })
-            .await?;
+        self.create_owned(
+            self.claims(),
+            &claim,
+            sandbox,
+            (calls::CREATE_CLAIM, calls::GET_CLAIM),
+            &what,
+        )
+        .await?;
         Ok(name)
     }
 

@@ -152,3 +152,55 @@ pub(crate) fn wall_clock() -> k8s_openapi::jiff::Timestamp {
 pub(crate) fn err(e: kube::Error, call: Call, what: &str) -> crate::error::K8sError {
     crate::error::classify(e, call, what)
 }
+
+impl Cluster {
+    /// Creates `object` for `sandbox`, idempotently: on a conflict, a fresh read decides. An
+    /// object of this owner and sandbox already there (from an attempt whose answer was lost) is
+    /// adopted; one of another owner is fatal; none means the create is retried.
+    pub(crate) async fn create_owned<K>(
+        &self,
+        api: Api<K>,
+        object: &K,
+        sandbox: u64,
+        (create, get): (Call, Call),
+        what: &str,
+    ) -> Result<(), crate::error::K8sError>
+    where
+        K: kube::Resource
+            + Clone
+            + std::fmt::Debug
+            + serde::Serialize
+            + serde::de::DeserializeOwned,
+    {
+        use crate::error::K8sError;
+        let name = object.meta().name.clone().unwrap_or_default();
+        self.retry
+            .run(|| async {
+                match api.create(&kube::api::PostParams::default(), object).await {
+                    Ok(_) => Ok(()),
+                    Err(e) => match err(e, create, what) {
+                        K8sError::Conflict { message, .. } => {
+                            let existing =
+                                api.get_opt(&name).await.map_err(|e| err(e, get, what))?;
+                            match existing {
+                                Some(o) if self.is_ours(o.meta().labels.as_ref(), sandbox) => {
+                                    Ok(())
+                                }
+                                Some(_) => Err(K8sError::Invalid {
+                                    code: 409,
+                                    reason: "AlreadyExists".into(),
+                                    message: format!("{what} exists and belongs to another owner"),
+                                }),
+                                None => Err(K8sError::Conflict {
+                                    what: what.to_string(),
+                                    message,
+                                }),
+                            }
+                        }
+                        other => Err(other),
+                    },
+                }
+            })
+            .await
+    }
+}

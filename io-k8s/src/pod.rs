@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::SignedDuration;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 
 use crate::cluster::{calls, err, wall_clock, Cluster};
 use crate::config::Mode;
@@ -96,37 +96,14 @@ impl Cluster {
         let pod = self.pod_for(sandbox, session_key)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
         let what = format!("pod {name}");
-        let api = self.pods();
-        self.retry
-            .run(|| async {
-                match api.create(&PostParams::default(), &pod).await {
-                    Ok(_) => Ok(()),
-                    Err(e) => match err(e, calls::CREATE_POD, &what) {
-                        K8sError::Conflict { message, .. } => {
-                            let existing = api
-                                .get_opt(&name)
-                                .await
-                                .map_err(|e| err(e, calls::GET_POD, &what))?;
-                            match existing {
-                                Some(p) if self.is_ours(p.metadata.labels.as_ref(), sandbox) => {
-                                    Ok(())
-                                }
-                                Some(_) => Err(K8sError::Invalid {
-                                    code: 409,
-                                    reason: "AlreadyExists".into(),
-                                    message: format!("{what} exists and belongs to another owner"),
-                                }),
-                                None => Err(K8sError::Conflict {
-                                    what: what.clone(),
-                                    message,
-                                }),
-                            }
-                        }
-                        other => Err(other),
-                    },
-                }
-            })
-            .await?;
+        self.create_owned(
+            self.pods(),
+            &pod,
+            sandbox,
+            (calls::CREATE_POD, calls::GET_POD),
+            &what,
+        )
+        .await?;
         Ok(name)
     }
 
