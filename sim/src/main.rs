@@ -117,12 +117,23 @@ fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool, opts: &RunOp
     );
     let started = wall_clock();
     let report = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| run_batch(from, seeds, jobs, &done, stop_at_first, opts));
-        while !worker.is_finished() {
+        let (finished, wait) = std::sync::mpsc::channel();
+        let counter = &done;
+        scope.spawn(move || {
+            let report = run_batch(from, seeds, jobs, counter, stop_at_first, opts);
+            let _ = finished.send(report);
+        });
+        // Refresh the bar until the batch reports back (at once when it finishes).
+        loop {
             bar.set_position(done.load(Ordering::Relaxed));
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            match wait.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(report) => break report,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("the batch thread ended without a report")
+                }
+            }
         }
-        worker.join().expect("batch thread")
     });
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64().max(1e-9);
