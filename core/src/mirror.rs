@@ -6,6 +6,8 @@
 //! mirror targets the sandbox of its earliest ready call, else the sandbox its last call was
 //! released from while that one still accepts uploads ("linger"): never another session's.
 
+use std::num::NonZeroU64;
+
 use crate::command::Command;
 use crate::error::{DropReason, Error};
 use crate::event::{Event, Settlement};
@@ -14,7 +16,7 @@ use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
 use crate::sandbox::SandboxState;
-use crate::session::{Session, Slot, Upload};
+use crate::session::{Session, Upload};
 use crate::time::Instant;
 use crate::timer::Timer;
 
@@ -72,9 +74,7 @@ impl Lifecycle {
         let i = match s.slot(path) {
             Some(i) => i,
             None => {
-                // Most sessions have one path: no spare capacity in idle records.
-                s.paths.reserve_exact(1);
-                s.paths.push(Slot::new(path.clone()));
+                s.add_path(path.clone());
                 s.paths.len() - 1
             }
         };
@@ -581,8 +581,8 @@ impl Lifecycle {
         match (idle, s.idle_stamp) {
             (true, None) => {
                 s.compact();
-                let stamp = self.idle.next_stamp;
-                self.idle.next_stamp += 1;
+                self.idle.last_stamp += 1;
+                let stamp = NonZeroU64::new(self.idle.last_stamp).expect("stamps count from 1");
                 s.idle_stamp = Some(stamp);
                 self.idle.queue.push_back((session.clone(), stamp));
                 self.idle.count += 1;

@@ -6,6 +6,7 @@
 //! is some (`Deref` reads an empty one when there is none).
 
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 use std::ops::{Deref, DerefMut};
 
 use serde::{Deserialize, Serialize};
@@ -102,9 +103,12 @@ pub(crate) struct Upload {
 /// A session record: its paths inline, the rest boxed while live.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Session {
-    pub(crate) paths: Vec<Slot>,
-    /// Its stamp in the idle queue, while idle.
-    pub(crate) idle_stamp: Option<u64>,
+    /// One slot per path flushed, in the order first flushed. A boxed slice, not a `Vec`: most
+    /// sessions have one path, and the spare capacity word would be paid by every idle record.
+    pub(crate) paths: Box<[Slot]>,
+    /// Its stamp in the idle queue, while idle. Non-zero, so the option costs no extra word:
+    /// records are mostly idle and there can be a million of them.
+    pub(crate) idle_stamp: Option<NonZeroU64>,
     live: Option<Box<Live>>,
 }
 
@@ -155,6 +159,15 @@ impl DerefMut for Session {
 }
 
 impl Session {
+    /// Adds a slot for a path the session never flushed before (rare: a reallocation).
+    pub(crate) fn add_path(&mut self, path: PathName) {
+        // Exactly the room needed, so the boxed slice takes the allocation as it is.
+        let mut paths = Vec::with_capacity(self.paths.len() + 1);
+        paths.extend(std::mem::take(&mut self.paths).into_vec());
+        paths.push(Slot::new(path));
+        self.paths = paths.into_boxed_slice();
+    }
+
     pub(crate) fn slot(&self, path: &PathName) -> Option<usize> {
         self.paths.iter().position(|s| &s.path == path)
     }
@@ -198,7 +211,8 @@ impl Session {
 /// Idle session records, oldest first, so the oldest can be forgotten past the limit.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct IdleSessions {
-    pub(crate) queue: VecDeque<(SessionId, u64)>,
+    pub(crate) queue: VecDeque<(SessionId, NonZeroU64)>,
     pub(crate) count: usize,
-    pub(crate) next_stamp: u64,
+    /// The last stamp given (stamps count from 1).
+    pub(crate) last_stamp: u64,
 }
