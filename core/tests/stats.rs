@@ -1,0 +1,115 @@
+//! `stats()` counts exactly: each counter moves by one for each thing it counts, on the input
+//! that does it. Reports and the perf figures read these counters.
+
+use sandkeeper::*;
+
+fn ids(call: &str, session: &str) -> (CallId, SessionId) {
+    (CallId::new(call).unwrap(), SessionId::new(session).unwrap())
+}
+
+fn start(core: &mut Lifecycle, call: &str, session: &str) -> (CallId, SandboxId) {
+    let (c, s) = ids(call, session);
+    core.acquire(Instant::ZERO, CallSpec::new(c.clone(), s))
+        .unwrap();
+    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
+        panic!("no start")
+    };
+    (c, sandbox)
+}
+
+/// Drains commands until the one `want` picks out, which it returns.
+fn next_matching<T>(core: &mut Lifecycle, want: impl Fn(&Command) -> Option<T>) -> T {
+    while let Some(cmd) = core.poll_command() {
+        if let Some(x) = want(&cmd) {
+            return x;
+        }
+    }
+    panic!("the command never came")
+}
+
+fn stop_of(cmd: &Command) -> Option<SandboxId> {
+    matches!(cmd, Command::Stop { .. }).then(|| cmd.sandbox())
+}
+
+fn persist_of(cmd: &Command) -> Option<SandboxId> {
+    matches!(cmd, Command::Persist { .. }).then(|| cmd.sandbox())
+}
+
+fn shutdown_of(cmd: &Command) -> Option<SandboxId> {
+    matches!(cmd, Command::Shutdown { .. }).then(|| cmd.sandbox())
+}
+
+#[test]
+fn failures_are_counted_once_each() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+
+    // A start that fails: its call fails, the sandbox is shut down to clean up.
+    let (_, x0) = start(&mut core, "a", "s1");
+    core.handle_start_failed(t, x0).unwrap();
+    assert_eq!(core.stats().starts_failed, 1);
+    assert_eq!(core.stats().calls_failed, 1);
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+
+    // A stop that fails: shutdown follows at once.
+    let (b, x1) = start(&mut core, "b", "s2");
+    core.handle_start_ok(t, x1).unwrap();
+    core.release(t, &b).unwrap();
+    let stopping = next_matching(&mut core, stop_of);
+    core.handle_stop_failed(t, stopping).unwrap();
+    assert_eq!(core.stats().stops_failed, 1);
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+
+    // A persist that fails: shutdown follows, the key keeps no snapshot.
+    let (c, x2) = start(&mut core, "c", "s3");
+    core.handle_start_ok(t, x2).unwrap();
+    core.release(t, &c).unwrap();
+    let stopping = next_matching(&mut core, stop_of);
+    core.handle_stop_ok(t, stopping, Some(Snapshot::new("snap-1")))
+        .unwrap();
+    let persisting = next_matching(&mut core, persist_of);
+    core.handle_persist_failed(t, persisting).unwrap();
+    assert_eq!(core.stats().persists_failed, 1);
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+
+    // And a second of each: counters add, they do not saturate at one.
+    let (_, x3) = start(&mut core, "d", "s4");
+    core.handle_start_failed(t, x3).unwrap();
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+    let (e, x4) = start(&mut core, "e", "s5");
+    core.handle_start_ok(t, x4).unwrap();
+    core.release(t, &e).unwrap();
+    let stopping = next_matching(&mut core, stop_of);
+    core.handle_stop_ok(t, stopping, Some(Snapshot::new("snap-2")))
+        .unwrap();
+    let persisting = next_matching(&mut core, persist_of);
+    core.handle_persist_failed(t, persisting).unwrap();
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+    let (f, x5) = start(&mut core, "f", "s6");
+    core.handle_start_ok(t, x5).unwrap();
+    core.release(t, &f).unwrap();
+    let stopping = next_matching(&mut core, stop_of);
+    core.handle_stop_failed(t, stopping).unwrap();
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+
+    let stats = core.stats();
+    assert_eq!(stats.calls_acquired, 6);
+    assert_eq!(stats.starts_ordered, 6);
+    assert_eq!(stats.starts_ok, 4);
+    assert_eq!(stats.starts_failed, 2);
+    assert_eq!(stats.calls_failed, 2);
+    assert_eq!(stats.calls_ready, 4);
+    assert_eq!(stats.calls_released, 4);
+    assert_eq!(stats.stops_failed, 2);
+    assert_eq!(stats.persists_failed, 2);
+    assert_eq!(stats.shutdowns_ordered, 6);
+    assert_eq!(stats.shutdowns_ok, 6);
+    while core.poll_event().is_some() {}
+    assert!(core.is_quiescent());
+}
