@@ -38,6 +38,10 @@ pub struct HarnessOptions {
     pub small_state: usize,
     /// See `small_state`.
     pub full_check_every: u64,
+    /// The history's getter checks (`binding-stable`, `resolve-own-sandbox`, ...) ask the core
+    /// about every live call every this many inputs, and in between only about the calls the
+    /// input touched (see [`crate::touched`]). 1: every live call after every input.
+    pub getter_check_every: u64,
     /// Record the trace as JSON lines.
     pub trace: bool,
     /// Compute the trace hash (implies building each trace line).
@@ -51,6 +55,7 @@ impl Default for HarnessOptions {
             keep_settlements: false,
             small_state: 0,
             full_check_every: 16,
+            getter_check_every: 1,
             trace: false,
             hash: false,
         }
@@ -94,7 +99,8 @@ impl Harness {
         close_deadline: Duration,
         opts: HarnessOptions,
     ) -> Result<Self, Error> {
-        let history = History::new(&config, opts.keep_settlements);
+        let mut history = History::new(&config, opts.keep_settlements);
+        history.full_every = opts.getter_check_every.max(1);
         let core = Lifecycle::new(config)?;
         Ok(Harness {
             core,
@@ -145,7 +151,7 @@ impl Harness {
                 let mut spec = CallSpec::new(call.clone(), session.clone());
                 spec.user = user.clone();
                 spec.external = external.clone();
-                let was_live = self.history.calls.contains_key(call);
+                let was_live = self.history.calls.contains(call);
                 let r = self.core.acquire(now, spec);
                 match &r {
                     Ok(()) => {
@@ -197,6 +203,7 @@ impl Harness {
                 }
             }
             Step::Hold(session) => {
+                self.history.touched.session(session);
                 let r = self.core.hold(now, session);
                 if r.is_ok() {
                     *self.history.holds.entry(session.clone()).or_default() += 1;
@@ -204,6 +211,7 @@ impl Harness {
                 self.after(r.map_err(|e| e.kind()))?;
             }
             Step::Unhold(session) => {
+                self.history.touched.session(session);
                 let r = self.core.unhold(now, session);
                 if r.is_ok() {
                     if let Some(h) = self.history.holds.get_mut(session) {
@@ -214,6 +222,7 @@ impl Harness {
             }
             Step::Close(deadline) => {
                 let d = deadline.unwrap_or(self.close_deadline);
+                self.history.touched.all = true;
                 let r = self.core.close(now, d);
                 if r.is_ok() {
                     self.history.closing = true;
@@ -295,6 +304,7 @@ impl Harness {
         // `settle` gives several answers in one step: close may finish between them.
         self.was_closed = self.history.closed;
         let x = op.sandbox;
+        self.history.touched.sandbox(x);
         let r = match (answer, op.kind) {
             (Answer::StartOk, OpKind::Start) => self.core.handle_start_ok(now, x),
             (Answer::StartFail, OpKind::Start) => self.core.handle_start_failed(now, x),
@@ -366,14 +376,13 @@ impl Harness {
         match self.core.resolve(session) {
             Ok(x) => {
                 // Prefer a live call of the session as the name, else the sandbox's first call.
-                let live = self.history.live.iter().find(|c| {
-                    self.history
-                        .calls
-                        .get(*c)
-                        .is_some_and(|r| &r.session == session && r.sandbox == Some(x))
-                });
+                let live = self
+                    .history
+                    .calls
+                    .iter()
+                    .find(|r| &r.session == session && r.sandbox == Some(x));
                 let name = live
-                    .cloned()
+                    .map(|r| r.call.clone())
                     .or_else(|| self.history.sandboxes.get(&x).and_then(|s| s.call.clone()))?;
                 Some(ResolveExpect::Call(name))
             }
@@ -458,13 +467,10 @@ impl Harness {
 
     fn learn_starting_bindings(&mut self) {
         let mut learned = Vec::new();
-        for call in &self.history.live {
-            let Some(rec) = self.history.calls.get(call) else {
-                continue;
-            };
+        for rec in self.history.calls.iter() {
             if rec.sandbox.is_none() {
-                if let Some(CallStatus::Starting(x)) = self.core.call_status(call) {
-                    learned.push((call.clone(), x));
+                if let Some(CallStatus::Starting(x)) = self.core.call_status(&rec.call) {
+                    learned.push((rec.call.clone(), x));
                 }
             }
         }

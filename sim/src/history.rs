@@ -12,7 +12,9 @@ use sandkeeper::{
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
+pub use crate::live::{CallRecord, LiveCalls, Phase};
 use crate::marks::{Mark, Marks};
+use crate::touched::Touched;
 
 /// What the history knows of one sandbox.
 #[derive(Clone, Debug, Default)]
@@ -81,30 +83,6 @@ impl Flags {
     }
 }
 
-/// Where a live call is, as the events told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Acquired, neither ready nor failed.
-    Pending,
-    /// Ready on its sandbox.
-    Ready,
-    /// Ready once; its sandbox died.
-    Lost,
-}
-
-/// A live call.
-#[derive(Clone, Debug)]
-pub struct CallRecord {
-    /// Its session.
-    pub session: SessionId,
-    /// Its key, when not external.
-    pub key: Option<Key>,
-    /// Where it is.
-    pub phase: Phase,
-    /// Its sandbox, once known.
-    pub sandbox: Option<SandboxId>,
-}
-
 #[derive(Clone, Debug, Default)]
 struct PathRecord {
     last: u64,
@@ -133,10 +111,18 @@ pub struct History {
     release: ReleasePolicy,
     /// Every sandbox ever named.
     pub sandboxes: FastMap<SandboxId, SandboxRecord>,
-    /// Live calls.
-    pub calls: FastMap<CallId, CallRecord>,
-    /// Live calls in the order they were acquired.
-    pub live: Vec<CallId>,
+    /// Live calls, in the order they were acquired.
+    pub calls: LiveCalls,
+    /// What the current input touched (see [`Touched`]).
+    pub touched: Touched,
+    /// Inputs checked so far (for the cadence of the full getter checks).
+    inputs: u64,
+    /// The getter checks ask the core about every live call every this many inputs (1: every
+    /// input), else only about those the input touched.
+    pub full_every: u64,
+    /// Per live call, whether this input's getter checks look at it, and whether it holds its key
+    /// (a reused buffer).
+    pick: Vec<u8>,
     /// The sandbox each call (live or ended) was bound to, for `@call`.
     pub bound_to: FastMap<CallId, SandboxId>,
     /// How each ended-without-ready call failed (`CallFailed`, or a rejected acquire).
@@ -195,6 +181,15 @@ pub struct History {
     pub settlements: Option<FastMap<(SessionId, PathName, u64), Settlement>>,
 }
 
+/// The record of `session`'s `path`, made when new.
+fn path_record<'a>(
+    paths: &'a mut FastMap<(SessionId, PathName), PathRecord>,
+    session: &SessionId,
+    path: &PathName,
+) -> &'a mut PathRecord {
+    paths.entry((session.clone(), path.clone())).or_default()
+}
+
 macro_rules! check {
     ($self:ident, $cond:expr, $name:literal, $($arg:tt)+) => {
         if !$cond {
@@ -211,8 +206,11 @@ impl History {
             same_key: config.same_key,
             release: config.release,
             sandboxes: FastMap::default(),
-            calls: FastMap::default(),
-            live: Vec::new(),
+            calls: LiveCalls::default(),
+            touched: Touched::default(),
+            inputs: 0,
+            full_every: 1,
+            pick: Vec::new(),
             bound_to: FastMap::default(),
             failed: FastMap::default(),
             paths: FastMap::default(),
@@ -291,24 +289,27 @@ impl History {
         self.acquires += 1;
         check!(
             self,
-            !self.calls.contains_key(call),
+            !self.calls.contains(call),
             "call-names-unique",
             "acquire of live call {call} was accepted"
         );
         let key = external.is_none().then(|| self.key_of(session, call, user));
-        self.calls.insert(
-            call.clone(),
-            CallRecord {
-                session: session.clone(),
-                key,
-                phase: Phase::Pending,
-                sandbox: None,
-            },
-        );
+        let rec = CallRecord {
+            call: call.clone(),
+            session: session.clone(),
+            key,
+            phase: Phase::Pending,
+            sandbox: None,
+        };
+        match self.calls.get_mut(call) {
+            Some(old) => *old = rec,
+            None => self.calls.push(rec),
+        }
         self.bound_to.remove(call);
         self.failed.remove(call);
         self.ended_at.remove(call);
-        self.live.push(call.clone());
+        self.touched.call(call);
+        self.touched.session(session);
     }
 
     /// `acquire` was rejected.
@@ -343,8 +344,11 @@ impl History {
         if c.phase == Phase::Pending {
             self.marks.hit(Mark::CancelBeforeReady);
         }
-        self.live.retain(|l| l != call);
         self.ended(call);
+        self.touched.session(&c.session);
+        if let Some(x) = c.sandbox {
+            self.touched.sandbox(x);
+        }
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
             if !self.sandboxes.get(&x).is_some_and(|s| s.dead) {
                 self.releasing_session = Some(c.session.clone());
@@ -365,7 +369,7 @@ impl History {
 
     /// `release` was rejected.
     pub fn release_rejected(&mut self, call: &CallId, kind: ErrorKind) {
-        if !self.closed && !self.calls.contains_key(call) {
+        if !self.closed && !self.calls.contains(call) {
             let remembered = self
                 .ended_at
                 .get(call)
@@ -387,7 +391,7 @@ impl History {
         }
         check!(
             self,
-            !self.calls.contains_key(call) || self.closed,
+            !self.calls.contains(call) || self.closed,
             "release-live",
             "release of live call {call} was rejected with {kind}"
         );
@@ -396,10 +400,8 @@ impl History {
     /// `flush` returned `Ok(version)`.
     pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
         self.flushes += 1;
-        let p = self
-            .paths
-            .entry((session.clone(), path.clone()))
-            .or_default();
+        self.touched.session(session);
+        let p = path_record(&mut self.paths, session, path);
         let next = p.last + 1;
         p.last = version;
         let fresh = p.unsettled.insert(version);
@@ -417,13 +419,11 @@ impl History {
 
     /// Whether the session has a live call ready on a sandbox not reported dead.
     fn has_up_call(&self, session: &SessionId) -> bool {
-        self.live.iter().any(|c| {
-            self.calls.get(c).is_some_and(|r| {
-                &r.session == session
-                    && r.phase == Phase::Ready
-                    && r.sandbox
-                        .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.dead))
-            })
+        self.calls.iter().any(|r| {
+            &r.session == session
+                && r.phase == Phase::Ready
+                && r.sandbox
+                    .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.dead))
         })
     }
 
@@ -498,7 +498,8 @@ impl History {
 
     /// The backend reported a sandbox dead (before the core saw it).
     pub fn died(&mut self, x: SandboxId) {
-        let s = self.sbx(x).clone();
+        self.touched.sandbox(x);
+        let s = Flags::of(self.sbx(x));
         if !s.shutdown && !s.dead {
             if s.uploads_awaited > 0 {
                 self.marks.hit(Mark::DeathDuringUpload);
@@ -507,11 +508,10 @@ impl History {
                 self.marks.hit(Mark::DeathDuringDrain);
             }
         }
-        let starting = self.live.iter().any(|c| {
-            self.calls
-                .get(c)
-                .is_some_and(|r| r.phase == Phase::Pending && r.sandbox == Some(x))
-        });
+        let starting = self
+            .calls
+            .iter()
+            .any(|r| r.phase == Phase::Pending && r.sandbox == Some(x));
         if starting {
             self.marks.hit(Mark::DeathDuringStart);
         }
@@ -531,6 +531,7 @@ impl History {
             "command {cmd:?} after Closed"
         );
         let x = cmd.sandbox();
+        self.touched.sandbox(x);
         let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
         check!(
             self,
@@ -582,6 +583,7 @@ impl History {
                 ..
             } => {
                 self.uploads_ordered += 1;
+                self.touched.session(session);
                 check!(
                     self,
                     !rec.stop && !rec.dead,
@@ -597,10 +599,7 @@ impl History {
                 }
                 // Checked after the input's events: CallReady comes after the Upload it caused.
                 self.routing.push((*upload, session.clone(), x));
-                let p = self
-                    .paths
-                    .entry((session.clone(), path.clone()))
-                    .or_default();
+                let p = path_record(&mut self.paths, session, path);
                 let inflight = p.inflight;
                 let last_ordered = p.last_ordered;
                 let unsettled = p.unsettled.contains(&version.0);
@@ -653,6 +652,9 @@ impl History {
                 }
             }
             Command::Drain { sessions, .. } => {
+                for s in sessions {
+                    self.touched.session(s);
+                }
                 let now = self.now_ms;
                 let s = self.sbx(x);
                 s.drain_at = now;
@@ -738,6 +740,8 @@ impl History {
         );
         match ev {
             Event::CallReady { call, sandbox } => {
+                self.touched.call(call);
+                self.touched.sandbox(*sandbox);
                 let rec = self
                     .sandboxes
                     .get(sandbox)
@@ -759,17 +763,10 @@ impl History {
                     "call-events",
                     "CallReady for {call}, which is not a pending live call"
                 );
-                let others = self
-                    .live
-                    .iter()
-                    .filter(|c| {
-                        *c != call
-                            && self.calls.get(*c).is_some_and(|r| {
-                                r.phase == Phase::Ready && r.sandbox == Some(*sandbox)
-                            })
-                    })
-                    .count();
-                if others > 0 {
+                let shared = self.calls.iter().any(|r| {
+                    &r.call != call && r.phase == Phase::Ready && r.sandbox == Some(*sandbox)
+                });
+                if shared {
                     self.marks.hit(Mark::SharedSandbox);
                 }
                 let session = if let Some(c) = self.calls.get_mut(call) {
@@ -779,6 +776,9 @@ impl History {
                 } else {
                     None
                 };
+                if let Some(session) = &session {
+                    self.touched.session(session);
+                }
                 self.bound_to.insert(call.clone(), *sandbox);
                 if let Some(session) = session {
                     self.last_released.remove(&session);
@@ -797,6 +797,7 @@ impl History {
                 }
             }
             Event::CallFailed { call, error } => {
+                self.touched.call(call);
                 let pending = self
                     .calls
                     .get(call)
@@ -814,8 +815,9 @@ impl History {
                     ErrorKind::Closed => self.marks.hit(Mark::CloseRefusedWaiter),
                     _ => {}
                 }
-                self.calls.remove(call);
-                self.live.retain(|l| l != call);
+                if let Some(c) = self.calls.remove(call) {
+                    self.touched.session(&c.session);
+                }
                 self.failed.insert(call.clone(), *error);
                 self.ended(call);
             }
@@ -837,8 +839,13 @@ impl History {
             }
             Event::CallRevoked { call } => {
                 self.marks.hit(Mark::CloseRevokedCall);
-                let live = self.calls.remove(call).is_some();
-                self.live.retain(|l| l != call);
+                let live = match self.calls.remove(call) {
+                    Some(c) => {
+                        self.touched.session(&c.session);
+                        true
+                    }
+                    None => false,
+                };
                 self.ended(call);
                 check!(
                     self,
@@ -848,6 +855,8 @@ impl History {
                 );
             }
             Event::SandboxLost { call, sandbox } => {
+                self.touched.call(call);
+                self.touched.sandbox(*sandbox);
                 self.marks.hit(Mark::SandboxLost);
                 let dead = self.sandboxes.get(sandbox).is_some_and(|s| s.dead);
                 check!(
@@ -876,8 +885,8 @@ impl History {
                 version,
                 outcome,
             } => {
-                let key = (session.clone(), path.clone());
-                let p = self.paths.entry(key).or_default();
+                self.touched.session(session);
+                let p = path_record(&mut self.paths, session, path);
                 let was = p.unsettled.remove(&version.0);
                 let last = p.last;
                 let last_uploaded = p.last_uploaded;
@@ -957,6 +966,7 @@ impl History {
                 }
             }
             Event::MirrorSettled { session } => {
+                self.touched.session(session);
                 let open = self
                     .paths
                     .iter()
@@ -981,7 +991,7 @@ impl History {
                 }
                 // Close revoked or dropped everything still live; it says so in its report.
                 self.calls.clear();
-                self.live.clear();
+                self.touched.all = true;
                 self.awaiting_release.clear();
             }
         }
@@ -1062,16 +1072,65 @@ impl History {
                 "stats.{name} is {core_count}, {seen} were seen"
             );
         }
+        self.inputs += 1;
         if self.closed {
+            self.touched.clear();
             return;
         }
-        let mut keys: Vec<(&Key, SandboxId)> = Vec::new();
+        let full = self.full_every <= 1 || self.inputs.is_multiple_of(self.full_every);
+        self.check_calls(core, full);
+    }
+
+    /// Runs the getter checks over every live call (at the end of a phase, whatever the
+    /// cadence).
+    pub fn check_all_calls(&mut self, core: &Lifecycle) {
+        if !self.closed {
+            self.check_calls(core, true);
+        }
+    }
+
+    /// The getter checks, over the live calls the input touched (every live call when `full`):
+    /// each is where its events put it (`binding-stable`), bound to no sandbox being torn down
+    /// (`no-teardown-under-live-call`), alone on its key under `serialize`
+    /// (`serialize-one-per-key`); and `resolve` of its session answers one of the session's own
+    /// up sandboxes, or the right error (`resolve-own-sandbox`).
+    fn check_calls(&mut self, core: &Lifecycle, full: bool) {
+        const SKIP: u8 = 0;
+        const CHECK: u8 = 1;
+        const HOLDS_KEY: u8 = 2;
+        let mut pick = std::mem::take(&mut self.pick);
+        pick.clear();
+        pick.extend(self.calls.iter().map(|r| {
+            if full || self.touched.reaches(r) {
+                CHECK
+            } else {
+                SKIP
+            }
+        }));
+        self.touched.clear();
+        let serialize = self.same_key == SameKey::Serialize;
+        if serialize && !full {
+            // A call's key partners are checked with it (two bound under one key).
+            for i in 0..pick.len() {
+                if pick[i] == SKIP {
+                    continue;
+                }
+                let Some(key) = &self.calls.at(i).key else {
+                    continue;
+                };
+                for (j, r) in self.calls.iter().enumerate() {
+                    if pick[j] == SKIP && r.key.as_ref() == Some(key) {
+                        pick[j] = CHECK;
+                    }
+                }
+            }
+        }
         let mut broken: Option<(&'static str, String)> = None;
-        for call in &self.live {
-            let Some(rec) = self.calls.get(call) else {
+        for (i, rec) in self.calls.iter().enumerate() {
+            if pick[i] == SKIP {
                 continue;
-            };
-            let status = core.call_status(call);
+            }
+            let status = core.call_status(&rec.call);
             let fits = match (rec.phase, status) {
                 (Phase::Pending, Some(CallStatus::Waiting | CallStatus::Starting(_))) => true,
                 (Phase::Ready, Some(CallStatus::Ready(x))) => Some(x) == rec.sandbox,
@@ -1084,8 +1143,8 @@ impl History {
                 broken = Some((
                     "binding-stable",
                     format!(
-                        "{call} is {:?} by its events, the core says {status:?}",
-                        rec.phase
+                        "{} is {:?} by its events, the core says {status:?}",
+                        rec.call, rec.phase
                     ),
                 ));
             }
@@ -1099,24 +1158,34 @@ impl History {
                 if torn && broken.is_none() {
                     broken = Some((
                         "no-teardown-under-live-call",
-                        format!("{call} is bound to {x}, which is draining, stopped or shut down"),
+                        format!(
+                            "{} is bound to {x}, which is draining, stopped or shut down",
+                            rec.call
+                        ),
                     ));
                 }
             }
-            if let (Some(key), Some(x), SameKey::Serialize) =
-                (&rec.key, bound.or(rec.sandbox), self.same_key)
+            if serialize
+                && rec.key.is_some()
+                && bound.or(rec.sandbox).is_some()
+                && status.is_some()
+                && !matches!(status, Some(CallStatus::Waiting))
             {
-                if status.is_some() && !matches!(status, Some(CallStatus::Waiting)) {
-                    keys.push((key, x));
-                }
+                pick[i] = HOLDS_KEY;
             }
         }
-        if self.same_key == SameKey::Serialize && keys.len() > 1 && broken.is_none() {
-            keys.sort();
-            let dup = keys
-                .windows(2)
-                .find(|w| w[0].0 == w[1].0)
-                .map(|w| w[0].0.clone());
+        if serialize && broken.is_none() {
+            let holders = || {
+                self.calls
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| pick[*i] == HOLDS_KEY)
+            };
+            let dup = holders().find_map(|(i, a)| {
+                holders()
+                    .find(|(j, b)| *j > i && a.key == b.key)
+                    .and(a.key.clone())
+            });
             if let Some(key) = dup {
                 broken = Some((
                     "serialize-one-per-key",
@@ -1127,33 +1196,33 @@ impl History {
         if let Some((name, detail)) = broken {
             self.fail(name, detail);
         }
-        self.check_resolve(core);
+        self.check_resolve(core, &pick);
+        self.pick = pick;
     }
 
-    /// `resolve(S)` for every session with a live call: the sandbox of one of its own ready
-    /// calls, or the right error.
-    fn check_resolve(&mut self, core: &Lifecycle) {
-        let mut seen: Vec<&SessionId> = Vec::new();
+    /// `resolve(S)` for the session of every picked live call: the sandbox of one of its own
+    /// ready calls, or the right error.
+    fn check_resolve(&mut self, core: &Lifecycle, pick: &[u8]) {
         let mut broken = None;
-        for call in &self.live {
-            let Some(rec) = self.calls.get(call) else {
-                continue;
-            };
-            if seen.contains(&&rec.session) {
+        for (i, rec) in self.calls.iter().enumerate() {
+            if pick[i] == 0 {
                 continue;
             }
-            seen.push(&rec.session);
+            // Once per session.
+            let seen = self
+                .calls
+                .iter()
+                .take(i)
+                .enumerate()
+                .any(|(j, o)| pick[j] != 0 && o.session == rec.session);
+            if seen {
+                continue;
+            }
             let got = core.resolve(&rec.session);
             let mut up = false;
             let mut lost = false;
             let mut ok_here = false;
-            for other in &self.live {
-                let Some(o) = self.calls.get(other) else {
-                    continue;
-                };
-                if o.session != rec.session {
-                    continue;
-                }
+            for o in self.calls.iter().filter(|o| o.session == rec.session) {
                 match o.phase {
                     Phase::Ready
                         if !o
@@ -1195,6 +1264,8 @@ impl History {
     /// Learns that `call` is bound to `x` (from the core's getter, while starting).
     pub fn learn_binding(&mut self, call: &CallId, x: SandboxId) {
         self.bound_to.insert(call.clone(), x);
+        self.touched.call(call);
+        self.touched.sandbox(x);
         if let Some(c) = self.calls.get_mut(call) {
             c.sandbox = Some(x);
         }
@@ -1249,14 +1320,10 @@ impl History {
 
     /// Calls still live and not ready (none may remain after the liveness phase).
     pub fn pending_calls(&self) -> Vec<CallId> {
-        self.live
+        self.calls
             .iter()
-            .filter(|c| {
-                self.calls
-                    .get(*c)
-                    .is_some_and(|r| r.phase == Phase::Pending)
-            })
-            .cloned()
+            .filter(|r| r.phase == Phase::Pending)
+            .map(|r| r.call.clone())
             .collect()
     }
 }

@@ -56,6 +56,10 @@ pub struct RunReport {
 /// The bound on liveness rounds (each answers everything, then advances to the next timer).
 const LIVENESS_ROUNDS: usize = 2_000;
 
+/// Random runs ask the core about every live call every this many inputs, and in between about
+/// the calls each input touched (scenarios and shrinking check every call after every input).
+pub const GETTER_CHECK_EVERY: u64 = 8;
+
 /// Runs one seed.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let swarm = Swarm::new(seed);
@@ -64,6 +68,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let close_deadline = swarm.close_deadline;
     let mut hopts = HarnessOptions {
         keep_zombies: true,
+        getter_check_every: GETTER_CHECK_EVERY,
         trace: opts.trace,
         hash: opts.hash,
         ..HarnessOptions::default()
@@ -164,7 +169,17 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<
         }
         w.plan(h);
     }
+    check_all_calls(h)?;
     liveness(h, w, transcript)
+}
+
+/// The history's getter checks over every live call, whatever the cadence.
+fn check_all_calls(h: &mut Harness) -> Result<(), Stop> {
+    h.history.check_all_calls(&h.core);
+    match &h.history.failure {
+        Some(f) => Err(Stop::Failed(f.clone())),
+        None => Ok(()),
+    }
 }
 
 /// Answers everything, then moves time to the next timer, until neither is left.
@@ -197,14 +212,14 @@ fn quiesce(h: &mut Harness, transcript: &mut Transcript, phase: &str) -> Result<
 /// Once quiet, the core keeps a key's record only for its snapshot (read from its serialised
 /// state: the core has no getter for keys, and needs none).
 fn check_keys_forgotten(h: &mut Harness) {
-    let Ok(state) = serde_json::to_value(&h.core) else {
+    let Ok(keys) = crate::state_field::field(&h.core, "keys") else {
         h.history.fail(
             "liveness-keys-forgotten",
             "the core state does not serialise".into(),
         );
         return;
     };
-    let Some(keys) = state.get("keys").and_then(|k| k.as_object()) else {
+    let Some(keys) = keys.as_ref().and_then(|k| k.as_object()) else {
         return;
     };
     let kept = keys
@@ -234,6 +249,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
         }
     }
     quiesce(h, transcript, "calls")?;
+    check_all_calls(h)?;
     let pending = h.history.pending_calls();
     if !pending.is_empty() && !h.history.closed {
         return Err(liveness_fail(
@@ -243,7 +259,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
         ));
     }
     // B: the application releases everything; releases complete, versions settle, all quiet.
-    let live = h.history.live.clone();
+    let live = h.history.calls.ids();
     for call in live {
         apply(h, transcript, Step::Release(call))?;
     }

@@ -167,18 +167,16 @@ impl World {
     }
 
     fn live_session(&mut self, h: &Harness) -> SessionId {
-        if !h.history.live.is_empty() && self.rng.chance(700) {
-            let c = &h.history.live[self.rng.index(h.history.live.len())];
-            if let Some(rec) = h.history.calls.get(c) {
-                return rec.session.clone();
-            }
+        if !h.history.calls.is_empty() && self.rng.chance(700) {
+            let rec = h.history.calls.at(self.rng.index(h.history.calls.len()));
+            return rec.session.clone();
         }
         let i = self.session();
         self.sessions[i].clone()
     }
 
     fn acquire(&mut self, h: &Harness) -> Option<Move> {
-        if h.history.live.len() >= self.swarm.max_live && !h.history.closed {
+        if h.history.calls.len() >= self.swarm.max_live && !h.history.closed {
             return None;
         }
         let call = name(CallId::new, format!("c{}", self.next_call));
@@ -200,10 +198,15 @@ impl World {
     }
 
     fn release(&mut self, h: &Harness) -> Option<Move> {
-        if h.history.live.is_empty() {
+        if h.history.calls.is_empty() {
             return None;
         }
-        let call = h.history.live[self.rng.index(h.history.live.len())].clone();
+        let call = h
+            .history
+            .calls
+            .at(self.rng.index(h.history.calls.len()))
+            .call
+            .clone();
         self.ended.push(call.clone());
         if self.ended.len() > 16 {
             self.ended.remove(0);
@@ -239,13 +242,15 @@ impl World {
     }
 
     fn unhold(&mut self) -> Option<Move> {
-        let held: Vec<usize> = (0..self.holds.len())
-            .filter(|i| self.holds[*i] > 0)
-            .collect();
-        if held.is_empty() {
+        let held = self.holds.iter().filter(|n| **n > 0).count();
+        if held == 0 {
             return None;
         }
-        let i = held[self.rng.index(held.len())];
+        let k = self.rng.index(held);
+        let i = (0..self.holds.len())
+            .filter(|i| self.holds[*i] > 0)
+            .nth(k)
+            .expect("k is below the count of held sessions");
         self.holds[i] -= 1;
         Some(Move::Step(Step::Unhold(self.sessions[i].clone())))
     }
@@ -285,13 +290,20 @@ impl World {
             let a = self.answer_for(&op);
             return Some(Move::Raw(a, op, "duplicate answer".into()));
         }
-        let due: Vec<usize> = (0..h.ledger.ops.len())
-            .filter(|i| h.ledger.ops[*i].due <= now)
-            .collect();
-        if due.is_empty() {
+        // The k-th due command, k drawn among those due (counted, not collected).
+        let due = h.ledger.ops.iter().filter(|o| o.due <= now).count();
+        if due == 0 {
             return None;
         }
-        let mut op = h.ledger.ops[due[self.rng.index(due.len())]].clone();
+        let k = self.rng.index(due);
+        let mut op = h
+            .ledger
+            .ops
+            .iter()
+            .filter(|o| o.due <= now)
+            .nth(k)
+            .cloned()
+            .expect("k is below the count of due commands");
         if op.kind == OpKind::Upload && !h.ledger.is_oldest_upload(&op) {
             // Scenario files answer a sandbox's uploads oldest first; so does the world.
             op = h
@@ -341,17 +353,20 @@ impl World {
     }
 
     fn die(&mut self, h: &Harness) -> Option<Move> {
-        let mut candidates: Vec<sandkeeper::SandboxId> =
-            h.ledger.ops.iter().map(|o| o.sandbox).collect();
-        for c in &h.history.live {
-            if let Some(x) = h.history.calls.get(c).and_then(|r| r.sandbox) {
-                candidates.push(x);
-            }
-        }
-        if candidates.is_empty() {
+        // Candidates: every outstanding command's sandbox, then every bound live call's (counted
+        // and indexed, not collected).
+        let bound = || h.history.calls.iter().filter_map(|r| r.sandbox);
+        let n = h.ledger.ops.len() + bound().count();
+        if n == 0 {
             return None;
         }
-        let x = candidates[self.rng.index(candidates.len())];
+        let k = self.rng.index(n);
+        let x = match h.ledger.ops.get(k) {
+            Some(op) => op.sandbox,
+            None => bound()
+                .nth(k - h.ledger.ops.len())
+                .expect("k is below the count of candidates"),
+        };
         let call = h.history.sandboxes.get(&x).and_then(|s| s.call.clone())?;
         Some(Move::Step(Step::Answer(Answer::Die, call)))
     }
@@ -383,8 +398,13 @@ impl World {
 
     fn misuse(&mut self, h: &Harness) -> Option<Move> {
         match self.rng.below(3) {
-            0 if !h.history.live.is_empty() => {
-                let call = h.history.live[self.rng.index(h.history.live.len())].clone();
+            0 if !h.history.calls.is_empty() => {
+                let call = h
+                    .history
+                    .calls
+                    .at(self.rng.index(h.history.calls.len()))
+                    .call
+                    .clone();
                 let si = self.session();
                 let session = self.sessions[si].clone();
                 Some(Move::Step(Step::Acquire {
@@ -396,7 +416,7 @@ impl World {
             }
             1 if !self.ended.is_empty() => {
                 let call = self.ended[self.rng.index(self.ended.len())].clone();
-                if h.history.calls.contains_key(&call) {
+                if h.history.calls.contains(&call) {
                     return None;
                 }
                 Some(Move::Step(Step::Release(call)))

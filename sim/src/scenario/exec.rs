@@ -179,15 +179,10 @@ fn end_liveness(h: &mut Harness) -> Result<(), Stop> {
     }
     let stuck: Vec<String> = h
         .history
-        .live
+        .calls
         .iter()
-        .filter(|c| {
-            h.history
-                .calls
-                .get(*c)
-                .is_some_and(|r| r.phase == Phase::Pending)
-        })
-        .map(|c| c.to_string())
+        .filter(|r| r.phase == Phase::Pending)
+        .map(|r| r.call.to_string())
         .collect();
     if !stuck.is_empty() {
         h.history.fail(

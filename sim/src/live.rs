@@ -1,0 +1,100 @@
+//! The live calls the history knows of, in the order they were acquired, each with its record
+//! inline. A run has a handful of live calls at a time: a short vector scanned by name (names
+//! compare by pointer first) costs less than hashing the name, and the after-input checks walk
+//! it without a lookup per call.
+
+use sandkeeper::{CallId, Key, SandboxId, SessionId};
+
+/// Where a live call is, as the events told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Acquired, neither ready nor failed.
+    Pending,
+    /// Ready on its sandbox.
+    Ready,
+    /// Ready once; its sandbox died.
+    Lost,
+}
+
+/// A live call.
+#[derive(Clone, Debug)]
+pub struct CallRecord {
+    /// Its name.
+    pub call: CallId,
+    /// Its session.
+    pub session: SessionId,
+    /// Its key, when not external.
+    pub key: Option<Key>,
+    /// Where it is.
+    pub phase: Phase,
+    /// Its sandbox, once known.
+    pub sandbox: Option<SandboxId>,
+}
+
+/// The live calls, oldest first.
+#[derive(Clone, Debug, Default)]
+pub struct LiveCalls {
+    calls: Vec<CallRecord>,
+}
+
+impl LiveCalls {
+    fn position(&self, call: &CallId) -> Option<usize> {
+        self.calls.iter().position(|c| &c.call == call)
+    }
+
+    /// The record of `call`, if live.
+    pub fn get(&self, call: &CallId) -> Option<&CallRecord> {
+        self.calls.iter().find(|c| &c.call == call)
+    }
+
+    /// The record of `call`, if live, to change.
+    pub fn get_mut(&mut self, call: &CallId) -> Option<&mut CallRecord> {
+        self.calls.iter_mut().find(|c| &c.call == call)
+    }
+
+    /// Whether `call` is live.
+    pub fn contains(&self, call: &CallId) -> bool {
+        self.position(call).is_some()
+    }
+
+    /// Adds a live call (the newest).
+    pub fn push(&mut self, rec: CallRecord) {
+        self.calls.push(rec);
+    }
+
+    /// Ends `call`, returning its record if it was live.
+    pub fn remove(&mut self, call: &CallId) -> Option<CallRecord> {
+        let i = self.position(call)?;
+        Some(self.calls.remove(i))
+    }
+
+    /// Ends every live call.
+    pub fn clear(&mut self) {
+        self.calls.clear();
+    }
+
+    /// The live calls, oldest first.
+    pub fn iter(&self) -> std::slice::Iter<'_, CallRecord> {
+        self.calls.iter()
+    }
+
+    /// The `i`th live call, oldest first.
+    pub fn at(&self, i: usize) -> &CallRecord {
+        &self.calls[i]
+    }
+
+    /// How many calls are live.
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether no call is live.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// The names of the live calls, oldest first.
+    pub fn ids(&self) -> Vec<CallId> {
+        self.calls.iter().map(|c| c.call.clone()).collect()
+    }
+}
