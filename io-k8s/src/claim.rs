@@ -28,13 +28,7 @@ impl Cluster {
             });
         };
         let labels = names::labels(&self.config.owner, session_key, sandbox);
-        let shutdown = wall_clock()
-            .checked_add(SignedDuration::from_secs(
-                self.config.max_lifetime_secs as i64,
-            ))
-            .unwrap_or_else(|_| wall_clock());
-        let shutdown =
-            k8s_openapi::jiff::Timestamp::from_second(shutdown.as_second()).unwrap_or(shutdown);
+        let shutdown = self.claim_shutdown_time();
         Ok(SandboxClaim {
             metadata: ObjectMeta {
                 name: Some(names::object_name(&self.config.owner, sandbox)),
@@ -47,7 +41,7 @@ impl Cluster {
                     name: warm_pool.clone(),
                 },
                 lifecycle: Some(ClaimLifecycle {
-                    shutdown_time: Some(shutdown.to_string()),
+                    shutdown_time: Some(shutdown),
                     shutdown_policy: Some("Delete".into()),
                     ttl_seconds_after_finished: None,
                 }),
@@ -58,6 +52,18 @@ impl Cluster {
             },
             status: None,
         })
+    }
+
+    /// A claim's `shutdownTime` backstop: `maxLifetimeSecs` from now (RFC 3339, whole seconds).
+    pub(crate) fn claim_shutdown_time(&self) -> String {
+        let shutdown = wall_clock()
+            .checked_add(SignedDuration::from_secs(
+                self.config.max_lifetime_secs as i64,
+            ))
+            .unwrap_or_else(|_| wall_clock());
+        k8s_openapi::jiff::Timestamp::from_second(shutdown.as_second())
+            .unwrap_or(shutdown)
+            .to_string()
     }
 
     /// Creates the claim of `sandbox` (idempotent: a claim of this owner and sandbox that is

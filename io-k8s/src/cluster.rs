@@ -22,10 +22,16 @@ pub mod calls {
     pub const LIST_CLAIMS: Call = Call::new("list", "sandboxclaims.extensions.agents.x-k8s.io");
     /// Watch claims.
     pub const WATCH_CLAIMS: Call = Call::new("watch", "sandboxclaims.extensions.agents.x-k8s.io");
+    /// Patch a claim (on resume: the sandbox label and a later `shutdownTime`).
+    pub const PATCH_CLAIM: Call = Call::new("patch", "sandboxclaims.extensions.agents.x-k8s.io");
     /// Delete a claim.
     pub const DELETE_CLAIM: Call = Call::new("delete", "sandboxclaims.extensions.agents.x-k8s.io");
     /// Read a sandbox.
     pub const GET_SANDBOX: Call = Call::new("get", "sandboxes.agents.x-k8s.io");
+    /// List sandboxes (the watch of a suspension or resume lists first).
+    pub const LIST_SANDBOXES: Call = Call::new("list", "sandboxes.agents.x-k8s.io");
+    /// Watch sandboxes (until suspended, or Ready again).
+    pub const WATCH_SANDBOXES: Call = Call::new("watch", "sandboxes.agents.x-k8s.io");
     /// Patch a sandbox (operatingMode).
     pub const PATCH_SANDBOX: Call = Call::new("patch", "sandboxes.agents.x-k8s.io");
     /// Create a pod.
@@ -36,6 +42,8 @@ pub mod calls {
     pub const LIST_PODS: Call = Call::new("list", "pods");
     /// Watch pods.
     pub const WATCH_PODS: Call = Call::new("watch", "pods");
+    /// Patch a pod (on resume: the sandbox label, so deaths name the new sandbox).
+    pub const PATCH_POD: Call = Call::new("patch", "pods");
     /// Delete a pod.
     pub const DELETE_POD: Call = Call::new("delete", "pods");
     /// Exec into a pod (websocket exec: a GET, authorised as `create` on newer clusters).
@@ -57,13 +65,17 @@ pub mod calls {
         GET_CLAIM,
         LIST_CLAIMS,
         WATCH_CLAIMS,
+        PATCH_CLAIM,
         DELETE_CLAIM,
         GET_SANDBOX,
+        LIST_SANDBOXES,
+        WATCH_SANDBOXES,
         PATCH_SANDBOX,
         CREATE_POD,
         GET_POD,
         LIST_PODS,
         WATCH_PODS,
+        PATCH_POD,
         DELETE_POD,
         EXEC,
         Call::new("get", "pods/exec"),

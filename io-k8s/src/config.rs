@@ -115,6 +115,10 @@ pub enum ConfigError {
     /// Bad warm pool name.
     #[error("invalid warm pool name {0:?}")]
     WarmPool(String),
+    /// `ReleasePolicy::Suspend` in pod mode: a plain pod keeps nothing once it is deleted, so
+    /// every suspended sandbox would either be lost or leak a running pod.
+    #[error("release policy Suspend needs agentSandbox mode (Sandbox.spec.operatingMode: Suspended); pod mode cannot keep a sandbox without its pod: use Shutdown or KeepWarm, or agentSandbox mode")]
+    SuspendNeedsAgentSandbox,
 }
 
 fn dns_label(s: &str) -> bool {

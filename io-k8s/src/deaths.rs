@@ -142,3 +142,135 @@ impl Cluster {
         DeathWatch(tasks)
     }
 }
+
+/// Where a death seen on an object goes, by the sandbox number on its label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Suspended by this backend (or being suspended): the pod deletion is the suspension's own
+    /// doing, and nothing of this sandbox is the core's any more. Held back.
+    Suspended,
+    /// Resumed as another sandbox: report that one.
+    Now(u64),
+}
+
+/// Counts of the deaths the backend's watch saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeathCounts {
+    /// Reported to the keeper.
+    pub reported: u64,
+    /// Held back: deaths of suspended sandboxes (the suspension deletes the pod).
+    pub held_back: u64,
+}
+
+/// The backend's map from the sandbox numbers on objects' labels to the sandbox a death is
+/// reported for: suspended sandboxes are held back, and the labels a resumed claim's objects
+/// still carry (its Sandbox's pod template keeps the first number) name the sandbox that
+/// resumed it. Chains stay one step long: a resume rewrites every route to the resumed number.
+#[derive(Debug)]
+pub struct DeathRoutes {
+    routes: std::sync::Mutex<std::collections::HashMap<u64, Route>>,
+    counts: tokio::sync::watch::Sender<DeathCounts>,
+}
+
+impl Default for DeathRoutes {
+    fn default() -> Self {
+        DeathRoutes {
+            routes: Default::default(),
+            counts: tokio::sync::watch::channel(DeathCounts::default()).0,
+        }
+    }
+}
+
+impl DeathRoutes {
+    fn routes(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Route>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds back deaths of `sandbox` from now on.
+    pub fn suspend(&self, sandbox: u64) {
+        self.routes().insert(sandbox, Route::Suspended);
+    }
+
+    /// Objects labelled `label` (and every number routed to it) now serve `sandbox`.
+    pub fn resume(&self, label: u64, sandbox: u64) {
+        let mut r = self.routes();
+        for v in r.values_mut() {
+            if *v == Route::Now(label) {
+                *v = Route::Now(sandbox);
+            }
+        }
+        r.insert(label, Route::Now(sandbox));
+        r.remove(&sandbox);
+    }
+
+    /// `sandbox` is shut down: its routes go.
+    pub fn forget(&self, sandbox: u64) {
+        let mut r = self.routes();
+        r.remove(&sandbox);
+        r.retain(|_, v| *v != Route::Now(sandbox));
+    }
+
+    /// The sandbox to report a death seen on `label` for, or `None` to hold it back. Counts
+    /// either way.
+    pub fn route(&self, label: u64) -> Option<u64> {
+        let target = {
+            let r = self.routes();
+            match r.get(&label) {
+                Some(Route::Suspended) => None,
+                Some(Route::Now(x)) => match r.get(x) {
+                    Some(Route::Suspended) => None,
+                    _ => Some(*x),
+                },
+                None => Some(label),
+            }
+        };
+        self.counts.send_modify(|c| match target {
+            Some(_) => c.reported += 1,
+            None => c.held_back += 1,
+        });
+        target
+    }
+
+    /// The counts so far, updated as deaths are seen.
+    pub fn counts(&self) -> tokio::sync::watch::Receiver<DeathCounts> {
+        self.counts.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_hold_back_suspended_and_follow_resumes() {
+        let r = DeathRoutes::default();
+        assert_eq!(r.route(1), Some(1));
+        r.suspend(1);
+        assert_eq!(r.route(1), None);
+        r.resume(1, 5);
+        assert_eq!(r.route(1), Some(5), "old labels name the resumed sandbox");
+        assert_eq!(r.route(5), Some(5));
+        r.suspend(5);
+        assert_eq!(
+            r.route(1),
+            None,
+            "the first label follows a second suspension"
+        );
+        assert_eq!(r.route(5), None);
+        r.resume(5, 9);
+        assert_eq!(
+            (r.route(1), r.route(5), r.route(9)),
+            (Some(9), Some(9), Some(9))
+        );
+        r.forget(9);
+        assert_eq!((r.route(1), r.route(5)), (Some(1), Some(5)));
+        let c = *r.counts().borrow();
+        assert_eq!(
+            c,
+            DeathCounts {
+                reported: 8,
+                held_back: 3
+            }
+        );
+    }
+}

@@ -112,6 +112,17 @@ pub enum K8sError {
     /// The upload archive could not be built.
     #[error("building the upload archive: {0}")]
     Archive(String),
+    /// A snapshot reference this backend did not make (not `sk-<owner>-<number>` of this owner).
+    #[error("snapshot {snapshot:?} is not a claim of this owner: {why}")]
+    BadSnapshot {
+        /// The reference as given.
+        snapshot: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The backend's configuration cannot serve the keeper's release policy.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 impl K8sError {
@@ -127,7 +138,9 @@ impl K8sError {
             | K8sError::Terminal { .. }
             | K8sError::CommandFailed { .. }
             | K8sError::TooLarge { .. }
-            | K8sError::Archive(_) => ErrorClass::Fatal,
+            | K8sError::Archive(_)
+            | K8sError::BadSnapshot { .. }
+            | K8sError::Config(_) => ErrorClass::Fatal,
         }
     }
 

@@ -58,14 +58,15 @@ pub mod names;
 pub mod pod;
 pub mod retry;
 pub mod sandbox;
+pub mod suspend;
 pub mod upload;
 pub mod wait;
 pub mod workload;
 
 pub use backend::K8sBackend;
 pub use cluster::Cluster;
-pub use config::{K8sConfig, Mode};
-pub use deaths::{Death, DeathWatch};
+pub use config::{ConfigError, K8sConfig, Mode};
+pub use deaths::{Death, DeathCounts, DeathRoutes, DeathWatch};
 pub use error::{ErrorClass, K8sError};
 pub use lease::SweepReport;
 pub use sandbox::SandboxHandle;

@@ -1,8 +1,14 @@
-//! Uploads into a pod through `pods/exec`: the argv `timeout -s KILL <secs> tar -x -C <workdir>`
-//! (no shell; every path in the archive is built from validated names), a tar stream on stdin,
-//! stdin closed, stdout and stderr drained, and the status frame read. No status frame means the
-//! outcome is unknown — an error, never success. The client deadline matches the in-container
-//! `timeout`, so a cancelled upload does not run on forever.
+//! Uploads into a pod through `pods/exec`, all or nothing for each file: first
+//! `timeout -s KILL <secs> tar -x -C <workdir>` with a tar stream on stdin whose entries are
+//! temporary names beside the final ones (`<session>/.<name>.sandkeeper-<tag>`), then
+//! `timeout -s KILL <secs> mv -f -T -- <tmp> <final>` per file, a rename in one directory, so a
+//! reader sees the previous version or the new one, never half of one. No shell: every path is
+//! built from validated one-component names. On failure the temporaries are removed (best
+//! effort, `rm -f --`, unless the pod is gone).
+//!
+//! Each exec: stdin closed, stdout and stderr drained, and the status frame read. No status
+//! frame means the outcome is unknown — an error, never success. Each exec has a client
+//! deadline matching the in-container `timeout`, so a cancelled upload does not run on forever.
 
 use kube::api::AttachParams;
 use sandkeeper::{PathName, SessionId};
@@ -25,8 +31,15 @@ pub struct UploadFile<'a> {
     pub bytes: &'a [u8],
 }
 
-/// A tar archive of `files` laid out as `<session>/<path>`, regular files, mode 0644, mtime 0.
-pub fn archive(files: &[UploadFile<'_>]) -> Result<Vec<u8>, K8sError> {
+/// The temporary name a file is extracted under before it is renamed over `path`:
+/// `.<path>.sandkeeper-<tag>`, in the same directory (so the rename is atomic).
+pub fn temp_name(path: &PathName, tag: &str) -> String {
+    format!(".{}.sandkeeper-{tag}", path.as_str())
+}
+
+/// A tar archive of `files` laid out as `<session>/<temporary name>` ([`temp_name`]), regular
+/// files, mode 0644, mtime 0.
+pub fn archive(files: &[UploadFile<'_>], tag: &str) -> Result<Vec<u8>, K8sError> {
     let mut b = tar::Builder::new(Vec::new());
     for f in files {
         let mut h = tar::Header::new_gnu();
@@ -34,14 +47,54 @@ pub fn archive(files: &[UploadFile<'_>]) -> Result<Vec<u8>, K8sError> {
         h.set_size(f.bytes.len() as u64);
         h.set_mode(0o644);
         h.set_mtime(0);
-        let path = format!("{}/{}", f.session.as_str(), f.path.as_str());
+        let path = format!("{}/{}", f.session.as_str(), temp_name(f.path, tag));
         b.append_data(&mut h, &path, f.bytes)
             .map_err(|e| K8sError::Archive(e.to_string()))?;
     }
     b.into_inner().map_err(|e| K8sError::Archive(e.to_string()))
 }
 
-/// The argv of an upload.
+fn timed(timeout_secs: u64, command: &[&str]) -> Vec<String> {
+    let secs = timeout_secs.to_string();
+    ["timeout", "-s", "KILL", secs.as_str()]
+        .into_iter()
+        .chain(command.iter().copied())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The argv that renames a file's temporary over its final name (`-T`: never into a
+/// directory of that name).
+pub fn rename_argv(workdir: &str, timeout_secs: u64, f: &UploadFile<'_>, tag: &str) -> Vec<String> {
+    let dir = format!("{workdir}/{}", f.session.as_str());
+    let tmp = format!("{dir}/{}", temp_name(f.path, tag));
+    let dest = format!("{dir}/{}", f.path.as_str());
+    timed(timeout_secs, &["mv", "-f", "-T", "--", &tmp, &dest])
+}
+
+/// The argv that removes the temporaries of a failed upload.
+pub fn cleanup_argv(
+    workdir: &str,
+    timeout_secs: u64,
+    files: &[UploadFile<'_>],
+    tag: &str,
+) -> Vec<String> {
+    let tmps: Vec<String> = files
+        .iter()
+        .map(|f| {
+            format!(
+                "{workdir}/{}/{}",
+                f.session.as_str(),
+                temp_name(f.path, tag)
+            )
+        })
+        .collect();
+    let mut argv: Vec<&str> = vec!["rm", "-f", "--"];
+    argv.extend(tmps.iter().map(String::as_str));
+    timed(timeout_secs, &argv)
+}
+
+/// The argv of an upload's extraction.
 pub fn upload_argv(workdir: &str, timeout_secs: u64) -> Vec<String> {
     [
         "timeout",
@@ -70,31 +123,65 @@ impl Cluster {
                 limit: self.config.max_payload_bytes,
             });
         }
-        let tar = archive(files)?;
-        let timeout = self.config.upload_timeout();
-        let run = self.exec_with_stdin(
-            pod,
-            upload_argv(&self.config.workdir, self.config.upload_timeout_secs),
-            tar,
-        );
-        let result = match tokio::time::timeout(timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(K8sError::Timeout {
-                what: format!("upload into pod {pod}"),
-                after: timeout,
-            }),
+        // Unique per upload: concurrent uploads of one file never share a temporary.
+        let tag = format!("{:016x}", fastrand::u64(..));
+        let tar = archive(files, &tag)?;
+        let (workdir, secs) = (&self.config.workdir, self.config.upload_timeout_secs);
+        let mut result = self
+            .exec_within(pod, upload_argv(workdir, secs), tar, "upload")
+            .await;
+        if result.is_ok() {
+            for f in files {
+                result = self
+                    .exec_within(
+                        pod,
+                        rename_argv(workdir, secs, f, &tag),
+                        Vec::new(),
+                        "rename",
+                    )
+                    .await;
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
+        let e = match result {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
         };
-        match result {
-            Ok(()) => Ok(()),
-            Err(
-                e @ (K8sError::CommandFailed { .. }
-                | K8sError::Forbidden { .. }
-                | K8sError::TooLarge { .. }),
-            ) => Err(e),
-            Err(e) => match self.check_pod_alive(pod).await {
+        if !e.is_gone() {
+            let rm = cleanup_argv(workdir, secs, files, &tag);
+            if let Err(c) = self.exec_within(pod, rm, Vec::new(), "cleanup").await {
+                tracing::warn!(error = %c, %pod, "removing the temporaries of a failed upload");
+            }
+        }
+        match e {
+            K8sError::CommandFailed { .. }
+            | K8sError::Forbidden { .. }
+            | K8sError::TooLarge { .. } => Err(e),
+            e => match self.check_pod_alive(pod).await {
                 Err(gone) if gone.is_gone() => Err(gone),
                 _ => Err(e),
             },
+        }
+    }
+
+    /// [`Cluster::exec_with_stdin`] under the upload deadline (the client side of the
+    /// in-container `timeout`).
+    async fn exec_within(
+        &self,
+        pod: &str,
+        argv: Vec<String>,
+        stdin: Vec<u8>,
+        step: &str,
+    ) -> Result<(), K8sError> {
+        let timeout = self.config.upload_timeout();
+        match tokio::time::timeout(timeout, self.exec_with_stdin(pod, argv, stdin)).await {
+            Ok(r) => r,
+            Err(_) => Err(K8sError::Timeout {
+                what: format!("{step} in pod {pod}"),
+                after: timeout,
+            }),
         }
     }
 
@@ -195,17 +282,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn archive_lays_files_out_by_session() {
+    fn archive_lays_files_out_as_temporaries_renamed_over_the_final_names() {
         let (s, p) = (
             SessionId::new("s-1").unwrap(),
             PathName::new("log.jsonl").unwrap(),
         );
-        let tar = archive(&[UploadFile {
+        let f = UploadFile {
             session: &s,
             path: &p,
             bytes: b"{}\n",
-        }])
-        .unwrap();
+        };
+        let tar = archive(&[f], "00ff").unwrap();
         let mut a = tar::Archive::new(&tar[..]);
         let entries: Vec<_> = a
             .entries()
@@ -220,7 +307,38 @@ mod tests {
             .collect();
         assert_eq!(
             entries,
-            vec![("s-1/log.jsonl".to_string(), "{}\n".to_string())]
+            vec![(
+                "s-1/.log.jsonl.sandkeeper-00ff".to_string(),
+                "{}\n".to_string()
+            )]
+        );
+        assert_eq!(
+            rename_argv("/workspace", 30, &f, "00ff"),
+            [
+                "timeout",
+                "-s",
+                "KILL",
+                "30",
+                "mv",
+                "-f",
+                "-T",
+                "--",
+                "/workspace/s-1/.log.jsonl.sandkeeper-00ff",
+                "/workspace/s-1/log.jsonl"
+            ]
+        );
+        assert_eq!(
+            cleanup_argv("/workspace", 30, &[f], "00ff"),
+            [
+                "timeout",
+                "-s",
+                "KILL",
+                "30",
+                "rm",
+                "-f",
+                "--",
+                "/workspace/s-1/.log.jsonl.sandkeeper-00ff"
+            ]
         );
         assert_eq!(
             upload_argv("/workspace", 30),

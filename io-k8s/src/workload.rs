@@ -6,7 +6,9 @@
 //! - after the keeper closed, a final sweep of this owner's claims and pods must find nothing
 //!   left (every shutdown deleted its object), and the owner's Lease is released.
 
-use sandkeeper::SandboxId;
+use std::time::Duration;
+
+use sandkeeper::{ReleasePolicy, SandboxId};
 use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
 
 use crate::backend::K8sBackend;
@@ -51,6 +53,19 @@ impl WorkloadTarget for K8sBackend {
     }
 }
 
+/// The release policy the io-tokio workload gives its core for `options` (`--warm-ms N`:
+/// `KeepWarm`, else `Shutdown`), which the backend must be built with too. The workload has no
+/// `Suspend` option yet, so the harness never suspends.
+pub fn release_policy(options: &WorkloadOptions) -> ReleasePolicy {
+    if options.warm_ms > 0 {
+        ReleasePolicy::KeepWarm {
+            idle: Duration::from_millis(options.warm_ms),
+        }
+    } else {
+        ReleasePolicy::Shutdown
+    }
+}
+
 /// Why the workload did not run on the cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
@@ -70,6 +85,6 @@ pub async fn run_workload(
     options: &WorkloadOptions,
 ) -> Result<Summary, HarnessError> {
     options.check()?;
-    let (backend, _sweep) = K8sBackend::connect(cluster).await?;
+    let (backend, _sweep) = K8sBackend::connect(cluster, release_policy(options)).await?;
     Ok(workload::run(backend, options).await?)
 }

@@ -125,47 +125,53 @@ async fn permission_errors_are_fatal_and_name_the_missing_permission() {
     assert!(e.to_string().contains("`create` on `pods/exec`"), "{e}");
 }
 
+/// The files of a session directory in a pod (names sorted), temporaries included.
+fn session_files(server: &k8s_loopback::Loopback, pod: &str, session: &str) -> Vec<String> {
+    let dir = server.pod_path(NS, pod, &format!("/workspace/{session}"));
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn put<'a>(s: &'a SessionId, p: &'a PathName, bytes: &'a [u8]) -> [UploadFile<'a>; 1] {
+    [UploadFile {
+        session: s,
+        path: p,
+        bytes,
+    }]
+}
+
 #[tokio::test]
 async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
     let server = server().await;
     let k = cluster(&server, pod_config("owner-n"));
     let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
     server
         .faults()
         .inject(Matcher::exec(), Fault::ExecWithoutStatus, 1);
-    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
-    let e = k
-        .upload(
-            &h.pod,
-            &[UploadFile {
-                session: &s,
-                path: &p,
-                bytes: b"data",
-            }],
-        )
-        .await
-        .unwrap_err();
+    let e = k.upload(&h.pod, &put(&s, &p, b"data")).await.unwrap_err();
     assert!(matches!(e, K8sError::OutcomeUnknown { .. }), "{e}");
     assert_eq!(
         e.class(),
         ErrorClass::Retryable,
         "the pod lives: worth another try"
     );
-    // The command did run (that is what makes the outcome unknown rather than failed).
-    assert_eq!(
-        std::fs::read(server.pod_path(NS, &h.pod, "/workspace/s/log")).unwrap(),
-        b"data"
-    );
-    k.upload(
-        &h.pod,
-        &[UploadFile {
-            session: &s,
-            path: &p,
-            bytes: b"again",
-        }],
-    )
-    .await
-    .unwrap();
+    assert_eq!(server.faults().pending(), 0, "the fault was met");
+    // The extraction ran, but with its outcome unknown nothing was renamed: the previous
+    // version is intact, and the temporary was removed.
+    let log = server.pod_path(NS, &h.pod, "/workspace/s/log");
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
+    assert_eq!(session_files(&server, &h.pod, "s"), ["log"]);
+    k.upload(&h.pod, &put(&s, &p, b"again")).await.unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), b"again");
+    assert_eq!(session_files(&server, &h.pod, "s"), ["log"]);
 }
 
 #[tokio::test]
@@ -173,40 +179,26 @@ async fn a_pod_deleted_mid_upload_makes_the_upload_gone() {
     let server = server().await;
     let k = cluster(&server, pod_config("owner-m"));
     let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
     server
         .faults()
         .inject(Matcher::exec(), Fault::DeletePodMidUpload, 1);
-    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
     let payload = vec![7u8; 256 * 1024];
-    let e = k
-        .upload(
-            &h.pod,
-            &[UploadFile {
-                session: &s,
-                path: &p,
-                bytes: &payload,
-            }],
-        )
-        .await
-        .unwrap_err();
+    let e = k.upload(&h.pod, &put(&s, &p, &payload)).await.unwrap_err();
     assert!(
         e.is_gone(),
         "R6: an upload into a deleted pod is a typed Gone, not a crash or a success: {e}"
     );
     assert!(server.store().all(&PODS).is_empty());
+    // The upload was cut off mid-stream: the final name still holds the previous version
+    // (what the pod's volume would keep), never a truncated new one.
+    let log = server.pod_path(NS, &h.pod, "/workspace/s/log");
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
     // Exec into the pod that is gone is Gone as well (404 on the upgrade).
-    let e = k
-        .upload(
-            &h.pod,
-            &[UploadFile {
-                session: &s,
-                path: &p,
-                bytes: b"x",
-            }],
-        )
-        .await
-        .unwrap_err();
+    let e = k.upload(&h.pod, &put(&s, &p, b"x")).await.unwrap_err();
     assert!(e.is_gone(), "{e}");
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
 }
 
 #[tokio::test]

@@ -1,7 +1,13 @@
 //! The scripted controllers: a kubelet that runs pods (Pending → Running, `activeDeadlineSeconds`
 //! → Failed/DeadlineExceeded) and an agent-sandbox controller (claim → Sandbox → Pod, `Ready`
 //! conditions, `status.sandbox.name`, the `agents.x-k8s.io/pod-name` annotation, terminal
-//! reasons, `shutdownTime` expiry, `operatingMode: Suspended`).
+//! reasons, `shutdownTime` expiry, `operatingMode: Suspended`: the pod is deleted, the Sandbox
+//! kept with `Ready=False` reason `SandboxSuspended`; `Running` makes the pod again under the
+//! same name, and the Sandbox goes Ready once it runs), and a garbage collector for Sandboxes and
+//! Pods whose controlling owner is gone.
+//!
+//! A pod's directory on the host (its `/workspace`) outlives the pod, like a volume: a suspended
+//! Sandbox's pod comes back under the same name and finds its files.
 //!
 //! Every pass reconciles every object (idempotent; writes only on change), after each store event
 //! and after every clock advance.
@@ -133,6 +139,7 @@ impl Controller {
     }
 
     fn reconcile_all(&self) {
+        self.collect_garbage();
         for claim in self.store.all(&SANDBOX_CLAIMS) {
             self.reconcile_claim(&claim);
         }
@@ -148,6 +155,50 @@ impl Controller {
         }
         for claim in self.store.all(&SANDBOX_CLAIMS) {
             self.reconcile_claim(&claim);
+        }
+    }
+
+    /// The garbage collector: a Sandbox or Pod whose controlling owner no longer exists (by
+    /// name and uid) is deleted, with its own dependents. This catches objects a controller
+    /// pass made for an owner deleted meanwhile, as the real garbage collector does.
+    fn collect_garbage(&self) {
+        for rt in [&SANDBOXES, &PODS] {
+            for o in self.store.all(rt) {
+                let Some(refs) = o
+                    .pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                else {
+                    continue;
+                };
+                let namespace = ns(&o);
+                let orphan = refs.iter().any(|r| {
+                    let owner_rt = r
+                        .get("apiVersion")
+                        .and_then(Value::as_str)
+                        .zip(r.get("kind").and_then(Value::as_str))
+                        .and_then(|(av, kind)| crate::resources::find_kind(av, kind));
+                    let (Some(owner_rt), Some(owner), Some(uid)) = (
+                        owner_rt,
+                        r.get("name").and_then(Value::as_str),
+                        r.get("uid").and_then(Value::as_str),
+                    ) else {
+                        return false;
+                    };
+                    match self.store.get(&owner_rt, &namespace, owner) {
+                        Ok(existing) => meta_str(&existing, "/metadata/uid") != Some(uid),
+                        Err(_) => true,
+                    }
+                });
+                if orphan {
+                    let _ = self.store.delete(
+                        rt,
+                        &namespace,
+                        &name(&o),
+                        Propagation::Background,
+                        meta_str(&o, "/metadata/uid"),
+                    );
+                }
+            }
         }
     }
 

@@ -1,0 +1,297 @@
+//! Suspending and resuming an agent-sandbox claim (`ReleasePolicy::Suspend`):
+//! `Sandbox.spec.operatingMode: Suspended` deletes the Sandbox's pod and keeps the Sandbox (its
+//! identity, volumes and Service) under its claim; `Running` brings a pod back.
+//!
+//! The snapshot the core keeps for a key is the claim's name (`sk-<owner>-<number>`): the claim
+//! owns the Sandbox whose volumes survive the suspension. A resume checks the claim is still
+//! there and ours, moves its `sandkeeper.io/sandbox` label (and its pod's) to the new sandbox
+//! number so that deaths name the new sandbox, pushes its `shutdownTime` backstop out again,
+//! sets `Running` and waits until the Sandbox is Ready and its pod runs.
+
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use crate::cluster::{calls, err, Cluster};
+use crate::config::Mode;
+use crate::crd::{ClaimState, Sandbox, READY, TERMINAL_REASONS};
+use crate::error::K8sError;
+use crate::names::{self, OWNER, SANDBOX};
+use crate::sandbox::SandboxHandle;
+use crate::wait::{wait_for, Step};
+
+/// Reason of the Sandbox's `Ready=False` condition while suspended (agent-sandbox).
+pub const SUSPENDED_REASON: &str = "SandboxSuspended";
+
+/// A suspended claim found again for a resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuspendedClaim {
+    /// The claim.
+    pub claim: String,
+    /// Its Sandbox.
+    pub sandbox_name: String,
+    /// The sandbox number its `sandkeeper.io/sandbox` label carries (the sandbox it served
+    /// last), when readable.
+    pub label: Option<u64>,
+}
+
+/// What a resume found under a snapshot's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resumable {
+    /// The claim is there, ours, and not failed.
+    Claim(SuspendedClaim),
+    /// It is not (swept, expired, deleted by hand, or another owner's): start fresh.
+    Lost(String),
+}
+
+/// The `Ready` condition of a Sandbox: (status, reason).
+fn ready_of(s: &Sandbox) -> Option<(&str, &str)> {
+    s.status.as_ref().and_then(|st| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .map(|c| (c.status.as_str(), c.reason.as_str()))
+    })
+}
+
+impl Cluster {
+    /// The claim a snapshot names. Only `sk-<this owner>-<number>` is accepted (the references
+    /// this backend hands out); anything else is [`K8sError::BadSnapshot`].
+    pub fn claim_of_snapshot(&self, snapshot: &str) -> Result<String, K8sError> {
+        let bad = |why: &str| K8sError::BadSnapshot {
+            snapshot: snapshot.to_string(),
+            why: why.to_string(),
+        };
+        if !matches!(self.config.mode, Mode::AgentSandbox { .. }) {
+            return Err(bad("snapshots are claims, and this backend is in pod mode"));
+        }
+        let prefix = format!("sk-{}-", self.config.owner);
+        let number = snapshot
+            .strip_prefix(&prefix)
+            .ok_or_else(|| bad(&format!("expected a name starting with {prefix:?}")))?;
+        let n: u64 = number
+            .parse()
+            .map_err(|_| bad("expected a sandbox number after the owner"))?;
+        let name = names::object_name(&self.config.owner, n);
+        if name != snapshot {
+            return Err(bad("not in canonical form"));
+        }
+        Ok(name)
+    }
+
+    /// Suspends a started claim: patches its Sandbox to `Suspended`, then waits (under the
+    /// ready timeout) until the Sandbox reports it is no longer ready and the pod is gone.
+    /// Fails fast when the Sandbox reaches a terminal reason (`SandboxExpired`, ...).
+    pub async fn suspend_sandbox(&self, handle: &SandboxHandle) -> Result<(), K8sError> {
+        let Some(sb) = handle.sandbox_name.as_deref() else {
+            return Err(K8sError::Invalid {
+                code: 0,
+                reason: "WrongMode".into(),
+                message: format!("{} has no Sandbox to suspend (pod mode)", handle.object),
+            });
+        };
+        self.set_operating_mode(sb, true).await?;
+        let deadline = tokio::time::Instant::now() + self.config.ready_timeout();
+        let claim = handle.object.clone();
+        wait_for(
+            self.sandboxes(),
+            sb,
+            &format!("sandbox {sb} to suspend"),
+            self.config.ready_timeout(),
+            calls::WATCH_SANDBOXES,
+            self.retry,
+            |s: &Sandbox| match ready_of(s) {
+                Some(("True", _)) => Step::Wait,
+                Some((_, reason)) if TERMINAL_REASONS.contains(&reason) => {
+                    Step::Fail(K8sError::Terminal {
+                        claim: claim.clone(),
+                        reason: reason.to_string(),
+                        message: "while suspending".into(),
+                    })
+                }
+                Some((_, SUSPENDED_REASON)) => Step::Done(()),
+                // Not ready for another reason: the pod is on its way out; its absence decides.
+                Some(_) => Step::Done(()),
+                None => Step::Wait,
+            },
+        )
+        .await?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let gone = wait_for(
+            self.pods(),
+            &handle.pod,
+            &format!("pod {} to go", handle.pod),
+            left,
+            calls::WATCH_PODS,
+            self.retry,
+            |_: &k8s_openapi::api::core::v1::Pod| Step::<()>::Wait,
+        )
+        .await;
+        match gone {
+            Err(e) if e.is_gone() => Ok(()),
+            Err(e) => Err(e),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Looks up the claim a snapshot names for a resume: [`Resumable::Lost`] when it is gone,
+    /// not ours, failed (it is deleted then), or never got a Sandbox.
+    pub async fn find_suspended(&self, claim: &str) -> Result<Resumable, K8sError> {
+        let what = format!("claim {claim}");
+        let found = self
+            .retry
+            .run(|| async {
+                self.claims()
+                    .get_opt(claim)
+                    .await
+                    .map_err(|e| err(e, calls::GET_CLAIM, &what))
+            })
+            .await?;
+        let Some(c) = found else {
+            return Ok(Resumable::Lost(format!("{what} is gone")));
+        };
+        let labels = c.metadata.labels.clone().unwrap_or_default();
+        if labels.get(OWNER).map(String::as_str) != Some(self.config.owner.as_str()) {
+            return Ok(Resumable::Lost(format!("{what} belongs to another owner")));
+        }
+        let sandbox_name = c
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox.as_ref())
+            .map(|s| s.name.clone())
+            .filter(|n| !n.is_empty());
+        let failed = match c.state() {
+            ClaimState::Failed { reason, .. } => Some(reason),
+            _ => None,
+        };
+        match (failed, sandbox_name) {
+            (None, Some(sandbox_name)) => Ok(Resumable::Claim(SuspendedClaim {
+                claim: claim.to_string(),
+                sandbox_name,
+                label: labels.get(SANDBOX).and_then(|v| v.parse().ok()),
+            })),
+            (failed, _) => {
+                if let Err(e) = self.delete_claim(claim).await {
+                    tracing::warn!(error = %e, %claim, "deleting a claim that cannot be resumed");
+                }
+                Ok(Resumable::Lost(match failed {
+                    Some(reason) => format!("{what} failed: {reason}"),
+                    None => format!("{what} has no Sandbox"),
+                }))
+            }
+        }
+    }
+
+    /// Resumes a suspended claim as `sandbox`: its label (and, once it runs, its pod's) now
+    /// names `sandbox`, its `shutdownTime` is pushed out to `maxLifetimeSecs` from now, its
+    /// Sandbox is set `Running`, and the (new) pod is found once the Sandbox is Ready. On
+    /// failure the claim is deleted (the core will not offer this snapshot again).
+    pub async fn resume_sandbox(
+        &self,
+        sandbox: u64,
+        found: &SuspendedClaim,
+    ) -> Result<SandboxHandle, K8sError> {
+        let r = self.resume_steps(sandbox, found).await;
+        if r.is_err() {
+            if let Err(e) = self.delete_claim(&found.claim).await {
+                tracing::warn!(error = %e, claim = %found.claim, "deleting the claim of a failed resume");
+            }
+        }
+        r
+    }
+
+    async fn resume_steps(
+        &self,
+        sandbox: u64,
+        found: &SuspendedClaim,
+    ) -> Result<SandboxHandle, K8sError> {
+        let claim = &found.claim;
+        let sb = &found.sandbox_name;
+        let patch = json!({
+            "metadata": {"labels": {SANDBOX: sandbox.to_string()}},
+            "spec": {"lifecycle": {"shutdownTime": self.claim_shutdown_time()}},
+        });
+        let what = format!("claim {claim}");
+        self.retry
+            .run(|| async {
+                self.claims()
+                    .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
+            })
+            .await?;
+        self.set_operating_mode(sb, false).await?;
+        wait_for(
+            self.sandboxes(),
+            sb,
+            &format!("sandbox {sb} to resume"),
+            self.config.ready_timeout(),
+            calls::WATCH_SANDBOXES,
+            self.retry,
+            |s: &Sandbox| match ready_of(s) {
+                Some(("True", _)) => Step::Done(()),
+                Some((_, reason)) if TERMINAL_REASONS.contains(&reason) => {
+                    Step::Fail(K8sError::Terminal {
+                        claim: claim.clone(),
+                        reason: reason.to_string(),
+                        message: "while resuming".into(),
+                    })
+                }
+                _ => Step::Wait,
+            },
+        )
+        .await?;
+        let pod = self.find_pod(sb).await?;
+        let patch = json!({"metadata": {"labels": {SANDBOX: sandbox.to_string()}}});
+        let what = format!("pod {pod}");
+        self.retry
+            .run(|| async {
+                self.pods()
+                    .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_POD, &what))
+            })
+            .await?;
+        Ok(SandboxHandle {
+            sandbox,
+            object: claim.clone(),
+            sandbox_name: Some(sb.clone()),
+            pod,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::K8sConfig;
+
+    fn cluster(mode: Mode) -> Cluster {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Cluster::make_client(config).unwrap();
+        Cluster::new(client, K8sConfig::new("ns", "me", mode)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_this_owners_claim_names_are_snapshots() {
+        let k = cluster(Mode::AgentSandbox {
+            warm_pool: "pool".into(),
+        });
+        assert_eq!(k.claim_of_snapshot("sk-me-12").unwrap(), "sk-me-12");
+        for bad in [
+            "",
+            "sk-me-",
+            "sk-me-x",
+            "sk-me-012",
+            "sk-me-1-2",
+            "sk-other-1",
+            "sk-me-99999999999999999999999",
+            "/etc/passwd",
+        ] {
+            let e = k.claim_of_snapshot(bad).unwrap_err();
+            assert!(matches!(e, K8sError::BadSnapshot { .. }), "{bad:?}: {e}");
+            assert_eq!(e.class(), crate::error::ErrorClass::Fatal);
+        }
+    }
+}
