@@ -113,3 +113,28 @@ fn failures_are_counted_once_each() {
     while core.poll_event().is_some() {}
     assert!(core.is_quiescent());
 }
+
+#[test]
+fn deaths_and_stale_answers_are_counted_once_each() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (a, x0) = start(&mut core, "a", "s1");
+    core.handle_start_ok(t, x0).unwrap();
+    core.handle_died(t, x0).unwrap();
+    assert_eq!(core.stats().deaths, 1);
+    // A second report of the same death changes nothing.
+    core.handle_died(t, x0).unwrap();
+    assert_eq!(core.stats().deaths, 1);
+    core.release(t, &a).unwrap();
+    let down = next_matching(&mut core, shutdown_of);
+    core.handle_shutdown_ok(t, down).unwrap();
+    assert_eq!(core.tracked_sandboxes(), 0);
+    let before = core.stats().stale_answers;
+    // Reports about a sandbox the core has forgotten are stale answers, each counted.
+    core.handle_died(t, x0).unwrap();
+    assert_eq!(core.stats().stale_answers, before + 1);
+    core.handle_died(t, x0).unwrap();
+    assert_eq!(core.stats().stale_answers, before + 2);
+    core.handle_start_ok(t, x0).unwrap();
+    assert_eq!(core.stats().stale_answers, before + 3);
+}
