@@ -1,10 +1,13 @@
-//! The io-tokio figures of the performance report (issue 6), for `src/bin/perf.rs`:
+//! The io-tokio figures of the performance report (issue 6), measured by `src/bin/perf.rs`; the
+//! workloads behind the wall-clock ones ([`WarmSandbox`], [`ChannelRoundTrip`],
+//! [`DrainRelease`]) are also measured by `benches/tokio.rs` (Criterion's detail behind them):
 //!
 //! - `tokio.acquire_release_vs_channel` (x, wall clock): acquire + release of an already-warm
-//!   sandbox through [`Keeper`] (`KeepWarm`, so every acquire after the first revives the warm
-//!   sandbox; a no-op backend), against one bare tokio mpsc + oneshot round trip to a server
-//!   task, on the same current-thread runtime, interleaved rounds, median of the per-round
-//!   ratios. `tokio.acquire_release_ns` is our side's median per acquire + release.
+//!   sandbox through [`Keeper`] ([`WarmSandbox`]: `KeepWarm`, so every acquire after the first
+//!   revives the warm sandbox; a no-op backend), against one bare tokio mpsc + oneshot round
+//!   trip to a server task ([`ChannelRoundTrip`]), on the same current-thread runtime,
+//!   interleaved rounds, median of the per-round ratios. `tokio.acquire_release_ns` is our
+//!   side's median per acquire + release.
 //! - `tokio.hol_release_ratio` (x, virtual time): p99 release latency of probe sessions with no
 //!   pending mirror while 1,000 other sessions (each with a live call) have uploads hung, against
 //!   the same workload with none hung. A probe's release latency runs from the release until its
@@ -14,9 +17,10 @@
 //!   bounded by the core's default upload timeout, 10 s). The p99s themselves are reported too
 //!   (`tokio.hol_release_p99_{ours,naive}_{hung,calm}`, ms).
 //! - `tokio.drain_overhead` (ms, virtual time): the median release latency with one pending
-//!   upload minus the median with none, minus the upload's own simulated time (100 ms). Zero
-//!   means a drain costs exactly the upload it waits for. `tokio.drain_release_ms` is the
-//!   median release latency with the pending upload.
+//!   upload minus the median with none ([`DrainRelease`]), minus the upload's own simulated time
+//!   (100 ms). Zero means a drain costs exactly the upload it waits for.
+//!   `tokio.drain_release_ms` is the median release latency with the pending upload. The
+//!   benches time the same releases on the wall clock: the CPU a drain costs.
 //!
 //! Virtual-time figures run on tokio's paused clock (`start_paused`): they are deterministic, so
 //! one run of each side is the measurement. Only the first figure reads the wall clock.
@@ -35,10 +39,11 @@ use sandkeeper_tokio::{
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::measure::{median, ns_per, wall, Sink};
 use crate::naive::NaiveKeeper;
 
 /// Measures every io-tokio figure and hands each to `report` as (name, value, unit).
-pub fn tokio_figures(report: &mut dyn FnMut(&str, f64, &str)) {
+pub fn tokio_figures(report: Sink) {
     let warm = acquire_release_vs_channel(11, 20_000);
     report("tokio.acquire_release_ns", warm.ours_ns, "ns");
     report("tokio.acquire_release_vs_channel", warm.ratio, "x");
@@ -81,17 +86,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// A wall clock for the one wall-time figure.
-#[allow(clippy::disallowed_methods)] // a benchmark measures elapsed wall time: that is its job
-fn wall() -> std::time::Instant {
-    std::time::Instant::now()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
 fn p99(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     let rank = (xs.len() * 99).div_ceil(100).max(1);
@@ -106,7 +100,8 @@ fn call(name: String) -> CallId {
     CallId::new(name).expect("a valid call name")
 }
 
-fn runtime(paused: bool) -> tokio::runtime::Runtime {
+/// A current-thread runtime, its clock paused (virtual time) or not.
+pub fn runtime(paused: bool) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(paused)
@@ -207,6 +202,79 @@ impl Backend for PerfBackend {
 // ---------------------------------------------------------------------------------------------
 // tokio.acquire_release_vs_channel
 
+/// A [`Keeper`] (`KeepWarm`, no-op backend) whose one sandbox is already warm: every
+/// [`WarmSandbox::acquire_release`] revives it. Our side of `tokio.acquire_release_vs_channel`.
+/// Build it, use it and close it on one runtime.
+pub struct WarmSandbox {
+    keeper: Keeper<PerfBackend>,
+    spec: CallSpec,
+}
+
+impl WarmSandbox {
+    /// Starts the sandbox with a first acquire and releases it, so that it is warm.
+    pub async fn new() -> Self {
+        let core = Config {
+            release: ReleasePolicy::KeepWarm {
+                idle: Duration::from_secs(3_600),
+            },
+            ..Config::default()
+        };
+        let keeper = Keeper::new(KeeperConfig::with_core(core), PerfBackend::noop())
+            .expect("a valid configuration");
+        let spec = CallSpec::new(call("warm-call".into()), session("warm".into()));
+        let first = keeper.acquire(spec.clone()).await.expect("started");
+        assert_eq!(first.release().await, Released::Completed);
+        WarmSandbox { keeper, spec }
+    }
+
+    /// One acquire (reviving the warm sandbox) and its release.
+    pub async fn acquire_release(&self) {
+        let guard = self
+            .keeper
+            .acquire(self.spec.clone())
+            .await
+            .expect("revived");
+        assert_eq!(guard.release().await, Released::Completed);
+    }
+
+    /// Checks that every acquire after the first revived the warm sandbox, then closes.
+    pub async fn close(self) {
+        assert_eq!(
+            self.keeper.backend().starts.load(Ordering::Relaxed),
+            1,
+            "every acquire after the first revived the warm sandbox"
+        );
+        self.keeper.close(Duration::from_secs(1)).await;
+    }
+}
+
+/// A bare tokio mpsc + oneshot round trip to a server task that answers `x` with `x + 1`: the
+/// baseline of `tokio.acquire_release_vs_channel`. Build it inside a runtime.
+pub struct ChannelRoundTrip {
+    requests: mpsc::Sender<(u64, oneshot::Sender<u64>)>,
+}
+
+impl ChannelRoundTrip {
+    /// Spawns the server task on the current runtime.
+    pub fn spawn() -> Self {
+        let (requests, mut served) = mpsc::channel::<(u64, oneshot::Sender<u64>)>(64);
+        tokio::spawn(async move {
+            while let Some((x, reply)) = served.recv().await {
+                let _ = reply.send(x + 1);
+            }
+        });
+        ChannelRoundTrip { requests }
+    }
+
+    /// Sends `x` and waits for the answer.
+    pub async fn round_trip(&self, x: u64) {
+        let (reply, answer) = oneshot::channel();
+        self.requests.send((x, reply)).await.expect("server up");
+        let got = answer.await.expect("answered");
+        assert_eq!(got, x + 1);
+    }
+}
+
 /// The warm acquire + release figure.
 #[derive(Clone, Copy, Debug)]
 pub struct WarmFigures {
@@ -217,55 +285,28 @@ pub struct WarmFigures {
 }
 
 /// `rounds` interleaved rounds of `iterations` warm acquire + release against as many channel
-/// round trips (wall clock).
+/// round trips (wall clock), on one current-thread runtime.
 pub fn acquire_release_vs_channel(rounds: usize, iterations: usize) -> WarmFigures {
     runtime(false).block_on(async {
-        let core = Config {
-            release: ReleasePolicy::KeepWarm {
-                idle: Duration::from_secs(3_600),
-            },
-            ..Config::default()
-        };
-        let keeper = Keeper::new(KeeperConfig::with_core(core), PerfBackend::noop())
-            .expect("a valid configuration");
-        let spec = CallSpec::new(call("warm-call".into()), session("warm".into()));
-        // The first acquire starts the sandbox; every later one revives it.
-        let first = keeper.acquire(spec.clone()).await.expect("started");
-        assert_eq!(first.release().await, Released::Completed);
-
-        let (requests, mut served) = mpsc::channel::<(u64, oneshot::Sender<u64>)>(64);
-        tokio::spawn(async move {
-            while let Some((x, reply)) = served.recv().await {
-                let _ = reply.send(x + 1);
-            }
-        });
-
+        let warm = WarmSandbox::new().await;
+        let channel = ChannelRoundTrip::spawn();
         let mut ours = Vec::new();
         let mut ratios = Vec::new();
         for _ in 0..rounds {
             let t0 = wall();
             for _ in 0..iterations {
-                let guard = keeper.acquire(spec.clone()).await.expect("revived");
-                assert_eq!(guard.release().await, Released::Completed);
+                warm.acquire_release().await;
             }
-            let a = t0.elapsed().as_nanos() as f64 / iterations as f64;
+            let a = ns_per(t0.elapsed(), iterations);
             let t1 = wall();
             for i in 0..iterations as u64 {
-                let (reply, answer) = oneshot::channel();
-                requests.send((i, reply)).await.expect("server up");
-                let got = answer.await.expect("answered");
-                assert_eq!(got, i + 1);
+                channel.round_trip(i).await;
             }
-            let b = t1.elapsed().as_nanos() as f64 / iterations as f64;
+            let b = ns_per(t1.elapsed(), iterations);
             ours.push(a);
             ratios.push(a / b);
         }
-        assert_eq!(
-            keeper.backend().starts.load(Ordering::Relaxed),
-            1,
-            "every acquire after the first revived the warm sandbox"
-        );
-        keeper.close(Duration::from_secs(1)).await;
+        warm.close().await;
         WarmFigures {
             ours_ns: median(ours),
             ratio: median(ratios),
@@ -452,34 +493,81 @@ impl DrainFigures {
     }
 }
 
+/// Distinct sessions a [`DrainRelease`] goes round.
+const DRAIN_SESSIONS: usize = 1024;
+
+/// Release latencies with one pending upload or none: a [`Keeper`] on a backend whose uploads
+/// take a fixed simulated time and whose Stop and Shutdown answer at once. Backs
+/// `tokio.drain_overhead` (virtual time, on a paused runtime) and the drain benches (wall time).
+/// Build it, use it and close it on one runtime.
+pub struct DrainRelease {
+    keeper: Keeper<PerfBackend>,
+    log: PathName,
+    sessions: Vec<SessionId>,
+    calls: Vec<CallId>,
+    next: usize,
+}
+
+impl DrainRelease {
+    /// A keeper whose uploads take `upload` each. Call it inside a runtime.
+    pub fn new(upload: Duration) -> Self {
+        let backend = PerfBackend::new(upload, Duration::ZERO, HashSet::new());
+        let keeper = Keeper::new(KeeperConfig::default(), backend).expect("a valid configuration");
+        DrainRelease {
+            keeper,
+            log: PathName::session_log(),
+            sessions: (0..DRAIN_SESSIONS)
+                .map(|i| session(format!("drain-{i}")))
+                .collect(),
+            calls: (0..DRAIN_SESSIONS)
+                .map(|i| call(format!("drain-call-{i}")))
+                .collect(),
+            next: 0,
+        }
+    }
+
+    /// Acquires a sandbox for the next session, flushes one version if `pending`, and releases:
+    /// returns how long the release took on the runtime's clock (the drain of the pending
+    /// upload included).
+    pub async fn release(&mut self, pending: bool) -> Duration {
+        let k = self.next % DRAIN_SESSIONS;
+        self.next += 1;
+        let s = &self.sessions[k];
+        let spec = CallSpec::new(self.calls[k].clone(), s.clone());
+        let guard = self.keeper.acquire(spec).await.expect("started");
+        if pending {
+            self.keeper
+                .flush(s, &self.log, b"line\n".to_vec())
+                .expect("flushed");
+        }
+        let t0 = Instant::now();
+        assert_eq!(guard.release().await, Released::Completed);
+        t0.elapsed()
+    }
+
+    /// Uploads done so far.
+    pub fn uploaded(&self) -> u64 {
+        self.keeper.tally().uploaded
+    }
+
+    /// Closes the keeper.
+    pub async fn close(self) {
+        self.keeper.close(Duration::from_secs(1)).await;
+    }
+}
+
 /// `reps` releases of each kind, alternating, on one paused runtime.
 pub fn drain_overhead(upload: Duration, reps: usize) -> DrainFigures {
     runtime(true).block_on(async move {
-        let backend = PerfBackend::new(upload, Duration::ZERO, HashSet::new());
-        let keeper = Keeper::new(KeeperConfig::default(), backend).expect("a valid configuration");
-        let log = PathName::session_log();
+        let mut rig = DrainRelease::new(upload);
         let mut with_upload = Vec::new();
         let mut without = Vec::new();
-        for i in 0..reps {
-            for pending in [true, false] {
-                let s = session(format!("drain-{i}-{pending}"));
-                let spec = CallSpec::new(call(format!("drain-call-{i}-{pending}")), s.clone());
-                let guard = keeper.acquire(spec).await.expect("started");
-                if pending {
-                    keeper.flush(&s, &log, b"line\n".to_vec()).expect("flushed");
-                }
-                let t0 = Instant::now();
-                assert_eq!(guard.release().await, Released::Completed);
-                let took = t0.elapsed();
-                if pending {
-                    with_upload.push(took.as_secs_f64());
-                } else {
-                    without.push(took.as_secs_f64());
-                }
-            }
+        for _ in 0..reps {
+            with_upload.push(rig.release(true).await.as_secs_f64());
+            without.push(rig.release(false).await.as_secs_f64());
         }
-        assert_eq!(keeper.tally().uploaded, reps as u64, "every drain uploaded");
-        keeper.close(Duration::from_secs(1)).await;
+        assert_eq!(rig.uploaded(), reps as u64, "every drain uploaded");
+        rig.close().await;
         DrainFigures {
             upload,
             with_upload: Duration::from_secs_f64(median(with_upload)),
