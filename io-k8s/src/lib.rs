@@ -10,10 +10,19 @@
 //!   the claim ends it all (the claim owns the Sandbox, which owns the Pod). Typed CRDs: [`crd`].
 //! - **pod**: a plain `Pod` per sandbox from a user template.
 //!
+//! Release policies ([`K8sBackend::connect`] takes the keeper's): `Shutdown` deletes the claim
+//! or pod; `KeepWarm` keeps it between calls (the core orders no shutdown); `Suspend` (agent-
+//! sandbox mode only; pod mode refuses it at construction) patches the Sandbox
+//! `operatingMode: Suspended` (pod deleted, claim and Sandbox with its volumes kept), hands the
+//! claim's name to the core as the snapshot, and resumes that same claim (`Running`) on the key's
+//! next start; a claim lost meanwhile means a fresh start and a warning ([`suspend`]). The pod
+//! deletion a suspension causes is not reported as a death ([`DeathRoutes`]).
+//!
 //! Behaviour:
-//! - files go in through `pods/exec` with an argv (`timeout -s KILL <secs> tar -x -C <workdir>`)
-//!   and a tar stream on stdin ([`upload`]); an exec without a status frame is
-//!   [`K8sError::OutcomeUnknown`], never success; payloads over the limit are refused;
+//! - files go in through `pods/exec`, all or nothing per file: `timeout -s KILL <secs> tar -x -C
+//!   <workdir>` of a temporary name beside the final one, with the tar stream on stdin, then
+//!   `timeout -s KILL <secs> mv -f -T -- <tmp> <final>` ([`upload`]); an exec without a status
+//!   frame is [`K8sError::OutcomeUnknown`], never success; payloads over the limit are refused;
 //! - every object carries owner, session-hash and sandbox labels ([`names`]) and a server-side
 //!   expiry backstop (claim `shutdownTime`, pod `activeDeadlineSeconds`);
 //! - each owner keeps a `Lease`; [`Cluster::sweep_orphans`] deletes objects of owners whose

@@ -88,3 +88,21 @@ pub async fn run_workload(
     let (backend, _sweep) = K8sBackend::connect(cluster, release_policy(options)).await?;
     Ok(workload::run(backend, options).await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_gets_the_policy_the_workload_gives_its_core() {
+        let mut o = WorkloadOptions::default();
+        assert_eq!(release_policy(&o), ReleasePolicy::Shutdown);
+        o.warm_ms = 250;
+        assert_eq!(
+            release_policy(&o),
+            ReleasePolicy::KeepWarm {
+                idle: Duration::from_millis(250)
+            }
+        );
+    }
+}

@@ -92,9 +92,14 @@ async fn a_full_run_under_the_role_is_never_forbidden_and_uses_only_granted_call
     )
     .await
     .unwrap();
-    k.set_operating_mode(h.sandbox_name.as_deref().unwrap(), false)
-        .await
-        .unwrap();
+    // Suspend and resume (ReleasePolicy::Suspend): patch and watch the Sandbox, patch the claim
+    // and the pod's labels.
+    k.suspend_sandbox(&h).await.unwrap();
+    let found = match k.find_suspended(&h.object).await.unwrap() {
+        sandkeeper_k8s::suspend::Resumable::Claim(found) => found,
+        lost => panic!("{lost:?}"),
+    };
+    let h = k.resume_sandbox(7, &found).await.unwrap();
     k.shutdown_sandbox(&h).await.unwrap();
     kp.shutdown_sandbox(&hp).await.unwrap();
     k.delete_all_owned().await.unwrap();

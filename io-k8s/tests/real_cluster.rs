@@ -1,7 +1,7 @@
 //! Against a real cluster (kind, k3d, ...): `KUBECONFIG=... cargo test -p sandkeeper-k8s --
 //! --ignored`. Pod mode with a busybox pod in `$SANDKEEPER_NAMESPACE` (default `default`); the
 //! agent-sandbox test also needs the agent-sandbox CRDs and a warm pool named
-//! `$SANDKEEPER_WARM_POOL`.
+//! `$SANDKEEPER_WARM_POOL` (it also suspends and resumes the claim).
 
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode, UploadFile};
@@ -46,6 +46,24 @@ async fn run(mode: Mode) {
     )
     .await
     .expect("the file arrived");
+    let h = if h.sandbox_name.is_some() {
+        // agent-sandbox: suspend (pod deleted, claim kept) and resume the same claim. The file
+        // survives only where the template puts the workdir on a volume, so only the new pod's
+        // exec is checked.
+        k.suspend_sandbox(&h).await.expect("suspended");
+        let found = match k.find_suspended(&h.object).await.unwrap() {
+            sandkeeper_k8s::suspend::Resumable::Claim(found) => found,
+            lost => panic!("the suspended claim is lost: {lost:?}"),
+        };
+        let resumed = k.resume_sandbox(2, &found).await.expect("resumed");
+        assert_eq!(resumed.object, h.object);
+        k.exec_with_stdin(&resumed.pod, vec!["true".into()], Vec::new())
+            .await
+            .expect("the resumed pod runs commands");
+        resumed
+    } else {
+        h
+    };
     k.shutdown_sandbox(&h).await.unwrap();
     k.delete_all_owned().await.unwrap();
     k.release_lease().await.unwrap();

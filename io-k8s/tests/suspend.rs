@@ -350,3 +350,34 @@ async fn pod_mode_refuses_suspend() {
     .unwrap();
     backend.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_malformed_snapshot_is_a_typed_start_failure() {
+    use sandkeeper::{Key, Snapshot, Spec};
+    use sandkeeper_tokio::{Backend, FailureClass, StartRequest};
+    let server = server().await;
+    let (backend, _) = K8sBackend::connect(
+        cluster(&server, claim_config("susp-m")),
+        ReleasePolicy::Suspend,
+    )
+    .await
+    .unwrap();
+    for bad in ["", "sk-other-3", "sk-susp-m-x", "../../etc"] {
+        let e = backend
+            .start(StartRequest {
+                sandbox: sandkeeper::SandboxId(3),
+                key: Key::Session(SessionId::new("s1").unwrap()),
+                spec: Spec::default(),
+                resume_from: Some(Snapshot::new(bad)),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.class, FailureClass::Fatal, "{bad:?}: {e}");
+        assert!(e.message.contains("snapshot"), "{bad:?}: {e}");
+    }
+    assert!(
+        server.store().all(&SANDBOX_CLAIMS).is_empty(),
+        "nothing was created"
+    );
+    backend.close().await.unwrap();
+}
