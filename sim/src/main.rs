@@ -46,6 +46,10 @@ enum Cmd {
         /// ... and otherwise every this many inputs (default 16).
         #[arg(long)]
         full_check_every: Option<u64>,
+        /// Ask the core about every live call every this many inputs, in between only about
+        /// those an input touched (default 8; 1: every call after every input).
+        #[arg(long)]
+        getter_check_every: Option<u64>,
     },
     /// Reruns one seed and writes its trace (JSON lines).
     Replay {
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
             stop_at_first,
             small_state,
             full_check_every,
+            getter_check_every,
         } => {
             let full_check = match (small_state, full_check_every) {
                 (None, None) => None,
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
             };
             let opts = RunOptions {
                 full_check,
+                getter_check_every,
                 ..RunOptions::default()
             };
             explore(seeds, from, jobs, stop_at_first, &opts)

@@ -24,6 +24,9 @@ pub struct RunOptions {
     /// Override of the full-state check cadence: (small_state, full_check_every). `None`: the
     /// harness defaults.
     pub full_check: Option<(usize, u64)>,
+    /// Override of the getter checks' full-look cadence (see
+    /// [`HarnessOptions::getter_check_every`]); `None`: [`GETTER_CHECK_EVERY`].
+    pub getter_check_every: Option<u64>,
 }
 
 /// The outcome of one seed.
@@ -68,7 +71,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let close_deadline = swarm.close_deadline;
     let mut hopts = HarnessOptions {
         keep_zombies: true,
-        getter_check_every: GETTER_CHECK_EVERY,
+        getter_check_every: opts.getter_check_every.unwrap_or(GETTER_CHECK_EVERY),
         trace: opts.trace,
         hash: opts.hash,
         ..HarnessOptions::default()

@@ -59,6 +59,9 @@ pub fn shrink_seed(seed: u64) -> Result<Shrunk, ShrinkError> {
         seed,
         &RunOptions {
             transcript: true,
+            // As its scenario will: every getter check after every input, so the seed and the
+            // scenario stop at the same broken invariant.
+            getter_check_every: Some(1),
             ..RunOptions::default()
         },
     );

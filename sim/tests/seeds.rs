@@ -132,3 +132,21 @@ fn the_swarm_varies_the_configuration() {
         .collect();
     assert!(configs.len() >= 8, "{configs:?}");
 }
+
+/// The getter checks that look only at what an input touched (with a full look every few
+/// inputs) reach the same verdict on the same runs as looking at every call after every input.
+#[test]
+fn touched_getter_checks_agree_with_full_ones() {
+    for seed in 0..40u64 {
+        let touched = run_seed(seed, &RunOptions::default());
+        let full = run_seed(
+            seed,
+            &RunOptions {
+                getter_check_every: Some(1),
+                ..RunOptions::default()
+            },
+        );
+        assert_eq!(touched.inputs, full.inputs, "seed {seed}");
+        assert_eq!(touched.failure, full.failure, "seed {seed}");
+    }
+}
