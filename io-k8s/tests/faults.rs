@@ -1,6 +1,7 @@
 //! Every fault switch of the loopback API against the operations: conflicts, throttling,
 //! server errors, permission errors, slow answers, dropped watches, execs without a status
-//! frame, and a pod deleted in the middle of an upload.
+//! frame, an upload cut mid-stream (all or nothing: the previous version stays whole), and a pod
+//! deleted in the middle of an upload.
 
 mod common;
 
@@ -172,6 +173,31 @@ async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
     k.upload(&h.pod, &put(&s, &p, b"again")).await.unwrap();
     assert_eq!(std::fs::read(&log).unwrap(), b"again");
     assert_eq!(session_files(&server, &h.pod, "s"), ["log"]);
+}
+
+#[tokio::test]
+async fn an_upload_cut_mid_stream_leaves_the_previous_version_whole() {
+    let server = server().await;
+    let k = cluster(&server, pod_config("owner-t"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    // The connection drops after 64 KiB of a 256 KiB upload: tar in the pod extracts a
+    // truncated file and fails, and no status frame comes back.
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::CutStdinAfter(64 * 1024), 1);
+    let payload = vec![7u8; 256 * 1024];
+    let e = k.upload(&h.pod, &put(&s, &p, &payload)).await.unwrap_err();
+    assert!(matches!(e, K8sError::OutcomeUnknown { .. }), "{e}");
+    assert_eq!(server.faults().pending(), 0, "the fault was met");
+    // No partial file under the final name: the previous version is whole, and the truncated
+    // temporary was removed.
+    let log = server.pod_path(NS, &h.pod, "/workspace/s/log");
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
+    assert_eq!(session_files(&server, &h.pod, "s"), ["log"]);
+    k.upload(&h.pod, &put(&s, &p, &payload)).await.unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), payload);
 }
 
 #[tokio::test]

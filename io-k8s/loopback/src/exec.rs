@@ -233,6 +233,10 @@ impl Session {
         // stdin pump: client frames → the process's stdin.
         let stdin = child.stdin.take();
         let cut_upload = self.fault == Some(Fault::DeletePodMidUpload);
+        let mut stdin_left = match self.fault {
+            Some(Fault::CutStdinAfter(n)) => Some(n),
+            _ => None,
+        };
         let (store, ns, pod, v5) = (
             self.shared.store.clone(),
             self.namespace.clone(),
@@ -255,10 +259,19 @@ impl Session {
                             cut = false;
                             let _ = store.delete(&PODS, &ns, &pod, Propagation::Background, None);
                         }
+                        let mut bytes = &data[1..];
+                        if let Some(left) = stdin_left.as_mut() {
+                            bytes = &bytes[..bytes.len().min(*left)];
+                            *left -= bytes.len();
+                        }
                         if let Some(s) = stdin.as_mut() {
-                            if s.write_all(&data[1..]).await.is_err() {
+                            if s.write_all(bytes).await.is_err() {
                                 stdin = None;
                             }
+                        }
+                        if stdin_left == Some(0) {
+                            // The connection is cut here: the process's input ends.
+                            stdin = None;
                         }
                     }
                     Some(255) if v5 && data.get(1) == Some(&0) => stdin = None,

@@ -55,6 +55,10 @@ pub enum Fault {
     /// Exec: delete the pod once the first stdin bytes arrived (the upload is cut off; the
     /// socket closes without a status frame, as when a kubelet loses the container).
     DeletePodMidUpload,
+    /// Exec: the connection is cut after this many stdin bytes reached the process: its stdin
+    /// ends there (a tar sees a truncated archive), it runs to its end, and the socket closes
+    /// without a status frame.
+    CutStdinAfter(usize),
 }
 
 /// Which requests a rule applies to; unset fields match anything.
