@@ -2,8 +2,6 @@
 //! was given (inputs) and what it said (commands, events), plus what its getters answer. Each
 //! check has a name; the first broken one is kept as the run's [`Failure`].
 
-use std::collections::BTreeSet;
-
 use sandkeeper::{
     CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Key, Lifecycle,
     PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot, UploadId,
@@ -15,6 +13,7 @@ use crate::fastmap::FastMap;
 pub use crate::live::{CallRecord, LiveCalls, Phase};
 use crate::marks::{Mark, Marks};
 use crate::touched::Touched;
+use crate::versions::VersionSet;
 
 /// What the history knows of one sandbox.
 #[derive(Clone, Debug, Default)]
@@ -86,7 +85,7 @@ impl Flags {
 #[derive(Clone, Debug, Default)]
 struct PathRecord {
     last: u64,
-    unsettled: BTreeSet<u64>,
+    unsettled: VersionSet,
     last_uploaded: u64,
     last_ordered: u64,
     inflight: Option<UploadId>,

@@ -41,4 +41,5 @@ pub mod state_field;
 pub mod step;
 pub mod swarm;
 pub mod touched;
+pub mod versions;
 pub mod world;
