@@ -90,6 +90,10 @@ pub struct Harness {
     out_commands: Vec<Command>,
     out_events: Vec<Event>,
     was_closed: bool,
+    /// The session log's name, made once (flushes without a path name it).
+    session_log: PathName,
+    /// Flush payloads by size (`x` repeated), made once each and shared.
+    payloads: Vec<Option<Payload>>,
 }
 
 impl Harness {
@@ -119,7 +123,24 @@ impl Harness {
             out_commands: Vec::new(),
             out_events: Vec::new(),
             was_closed: false,
+            session_log: PathName::session_log(),
+            payloads: Vec::new(),
         })
+    }
+
+    /// A payload of `bytes` bytes, shared between the flushes of that size (small sizes; a
+    /// large one is made afresh).
+    fn payload(&mut self, bytes: usize) -> Payload {
+        const SHARED_UP_TO: usize = 4096;
+        if bytes > SHARED_UP_TO {
+            return Payload::new(vec![b'x'; bytes]);
+        }
+        if self.payloads.len() <= bytes {
+            self.payloads.resize(bytes + 1, None);
+        }
+        self.payloads[bytes]
+            .get_or_insert_with(|| Payload::new(vec![b'x'; bytes]))
+            .clone()
     }
 
     fn now(&self) -> Instant {
@@ -175,8 +196,8 @@ impl Harness {
                 path,
                 bytes,
             } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                let payload = Payload::new(vec![b'x'; *bytes]);
+                let path = path.clone().unwrap_or_else(|| self.session_log.clone());
+                let payload = self.payload(*bytes);
                 let r = self.core.flush(now, session, &path, payload);
                 if let Ok(v) = &r {
                     self.history.flushed(session, &path, v.0);
