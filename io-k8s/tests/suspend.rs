@@ -381,3 +381,37 @@ async fn a_malformed_snapshot_is_a_typed_start_failure() {
     );
     backend.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_fails_deletes_the_claim() {
+    let server = server().await;
+    let keeper = suspending_keeper(&server, "susp-f").await;
+    let session = SessionId::new("s1").unwrap();
+    let first = call(&keeper, "c1", &session).await;
+    let h1 = keeper.backend().handle(first.sandbox()).unwrap();
+    first.release().await;
+    suspended(&keeper, 1).await;
+    // The resumed pod fails: the Sandbox reports PodFailed (terminal), the start fails, and
+    // the claim it resumed is deleted (the core will not offer its snapshot again).
+    server.fail_new_pods(true);
+    let r = tokio::time::timeout(
+        WAIT,
+        keeper.acquire(CallSpec::new(CallId::new("c2").unwrap(), session.clone())),
+    )
+    .await
+    .expect("answered in time");
+    assert!(r.is_err(), "the call on a failed resume fails");
+    until(&server, "the claim is deleted", |s| {
+        !exists(s, &SANDBOX_CLAIMS, &h1.object)
+    })
+    .await;
+    // Failed either way: by the resume's own wait (PodFailed is terminal) or by the death
+    // watch, which reports the failed pod as the new sandbox's.
+    assert_eq!(
+        keeper.stats().starts_ok,
+        1,
+        "only the first start succeeded"
+    );
+    server.fail_new_pods(false);
+    close(keeper, &server, "susp-f").await;
+}
