@@ -6,7 +6,8 @@
 //! The pod's filesystem: argv elements under the container root (default `/workspace`) are
 //! rewritten to the pod's directory on the host, so `tar -x -C /workspace/s1` writes into
 //! `<pods root>/<namespace>/<pod>/workspace/s1`. As in a real cluster, a client that goes away
-//! does not stop the process (only closes its stdin); deleting the pod kills it.
+//! does not stop the process (only closes its stdin); deleting the pod kills it. The directory
+//! stays when the pod is deleted, as a volume would.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

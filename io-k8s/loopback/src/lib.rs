@@ -24,7 +24,9 @@
 //!   (verb, group, resource, subresource) is logged for RBAC coverage checks.
 //!
 //! Simplifications (documented, not hidden): one process, no authentication, no admission; the
-//! garbage collector and the kubelet act at once; strategic merge patch is a merge patch;
+//! garbage collector and the kubelet act at once (the collector also deletes Sandboxes and Pods
+//! whose controlling owner is gone); a pod's directory outlives the pod, like a volume (a
+//! suspended Sandbox's pod comes back under the same name and finds its files); strategic merge patch is a merge patch;
 //! server-side apply tracks no field managers; deletes are immediate (no grace period); `Table`
 //! output is not served (kubectl falls back to its own printing of plain objects).
 
