@@ -138,3 +138,18 @@ fn deaths_and_stale_answers_are_counted_once_each() {
     core.handle_start_ok(t, x0).unwrap();
     assert_eq!(core.stats().stale_answers, before + 3);
 }
+
+#[test]
+fn calls_revoked_by_close_are_counted_each() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (_, x0) = start(&mut core, "a", "s1");
+    core.handle_start_ok(t, x0).unwrap();
+    let (_, x1) = start(&mut core, "b", "s2");
+    core.handle_start_ok(t, x1).unwrap();
+    core.close(t, std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(core.stats().calls_revoked, 0);
+    let deadline = core.poll_timeout().expect("the close deadline");
+    core.handle_timeout(deadline).unwrap();
+    assert_eq!(core.stats().calls_revoked, 2);
+}
