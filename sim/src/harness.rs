@@ -105,6 +105,7 @@ impl Harness {
     ) -> Result<Self, Error> {
         let mut history = History::new(&config, opts.keep_settlements);
         history.full_every = opts.getter_check_every.max(1);
+        history.touched.recording = history.full_every > 1;
         let core = Lifecycle::new(config)?;
         Ok(Harness {
             core,

@@ -47,7 +47,7 @@ enum Cmd {
         #[arg(long)]
         full_check_every: Option<u64>,
         /// Ask the core about every live call every this many inputs, in between only about
-        /// those an input touched (default 8; 1: every call after every input).
+        /// those an input touched (default 1: every call after every input).
         #[arg(long)]
         getter_check_every: Option<u64>,
     },

@@ -17,26 +17,28 @@ pub struct Touched {
     sandboxes: Vec<SandboxId>,
     /// The input may have changed any call (close).
     pub all: bool,
+    /// Whether to record at all (not when every call is checked after every input).
+    pub recording: bool,
 }
 
 impl Touched {
     /// `call` was named.
     pub fn call(&mut self, call: &CallId) {
-        if !self.calls.contains(call) {
+        if self.recording && !self.calls.contains(call) {
             self.calls.push(call.clone());
         }
     }
 
     /// `session` was named.
     pub fn session(&mut self, session: &SessionId) {
-        if !self.sessions.contains(session) {
+        if self.recording && !self.sessions.contains(session) {
             self.sessions.push(session.clone());
         }
     }
 
     /// `sandbox` was named.
     pub fn sandbox(&mut self, sandbox: SandboxId) {
-        if !self.sandboxes.contains(&sandbox) {
+        if self.recording && !self.sandboxes.contains(&sandbox) {
             self.sandboxes.push(sandbox);
         }
     }

@@ -138,7 +138,13 @@ fn the_swarm_varies_the_configuration() {
 #[test]
 fn touched_getter_checks_agree_with_full_ones() {
     for seed in 0..40u64 {
-        let touched = run_seed(seed, &RunOptions::default());
+        let touched = run_seed(
+            seed,
+            &RunOptions {
+                getter_check_every: Some(8),
+                ..RunOptions::default()
+            },
+        );
         let full = run_seed(
             seed,
             &RunOptions {
