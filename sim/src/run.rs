@@ -35,7 +35,7 @@ pub struct RunReport {
     /// The seed.
     pub seed: u64,
     /// The sampled configuration, as printed at the start.
-    pub swarm: String,
+    pub swarm: Swarm,
     /// The core configuration.
     pub config: Config,
     /// The close deadline used.
@@ -69,7 +69,6 @@ pub const GETTER_CHECK_EVERY: u64 = 1;
 /// Runs one seed.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let swarm = Swarm::new(seed);
-    let summary = swarm.to_string();
     let config = swarm.config.clone();
     let close_deadline = swarm.close_deadline;
     let mut hopts = HarnessOptions {
@@ -116,7 +115,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     };
     RunReport {
         seed,
-        swarm: summary,
+        swarm: world.swarm,
         config,
         close_deadline,
         steps: harness.steps,
