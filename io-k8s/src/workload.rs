@@ -6,9 +6,7 @@
 //! - after the keeper closed, a final sweep of this owner's claims and pods must find nothing
 //!   left (every shutdown deleted its object), and the owner's Lease is released.
 
-use std::time::Duration;
-
-use sandkeeper::{ReleasePolicy, SandboxId};
+use sandkeeper::SandboxId;
 use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
 
 use crate::backend::K8sBackend;
@@ -53,19 +51,6 @@ impl WorkloadTarget for K8sBackend {
     }
 }
 
-/// The release policy the io-tokio workload gives its core for `options` (`--warm-ms N`:
-/// `KeepWarm`, else `Shutdown`), which the backend must be built with too. The workload has no
-/// `Suspend` option yet, so the harness never suspends.
-pub fn release_policy(options: &WorkloadOptions) -> ReleasePolicy {
-    if options.warm_ms > 0 {
-        ReleasePolicy::KeepWarm {
-            idle: Duration::from_millis(options.warm_ms),
-        }
-    } else {
-        ReleasePolicy::Shutdown
-    }
-}
-
 /// Why the workload did not run on the cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
@@ -85,24 +70,6 @@ pub async fn run_workload(
     options: &WorkloadOptions,
 ) -> Result<Summary, HarnessError> {
     options.check()?;
-    let (backend, _sweep) = K8sBackend::connect(cluster, release_policy(options)).await?;
+    let (backend, _sweep) = K8sBackend::connect(cluster, options.release_policy()).await?;
     Ok(workload::run(backend, options).await?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_backend_gets_the_policy_the_workload_gives_its_core() {
-        let mut o = WorkloadOptions::default();
-        assert_eq!(release_policy(&o), ReleasePolicy::Shutdown);
-        o.warm_ms = 250;
-        assert_eq!(
-            release_policy(&o),
-            ReleasePolicy::KeepWarm {
-                idle: Duration::from_millis(250)
-            }
-        );
-    }
 }

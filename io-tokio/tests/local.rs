@@ -235,3 +235,28 @@ async fn run_kills_a_process_at_its_timeout() {
     keeper.close(Duration::from_secs(1)).await;
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The main job's workload under `Suspend` (`harness --suspend`): every sandbox is suspended at
+/// its last release and none is shut down (no deaths injected); each suspended one keeps its
+/// directory, every other check of the workload holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_under_suspend_keeps_exactly_the_suspended_sandboxes() {
+    use sandkeeper_tokio::workload::{self, WorkloadOptions};
+
+    let options = WorkloadOptions {
+        sessions: 8,
+        users: 3,
+        calls: 3,
+        concurrency: 4,
+        death_rate: 0.0,
+        suspend: true,
+        quiet: true,
+        ..WorkloadOptions::default()
+    };
+    let backend = LocalBackend::new(LocalConfig::new(root("suspend"))).unwrap();
+    let summary = workload::run(backend, &options).await.unwrap();
+    assert!(summary.ok(), "{:?}", summary.failures);
+    assert!(summary.stats.suspended >= 1, "{:?}", summary.stats);
+    assert_eq!(summary.stats.shutdowns_ordered, 0, "{:?}", summary.stats);
+    assert_eq!(summary.stats.calls_released, 24);
+}
