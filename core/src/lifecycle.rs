@@ -1046,15 +1046,14 @@ impl Lifecycle {
         for call in starters {
             self.end_call(&call, EndHow::Failed(error));
         }
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
+        debug_assert!(x.is_managed() && !x.shutdown_ordered);
         if error == ErrorKind::SandboxGone {
-            let x = self.sandboxes.get_mut(&sandbox).expect("live");
             x.state = SandboxState::Dead;
-            if x.is_managed() && !x.shutdown_ordered {
-                self.shutdown(sandbox);
-            }
-        } else {
-            self.shutdown(sandbox);
         }
+        // Dead or not, one Shutdown frees whatever the backend still holds of it.
+        self.shutdown(sandbox);
         self.admit(&key);
         self.forget_key_if_empty(&key);
     }

@@ -153,3 +153,37 @@ fn calls_revoked_by_close_are_counted_each() {
     core.handle_timeout(deadline).unwrap();
     assert_eq!(core.stats().calls_revoked, 2);
 }
+
+#[test]
+fn uploads_and_unconfirmed_shutdowns_are_counted_each() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (_, x0) = start(&mut core, "a", "s1");
+    core.handle_start_ok(t, x0).unwrap();
+    let s = SessionId::new("s1").unwrap();
+    for _ in 0..2 {
+        core.flush(t, &s, &PathName::session_log(), Payload::default())
+            .unwrap();
+        let Some(Command::Upload { upload, .. }) = core.poll_command() else {
+            panic!("no upload")
+        };
+        core.handle_upload_ok(t, upload).unwrap();
+    }
+    assert_eq!(core.stats().versions_uploaded, 2);
+
+    // Two sandboxes whose Shutdown fails: each is reported unconfirmed.
+    let (_, x1) = start(&mut core, "b", "s2");
+    core.handle_start_ok(t, x1).unwrap();
+    core.close(t, std::time::Duration::from_secs(1)).unwrap();
+    let deadline = core.poll_timeout().expect("the close deadline");
+    core.handle_timeout(deadline).unwrap();
+    for _ in 0..2 {
+        let stopping = next_matching(&mut core, stop_of);
+        core.handle_stop_ok(deadline, stopping, None).unwrap();
+    }
+    for _ in 0..2 {
+        let down = next_matching(&mut core, shutdown_of);
+        core.handle_shutdown_failed(deadline, down).unwrap();
+    }
+    assert_eq!(core.stats().shutdowns_unconfirmed, 2);
+}
