@@ -187,3 +187,17 @@ fn uploads_and_unconfirmed_shutdowns_are_counted_each() {
     }
     assert_eq!(core.stats().shutdowns_unconfirmed, 2);
 }
+
+#[test]
+fn dropped_versions_are_counted_each() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let s = SessionId::new("nowhere").unwrap();
+    // No call, no sandbox: each version is dropped at once (no-sandbox).
+    for _ in 0..3 {
+        core.flush(t, &s, &PathName::session_log(), Payload::default())
+            .unwrap();
+    }
+    assert_eq!(core.stats().versions_dropped, 3);
+    assert_eq!(core.stats().versions_flushed, 3);
+}
