@@ -275,6 +275,12 @@ impl Cluster {
         Ok(report)
     }
 
+    /// How many pods labelled with this owner exist now.
+    pub async fn owned_pods(&self) -> Result<usize, K8sError> {
+        let sel = names::owner_selector(&self.config.owner);
+        Ok(self.list_pods(&sel).await?.len())
+    }
+
     /// Deletes every claim and pod labelled with this owner (at close). Returns how many.
     pub async fn delete_all_owned(&self) -> Result<usize, K8sError> {
         let sel = names::owner_selector(&self.config.owner);

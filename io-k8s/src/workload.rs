@@ -6,7 +6,7 @@
 //! - after the keeper closed, a final sweep of this owner's claims and pods must find nothing
 //!   left (every shutdown deleted its object), and the owner's Lease is released.
 
-use sandkeeper::SandboxId;
+use sandkeeper::{ReleasePolicy, SandboxId};
 use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
 
 use crate::backend::K8sBackend;
@@ -38,16 +38,34 @@ impl WorkloadTarget for K8sBackend {
     }
 
     async fn after_close(&self) -> Vec<(bool, String)> {
-        match self.close().await {
-            Ok(n) => vec![(
-                n == 0,
-                format!(
-                    "no object of owner {} remains after close ({n} deleted by the final sweep)",
-                    self.cluster().owner()
-                ),
-            )],
-            Err(e) => vec![(false, format!("the final sweep failed: {e}"))],
+        let owner = self.cluster().owner().to_string();
+        let mut checks = Vec::new();
+        // Under Suspend the keeper leaves its suspended claims (no pod) by design; nothing may
+        // hold a pod. Under the other policies nothing at all may be left.
+        let suspend = *self.policy() == ReleasePolicy::Suspend;
+        if suspend {
+            match self.cluster().owned_pods().await {
+                Ok(n) => checks.push((
+                    n == 0,
+                    format!("no pod of owner {owner} runs after close ({n} left)"),
+                )),
+                Err(e) => checks.push((false, format!("listing pods after close failed: {e}"))),
+            }
         }
+        match self.close().await {
+            Ok(n) => checks.push((
+                suspend || n == 0,
+                if suspend {
+                    format!("the final sweep deleted the {n} suspended claims of owner {owner}")
+                } else {
+                    format!(
+                        "no object of owner {owner} remains after close ({n} deleted by the final sweep)"
+                    )
+                },
+            )),
+            Err(e) => checks.push((false, format!("the final sweep failed: {e}"))),
+        }
+        checks
     }
 }
 

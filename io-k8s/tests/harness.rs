@@ -65,6 +65,43 @@ async fn the_harness_workload_runs_on_pods_and_leaves_nothing_behind() {
     );
 }
 
+/// `harness-k8s --suspend` on agent-sandbox claims: users' sandboxes are suspended at their last
+/// release and resumed by their next call; after close no pod of the owner runs, and the final
+/// sweep deletes the suspended claims, so nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_workload_suspends_and_resumes_claims() {
+    let server = server().await;
+    let options = WorkloadOptions {
+        sessions: 4,
+        users: 2,
+        calls: 2,
+        turns: 2,
+        concurrency: 2,
+        death_rate: 0.0,
+        suspend: true,
+        seed: 3,
+        close_deadline: 10,
+        quiet: true,
+        ..WorkloadOptions::default()
+    };
+    let summary = tokio::time::timeout(
+        Duration::from_secs(120),
+        run_workload(cluster(&server, claim_config("suspender")), &options),
+    )
+    .await
+    .expect("the workload ends")
+    .expect("the workload runs");
+    summary.print();
+    assert!(summary.ok(), "failed checks: {:?}", summary.failures);
+    assert!(summary.stats.suspended >= 1, "{:?}", summary.stats);
+    assert_eq!(summary.stats.shutdowns_ordered, 0, "{:?}", summary.stats);
+    assert!(
+        owned_by(&server, "suspender").is_empty(),
+        "left: {:?}",
+        owned_by(&server, "suspender")
+    );
+}
+
 /// The binary itself, pointed at the loopback API with `--server` and a pod template file:
 /// it prints the summary, passes every check and exits 0; nothing of its owner is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
