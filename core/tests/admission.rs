@@ -80,3 +80,22 @@ fn serialize_reuses_a_warm_sandbox_without_queueing() {
     assert_eq!(core.call_status(&b), Some(CallStatus::Ready(sandbox)));
     assert_eq!(core.poll_command(), None);
 }
+
+#[test]
+fn during_close_a_session_whose_call_is_still_starting_may_flush() {
+    let t = Instant::ZERO;
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let (a, s) = ids("a", "s");
+    core.acquire(t, CallSpec::new(a, s.clone())).unwrap();
+    core.close(t, Duration::from_secs(10)).unwrap();
+    // Its sandbox is coming (the call is live until the close deadline): the write is taken.
+    assert!(core
+        .flush(t, &s, &PathName::session_log(), Payload::default())
+        .is_ok());
+    // A session with nothing live or coming is refused.
+    let other = SessionId::new("other").unwrap();
+    assert_eq!(
+        core.flush(t, &other, &PathName::session_log(), Payload::default()),
+        Err(Error::Closed { what: "flush" })
+    );
+}

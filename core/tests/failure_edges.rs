@@ -110,3 +110,45 @@ fn a_retry_that_begins_before_the_timeout_is_made() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_drain_waits_for_a_version_waiting_to_be_retried() {
+    let t0 = Instant::ZERO;
+    let mut core = Lifecycle::new(Config {
+        retry_backoff: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .unwrap();
+    let (a, x) = starting(&mut core, "a", "s");
+    core.handle_start_ok(t0, x).unwrap();
+    let s = SessionId::new("s").unwrap();
+    core.flush(t0, &s, &PathName::session_log(), Payload::default())
+        .unwrap();
+    let Some(Command::Upload { upload, .. }) = core.poll_command() else {
+        panic!("no upload")
+    };
+    core.handle_upload_failed(t0, upload, UploadFailure::Transient)
+        .unwrap();
+    // Nothing in flight; the version waits for its retry. The release drains and waits for it.
+    core.release(t0, &a).unwrap();
+    let cmds = commands(&mut core);
+    assert!(
+        cmds.iter().all(|c| !matches!(c, Command::Stop { .. })),
+        "{cmds:?}"
+    );
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Draining));
+    let retry = core.poll_timeout().expect("the retry");
+    core.handle_timeout(retry).unwrap();
+    let Some(Command::Upload { upload, .. }) = core.poll_command() else {
+        panic!("no retry upload")
+    };
+    core.handle_upload_ok(retry, upload).unwrap();
+    assert!(commands(&mut core).contains(&Command::Stop { sandbox: x }));
+    assert!(events(&mut core).iter().any(|e| matches!(
+        e,
+        Event::Settled {
+            outcome: Settlement::Uploaded { .. },
+            ..
+        }
+    )));
+}
