@@ -74,4 +74,10 @@ mod tests {
             Duration::ZERO
         );
     }
+
+    #[test]
+    fn an_instant_reads_as_the_time_since_the_cores_zero() {
+        assert_eq!(Instant::from_millis(1500).to_string(), "1.5s");
+        assert_eq!(Instant::ZERO.to_string(), "0ns");
+    }
 }
