@@ -77,3 +77,13 @@ fn a_call_on_a_sandbox_that_cannot_hold_calls_is_reported() {
     });
     assert_eq!(broken(&core), "bound-calls");
 }
+
+#[test]
+fn a_deadline_missing_from_the_timer_table_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        // The sandbox remembers a timer the table does not hold; the table still holds one
+        // timer for one deadline, so only looking the deadline up can tell.
+        v["sandboxes"]["0"]["deadline"]["seq"] = json!(7);
+    });
+    assert_eq!(broken(&core), "timers");
+}
