@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use sandkeeper::*;
 
-fn ids(call: &str, session: &str) -> (CallId, SessionId) {
-    (CallId::new(call).unwrap(), SessionId::new(session).unwrap())
-}
+mod support;
+use support::start_call;
 
 fn commands(core: &mut Lifecycle) -> Vec<Command> {
     std::iter::from_fn(|| core.poll_command()).collect()
@@ -17,20 +16,10 @@ fn events(core: &mut Lifecycle) -> Vec<Event> {
     std::iter::from_fn(|| core.poll_event()).collect()
 }
 
-fn starting(core: &mut Lifecycle, call: &str, session: &str) -> (CallId, SandboxId) {
-    let (c, s) = ids(call, session);
-    core.acquire(Instant::ZERO, CallSpec::new(c.clone(), s))
-        .unwrap();
-    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
-        panic!("no start")
-    };
-    (c, sandbox)
-}
-
 #[test]
 fn a_failed_start_is_shut_down_once_to_clean_up() {
     let mut core = Lifecycle::new(Config::default()).unwrap();
-    let (a, x) = starting(&mut core, "a", "s");
+    let (a, x) = start_call(&mut core, "a", "s");
     core.handle_start_failed(Instant::ZERO, x).unwrap();
     // Not dead: the backend may hold something of it, so it is shut down, once.
     assert_eq!(core.sandbox_state(x), Some(SandboxState::ShuttingDown));
@@ -44,7 +33,7 @@ fn a_failed_start_is_shut_down_once_to_clean_up() {
 #[test]
 fn a_death_while_starting_is_dead_and_shut_down_once() {
     let mut core = Lifecycle::new(Config::default()).unwrap();
-    let (a, x) = starting(&mut core, "a", "s");
+    let (a, x) = start_call(&mut core, "a", "s");
     core.handle_died(Instant::ZERO, x).unwrap();
     // Dead for the core (the backend said so), and still one Shutdown to free what is left.
     assert_eq!(core.sandbox_state(x), Some(SandboxState::Dead));
@@ -67,7 +56,7 @@ fn fail_first_attempt_at(at: Duration) -> (Vec<Command>, Vec<Event>) {
         ..Config::default()
     })
     .unwrap();
-    let (_, x) = starting(&mut core, "a", "s");
+    let (_, x) = start_call(&mut core, "a", "s");
     let t0 = Instant::ZERO;
     core.handle_start_ok(t0, x).unwrap();
     let s = SessionId::new("s").unwrap();
@@ -119,7 +108,7 @@ fn a_drain_waits_for_a_version_waiting_to_be_retried() {
         ..Config::default()
     })
     .unwrap();
-    let (a, x) = starting(&mut core, "a", "s");
+    let (a, x) = start_call(&mut core, "a", "s");
     core.handle_start_ok(t0, x).unwrap();
     let s = SessionId::new("s").unwrap();
     core.flush(t0, &s, &PathName::session_log(), Payload::default())

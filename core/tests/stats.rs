@@ -3,19 +3,8 @@
 
 use sandkeeper::*;
 
-fn ids(call: &str, session: &str) -> (CallId, SessionId) {
-    (CallId::new(call).unwrap(), SessionId::new(session).unwrap())
-}
-
-fn start(core: &mut Lifecycle, call: &str, session: &str) -> (CallId, SandboxId) {
-    let (c, s) = ids(call, session);
-    core.acquire(Instant::ZERO, CallSpec::new(c.clone(), s))
-        .unwrap();
-    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
-        panic!("no start")
-    };
-    (c, sandbox)
-}
+mod support;
+use support::start_call;
 
 /// Drains commands until the one `want` picks out, which it returns.
 fn next_matching<T>(core: &mut Lifecycle, want: impl Fn(&Command) -> Option<T>) -> T {
@@ -45,7 +34,7 @@ fn failures_are_counted_once_each() {
     let mut core = Lifecycle::new(Config::default()).unwrap();
 
     // A start that fails: its call fails, the sandbox is shut down to clean up.
-    let (_, x0) = start(&mut core, "a", "s1");
+    let (_, x0) = start_call(&mut core, "a", "s1");
     core.handle_start_failed(t, x0).unwrap();
     assert_eq!(core.stats().starts_failed, 1);
     assert_eq!(core.stats().calls_failed, 1);
@@ -53,7 +42,7 @@ fn failures_are_counted_once_each() {
     core.handle_shutdown_ok(t, down).unwrap();
 
     // A stop that fails: shutdown follows at once.
-    let (b, x1) = start(&mut core, "b", "s2");
+    let (b, x1) = start_call(&mut core, "b", "s2");
     core.handle_start_ok(t, x1).unwrap();
     core.release(t, &b).unwrap();
     let stopping = next_matching(&mut core, stop_of);
@@ -63,7 +52,7 @@ fn failures_are_counted_once_each() {
     core.handle_shutdown_ok(t, down).unwrap();
 
     // A persist that fails: shutdown follows, the key keeps no snapshot.
-    let (c, x2) = start(&mut core, "c", "s3");
+    let (c, x2) = start_call(&mut core, "c", "s3");
     core.handle_start_ok(t, x2).unwrap();
     core.release(t, &c).unwrap();
     let stopping = next_matching(&mut core, stop_of);
@@ -76,11 +65,11 @@ fn failures_are_counted_once_each() {
     core.handle_shutdown_ok(t, down).unwrap();
 
     // And a second of each: counters add, they do not saturate at one.
-    let (_, x3) = start(&mut core, "d", "s4");
+    let (_, x3) = start_call(&mut core, "d", "s4");
     core.handle_start_failed(t, x3).unwrap();
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
-    let (e, x4) = start(&mut core, "e", "s5");
+    let (e, x4) = start_call(&mut core, "e", "s5");
     core.handle_start_ok(t, x4).unwrap();
     core.release(t, &e).unwrap();
     let stopping = next_matching(&mut core, stop_of);
@@ -90,7 +79,7 @@ fn failures_are_counted_once_each() {
     core.handle_persist_failed(t, persisting).unwrap();
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
-    let (f, x5) = start(&mut core, "f", "s6");
+    let (f, x5) = start_call(&mut core, "f", "s6");
     core.handle_start_ok(t, x5).unwrap();
     core.release(t, &f).unwrap();
     let stopping = next_matching(&mut core, stop_of);
@@ -118,7 +107,7 @@ fn failures_are_counted_once_each() {
 fn deaths_and_stale_answers_are_counted_once_each() {
     let t = Instant::ZERO;
     let mut core = Lifecycle::new(Config::default()).unwrap();
-    let (a, x0) = start(&mut core, "a", "s1");
+    let (a, x0) = start_call(&mut core, "a", "s1");
     core.handle_start_ok(t, x0).unwrap();
     core.handle_died(t, x0).unwrap();
     assert_eq!(core.stats().deaths, 1);
@@ -143,9 +132,9 @@ fn deaths_and_stale_answers_are_counted_once_each() {
 fn calls_revoked_by_close_are_counted_each() {
     let t = Instant::ZERO;
     let mut core = Lifecycle::new(Config::default()).unwrap();
-    let (_, x0) = start(&mut core, "a", "s1");
+    let (_, x0) = start_call(&mut core, "a", "s1");
     core.handle_start_ok(t, x0).unwrap();
-    let (_, x1) = start(&mut core, "b", "s2");
+    let (_, x1) = start_call(&mut core, "b", "s2");
     core.handle_start_ok(t, x1).unwrap();
     core.close(t, std::time::Duration::from_secs(1)).unwrap();
     assert_eq!(core.stats().calls_revoked, 0);
@@ -158,7 +147,7 @@ fn calls_revoked_by_close_are_counted_each() {
 fn uploads_and_unconfirmed_shutdowns_are_counted_each() {
     let t = Instant::ZERO;
     let mut core = Lifecycle::new(Config::default()).unwrap();
-    let (_, x0) = start(&mut core, "a", "s1");
+    let (_, x0) = start_call(&mut core, "a", "s1");
     core.handle_start_ok(t, x0).unwrap();
     let s = SessionId::new("s1").unwrap();
     for _ in 0..2 {
@@ -172,7 +161,7 @@ fn uploads_and_unconfirmed_shutdowns_are_counted_each() {
     assert_eq!(core.stats().versions_uploaded, 2);
 
     // Two sandboxes whose Shutdown fails: each is reported unconfirmed.
-    let (_, x1) = start(&mut core, "b", "s2");
+    let (_, x1) = start_call(&mut core, "b", "s2");
     core.handle_start_ok(t, x1).unwrap();
     core.close(t, std::time::Duration::from_secs(1)).unwrap();
     let deadline = core.poll_timeout().expect("the close deadline");

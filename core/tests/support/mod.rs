@@ -27,6 +27,25 @@ pub fn session(name: &str) -> SessionId {
     SessionId::new(name).unwrap()
 }
 
+/// Acquires `call` of `session` at time zero on a bare core and takes the Start it orders:
+/// the call and the sandbox starting for it.
+pub fn start_call(
+    core: &mut Lifecycle,
+    call_name: &str,
+    session_name: &str,
+) -> (CallId, SandboxId) {
+    let c = call(call_name);
+    core.acquire(
+        Instant::ZERO,
+        CallSpec::new(c.clone(), session(session_name)),
+    )
+    .unwrap();
+    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
+        panic!("no start")
+    };
+    (c, sandbox)
+}
+
 /// A user name.
 pub fn user(name: &str) -> UserId {
     UserId::new(name).unwrap()
