@@ -216,16 +216,20 @@ impl World {
         }))
     }
 
+    /// A live call chosen at random (one draw). There must be one.
+    fn any_live_call(&mut self, h: &Harness) -> CallId {
+        h.history
+            .calls
+            .at(self.rng.index(h.history.calls.len()))
+            .call
+            .clone()
+    }
+
     fn release(&mut self, h: &Harness) -> Option<Move> {
         if h.history.calls.is_empty() {
             return None;
         }
-        let call = h
-            .history
-            .calls
-            .at(self.rng.index(h.history.calls.len()))
-            .call
-            .clone();
+        let call = self.any_live_call(h);
         self.ended.push(call.clone());
         if self.ended.len() > 16 {
             self.ended.remove(0);
@@ -418,12 +422,7 @@ impl World {
     fn misuse(&mut self, h: &Harness) -> Option<Move> {
         match self.rng.below(3) {
             0 if !h.history.calls.is_empty() => {
-                let call = h
-                    .history
-                    .calls
-                    .at(self.rng.index(h.history.calls.len()))
-                    .call
-                    .clone();
+                let call = self.any_live_call(h);
                 let si = self.session();
                 let session = self.sessions[si].clone();
                 Some(Move::Step(Step::Acquire {
