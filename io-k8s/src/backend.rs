@@ -12,12 +12,14 @@
 //!   unknown outcome is transient;
 //! - `stop`: nothing to stop before shutdown (the core orders no upload after it). Under
 //!   `Suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
-//! - `persist`: under `Suspend`, hold back the sandbox's deaths, patch its Sandbox
+//! - `persist`: under `Suspend`, hold back the sandbox's deaths and, for good, every event of
+//!   its current pod (by UID), patch its Sandbox
 //!   `operatingMode: Suspended` and wait until the pod is gone; the claim is kept for the next
 //!   start of the key. Otherwise nothing;
 //! - `shutdown`: delete the claim (or pod) by its name; gone already is success;
 //! - `watch_deaths`: deleted, failed or expired pods and claims of this owner, routed through
-//!   [`DeathRoutes`] (suspended sandboxes held back, resumed ones named by their new number).
+//!   [`DeathRoutes`] (suspended sandboxes and the pods suspensions removed held back, resumed
+//!   ones named by their new number).
 //!
 //! `KeepWarm` needs nothing here: the core simply does not order a shutdown, so the claim is
 //! kept between calls (R11). `Suspend` in pod mode is refused at construction
@@ -240,7 +242,7 @@ impl Backend for K8sBackend {
             }));
         }
         // Before the patch: the pod deletion the suspension causes is not a death.
-        self.routes.suspend(sandbox.0);
+        self.routes.suspend(sandbox.0, &h.pod_uid);
         self.cluster.suspend_sandbox(&h).await.map_err(failure)?;
         // The core forgets the sandbox now; the claim waits for its key's next start.
         locked(&self.started).remove(&sandbox);
@@ -270,7 +272,7 @@ impl Backend for K8sBackend {
         let sink = deaths.clone();
         let routes = self.routes.clone();
         let _watch = self.cluster.spawn_death_watch(move |d| {
-            match routes.route(d.sandbox) {
+            match routes.route(&d) {
                 Some(x) => sink.report(SandboxId(x)),
                 None => {
                     tracing::debug!(sandbox = d.sandbox, reason = %d.reason, "death of a suspended sandbox held back");

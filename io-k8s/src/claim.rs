@@ -118,8 +118,8 @@ impl Cluster {
     }
 
     /// The pod of a Sandbox: its `agents.x-k8s.io/pod-name` annotation, else its own name;
-    /// checked to exist and run.
-    pub async fn find_pod(&self, sandbox_name: &str) -> Result<String, K8sError> {
+    /// checked to exist and run. Returns its name and UID.
+    pub async fn find_pod(&self, sandbox_name: &str) -> Result<(String, String), K8sError> {
         let what = format!("sandbox {sandbox_name}");
         let sb = self
             .retry
@@ -137,8 +137,8 @@ impl Cluster {
             .and_then(|a| a.get(POD_NAME_ANNOTATION))
             .cloned()
             .unwrap_or_else(|| sandbox_name.to_string());
-        self.check_pod_alive(&pod).await?;
-        Ok(pod)
+        let uid = self.check_pod_alive(&pod).await?;
+        Ok((pod, uid))
     }
 
     /// Deletes a claim (its Sandbox and Pod follow by garbage collection). `Ok(false)` when it

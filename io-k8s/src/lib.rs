@@ -16,7 +16,8 @@
 //! `operatingMode: Suspended` (pod deleted, claim and Sandbox with its volumes kept), hands the
 //! claim's name to the core as the snapshot, and resumes that same claim (`Running`) on the key's
 //! next start; a claim lost meanwhile means a fresh start and a warning ([`suspend`]). The pod
-//! deletion a suspension causes is not reported as a death ([`DeathRoutes`]).
+//! deletion a suspension causes is not reported as a death, even when the watch delivers it
+//! after the resume: it is held back by the removed pod's UID ([`DeathRoutes`]).
 //!
 //! Behaviour:
 //! - files go in through `pods/exec`, all or nothing per file: `timeout -s KILL <secs> tar -x -C
@@ -75,7 +76,7 @@ pub mod workload;
 pub use backend::K8sBackend;
 pub use cluster::Cluster;
 pub use config::{ConfigError, K8sConfig, Mode};
-pub use deaths::{Death, DeathCounts, DeathRoutes, DeathWatch};
+pub use deaths::{Death, DeathCounts, DeathRoutes, DeathWatch, SeenOn};
 pub use error::{ErrorClass, K8sError};
 pub use lease::SweepReport;
 pub use sandbox::SandboxHandle;

@@ -50,6 +50,11 @@ pub fn pod_state(pod: &Pod) -> PodState {
     }
 }
 
+/// A pod's UID (empty when the server sent none, which a real API server never does).
+pub fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
 impl Cluster {
     /// The pod this instance would create for `sandbox` in pod mode: the template with name,
     /// namespace, owner and session labels, an `activeDeadlineSeconds` backstop (and the
@@ -107,8 +112,9 @@ impl Cluster {
         Ok(name)
     }
 
-    /// Waits until the pod runs; a pod that finished, failed or was deleted is gone.
-    pub async fn wait_pod_running(&self, pod: &str) -> Result<(), K8sError> {
+    /// Waits until the pod runs; a pod that finished, failed or was deleted is gone. Returns
+    /// the running pod's UID.
+    pub async fn wait_pod_running(&self, pod: &str) -> Result<String, K8sError> {
         let what = format!("pod {pod}");
         wait_for(
             self.pods(),
@@ -118,7 +124,7 @@ impl Cluster {
             calls::WATCH_PODS,
             self.retry,
             |p: &Pod| match pod_state(p) {
-                PodState::Running => Step::Done(()),
+                PodState::Running => Step::Done(uid_of(p)),
                 PodState::Pending => Step::Wait,
                 PodState::Finished(why) => Step::Fail(K8sError::Gone {
                     what: what.clone(),
@@ -129,9 +135,9 @@ impl Cluster {
         .await
     }
 
-    /// Reads the pod now: `Ok` when it runs, `Gone` when it is absent or finished. A sandbox
-    /// is never assumed alive because an object said so earlier.
-    pub async fn check_pod_alive(&self, pod: &str) -> Result<(), K8sError> {
+    /// Reads the pod now: `Ok` with its UID when it runs, `Gone` when it is absent or
+    /// finished. A sandbox is never assumed alive because an object said so earlier.
+    pub async fn check_pod_alive(&self, pod: &str) -> Result<String, K8sError> {
         let what = format!("pod {pod}");
         let p = self
             .retry
@@ -144,7 +150,7 @@ impl Cluster {
             .await?;
         match pod_state(&p) {
             PodState::Finished(why) => Err(K8sError::Gone { what, message: why }),
-            _ => Ok(()),
+            _ => Ok(uid_of(&p)),
         }
     }
 

@@ -16,6 +16,9 @@ pub struct SandboxHandle {
     pub sandbox_name: Option<String>,
     /// The pod files go into.
     pub pod: String,
+    /// That pod's UID. Kubernetes never gives two objects the same UID: a resumed claim's pod
+    /// has the same name as the pod its suspension removed, never the same UID.
+    pub pod_uid: String,
 }
 
 impl Cluster {
@@ -31,16 +34,17 @@ impl Cluster {
                 let claim = self.create_claim(sandbox, session_key).await?;
                 let ready = async {
                     let sandbox_name = self.wait_claim_ready(&claim).await?;
-                    let pod = self.find_pod(&sandbox_name).await?;
-                    Ok::<_, K8sError>((sandbox_name, pod))
+                    let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
+                    Ok::<_, K8sError>((sandbox_name, pod, pod_uid))
                 }
                 .await;
                 match ready {
-                    Ok((sandbox_name, pod)) => Ok(SandboxHandle {
+                    Ok((sandbox_name, pod, pod_uid)) => Ok(SandboxHandle {
                         sandbox,
                         object: claim,
                         sandbox_name: Some(sandbox_name),
                         pod,
+                        pod_uid,
                     }),
                     Err(e) => {
                         if let Err(cleanup) = self.delete_claim(&claim).await {
@@ -53,11 +57,12 @@ impl Cluster {
             Mode::Pod { .. } => {
                 let pod = self.create_pod(sandbox, session_key).await?;
                 match self.wait_pod_running(&pod).await {
-                    Ok(()) => Ok(SandboxHandle {
+                    Ok(pod_uid) => Ok(SandboxHandle {
                         sandbox,
                         object: pod.clone(),
                         sandbox_name: None,
                         pod,
+                        pod_uid,
                     }),
                     Err(e) => {
                         if let Err(cleanup) = self.delete_pod(&pod).await {

@@ -241,7 +241,7 @@ impl Cluster {
             },
         )
         .await?;
-        let pod = self.find_pod(sb).await?;
+        let (pod, pod_uid) = self.find_pod(sb).await?;
         let patch = json!({"metadata": {"labels": {SANDBOX: sandbox.to_string()}}});
         let what = format!("pod {pod}");
         self.retry
@@ -258,6 +258,7 @@ impl Cluster {
             object: claim.clone(),
             sandbox_name: Some(sb.clone()),
             pod,
+            pod_uid,
         })
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::resources::{LEASES, PODS, SANDBOXES, SANDBOX_CLAIMS};
 use k8s_loopback::store::Propagation;
-use k8s_loopback::Loopback;
+use k8s_loopback::{Fault, Loopback, Matcher, Verb};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sandkeeper::{CallId, CallSpec, Config, PathName, ReleasePolicy, SessionId};
 use sandkeeper_k8s::{ConfigError, DeathCounts, K8sBackend, K8sError};
@@ -167,7 +167,8 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
         *keeper.backend().death_counts().borrow(),
         DeathCounts {
             reported: 0,
-            held_back: 1
+            held_back: 1,
+            late_pod_events: 0,
         }
     );
 
@@ -273,6 +274,84 @@ async fn a_pod_deleted_while_suspending_is_not_reported_as_a_death() {
     assert_eq!(keeper.backend().death_counts().borrow().reported, 0);
     second.release().await;
     close(keeper, &server, "susp-d").await;
+}
+
+/// The race of issue #5: the death watch learns of the suspended pod's deletion only after the
+/// claim resumed as a new sandbox. The late event carries the old pod's labels (the Sandbox's
+/// pod template keeps the first sandbox number, which now routes to the resumed sandbox) and
+/// the resumed pod has the same name, so only the pod's UID tells the two apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox() {
+    let server = server().await;
+    // The first pod watch is the death watch's (connecting lists, and starts in agent-sandbox
+    // mode watch claims): its events are held until released.
+    server
+        .faults()
+        .inject(Matcher::on(Verb::Watch, "pods"), Fault::HoldEvents, 1);
+    let keeper = suspending_keeper(&server, "susp-l").await;
+    // The death watch's two watches (pods, claims) are open before any call.
+    tokio::time::timeout(WAIT, server.wait_for_watches(2))
+        .await
+        .expect("the death watch opened");
+    assert_eq!(
+        server.faults().pending(),
+        0,
+        "the death watch is the held one"
+    );
+    let session = SessionId::new("s1").unwrap();
+    let first = call(&keeper, "c1", &session).await;
+    let h1 = keeper.backend().handle(first.sandbox()).unwrap();
+    first.release().await;
+    suspended(&keeper, 1).await;
+    let second = call(&keeper, "c2", &session).await;
+    let h2 = keeper.backend().handle(second.sandbox()).unwrap();
+    assert_eq!(h2.object, h1.object, "resumed the same claim");
+    assert_eq!(
+        h2.pod, h1.pod,
+        "agent-sandbox names the pod after its Sandbox"
+    );
+    assert_ne!(h2.pod_uid, h1.pod_uid, "a new pod");
+    assert_eq!(
+        *keeper.backend().death_counts().borrow(),
+        DeathCounts::default(),
+        "the death watch has seen nothing yet"
+    );
+
+    // Now the death watch sees the suspended pod's deletion, after the resume.
+    server.faults().release_held_events();
+    counts_until(&keeper, |c| c.held_back + c.reported >= 1).await;
+    let counts = *keeper.backend().death_counts().borrow();
+    assert_eq!(
+        counts,
+        DeathCounts {
+            reported: 0,
+            held_back: 1,
+            late_pod_events: 1,
+        },
+        "held back by the old pod's UID, not reported for the resumed sandbox"
+    );
+    assert_eq!(keeper.stats().deaths, 0);
+    assert!(
+        keeper.resolve(&session).is_ok(),
+        "the resumed sandbox lives"
+    );
+    run_in(
+        &keeper,
+        &second,
+        &["mkdir", "/workspace/after-the-late-event"],
+    )
+    .await
+    .expect("the resumed pod still serves the call");
+
+    // A death of the resumed pod itself is still reported, as the resumed sandbox's.
+    server
+        .store()
+        .delete(&PODS, NS, &h2.pod, Propagation::Background, None)
+        .unwrap();
+    counts_until(&keeper, |c| c.reported >= 1).await;
+    assert_eq!(keeper.stats().deaths, 1);
+    second.release().await;
+    close(keeper, &server, "susp-l").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

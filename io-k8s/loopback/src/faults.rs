@@ -59,6 +59,10 @@ pub enum Fault {
     /// ends there (a tar sees a truncated archive), it runs to its end, and the socket closes
     /// without a status frame.
     CutStdinAfter(usize),
+    /// Watch: the stream opens and sends its initial list, but every later event is held
+    /// back, in order, until [`Faults::release_held_events`] (a lagging watch cache: the
+    /// client learns of changes late, after other clients acted on them).
+    HoldEvents,
 }
 
 /// Which requests a rule applies to; unset fields match anything.
@@ -130,6 +134,7 @@ struct Rule {
 pub struct Faults {
     rules: Mutex<Vec<Rule>>,
     watch_epoch: watch::Sender<u64>,
+    releases: watch::Sender<u64>,
 }
 
 impl Default for Faults {
@@ -137,6 +142,7 @@ impl Default for Faults {
         Faults {
             rules: Mutex::new(Vec::new()),
             watch_epoch: watch::channel(0).0,
+            releases: watch::channel(0).0,
         }
     }
 }
@@ -189,5 +195,16 @@ impl Faults {
     /// A receiver that changes whenever watches are dropped.
     pub fn watch_epoch(&self) -> watch::Receiver<u64> {
         self.watch_epoch.subscribe()
+    }
+
+    /// Lets every watch stream opened under [`Fault::HoldEvents`] before now send the events
+    /// it held back, and every later one as it happens.
+    pub fn release_held_events(&self) {
+        self.releases.send_modify(|r| *r += 1);
+    }
+
+    /// A receiver that changes whenever held events are released.
+    pub fn releases(&self) -> watch::Receiver<u64> {
+        self.releases.subscribe()
     }
 }

@@ -225,15 +225,15 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
             return Err(ApiError::forbidden(verb.as_str(), &info.group, &res, &ns));
         }
     }
-    let mut exec_fault = None;
+    let mut fault = None;
     match shared.faults.take(&info) {
         Some(Fault::Status(code)) => return Err(ApiError::injected(code)),
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
-        Some(f) => exec_fault = Some(f),
+        Some(f) => fault = Some(f),
         None => {}
     }
     if target.subresource.as_deref() == Some("exec") {
-        return crate::exec::upgrade(shared, req, &target, &query, exec_fault);
+        return crate::exec::upgrade(shared, req, &target, &query, fault);
     }
     let rt = target.rt;
     let method = req.method().clone();
@@ -266,6 +266,7 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
             labels,
             fields,
             &query,
+            fault == Some(Fault::HoldEvents),
         ),
         (Verb::List, _) => list(
             store,

@@ -1,6 +1,7 @@
 //! Watch streams: newline-delimited `{"type", "object"}` events over a chunked response, with
 //! selector transitions (an object that stops matching is sent as DELETED), 410 Gone as an ERROR
-//! event for expired resourceVersions, `timeoutSeconds`, and the watch-drop fault switch.
+//! event for expired resourceVersions, `timeoutSeconds`, the watch-drop fault switch, and the
+//! held-events fault (`Fault::HoldEvents`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -57,7 +58,8 @@ impl Filter {
     }
 }
 
-/// Starts a watch response.
+/// Starts a watch response. With `hold`, live events wait for the next
+/// `Faults::release_held_events`.
 pub(crate) fn serve(
     shared: Arc<Shared>,
     rt: ResourceType,
@@ -65,6 +67,7 @@ pub(crate) fn serve(
     labels: LabelSelector,
     fields: FieldSelector,
     q: &Query,
+    hold: bool,
 ) -> Result<Response<Body>, ApiError> {
     let filter = Filter {
         rt,
@@ -100,6 +103,9 @@ pub(crate) fn serve(
     }
     let mut epoch = shared.faults.watch_epoch();
     epoch.mark_unchanged();
+    let mut releases = shared.faults.releases();
+    releases.mark_unchanged();
+    let mut held = hold;
     tokio::spawn(async move {
         let (backlog, mut live) = match subscription {
             Ok(s) => s,
@@ -135,6 +141,13 @@ pub(crate) fn serve(
                     Ok(ev) => {
                         last_rv = ev.rv;
                         if let Some(b) = filter.translate(&ev) {
+                            if held {
+                                // Order is kept: nothing newer is read until this one is sent.
+                                tokio::select! {
+                                    _ = releases.changed() => held = false,
+                                    _ = tx.closed() => return,
+                                }
+                            }
                             if tx.send(b).await.is_err() { return; }
                         }
                     }
