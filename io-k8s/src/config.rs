@@ -52,7 +52,8 @@ pub struct K8sConfig {
     /// How long a start may wait for readiness.
     #[serde(default = "default_ready_timeout")]
     pub ready_timeout_secs: u64,
-    /// Client deadline of one upload; the in-container `timeout` gets the same.
+    /// The in-container `timeout` of each command of an upload (extract, rename, clean up); the
+    /// client waits [`crate::upload::EXEC_GRACE`] longer for each command's status.
     #[serde(default = "default_upload_timeout")]
     pub upload_timeout_secs: u64,
     /// Largest payload accepted for one upload.

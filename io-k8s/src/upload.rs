@@ -7,8 +7,11 @@
 //! effort, `rm -f --`, unless the pod is gone).
 //!
 //! Each exec: stdin closed, stdout and stderr drained, and the status frame read. No status
-//! frame means the outcome is unknown — an error, never success. Each exec has a client
-//! deadline matching the in-container `timeout`, so a cancelled upload does not run on forever.
+//! frame means the outcome is unknown — an error, never success. Each command runs under an
+//! in-container `timeout -s KILL <secs>`, and the client waits [`EXEC_GRACE`] longer than that:
+//! a command that runs too long is killed in the container first and reported by its status
+//! frame, so the cleanup that follows never races a `tar` still writing its temporary. The
+//! client deadline ends only an exec whose connection itself hangs.
 
 use kube::api::AttachParams;
 use sandkeeper::{PathName, SessionId};
@@ -19,6 +22,14 @@ use crate::error::K8sError;
 
 /// Most stderr kept for an error message.
 const STDERR_KEPT: usize = 4096;
+
+/// How much longer than the in-container `timeout` the client waits for an exec's status.
+pub const EXEC_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The exit code of a command killed by SIGKILL (128 + 9): how `timeout -s KILL` ends one that
+/// ran too long (and how the kernel ends one over the container's memory limit). Reported as
+/// [`K8sError::Timeout`], which is worth a retry, not as a failed command.
+pub const KILLED_EXIT: i32 = 137;
 
 /// One file of an upload.
 #[derive(Debug, Clone, Copy)]
@@ -166,8 +177,8 @@ impl Cluster {
         }
     }
 
-    /// [`Cluster::exec_with_stdin`] under the upload deadline (the client side of the
-    /// in-container `timeout`).
+    /// [`Cluster::exec_with_stdin`] under the client deadline: the in-container `timeout` plus
+    /// [`EXEC_GRACE`].
     async fn exec_within(
         &self,
         pod: &str,
@@ -175,8 +186,15 @@ impl Cluster {
         stdin: Vec<u8>,
         step: &str,
     ) -> Result<(), K8sError> {
-        let timeout = self.config.upload_timeout();
+        let in_container = self.config.upload_timeout();
+        let timeout = in_container + EXEC_GRACE;
         match tokio::time::timeout(timeout, self.exec_with_stdin(pod, argv, stdin)).await {
+            Ok(Err(K8sError::CommandFailed {
+                code: KILLED_EXIT, ..
+            })) => Err(K8sError::Timeout {
+                what: format!("{step} in pod {pod} (killed in the container, exit {KILLED_EXIT})"),
+                after: in_container,
+            }),
             Ok(r) => r,
             Err(_) => Err(K8sError::Timeout {
                 what: format!("{step} in pod {pod}"),

@@ -200,6 +200,42 @@ async fn an_upload_cut_mid_stream_leaves_the_previous_version_whole() {
     assert_eq!(std::fs::read(&log).unwrap(), payload);
 }
 
+/// A stalled upload: `tar` in the pod has begun its temporary and waits for the rest. The
+/// in-container `timeout` kills it before the client's deadline (which is longer by
+/// `EXEC_GRACE`), the status frame reports the kill, and only then are the temporaries removed:
+/// nothing is left behind, and the previous version is whole.
+#[tokio::test]
+async fn a_stalled_upload_is_killed_in_the_pod_and_leaves_no_temporary() {
+    let server = server().await;
+    let mut c = pod_config("owner-k");
+    c.upload_timeout_secs = 1;
+    let k = cluster(&server, c);
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
+    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    server
+        .faults()
+        .inject(Matcher::exec(), Fault::StallStdinAfter(4096), 1);
+    let payload = vec![7u8; 256 * 1024];
+    let e = k.upload(&h.pod, &put(&s, &p, &payload)).await.unwrap_err();
+    assert!(
+        matches!(&e, K8sError::Timeout { what, after }
+            if what.contains("killed in the container") && *after == Duration::from_secs(1)),
+        "killed by the in-container timeout (SIGKILL, exit 137), not cut by the client: {e}"
+    );
+    assert_eq!(e.class(), ErrorClass::Timeout, "worth a retry");
+    assert_eq!(server.faults().pending(), 0, "the fault was met");
+    let log = server.pod_path(NS, &h.pod, "/workspace/s/log");
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
+    assert_eq!(
+        session_files(&server, &h.pod, "s"),
+        ["log"],
+        "no temporary left"
+    );
+    k.upload(&h.pod, &put(&s, &p, &payload)).await.unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), payload);
+}
+
 #[tokio::test]
 async fn a_pod_deleted_mid_upload_makes_the_upload_gone() {
     let server = server().await;
@@ -236,7 +272,7 @@ async fn a_slow_exec_hits_the_client_deadline() {
     let h = k.start_sandbox(1, "s").await.unwrap();
     server
         .faults()
-        .inject(Matcher::exec(), Fault::Delay(Duration::from_secs(5)), 1);
+        .inject(Matcher::exec(), Fault::Delay(Duration::from_secs(10)), 1);
     let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
     let started = tokio::time::Instant::now();
     let e = k
@@ -251,7 +287,8 @@ async fn a_slow_exec_hits_the_client_deadline() {
         .await
         .unwrap_err();
     assert!(matches!(e, K8sError::Timeout { .. }), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(4));
+    // The in-container timeout (1 s) plus the grace, not the 10 s the answer takes.
+    assert!(started.elapsed() < Duration::from_secs(8));
 }
 
 #[tokio::test]

@@ -343,12 +343,16 @@ async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox()
     .await
     .expect("the resumed pod still serves the call");
 
-    // A death of the resumed pod itself is still reported, as the resumed sandbox's.
+    // A death of the resumed pod itself is still reported, as the resumed sandbox's: the core
+    // loses it and orders its Shutdown, which deletes the claim.
     server
         .store()
         .delete(&PODS, NS, &h2.pod, Propagation::Background, None)
         .unwrap();
-    counts_until(&keeper, |c| c.reported >= 1).await;
+    until(&server, "the resumed claim is deleted", |s| {
+        !exists(s, &SANDBOX_CLAIMS, &h2.object)
+    })
+    .await;
     assert_eq!(keeper.stats().deaths, 1);
     second.release().await;
     close(keeper, &server, "susp-l").await;

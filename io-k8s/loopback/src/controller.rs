@@ -32,6 +32,19 @@ pub struct ControllerSwitches {
     pub paused: AtomicBool,
     /// While set, new pods fail (`phase: Failed`) instead of running.
     pub fail_pods: AtomicBool,
+    /// Held for the whole of a reconcile pass.
+    pass: std::sync::Mutex<()>,
+}
+
+impl ControllerSwitches {
+    /// Sets `paused`; a pause also waits for a pass in progress to end, so that no change is
+    /// reconciled once this returns.
+    pub fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+        if paused {
+            drop(self.pass.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
 }
 
 /// Handle to the running controllers.
@@ -127,8 +140,11 @@ impl Controller {
     pub(crate) async fn run(self) {
         let mut events = self.store.subscribe();
         loop {
-            if !self.switches.paused.load(Ordering::SeqCst) {
-                self.reconcile_all();
+            {
+                let _pass = self.switches.pass.lock().unwrap_or_else(|e| e.into_inner());
+                if !self.switches.paused.load(Ordering::SeqCst) {
+                    self.reconcile_all();
+                }
             }
             tokio::select! {
                 r = events.recv() => if let Err(tokio::sync::broadcast::error::RecvError::Closed) = r { return },

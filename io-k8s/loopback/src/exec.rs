@@ -238,6 +238,10 @@ impl Session {
             Some(Fault::CutStdinAfter(n)) => Some(n),
             _ => None,
         };
+        let mut stall_left = match self.fault {
+            Some(Fault::StallStdinAfter(n)) => Some(n),
+            _ => None,
+        };
         let (store, ns, pod, v5) = (
             self.shared.store.clone(),
             self.namespace.clone(),
@@ -261,7 +265,10 @@ impl Session {
                             let _ = store.delete(&PODS, &ns, &pod, Propagation::Background, None);
                         }
                         let mut bytes = &data[1..];
-                        if let Some(left) = stdin_left.as_mut() {
+                        for left in [stdin_left.as_mut(), stall_left.as_mut()]
+                            .into_iter()
+                            .flatten()
+                        {
                             bytes = &bytes[..bytes.len().min(*left)];
                             *left -= bytes.len();
                         }
@@ -275,7 +282,10 @@ impl Session {
                             stdin = None;
                         }
                     }
-                    Some(255) if v5 && data.get(1) == Some(&0) => stdin = None,
+                    // A stalled connection never delivers the end of input.
+                    Some(255) if v5 && data.get(1) == Some(&0) && stall_left.is_none() => {
+                        stdin = None
+                    }
                     _ => {}
                 }
             }
@@ -312,7 +322,9 @@ impl Session {
             }
         };
         match (code, &self.fault) {
-            (Some(code), None) | (Some(code), Some(Fault::Delay(_))) => {
+            (Some(code), None)
+            | (Some(code), Some(Fault::Delay(_)))
+            | (Some(code), Some(Fault::StallStdinAfter(_))) => {
                 let _ = sink
                     .send(frame(3, exit_status(code).to_string().as_bytes()))
                     .await;

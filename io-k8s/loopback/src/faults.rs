@@ -59,6 +59,11 @@ pub enum Fault {
     /// ends there (a tar sees a truncated archive), it runs to its end, and the socket closes
     /// without a status frame.
     CutStdinAfter(usize),
+    /// Exec: the connection stalls after this many stdin bytes reached the process: later
+    /// input, and the end of input, never arrive, while the connection stays open. The process
+    /// waits for input until something kills it (its `timeout`); the status frame then reports
+    /// how it ended.
+    StallStdinAfter(usize),
     /// Watch: the stream opens and sends its initial list, but every later event is held
     /// back, in order, until [`Faults::release_held_events`] (a lagging watch cache: the
     /// client learns of changes late, after other clients acted on them).

@@ -175,9 +175,10 @@ impl Loopback {
         *self.shared.rbac.lock().unwrap_or_else(|e| e.into_inner()) = Some(rules);
     }
 
-    /// Pauses or resumes the controllers (paused: pods stay Pending, claims unready).
+    /// Pauses or resumes the controllers (paused: pods stay Pending, claims unready). A pause
+    /// waits for a reconcile pass in progress: nothing is reconciled after it returns.
     pub fn pause_controllers(&self, paused: bool) {
-        self.switches.paused.store(paused, Ordering::SeqCst);
+        self.switches.pause(paused);
         self.wake.notify_one();
     }
 
