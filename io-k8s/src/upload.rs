@@ -13,9 +13,10 @@
 //! frame, so the cleanup that follows never races a `tar` still writing its temporary. The
 //! client deadline ends only an exec whose connection itself hangs.
 
+use futures_util::FutureExt;
 use kube::api::AttachParams;
 use sandkeeper::{PathName, SessionId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{calls, err, Cluster};
 use crate::error::K8sError;
@@ -30,6 +31,20 @@ pub const EXEC_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// ran too long (and how the kernel ends one over the container's memory limit). Reported as
 /// [`K8sError::Timeout`], which is worth a retry, not as a failed command.
 pub const KILLED_EXIT: i32 = 137;
+
+/// Reads what `r` has (0 at its end, on an error, or when there is no such stream).
+async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> usize {
+    match r.as_mut() {
+        Some(r) => r.read(buf).await.unwrap_or(0),
+        None => 0,
+    }
+}
+
+/// Keeps the start of a command's stderr, up to [`STDERR_KEPT`] bytes.
+fn keep_stderr(kept: &mut Vec<u8>, bytes: &[u8]) {
+    let room = STDERR_KEPT.saturating_sub(kept.len());
+    kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
 
 /// One file of an upload.
 #[derive(Debug, Clone, Copy)]
@@ -236,33 +251,38 @@ impl Cluster {
             }
             drop(input);
         };
-        let drain_out = async {
-            if let Some(r) = out.as_mut() {
-                let mut sink = tokio::io::sink();
-                let _ = tokio::io::copy(r, &mut sink).await;
-            }
-        };
-        let drain_err = async {
-            let mut kept = Vec::new();
-            if let Some(r) = errs.as_mut() {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = r.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = STDERR_KEPT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-            kept
-        };
-        let status_fut = async {
+        let status = async {
             match status {
                 Some(s) => s.await,
                 None => None,
             }
         };
-        let ((), (), stderr, status) = tokio::join!(write, drain_out, drain_err, status_fut);
+        // The input is written while the output is read, until the status is in or known never
+        // to come (kube's message loop has ended). Neither the write nor the end of the output
+        // is waited for after that: a loop that ended on a broken connection neither reads the
+        // rest of the input nor marks the end of the output, so either wait could last for ever.
+        // What the command wrote before its status is already buffered and is still read.
+        tokio::pin!(write, status);
+        let (mut written, mut out_open, mut err_open) = (false, out.is_some(), errs.is_some());
+        let (mut out_buf, mut err_buf) = ([0u8; 4096], [0u8; 4096]);
+        let mut stderr = Vec::new();
+        let status = loop {
+            tokio::select! {
+                () = &mut write, if !written => written = true,
+                n = read_some(&mut out, &mut out_buf), if out_open => out_open = n > 0,
+                n = read_some(&mut errs, &mut err_buf), if err_open => {
+                    err_open = n > 0;
+                    keep_stderr(&mut stderr, &err_buf[..n]);
+                }
+                s = &mut status => break s,
+            }
+        };
+        while err_open {
+            match read_some(&mut errs, &mut err_buf).now_or_never() {
+                Some(n) if n > 0 => keep_stderr(&mut stderr, &err_buf[..n]),
+                _ => err_open = false,
+            }
+        }
         drop(proc);
         let stderr = String::from_utf8_lossy(&stderr).into_owned();
         match status {
