@@ -6,8 +6,9 @@
 //! built from validated one-component names. On failure the temporaries are removed (best
 //! effort, `rm -f --`, unless the pod is gone).
 //!
-//! Each exec: stdin closed, stdout and stderr drained, and the status frame read. No status
-//! frame means the outcome is unknown — an error, never success. Each command runs under an
+//! Each exec: stdin written and closed, stdout and stderr drained, and the status frame read;
+//! a connection that ends first ends the exec at once. No status frame means the outcome is
+//! unknown — an error, never success. Each command runs under an
 //! in-container `timeout -s KILL <secs>`, and the client waits [`EXEC_GRACE`] longer than that:
 //! a command that runs too long is killed in the container first and reported by its status
 //! frame, so the cleanup that follows never races a `tar` still writing its temporary. The
