@@ -1,8 +1,8 @@
 //! `ReleasePolicy::Suspend` through the io-tokio driver (`Keeper`) against the loopback API:
 //! the last release suspends the claim (`Sandbox.spec.operatingMode: Suspended`, no pod, no
 //! death reported), the next call of the key resumes the same claim with its workspace, deaths
-//! of the resumed sandbox name the new sandbox, a swept claim makes a fresh start, and pod mode
-//! refuses `Suspend`.
+//! of the resumed sandbox name the new sandbox while a late Delete of the suspended pod names
+//! none, a swept claim makes a fresh start, and pod mode refuses `Suspend`.
 
 mod common;
 
