@@ -1,7 +1,7 @@
 //! Every fault switch of the loopback API against the operations: conflicts, throttling,
 //! server errors, permission errors, slow answers, dropped watches, execs without a status
-//! frame, an upload cut mid-stream (all or nothing: the previous version stays whole), and a pod
-//! deleted in the middle of an upload.
+//! frame, an upload cut mid-stream (all or nothing: the previous version stays whole), a stalled
+//! upload (killed in the pod, no temporary left), and a pod deleted in the middle of an upload.
 
 mod common;
 
@@ -12,7 +12,7 @@ use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS};
 use k8s_loopback::{Fault, Matcher, Verb};
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::upload::EXEC_GRACE;
-use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
+use sandkeeper_k8s::{Cluster, ErrorClass, K8sConfig, K8sError, SandboxHandle, UploadFile};
 
 #[tokio::test]
 async fn conflicts_throttling_and_server_errors_are_retried_to_success() {
@@ -149,13 +149,27 @@ fn put<'a>(s: &'a SessionId, p: &'a PathName, bytes: &'a [u8]) -> [UploadFile<'a
     }]
 }
 
-#[tokio::test]
-async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
-    let server = server().await;
-    let k = cluster(&server, pod_config("owner-n"));
+/// A started pod-mode sandbox whose session `s` holds `log` = `v1`: the previous version the
+/// upload-fault tests below must leave whole.
+struct WithV1 {
+    k: Cluster,
+    h: SandboxHandle,
+    s: SessionId,
+    p: PathName,
+}
+
+async fn with_v1(server: &k8s_loopback::Loopback, config: K8sConfig) -> WithV1 {
+    let k = cluster(server, config);
     let h = k.start_sandbox(1, "s").await.unwrap();
     let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
     k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    WithV1 { k, h, s, p }
+}
+
+#[tokio::test]
+async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
+    let server = server().await;
+    let WithV1 { k, h, s, p } = with_v1(&server, pod_config("owner-n")).await;
     server
         .faults()
         .inject(Matcher::exec(), Fault::ExecWithoutStatus, 1);
@@ -180,10 +194,7 @@ async fn an_exec_without_a_status_frame_is_an_unknown_outcome_never_success() {
 #[tokio::test]
 async fn an_upload_cut_mid_stream_leaves_the_previous_version_whole() {
     let server = server().await;
-    let k = cluster(&server, pod_config("owner-t"));
-    let h = k.start_sandbox(1, "s").await.unwrap();
-    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
-    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    let WithV1 { k, h, s, p } = with_v1(&server, pod_config("owner-t")).await;
     // The connection drops after 64 KiB of a 256 KiB upload: tar in the pod extracts a
     // truncated file and fails, and no status frame comes back.
     server
@@ -211,10 +222,7 @@ async fn a_stalled_upload_is_killed_in_the_pod_and_leaves_no_temporary() {
     let server = server().await;
     let mut c = pod_config("owner-k");
     c.upload_timeout_secs = 1;
-    let k = cluster(&server, c);
-    let h = k.start_sandbox(1, "s").await.unwrap();
-    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
-    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    let WithV1 { k, h, s, p } = with_v1(&server, c).await;
     server
         .faults()
         .inject(Matcher::exec(), Fault::StallStdinAfter(4096), 1);
@@ -244,10 +252,7 @@ async fn a_pod_deleted_mid_upload_makes_the_upload_gone() {
     // No deadline of the upload's own can end it: the connection's end must.
     let mut c = pod_config("owner-m");
     c.upload_timeout_secs = 3600;
-    let k = cluster(&server, c);
-    let h = k.start_sandbox(1, "s").await.unwrap();
-    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("log").unwrap());
-    k.upload(&h.pod, &put(&s, &p, b"v1")).await.unwrap();
+    let WithV1 { k, h, s, p } = with_v1(&server, c).await;
     server
         .faults()
         .inject(Matcher::exec(), Fault::DeletePodMidUpload, 1);
