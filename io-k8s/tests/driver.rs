@@ -64,12 +64,7 @@ async fn the_keeper_mirrors_into_the_pod_and_close_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r6_an_upload_into_a_deleted_pod_becomes_sandbox_gone() {
     let server = server().await;
-    let (backend, _) = K8sBackend::connect(
-        cluster(&server, claim_config("r6")),
-        ReleasePolicy::Shutdown,
-    )
-    .await
-    .unwrap();
+    let backend = connect(&server, claim_config("r6"), ReleasePolicy::Shutdown).await;
     let keeper = Keeper::new(KeeperConfig::with_core(Config::default()), backend).unwrap();
     let session = SessionId::new("s1").unwrap();
     let guard = keeper

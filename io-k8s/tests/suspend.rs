@@ -69,10 +69,7 @@ fn exists(server: &Loopback, rt: &k8s_loopback::resources::ResourceType, name: &
 }
 
 async fn suspending_keeper(server: &Loopback, owner: &str) -> Keeper<K8sBackend> {
-    let (backend, _) =
-        K8sBackend::connect(cluster(server, claim_config(owner)), ReleasePolicy::Suspend)
-            .await
-            .unwrap();
+    let backend = connect(server, claim_config(owner), ReleasePolicy::Suspend).await;
     let core = Config {
         release: ReleasePolicy::Suspend,
         ..Config::default()
@@ -423,14 +420,10 @@ async fn pod_mode_refuses_suspend() {
         "refused before taking a Lease"
     );
     // Other policies are fine in pod mode.
-    let (backend, _) = K8sBackend::connect(
-        cluster(&server, pod_config("susp-p")),
-        ReleasePolicy::KeepWarm {
-            idle: Duration::from_secs(1),
-        },
-    )
-    .await
-    .unwrap();
+    let keep_warm = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(1),
+    };
+    let backend = connect(&server, pod_config("susp-p"), keep_warm).await;
     backend.close().await.unwrap();
 }
 
@@ -439,12 +432,7 @@ async fn a_malformed_snapshot_is_a_typed_start_failure() {
     use sandkeeper::{Key, Snapshot, Spec};
     use sandkeeper_tokio::{Backend, FailureClass, StartRequest};
     let server = server().await;
-    let (backend, _) = K8sBackend::connect(
-        cluster(&server, claim_config("susp-m")),
-        ReleasePolicy::Suspend,
-    )
-    .await
-    .unwrap();
+    let backend = connect(&server, claim_config("susp-m"), ReleasePolicy::Suspend).await;
     for bad in ["", "sk-other-3", "sk-susp-m-x", "../../etc"] {
         let e = backend
             .start(StartRequest {

@@ -5,7 +5,8 @@
 use k8s_loopback::resources::{SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
 use k8s_loopback::Loopback;
 use k8s_openapi::api::core::v1::Pod;
-use sandkeeper_k8s::{Cluster, K8sConfig, Mode};
+use sandkeeper::ReleasePolicy;
+use sandkeeper_k8s::{Cluster, K8sBackend, K8sConfig, Mode};
 use serde_json::{json, Value};
 
 pub const NS: &str = "sk-test";
@@ -73,6 +74,14 @@ pub fn cluster(server: &Loopback, config: K8sConfig) -> Cluster {
     let c = Cluster::new(client(server), config).expect("valid config");
     assert_eq!(c.owner(), c.config().owner);
     c
+}
+
+/// A backend connected to the loopback with `config` for `policy` (its sweep report dropped).
+pub async fn connect(server: &Loopback, config: K8sConfig, policy: ReleasePolicy) -> K8sBackend {
+    K8sBackend::connect(cluster(server, config), policy)
+        .await
+        .expect("the backend connects")
+        .0
 }
 
 pub fn labels(o: &Value) -> &serde_json::Map<String, Value> {
