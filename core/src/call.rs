@@ -109,8 +109,9 @@ pub(crate) struct KeySlot {
     pub(crate) bound: u32,
     /// Queued calls, first in first out.
     pub(crate) waiters: VecDeque<CallId>,
-    /// The latest persisted snapshot, for the next Start's `resume_from`.
-    pub(crate) snapshot: Option<Snapshot>,
+    /// The latest persisted snapshot, for the next Start's `resume_from`, with the sandbox that
+    /// persisted it (the next Start's `resumes`).
+    pub(crate) snapshot: Option<(Snapshot, SandboxId)>,
 }
 
 impl KeySlot {

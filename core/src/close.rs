@@ -184,8 +184,7 @@ impl Lifecycle {
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
                     // close, so it is shut down now and the start's answer will be stale.
-                    self.cancel_sandbox_timer(sandbox);
-                    self.sandboxes.get_mut(&sandbox).expect("live").awaiting = Awaiting::Nothing;
+                    self.abandon(sandbox);
                     self.shutdown(sandbox);
                 }
                 _ => {}
@@ -203,8 +202,7 @@ impl Lifecycle {
             let x = &self.sandboxes[&sandbox];
             if x.is_managed() && !x.shutdown_ordered {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
-                self.cancel_sandbox_timer(sandbox);
-                self.sandboxes.get_mut(&sandbox).expect("live").awaiting = Awaiting::Nothing;
+                self.abandon(sandbox);
                 self.shutdown(sandbox);
             }
             if self.sandboxes[&sandbox].awaiting == Awaiting::Shutdown {

@@ -1,14 +1,27 @@
 //! Commands: the work the core orders a driver to do, drained with
 //! [`Lifecycle::poll_command`](crate::Lifecycle::poll_command).
+//!
+//! A command says everything the driver needs to carry it out: which sandbox, what to do, by
+//! when (its `deadline`, the core's own, in the core's [`Instant`]s), and what the core means by
+//! it (that a Stop and Persist suspend the sandbox rather than lead to its Shutdown, which
+//! suspended sandbox a Start continues, that an outstanding command is abandoned). A driver
+//! never infers any of this from the configuration or from the order of commands.
 
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 use crate::name::{PathName, SessionId};
+use crate::time::Instant;
 
 /// One piece of work for the driver. Each names exactly one sandbox. A driver answers Start,
-/// Upload, Stop, Persist and Shutdown with the matching `handle_*` input; Drain and CancelUpload
-/// need no answer.
+/// Upload, Stop, Persist and Shutdown with the matching `handle_*` input, unless it dropped the
+/// command at its deadline or on a cancel; Drain, CancelUpload and Abandon need no answer.
+///
+/// **Deadlines.** Start, Upload, Stop, Persist and Shutdown carry the instant at which the core
+/// stops waiting for their answer. The core's own timer fires then (its consequence comes from
+/// [`handle_timeout`](crate::Lifecycle::handle_timeout)); the driver stops the operation at the
+/// same instant, by its own clock mapped from the core's, and answers nothing: any answer would
+/// be stale. A driver keeps no timeouts of its own.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "command")]
 pub enum Command {
@@ -22,6 +35,13 @@ pub enum Command {
         spec: Spec,
         /// The snapshot of the key's previous sandbox, to resume its workspace from.
         resume_from: Option<Snapshot>,
+        /// The sandbox that persisted `resume_from` (set exactly when `resume_from` is): the
+        /// earlier incarnation this start continues. The core no longer tracks it, so a late
+        /// report about it (a death seen on the old pod) is stale; a backend names the new
+        /// incarnation's objects after `sandbox`, never after this one.
+        resumes: Option<SandboxId>,
+        /// When the core stops waiting: the start timeout.
+        deadline: Instant,
     },
     /// Write `payload` as `path` of `session` into the sandbox. Answer with `handle_upload_ok`
     /// or `handle_upload_failed`.
@@ -38,9 +58,12 @@ pub enum Command {
         version: Version,
         /// The bytes.
         payload: Payload,
+        /// When the core stops waiting: the upload timeout, counted from the version's first
+        /// attempt (a retry carries the same deadline as the attempt before it).
+        deadline: Instant,
     },
     /// Stop waiting for this upload: its outcome no longer matters (timeout, drain deadline,
-    /// death, close). A later answer is recognised as stale.
+    /// death, close). Drop it; an answer that comes anyway is stale.
     CancelUpload {
         /// The upload.
         upload: UploadId,
@@ -55,11 +78,18 @@ pub enum Command {
         /// The sessions whose mirror targets it.
         sessions: Vec<SessionId>,
     },
-    /// Stop the sandbox (its processes), optionally taking a snapshot. Answer with
-    /// `handle_stop_ok` (with the snapshot, if any) or `handle_stop_failed`.
+    /// Stop the sandbox (its processes); no write may land in it afterwards. Answer with
+    /// `handle_stop_ok` (with a snapshot of its workspace, if the backend takes one) or
+    /// `handle_stop_failed`.
     Stop {
         /// The sandbox.
         sandbox: SandboxId,
+        /// The sandbox is being suspended: return a snapshot the next Start of its key can
+        /// resume from (`Persist { suspend: true }` follows). When `false`, its way down ends
+        /// in Shutdown, and a snapshot is optional.
+        suspend: bool,
+        /// When the core stops waiting: the command timeout.
+        deadline: Instant,
     },
     /// Persist the stopped sandbox's state. Answer with `handle_persist_ok` or
     /// `handle_persist_failed`.
@@ -68,10 +98,33 @@ pub enum Command {
         sandbox: SandboxId,
         /// The snapshot its Stop returned, if any.
         snapshot: Option<Snapshot>,
+        /// Suspend it: the backend keeps it (its workspace, at least) for a later Start that
+        /// resumes `snapshot`. When this Persist succeeds it is the sandbox's **last command**:
+        /// the core forgets the sandbox, and reports about it afterwards are stale. When it
+        /// fails, times out or the sandbox dies first, Shutdown follows as usual. While it is
+        /// outstanding, the loss of the sandbox's running instance (see
+        /// [`handle_instance_gone`](crate::Lifecycle::handle_instance_gone)) is the suspension's
+        /// own doing. When `false`, Shutdown follows.
+        suspend: bool,
+        /// When the core stops waiting: the command timeout.
+        deadline: Instant,
     },
     /// Shut the sandbox down and free everything it holds. Ordered exactly once per managed
-    /// sandbox. Answer with `handle_shutdown_ok` or `handle_shutdown_failed`.
+    /// sandbox, and always its last command. Answer with `handle_shutdown_ok` or
+    /// `handle_shutdown_failed`.
     Shutdown {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// When the core stops waiting (the command timeout): unanswered by then, the shutdown
+        /// is reported unconfirmed.
+        deadline: Instant,
+    },
+    /// The core no longer awaits the answer of the sandbox's outstanding Start, Stop or Persist
+    /// (it timed out, the sandbox died, or close gave up on it): stop that operation at its next
+    /// await point and send no answer (one sent anyway is stale). Always followed at once by
+    /// the sandbox's Shutdown, which must not wait for the abandoned operation to end. No
+    /// answer.
+    Abandon {
         /// The sandbox.
         sandbox: SandboxId,
     },
@@ -85,9 +138,37 @@ impl Command {
             | Command::Upload { sandbox, .. }
             | Command::CancelUpload { sandbox, .. }
             | Command::Drain { sandbox, .. }
-            | Command::Stop { sandbox }
+            | Command::Stop { sandbox, .. }
             | Command::Persist { sandbox, .. }
-            | Command::Shutdown { sandbox } => *sandbox,
+            | Command::Shutdown { sandbox, .. }
+            | Command::Abandon { sandbox } => *sandbox,
+        }
+    }
+
+    /// The instant at which the core stops waiting for the command's answer; `None` for the
+    /// commands that want no answer (Drain, CancelUpload, Abandon).
+    pub fn deadline(&self) -> Option<Instant> {
+        match self {
+            Command::Start { deadline, .. }
+            | Command::Upload { deadline, .. }
+            | Command::Stop { deadline, .. }
+            | Command::Persist { deadline, .. }
+            | Command::Shutdown { deadline, .. } => Some(*deadline),
+            Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => None,
+        }
+    }
+
+    /// The command's name, as in its serialised form (`start`, `upload`, ...): for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Start { .. } => "start",
+            Command::Upload { .. } => "upload",
+            Command::CancelUpload { .. } => "cancel-upload",
+            Command::Drain { .. } => "drain",
+            Command::Stop { .. } => "stop",
+            Command::Persist { .. } => "persist",
+            Command::Shutdown { .. } => "shutdown",
+            Command::Abandon { .. } => "abandon",
         }
     }
 }

@@ -79,6 +79,9 @@ pub enum Input {
     Died {
         sandbox: SandboxId,
     },
+    InstanceGone {
+        sandbox: SandboxId,
+    },
     Timeout,
 }
 
@@ -110,6 +113,7 @@ impl Lifecycle {
             Input::ShutdownOk { sandbox } => self.handle_shutdown_ok(now, sandbox),
             Input::ShutdownFailed { sandbox } => self.handle_shutdown_failed(now, sandbox),
             Input::Died { sandbox } => self.handle_died(now, sandbox),
+            Input::InstanceGone { sandbox } => self.handle_instance_gone(now, sandbox),
             Input::Timeout => self.handle_timeout(now),
         }
         .map(|()| None)

@@ -30,7 +30,9 @@
 //! assert!(matches!(core.poll_command(), Some(Command::Drain { .. })));
 //! assert_eq!(core.poll_command(), None);
 //! core.handle_upload_ok(t, upload).unwrap(); // settled; the drain is done; Stop follows
-//! assert_eq!(core.poll_command(), Some(Command::Stop { sandbox }));
+//! let Some(Command::Stop { sandbox: stopped, suspend: false, deadline }) = core.poll_command()
+//!     else { panic!() };
+//! assert_eq!((stopped, deadline), (sandbox, t + Config::default().command_timeout));
 //! # let _ = (v, Duration::ZERO);
 //! ```
 //!
@@ -51,14 +53,46 @@
 //!    is harmless). Check the clock against the deadline before sleeping: a runtime may wake a
 //!    sleep late.
 //! 4. **Answer every command that wants an answer**, exactly once: Start, Upload, Stop, Persist
-//!    and Shutdown with the matching `handle_*`; Drain and CancelUpload want none. An answer the
-//!    core no longer awaits (after a timeout, a death, a cancel) is stale: it returns `Ok` and
-//!    changes nothing, so a driver never has to know.
-//! 5. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
-//!    directory removed, an exec answered 404), call [`Lifecycle::handle_died`]. Never assume a
-//!    sandbox alive because a backend object said so earlier: liveness is the core's state.
-//! 6. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
-//!    broken internal invariant: a bug, never bad input.
+//!    and Shutdown with the matching `handle_*` (unless the driver dropped it, below); Drain,
+//!    CancelUpload and Abandon want none. An answer the core no longer awaits (after a
+//!    timeout, a death, a cancel) is stale: it returns `Ok` and changes nothing, so a driver
+//!    never has to know.
+//! 5. **Run one sandbox's lifecycle in order.** Start, Stop, Persist and Shutdown of one sandbox
+//!    run one after the other, in the order they were drained: each begins only once the one
+//!    before it ended (answered, dropped at its deadline, or abandoned). Lifecycle commands of
+//!    different sandboxes run concurrently; a driver may bound how many run at once, but only
+//!    with a first-in-first-out queue, so that every command is eventually started.
+//! 6. **Run uploads beside everything.** Each Upload runs on its own, concurrently with other
+//!    uploads and with its sandbox's lifecycle commands: never queued behind another session's
+//!    upload (R13) or behind a lifecycle command. The core bounds how many there are (one per
+//!    session and path, [`Limits`]) and never orders one into a sandbox after its Stop,
+//!    Shutdown or death, so a driver needs no pool of its own.
+//! 7. **Deadlines are the core's.** Start, Upload, Stop, Persist and Shutdown carry the
+//!    [`Instant`] at which the core stops waiting ([`Command::deadline`]). The driver maps it to
+//!    its clock, stops the operation then (drops its future, kills its process) and answers
+//!    nothing: the core's own timer fires at the same instant and decides what follows. A
+//!    driver keeps no timeouts of its own and needs no rule for a timer and an answer that fall
+//!    on the same instant (an answer that comes first counts; one that comes after is stale).
+//! 8. **Cancels drop work, never wait for it.** `CancelUpload` drops that upload. `Abandon` drops
+//!    the sandbox's outstanding Start, Stop or Persist; the Shutdown ordered right after it runs
+//!    at once, without waiting for the abandoned operation (so a backend's operations must leave
+//!    nothing behind when dropped: Shutdown deletes by name what a dropped start created).
+//!    `Drain` is news for the sessions' background writers; nothing waits for it.
+//! 9. **Suspension.** `Stop { suspend: true }` asks for a snapshot the key's next Start can
+//!    resume; a successful `Persist { suspend: true }` is the sandbox's last command, and the
+//!    backend keeps the sandbox until a Start carries its snapshot as `resume_from` (that
+//!    Start's `resumes` names the suspended sandbox it continues). Name a resumed
+//!    incarnation's objects after the *new* sandbox, so that a late report seen on an object of
+//!    the old one names the old sandbox: the core no longer tracks it and ignores the report.
+//!    A driver needs no table of incarnations and never looks at the release policy.
+//! 10. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
+//!     directory removed, an exec answered 404), call [`Lifecycle::handle_died`]; when only its
+//!     running instance went and its workspace may remain (a pod of a claim), call
+//!     [`Lifecycle::handle_instance_gone`], and the core decides whether that is a death (it is
+//!     not while the sandbox is being suspended). Never assume a sandbox alive because a
+//!     backend object said so earlier: liveness is the core's state.
+//! 11. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
+//!     broken internal invariant: a bug, never bad input.
 //!
 //! Output order is a pure function of the input sequence: maps are looked up, never iterated
 //! into output, and timers fire in (deadline, timer) order.
@@ -77,6 +111,7 @@
 //! | `handle_upload_ok` / `_failed` | an Upload's answer; transient failures retry with backoff | O(log n + paths) |
 //! | `handle_stop_ok` / `_failed`, `handle_persist_ok` / `_failed`, `handle_shutdown_ok` / `_failed` | the way down | O(log n) |
 //! | [`handle_died`](Lifecycle::handle_died) | the backend reports a sandbox gone | O(log n + what it held) |
+//! | [`handle_instance_gone`](Lifecycle::handle_instance_gone) | the backend reports a sandbox's running instance gone (a death unless it is being suspended) | O(log n + what it held) |
 //! | [`handle_timeout`](Lifecycle::handle_timeout) | fires due timers | O(log n) per timer |
 //!
 //! n is the number of live calls, sessions and sandboxes; "paths" is the number of mirrored
@@ -86,10 +121,12 @@
 //!
 //! ## Commands ([`Command`])
 //!
-//! `Start` (with the key, the call's opaque [`Spec`] and `resume_from`, the key's last
-//! persisted [`Snapshot`]), `Upload`, `CancelUpload`, `Drain` (the sandbox and the sessions whose
-//! background writers should submit now), `Stop`, `Persist`, `Shutdown`. Each names one
-//! sandbox. The order on the way down is always Drain → Stop → Persist → Shutdown: never an
+//! `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
+//! persisted [`Snapshot`], and `resumes`, the sandbox that persisted it), `Upload`,
+//! `CancelUpload`, `Drain` (the sandbox and the sessions whose background writers should submit
+//! now), `Stop` and `Persist` (each saying whether the sandbox is being suspended), `Shutdown`,
+//! and `Abandon` (the outstanding Start, Stop or Persist is no longer awaited). Each names one
+//! sandbox; each that wants an answer carries its deadline. The order on the way down is always Drain → Stop → Persist → Shutdown: never an
 //! Upload after Stop, Shutdown or death, never Persist before Stop, never a command naming a
 //! sandbox after its Shutdown, and exactly one Shutdown per managed sandbox (never one for an
 //! external sandbox).

@@ -402,6 +402,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %sandbox, "start failed");
         self.stats.starts_failed += 1;
+        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.fail_start(sandbox, ErrorKind::StartFailed);
         self.finish_input();
         Ok(())
@@ -423,7 +424,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "stop ok");
         self.cancel_sandbox_timer(sandbox);
-        let suspend = self.config.release == ReleasePolicy::Suspend;
+        let suspend = self.suspends();
         let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
@@ -470,10 +471,10 @@ impl Lifecycle {
         let key = x.key.clone();
         if let Some(snapshot) = x.snapshot.clone() {
             if !matches!(key, Key::Call(_)) {
-                self.keys.entry(key).or_default().snapshot = Some(snapshot);
+                self.keys.entry(key).or_default().snapshot = Some((snapshot, sandbox));
             }
         }
-        if self.config.release == ReleasePolicy::Suspend {
+        if self.suspends() {
             self.suspended(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -556,6 +557,39 @@ impl Lifecycle {
         }
         self.advance(now);
         self.died(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The backend reports that the sandbox's running instance is gone (its processes; on
+    /// Kubernetes its pod) while its workspace may remain (a claim and its volumes).
+    ///
+    /// While the sandbox is being suspended (its `Stop { suspend: true }` or
+    /// `Persist { suspend: true }` outstanding) that is the suspension's own doing: it is
+    /// counted (`instance_losses_suspending`) and changes nothing. In any other state the
+    /// sandbox is dead, exactly as [`handle_died`](Self::handle_died). A report about a sandbox
+    /// the core no longer tracks (a suspended one, an earlier incarnation of a resumed one) is
+    /// stale.
+    ///
+    /// Errors: as [`handle_died`](Self::handle_died).
+    pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.check_not_closed("instance-gone")?;
+        self.check_sandbox_id(sandbox)?;
+        let suspending = match self.sandboxes.get(&sandbox) {
+            None => {
+                self.stats.stale_answers += 1;
+                return Ok(());
+            }
+            Some(x) if x.state == SandboxState::Dead => return Ok(()),
+            Some(x) => matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && self.suspends(),
+        };
+        self.advance(now);
+        if suspending {
+            tracing::debug!(sandbox = %sandbox, "instance gone while suspending");
+            self.stats.instance_losses_suspending += 1;
+        } else {
+            self.died(sandbox);
+        }
         self.finish_input();
         Ok(())
     }
@@ -644,6 +678,12 @@ impl Lifecycle {
                 || k.retiring.is_some()
                 || (self.config.same_key == SameKey::Serialize && k.bound > 0)
         })
+    }
+
+    /// Whether a managed sandbox's way down ends suspended (Stop, Persist, kept) rather than
+    /// in Shutdown.
+    pub(crate) fn suspends(&self) -> bool {
+        self.config.release == ReleasePolicy::Suspend
     }
 
     pub(crate) fn active_sessions(&self) -> usize {
@@ -765,8 +805,11 @@ impl Lifecycle {
         self.sandboxes.insert(x, sandbox);
         let slot = self.keys.entry(key.clone()).or_default();
         slot.current = Some(x);
-        let resume_from = slot.snapshot.clone();
-        self.set_sandbox_timer(x, self.config.start_timeout);
+        let (resume_from, resumes) = match slot.snapshot.clone() {
+            Some((snapshot, by)) => (Some(snapshot), Some(by)),
+            None => (None, None),
+        };
+        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         self.stats.starts_ordered += 1;
         tracing::debug!(sandbox = %x, key = %key, resume_from = ?resume_from, "start");
         self.commands.push_back(Command::Start {
@@ -774,6 +817,8 @@ impl Lifecycle {
             key,
             spec,
             resume_from,
+            resumes,
+            deadline,
         });
         x
     }
@@ -949,9 +994,13 @@ impl Lifecycle {
             slot.retiring = Some(sandbox);
             let x = self.sandboxes.get_mut(&sandbox).expect("live");
             x.awaiting = Awaiting::Stop;
-            self.set_sandbox_timer(sandbox, self.config.command_timeout);
+            let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
             tracing::debug!(sandbox = %sandbox, "stop");
-            self.commands.push_back(Command::Stop { sandbox });
+            self.commands.push_back(Command::Stop {
+                sandbox,
+                suspend: self.suspends(),
+                deadline,
+            });
         } else {
             tracing::debug!(sandbox = %sandbox, "external sandbox unbound");
             self.dirty.push(sandbox);
@@ -964,16 +1013,54 @@ impl Lifecycle {
         x.state = SandboxState::Persisting;
         x.awaiting = Awaiting::Persist;
         let snapshot = x.snapshot.clone();
-        self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "persist");
-        self.commands
-            .push_back(Command::Persist { sandbox, snapshot });
+        self.commands.push_back(Command::Persist {
+            sandbox,
+            snapshot,
+            suspend: self.suspends(),
+            deadline,
+        });
+    }
+
+    /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, if any: cancels its
+    /// timer and orders `Abandon`. Its Shutdown follows at once (every caller orders it).
+    pub(crate) fn abandon(&mut self, sandbox: SandboxId) {
+        if self.stop_awaiting(sandbox) {
+            self.order_abandon(sandbox);
+        }
+    }
+
+    /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, without ordering
+    /// `Abandon` yet; whether there was one. The caller orders it right before the Shutdown.
+    fn stop_awaiting(&mut self, sandbox: SandboxId) -> bool {
+        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        if !matches!(
+            x.awaiting,
+            Awaiting::Start | Awaiting::Stop | Awaiting::Persist
+        ) {
+            return false;
+        }
+        x.awaiting = Awaiting::Nothing;
+        self.cancel_sandbox_timer(sandbox);
+        true
+    }
+
+    fn order_abandon(&mut self, sandbox: SandboxId) {
+        self.stats.abandoned += 1;
+        tracing::debug!(sandbox = %sandbox, "abandon");
+        self.commands.push_back(Command::Abandon { sandbox });
     }
 
     /// Orders the sandbox's one Shutdown.
     pub(crate) fn shutdown(&mut self, sandbox: SandboxId) {
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
         debug_assert!(!x.shutdown_ordered, "shutdown ordered twice for {sandbox}");
+        debug_assert!(
+            x.awaiting == Awaiting::Nothing,
+            "shutdown of {sandbox} while awaiting {:?}",
+            x.awaiting
+        );
         debug_assert!(x.is_managed());
         debug_assert!(x.uploads.is_empty());
         x.shutdown_ordered = true;
@@ -983,11 +1070,11 @@ impl Lifecycle {
         }
         let key = x.key.clone();
         self.leave_uploads(sandbox, DropReason::SandboxGone);
-        self.cancel_sandbox_timer(sandbox);
-        self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         self.stats.shutdowns_ordered += 1;
         tracing::debug!(sandbox = %sandbox, "shutdown");
-        self.commands.push_back(Command::Shutdown { sandbox });
+        self.commands
+            .push_back(Command::Shutdown { sandbox, deadline });
         self.key_lets_go(&key, sandbox);
     }
 
@@ -1033,9 +1120,11 @@ impl Lifecycle {
 
     /// A start that failed, timed out or died: its calls fail, it is cleaned up.
     fn fail_start(&mut self, sandbox: SandboxId, error: ErrorKind) {
+        // A start that failed was answered; one that timed out or died is abandoned (ordered
+        // right before its Shutdown, after the calls' ends, which may start other sandboxes).
+        let abandoned = self.stop_awaiting(sandbox);
         self.cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
-        x.awaiting = Awaiting::Nothing;
         let key = x.key.clone();
         if let Some(slot) = self.keys.get_mut(&key) {
             if slot.current == Some(sandbox) {
@@ -1053,6 +1142,9 @@ impl Lifecycle {
             x.state = SandboxState::Dead;
         }
         // Dead or not, one Shutdown frees whatever the backend still holds of it.
+        if abandoned {
+            self.order_abandon(sandbox);
+        }
         self.shutdown(sandbox);
         self.admit(&key);
         self.forget_key_if_empty(&key);
@@ -1071,9 +1163,11 @@ impl Lifecycle {
         x.state = SandboxState::Dead;
         let key = x.key.clone();
         let lost: Vec<CallId> = x.bound.iter().cloned().collect();
-        if x.awaiting != Awaiting::Shutdown {
-            // Stop or Persist answers still outstanding are stale now.
-            x.awaiting = Awaiting::Nothing;
+        // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
+        // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
+        // stays (its answer is still awaited).
+        let abandoned = self.stop_awaiting(sandbox);
+        if self.sandboxes[&sandbox].awaiting != Awaiting::Shutdown {
             self.cancel_sandbox_timer(sandbox);
         }
         for call in lost {
@@ -1085,6 +1179,9 @@ impl Lifecycle {
         self.leave_uploads(sandbox, DropReason::SandboxGone);
         let x = &self.sandboxes[&sandbox];
         if x.is_managed() && !x.shutdown_ordered {
+            if abandoned {
+                self.order_abandon(sandbox);
+            }
             self.shutdown(sandbox);
         } else {
             self.key_lets_go(&key, sandbox);
@@ -1095,10 +1192,13 @@ impl Lifecycle {
     // ------------------------------------------------------------------------------------------
     // Internals: timers
 
-    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxId, after: Duration) {
+    /// Sets the sandbox's one timer `after` from now, replacing the one it had; returns its
+    /// instant.
+    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxId, after: Duration) -> Instant {
         self.cancel_sandbox_timer(sandbox);
         let at = self.timers.set(self.now + after, Timer::Sandbox(sandbox));
         self.sandboxes.get_mut(&sandbox).expect("live").deadline = Some(at);
+        at.at
     }
 
     pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxId) {
@@ -1135,7 +1235,7 @@ impl Lifecycle {
                     }
                     (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
                         tracing::debug!(sandbox = %sandbox, "stop or persist timed out");
-                        x.awaiting = Awaiting::Nothing;
+                        self.abandon(sandbox);
                         self.shutdown(sandbox);
                     }
                     (_, Awaiting::Shutdown) => {

@@ -385,6 +385,7 @@ impl Lifecycle {
             let deadline = self
                 .timers
                 .set(since + self.config.upload_timeout, Timer::Upload(upload));
+            let until = deadline.at;
             slot.inflight = Some(upload);
             x.uploads.insert(upload);
             self.uploads.insert(
@@ -409,6 +410,7 @@ impl Lifecycle {
                 path: slot.path.clone(),
                 version,
                 payload,
+                deadline: until,
             });
         }
     }

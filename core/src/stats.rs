@@ -26,6 +26,11 @@ pub struct Stats {
     pub shutdowns_unconfirmed: u64,
     pub suspended: u64,
     pub deaths: u64,
+    /// Losses of a running instance reported while its sandbox was being suspended: the
+    /// suspension's own doing, not deaths.
+    pub instance_losses_suspending: u64,
+    /// Outstanding Starts, Stops and Persists the core stopped awaiting (`Abandon` ordered).
+    pub abandoned: u64,
     pub drain_deadlines: u64,
     pub versions_flushed: u64,
     pub uploads_ordered: u64,

@@ -112,7 +112,7 @@ fn cancel_while_starting_shuts_down_the_start_when_it_completes() {
     h.release("a");
     h.take_events();
     h.advance(secs(1));
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.expect_events(&[]);
     h.start_ok(x); // late: stale
     h.quiet();
@@ -476,9 +476,9 @@ fn suspend_drains_stops_persists_and_does_not_shut_down() {
     h.expect_commands(&[drain(x, &["s"])]);
     h.upload_ok(u);
     h.take_events();
-    h.expect_commands(&[stop(x)]);
+    h.expect_commands(&[stop_to_suspend(x)]);
     h.stop_ok(x, Some("susp-1"));
-    h.expect_commands(&[persist(x, Some("susp-1"))]);
+    h.expect_commands(&[persist_to_suspend(x, Some("susp-1"))]);
     h.persist_ok(x);
     h.expect_commands(&[]);
     assert_eq!(h.core.sandbox_state(x), None);
@@ -491,9 +491,9 @@ fn suspend_drains_stops_persists_and_does_not_shut_down() {
     let mut h = Script::with(|c| c.release = ReleasePolicy::Suspend);
     let x = h.ready_call("a1", "s");
     h.release("a1");
-    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
     h.stop_ok(x, None);
-    h.expect_commands(&[persist(x, None)]);
+    h.expect_commands(&[persist_to_suspend(x, None)]);
 }
 
 /// The way down is Drain → Stop → Persist → Shutdown, each waiting for the one before.
@@ -522,15 +522,7 @@ fn order_on_release_is_drain_stop_persist_shutdown() {
         .all_commands
         .iter()
         .filter(|c| c.sandbox() == x)
-        .map(|c| match c {
-            Command::Start { .. } => "start",
-            Command::Upload { .. } => "upload",
-            Command::CancelUpload { .. } => "cancel",
-            Command::Drain { .. } => "drain",
-            Command::Stop { .. } => "stop",
-            Command::Persist { .. } => "persist",
-            Command::Shutdown { .. } => "shutdown",
-        })
+        .map(Command::name)
         .collect();
     assert_eq!(
         kinds,
@@ -607,7 +599,7 @@ fn a_call_arriving_while_the_previous_sandbox_stops_resumes_from_its_new_snapsho
     h.expect_commands(&[persist(x1, Some("new"))]);
     h.persist_ok(x1);
     let cmds = h.take_commands();
-    assert_eq!(cmds[0], shutdown(x1));
+    assert_eq!(plain(&cmds[0]), shutdown(x1));
     let [_, Command::Start { resume_from, .. }] = cmds.as_slice() else {
         panic!("{cmds:?}")
     };
@@ -629,7 +621,7 @@ fn start_timeout() {
     h.quiet();
     h.advance(ms(1));
     h.expect_events(&[failed("a", ErrorKind::StartTimeout)]);
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.start_ok(x);
     h.quiet();
     assert_eq!(h.core.stats().starts_timed_out, 1);
@@ -678,7 +670,7 @@ fn start_failure_does_not_fail_the_calls_queued_behind_it() {
     h.expect_events(&[failed("a1", ErrorKind::StartFailed)]);
     let cmds = h.take_commands();
     assert_eq!(cmds.len(), 2, "{cmds:?}");
-    assert!(cmds.contains(&shutdown(x)), "{cmds:?}");
+    assert!(cmds.iter().any(|c| plain(c) == shutdown(x)), "{cmds:?}");
     let Some(Command::Start { sandbox: y, .. }) = cmds.iter().find(|c| c.sandbox() != x) else {
         panic!("{cmds:?}")
     };
@@ -774,7 +766,7 @@ fn deaths_in_every_state() {
     let x = h.started();
     h.died(x);
     h.expect_events(&[failed("a", ErrorKind::SandboxGone)]);
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.start_ok(x); // stale
     h.quiet();
 
@@ -784,7 +776,7 @@ fn deaths_in_every_state() {
     h.take_events();
     h.expect_commands(&[drain(x, &["s"]), stop(x)]);
     h.died(x);
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.stop_ok(x, Some("snap")); // stale: no Persist after death
     h.quiet();
     h.died(x);
@@ -859,7 +851,7 @@ fn command_timeouts() {
     h.take_events();
     h.expect_commands(&[drain(x, &["s"]), stop(x)]);
     h.advance(secs(5));
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.stop_ok(x, Some("late")); // stale
     h.quiet();
     h.advance(secs(5));
@@ -878,7 +870,7 @@ fn command_timeouts() {
     h.stop_ok(x, Some("snap"));
     h.expect_commands(&[persist(x, Some("snap"))]);
     h.advance(secs(5));
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[abandon(x), shutdown(x)]);
     h.shutdown_ok(x);
     h.acquire("b", "s");
     assert_eq!(h.take_start().resume_from, None); // never persisted
@@ -1305,7 +1297,13 @@ fn close_revokes_what_is_left_at_the_deadline_and_reports_it() {
         dropped("sa", &log(), 2, DropReason::Closed),
         mirror_settled("sa"),
     ]);
-    h.expect_commands(&[drain(x, &["sa"]), cancel(u1, x), stop(x), shutdown(y)]);
+    h.expect_commands(&[
+        drain(x, &["sa"]),
+        cancel(u1, x),
+        stop(x),
+        abandon(y),
+        shutdown(y),
+    ]);
     h.start_ok(y); // stale: it was shut down
     h.quiet();
     h.stop_ok(x, None);
@@ -1339,9 +1337,9 @@ fn close_reports_suspended_and_unconfirmed_after_the_second_deadline() {
     h.close(secs(1)).unwrap();
     h.release("a");
     h.take_events();
-    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
     h.stop_ok(x, Some("snap"));
-    h.expect_commands(&[persist(x, Some("snap"))]);
+    h.expect_commands(&[persist_to_suspend(x, Some("snap"))]);
     h.persist_ok(x);
     h.expect_commands(&[]);
     h.expect_events(&[Event::Closed {
@@ -1849,6 +1847,8 @@ fn every_variant_round_trips() {
             key: key.clone(),
             spec: Spec::new("spec"),
             resume_from: Some(snap("r")),
+            resumes: Some(SandboxId(0)),
+            deadline: Instant::from_millis(1500),
         })
         .collect();
     commands.extend([
@@ -1859,6 +1859,7 @@ fn every_variant_round_trips() {
             path: log(),
             version: Version(2),
             payload,
+            deadline: Instant::from_millis(2500),
         },
         Command::CancelUpload {
             upload: u,
@@ -1866,9 +1867,12 @@ fn every_variant_round_trips() {
         },
         drain(x, &["s", "t"]),
         stop(x),
+        stop_to_suspend(x),
         persist(x, Some("p")),
         persist(x, None),
+        persist_to_suspend(x, Some("p")),
         shutdown(x),
+        abandon(x),
     ]);
     round_trip(&commands);
     let mut events = vec![

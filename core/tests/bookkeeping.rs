@@ -23,10 +23,10 @@ fn answer_all(core: &mut Lifecycle, t: Instant) {
         match cmd {
             Command::Start { sandbox, .. } => core.handle_start_ok(t, sandbox).unwrap(),
             Command::Upload { upload, .. } => core.handle_upload_ok(t, upload).unwrap(),
-            Command::Stop { sandbox } => core.handle_stop_ok(t, sandbox, None).unwrap(),
+            Command::Stop { sandbox, .. } => core.handle_stop_ok(t, sandbox, None).unwrap(),
             Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
-            Command::Drain { .. } | Command::CancelUpload { .. } => {}
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {}
         }
     }
     while core.poll_event().is_some() {}
@@ -57,11 +57,11 @@ fn keys_are_forgotten_when_nothing_needs_them() {
     core.release(t, &c).unwrap();
     while let Some(cmd) = core.poll_command() {
         match cmd {
-            Command::Stop { sandbox } => core
+            Command::Stop { sandbox, .. } => core
                 .handle_stop_ok(t, sandbox, Some(Snapshot::new("snap")))
                 .unwrap(),
             Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
             _ => {}
         }
     }
@@ -188,5 +188,11 @@ fn close_waits_for_holds_and_starts_until_its_deadline() {
     );
     core.handle_start_ok(Instant::from_millis(5), sandbox)
         .unwrap();
-    assert_eq!(core.poll_command(), Some(Command::Shutdown { sandbox }));
+    assert_eq!(
+        core.poll_command(),
+        Some(Command::Shutdown {
+            sandbox,
+            deadline: Instant::from_millis(5) + core.config().command_timeout,
+        })
+    );
 }

@@ -23,7 +23,15 @@ fn a_failed_start_is_shut_down_once_to_clean_up() {
     core.handle_start_failed(Instant::ZERO, x).unwrap();
     // Not dead: the backend may hold something of it, so it is shut down, once.
     assert_eq!(core.sandbox_state(x), Some(SandboxState::ShuttingDown));
-    assert_eq!(commands(&mut core), vec![Command::Shutdown { sandbox: x }]);
+    // The start answered, so nothing is abandoned.
+    let deadline = Instant::ZERO + Config::default().command_timeout;
+    assert_eq!(
+        commands(&mut core),
+        vec![Command::Shutdown {
+            sandbox: x,
+            deadline
+        }]
+    );
     assert!(events(&mut core).contains(&Event::CallFailed {
         call: a,
         error: ErrorKind::StartFailed,
@@ -37,7 +45,18 @@ fn a_death_while_starting_is_dead_and_shut_down_once() {
     core.handle_died(Instant::ZERO, x).unwrap();
     // Dead for the core (the backend said so), and still one Shutdown to free what is left.
     assert_eq!(core.sandbox_state(x), Some(SandboxState::Dead));
-    assert_eq!(commands(&mut core), vec![Command::Shutdown { sandbox: x }]);
+    // The start is abandoned (its answer is no longer awaited) and the Shutdown runs at once.
+    let deadline = Instant::ZERO + Config::default().command_timeout;
+    assert_eq!(
+        commands(&mut core),
+        vec![
+            Command::Abandon { sandbox: x },
+            Command::Shutdown {
+                sandbox: x,
+                deadline
+            }
+        ]
+    );
     assert!(events(&mut core).contains(&Event::CallFailed {
         call: a,
         error: ErrorKind::SandboxGone,
@@ -132,7 +151,11 @@ fn a_drain_waits_for_a_version_waiting_to_be_retried() {
         panic!("no retry upload")
     };
     core.handle_upload_ok(retry, upload).unwrap();
-    assert!(commands(&mut core).contains(&Command::Stop { sandbox: x }));
+    assert!(commands(&mut core).contains(&Command::Stop {
+        sandbox: x,
+        suspend: false,
+        deadline: retry + Config::default().command_timeout,
+    }));
     assert!(events(&mut core).iter().any(|e| matches!(
         e,
         Event::Settled {

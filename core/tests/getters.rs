@@ -74,14 +74,14 @@ fn counts_and_quiescence_through_two_calls() {
     assert_eq!(core.session_records(), 2);
     for cmd in drain_commands(&mut core) {
         match cmd {
-            Command::Stop { sandbox } => core.handle_stop_ok(t, sandbox, None).unwrap(),
+            Command::Stop { sandbox, .. } => core.handle_stop_ok(t, sandbox, None).unwrap(),
             Command::Drain { .. } => {}
             other => panic!("unexpected {other:?}"),
         }
     }
     for cmd in drain_commands(&mut core) {
         match cmd {
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -90,8 +90,8 @@ fn counts_and_quiescence_through_two_calls() {
     core.release(t, &b).unwrap();
     while let Some(cmd) = core.poll_command() {
         match cmd {
-            Command::Stop { sandbox } => core.handle_stop_ok(t, sandbox, None).unwrap(),
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Stop { sandbox, .. } => core.handle_stop_ok(t, sandbox, None).unwrap(),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
             Command::Drain { .. } => {}
             other => panic!("unexpected {other:?}"),
         }

@@ -134,8 +134,8 @@ fn an_idle_record_keeps_no_boxed_work() {
     core.release(t, &call).unwrap();
     while let Some(cmd) = core.poll_command() {
         match cmd {
-            Command::Stop { sandbox } => core.handle_stop_ok(t, sandbox, None).unwrap(),
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+            Command::Stop { sandbox, .. } => core.handle_stop_ok(t, sandbox, None).unwrap(),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
             _ => {}
         }
     }

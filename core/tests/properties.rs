@@ -208,7 +208,13 @@ impl World {
                         "Upload of a version that is not unsettled"
                     );
                 }
-                Command::Stop { sandbox } => {
+                Command::Abandon { sandbox } => {
+                    prop_assert!(
+                        self.started.contains(sandbox),
+                        "Abandon of a never started sandbox"
+                    );
+                }
+                Command::Stop { sandbox, .. } => {
                     prop_assert!(!self.externals.contains(sandbox), "external stopped");
                     self.stopped.insert(*sandbox);
                 }
@@ -218,7 +224,7 @@ impl World {
                         "R12: Persist of {sandbox} before its Stop was acknowledged"
                     );
                 }
-                Command::Shutdown { sandbox } => {
+                Command::Shutdown { sandbox, .. } => {
                     prop_assert!(
                         !self.externals.contains(sandbox),
                         "invariant 3: external shut down"
@@ -239,7 +245,10 @@ impl World {
                 }
                 Command::Drain { .. } => {}
             }
-            if !matches!(cmd, Command::Drain { .. } | Command::CancelUpload { .. }) {
+            if !matches!(
+                cmd,
+                Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. }
+            ) {
                 self.outstanding.push(cmd);
             }
         }
@@ -302,7 +311,7 @@ impl World {
             Command::Upload { upload, .. } => {
                 core.handle_upload_failed(t, *upload, UploadFailure::Transient)
             }
-            Command::Stop { sandbox } if ok => {
+            Command::Stop { sandbox, .. } if ok => {
                 self.stop_acked.insert(*sandbox);
                 core.handle_stop_ok(
                     t,
@@ -310,7 +319,7 @@ impl World {
                     snapshot.then(|| Snapshot::new(format!("snap-{sandbox}"))),
                 )
             }
-            Command::Stop { sandbox } => core.handle_stop_failed(t, *sandbox),
+            Command::Stop { sandbox, .. } => core.handle_stop_failed(t, *sandbox),
             Command::Persist { sandbox, .. } if ok => {
                 if self.suspend_policy
                     && core.sandbox_state(*sandbox) == Some(SandboxState::Persisting)
@@ -320,9 +329,11 @@ impl World {
                 core.handle_persist_ok(t, *sandbox)
             }
             Command::Persist { sandbox, .. } => core.handle_persist_failed(t, *sandbox),
-            Command::Shutdown { sandbox } if ok => core.handle_shutdown_ok(t, *sandbox),
-            Command::Shutdown { sandbox } => core.handle_shutdown_failed(t, *sandbox),
-            Command::Drain { .. } | Command::CancelUpload { .. } => Ok(()),
+            Command::Shutdown { sandbox, .. } if ok => core.handle_shutdown_ok(t, *sandbox),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_failed(t, *sandbox),
+            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
+                Ok(())
+            }
         }
     }
 }

@@ -250,6 +250,7 @@ fn r06_mirror_into_dead_sandbox() {
             path: log(),
             version: Version(2),
             payload: Payload::new(b"v2".to_vec()),
+            deadline: Instant::ZERO, // compared apart (checked when drained)
         },
     ]);
     h.expect_events(&[dropped("sa", &log(), 1, DropReason::UploadTimeout)]);
@@ -516,16 +517,22 @@ fn r11_churn() {
     h.persist_ok(x0);
     let cmds = h.take_commands();
     assert_eq!(cmds.len(), 2, "{cmds:?}");
-    assert_eq!(cmds[0], shutdown(x0));
+    assert_eq!(plain(&cmds[0]), shutdown(x0));
     let Command::Start {
         sandbox: x1,
         resume_from,
+        resumes,
         ..
     } = &cmds[1]
     else {
         panic!("{cmds:?}")
     };
     assert_eq!(resume_from.as_ref(), Some(&snap("workspace-1")));
+    assert_eq!(
+        *resumes,
+        Some(x0),
+        "the Start names the sandbox that persisted it"
+    );
     h.start_ok(*x1);
     h.expect_events(&[ready("a2", *x1)]);
 }
@@ -550,9 +557,9 @@ fn r12_persist_before_stop() {
     let mut h = Script::with(|c| c.release = ReleasePolicy::Suspend);
     let x = h.ready_call("a", "s");
     h.release("a");
-    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
     h.stop_ok(x, Some("snap-1"));
-    h.expect_commands(&[persist(x, Some("snap-1"))]);
+    h.expect_commands(&[persist_to_suspend(x, Some("snap-1"))]);
     h.persist_ok(x);
     h.expect_commands(&[]);
     assert_eq!(h.core.sandbox_state(x), None);
@@ -561,7 +568,7 @@ fn r12_persist_before_stop() {
     let mut h = Script::with(|c| c.release = ReleasePolicy::Suspend);
     let x = h.ready_call("a", "s");
     h.release("a");
-    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
     h.stop_failed(x);
     h.expect_commands(&[shutdown(x)]);
 }

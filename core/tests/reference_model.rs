@@ -235,10 +235,12 @@ fn settle(core: &mut Lifecycle, now: Instant, start_ok: bool, seen: &mut Seen) {
             Command::Start { sandbox, .. } if start_ok => core.handle_start_ok(now, sandbox),
             Command::Start { sandbox, .. } => core.handle_start_failed(now, sandbox),
             Command::Upload { upload, .. } => core.handle_upload_ok(now, upload),
-            Command::Stop { sandbox } => core.handle_stop_ok(now, sandbox, None),
+            Command::Stop { sandbox, .. } => core.handle_stop_ok(now, sandbox, None),
             Command::Persist { sandbox, .. } => core.handle_persist_ok(now, sandbox),
-            Command::Shutdown { sandbox } => core.handle_shutdown_ok(now, sandbox),
-            Command::Drain { .. } | Command::CancelUpload { .. } => Ok(()),
+            Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(now, sandbox),
+            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
+                Ok(())
+            }
         };
         // Answers after Closed are refused, as they must be.
         assert!(r.is_ok() || core.is_closed(), "answer refused: {r:?}");

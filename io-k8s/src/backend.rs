@@ -1,42 +1,48 @@
 //! [`K8sBackend`]: the io-tokio `Backend` on Kubernetes, built from the [`Cluster`] operations.
-//! It learns the keeper's [`ReleasePolicy`] at construction ([`K8sBackend::connect`]): the
-//! commands do not carry it, and `Suspend` changes what `stop` and `persist` do.
+//! It executes the core's commands as they come and keeps no table to interpret them: each
+//! command says what it needs (a stop or persist whether it suspends, a start which suspended
+//! sandbox it resumes), and the release policy is the core's. [`Backend::check_config`] refuses
+//! what this mode cannot do: `Suspend` in pod mode.
 //!
 //! - `start`: create the claim (or pod) and wait until its pod runs; with `resume_from` (a
-//!   suspended claim's name), resume that claim instead (see [`crate::suspend`]): a claim that is
+//!   suspended claim's name), resume that claim instead (see [`crate::suspend`]): its objects
+//!   are relabelled with the new sandbox number before its new pod is made; a claim that is
 //!   gone, failed or not ours is a lost snapshot, so the start goes fresh with a warning; a
 //!   malformed reference is [`K8sError::BadSnapshot`];
 //! - `upload`: exec `tar -x` of a temporary name, then `mv -f -T` over the final name, in the
 //!   pod ([`crate::upload`]: all or nothing); an upload into a pod that is gone is
 //!   [`FailureClass::Gone`] (R6 becomes a typed `SandboxGone` in the core, never a crash), an
 //!   unknown outcome is transient;
-//! - `stop`: nothing to stop before shutdown (the core orders no upload after it). Under
-//!   `Suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
-//! - `persist`: under `Suspend`, hold back the sandbox's deaths and, for good, every event of
-//!   its current pod (by UID), patch its Sandbox
-//!   `operatingMode: Suspended` and wait until the pod is gone; the claim is kept for the next
-//!   start of the key. Otherwise nothing;
-//! - `shutdown`: delete the claim (or pod) by its name; gone already is success;
-//! - `watch_deaths`: deleted, failed or expired pods and claims of this owner, routed through
-//!   [`DeathRoutes`] (suspended sandboxes and the pods suspensions removed held back, resumed
-//!   ones named by their new number).
+//! - `stop`: nothing to stop before shutdown (the core orders no upload after it). With
+//!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
+//! - `persist`: with `suspend`, patch the sandbox's Sandbox `operatingMode: Suspended` and wait
+//!   until its pod is gone; the claim is kept for the start that resumes it, and the sandbox is
+//!   never named again. Otherwise nothing;
+//! - `shutdown`: delete the claim (or pod) by its name (a resume's by the name of the claim it
+//!   resumes, even when its start was abandoned); gone already is success;
+//! - `watch_deaths`: deleted, failed or expired pods and claims of this owner, reported by the
+//!   sandbox number on their label ([`crate::deaths`]): a claim's pod as a
+//!   [`Loss::Instance`](sandkeeper_tokio::Loss::Instance), a claim or a plain pod as a
+//!   [`Loss::Sandbox`](sandkeeper_tokio::Loss::Sandbox). Whether that is a death (or the
+//!   suspension's own doing, or stale news of an earlier incarnation) is the core's to say.
 //!
 //! `KeepWarm` needs nothing here: the core simply does not order a shutdown, so the claim is
-//! kept between calls (R11). `Suspend` in pod mode is refused at construction
-//! ([`ConfigError::SuspendNeedsAgentSandbox`]): a plain pod keeps nothing without the pod.
+//! kept between calls (R11). A plain pod keeps nothing without the pod, so pod mode cannot
+//! suspend ([`ConfigError::SuspendNeedsAgentSandbox`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandkeeper::{ReleasePolicy, SandboxId, Snapshot};
+use sandkeeper::{Config, ReleasePolicy, SandboxId, Snapshot};
 use sandkeeper_tokio::{
-    Backend, BackendError, DeathSink, FailureClass, StartRequest, UploadRequest,
+    Backend, BackendError, DeathSink, FailureClass, PersistRequest, StartRequest, StopRequest,
+    UploadRequest,
 };
 
 use crate::cluster::Cluster;
 use crate::config::{ConfigError, Mode};
-use crate::deaths::{DeathCounts, DeathRoutes};
+use crate::deaths::LossCounts;
 use crate::error::{ErrorClass, K8sError};
 use crate::lease::{LeaseRenewal, SweepReport};
 use crate::names;
@@ -58,12 +64,13 @@ pub fn failure(e: K8sError) -> BackendError {
 /// The Kubernetes backend of the io-tokio driver.
 pub struct K8sBackend {
     cluster: Cluster,
-    policy: ReleasePolicy,
+    /// The objects of the sandboxes started here and not shut down or suspended yet.
     started: Mutex<HashMap<SandboxId, SandboxHandle>>,
-    /// Claims being resumed by a start that has not answered yet: a shutdown ordered meanwhile
-    /// (the start abandoned) deletes them.
+    /// Claims being resumed by a start that has not answered yet: work in progress a shutdown
+    /// ordered meanwhile (the start abandoned) must delete, and whose name (the first
+    /// incarnation's) the sandbox number does not give.
     resuming: Mutex<HashMap<SandboxId, String>>,
-    routes: Arc<DeathRoutes>,
+    losses: Arc<tokio::sync::watch::Sender<LossCounts>>,
     suspensions: tokio::sync::watch::Sender<u64>,
     _lease: LeaseRenewal,
 }
@@ -73,27 +80,19 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl K8sBackend {
-    /// Checks that the cluster's mode can serve the keeper's release `policy` (give it the
-    /// same value as the keeper's core `Config::release`; `Suspend` needs agent-sandbox mode),
-    /// takes this owner's Lease, sweeps objects of owners whose Lease is gone, and keeps the
-    /// Lease renewed while the backend lives.
-    pub async fn connect(
-        cluster: Cluster,
-        policy: ReleasePolicy,
-    ) -> Result<(Self, SweepReport), K8sError> {
-        if policy == ReleasePolicy::Suspend && matches!(cluster.config().mode, Mode::Pod { .. }) {
-            return Err(ConfigError::SuspendNeedsAgentSandbox.into());
-        }
+    /// Takes this owner's Lease, sweeps objects of owners whose Lease is gone, and keeps the
+    /// Lease renewed while the backend lives. Whether this mode can serve the keeper's release
+    /// policy is checked when the keeper is made ([`Backend::check_config`]).
+    pub async fn connect(cluster: Cluster) -> Result<(Self, SweepReport), K8sError> {
         cluster.acquire_lease().await?;
         let report = cluster.sweep_orphans().await?;
         let lease = cluster.spawn_lease_renewal();
         Ok((
             K8sBackend {
                 cluster,
-                policy,
                 started: Mutex::new(HashMap::new()),
                 resuming: Mutex::new(HashMap::new()),
-                routes: Arc::new(DeathRoutes::default()),
+                losses: Arc::new(tokio::sync::watch::channel(LossCounts::default()).0),
                 suspensions: tokio::sync::watch::channel(0).0,
                 _lease: lease,
             },
@@ -101,50 +100,54 @@ impl K8sBackend {
         ))
     }
 
-    /// The release policy this backend serves.
-    pub fn policy(&self) -> &ReleasePolicy {
-        &self.policy
+    /// Counts of the losses the death watch reported (what the core made of them is in its
+    /// stats).
+    pub fn loss_counts(&self) -> tokio::sync::watch::Receiver<LossCounts> {
+        self.losses.subscribe()
     }
 
-    /// Counts of the deaths its watch saw: reported, or held back (suspensions).
-    pub fn death_counts(&self) -> tokio::sync::watch::Receiver<DeathCounts> {
-        self.routes.counts()
-    }
-
-    /// Suspensions completed so far (persists under `Suspend` that answered Ok).
+    /// Suspensions completed so far (persists with `suspend` that answered Ok).
     pub fn suspensions(&self) -> tokio::sync::watch::Receiver<u64> {
         self.suspensions.subscribe()
     }
 
-    fn suspends(&self) -> bool {
-        self.policy == ReleasePolicy::Suspend
-            && matches!(self.cluster.config().mode, Mode::AgentSandbox { .. })
+    /// Refuses a suspending stop or persist in pod mode (the keeper refused the policy at
+    /// construction, so this is a bug).
+    fn check_suspends(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+        match self.cluster.config().mode {
+            Mode::AgentSandbox { .. } => Ok(()),
+            Mode::Pod { .. } => Err(BackendError::fatal(format!(
+                "{sandbox}: {}",
+                ConfigError::SuspendNeedsAgentSandbox
+            ))),
+        }
     }
 
     /// Resumes the claim `snapshot` names as `request.sandbox`, or starts fresh when it is
     /// lost. `Ok(None)`: lost, start fresh.
     async fn resume(
         &self,
-        sandbox: SandboxId,
+        request: &StartRequest,
         snapshot: &Snapshot,
     ) -> Result<Option<SandboxHandle>, K8sError> {
+        let sandbox = request.sandbox;
         let claim = self.cluster.claim_of_snapshot(snapshot.as_str())?;
         locked(&self.resuming).insert(sandbox, claim.clone());
         let found = match self.cluster.find_suspended(&claim).await? {
             Resumable::Claim(found) => found,
             Resumable::Lost(why) => {
-                locked(&self.resuming).remove(&sandbox);
                 tracing::warn!(%sandbox, snapshot = %snapshot.as_str(), %why,
                     "the snapshot to resume from is lost; starting a fresh sandbox");
                 return Ok(None);
             }
         };
-        // From now on, deaths of the claim's objects are the new sandbox's.
-        let number = claim.rsplit('-').next().and_then(|n| n.parse().ok());
-        let label = found.label.or(number).unwrap_or(sandbox.0);
-        self.routes.resume(label, sandbox.0);
+        let resumes = request.resumes.map(|s| s.0);
+        if found.label.is_some() && found.label != resumes {
+            tracing::warn!(%sandbox, %claim, label = ?found.label, ?resumes,
+                "the suspended claim is labelled with another sandbox than the one it resumes");
+        }
         let handle = self.cluster.resume_sandbox(sandbox.0, &found).await?;
-        tracing::info!(%sandbox, %claim, pod = %handle.pod, "resumed a suspended claim");
+        tracing::info!(%sandbox, ?resumes, %claim, pod = %handle.pod, "resumed a suspended claim");
         Ok(Some(handle))
     }
 
@@ -161,18 +164,28 @@ impl K8sBackend {
         Ok(n)
     }
 
-    /// The objects of a sandbox started here and not shut down yet.
+    /// The objects of a sandbox started here and not shut down (or suspended) yet.
     pub fn handle(&self, sandbox: SandboxId) -> Option<SandboxHandle> {
         locked(&self.started).get(&sandbox).cloned()
     }
 }
 
 impl Backend for K8sBackend {
+    fn check_config(&self, config: &Config) -> Result<(), String> {
+        let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
+        if pod_mode && config.release == ReleasePolicy::Suspend {
+            return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());
+        }
+        Ok(())
+    }
+
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
         let key = request.key.to_string();
         let resumed = match &request.resume_from {
             Some(snapshot) => {
-                let r = self.resume(request.sandbox, snapshot).await;
+                let r = self.resume(&request, snapshot).await;
+                // Ended either way: resumed (now in `started`), failed (the claim deleted), or
+                // lost (a fresh start follows, under the new sandbox's own name).
                 locked(&self.resuming).remove(&request.sandbox);
                 r.map_err(failure)?
             }
@@ -205,22 +218,31 @@ impl Backend for K8sBackend {
         self.cluster.upload(&h.pod, &[file]).await.map_err(failure)
     }
 
-    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
-        if !self.suspends() {
+    async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
+        let StopRequest { sandbox, suspend } = request;
+        if !suspend {
             return Ok(None);
         }
+        self.check_suspends(sandbox)?;
+        let Some(h) = self.handle(sandbox) else {
+            return Err(BackendError::fatal(format!(
+                "{sandbox} is not started here: nothing to suspend"
+            )));
+        };
         // The claim owns the Sandbox whose volumes outlive the suspension.
-        Ok(self.handle(sandbox).map(|h| Snapshot::new(h.object)))
+        Ok(Some(Snapshot::new(h.object)))
     }
 
-    async fn persist(
-        &self,
-        sandbox: SandboxId,
-        snapshot: Option<Snapshot>,
-    ) -> Result<(), BackendError> {
-        if !self.suspends() {
+    async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
+        let PersistRequest {
+            sandbox,
+            snapshot,
+            suspend,
+        } = request;
+        if !suspend {
             return Ok(());
         }
+        self.check_suspends(sandbox)?;
         let Some(h) = self.handle(sandbox) else {
             return Err(BackendError::fatal(format!(
                 "{sandbox} is not started here: nothing to suspend"
@@ -241,10 +263,10 @@ impl Backend for K8sBackend {
                 why: format!("{sandbox} runs in claim {}", h.object),
             }));
         }
-        // Before the patch: the pod deletion the suspension causes is not a death.
-        self.routes.suspend(sandbox.0, &h.pod_uid);
+        // The pod deletion this causes is reported like any other (a lost instance); the
+        // core knows the sandbox is being suspended.
         self.cluster.suspend_sandbox(&h).await.map_err(failure)?;
-        // The core forgets the sandbox now; the claim waits for its key's next start.
+        // The sandbox's last command: the claim waits for the start that resumes it.
         locked(&self.started).remove(&sandbox);
         self.suspensions.send_modify(|n| *n += 1);
         tracing::debug!(%sandbox, %claim, "suspended");
@@ -254,7 +276,6 @@ impl Backend for K8sBackend {
     async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
         let known = locked(&self.started).remove(&sandbox);
         let resuming = locked(&self.resuming).remove(&sandbox);
-        self.routes.forget(sandbox.0);
         // By name, so a sandbox whose start answer was lost is deleted too (a resumed one by
         // the name of the claim it resumed).
         let object = known
@@ -270,15 +291,13 @@ impl Backend for K8sBackend {
 
     async fn watch_deaths(&self, deaths: DeathSink) {
         let sink = deaths.clone();
-        let routes = self.routes.clone();
+        let losses = self.losses.clone();
         let _watch = self.cluster.spawn_death_watch(move |d| {
-            match routes.route(&d) {
-                Some(x) => sink.report(SandboxId(x)),
-                None => {
-                    tracing::debug!(sandbox = d.sandbox, reason = %d.reason, "death of a suspended sandbox held back");
-                    true
-                }
-            }
+            tracing::debug!(sandbox = d.sandbox, loss = ?d.loss, reason = %d.reason, "reporting a loss");
+            let listening = sink.report_loss(SandboxId(d.sandbox), d.loss);
+            // Counted once the core took the report in.
+            losses.send_modify(|c| c.add(d.loss));
+            listening
         });
         while deaths.is_listening() {
             tokio::time::sleep(Duration::from_millis(200)).await;

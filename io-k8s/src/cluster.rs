@@ -42,8 +42,6 @@ pub mod calls {
     pub const LIST_PODS: Call = Call::new("list", "pods");
     /// Watch pods.
     pub const WATCH_PODS: Call = Call::new("watch", "pods");
-    /// Patch a pod (on resume: the sandbox label, so deaths name the new sandbox).
-    pub const PATCH_POD: Call = Call::new("patch", "pods");
     /// Delete a pod.
     pub const DELETE_POD: Call = Call::new("delete", "pods");
     /// Exec into a pod (websocket exec: a GET, authorised as `create` on newer clusters).
@@ -75,7 +73,6 @@ pub mod calls {
         GET_POD,
         LIST_PODS,
         WATCH_PODS,
-        PATCH_POD,
         DELETE_POD,
         EXEC,
         Call::new("get", "pods/exec"),

@@ -117,7 +117,8 @@ pub enum ConfigError {
     #[error("invalid warm pool name {0:?}")]
     WarmPool(String),
     /// `ReleasePolicy::Suspend` in pod mode: a plain pod keeps nothing once it is deleted, so
-    /// every suspended sandbox would either be lost or leak a running pod.
+    /// every suspended sandbox would either be lost or leak a running pod. The backend's
+    /// `check_config` answers the keeper with this message.
     #[error("release policy Suspend needs agentSandbox mode (Sandbox.spec.operatingMode: Suspended); pod mode cannot keep a sandbox without its pod: use Shutdown or KeepWarm, or agentSandbox mode")]
     SuspendNeedsAgentSandbox,
 }

@@ -120,9 +120,6 @@ pub enum K8sError {
         /// What is wrong with it.
         why: String,
     },
-    /// The backend's configuration cannot serve the keeper's release policy.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
 }
 
 impl K8sError {
@@ -139,8 +136,7 @@ impl K8sError {
             | K8sError::CommandFailed { .. }
             | K8sError::TooLarge { .. }
             | K8sError::Archive(_)
-            | K8sError::BadSnapshot { .. }
-            | K8sError::Config(_) => ErrorClass::Fatal,
+            | K8sError::BadSnapshot { .. } => ErrorClass::Fatal,
         }
     }
 

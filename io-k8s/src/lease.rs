@@ -281,6 +281,37 @@ impl Cluster {
         Ok(self.list_pods(&sel).await?.len())
     }
 
+    /// How many claims labelled with this owner exist now, and how many of them are
+    /// suspended (their Sandbox's `operatingMode` is `Suspended`). None in pod mode on a
+    /// cluster without agent-sandbox.
+    pub async fn owned_claims(&self) -> Result<(usize, usize), K8sError> {
+        let sel = names::owner_selector(&self.config.owner);
+        let claims = match self.list_claims(&sel).await {
+            Ok(c) => c,
+            Err(e) if e.is_gone() => return Ok((0, 0)),
+            Err(e) => return Err(e),
+        };
+        let mut suspended = 0;
+        for c in &claims {
+            let Some(sb) = c.status.as_ref().and_then(|s| s.sandbox.as_ref()) else {
+                continue;
+            };
+            let what = format!("sandbox {}", sb.name);
+            let found = self
+                .retry
+                .run(|| async {
+                    self.sandboxes()
+                        .get_opt(&sb.name)
+                        .await
+                        .map_err(|e| err(e, calls::GET_SANDBOX, &what))
+                })
+                .await?;
+            let mode = found.and_then(|s| s.spec.operating_mode);
+            suspended += usize::from(mode.as_deref() == Some("Suspended"));
+        }
+        Ok((claims.len(), suspended))
+    }
+
     /// Deletes every claim and pod labelled with this owner (at close). Returns how many.
     pub async fn delete_all_owned(&self) -> Result<usize, K8sError> {
         let sel = names::owner_selector(&self.config.owner);

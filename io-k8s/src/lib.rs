@@ -10,14 +10,23 @@
 //!   the claim ends it all (the claim owns the Sandbox, which owns the Pod). Typed CRDs: [`crd`].
 //! - **pod**: a plain `Pod` per sandbox from a user template.
 //!
-//! Release policies ([`K8sBackend::connect`] takes the keeper's): `Shutdown` deletes the claim
-//! or pod; `KeepWarm` keeps it between calls (the core orders no shutdown); `Suspend` (agent-
-//! sandbox mode only; pod mode refuses it at construction) patches the Sandbox
-//! `operatingMode: Suspended` (pod deleted, claim and Sandbox with its volumes kept), hands the
-//! claim's name to the core as the snapshot, and resumes that same claim (`Running`) on the key's
-//! next start; a claim lost meanwhile means a fresh start and a warning ([`suspend`]). The pod
-//! deletion a suspension causes is not reported as a death, even when the watch delivers it
-//! after the resume: it is held back by the removed pod's UID ([`DeathRoutes`]).
+//! The backend executes the core's commands and keeps no table to interpret them: each
+//! command says what it needs, and the release policy is the core's alone.
+//! [`K8sBackend::connect`] takes no policy; the keeper asks the backend once whether its mode
+//! can serve the core's configuration (`Backend::check_config`: pod mode refuses `Suspend`).
+//! A `Stop`/`Persist` that suspends (agent-sandbox mode) patches the Sandbox
+//! `operatingMode: Suspended` (pod deleted, claim and Sandbox with its volumes kept) and hands
+//! the claim's name to the core as the snapshot; the `Start` that carries it as `resume_from`
+//! resumes that same claim (`Running`); a claim lost meanwhile means a fresh start and a
+//! warning ([`suspend`]).
+//!
+//! Deaths are reported by the sandbox number an object's `sandkeeper.io/sandbox` label carries
+//! ([`deaths`]): a claim's pod lost is a lost instance, a claim (or a plain pod) lost is a lost
+//! sandbox, and the core decides what either means. There is no table of incarnations: a
+//! resume labels the claim's objects with the new sandbox number before the new pod exists,
+//! so every event of the suspended pod, however late, names the suspended sandbox, which the
+//! core no longer tracks and ignores; a pod lost while its sandbox is being suspended is the
+//! suspension's own doing, and the core knows it.
 //!
 //! Behaviour:
 //! - files go in through `pods/exec`, all or nothing per file: `timeout -s KILL <secs> tar -x -C
@@ -76,7 +85,7 @@ pub mod workload;
 pub use backend::K8sBackend;
 pub use cluster::Cluster;
 pub use config::{ConfigError, K8sConfig, Mode};
-pub use deaths::{Death, DeathCounts, DeathRoutes, DeathWatch, SeenOn};
+pub use deaths::{Death, DeathWatch, LossCounts};
 pub use error::{ErrorClass, K8sError};
 pub use lease::SweepReport;
 pub use sandbox::SandboxHandle;

@@ -1,12 +1,18 @@
-//! Suspending and resuming an agent-sandbox claim (`ReleasePolicy::Suspend`):
-//! `Sandbox.spec.operatingMode: Suspended` deletes the Sandbox's pod and keeps the Sandbox (its
-//! identity, volumes and Service) under its claim; `Running` brings a pod back.
+//! Suspending and resuming an agent-sandbox claim (`Stop`/`Persist` with `suspend`, a `Start`
+//! with `resume_from`): `Sandbox.spec.operatingMode: Suspended` deletes the Sandbox's pod and
+//! keeps the Sandbox (its identity, volumes and Service) under its claim; `Running` brings a pod
+//! back.
 //!
-//! The snapshot the core keeps for a key is the claim's name (`sk-<owner>-<number>`): the claim
-//! owns the Sandbox whose volumes survive the suspension. A resume checks the claim is still
-//! there and ours, moves its `sandkeeper.io/sandbox` label (and its pod's) to the new sandbox
-//! number so that deaths name the new sandbox, pushes its `shutdownTime` backstop out again,
-//! sets `Running` and waits until the Sandbox is Ready and its pod runs.
+//! The snapshot the core keeps for a key is the claim's name (`sk-<owner>-<number>`, the number
+//! of the sandbox that first made it): the claim owns the Sandbox whose volumes survive the
+//! suspension. A resume checks the claim is still there and ours, then names the claim's
+//! objects after the new sandbox *before* a new pod exists: the claim's `sandkeeper.io/sandbox`
+//! label, the label it asks its pod to carry (`spec.additionalPodMetadata`, from which the
+//! claim controller keeps the Sandbox's pod template), and the label of the Sandbox's pod
+//! template itself, from which the Sandbox controller makes the pod. So the new pod carries
+//! the new number from birth, and every event of the suspended pod, however late the watch
+//! delivers it, carries the old one. The resume then pushes the `shutdownTime` backstop out
+//! again, sets `Running` and waits until the Sandbox is Ready and its pod runs.
 
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -30,7 +36,7 @@ pub struct SuspendedClaim {
     /// Its Sandbox.
     pub sandbox_name: String,
     /// The sandbox number its `sandkeeper.io/sandbox` label carries (the sandbox it served
-    /// last), when readable.
+    /// last, which the start's `resumes` names), when readable.
     pub label: Option<u64>,
 }
 
@@ -181,10 +187,11 @@ impl Cluster {
         }
     }
 
-    /// Resumes a suspended claim as `sandbox`: its label (and, once it runs, its pod's) now
-    /// names `sandbox`, its `shutdownTime` is pushed out to `maxLifetimeSecs` from now, its
-    /// Sandbox is set `Running`, and the (new) pod is found once the Sandbox is Ready. On
-    /// failure the claim is deleted (the core will not offer this snapshot again).
+    /// Resumes a suspended claim as `sandbox`: its objects are labelled with `sandbox` before
+    /// its new pod is made (see the module docs), its `shutdownTime` is pushed out to
+    /// `maxLifetimeSecs` from now, its Sandbox is set `Running`, and the (new) pod is found
+    /// once the Sandbox is Ready. On failure the claim is deleted (the core will not offer
+    /// this snapshot again).
     pub async fn resume_sandbox(
         &self,
         sandbox: u64,
@@ -206,9 +213,15 @@ impl Cluster {
     ) -> Result<SandboxHandle, K8sError> {
         let claim = &found.claim;
         let sb = &found.sandbox_name;
+        let number = sandbox.to_string();
+        // The claim first: the claim controller keeps the Sandbox's pod template labels in
+        // line with `additionalPodMetadata`, so the Sandbox's label must not be reverted.
         let patch = json!({
-            "metadata": {"labels": {SANDBOX: sandbox.to_string()}},
-            "spec": {"lifecycle": {"shutdownTime": self.claim_shutdown_time()}},
+            "metadata": {"labels": {SANDBOX: number}},
+            "spec": {
+                "lifecycle": {"shutdownTime": self.claim_shutdown_time()},
+                "additionalPodMetadata": {"labels": {SANDBOX: number}},
+            },
         });
         let what = format!("claim {claim}");
         self.retry
@@ -220,6 +233,9 @@ impl Cluster {
                     .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
             })
             .await?;
+        // Then the Sandbox's pod template, which its new pod is made from: still suspended,
+        // so no pod exists yet that could carry the old number.
+        self.label_pod_template(sb, sandbox).await?;
         self.set_operating_mode(sb, false).await?;
         wait_for(
             self.sandboxes(),
@@ -242,17 +258,6 @@ impl Cluster {
         )
         .await?;
         let (pod, pod_uid) = self.find_pod(sb).await?;
-        let patch = json!({"metadata": {"labels": {SANDBOX: sandbox.to_string()}}});
-        let what = format!("pod {pod}");
-        self.retry
-            .run(|| async {
-                self.pods()
-                    .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| err(e, calls::PATCH_POD, &what))
-            })
-            .await?;
         Ok(SandboxHandle {
             sandbox,
             object: claim.clone(),
@@ -260,6 +265,27 @@ impl Cluster {
             pod,
             pod_uid,
         })
+    }
+
+    /// Sets the `sandkeeper.io/sandbox` label of a Sandbox's pod template (its next pod's).
+    pub async fn label_pod_template(
+        &self,
+        sandbox_name: &str,
+        sandbox: u64,
+    ) -> Result<(), K8sError> {
+        let what = format!("sandbox {sandbox_name}");
+        let patch = json!({
+            "spec": {"podTemplate": {"metadata": {"labels": {SANDBOX: sandbox.to_string()}}}},
+        });
+        self.retry
+            .run(|| async {
+                self.sandboxes()
+                    .patch(sandbox_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_SANDBOX, &what))
+            })
+            .await
     }
 }
 

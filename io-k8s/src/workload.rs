@@ -3,10 +3,11 @@
 //!
 //! - the message bus runs `argv` in the session's pod through `pods/exec` (no shell);
 //! - a death from outside is a deletion of the sandbox's pod;
-//! - after the keeper closed, a final sweep of this owner's claims and pods must find nothing
-//!   left (every shutdown deleted its object), and the owner's Lease is released.
+//! - after the keeper closed, no pod of this owner may run and every claim left must be a
+//!   suspended one; the final sweep must delete exactly those (every shutdown deleted its
+//!   object), and the owner's Lease is released.
 
-use sandkeeper::{ReleasePolicy, SandboxId};
+use sandkeeper::SandboxId;
 use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
 
 use crate::backend::K8sBackend;
@@ -40,22 +41,36 @@ impl WorkloadTarget for K8sBackend {
     async fn after_close(&self) -> Vec<(bool, String)> {
         let owner = self.cluster().owner().to_string();
         let mut checks = Vec::new();
-        // Under Suspend the keeper leaves its suspended claims (no pod) by design; nothing may
-        // hold a pod. Under the other policies nothing at all may be left.
-        let suspend = *self.policy() == ReleasePolicy::Suspend;
-        if suspend {
-            match self.cluster().owned_pods().await {
-                Ok(n) => checks.push((
-                    n == 0,
-                    format!("no pod of owner {owner} runs after close ({n} left)"),
-                )),
-                Err(e) => checks.push((false, format!("listing pods after close failed: {e}"))),
-            }
+        // The keeper shut down every sandbox but those it suspended (whatever its policy,
+        // which the backend is not told): a suspended sandbox is a claim whose Sandbox is
+        // Suspended, without a pod. So nothing may hold a pod, every claim left must be
+        // suspended, and the final sweep deletes exactly those.
+        match self.cluster().owned_pods().await {
+            Ok(n) => checks.push((
+                n == 0,
+                format!("no pod of owner {owner} runs after close ({n} left)"),
+            )),
+            Err(e) => checks.push((false, format!("listing pods after close failed: {e}"))),
         }
+        let suspended = match self.cluster().owned_claims().await {
+            Ok((claims, suspended)) => {
+                checks.push((
+                    claims == suspended,
+                    format!(
+                        "every claim of owner {owner} left after close is suspended ({suspended} of {claims})"
+                    ),
+                ));
+                suspended
+            }
+            Err(e) => {
+                checks.push((false, format!("listing claims after close failed: {e}")));
+                0
+            }
+        };
         match self.close().await {
             Ok(n) => checks.push((
-                suspend || n == 0,
-                if suspend {
+                n == suspended,
+                if suspended > 0 {
                     format!("the final sweep deleted the {n} suspended claims of owner {owner}")
                 } else {
                     format!(
@@ -81,13 +96,14 @@ pub enum HarnessError {
 }
 
 /// Connects a [`K8sBackend`] on `cluster` (takes the owner's Lease, sweeps orphans of dead
-/// owners) and runs the harness workload on it. The summary's last check is the final sweep:
-/// no claim or pod of this owner may be left after close.
+/// owners) and runs the harness workload on it (the keeper refuses `--suspend` in pod mode).
+/// The summary's last check is the final sweep: nothing of this owner but its suspended
+/// claims may be left after close, and the sweep deletes those.
 pub async fn run_workload(
     cluster: Cluster,
     options: &WorkloadOptions,
 ) -> Result<Summary, HarnessError> {
     options.check()?;
-    let (backend, _sweep) = K8sBackend::connect(cluster, options.release_policy()).await?;
+    let (backend, _sweep) = K8sBackend::connect(cluster).await?;
     Ok(workload::run(backend, options).await?)
 }

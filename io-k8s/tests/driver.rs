@@ -9,19 +9,16 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::resources::PODS;
 use k8s_loopback::store::Propagation;
-use sandkeeper::{CallId, CallSpec, Config, PathName, ReleasePolicy, SessionId};
+use sandkeeper::{CallId, CallSpec, Config, PathName, SessionId};
 use sandkeeper_k8s::K8sBackend;
 use sandkeeper_tokio::{Keeper, KeeperConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keeper_mirrors_into_the_pod_and_close_leaves_nothing_behind() {
     let server = server().await;
-    let (backend, sweep) = K8sBackend::connect(
-        cluster(&server, pod_config("keeper")),
-        ReleasePolicy::Shutdown,
-    )
-    .await
-    .unwrap();
+    let (backend, sweep) = K8sBackend::connect(cluster(&server, pod_config("keeper")))
+        .await
+        .unwrap();
     assert!(sweep.dead_owners.is_empty());
     let keeper = Keeper::new(KeeperConfig::with_core(Config::default()), backend).unwrap();
     let session = SessionId::new("s1").unwrap();
@@ -64,7 +61,7 @@ async fn the_keeper_mirrors_into_the_pod_and_close_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r6_an_upload_into_a_deleted_pod_becomes_sandbox_gone() {
     let server = server().await;
-    let backend = connect(&server, claim_config("r6"), ReleasePolicy::Shutdown).await;
+    let backend = connect(&server, claim_config("r6")).await;
     let keeper = Keeper::new(KeeperConfig::with_core(Config::default()), backend).unwrap();
     let session = SessionId::new("s1").unwrap();
     let guard = keeper

@@ -94,9 +94,10 @@ async fn the_harness_workload_suspends_and_resumes_claims() {
     summary.print();
     assert!(summary.ok(), "failed checks: {:?}", summary.failures);
     assert!(summary.stats.suspended >= 1, "{:?}", summary.stats);
-    // No deaths were injected, so none may be seen: in particular the late Delete event of a pod
-    // a suspension removed is never taken for a death of the sandbox that resumed its claim
-    // (held back by the pod's UID; see `a_late_delete_of_the_suspended_pod_...` in suspend.rs).
+    // No deaths were injected, so none may be seen: in particular the Delete event of a pod a
+    // suspension removed is reported as a lost instance of the suspended sandbox (its label),
+    // which the core takes for the suspension's own doing, or ignores once it no longer tracks
+    // that sandbox (see `a_late_delete_of_the_suspended_pod_...` in suspend.rs).
     assert_eq!(
         (summary.stats.deaths, summary.stats.shutdowns_ordered),
         (0, 0),

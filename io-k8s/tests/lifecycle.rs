@@ -292,3 +292,74 @@ async fn upload_limits_and_command_failures_are_typed() {
         "{e}"
     );
 }
+
+/// Waits (bounded, without sleeping) until `done` holds for the store.
+async fn set_back(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -> bool) {
+    let mut events = server.store().subscribe();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            let _ = events.recv().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} was not set back"));
+}
+
+/// A resume names the claim's objects after the new sandbox before its pod exists: the claim,
+/// the label it asks its pod to carry, and the Sandbox's pod template, so the new pod is made
+/// with the new number. The controllers keep it so: a pod relabelled against its template, or a
+/// Sandbox's template edited against its claim, is set back (as the real agent-sandbox
+/// controllers do, which is why the resume never patches the pod itself).
+#[tokio::test]
+async fn a_resume_names_the_new_pod_after_the_new_sandbox_from_birth() {
+    use sandkeeper_k8s::suspend::Resumable;
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-r"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    k.suspend_sandbox(&h).await.unwrap();
+    let Resumable::Claim(found) = k.find_suspended(&h.object).await.unwrap() else {
+        panic!("the suspended claim is there");
+    };
+    assert_eq!(found.label, Some(1), "labelled by the sandbox it served");
+    let r = k.resume_sandbox(7, &found).await.unwrap();
+    assert_eq!((r.sandbox, &r.object, &r.pod), (7, &h.object, &h.pod));
+    let label = "sandkeeper.io/sandbox";
+    let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
+    assert_eq!(labels(&claim)[label], "7");
+    assert_eq!(claim["spec"]["additionalPodMetadata"]["labels"][label], "7");
+    let sb = h.sandbox_name.clone().unwrap();
+    let template = |server: &k8s_loopback::Loopback| {
+        server.store().get(&SANDBOXES, NS, &sb).unwrap()["spec"]["podTemplate"]["metadata"]
+            ["labels"][label]
+            .clone()
+    };
+    assert_eq!(template(&server), "7");
+    // The new pod's every recorded change, from its creation on, carries 7.
+    let (history, _) = server.store().watch_from(0).unwrap();
+    let born: Vec<_> = history
+        .iter()
+        .filter(|e| e.resource == PODS && e.object["metadata"]["uid"] == r.pod_uid.as_str())
+        .collect();
+    assert_eq!(born.first().map(|e| e.kind), Some(EventType::Added));
+    assert!(born.iter().all(|e| labels(&e.object)[label] == "7"));
+
+    // Set back: a pod relabelled by hand, a Sandbox template edited against its claim.
+    server
+        .store()
+        .modify(&PODS, NS, &r.pod, |p| {
+            p["metadata"]["labels"][label] = Value::from("1")
+        })
+        .unwrap();
+    let pod_label = || labels(&server.store().get(&PODS, NS, &r.pod).unwrap())[label].clone();
+    set_back(&server, "the pod label", || pod_label() == "7").await;
+    server
+        .store()
+        .modify(&SANDBOXES, NS, &sb, |s| {
+            s["spec"]["podTemplate"]["metadata"]["labels"][label] = Value::from("1")
+        })
+        .unwrap();
+    set_back(&server, "the Sandbox template", || {
+        template(&server) == "7" && pod_label() == "7"
+    })
+    .await;
+}

@@ -92,8 +92,8 @@ async fn a_full_run_under_the_role_is_never_forbidden_and_uses_only_granted_call
     )
     .await
     .unwrap();
-    // Suspend and resume (ReleasePolicy::Suspend): patch and watch the Sandbox, patch the claim
-    // and the pod's labels.
+    // Suspend and resume (ReleasePolicy::Suspend): patch and watch the Sandbox, patch the
+    // claim's labels and the Sandbox's pod template (never the pod).
     k.suspend_sandbox(&h).await.unwrap();
     let found = match k.find_suspended(&h.object).await.unwrap() {
         sandkeeper_k8s::suspend::Resumable::Claim(found) => found,

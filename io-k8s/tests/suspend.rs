@@ -1,8 +1,11 @@
 //! `ReleasePolicy::Suspend` through the io-tokio driver (`Keeper`) against the loopback API:
-//! the last release suspends the claim (`Sandbox.spec.operatingMode: Suspended`, no pod, no
-//! death reported), the next call of the key resumes the same claim with its workspace, deaths
-//! of the resumed sandbox name the new sandbox while a late Delete of the suspended pod names
-//! none, a swept claim makes a fresh start, and pod mode refuses `Suspend`.
+//! the last release suspends the claim (`Sandbox.spec.operatingMode: Suspended`, no pod; the
+//! pod's deletion is reported as a lost instance and the core, which knows the sandbox is
+//! being suspended or no longer tracks it, counts no death), the next call of the key resumes
+//! the same claim with its workspace under a new sandbox number that its new pod carries from
+//! birth, so deaths of the resumed sandbox name it while a late Delete of the suspended pod
+//! names the suspended sandbox (stale for the core), a swept claim makes a fresh start, and
+//! the keeper refuses `Suspend` in pod mode.
 
 mod common;
 
@@ -10,11 +13,11 @@ use std::time::Duration;
 
 use common::*;
 use k8s_loopback::resources::{LEASES, PODS, SANDBOXES, SANDBOX_CLAIMS};
-use k8s_loopback::store::Propagation;
+use k8s_loopback::store::{EventType, Propagation};
 use k8s_loopback::{Fault, Loopback, Matcher, Verb};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sandkeeper::{CallId, CallSpec, Config, PathName, ReleasePolicy, SessionId};
-use sandkeeper_k8s::{ConfigError, DeathCounts, K8sBackend, K8sError};
+use sandkeeper_k8s::{ConfigError, K8sBackend, K8sError, LossCounts};
 use sandkeeper_tokio::{CallGuard, Keeper, KeeperConfig, KeeperError};
 use serde_json::Value;
 
@@ -41,12 +44,35 @@ async fn suspended(keeper: &Keeper<K8sBackend>, n: u64) {
         .expect("the backend lives");
 }
 
-async fn counts_until(keeper: &Keeper<K8sBackend>, done: impl Fn(&DeathCounts) -> bool) {
-    let mut rx = keeper.backend().death_counts();
+/// Waits until the losses the death watch reported satisfy `done` (each counted once the core
+/// took it in).
+async fn counts_until(keeper: &Keeper<K8sBackend>, done: impl Fn(&LossCounts) -> bool) {
+    let mut rx = keeper.backend().loss_counts();
     tokio::time::timeout(WAIT, rx.wait_for(|c| done(c)))
         .await
-        .expect("death counts in time")
+        .expect("loss counts in time")
         .expect("the backend lives");
+}
+
+fn losses(keeper: &Keeper<K8sBackend>) -> LossCounts {
+    *keeper.backend().loss_counts().borrow()
+}
+
+/// The `sandkeeper.io/sandbox` label of the pod with `uid` in every change the store recorded
+/// of it, from its creation on.
+fn pod_label_history(server: &Loopback, uid: &str) -> Vec<(EventType, Value)> {
+    let (history, _) = server.store().watch_from(0).unwrap();
+    history
+        .iter()
+        .filter(|e| e.resource.plural == PODS.plural)
+        .filter(|e| e.object["metadata"]["uid"].as_str() == Some(uid))
+        .map(|e| {
+            (
+                e.kind,
+                e.object["metadata"]["labels"]["sandkeeper.io/sandbox"].clone(),
+            )
+        })
+        .collect()
 }
 
 fn operating_mode(server: &Loopback, sandbox: &str) -> Option<String> {
@@ -69,7 +95,7 @@ fn exists(server: &Loopback, rt: &k8s_loopback::resources::ResourceType, name: &
 }
 
 async fn suspending_keeper(server: &Loopback, owner: &str) -> Keeper<K8sBackend> {
-    let backend = connect(server, claim_config(owner), ReleasePolicy::Suspend).await;
+    let backend = connect(server, claim_config(owner)).await;
     let core = Config {
         release: ReleasePolicy::Suspend,
         ..Config::default()
@@ -146,13 +172,15 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
         .unwrap();
     first.release().await;
 
-    // Suspended: the claim and its Sandbox stay, the pod goes, and its deletion is held back.
+    // Suspended: the claim and its Sandbox stay, the pod goes, and its deletion is reported as
+    // a lost instance of the first sandbox: the suspension's own doing while the persist is
+    // outstanding, stale once it answered. No death either way.
     until(&server, "the sandbox is suspended", |s| {
         operating_mode(s, &sandbox_name).as_deref() == Some("Suspended")
             && !exists(s, &PODS, &h1.pod)
     })
     .await;
-    counts_until(&keeper, |c| c.held_back >= 1).await;
+    counts_until(&keeper, |c| c.instances >= 1).await;
     assert!(
         exists(&server, &SANDBOX_CLAIMS, &h1.object),
         "the claim is kept"
@@ -160,12 +188,15 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
     let stats = keeper.stats();
     assert_eq!(stats.deaths, 0, "a suspension is no death");
     assert_eq!(stats.shutdowns_ordered, 0, "Suspend orders no shutdown");
+    assert!(
+        stats.instance_losses_suspending + stats.stale_answers >= 1,
+        "{stats:?}"
+    );
     assert_eq!(
-        *keeper.backend().death_counts().borrow(),
-        DeathCounts {
-            reported: 0,
-            held_back: 1,
-            late_pod_events: 0,
+        losses(&keeper),
+        LossCounts {
+            sandboxes: 0,
+            instances: 1,
         }
     );
 
@@ -206,6 +237,18 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
     let new_number = Value::from(second.sandbox().0.to_string());
     assert_eq!(label(&SANDBOX_CLAIMS, &h2.object), new_number);
     assert_eq!(label(&PODS, &h2.pod), new_number);
+    assert_eq!(
+        server.store().get(&SANDBOXES, NS, &sandbox_name).unwrap()["spec"]["podTemplate"]
+            ["metadata"]["labels"]["sandkeeper.io/sandbox"],
+        new_number,
+        "the Sandbox makes its pods with the new number"
+    );
+    let born = pod_label_history(&server, &h2.pod_uid);
+    assert_eq!(born.first().map(|e| e.0), Some(EventType::Added));
+    assert!(
+        born.iter().all(|(_, l)| *l == new_number),
+        "the resumed pod carries the new number from birth: {born:?}"
+    );
     let pushed: Timestamp = expiry(&server, &h2.object).parse().unwrap();
     assert!(
         pushed >= t0,
@@ -218,7 +261,7 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
         .store()
         .delete(&PODS, NS, &h2.pod, Propagation::Background, None)
         .unwrap();
-    counts_until(&keeper, |c| c.reported >= 1).await;
+    counts_until(&keeper, |c| c.instances >= 2).await;
     until(&server, "the resumed claim is deleted", |s| {
         !exists(s, &SANDBOX_CLAIMS, &h2.object)
     })
@@ -240,8 +283,10 @@ fn first_sandbox(h: &sandkeeper_k8s::SandboxHandle) -> sandkeeper::SandboxId {
     sandkeeper::SandboxId(h.sandbox)
 }
 
+/// The pod goes from outside while the suspension is under way: reported as a lost instance,
+/// which the core, knowing the sandbox is being suspended, takes for no death.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_deleted_while_suspending_is_not_reported_as_a_death() {
+async fn a_pod_deleted_while_suspending_is_no_death() {
     let server = server().await;
     let keeper = suspending_keeper(&server, "susp-d").await;
     let session = SessionId::new("s1").unwrap();
@@ -260,7 +305,13 @@ async fn a_pod_deleted_while_suspending_is_not_reported_as_a_death() {
         .store()
         .delete(&PODS, NS, &h1.pod, Propagation::Background, None)
         .unwrap();
-    counts_until(&keeper, |c| c.held_back >= 1).await;
+    counts_until(&keeper, |c| c.instances >= 1).await;
+    let stats = keeper.stats();
+    assert_eq!(
+        (stats.instance_losses_suspending, stats.deaths),
+        (1, 0),
+        "the core knew the sandbox was being suspended: {stats:?}"
+    );
     server.pause_controllers(false);
     // The suspension completes; the next call resumes the same claim.
     let second = call(&keeper, "c2", &session).await;
@@ -268,15 +319,23 @@ async fn a_pod_deleted_while_suspending_is_not_reported_as_a_death() {
     assert_eq!(h2.object, h1.object);
     let stats = keeper.stats();
     assert_eq!((stats.deaths, stats.suspended), (0, 1));
-    assert_eq!(keeper.backend().death_counts().borrow().reported, 0);
+    assert_eq!(
+        losses(&keeper),
+        LossCounts {
+            sandboxes: 0,
+            instances: 1,
+        }
+    );
     second.release().await;
     close(keeper, &server, "susp-d").await;
 }
 
 /// The race of issue #5: the death watch learns of the suspended pod's deletion only after the
-/// claim resumed as a new sandbox. The late event carries the old pod's labels (the Sandbox's
-/// pod template keeps the first sandbox number, which now routes to the resumed sandbox) and
-/// the resumed pod has the same name, so only the pod's UID tells the two apart.
+/// claim resumed as a new sandbox, and the resumed pod has the same name. The resume labelled
+/// the claim and its Sandbox's pod template with the new number before the new pod existed, so
+/// the late Delete carries the old number: it is reported as a lost instance of the suspended
+/// sandbox, which the core no longer tracks and ignores (a stale report), and the resumed
+/// sandbox lives on. No table of incarnations or pod UIDs is needed for that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox() {
     let server = server().await;
@@ -308,29 +367,48 @@ async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox()
         "agent-sandbox names the pod after its Sandbox"
     );
     assert_ne!(h2.pod_uid, h1.pod_uid, "a new pod");
+    let (old_number, new_number) = (h1.sandbox.to_string(), second.sandbox().0.to_string());
+    // Each pod carried its own sandbox's number for its whole life.
+    let old = pod_label_history(&server, &h1.pod_uid);
+    assert_eq!(old.last().map(|e| e.0), Some(EventType::Deleted));
+    assert!(old.iter().all(|(_, l)| *l == old_number), "{old:?}");
+    let born = pod_label_history(&server, &h2.pod_uid);
+    assert_eq!(born.first().map(|e| e.0), Some(EventType::Added));
+    assert!(
+        born.iter().all(|(_, l)| *l == new_number),
+        "the resumed pod carries the new number from birth: {born:?}"
+    );
     assert_eq!(
-        *keeper.backend().death_counts().borrow(),
-        DeathCounts::default(),
+        losses(&keeper),
+        LossCounts::default(),
         "the death watch has seen nothing yet"
     );
+    let before = keeper.stats();
 
     // Now the death watch sees the suspended pod's deletion, after the resume.
     server.faults().release_held_events();
-    counts_until(&keeper, |c| c.held_back + c.reported >= 1).await;
-    let counts = *keeper.backend().death_counts().borrow();
+    counts_until(&keeper, |c| c.total() >= 1).await;
     assert_eq!(
-        counts,
-        DeathCounts {
-            reported: 0,
-            held_back: 1,
-            late_pod_events: 1,
+        losses(&keeper),
+        LossCounts {
+            sandboxes: 0,
+            instances: 1,
         },
-        "held back by the old pod's UID, not reported for the resumed sandbox"
+        "reported as what it is: the instance of the suspended sandbox"
     );
-    assert_eq!(keeper.stats().deaths, 0);
+    let after = keeper.stats();
+    assert_eq!(after.deaths, 0, "{after:?}");
+    assert_eq!(
+        after.instance_losses_suspending, before.instance_losses_suspending,
+        "nothing is being suspended now"
+    );
     assert!(
-        keeper.resolve(&session).is_ok(),
-        "the resumed sandbox lives"
+        after.stale_answers > before.stale_answers,
+        "the core ignored a report naming a sandbox it no longer tracks: {after:?}"
+    );
+    assert_eq!(
+        keeper.resolve(&session).expect("the resumed sandbox lives"),
+        second.sandbox()
     );
     run_in(
         &keeper,
@@ -339,6 +417,20 @@ async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox()
     )
     .await
     .expect("the resumed pod still serves the call");
+    keeper
+        .flush(
+            &session,
+            &PathName::session_log(),
+            b"{\"turn\":2}\n".to_vec(),
+        )
+        .unwrap();
+    tokio::time::timeout(WAIT, keeper.mirror_settled(&session))
+        .await
+        .unwrap();
+    let log = format!("/workspace/s1/{}", PathName::session_log().as_str());
+    run_in(&keeper, &second, &["test", "-f", &log])
+        .await
+        .expect("an upload reached the resumed pod");
 
     // A death of the resumed pod itself is still reported, as the resumed sandbox's: the core
     // loses it and orders its Shutdown, which deletes the claim.
@@ -385,6 +477,8 @@ async fn resuming_a_swept_claim_starts_a_fresh_one() {
         !exists(s, &SANDBOX_CLAIMS, &h1.object)
     })
     .await;
+    // Reported as the suspended sandbox's loss; the core no longer tracks it.
+    counts_until(&keeper, |c| c.sandboxes >= 1).await;
     let second = call(&keeper, "c2", &session).await;
     let h2 = keeper.backend().handle(second.sandbox()).unwrap();
     assert_ne!(h2.object, h1.object, "a fresh claim");
@@ -401,29 +495,99 @@ async fn resuming_a_swept_claim_starts_a_fresh_one() {
 
 #[tokio::test]
 async fn pod_mode_refuses_suspend() {
+    use sandkeeper_tokio::Backend;
     let server = server().await;
-    let r = K8sBackend::connect(
-        cluster(&server, pod_config("susp-p")),
-        ReleasePolicy::Suspend,
-    )
-    .await;
-    let Err(e) = r else {
-        panic!("pod mode accepted Suspend");
+    let suspend = Config {
+        release: ReleasePolicy::Suspend,
+        ..Config::default()
+    };
+    // The backend says why when asked...
+    let backend = connect(&server, pod_config("susp-p")).await;
+    let why = backend.check_config(&suspend).unwrap_err();
+    assert_eq!(why, ConfigError::SuspendNeedsAgentSandbox.to_string());
+    assert!(why.contains("agentSandbox"), "{why}");
+    // ... and other policies are fine in pod mode.
+    let keep_warm = Config {
+        release: ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(1),
+        },
+        ..Config::default()
+    };
+    assert_eq!(backend.check_config(&keep_warm), Ok(()));
+    assert_eq!(backend.check_config(&Config::default()), Ok(()));
+    backend.close().await.unwrap();
+    // The keeper asks at construction and refuses to run.
+    let backend = connect(&server, pod_config("susp-p")).await;
+    let Err(e) = Keeper::new(KeeperConfig::with_core(suspend), backend) else {
+        panic!("the keeper accepted Suspend in pod mode");
     };
     assert!(
-        matches!(e, K8sError::Config(ConfigError::SuspendNeedsAgentSandbox)),
+        matches!(&e, KeeperError::Unsupported(why) if why.contains("agentSandbox")),
         "{e}"
     );
-    assert!(e.to_string().contains("agentSandbox"), "{e}");
+    // Agent-sandbox mode can.
+    let backend = connect(&server, claim_config("susp-c")).await;
+    assert_eq!(
+        backend.check_config(&Config {
+            release: ReleasePolicy::Suspend,
+            ..Config::default()
+        }),
+        Ok(())
+    );
+    backend.close().await.unwrap();
+    cluster(&server, pod_config("susp-p"))
+        .release_lease()
+        .await
+        .unwrap();
     assert!(
         server.store().all(&LEASES).is_empty(),
-        "refused before taking a Lease"
+        "{:?}",
+        server.store().all(&LEASES)
     );
-    // Other policies are fine in pod mode.
-    let keep_warm = ReleasePolicy::KeepWarm {
-        idle: Duration::from_secs(1),
-    };
-    let backend = connect(&server, pod_config("susp-p"), keep_warm).await;
+}
+
+/// A suspending stop or persist never reaches a pod-mode backend (the keeper refuses the
+/// policy); if one did, it is a fatal error, not a guess.
+#[tokio::test]
+async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
+    use sandkeeper::{SandboxId, Snapshot};
+    use sandkeeper_tokio::{Backend, FailureClass, PersistRequest, StopRequest};
+    let server = server().await;
+    let backend = connect(&server, pod_config("susp-x")).await;
+    let sandbox = SandboxId(4);
+    let e = backend
+        .stop(StopRequest {
+            sandbox,
+            suspend: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, FailureClass::Fatal, "{e}");
+    let e = backend
+        .persist(PersistRequest {
+            sandbox,
+            snapshot: Some(Snapshot::new("sk-susp-x-4")),
+            suspend: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, FailureClass::Fatal, "{e}");
+    // Without suspend there is nothing to do on the way down before the shutdown.
+    let stopped = backend
+        .stop(StopRequest {
+            sandbox,
+            suspend: false,
+        })
+        .await;
+    assert_eq!(stopped, Ok(None));
+    let persisted = backend
+        .persist(PersistRequest {
+            sandbox,
+            snapshot: None,
+            suspend: false,
+        })
+        .await;
+    assert_eq!(persisted, Ok(()));
     backend.close().await.unwrap();
 }
 
@@ -432,7 +596,7 @@ async fn a_malformed_snapshot_is_a_typed_start_failure() {
     use sandkeeper::{Key, Snapshot, Spec};
     use sandkeeper_tokio::{Backend, FailureClass, StartRequest};
     let server = server().await;
-    let backend = connect(&server, claim_config("susp-m"), ReleasePolicy::Suspend).await;
+    let backend = connect(&server, claim_config("susp-m")).await;
     for bad in ["", "sk-other-3", "sk-susp-m-x", "../../etc"] {
         let e = backend
             .start(StartRequest {
@@ -440,6 +604,7 @@ async fn a_malformed_snapshot_is_a_typed_start_failure() {
                 key: Key::Session(SessionId::new("s1").unwrap()),
                 spec: Spec::default(),
                 resume_from: Some(Snapshot::new(bad)),
+                resumes: Some(sandkeeper::SandboxId(1)),
             })
             .await
             .unwrap_err();
@@ -477,7 +642,7 @@ async fn a_resume_that_fails_deletes_the_claim() {
     })
     .await;
     // Failed either way: by the resume's own wait (PodFailed is terminal) or by the death
-    // watch, which reports the failed pod as the new sandbox's.
+    // watch, which reports the failed pod (born with the new number) as the new sandbox's.
     assert_eq!(
         keeper.stats().starts_ok,
         1,

@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use sandkeeper::{Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, UploadId, Version};
+use sandkeeper::{
+    Config, Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, UploadId, Version,
+};
 
 /// What kind of failure a backend met. The driver turns each into the core's input (see
 /// `classify.rs`): the backend never decides lifecycle, it only reports.
@@ -73,6 +75,31 @@ pub struct StartRequest {
     pub spec: Spec,
     /// The snapshot of the key's previous sandbox, to resume its workspace from.
     pub resume_from: Option<Snapshot>,
+    /// The sandbox that persisted `resume_from`: the earlier incarnation this start continues.
+    /// The core no longer tracks it; name the new incarnation's objects after `sandbox`, so
+    /// that a late event of the old one names the old sandbox and the core ignores it.
+    pub resumes: Option<SandboxId>,
+}
+
+/// The core's `Stop` command, for a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopRequest {
+    /// The sandbox.
+    pub sandbox: SandboxId,
+    /// It is being suspended: return a snapshot the key's next start can resume from.
+    pub suspend: bool,
+}
+
+/// The core's `Persist` command, for a backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistRequest {
+    /// The sandbox, stopped.
+    pub sandbox: SandboxId,
+    /// The snapshot its stop returned.
+    pub snapshot: Option<Snapshot>,
+    /// Suspend it: keep it for a later start that resumes `snapshot`. When this persist
+    /// succeeds, the driver never names the sandbox again (a failure leads to its shutdown).
+    pub suspend: bool,
 }
 
 /// The core's `Upload` command, for a backend: write `payload` as `path` of `session` into
@@ -93,19 +120,33 @@ pub struct UploadRequest {
     pub payload: Payload,
 }
 
-/// Where a backend reports sandboxes it learned are gone. Cheap to clone; reporting never
-/// blocks on IO (it takes the keeper's lock for one core input).
+/// What a backend found gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Loss {
+    /// The whole sandbox: its workspace too (a claim deleted or expired, a directory removed,
+    /// a pod of pod mode). The core's `handle_died`.
+    Sandbox,
+    /// Only its running instance (the pod of a claim); the workspace may remain. The core's
+    /// `handle_instance_gone`: the core decides whether that is a death (it is not while the
+    /// sandbox is being suspended).
+    Instance,
+}
+
+/// Where a backend reports sandboxes it learned are gone, by the sandbox number it found on
+/// the object. A report about an earlier incarnation of a resumed sandbox names that earlier
+/// sandbox, and the core ignores it: a backend keeps no table of incarnations. Cheap to clone;
+/// reporting never blocks on IO (it takes the keeper's lock for one core input).
 #[derive(Clone)]
 pub struct DeathSink {
-    report: Arc<dyn Fn(SandboxId) -> bool + Send + Sync>,
+    report: Arc<dyn Fn(SandboxId, Loss) -> bool + Send + Sync>,
     listening: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl DeathSink {
-    /// A sink calling `report` for each death (it answers whether the keeper still listens),
+    /// A sink calling `report` for each loss (it answers whether the keeper still listens),
     /// and `listening` to ask whether the keeper still listens.
     pub fn new(
-        report: impl Fn(SandboxId) -> bool + Send + Sync + 'static,
+        report: impl Fn(SandboxId, Loss) -> bool + Send + Sync + 'static,
         listening: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Self {
         DeathSink {
@@ -119,10 +160,15 @@ impl DeathSink {
         (self.listening)()
     }
 
-    /// Reports `sandbox` gone. Returns `false` once the keeper is closed or dropped: the
-    /// watcher may stop then.
+    /// Reports `sandbox` gone, whole. Returns `false` once the keeper is closed or dropped:
+    /// the watcher may stop then.
     pub fn report(&self, sandbox: SandboxId) -> bool {
-        (self.report)(sandbox)
+        (self.report)(sandbox, Loss::Sandbox)
+    }
+
+    /// Reports what of `sandbox` was lost. Returns as [`report`](Self::report).
+    pub fn report_loss(&self, sandbox: SandboxId, loss: Loss) -> bool {
+        (self.report)(sandbox, loss)
     }
 }
 
@@ -135,10 +181,10 @@ impl std::fmt::Debug for DeathSink {
 /// A place to run sandboxes. The driver calls these for the core's commands, concurrently
 /// across sandboxes and sessions, in the core's order for one sandbox's lifecycle (Start, Stop,
 /// Persist, Shutdown one after the other; uploads alongside). Each future may be dropped
-/// (cancelled) at any await point: when its upload is cancelled, when its deadline passes, or,
-/// for a start, when the core orders the sandbox's Shutdown (or Stop) while it is outstanding;
-/// the driver then calls `shutdown` at once, and it must leave nothing behind even if the
-/// dropped start's work goes on elsewhere (a blocking thread).
+/// (cancelled) at any await point: when the core's deadline for it passes, when its upload is
+/// cancelled, or when the core abandons the sandbox's outstanding start, stop or persist; for
+/// an abandoned one the driver then calls `shutdown` at once, and it must leave nothing behind
+/// even if the dropped operation's work goes on elsewhere (a blocking thread).
 ///
 /// A backend never decides lifecycle: it executes and reports, with a [`FailureClass`].
 pub trait Backend: Send + Sync + 'static {
@@ -152,23 +198,32 @@ pub trait Backend: Send + Sync + 'static {
         request: UploadRequest,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Stops the sandbox's processes; may return a snapshot of its workspace. After it, no
-    /// write may land in the sandbox.
+    /// Stops the sandbox's processes; may return a snapshot of its workspace (must, when
+    /// `request.suspend`). After it, no write may land in the sandbox.
     fn stop(
         &self,
-        sandbox: SandboxId,
+        request: StopRequest,
     ) -> impl Future<Output = Result<Option<Snapshot>, BackendError>> + Send;
 
-    /// Persists the stopped sandbox's snapshot.
+    /// Persists the stopped sandbox's snapshot; with `request.suspend`, keeps the sandbox
+    /// suspended for a later start that resumes the snapshot.
     fn persist(
         &self,
-        sandbox: SandboxId,
-        snapshot: Option<Snapshot>,
+        request: PersistRequest,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Frees everything the sandbox holds. "Already gone" is success.
     fn shutdown(&self, sandbox: SandboxId)
         -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Whether this backend can serve a keeper whose core runs with `config` (a backend that
+    /// cannot suspend refuses `ReleasePolicy::Suspend`, say). The keeper asks once, at
+    /// construction, and refuses to start with the reason; the default accepts everything.
+    /// The backend keeps nothing of the configuration: every command says what it needs.
+    fn check_config(&self, config: &Config) -> Result<(), String> {
+        let _ = config;
+        Ok(())
+    }
 
     /// Watches for sandboxes that disappear on their own and reports them to `deaths` until it
     /// answers `false`. The keeper runs this once, as its own task. The default watches

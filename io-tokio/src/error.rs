@@ -30,6 +30,9 @@ pub enum KeeperError {
     /// The keeper could not be built (a bad configuration).
     #[error("invalid keeper configuration: {0}")]
     InvalidConfig(&'static str),
+    /// The backend cannot serve the core's configuration (see `Backend::check_config`).
+    #[error("the backend cannot serve this configuration: {0}")]
+    Unsupported(String),
 }
 
 /// How an acquire ended without a sandbox (the shared layer's answer, before it is named for

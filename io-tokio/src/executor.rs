@@ -1,22 +1,28 @@
 //! The tokio executor: runs the core's commands on a [`Backend`], concurrently, with explicit
-//! limits, and feeds every answer back to the core.
+//! limits, and feeds every answer back to the core. It keeps the drain contract of
+//! `sandkeeper`'s crate docs and decides nothing: every command says what to do and by when.
 //!
 //! # How commands run
 //!
 //! - **Lifecycle commands** (Start, Stop, Persist, Shutdown) of one sandbox run one after the
 //!   other on that sandbox's *lane*, a task fed in the core's order; lanes of different
 //!   sandboxes run side by side. A lane holds at most four commands over its life (the core
-//!   orders at most one of each per sandbox), so its channel is bounded by construction; it ends
-//!   after Shutdown (or after Persist under `Suspend`).
-//! - **A Start the core stops waiting for is abandoned.** When the core orders Stop or Shutdown
-//!   of a sandbox whose Start is still outstanding (close revoked its calls, its start timed out,
-//!   it died while starting), the lane drops the start future (or stops waiting for its permit)
-//!   and runs the Shutdown at once; the core no longer awaits that start's answer, so none is
-//!   given. A backend's start must therefore be cancellation-safe (see [`Backend`]).
+//!   orders at most one of each per sandbox), so its channel is bounded by construction. It ends
+//!   after the sandbox's last command: its Shutdown, or a `Persist { suspend: true }` (which the
+//!   command itself says is last when it succeeds; if it fails, the Shutdown that follows gets a
+//!   lane of its own).
+//! - **Abandon** drops the sandbox's outstanding Start, Stop or Persist (or stops it waiting for
+//!   its permit); the lane then runs the Shutdown that the core ordered right after, at once.
+//!   No answer is given for the dropped command. A backend's operations must therefore be
+//!   cancellation-safe (see [`Backend`]).
 //! - **Uploads** run each in its own task, never on a lane: a hung upload of one session never
 //!   delays another session's upload, release, drain or any lifecycle command. `CancelUpload`
 //!   aborts the task (its future is dropped at its next await point).
 //! - **Drain** is published as a [`Notice::Drain`] for the sessions' background writers.
+//! - **Deadlines** are the core's, carried by each command and mapped to tokio's clock from the
+//!   keeper's origin. At its deadline an operation (its wait for a permit included) is dropped
+//!   and nothing is answered: the core's timer fires at that same instant and decides. The
+//!   executor has no timeouts of its own.
 //!
 //! # Limits
 //!
@@ -29,16 +35,9 @@
 //! most one upload in flight per (session, path), a session has at most
 //! `limits.max_paths_per_session` paths, and at most `limits.max_active_sessions` sessions are
 //! active, so at most `max_active_sessions x max_paths_per_session` uploads run at once (an
-//! upload task ends when its upload answers or the moment the core cancels it, at its
-//! `upload_timeout` or when its sandbox goes). An application whose backend needs a tighter
-//! bound lowers those two core limits; one hung session can occupy at most
-//! `max_paths_per_session` uploads, and only its own.
-//!
-//! Every backend operation also runs under a driver-side deadline equal to the core's (start
-//! timeout, upload timeout, command timeout), so a backend that never answers cannot hold a
-//! lane or a permit forever. The core's own timer decides first: it fires no later than the
-//! driver's deadline, and when both fall on the same instant, [`Shared::answer`] fires the
-//! core's due timers before it applies the driver's answer, which is then stale.
+//! upload task ends when its upload answers, at its deadline, or the moment the core cancels
+//! it). An application whose backend needs a tighter bound lowers those two core limits; one
+//! hung session can occupy at most `max_paths_per_session` uploads, and only its own.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,32 +50,22 @@ use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::Instrument;
 
-use crate::backend::{Backend, BackendError, StartRequest, UploadRequest};
+use crate::backend::{Backend, PersistRequest, StartRequest, StopRequest, UploadRequest};
 use crate::classify;
 use crate::notice::Notice;
 use crate::shared::{Executor, Shared};
-
-/// The limits and deadlines the executor runs with.
-#[derive(Clone, Debug)]
-pub(crate) struct ExecutorLimits {
-    pub(crate) max_lifecycle_ops: usize,
-    pub(crate) start_timeout: Duration,
-    pub(crate) upload_timeout: Duration,
-    pub(crate) command_timeout: Duration,
-    pub(crate) suspend: bool,
-}
 
 /// Runs commands on tokio tasks against a backend.
 pub(crate) struct TokioExecutor<B: Backend> {
     backend: Arc<B>,
     runtime: Handle,
     origin: tokio::time::Instant,
-    limits: ExecutorLimits,
     lifecycle_permits: Arc<Semaphore>,
     /// The lane of each sandbox with lifecycle work ahead.
     lanes: StdMutex<HashMap<SandboxId, mpsc::UnboundedSender<LaneCommand>>>,
-    /// Starts handed to a lane and not yet answered, each with the switch that abandons it.
-    starts: StdMutex<HashMap<SandboxId, oneshot::Sender<()>>>,
+    /// The outstanding Start, Stop or Persist of each sandbox (at most one: the core awaits one
+    /// answer at a time), with the switch that abandons it.
+    outstanding: StdMutex<HashMap<SandboxId, Outstanding>>,
     /// Uploads running, to cancel.
     uploads: StdMutex<HashMap<UploadId, AbortHandle>>,
     /// Wakes the timer task when the core's deadline changes.
@@ -84,23 +73,28 @@ pub(crate) struct TokioExecutor<B: Backend> {
     notices: broadcast::Sender<Notice>,
 }
 
+/// A lifecycle command handed to a lane and not yet ended.
+struct Outstanding {
+    start: bool,
+    abandon: oneshot::Sender<()>,
+}
+
 impl<B: Backend> TokioExecutor<B> {
     pub(crate) fn new(
         backend: Arc<B>,
         runtime: Handle,
         origin: tokio::time::Instant,
-        limits: ExecutorLimits,
+        max_lifecycle_ops: usize,
         timer: Arc<Notify>,
         notices: broadcast::Sender<Notice>,
     ) -> Self {
         TokioExecutor {
-            lifecycle_permits: Arc::new(Semaphore::new(limits.max_lifecycle_ops)),
+            lifecycle_permits: Arc::new(Semaphore::new(max_lifecycle_ops)),
             backend,
             runtime,
             origin,
-            limits,
             lanes: StdMutex::new(HashMap::new()),
-            starts: StdMutex::new(HashMap::new()),
+            outstanding: StdMutex::new(HashMap::new()),
             uploads: StdMutex::new(HashMap::new()),
             timer,
             notices,
@@ -124,9 +118,18 @@ impl<B: Backend> TokioExecutor<B> {
         lock_std(&self.uploads).len()
     }
 
-    /// Starts handed to lanes and not yet answered nor abandoned (for tests and reports).
+    /// Starts handed to lanes and not yet ended: answered, dropped at their deadline or
+    /// abandoned (for tests and reports).
     pub(crate) fn starts_running(&self) -> usize {
-        lock_std(&self.starts).len()
+        lock_std(&self.outstanding)
+            .values()
+            .filter(|o| o.start)
+            .count()
+    }
+
+    /// The tokio instant of a core deadline.
+    fn instant(&self, deadline: Instant) -> tokio::time::Instant {
+        self.origin + Duration::from_nanos(deadline.as_nanos())
     }
 
     fn publish(&self, notice: Notice) {
@@ -138,28 +141,28 @@ impl<B: Backend> TokioExecutor<B> {
 
     fn lane_send(&self, shared: &Arc<Shared<Self>>, command: Command) {
         let sandbox = command.sandbox();
-        let last = match command {
-            Command::Shutdown { .. } => true,
-            Command::Persist { .. } => self.limits.suspend,
-            _ => false,
-        };
+        // The command says whether it is the sandbox's last: a Shutdown always, a Persist that
+        // suspends when it succeeds.
+        let last = matches!(
+            command,
+            Command::Shutdown { .. } | Command::Persist { suspend: true, .. }
+        );
         let abandon = match command {
-            Command::Start { .. } => {
+            Command::Start { .. } | Command::Stop { .. } | Command::Persist { .. } => {
                 let (switch, abandon) = oneshot::channel();
-                lock_std(&self.starts).insert(sandbox, switch);
+                let previous = lock_std(&self.outstanding).insert(
+                    sandbox,
+                    Outstanding {
+                        start: matches!(command, Command::Start { .. }),
+                        abandon: switch,
+                    },
+                );
+                debug_assert!(previous.is_none(), "two outstanding commands for {sandbox}");
                 Some(abandon)
-            }
-            Command::Stop { .. } | Command::Shutdown { .. } => {
-                // The core no longer awaits this sandbox's start: stop waiting for it, so the
-                // command runs now rather than when the start answers or hits its deadline.
-                if let Some(switch) = lock_std(&self.starts).remove(&sandbox) {
-                    tracing::debug!(sandbox = %sandbox, "start abandoned");
-                    let _ = switch.send(());
-                }
-                None
             }
             _ => None,
         };
+        let deadline = command.deadline().map(|at| self.instant(at));
         let mut lanes = lock_std(&self.lanes);
         let sender = lanes.entry(sandbox).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -168,11 +171,24 @@ impl<B: Backend> TokioExecutor<B> {
                 .spawn(Self::lane(shared.clone(), sandbox, rx).instrument(span));
             tx
         });
-        if sender.send(LaneCommand { command, abandon }).is_err() {
+        let lane_command = LaneCommand {
+            command,
+            deadline,
+            abandon,
+        };
+        if sender.send(lane_command).is_err() {
             tracing::error!(sandbox = %sandbox, "lane ended before its last command");
         }
         if last {
             lanes.remove(&sandbox);
+        }
+    }
+
+    /// Drops the sandbox's outstanding Start, Stop or Persist.
+    fn abandon(&self, sandbox: SandboxId) {
+        if let Some(o) = lock_std(&self.outstanding).remove(&sandbox) {
+            tracing::debug!(sandbox = %sandbox, "abandoned");
+            let _ = o.abandon.send(());
         }
     }
 
@@ -182,79 +198,73 @@ impl<B: Backend> TokioExecutor<B> {
         sandbox: SandboxId,
         mut commands: mpsc::UnboundedReceiver<LaneCommand>,
     ) {
-        while let Some(LaneCommand { command, abandon }) = commands.recv().await {
+        while let Some(LaneCommand {
+            command,
+            deadline,
+            abandon,
+        }) = commands.recv().await
+        {
             let this = shared.executor();
             let permits = this.lifecycle_permits.clone();
             let backend = this.backend.clone();
-            let limits = this.limits.clone();
-            tracing::debug!(command = command_name(&command), "run");
-            let input = match command {
-                Command::Start {
-                    sandbox,
-                    key,
-                    spec,
-                    resume_from,
-                } => {
-                    let request = StartRequest {
+            let name = command.name();
+            tracing::debug!(command = name, "run");
+            let run = async {
+                let _permit = permits.acquire_owned().await.ok()?;
+                Some(match command {
+                    Command::Start {
                         sandbox,
                         key,
                         spec,
                         resume_from,
-                    };
-                    let run = async {
-                        let _permit = permits.acquire_owned().await.ok()?;
-                        Some(deadline(limits.start_timeout, backend.start(request)).await)
-                    };
-                    let abandoned = async {
-                        match abandon {
-                            // A dropped switch (the executor is gone) abandons too.
-                            Some(abandon) => {
-                                let _ = abandon.await;
-                            }
-                            None => std::future::pending().await,
-                        }
-                    };
-                    let result = tokio::select! {
-                        biased;
-                        () = abandoned => None,
-                        result = run => result,
-                    };
-                    lock_std(&this.starts).remove(&sandbox);
-                    let Some(result) = result else {
-                        tracing::debug!("start dropped: the core no longer awaits it");
-                        continue;
-                    };
-                    classify::start(sandbox, result)
-                }
-                other => {
-                    let Ok(_permit) = permits.acquire_owned().await else {
-                        return;
-                    };
-                    match other {
-                        Command::Stop { sandbox } => {
-                            let result =
-                                deadline(limits.command_timeout, backend.stop(sandbox)).await;
-                            classify::stop(sandbox, result)
-                        }
-                        Command::Persist { sandbox, snapshot } => {
-                            let result = deadline(
-                                limits.command_timeout,
-                                backend.persist(sandbox, snapshot),
-                            )
-                            .await;
-                            classify::persist(sandbox, result)
-                        }
-                        Command::Shutdown { sandbox } => {
-                            let result =
-                                deadline(limits.command_timeout, backend.shutdown(sandbox)).await;
-                            classify::shutdown(sandbox, result)
-                        }
-                        other => {
-                            tracing::error!(command = ?other, "not a lifecycle command");
-                            continue;
-                        }
+                        resumes,
+                        ..
+                    } => {
+                        let request = StartRequest {
+                            sandbox,
+                            key,
+                            spec,
+                            resume_from,
+                            resumes,
+                        };
+                        classify::start(sandbox, backend.start(request).await)
                     }
-                }
+                    Command::Stop {
+                        sandbox, suspend, ..
+                    } => {
+                        let request = StopRequest { sandbox, suspend };
+                        classify::stop(sandbox, backend.stop(request).await)
+                    }
+                    Command::Persist {
+                        sandbox,
+                        snapshot,
+                        suspend,
+                        ..
+                    } => {
+                        let request = PersistRequest {
+                            sandbox,
+                            snapshot,
+                            suspend,
+                        };
+                        classify::persist(sandbox, backend.persist(request).await)
+                    }
+                    Command::Shutdown { sandbox, .. } => {
+                        classify::shutdown(sandbox, backend.shutdown(sandbox).await)
+                    }
+                    other => unreachable!("{} is not a lifecycle command", other.name()),
+                })
+            };
+            let result = tokio::select! {
+                biased;
+                () = abandoned(abandon) => None,
+                result = until(deadline, run) => result.flatten(),
+            };
+            if name != "shutdown" {
+                lock_std(&this.outstanding).remove(&sandbox);
+            }
+            let Some(input) = result else {
+                tracing::debug!(command = name, "dropped: abandoned or past its deadline");
+                continue;
             };
             tracing::debug!(answer = ?input, "answer");
             Shared::answer(&shared, input);
@@ -262,7 +272,12 @@ impl<B: Backend> TokioExecutor<B> {
         tracing::trace!(sandbox = %sandbox, "lane ended");
     }
 
-    fn spawn_upload(&self, shared: &Arc<Shared<Self>>, request: UploadRequest) {
+    fn spawn_upload(
+        &self,
+        shared: &Arc<Shared<Self>>,
+        request: UploadRequest,
+        deadline: tokio::time::Instant,
+    ) {
         let upload = request.upload;
         let span = tracing::info_span!(
             "upload",
@@ -274,16 +289,19 @@ impl<B: Backend> TokioExecutor<B> {
         );
         let shared2 = shared.clone();
         let backend = self.backend.clone();
-        let timeout = self.limits.upload_timeout;
         // The map is locked while spawning, so the task cannot forget itself before it is
         // remembered.
         let mut uploads = lock_std(&self.uploads);
         let task = self.runtime.spawn(
             async move {
-                let result = deadline(timeout, backend.upload(request)).await;
+                let result = until(Some(deadline), backend.upload(request)).await;
+                lock_std(&shared2.executor().uploads).remove(&upload);
+                let Some(result) = result else {
+                    tracing::debug!("upload dropped at its deadline");
+                    return;
+                };
                 let input = classify::upload(upload, result);
                 tracing::debug!(answer = ?input, "upload answered");
-                lock_std(&shared2.executor().uploads).remove(&upload);
                 Shared::answer(&shared2, input);
             }
             .instrument(span),
@@ -307,17 +325,19 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 path,
                 version,
                 payload,
-            } => self.spawn_upload(
-                shared,
-                UploadRequest {
+                deadline,
+            } => {
+                let deadline = self.instant(deadline);
+                let request = UploadRequest {
                     upload,
                     sandbox,
                     session,
                     path,
                     version,
                     payload,
-                },
-            ),
+                };
+                self.spawn_upload(shared, request, deadline)
+            }
             Command::CancelUpload { upload, sandbox } => {
                 if let Some(task) = lock_std(&self.uploads).remove(&upload) {
                     tracing::debug!(upload = %upload, sandbox = %sandbox, "upload cancelled");
@@ -328,6 +348,7 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 tracing::debug!(sandbox = %sandbox, sessions = sessions.len(), "drain");
                 self.publish(Notice::Drain { sandbox, sessions });
             }
+            Command::Abandon { sandbox } => self.abandon(sandbox),
             lifecycle => self.lane_send(shared, lifecycle),
         }
     }
@@ -342,20 +363,32 @@ impl<B: Backend> Executor for TokioExecutor<B> {
     }
 }
 
-/// A lifecycle command for a lane; a Start carries the switch that abandons it.
+/// A lifecycle command for a lane, with its deadline on tokio's clock and, for a Start, Stop
+/// or Persist, the switch that abandons it.
 struct LaneCommand {
     command: Command,
+    deadline: Option<tokio::time::Instant>,
     abandon: Option<oneshot::Receiver<()>>,
 }
 
-/// Runs `op` under the driver-side deadline.
-async fn deadline<T>(
-    limit: Duration,
-    op: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    match tokio::time::timeout(limit, op).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::timeout(format!("no answer within {limit:?}"))),
+/// Resolves when the switch is thrown (or dropped: the executor is gone); never without one.
+async fn abandoned(switch: Option<oneshot::Receiver<()>>) {
+    match switch {
+        Some(switch) => {
+            let _ = switch.await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs `op` until the core's deadline: `None` once it has passed (the operation is dropped).
+async fn until<T>(
+    deadline: Option<tokio::time::Instant>,
+    op: impl Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, op).await.ok(),
+        None => Some(op.await),
     }
 }
 
@@ -363,17 +396,5 @@ fn lock_std<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     match mutex.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
-    }
-}
-
-fn command_name(command: &Command) -> &'static str {
-    match command {
-        Command::Start { .. } => "start",
-        Command::Upload { .. } => "upload",
-        Command::CancelUpload { .. } => "cancel-upload",
-        Command::Drain { .. } => "drain",
-        Command::Stop { .. } => "stop",
-        Command::Persist { .. } => "persist",
-        Command::Shutdown { .. } => "shutdown",
     }
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use sandkeeper::{PathName, Payload, SandboxId, SessionId, Snapshot, Version};
 
-use crate::backend::{Backend, BackendError, DeathSink, StartRequest, UploadRequest};
+use crate::backend::{
+    Backend, BackendError, DeathSink, PersistRequest, StartRequest, StopRequest, UploadRequest,
+};
 use crate::rng::SplitMix64;
 
 /// Fault rates and latencies. Probabilities are per operation.
@@ -431,7 +433,8 @@ impl Backend for FaultBackend {
         }
     }
 
-    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
+    async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
+        let sandbox = request.sandbox;
         let phase = self.receive(Op::Stop(sandbox));
         let (latency, fails) = self.draw(|r| {
             (
@@ -454,11 +457,8 @@ impl Backend for FaultBackend {
             .then(|| Snapshot::new(format!("snap-{}", sandbox.0))))
     }
 
-    async fn persist(
-        &self,
-        sandbox: SandboxId,
-        _snapshot: Option<Snapshot>,
-    ) -> Result<(), BackendError> {
+    async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
+        let sandbox = request.sandbox;
         self.receive(Op::Persist(sandbox));
         let latency = self.draw(|r| r.between(self.config.op_latency.0, self.config.op_latency.1));
         tokio::time::sleep(latency).await;

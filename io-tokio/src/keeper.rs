@@ -4,15 +4,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallSpec, CloseReport, Config, Lifecycle, PathName, Payload, ReleasePolicy, SandboxId,
-    SandboxState, SessionId, Stats, Version,
+    CallSpec, CloseReport, Config, Lifecycle, PathName, Payload, SandboxId, SandboxState,
+    SessionId, Stats, Version,
 };
 use tokio::sync::{broadcast, Notify};
 use tracing::Instrument;
 
-use crate::backend::{Backend, DeathSink};
+use crate::backend::{Backend, DeathSink, Loss};
 use crate::error::KeeperError;
-use crate::executor::{ExecutorLimits, TokioExecutor};
+use crate::executor::TokioExecutor;
 use crate::guard::CallGuard;
 use crate::notice::Notice;
 use crate::shared::Shared;
@@ -102,22 +102,18 @@ impl<B: Backend> Keeper<B> {
             ));
         }
         let core = Lifecycle::new(config.core.clone())?;
+        backend
+            .check_config(&config.core)
+            .map_err(KeeperError::Unsupported)?;
         let runtime = tokio::runtime::Handle::current();
         let wake = Arc::new(Notify::new());
         let (notices, _) = broadcast::channel(config.notice_capacity);
-        let limits = ExecutorLimits {
-            max_lifecycle_ops: config.max_lifecycle_ops,
-            start_timeout: config.core.start_timeout,
-            upload_timeout: config.core.upload_timeout,
-            command_timeout: config.core.command_timeout,
-            suspend: config.core.release == ReleasePolicy::Suspend,
-        };
         let backend = Arc::new(backend);
         let executor = TokioExecutor::new(
             backend.clone(),
             runtime.clone(),
             tokio::time::Instant::now(),
-            limits,
+            config.max_lifecycle_ops,
             wake.clone(),
             notices,
         );
@@ -128,15 +124,19 @@ impl<B: Backend> Keeper<B> {
         let weak = Arc::downgrade(&shared);
         let listening = weak.clone();
         let deaths = DeathSink::new(
-            move |sandbox| {
+            move |sandbox, loss| {
                 let Some(shared) = weak.upgrade() else {
                     return false;
                 };
                 if shared.is_closed() {
                     return false;
                 }
-                tracing::info!(sandbox = %sandbox, "backend reports sandbox gone");
-                Shared::answer(&shared, sandkeeper::Input::Died { sandbox });
+                tracing::info!(sandbox = %sandbox, ?loss, "backend reports a loss");
+                let input = match loss {
+                    Loss::Sandbox => sandkeeper::Input::Died { sandbox },
+                    Loss::Instance => sandkeeper::Input::InstanceGone { sandbox },
+                };
+                Shared::answer(&shared, input);
                 true
             },
             move || listening.upgrade().is_some_and(|s| !s.is_closed()),
@@ -290,8 +290,8 @@ impl<B: Backend> Keeper<B> {
         self.shared.executor().uploads_running()
     }
 
-    /// Starts running on the backend now (a start the core abandoned, by shutting its sandbox
-    /// down, no longer counts).
+    /// Starts running on the backend now (a start the core abandoned, or one past its
+    /// deadline, no longer counts).
     pub fn starts_running(&self) -> usize {
         self.shared.executor().starts_running()
     }

@@ -28,9 +28,11 @@
 //!   --lib models`).
 //! - `executor.rs`: commands on tokio tasks (a lane per sandbox for its lifecycle, a task per
 //!   upload), with explicit concurrency limits (a pool for lifecycle operations; uploads bounded
-//!   by the core's per-(session, path) rule, never by a pool that sessions share); a start the
-//!   core stops awaiting is abandoned so its Shutdown runs at once; `classify.rs`: backend
-//!   failures into core inputs; `timer.rs`: the core's deadlines.
+//!   by the core's per-(session, path) rule, never by a pool that sessions share). It decides
+//!   nothing: every command carries its deadline (the operation is dropped then, unanswered),
+//!   `Abandon` drops an outstanding start, stop or persist so the Shutdown after it runs at
+//!   once, and `suspend` says when a Persist is a sandbox's last command; `classify.rs`:
+//!   backend failures into core inputs; `timer.rs`: the core's deadlines.
 //! - `keeper.rs`, `guard.rs`: the application's API.
 //! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
 //! - `workload/`: the main job's workload on any backend ([`workload::run`]); the `harness`
@@ -61,7 +63,10 @@ mod tally;
 mod timer;
 pub mod workload;
 
-pub use backend::{Backend, BackendError, DeathSink, FailureClass, StartRequest, UploadRequest};
+pub use backend::{
+    Backend, BackendError, DeathSink, FailureClass, Loss, PersistRequest, StartRequest,
+    StopRequest, UploadRequest,
+};
 pub use error::{KeeperError, Released};
 pub use fault::FaultBackend;
 pub use guard::CallGuard;

@@ -260,27 +260,15 @@ impl<E: Executor> Shared<E> {
     // ------------------------------------------------------------------------------------------
     // Backend inputs
 
-    /// Applies a backend answer, a death or a timeout, after firing the core's timers due by
-    /// now. Stale answers change nothing; answers after `Closed` are refused by the core and
-    /// ignored here.
+    /// Applies a backend answer or a death. Stale answers change nothing; answers after
+    /// `Closed` are refused by the core and ignored here. No ordering with the core's timers is
+    /// needed: an operation past its deadline is dropped by the executor and never answered.
     pub(crate) fn answer(this: &Arc<Self>, input: Input) {
         let mut st = lock(&this.state);
         if st.core.is_closed() {
             return;
         }
         let now = this.executor.now();
-        // The core's deadlines due by now come first. A backend answer made at the instant of a
-        // deadline (the driver's own deadline equals the core's) must not beat the core's
-        // timer task to it: the core's timeout decides, and the answer is then stale.
-        if st.core.poll_timeout().is_some_and(|at| at <= now) {
-            if let Err(error) = st.core.handle_timeout(now) {
-                tracing::debug!(%error, "timeout refused");
-            }
-            Self::drain(this, &mut st);
-            if st.core.is_closed() {
-                return;
-            }
-        }
         if let Err(error) = st.core.handle(now, input) {
             tracing::warn!(%error, "backend input refused");
         }

@@ -652,3 +652,54 @@ async fn hung_uploads_of_many_sessions_take_no_capacity_another_session_needs() 
     k.check_invariants().unwrap();
     assert!(k.backend().violations().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_command_past_its_deadline_is_dropped_and_never_answered() {
+    // Every backend operation takes 2 s; the core waits 1 s for a Stop. The executor keeps no
+    // timeout of its own: it drops the Stop at the deadline the command carries, answers
+    // nothing, and the Shutdown the core orders then (after `Abandon`) runs at once.
+    let mut faults = FaultConfig::reliable();
+    faults.op_latency = (Duration::from_secs(2), Duration::from_secs(2));
+    let core = Config {
+        command_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let k = keeper(core, FaultBackend::new(7, faults));
+    let guard = k.acquire(spec("a", "sa")).await.unwrap();
+    let x = guard.sandbox();
+    guard.release().await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // At 1.5 s the Stop has been dropped (it would answer at 2 s) and the Shutdown runs.
+    assert_eq!(k.stats().abandoned, 1);
+    assert_eq!(
+        k.backend().ops_for(x),
+        vec![Op::Start(x), Op::Stop(x), Op::Shutdown(x)]
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let stats = k.stats();
+    assert_eq!(
+        stats.stale_answers, 0,
+        "the dropped Stop never answered: {stats:?}"
+    );
+    // The Shutdown took 2 s too: past its 1 s deadline, dropped, reported unconfirmed.
+    assert_eq!(stats.shutdowns_unconfirmed, 1, "{stats:?}");
+    k.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_cannot_serve_the_configuration_is_refused_at_start_up() {
+    let root = std::env::temp_dir().join(format!("sk-refuse-{}", std::process::id()));
+    let mut local = sandkeeper_tokio::local::LocalConfig::new(&root);
+    local.snapshots = false;
+    let backend = sandkeeper_tokio::LocalBackend::new(local).unwrap();
+    let core = Config {
+        release: sandkeeper::ReleasePolicy::Suspend,
+        ..Config::default()
+    };
+    let e = Keeper::new(KeeperConfig::with_core(core), backend).err();
+    assert!(
+        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("snapshots")),
+        "{e:?}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

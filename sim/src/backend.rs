@@ -67,6 +67,10 @@ impl Ledger {
                 return;
             }
             Command::Drain { .. } => return,
+            // The outstanding Start, Stop or Persist is no longer awaited. The simulated driver
+            // is the harder one: it may still answer (a stale answer the core must ignore), as
+            // a scenario may, so the command stays outstanding until answered.
+            Command::Abandon { .. } => return,
         };
         self.next_seq += 1;
         self.ops.push(Op {

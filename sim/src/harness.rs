@@ -78,6 +78,9 @@ pub struct Harness {
     pub inputs: u64,
     /// The error kind of the last input, if it was rejected.
     pub last_error: Option<ErrorKind>,
+    /// Calls whose acquire named something the core refuses (failed with `invalid-name`), as
+    /// written.
+    refused_calls: Vec<String>,
     /// The default close deadline (`close` without `deadline=`).
     pub close_deadline: Duration,
     opts: HarnessOptions,
@@ -115,6 +118,7 @@ impl Harness {
             steps: 0,
             inputs: 0,
             last_error: None,
+            refused_calls: Vec::new(),
             close_deadline,
             opts,
             stats_before: Stats::default(),
@@ -248,18 +252,35 @@ impl Harness {
                 let r = self.core.close(now, d);
                 if r.is_ok() {
                     self.history.closing = true;
+                    self.history
+                        .bounds
+                        .closing(self.now_ms, d.as_millis() as u64);
                 }
                 self.after(r.map_err(|e| e.kind()))?;
             }
             Step::Advance(d) => {
-                self.now_ms += d.as_millis() as u64;
-                self.history.now_ms = self.now_ms;
-                let now = self.now();
-                let due = self.core.poll_timeout().is_some_and(|t| t <= now);
-                if due || self.history.closed {
-                    let r = self.core.handle_timeout(now);
+                // Time passes the way a driver's timer lets it: each deadline on the way is
+                // handled at its own instant (the time-bound checks rely on it), then the clock
+                // reaches the target.
+                let target = self.now_ms + d.as_millis() as u64;
+                let mut fired = false;
+                while let Some(t) = self.core.poll_timeout() {
+                    let at = t.as_nanos().div_ceil(1_000_000);
+                    if at > target || self.history.closed {
+                        break;
+                    }
+                    self.now_ms = self.now_ms.max(at);
+                    self.history.now_ms = self.now_ms;
+                    let r = self.core.handle_timeout(self.now());
                     self.after(r.map_err(|e| e.kind()))?;
-                } else {
+                    fired = true;
+                }
+                self.now_ms = target;
+                self.history.now_ms = self.now_ms;
+                if self.history.closed {
+                    let r = self.core.handle_timeout(self.now());
+                    self.after(r.map_err(|e| e.kind()))?;
+                } else if !fired {
                     self.last_error = None;
                 }
             }
@@ -270,7 +291,14 @@ impl Harness {
                     )));
                 };
                 match answer.op() {
+                    None if *answer == Answer::InstanceGone => {
+                        self.history.note_resumed_loss(x);
+                        self.history.instance_gone(x);
+                        let r = self.core.handle_instance_gone(now, x);
+                        self.after(r.map_err(|e| e.kind()))?;
+                    }
                     None => {
+                        self.history.note_resumed_loss(x);
                         self.history.died(x);
                         let r = self.core.handle_died(now, x);
                         self.after(r.map_err(|e| e.kind()))?;
@@ -300,6 +328,13 @@ impl Harness {
                 self.settle(x)?;
             }
             Step::Expect(e) => self.expect(e)?,
+            Step::Refused { call, .. } => {
+                // The core's name types are its validation: the input never gets built.
+                self.last_error = Some(ErrorKind::InvalidName);
+                if let Some(c) = call {
+                    self.refused_calls.push(c.clone());
+                }
+            }
             Step::Unspellable(_) => {}
         }
         Ok(())
@@ -514,6 +549,9 @@ impl Harness {
         if s.suspended > b.suspended {
             m.hit(Mark::Suspended);
         }
+        if s.abandoned > b.abandoned {
+            m.hit(Mark::Abandoned);
+        }
         if s.revivals > b.revivals {
             m.hit(Mark::Revival);
         }
@@ -574,7 +612,7 @@ impl Harness {
                 self.core.call_status(c),
                 Some(CallStatus::Waiting | CallStatus::Starting(_))
             ),
-            Expect::Failed(c, kind) => match self.history.failed.get(c) {
+            Expect::Failed(c, kind) => match self.failure_of(c) {
                 Some(k) => kind.as_deref().is_none_or(|want| want == k.as_str()),
                 None => false,
             },
@@ -615,9 +653,17 @@ impl Harness {
                     _ => false,
                 }
             }
-            Expect::Running(c) => sandbox(self, c)
+            Expect::Running(c) => sandbox(self, c).is_some_and(|x| {
+                let up = self
+                    .core
+                    .sandbox_state(x)
+                    .is_some_and(sandkeeper::SandboxState::accepts_uploads);
+                let seen = self.history.sandboxes.get(&x);
+                up && seen.is_some_and(|s| !s.stop && !s.shutdown && !s.dead)
+            }),
+            Expect::State(c, want) => sandbox(self, c)
                 .and_then(|x| self.core.sandbox_state(x))
-                .is_some_and(|s| s == sandkeeper::SandboxState::Running),
+                .is_some_and(|s| s == *want),
             Expect::Stop(c) | Expect::NoStop(c) => {
                 let stopped = sandbox(self, c)
                     .and_then(|x| self.history.sandboxes.get(&x))
@@ -645,12 +691,22 @@ impl Harness {
         }
     }
 
+    /// How the call named `c` (as written) ended without becoming ready, if it did.
+    fn failure_of(&self, c: &str) -> Option<ErrorKind> {
+        if self.refused_calls.iter().any(|r| r == c) {
+            return Some(ErrorKind::InvalidName);
+        }
+        CallId::new(c)
+            .ok()
+            .and_then(|c| self.history.failed.get(&c).copied())
+    }
+
     fn explain(&self, e: &Expect) -> String {
         match e {
             Expect::Ready(c) | Expect::Waiting(c) => {
                 format!("{c} is {:?}", self.core.call_status(c))
             }
-            Expect::Failed(c, _) => format!("{c} failed with {:?}", self.history.failed.get(c)),
+            Expect::Failed(c, _) => format!("{c} failed with {:?}", self.failure_of(c)),
             Expect::Error(_) => format!("the last input's error was {:?}", self.last_error),
             Expect::Uploaded {
                 session,
@@ -673,6 +729,7 @@ impl Harness {
                 format!("it settled as {got:?}")
             }
             Expect::Running(c)
+            | Expect::State(c, _)
             | Expect::Stop(c)
             | Expect::NoStop(c)
             | Expect::Shutdown(c)

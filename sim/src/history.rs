@@ -8,6 +8,7 @@ use sandkeeper::{
     UserId,
 };
 
+use crate::bounds::Bounds;
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
 pub use crate::live::{CallRecord, LiveCalls, Phase};
@@ -132,6 +133,13 @@ pub struct History {
     awaiting_release: FastMap<CallId, u32>,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
+    /// The time-bound checks (`bounds.rs`).
+    pub bounds: Bounds,
+    /// A sandbox abandoned by the last command: its Shutdown must come next.
+    abandoned: Option<SandboxId>,
+    /// A sandbox whose lost instance this input reported while it was being suspended: the
+    /// core must neither abandon nor shut it down for that.
+    spared: Option<SandboxId>,
     /// Uploads of the current input, checked for routing once its events are in.
     routing: Vec<(UploadId, SessionId, SandboxId)>,
     /// The upload whose `upload-ok` is the current input.
@@ -146,7 +154,11 @@ pub struct History {
     /// Per key, the sandbox stopping or persisting (its snapshot is not in yet).
     retiring: FastMap<Key, SandboxId>,
     /// Per key, the latest snapshot persisted.
-    key_snapshot: FastMap<Key, Snapshot>,
+    /// Sandboxes a later Start said it continues (`resumes`), most recent last, at most 16: a
+    /// random world reports late losses of them.
+    pub resumed: Vec<SandboxId>,
+    /// Per key, the latest persisted snapshot and the sandbox that persisted it.
+    key_snapshot: FastMap<Key, (Snapshot, SandboxId)>,
     /// Per session, the sandbox of its last released ready call (cleared when a call of it
     /// becomes ready).
     last_released: FastMap<SessionId, SandboxId>,
@@ -222,6 +234,7 @@ impl History {
             failing: None,
             retiring: FastMap::default(),
             key_snapshot: FastMap::default(),
+            resumed: Vec::new(),
             last_released: FastMap::default(),
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
             ended_at: FastMap::default(),
@@ -231,6 +244,9 @@ impl History {
             now_ms: 0,
             routing: Vec::new(),
             stopped_now: Vec::new(),
+            bounds: Bounds::new(config),
+            abandoned: None,
+            spared: None,
             starts: 0,
             shutdowns: 0,
             uploads_ordered: 0,
@@ -307,6 +323,7 @@ impl History {
         self.bound_to.remove(call);
         self.failed.remove(call);
         self.ended_at.remove(call);
+        self.bounds.acquired(call, self.now_ms);
         self.touched.call(call);
         self.touched.session(session);
     }
@@ -362,6 +379,7 @@ impl History {
     }
 
     fn ended(&mut self, call: &CallId) {
+        self.bounds.call_settled(call);
         self.ends += 1;
         self.ended_at.insert(call.clone(), self.ends);
     }
@@ -445,7 +463,7 @@ impl History {
             let snapshot = s.snapshot.clone();
             if let Some(key) = key {
                 if let (Some(snap), false) = (snapshot, matches!(key, Key::Call(_))) {
-                    self.key_snapshot.insert(key.clone(), snap);
+                    self.key_snapshot.insert(key.clone(), (snap, x));
                 }
                 if suspend && self.retiring.get(&key) == Some(&x) {
                     self.retiring.remove(&key);
@@ -495,6 +513,31 @@ impl History {
         }
     }
 
+    /// Marks a loss reported for a sandbox whose key has resumed it as another since (the
+    /// late-Delete race).
+    pub fn note_resumed_loss(&mut self, x: SandboxId) {
+        if self.resumed.contains(&x) {
+            self.marks.hit(Mark::LateLossAfterResume);
+        }
+    }
+
+    /// The backend reported a sandbox's running instance gone (before the core saw it): a
+    /// death, unless the sandbox is being suspended (under `Suspend`, its Stop ordered and
+    /// neither its Shutdown nor a death since) or was suspended (the core forgot it). Returns
+    /// whether it counts as a death.
+    pub fn instance_gone(&mut self, x: SandboxId) -> bool {
+        let suspend = self.release == ReleasePolicy::Suspend;
+        let s = Flags::of(self.sbx(x));
+        let suspending = suspend && s.stop && !s.shutdown && !s.dead;
+        if suspending {
+            self.marks.hit(Mark::InstanceGoneWhileSuspending);
+            self.spared = Some(x);
+            return false;
+        }
+        self.died(x);
+        true
+    }
+
     /// The backend reported a sandbox dead (before the core saw it).
     pub fn died(&mut self, x: SandboxId) {
         self.touched.sandbox(x);
@@ -531,7 +574,31 @@ impl History {
         );
         let x = cmd.sandbox();
         self.touched.sandbox(x);
+        if let Some((name, detail)) = self.bounds.command(cmd, self.now_ms) {
+            self.fail(name, detail);
+        }
         let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
+        if self.spared == Some(x) {
+            check!(
+                self,
+                !matches!(cmd, Command::Abandon { .. } | Command::Shutdown { .. }),
+                "suspension-keeps-workspace",
+                "{cmd:?}: the loss of {x}'s instance while it was being suspended is the suspension's own doing, not a death"
+            );
+        }
+        if let Some(a) = self.abandoned {
+            let follows =
+                a == x && matches!(cmd, Command::Shutdown { .. } | Command::CancelUpload { .. });
+            check!(
+                self,
+                follows,
+                "abandon-then-shutdown",
+                "{cmd:?} between the Abandon of {a} and its Shutdown"
+            );
+            if !follows || matches!(cmd, Command::Shutdown { .. }) {
+                self.abandoned = None;
+            }
+        }
         check!(
             self,
             !rec.shutdown,
@@ -541,6 +608,7 @@ impl History {
         match cmd {
             Command::Start {
                 resume_from,
+                resumes,
                 sandbox,
                 key,
                 ..
@@ -553,12 +621,19 @@ impl History {
                         format!("Start {sandbox} for key {key} while its previous sandbox {old} still stops or persists"),
                     );
                 }
-                let expected = self.key_snapshot.get(key);
+                let expected = self.key_snapshot.get(key).cloned();
+                let expected = expected.as_ref();
                 check!(
                     self,
-                    resume_from.as_ref() == expected,
+                    resume_from.as_ref() == expected.map(|(s, _)| s),
                     "resume-latest-snapshot",
                     "Start {sandbox} for key {key} resumes from {resume_from:?}, the latest persisted is {expected:?}"
+                );
+                check!(
+                    self,
+                    *resumes == expected.map(|(_, by)| *by),
+                    "resume-latest-snapshot",
+                    "Start {sandbox} for key {key} says it continues {resumes:?}, the latest persisted is {expected:?}"
                 );
                 check!(
                     self,
@@ -568,6 +643,12 @@ impl History {
                 );
                 if resume_from.is_some() {
                     self.marks.hit(Mark::ResumeFrom);
+                }
+                if let Some(old) = resumes {
+                    if self.resumed.len() == 16 {
+                        self.resumed.remove(0);
+                    }
+                    self.resumed.push(*old);
                 }
                 let s = self.sbx(x);
                 s.started = true;
@@ -707,6 +788,15 @@ impl History {
                 );
                 self.sbx(x).persist = true;
             }
+            Command::Abandon { .. } => {
+                check!(
+                    self,
+                    rec.started && !rec.shutdown,
+                    "abandon-then-shutdown",
+                    "Abandon of {x}, which is not a managed sandbox on its way"
+                );
+                self.abandoned = Some(x);
+            }
             Command::Shutdown { .. } => {
                 self.shutdowns += 1;
                 check!(
@@ -762,6 +852,25 @@ impl History {
                     "call-events",
                     "CallReady for {call}, which is not a pending live call"
                 );
+                self.bounds.call_settled(call);
+                if self.same_key == SameKey::Serialize {
+                    // Waiters of one key are admitted first in, first out: no older call of
+                    // the key may still be pending.
+                    let key = self.calls.get(call).and_then(|c| c.key.clone());
+                    let older = key.and_then(|key| {
+                        self.calls
+                            .iter()
+                            .take_while(|r| &r.call != call)
+                            .find(|r| r.phase == Phase::Pending && r.key.as_ref() == Some(&key))
+                            .map(|r| r.call.clone())
+                    });
+                    if let Some(older) = older {
+                        self.fail(
+                            "serialize-fifo",
+                            format!("{call} became ready while {older}, acquired before it for the same key, still waits"),
+                        );
+                    }
+                }
                 let shared = self.calls.iter().any(|r| {
                     &r.call != call && r.phase == Phase::Ready && r.sandbox == Some(*sandbox)
                 });
@@ -807,6 +916,9 @@ impl History {
                     "call-events",
                     "CallFailed for {call}, which is not a pending live call"
                 );
+                if let Some((name, detail)) = self.bounds.call_failed(call, *error, self.now_ms) {
+                    self.fail(name, detail);
+                }
                 match error {
                     ErrorKind::WaitTimeout => self.marks.hit(Mark::WaitTimeout),
                     ErrorKind::StartTimeout => self.marks.hit(Mark::StartTimeout),
@@ -884,6 +996,7 @@ impl History {
                 version,
                 outcome,
             } => {
+                self.bounds.version_settled(session, path, version.0);
                 self.touched.session(session);
                 let p = path_record(&mut self.paths, session, path);
                 let was = p.unsettled.remove(&version.0);
@@ -980,6 +1093,7 @@ impl History {
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
             Event::Closed { .. } => {
+                self.bounds.closed();
                 self.marks.hit(Mark::Closed);
                 self.closed = true;
                 for u in self.uploads.values_mut() {
@@ -1002,6 +1116,27 @@ impl History {
     /// Checks the core's getters and counters against the history.
     pub fn after_input(&mut self, core: &Lifecycle) {
         self.releasing_session = None;
+        self.spared = None;
+        let (uploads, sandboxes) = (&self.uploads, &self.sandboxes);
+        let broken = self.bounds.after_input(
+            self.now_ms,
+            self.closed,
+            |u| uploads.get(&u).is_some_and(|r| r.awaited),
+            |x| {
+                sandboxes
+                    .get(&x)
+                    .is_some_and(|s| s.started && s.draining && !s.stop && !s.shutdown && !s.dead)
+            },
+        );
+        if let Some((name, detail)) = broken {
+            self.fail(name, detail);
+        }
+        if let Some(a) = self.abandoned.take() {
+            self.fail(
+                "abandon-then-shutdown",
+                format!("Abandon of {a} without its Shutdown in the same input"),
+            );
+        }
         for x in std::mem::take(&mut self.stopped_now) {
             let Some(rec) = self.sandboxes.get(&x) else {
                 continue;

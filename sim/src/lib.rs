@@ -27,6 +27,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod bounds;
 pub mod failure;
 pub mod fastmap;
 pub mod harness;

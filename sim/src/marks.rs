@@ -71,10 +71,17 @@ pub enum Mark {
     Closed,
     /// A duplicate answer was given.
     DuplicateAnswer,
+    /// A sandbox's running instance was reported gone while it was being suspended.
+    InstanceGoneWhileSuspending,
+    /// A loss was reported for a suspended sandbox after its key had resumed it as another
+    /// (the late-Delete race: stale for the core).
+    LateLossAfterResume,
+    /// An outstanding Start, Stop or Persist was abandoned.
+    Abandoned,
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 33] = [
+pub const ALL: [Mark; 36] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -108,6 +115,9 @@ pub const ALL: [Mark; 33] = [
     Mark::AlreadyReleased,
     Mark::Closed,
     Mark::DuplicateAnswer,
+    Mark::InstanceGoneWhileSuspending,
+    Mark::LateLossAfterResume,
+    Mark::Abandoned,
 ];
 
 impl Mark {
@@ -147,6 +157,9 @@ impl Mark {
             Mark::AlreadyReleased => "already-released",
             Mark::Closed => "closed",
             Mark::DuplicateAnswer => "duplicate-answer",
+            Mark::InstanceGoneWhileSuspending => "instance-gone-while-suspending",
+            Mark::LateLossAfterResume => "late-loss-after-resume",
+            Mark::Abandoned => "abandoned",
         }
     }
 }

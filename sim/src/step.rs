@@ -49,6 +49,9 @@ pub enum Answer {
     ShutdownFail,
     /// `die`: the backend reports the sandbox gone (needs no outstanding command).
     Die,
+    /// `instance-gone`: the backend reports the sandbox's running instance gone, its workspace
+    /// perhaps kept (a pod of a claim; needs no outstanding command).
+    InstanceGone,
 }
 
 /// The kind of command an answer answers.
@@ -67,7 +70,7 @@ pub enum OpKind {
 }
 
 impl Answer {
-    /// The command kind it answers; `None` for `die`.
+    /// The command kind it answers; `None` for `die` and `instance-gone`.
     pub fn op(&self) -> Option<OpKind> {
         Some(match self {
             Answer::StartOk | Answer::StartFail => OpKind::Start,
@@ -75,7 +78,7 @@ impl Answer {
             Answer::StopOk { .. } | Answer::StopFail => OpKind::Stop,
             Answer::PersistOk | Answer::PersistFail => OpKind::Persist,
             Answer::ShutdownOk | Answer::ShutdownFail => OpKind::Shutdown,
-            Answer::Die => return None,
+            Answer::Die | Answer::InstanceGone => return None,
         })
     }
 
@@ -98,8 +101,9 @@ pub enum Expect {
     Ready(CallId),
     /// `expect waiting <call>`
     Waiting(CallId),
-    /// `expect failed <call> [error=<kind>]`
-    Failed(CallId, Option<String>),
+    /// `expect failed <call> [error=<kind>]`. The call is its name as written: a name the core
+    /// refuses (`..`) is a call that failed with `invalid-name`.
+    Failed(String, Option<String>),
     /// `expect uploaded <session> [path=] version=<n> into=@<call>`
     Uploaded {
         /// The session.
@@ -122,8 +126,11 @@ pub enum Expect {
         /// The reason, kebab case (`superseded` included).
         reason: Option<String>,
     },
-    /// `expect running @<call>`
+    /// `expect running @<call>`: up, with no Stop, Shutdown or death ordered or reported (warm
+    /// and draining count).
     Running(CallId),
+    /// `expect state @<call> <state>`: the core's exact state of the sandbox.
+    State(CallId, sandkeeper::SandboxState),
     /// `expect stop @<call>`
     Stop(CallId),
     /// `expect no-stop @<call>`
@@ -181,10 +188,47 @@ pub enum Step {
     Settle(Option<CallId>),
     /// `expect ...`
     Expect(Expect),
+    /// An application step whose names fit the grammar but that the core refuses (a name it
+    /// does not accept, like `..`): applied as the input the core rejects with `invalid-name`.
+    Refused {
+        /// The line as written.
+        text: String,
+        /// The call it acquires, as written (an `acquire` only).
+        call: Option<String>,
+        /// Why the core refuses the name.
+        why: String,
+    },
     /// A random-world step a scenario cannot spell (a duplicate answer, a late answer to a
     /// cancelled upload): written out as a comment.
     Unspellable(String),
 }
+
+/// The scenario word of a sandbox state (kebab case, as it serialises).
+pub fn state_word(state: sandkeeper::SandboxState) -> &'static str {
+    use sandkeeper::SandboxState as S;
+    match state {
+        S::Starting => "starting",
+        S::Running => "running",
+        S::Idle => "idle",
+        S::Draining => "draining",
+        S::Stopping => "stopping",
+        S::Persisting => "persisting",
+        S::ShuttingDown => "shutting-down",
+        S::Dead => "dead",
+    }
+}
+
+/// Every sandbox state, for parsing.
+pub const STATES: [sandkeeper::SandboxState; 8] = [
+    sandkeeper::SandboxState::Starting,
+    sandkeeper::SandboxState::Running,
+    sandkeeper::SandboxState::Idle,
+    sandkeeper::SandboxState::Draining,
+    sandkeeper::SandboxState::Stopping,
+    sandkeeper::SandboxState::Persisting,
+    sandkeeper::SandboxState::ShuttingDown,
+    sandkeeper::SandboxState::Dead,
+];
 
 /// Writes a duration the way scenario files spell it.
 pub fn fmt_duration(d: Duration) -> String {
@@ -217,6 +261,7 @@ impl fmt::Display for Answer {
             Answer::ShutdownOk => "shutdown-ok",
             Answer::ShutdownFail => "shutdown-fail",
             Answer::Die => "die",
+            Answer::InstanceGone => "instance-gone",
         })
     }
 }
@@ -255,6 +300,7 @@ impl fmt::Display for Expect {
                 Ok(())
             }
             Expect::Running(c) => write!(f, "expect running @{c}"),
+            Expect::State(c, s) => write!(f, "expect state @{c} {}", state_word(*s)),
             Expect::Stop(c) => write!(f, "expect stop @{c}"),
             Expect::NoStop(c) => write!(f, "expect no-stop @{c}"),
             Expect::Shutdown(c) => write!(f, "expect shutdown @{c}"),
@@ -311,6 +357,7 @@ impl fmt::Display for Step {
             Step::Settle(None) => write!(f, "settle"),
             Step::Settle(Some(c)) => write!(f, "settle @{c}"),
             Step::Expect(e) => write!(f, "{e}"),
+            Step::Refused { text, .. } => f.write_str(text),
             Step::Unspellable(text) => write!(f, "# not expressible in a scenario: {text}"),
         }
     }

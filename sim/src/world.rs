@@ -161,6 +161,7 @@ impl World {
                 4 => self.hold(h),
                 5 => self.unhold(),
                 6 => self.answer(h),
+                7 if self.rng.chance(100) => self.late_loss(h),
                 7 => self.die(h),
                 8 => Some(self.advance(h)),
                 _ => self.misuse(h),
@@ -391,7 +392,30 @@ impl World {
                 .expect("k is below the count of candidates"),
         };
         let call = h.history.sandboxes.get(&x).and_then(|s| s.call.clone())?;
-        Some(Move::Step(Step::Answer(Answer::Die, call)))
+        // A backend that reports what it saw: a pod (the instance) or the claim (everything).
+        let answer = if self.rng.chance(400) {
+            Answer::InstanceGone
+        } else {
+            Answer::Die
+        };
+        Some(Move::Step(Step::Answer(answer, call)))
+    }
+
+    /// A late report about a suspended sandbox whose key resumed it as another: the watch of a
+    /// real backend delivers the old pod's Delete after the resume.
+    fn late_loss(&mut self, h: &Harness) -> Option<Move> {
+        let resumed = &h.history.resumed;
+        if resumed.is_empty() {
+            return None;
+        }
+        let x = resumed[self.rng.index(resumed.len())];
+        let call = h.history.sandboxes.get(&x).and_then(|s| s.call.clone())?;
+        let answer = if self.rng.chance(700) {
+            Answer::InstanceGone
+        } else {
+            Answer::Die
+        };
+        Some(Move::Step(Step::Answer(answer, call)))
     }
 
     fn advance(&mut self, h: &Harness) -> Move {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sandkeeper::{Key, PathName, Payload, SandboxId, SessionId, Spec, UploadId, Version};
-use sandkeeper_tokio::{Backend, BackendError, StartRequest, UploadRequest};
+use sandkeeper_tokio::{Backend, BackendError, StartRequest, StopRequest, UploadRequest};
 use tokio::sync::{mpsc, oneshot};
 
 /// One entry of the process-wide mirror queue.
@@ -81,6 +81,7 @@ impl<B: Backend> NaiveKeeper<B> {
             key: Key::Session(session.clone()),
             spec: Spec::default(),
             resume_from: None,
+            resumes: None,
         };
         self.backend.start(request).await?;
         lock(&self.bound).insert(session.clone(), sandbox);
@@ -118,7 +119,11 @@ impl<B: Backend> NaiveKeeper<B> {
         let Some(sandbox) = lock(&self.bound).remove(session) else {
             return;
         };
-        let _ = self.backend.stop(sandbox).await;
+        let stop = StopRequest {
+            sandbox,
+            suspend: false,
+        };
+        let _ = self.backend.stop(stop).await;
         let _ = self.backend.shutdown(sandbox).await;
     }
 }

@@ -86,10 +86,10 @@ impl CallCycle {
         core.release(t, call).expect("released");
         while let Some(cmd) = core.poll_command() {
             match cmd {
-                Command::Stop { sandbox } => {
+                Command::Stop { sandbox, .. } => {
                     core.handle_stop_ok(t, sandbox, None).expect("stopped")
                 }
-                Command::Shutdown { sandbox } => {
+                Command::Shutdown { sandbox, .. } => {
                     core.handle_shutdown_ok(t, sandbox).expect("shut down")
                 }
                 _ => {}

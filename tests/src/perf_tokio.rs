@@ -34,7 +34,8 @@ use sandkeeper::{
     CallId, CallSpec, Config, PathName, ReleasePolicy, SandboxId, SessionId, Snapshot,
 };
 use sandkeeper_tokio::{
-    Backend, BackendError, Keeper, KeeperConfig, Released, StartRequest, UploadRequest,
+    Backend, BackendError, Keeper, KeeperConfig, PersistRequest, Released, StartRequest,
+    StopRequest, UploadRequest,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
@@ -178,16 +179,12 @@ impl Backend for PerfBackend {
         Ok(())
     }
 
-    async fn stop(&self, _sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
+    async fn stop(&self, _request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
         pause(self.op_latency).await;
         Ok(None)
     }
 
-    async fn persist(
-        &self,
-        _sandbox: SandboxId,
-        _snapshot: Option<Snapshot>,
-    ) -> Result<(), BackendError> {
+    async fn persist(&self, _request: PersistRequest) -> Result<(), BackendError> {
         Ok(())
     }
 

@@ -44,8 +44,8 @@ use sandkeeper::{
     Snapshot, Spec,
 };
 use sandkeeper_tokio::{
-    Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Notice,
-    StartRequest, UploadRequest,
+    Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Loss, Notice,
+    PersistRequest, StartRequest, StopRequest, UploadRequest,
 };
 use sim::harness::{Harness, HarnessOptions};
 use sim::scenario::{parse, run_scenario, Scenario, Verdict};
@@ -61,33 +61,39 @@ use tokio::task::JoinHandle;
 enum Cmd {
     Start {
         resume_from: Option<String>,
+        resumes: Option<u64>,
     },
     Upload {
         session: String,
         path: String,
         version: u64,
     },
-    Stop,
+    Stop {
+        suspend: bool,
+    },
     Persist {
         snapshot: Option<String>,
+        suspend: bool,
     },
     Shutdown,
 }
 
 impl Cmd {
-    /// The backend-facing commands of the core (Drain and CancelUpload are not sent to a
-    /// backend: the driver publishes the one and aborts the upload for the other).
+    /// The backend-facing commands of the core (Drain, CancelUpload and Abandon are not sent
+    /// to a backend: the driver publishes the first and drops the operation for the others).
     fn of(command: &Command) -> Option<(SandboxId, Cmd)> {
         let snap = |s: &Option<Snapshot>| s.as_ref().map(|s| s.as_str().to_string());
         Some(match command {
             Command::Start {
                 sandbox,
                 resume_from,
+                resumes,
                 ..
             } => (
                 *sandbox,
                 Cmd::Start {
                     resume_from: snap(resume_from),
+                    resumes: resumes.map(|x| x.0),
                 },
             ),
             Command::Upload {
@@ -104,15 +110,25 @@ impl Cmd {
                     version: version.0,
                 },
             ),
-            Command::Stop { sandbox } => (*sandbox, Cmd::Stop),
-            Command::Persist { sandbox, snapshot } => (
+            Command::Stop {
+                sandbox, suspend, ..
+            } => (*sandbox, Cmd::Stop { suspend: *suspend }),
+            Command::Persist {
+                sandbox,
+                snapshot,
+                suspend,
+                ..
+            } => (
                 *sandbox,
                 Cmd::Persist {
                     snapshot: snap(snapshot),
+                    suspend: *suspend,
                 },
             ),
-            Command::Shutdown { sandbox } => (*sandbox, Cmd::Shutdown),
-            Command::CancelUpload { .. } | Command::Drain { .. } => return None,
+            Command::Shutdown { sandbox, .. } => (*sandbox, Cmd::Shutdown),
+            Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {
+                return None
+            }
         })
     }
 }
@@ -357,8 +373,16 @@ impl Backend for Script {
             .starters
             .insert(request.spec.as_str().to_string(), x);
         let resume_from = request.resume_from.map(|s| s.as_str().to_string());
+        let resumes = request.resumes.map(|x| x.0);
         match self
-            .receive(OpKind::Start, x, Cmd::Start { resume_from })
+            .receive(
+                OpKind::Start,
+                x,
+                Cmd::Start {
+                    resume_from,
+                    resumes,
+                },
+            )
             .await
         {
             Reply::Ok(_) => Ok(()),
@@ -379,23 +403,23 @@ impl Backend for Script {
         }
     }
 
-    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
-        match self.receive(OpKind::Stop, sandbox, Cmd::Stop).await {
+    async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
+        let cmd = Cmd::Stop {
+            suspend: request.suspend,
+        };
+        match self.receive(OpKind::Stop, request.sandbox, cmd).await {
             Reply::Ok(snapshot) => Ok(snapshot),
             other => Err(failure(other)),
         }
     }
 
-    async fn persist(
-        &self,
-        sandbox: SandboxId,
-        snapshot: Option<Snapshot>,
-    ) -> Result<(), BackendError> {
-        let snapshot = snapshot.map(|s| s.as_str().to_string());
-        match self
-            .receive(OpKind::Persist, sandbox, Cmd::Persist { snapshot })
-            .await
-        {
+    async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
+        let snapshot = request.snapshot.map(|s| s.as_str().to_string());
+        let cmd = Cmd::Persist {
+            snapshot,
+            suspend: request.suspend,
+        };
+        match self.receive(OpKind::Persist, request.sandbox, cmd).await {
             Reply::Ok(_) => Ok(()),
             other => Err(failure(other)),
         }
@@ -428,7 +452,8 @@ fn reply(answer: &Answer) -> Reply {
         | Answer::StopFail
         | Answer::PersistFail
         | Answer::ShutdownFail
-        | Answer::Die => Reply::Fail,
+        | Answer::Die
+        | Answer::InstanceGone => Reply::Fail,
     }
 }
 
@@ -625,6 +650,15 @@ impl Driver {
                 self.answered(line, r.map(|_| ()).map_err(kind_of));
             }
             Step::Resolve(session, expect) => self.resolve(line, session, expect),
+            Step::Refused { call, .. } => {
+                // The name never becomes an input: the driver's API takes the core's name
+                // types, which refuse it, exactly as the simulator's run does.
+                if let Some(c) = call {
+                    self.failed
+                        .insert(c.clone(), ErrorKind::InvalidName.as_str().to_string());
+                }
+                self.last_error = Some(ErrorKind::InvalidName.as_str().to_string());
+            }
             Step::Hold(session) => {
                 let r = self.keeper.hold(session);
                 self.answered(line, r.map_err(kind_of));
@@ -646,7 +680,12 @@ impl Driver {
                 match answer.op() {
                     None => {
                         let sink = self.script().lock().deaths.clone().expect("death sink");
-                        sink.report(x);
+                        let loss = if *answer == Answer::InstanceGone {
+                            Loss::Instance
+                        } else {
+                            Loss::Sandbox
+                        };
+                        sink.report_loss(x, loss);
                     }
                     Some(kind) => {
                         if !self.script().answer(kind, x, reply(answer)) {
@@ -733,16 +772,30 @@ impl Driver {
                 _ => false,
             },
             Expect::Running(c) => {
-                self.keeper.sandbox_state(self.sandbox_of(c.as_str()))
-                    == Some(SandboxState::Running)
+                let x = self.sandbox_of(c.as_str());
+                let up = self
+                    .keeper
+                    .sandbox_state(x)
+                    .is_some_and(SandboxState::accepts_uploads);
+                let down = cmds(c.as_str())
+                    .iter()
+                    .any(|cmd| matches!(cmd, Cmd::Stop { .. } | Cmd::Shutdown));
+                up && !down
             }
-            Expect::Stop(c) => cmds(c.as_str()).contains(&Cmd::Stop),
-            Expect::NoStop(c) => !cmds(c.as_str()).contains(&Cmd::Stop),
+            Expect::State(c, state) => {
+                self.keeper.sandbox_state(self.sandbox_of(c.as_str())) == Some(*state)
+            }
+            Expect::Stop(c) => cmds(c.as_str())
+                .iter()
+                .any(|cmd| matches!(cmd, Cmd::Stop { .. })),
+            Expect::NoStop(c) => !cmds(c.as_str())
+                .iter()
+                .any(|cmd| matches!(cmd, Cmd::Stop { .. })),
             Expect::Shutdown(c) => cmds(c.as_str()).contains(&Cmd::Shutdown),
             Expect::NoShutdown(c) => !cmds(c.as_str()).contains(&Cmd::Shutdown),
             Expect::Resumed(c, snap) => cmds(c.as_str())
                 .iter()
-                .any(|cmd| matches!(cmd, Cmd::Start { resume_from: Some(s) } if s == snap)),
+                .any(|cmd| matches!(cmd, Cmd::Start { resume_from: Some(s), .. } if s == snap)),
             Expect::Closed => self.keeper.is_closed(),
             // The refusal of a step the driver cannot express is the simulator's to check.
             Expect::Error(kind) => {

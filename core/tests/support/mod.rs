@@ -115,22 +115,71 @@ pub fn drain(x: SandboxId, sessions: &[&str]) -> Command {
     }
 }
 
-/// `Stop { sandbox }`.
+/// `Stop { sandbox }` on the way to Shutdown (deadlines are compared apart: see [`plain`]).
 pub fn stop(x: SandboxId) -> Command {
-    Command::Stop { sandbox: x }
+    Command::Stop {
+        sandbox: x,
+        suspend: false,
+        deadline: Instant::ZERO,
+    }
 }
 
-/// `Persist { sandbox, snapshot }`.
+/// `Stop { sandbox }` of a suspension.
+pub fn stop_to_suspend(x: SandboxId) -> Command {
+    Command::Stop {
+        sandbox: x,
+        suspend: true,
+        deadline: Instant::ZERO,
+    }
+}
+
+/// `Persist { sandbox, snapshot }` on the way to Shutdown.
 pub fn persist(x: SandboxId, snapshot: Option<&str>) -> Command {
     Command::Persist {
         sandbox: x,
         snapshot: snapshot.map(snap),
+        suspend: false,
+        deadline: Instant::ZERO,
+    }
+}
+
+/// `Persist { sandbox, snapshot }` of a suspension: its last command when it succeeds.
+pub fn persist_to_suspend(x: SandboxId, snapshot: Option<&str>) -> Command {
+    Command::Persist {
+        sandbox: x,
+        snapshot: snapshot.map(snap),
+        suspend: true,
+        deadline: Instant::ZERO,
     }
 }
 
 /// `Shutdown { sandbox }`.
 pub fn shutdown(x: SandboxId) -> Command {
-    Command::Shutdown { sandbox: x }
+    Command::Shutdown {
+        sandbox: x,
+        deadline: Instant::ZERO,
+    }
+}
+
+/// `Abandon { sandbox }`.
+pub fn abandon(x: SandboxId) -> Command {
+    Command::Abandon { sandbox: x }
+}
+
+/// The command with its deadline zeroed. Every drained command's deadline is checked against
+/// the configuration when it is drained (see `Script::check_command`), so tests compare the
+/// rest.
+pub fn plain(command: &Command) -> Command {
+    let mut c = command.clone();
+    match &mut c {
+        Command::Start { deadline, .. }
+        | Command::Upload { deadline, .. }
+        | Command::Stop { deadline, .. }
+        | Command::Persist { deadline, .. }
+        | Command::Shutdown { deadline, .. } => *deadline = Instant::ZERO,
+        Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {}
+    }
+    c
 }
 
 /// `CancelUpload { upload, sandbox }`.
@@ -245,6 +294,8 @@ pub struct SeenStart {
     pub spec: Spec,
     /// The snapshot to resume from.
     pub resume_from: Option<Snapshot>,
+    /// The sandbox that persisted it.
+    pub resumes: Option<SandboxId>,
 }
 
 /// The history invariants, checked on every drained command and event.
@@ -258,6 +309,10 @@ struct History {
     flushed: BTreeSet<(SessionId, PathName, Version)>,
     settled: BTreeSet<(SessionId, PathName, Version)>,
     last_uploaded: BTreeMap<(SessionId, PathName), Version>,
+    /// The deadline of each version's first attempt: every retry carries the same.
+    upload_deadlines: BTreeMap<(SessionId, PathName, Version), Instant>,
+    /// Sandboxes abandoned whose Shutdown has not come yet (it must come in the same drain).
+    abandoned: BTreeSet<SandboxId>,
     closed: bool,
 }
 
@@ -326,6 +381,15 @@ impl Script {
                 self.history.dead.insert(*sandbox);
             }
         }
+        if let Input::InstanceGone { sandbox } = &input {
+            // A death unless the sandbox is on its way down (being suspended, or after).
+            if matches!(
+                self.core.sandbox_state(*sandbox),
+                Some(SandboxState::Running | SandboxState::Idle | SandboxState::Draining)
+            ) {
+                self.history.dead.insert(*sandbox);
+            }
+        }
         if let Input::UploadFailed {
             upload,
             failure: UploadFailure::Gone,
@@ -383,6 +447,11 @@ impl Script {
             self.all_events.push(event.clone());
             self.events.push_back(event);
         }
+        assert!(
+            self.history.abandoned.is_empty(),
+            "Abandon without the Shutdown right after it: {:?}",
+            self.history.abandoned
+        );
         if let Err(v) = self.core.check_invariants() {
             panic!("{v}");
         }
@@ -392,6 +461,8 @@ impl Script {
     }
 
     fn check_command(&mut self, command: &Command) {
+        let now = self.core.now();
+        let config = self.core.config().clone();
         let h = &mut self.history;
         assert!(!h.closed, "a command after Closed: {command:?}");
         let x = command.sandbox();
@@ -399,9 +470,26 @@ impl Script {
             !h.shut_down.contains(&x),
             "a command names {x} after its Shutdown: {command:?}"
         );
+        assert!(
+            !h.abandoned.contains(&x)
+                || matches!(
+                    command,
+                    Command::Shutdown { .. } | Command::CancelUpload { .. }
+                ),
+            "{command:?} between the Abandon of {x} and its Shutdown"
+        );
         match command {
-            Command::Start { sandbox, .. } => {
+            Command::Start {
+                sandbox,
+                resume_from,
+                resumes,
+                deadline,
+                ..
+            } => {
                 assert!(h.started.insert(*sandbox), "{sandbox} started twice");
+                assert_eq!(*deadline, now + config.start_timeout, "start deadline");
+                assert_eq!(resume_from.is_some(), resumes.is_some(), "{command:?}");
+                assert!(resumes.is_none_or(|r| r < *sandbox), "{command:?}");
             }
             Command::Upload {
                 upload,
@@ -410,7 +498,17 @@ impl Script {
                 path,
                 version,
                 payload,
+                deadline,
             } => {
+                let first = *h
+                    .upload_deadlines
+                    .entry((session.clone(), path.clone(), *version))
+                    .or_insert(*deadline);
+                assert_eq!(*deadline, first, "a retry of {version} moved its deadline");
+                assert!(
+                    now < *deadline && *deadline <= now + config.upload_timeout,
+                    "upload deadline {deadline:?} at {now:?}"
+                );
                 assert!(
                     !h.stopped.contains(sandbox),
                     "Upload after Stop of {sandbox}"
@@ -446,23 +544,38 @@ impl Script {
                 self.uploads.remove(upload);
             }
             Command::Drain { .. } => {}
-            Command::Stop { sandbox } => {
+            Command::Stop {
+                sandbox, deadline, ..
+            } => {
                 assert!(!h.external.contains(sandbox), "Stop of external {sandbox}");
                 assert!(h.stopped.insert(*sandbox), "{sandbox} stopped twice");
+                assert_eq!(*deadline, now + config.command_timeout, "stop deadline");
             }
-            Command::Persist { sandbox, .. } => {
+            Command::Persist {
+                sandbox, deadline, ..
+            } => {
                 assert!(
                     h.stopped.contains(sandbox),
                     "Persist before Stop of {sandbox}"
                 );
+                assert_eq!(*deadline, now + config.command_timeout, "persist deadline");
             }
-            Command::Shutdown { sandbox } => {
+            Command::Shutdown { sandbox, deadline } => {
                 assert!(
                     !h.external.contains(sandbox),
                     "Shutdown of external {sandbox}"
                 );
                 h.shut_down.insert(*sandbox);
+                h.abandoned.remove(sandbox);
+                assert_eq!(*deadline, now + config.command_timeout, "shutdown deadline");
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
+            }
+            Command::Abandon { sandbox } => {
+                assert!(
+                    h.started.contains(sandbox),
+                    "Abandon of unstarted {sandbox}"
+                );
+                assert!(h.abandoned.insert(*sandbox), "{sandbox} abandoned twice");
             }
         }
     }
@@ -708,6 +821,12 @@ impl Script {
         self.input(Input::Died { sandbox: x }).expect("died");
     }
 
+    /// The backend reports `x`'s running instance gone.
+    pub fn instance_gone(&mut self, x: SandboxId) {
+        self.input(Input::InstanceGone { sandbox: x })
+            .expect("instance gone");
+    }
+
     // ------------------------------------------------------------------------------------------
     // Expectations
 
@@ -724,7 +843,8 @@ impl Script {
     /// The pending commands are exactly `expected`, in order; takes them.
     #[track_caller]
     pub fn expect_commands(&mut self, expected: &[Command]) {
-        let got = self.take_commands();
+        let got: Vec<Command> = self.take_commands().iter().map(plain).collect();
+        let expected: Vec<Command> = expected.iter().map(plain).collect();
         assert_eq!(got, expected, "commands");
     }
 
@@ -752,11 +872,14 @@ impl Script {
                 key,
                 spec,
                 resume_from,
+                resumes,
+                ..
             }] => SeenStart {
                 sandbox: *sandbox,
                 key: key.clone(),
                 spec: spec.clone(),
                 resume_from: resume_from.clone(),
+                resumes: *resumes,
             },
             other => panic!("expected one Start, got {other:?}"),
         }

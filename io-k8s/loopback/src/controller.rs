@@ -6,6 +6,12 @@
 //! same name, and the Sandbox goes Ready once it runs), and a garbage collector for Sandboxes and
 //! Pods whose controlling owner is gone.
 //!
+//! Pod labels flow as in the real agent-sandbox controllers: a claim's
+//! `spec.additionalPodMetadata.labels` are kept on its Sandbox's `spec.podTemplate` (a change
+//! of the claim reaches the Sandbox, and a Sandbox edited against its claim is set back), a
+//! Sandbox makes its pod with its pod template's labels, and keeps those labels on the pod it
+//! has (a pod relabelled by hand against its template is set back).
+//!
 //! A pod's directory on the host (its `/workspace`) outlives the pod, like a volume: a suspended
 //! Sandbox's pod comes back under the same name and finds its files.
 //!
@@ -129,6 +135,31 @@ const TERMINAL: &[&str] = &[
     "SandboxExpired",
     "InvalidMetadata",
 ];
+
+/// The `(key, value)` pairs of `want` that `have` lacks or holds with another value.
+fn labels_to_set(want: Option<&Value>, have: Option<&Value>) -> Vec<(String, Value)> {
+    let Some(want) = want.and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    want.iter()
+        .filter(|(k, v)| have.and_then(|h| h.get(k.as_str())) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Sets `labels` in the map at `ptr` (made if missing) of `o`.
+fn set_labels(o: &mut Value, ptr: &[&str], labels: &[(String, Value)]) {
+    let mut at = o;
+    for key in ptr {
+        if !at.get(*key).is_some_and(Value::is_object) {
+            at[*key] = json!({});
+        }
+        at = &mut at[*key];
+    }
+    for (k, v) in labels {
+        at[k.as_str()] = v.clone();
+    }
+}
 
 fn expired(store: &Store, at: Option<&str>) -> bool {
     at.and_then(|t| t.parse::<jiff::Timestamp>().ok())
@@ -372,6 +403,16 @@ impl Controller {
             }
             return;
         };
+        // The pod keeps its template's labels.
+        let relabel = labels_to_set(
+            sb.pointer("/spec/podTemplate/metadata/labels"),
+            pod.pointer("/metadata/labels"),
+        );
+        if !relabel.is_empty() {
+            let _ = self.store.modify(&PODS, &namespace, &name(&pod), |p| {
+                set_labels(p, &["metadata", "labels"], &relabel)
+            });
+        }
         let (ready, reason) = match meta_str(&pod, "/status/phase") {
             Some("Running") => (true, "DependenciesReady"),
             Some("Failed") => (false, "PodFailed"),
@@ -495,6 +536,18 @@ impl Controller {
                 return fail("DependenciesNotReady", "the sandbox is starting".into());
             }
         };
+        // The Sandbox's pod template keeps the labels the claim asks its pod to carry.
+        let relabel = labels_to_set(
+            claim.pointer("/spec/additionalPodMetadata/labels"),
+            sandbox.pointer("/spec/podTemplate/metadata/labels"),
+        );
+        if !relabel.is_empty() {
+            let _ = self
+                .store
+                .modify(&SANDBOXES, &namespace, &claim_name, |sb| {
+                    set_labels(sb, &["spec", "podTemplate", "metadata", "labels"], &relabel)
+                });
+        }
         let (ready, reason) =
             condition(&sandbox, "Ready").unwrap_or(("False".into(), "DependenciesNotReady".into()));
         let ready = ready == "True";

@@ -5,7 +5,6 @@
 use k8s_loopback::resources::{SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
 use k8s_loopback::Loopback;
 use k8s_openapi::api::core::v1::Pod;
-use sandkeeper::ReleasePolicy;
 use sandkeeper_k8s::{Cluster, K8sBackend, K8sConfig, Mode};
 use serde_json::{json, Value};
 
@@ -76,9 +75,9 @@ pub fn cluster(server: &Loopback, config: K8sConfig) -> Cluster {
     c
 }
 
-/// A backend connected to the loopback with `config` for `policy` (its sweep report dropped).
-pub async fn connect(server: &Loopback, config: K8sConfig, policy: ReleasePolicy) -> K8sBackend {
-    K8sBackend::connect(cluster(server, config), policy)
+/// A backend connected to the loopback with `config` (its sweep report dropped).
+pub async fn connect(server: &Loopback, config: K8sConfig) -> K8sBackend {
+    K8sBackend::connect(cluster(server, config))
         .await
         .expect("the backend connects")
         .0

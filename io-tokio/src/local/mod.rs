@@ -27,7 +27,9 @@ use std::time::Duration;
 use sandkeeper::{SandboxId, Snapshot};
 use tokio::sync::watch;
 
-use crate::backend::{Backend, BackendError, DeathSink, StartRequest, UploadRequest};
+use crate::backend::{
+    Backend, BackendError, DeathSink, PersistRequest, StartRequest, StopRequest, UploadRequest,
+};
 
 pub use exec::{RunError, RunOutput};
 use layout::{copy_tree, sandbox_dir, session_file, snapshot_dir, write_atomically, META_DIR};
@@ -299,7 +301,19 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn stop(&self, sandbox: SandboxId) -> Result<Option<Snapshot>, BackendError> {
+    fn check_config(&self, config: &sandkeeper::Config) -> Result<(), String> {
+        if config.release == sandkeeper::ReleasePolicy::Suspend && !self.config.snapshots {
+            return Err(
+                "release policy Suspend needs LocalConfig::snapshots: without a snapshot \
+                 a suspended sandbox's workspace could not be resumed"
+                    .to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
+        let sandbox = request.sandbox;
         let Some(s) = self.get(sandbox) else {
             return Err(BackendError::gone(format!("no sandbox {sandbox}")));
         };
@@ -311,7 +325,7 @@ impl Backend for LocalBackend {
             if !s.dir.exists() {
                 return Err(BackendError::gone(format!("{} is gone", s.dir.display())));
             }
-            if !snapshots {
+            if !snapshots && !request.suspend {
                 return Ok(None);
             }
             let snapshot = Snapshot::new(format!("sbx-{}", sandbox.0));
@@ -325,11 +339,10 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn persist(
-        &self,
-        sandbox: SandboxId,
-        snapshot: Option<Snapshot>,
-    ) -> Result<(), BackendError> {
+    async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
+        let PersistRequest {
+            sandbox, snapshot, ..
+        } = request;
         let Some(snapshot) = snapshot else {
             return Ok(());
         };

@@ -76,13 +76,15 @@ fn answer_pending(shared: &Model) -> usize {
         let input = match command {
             Command::Start { sandbox, .. } => Input::StartOk { sandbox: *sandbox },
             Command::Upload { upload, .. } => Input::UploadOk { upload: *upload },
-            Command::Stop { sandbox } => Input::StopOk {
+            Command::Stop { sandbox, .. } => Input::StopOk {
                 sandbox: *sandbox,
                 snapshot: None,
             },
             Command::Persist { sandbox, .. } => Input::PersistOk { sandbox: *sandbox },
-            Command::Shutdown { sandbox } => Input::ShutdownOk { sandbox: *sandbox },
-            Command::Drain { .. } | Command::CancelUpload { .. } => continue,
+            Command::Shutdown { sandbox, .. } => Input::ShutdownOk { sandbox: *sandbox },
+            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
+                continue
+            }
         };
         Shared::answer(shared, input);
     }

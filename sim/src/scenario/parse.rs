@@ -324,7 +324,58 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
     })
 }
 
+/// An application step whose names fit the grammar but that the core refuses: the call it
+/// acquires (for `acquire`) and why. Names are checked lexically first (a line that does not
+/// fit the grammar is malformed, not refused).
+fn refused_name(line: &Line, verb: &str) -> Result<Option<(Option<String>, String)>, ParseError> {
+    use sandkeeper::InvalidName;
+    type Check = fn(&str) -> Result<(), InvalidName>;
+    let call: Check = |t| CallId::new(t).map(drop);
+    let session: Check = |t| SessionId::new(t).map(drop);
+    let user: Check = |t| UserId::new(t).map(drop);
+    let external: Check = |t| ExternalId::new(t).map(drop);
+    let path: Check = |t| PathName::new(t).map(drop);
+    let (first, keyed): ((&str, Check), &[(&str, Check)]) = match verb {
+        "acquire" => (
+            ("call", call),
+            &[("session", session), ("user", user), ("external", external)],
+        ),
+        "release" => (("call", call), &[]),
+        "flush" => (("session", session), &[("path", path)]),
+        "resolve" | "hold" | "unhold" => (("session", session), &[]),
+        _ => return Ok(None),
+    };
+    let mut checks: Vec<(&str, &str, Check)> = Vec::new();
+    if let Some(w) = line.words.get(1).filter(|w| !w.contains('=')) {
+        checks.push((first.0, w, first.1));
+    }
+    for w in line.words.iter().skip(1) {
+        if let Some((k, v)) = w.split_once('=') {
+            if let Some((what, check)) = keyed.iter().find(|(key, _)| *key == k) {
+                checks.push((what, v, *check));
+            }
+        }
+    }
+    for (what, text, check) in checks {
+        check_name(line, what, text)?;
+        if let Err(e) = check(text) {
+            let acquired = (verb == "acquire")
+                .then(|| line.words.get(1).map(|w| w.to_string()))
+                .flatten();
+            return Ok(Some((acquired, format!("{}: {}", e.what, e.why))));
+        }
+    }
+    Ok(None)
+}
+
 fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
+    if let Some((call, why)) = refused_name(line, verb)? {
+        return Ok(Step::Refused {
+            text: line.words.join(" "),
+            call,
+            why,
+        });
+    }
     let step = match verb {
         "acquire" => {
             let call = call_name(line, line.clone_word("a call name")?)?;
@@ -401,7 +452,7 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
             Step::Advance(duration(line, d)?)
         }
         "start-ok" | "start-fail" | "upload-ok" | "stop-fail" | "persist-ok" | "persist-fail"
-        | "shutdown-ok" | "shutdown-fail" | "die" => {
+        | "shutdown-ok" | "shutdown-fail" | "die" | "instance-gone" => {
             let c = line.positional("@<call>")?;
             line.done()?;
             let answer = match verb {
@@ -413,6 +464,7 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
                 "persist-fail" => Answer::PersistFail,
                 "shutdown-ok" => Answer::ShutdownOk,
                 "shutdown-fail" => Answer::ShutdownFail,
+                "instance-gone" => Answer::InstanceGone,
                 _ => Answer::Die,
             };
             Step::Answer(answer, at_call(line, c)?)
@@ -455,7 +507,7 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
             return line.err(format!(
                 "unknown step `{other}`; expected config, acquire, release, flush, resolve, hold, unhold, close, advance, \
                  start-ok, start-fail, upload-ok, upload-fail, stop-ok, stop-fail, persist-ok, persist-fail, shutdown-ok, \
-                 shutdown-fail, die, settle or expect"
+                 shutdown-fail, die, instance-gone, settle or expect"
             ))
         }
     };
@@ -474,7 +526,7 @@ impl<'a> Line<'a> {
 
 fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
     let what = line.positional(
-        "what to expect: ready, waiting, failed, uploaded, dropped, running, stop, no-stop, shutdown, no-shutdown, resumed, closed or error",
+        "what to expect: ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, closed or error",
     )?;
     let e = match what {
         "ready" | "waiting" => {
@@ -489,7 +541,8 @@ fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
         }
         "failed" => {
             let c = line.positional("a call name")?;
-            let c = call_name(line, c)?;
+            check_name(line, "call", c)?;
+            let c = c.to_string();
             let keys = line.keys(&["error"])?;
             let k = get(&keys, "error").map(|k| kind(line, k)).transpose()?;
             Expect::Failed(c, k)
@@ -537,6 +590,22 @@ fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
                 _ => Expect::NoShutdown(c),
             }
         }
+        "state" => {
+            let c = line.positional("@<call>")?;
+            let c = at_call(line, c)?;
+            let w = line.positional("a sandbox state")?;
+            line.done()?;
+            let Some(state) = crate::step::STATES
+                .iter()
+                .copied()
+                .find(|s| crate::step::state_word(*s) == w)
+            else {
+                return line.err(format!(
+                    "unknown state `{w}`; expected starting, running, idle, draining, stopping, persisting, shutting-down or dead"
+                ));
+            };
+            Expect::State(c, state)
+        }
         "resumed" => {
             let c = line.positional("@<call>")?;
             let c = at_call(line, c)?;
@@ -558,7 +627,7 @@ fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
         }
         other => {
             return line.err(format!(
-                "unknown expectation `{other}`; expected ready, waiting, failed, uploaded, dropped, running, stop, no-stop, shutdown, no-shutdown, resumed, closed or error"
+                "unknown expectation `{other}`; expected ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, closed or error"
             ))
         }
     };
