@@ -371,6 +371,7 @@ impl Lifecycle {
             "target {target} is {:?}",
             x.state
         );
+        let mut expired = Vec::new();
         for slot in s.paths.iter_mut() {
             if slot.inflight.is_some() || slot.retry_at.is_some() || slot.pending.is_none() {
                 continue;
@@ -378,10 +379,17 @@ impl Lifecycle {
             let Some((version, payload)) = slot.pending.take() else {
                 continue;
             };
+            // Every attempt of a version ends within the upload timeout of its first attempt. A
+            // version whose window closed while it waited for a sandbox (a retry due while its
+            // sandbox was gone) is dropped, never ordered with a deadline already past.
+            let since = slot.since.take().unwrap_or(self.now);
+            if since + self.config.upload_timeout <= self.now {
+                slot.attempts = 0;
+                expired.push((slot.path.clone(), version));
+                continue;
+            }
             let upload = UploadId(self.next_upload);
             self.next_upload += 1;
-            // Every attempt of a version ends within the upload timeout of its first attempt.
-            let since = slot.since.take().unwrap_or(self.now);
             let deadline = self
                 .timers
                 .set(since + self.config.upload_timeout, Timer::Upload(upload));
@@ -412,6 +420,20 @@ impl Lifecycle {
                 payload,
                 deadline: until,
             });
+        }
+        if !expired.is_empty() {
+            for (path, version) in expired {
+                tracing::debug!(session = %session, path = %path, version = %version, "upload window closed while waiting");
+                self.settle(
+                    session,
+                    &path,
+                    version,
+                    Settlement::Dropped {
+                        reason: DropReason::UploadTimeout,
+                    },
+                );
+            }
+            self.session_changed(session);
         }
     }
 

@@ -245,3 +245,44 @@ fn abandon_comes_exactly_when_an_outstanding_command_is_cut() {
     h.expect_commands(&[]);
     assert_eq!(h.core.stats().abandoned, 1);
 }
+
+/// Found by the simulator's time bounds (seed 55445 of 100,000): a version whose retry came due
+/// while its session had no sandbox up (its sandbox died, the next one still starting) was later
+/// ordered into the new sandbox with its deadline already past. Its window is its first
+/// attempt's upload timeout: once that has closed it is dropped, never ordered.
+#[test]
+fn a_version_whose_window_closed_while_it_waited_is_dropped_not_ordered() {
+    let mut h = Script::with(|c| {
+        c.start_timeout = secs(10);
+        c.wait_timeout = secs(10);
+        c.same_key = SameKey::Serialize;
+    });
+    let x0 = h.ready_call("a", "s");
+    h.acquire("b", "s"); // queued behind a: a sandbox of the session is coming
+    h.flush("s", &log(), "v1");
+    let u1 = h.expect_upload("s", &log(), 1, x0);
+    h.upload_failed(u1, UploadFailure::Transient); // retried after the backoff
+    h.died(x0);
+    h.release("a");
+    let x1 = h
+        .take_commands()
+        .iter()
+        .find_map(|c| matches!(c, Command::Start { .. }).then(|| c.sandbox()))
+        .expect("b's sandbox starts; v1 waits for it");
+    h.take_events();
+    h.advance(secs(3)); // the retry came due with nowhere to go; the window (2 s) closed
+    h.quiet();
+    h.start_ok(x1);
+    assert!(
+        h.take_commands()
+            .iter()
+            .all(|c| !matches!(c, Command::Upload { .. })),
+        "no upload with a past deadline"
+    );
+    let events = h.take_events();
+    assert!(
+        events.contains(&dropped("s", &log(), 1, DropReason::UploadTimeout)),
+        "{events:?}"
+    );
+    h.assert_all_settled();
+}
