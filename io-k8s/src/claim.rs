@@ -168,9 +168,18 @@ impl Cluster {
         sandbox_name: &str,
         suspended: bool,
     ) -> Result<(), K8sError> {
-        let what = format!("sandbox {sandbox_name}");
         let mode = if suspended { "Suspended" } else { "Running" };
-        let patch = json!({"spec": {"operatingMode": mode}});
+        self.patch_sandbox(sandbox_name, json!({"spec": {"operatingMode": mode}}))
+            .await
+    }
+
+    /// Merge-patches the Sandbox `sandbox_name`, retrying what is worth a retry.
+    pub(crate) async fn patch_sandbox(
+        &self,
+        sandbox_name: &str,
+        patch: serde_json::Value,
+    ) -> Result<(), K8sError> {
+        let what = format!("sandbox {sandbox_name}");
         self.retry
             .run(|| async {
                 self.sandboxes()

@@ -273,19 +273,10 @@ impl Cluster {
         sandbox_name: &str,
         sandbox: u64,
     ) -> Result<(), K8sError> {
-        let what = format!("sandbox {sandbox_name}");
         let patch = json!({
             "spec": {"podTemplate": {"metadata": {"labels": {SANDBOX: sandbox.to_string()}}}},
         });
-        self.retry
-            .run(|| async {
-                self.sandboxes()
-                    .patch(sandbox_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| err(e, calls::PATCH_SANDBOX, &what))
-            })
-            .await
+        self.patch_sandbox(sandbox_name, patch).await
     }
 }
 

@@ -253,7 +253,7 @@ impl Controller {
         &self,
         rt: &crate::resources::ResourceType,
         o: &Value,
-        f: impl FnOnce(&mut Value),
+        f: impl FnMut(&mut Value),
     ) {
         let _ = self.store.modify(rt, &ns(o), &name(o), f);
     }
@@ -555,7 +555,7 @@ impl Controller {
         self.set_status(&SANDBOX_CLAIMS, claim, |c| {
             if ready {
                 c["status"]["sandbox"] =
-                    json!({"name": claim_name, "podIPs": ips.unwrap_or(json!([]))});
+                    json!({"name": claim_name, "podIPs": ips.clone().unwrap_or(json!([]))});
             }
             set_condition(c, "Ready", ready, &reason, "", &now);
         });

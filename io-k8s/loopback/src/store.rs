@@ -531,26 +531,39 @@ impl Store {
         self.replace(rt, ns, name, next, subresource)
     }
 
-    /// Changes an object in place (controllers and tests), ignoring resourceVersion.
+    /// Changes an object in place (controllers and tests): `f` is applied to the newest version,
+    /// again after a conflicting write, so no other writer's change is lost.
     pub fn modify(
         &self,
         rt: &ResourceType,
         ns: &str,
         name: &str,
-        f: impl FnOnce(&mut Value),
+        mut f: impl FnMut(&mut Value),
     ) -> Result<Value, ApiError> {
-        let mut next = self.get(rt, ns, name)?;
-        let mut status = next.get("status").cloned();
-        f(&mut next);
-        if let Some(s) = next.get("status") {
-            status = Some(s.clone());
-        }
-        let out = self.replace(rt, ns, name, next.clone(), None)?;
-        match status {
-            Some(s) if out.get("status") != Some(&s) => {
-                self.replace(rt, ns, name, json!({"status": s}), Some("status"))
+        // Read, change, write with the read's resourceVersion; a controller that wrote in between
+        // makes the write a 409, and the change is made again on the newer object (the way
+        // `kubectl edit` and client-go's RetryOnConflict do it).
+        let mut conflicts = 0;
+        loop {
+            let mut next = self.get(rt, ns, name)?;
+            let mut status = next.get("status").cloned();
+            f(&mut next);
+            if let Some(s) = next.get("status") {
+                status = Some(s.clone());
             }
-            _ => Ok(out),
+            let out = match self.replace(rt, ns, name, next.clone(), None) {
+                Err(e) if e.code == 409 && conflicts < 16 => {
+                    conflicts += 1;
+                    continue;
+                }
+                r => r?,
+            };
+            return match status {
+                Some(s) if out.get("status") != Some(&s) => {
+                    self.replace(rt, ns, name, json!({"status": s}), Some("status"))
+                }
+                _ => Ok(out),
+            };
         }
     }
 
