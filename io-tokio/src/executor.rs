@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use sandkeeper::{Command, Event, Instant, SandboxId, UploadId};
+use sandkeeper_shell::{Executor, Shared};
 use tokio::runtime::Handle;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
 use tokio::task::AbortHandle;
@@ -53,7 +54,6 @@ use tracing::Instrument;
 use crate::backend::{Backend, PersistRequest, StartRequest, StopRequest, UploadRequest};
 use crate::classify;
 use crate::notice::Notice;
-use crate::shared::{Executor, Shared};
 
 /// Runs commands on tokio tasks against a backend.
 pub(crate) struct TokioExecutor<B: Backend> {

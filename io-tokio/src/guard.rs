@@ -1,12 +1,11 @@
 //! The call guard: a ready call's sandbox, and its one release.
 
 use sandkeeper::{CallId, SandboxId, SessionId};
+use sandkeeper_shell::{CallTicket, Released};
 use tracing::{Instrument, Span};
 
 use crate::backend::Backend;
-use crate::error::Released;
 use crate::executor::TokioExecutor;
-use crate::shared::CallTicket;
 
 /// A ready call, bound to its sandbox. Release it with [`release`](Self::release) to wait until
 /// the release completed (its session's mirror work for the sandbox settled); dropping it

@@ -7,16 +7,14 @@ use sandkeeper::{
     CallSpec, CloseReport, Config, Lifecycle, PathName, Payload, SandboxId, SandboxState,
     SessionId, Stats, Version,
 };
+use sandkeeper_shell::{KeeperError, Shared, Tally};
 use tokio::sync::{broadcast, Notify};
 use tracing::Instrument;
 
 use crate::backend::{Backend, DeathSink, Loss};
-use crate::error::KeeperError;
 use crate::executor::TokioExecutor;
 use crate::guard::CallGuard;
 use crate::notice::Notice;
-use crate::shared::Shared;
-use crate::tally::Tally;
 use crate::timer;
 
 /// How a keeper runs: the core's configuration plus the driver's own limits.

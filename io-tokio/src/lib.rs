@@ -22,17 +22,18 @@
 //!
 //! ## Shape
 //!
-//! - `shared.rs`: the core behind one lock, waiters, the close handshake, release on drop. It
-//!   is written against the `sync` shim and checked by loom models (`shared/models.rs`; run
-//!   `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p sandkeeper-tokio --release
-//!   --lib models`).
-//! - `executor.rs`: commands on tokio tasks (a lane per sandbox for its lifecycle, a task per
-//!   upload), with explicit concurrency limits (a pool for lifecycle operations; uploads bounded
-//!   by the core's per-(session, path) rule, never by a pool that sessions share). It decides
-//!   nothing: every command carries its deadline (the operation is dropped then, unanswered),
-//!   `Abandon` drops an outstanding start, stop or persist so the Shutdown after it runs at
-//!   once, and `suspend` says when a Persist is a sandbox's last command; `classify.rs`:
-//!   backend failures into core inputs; `timer.rs`: the core's deadlines.
+//! - The core behind one lock, waiters, the close handshake and release on drop are
+//!   [`sandkeeper_shell`]'s `Shared`, the runtime-neutral layer this driver is built on (and
+//!   checked there by loom models). [`KeeperError`], [`Released`] and [`Tally`] are its types,
+//!   re-exported here.
+//! - `executor.rs`: the shell's `Executor` for tokio: commands on tokio tasks (a lane per
+//!   sandbox for its lifecycle, a task per upload), with explicit concurrency limits (a pool
+//!   for lifecycle operations; uploads bounded by the core's per-(session, path) rule, never by
+//!   a pool that sessions share). It decides nothing: every command carries its deadline (the
+//!   operation is dropped then, unanswered), `Abandon` drops an outstanding start, stop or
+//!   persist so the Shutdown after it runs at once, and `suspend` says when a Persist is a
+//!   sandbox's last command; `classify.rs`: backend failures into core inputs; `timer.rs`: the
+//!   core's deadlines.
 //! - `keeper.rs`, `guard.rs`: the application's API.
 //! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
 //! - `workload/`: the main job's workload on any backend ([`workload::run`]); the `harness`
@@ -48,7 +49,6 @@
 
 mod backend;
 mod classify;
-mod error;
 mod executor;
 pub mod fault;
 mod guard;
@@ -56,10 +56,6 @@ mod keeper;
 pub mod local;
 mod notice;
 pub mod rng;
-mod shared;
-mod signal;
-mod sync;
-mod tally;
 mod timer;
 pub mod workload;
 
@@ -67,10 +63,9 @@ pub use backend::{
     Backend, BackendError, DeathSink, FailureClass, Loss, PersistRequest, StartRequest,
     StopRequest, UploadRequest,
 };
-pub use error::{KeeperError, Released};
 pub use fault::FaultBackend;
 pub use guard::CallGuard;
 pub use keeper::{Keeper, KeeperConfig, Load};
 pub use local::LocalBackend;
 pub use notice::Notice;
-pub use tally::Tally;
+pub use sandkeeper_shell::{KeeperError, Released, Tally};

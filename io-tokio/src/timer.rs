@@ -9,11 +9,11 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use sandkeeper_shell::{Executor, Shared};
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
 use crate::executor::TokioExecutor;
-use crate::shared::{Executor, Shared};
 
 /// Runs until close finished or the keeper is gone.
 pub(crate) async fn run<B: Backend>(shared: Weak<Shared<TokioExecutor<B>>>, wake: Arc<Notify>) {

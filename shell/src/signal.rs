@@ -1,5 +1,7 @@
-//! A one-shot signal: the way a waiter (an `acquire`, a `release`, a `mirror_settled`, a
-//! `close`) learns what the core decided, woken by whoever applied the input that decided it.
+//! A one-shot signal: the way a waiter (an acquire, a release, a `mirror_settled`, a close)
+//! learns what the core decided, woken by whoever applied the input that decided it. The
+//! waiting side, [`Wait`], is a future for async runtimes and has a blocking
+//! [`wait`](Wait::wait) for plain threads.
 //!
 //! Written against the [`sync`](crate::sync) shim, so loom checks that no wake-up is lost: the
 //! value and the waker live under one lock, so a value set between the waiter's check and its
@@ -9,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{block_on, lock, Arc, Mutex};
 
 struct Cell<T> {
     value: Option<T>,
@@ -24,9 +26,14 @@ pub(crate) struct Signal<T> {
     cell: Arc<Mutex<Cell<T>>>,
 }
 
-/// The waiting side: a future that resolves to the value once it is set (`None` if the signal
-/// was dropped unset).
-pub(crate) struct Wait<T> {
+/// The answer to one thing a [`Shared`](crate::Shared) was asked: a release's completion, a
+/// session's settled mirror, a close report.
+///
+/// Await it on any async runtime, or block a plain thread on it with [`wait`](Self::wait). It
+/// resolves to `Some(value)` once the core decided, or to `None` if the shell was dropped
+/// before it could decide (never otherwise: after `Closed` every waiter gets an answer).
+/// Dropping it abandons nothing: what it waits for happens anyway.
+pub struct Wait<T> {
     cell: Arc<Mutex<Cell<T>>>,
 }
 
@@ -75,6 +82,18 @@ impl<T> Wait<T> {
         signal.set(value);
         wait
     }
+
+    /// Blocks the calling thread until the answer comes (parking it in between): for
+    /// embedders without an async runtime. Never call it from inside an
+    /// [`Executor`](crate::Executor) method or an async task: it would block what has to answer.
+    pub fn wait(self) -> Option<T> {
+        block_on(self)
+    }
+
+    /// Whether the answer has come (so [`wait`](Self::wait) would return at once).
+    pub fn is_ready(&self) -> bool {
+        lock(&self.cell).done
+    }
 }
 
 impl<T> Future for Wait<T> {
@@ -95,3 +114,33 @@ impl<T> Future for Wait<T> {
 }
 
 impl<T> Unpin for Wait<T> {}
+
+impl<T> std::fmt::Debug for Wait<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wait")
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocking_wait_is_woken_by_a_set_on_another_thread() {
+        let (signal, wait) = signal();
+        let setter = std::thread::spawn(move || signal.set(7));
+        assert_eq!(wait.wait(), Some(7));
+        setter.join().unwrap();
+    }
+
+    #[test]
+    fn a_signal_dropped_unset_wakes_its_waiter_with_none() {
+        let (signal, wait) = signal::<u8>();
+        assert!(!wait.is_ready());
+        drop(signal);
+        assert!(wait.is_ready());
+        assert_eq!(wait.wait(), None);
+    }
+}

@@ -3,10 +3,11 @@
 //! backend and the timer. Run:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p sandkeeper-tokio --release --lib models -- --nocapture
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
+//!     cargo test -p sandkeeper-shell --release --lib models -- --nocapture
 //! ```
 //!
-//! Each model prints how many interleavings it explored.
+//! Each model prints a line `loom model NAME: N iterations (...)` (CI greps for it).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -173,8 +174,9 @@ fn acquire_ready_release_and_flush_race_without_a_lost_wake_up() {
         let waiter = {
             let done = done.clone();
             thread::spawn(move || {
-                let ticket = block_on(pending.ready()).expect("ready");
-                let outcome = block_on(ticket.release());
+                // The blocking waits of plain threads (loom's `block_on` under the shim).
+                let ticket = pending.wait().expect("ready");
+                let outcome = ticket.release().wait();
                 done.store(true, loom::sync::atomic::Ordering::SeqCst);
                 outcome
             })

@@ -1,8 +1,13 @@
-//! What the keeper's calls can answer besides success.
+//! What the shell's calls can answer besides success: [`KeeperError`] for a refusal, [`CallEnd`]
+//! for an acquire that ended without a sandbox, [`Released`] for how a release ended.
 
 use sandkeeper::{CallId, ErrorKind};
 
 /// Why a keeper call was refused or did not give what it was asked for.
+///
+/// [`Shared`](crate::Shared)'s methods answer `Core`; [`CallEnd::into_error`] names an acquire
+/// that ended without a sandbox (`CallFailed`, `Revoked`, `Closed`); `InvalidConfig` and
+/// `Unsupported` are for the driver that builds the shell (io-tokio's `Keeper::new`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KeeperError {
     /// The core refused the input (closed, duplicate call, unknown session, limit, bad name,
@@ -30,22 +35,28 @@ pub enum KeeperError {
     /// The keeper could not be built (a bad configuration).
     #[error("invalid keeper configuration: {0}")]
     InvalidConfig(&'static str),
-    /// The backend cannot serve the core's configuration (see `Backend::check_config`).
+    /// The backend cannot serve the core's configuration (io-tokio: `Backend::check_config`).
     #[error("the backend cannot serve this configuration: {0}")]
     Unsupported(String),
 }
 
-/// How an acquire ended without a sandbox (the shared layer's answer, before it is named for
-/// the caller).
+/// How an acquire ended without a sandbox: the answer of
+/// [`PendingCall::ready`](crate::PendingCall::ready), before it is named for the caller with
+/// [`into_error`](Self::into_error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CallEnd {
+pub enum CallEnd {
+    /// The core failed the call (`CallFailed`): its start failed or timed out, it waited too
+    /// long for its key, its sandbox died while starting, or close refused it.
     Failed(ErrorKind),
+    /// Close revoked the call at its deadline before it was ready.
     Revoked,
+    /// Close finished (or the shell was dropped) before the call was ready.
     Closed,
 }
 
 impl CallEnd {
-    pub(crate) fn into_error(self, call: CallId) -> KeeperError {
+    /// The [`KeeperError`] that tells `call`'s caller how it ended.
+    pub fn into_error(self, call: CallId) -> KeeperError {
         match self {
             CallEnd::Failed(error) => KeeperError::CallFailed { call, error },
             CallEnd::Revoked => KeeperError::Revoked { call },

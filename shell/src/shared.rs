@@ -1,61 +1,48 @@
-//! The shared-state layer: how inputs from many tasks reach the one core, how waiters learn
-//! what it decided, the close handshake, and the release of a dropped call.
+//! [`Shared`]: the core behind one lock. How inputs from many threads or tasks reach the one
+//! core, how waiters learn what it decided, the close handshake, and the release of a dropped
+//! call; also the pending-call and ready-call types ([`PendingCall`], [`CallTicket`]).
 //!
 //! # Why a mutex and not a driver task
 //!
-//! The core sits behind one [`Mutex`] rather than behind a task fed by a channel, because a
-//! dropped call guard must release its call *without awaiting and without being able to lose
-//! the release*: with a bounded channel, `Drop` could only `try_send` and would lose the release
-//! when the channel is full; with an unbounded one the queue has no limit. Under the mutex,
-//! `Drop` applies `release` to the core itself, at once. Every critical section is one core
-//! input plus its drain: pure, synchronous code in O(log n), never an await, never IO. Commands
-//! are handed to the [`Executor`] *inside* the critical section, so the order in which the
-//! executor sees them is exactly the core's order, whichever task applied the input.
+//! The core sits behind one mutex rather than behind a task fed by a channel, because a dropped
+//! call must release its call *without awaiting and without being able to lose the release*:
+//! with a bounded channel, `Drop` could only `try_send` and would lose the release when the
+//! channel is full; with an unbounded one the queue has no limit. Under the mutex, `Drop`
+//! applies `release` to the core itself, at once. Every critical section is one core input plus
+//! its drain: pure, synchronous code in O(log n), never an await, never IO. Commands are handed
+//! to the [`Executor`] *inside* the critical section, so the order in which the executor sees
+//! them is exactly the core's order, whichever thread applied the input.
 //!
-//! # What the layer guarantees (checked by the loom models in `models.rs`)
+//! # What the layer guarantees (checked by the loom models in `shared/models.rs`)
 //!
 //! - Every input goes through [`Shared`]: one at a time, each followed by the full drain.
 //! - A waiter is registered in the same critical section as the input whose outcome it waits
 //!   for, so the event that resolves it cannot come before it is registered (no lost wake-up).
-//! - A call is released exactly once: by its guard's `release`, by the guard's drop, by the
-//!   acquire future's drop, or not at all when the core already ended it (failed, revoked). A
-//!   per-acquire ticket makes sure a late drop never releases a newer call of the same name.
+//! - A call is released exactly once: by its ticket's `release`, by the ticket's drop, by the
+//!   pending call's drop, or not at all when the core already ended it (failed, revoked). A
+//!   per-acquire number makes sure a late drop never releases a newer call of the same name.
 //! - After close has begun the core refuses new calls; after `Closed` nothing is executed and
 //!   every waiter is woken.
 //!
 //! The lock, and the signals waiters wait on, come from the [`sync`](crate::sync) shim (std or
-//! loom). The handle itself is a `std::sync::Arc` (loom has no `Weak`, which the timer task
-//! needs so that it never keeps a dropped keeper alive); loom does not need to see reference
+//! loom). The handle itself is a `std::sync::Arc` (loom has no `Weak`, which a driver's timer
+//! needs so that it never keeps a dropped shell alive); loom does not need to see reference
 //! counts to check the protocol.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, CloseReport, Command, Event, Input, Instant, Lifecycle, PathName, Payload,
-    SandboxId, SessionId, Stats, Version, Violation,
+    CallId, CallSpec, CloseReport, Event, Input, Instant, Lifecycle, PathName, Payload, SandboxId,
+    SessionId, Stats, Version, Violation,
 };
 
 use crate::error::{CallEnd, KeeperError, Released};
+use crate::executor::Executor;
 use crate::signal::{signal, Signal, Wait};
-use std::sync::Arc;
-
-use crate::sync::{lock, Mutex};
+use crate::sync::{block_on, lock, Mutex};
 use crate::tally::Tally;
-
-/// What the shared layer needs from the runtime around it: a clock, a way to start commands,
-/// a place for events, and a timer to re-arm. All four are called with the core lock held, so
-/// none may block, await or call back into [`Shared`].
-pub(crate) trait Executor: Send + Sync + Sized + 'static {
-    /// The driver's clock, as the core's instant.
-    fn now(&self) -> Instant;
-    /// Starts one command, in the core's order.
-    fn execute(&self, shared: &Arc<Shared<Self>>, command: Command);
-    /// Sees every event before it is routed to waiters.
-    fn observe(&self, event: &Event);
-    /// The core's earliest deadline changed.
-    fn rearm(&self, deadline: Option<Instant>);
-}
 
 /// A live call, as the waiters see it.
 struct CallEntry {
@@ -89,15 +76,38 @@ struct State {
     commands_after_closed: u64,
 }
 
-/// The core and its waiters behind one lock, plus the executor that runs its commands.
-pub(crate) struct Shared<E: Executor> {
+/// The core and its waiters behind one lock, plus the [`Executor`] that runs its commands: the
+/// handle a driver shares between its threads or tasks (as `Arc<Shared<E>>`).
+///
+/// Every input method applies one core input under the lock, drains the core (commands to the
+/// executor in order, events to the waiters), re-arms the timer if the deadline moved, and
+/// returns. None of them blocks on the backend: what takes time is answered through a
+/// [`Wait`] or a [`PendingCall`].
+///
+/// Method groups:
+///
+/// - **calls**: [`acquire`](Self::acquire) gives a [`PendingCall`], which becomes a
+///   [`CallTicket`] once ready; the ticket's [`release`](CallTicket::release) (or its drop)
+///   releases the call exactly once;
+/// - **mirror**: [`flush`](Self::flush), [`hold`](Self::hold), [`unhold`](Self::unhold),
+///   [`mirror_settled`](Self::mirror_settled);
+/// - **lookup**: [`resolve`](Self::resolve);
+/// - **end**: [`close`](Self::close);
+/// - **backend and timer**, for the driver: [`answer`](Self::answer) (answers and deaths),
+///   [`timeout`](Self::timeout), [`next_deadline`](Self::next_deadline);
+/// - **getters**: [`executor`](Self::executor), [`is_closing`](Self::is_closing),
+///   [`is_closed`](Self::is_closed), [`stats`](Self::stats), [`tally`](Self::tally),
+///   [`release_refusals`](Self::release_refusals),
+///   [`check_invariants`](Self::check_invariants), [`with_core`](Self::with_core).
+pub struct Shared<E: Executor> {
     state: Mutex<State>,
     executor: E,
 }
 
 impl<E: Executor> Shared<E> {
-    /// A shared layer around `core`.
-    pub(crate) fn new(core: Lifecycle, executor: E) -> Arc<Self> {
+    /// A shell around `core` that runs its commands on `executor`. Nothing is executed until
+    /// the first input.
+    pub fn new(core: Lifecycle, executor: E) -> Arc<Self> {
         Arc::new(Shared {
             state: Mutex::new(State {
                 core,
@@ -117,18 +127,22 @@ impl<E: Executor> Shared<E> {
     }
 
     /// The executor.
-    pub(crate) fn executor(&self) -> &E {
+    pub fn executor(&self) -> &E {
         &self.executor
     }
 
     // ------------------------------------------------------------------------------------------
     // Application inputs
 
-    /// Applies `acquire` and registers the caller's waiter in the same critical section.
-    pub(crate) fn acquire(this: &Arc<Self>, spec: CallSpec) -> Result<PendingCall<E>, KeeperError> {
+    /// Applies `acquire` and registers the caller's waiter in the same critical section: the
+    /// [`PendingCall`] resolves once the call is ready or ended. Dropping it releases the call.
+    ///
+    /// Errors: `Core(..)` when the core refuses the call (closed, duplicate name, queue full,
+    /// limit, missing user); nothing changed then.
+    pub fn acquire(self: &Arc<Self>, spec: CallSpec) -> Result<PendingCall<E>, KeeperError> {
         let call = spec.call.clone();
-        let mut st = lock(&this.state);
-        let now = this.executor.now();
+        let mut st = lock(&self.state);
+        let now = self.executor.now();
         st.core.acquire(now, spec)?;
         let (ready, wait) = signal();
         let ticket = st.next_ticket;
@@ -141,9 +155,9 @@ impl<E: Executor> Shared<E> {
                 lost: false,
             },
         );
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
         Ok(PendingCall {
-            shared: this.clone(),
+            shared: self.clone(),
             call,
             ticket,
             wait,
@@ -152,8 +166,8 @@ impl<E: Executor> Shared<E> {
     }
 
     /// Releases the call of `ticket` and returns a waiter for the release's completion.
-    fn release(this: &Arc<Self>, call: &CallId, ticket: u64) -> Wait<Released> {
-        let mut st = lock(&this.state);
+    fn release(self: &Arc<Self>, call: &CallId, ticket: u64) -> Wait<Released> {
+        let mut st = lock(&self.state);
         if st.calls.get(call).is_none_or(|e| e.ticket != ticket) {
             // The core already ended it: revoked by close, or close finished.
             let outcome = if st.report.is_some() {
@@ -163,7 +177,7 @@ impl<E: Executor> Shared<E> {
             };
             return Wait::ready(outcome);
         }
-        let now = this.executor.now();
+        let now = self.executor.now();
         if let Err(error) = st.core.release(now, call) {
             tracing::debug!(call = %call, %error, "release refused");
             st.release_refusals += 1;
@@ -176,19 +190,19 @@ impl<E: Executor> Shared<E> {
             .entry(call.clone())
             .or_default()
             .push_back(done);
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
         wait
     }
 
     /// Releases the call of `ticket` for a guard or an acquire future that was dropped: at once,
     /// without waiting for completion, and only if that very call is still live.
-    fn release_dropped(this: &Arc<Self>, call: &CallId, ticket: u64) {
-        let mut st = lock(&this.state);
+    fn release_dropped(self: &Arc<Self>, call: &CallId, ticket: u64) {
+        let mut st = lock(&self.state);
         if st.calls.get(call).is_none_or(|e| e.ticket != ticket) {
             return;
         }
         st.calls.remove(call);
-        let now = this.executor.now();
+        let now = self.executor.now();
         match st.core.release(now, call) {
             Ok(()) => tracing::debug!(call = %call, "released on drop"),
             Err(error) => {
@@ -196,40 +210,49 @@ impl<E: Executor> Shared<E> {
                 st.release_refusals += 1;
             }
         }
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
     }
 
-    /// Applies `flush`: returns the version at once, never waits on an upload.
-    pub(crate) fn flush(
-        this: &Arc<Self>,
+    /// Applies `flush`: records the next version of `path` of `session` and returns it at once,
+    /// never waiting on an upload. The version settles exactly once (`Settled` events, see
+    /// [`Executor::observe`] and [`tally`](Self::tally)).
+    ///
+    /// Errors: `Core(Closed)` after close (or during close for a session with nothing live),
+    /// `Core(LimitExceeded)`.
+    pub fn flush(
+        self: &Arc<Self>,
         session: &SessionId,
         path: &PathName,
         payload: Payload,
     ) -> Result<Version, KeeperError> {
-        let mut st = lock(&this.state);
-        let now = this.executor.now();
+        let mut st = lock(&self.state);
+        let now = self.executor.now();
         let version = st.core.flush(now, session, path, payload)?;
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
         Ok(version)
     }
 
-    /// Applies `hold`.
-    pub(crate) fn hold(this: &Arc<Self>, session: &SessionId) -> Result<(), KeeperError> {
-        Self::apply(this, |core, now| core.hold(now, session))
+    /// Applies `hold`: a background writer of `session` promises a write, and draining waits
+    /// for it (bounded by the drain deadline). Errors: `Core(NoActiveSandbox)`,
+    /// `Core(LimitExceeded)`, `Core(Closed)`.
+    pub fn hold(self: &Arc<Self>, session: &SessionId) -> Result<(), KeeperError> {
+        self.apply(|core, now| core.hold(now, session))
     }
 
-    /// Applies `unhold`.
-    pub(crate) fn unhold(this: &Arc<Self>, session: &SessionId) -> Result<(), KeeperError> {
-        Self::apply(this, |core, now| core.unhold(now, session))
+    /// Applies `unhold`: lets one hold of `session` go. Errors: `Core(NotHeld)`, `Core(Closed)`.
+    pub fn unhold(self: &Arc<Self>, session: &SessionId) -> Result<(), KeeperError> {
+        self.apply(|core, now| core.unhold(now, session))
     }
 
-    /// The sandbox of a live call of `session` (never another session's).
-    pub(crate) fn resolve(&self, session: &SessionId) -> Result<SandboxId, KeeperError> {
+    /// The sandbox of a live call of `session` (never another session's), for context-free
+    /// code. Errors: `Core(NoActiveSandbox)`, `Core(SandboxGone)`, `Core(Closed)`.
+    pub fn resolve(&self, session: &SessionId) -> Result<SandboxId, KeeperError> {
         Ok(lock(&self.state).core.resolve(session)?)
     }
 
-    /// A waiter for `session`'s mirror to settle; ready at once when it has.
-    pub(crate) fn mirror_settled(&self, session: &SessionId) -> Wait<()> {
+    /// A waiter for every version flushed for `session` so far to settle; ready at once when
+    /// they have (or close finished). Other sessions' mirrors are never waited for.
+    pub fn mirror_settled(&self, session: &SessionId) -> Wait<()> {
         let mut st = lock(&self.state);
         if st.report.is_some() || st.core.is_mirror_settled(session) {
             return Wait::ready(());
@@ -240,19 +263,24 @@ impl<E: Executor> Shared<E> {
     }
 
     /// Begins close (once; a second call only waits) and returns a waiter for its report.
-    pub(crate) fn close(this: &Arc<Self>, deadline: Duration) -> Wait<CloseReport> {
-        let mut st = lock(&this.state);
+    ///
+    /// The core refuses new calls at once; live calls may still flush and release, and mirror
+    /// work drains, until `deadline`; then what is left is revoked, every managed sandbox is
+    /// shut down, and the report comes once every shutdown answered (or the core's
+    /// `close_grace` passed). The driver's timer must keep running until then.
+    pub fn close(self: &Arc<Self>, deadline: Duration) -> Wait<CloseReport> {
+        let mut st = lock(&self.state);
         if let Some(report) = &st.report {
             return Wait::ready(report.clone());
         }
         let (done, wait) = signal();
         st.close_waiters.push(done);
         if !st.core.is_closing() {
-            let now = this.executor.now();
+            let now = self.executor.now();
             if let Err(error) = st.core.close(now, deadline) {
                 tracing::debug!(%error, "close refused");
             }
-            Self::drain(this, &mut st);
+            self.drain(&mut st);
         }
         wait
     }
@@ -260,32 +288,36 @@ impl<E: Executor> Shared<E> {
     // ------------------------------------------------------------------------------------------
     // Backend inputs
 
-    /// Applies a backend answer or a death. Stale answers change nothing; answers after
-    /// `Closed` are refused by the core and ignored here. No ordering with the core's timers is
-    /// needed: an operation past its deadline is dropped by the executor and never answered.
-    pub(crate) fn answer(this: &Arc<Self>, input: Input) {
-        let mut st = lock(&this.state);
+    /// Applies a backend answer (`StartOk`, `UploadFailed`, `ShutdownOk`, ...) or a death
+    /// (`Died`, `InstanceGone`). Stale answers change nothing; answers after `Closed` are
+    /// ignored; an input the core refuses is logged and changes nothing. No ordering with the
+    /// core's timers is needed: an operation past its deadline is dropped by the executor and
+    /// never answered. Never call it from inside an [`Executor`] method.
+    pub fn answer(self: &Arc<Self>, input: Input) {
+        let mut st = lock(&self.state);
         if st.core.is_closed() {
             return;
         }
-        let now = this.executor.now();
+        let now = self.executor.now();
         if let Err(error) = st.core.handle(now, input) {
             tracing::warn!(%error, "backend input refused");
         }
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
     }
 
-    /// Fires the core's due timers; returns the next deadline.
-    pub(crate) fn timeout(this: &Arc<Self>) -> Option<Instant> {
-        let mut st = lock(&this.state);
+    /// Fires the core's due timers (the driver's timer calls it once its clock reached the
+    /// deadline; early or twice is harmless) and returns the next deadline. `None` also after
+    /// close finished: the timer may stop then.
+    pub fn timeout(self: &Arc<Self>) -> Option<Instant> {
+        let mut st = lock(&self.state);
         if st.core.is_closed() {
             return None;
         }
-        let now = this.executor.now();
+        let now = self.executor.now();
         if let Err(error) = st.core.handle_timeout(now) {
             tracing::debug!(%error, "timeout refused");
         }
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
         st.core.poll_timeout()
     }
 
@@ -293,17 +325,17 @@ impl<E: Executor> Shared<E> {
     // Getters
 
     /// The core's next deadline.
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+    pub fn next_deadline(&self) -> Option<Instant> {
         lock(&self.state).core.poll_timeout()
     }
 
-    /// Whether close has finished.
-    pub(crate) fn is_closed(&self) -> bool {
+    /// Whether close has finished (the `Closed` event was routed).
+    pub fn is_closed(&self) -> bool {
         lock(&self.state).report.is_some()
     }
 
     /// Whether close has begun.
-    pub(crate) fn is_closing(&self) -> bool {
+    pub fn is_closing(&self) -> bool {
         lock(&self.state).core.is_closing()
     }
 
@@ -316,17 +348,18 @@ impl<E: Executor> Shared<E> {
     }
 
     /// The core's counters.
-    pub(crate) fn stats(&self) -> Stats {
+    pub fn stats(&self) -> Stats {
         lock(&self.state).core.stats().clone()
     }
 
-    /// The driver's counts of events.
-    pub(crate) fn tally(&self) -> Tally {
+    /// The shell's counts of the core's events (drops per reason, failures per kind, ...).
+    pub fn tally(&self) -> Tally {
         lock(&self.state).tally.clone()
     }
 
-    /// The core's invariants, and the layer's own: no command after `Closed`.
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+    /// Checks the core's invariants and the shell's own (no command executed after `Closed`):
+    /// `Err` says which broke.
+    pub fn check_invariants(&self) -> Result<(), String> {
         let st = lock(&self.state);
         st.core
             .check_invariants()
@@ -340,13 +373,15 @@ impl<E: Executor> Shared<E> {
         Ok(())
     }
 
-    /// Releases the core refused because the call had already ended.
-    pub(crate) fn release_refusals(&self) -> u64 {
+    /// Releases the core refused because the call had already ended (evidence for "every call
+    /// ends exactly once"; zero in a correct shell).
+    pub fn release_refusals(&self) -> u64 {
         lock(&self.state).release_refusals
     }
 
-    /// Reads the core under the lock (for tests and reports).
-    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&Lifecycle) -> R) -> R {
+    /// Reads the core under the lock (for getters, tests and reports). `f` must not call back
+    /// into the shell.
+    pub fn with_core<R>(&self, f: impl FnOnce(&Lifecycle) -> R) -> R {
         f(&lock(&self.state).core)
     }
 
@@ -354,19 +389,19 @@ impl<E: Executor> Shared<E> {
     // Internals
 
     fn apply(
-        this: &Arc<Self>,
+        self: &Arc<Self>,
         f: impl FnOnce(&mut Lifecycle, Instant) -> Result<(), sandkeeper::Error>,
     ) -> Result<(), KeeperError> {
-        let mut st = lock(&this.state);
-        let now = this.executor.now();
+        let mut st = lock(&self.state);
+        let now = self.executor.now();
         f(&mut st.core, now)?;
-        Self::drain(this, &mut st);
+        self.drain(&mut st);
         Ok(())
     }
 
     /// The drain contract: every command to the executor in order, every event to the
     /// observer and the waiters, then the timer.
-    fn drain(this: &Arc<Self>, st: &mut State) {
+    fn drain(self: &Arc<Self>, st: &mut State) {
         loop {
             let mut progressed = false;
             while let Some(command) = st.core.poll_command() {
@@ -374,11 +409,11 @@ impl<E: Executor> Shared<E> {
                 if st.report.is_some() {
                     st.commands_after_closed += 1;
                 }
-                this.executor.execute(this, command);
+                self.executor.execute(self, command);
             }
             while let Some(event) = st.core.poll_event() {
                 progressed = true;
-                this.executor.observe(&event);
+                self.executor.observe(&event);
                 st.route(event);
             }
             if !progressed {
@@ -388,7 +423,7 @@ impl<E: Executor> Shared<E> {
         let next = st.core.poll_timeout();
         if next != st.armed {
             st.armed = next;
-            this.executor.rearm(next);
+            self.executor.rearm(next);
         }
     }
 }
@@ -459,9 +494,12 @@ impl State {
     }
 }
 
-/// An acquire that the core accepted, waiting to be ready. Dropping it before it resolved
-/// releases the call in the core (cancellation safety).
-pub(crate) struct PendingCall<E: Executor> {
+/// An acquire that the core accepted, waiting to be ready: await [`ready`](Self::ready) on an
+/// async runtime, or block a plain thread with [`wait`](Self::wait). Dropping it before it
+/// resolved releases the call in the core (cancellation safety: a sandbox started only for it
+/// is shut down once its start answers).
+#[must_use = "dropping a pending call releases it"]
+pub struct PendingCall<E: Executor> {
     shared: Arc<Shared<E>>,
     call: CallId,
     ticket: u64,
@@ -470,8 +508,14 @@ pub(crate) struct PendingCall<E: Executor> {
 }
 
 impl<E: Executor> PendingCall<E> {
-    /// Waits until the call is ready (a ticket that releases on drop) or ended.
-    pub(crate) async fn ready(mut self) -> Result<CallTicket<E>, CallEnd> {
+    /// The call.
+    pub fn call(&self) -> &CallId {
+        &self.call
+    }
+
+    /// Waits until the call is ready (a ticket that releases on drop) or ended without a
+    /// sandbox ([`CallEnd`]).
+    pub async fn ready(mut self) -> Result<CallTicket<E>, CallEnd> {
         let outcome = (&mut self.wait).await.unwrap_or(Err(CallEnd::Closed));
         // From here the ticket (or nobody, when the call ended) owns the release.
         self.armed = false;
@@ -483,18 +527,36 @@ impl<E: Executor> PendingCall<E> {
             done: false,
         })
     }
+
+    /// [`ready`](Self::ready), blocking the calling thread: for embedders without an async
+    /// runtime. Never call it from inside an [`Executor`] method.
+    pub fn wait(self) -> Result<CallTicket<E>, CallEnd> {
+        block_on(self.ready())
+    }
 }
 
 impl<E: Executor> Drop for PendingCall<E> {
     fn drop(&mut self) {
         if self.armed {
-            Shared::release_dropped(&self.shared, &self.call, self.ticket);
+            self.shared.release_dropped(&self.call, self.ticket);
         }
     }
 }
 
-/// A ready call: its sandbox, and the one release it owes. Dropping it releases.
-pub(crate) struct CallTicket<E: Executor> {
+impl<E: Executor> std::fmt::Debug for PendingCall<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingCall")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A ready call: its sandbox, and the one release it owes. Release it with
+/// [`release`](Self::release) to learn when the release completed (its session's mirror work
+/// for the sandbox settled); dropping it releases too, at once, without blocking and without
+/// losing the release. Either way the call is released exactly once.
+#[must_use = "dropping a call ticket releases the call"]
+pub struct CallTicket<E: Executor> {
     shared: Arc<Shared<E>>,
     call: CallId,
     ticket: u64,
@@ -504,32 +566,43 @@ pub(crate) struct CallTicket<E: Executor> {
 
 impl<E: Executor> CallTicket<E> {
     /// The call.
-    pub(crate) fn call(&self) -> &CallId {
+    pub fn call(&self) -> &CallId {
         &self.call
     }
 
-    /// The sandbox it is bound to.
-    pub(crate) fn sandbox(&self) -> SandboxId {
+    /// The sandbox it is bound to: every operation of the call goes there.
+    pub fn sandbox(&self) -> SandboxId {
         self.sandbox
     }
 
-    /// Whether its sandbox died while it was bound.
-    pub(crate) fn is_lost(&self) -> bool {
+    /// Whether its sandbox died while it was bound (the core said `SandboxLost`). The call
+    /// stays live until released.
+    pub fn is_lost(&self) -> bool {
         self.shared.is_lost(&self.call, self.ticket)
     }
 
-    /// Releases the call; the waiter resolves when the release completed.
-    pub(crate) fn release(mut self) -> Wait<Released> {
+    /// Releases the call; the waiter resolves when the release completed
+    /// ([`Released::Completed`]), or says that close ended the call first.
+    pub fn release(mut self) -> Wait<Released> {
         self.done = true;
-        Shared::release(&self.shared, &self.call, self.ticket)
+        self.shared.release(&self.call, self.ticket)
     }
 }
 
 impl<E: Executor> Drop for CallTicket<E> {
     fn drop(&mut self) {
         if !self.done {
-            Shared::release_dropped(&self.shared, &self.call, self.ticket);
+            self.shared.release_dropped(&self.call, self.ticket);
         }
+    }
+}
+
+impl<E: Executor> std::fmt::Debug for CallTicket<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallTicket")
+            .field("call", &self.call)
+            .field("sandbox", &self.sandbox)
+            .finish_non_exhaustive()
     }
 }
 

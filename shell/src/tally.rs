@@ -1,10 +1,10 @@
-//! Counts of what the core told the application, kept by the driver for reports.
+//! Counts of what the core told the application, kept by the shell for reports ([`Tally`]).
 
 use std::collections::BTreeMap;
 
 use sandkeeper::{Event, Settlement};
 
-/// Counts of the core's events since the keeper was made. Drops are counted per reason
+/// Counts of the core's events since the shell was made. Drops are counted per reason
 /// (`sandbox-gone`, `drain-deadline`, `closed`, `no-sandbox`, `upload-failed`,
 /// `upload-timeout`), call failures per error kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
