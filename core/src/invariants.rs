@@ -55,6 +55,8 @@ impl Lifecycle {
     /// own first up sandbox or its linger sandbox, and the sandbox lists it), `busy-count`,
     /// `uploads` (in flight only into sandboxes that accept uploads, one per path),
     /// `shutdown-once`, `timers` (every deadline is in the table and nothing else is),
+    /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
+    /// snapshot),
     /// `idle-count`, `closed` (nothing left after close).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
@@ -227,6 +229,11 @@ impl Lifecycle {
 
         // Keys.
         for (key, slot) in &self.keys {
+            ensure!(
+                !slot.is_empty(),
+                "key-forgotten",
+                "key {key} is kept with nothing to remember (no sandbox, call, waiter or snapshot)"
+            );
             let bound = bound_by_key.remove(key).unwrap_or(0);
             ensure!(
                 slot.bound == bound,

@@ -38,7 +38,6 @@ pub mod rng;
 pub mod run;
 pub mod scenario;
 pub mod shrink;
-pub mod state_field;
 pub mod step;
 pub mod swarm;
 pub mod touched;

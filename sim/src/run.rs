@@ -214,28 +214,12 @@ fn quiesce(h: &mut Harness, transcript: &mut Transcript, phase: &str) -> Result<
     Err(Stop::Failed(h.history.failure.clone().expect("failed")))
 }
 
-/// Once quiet, the core keeps a key's record only for its snapshot (read from its serialised
-/// state: the core has no getter for keys, and needs none).
+/// Once quiet, the core keeps a key's record only for its snapshot: the core's own invariant
+/// `key-forgotten` (no key record with nothing to remember), checked on the quiet core.
 fn check_keys_forgotten(h: &mut Harness) {
-    let Ok(keys) = crate::state_field::field(&h.core, "keys") else {
-        h.history.fail(
-            "liveness-keys-forgotten",
-            "the core state does not serialise".into(),
-        );
-        return;
-    };
-    let Some(keys) = keys.as_ref().and_then(|k| k.as_object()) else {
-        return;
-    };
-    let kept = keys
-        .iter()
-        .find(|(_, slot)| slot.get("snapshot").is_none_or(|s| s.is_null()))
-        .map(|(k, slot)| format!("{k}: {slot}"));
-    if let Some(kept) = kept {
-        h.history.fail(
-            "liveness-keys-forgotten",
-            format!("a quiet core still keeps a key with nothing to remember: {kept}"),
-        );
+    if let Err(v) = h.core.check_invariants() {
+        h.history
+            .fail("liveness-keys-forgotten", format!("a quiet core: {v}"));
     }
 }
 
