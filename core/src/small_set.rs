@@ -3,6 +3,11 @@
 //! Most sandboxes have one call, one session and at most one upload in flight; a `BTreeSet`
 //! allocates a node for each of those. `SmallSet` keeps a lone element inline and switches to a
 //! `BTreeSet` from the second one. Iteration is in ascending order either way.
+//!
+//! Kept hand-written rather than taken from `smallvec`: the core's output order depends on the
+//! ascending iteration, and a set may grow large (every call of an agent bound to its one
+//! sandbox), where a sorted `SmallVec` would make each insert and remove O(n) instead of
+//! O(log n).
 
 use std::collections::BTreeSet;
 
