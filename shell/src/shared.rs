@@ -51,8 +51,6 @@ struct CallEntry {
     ticket: u64,
     /// The acquire's waiter, until it is told.
     ready: Option<Signal<Result<SandboxId, CallEnd>>>,
-    /// Its sandbox died while it was bound.
-    lost: bool,
 }
 
 /// Everything under the one lock: the core and the waiters on its decisions.
@@ -152,7 +150,6 @@ impl<E: Executor> Shared<E> {
             CallEntry {
                 ticket,
                 ready: Some(ready),
-                lost: false,
             },
         );
         self.drain(&mut st);
@@ -339,12 +336,15 @@ impl<E: Executor> Shared<E> {
         lock(&self.state).core.is_closing()
     }
 
-    /// Whether the live call of `ticket` lost its sandbox.
+    /// Whether the live call of `ticket` lost its sandbox: the core's word
+    /// (`CallStatus::Lost`), not a copy kept here.
     fn is_lost(&self, call: &CallId, ticket: u64) -> bool {
-        lock(&self.state)
-            .calls
-            .get(call)
-            .is_some_and(|e| e.ticket == ticket && e.lost)
+        let st = lock(&self.state);
+        st.calls.get(call).is_some_and(|e| e.ticket == ticket)
+            && matches!(
+                st.core.call_status(call),
+                Some(sandkeeper::CallStatus::Lost(_))
+            )
     }
 
     /// The core's counters.
@@ -458,11 +458,7 @@ impl State {
                     }
                 }
             }
-            Event::SandboxLost { call, .. } => {
-                if let Some(entry) = self.calls.get_mut(&call) {
-                    entry.lost = true;
-                }
-            }
+            Event::SandboxLost { .. } => {}
             Event::MirrorSettled { session } => {
                 for done in self.settled.remove(&session).unwrap_or_default() {
                     done.set(());
