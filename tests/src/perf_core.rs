@@ -243,6 +243,83 @@ pub fn core_figures(report: Sink) {
     report("core.scale_ratio_1m_vs_1k", median(ratios), "x");
 }
 
+/// Runs `n` call cycles (`side` = `core`) or `n` baseline cycles (`side` = `hashmap`) and
+/// nothing else: what `perf --cycles SIDE N` does under callgrind.
+pub fn run_cycles(side: &str, n: usize) -> Result<(), String> {
+    match side {
+        "core" => {
+            let mut core = idle_core(0);
+            let mut cycle = CallCycle::new();
+            for _ in 0..n {
+                cycle.run(&mut core);
+            }
+            std::hint::black_box(&core);
+        }
+        "hashmap" => {
+            let mut baseline = HashMapBaseline::new();
+            for _ in 0..n {
+                baseline.run();
+            }
+            std::hint::black_box(&baseline.next_sandbox);
+        }
+        other => return Err(format!("unknown side {other:?}: core or hashmap")),
+    }
+    Ok(())
+}
+
+/// Instructions per cycle of each side, counted by callgrind on this very binary
+/// (`exe --cycles SIDE N` at two `N`, the difference divided by the difference, so set-up is
+/// not counted): `core.call_cycle_instructions`, `core.hashmap_cycle_instructions` and their
+/// ratio `core.call_cycle_vs_hashmap_instructions`. Instruction counts do not depend on what
+/// else the machine is doing. Nothing is reported where valgrind is absent.
+pub fn callgrind_figures(report: Sink) {
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let count = |side: &str, n: usize| -> Option<u64> {
+        let out_file = std::env::temp_dir().join(format!(
+            "sk-callgrind-{}-{side}-{n}.out",
+            std::process::id()
+        ));
+        let status = std::process::Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out_file.display()))
+            .arg(&exe)
+            .args(["--cycles", side, &n.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?;
+        let text = std::fs::read_to_string(&out_file).ok();
+        let _ = std::fs::remove_file(&out_file);
+        if !status.success() {
+            return None;
+        }
+        // The `summary:` line holds the total of the first event, instructions read.
+        text?
+            .lines()
+            .find_map(|l| l.strip_prefix("summary:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    };
+    let per_cycle = |side: &str| -> Option<f64> {
+        let (lo, hi) = (2_000, 12_000);
+        let a = count(side, lo)?;
+        let b = count(side, hi)?;
+        Some(b.saturating_sub(a) as f64 / (hi - lo) as f64)
+    };
+    let (Some(core), Some(hashmap)) = (per_cycle("core"), per_cycle("hashmap")) else {
+        eprintln!("callgrind figures not measured (valgrind absent or failed)");
+        return;
+    };
+    report("core.call_cycle_instructions", core, "instructions");
+    report("core.hashmap_cycle_instructions", hashmap, "instructions");
+    report(
+        "core.call_cycle_vs_hashmap_instructions",
+        core / hashmap,
+        "x",
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,19 @@ fn loom_figures(report: &mut Report) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // `--cycles SIDE N`: only run cycles, for callgrind (see `perf_core::callgrind_figures`).
+    if let Some(i) = args.iter().position(|a| a == "--cycles") {
+        let side = args.get(i + 1).map(String::as_str).unwrap_or("core");
+        let n = args
+            .get(i + 2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(10_000);
+        if let Err(e) = perf_core::run_cycles(side, n) {
+            eprintln!("perf --cycles: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     let json = args.iter().position(|a| a == "--json").map(|i| {
         args.get(i + 1)
             .cloned()
@@ -58,6 +71,7 @@ fn main() {
     };
     let mut add = |name: &str, value: f64, unit: &str| report.add(name, value, unit);
     perf_core::core_figures(&mut add);
+    perf_core::callgrind_figures(&mut add);
     perf_tokio::tokio_figures(&mut add);
     perf_sim::sim_figures(&mut add);
     loom_figures(&mut report);
