@@ -168,7 +168,7 @@ async fn run<K, F>(
 
 impl Cluster {
     /// Starts watching this owner's pods (and claims, in agent-sandbox mode) for losses, each
-    /// reported to `report` as [`pod_death`] and [`claim_death`] map it.
+    /// reported to `report` as `pod_death` and `claim_death` in `deaths.rs` map it.
     pub fn spawn_death_watch(
         &self,
         report: impl Fn(Death) -> bool + Send + Sync + 'static,

@@ -18,10 +18,10 @@
 //! `operatingMode: Suspended` (pod deleted, claim and Sandbox with its volumes kept) and hands
 //! the claim's name to the core as the snapshot; the `Start` that carries it as `resume_from`
 //! resumes that same claim (`Running`); a claim lost meanwhile means a fresh start and a
-//! warning ([`suspend`]).
+//! warning (`suspend.rs`).
 //!
 //! Deaths are reported by the sandbox number an object's `sandkeeper.io/sandbox` label carries
-//! ([`deaths`]): a claim's pod lost is a lost instance, a claim (or a plain pod) lost is a lost
+//! (`deaths.rs`): a claim's pod lost is a lost instance, a claim (or a plain pod) lost is a lost
 //! sandbox, and the core decides what either means. There is no table of incarnations: a
 //! resume labels the claim's objects with the new sandbox number before the new pod exists,
 //! so every event of the suspended pod, however late, names the suspended sandbox, which the
@@ -31,16 +31,16 @@
 //! Behaviour:
 //! - files go in through `pods/exec`, all or nothing per file: `timeout -s KILL <secs> tar -x -C
 //!   <workdir>` of a temporary name beside the final one, with the tar stream on stdin, then
-//!   `timeout -s KILL <secs> mv -f -T -- <tmp> <final>` ([`upload`]); an exec without a status
+//!   `timeout -s KILL <secs> mv -f -T -- <tmp> <final>` (`upload.rs`); an exec without a status
 //!   frame is [`K8sError::OutcomeUnknown`], never success; payloads over the limit are refused;
 //! - every object carries owner, session-hash and sandbox labels ([`names`]) and a server-side
 //!   expiry backstop (claim `shutdownTime`, pod `activeDeadlineSeconds`);
 //! - each owner keeps a `Lease`; [`Cluster::sweep_orphans`] deletes objects of owners whose
-//!   Lease is gone ([`lease`]);
-//! - readiness and deaths come from `kube::runtime` watches ([`wait`], [`deaths`]); a 410 Gone
+//!   Lease is gone (`lease.rs`);
+//! - readiness and deaths come from `kube::runtime` watches (`wait.rs`, `deaths.rs`); a 410 Gone
 //!   relists;
 //! - API errors are classified ([`ErrorClass`]): 404 gone, 409 retried after a fresh read, 429
-//!   and 5xx retried with backoff and jitter under a deadline ([`retry`]), 401/403 fatal with
+//!   and 5xx retried with backoff and jitter under a deadline (`retry.rs`), 401/403 fatal with
 //!   the missing permission named. `deploy/rbac.yaml` grants exactly [`cluster::calls::ALL`].
 //!
 //! ## The main job on a cluster
@@ -65,28 +65,30 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod backend;
-pub mod claim;
-pub mod cluster;
-pub mod config;
+mod backend;
+mod claim;
+mod cluster;
+mod config;
 pub mod crd;
-pub mod deaths;
-pub mod error;
-pub mod lease;
+mod deaths;
+mod error;
+mod lease;
 pub mod names;
-pub mod pod;
-pub mod retry;
-pub mod sandbox;
-pub mod suspend;
-pub mod upload;
-pub mod wait;
-pub mod workload;
+mod pod;
+mod retry;
+mod sandbox;
+mod suspend;
+mod upload;
+mod wait;
+mod workload;
 
-pub use backend::K8sBackend;
-pub use cluster::Cluster;
+pub use backend::{failure, K8sBackend};
+pub use cluster::{calls, Cluster};
 pub use config::{ConfigError, K8sConfig, Mode};
 pub use deaths::{Death, DeathWatch, LossCounts};
-pub use error::{ErrorClass, K8sError};
-pub use lease::SweepReport;
+pub use error::{Call, ErrorClass, K8sError};
+pub use lease::{LeaseRenewal, SweepReport};
 pub use sandbox::SandboxHandle;
-pub use upload::UploadFile;
+pub use suspend::{Resumable, SuspendedClaim, SUSPENDED_REASON};
+pub use upload::{UploadFile, EXEC_GRACE};
+pub use workload::{run_workload, HarnessError};

@@ -11,7 +11,7 @@ use common::*;
 use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS};
 use k8s_loopback::{Fault, Matcher, Verb};
 use sandkeeper::{PathName, SessionId};
-use sandkeeper_k8s::upload::EXEC_GRACE;
+use sandkeeper_k8s::EXEC_GRACE;
 use sandkeeper_k8s::{Cluster, ErrorClass, K8sConfig, K8sError, SandboxHandle, UploadFile};
 
 #[tokio::test]

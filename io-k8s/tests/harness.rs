@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sandkeeper_k8s::workload::run_workload;
+use sandkeeper_k8s::run_workload;
 use sandkeeper_tokio::workload::WorkloadOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -312,7 +312,7 @@ async fn set_back(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -
 /// controllers do, which is why the resume never patches the pod itself).
 #[tokio::test]
 async fn a_resume_names_the_new_pod_after_the_new_sandbox_from_birth() {
-    use sandkeeper_k8s::suspend::Resumable;
+    use sandkeeper_k8s::Resumable;
     let server = server().await;
     let k = cluster(&server, claim_config("owner-r"));
     let h = k.start_sandbox(1, "s").await.unwrap();

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use k8s_loopback::PolicyRule;
 use sandkeeper::{PathName, SessionId};
-use sandkeeper_k8s::cluster::calls;
+use sandkeeper_k8s::calls;
 use sandkeeper_k8s::{K8sConfig, UploadFile};
 use serde::Deserialize;
 
@@ -96,7 +96,7 @@ async fn a_full_run_under_the_role_is_never_forbidden_and_uses_only_granted_call
     // claim's labels and the Sandbox's pod template (never the pod).
     k.suspend_sandbox(&h).await.unwrap();
     let found = match k.find_suspended(&h.object).await.unwrap() {
-        sandkeeper_k8s::suspend::Resumable::Claim(found) => found,
+        sandkeeper_k8s::Resumable::Claim(found) => found,
         lost => panic!("{lost:?}"),
     };
     let h = k.resume_sandbox(7, &found).await.unwrap();

@@ -52,7 +52,7 @@ async fn run(mode: Mode) {
         // exec is checked.
         k.suspend_sandbox(&h).await.expect("suspended");
         let found = match k.find_suspended(&h.object).await.unwrap() {
-            sandkeeper_k8s::suspend::Resumable::Claim(found) => found,
+            sandkeeper_k8s::Resumable::Claim(found) => found,
             lost => panic!("the suspended claim is lost: {lost:?}"),
         };
         let resumed = k.resume_sandbox(2, &found).await.expect("resumed");

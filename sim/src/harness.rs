@@ -40,7 +40,7 @@ pub struct HarnessOptions {
     pub full_check_every: u64,
     /// The history's getter checks (`binding-stable`, `resolve-own-sandbox`, ...) ask the core
     /// about every live call every this many inputs, and in between only about the calls the
-    /// input touched (see [`crate::touched`]). 1: every live call after every input.
+    /// input touched (see `touched.rs`). 1: every live call after every input.
     pub getter_check_every: u64,
     /// Record the trace as JSON lines.
     pub trace: bool,

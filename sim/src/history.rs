@@ -113,7 +113,7 @@ pub struct History {
     pub sandboxes: FastMap<SandboxId, SandboxRecord>,
     /// Live calls, in the order they were acquired.
     pub calls: LiveCalls,
-    /// What the current input touched (see [`Touched`]).
+    /// What the current input touched (see `touched.rs`).
     pub touched: Touched,
     /// Inputs checked so far (for the cadence of the full getter checks).
     inputs: u64,

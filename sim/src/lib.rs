@@ -5,12 +5,12 @@
 //!
 //! - [`swarm`]: the seed draws a configuration (scope, same-key and release policies, deadlines,
 //!   fault rates, workload mix); it is printed at the start of a run.
-//! - [`world`]: the application (sessions, users, concurrent calls, same-key collisions,
+//! - `world.rs`: the application (sessions, users, concurrent calls, same-key collisions,
 //!   externals, flushes of several paths, resolves, holds, cancellations, close at any moment)
 //!   and the backend (start and upload latency, failures, hangs, deaths at any moment, stop,
 //!   persist and shutdown failures, late and duplicate answers).
 //! - [`harness`]: applies steps to the core and, after every input, drains its output and checks
-//!   the invariants: the history invariants of [`history`] every input, and the core's own
+//!   the invariants: the history invariants of `history.rs` (with `bounds.rs`, the time bounds) every input, and the core's own
 //!   `check_invariants` every input while the state is small (at most
 //!   [`HarnessOptions::small_state`](harness::HarnessOptions) calls plus sandboxes), else every
 //!   `full_check_every` inputs.
@@ -21,25 +21,32 @@
 //!   line-numbered errors, runner, expectations.
 //! - [`shrink`]: reduces a failing seed to a short scenario failing the same invariant.
 //!
-//! The command line is `cargo run --release -p sim -- explore|replay|shrink|run`.
+//! The command line is `cargo run --release -p sim -- explore|replay|shrink|run`. The public
+//! modules are what a caller uses (the command line, the tests, the agreement test); the world,
+//! the history and its checkers, the ledger and the helpers stay inside.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod backend;
+mod backend;
 pub mod batch;
-pub mod bounds;
-pub mod failure;
-pub mod fastmap;
+mod bounds;
+mod failure;
+mod fastmap;
 pub mod harness;
-pub mod history;
-pub mod live;
+mod history;
+mod live;
 pub mod marks;
-pub mod rng;
+mod rng;
 pub mod run;
 pub mod scenario;
 pub mod shrink;
 pub mod step;
 pub mod swarm;
-pub mod touched;
-pub mod versions;
-pub mod world;
+mod touched;
+mod versions;
+mod world;
+
+pub use backend::{Fate, Ledger, Op};
+pub use failure::Failure;
+pub use history::History;
+pub use world::World;

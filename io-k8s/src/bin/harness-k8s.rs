@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
-use sandkeeper_k8s::workload::run_workload;
+use sandkeeper_k8s::run_workload;
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode};
 use sandkeeper_tokio::workload::WorkloadOptions;
 
