@@ -54,7 +54,8 @@ impl Lifecycle {
     /// session's ready list and coming count), `session-target` (a session's mirror goes to its
     /// own first up sandbox or its linger sandbox, and the sandbox lists it), `busy-count`,
     /// `uploads` (in flight only into sandboxes that accept uploads, one per path),
-    /// `shutdown-once`, `timers` (every deadline is in the table and nothing else is),
+    /// `shutdown-once`, `timers` (every deadline is live in the table, nothing else is, and the
+    /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
     /// `idle-count`, `closed` (nothing left after close).
@@ -76,6 +77,9 @@ impl Lifecycle {
         }
 
         let mut expected_timers = 0usize;
+        // The timer table, live and cancelled entries alike (cancelled ones are dropped lazily).
+        let table: std::collections::HashMap<crate::timer::TimerRef, &Timer> =
+            self.timers.iter().collect();
         // Calls, seen from the calls.
         let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<&CallId>> = BTreeMap::new();
         let mut bound_by_key: BTreeMap<&Key, u32> = BTreeMap::new();
@@ -91,7 +95,7 @@ impl Lifecycle {
                 CallState::Waiting { deadline } => {
                     expected_timers += 1;
                     ensure!(
-                        self.timers.contains(deadline, &Timer::Wait(id.clone())),
+                        table.get(&deadline) == Some(&&Timer::Wait(id.clone())),
                         "timers",
                         "waiting call {id} has no wait timer"
                     );
@@ -196,7 +200,7 @@ impl Lifecycle {
             if let Some(at) = x.deadline {
                 expected_timers += 1;
                 ensure!(
-                    self.timers.contains(at, &Timer::Sandbox(*id)),
+                    table.get(&at) == Some(&&Timer::Sandbox(*id)),
                     "timers",
                     "sandbox {id} deadline is not in the table"
                 );
@@ -378,9 +382,8 @@ impl Lifecycle {
                     expected_timers += 1;
                     ensure!(
                         slot.pending.is_some()
-                            && self
-                                .timers
-                                .contains(at, &Timer::Retry(id.clone(), slot.path.clone())),
+                            && table.get(&at)
+                                == Some(&&Timer::Retry(id.clone(), slot.path.clone())),
                         "timers",
                         "session {id} path {} has a retry without a timer or a version",
                         slot.path
@@ -446,12 +449,29 @@ impl Lifecycle {
         ) {
             expected_timers += 1;
         }
+        let live = self
+            .timers
+            .iter()
+            .filter(|(at, timer)| self.timer_is_live(*at, timer))
+            .count();
         ensure!(
-            expected_timers == self.timers.len(),
+            expected_timers == live,
             "timers",
-            "{} timers set, {expected_timers} deadlines known",
-            self.timers.len()
+            "{live} live timers in the table, {expected_timers} deadlines known"
         );
+        if let Some(next) = self.timers.next() {
+            let earliest_live = self
+                .timers
+                .iter()
+                .filter(|(at, timer)| self.timer_is_live(*at, timer))
+                .map(|(at, _)| at.at)
+                .min();
+            ensure!(
+                earliest_live == Some(next),
+                "timers",
+                "the next deadline {next:?} is not the earliest live one {earliest_live:?}"
+            );
+        }
         Ok(())
     }
 }

@@ -602,12 +602,17 @@ impl Lifecycle {
         self.check_not_closed("timeout")?;
         self.advance(now);
         while let Some((at, timer)) = self.timers.pop_due(self.now) {
+            if !self.timer_is_live(at, &timer) {
+                continue; // cancelled: its owner let go of it
+            }
             self.fire(at, timer);
             self.finish_input();
             if self.is_closed() {
                 break;
             }
         }
+        // Cancelled timers popped above may have uncovered others at the top.
+        self.prune_timers();
         Ok(())
     }
 
@@ -1258,6 +1263,37 @@ impl Lifecycle {
         }
     }
 
+    /// Whether the timer set as `at` is live: its owner still holds this very reference. O(1).
+    pub(crate) fn timer_is_live(&self, at: TimerRef, timer: &Timer) -> bool {
+        match timer {
+            Timer::Sandbox(x) => self
+                .sandboxes
+                .get(x)
+                .is_some_and(|x| x.deadline == Some(at)),
+            Timer::Upload(u) => self.uploads.get(u).is_some_and(|u| u.deadline == at),
+            Timer::Retry(session, path) => self.sessions.get(session).is_some_and(|s| {
+                s.slot(path)
+                    .is_some_and(|i| s.paths[i].retry_at == Some(at))
+            }),
+            Timer::Wait(call) => self.calls.get(call).is_some_and(
+                |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
+            ),
+            Timer::Close => match &self.close {
+                CloseState::Draining { deadline, .. } => *deadline == at,
+                CloseState::Revoked { grace, .. } => *grace == at,
+                CloseState::Open | CloseState::Closed => false,
+            },
+        }
+    }
+
+    /// Drops cancelled timers from the top of the table (and compacts it now and then), so that
+    /// `poll_timeout` is a live deadline.
+    fn prune_timers(&mut self) {
+        let mut timers = std::mem::take(&mut self.timers);
+        timers.prune(|at, timer| self.timer_is_live(at, timer));
+        self.timers = timers;
+    }
+
     // ------------------------------------------------------------------------------------------
     // Internals: bookkeeping after each input
 
@@ -1285,6 +1321,7 @@ impl Lifecycle {
             }
         }
         self.close_progress();
+        self.prune_timers();
         #[cfg(debug_assertions)]
         if self.sandboxes.len() + self.calls.len() <= 64 {
             if let Err(v) = self.check_invariants() {

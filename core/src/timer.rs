@@ -1,6 +1,7 @@
 //! The one timer table: every deadline the core keeps, ordered by instant.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +27,7 @@ pub(crate) enum Timer {
 }
 
 /// A set timer, as its owner remembers it in order to cancel it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct TimerRef {
     /// When it is due.
     pub(crate) at: Instant,
@@ -43,78 +44,173 @@ impl TimerRef {
 }
 
 /// Deadlines ordered by (instant, order of setting): the order in which due timers fire is a
-/// pure function of the inputs. Whoever sets a timer keeps its [`TimerRef`] to cancel it.
+/// pure function of the inputs. Whoever sets a timer keeps its [`TimerRef`]; the timer is live
+/// exactly while its owner still holds that reference.
+///
+/// A binary heap with lazy deletion: cancelling is forgetting the reference (no heap operation),
+/// and an entry whose owner no longer holds it is *stale*. The lifecycle drops stale entries
+/// when they reach the top (after every input, so [`Timers::next`] is always a live deadline)
+/// and rebuilds the heap from its live entries whenever it has doubled since the last rebuild,
+/// so stale entries never outnumber live ones by more than a constant factor.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Timers {
     #[serde(with = "entries")]
-    due: BTreeMap<(Instant, u64), Timer>,
+    heap: BinaryHeap<Reverse<Entry>>,
     next_seq: u64,
+    /// The heap's size after the last rebuild: the next rebuild comes at twice this (plus a
+    /// floor).
+    rebuilt_at: usize,
 }
+
+/// One heap entry: ordered by (instant, sequence) only.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    at: Instant,
+    seq: u64,
+    timer: Timer,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// Entries past which the heap is never rebuilt (small heaps are cheap to keep as they are).
+const REBUILD_FLOOR: usize = 64;
 
 impl Timers {
     /// Sets `timer` at `at`. O(log n).
     pub(crate) fn set(&mut self, at: Instant, timer: Timer) -> TimerRef {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.due.insert((at, seq), timer);
+        self.heap.push(Reverse(Entry { at, seq, timer }));
         TimerRef { at, seq }
     }
 
-    /// Cancels a timer; harmless if it already fired or was cancelled. O(log n).
+    /// Cancels a timer: nothing to do here, its owner forgets the reference and the entry is
+    /// stale from now on. O(1). Kept as a method so that every cancel site says so.
+    #[inline]
     pub(crate) fn cancel(&mut self, timer: TimerRef) {
-        self.due.remove(&(timer.at, timer.seq));
+        let _ = timer;
     }
 
-    /// The earliest deadline.
+    /// The earliest deadline in the heap (live once [`Timers::prune`] ran).
     pub(crate) fn next(&self) -> Option<Instant> {
-        self.due.first_key_value().map(|((at, _), _)| *at)
+        self.heap.peek().map(|Reverse(e)| e.at)
     }
 
-    /// Removes and returns the earliest timer due at or before `now`.
+    /// Removes and returns the earliest timer due at or before `now`, live or stale: the caller
+    /// asks its owner.
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(TimerRef, Timer)> {
-        match self.due.first_key_value() {
-            Some(((at, _), _)) if *at <= now => {
-                let ((at, seq), timer) = self.due.pop_first().expect("first exists");
-                Some((TimerRef { at, seq }, timer))
+        match self.heap.peek() {
+            Some(Reverse(e)) if e.at <= now => {
+                let Reverse(e) = self.heap.pop().expect("peeked");
+                Some((
+                    TimerRef {
+                        at: e.at,
+                        seq: e.seq,
+                    },
+                    e.timer,
+                ))
             }
             _ => None,
         }
     }
 
-    /// How many timers are set.
-    pub(crate) fn len(&self) -> usize {
-        self.due.len()
+    /// Drops stale entries from the top, and rebuilds the heap from its live entries when it
+    /// has grown to twice its size at the last rebuild. `live` says whether an entry's owner
+    /// still holds it. Amortised O(log n) per timer set.
+    pub(crate) fn prune(&mut self, live: impl Fn(TimerRef, &Timer) -> bool) {
+        if self.heap.len() > REBUILD_FLOOR.max(2 * self.rebuilt_at) {
+            let entries = std::mem::take(&mut self.heap).into_vec();
+            self.heap = entries
+                .into_iter()
+                .filter(|Reverse(e)| {
+                    live(
+                        TimerRef {
+                            at: e.at,
+                            seq: e.seq,
+                        },
+                        &e.timer,
+                    )
+                })
+                .collect();
+            self.rebuilt_at = self.heap.len();
+        }
+        while let Some(Reverse(e)) = self.heap.peek() {
+            if live(
+                TimerRef {
+                    at: e.at,
+                    seq: e.seq,
+                },
+                &e.timer,
+            ) {
+                break;
+            }
+            self.heap.pop();
+        }
     }
 
-    /// Whether `timer` is set as `r`.
-    pub(crate) fn contains(&self, r: TimerRef, timer: &Timer) -> bool {
-        self.due.get(&(r.at, r.seq)) == Some(timer)
+    /// Entries in the heap, live and stale.
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// The entries, in no particular order (for the invariant checks).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (TimerRef, &Timer)> {
+        self.heap.iter().map(|Reverse(e)| {
+            (
+                TimerRef {
+                    at: e.at,
+                    seq: e.seq,
+                },
+                &e.timer,
+            )
+        })
     }
 
     /// Forgets every timer.
     pub(crate) fn clear(&mut self) {
-        self.due.clear();
+        self.heap.clear();
+        self.rebuilt_at = 0;
     }
 }
 
-/// Serialises the table as a list of entries (JSON maps need string keys).
+/// Serialises the heap as a list of entries in firing order, so a serialised state does not
+/// depend on the heap's layout.
 mod entries {
-    use std::collections::BTreeMap;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use super::Timer;
-    use crate::time::Instant;
+    use super::Entry;
 
-    type Table = BTreeMap<(Instant, u64), Timer>;
+    type Heap = BinaryHeap<Reverse<Entry>>;
 
-    pub(super) fn serialize<S: Serializer>(table: &Table, s: S) -> Result<S::Ok, S::Error> {
-        let entries: Vec<(&(Instant, u64), &Timer)> = table.iter().collect();
+    pub(super) fn serialize<S: Serializer>(heap: &Heap, s: S) -> Result<S::Ok, S::Error> {
+        let mut entries: Vec<&Entry> = heap.iter().map(|Reverse(e)| e).collect();
+        entries.sort();
         entries.serialize(s)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Table, D::Error> {
-        let entries: Vec<((Instant, u64), Timer)> = Vec::deserialize(d)?;
-        Ok(entries.into_iter().collect())
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Heap, D::Error> {
+        let entries: Vec<Entry> = Vec::deserialize(d)?;
+        Ok(entries.into_iter().map(Reverse).collect())
     }
 }
