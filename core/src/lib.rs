@@ -166,6 +166,22 @@
 //! - **Death.** [`SandboxState::Dead`]: calls on it get `SandboxLost`, `resolve` answers
 //!   `SandboxGone`, its uploads are dropped, outstanding answers become stale, Shutdown is
 //!   ordered once to clean up.
+//!
+//! ## Files
+//!
+//! | file | owns |
+//! |---|---|
+//! | `lifecycle.rs` | [`Lifecycle`]: its getters, inputs, outputs; binding calls, the way down (drain → Stop → Persist → Shutdown), abandoning, deaths, the timer dispatch, the per-input bookkeeping |
+//! | `mirror.rs` | the mirror's methods: flush, hold, upload answers and retries, pump, retarget, settle, drains |
+//! | `close.rs` | close: its phases, revocation, the close report |
+//! | `call.rs` | call records, isolation-key slots, the memory of ended calls |
+//! | `session.rs` | session records: ready calls, mirror slots per path, holds, pending releases, idle records |
+//! | `sandbox.rs` | sandbox records and [`SandboxState`] |
+//! | `timer.rs` | the one timer table (a heap with lazy deletion) |
+//! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
+//! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
+//! | `invariants.rs` | [`Lifecycle::check_invariants`] |
+//! | `map.rs`, `small_set.rs` | the fixed-hasher maps and the inline ordered set |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
