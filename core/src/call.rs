@@ -9,6 +9,13 @@ use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
 use crate::timer::TimerRef;
 
+slotmap::new_key_type! {
+    /// A live call's place in the call table. Records refer to calls by it; a call's name is
+    /// hashed once, where it comes in ([`Calls::find`]). A place is reused after its call ended,
+    /// with a new generation, so a stale one never finds the wrong call.
+    pub(crate) struct CallIx;
+}
+
 /// What the application asks for when it acquires a sandbox for a call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallSpec {
@@ -81,6 +88,8 @@ pub(crate) enum CallState {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Call {
+    /// Its name, as the application gave it.
+    pub(crate) id: CallId,
     pub(crate) session: SessionId,
     pub(crate) key: Key,
     pub(crate) spec: Spec,
@@ -97,6 +106,93 @@ impl Call {
     }
 }
 
+/// The live calls: records in a generational slab, and the index from names to places.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Calls {
+    records: slotmap::SlotMap<CallIx, Call>,
+    by_name: Map<CallId, CallIx>,
+}
+
+impl Calls {
+    /// The place of the live call named `call`. The one hash of a call's name per input.
+    pub(crate) fn find(&self, call: &CallId) -> Option<CallIx> {
+        self.by_name.get(call).copied()
+    }
+
+    /// Adds a call whose name is not live.
+    pub(crate) fn insert(&mut self, call: Call) -> CallIx {
+        let id = call.id.clone();
+        let ix = self.records.insert(call);
+        let was = self.by_name.insert(id, ix);
+        debug_assert!(was.is_none(), "a live call's name inserted twice");
+        ix
+    }
+
+    /// Removes a live call.
+    pub(crate) fn remove(&mut self, ix: CallIx) -> Call {
+        let call = self.records.remove(ix).expect("a live call");
+        self.by_name.remove(&call.id);
+        call
+    }
+
+    /// The live call at `ix`, if it is still live.
+    pub(crate) fn get(&self, ix: CallIx) -> Option<&Call> {
+        self.records.get(ix)
+    }
+
+    /// Live calls.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether no call is live.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Every live call, in no order that may reach an output.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (CallIx, &Call)> {
+        self.records.iter()
+    }
+
+    /// Whether the name index and the records agree (for the invariant check).
+    pub(crate) fn index_agrees(&self) -> bool {
+        self.by_name.len() == self.records.len()
+            && self
+                .by_name
+                .iter()
+                .all(|(name, ix)| self.records.get(*ix).is_some_and(|c| &c.id == name))
+    }
+
+    /// Forgets every call (close finished).
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.by_name.clear();
+    }
+
+    /// `calls` sorted by name: the order in which several calls reach an output.
+    pub(crate) fn by_name_order(&self, mut calls: Vec<CallIx>) -> Vec<CallIx> {
+        if calls.len() > 1 {
+            calls.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
+        }
+        calls
+    }
+}
+
+impl std::ops::Index<CallIx> for Calls {
+    type Output = Call;
+
+    fn index(&self, ix: CallIx) -> &Call {
+        &self.records[ix]
+    }
+}
+
+impl std::ops::IndexMut<CallIx> for Calls {
+    fn index_mut(&mut self, ix: CallIx) -> &mut Call {
+        &mut self.records[ix]
+    }
+}
+
 /// Per isolation key: which sandbox serves it, which one is retiring, who waits.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct KeySlot {
@@ -108,7 +204,7 @@ pub(crate) struct KeySlot {
     /// Live calls of this key bound to a sandbox (starting or ready, dead sandboxes included).
     pub(crate) bound: u32,
     /// Queued calls, first in first out.
-    pub(crate) waiters: VecDeque<CallId>,
+    pub(crate) waiters: VecDeque<CallIx>,
     /// The latest persisted snapshot, for the next Start's `resume_from`, with the sandbox that
     /// persisted it (the next Start's `resumes`).
     pub(crate) snapshot: Option<(Snapshot, SandboxId)>,

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallIx;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{CloseReport, Event};
 use crate::ids::{SandboxId, Version};
 use crate::lifecycle::{EndHow, Lifecycle};
-use crate::name::{CallId, PathName, SessionId};
+use crate::name::{PathName, SessionId};
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
@@ -59,16 +60,16 @@ impl Lifecycle {
             blocked_by: None,
         };
 
-        let mut waiters: Vec<CallId> = Vec::new();
+        let mut waiters: Vec<CallIx> = Vec::new();
         for slot in self.keys.values_mut() {
             waiters.extend(std::mem::take(&mut slot.waiters));
         }
-        waiters.sort();
-        for call in waiters {
+        for call in self.calls.by_name_order(waiters) {
+            let name = self.calls[call].id.clone();
             if let Some(report) = self.close_report() {
-                report.refused_waiters.push(call.clone());
+                report.refused_waiters.push(name);
             }
-            self.end_call(&call, EndHow::Failed(ErrorKind::Closed));
+            self.end_call(call, EndHow::Failed(ErrorKind::Closed));
         }
 
         let mut warm: Vec<SandboxId> = self
@@ -145,13 +146,13 @@ impl Lifecycle {
         tracing::info!("close: revoking what is left");
         self.close = CloseState::Revoked { grace, report };
 
-        let mut live: Vec<CallId> = self.calls.keys().cloned().collect();
-        live.sort();
-        for call in live {
+        let live: Vec<CallIx> = self.calls.iter().map(|(ix, _)| ix).collect();
+        for call in self.calls.by_name_order(live) {
+            let name = self.calls[call].id.clone();
             if let Some(report) = self.close_report() {
-                report.revoked_calls.push(call.clone());
+                report.revoked_calls.push(name);
             }
-            self.end_call(&call, EndHow::Revoked);
+            self.end_call(call, EndHow::Revoked);
         }
 
         let mut held: Vec<SessionId> = self

@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::call::CallIx;
 use crate::call::CallState;
 use crate::close::CloseState;
 use crate::config::SameKey;
 use crate::ids::{Key, SandboxId};
 use crate::lifecycle::Lifecycle;
-use crate::name::CallId;
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::timer::Timer;
 
@@ -58,7 +58,8 @@ impl Lifecycle {
     /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
-    /// `idle-count`, `closed` (nothing left after close).
+    /// `idle-count`, `closed` (nothing left after close), `call-index` (the name index finds
+    /// every live call and nothing else).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
             ensure!(
@@ -81,9 +82,15 @@ impl Lifecycle {
         let table: std::collections::HashMap<crate::timer::TimerRef, &Timer> =
             self.timers.iter().collect();
         // Calls, seen from the calls.
-        let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<&CallId>> = BTreeMap::new();
+        ensure!(
+            self.calls.index_agrees(),
+            "call-index",
+            "the call name index and the call records disagree"
+        );
+        let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<CallIx>> = BTreeMap::new();
         let mut bound_by_key: BTreeMap<&Key, u32> = BTreeMap::new();
-        for (id, call) in &self.calls {
+        for (ix, call) in self.calls.iter() {
+            let id = &call.id;
             let session = self.sessions.get(&call.session);
             ensure!(
                 session.is_some(),
@@ -95,20 +102,20 @@ impl Lifecycle {
                 CallState::Waiting { deadline } => {
                     expected_timers += 1;
                     ensure!(
-                        table.get(&deadline) == Some(&&Timer::Wait(id.clone())),
+                        table.get(&deadline) == Some(&&Timer::Wait(ix)),
                         "timers",
                         "waiting call {id} has no wait timer"
                     );
                     let queued = self
                         .keys
                         .get(&call.key)
-                        .is_some_and(|k| k.waiters.contains(id));
+                        .is_some_and(|k| k.waiters.contains(&ix));
                     ensure!(queued, "key-counts", "waiting call {id} is not queued");
                 }
                 CallState::Starting(x) | CallState::Ready(x) => {
-                    bound_by_sandbox.entry(x).or_default().push(id);
+                    bound_by_sandbox.entry(x).or_default().push(ix);
                     *bound_by_key.entry(&call.key).or_default() += 1;
-                    let ready = session.ready.contains(id);
+                    let ready = session.ready.contains(&ix);
                     ensure!(
                         ready == matches!(call.state, CallState::Ready(_)),
                         "session-calls",
@@ -121,8 +128,8 @@ impl Lifecycle {
 
         let waiting = self
             .calls
-            .values()
-            .filter(|c| matches!(c.state, CallState::Waiting { .. }))
+            .iter()
+            .filter(|(_, c)| matches!(c.state, CallState::Waiting { .. }))
             .count();
         ensure!(
             waiting == self.waiting,
@@ -136,7 +143,7 @@ impl Lifecycle {
         for (id, x) in &self.sandboxes {
             let calls = bound_by_sandbox.remove(id).unwrap_or_default();
             ensure!(
-                calls.len() == x.bound.len() && calls.iter().all(|c| x.bound.contains(*c)),
+                calls.len() == x.bound.len() && calls.iter().all(|c| x.bound.contains(c)),
                 "bound-calls",
                 "sandbox {id} counts {} bound calls, {} calls are bound to it",
                 x.bound.len(),
@@ -154,7 +161,8 @@ impl Lifecycle {
                 );
             }
             for call in x.bound.iter() {
-                let state = &self.calls[call].state;
+                let state = &self.calls[*call].state;
+                let call = &self.calls[*call].id;
                 let fits = match x.state {
                     SandboxState::Starting => matches!(state, CallState::Starting(_)),
                     SandboxState::Running => matches!(state, CallState::Ready(_)),
@@ -282,11 +290,11 @@ impl Lifecycle {
             for w in &slot.waiters {
                 ensure!(
                     matches!(
-                        self.calls.get(w).map(|c| &c.state),
+                        self.calls.get(*w).map(|c| &c.state),
                         Some(CallState::Waiting { .. })
                     ),
                     "key-counts",
-                    "key {key} queues {w}, which is not waiting"
+                    "key {key} queues {w:?}, which is not waiting"
                 );
             }
         }
@@ -303,8 +311,8 @@ impl Lifecycle {
         for (id, s) in &self.sessions {
             let coming = self
                 .calls
-                .values()
-                .filter(|c| {
+                .iter()
+                .filter(|(_, c)| {
                     &c.session == id
                         && matches!(c.state, CallState::Waiting { .. } | CallState::Starting(_))
                 })
@@ -318,16 +326,16 @@ impl Lifecycle {
             for call in &s.ready {
                 ensure!(
                     self.calls
-                        .get(call)
+                        .get(*call)
                         .is_some_and(|c| &c.session == id && matches!(c.state, CallState::Ready(_))),
                     "session-calls",
-                    "session {id} lists {call} as ready"
+                    "session {id} lists {call:?} as ready"
                 );
             }
             let first_up = s
                 .ready
                 .iter()
-                .filter_map(|c| self.calls[c].sandbox())
+                .filter_map(|c| self.calls[*c].sandbox())
                 .find(|x| self.sandboxes[x].state.accepts_uploads());
             let expected = first_up.or(s.linger.filter(|x| {
                 self.sandboxes

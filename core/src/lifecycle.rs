@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::call::{Call, CallSpec, CallState, CallStatus, EndedCalls, KeySlot};
+use crate::call::{Call, CallIx, CallSpec, CallState, CallStatus, Calls, EndedCalls, KeySlot};
 use crate::close::CloseState;
 use crate::command::Command;
 use crate::config::{Config, ReleasePolicy, SameKey, Scope};
@@ -42,7 +42,7 @@ use crate::timer::{Timer, TimerRef, Timers};
 pub struct Lifecycle {
     pub(crate) config: Config,
     pub(crate) now: Instant,
-    pub(crate) calls: Map<CallId, Call>,
+    pub(crate) calls: Calls,
     pub(crate) sessions: Map<SessionId, Session>,
     pub(crate) sandboxes: Map<SandboxId, Sandbox>,
     pub(crate) keys: Map<Key, KeySlot>,
@@ -71,7 +71,7 @@ impl Lifecycle {
         Ok(Lifecycle {
             config,
             now: Instant::ZERO,
-            calls: Map::default(),
+            calls: Calls::default(),
             sessions: Map::default(),
             sandboxes: Map::default(),
             keys: Map::default(),
@@ -118,7 +118,7 @@ impl Lifecycle {
         let s = self.sessions.get(session).ok_or_else(no_sandbox)?;
         let mut dead = None;
         for call in &s.ready {
-            let x = self.calls[call].sandbox().expect("a ready call is bound");
+            let x = self.calls[*call].sandbox().expect("a ready call is bound");
             if self.sandboxes[&x].state.accepts_uploads() {
                 return Ok(x);
             }
@@ -135,7 +135,7 @@ impl Lifecycle {
 
     /// Where a live call is, or `None` for a call that is not live. O(1).
     pub fn call_status(&self, call: &CallId) -> Option<CallStatus> {
-        let c = self.calls.get(call)?;
+        let c = &self.calls[self.calls.find(call)?];
         Some(match c.state {
             CallState::Waiting { .. } => CallStatus::Waiting,
             CallState::Starting(x) => CallStatus::Starting(x),
@@ -252,7 +252,7 @@ impl Lifecycle {
         if self.is_closing() {
             return Err(Error::Closed { what: "acquire" });
         }
-        if self.calls.contains_key(&spec.call) {
+        if self.calls.find(&spec.call).is_some() {
             return Err(Error::DuplicateCall { call: spec.call });
         }
         let limits = &self.config.limits;
@@ -298,32 +298,25 @@ impl Lifecycle {
         } = spec;
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
-        let deadline = if must_wait {
-            let at = self.now + self.config.wait_timeout;
-            self.waiting += 1;
-            self.timers.set(at, Timer::Wait(call.clone()))
-        } else {
-            TimerRef::UNSET
-        };
-        self.calls.insert(
-            call.clone(),
-            Call {
-                session: session.clone(),
-                key: key.clone(),
-                spec: start_spec,
-                state: CallState::Waiting { deadline },
+        let ix = self.calls.insert(Call {
+            id: call,
+            session: session.clone(),
+            key: key.clone(),
+            spec: start_spec,
+            state: CallState::Waiting {
+                deadline: TimerRef::UNSET,
             },
-        );
+        });
         let s = self.session_mut_or_new(&session);
         s.coming += 1;
         if must_wait {
-            self.keys
-                .entry(key)
-                .or_default()
-                .waiters
-                .push_back(call.clone());
+            let at = self.now + self.config.wait_timeout;
+            self.waiting += 1;
+            let deadline = self.timers.set(at, Timer::Wait(ix));
+            self.calls[ix].state = CallState::Waiting { deadline };
+            self.keys.entry(key).or_default().waiters.push_back(ix);
         } else {
-            self.bind(&call);
+            self.bind(ix);
         }
         self.session_changed(&session);
         self.finish_input();
@@ -341,17 +334,17 @@ impl Lifecycle {
     /// Errors: `UnknownCall`, `AlreadyReleased`, `Closed` after close finished.
     pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
         self.check_not_closed("release")?;
-        if !self.calls.contains_key(call) {
+        let Some(ix) = self.calls.find(call) else {
             return Err(if self.ended.contains(call) {
                 Error::AlreadyReleased { call: call.clone() }
             } else {
                 Error::UnknownCall { call: call.clone() }
             });
-        }
+        };
         self.advance(now);
         tracing::debug!(call = %call, "release");
         self.stats.calls_released += 1;
-        self.end_call(call, EndHow::Released);
+        self.end_call(ix, EndHow::Released);
         self.finish_input();
         Ok(())
     }
@@ -374,10 +367,10 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.state = SandboxState::Running;
-        let starters: Vec<CallId> = x.bound.iter().cloned().collect();
+        let starters = self.calls.by_name_order(x.bound.iter().copied().collect());
         for call in starters {
-            if matches!(self.calls[&call].state, CallState::Starting(s) if s == sandbox) {
-                self.make_ready(&call, sandbox);
+            if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
+                self.make_ready(call, sandbox);
             }
         }
         let key = self.sandboxes[&sandbox].key.clone();
@@ -699,7 +692,7 @@ impl Lifecycle {
     // Internals: binding
 
     /// Binds a call that is not queued to its key's sandbox, starting one when there is none.
-    fn bind(&mut self, call: &CallId) {
+    fn bind(&mut self, call: CallIx) {
         let c = &self.calls[call];
         let key = c.key.clone();
         let current = self.keys.get(&key).and_then(|k| k.current);
@@ -726,10 +719,10 @@ impl Lifecycle {
         let session = self.calls[call].session.clone();
         self.keys.get_mut(&key).expect("bound key").bound += 1;
         let x = self.sandboxes.get_mut(&sandbox).expect("current sandbox");
-        x.bound.insert(call.clone());
+        x.bound.insert(call);
         match x.state {
             SandboxState::Starting => {
-                self.calls.get_mut(call).expect("live").state = CallState::Starting(sandbox);
+                self.calls[call].state = CallState::Starting(sandbox);
             }
             SandboxState::Running | SandboxState::Idle | SandboxState::Draining => {
                 if x.state != SandboxState::Running {
@@ -748,8 +741,8 @@ impl Lifecycle {
     }
 
     /// A bound call becomes ready on an up sandbox.
-    fn make_ready(&mut self, call: &CallId, sandbox: SandboxId) {
-        let c = self.calls.get_mut(call).expect("live");
+    fn make_ready(&mut self, call: CallIx, sandbox: SandboxId) {
+        let c = &mut self.calls[call];
         c.state = CallState::Ready(sandbox);
         let session = c.session.clone();
         let s = self
@@ -757,12 +750,13 @@ impl Lifecycle {
             .get_mut(&session)
             .expect("session of a live call");
         s.coming -= 1;
-        s.ready.push(call.clone());
+        s.ready.push(call);
         s.linger = None;
         self.stats.calls_ready += 1;
-        tracing::debug!(call = %call, session = %session, sandbox = %sandbox, "call ready");
+        let name = self.calls[call].id.clone();
+        tracing::debug!(call = %name, session = %session, sandbox = %sandbox, "call ready");
         self.events.push_back(Event::CallReady {
-            call: call.clone(),
+            call: name,
             sandbox,
         });
         self.retarget(&session, DropReason::NoSandbox);
@@ -784,12 +778,12 @@ impl Lifecycle {
             let Some(call) = slot.waiters.pop_front() else {
                 return;
             };
-            if let CallState::Waiting { deadline } = self.calls[&call].state {
+            if let CallState::Waiting { deadline } = self.calls[call].state {
                 self.timers.cancel(deadline);
             }
             self.waiting -= 1;
-            tracing::debug!(call = %call, key = %key, "admitted");
-            self.bind(&call);
+            tracing::debug!(call = %self.calls[call].id, key = %key, "admitted");
+            self.bind(call);
         }
     }
 
@@ -800,7 +794,7 @@ impl Lifecycle {
     }
 
     /// Orders a Start for `call`'s key.
-    fn start_sandbox(&mut self, call: &CallId) -> SandboxId {
+    fn start_sandbox(&mut self, call: CallIx) -> SandboxId {
         let c = &self.calls[call];
         let key = c.key.clone();
         let spec = c.spec.clone();
@@ -832,8 +826,9 @@ impl Lifecycle {
     // Internals: ending calls
 
     /// Ends a live call: released by the application, failed, or revoked by close.
-    pub(crate) fn end_call(&mut self, call: &CallId, how: EndHow) {
-        let c = self.calls.remove(call).expect("live call");
+    pub(crate) fn end_call(&mut self, ix: CallIx, how: EndHow) {
+        let c = self.calls.remove(ix);
+        let call = &c.id;
         self.ended
             .remember(call.clone(), self.config.limits.remembered_ended_calls);
         let session = c.session.clone();
@@ -860,7 +855,7 @@ impl Lifecycle {
                 self.timers.cancel(deadline);
                 self.waiting -= 1;
                 if let Some(slot) = self.keys.get_mut(&c.key) {
-                    slot.waiters.retain(|w| w != call);
+                    slot.waiters.retain(|w| *w != ix);
                 }
                 self.sessions.get_mut(&session).expect("session").coming -= 1;
                 if released {
@@ -870,7 +865,7 @@ impl Lifecycle {
             }
             CallState::Starting(x) => {
                 self.sessions.get_mut(&session).expect("session").coming -= 1;
-                self.unbind(call, &c.key, x);
+                self.unbind(ix, &c.key, x);
                 if released {
                     self.events
                         .push_back(Event::CallReleased { call: call.clone() });
@@ -878,11 +873,11 @@ impl Lifecycle {
             }
             CallState::Ready(x) => {
                 let s = self.sessions.get_mut(&session).expect("session");
-                s.ready.retain(|r| r != call);
+                s.ready.retain(|r| *r != ix);
                 // The session's mirror lingers on this sandbox unless another of its ready calls
                 // has a sandbox that is up (a call whose sandbox died does not count).
                 let other_up = s.ready.iter().any(|r| {
-                    self.calls[r]
+                    self.calls[*r]
                         .sandbox()
                         .is_some_and(|y| self.sandboxes[&y].state.accepts_uploads())
                 });
@@ -892,7 +887,7 @@ impl Lifecycle {
                 if released {
                     s.releasing.push((call.clone(), x));
                 }
-                self.unbind(call, &c.key, x);
+                self.unbind(ix, &c.key, x);
             }
         }
         // With no sandbox to go to and none coming, the session's pending versions are dropped.
@@ -906,15 +901,15 @@ impl Lifecycle {
     }
 
     /// Takes a call off its sandbox and key.
-    fn unbind(&mut self, call: &CallId, key: &Key, sandbox: SandboxId) {
+    fn unbind(&mut self, call: CallIx, key: &Key, sandbox: SandboxId) {
         let slot = self.keys.get_mut(key).expect("key of a bound call");
         slot.bound -= 1;
         let x = self
             .sandboxes
             .get_mut(&sandbox)
             .expect("sandbox of a bound call");
-        let was_bound = x.bound.remove(call);
-        debug_assert!(was_bound, "call {call} was not bound to {sandbox}");
+        let was_bound = x.bound.remove(&call);
+        debug_assert!(was_bound, "call {call:?} was not bound to {sandbox}");
         if !x.bound.is_empty() {
             return;
         }
@@ -1136,9 +1131,9 @@ impl Lifecycle {
                 slot.current = None;
             }
         }
-        let starters: Vec<CallId> = x.bound.iter().cloned().collect();
-        for call in starters {
-            self.end_call(&call, EndHow::Failed(error));
+        let starters: Vec<CallIx> = x.bound.iter().copied().collect();
+        for call in self.calls.by_name_order(starters) {
+            self.end_call(call, EndHow::Failed(error));
         }
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
         // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
@@ -1167,7 +1162,7 @@ impl Lifecycle {
         }
         x.state = SandboxState::Dead;
         let key = x.key.clone();
-        let lost: Vec<CallId> = x.bound.iter().cloned().collect();
+        let lost: Vec<CallIx> = x.bound.iter().copied().collect();
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
@@ -1175,9 +1170,9 @@ impl Lifecycle {
         if self.sandboxes[&sandbox].awaiting != Awaiting::Shutdown {
             self.cancel_sandbox_timer(sandbox);
         }
-        for call in lost {
+        for call in self.calls.by_name_order(lost) {
             self.events.push_back(Event::SandboxLost {
-                call: call.clone(),
+                call: self.calls[call].id.clone(),
                 sandbox,
             });
         }
@@ -1256,8 +1251,8 @@ impl Lifecycle {
             Timer::Upload(upload) => self.upload_timed_out(upload),
             Timer::Retry(session, path) => self.retry_due(&session, &path),
             Timer::Wait(call) => {
-                tracing::debug!(call = %call, "wait timed out");
-                self.end_call(&call, EndHow::Failed(ErrorKind::WaitTimeout));
+                tracing::debug!(call = %self.calls[call].id, "wait timed out");
+                self.end_call(call, EndHow::Failed(ErrorKind::WaitTimeout));
             }
             Timer::Close => self.close_deadline(),
         }
@@ -1275,7 +1270,7 @@ impl Lifecycle {
                 s.slot(path)
                     .is_some_and(|i| s.paths[i].retry_at == Some(at))
             }),
-            Timer::Wait(call) => self.calls.get(call).is_some_and(
+            Timer::Wait(call) => self.calls.get(*call).is_some_and(
                 |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
             ),
             Timer::Close => match &self.close {

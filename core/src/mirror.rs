@@ -445,7 +445,7 @@ impl Lifecycle {
         };
         let mut target = None;
         for call in &s.ready {
-            let x = self.calls[call].sandbox().expect("ready call is bound");
+            let x = self.calls[*call].sandbox().expect("ready call is bound");
             if self.sandboxes[&x].state.accepts_uploads() {
                 target = Some(x);
                 break;

@@ -2,8 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallIx;
 use crate::ids::{Key, Snapshot, UploadId};
-use crate::name::{CallId, ExternalId, SessionId};
+use crate::name::{ExternalId, SessionId};
 use crate::small_set::SmallSet;
 use crate::timer::TimerRef;
 
@@ -70,7 +71,7 @@ pub(crate) struct Sandbox {
     pub(crate) state: SandboxState,
     pub(crate) awaiting: Awaiting,
     /// Live calls bound to it (starting or ready): its reference count is this set's size.
-    pub(crate) bound: SmallSet<CallId>,
+    pub(crate) bound: SmallSet<CallIx>,
     /// Uploads in flight into it.
     pub(crate) uploads: SmallSet<UploadId>,
     /// Sessions whose mirror targets it.

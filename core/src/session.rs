@@ -11,6 +11,7 @@ use std::ops::{Deref, DerefMut};
 
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallIx;
 use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::name::{CallId, PathName, SessionId};
 use crate::time::Instant;
@@ -116,7 +117,7 @@ pub(crate) struct Session {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Live {
     /// Live calls bound to a sandbox, in the order they became ready.
-    pub(crate) ready: Vec<CallId>,
+    pub(crate) ready: Vec<CallIx>,
     /// Live calls still waiting or starting: a sandbox is coming.
     pub(crate) coming: u32,
     /// The sandbox of the session's last released call, while it accepts uploads.

@@ -5,8 +5,9 @@ use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallIx;
 use crate::ids::{SandboxId, UploadId};
-use crate::name::{CallId, PathName, SessionId};
+use crate::name::{PathName, SessionId};
 use crate::time::Instant;
 
 /// What a deadline is for.
@@ -21,7 +22,7 @@ pub(crate) enum Timer {
     /// A retry of a (session, path) after a transient upload failure.
     Retry(SessionId, PathName),
     /// A queued call's wait timeout.
-    Wait(CallId),
+    Wait(CallIx),
     /// The close deadline, then the second (grace) deadline.
     Close,
 }

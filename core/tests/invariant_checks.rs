@@ -32,6 +32,17 @@ fn corrupt(core: &Lifecycle, edit: impl FnOnce(&mut Value)) -> Lifecycle {
     serde_json::from_value(state).expect("the edited state still parses")
 }
 
+/// The record of call `a`, the only call these cores ever had (the first place of the call
+/// table; place 0 is the table's sentinel).
+fn call_a(v: &mut Value) -> &mut Value {
+    &mut v["calls"]["records"][1]["value"]
+}
+
+/// How records refer to call `a`.
+fn call_a_ref() -> Value {
+    json!({ "idx": 1, "version": 1 })
+}
+
 fn broken(core: &Lifecycle) -> &'static str {
     core.check_invariants()
         .expect_err("the corrupted state must be reported")
@@ -49,9 +60,9 @@ fn valid_states_pass() {
 #[test]
 fn a_ready_call_on_a_starting_sandbox_is_reported() {
     let core = corrupt(&starting(), |v| {
-        v["calls"]["a"]["state"] = json!({ "Ready": 0 });
+        call_a(v)["state"] = json!({ "Ready": 0 });
         // The session agrees, so only the sandbox's view is wrong.
-        v["sessions"]["s"]["live"]["ready"] = json!(["a"]);
+        v["sessions"]["s"]["live"]["ready"] = json!([call_a_ref()]);
         v["sessions"]["s"]["live"]["coming"] = json!(0);
     });
     assert_eq!(broken(&core), "bound-calls");
@@ -60,7 +71,7 @@ fn a_ready_call_on_a_starting_sandbox_is_reported() {
 #[test]
 fn a_starting_call_on_a_running_sandbox_is_reported() {
     let core = corrupt(&running(), |v| {
-        v["calls"]["a"]["state"] = json!({ "Starting": 0 });
+        call_a(v)["state"] = json!({ "Starting": 0 });
         // The session agrees, so only the sandbox's view is wrong.
         v["sessions"]["s"]["live"]["ready"] = json!([]);
         v["sessions"]["s"]["live"]["coming"] = json!(1);
@@ -86,4 +97,13 @@ fn a_deadline_missing_from_the_timer_table_is_reported() {
         v["sandboxes"]["0"]["deadline"]["seq"] = json!(7);
     });
     assert_eq!(broken(&core), "timers");
+}
+
+#[test]
+fn a_name_index_that_misses_its_call_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        // The name now points at a later generation of the call's place: a stale reference.
+        v["calls"]["by_name"]["a"]["version"] = json!(3);
+    });
+    assert_eq!(broken(&core), "call-index");
 }
