@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{Key, SandboxId, Snapshot, Spec};
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
+use crate::session::SessionIx;
 use crate::timer::TimerRef;
 
 slotmap::new_key_type! {
@@ -90,7 +91,7 @@ pub(crate) enum CallState {
 pub(crate) struct Call {
     /// Its name, as the application gave it.
     pub(crate) id: CallId,
-    pub(crate) session: SessionId,
+    pub(crate) session: SessionIx,
     pub(crate) key: Key,
     pub(crate) spec: Spec,
     pub(crate) state: CallState,

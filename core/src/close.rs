@@ -18,6 +18,7 @@ use crate::ids::{SandboxId, Version};
 use crate::lifecycle::{EndHow, Lifecycle};
 use crate::name::{PathName, SessionId};
 use crate::sandbox::{Awaiting, SandboxState};
+use crate::session::SessionIx;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
 
@@ -155,20 +156,20 @@ impl Lifecycle {
             self.end_call(call, EndHow::Revoked);
         }
 
-        let mut held: Vec<SessionId> = self
+        let held: Vec<SessionIx> = self
             .sessions
             .iter()
             .filter(|(_, s)| s.holds > 0)
-            .map(|(id, _)| id.clone())
+            .map(|(ix, _)| ix)
             .collect();
-        held.sort();
-        for session in held {
-            let s = self.sessions.get_mut(&session).expect("held session");
+        for session in self.sessions.by_name_order(held) {
+            let s = &mut self.sessions[session];
             let holds = std::mem::take(&mut s.holds);
+            let name = s.id.clone();
             if let Some(report) = self.close_report() {
-                report.revoked_holds.push((session.clone(), holds));
+                report.revoked_holds.push((name, holds));
             }
-            self.session_changed(&session);
+            self.session_changed(session);
         }
 
         let mut sandboxes: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
@@ -226,7 +227,6 @@ impl Lifecycle {
         self.uploads.clear();
         self.keys.clear();
         self.sessions.clear();
-        self.idle = Default::default();
         self.dirty.clear();
         self.events.push_back(Event::Closed { report });
     }

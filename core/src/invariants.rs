@@ -58,8 +58,8 @@ impl Lifecycle {
     /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
-    /// `idle-count`, `closed` (nothing left after close), `call-index` (the name index finds
-    /// every live call and nothing else).
+    /// `idle-count`, `closed` (nothing left after close), `call-index` and `session-index` (the
+    /// name index finds every live call, every session record, and nothing else).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
             ensure!(
@@ -91,7 +91,7 @@ impl Lifecycle {
         let mut bound_by_key: BTreeMap<&Key, u32> = BTreeMap::new();
         for (ix, call) in self.calls.iter() {
             let id = &call.id;
-            let session = self.sessions.get(&call.session);
+            let session = self.sessions.get(call.session);
             ensure!(
                 session.is_some(),
                 "session-calls",
@@ -308,12 +308,18 @@ impl Lifecycle {
         // Sessions and the mirror.
         let mut idle = 0usize;
         let mut uploads_seen = 0usize;
-        for (id, s) in &self.sessions {
+        ensure!(
+            self.sessions.index_agrees(),
+            "session-index",
+            "the session name index and the session records disagree"
+        );
+        for (ix, s) in self.sessions.iter() {
+            let id = &s.id;
             let coming = self
                 .calls
                 .iter()
                 .filter(|(_, c)| {
-                    &c.session == id
+                    c.session == ix
                         && matches!(c.state, CallState::Waiting { .. } | CallState::Starting(_))
                 })
                 .count();
@@ -327,7 +333,7 @@ impl Lifecycle {
                 ensure!(
                     self.calls
                         .get(*call)
-                        .is_some_and(|c| &c.session == id && matches!(c.state, CallState::Ready(_))),
+                        .is_some_and(|c| c.session == ix && matches!(c.state, CallState::Ready(_))),
                     "session-calls",
                     "session {id} lists {call:?} as ready"
                 );
@@ -350,7 +356,7 @@ impl Lifecycle {
             );
             if let Some(t) = s.target {
                 ensure!(
-                    self.sandboxes[&t].targeting.contains(id),
+                    self.sandboxes[&t].targeting.contains(&ix),
                     "session-target",
                     "sandbox {t} does not list session {id} that targets it"
                 );
@@ -365,12 +371,12 @@ impl Lifecycle {
             if let Some(b) = busy_on {
                 *busy_by_sandbox.entry(b).or_default() += 1;
             }
-            for slot in &s.paths {
+            for (i, slot) in s.paths.iter().enumerate() {
                 if let Some(u) = slot.inflight {
                     uploads_seen += 1;
                     let up = self.uploads.get(&u);
                     ensure!(
-                        up.is_some_and(|up| &up.session == id && up.path == slot.path),
+                        up.is_some_and(|up| up.session == ix && s.paths[up.slot].path == slot.path),
                         "uploads",
                         "session {id} path {} has upload {u} in flight that is not its own",
                         slot.path
@@ -389,9 +395,7 @@ impl Lifecycle {
                 if let Some(at) = slot.retry_at {
                     expected_timers += 1;
                     ensure!(
-                        slot.pending.is_some()
-                            && table.get(&at)
-                                == Some(&&Timer::Retry(id.clone(), slot.path.clone())),
+                        slot.pending.is_some() && table.get(&at) == Some(&&Timer::Retry(ix, i)),
                         "timers",
                         "session {id} path {} has a retry without a timer or a version",
                         slot.path
@@ -423,9 +427,9 @@ impl Lifecycle {
             );
             for s in x.targeting.iter() {
                 ensure!(
-                    self.sessions.get(s).is_some_and(|r| r.target == Some(*id)),
+                    self.sessions.get(*s).is_some_and(|r| r.target == Some(*id)),
                     "session-target",
-                    "sandbox {id} lists session {s} which targets elsewhere"
+                    "sandbox {id} lists session {s:?} which targets elsewhere"
                 );
             }
         }
@@ -435,10 +439,10 @@ impl Lifecycle {
             "sessions busy on untracked sandboxes: {busy_by_sandbox:?}"
         );
         ensure!(
-            idle == self.idle.count,
+            idle == self.sessions.idle.count,
             "idle-count",
             "{} sessions counted idle, {idle} are",
-            self.idle.count
+            self.sessions.idle.count
         );
         for (u, up) in &self.uploads {
             ensure!(

@@ -16,7 +16,7 @@ use crate::ids::{Key, SandboxId, Snapshot};
 use crate::map::Map;
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, Sandbox, SandboxState};
-use crate::session::{IdleSessions, Session, Upload};
+use crate::session::{Sessions, Upload};
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
@@ -43,7 +43,7 @@ pub struct Lifecycle {
     pub(crate) config: Config,
     pub(crate) now: Instant,
     pub(crate) calls: Calls,
-    pub(crate) sessions: Map<SessionId, Session>,
+    pub(crate) sessions: Sessions,
     pub(crate) sandboxes: Map<SandboxId, Sandbox>,
     pub(crate) keys: Map<Key, KeySlot>,
     pub(crate) uploads: Map<crate::ids::UploadId, Upload>,
@@ -51,7 +51,6 @@ pub struct Lifecycle {
     pub(crate) commands: VecDeque<Command>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) ended: EndedCalls,
-    pub(crate) idle: IdleSessions,
     pub(crate) next_sandbox: u64,
     pub(crate) next_upload: u64,
     /// Calls queued behind their keys, over all keys.
@@ -72,7 +71,7 @@ impl Lifecycle {
             config,
             now: Instant::ZERO,
             calls: Calls::default(),
-            sessions: Map::default(),
+            sessions: Sessions::default(),
             sandboxes: Map::default(),
             keys: Map::default(),
             uploads: Map::default(),
@@ -80,7 +79,6 @@ impl Lifecycle {
             commands: VecDeque::new(),
             events: VecDeque::new(),
             ended: EndedCalls::default(),
-            idle: IdleSessions::default(),
             next_sandbox: 0,
             next_upload: 0,
             waiting: 0,
@@ -115,7 +113,7 @@ impl Lifecycle {
         let no_sandbox = || Error::NoActiveSandbox {
             session: session.clone(),
         };
-        let s = self.sessions.get(session).ok_or_else(no_sandbox)?;
+        let s = &self.sessions[self.sessions.find(session).ok_or_else(no_sandbox)?];
         let mut dead = None;
         for call in &s.ready {
             let x = self.calls[*call].sandbox().expect("a ready call is bound");
@@ -159,8 +157,8 @@ impl Lifecycle {
     /// Whether every version flushed for `session` so far has settled. O(paths of the session).
     pub fn is_mirror_settled(&self, session: &SessionId) -> bool {
         self.sessions
-            .get(session)
-            .is_none_or(|s| !s.has_unsettled())
+            .find(session)
+            .is_none_or(|ix| !self.sessions[ix].has_unsettled())
     }
 
     /// The last version flushed for (session, path), if the core remembers one.
@@ -169,7 +167,7 @@ impl Lifecycle {
         session: &SessionId,
         path: &crate::name::PathName,
     ) -> Option<crate::ids::Version> {
-        let s = self.sessions.get(session)?;
+        let s = &self.sessions[self.sessions.find(session)?];
         let slot = &s.paths[s.slot(path)?];
         Some(crate::ids::Version(slot.last))
     }
@@ -262,8 +260,8 @@ impl Lifecycle {
                 max: limits.max_calls,
             });
         }
-        if !self.sessions.contains_key(&spec.session)
-            && self.active_sessions() >= limits.max_active_sessions
+        if self.sessions.find(&spec.session).is_none()
+            && self.sessions.active() >= limits.max_active_sessions
         {
             return Err(Error::LimitExceeded {
                 limit: "max_active_sessions",
@@ -298,17 +296,17 @@ impl Lifecycle {
         } = spec;
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
+        let session = self.sessions.find_or_insert(&session);
         let ix = self.calls.insert(Call {
             id: call,
-            session: session.clone(),
+            session,
             key: key.clone(),
             spec: start_spec,
             state: CallState::Waiting {
                 deadline: TimerRef::UNSET,
             },
         });
-        let s = self.session_mut_or_new(&session);
-        s.coming += 1;
+        self.sessions[session].coming += 1;
         if must_wait {
             let at = self.now + self.config.wait_timeout;
             self.waiting += 1;
@@ -318,7 +316,7 @@ impl Lifecycle {
         } else {
             self.bind(ix);
         }
-        self.session_changed(&session);
+        self.session_changed(session);
         self.finish_input();
         Ok(())
     }
@@ -684,10 +682,6 @@ impl Lifecycle {
         self.config.release == ReleasePolicy::Suspend
     }
 
-    pub(crate) fn active_sessions(&self) -> usize {
-        self.sessions.len() - self.idle.count
-    }
-
     // ------------------------------------------------------------------------------------------
     // Internals: binding
 
@@ -716,7 +710,7 @@ impl Lifecycle {
                 _ => self.start_sandbox(call),
             },
         };
-        let session = self.calls[call].session.clone();
+        let session = self.calls[call].session;
         self.keys.get_mut(&key).expect("bound key").bound += 1;
         let x = self.sandboxes.get_mut(&sandbox).expect("current sandbox");
         x.bound.insert(call);
@@ -737,29 +731,26 @@ impl Lifecycle {
             }
             other => unreachable!("a key's current sandbox is never {other:?}"),
         }
-        self.session_changed(&session);
+        self.session_changed(session);
     }
 
     /// A bound call becomes ready on an up sandbox.
     fn make_ready(&mut self, call: CallIx, sandbox: SandboxId) {
         let c = &mut self.calls[call];
         c.state = CallState::Ready(sandbox);
-        let session = c.session.clone();
-        let s = self
-            .sessions
-            .get_mut(&session)
-            .expect("session of a live call");
+        let session = c.session;
+        let s = &mut self.sessions[session];
         s.coming -= 1;
         s.ready.push(call);
         s.linger = None;
         self.stats.calls_ready += 1;
         let name = self.calls[call].id.clone();
-        tracing::debug!(call = %name, session = %session, sandbox = %sandbox, "call ready");
+        tracing::debug!(call = %name, sandbox = %sandbox, "call ready");
         self.events.push_back(Event::CallReady {
             call: name,
             sandbox,
         });
-        self.retarget(&session, DropReason::NoSandbox);
+        self.retarget(session, DropReason::NoSandbox);
     }
 
     /// Admits queued calls of `key` while the policy lets them in.
@@ -831,7 +822,7 @@ impl Lifecycle {
         let call = &c.id;
         self.ended
             .remember(call.clone(), self.config.limits.remembered_ended_calls);
-        let session = c.session.clone();
+        let session = c.session;
         match how {
             EndHow::Released => {}
             EndHow::Failed(error) => {
@@ -857,14 +848,14 @@ impl Lifecycle {
                 if let Some(slot) = self.keys.get_mut(&c.key) {
                     slot.waiters.retain(|w| *w != ix);
                 }
-                self.sessions.get_mut(&session).expect("session").coming -= 1;
+                self.sessions[session].coming -= 1;
                 if released {
                     self.events
                         .push_back(Event::CallReleased { call: call.clone() });
                 }
             }
             CallState::Starting(x) => {
-                self.sessions.get_mut(&session).expect("session").coming -= 1;
+                self.sessions[session].coming -= 1;
                 self.unbind(ix, &c.key, x);
                 if released {
                     self.events
@@ -872,7 +863,7 @@ impl Lifecycle {
                 }
             }
             CallState::Ready(x) => {
-                let s = self.sessions.get_mut(&session).expect("session");
+                let s = &mut self.sessions[session];
                 s.ready.retain(|r| *r != ix);
                 // The session's mirror lingers on this sandbox unless another of its ready calls
                 // has a sandbox that is up (a call whose sandbox died does not count).
@@ -896,7 +887,7 @@ impl Lifecycle {
         } else {
             DropReason::NoSandbox
         };
-        self.retarget(&session, reason);
+        self.retarget(session, reason);
         self.after_unbind_key(&c.key);
     }
 
@@ -965,7 +956,7 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
         debug_assert!(x.bound.is_empty());
         x.state = SandboxState::Draining;
-        let sessions: Vec<SessionId> = x.targeting.iter().cloned().collect();
+        let sessions = self.sessions.names(x.targeting.iter().copied());
         tracing::debug!(sandbox = %sandbox, sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
         self.commands
@@ -1249,7 +1240,7 @@ impl Lifecycle {
                 }
             }
             Timer::Upload(upload) => self.upload_timed_out(upload),
-            Timer::Retry(session, path) => self.retry_due(&session, &path),
+            Timer::Retry(session, slot) => self.retry_due(session, slot),
             Timer::Wait(call) => {
                 tracing::debug!(call = %self.calls[call].id, "wait timed out");
                 self.end_call(call, EndHow::Failed(ErrorKind::WaitTimeout));
@@ -1266,10 +1257,10 @@ impl Lifecycle {
                 .get(x)
                 .is_some_and(|x| x.deadline == Some(at)),
             Timer::Upload(u) => self.uploads.get(u).is_some_and(|u| u.deadline == at),
-            Timer::Retry(session, path) => self.sessions.get(session).is_some_and(|s| {
-                s.slot(path)
-                    .is_some_and(|i| s.paths[i].retry_at == Some(at))
-            }),
+            Timer::Retry(session, slot) => self
+                .sessions
+                .get(*session)
+                .is_some_and(|s| s.paths.get(*slot).is_some_and(|p| p.retry_at == Some(at))),
             Timer::Wait(call) => self.calls.get(*call).is_some_and(
                 |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
             ),

@@ -16,7 +16,7 @@ use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
 use crate::sandbox::SandboxState;
-use crate::session::{Session, Upload};
+use crate::session::{Session, SessionIx, Upload};
 use crate::time::Instant;
 use crate::timer::Timer;
 
@@ -48,12 +48,12 @@ impl Lifecycle {
                 max: limits.max_payload_bytes,
             });
         }
-        let existing = self.sessions.get(session);
+        let existing = self.sessions.find(session).map(|ix| &self.sessions[ix]);
         if self.is_closing() && !existing.is_some_and(Session::is_live) {
             return Err(Error::Closed { what: "flush" });
         }
         match existing {
-            None if self.active_sessions() >= limits.max_active_sessions => {
+            None if self.sessions.active() >= limits.max_active_sessions => {
                 return Err(Error::LimitExceeded {
                     limit: "max_active_sessions",
                     max: limits.max_active_sessions,
@@ -70,7 +70,8 @@ impl Lifecycle {
 
         self.advance(now);
         self.stats.versions_flushed += 1;
-        let s = self.session_mut_or_new(session);
+        let ix = self.sessions.find_or_insert(session);
+        let s = &mut self.sessions[ix];
         let i = match s.slot(path) {
             Some(i) => i,
             None => {
@@ -90,17 +91,17 @@ impl Lifecycle {
             } else {
                 DropReason::SandboxGone
             };
-            self.settle(session, path, version, Settlement::Dropped { reason });
+            self.settle(ix, i, version, Settlement::Dropped { reason });
         } else {
             let superseded = slot.pending.replace((version, payload));
             if let Some((old, _)) = superseded {
                 slot.attempts = 0;
                 slot.since = None;
-                self.settle(session, path, old, Settlement::Superseded { by: version });
+                self.settle(ix, i, old, Settlement::Superseded { by: version });
             }
-            self.pump(session);
+            self.pump(ix);
         }
-        self.session_changed(session);
+        self.session_changed(ix);
         self.finish_input();
         Ok(version)
     }
@@ -113,11 +114,16 @@ impl Lifecycle {
     /// `LimitExceeded`; `Closed` after close finished.
     pub fn hold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
         self.check_not_closed("hold")?;
-        let Some(s) = self.sessions.get(session).filter(|s| s.is_live()) else {
+        let Some(ix) = self
+            .sessions
+            .find(session)
+            .filter(|ix| self.sessions[*ix].is_live())
+        else {
             return Err(Error::NoActiveSandbox {
                 session: session.clone(),
             });
         };
+        let s = &self.sessions[ix];
         let max = self.config.limits.max_holds_per_session;
         if s.holds >= max {
             return Err(Error::LimitExceeded {
@@ -127,8 +133,8 @@ impl Lifecycle {
         }
         self.advance(now);
         tracing::debug!(session = %session, "hold");
-        self.sessions.get_mut(session).expect("checked").holds += 1;
-        self.session_changed(session);
+        self.sessions[ix].holds += 1;
+        self.session_changed(ix);
         self.finish_input();
         Ok(())
     }
@@ -139,15 +145,19 @@ impl Lifecycle {
     /// Errors: `NotHeld`; `Closed` after close finished.
     pub fn unhold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
         self.check_not_closed("unhold")?;
-        if self.sessions.get(session).is_none_or(|s| s.holds == 0) {
+        let Some(ix) = self
+            .sessions
+            .find(session)
+            .filter(|ix| self.sessions[*ix].holds > 0)
+        else {
             return Err(Error::NotHeld {
                 session: session.clone(),
             });
-        }
+        };
         self.advance(now);
         tracing::debug!(session = %session, "unhold");
-        self.sessions.get_mut(session).expect("checked").holds -= 1;
-        self.session_changed(session);
+        self.sessions[ix].holds -= 1;
+        self.session_changed(ix);
         self.finish_input();
         Ok(())
     }
@@ -167,13 +177,13 @@ impl Lifecycle {
         self.stats.versions_uploaded += 1;
         let sandbox = up.sandbox;
         self.settle(
-            &up.session,
-            &up.path,
+            up.session,
+            up.slot,
             up.version,
             Settlement::Uploaded { sandbox },
         );
-        self.pump(&up.session);
-        self.session_changed(&up.session);
+        self.pump(up.session);
+        self.session_changed(up.session);
         self.finish_input();
         Ok(())
     }
@@ -195,7 +205,7 @@ impl Lifecycle {
         self.advance(now);
         let Upload {
             session,
-            path,
+            slot: i,
             version,
             sandbox,
             payload,
@@ -206,8 +216,8 @@ impl Lifecycle {
         match failure {
             UploadFailure::Gone => {
                 self.settle(
-                    &session,
-                    &path,
+                    session,
+                    i,
                     version,
                     Settlement::Dropped {
                         reason: DropReason::SandboxGone,
@@ -220,30 +230,23 @@ impl Lifecycle {
             UploadFailure::Transient => {
                 let delay = self.retry_delay(attempts);
                 let in_time = self.now + delay < since + self.config.upload_timeout;
-                let s = self
-                    .sessions
-                    .get_mut(&session)
-                    .expect("session of an upload");
-                let i = s.slot(&path).expect("slot of an upload");
+                let s = &mut self.sessions[session];
                 let slot = &mut s.paths[i];
                 if let Some((newer, _)) = &slot.pending {
                     let by = *newer;
-                    self.settle(&session, &path, version, Settlement::Superseded { by });
+                    self.settle(session, i, version, Settlement::Superseded { by });
                 } else if attempts < self.config.upload_retries && in_time {
                     let at = self.now + delay;
-                    tracing::debug!(session = %session, path = %path, version = %version, attempt = attempts + 1, "upload retry");
+                    tracing::debug!(session = %s.id, path = %slot.path, version = %version, attempt = attempts + 1, "upload retry");
                     slot.pending = Some((version, payload));
                     slot.attempts = attempts + 1;
                     slot.since = Some(since);
-                    slot.retry_at = Some(
-                        self.timers
-                            .set(at, Timer::Retry(session.clone(), path.clone())),
-                    );
+                    slot.retry_at = Some(self.timers.set(at, Timer::Retry(session, i)));
                     self.stats.upload_retries += 1;
                 } else {
                     self.settle(
-                        &session,
-                        &path,
+                        session,
+                        i,
                         version,
                         Settlement::Dropped {
                             reason: DropReason::UploadFailed,
@@ -254,7 +257,7 @@ impl Lifecycle {
         }
         // A version kept for a retry needs somewhere to go: with no sandbox and none coming,
         // it fails now.
-        self.retarget(&session, DropReason::UploadFailed);
+        self.retarget(session, DropReason::UploadFailed);
         self.finish_input();
         Ok(())
     }
@@ -286,13 +289,9 @@ impl Lifecycle {
             .expect("sandbox of an upload");
         x.uploads.remove(&upload);
         self.dirty.push(up.sandbox);
-        let s = self
-            .sessions
-            .get_mut(&up.session)
-            .expect("session of an upload");
-        let i = s.slot(&up.path).expect("slot of an upload");
-        s.paths[i].inflight = None;
-        s.paths[i].attempts = 0;
+        let slot = &mut self.sessions[up.session].paths[up.slot];
+        slot.inflight = None;
+        slot.attempts = 0;
         Ok(Some(up))
     }
 
@@ -306,60 +305,60 @@ impl Lifecycle {
             .flatten()
             .expect("live upload");
         debug_assert!(deadline.at <= self.now);
-        tracing::debug!(upload = %upload, session = %up.session, "upload timed out");
+        tracing::debug!(upload = %upload, session = %self.sessions[up.session].id, "upload timed out");
         self.commands.push_back(Command::CancelUpload {
             upload,
             sandbox: up.sandbox,
         });
         self.settle(
-            &up.session,
-            &up.path,
+            up.session,
+            up.slot,
             up.version,
             Settlement::Dropped {
                 reason: DropReason::UploadTimeout,
             },
         );
-        self.pump(&up.session);
-        self.session_changed(&up.session);
+        self.pump(up.session);
+        self.session_changed(up.session);
     }
 
-    pub(crate) fn retry_due(&mut self, session: &SessionId, path: &PathName) {
-        let s = self.sessions.get_mut(session).expect("session of a retry");
-        let i = s.slot(path).expect("slot of a retry");
-        s.paths[i].retry_at = None;
+    pub(crate) fn retry_due(&mut self, session: SessionIx, slot: usize) {
+        self.sessions[session].paths[slot].retry_at = None;
         self.retarget(session, DropReason::UploadFailed);
     }
 
-    /// Emits a settlement.
+    /// Emits a settlement of a version of the session's path in `slot`.
     pub(crate) fn settle(
         &mut self,
-        session: &SessionId,
-        path: &PathName,
+        session: SessionIx,
+        slot: usize,
         version: Version,
         outcome: Settlement,
     ) {
+        let s = &self.sessions[session];
+        let (session, path) = (s.id.clone(), s.paths[slot].path.clone());
         match &outcome {
             Settlement::Uploaded { .. } => {}
             Settlement::Superseded { .. } => self.stats.versions_superseded += 1,
             Settlement::Dropped { reason } => {
                 self.stats.versions_dropped += 1;
                 if *reason == DropReason::Closed {
-                    self.close_note_dropped(session, path, version);
+                    self.close_note_dropped(&session, &path, version);
                 }
             }
         }
         tracing::debug!(session = %session, path = %path, version = %version, outcome = ?outcome, "settled");
         self.events.push_back(Event::Settled {
-            session: session.clone(),
-            path: path.clone(),
+            session,
+            path,
             version,
             outcome,
         });
     }
 
     /// Orders the uploads the session's target can take now.
-    pub(crate) fn pump(&mut self, session: &SessionId) {
-        let Some(s) = self.sessions.get_mut(session) else {
+    pub(crate) fn pump(&mut self, session: SessionIx) {
+        let Some(s) = self.sessions.get(session) else {
             return;
         };
         let Some(target) = s.target else {
@@ -372,7 +371,8 @@ impl Lifecycle {
             x.state
         );
         let mut expired = Vec::new();
-        for slot in s.paths.iter_mut() {
+        let s = &mut self.sessions[session];
+        for (i, slot) in s.paths.iter_mut().enumerate() {
             if slot.inflight.is_some() || slot.retry_at.is_some() || slot.pending.is_none() {
                 continue;
             }
@@ -385,7 +385,7 @@ impl Lifecycle {
             let since = slot.since.take().unwrap_or(self.now);
             if since + self.config.upload_timeout <= self.now {
                 slot.attempts = 0;
-                expired.push((slot.path.clone(), version));
+                expired.push((i, version));
                 continue;
             }
             let upload = UploadId(self.next_upload);
@@ -399,8 +399,8 @@ impl Lifecycle {
             self.uploads.insert(
                 upload,
                 Upload {
-                    session: session.clone(),
-                    path: slot.path.clone(),
+                    session,
+                    slot: i,
                     version,
                     sandbox: target,
                     payload: payload.clone(),
@@ -410,11 +410,11 @@ impl Lifecycle {
                 },
             );
             self.stats.uploads_ordered += 1;
-            tracing::trace!(upload = %upload, session = %session, sandbox = %target, version = %version, "upload");
+            tracing::trace!(upload = %upload, session = %s.id, sandbox = %target, version = %version, "upload");
             self.commands.push_back(Command::Upload {
                 upload,
                 sandbox: target,
-                session: session.clone(),
+                session: s.id.clone(),
                 path: slot.path.clone(),
                 version,
                 payload,
@@ -422,11 +422,11 @@ impl Lifecycle {
             });
         }
         if !expired.is_empty() {
-            for (path, version) in expired {
-                tracing::debug!(session = %session, path = %path, version = %version, "upload window closed while waiting");
+            for (i, version) in expired {
+                tracing::debug!(version = %version, "upload window closed while waiting");
                 self.settle(
                     session,
-                    &path,
+                    i,
                     version,
                     Settlement::Dropped {
                         reason: DropReason::UploadTimeout,
@@ -439,8 +439,8 @@ impl Lifecycle {
 
     /// Recomputes where the session's mirror goes; with nowhere to go and no sandbox coming,
     /// its pending versions are dropped with `reason`.
-    pub(crate) fn retarget(&mut self, session: &SessionId, reason: DropReason) {
-        let Some(s) = self.sessions.get_mut(session) else {
+    pub(crate) fn retarget(&mut self, session: SessionIx, reason: DropReason) {
+        let Some(s) = self.sessions.get(session) else {
             return;
         };
         let mut target = None;
@@ -451,6 +451,7 @@ impl Lifecycle {
                 break;
             }
         }
+        let s = &mut self.sessions[session];
         if target.is_none() {
             if let Some(linger) = s.linger {
                 if self
@@ -467,13 +468,13 @@ impl Lifecycle {
         if target != s.target {
             if let Some(old) = s.target {
                 let x = self.sandboxes.get_mut(&old).expect("old target");
-                x.targeting.remove(session);
+                x.targeting.remove(&session);
             }
             if let Some(new) = target {
                 let x = self.sandboxes.get_mut(&new).expect("new target");
-                x.targeting.insert(session.clone());
+                x.targeting.insert(session);
             }
-            tracing::trace!(session = %session, target = ?target, "mirror target");
+            tracing::trace!(session = %s.id, target = ?target, "mirror target");
             s.target = target;
         }
         if target.is_none() && s.coming == 0 {
@@ -483,10 +484,10 @@ impl Lifecycle {
         self.session_changed(session);
     }
 
-    fn drop_pending(&mut self, session: &SessionId, reason: DropReason) {
-        let s = self.sessions.get_mut(session).expect("session");
+    fn drop_pending(&mut self, session: SessionIx, reason: DropReason) {
+        let s = &mut self.sessions[session];
         let mut dropped = Vec::new();
-        for slot in s.paths.iter_mut() {
+        for (i, slot) in s.paths.iter_mut().enumerate() {
             if slot.is_quiet() {
                 continue;
             }
@@ -496,11 +497,11 @@ impl Lifecycle {
             slot.attempts = 0;
             slot.since = None;
             if let Some((version, _)) = slot.pending.take() {
-                dropped.push((slot.path.clone(), version));
+                dropped.push((i, version));
             }
         }
-        for (path, version) in dropped {
-            self.settle(session, &path, version, Settlement::Dropped { reason });
+        for (i, version) in dropped {
+            self.settle(session, i, version, Settlement::Dropped { reason });
         }
     }
 
@@ -513,53 +514,43 @@ impl Lifecycle {
             return;
         }
         let uploads = x.uploads.take();
-        let sessions: Vec<SessionId> = x.targeting.iter().cloned().collect();
+        let sessions = self
+            .sessions
+            .by_name_order(x.targeting.iter().copied().collect());
         let mut touched = Vec::new();
         for upload in uploads {
             let up = self.uploads.remove(&upload).expect("upload of a sandbox");
             self.timers.cancel(up.deadline);
-            let s = self
-                .sessions
-                .get_mut(&up.session)
-                .expect("session of an upload");
-            let i = s.slot(&up.path).expect("slot of an upload");
-            s.paths[i].inflight = None;
-            s.paths[i].attempts = 0;
+            let slot = &mut self.sessions[up.session].paths[up.slot];
+            slot.inflight = None;
+            slot.attempts = 0;
             self.commands
                 .push_back(Command::CancelUpload { upload, sandbox });
             self.settle(
-                &up.session,
-                &up.path,
+                up.session,
+                up.slot,
                 up.version,
                 Settlement::Dropped { reason },
             );
             touched.push(up.session);
         }
-        for session in &sessions {
+        for session in sessions {
             self.retarget(session, reason);
         }
-        for session in &touched {
+        for session in touched {
             self.pump(session);
             self.session_changed(session);
         }
     }
 
-    pub(crate) fn session_mut_or_new(&mut self, session: &SessionId) -> &mut Session {
-        let idle = &mut self.idle;
-        let s = self.sessions.entry(session.clone()).or_default();
-        if s.idle_stamp.take().is_some() {
-            idle.count -= 1;
-        }
-        s
-    }
-
     /// Brings a session's derived bookkeeping up to date after any change to it: which sandbox
     /// its busyness keeps draining, which releases have completed, whether its mirror settled,
     /// whether it is idle.
-    pub(crate) fn session_changed(&mut self, session: &SessionId) {
-        let Some(s) = self.sessions.get_mut(session) else {
+    pub(crate) fn session_changed(&mut self, session: SessionIx) {
+        if self.sessions.get(session).is_none() {
             return;
-        };
+        }
+        let s = &mut self.sessions[session];
         let busy = s.is_busy();
         let busy_on = if busy { s.target } else { None };
         if busy_on != s.busy_on {
@@ -595,7 +586,7 @@ impl Lifecycle {
         let unsettled = s.has_unsettled();
         if s.unsettled && !unsettled {
             self.events.push_back(Event::MirrorSettled {
-                session: session.clone(),
+                session: s.id.clone(),
             });
         }
         if s.unsettled != unsettled {
@@ -605,16 +596,17 @@ impl Lifecycle {
         match (idle, s.idle_stamp) {
             (true, None) => {
                 s.compact();
-                self.idle.last_stamp += 1;
-                let stamp = NonZeroU64::new(self.idle.last_stamp).expect("stamps count from 1");
-                s.idle_stamp = Some(stamp);
-                self.idle.queue.push_back((session.clone(), stamp));
-                self.idle.count += 1;
+                let idle = &mut self.sessions.idle;
+                idle.last_stamp += 1;
+                let stamp = NonZeroU64::new(idle.last_stamp).expect("stamps count from 1");
+                idle.queue.push_back((session, stamp));
+                idle.count += 1;
+                self.sessions[session].idle_stamp = Some(stamp);
                 self.forget_idle_sessions();
             }
             (false, Some(_)) => {
                 s.idle_stamp = None;
-                self.idle.count -= 1;
+                self.sessions.idle.count -= 1;
             }
             _ => {}
         }
@@ -623,28 +615,30 @@ impl Lifecycle {
     /// Forgets the oldest idle session records beyond the limit, and compacts the idle queue.
     fn forget_idle_sessions(&mut self) {
         let max = self.config.limits.max_idle_sessions;
-        while self.idle.count > max {
-            let Some((session, stamp)) = self.idle.queue.pop_front() else {
+        while self.sessions.idle.count > max {
+            let Some((session, stamp)) = self.sessions.idle.queue.pop_front() else {
                 break;
             };
             if self
                 .sessions
-                .get(&session)
+                .get(session)
                 .is_some_and(|s| s.idle_stamp == Some(stamp))
             {
-                tracing::debug!(session = %session, "idle session forgotten");
-                self.sessions.remove(&session);
-                self.idle.count -= 1;
+                let s = self.sessions.remove(session);
+                tracing::debug!(session = %s.id, "idle session forgotten");
+                self.sessions.idle.count -= 1;
                 self.stats.sessions_forgotten += 1;
             }
         }
-        if self.idle.queue.len() > 2 * self.idle.count + 64 {
-            let sessions = &self.sessions;
-            self.idle.queue.retain(|(session, stamp)| {
-                sessions
-                    .get(session)
+        let idle = &self.sessions.idle;
+        if idle.queue.len() > 2 * idle.count + 64 {
+            let mut queue = std::mem::take(&mut self.sessions.idle.queue);
+            queue.retain(|(session, stamp)| {
+                self.sessions
+                    .get(*session)
                     .is_some_and(|s| s.idle_stamp == Some(*stamp))
             });
+            self.sessions.idle.queue = queue;
         }
     }
 }

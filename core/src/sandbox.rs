@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
 use crate::ids::{Key, Snapshot, UploadId};
-use crate::name::{ExternalId, SessionId};
+use crate::name::ExternalId;
+use crate::session::SessionIx;
 use crate::small_set::SmallSet;
 use crate::timer::TimerRef;
 
@@ -75,7 +76,7 @@ pub(crate) struct Sandbox {
     /// Uploads in flight into it.
     pub(crate) uploads: SmallSet<UploadId>,
     /// Sessions whose mirror targets it.
-    pub(crate) targeting: SmallSet<SessionId>,
+    pub(crate) targeting: SmallSet<SessionIx>,
     /// How many of those have pending work or holds.
     pub(crate) busy_sessions: u32,
     /// The instant of its `Timer::Sandbox`, if set.

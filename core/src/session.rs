@@ -13,9 +13,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
 use crate::ids::{Payload, SandboxId, UploadId, Version};
+use crate::map::Map;
 use crate::name::{CallId, PathName, SessionId};
 use crate::time::Instant;
 use crate::timer::TimerRef;
+
+slotmap::new_key_type! {
+    /// A session record's place in the session table. Records refer to sessions by it; a
+    /// session's name is hashed once, where it comes in ([`Sessions::find`]).
+    pub(crate) struct SessionIx;
+}
 
 /// The mirror state of one (session, path).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -89,8 +96,9 @@ impl DerefMut for Slot {
 /// One upload in flight.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Upload {
-    pub(crate) session: SessionId,
-    pub(crate) path: PathName,
+    pub(crate) session: SessionIx,
+    /// The path's slot in its session (slots are never removed, so the place is stable).
+    pub(crate) slot: usize,
     pub(crate) version: Version,
     pub(crate) sandbox: SandboxId,
     pub(crate) payload: Payload,
@@ -102,8 +110,10 @@ pub(crate) struct Upload {
 }
 
 /// A session record: its paths inline, the rest boxed while live.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Session {
+    /// Its name, as the application gave it.
+    pub(crate) id: SessionId,
     /// One slot per path flushed, in the order first flushed. A boxed slice, not a `Vec`: most
     /// sessions have one path, and the spare capacity word would be paid by every idle record.
     pub(crate) paths: Box<[Slot]>,
@@ -160,6 +170,16 @@ impl DerefMut for Session {
 }
 
 impl Session {
+    /// A new record: no path, no live work.
+    pub(crate) fn new(id: SessionId) -> Self {
+        Session {
+            id,
+            paths: Box::default(),
+            idle_stamp: None,
+            live: None,
+        }
+    }
+
     /// Adds a slot for a path the session never flushed before (rare: a reallocation).
     pub(crate) fn add_path(&mut self, path: PathName) {
         // Exactly the room needed, so the boxed slice takes the allocation as it is.
@@ -212,8 +232,112 @@ impl Session {
 /// Idle session records, oldest first, so the oldest can be forgotten past the limit.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct IdleSessions {
-    pub(crate) queue: VecDeque<(SessionId, NonZeroU64)>,
+    pub(crate) queue: VecDeque<(SessionIx, NonZeroU64)>,
     pub(crate) count: usize,
     /// The last stamp given (stamps count from 1).
     pub(crate) last_stamp: u64,
+}
+
+/// The session records: a generational slab, the index from names to places, and the queue of
+/// idle records.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Sessions {
+    records: slotmap::SlotMap<SessionIx, Session>,
+    by_name: Map<SessionId, SessionIx>,
+    pub(crate) idle: IdleSessions,
+}
+
+impl Sessions {
+    /// The place of the record of `session`. The one hash of a session's name per input.
+    pub(crate) fn find(&self, session: &SessionId) -> Option<SessionIx> {
+        self.by_name.get(session).copied()
+    }
+
+    /// The place of the record of `session`, made if there is none; no longer idle either way.
+    pub(crate) fn find_or_insert(&mut self, session: &SessionId) -> SessionIx {
+        let ix = match self.by_name.get(session) {
+            Some(ix) => *ix,
+            None => {
+                let ix = self.records.insert(Session::new(session.clone()));
+                self.by_name.insert(session.clone(), ix);
+                ix
+            }
+        };
+        if self.records[ix].idle_stamp.take().is_some() {
+            self.idle.count -= 1;
+        }
+        ix
+    }
+
+    /// The record at `ix`, if it is still kept.
+    pub(crate) fn get(&self, ix: SessionIx) -> Option<&Session> {
+        self.records.get(ix)
+    }
+
+    /// Forgets a record.
+    pub(crate) fn remove(&mut self, ix: SessionIx) -> Session {
+        let s = self.records.remove(ix).expect("a kept session record");
+        self.by_name.remove(&s.id);
+        s
+    }
+
+    /// Records kept, active and idle.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Records that are not idle.
+    pub(crate) fn active(&self) -> usize {
+        self.records.len() - self.idle.count
+    }
+
+    /// Every record, in no order that may reach an output.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SessionIx, &Session)> {
+        self.records.iter()
+    }
+
+    /// Whether the name index and the records agree (for the invariant check).
+    pub(crate) fn index_agrees(&self) -> bool {
+        self.by_name.len() == self.records.len()
+            && self
+                .by_name
+                .iter()
+                .all(|(name, ix)| self.records.get(*ix).is_some_and(|s| &s.id == name))
+    }
+
+    /// Forgets every record (close finished).
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.by_name.clear();
+        self.idle = IdleSessions::default();
+    }
+
+    /// `sessions` sorted by name: the order in which several sessions reach an output.
+    pub(crate) fn by_name_order(&self, mut sessions: Vec<SessionIx>) -> Vec<SessionIx> {
+        if sessions.len() > 1 {
+            sessions.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
+        }
+        sessions
+    }
+
+    /// The names of `sessions`, sorted.
+    pub(crate) fn names(&self, sessions: impl Iterator<Item = SessionIx>) -> Vec<SessionId> {
+        let mut names: Vec<SessionId> = sessions.map(|s| self[s].id.clone()).collect();
+        names.sort();
+        names
+    }
+}
+
+impl std::ops::Index<SessionIx> for Sessions {
+    type Output = Session;
+
+    fn index(&self, ix: SessionIx) -> &Session {
+        &self.records[ix]
+    }
+}
+
+impl std::ops::IndexMut<SessionIx> for Sessions {
+    fn index_mut(&mut self, ix: SessionIx) -> &mut Session {
+        &mut self.records[ix]
+    }
 }

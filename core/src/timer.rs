@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
 use crate::ids::{SandboxId, UploadId};
-use crate::name::{PathName, SessionId};
+use crate::session::SessionIx;
 use crate::time::Instant;
 
 /// What a deadline is for.
@@ -20,7 +20,7 @@ pub(crate) enum Timer {
     /// An upload attempt's timeout.
     Upload(UploadId),
     /// A retry of a (session, path) after a transient upload failure.
-    Retry(SessionId, PathName),
+    Retry(SessionIx, usize),
     /// A queued call's wait timeout.
     Wait(CallIx),
     /// The close deadline, then the second (grace) deadline.

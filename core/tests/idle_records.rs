@@ -77,7 +77,7 @@ fn many_stale_queue_entries_never_forget_the_wrong_record() {
     assert_eq!(core.session_records(), 2);
     assert_eq!(core.stats().sessions_forgotten, 0);
     // The idle queue was compacted: at most twice the idle records plus 64 entries.
-    let queue = serde_json::to_value(&core).unwrap()["idle"]["queue"]
+    let queue = serde_json::to_value(&core).unwrap()["sessions"]["idle"]["queue"]
         .as_array()
         .unwrap()
         .len();
@@ -140,7 +140,14 @@ fn an_idle_record_keeps_no_boxed_work() {
         }
     }
     let state = serde_json::to_value(&core).unwrap();
-    let record = &state["sessions"]["s"];
+    // The record of session s in the session table (a slab of {value, version} places).
+    let record = state["sessions"]["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|place| &place["value"])
+        .find(|record| record["id"] == "s")
+        .expect("the record of s is kept");
     assert!(record["live"].is_null(), "{record}");
     assert!(record["paths"][0]["work"].is_null(), "{record}");
     assert_eq!(record["paths"][0]["last"], 1);

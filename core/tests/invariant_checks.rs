@@ -38,6 +38,11 @@ fn call_a(v: &mut Value) -> &mut Value {
     &mut v["calls"]["records"][1]["value"]
 }
 
+/// The record of session `s`, the only session these cores ever had.
+fn session_s(v: &mut Value) -> &mut Value {
+    &mut v["sessions"]["records"][1]["value"]
+}
+
 /// How records refer to call `a`.
 fn call_a_ref() -> Value {
     json!({ "idx": 1, "version": 1 })
@@ -62,8 +67,8 @@ fn a_ready_call_on_a_starting_sandbox_is_reported() {
     let core = corrupt(&starting(), |v| {
         call_a(v)["state"] = json!({ "Ready": 0 });
         // The session agrees, so only the sandbox's view is wrong.
-        v["sessions"]["s"]["live"]["ready"] = json!([call_a_ref()]);
-        v["sessions"]["s"]["live"]["coming"] = json!(0);
+        session_s(v)["live"]["ready"] = json!([call_a_ref()]);
+        session_s(v)["live"]["coming"] = json!(0);
     });
     assert_eq!(broken(&core), "bound-calls");
 }
@@ -73,9 +78,9 @@ fn a_starting_call_on_a_running_sandbox_is_reported() {
     let core = corrupt(&running(), |v| {
         call_a(v)["state"] = json!({ "Starting": 0 });
         // The session agrees, so only the sandbox's view is wrong.
-        v["sessions"]["s"]["live"]["ready"] = json!([]);
-        v["sessions"]["s"]["live"]["coming"] = json!(1);
-        v["sessions"]["s"]["live"]["target"] = json!(null);
+        session_s(v)["live"]["ready"] = json!([]);
+        session_s(v)["live"]["coming"] = json!(1);
+        session_s(v)["live"]["target"] = json!(null);
         v["sandboxes"]["0"]["targeting"] = json!("Empty");
     });
     assert_eq!(broken(&core), "bound-calls");
@@ -106,4 +111,12 @@ fn a_name_index_that_misses_its_call_is_reported() {
         v["calls"]["by_name"]["a"]["version"] = json!(3);
     });
     assert_eq!(broken(&core), "call-index");
+}
+
+#[test]
+fn a_name_index_that_misses_its_session_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        v["sessions"]["by_name"]["s"]["version"] = json!(3);
+    });
+    assert_eq!(broken(&core), "session-index");
 }
