@@ -17,6 +17,12 @@ slotmap::new_key_type! {
     pub(crate) struct CallIx;
 }
 
+slotmap::new_key_type! {
+    /// An isolation key's place in the key table. Calls and sandboxes refer to their key by it;
+    /// a key is hashed once per acquire ([`Keys::find`]).
+    pub(crate) struct KeyIx;
+}
+
 /// What the application asks for when it acquires a sandbox for a call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallSpec {
@@ -92,7 +98,7 @@ pub(crate) struct Call {
     /// Its name, as the application gave it.
     pub(crate) id: CallId,
     pub(crate) session: SessionIx,
-    pub(crate) key: Key,
+    pub(crate) key: KeyIx,
     pub(crate) spec: Spec,
     pub(crate) state: CallState,
 }
@@ -195,8 +201,10 @@ impl std::ops::IndexMut<CallIx> for Calls {
 }
 
 /// Per isolation key: which sandbox serves it, which one is retiring, who waits.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct KeySlot {
+    /// The key itself.
+    pub(crate) key: Key,
     /// The sandbox calls of this key bind to: Starting, Running, Idle or Draining.
     pub(crate) current: Option<SandboxId>,
     /// The key's previous sandbox while it stops and persists: the next Start of the key waits
@@ -212,6 +220,18 @@ pub(crate) struct KeySlot {
 }
 
 impl KeySlot {
+    /// A slot with nothing in it yet.
+    pub(crate) fn new(key: Key) -> Self {
+        KeySlot {
+            key,
+            current: None,
+            retiring: None,
+            bound: 0,
+            waiters: VecDeque::new(),
+            snapshot: None,
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.current.is_none()
             && self.retiring.is_none()
@@ -249,5 +269,93 @@ impl EndedCalls {
 
     pub(crate) fn contains(&self, call: &CallId) -> bool {
         self.index.contains_key(call)
+    }
+}
+
+/// The isolation keys the core tracks: slots in a generational slab, and the index from keys to
+/// places. A slot is forgotten once empty ([`KeySlot::is_empty`]); a sandbox that outlives its
+/// key's slot (shutting down) finds no slot at its old place, as it found none by name before.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Keys {
+    records: slotmap::SlotMap<KeyIx, KeySlot>,
+    by_key: Map<Key, KeyIx>,
+}
+
+impl Keys {
+    /// The place of `key`'s slot.
+    pub(crate) fn find(&self, key: &Key) -> Option<KeyIx> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The place of `key`'s slot, made empty if there is none.
+    pub(crate) fn find_or_insert(&mut self, key: Key) -> KeyIx {
+        if let Some(ix) = self.by_key.get(&key) {
+            return *ix;
+        }
+        let ix = self.records.insert(KeySlot::new(key.clone()));
+        self.by_key.insert(key, ix);
+        ix
+    }
+
+    /// The slot at `ix`, if it is still tracked.
+    pub(crate) fn get(&self, ix: KeyIx) -> Option<&KeySlot> {
+        self.records.get(ix)
+    }
+
+    /// The slot at `ix`, if it is still tracked.
+    pub(crate) fn get_mut(&mut self, ix: KeyIx) -> Option<&mut KeySlot> {
+        self.records.get_mut(ix)
+    }
+
+    /// Forgets the slot at `ix` if it is tracked and empty.
+    pub(crate) fn forget_if_empty(&mut self, ix: KeyIx) {
+        if self.records.get(ix).is_some_and(KeySlot::is_empty) {
+            let slot = self.records.remove(ix).expect("checked");
+            self.by_key.remove(&slot.key);
+        }
+    }
+
+    /// Keys tracked.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Every slot, in no order that may reach an output.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (KeyIx, &KeySlot)> {
+        self.records.iter()
+    }
+
+    /// Every slot, mutably, in no order that may reach an output.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (KeyIx, &mut KeySlot)> {
+        self.records.iter_mut()
+    }
+
+    /// Whether the key index and the slots agree (for the invariant check).
+    pub(crate) fn index_agrees(&self) -> bool {
+        self.by_key.len() == self.records.len()
+            && self
+                .by_key
+                .iter()
+                .all(|(key, ix)| self.records.get(*ix).is_some_and(|k| &k.key == key))
+    }
+
+    /// Forgets every key (close finished).
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.by_key.clear();
+    }
+}
+
+impl std::ops::Index<KeyIx> for Keys {
+    type Output = KeySlot;
+
+    fn index(&self, ix: KeyIx) -> &KeySlot {
+        &self.records[ix]
+    }
+}
+
+impl std::ops::IndexMut<KeyIx> for Keys {
+    fn index_mut(&mut self, ix: KeyIx) -> &mut KeySlot {
+        &mut self.records[ix]
     }
 }

@@ -62,7 +62,7 @@ impl Lifecycle {
         };
 
         let mut waiters: Vec<CallIx> = Vec::new();
-        for slot in self.keys.values_mut() {
+        for (_, slot) in self.keys.iter_mut() {
             waiters.extend(std::mem::take(&mut slot.waiters));
         }
         for call in self.calls.by_name_order(waiters) {

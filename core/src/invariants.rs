@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::call::CallIx;
 use crate::call::CallState;
+use crate::call::{CallIx, KeyIx};
 use crate::close::CloseState;
 use crate::config::SameKey;
 use crate::ids::{Key, SandboxId};
@@ -58,8 +58,8 @@ impl Lifecycle {
     /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
-    /// `idle-count`, `closed` (nothing left after close), `call-index` and `session-index` (the
-    /// name index finds every live call, every session record, and nothing else).
+    /// `idle-count`, `closed` (nothing left after close), `call-index`, `session-index` and
+    /// `key-index` (each name index finds every record of its table and nothing else).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
             ensure!(
@@ -88,7 +88,7 @@ impl Lifecycle {
             "the call name index and the call records disagree"
         );
         let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<CallIx>> = BTreeMap::new();
-        let mut bound_by_key: BTreeMap<&Key, u32> = BTreeMap::new();
+        let mut bound_by_key: BTreeMap<KeyIx, u32> = BTreeMap::new();
         for (ix, call) in self.calls.iter() {
             let id = &call.id;
             let session = self.sessions.get(call.session);
@@ -108,13 +108,13 @@ impl Lifecycle {
                     );
                     let queued = self
                         .keys
-                        .get(&call.key)
+                        .get(call.key)
                         .is_some_and(|k| k.waiters.contains(&ix));
                     ensure!(queued, "key-counts", "waiting call {id} is not queued");
                 }
                 CallState::Starting(x) | CallState::Ready(x) => {
                     bound_by_sandbox.entry(x).or_default().push(ix);
-                    *bound_by_key.entry(&call.key).or_default() += 1;
+                    *bound_by_key.entry(call.key).or_default() += 1;
                     let ready = session.ready.contains(&ix);
                     ensure!(
                         ready == matches!(call.state, CallState::Ready(_)),
@@ -240,13 +240,19 @@ impl Lifecycle {
         );
 
         // Keys.
-        for (key, slot) in &self.keys {
+        ensure!(
+            self.keys.index_agrees(),
+            "key-index",
+            "the key index and the key slots disagree"
+        );
+        for (ix, slot) in self.keys.iter() {
+            let key = &slot.key;
             ensure!(
                 !slot.is_empty(),
                 "key-forgotten",
                 "key {key} is kept with nothing to remember (no sandbox, call, waiter or snapshot)"
             );
-            let bound = bound_by_key.remove(key).unwrap_or(0);
+            let bound = bound_by_key.remove(&ix).unwrap_or(0);
             ensure!(
                 slot.bound == bound,
                 "key-counts",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::call::{Call, CallIx, CallSpec, CallState, CallStatus, Calls, EndedCalls, KeySlot};
+use crate::call::{Call, CallIx, CallSpec, CallState, CallStatus, Calls, EndedCalls, KeyIx, Keys};
 use crate::close::CloseState;
 use crate::command::Command;
 use crate::config::{Config, ReleasePolicy, SameKey, Scope};
@@ -45,7 +45,7 @@ pub struct Lifecycle {
     pub(crate) calls: Calls,
     pub(crate) sessions: Sessions,
     pub(crate) sandboxes: Map<SandboxId, Sandbox>,
-    pub(crate) keys: Map<Key, KeySlot>,
+    pub(crate) keys: Keys,
     pub(crate) uploads: Map<crate::ids::UploadId, Upload>,
     pub(crate) timers: Timers,
     pub(crate) commands: VecDeque<Command>,
@@ -73,7 +73,7 @@ impl Lifecycle {
             calls: Calls::default(),
             sessions: Sessions::default(),
             sandboxes: Map::default(),
-            keys: Map::default(),
+            keys: Keys::default(),
             uploads: Map::default(),
             timers: Timers::default(),
             commands: VecDeque::new(),
@@ -269,16 +269,17 @@ impl Lifecycle {
             });
         }
         let key = self.key_of(&spec)?;
-        let must_wait = self.must_wait(&key);
+        let slot = self.keys.find(&key);
+        let must_wait = self.must_wait(&key, slot);
         if must_wait {
-            let waiting = self.keys.get(&key).map_or(0, |k| k.waiters.len());
+            let waiting = slot.map_or(0, |k| self.keys[k].waiters.len());
             if waiting >= self.config.max_waiters {
                 return Err(Error::QueueFull {
                     key,
                     max: self.config.max_waiters,
                 });
             }
-        } else if self.keys.get(&key).and_then(|k| k.current).is_none()
+        } else if slot.and_then(|k| self.keys[k].current).is_none()
             && self.sandboxes.len() >= self.config.limits.max_sandboxes
         {
             return Err(Error::LimitExceeded {
@@ -297,10 +298,14 @@ impl Lifecycle {
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
         let session = self.sessions.find_or_insert(&session);
+        let key = match slot {
+            Some(slot) => slot,
+            None => self.keys.find_or_insert(key),
+        };
         let ix = self.calls.insert(Call {
             id: call,
             session,
-            key: key.clone(),
+            key,
             spec: start_spec,
             state: CallState::Waiting {
                 deadline: TimerRef::UNSET,
@@ -312,7 +317,7 @@ impl Lifecycle {
             self.waiting += 1;
             let deadline = self.timers.set(at, Timer::Wait(ix));
             self.calls[ix].state = CallState::Waiting { deadline };
-            self.keys.entry(key).or_default().waiters.push_back(ix);
+            self.keys[key].waiters.push_back(ix);
         } else {
             self.bind(ix);
         }
@@ -371,8 +376,8 @@ impl Lifecycle {
                 self.make_ready(call, sandbox);
             }
         }
-        let key = self.sandboxes[&sandbox].key.clone();
-        self.admit(&key);
+        let key = self.sandboxes[&sandbox].key;
+        self.admit(key);
         if self.sandboxes[&sandbox].bound.is_empty() {
             // Every call it was started for ended while it started.
             self.stats.orphan_starts += 1;
@@ -459,10 +464,16 @@ impl Lifecycle {
         self.cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
-        let key = x.key.clone();
+        let key = x.key;
         if let Some(snapshot) = x.snapshot.clone() {
-            if !matches!(key, Key::Call(_)) {
-                self.keys.entry(key).or_default().snapshot = Some((snapshot, sandbox));
+            // The key's slot is kept by this sandbox, its retiring one.
+            let slot = self
+                .keys
+                .get_mut(key)
+                .expect("the key of a retiring sandbox");
+            debug_assert_eq!(slot.retiring, Some(sandbox));
+            if !matches!(slot.key, Key::Call(_)) {
+                slot.snapshot = Some((snapshot, sandbox));
             }
         }
         if self.suspends() {
@@ -665,11 +676,11 @@ impl Lifecycle {
     /// Whether a new call of `key` must queue: others queue already (first in, first out), the
     /// key's previous sandbox is still stopping (its snapshot is not persisted yet), or the
     /// policy is `Serialize` and a call holds the key.
-    fn must_wait(&self, key: &Key) -> bool {
+    fn must_wait(&self, key: &Key, slot: Option<KeyIx>) -> bool {
         if matches!(key, Key::External(_)) {
             return false;
         }
-        self.keys.get(key).is_some_and(|k| {
+        slot.map(|k| &self.keys[k]).is_some_and(|k| {
             !k.waiters.is_empty()
                 || k.retiring.is_some()
                 || (self.config.same_key == SameKey::Serialize && k.bound > 0)
@@ -687,23 +698,23 @@ impl Lifecycle {
 
     /// Binds a call that is not queued to its key's sandbox, starting one when there is none.
     fn bind(&mut self, call: CallIx) {
-        let c = &self.calls[call];
-        let key = c.key.clone();
-        let current = self.keys.get(&key).and_then(|k| k.current);
-        let sandbox = match current {
+        let key = self.calls[call].key;
+        let slot = &self.keys[key];
+        let sandbox = match slot.current {
             Some(x) => x,
-            None => match &key {
+            None => match &slot.key {
                 Key::External(name) => {
+                    let name = name.clone();
                     let x = self.new_sandbox_id();
                     self.sandboxes.insert(
                         x,
                         Sandbox::new(
-                            key.clone(),
+                            key,
                             Ownership::External(name.clone()),
                             SandboxState::Running,
                         ),
                     );
-                    self.keys.entry(key.clone()).or_default().current = Some(x);
+                    self.keys[key].current = Some(x);
                     tracing::debug!(sandbox = %x, external = %name, "external sandbox bound");
                     x
                 }
@@ -711,7 +722,7 @@ impl Lifecycle {
             },
         };
         let session = self.calls[call].session;
-        self.keys.get_mut(&key).expect("bound key").bound += 1;
+        self.keys[key].bound += 1;
         let x = self.sandboxes.get_mut(&sandbox).expect("current sandbox");
         x.bound.insert(call);
         match x.state {
@@ -754,7 +765,7 @@ impl Lifecycle {
     }
 
     /// Admits queued calls of `key` while the policy lets them in.
-    pub(crate) fn admit(&mut self, key: &Key) {
+    pub(crate) fn admit(&mut self, key: KeyIx) {
         if self.waiting == 0 {
             return;
         }
@@ -773,7 +784,7 @@ impl Lifecycle {
                 self.timers.cancel(deadline);
             }
             self.waiting -= 1;
-            tracing::debug!(call = %self.calls[call].id, key = %key, "admitted");
+            tracing::debug!(call = %self.calls[call].id, key = %slot.key, "admitted");
             self.bind(call);
         }
     }
@@ -787,14 +798,15 @@ impl Lifecycle {
     /// Orders a Start for `call`'s key.
     fn start_sandbox(&mut self, call: CallIx) -> SandboxId {
         let c = &self.calls[call];
-        let key = c.key.clone();
+        let key = c.key;
         let spec = c.spec.clone();
         let x = self.new_sandbox_id();
-        let mut sandbox = Sandbox::new(key.clone(), Ownership::Managed, SandboxState::Starting);
+        let mut sandbox = Sandbox::new(key, Ownership::Managed, SandboxState::Starting);
         sandbox.awaiting = Awaiting::Start;
         self.sandboxes.insert(x, sandbox);
-        let slot = self.keys.entry(key.clone()).or_default();
+        let slot = &mut self.keys[key];
         slot.current = Some(x);
+        let key = slot.key.clone();
         let (resume_from, resumes) = match slot.snapshot.clone() {
             Some((snapshot, by)) => (Some(snapshot), Some(by)),
             None => (None, None),
@@ -845,7 +857,7 @@ impl Lifecycle {
             CallState::Waiting { deadline } => {
                 self.timers.cancel(deadline);
                 self.waiting -= 1;
-                if let Some(slot) = self.keys.get_mut(&c.key) {
+                if let Some(slot) = self.keys.get_mut(c.key) {
                     slot.waiters.retain(|w| *w != ix);
                 }
                 self.sessions[session].coming -= 1;
@@ -856,7 +868,7 @@ impl Lifecycle {
             }
             CallState::Starting(x) => {
                 self.sessions[session].coming -= 1;
-                self.unbind(ix, &c.key, x);
+                self.unbind(ix, c.key, x);
                 if released {
                     self.events
                         .push_back(Event::CallReleased { call: call.clone() });
@@ -878,7 +890,7 @@ impl Lifecycle {
                 if released {
                     s.releasing.push((call.clone(), x));
                 }
-                self.unbind(ix, &c.key, x);
+                self.unbind(ix, c.key, x);
             }
         }
         // With no sandbox to go to and none coming, the session's pending versions are dropped.
@@ -888,12 +900,12 @@ impl Lifecycle {
             DropReason::NoSandbox
         };
         self.retarget(session, reason);
-        self.after_unbind_key(&c.key);
+        self.after_unbind_key(c.key);
     }
 
     /// Takes a call off its sandbox and key.
-    fn unbind(&mut self, call: CallIx, key: &Key, sandbox: SandboxId) {
-        let slot = self.keys.get_mut(key).expect("key of a bound call");
+    fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxId) {
+        let slot = &mut self.keys[key];
         slot.bound -= 1;
         let x = self
             .sandboxes
@@ -907,31 +919,23 @@ impl Lifecycle {
         match x.state {
             SandboxState::Running => {
                 // Queued calls take the sandbox over before the release policy sees it empty.
-                let key = key.clone();
-                self.admit(&key);
+                self.admit(key);
                 if self.sandboxes[&sandbox].bound.is_empty() {
                     self.last_call_released(sandbox);
                 }
             }
             SandboxState::Starting => {
                 // Its start answers later: a queued call takes it over, or it shuts down then.
-                let key = key.clone();
-                self.admit(&key);
+                self.admit(key);
             }
             SandboxState::Dead => self.dirty.push(sandbox),
             other => unreachable!("a sandbox with calls is never {other:?}"),
         }
     }
 
-    fn after_unbind_key(&mut self, key: &Key) {
+    fn after_unbind_key(&mut self, key: KeyIx) {
         self.admit(key);
-        self.forget_key_if_empty(key);
-    }
-
-    pub(crate) fn forget_key_if_empty(&mut self, key: &Key) {
-        if self.keys.get(key).is_some_and(KeySlot::is_empty) {
-            self.keys.remove(key);
-        }
+        self.keys.forget_if_empty(key);
     }
 
     /// The release policy, applied when a running sandbox's last call has gone.
@@ -976,8 +980,8 @@ impl Lifecycle {
             SandboxState::Dead
         };
         self.leave_uploads(sandbox, reason);
-        let key = self.sandboxes[&sandbox].key.clone();
-        let slot = self.keys.get_mut(&key).expect("key of a live sandbox");
+        let key = self.sandboxes[&sandbox].key;
+        let slot = &mut self.keys[key];
         if slot.current == Some(sandbox) {
             slot.current = None;
         }
@@ -996,7 +1000,7 @@ impl Lifecycle {
             tracing::debug!(sandbox = %sandbox, "external sandbox unbound");
             self.dirty.push(sandbox);
         }
-        self.admit(&key);
+        self.admit(key);
     }
 
     fn persist(&mut self, sandbox: SandboxId) {
@@ -1059,14 +1063,14 @@ impl Lifecycle {
         if x.state != SandboxState::Dead {
             x.state = SandboxState::ShuttingDown;
         }
-        let key = x.key.clone();
+        let key = x.key;
         self.leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         self.stats.shutdowns_ordered += 1;
         tracing::debug!(sandbox = %sandbox, "shutdown");
         self.commands
             .push_back(Command::Shutdown { sandbox, deadline });
-        self.key_lets_go(&key, sandbox);
+        self.key_lets_go(key, sandbox);
     }
 
     /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
@@ -1077,13 +1081,13 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
         x.state = SandboxState::Dead;
         x.awaiting = Awaiting::Nothing;
-        let key = x.key.clone();
-        self.key_lets_go(&key, sandbox);
+        let key = x.key;
+        self.key_lets_go(key, sandbox);
         self.dirty.push(sandbox);
     }
 
     /// The key no longer waits on the sandbox: queued calls may start a new one.
-    fn key_lets_go(&mut self, key: &Key, sandbox: SandboxId) {
+    fn key_lets_go(&mut self, key: KeyIx, sandbox: SandboxId) {
         if let Some(slot) = self.keys.get_mut(key) {
             if slot.current == Some(sandbox) {
                 slot.current = None;
@@ -1093,7 +1097,7 @@ impl Lifecycle {
             }
         }
         self.admit(key);
-        self.forget_key_if_empty(key);
+        self.keys.forget_if_empty(key);
     }
 
     fn shutdown_answered(&mut self, sandbox: SandboxId) {
@@ -1116,8 +1120,8 @@ impl Lifecycle {
         let abandoned = self.stop_awaiting(sandbox);
         self.cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(&sandbox).expect("live");
-        let key = x.key.clone();
-        if let Some(slot) = self.keys.get_mut(&key) {
+        let key = x.key;
+        if let Some(slot) = self.keys.get_mut(key) {
             if slot.current == Some(sandbox) {
                 slot.current = None;
             }
@@ -1137,8 +1141,8 @@ impl Lifecycle {
             self.order_abandon(sandbox);
         }
         self.shutdown(sandbox);
-        self.admit(&key);
-        self.forget_key_if_empty(&key);
+        self.admit(key);
+        self.keys.forget_if_empty(key);
     }
 
     /// The backend reported the sandbox gone.
@@ -1152,7 +1156,7 @@ impl Lifecycle {
             return;
         }
         x.state = SandboxState::Dead;
-        let key = x.key.clone();
+        let key = x.key;
         let lost: Vec<CallIx> = x.bound.iter().copied().collect();
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
@@ -1175,7 +1179,7 @@ impl Lifecycle {
             }
             self.shutdown(sandbox);
         } else {
-            self.key_lets_go(&key, sandbox);
+            self.key_lets_go(key, sandbox);
         }
         self.dirty.push(sandbox);
     }
@@ -1299,9 +1303,9 @@ impl Lifecycle {
                     if x.bound.is_empty() && x.awaiting == Awaiting::Nothing =>
                 {
                     debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
-                    let key = x.key.clone();
+                    let key = x.key;
                     self.sandboxes.remove(&sandbox);
-                    self.key_lets_go(&key, sandbox);
+                    self.key_lets_go(key, sandbox);
                 }
                 _ => {}
             }

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::call::CallIx;
-use crate::ids::{Key, Snapshot, UploadId};
+use crate::call::{CallIx, KeyIx};
+use crate::ids::{Snapshot, UploadId};
 use crate::name::ExternalId;
 use crate::session::SessionIx;
 use crate::small_set::SmallSet;
@@ -67,7 +67,7 @@ pub(crate) enum Awaiting {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Sandbox {
-    pub(crate) key: Key,
+    pub(crate) key: KeyIx,
     pub(crate) owner: Ownership,
     pub(crate) state: SandboxState,
     pub(crate) awaiting: Awaiting,
@@ -87,7 +87,7 @@ pub(crate) struct Sandbox {
 }
 
 impl Sandbox {
-    pub(crate) fn new(key: Key, owner: Ownership, state: SandboxState) -> Self {
+    pub(crate) fn new(key: KeyIx, owner: Ownership, state: SandboxState) -> Self {
         Sandbox {
             key,
             owner,

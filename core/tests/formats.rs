@@ -38,7 +38,9 @@ fn the_checker_names_what_a_broken_state_breaks() {
 
     // A state read back from a trace whose key count was tampered with.
     let mut state: serde_json::Value = serde_json::to_value(&core).unwrap();
-    state["keys"]["session:s"]["bound"] = serde_json::json!(2);
+    // The slot of key session:s, the first place of the key table (place 0 is its sentinel).
+    assert_eq!(state["keys"]["records"][1]["value"]["key"], "session:s");
+    state["keys"]["records"][1]["value"]["bound"] = serde_json::json!(2);
     let broken: Lifecycle = serde_json::from_value(state).unwrap();
     let violation = broken.check_invariants().unwrap_err();
     assert_eq!(violation.invariant, "key-counts");

@@ -120,3 +120,11 @@ fn a_name_index_that_misses_its_session_is_reported() {
     });
     assert_eq!(broken(&core), "session-index");
 }
+
+#[test]
+fn a_key_index_that_misses_its_slot_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        v["keys"]["by_key"]["session:s"]["version"] = json!(3);
+    });
+    assert_eq!(broken(&core), "key-index");
+}
