@@ -16,7 +16,7 @@ use crate::ids::{Key, SandboxId, Snapshot};
 use crate::map::Map;
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, Sandbox, SandboxState};
-use crate::session::{Sessions, Upload};
+use crate::session::{SessionIx, Sessions, Upload};
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
@@ -61,6 +61,10 @@ pub struct Lifecycle {
     /// Always empty between inputs.
     #[serde(skip)]
     pub(crate) dirty: Vec<SandboxId>,
+    /// Sessions whose derived bookkeeping is brought up to date once the current input is done.
+    /// Always empty between inputs.
+    #[serde(skip)]
+    pub(crate) touched: Vec<SessionIx>,
 }
 
 impl Lifecycle {
@@ -85,6 +89,7 @@ impl Lifecycle {
             close: CloseState::Open,
             stats: Stats::default(),
             dirty: Vec::new(),
+            touched: Vec::new(),
         })
     }
 
@@ -1287,10 +1292,24 @@ impl Lifecycle {
     // ------------------------------------------------------------------------------------------
     // Internals: bookkeeping after each input
 
-    /// Runs the checks deferred during an input: finished drains, forgettable sandboxes, close
-    /// progress. Every input ends here.
+    /// Runs the work deferred during an input: the changed sessions' bookkeeping (once each),
+    /// then finished drains and forgettable sandboxes, which may change sessions again; then
+    /// close progress. Every input ends here.
     pub(crate) fn finish_input(&mut self) {
-        while let Some(sandbox) = self.dirty.pop() {
+        loop {
+            if !self.touched.is_empty() {
+                let touched = std::mem::take(&mut self.touched);
+                for &session in &touched {
+                    self.reconcile_session(session);
+                }
+                // Keep the buffer: a reconciled session touches no other session.
+                debug_assert!(self.touched.is_empty());
+                self.touched = touched;
+                self.touched.clear();
+            }
+            let Some(sandbox) = self.dirty.pop() else {
+                break;
+            };
             let Some(x) = self.sandboxes.get(&sandbox) else {
                 continue;
             };

@@ -543,10 +543,18 @@ impl Lifecycle {
         }
     }
 
-    /// Brings a session's derived bookkeeping up to date after any change to it: which sandbox
-    /// its busyness keeps draining, which releases have completed, whether its mirror settled,
-    /// whether it is idle.
+    /// Notes that the session changed: its derived bookkeeping is brought up to date once, when
+    /// the input is done ([`Lifecycle::finish_input`]), however often it changed.
     pub(crate) fn session_changed(&mut self, session: SessionIx) {
+        if self.touched.last() != Some(&session) {
+            self.touched.push(session);
+        }
+    }
+
+    /// Brings a session's derived bookkeeping up to date: which sandbox its busyness keeps
+    /// draining, which releases have completed, whether its mirror settled, whether it is idle.
+    /// Runs once per changed session per input, from [`Lifecycle::finish_input`].
+    pub(crate) fn reconcile_session(&mut self, session: SessionIx) {
         if self.sessions.get(session).is_none() {
             return;
         }

@@ -4,7 +4,7 @@
 //! (`tests::perf_core`, `tests::perf_tokio`, `tests::perf_sim`), where the Criterion benches
 //! (`cargo bench -p tests`) measure the same code in detail.
 //!
-//! Run: `cargo run --release -p tests --bin perf [-- --json FILE]`.
+//! Run: `cargo run --release -p tests --bin perf [-- --json FILE] [--only core|tokio|sim|loom]`.
 
 use tests::{perf_core, perf_sim, perf_tokio};
 
@@ -70,11 +70,31 @@ fn main() {
         figures: Vec::new(),
     };
     let mut add = |name: &str, value: f64, unit: &str| report.add(name, value, unit);
-    perf_core::core_figures(&mut add);
-    perf_core::callgrind_figures(&mut add);
-    perf_tokio::tokio_figures(&mut add);
-    perf_sim::sim_figures(&mut add);
-    loom_figures(&mut report);
+    // `--only PART` (core, tokio, sim or loom): only that part's figures.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args.get(i + 1).cloned().unwrap_or_default());
+    if let Some(part) = &only {
+        if !["core", "tokio", "sim", "loom"].contains(&part.as_str()) {
+            eprintln!("perf --only: unknown part {part:?}: core, tokio, sim or loom");
+            std::process::exit(2);
+        }
+    }
+    let wanted = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    if wanted("core") {
+        perf_core::core_figures(&mut add);
+        perf_core::callgrind_figures(&mut add);
+    }
+    if wanted("tokio") {
+        perf_tokio::tokio_figures(&mut add);
+    }
+    if wanted("sim") {
+        perf_sim::sim_figures(&mut add);
+    }
+    if wanted("loom") {
+        loom_figures(&mut report);
+    }
     if let Some(path) = json {
         let body: Vec<String> = report
             .figures
