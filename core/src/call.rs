@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{Key, SandboxId, Snapshot, Spec};
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
+use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
 use crate::timer::TimerRef;
 
@@ -88,9 +89,9 @@ pub(crate) enum CallState {
     /// Queued in its key's waiters until the deadline.
     Waiting { deadline: TimerRef },
     /// Bound to a starting sandbox.
-    Starting(SandboxId),
+    Starting(SandboxIx),
     /// Bound to a sandbox that was up when bound (it may have died since).
-    Ready(SandboxId),
+    Ready(SandboxIx),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,7 +106,7 @@ pub(crate) struct Call {
 
 impl Call {
     /// The sandbox the call is bound to, if any.
-    pub(crate) fn sandbox(&self) -> Option<SandboxId> {
+    pub(crate) fn sandbox(&self) -> Option<SandboxIx> {
         match self.state {
             CallState::Waiting { .. } => None,
             CallState::Starting(x) | CallState::Ready(x) => Some(x),
@@ -206,10 +207,10 @@ pub(crate) struct KeySlot {
     /// The key itself.
     pub(crate) key: Key,
     /// The sandbox calls of this key bind to: Starting, Running, Idle or Draining.
-    pub(crate) current: Option<SandboxId>,
+    pub(crate) current: Option<SandboxIx>,
     /// The key's previous sandbox while it stops and persists: the next Start of the key waits
     /// for its snapshot.
-    pub(crate) retiring: Option<SandboxId>,
+    pub(crate) retiring: Option<SandboxIx>,
     /// Live calls of this key bound to a sandbox (starting or ready, dead sandboxes included).
     pub(crate) bound: u32,
     /// Queued calls, first in first out.

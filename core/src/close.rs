@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 use crate::call::CallIx;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{CloseReport, Event};
-use crate::ids::{SandboxId, Version};
+use crate::ids::Version;
 use crate::lifecycle::{EndHow, Lifecycle};
 use crate::name::{PathName, SessionId};
+use crate::sandbox::SandboxIx;
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::session::SessionIx;
 use crate::time::Instant;
@@ -29,7 +30,7 @@ pub(crate) enum CloseState {
         deadline: TimerRef,
         report: CloseReport,
         /// A sandbox seen still up the last time close looked, checked first next time.
-        blocked_by: Option<SandboxId>,
+        blocked_by: Option<SandboxIx>,
     },
     Revoked {
         grace: TimerRef,
@@ -73,13 +74,9 @@ impl Lifecycle {
             self.end_call(call, EndHow::Failed(ErrorKind::Closed));
         }
 
-        let mut warm: Vec<SandboxId> = self
+        let warm = self
             .sandboxes
-            .iter()
-            .filter(|(_, x)| x.state == SandboxState::Idle)
-            .map(|(id, _)| *id)
-            .collect();
-        warm.sort();
+            .in_id_order(|x| x.state == SandboxState::Idle);
         for sandbox in warm {
             self.cancel_sandbox_timer(sandbox);
             self.begin_drain(sandbox);
@@ -112,12 +109,12 @@ impl Lifecycle {
                     x.state.accepts_uploads() || x.state == SandboxState::Starting
                 };
                 if let Some(b) = *blocked_by {
-                    if self.sandboxes.get(&b).is_some_and(up) {
+                    if self.sandboxes.get(b).is_some_and(up) {
                         return;
                     }
                 }
                 if let Some((id, _)) = self.sandboxes.iter().find(|(_, x)| up(x)) {
-                    *blocked_by = Some(*id);
+                    *blocked_by = Some(id);
                     return;
                 }
                 let at = *deadline;
@@ -172,10 +169,8 @@ impl Lifecycle {
             self.session_changed(session);
         }
 
-        let mut sandboxes: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
-        sandboxes.sort();
-        for sandbox in sandboxes {
-            let Some(x) = self.sandboxes.get(&sandbox) else {
+        for sandbox in self.sandboxes.in_id_order(|_| true) {
+            let Some(x) = self.sandboxes.get(sandbox) else {
                 continue;
             };
             match x.state {
@@ -197,17 +192,16 @@ impl Lifecycle {
 
     /// The second deadline: whatever has not answered is reported, and close ends.
     fn grace_expired(&mut self) {
-        let mut left: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
-        left.sort();
+        let left = self.sandboxes.in_id_order(|_| true);
         tracing::warn!(sandboxes = left.len(), "close: second deadline passed");
         for sandbox in left {
-            let x = &self.sandboxes[&sandbox];
+            let x = &self.sandboxes[sandbox];
             if x.is_managed() && !x.shutdown_ordered {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
                 self.abandon(sandbox);
                 self.shutdown(sandbox);
             }
-            if self.sandboxes[&sandbox].awaiting == Awaiting::Shutdown {
+            if self.sandboxes[sandbox].awaiting == Awaiting::Shutdown {
                 self.unconfirmed(sandbox);
             }
         }
@@ -259,15 +253,17 @@ impl Lifecycle {
         }
     }
 
-    pub(crate) fn close_note_suspended(&mut self, sandbox: SandboxId) {
+    pub(crate) fn close_note_suspended(&mut self, sandbox: SandboxIx) {
+        let id = self.sid(sandbox);
         if let Some(report) = self.close_report() {
-            report.suspended.push(sandbox);
+            report.suspended.push(id);
         }
     }
 
-    pub(crate) fn close_note_unconfirmed(&mut self, sandbox: SandboxId) {
+    pub(crate) fn close_note_unconfirmed(&mut self, sandbox: SandboxIx) {
+        let id = self.sid(sandbox);
         if let Some(report) = self.close_report() {
-            report.unconfirmed.push(sandbox);
+            report.unconfirmed.push(id);
         }
     }
 }

@@ -11,8 +11,9 @@ use crate::call::CallState;
 use crate::call::{CallIx, KeyIx};
 use crate::close::CloseState;
 use crate::config::SameKey;
-use crate::ids::{Key, SandboxId};
+use crate::ids::Key;
 use crate::lifecycle::Lifecycle;
+use crate::sandbox::SandboxIx;
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::timer::Timer;
 
@@ -58,8 +59,9 @@ impl Lifecycle {
     /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
-    /// `idle-count`, `closed` (nothing left after close), `call-index`, `session-index` and
-    /// `key-index` (each name index finds every record of its table and nothing else).
+    /// `idle-count`, `closed` (nothing left after close), `call-index`, `session-index`,
+    /// `key-index` and `sandbox-index` (each index finds every record of its table and nothing
+    /// else).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
             ensure!(
@@ -87,7 +89,7 @@ impl Lifecycle {
             "call-index",
             "the call name index and the call records disagree"
         );
-        let mut bound_by_sandbox: BTreeMap<SandboxId, Vec<CallIx>> = BTreeMap::new();
+        let mut bound_by_sandbox: BTreeMap<SandboxIx, Vec<CallIx>> = BTreeMap::new();
         let mut bound_by_key: BTreeMap<KeyIx, u32> = BTreeMap::new();
         for (ix, call) in self.calls.iter() {
             let id = &call.id;
@@ -139,9 +141,15 @@ impl Lifecycle {
         );
 
         // Sandboxes.
-        let mut busy_by_sandbox: BTreeMap<SandboxId, u32> = BTreeMap::new();
-        for (id, x) in &self.sandboxes {
-            let calls = bound_by_sandbox.remove(id).unwrap_or_default();
+        ensure!(
+            self.sandboxes.index_agrees(),
+            "sandbox-index",
+            "the sandbox id index and the sandbox records disagree"
+        );
+        let mut busy_by_sandbox: BTreeMap<SandboxIx, u32> = BTreeMap::new();
+        for (ix, x) in self.sandboxes.iter() {
+            let id = &x.id;
+            let calls = bound_by_sandbox.remove(&ix).unwrap_or_default();
             ensure!(
                 calls.len() == x.bound.len() && calls.iter().all(|c| x.bound.contains(c)),
                 "bound-calls",
@@ -208,7 +216,7 @@ impl Lifecycle {
             if let Some(at) = x.deadline {
                 expected_timers += 1;
                 ensure!(
-                    table.get(&at) == Some(&&Timer::Sandbox(*id)),
+                    table.get(&at) == Some(&&Timer::Sandbox(ix)),
                     "timers",
                     "sandbox {id} deadline is not in the table"
                 );
@@ -226,7 +234,7 @@ impl Lifecycle {
             for upload in x.uploads.iter() {
                 let up = self.uploads.get(upload);
                 ensure!(
-                    up.is_some_and(|u| u.sandbox == *id),
+                    up.is_some_and(|u| u.sandbox == ix),
                     "uploads",
                     "sandbox {id} lists upload {upload} which is not in flight into it"
                 );
@@ -267,7 +275,7 @@ impl Lifecycle {
                 );
             }
             if let Some(x) = slot.current {
-                let state = self.sandboxes.get(&x).map(|x| x.state);
+                let state = self.sandboxes.get(x).map(|x| x.state);
                 ensure!(
                     matches!(
                         state,
@@ -279,18 +287,18 @@ impl Lifecycle {
                         )
                     ),
                     "key-counts",
-                    "key {key}'s current sandbox {x} is {state:?}"
+                    "key {key}'s current sandbox {x:?} is {state:?}"
                 );
             }
             if let Some(x) = slot.retiring {
-                let state = self.sandboxes.get(&x).map(|x| x.state);
+                let state = self.sandboxes.get(x).map(|x| x.state);
                 ensure!(
                     matches!(
                         state,
                         Some(SandboxState::Stopping | SandboxState::Persisting)
                     ),
                     "key-counts",
-                    "key {key}'s retiring sandbox {x} is {state:?}"
+                    "key {key}'s retiring sandbox {x:?} is {state:?}"
                 );
             }
             for w in &slot.waiters {
@@ -348,10 +356,10 @@ impl Lifecycle {
                 .ready
                 .iter()
                 .filter_map(|c| self.calls[*c].sandbox())
-                .find(|x| self.sandboxes[x].state.accepts_uploads());
+                .find(|x| self.sandboxes[*x].state.accepts_uploads());
             let expected = first_up.or(s.linger.filter(|x| {
                 self.sandboxes
-                    .get(x)
+                    .get(*x)
                     .is_some_and(|x| x.state.accepts_uploads())
             }));
             ensure!(
@@ -362,9 +370,9 @@ impl Lifecycle {
             );
             if let Some(t) = s.target {
                 ensure!(
-                    self.sandboxes[&t].targeting.contains(&ix),
+                    self.sandboxes[t].targeting.contains(&ix),
                     "session-target",
-                    "sandbox {t} does not list session {id} that targets it"
+                    "sandbox {t:?} does not list session {id} that targets it"
                 );
             }
             let busy_on = if s.is_busy() { s.target } else { None };
@@ -423,8 +431,9 @@ impl Lifecycle {
             "{} uploads in flight, {uploads_seen} referenced by sessions",
             self.uploads.len()
         );
-        for (id, x) in &self.sandboxes {
-            let busy = busy_by_sandbox.remove(id).unwrap_or(0);
+        for (ix, x) in self.sandboxes.iter() {
+            let id = &x.id;
+            let busy = busy_by_sandbox.remove(&ix).unwrap_or(0);
             ensure!(
                 x.busy_sessions == busy,
                 "busy-count",
@@ -433,7 +442,7 @@ impl Lifecycle {
             );
             for s in x.targeting.iter() {
                 ensure!(
-                    self.sessions.get(*s).is_some_and(|r| r.target == Some(*id)),
+                    self.sessions.get(*s).is_some_and(|r| r.target == Some(ix)),
                     "session-target",
                     "sandbox {id} lists session {s:?} which targets elsewhere"
                 );
@@ -453,10 +462,10 @@ impl Lifecycle {
         for (u, up) in &self.uploads {
             ensure!(
                 self.sandboxes
-                    .get(&up.sandbox)
+                    .get(up.sandbox)
                     .is_some_and(|x| x.state.accepts_uploads() && x.uploads.contains(u)),
                 "uploads",
-                "upload {u} in flight into {} which does not accept uploads",
+                "upload {u} in flight into {:?} which does not accept uploads",
                 up.sandbox
             );
         }

@@ -15,7 +15,7 @@ use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::map::Map;
 use crate::name::{CallId, SessionId};
-use crate::sandbox::{Awaiting, Ownership, Sandbox, SandboxState};
+use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::session::{SessionIx, Sessions, Upload};
 use crate::stats::Stats;
 use crate::time::Instant;
@@ -44,14 +44,13 @@ pub struct Lifecycle {
     pub(crate) now: Instant,
     pub(crate) calls: Calls,
     pub(crate) sessions: Sessions,
-    pub(crate) sandboxes: Map<SandboxId, Sandbox>,
+    pub(crate) sandboxes: Sandboxes,
     pub(crate) keys: Keys,
     pub(crate) uploads: Map<crate::ids::UploadId, Upload>,
     pub(crate) timers: Timers,
     pub(crate) commands: VecDeque<Command>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) ended: EndedCalls,
-    pub(crate) next_sandbox: u64,
     pub(crate) next_upload: u64,
     /// Calls queued behind their keys, over all keys.
     pub(crate) waiting: usize,
@@ -60,7 +59,7 @@ pub struct Lifecycle {
     /// Sandboxes to look at once the current input is done (drain finished? record forgettable?).
     /// Always empty between inputs.
     #[serde(skip)]
-    pub(crate) dirty: Vec<SandboxId>,
+    pub(crate) dirty: Vec<SandboxIx>,
     /// Sessions whose derived bookkeeping is brought up to date once the current input is done.
     /// Always empty between inputs.
     #[serde(skip)]
@@ -76,14 +75,13 @@ impl Lifecycle {
             now: Instant::ZERO,
             calls: Calls::default(),
             sessions: Sessions::default(),
-            sandboxes: Map::default(),
+            sandboxes: Sandboxes::default(),
             keys: Keys::default(),
             uploads: Map::default(),
             timers: Timers::default(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
             ended: EndedCalls::default(),
-            next_sandbox: 0,
             next_upload: 0,
             waiting: 0,
             close: CloseState::Open,
@@ -121,11 +119,11 @@ impl Lifecycle {
         let s = &self.sessions[self.sessions.find(session).ok_or_else(no_sandbox)?];
         let mut dead = None;
         for call in &s.ready {
-            let x = self.calls[*call].sandbox().expect("a ready call is bound");
-            if self.sandboxes[&x].state.accepts_uploads() {
-                return Ok(x);
+            let x = &self.sandboxes[self.calls[*call].sandbox().expect("a ready call is bound")];
+            if x.state.accepts_uploads() {
+                return Ok(x.id);
             }
-            dead.get_or_insert(x);
+            dead.get_or_insert(x.id);
         }
         match dead {
             Some(sandbox) => Err(Error::SandboxGone {
@@ -141,22 +139,24 @@ impl Lifecycle {
         let c = &self.calls[self.calls.find(call)?];
         Some(match c.state {
             CallState::Waiting { .. } => CallStatus::Waiting,
-            CallState::Starting(x) => CallStatus::Starting(x),
-            CallState::Ready(x) if self.sandboxes[&x].state == SandboxState::Dead => {
-                CallStatus::Lost(x)
+            CallState::Starting(x) => CallStatus::Starting(self.sandboxes[x].id),
+            CallState::Ready(x) if self.sandboxes[x].state == SandboxState::Dead => {
+                CallStatus::Lost(self.sandboxes[x].id)
             }
-            CallState::Ready(x) => CallStatus::Ready(x),
+            CallState::Ready(x) => CallStatus::Ready(self.sandboxes[x].id),
         })
     }
 
     /// The state of a sandbox the core still tracks. O(1).
     pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
-        self.sandboxes.get(&sandbox).map(|x| x.state)
+        let x = self.sandboxes.find(sandbox)?;
+        Some(self.sandboxes[x].state)
     }
 
     /// The ownership of a sandbox the core still tracks. O(1).
     pub fn sandbox_ownership(&self, sandbox: SandboxId) -> Option<&Ownership> {
-        self.sandboxes.get(&sandbox).map(|x| &x.owner)
+        let x = self.sandboxes.find(sandbox)?;
+        Some(&self.sandboxes[x].owner)
     }
 
     /// Whether every version flushed for `session` so far has settled. O(paths of the session).
@@ -365,14 +365,14 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
     pub fn handle_start_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Start)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "start ok");
+        tracing::debug!(sandbox = %self.sid(sandbox), "start ok");
         self.stats.starts_ok += 1;
         self.cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.state = SandboxState::Running;
         let starters = self.calls.by_name_order(x.bound.iter().copied().collect());
@@ -381,9 +381,9 @@ impl Lifecycle {
                 self.make_ready(call, sandbox);
             }
         }
-        let key = self.sandboxes[&sandbox].key;
+        let key = self.sandboxes[sandbox].key;
         self.admit(key);
-        if self.sandboxes[&sandbox].bound.is_empty() {
+        if self.sandboxes[sandbox].bound.is_empty() {
             // Every call it was started for ended while it started.
             self.stats.orphan_starts += 1;
             self.shutdown(sandbox);
@@ -397,13 +397,13 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_start_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Start)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "start failed");
+        tracing::debug!(sandbox = %self.sid(sandbox), "start failed");
         self.stats.starts_failed += 1;
-        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.fail_start(sandbox, ErrorKind::StartFailed);
         self.finish_input();
         Ok(())
@@ -419,14 +419,14 @@ impl Lifecycle {
         sandbox: SandboxId,
         snapshot: Option<Snapshot>,
     ) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Stop)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "stop ok");
+        tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
         self.cancel_sandbox_timer(sandbox);
         let suspend = self.suspends();
-        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
         if x.snapshot.is_some() || suspend {
@@ -443,14 +443,14 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Stop)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "stop failed");
+        tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.stats.stops_failed += 1;
         self.cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
         self.finish_input();
         Ok(())
@@ -461,15 +461,15 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_persist_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Persist)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "persist ok");
+        tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
         self.cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(&sandbox).expect("awaited");
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
-        let key = x.key;
+        let (key, id) = (x.key, x.id);
         if let Some(snapshot) = x.snapshot.clone() {
             // The key's slot is kept by this sandbox, its retiring one.
             let slot = self
@@ -478,7 +478,7 @@ impl Lifecycle {
                 .expect("the key of a retiring sandbox");
             debug_assert_eq!(slot.retiring, Some(sandbox));
             if !matches!(slot.key, Key::Call(_)) {
-                slot.snapshot = Some((snapshot, sandbox));
+                slot.snapshot = Some((snapshot, id));
             }
         }
         if self.suspends() {
@@ -495,14 +495,14 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_persist_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Persist)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "persist failed");
+        tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.stats.persists_failed += 1;
         self.cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
         self.finish_input();
         Ok(())
@@ -512,11 +512,11 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_shutdown_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Shutdown)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::debug!(sandbox = %sandbox, "shutdown ok");
+        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown ok");
         self.stats.shutdowns_ok += 1;
         self.close_note_shut_down();
         self.shutdown_answered(sandbox);
@@ -533,11 +533,11 @@ impl Lifecycle {
         now: Instant,
         sandbox: SandboxId,
     ) -> Result<(), Error> {
-        if !self.awaits(sandbox, Awaiting::Shutdown)? {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
             return Ok(());
-        }
+        };
         self.advance(now);
-        tracing::warn!(sandbox = %sandbox, "shutdown failed");
+        tracing::warn!(sandbox = %self.sid(sandbox), "shutdown failed");
         self.unconfirmed(sandbox);
         self.shutdown_answered(sandbox);
         self.finish_input();
@@ -554,13 +554,12 @@ impl Lifecycle {
     pub fn handle_died(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
         self.check_not_closed("died")?;
         self.check_sandbox_id(sandbox)?;
-        match self.sandboxes.get(&sandbox) {
-            None => {
-                self.stats.stale_answers += 1;
-                return Ok(());
-            }
-            Some(x) if x.state == SandboxState::Dead => return Ok(()),
-            Some(_) => {}
+        let Some(sandbox) = self.sandboxes.find(sandbox) else {
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        if self.sandboxes[sandbox].state == SandboxState::Dead {
+            return Ok(());
         }
         self.advance(now);
         self.died(sandbox);
@@ -582,17 +581,19 @@ impl Lifecycle {
     pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
         self.check_not_closed("instance-gone")?;
         self.check_sandbox_id(sandbox)?;
-        let suspending = match self.sandboxes.get(&sandbox) {
-            None => {
-                self.stats.stale_answers += 1;
-                return Ok(());
-            }
-            Some(x) if x.state == SandboxState::Dead => return Ok(()),
-            Some(x) => matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && self.suspends(),
+        let Some(sandbox) = self.sandboxes.find(sandbox) else {
+            self.stats.stale_answers += 1;
+            return Ok(());
         };
+        let x = &self.sandboxes[sandbox];
+        if x.state == SandboxState::Dead {
+            return Ok(());
+        }
+        let suspending =
+            matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && self.suspends();
         self.advance(now);
         if suspending {
-            tracing::debug!(sandbox = %sandbox, "instance gone while suspending");
+            tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
             self.stats.instance_losses_suspending += 1;
         } else {
             self.died(sandbox);
@@ -626,6 +627,11 @@ impl Lifecycle {
     // ------------------------------------------------------------------------------------------
     // Internals: input checks
 
+    /// The id of a tracked sandbox, as outputs and logs name it.
+    pub(crate) fn sid(&self, sandbox: SandboxIx) -> SandboxId {
+        self.sandboxes[sandbox].id
+    }
+
     pub(crate) fn advance(&mut self, now: Instant) {
         if now > self.now {
             self.now = now;
@@ -641,7 +647,7 @@ impl Lifecycle {
     }
 
     fn check_sandbox_id(&self, sandbox: SandboxId) -> Result<(), Error> {
-        if sandbox.0 >= self.next_sandbox {
+        if !self.sandboxes.was_handed_out(sandbox) {
             Err(Error::UnknownSandbox { sandbox })
         } else {
             Ok(())
@@ -649,14 +655,16 @@ impl Lifecycle {
     }
 
     /// Whether `sandbox` awaits this answer; a known sandbox that does not is a stale answer.
-    fn awaits(&mut self, sandbox: SandboxId, answer: Awaiting) -> Result<bool, Error> {
+    /// The place of `sandbox` when it awaits this answer; `None` for a known sandbox that does
+    /// not (a stale answer).
+    fn awaits(&mut self, sandbox: SandboxId, answer: Awaiting) -> Result<Option<SandboxIx>, Error> {
         self.check_not_closed("answer")?;
         self.check_sandbox_id(sandbox)?;
         let awaited = self
             .sandboxes
-            .get(&sandbox)
-            .is_some_and(|x| x.awaiting == answer);
-        if !awaited {
+            .find(sandbox)
+            .filter(|x| self.sandboxes[*x].awaiting == answer);
+        if awaited.is_none() {
             tracing::debug!(sandbox = %sandbox, answer = ?answer, "stale answer ignored");
             self.stats.stale_answers += 1;
         }
@@ -710,17 +718,13 @@ impl Lifecycle {
             None => match &slot.key {
                 Key::External(name) => {
                     let name = name.clone();
-                    let x = self.new_sandbox_id();
-                    self.sandboxes.insert(
-                        x,
-                        Sandbox::new(
-                            key,
-                            Ownership::External(name.clone()),
-                            SandboxState::Running,
-                        ),
+                    let x = self.sandboxes.create(
+                        key,
+                        Ownership::External(name.clone()),
+                        SandboxState::Running,
                     );
                     self.keys[key].current = Some(x);
-                    tracing::debug!(sandbox = %x, external = %name, "external sandbox bound");
+                    tracing::debug!(sandbox = %self.sid(x), external = %name, "external sandbox bound");
                     x
                 }
                 _ => self.start_sandbox(call),
@@ -728,7 +732,7 @@ impl Lifecycle {
         };
         let session = self.calls[call].session;
         self.keys[key].bound += 1;
-        let x = self.sandboxes.get_mut(&sandbox).expect("current sandbox");
+        let x = self.sandboxes.get_mut(sandbox).expect("current sandbox");
         x.bound.insert(call);
         match x.state {
             SandboxState::Starting => {
@@ -738,7 +742,7 @@ impl Lifecycle {
                 if x.state != SandboxState::Running {
                     // A warm or draining sandbox is revived for the next call of its key: no
                     // churn, the workspace stays.
-                    tracing::debug!(sandbox = %sandbox, state = ?x.state, "revived");
+                    tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
                     x.state = SandboxState::Running;
                     self.stats.revivals += 1;
                     self.cancel_sandbox_timer(sandbox);
@@ -751,7 +755,7 @@ impl Lifecycle {
     }
 
     /// A bound call becomes ready on an up sandbox.
-    fn make_ready(&mut self, call: CallIx, sandbox: SandboxId) {
+    fn make_ready(&mut self, call: CallIx, sandbox: SandboxIx) {
         let c = &mut self.calls[call];
         c.state = CallState::Ready(sandbox);
         let session = c.session;
@@ -761,10 +765,10 @@ impl Lifecycle {
         s.linger = None;
         self.stats.calls_ready += 1;
         let name = self.calls[call].id.clone();
-        tracing::debug!(call = %name, sandbox = %sandbox, "call ready");
+        tracing::debug!(call = %name, sandbox = %self.sid(sandbox), "call ready");
         self.events.push_back(Event::CallReady {
             call: name,
-            sandbox,
+            sandbox: self.sid(sandbox),
         });
         self.retarget(session, DropReason::NoSandbox);
     }
@@ -794,21 +798,15 @@ impl Lifecycle {
         }
     }
 
-    fn new_sandbox_id(&mut self) -> SandboxId {
-        let x = SandboxId(self.next_sandbox);
-        self.next_sandbox += 1;
-        x
-    }
-
     /// Orders a Start for `call`'s key.
-    fn start_sandbox(&mut self, call: CallIx) -> SandboxId {
+    fn start_sandbox(&mut self, call: CallIx) -> SandboxIx {
         let c = &self.calls[call];
         let key = c.key;
         let spec = c.spec.clone();
-        let x = self.new_sandbox_id();
-        let mut sandbox = Sandbox::new(key, Ownership::Managed, SandboxState::Starting);
-        sandbox.awaiting = Awaiting::Start;
-        self.sandboxes.insert(x, sandbox);
+        let x = self
+            .sandboxes
+            .create(key, Ownership::Managed, SandboxState::Starting);
+        self.sandboxes[x].awaiting = Awaiting::Start;
         let slot = &mut self.keys[key];
         slot.current = Some(x);
         let key = slot.key.clone();
@@ -818,9 +816,10 @@ impl Lifecycle {
         };
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         self.stats.starts_ordered += 1;
-        tracing::debug!(sandbox = %x, key = %key, resume_from = ?resume_from, "start");
+        let id = self.sid(x);
+        tracing::debug!(sandbox = %id, key = %key, resume_from = ?resume_from, "start");
         self.commands.push_back(Command::Start {
-            sandbox: x,
+            sandbox: id,
             key,
             spec,
             resume_from,
@@ -887,9 +886,9 @@ impl Lifecycle {
                 let other_up = s.ready.iter().any(|r| {
                     self.calls[*r]
                         .sandbox()
-                        .is_some_and(|y| self.sandboxes[&y].state.accepts_uploads())
+                        .is_some_and(|y| self.sandboxes[y].state.accepts_uploads())
                 });
-                if !other_up && self.sandboxes[&x].state.accepts_uploads() {
+                if !other_up && self.sandboxes[x].state.accepts_uploads() {
                     s.linger = Some(x);
                 }
                 if released {
@@ -909,15 +908,15 @@ impl Lifecycle {
     }
 
     /// Takes a call off its sandbox and key.
-    fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxId) {
+    fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxIx) {
         let slot = &mut self.keys[key];
         slot.bound -= 1;
         let x = self
             .sandboxes
-            .get_mut(&sandbox)
+            .get_mut(sandbox)
             .expect("sandbox of a bound call");
         let was_bound = x.bound.remove(&call);
-        debug_assert!(was_bound, "call {call:?} was not bound to {sandbox}");
+        debug_assert!(was_bound, "call {call:?} was not bound to {sandbox:?}");
         if !x.bound.is_empty() {
             return;
         }
@@ -925,7 +924,7 @@ impl Lifecycle {
             SandboxState::Running => {
                 // Queued calls take the sandbox over before the release policy sees it empty.
                 self.admit(key);
-                if self.sandboxes[&sandbox].bound.is_empty() {
+                if self.sandboxes[sandbox].bound.is_empty() {
                     self.last_call_released(sandbox);
                 }
             }
@@ -944,12 +943,12 @@ impl Lifecycle {
     }
 
     /// The release policy, applied when a running sandbox's last call has gone.
-    fn last_call_released(&mut self, sandbox: SandboxId) {
-        let x = &self.sandboxes[&sandbox];
+    fn last_call_released(&mut self, sandbox: SandboxIx) {
+        let x = &self.sandboxes[sandbox];
         match (&x.owner, self.config.release, self.is_closing()) {
             (Ownership::Managed, ReleasePolicy::KeepWarm { idle }, false) => {
-                tracing::debug!(sandbox = %sandbox, "kept warm");
-                self.sandboxes.get_mut(&sandbox).expect("live").state = SandboxState::Idle;
+                tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
+                self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;
                 self.set_sandbox_timer(sandbox, idle);
             }
             _ => self.begin_drain(sandbox),
@@ -961,23 +960,25 @@ impl Lifecycle {
 
     /// The sandbox drains: its sessions' mirror work and holds finish before Stop, up to the
     /// drain deadline.
-    pub(crate) fn begin_drain(&mut self, sandbox: SandboxId) {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+    pub(crate) fn begin_drain(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(x.bound.is_empty());
         x.state = SandboxState::Draining;
         let sessions = self.sessions.names(x.targeting.iter().copied());
-        tracing::debug!(sandbox = %sandbox, sessions = sessions.len(), "drain");
+        tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
-        self.commands
-            .push_back(Command::Drain { sandbox, sessions });
+        self.commands.push_back(Command::Drain {
+            sandbox: self.sid(sandbox),
+            sessions,
+        });
         self.dirty.push(sandbox);
     }
 
     /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
     /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
-    pub(crate) fn end_drain(&mut self, sandbox: SandboxId, reason: DropReason) {
+    pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
         self.cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = x.is_managed();
         x.state = if managed {
             SandboxState::Stopping
@@ -985,38 +986,38 @@ impl Lifecycle {
             SandboxState::Dead
         };
         self.leave_uploads(sandbox, reason);
-        let key = self.sandboxes[&sandbox].key;
+        let key = self.sandboxes[sandbox].key;
         let slot = &mut self.keys[key];
         if slot.current == Some(sandbox) {
             slot.current = None;
         }
         if managed {
             slot.retiring = Some(sandbox);
-            let x = self.sandboxes.get_mut(&sandbox).expect("live");
+            let x = self.sandboxes.get_mut(sandbox).expect("live");
             x.awaiting = Awaiting::Stop;
             let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
-            tracing::debug!(sandbox = %sandbox, "stop");
+            tracing::debug!(sandbox = %self.sid(sandbox), "stop");
             self.commands.push_back(Command::Stop {
-                sandbox,
+                sandbox: self.sid(sandbox),
                 suspend: self.suspends(),
                 deadline,
             });
         } else {
-            tracing::debug!(sandbox = %sandbox, "external sandbox unbound");
+            tracing::debug!(sandbox = %self.sid(sandbox), "external sandbox unbound");
             self.dirty.push(sandbox);
         }
         self.admit(key);
     }
 
-    fn persist(&mut self, sandbox: SandboxId) {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+    fn persist(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Persisting;
         x.awaiting = Awaiting::Persist;
         let snapshot = x.snapshot.clone();
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
-        tracing::debug!(sandbox = %sandbox, snapshot = ?snapshot, "persist");
+        tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "persist");
         self.commands.push_back(Command::Persist {
-            sandbox,
+            sandbox: self.sid(sandbox),
             snapshot,
             suspend: self.suspends(),
             deadline,
@@ -1025,7 +1026,7 @@ impl Lifecycle {
 
     /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, if any: cancels its
     /// timer and orders `Abandon`. Its Shutdown follows at once (every caller orders it).
-    pub(crate) fn abandon(&mut self, sandbox: SandboxId) {
+    pub(crate) fn abandon(&mut self, sandbox: SandboxIx) {
         if self.stop_awaiting(sandbox) {
             self.order_abandon(sandbox);
         }
@@ -1033,8 +1034,8 @@ impl Lifecycle {
 
     /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, without ordering
     /// `Abandon` yet; whether there was one. The caller orders it right before the Shutdown.
-    fn stop_awaiting(&mut self, sandbox: SandboxId) -> bool {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+    fn stop_awaiting(&mut self, sandbox: SandboxIx) -> bool {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         if !matches!(
             x.awaiting,
             Awaiting::Start | Awaiting::Stop | Awaiting::Persist
@@ -1046,19 +1047,24 @@ impl Lifecycle {
         true
     }
 
-    fn order_abandon(&mut self, sandbox: SandboxId) {
+    fn order_abandon(&mut self, sandbox: SandboxIx) {
         self.stats.abandoned += 1;
-        tracing::debug!(sandbox = %sandbox, "abandon");
-        self.commands.push_back(Command::Abandon { sandbox });
+        tracing::debug!(sandbox = %self.sid(sandbox), "abandon");
+        self.commands.push_back(Command::Abandon {
+            sandbox: self.sid(sandbox),
+        });
     }
 
     /// Orders the sandbox's one Shutdown.
-    pub(crate) fn shutdown(&mut self, sandbox: SandboxId) {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
-        debug_assert!(!x.shutdown_ordered, "shutdown ordered twice for {sandbox}");
+    pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(
+            !x.shutdown_ordered,
+            "shutdown ordered twice for {sandbox:?}"
+        );
         debug_assert!(
             x.awaiting == Awaiting::Nothing,
-            "shutdown of {sandbox} while awaiting {:?}",
+            "shutdown of {sandbox:?} while awaiting {:?}",
             x.awaiting
         );
         debug_assert!(x.is_managed());
@@ -1072,18 +1078,20 @@ impl Lifecycle {
         self.leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         self.stats.shutdowns_ordered += 1;
-        tracing::debug!(sandbox = %sandbox, "shutdown");
-        self.commands
-            .push_back(Command::Shutdown { sandbox, deadline });
+        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
+        self.commands.push_back(Command::Shutdown {
+            sandbox: self.sid(sandbox),
+            deadline,
+        });
         self.key_lets_go(key, sandbox);
     }
 
     /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
-    fn suspended(&mut self, sandbox: SandboxId) {
-        tracing::debug!(sandbox = %sandbox, "suspended");
+    fn suspended(&mut self, sandbox: SandboxIx) {
+        tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
         self.stats.suspended += 1;
         self.close_note_suspended(sandbox);
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Dead;
         x.awaiting = Awaiting::Nothing;
         let key = x.key;
@@ -1092,7 +1100,7 @@ impl Lifecycle {
     }
 
     /// The key no longer waits on the sandbox: queued calls may start a new one.
-    fn key_lets_go(&mut self, key: KeyIx, sandbox: SandboxId) {
+    fn key_lets_go(&mut self, key: KeyIx, sandbox: SandboxIx) {
         if let Some(slot) = self.keys.get_mut(key) {
             if slot.current == Some(sandbox) {
                 slot.current = None;
@@ -1105,26 +1113,27 @@ impl Lifecycle {
         self.keys.forget_if_empty(key);
     }
 
-    fn shutdown_answered(&mut self, sandbox: SandboxId) {
+    fn shutdown_answered(&mut self, sandbox: SandboxIx) {
         self.cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(&sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.dirty.push(sandbox);
     }
 
-    pub(crate) fn unconfirmed(&mut self, sandbox: SandboxId) {
+    pub(crate) fn unconfirmed(&mut self, sandbox: SandboxIx) {
         self.stats.shutdowns_unconfirmed += 1;
         self.close_note_unconfirmed(sandbox);
-        self.events
-            .push_back(Event::ShutdownUnconfirmed { sandbox });
+        self.events.push_back(Event::ShutdownUnconfirmed {
+            sandbox: self.sid(sandbox),
+        });
     }
 
     /// A start that failed, timed out or died: its calls fail, it is cleaned up.
-    fn fail_start(&mut self, sandbox: SandboxId, error: ErrorKind) {
+    fn fail_start(&mut self, sandbox: SandboxIx, error: ErrorKind) {
         // A start that failed was answered; one that timed out or died is abandoned (ordered
         // right before its Shutdown, after the calls' ends, which may start other sandboxes).
         let abandoned = self.stop_awaiting(sandbox);
         self.cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         let key = x.key;
         if let Some(slot) = self.keys.get_mut(key) {
             if slot.current == Some(sandbox) {
@@ -1135,7 +1144,7 @@ impl Lifecycle {
         for call in self.calls.by_name_order(starters) {
             self.end_call(call, EndHow::Failed(error));
         }
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
         debug_assert!(x.is_managed() && !x.shutdown_ordered);
         if error == ErrorKind::SandboxGone {
@@ -1151,10 +1160,10 @@ impl Lifecycle {
     }
 
     /// The backend reported the sandbox gone.
-    pub(crate) fn died(&mut self, sandbox: SandboxId) {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+    pub(crate) fn died(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         let previous = x.state;
-        tracing::warn!(sandbox = %sandbox, state = ?previous, "sandbox died");
+        tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
         self.stats.deaths += 1;
         if previous == SandboxState::Starting {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
@@ -1167,17 +1176,17 @@ impl Lifecycle {
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
         let abandoned = self.stop_awaiting(sandbox);
-        if self.sandboxes[&sandbox].awaiting != Awaiting::Shutdown {
+        if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
             self.cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
             self.events.push_back(Event::SandboxLost {
                 call: self.calls[call].id.clone(),
-                sandbox,
+                sandbox: self.sid(sandbox),
             });
         }
         self.leave_uploads(sandbox, DropReason::SandboxGone);
-        let x = &self.sandboxes[&sandbox];
+        let x = &self.sandboxes[sandbox];
         if x.is_managed() && !x.shutdown_ordered {
             if abandoned {
                 self.order_abandon(sandbox);
@@ -1194,15 +1203,15 @@ impl Lifecycle {
 
     /// Sets the sandbox's one timer `after` from now, replacing the one it had; returns its
     /// instant.
-    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxId, after: Duration) -> Instant {
+    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
         self.cancel_sandbox_timer(sandbox);
         let at = self.timers.set(self.now + after, Timer::Sandbox(sandbox));
-        self.sandboxes.get_mut(&sandbox).expect("live").deadline = Some(at);
+        self.sandboxes.get_mut(sandbox).expect("live").deadline = Some(at);
         at.at
     }
 
-    pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxId) {
-        if let Some(x) = self.sandboxes.get_mut(&sandbox) {
+    pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxIx) {
+        if let Some(x) = self.sandboxes.get_mut(sandbox) {
             if let Some(at) = x.deadline.take() {
                 self.timers.cancel(at);
             }
@@ -1214,32 +1223,32 @@ impl Lifecycle {
             Timer::Sandbox(sandbox) => {
                 let x = self
                     .sandboxes
-                    .get_mut(&sandbox)
+                    .get_mut(sandbox)
                     .expect("timer of a live sandbox");
                 debug_assert_eq!(x.deadline, Some(at));
                 x.deadline = None;
                 match (x.state, x.awaiting) {
                     (SandboxState::Starting, Awaiting::Start) => {
-                        tracing::debug!(sandbox = %sandbox, "start timed out");
+                        tracing::debug!(sandbox = %self.sid(sandbox), "start timed out");
                         self.stats.starts_timed_out += 1;
                         self.fail_start(sandbox, ErrorKind::StartTimeout);
                     }
                     (SandboxState::Idle, _) => {
-                        tracing::debug!(sandbox = %sandbox, "idle timeout");
+                        tracing::debug!(sandbox = %self.sid(sandbox), "idle timeout");
                         self.begin_drain(sandbox);
                     }
                     (SandboxState::Draining, _) => {
-                        tracing::debug!(sandbox = %sandbox, "drain deadline");
+                        tracing::debug!(sandbox = %self.sid(sandbox), "drain deadline");
                         self.stats.drain_deadlines += 1;
                         self.end_drain(sandbox, DropReason::DrainDeadline);
                     }
                     (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
-                        tracing::debug!(sandbox = %sandbox, "stop or persist timed out");
+                        tracing::debug!(sandbox = %self.sid(sandbox), "stop or persist timed out");
                         self.abandon(sandbox);
                         self.shutdown(sandbox);
                     }
                     (_, Awaiting::Shutdown) => {
-                        tracing::warn!(sandbox = %sandbox, "shutdown timed out");
+                        tracing::warn!(sandbox = %self.sid(sandbox), "shutdown timed out");
                         self.unconfirmed(sandbox);
                         self.shutdown_answered(sandbox);
                     }
@@ -1263,7 +1272,7 @@ impl Lifecycle {
         match timer {
             Timer::Sandbox(x) => self
                 .sandboxes
-                .get(x)
+                .get(*x)
                 .is_some_and(|x| x.deadline == Some(at)),
             Timer::Upload(u) => self.uploads.get(u).is_some_and(|u| u.deadline == at),
             Timer::Retry(session, slot) => self
@@ -1310,12 +1319,12 @@ impl Lifecycle {
             let Some(sandbox) = self.dirty.pop() else {
                 break;
             };
-            let Some(x) = self.sandboxes.get(&sandbox) else {
+            let Some(x) = self.sandboxes.get(sandbox) else {
                 continue;
             };
             match x.state {
                 SandboxState::Draining if x.uploads.is_empty() && x.busy_sessions == 0 => {
-                    tracing::debug!(sandbox = %sandbox, "drained");
+                    tracing::debug!(sandbox = %self.sid(sandbox), "drained");
                     self.end_drain(sandbox, DropReason::DrainDeadline);
                 }
                 SandboxState::Dead | SandboxState::ShuttingDown
@@ -1323,7 +1332,7 @@ impl Lifecycle {
                 {
                     debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
                     let key = x.key;
-                    self.sandboxes.remove(&sandbox);
+                    self.sandboxes.remove(sandbox);
                     self.key_lets_go(key, sandbox);
                 }
                 _ => {}

@@ -11,11 +11,11 @@ use std::num::NonZeroU64;
 use crate::command::Command;
 use crate::error::{DropReason, Error};
 use crate::event::{Event, Settlement};
-use crate::ids::{Payload, SandboxId, UploadId, Version};
+use crate::ids::{Payload, UploadId, Version};
 use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
-use crate::sandbox::SandboxState;
+use crate::sandbox::{SandboxIx, SandboxState};
 use crate::session::{Session, SessionIx, Upload};
 use crate::time::Instant;
 use crate::timer::Timer;
@@ -180,7 +180,9 @@ impl Lifecycle {
             up.session,
             up.slot,
             up.version,
-            Settlement::Uploaded { sandbox },
+            Settlement::Uploaded {
+                sandbox: self.sid(sandbox),
+            },
         );
         self.pump(up.session);
         self.session_changed(up.session);
@@ -223,7 +225,7 @@ impl Lifecycle {
                         reason: DropReason::SandboxGone,
                     },
                 );
-                if self.sandboxes[&sandbox].state != SandboxState::Dead {
+                if self.sandboxes[sandbox].state != SandboxState::Dead {
                     self.died(sandbox);
                 }
             }
@@ -285,7 +287,7 @@ impl Lifecycle {
         self.timers.cancel(up.deadline);
         let x = self
             .sandboxes
-            .get_mut(&up.sandbox)
+            .get_mut(up.sandbox)
             .expect("sandbox of an upload");
         x.uploads.remove(&upload);
         self.dirty.push(up.sandbox);
@@ -308,7 +310,7 @@ impl Lifecycle {
         tracing::debug!(upload = %upload, session = %self.sessions[up.session].id, "upload timed out");
         self.commands.push_back(Command::CancelUpload {
             upload,
-            sandbox: up.sandbox,
+            sandbox: self.sid(up.sandbox),
         });
         self.settle(
             up.session,
@@ -364,12 +366,13 @@ impl Lifecycle {
         let Some(target) = s.target else {
             return;
         };
-        let x = self.sandboxes.get_mut(&target).expect("target sandbox");
+        let x = self.sandboxes.get_mut(target).expect("target sandbox");
         debug_assert!(
             x.state.accepts_uploads(),
-            "target {target} is {:?}",
+            "target {target:?} is {:?}",
             x.state
         );
+        let x_id = x.id;
         let mut expired = Vec::new();
         let s = &mut self.sessions[session];
         for (i, slot) in s.paths.iter_mut().enumerate() {
@@ -410,10 +413,10 @@ impl Lifecycle {
                 },
             );
             self.stats.uploads_ordered += 1;
-            tracing::trace!(upload = %upload, session = %s.id, sandbox = %target, version = %version, "upload");
+            tracing::trace!(upload = %upload, session = %s.id, sandbox = %x_id, version = %version, "upload");
             self.commands.push_back(Command::Upload {
                 upload,
-                sandbox: target,
+                sandbox: x_id,
                 session: s.id.clone(),
                 path: slot.path.clone(),
                 version,
@@ -446,7 +449,7 @@ impl Lifecycle {
         let mut target = None;
         for call in &s.ready {
             let x = self.calls[*call].sandbox().expect("ready call is bound");
-            if self.sandboxes[&x].state.accepts_uploads() {
+            if self.sandboxes[x].state.accepts_uploads() {
                 target = Some(x);
                 break;
             }
@@ -456,7 +459,7 @@ impl Lifecycle {
             if let Some(linger) = s.linger {
                 if self
                     .sandboxes
-                    .get(&linger)
+                    .get(linger)
                     .is_some_and(|x| x.state.accepts_uploads())
                 {
                     target = Some(linger);
@@ -467,11 +470,11 @@ impl Lifecycle {
         }
         if target != s.target {
             if let Some(old) = s.target {
-                let x = self.sandboxes.get_mut(&old).expect("old target");
+                let x = self.sandboxes.get_mut(old).expect("old target");
                 x.targeting.remove(&session);
             }
             if let Some(new) = target {
-                let x = self.sandboxes.get_mut(&new).expect("new target");
+                let x = self.sandboxes.get_mut(new).expect("new target");
                 x.targeting.insert(session);
             }
             tracing::trace!(session = %s.id, target = ?target, "mirror target");
@@ -507,8 +510,8 @@ impl Lifecycle {
 
     /// The sandbox no longer accepts uploads (its state already says so): uploads in flight into
     /// it are cancelled and dropped with `reason`, and the sessions that targeted it move on.
-    pub(crate) fn leave_uploads(&mut self, sandbox: SandboxId, reason: DropReason) {
-        let x = self.sandboxes.get_mut(&sandbox).expect("live");
+    pub(crate) fn leave_uploads(&mut self, sandbox: SandboxIx, reason: DropReason) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(!x.state.accepts_uploads());
         if x.uploads.is_empty() && x.targeting.is_empty() {
             return;
@@ -524,8 +527,10 @@ impl Lifecycle {
             let slot = &mut self.sessions[up.session].paths[up.slot];
             slot.inflight = None;
             slot.attempts = 0;
-            self.commands
-                .push_back(Command::CancelUpload { upload, sandbox });
+            self.commands.push_back(Command::CancelUpload {
+                upload,
+                sandbox: self.sid(sandbox),
+            });
             self.settle(
                 up.session,
                 up.slot,
@@ -563,13 +568,13 @@ impl Lifecycle {
         let busy_on = if busy { s.target } else { None };
         if busy_on != s.busy_on {
             if let Some(old) = s.busy_on {
-                if let Some(x) = self.sandboxes.get_mut(&old) {
+                if let Some(x) = self.sandboxes.get_mut(old) {
                     x.busy_sessions -= 1;
                 }
                 self.dirty.push(old);
             }
             if let Some(new) = busy_on {
-                self.sandboxes.get_mut(&new).expect("target").busy_sessions += 1;
+                self.sandboxes.get_mut(new).expect("target").busy_sessions += 1;
             }
             s.busy_on = busy_on;
         }

@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::call::{CallIx, KeyIx};
-use crate::ids::{Snapshot, UploadId};
+use crate::ids::{SandboxId, Snapshot, UploadId};
+use crate::map::Map;
 use crate::name::ExternalId;
 use crate::session::SessionIx;
 use crate::small_set::SmallSet;
@@ -65,8 +66,17 @@ pub(crate) enum Awaiting {
     Shutdown,
 }
 
+slotmap::new_key_type! {
+    /// A tracked sandbox's place in the sandbox table. Records refer to sandboxes by it; a
+    /// [`SandboxId`] is looked up once, where an answer or report comes in
+    /// ([`Sandboxes::find`]).
+    pub(crate) struct SandboxIx;
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Sandbox {
+    /// Its id, as commands and events name it.
+    pub(crate) id: SandboxId,
     pub(crate) key: KeyIx,
     pub(crate) owner: Ownership,
     pub(crate) state: SandboxState,
@@ -87,8 +97,9 @@ pub(crate) struct Sandbox {
 }
 
 impl Sandbox {
-    pub(crate) fn new(key: KeyIx, owner: Ownership, state: SandboxState) -> Self {
+    fn new(id: SandboxId, key: KeyIx, owner: Ownership, state: SandboxState) -> Self {
         Sandbox {
+            id,
             key,
             owner,
             state,
@@ -105,5 +116,115 @@ impl Sandbox {
 
     pub(crate) fn is_managed(&self) -> bool {
         self.owner == Ownership::Managed
+    }
+}
+
+/// The sandboxes the core tracks: records in a generational slab, the index from ids to places,
+/// and the next id to hand out (ids are never reused: a late answer names a sandbox that is
+/// gone, never another one).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Sandboxes {
+    records: slotmap::SlotMap<SandboxIx, Sandbox>,
+    by_id: Map<SandboxId, SandboxIx>,
+    next_id: u64,
+}
+
+impl Sandboxes {
+    /// Tracks a new sandbox under the next id.
+    pub(crate) fn create(
+        &mut self,
+        key: KeyIx,
+        owner: Ownership,
+        state: SandboxState,
+    ) -> SandboxIx {
+        let id = SandboxId(self.next_id);
+        self.next_id += 1;
+        let ix = self.records.insert(Sandbox::new(id, key, owner, state));
+        self.by_id.insert(id, ix);
+        ix
+    }
+
+    /// The place of the tracked sandbox `id`. The one lookup of a sandbox id per input.
+    pub(crate) fn find(&self, id: SandboxId) -> Option<SandboxIx> {
+        self.by_id.get(&id).copied()
+    }
+
+    /// Whether `id` was ever handed out.
+    pub(crate) fn was_handed_out(&self, id: SandboxId) -> bool {
+        id.0 < self.next_id
+    }
+
+    /// The sandbox at `ix`, if it is still tracked.
+    pub(crate) fn get(&self, ix: SandboxIx) -> Option<&Sandbox> {
+        self.records.get(ix)
+    }
+
+    /// The sandbox at `ix`, if it is still tracked.
+    pub(crate) fn get_mut(&mut self, ix: SandboxIx) -> Option<&mut Sandbox> {
+        self.records.get_mut(ix)
+    }
+
+    /// Forgets a sandbox.
+    pub(crate) fn remove(&mut self, ix: SandboxIx) -> Sandbox {
+        let x = self.records.remove(ix).expect("a tracked sandbox");
+        self.by_id.remove(&x.id);
+        x
+    }
+
+    /// Sandboxes tracked.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether none is tracked.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Every sandbox, in no order that may reach an output.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SandboxIx, &Sandbox)> {
+        self.records.iter()
+    }
+
+    /// The tracked sandboxes for which `pick` holds, in id order (the order in which several
+    /// sandboxes reach an output).
+    pub(crate) fn in_id_order(&self, pick: impl Fn(&Sandbox) -> bool) -> Vec<SandboxIx> {
+        let mut picked: Vec<(SandboxId, SandboxIx)> = self
+            .records
+            .iter()
+            .filter(|(_, x)| pick(x))
+            .map(|(ix, x)| (x.id, ix))
+            .collect();
+        picked.sort_unstable();
+        picked.into_iter().map(|(_, ix)| ix).collect()
+    }
+
+    /// Whether the id index and the records agree (for the invariant check).
+    pub(crate) fn index_agrees(&self) -> bool {
+        self.by_id.len() == self.records.len()
+            && self
+                .by_id
+                .iter()
+                .all(|(id, ix)| self.records.get(*ix).is_some_and(|x| x.id == *id))
+    }
+
+    /// Forgets every sandbox (close finished); ids keep counting.
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.by_id.clear();
+    }
+}
+
+impl std::ops::Index<SandboxIx> for Sandboxes {
+    type Output = Sandbox;
+
+    fn index(&self, ix: SandboxIx) -> &Sandbox {
+        &self.records[ix]
+    }
+}
+
+impl std::ops::IndexMut<SandboxIx> for Sandboxes {
+    fn index_mut(&mut self, ix: SandboxIx) -> &mut Sandbox {
+        &mut self.records[ix]
     }
 }

@@ -12,9 +12,10 @@ use std::ops::{Deref, DerefMut};
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
-use crate::ids::{Payload, SandboxId, UploadId, Version};
+use crate::ids::{Payload, UploadId, Version};
 use crate::map::Map;
 use crate::name::{CallId, PathName, SessionId};
+use crate::sandbox::SandboxIx;
 use crate::time::Instant;
 use crate::timer::TimerRef;
 
@@ -100,7 +101,7 @@ pub(crate) struct Upload {
     /// The path's slot in its session (slots are never removed, so the place is stable).
     pub(crate) slot: usize,
     pub(crate) version: Version,
-    pub(crate) sandbox: SandboxId,
+    pub(crate) sandbox: SandboxIx,
     pub(crate) payload: Payload,
     pub(crate) deadline: TimerRef,
     /// Failed attempts before this one.
@@ -131,15 +132,15 @@ pub(crate) struct Live {
     /// Live calls still waiting or starting: a sandbox is coming.
     pub(crate) coming: u32,
     /// The sandbox of the session's last released call, while it accepts uploads.
-    pub(crate) linger: Option<SandboxId>,
+    pub(crate) linger: Option<SandboxIx>,
     /// Where its mirror goes now: the first ready call's sandbox that accepts uploads, else the
     /// linger sandbox.
-    pub(crate) target: Option<SandboxId>,
+    pub(crate) target: Option<SandboxIx>,
     /// The sandbox whose `busy_sessions` counts this session.
-    pub(crate) busy_on: Option<SandboxId>,
+    pub(crate) busy_on: Option<SandboxIx>,
     pub(crate) holds: u32,
     /// Released calls whose release has not completed, with their sandbox.
-    pub(crate) releasing: Vec<(CallId, SandboxId)>,
+    pub(crate) releasing: Vec<(CallId, SandboxIx)>,
     /// Whether it had unsettled versions when last looked at (for `MirrorSettled`).
     pub(crate) unsettled: bool,
 }

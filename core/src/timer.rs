@@ -6,7 +6,8 @@ use std::collections::BinaryHeap;
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
-use crate::ids::{SandboxId, UploadId};
+use crate::ids::UploadId;
+use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
 use crate::time::Instant;
 
@@ -16,7 +17,7 @@ pub(crate) enum Timer {
     /// The sandbox's current state has a deadline: Starting (start timeout), Idle (warm idle
     /// timeout), Draining (drain deadline), Stopping, Persisting or ShuttingDown (command
     /// timeout). One per sandbox: a state change replaces it.
-    Sandbox(SandboxId),
+    Sandbox(SandboxIx),
     /// An upload attempt's timeout.
     Upload(UploadId),
     /// A retry of a (session, path) after a transient upload failure.

@@ -43,6 +43,16 @@ fn session_s(v: &mut Value) -> &mut Value {
     &mut v["sessions"]["records"][1]["value"]
 }
 
+/// The record of sandbox 0, the only sandbox these cores ever had.
+fn sandbox_0(v: &mut Value) -> &mut Value {
+    &mut v["sandboxes"]["records"][1]["value"]
+}
+
+/// How records refer to sandbox 0 (the first place of its table).
+fn sandbox_0_ref() -> Value {
+    json!({ "idx": 1, "version": 1 })
+}
+
 /// How records refer to call `a`.
 fn call_a_ref() -> Value {
     json!({ "idx": 1, "version": 1 })
@@ -65,7 +75,7 @@ fn valid_states_pass() {
 #[test]
 fn a_ready_call_on_a_starting_sandbox_is_reported() {
     let core = corrupt(&starting(), |v| {
-        call_a(v)["state"] = json!({ "Ready": 0 });
+        call_a(v)["state"] = json!({ "Ready": sandbox_0_ref() });
         // The session agrees, so only the sandbox's view is wrong.
         session_s(v)["live"]["ready"] = json!([call_a_ref()]);
         session_s(v)["live"]["coming"] = json!(0);
@@ -76,12 +86,12 @@ fn a_ready_call_on_a_starting_sandbox_is_reported() {
 #[test]
 fn a_starting_call_on_a_running_sandbox_is_reported() {
     let core = corrupt(&running(), |v| {
-        call_a(v)["state"] = json!({ "Starting": 0 });
+        call_a(v)["state"] = json!({ "Starting": sandbox_0_ref() });
         // The session agrees, so only the sandbox's view is wrong.
         session_s(v)["live"]["ready"] = json!([]);
         session_s(v)["live"]["coming"] = json!(1);
         session_s(v)["live"]["target"] = json!(null);
-        v["sandboxes"]["0"]["targeting"] = json!("Empty");
+        sandbox_0(v)["targeting"] = json!("Empty");
     });
     assert_eq!(broken(&core), "bound-calls");
 }
@@ -89,7 +99,7 @@ fn a_starting_call_on_a_running_sandbox_is_reported() {
 #[test]
 fn a_call_on_a_sandbox_that_cannot_hold_calls_is_reported() {
     let core = corrupt(&running(), |v| {
-        v["sandboxes"]["0"]["state"] = json!("stopping");
+        sandbox_0(v)["state"] = json!("stopping");
     });
     assert_eq!(broken(&core), "bound-calls");
 }
@@ -99,7 +109,7 @@ fn a_deadline_missing_from_the_timer_table_is_reported() {
     let core = corrupt(&starting(), |v| {
         // The sandbox remembers a timer the table does not hold; the table still holds one
         // timer for one deadline, so only looking the deadline up can tell.
-        v["sandboxes"]["0"]["deadline"]["seq"] = json!(7);
+        sandbox_0(v)["deadline"]["seq"] = json!(7);
     });
     assert_eq!(broken(&core), "timers");
 }
@@ -127,4 +137,12 @@ fn a_key_index_that_misses_its_slot_is_reported() {
         v["keys"]["by_key"]["session:s"]["version"] = json!(3);
     });
     assert_eq!(broken(&core), "key-index");
+}
+
+#[test]
+fn an_id_index_that_misses_its_sandbox_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        v["sandboxes"]["by_id"]["0"]["version"] = json!(3);
+    });
+    assert_eq!(broken(&core), "sandbox-index");
 }
