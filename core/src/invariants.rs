@@ -60,7 +60,7 @@ impl Lifecycle {
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
     /// snapshot),
     /// `idle-count`, `closed` (nothing left after close), `call-index`, `session-index`,
-    /// `key-index` and `sandbox-index` (each index finds every record of its table and nothing
+    /// `key-index`, `sandbox-index` and `upload-index` (each index finds every record of its table and nothing
     /// else).
     pub fn check_invariants(&self) -> Result<(), Violation> {
         if let CloseState::Closed = self.close {
@@ -232,11 +232,11 @@ impl Lifecycle {
                 );
             }
             for upload in x.uploads.iter() {
-                let up = self.uploads.get(upload);
+                let up = self.uploads.get(*upload);
                 ensure!(
                     up.is_some_and(|u| u.sandbox == ix),
                     "uploads",
-                    "sandbox {id} lists upload {upload} which is not in flight into it"
+                    "sandbox {id} lists upload {upload:?} which is not in flight into it"
                 );
             }
         }
@@ -388,11 +388,11 @@ impl Lifecycle {
             for (i, slot) in s.paths.iter().enumerate() {
                 if let Some(u) = slot.inflight {
                     uploads_seen += 1;
-                    let up = self.uploads.get(&u);
+                    let up = self.uploads.get(u);
                     ensure!(
                         up.is_some_and(|up| up.session == ix && s.paths[up.slot].path == slot.path),
                         "uploads",
-                        "session {id} path {} has upload {u} in flight that is not its own",
+                        "session {id} path {} has upload {u:?} in flight that is not its own",
                         slot.path
                     );
                     let up = up.expect("checked");
@@ -459,11 +459,17 @@ impl Lifecycle {
             "{} sessions counted idle, {idle} are",
             self.sessions.idle.count
         );
-        for (u, up) in &self.uploads {
+        ensure!(
+            self.uploads.index_agrees(),
+            "upload-index",
+            "the upload id index and the upload records disagree"
+        );
+        for (ix, up) in self.uploads.iter() {
+            let u = &up.id;
             ensure!(
                 self.sandboxes
                     .get(up.sandbox)
-                    .is_some_and(|x| x.state.accepts_uploads() && x.uploads.contains(u)),
+                    .is_some_and(|x| x.state.accepts_uploads() && x.uploads.contains(&ix)),
                 "uploads",
                 "upload {u} in flight into {:?} which does not accept uploads",
                 up.sandbox

@@ -177,6 +177,7 @@
 //! | `call.rs` | call records, isolation-key slots, the memory of ended calls |
 //! | `session.rs` | session records: ready calls, mirror slots per path, holds, pending releases, idle records |
 //! | `sandbox.rs` | sandbox records and [`SandboxState`] |
+//! | `upload.rs` | uploads in flight |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
@@ -204,6 +205,7 @@ mod small_set;
 mod stats;
 mod time;
 mod timer;
+mod upload;
 
 pub use call::{CallSpec, CallStatus};
 pub use command::Command;

@@ -13,13 +13,13 @@ use crate::config::{Config, ReleasePolicy, SameKey, Scope};
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
-use crate::map::Map;
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
-use crate::session::{SessionIx, Sessions, Upload};
+use crate::session::{SessionIx, Sessions};
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
+use crate::upload::Uploads;
 
 /// The sans-IO lifecycle and mirror state machine of one agent's sandboxes.
 ///
@@ -46,12 +46,11 @@ pub struct Lifecycle {
     pub(crate) sessions: Sessions,
     pub(crate) sandboxes: Sandboxes,
     pub(crate) keys: Keys,
-    pub(crate) uploads: Map<crate::ids::UploadId, Upload>,
+    pub(crate) uploads: Uploads,
     pub(crate) timers: Timers,
     pub(crate) commands: VecDeque<Command>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) ended: EndedCalls,
-    pub(crate) next_upload: u64,
     /// Calls queued behind their keys, over all keys.
     pub(crate) waiting: usize,
     pub(crate) close: CloseState,
@@ -77,12 +76,11 @@ impl Lifecycle {
             sessions: Sessions::default(),
             sandboxes: Sandboxes::default(),
             keys: Keys::default(),
-            uploads: Map::default(),
+            uploads: Uploads::default(),
             timers: Timers::default(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
             ended: EndedCalls::default(),
-            next_upload: 0,
             waiting: 0,
             close: CloseState::Open,
             stats: Stats::default(),
@@ -1274,7 +1272,7 @@ impl Lifecycle {
                 .sandboxes
                 .get(*x)
                 .is_some_and(|x| x.deadline == Some(at)),
-            Timer::Upload(u) => self.uploads.get(u).is_some_and(|u| u.deadline == at),
+            Timer::Upload(u) => self.uploads.get(*u).is_some_and(|u| u.deadline == at),
             Timer::Retry(session, slot) => self
                 .sessions
                 .get(*session)

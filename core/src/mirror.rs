@@ -16,9 +16,11 @@ use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
 use crate::sandbox::{SandboxIx, SandboxState};
-use crate::session::{Session, SessionIx, Upload};
+use crate::session::{Session, SessionIx};
 use crate::time::Instant;
 use crate::timer::Timer;
+use crate::timer::TimerRef;
+use crate::upload::{Upload, UploadIx};
 
 impl Lifecycle {
     // ------------------------------------------------------------------------------------------
@@ -276,20 +278,21 @@ impl Lifecycle {
     /// Removes an awaited upload from every record; `None` for a stale one.
     fn take_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
         self.check_not_closed("answer")?;
-        let Some(up) = self.uploads.remove(&upload) else {
-            if upload.0 < self.next_upload {
+        let Some(ix) = self.uploads.find(upload) else {
+            if self.uploads.was_handed_out(upload) {
                 tracing::debug!(upload = %upload, "stale upload answer ignored");
                 self.stats.stale_answers += 1;
                 return Ok(None);
             }
             return Err(Error::UnknownUpload { upload });
         };
+        let up = self.uploads.remove(ix);
         self.timers.cancel(up.deadline);
         let x = self
             .sandboxes
             .get_mut(up.sandbox)
             .expect("sandbox of an upload");
-        x.uploads.remove(&upload);
+        x.uploads.remove(&ix);
         self.dirty.push(up.sandbox);
         let slot = &mut self.sessions[up.session].paths[up.slot];
         slot.inflight = None;
@@ -297,9 +300,10 @@ impl Lifecycle {
         Ok(Some(up))
     }
 
-    pub(crate) fn upload_timed_out(&mut self, upload: UploadId) {
-        let up = self.uploads.get(&upload).expect("timer of a live upload");
+    pub(crate) fn upload_timed_out(&mut self, upload: UploadIx) {
+        let up = &self.uploads[upload];
         let deadline = up.deadline;
+        let upload = up.id;
         // take_upload cancels the timer, which has already fired: harmless.
         let up = self
             .take_upload(upload)
@@ -391,27 +395,23 @@ impl Lifecycle {
                 expired.push((i, version));
                 continue;
             }
-            let upload = UploadId(self.next_upload);
-            self.next_upload += 1;
-            let deadline = self
-                .timers
-                .set(since + self.config.upload_timeout, Timer::Upload(upload));
-            let until = deadline.at;
-            slot.inflight = Some(upload);
-            x.uploads.insert(upload);
-            self.uploads.insert(
-                upload,
-                Upload {
-                    session,
-                    slot: i,
-                    version,
-                    sandbox: target,
-                    payload: payload.clone(),
-                    deadline,
-                    attempts: slot.attempts,
-                    since,
-                },
-            );
+            let upload = self.uploads.next_id();
+            let until = since + self.config.upload_timeout;
+            let ix = self.uploads.insert(Upload {
+                id: upload,
+                session,
+                slot: i,
+                version,
+                sandbox: target,
+                payload: payload.clone(),
+                deadline: TimerRef::UNSET,
+                attempts: slot.attempts,
+                since,
+            });
+            let deadline = self.timers.set(until, Timer::Upload(ix));
+            self.uploads[ix].deadline = deadline;
+            slot.inflight = Some(ix);
+            x.uploads.insert(ix);
             self.stats.uploads_ordered += 1;
             tracing::trace!(upload = %upload, session = %s.id, sandbox = %x_id, version = %version, "upload");
             self.commands.push_back(Command::Upload {
@@ -516,13 +516,16 @@ impl Lifecycle {
         if x.uploads.is_empty() && x.targeting.is_empty() {
             return;
         }
-        let uploads = x.uploads.take();
+        let uploads = self
+            .uploads
+            .in_id_order(x.uploads.take().into_iter().collect());
         let sessions = self
             .sessions
             .by_name_order(x.targeting.iter().copied().collect());
         let mut touched = Vec::new();
         for upload in uploads {
-            let up = self.uploads.remove(&upload).expect("upload of a sandbox");
+            let up = self.uploads.remove(upload);
+            let upload = up.id;
             self.timers.cancel(up.deadline);
             let slot = &mut self.sessions[up.session].paths[up.slot];
             slot.inflight = None;
@@ -586,7 +589,7 @@ impl Lifecycle {
             releasing.retain(|(call, x)| {
                 let in_flight = paths
                     .iter()
-                    .any(|p| p.inflight.is_some_and(|u| uploads[&u].sandbox == *x));
+                    .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == *x));
                 let done = busy_on != Some(*x) && !in_flight;
                 if done {
                     tracing::debug!(call = %call, "release completed");

@@ -3,12 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use crate::call::{CallIx, KeyIx};
-use crate::ids::{SandboxId, Snapshot, UploadId};
+use crate::ids::{SandboxId, Snapshot};
 use crate::map::Map;
 use crate::name::ExternalId;
 use crate::session::SessionIx;
 use crate::small_set::SmallSet;
 use crate::timer::TimerRef;
+use crate::upload::UploadIx;
 
 /// Where a sandbox is in its life, as the core decides it. A sandbox's liveness is this state,
 /// never a flag on a backend object.
@@ -84,7 +85,7 @@ pub(crate) struct Sandbox {
     /// Live calls bound to it (starting or ready): its reference count is this set's size.
     pub(crate) bound: SmallSet<CallIx>,
     /// Uploads in flight into it.
-    pub(crate) uploads: SmallSet<UploadId>,
+    pub(crate) uploads: SmallSet<UploadIx>,
     /// Sessions whose mirror targets it.
     pub(crate) targeting: SmallSet<SessionIx>,
     /// How many of those have pending work or holds.

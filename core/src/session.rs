@@ -12,12 +12,13 @@ use std::ops::{Deref, DerefMut};
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
-use crate::ids::{Payload, UploadId, Version};
+use crate::ids::{Payload, Version};
 use crate::map::Map;
 use crate::name::{CallId, PathName, SessionId};
 use crate::sandbox::SandboxIx;
 use crate::time::Instant;
 use crate::timer::TimerRef;
+use crate::upload::UploadIx;
 
 slotmap::new_key_type! {
     /// A session record's place in the session table. Records refer to sessions by it; a
@@ -40,7 +41,7 @@ pub(crate) struct SlotWork {
     /// The newest flushed version not yet ordered uploaded.
     pub(crate) pending: Option<(Version, Payload)>,
     /// The upload in flight, if any.
-    pub(crate) inflight: Option<UploadId>,
+    pub(crate) inflight: Option<UploadIx>,
     /// Failed attempts of the pending version.
     pub(crate) attempts: u32,
     /// When the pending version's first attempt began: all its attempts end by this plus the
@@ -92,22 +93,6 @@ impl DerefMut for Slot {
     fn deref_mut(&mut self) -> &mut SlotWork {
         self.work.get_or_insert_with(Box::default)
     }
-}
-
-/// One upload in flight.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Upload {
-    pub(crate) session: SessionIx,
-    /// The path's slot in its session (slots are never removed, so the place is stable).
-    pub(crate) slot: usize,
-    pub(crate) version: Version,
-    pub(crate) sandbox: SandboxIx,
-    pub(crate) payload: Payload,
-    pub(crate) deadline: TimerRef,
-    /// Failed attempts before this one.
-    pub(crate) attempts: u32,
-    /// When the version's first attempt began.
-    pub(crate) since: Instant,
 }
 
 /// A session record: its paths inline, the rest boxed while live.

@@ -6,10 +6,10 @@ use std::collections::BinaryHeap;
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
-use crate::ids::UploadId;
 use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
 use crate::time::Instant;
+use crate::upload::UploadIx;
 
 /// What a deadline is for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,7 +19,7 @@ pub(crate) enum Timer {
     /// timeout). One per sandbox: a state change replaces it.
     Sandbox(SandboxIx),
     /// An upload attempt's timeout.
-    Upload(UploadId),
+    Upload(UploadIx),
     /// A retry of a (session, path) after a transient upload failure.
     Retry(SessionIx, usize),
     /// A queued call's wait timeout.

@@ -146,3 +146,21 @@ fn an_id_index_that_misses_its_sandbox_is_reported() {
     });
     assert_eq!(broken(&core), "sandbox-index");
 }
+
+#[test]
+fn an_id_index_that_misses_its_upload_is_reported() {
+    let mut core = running();
+    let s = SessionId::new("s").unwrap();
+    core.flush(
+        Instant::ZERO,
+        &s,
+        &PathName::session_log(),
+        Payload::default(),
+    )
+    .unwrap();
+    core.check_invariants().unwrap();
+    let core = corrupt(&core, |v| {
+        v["uploads"]["by_id"]["0"]["version"] = json!(3);
+    });
+    assert_eq!(broken(&core), "upload-index");
+}
