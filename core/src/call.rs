@@ -9,6 +9,7 @@ use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
 use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
+use crate::small_set::Few;
 use crate::timer::TimerRef;
 
 slotmap::new_key_type! {
@@ -179,7 +180,7 @@ impl Calls {
     }
 
     /// `calls` sorted by name: the order in which several calls reach an output.
-    pub(crate) fn by_name_order(&self, mut calls: Vec<CallIx>) -> Vec<CallIx> {
+    pub(crate) fn by_name_order(&self, mut calls: Few<CallIx>) -> Few<CallIx> {
         if calls.len() > 1 {
             calls.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
         }

@@ -20,6 +20,7 @@ use crate::name::{PathName, SessionId};
 use crate::sandbox::SandboxIx;
 use crate::sandbox::{Awaiting, SandboxState};
 use crate::session::SessionIx;
+use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
 
@@ -62,7 +63,7 @@ impl Lifecycle {
             blocked_by: None,
         };
 
-        let mut waiters: Vec<CallIx> = Vec::new();
+        let mut waiters: Few<CallIx> = Few::new();
         for (_, slot) in self.keys.iter_mut() {
             waiters.extend(std::mem::take(&mut slot.waiters));
         }
@@ -144,7 +145,7 @@ impl Lifecycle {
         tracing::info!("close: revoking what is left");
         self.close = CloseState::Revoked { grace, report };
 
-        let live: Vec<CallIx> = self.calls.iter().map(|(ix, _)| ix).collect();
+        let live: Few<CallIx> = self.calls.iter().map(|(ix, _)| ix).collect();
         for call in self.calls.by_name_order(live) {
             let name = self.calls[call].id.clone();
             if let Some(report) = self.close_report() {
@@ -153,7 +154,7 @@ impl Lifecycle {
             self.end_call(call, EndHow::Revoked);
         }
 
-        let held: Vec<SessionIx> = self
+        let held: Few<SessionIx> = self
             .sessions
             .iter()
             .filter(|(_, s)| s.holds > 0)

@@ -16,6 +16,7 @@ use crate::ids::{Key, SandboxId, Snapshot};
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::session::{SessionIx, Sessions};
+use crate::small_set::Few;
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
@@ -1138,7 +1139,7 @@ impl Lifecycle {
                 slot.current = None;
             }
         }
-        let starters: Vec<CallIx> = x.bound.iter().copied().collect();
+        let starters: Few<CallIx> = x.bound.iter().copied().collect();
         for call in self.calls.by_name_order(starters) {
             self.end_call(call, EndHow::Failed(error));
         }
@@ -1169,7 +1170,7 @@ impl Lifecycle {
         }
         x.state = SandboxState::Dead;
         let key = x.key;
-        let lost: Vec<CallIx> = x.bound.iter().copied().collect();
+        let lost: Few<CallIx> = x.bound.iter().copied().collect();
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).

@@ -17,6 +17,7 @@ use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
 use crate::sandbox::{SandboxIx, SandboxState};
 use crate::session::{Session, SessionIx};
+use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::Timer;
 use crate::timer::TimerRef;
@@ -377,7 +378,7 @@ impl Lifecycle {
             x.state
         );
         let x_id = x.id;
-        let mut expired = Vec::new();
+        let mut expired = Few::<(usize, Version)>::new();
         let s = &mut self.sessions[session];
         for (i, slot) in s.paths.iter_mut().enumerate() {
             if slot.inflight.is_some() || slot.retry_at.is_some() || slot.pending.is_none() {
@@ -489,7 +490,7 @@ impl Lifecycle {
 
     fn drop_pending(&mut self, session: SessionIx, reason: DropReason) {
         let s = &mut self.sessions[session];
-        let mut dropped = Vec::new();
+        let mut dropped = Few::<(usize, Version)>::new();
         for (i, slot) in s.paths.iter_mut().enumerate() {
             if slot.is_quiet() {
                 continue;
@@ -522,7 +523,7 @@ impl Lifecycle {
         let sessions = self
             .sessions
             .by_name_order(x.targeting.iter().copied().collect());
-        let mut touched = Vec::new();
+        let mut touched = Few::<SessionIx>::new();
         for upload in uploads {
             let up = self.uploads.remove(upload);
             let upload = up.id;

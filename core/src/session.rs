@@ -16,6 +16,7 @@ use crate::ids::{Payload, Version};
 use crate::map::Map;
 use crate::name::{CallId, PathName, SessionId};
 use crate::sandbox::SandboxIx;
+use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::TimerRef;
 use crate::upload::UploadIx;
@@ -113,7 +114,7 @@ pub(crate) struct Session {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Live {
     /// Live calls bound to a sandbox, in the order they became ready.
-    pub(crate) ready: Vec<CallIx>,
+    pub(crate) ready: Few<CallIx>,
     /// Live calls still waiting or starting: a sandbox is coming.
     pub(crate) coming: u32,
     /// The sandbox of the session's last released call, while it accepts uploads.
@@ -125,19 +126,19 @@ pub(crate) struct Live {
     pub(crate) busy_on: Option<SandboxIx>,
     pub(crate) holds: u32,
     /// Released calls whose release has not completed, with their sandbox.
-    pub(crate) releasing: Vec<(CallId, SandboxIx)>,
+    pub(crate) releasing: smallvec::SmallVec<[(CallId, SandboxIx); 1]>,
     /// Whether it had unsettled versions when last looked at (for `MirrorSettled`).
     pub(crate) unsettled: bool,
 }
 
 static NOT_LIVE: Live = Live {
-    ready: Vec::new(),
+    ready: Few::new_const(),
     coming: 0,
     linger: None,
     target: None,
     busy_on: None,
     holds: 0,
-    releasing: Vec::new(),
+    releasing: smallvec::SmallVec::new_const(),
     unsettled: false,
 };
 
@@ -299,7 +300,7 @@ impl Sessions {
     }
 
     /// `sessions` sorted by name: the order in which several sessions reach an output.
-    pub(crate) fn by_name_order(&self, mut sessions: Vec<SessionIx>) -> Vec<SessionIx> {
+    pub(crate) fn by_name_order(&self, mut sessions: Few<SessionIx>) -> Few<SessionIx> {
         if sessions.len() > 1 {
             sessions.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
         }

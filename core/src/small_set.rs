@@ -13,6 +13,10 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+/// A short list kept inline (no allocation up to four elements): the calls, sessions or
+/// uploads that one input hands on in order, and a session's ready calls.
+pub(crate) type Few<T> = smallvec::SmallVec<[T; 4]>;
+
 /// An ordered set, inline while it has at most one element.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) enum SmallSet<T: Ord> {

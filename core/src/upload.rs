@@ -6,6 +6,7 @@ use crate::ids::{Payload, UploadId, Version};
 use crate::map::Map;
 use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
+use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::TimerRef;
 
@@ -97,7 +98,7 @@ impl Uploads {
     }
 
     /// `uploads` in id order: the order in which several uploads reach an output.
-    pub(crate) fn in_id_order(&self, mut uploads: Vec<UploadIx>) -> Vec<UploadIx> {
+    pub(crate) fn in_id_order(&self, mut uploads: Few<UploadIx>) -> Few<UploadIx> {
         if uploads.len() > 1 {
             uploads.sort_by_key(|u| self.records[*u].id);
         }
