@@ -1,28 +1,28 @@
-//! Call records, isolation-key slots, and the memory of recently ended calls.
+//! Calls: what the application asks for ([`CallSpec`]), the call records and their table, the
+//! memory of recently ended calls, and the call inputs: acquire, binding to the key's sandbox
+//! (starting one when there is none), becoming ready, and ending (released, failed, revoked).
 
-use std::collections::VecDeque;
-
-use serde::{Deserialize, Serialize};
-
-use crate::ids::{Key, SandboxId, Snapshot, Spec};
+use crate::config::Scope;
+use crate::error::{DropReason, Error, ErrorKind};
+use crate::event::Event;
+use crate::ids::{Key, SandboxId, Spec};
+use crate::key::KeyIx;
+use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
-use crate::sandbox::SandboxIx;
+use crate::sandbox::{Ownership, SandboxIx, SandboxState};
 use crate::session::SessionIx;
 use crate::small_set::Few;
-use crate::timer::TimerRef;
+use crate::time::Instant;
+use crate::timer::{Timer, TimerRef};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 
 slotmap::new_key_type! {
     /// A live call's place in the call table. Records refer to calls by it; a call's name is
     /// hashed once, where it comes in ([`Calls::find`]). A place is reused after its call ended,
     /// with a new generation, so a stale one never finds the wrong call.
     pub(crate) struct CallIx;
-}
-
-slotmap::new_key_type! {
-    /// An isolation key's place in the key table. Calls and sandboxes refer to their key by it;
-    /// a key is hashed once per acquire ([`Keys::find`]).
-    pub(crate) struct KeyIx;
 }
 
 /// What the application asks for when it acquires a sandbox for a call.
@@ -202,47 +202,6 @@ impl std::ops::IndexMut<CallIx> for Calls {
     }
 }
 
-/// Per isolation key: which sandbox serves it, which one is retiring, who waits.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct KeySlot {
-    /// The key itself.
-    pub(crate) key: Key,
-    /// The sandbox calls of this key bind to: Starting, Running, Idle or Draining.
-    pub(crate) current: Option<SandboxIx>,
-    /// The key's previous sandbox while it stops and persists: the next Start of the key waits
-    /// for its snapshot.
-    pub(crate) retiring: Option<SandboxIx>,
-    /// Live calls of this key bound to a sandbox (starting or ready, dead sandboxes included).
-    pub(crate) bound: u32,
-    /// Queued calls, first in first out.
-    pub(crate) waiters: VecDeque<CallIx>,
-    /// The latest persisted snapshot, for the next Start's `resume_from`, with the sandbox that
-    /// persisted it (the next Start's `resumes`).
-    pub(crate) snapshot: Option<(Snapshot, SandboxId)>,
-}
-
-impl KeySlot {
-    /// A slot with nothing in it yet.
-    pub(crate) fn new(key: Key) -> Self {
-        KeySlot {
-            key,
-            current: None,
-            retiring: None,
-            bound: 0,
-            waiters: VecDeque::new(),
-            snapshot: None,
-        }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.current.is_none()
-            && self.retiring.is_none()
-            && self.bound == 0
-            && self.waiters.is_empty()
-            && self.snapshot.is_none()
-    }
-}
-
 /// The last [`Limits::remembered_ended_calls`](crate::Limits) ended call names, oldest first.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct EndedCalls {
@@ -274,90 +233,323 @@ impl EndedCalls {
     }
 }
 
-/// The isolation keys the core tracks: slots in a generational slab, and the index from keys to
-/// places. A slot is forgotten once empty ([`KeySlot::is_empty`]); a sandbox that outlives its
-/// key's slot (shutting down) finds no slot at its old place, as it found none by name before.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Keys {
-    records: slotmap::SlotMap<KeyIx, KeySlot>,
-    by_key: Map<Key, KeyIx>,
-}
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Application inputs
 
-impl Keys {
-    /// The place of `key`'s slot.
-    pub(crate) fn find(&self, key: &Key) -> Option<KeyIx> {
-        self.by_key.get(key).copied()
-    }
-
-    /// The place of `key`'s slot, made empty if there is none.
-    pub(crate) fn find_or_insert(&mut self, key: Key) -> KeyIx {
-        if let Some(ix) = self.by_key.get(&key) {
-            return *ix;
+    /// Starts a call: binds it to its key's sandbox, starts one, or queues it behind its key.
+    ///
+    /// The outcome comes as an event: `CallReady` (at once when the key's sandbox is up, or an
+    /// external sandbox is named), later `CallReady` or `CallFailed`. O(log n).
+    ///
+    /// Errors: `Closed` once close began, `DuplicateCall`, `MissingUser` (scope `User`),
+    /// `QueueFull`, `LimitExceeded`.
+    pub fn acquire(&mut self, now: Instant, spec: CallSpec) -> Result<(), Error> {
+        if self.is_closing() {
+            return Err(Error::Closed { what: "acquire" });
         }
-        let ix = self.records.insert(KeySlot::new(key.clone()));
-        self.by_key.insert(key, ix);
-        ix
+        if self.calls.find(&spec.call).is_some() {
+            return Err(Error::DuplicateCall { call: spec.call });
+        }
+        let limits = &self.config.limits;
+        if self.calls.len() >= limits.max_calls {
+            return Err(Error::LimitExceeded {
+                limit: "max_calls",
+                max: limits.max_calls,
+            });
+        }
+        if self.sessions.find(&spec.session).is_none()
+            && self.sessions.active() >= limits.max_active_sessions
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_active_sessions",
+                max: limits.max_active_sessions,
+            });
+        }
+        let key = self.key_of(&spec)?;
+        let slot = self.keys.find(&key);
+        let must_wait = self.must_wait(&key, slot);
+        if must_wait {
+            let waiting = slot.map_or(0, |k| self.keys[k].waiters.len());
+            if waiting >= self.config.max_waiters {
+                return Err(Error::QueueFull {
+                    key,
+                    max: self.config.max_waiters,
+                });
+            }
+        } else if slot.and_then(|k| self.keys[k].current).is_none()
+            && self.sandboxes.len() >= self.config.limits.max_sandboxes
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_sandboxes",
+                max: self.config.limits.max_sandboxes,
+            });
+        }
+
+        self.advance(now);
+        let CallSpec {
+            call,
+            session,
+            spec: start_spec,
+            ..
+        } = spec;
+        tracing::debug!(call = %call, session = %session, key = %key, "acquire");
+        self.stats.calls_acquired += 1;
+        let session = self.sessions.find_or_insert(&session);
+        let key = match slot {
+            Some(slot) => slot,
+            None => self.keys.find_or_insert(key),
+        };
+        let ix = self.calls.insert(Call {
+            id: call,
+            session,
+            key,
+            spec: start_spec,
+            state: CallState::Waiting {
+                deadline: TimerRef::UNSET,
+            },
+        });
+        self.sessions[session].coming += 1;
+        if must_wait {
+            let at = self.now + self.config.wait_timeout;
+            self.waiting += 1;
+            let deadline = self.timers.set(at, Timer::Wait(ix));
+            self.calls[ix].state = CallState::Waiting { deadline };
+            self.keys[key].waiters.push_back(ix);
+        } else {
+            self.bind(ix);
+        }
+        self.session_changed(session);
+        self.finish_input();
+        Ok(())
     }
 
-    /// The slot at `ix`, if it is still tracked.
-    pub(crate) fn get(&self, ix: KeyIx) -> Option<&KeySlot> {
-        self.records.get(ix)
+    /// Ends a call, whatever the reason (done, error, cancelled). Exactly once per call.
+    ///
+    /// A queued or starting call ends at once (`CallReleased` follows at once); a sandbox that
+    /// was starting only for it is shut down as soon as its start answers. A bound call unbinds;
+    /// when it was its sandbox's last call, the release policy applies (drain → Stop → Persist →
+    /// Shutdown, keep warm, or suspend). `CallReleased` comes once its session's mirror work
+    /// for that sandbox has settled. O(log n).
+    ///
+    /// Errors: `UnknownCall`, `AlreadyReleased`, `Closed` after close finished.
+    pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
+        self.check_not_closed("release")?;
+        let Some(ix) = self.calls.find(call) else {
+            return Err(if self.ended.contains(call) {
+                Error::AlreadyReleased { call: call.clone() }
+            } else {
+                Error::UnknownCall { call: call.clone() }
+            });
+        };
+        self.advance(now);
+        tracing::debug!(call = %call, "release");
+        self.stats.calls_released += 1;
+        self.end_call(ix, EndHow::Released);
+        self.finish_input();
+        Ok(())
     }
 
-    /// The slot at `ix`, if it is still tracked.
-    pub(crate) fn get_mut(&mut self, ix: KeyIx) -> Option<&mut KeySlot> {
-        self.records.get_mut(ix)
+    // ------------------------------------------------------------------------------------------
+    // Internals: binding
+
+    pub(crate) fn key_of(&self, spec: &CallSpec) -> Result<Key, Error> {
+        if let Some(external) = &spec.external {
+            return Ok(Key::External(external.clone()));
+        }
+        Ok(match self.config.scope {
+            Scope::Call => Key::Call(spec.call.clone()),
+            Scope::Session => Key::Session(spec.session.clone()),
+            Scope::User => Key::User(spec.user.clone().ok_or_else(|| Error::MissingUser {
+                call: spec.call.clone(),
+            })?),
+            Scope::Agent => Key::Agent,
+            Scope::Global => Key::Global,
+        })
     }
 
-    /// Forgets the slot at `ix` if it is tracked and empty.
-    pub(crate) fn forget_if_empty(&mut self, ix: KeyIx) {
-        if self.records.get(ix).is_some_and(KeySlot::is_empty) {
-            let slot = self.records.remove(ix).expect("checked");
-            self.by_key.remove(&slot.key);
+    /// Binds a call that is not queued to its key's sandbox, starting one when there is none.
+    pub(crate) fn bind(&mut self, call: CallIx) {
+        let key = self.calls[call].key;
+        let slot = &self.keys[key];
+        let sandbox = match slot.current {
+            Some(x) => x,
+            None => match &slot.key {
+                Key::External(name) => {
+                    let name = name.clone();
+                    let x = self.sandboxes.create(
+                        key,
+                        Ownership::External(name.clone()),
+                        SandboxState::Running,
+                    );
+                    self.keys[key].current = Some(x);
+                    tracing::debug!(sandbox = %self.sid(x), external = %name, "external sandbox bound");
+                    x
+                }
+                _ => self.start_sandbox(call),
+            },
+        };
+        let session = self.calls[call].session;
+        self.keys[key].bound += 1;
+        let x = self.sandboxes.get_mut(sandbox).expect("current sandbox");
+        x.bound.insert(call);
+        match x.state {
+            SandboxState::Starting => {
+                self.calls[call].state = CallState::Starting(sandbox);
+            }
+            SandboxState::Running | SandboxState::Idle | SandboxState::Draining => {
+                if x.state != SandboxState::Running {
+                    // A warm or draining sandbox is revived for the next call of its key: no
+                    // churn, the workspace stays.
+                    tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
+                    x.state = SandboxState::Running;
+                    self.stats.revivals += 1;
+                    self.cancel_sandbox_timer(sandbox);
+                }
+                self.make_ready(call, sandbox);
+            }
+            other => unreachable!("a key's current sandbox is never {other:?}"),
+        }
+        self.session_changed(session);
+    }
+
+    /// A bound call becomes ready on an up sandbox.
+    pub(crate) fn make_ready(&mut self, call: CallIx, sandbox: SandboxIx) {
+        let c = &mut self.calls[call];
+        c.state = CallState::Ready(sandbox);
+        let session = c.session;
+        let s = &mut self.sessions[session];
+        s.coming -= 1;
+        s.ready.push(call);
+        s.linger = None;
+        self.stats.calls_ready += 1;
+        let name = self.calls[call].id.clone();
+        tracing::debug!(call = %name, sandbox = %self.sid(sandbox), "call ready");
+        self.events.push_back(Event::CallReady {
+            call: name,
+            sandbox: self.sid(sandbox),
+        });
+        self.retarget(session, DropReason::NoSandbox);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: ending calls
+
+    /// Ends a live call: released by the application, failed, or revoked by close.
+    pub(crate) fn end_call(&mut self, ix: CallIx, how: EndHow) {
+        let c = self.calls.remove(ix);
+        let call = &c.id;
+        self.ended
+            .remember(call.clone(), self.config.limits.remembered_ended_calls);
+        let session = c.session;
+        match how {
+            EndHow::Released => {}
+            EndHow::Failed(error) => {
+                self.stats.calls_failed += 1;
+                tracing::debug!(call = %call, error = %error, "call failed");
+                self.events.push_back(Event::CallFailed {
+                    call: call.clone(),
+                    error,
+                });
+            }
+            EndHow::Revoked => {
+                self.stats.calls_revoked += 1;
+                tracing::debug!(call = %call, "call revoked");
+                self.events
+                    .push_back(Event::CallRevoked { call: call.clone() });
+            }
+        }
+        let released = how == EndHow::Released;
+        match c.state {
+            CallState::Waiting { deadline } => {
+                self.timers.cancel(deadline);
+                self.waiting -= 1;
+                if let Some(slot) = self.keys.get_mut(c.key) {
+                    slot.waiters.retain(|w| *w != ix);
+                }
+                self.sessions[session].coming -= 1;
+                if released {
+                    self.events
+                        .push_back(Event::CallReleased { call: call.clone() });
+                }
+            }
+            CallState::Starting(x) => {
+                self.sessions[session].coming -= 1;
+                self.unbind(ix, c.key, x);
+                if released {
+                    self.events
+                        .push_back(Event::CallReleased { call: call.clone() });
+                }
+            }
+            CallState::Ready(x) => {
+                let s = &mut self.sessions[session];
+                s.ready.retain(|r| *r != ix);
+                // The session's mirror lingers on this sandbox unless another of its ready calls
+                // has a sandbox that is up (a call whose sandbox died does not count).
+                let other_up = s.ready.iter().any(|r| {
+                    self.calls[*r]
+                        .sandbox()
+                        .is_some_and(|y| self.sandboxes[y].state.accepts_uploads())
+                });
+                if !other_up && self.sandboxes[x].state.accepts_uploads() {
+                    s.linger = Some(x);
+                }
+                if released {
+                    s.releasing.push((call.clone(), x));
+                }
+                self.unbind(ix, c.key, x);
+            }
+        }
+        // With no sandbox to go to and none coming, the session's pending versions are dropped.
+        let reason = if self.is_closing() {
+            DropReason::Closed
+        } else {
+            DropReason::NoSandbox
+        };
+        self.retarget(session, reason);
+        self.after_unbind_key(c.key);
+    }
+
+    /// Takes a call off its sandbox and key.
+    pub(crate) fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxIx) {
+        let slot = &mut self.keys[key];
+        slot.bound -= 1;
+        let x = self
+            .sandboxes
+            .get_mut(sandbox)
+            .expect("sandbox of a bound call");
+        let was_bound = x.bound.remove(&call);
+        debug_assert!(was_bound, "call {call:?} was not bound to {sandbox:?}");
+        if !x.bound.is_empty() {
+            return;
+        }
+        match x.state {
+            SandboxState::Running => {
+                // Queued calls take the sandbox over before the release policy sees it empty.
+                self.admit(key);
+                if self.sandboxes[sandbox].bound.is_empty() {
+                    self.last_call_released(sandbox);
+                }
+            }
+            SandboxState::Starting => {
+                // Its start answers later: a queued call takes it over, or it shuts down then.
+                self.admit(key);
+            }
+            SandboxState::Dead => self.dirty.push(sandbox),
+            other => unreachable!("a sandbox with calls is never {other:?}"),
         }
     }
 
-    /// Keys tracked.
-    pub(crate) fn len(&self) -> usize {
-        self.records.len()
-    }
-
-    /// Every slot, in no order that may reach an output.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (KeyIx, &KeySlot)> {
-        self.records.iter()
-    }
-
-    /// Every slot, mutably, in no order that may reach an output.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (KeyIx, &mut KeySlot)> {
-        self.records.iter_mut()
-    }
-
-    /// Whether the key index and the slots agree (for the invariant check).
-    pub(crate) fn index_agrees(&self) -> bool {
-        self.by_key.len() == self.records.len()
-            && self
-                .by_key
-                .iter()
-                .all(|(key, ix)| self.records.get(*ix).is_some_and(|k| &k.key == key))
-    }
-
-    /// Forgets every key (close finished).
-    pub(crate) fn clear(&mut self) {
-        self.records.clear();
-        self.by_key.clear();
+    pub(crate) fn after_unbind_key(&mut self, key: KeyIx) {
+        self.admit(key);
+        self.keys.forget_if_empty(key);
     }
 }
 
-impl std::ops::Index<KeyIx> for Keys {
-    type Output = KeySlot;
-
-    fn index(&self, ix: KeyIx) -> &KeySlot {
-        &self.records[ix]
-    }
-}
-
-impl std::ops::IndexMut<KeyIx> for Keys {
-    fn index_mut(&mut self, ix: KeyIx) -> &mut KeySlot {
-        &mut self.records[ix]
-    }
+/// How a call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EndHow {
+    Released,
+    Failed(ErrorKind),
+    Revoked,
 }

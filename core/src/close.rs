@@ -7,22 +7,19 @@
 //! way down, waiting for acknowledgements) → every sandbox answered, or the second deadline →
 //! `Closed` (the `Closed` event; no command ever again; every input refused).
 
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
-
-use crate::call::CallIx;
+use crate::call::{CallIx, EndHow};
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{CloseReport, Event};
 use crate::ids::Version;
-use crate::lifecycle::{EndHow, Lifecycle};
+use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
-use crate::sandbox::SandboxIx;
-use crate::sandbox::{Awaiting, SandboxState};
+use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::session::SessionIx;
 use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum CloseState {

@@ -4,18 +4,16 @@
 //! [`Lifecycle::check_invariants`] after every step, and checks the invariants about histories
 //! (no command after Shutdown, versions settle once, ...) on the commands and events it drains.
 
-use std::collections::BTreeMap;
-use std::fmt;
-
-use crate::call::CallState;
-use crate::call::{CallIx, KeyIx};
+use crate::call::{CallIx, CallState};
 use crate::close::CloseState;
 use crate::config::SameKey;
 use crate::ids::Key;
+use crate::key::KeyIx;
 use crate::lifecycle::Lifecycle;
-use crate::sandbox::SandboxIx;
-use crate::sandbox::{Awaiting, SandboxState};
+use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::timer::Timer;
+use std::collections::BTreeMap;
+use std::fmt;
 
 /// A broken invariant: which one, and what was seen.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -171,18 +171,27 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `lifecycle.rs` | [`Lifecycle`]: its getters, inputs, outputs; binding calls, the way down (drain → Stop → Persist → Shutdown), abandoning, deaths, the timer dispatch, the per-input bookkeeping |
-//! | `mirror.rs` | the mirror's methods: flush, hold, upload answers and retries, pump, retarget, settle, drains |
+//! | `lifecycle.rs` | [`Lifecycle`]: its state, getters and outputs, the timer dispatch, the checks every input makes, the per-input bookkeeping (touched sessions, dirty sandboxes) |
+//! | `call.rs` | call records and their table, the memory of ended calls; acquire, release, binding, becoming ready, ending |
+//! | `key.rs` | isolation-key slots and their table; queueing, admitting waiters, letting go of a sandbox |
+//! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |
+//! | `start.rs` | Start and its answers; a start that failed, timed out or died |
+//! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer |
+//! | `death.rs` | deaths and lost instances |
+//! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots |
+//! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input |
+//! | `upload.rs` | uploads in flight and their table |
 //! | `close.rs` | close: its phases, revocation, the close report |
-//! | `call.rs` | call records, isolation-key slots, the memory of ended calls |
-//! | `session.rs` | session records: ready calls, mirror slots per path, holds, pending releases, idle records |
-//! | `sandbox.rs` | sandbox records and [`SandboxState`] |
-//! | `upload.rs` | uploads in flight |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
 //! | `invariants.rs` | [`Lifecycle::check_invariants`] |
-//! | `map.rs`, `small_set.rs` | the fixed-hasher maps and the inline ordered set |
+//! | `map.rs`, `small_set.rs` | the fixed-hasher maps; the inline ordered set and short inline lists |
+//!
+//! Every table (calls, keys, sessions, sandboxes, uploads) is a generational slab with an index
+//! from names or ids to places: a name or id is looked up once, where it comes in, and records
+//! refer to each other by place.
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -190,11 +199,13 @@ mod call;
 mod close;
 mod command;
 mod config;
+mod death;
 mod error;
 mod event;
 mod ids;
 mod input;
 mod invariants;
+mod key;
 mod lifecycle;
 mod map;
 mod mirror;
@@ -202,10 +213,12 @@ mod name;
 mod sandbox;
 mod session;
 mod small_set;
+mod start;
 mod stats;
 mod time;
 mod timer;
 mod upload;
+mod way_down;
 
 pub use call::{CallSpec, CallStatus};
 pub use command::Command;

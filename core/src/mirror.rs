@@ -5,8 +5,8 @@
 //! versions reach a sandbox in increasing order; every version settles exactly once. A session's
 //! mirror targets the sandbox of its earliest ready call, else the sandbox its last call was
 //! released from while that one still accepts uploads ("linger"): never another session's.
-
-use std::num::NonZeroU64;
+//!
+//! Also here: [`Slot`], the mirror state of one (session, path), kept in the session's record.
 
 use crate::command::Command;
 use crate::error::{DropReason, Error};
@@ -19,9 +19,10 @@ use crate::sandbox::{SandboxIx, SandboxState};
 use crate::session::{Session, SessionIx};
 use crate::small_set::Few;
 use crate::time::Instant;
-use crate::timer::Timer;
-use crate::timer::TimerRef;
+use crate::timer::{Timer, TimerRef};
 use crate::upload::{Upload, UploadIx};
+use serde::{Deserialize, Serialize};
+use std::ops::{Deref, DerefMut};
 
 impl Lifecycle {
     // ------------------------------------------------------------------------------------------
@@ -551,118 +552,73 @@ impl Lifecycle {
             self.session_changed(session);
         }
     }
+}
 
-    /// Notes that the session changed: its derived bookkeeping is brought up to date once, when
-    /// the input is done ([`Lifecycle::finish_input`]), however often it changed.
-    pub(crate) fn session_changed(&mut self, session: SessionIx) {
-        if self.touched.last() != Some(&session) {
-            self.touched.push(session);
+/// The mirror state of one (session, path).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Slot {
+    pub(crate) path: PathName,
+    /// The last version flushed.
+    pub(crate) last: u64,
+    work: Option<Box<SlotWork>>,
+}
+
+/// What a slot has in progress.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct SlotWork {
+    /// The newest flushed version not yet ordered uploaded.
+    pub(crate) pending: Option<(Version, Payload)>,
+    /// The upload in flight, if any.
+    pub(crate) inflight: Option<UploadIx>,
+    /// Failed attempts of the pending version.
+    pub(crate) attempts: u32,
+    /// When the pending version's first attempt began: all its attempts end by this plus the
+    /// upload timeout.
+    pub(crate) since: Option<Instant>,
+    /// When the pending version may be tried again.
+    pub(crate) retry_at: Option<TimerRef>,
+}
+
+static NO_WORK: SlotWork = SlotWork {
+    pending: None,
+    inflight: None,
+    attempts: 0,
+    since: None,
+    retry_at: None,
+};
+
+impl Slot {
+    pub(crate) fn new(path: PathName) -> Self {
+        Slot {
+            path,
+            last: 0,
+            work: None,
         }
     }
 
-    /// Brings a session's derived bookkeeping up to date: which sandbox its busyness keeps
-    /// draining, which releases have completed, whether its mirror settled, whether it is idle.
-    /// Runs once per changed session per input, from [`Lifecycle::finish_input`].
-    pub(crate) fn reconcile_session(&mut self, session: SessionIx) {
-        if self.sessions.get(session).is_none() {
-            return;
-        }
-        let s = &mut self.sessions[session];
-        let busy = s.is_busy();
-        let busy_on = if busy { s.target } else { None };
-        if busy_on != s.busy_on {
-            if let Some(old) = s.busy_on {
-                if let Some(x) = self.sandboxes.get_mut(old) {
-                    x.busy_sessions -= 1;
-                }
-                self.dirty.push(old);
-            }
-            if let Some(new) = busy_on {
-                self.sandboxes.get_mut(new).expect("target").busy_sessions += 1;
-            }
-            s.busy_on = busy_on;
-        }
-        if !s.releasing.is_empty() {
-            let uploads = &self.uploads;
-            let events = &mut self.events;
-            let mut releasing = std::mem::take(&mut s.releasing);
-            let paths = &s.paths;
-            releasing.retain(|(call, x)| {
-                let in_flight = paths
-                    .iter()
-                    .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == *x));
-                let done = busy_on != Some(*x) && !in_flight;
-                if done {
-                    tracing::debug!(call = %call, "release completed");
-                    events.push_back(Event::CallReleased { call: call.clone() });
-                }
-                !done
-            });
-            s.releasing = releasing;
-        }
-        let unsettled = s.has_unsettled();
-        if s.unsettled && !unsettled {
-            self.events.push_back(Event::MirrorSettled {
-                session: s.id.clone(),
-            });
-        }
-        if s.unsettled != unsettled {
-            s.unsettled = unsettled;
-        }
-        let idle = s.is_idle();
-        match (idle, s.idle_stamp) {
-            (true, None) => {
-                s.compact();
-                let idle = &mut self.sessions.idle;
-                idle.last_stamp += 1;
-                let stamp = NonZeroU64::new(idle.last_stamp).expect("stamps count from 1");
-                idle.queue.push_back((session, stamp));
-                idle.count += 1;
-                self.sessions[session].idle_stamp = Some(stamp);
-                self.forget_idle_sessions();
-            }
-            (false, Some(_)) => {
-                s.idle_stamp = None;
-                self.sessions.idle.count -= 1;
-            }
-            _ => {}
-        }
+    /// Whether nothing is in progress: no pending version, no upload, no retry.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.pending.is_none() && self.inflight.is_none() && self.retry_at.is_none()
     }
 
-    /// Forgets the oldest idle session records beyond the limit, and compacts the idle queue.
-    fn forget_idle_sessions(&mut self) {
-        let max = self.config.limits.max_idle_sessions;
-        while self.sessions.idle.count > max {
-            let Some((session, stamp)) = self.sessions.idle.queue.pop_front() else {
-                break;
-            };
-            if self
-                .sessions
-                .get(session)
-                .is_some_and(|s| s.idle_stamp == Some(stamp))
-            {
-                let s = self.sessions.remove(session);
-                tracing::debug!(session = %s.id, "idle session forgotten");
-                self.sessions.idle.count -= 1;
-                self.stats.sessions_forgotten += 1;
-            }
-        }
-        let idle = &self.sessions.idle;
-        if idle.queue.len() > 2 * idle.count + 64 {
-            let mut queue = std::mem::take(&mut self.sessions.idle.queue);
-            queue.retain(|(session, stamp)| {
-                self.sessions
-                    .get(*session)
-                    .is_some_and(|s| s.idle_stamp == Some(*stamp))
-            });
-            self.sessions.idle.queue = queue;
+    /// Frees the work box once nothing is in progress.
+    pub(crate) fn compact(&mut self) {
+        if self.is_quiet() {
+            self.work = None;
         }
     }
 }
 
-impl Session {
-    /// Whether the session has a live call or a sandbox its mirror can still go to.
-    pub(crate) fn is_live(&self) -> bool {
-        !self.ready.is_empty() || self.coming > 0 || self.target.is_some()
+impl Deref for Slot {
+    type Target = SlotWork;
+
+    fn deref(&self) -> &SlotWork {
+        self.work.as_deref().unwrap_or(&NO_WORK)
+    }
+}
+
+impl DerefMut for Slot {
+    fn deref_mut(&mut self) -> &mut SlotWork {
+        self.work.get_or_insert_with(Box::default)
     }
 }

@@ -1,15 +1,15 @@
 //! Sandbox records and their states.
 
-use serde::{Deserialize, Serialize};
-
-use crate::call::{CallIx, KeyIx};
+use crate::call::CallIx;
 use crate::ids::{SandboxId, Snapshot};
+use crate::key::KeyIx;
 use crate::map::Map;
 use crate::name::ExternalId;
 use crate::session::SessionIx;
 use crate::small_set::SmallSet;
 use crate::timer::TimerRef;
 use crate::upload::UploadIx;
+use serde::{Deserialize, Serialize};
 
 /// Where a sandbox is in its life, as the core decides it. A sandbox's liveness is this state,
 /// never a flag on a backend object.

@@ -1,0 +1,116 @@
+//! Deaths: the backend reports a sandbox gone, or only its running instance; what the core does
+//! with the calls, uploads and outstanding answers of a dead sandbox.
+
+use crate::call::CallIx;
+use crate::error::{DropReason, Error, ErrorKind};
+use crate::event::Event;
+use crate::ids::SandboxId;
+use crate::lifecycle::Lifecycle;
+use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
+use crate::small_set::Few;
+use crate::time::Instant;
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Backend inputs
+
+    /// The backend reports the sandbox gone (pod evicted, claim expired, connection closed,
+    /// directory removed). It is Dead: bound calls get `SandboxLost`, calls starting on it fail
+    /// with `sandbox-gone`, uploads in flight into it are cancelled and their versions dropped
+    /// (`sandbox-gone`), answers still outstanding become stale, and Shutdown is ordered once
+    /// (managed sandboxes) to clean up whatever is left. A second report is ignored.
+    ///
+    /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
+    pub fn handle_died(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.check_not_closed("died")?;
+        self.check_sandbox_id(sandbox)?;
+        let Some(sandbox) = self.sandboxes.find(sandbox) else {
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        if self.sandboxes[sandbox].state == SandboxState::Dead {
+            return Ok(());
+        }
+        self.advance(now);
+        self.died(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The backend reports that the sandbox's running instance is gone (its processes; on
+    /// Kubernetes its pod) while its workspace may remain (a claim and its volumes).
+    ///
+    /// While the sandbox is being suspended (its `Stop { suspend: true }` or
+    /// `Persist { suspend: true }` outstanding) that is the suspension's own doing: it is
+    /// counted (`instance_losses_suspending`) and changes nothing. In any other state the
+    /// sandbox is dead, exactly as [`handle_died`](Self::handle_died). A report about a sandbox
+    /// the core no longer tracks (a suspended one, an earlier incarnation of a resumed one) is
+    /// stale.
+    ///
+    /// Errors: as [`handle_died`](Self::handle_died).
+    pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.check_not_closed("instance-gone")?;
+        self.check_sandbox_id(sandbox)?;
+        let Some(sandbox) = self.sandboxes.find(sandbox) else {
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        let x = &self.sandboxes[sandbox];
+        if x.state == SandboxState::Dead {
+            return Ok(());
+        }
+        let suspending =
+            matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && self.suspends();
+        self.advance(now);
+        if suspending {
+            tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
+            self.stats.instance_losses_suspending += 1;
+        } else {
+            self.died(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals
+
+    /// The backend reported the sandbox gone.
+    pub(crate) fn died(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let previous = x.state;
+        tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
+        self.stats.deaths += 1;
+        if previous == SandboxState::Starting {
+            self.fail_start(sandbox, ErrorKind::SandboxGone);
+            return;
+        }
+        x.state = SandboxState::Dead;
+        let key = x.key;
+        let lost: Few<CallIx> = x.bound.iter().copied().collect();
+        // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
+        // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
+        // stays (its answer is still awaited).
+        let abandoned = self.stop_awaiting(sandbox);
+        if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
+            self.cancel_sandbox_timer(sandbox);
+        }
+        for call in self.calls.by_name_order(lost) {
+            self.events.push_back(Event::SandboxLost {
+                call: self.calls[call].id.clone(),
+                sandbox: self.sid(sandbox),
+            });
+        }
+        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        let x = &self.sandboxes[sandbox];
+        if x.is_managed() && !x.shutdown_ordered {
+            if abandoned {
+                self.order_abandon(sandbox);
+            }
+            self.shutdown(sandbox);
+        } else {
+            self.key_lets_go(key, sandbox);
+        }
+        self.dirty.push(sandbox);
+    }
+}

@@ -1,0 +1,205 @@
+//! Isolation keys: the slot of each key the core tracks (its current and retiring sandboxes,
+//! its bound calls and queued waiters, its latest snapshot), the key table, and the key logic
+//! (must a new call queue, admitting waiters first in first out, letting go of a sandbox).
+
+use crate::call::{CallIx, CallState};
+use crate::config::SameKey;
+use crate::ids::{Key, SandboxId, Snapshot};
+use crate::lifecycle::Lifecycle;
+use crate::map::Map;
+use crate::sandbox::SandboxIx;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+slotmap::new_key_type! {
+    /// An isolation key's place in the key table. Calls and sandboxes refer to their key by it;
+    /// a key is hashed once per acquire ([`Keys::find`]).
+    pub(crate) struct KeyIx;
+}
+
+/// Per isolation key: which sandbox serves it, which one is retiring, who waits.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct KeySlot {
+    /// The key itself.
+    pub(crate) key: Key,
+    /// The sandbox calls of this key bind to: Starting, Running, Idle or Draining.
+    pub(crate) current: Option<SandboxIx>,
+    /// The key's previous sandbox while it stops and persists: the next Start of the key waits
+    /// for its snapshot.
+    pub(crate) retiring: Option<SandboxIx>,
+    /// Live calls of this key bound to a sandbox (starting or ready, dead sandboxes included).
+    pub(crate) bound: u32,
+    /// Queued calls, first in first out.
+    pub(crate) waiters: VecDeque<CallIx>,
+    /// The latest persisted snapshot, for the next Start's `resume_from`, with the sandbox that
+    /// persisted it (the next Start's `resumes`).
+    pub(crate) snapshot: Option<(Snapshot, SandboxId)>,
+}
+
+impl KeySlot {
+    /// A slot with nothing in it yet.
+    pub(crate) fn new(key: Key) -> Self {
+        KeySlot {
+            key,
+            current: None,
+            retiring: None,
+            bound: 0,
+            waiters: VecDeque::new(),
+            snapshot: None,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.current.is_none()
+            && self.retiring.is_none()
+            && self.bound == 0
+            && self.waiters.is_empty()
+            && self.snapshot.is_none()
+    }
+}
+
+/// The isolation keys the core tracks: slots in a generational slab, and the index from keys to
+/// places. A slot is forgotten once empty ([`KeySlot::is_empty`]); a sandbox that outlives its
+/// key's slot (shutting down) finds no slot at its old place, as it found none by name before.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Keys {
+    records: slotmap::SlotMap<KeyIx, KeySlot>,
+    by_key: Map<Key, KeyIx>,
+}
+
+impl Keys {
+    /// The place of `key`'s slot.
+    pub(crate) fn find(&self, key: &Key) -> Option<KeyIx> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The place of `key`'s slot, made empty if there is none.
+    pub(crate) fn find_or_insert(&mut self, key: Key) -> KeyIx {
+        if let Some(ix) = self.by_key.get(&key) {
+            return *ix;
+        }
+        let ix = self.records.insert(KeySlot::new(key.clone()));
+        self.by_key.insert(key, ix);
+        ix
+    }
+
+    /// The slot at `ix`, if it is still tracked.
+    pub(crate) fn get(&self, ix: KeyIx) -> Option<&KeySlot> {
+        self.records.get(ix)
+    }
+
+    /// The slot at `ix`, if it is still tracked.
+    pub(crate) fn get_mut(&mut self, ix: KeyIx) -> Option<&mut KeySlot> {
+        self.records.get_mut(ix)
+    }
+
+    /// Forgets the slot at `ix` if it is tracked and empty.
+    pub(crate) fn forget_if_empty(&mut self, ix: KeyIx) {
+        if self.records.get(ix).is_some_and(KeySlot::is_empty) {
+            let slot = self.records.remove(ix).expect("checked");
+            self.by_key.remove(&slot.key);
+        }
+    }
+
+    /// Keys tracked.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Every slot, in no order that may reach an output.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (KeyIx, &KeySlot)> {
+        self.records.iter()
+    }
+
+    /// Every slot, mutably, in no order that may reach an output.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (KeyIx, &mut KeySlot)> {
+        self.records.iter_mut()
+    }
+
+    /// Whether the key index and the slots agree (for the invariant check).
+    pub(crate) fn index_agrees(&self) -> bool {
+        self.by_key.len() == self.records.len()
+            && self
+                .by_key
+                .iter()
+                .all(|(key, ix)| self.records.get(*ix).is_some_and(|k| &k.key == key))
+    }
+
+    /// Forgets every key (close finished).
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.by_key.clear();
+    }
+}
+
+impl std::ops::Index<KeyIx> for Keys {
+    type Output = KeySlot;
+
+    fn index(&self, ix: KeyIx) -> &KeySlot {
+        &self.records[ix]
+    }
+}
+
+impl std::ops::IndexMut<KeyIx> for Keys {
+    fn index_mut(&mut self, ix: KeyIx) -> &mut KeySlot {
+        &mut self.records[ix]
+    }
+}
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Internals: keys
+
+    /// Whether a new call of `key` must queue: others queue already (first in, first out), the
+    /// key's previous sandbox is still stopping (its snapshot is not persisted yet), or the
+    /// policy is `Serialize` and a call holds the key.
+    pub(crate) fn must_wait(&self, key: &Key, slot: Option<KeyIx>) -> bool {
+        if matches!(key, Key::External(_)) {
+            return false;
+        }
+        slot.map(|k| &self.keys[k]).is_some_and(|k| {
+            !k.waiters.is_empty()
+                || k.retiring.is_some()
+                || (self.config.same_key == SameKey::Serialize && k.bound > 0)
+        })
+    }
+
+    /// Admits queued calls of `key` while the policy lets them in.
+    pub(crate) fn admit(&mut self, key: KeyIx) {
+        if self.waiting == 0 {
+            return;
+        }
+        loop {
+            let serialize = self.config.same_key == SameKey::Serialize;
+            let Some(slot) = self.keys.get_mut(key) else {
+                return;
+            };
+            if slot.retiring.is_some() || (serialize && slot.bound > 0) {
+                return;
+            }
+            let Some(call) = slot.waiters.pop_front() else {
+                return;
+            };
+            if let CallState::Waiting { deadline } = self.calls[call].state {
+                self.timers.cancel(deadline);
+            }
+            self.waiting -= 1;
+            tracing::debug!(call = %self.calls[call].id, key = %slot.key, "admitted");
+            self.bind(call);
+        }
+    }
+
+    /// The key no longer waits on the sandbox: queued calls may start a new one.
+    pub(crate) fn key_lets_go(&mut self, key: KeyIx, sandbox: SandboxIx) {
+        if let Some(slot) = self.keys.get_mut(key) {
+            if slot.current == Some(sandbox) {
+                slot.current = None;
+            }
+            if slot.retiring == Some(sandbox) {
+                slot.retiring = None;
+            }
+        }
+        self.admit(key);
+        self.keys.forget_if_empty(key);
+    }
+}

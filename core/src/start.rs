@@ -1,0 +1,131 @@
+//! Starting a sandbox: the Start command, its answers, and a start that failed, timed out or
+//! died.
+
+use crate::call::{CallIx, CallState, EndHow};
+use crate::command::Command;
+use crate::error::{Error, ErrorKind};
+use crate::ids::SandboxId;
+use crate::lifecycle::Lifecycle;
+use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
+use crate::small_set::Few;
+use crate::time::Instant;
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Backend inputs
+
+    /// The sandbox's Start succeeded: it is up, its calls are ready. A Start that is no longer
+    /// awaited (the sandbox timed out, died, or was shut down by close) is stale and ignored.
+    ///
+    /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
+    pub fn handle_start_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "start ok");
+        self.stats.starts_ok += 1;
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.state = SandboxState::Running;
+        let starters = self.calls.by_name_order(x.bound.iter().copied().collect());
+        for call in starters {
+            if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
+                self.make_ready(call, sandbox);
+            }
+        }
+        let key = self.sandboxes[sandbox].key;
+        self.admit(key);
+        if self.sandboxes[sandbox].bound.is_empty() {
+            // Every call it was started for ended while it started.
+            self.stats.orphan_starts += 1;
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Start failed: the calls waiting on it fail with `start-failed`, and it is
+    /// shut down (to clean up whatever the start left). Others' bindings are untouched.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_start_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "start failed");
+        self.stats.starts_failed += 1;
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.fail_start(sandbox, ErrorKind::StartFailed);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals
+
+    /// Orders a Start for `call`'s key.
+    pub(crate) fn start_sandbox(&mut self, call: CallIx) -> SandboxIx {
+        let c = &self.calls[call];
+        let key = c.key;
+        let spec = c.spec.clone();
+        let x = self
+            .sandboxes
+            .create(key, Ownership::Managed, SandboxState::Starting);
+        self.sandboxes[x].awaiting = Awaiting::Start;
+        let slot = &mut self.keys[key];
+        slot.current = Some(x);
+        let key = slot.key.clone();
+        let (resume_from, resumes) = match slot.snapshot.clone() {
+            Some((snapshot, by)) => (Some(snapshot), Some(by)),
+            None => (None, None),
+        };
+        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        self.stats.starts_ordered += 1;
+        let id = self.sid(x);
+        tracing::debug!(sandbox = %id, key = %key, resume_from = ?resume_from, "start");
+        self.commands.push_back(Command::Start {
+            sandbox: id,
+            key,
+            spec,
+            resume_from,
+            resumes,
+            deadline,
+        });
+        x
+    }
+
+    /// A start that failed, timed out or died: its calls fail, it is cleaned up.
+    pub(crate) fn fail_start(&mut self, sandbox: SandboxIx, error: ErrorKind) {
+        // A start that failed was answered; one that timed out or died is abandoned (ordered
+        // right before its Shutdown, after the calls' ends, which may start other sandboxes).
+        let abandoned = self.stop_awaiting(sandbox);
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let key = x.key;
+        if let Some(slot) = self.keys.get_mut(key) {
+            if slot.current == Some(sandbox) {
+                slot.current = None;
+            }
+        }
+        let starters: Few<CallIx> = x.bound.iter().copied().collect();
+        for call in self.calls.by_name_order(starters) {
+            self.end_call(call, EndHow::Failed(error));
+        }
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
+        debug_assert!(x.is_managed() && !x.shutdown_ordered);
+        if error == ErrorKind::SandboxGone {
+            x.state = SandboxState::Dead;
+        }
+        // Dead or not, one Shutdown frees whatever the backend still holds of it.
+        if abandoned {
+            self.order_abandon(sandbox);
+        }
+        self.shutdown(sandbox);
+        self.admit(key);
+        self.keys.forget_if_empty(key);
+    }
+}

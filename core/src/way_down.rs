@@ -1,0 +1,344 @@
+//! The way down: the release policy, then drain → Stop → Persist → Shutdown (or suspended), the
+//! answers to those commands, abandoning what is no longer awaited, and the sandbox's one timer.
+
+use crate::command::Command;
+use crate::config::ReleasePolicy;
+use crate::error::{DropReason, Error};
+use crate::event::Event;
+use crate::ids::{Key, SandboxId, Snapshot};
+use crate::lifecycle::Lifecycle;
+use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
+use crate::time::Instant;
+use crate::timer::Timer;
+use std::time::Duration;
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Backend inputs
+
+    /// The sandbox's Stop succeeded, with the snapshot it took, if any. Persist follows when
+    /// there is a snapshot (or the policy is `Suspend`), else Shutdown.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_stop_ok(
+        &mut self,
+        now: Instant,
+        sandbox: SandboxId,
+        snapshot: Option<Snapshot>,
+    ) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
+        self.cancel_sandbox_timer(sandbox);
+        let suspend = self.suspends();
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.snapshot = snapshot;
+        if x.snapshot.is_some() || suspend {
+            self.persist(sandbox);
+        } else {
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
+    /// says); nothing is persisted; Shutdown follows.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
+        self.stats.stops_failed += 1;
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.shutdown(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Persist succeeded: its snapshot becomes its key's `resume_from`. Under
+    /// `Suspend` the sandbox is done (kept by the backend); otherwise Shutdown follows.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_persist_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        let (key, id) = (x.key, x.id);
+        if let Some(snapshot) = x.snapshot.clone() {
+            // The key's slot is kept by this sandbox, its retiring one.
+            let slot = self
+                .keys
+                .get_mut(key)
+                .expect("the key of a retiring sandbox");
+            debug_assert_eq!(slot.retiring, Some(sandbox));
+            if !matches!(slot.key, Key::Call(_)) {
+                slot.snapshot = Some((snapshot, id));
+            }
+        }
+        if self.suspends() {
+            self.suspended(sandbox);
+        } else {
+            self.shutdown(sandbox);
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Persist failed: the key keeps its previous snapshot; Shutdown follows (a
+    /// sandbox that could not be persisted is not kept suspended).
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_persist_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
+        self.stats.persists_failed += 1;
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.shutdown(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Shutdown succeeded: the core forgets it (once no live call is bound to it).
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_shutdown_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown ok");
+        self.stats.shutdowns_ok += 1;
+        self.close_note_shut_down();
+        self.shutdown_answered(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's Shutdown failed: `ShutdownUnconfirmed` tells the application the backend
+    /// may still hold it. Shutdown is never ordered twice.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_shutdown_failed(
+        &mut self,
+        now: Instant,
+        sandbox: SandboxId,
+    ) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::warn!(sandbox = %self.sid(sandbox), "shutdown failed");
+        self.unconfirmed(sandbox);
+        self.shutdown_answered(sandbox);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: the way down (drain → Stop → Persist → Shutdown)
+
+    /// The release policy, applied when a running sandbox's last call has gone.
+    pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
+        let x = &self.sandboxes[sandbox];
+        match (&x.owner, self.config.release, self.is_closing()) {
+            (Ownership::Managed, ReleasePolicy::KeepWarm { idle }, false) => {
+                tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
+                self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;
+                self.set_sandbox_timer(sandbox, idle);
+            }
+            _ => self.begin_drain(sandbox),
+        }
+    }
+
+    /// The sandbox drains: its sessions' mirror work and holds finish before Stop, up to the
+    /// drain deadline.
+    pub(crate) fn begin_drain(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(x.bound.is_empty());
+        x.state = SandboxState::Draining;
+        let sessions = self.sessions.names(x.targeting.iter().copied());
+        tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
+        self.set_sandbox_timer(sandbox, self.config.drain_deadline);
+        self.commands.push_back(Command::Drain {
+            sandbox: self.sid(sandbox),
+            sessions,
+        });
+        self.dirty.push(sandbox);
+    }
+
+    /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
+    /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
+    pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
+        self.cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let managed = x.is_managed();
+        x.state = if managed {
+            SandboxState::Stopping
+        } else {
+            SandboxState::Dead
+        };
+        self.leave_uploads(sandbox, reason);
+        let key = self.sandboxes[sandbox].key;
+        let slot = &mut self.keys[key];
+        if slot.current == Some(sandbox) {
+            slot.current = None;
+        }
+        if managed {
+            slot.retiring = Some(sandbox);
+            let x = self.sandboxes.get_mut(sandbox).expect("live");
+            x.awaiting = Awaiting::Stop;
+            let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+            tracing::debug!(sandbox = %self.sid(sandbox), "stop");
+            self.commands.push_back(Command::Stop {
+                sandbox: self.sid(sandbox),
+                suspend: self.suspends(),
+                deadline,
+            });
+        } else {
+            tracing::debug!(sandbox = %self.sid(sandbox), "external sandbox unbound");
+            self.dirty.push(sandbox);
+        }
+        self.admit(key);
+    }
+
+    pub(crate) fn persist(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        x.state = SandboxState::Persisting;
+        x.awaiting = Awaiting::Persist;
+        let snapshot = x.snapshot.clone();
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "persist");
+        self.commands.push_back(Command::Persist {
+            sandbox: self.sid(sandbox),
+            snapshot,
+            suspend: self.suspends(),
+            deadline,
+        });
+    }
+
+    /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, if any: cancels its
+    /// timer and orders `Abandon`. Its Shutdown follows at once (every caller orders it).
+    pub(crate) fn abandon(&mut self, sandbox: SandboxIx) {
+        if self.stop_awaiting(sandbox) {
+            self.order_abandon(sandbox);
+        }
+    }
+
+    /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, without ordering
+    /// `Abandon` yet; whether there was one. The caller orders it right before the Shutdown.
+    pub(crate) fn stop_awaiting(&mut self, sandbox: SandboxIx) -> bool {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        if !matches!(
+            x.awaiting,
+            Awaiting::Start | Awaiting::Stop | Awaiting::Persist
+        ) {
+            return false;
+        }
+        x.awaiting = Awaiting::Nothing;
+        self.cancel_sandbox_timer(sandbox);
+        true
+    }
+
+    pub(crate) fn order_abandon(&mut self, sandbox: SandboxIx) {
+        self.stats.abandoned += 1;
+        tracing::debug!(sandbox = %self.sid(sandbox), "abandon");
+        self.commands.push_back(Command::Abandon {
+            sandbox: self.sid(sandbox),
+        });
+    }
+
+    /// Orders the sandbox's one Shutdown.
+    pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(
+            !x.shutdown_ordered,
+            "shutdown ordered twice for {sandbox:?}"
+        );
+        debug_assert!(
+            x.awaiting == Awaiting::Nothing,
+            "shutdown of {sandbox:?} while awaiting {:?}",
+            x.awaiting
+        );
+        debug_assert!(x.is_managed());
+        debug_assert!(x.uploads.is_empty());
+        x.shutdown_ordered = true;
+        x.awaiting = Awaiting::Shutdown;
+        if x.state != SandboxState::Dead {
+            x.state = SandboxState::ShuttingDown;
+        }
+        let key = x.key;
+        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        self.stats.shutdowns_ordered += 1;
+        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
+        self.commands.push_back(Command::Shutdown {
+            sandbox: self.sid(sandbox),
+            deadline,
+        });
+        self.key_lets_go(key, sandbox);
+    }
+
+    /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
+    pub(crate) fn suspended(&mut self, sandbox: SandboxIx) {
+        tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
+        self.stats.suspended += 1;
+        self.close_note_suspended(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        x.state = SandboxState::Dead;
+        x.awaiting = Awaiting::Nothing;
+        let key = x.key;
+        self.key_lets_go(key, sandbox);
+        self.dirty.push(sandbox);
+    }
+
+    pub(crate) fn shutdown_answered(&mut self, sandbox: SandboxIx) {
+        self.cancel_sandbox_timer(sandbox);
+        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.dirty.push(sandbox);
+    }
+
+    pub(crate) fn unconfirmed(&mut self, sandbox: SandboxIx) {
+        self.stats.shutdowns_unconfirmed += 1;
+        self.close_note_unconfirmed(sandbox);
+        self.events.push_back(Event::ShutdownUnconfirmed {
+            sandbox: self.sid(sandbox),
+        });
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: the sandbox's timer
+
+    /// Sets the sandbox's one timer `after` from now, replacing the one it had; returns its
+    /// instant.
+    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
+        self.cancel_sandbox_timer(sandbox);
+        let at = self.timers.set(self.now + after, Timer::Sandbox(sandbox));
+        self.sandboxes.get_mut(sandbox).expect("live").deadline = Some(at);
+        at.at
+    }
+
+    pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxIx) {
+        if let Some(x) = self.sandboxes.get_mut(sandbox) {
+            if let Some(at) = x.deadline.take() {
+                self.timers.cancel(at);
+            }
+        }
+    }
+}
