@@ -202,34 +202,39 @@ impl std::ops::IndexMut<CallIx> for Calls {
     }
 }
 
-/// The last [`Limits::remembered_ended_calls`](crate::Limits) ended call names, oldest first.
+/// The names of the last [`Limits::remembered_ended_calls`](crate::Limits) call ends, so that
+/// a second release says `AlreadyReleased` rather than `UnknownCall`.
+///
+/// Each name is kept once, with the stamp of its latest end; a name is remembered while that
+/// stamp is among the last `capacity`. Names that fell out of the window are dropped in one
+/// pass whenever the index reaches twice the capacity: amortised O(1) per end, at most
+/// `2 × capacity` names kept, and one copy of each name.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct EndedCalls {
-    order: VecDeque<(CallId, u64)>,
     index: Map<CallId, u64>,
+    /// The stamp the next end gets.
     next: u64,
 }
 
 impl EndedCalls {
+    /// Notes that `call` ended.
     pub(crate) fn remember(&mut self, call: CallId, capacity: usize) {
         if capacity == 0 {
             return;
         }
-        let stamp = self.next;
+        self.index.insert(call, self.next);
         self.next += 1;
-        self.index.insert(call.clone(), stamp);
-        self.order.push_back((call, stamp));
-        while self.order.len() > capacity {
-            if let Some((old, old_stamp)) = self.order.pop_front() {
-                if self.index.get(&old) == Some(&old_stamp) {
-                    self.index.remove(&old);
-                }
-            }
+        if self.index.len() >= 2 * capacity {
+            let oldest = self.next - capacity as u64;
+            self.index.retain(|_, stamp| *stamp >= oldest);
         }
     }
 
-    pub(crate) fn contains(&self, call: &CallId) -> bool {
-        self.index.contains_key(call)
+    /// Whether `call` is among the last `capacity` ends.
+    pub(crate) fn contains(&self, call: &CallId, capacity: usize) -> bool {
+        self.index
+            .get(call)
+            .is_some_and(|stamp| stamp + capacity as u64 >= self.next)
     }
 }
 
@@ -336,11 +341,16 @@ impl Lifecycle {
     pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
         self.check_not_closed("release")?;
         let Some(ix) = self.calls.find(call) else {
-            return Err(if self.ended.contains(call) {
-                Error::AlreadyReleased { call: call.clone() }
-            } else {
-                Error::UnknownCall { call: call.clone() }
-            });
+            return Err(
+                if self
+                    .ended
+                    .contains(call, self.config.limits.remembered_ended_calls)
+                {
+                    Error::AlreadyReleased { call: call.clone() }
+                } else {
+                    Error::UnknownCall { call: call.clone() }
+                },
+            );
         };
         self.advance(now);
         tracing::debug!(call = %call, "release");
@@ -439,8 +449,6 @@ impl Lifecycle {
     pub(crate) fn end_call(&mut self, ix: CallIx, how: EndHow) {
         let c = self.calls.remove(ix);
         let call = &c.id;
-        self.ended
-            .remember(call.clone(), self.config.limits.remembered_ended_calls);
         let session = c.session;
         match how {
             EndHow::Released => {}
@@ -508,6 +516,8 @@ impl Lifecycle {
         };
         self.retarget(session, reason);
         self.after_unbind_key(c.key);
+        self.ended
+            .remember(c.id, self.config.limits.remembered_ended_calls);
     }
 
     /// Takes a call off its sandbox and key.

@@ -304,20 +304,19 @@ impl Lifecycle {
         if !s.releasing.is_empty() {
             let uploads = &self.uploads;
             let events = &mut self.events;
-            let mut releasing = std::mem::take(&mut s.releasing);
-            let paths = &s.paths;
-            releasing.retain(|(call, x)| {
-                let in_flight = paths
+            let releasing = std::mem::take(&mut s.releasing);
+            for (call, x) in releasing {
+                let in_flight = s
+                    .paths
                     .iter()
-                    .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == *x));
-                let done = busy_on != Some(*x) && !in_flight;
-                if done {
+                    .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == x));
+                if busy_on != Some(x) && !in_flight {
                     tracing::debug!(call = %call, "release completed");
-                    events.push_back(Event::CallReleased { call: call.clone() });
+                    events.push_back(Event::CallReleased { call });
+                } else {
+                    s.releasing.push((call, x));
                 }
-                !done
-            });
-            s.releasing = releasing;
+            }
         }
         let unsettled = s.has_unsettled();
         if s.unsettled && !unsettled {
