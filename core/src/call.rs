@@ -16,7 +16,6 @@ use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 
 slotmap::new_key_type! {
     /// A live call's place in the call table. Records refer to calls by it; a call's name is
