@@ -128,13 +128,32 @@ impl Session {
 
     /// Whether nothing about it is live: the record only remembers versions.
     pub(crate) fn is_idle(&self) -> bool {
-        self.ready.is_empty()
-            && self.coming == 0
-            && self.holds == 0
-            && self.target.is_none()
-            && self.linger.is_none()
-            && self.releasing.is_empty()
-            && !self.has_unsettled()
+        self.is_idle_given(self.has_unsettled())
+    }
+
+    /// [`is_idle`](Self::is_idle), with `has_unsettled` already known.
+    fn is_idle_given(&self, unsettled: bool) -> bool {
+        let Some(live) = self.live.as_deref() else {
+            return !unsettled;
+        };
+        live.ready.is_empty()
+            && live.coming == 0
+            && live.holds == 0
+            && live.target.is_none()
+            && live.linger.is_none()
+            && live.releasing.is_empty()
+            && !unsettled
+    }
+
+    /// Whether some path has a version pending, and whether some path has one pending or in
+    /// flight: one pass over the paths.
+    fn pending_and_unsettled(&self) -> (bool, bool) {
+        let (mut pending, mut unsettled) = (false, false);
+        for slot in self.paths.iter() {
+            pending |= slot.pending.is_some();
+            unsettled |= slot.pending.is_some() || slot.inflight.is_some();
+        }
+        (pending, unsettled)
     }
 
     /// Frees the boxes of an idle record, keeping only its versions.
@@ -287,7 +306,8 @@ impl Lifecycle {
             return;
         }
         let s = &mut self.sessions[session];
-        let busy = s.is_busy();
+        let (pending, unsettled) = s.pending_and_unsettled();
+        let busy = s.holds > 0 || pending;
         let busy_on = if busy { s.target } else { None };
         if busy_on != s.busy_on {
             if let Some(old) = s.busy_on {
@@ -318,7 +338,6 @@ impl Lifecycle {
                 }
             }
         }
-        let unsettled = s.has_unsettled();
         if s.unsettled && !unsettled {
             self.events.push_back(Event::MirrorSettled {
                 session: s.id.clone(),
@@ -327,7 +346,7 @@ impl Lifecycle {
         if s.unsettled != unsettled {
             s.unsettled = unsettled;
         }
-        let idle = s.is_idle();
+        let idle = s.is_idle_given(unsettled);
         match (idle, s.idle_stamp) {
             (true, None) => {
                 s.compact();
