@@ -116,6 +116,16 @@ fn ended_calls_are_remembered_exactly_as_long_as_configured() {
         matches!(core.release(t, &e), Err(Error::AlreadyReleased { .. })),
         "the first entry of `e` fell out, its second one must still answer"
     );
+    // The memory is bounded: many more ended calls keep at most twice the capacity of names.
+    for i in 0..50 {
+        let (c, _) = ids(&format!("h{i}"), "s");
+        call_cycle(&mut core, &c, &s, t);
+    }
+    let kept = serde_json::to_value(&core).unwrap()["ended"]["index"]
+        .as_object()
+        .unwrap()
+        .len();
+    assert!(kept < 2 * capacity, "{kept} ended names kept");
     let _ = Duration::ZERO;
 }
 
