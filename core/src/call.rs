@@ -172,17 +172,9 @@ impl Calls {
                 .all(|(name, ix)| self.records.get(*ix).is_some_and(|c| &c.id == name))
     }
 
-    /// Forgets every call (close finished).
-    pub(crate) fn clear(&mut self) {
-        self.records.clear();
-        self.by_name.clear();
-    }
-
     /// `calls` sorted by name: the order in which several calls reach an output.
     pub(crate) fn by_name_order(&self, mut calls: Few<CallIx>) -> Few<CallIx> {
-        if calls.len() > 1 {
-            calls.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
-        }
+        calls.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
         calls
     }
 }

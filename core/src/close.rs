@@ -171,10 +171,11 @@ impl Lifecycle {
             let Some(x) = self.sandboxes.get(sandbox) else {
                 continue;
             };
+            debug_assert!(
+                !matches!(x.state, SandboxState::Idle | SandboxState::Running),
+                "no call is live and warm sandboxes drain at close"
+            );
             match x.state {
-                SandboxState::Idle | SandboxState::Running => {
-                    unreachable!("no call is live and warm sandboxes drain at close")
-                }
                 SandboxState::Draining => self.end_drain(sandbox, DropReason::Closed),
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
@@ -213,10 +214,11 @@ impl Lifecycle {
             unreachable!("close finishes after revoking")
         };
         tracing::info!(?report, "closed");
+        // Revoking ended every call, and every sandbox left the way uploads go: no call and no
+        // upload is left to forget.
+        debug_assert!(self.calls.is_empty() && self.uploads.is_empty());
         self.timers.clear();
-        self.calls.clear();
         self.sandboxes.clear();
-        self.uploads.clear();
         self.keys.clear();
         self.sessions.clear();
         self.dirty.clear();

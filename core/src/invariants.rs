@@ -79,8 +79,7 @@ impl Lifecycle {
 
         let mut expected_timers = 0usize;
         // The timer table, live and cancelled entries alike (cancelled ones are dropped lazily).
-        let table: crate::map::Map<crate::timer::TimerRef, &Timer> =
-            self.timers.iter().collect();
+        let table: crate::map::Map<crate::timer::TimerRef, &Timer> = self.timers.iter().collect();
         // Calls, seen from the calls.
         ensure!(
             self.calls.index_agrees(),

@@ -251,9 +251,7 @@ impl Sessions {
 
     /// `sessions` sorted by name: the order in which several sessions reach an output.
     pub(crate) fn by_name_order(&self, mut sessions: Few<SessionIx>) -> Few<SessionIx> {
-        if sessions.len() > 1 {
-            sessions.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
-        }
+        sessions.sort_by(|a, b| self[*a].id.cmp(&self[*b].id));
         sessions
     }
 

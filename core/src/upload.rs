@@ -99,9 +99,7 @@ impl Uploads {
 
     /// `uploads` in id order: the order in which several uploads reach an output.
     pub(crate) fn in_id_order(&self, mut uploads: Few<UploadIx>) -> Few<UploadIx> {
-        if uploads.len() > 1 {
-            uploads.sort_by_key(|u| self.records[*u].id);
-        }
+        uploads.sort_by_key(|u| self.records[*u].id);
         uploads
     }
 
@@ -112,12 +110,6 @@ impl Uploads {
                 .by_id
                 .iter()
                 .all(|(id, ix)| self.records.get(*ix).is_some_and(|u| u.id == *id))
-    }
-
-    /// Forgets every upload (close finished); ids keep counting.
-    pub(crate) fn clear(&mut self) {
-        self.records.clear();
-        self.by_id.clear();
     }
 }
 

@@ -1,0 +1,168 @@
+//! Edges that mutation testing (cargo-mutants over the core) showed no other test pinned: each
+//! test names the guard it holds in place.
+
+use std::time::Duration;
+
+use sandkeeper::*;
+
+fn id(c: &str) -> CallId {
+    CallId::new(c).unwrap()
+}
+
+fn sid(s: &str) -> SessionId {
+    SessionId::new(s).unwrap()
+}
+
+fn commands(core: &mut Lifecycle) -> Vec<Command> {
+    std::iter::from_fn(|| core.poll_command()).collect()
+}
+
+fn events(core: &mut Lifecycle) -> Vec<Event> {
+    std::iter::from_fn(|| core.poll_event()).collect()
+}
+
+/// Acquires `c` for `s` and answers its Start: the call is ready on the returned sandbox.
+fn ready_call(core: &mut Lifecycle, c: &str, s: &str) -> SandboxId {
+    core.acquire(Instant::ZERO, CallSpec::new(id(c), sid(s)))
+        .unwrap();
+    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
+        panic!("no start for {c}")
+    };
+    core.handle_start_ok(Instant::ZERO, sandbox).unwrap();
+    assert!(events(core).contains(&Event::CallReady {
+        call: id(c),
+        sandbox
+    }));
+    sandbox
+}
+
+/// Close's first phase lasts while a call is live, even one whose sandbox died (so no sandbox
+/// is up): the call is revoked at the deadline, not at once. Pins `close_progress`'s "a call or
+/// an upload is live" guard.
+#[test]
+fn close_waits_for_a_live_call_on_a_dead_sandbox() {
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let t = Instant::ZERO;
+    let x = ready_call(&mut core, "a", "s");
+    core.handle_died(t, x).unwrap();
+    assert_eq!(
+        events(&mut core),
+        vec![Event::SandboxLost {
+            call: id("a"),
+            sandbox: x
+        }]
+    );
+    for command in commands(&mut core) {
+        if let Command::Shutdown { sandbox, .. } = command {
+            core.handle_shutdown_ok(t, sandbox).unwrap();
+        }
+    }
+    assert_eq!(core.call_status(&id("a")), Some(CallStatus::Lost(x)));
+
+    let deadline = Duration::from_secs(10);
+    core.close(t, deadline).unwrap();
+    assert!(
+        events(&mut core).is_empty(),
+        "nothing is revoked before the deadline"
+    );
+    assert_eq!(core.call_status(&id("a")), Some(CallStatus::Lost(x)));
+    assert_eq!(core.poll_timeout(), Some(t + deadline));
+
+    core.handle_timeout(t + deadline).unwrap();
+    let after = events(&mut core);
+    assert!(
+        after.contains(&Event::CallRevoked { call: id("a") }),
+        "{after:?}"
+    );
+}
+
+/// A session's mirror never goes to the sandbox of an earlier call of the session that was
+/// released while another of its calls had a sandbox up: once that other sandbox died, the
+/// mirror has nowhere to go (its live call is lost), and after that call ends neither. Pins the
+/// linger rule of `end_call` ("no other ready call with a sandbox up, and this sandbox accepts
+/// uploads").
+#[test]
+fn the_mirror_does_not_linger_on_a_sandbox_released_while_another_was_up() {
+    let mut core = Lifecycle::new(Config {
+        scope: Scope::Call,
+        release: ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(60),
+        },
+        ..Config::default()
+    })
+    .unwrap();
+    let t = Instant::ZERO;
+    let x = ready_call(&mut core, "a", "s");
+    let y = ready_call(&mut core, "b", "s");
+    core.release(t, &id("a")).unwrap();
+    // a's sandbox is kept warm: it still accepts uploads.
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+    core.handle_died(t, y).unwrap();
+    let _ = (commands(&mut core), events(&mut core));
+
+    // b is live but lost: its session has no sandbox that may be used.
+    let flush_goes_nowhere = |core: &mut Lifecycle, reason: DropReason| {
+        let v = core
+            .flush(t, &sid("s"), &PathName::session_log(), Payload::default())
+            .unwrap();
+        assert!(
+            !commands(core)
+                .iter()
+                .any(|c| matches!(c, Command::Upload { .. })),
+            "no upload into {x}, the warm sandbox of a call released while another was up"
+        );
+        assert!(events(core).contains(&Event::Settled {
+            session: sid("s"),
+            path: PathName::session_log(),
+            version: v,
+            outcome: Settlement::Dropped { reason },
+        }));
+    };
+    flush_goes_nowhere(&mut core, DropReason::SandboxGone);
+    core.release(t, &id("b")).unwrap();
+    let _ = (commands(&mut core), events(&mut core));
+    flush_goes_nowhere(&mut core, DropReason::NoSandbox);
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+}
+
+/// With room for one ended call, the memory never holds two names: it is cleared in one pass
+/// whenever it reaches twice its capacity. Pins the batch eviction of `EndedCalls::remember`.
+#[test]
+fn the_memory_of_one_ended_call_never_holds_two_names() {
+    let mut core = Lifecycle::new(Config {
+        scope: Scope::Call,
+        limits: Limits {
+            remembered_ended_calls: 1,
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .unwrap();
+    let t = Instant::ZERO;
+    for i in 0..20 {
+        let c = format!("c{i}");
+        core.acquire(t, CallSpec::new(id(&c), sid("s"))).unwrap();
+        core.release(t, &id(&c)).unwrap();
+        while let Some(command) = core.poll_command() {
+            if let Command::Start { sandbox, .. } = command {
+                core.handle_start_ok(t, sandbox).unwrap();
+            }
+        }
+        let kept = serde_json::to_value(&core).unwrap()["ended"]["index"]
+            .as_object()
+            .unwrap()
+            .len();
+        assert!(kept < 2, "{kept} ended names kept after {c}");
+        assert!(matches!(
+            core.release(t, &id(&c)),
+            Err(Error::AlreadyReleased { .. })
+        ));
+        if i > 0 {
+            let before = format!("c{}", i - 1);
+            assert!(matches!(
+                core.release(t, &id(&before)),
+                Err(Error::UnknownCall { .. })
+            ));
+        }
+    }
+}
