@@ -66,13 +66,18 @@ impl Lifecycle {
                 self.timers.len() == 0
                     && self.calls.is_empty()
                     && self.sandboxes.is_empty()
-                    && self.uploads.is_empty(),
+                    && self.uploads.is_empty()
+                    && self.keys.len() == 0
+                    && self.sessions.len() == 0,
                 "closed",
-                "state left after close: {} timers, {} calls, {} sandboxes, {} uploads",
+                "state left after close: {} timers, {} calls, {} sandboxes, {} uploads, {} keys, \
+                 {} session records",
                 self.timers.len(),
                 self.calls.len(),
                 self.sandboxes.len(),
-                self.uploads.len()
+                self.uploads.len(),
+                self.keys.len(),
+                self.sessions.len()
             );
             return Ok(());
         }

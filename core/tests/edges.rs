@@ -166,3 +166,57 @@ fn the_memory_of_one_ended_call_never_holds_two_names() {
         }
     }
 }
+
+/// A sandbox that dies while its Shutdown is outstanding keeps the Shutdown's deadline: with no
+/// answer, the Shutdown is reported unconfirmed at its deadline. Pins `died`'s "a Shutdown's
+/// deadline stays" guard.
+#[test]
+fn a_death_during_shutdown_keeps_the_shutdown_deadline() {
+    let config = Config::default();
+    let mut core = Lifecycle::new(config.clone()).unwrap();
+    let t = Instant::ZERO;
+    let x = ready_call(&mut core, "a", "s");
+    core.release(t, &id("a")).unwrap();
+    let mut stopped = false;
+    while let Some(command) = core.poll_command() {
+        if let Command::Stop { sandbox, .. } = command {
+            core.handle_stop_ok(t, sandbox, None).unwrap();
+            stopped = true;
+        }
+    }
+    assert!(stopped);
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::ShuttingDown));
+    let deadline = t + config.command_timeout;
+    assert_eq!(core.poll_timeout(), Some(deadline));
+
+    core.handle_died(t, x).unwrap();
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Dead));
+    assert_eq!(core.poll_timeout(), Some(deadline));
+    let _ = events(&mut core);
+    core.handle_timeout(deadline).unwrap();
+    assert_eq!(
+        events(&mut core),
+        vec![Event::ShutdownUnconfirmed { sandbox: x }]
+    );
+    assert_eq!(core.sandbox_state(x), None);
+}
+
+/// Close leaves nothing behind: no key, no session record (and the invariant check says so).
+#[test]
+fn close_forgets_keys_and_session_records() {
+    let mut core = Lifecycle::new(Config {
+        release: ReleasePolicy::Suspend,
+        ..Config::default()
+    })
+    .unwrap();
+    let t = Instant::ZERO;
+    ready_call(&mut core, "a", "s");
+    core.flush(t, &sid("s"), &PathName::session_log(), Payload::default())
+        .unwrap();
+    core.close(t, Duration::from_secs(1)).unwrap();
+    core.handle_timeout(t + Duration::from_secs(1)).unwrap();
+    core.handle_timeout(t + Duration::from_secs(100)).unwrap();
+    assert!(core.is_closed());
+    assert_eq!((core.tracked_keys(), core.session_records()), (0, 0));
+    core.check_invariants().unwrap();
+}
