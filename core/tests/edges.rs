@@ -201,7 +201,8 @@ fn a_death_during_shutdown_keeps_the_shutdown_deadline() {
     assert_eq!(core.sandbox_state(x), None);
 }
 
-/// Close leaves nothing behind: no key, no session record (and the invariant check says so).
+/// Close leaves nothing behind: no key (not even one kept for its snapshot), no session record
+/// (not even an idle one), and the invariant check says so.
 #[test]
 fn close_forgets_keys_and_session_records() {
     let mut core = Lifecycle::new(Config {
@@ -211,11 +212,20 @@ fn close_forgets_keys_and_session_records() {
     .unwrap();
     let t = Instant::ZERO;
     ready_call(&mut core, "a", "s");
-    core.flush(t, &sid("s"), &PathName::session_log(), Payload::default())
-        .unwrap();
+    core.release(t, &id("a")).unwrap();
+    while let Some(command) = core.poll_command() {
+        match command {
+            Command::Stop { sandbox, .. } => core
+                .handle_stop_ok(t, sandbox, Some(Snapshot::new("snap")))
+                .unwrap(),
+            Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
+            _ => {}
+        }
+    }
+    // Suspended: the key is kept for its snapshot, the session's record for its versions.
+    assert_eq!((core.tracked_keys(), core.session_records()), (1, 1));
+    assert_eq!(core.tracked_sandboxes(), 0);
     core.close(t, Duration::from_secs(1)).unwrap();
-    core.handle_timeout(t + Duration::from_secs(1)).unwrap();
-    core.handle_timeout(t + Duration::from_secs(100)).unwrap();
     assert!(core.is_closed());
     assert_eq!((core.tracked_keys(), core.session_records()), (0, 0));
     core.check_invariants().unwrap();
