@@ -12,9 +12,54 @@ struct Report {
     figures: Vec<(String, f64, String)>,
 }
 
+/// A figure's goal (issue #11 and earlier): the value must stay at most, or at least, this.
+#[derive(Clone, Copy)]
+enum Goal {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Goal {
+    fn of(name: &str) -> Option<Goal> {
+        Some(match name {
+            "core.call_cycle_vs_hashmap" => Goal::AtMost(3.0),
+            "core.scale_ratio_1m_vs_1k" => Goal::AtMost(2.0),
+            "core.bytes_per_idle_session" => Goal::AtMost(256.0),
+            "sim.steps_per_sec" => Goal::AtLeast(1_500_000.0),
+            "tokio.acquire_release_vs_channel" => Goal::AtMost(3.0),
+            "tokio.hol_release_ratio" => Goal::AtMost(1.5),
+            _ => return None,
+        })
+    }
+
+    fn met(self, value: f64) -> bool {
+        match self {
+            Goal::AtMost(goal) => value <= goal,
+            Goal::AtLeast(goal) => value >= goal,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Goal::AtMost(goal) => format!("<= {goal}"),
+            Goal::AtLeast(goal) => format!(">= {goal}"),
+        }
+    }
+}
+
 impl Report {
+    /// Prints `name value unit`, and after a `#` the figure's goal and whether it is met.
     fn add(&mut self, name: &str, value: f64, unit: &str) {
-        println!("{name} {value:.3} {unit}");
+        match Goal::of(name) {
+            Some(goal) => {
+                let verdict = if goal.met(value) { "met" } else { "missed" };
+                println!(
+                    "{name} {value:.3} {unit}  # goal {}: {verdict}",
+                    goal.describe()
+                );
+            }
+            None => println!("{name} {value:.3} {unit}"),
+        }
         self.figures
             .push((name.to_string(), value, unit.to_string()));
     }
@@ -99,7 +144,14 @@ fn main() {
         let body: Vec<String> = report
             .figures
             .iter()
-            .map(|(n, v, u)| format!("  {{\"name\": \"{n}\", \"value\": {v}, \"unit\": \"{u}\"}}"))
+            .map(|(n, v, u)| match Goal::of(n) {
+                Some(goal) => format!(
+                    "  {{\"name\": \"{n}\", \"value\": {v}, \"unit\": \"{u}\", \"goal\": \"{}\", \"met\": {}}}",
+                    goal.describe(),
+                    goal.met(*v)
+                ),
+                None => format!("  {{\"name\": \"{n}\", \"value\": {v}, \"unit\": \"{u}\"}}"),
+            })
             .collect();
         std::fs::write(&path, format!("[\n{}\n]\n", body.join(",\n"))).expect("write json");
         eprintln!("wrote {path}");
