@@ -215,7 +215,10 @@ impl Backend for K8sBackend {
             path: &request.path,
             bytes: &request.payload.0,
         };
-        self.cluster.upload(&h.pod, &[file]).await.map_err(failure)
+        self.cluster
+            .upload_into(&h.pod, &h.pod_uid, &[file])
+            .await
+            .map_err(failure)
     }
 
     async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {

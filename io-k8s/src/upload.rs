@@ -121,6 +121,14 @@ pub fn cleanup_argv(
     timed(timeout_secs, &argv)
 }
 
+/// The failure of an upload into an instance whose pod name now belongs to another instance.
+fn replaced(pod: &str, was: &str, now: &str) -> K8sError {
+    K8sError::Gone {
+        what: format!("pod {pod}"),
+        message: format!("the instance (uid {was}) was replaced by another (uid {now})"),
+    }
+}
+
 /// The argv of an upload's extraction.
 pub fn upload_argv(workdir: &str, timeout_secs: u64) -> Vec<String> {
     [
@@ -142,7 +150,34 @@ impl Cluster {
     /// Writes files into `pod` under the workdir. A failure whose cause is unclear (no status
     /// frame, a refused upgrade, a transport error) is followed by a fresh read of the pod: a
     /// pod that is absent or finished makes it [`K8sError::Gone`].
+    ///
+    /// Exec reaches a pod by name, and a controller recreates a deleted pod under the same
+    /// name: an upload that must land in one instance goes through [`Cluster::upload_into`].
     pub async fn upload(&self, pod: &str, files: &[UploadFile<'_>]) -> Result<(), K8sError> {
+        self.upload_checked(pod, None, files).await
+    }
+
+    /// [`Cluster::upload`] into the instance of `pod` whose UID is `uid`, and no other. After
+    /// the upload (or its failure) the pod is read again: when its UID is still `uid` that
+    /// object existed from before the first exec until after the last one (a deleted object
+    /// never comes back, and a name belongs to one object at a time), so every exec ran in it;
+    /// otherwise the instance is gone, whatever the execs answered, and so is the upload
+    /// ([`K8sError::Gone`], naming both UIDs). One extra read per upload is the price.
+    pub async fn upload_into(
+        &self,
+        pod: &str,
+        uid: &str,
+        files: &[UploadFile<'_>],
+    ) -> Result<(), K8sError> {
+        self.upload_checked(pod, Some(uid), files).await
+    }
+
+    async fn upload_checked(
+        &self,
+        pod: &str,
+        uid: Option<&str>,
+        files: &[UploadFile<'_>],
+    ) -> Result<(), K8sError> {
         let size: u64 = files.iter().map(|f| f.bytes.len() as u64).sum();
         if size > self.config.max_payload_bytes {
             return Err(K8sError::TooLarge {
@@ -172,9 +207,16 @@ impl Cluster {
                 }
             }
         }
-        let e = match result {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
+        let e = match (result, uid) {
+            (Ok(()), None) => return Ok(()),
+            (Ok(()), Some(uid)) => {
+                return match self.check_pod_alive(pod).await {
+                    Ok(now) if now == uid => Ok(()),
+                    Ok(now) => Err(replaced(pod, uid, &now)),
+                    Err(e) => Err(e),
+                }
+            }
+            (Err(e), _) => e,
         };
         if !e.is_gone() {
             let rm = cleanup_argv(workdir, secs, files, &tag);
@@ -186,8 +228,9 @@ impl Cluster {
             K8sError::CommandFailed { .. }
             | K8sError::Forbidden { .. }
             | K8sError::TooLarge { .. } => Err(e),
-            e => match self.check_pod_alive(pod).await {
-                Err(gone) if gone.is_gone() => Err(gone),
+            e => match (self.check_pod_alive(pod).await, uid) {
+                (Err(gone), _) if gone.is_gone() => Err(gone),
+                (Ok(now), Some(uid)) if uid != now => Err(replaced(pod, uid, &now)),
                 _ => Err(e),
             },
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_loopback::resources::{PODS, SANDBOXES, SANDBOX_CLAIMS};
-use k8s_loopback::store::{Event, EventType};
+use k8s_loopback::store::{Event, EventType, Propagation};
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::names::session_hash;
 use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
@@ -291,6 +291,39 @@ async fn upload_limits_and_command_failures_are_typed() {
         matches!(&e, K8sError::CommandFailed { code, .. } if *code != 0),
         "{e}"
     );
+}
+
+/// Exec finds a pod by name, and the controller recreates a deleted pod under the same name:
+/// an upload by name alone lands in the new, empty instance. `upload_into` pins the instance
+/// by UID and fails `Gone` instead, naming both UIDs (the flake of driver test r6 was this:
+/// an upload into the recreated pod succeeded before the death watch reported the deletion).
+#[tokio::test]
+async fn an_upload_pinned_to_an_instance_fails_gone_once_the_pod_was_recreated() {
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-pin"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("f").unwrap());
+    k.upload_into(&h.pod, &h.pod_uid, &[file(&s, &p, b"one")])
+        .await
+        .unwrap();
+    server
+        .store()
+        .delete(&PODS, NS, &h.pod, Propagation::Background, None)
+        .unwrap();
+    let running_again = || {
+        server.store().get(&PODS, NS, &h.pod).is_ok_and(|p| {
+            p["metadata"]["uid"] != h.pod_uid.as_str() && p["status"]["phase"] == "Running"
+        })
+    };
+    set_back(&server, "the pod", running_again).await;
+    let e = k
+        .upload_into(&h.pod, &h.pod_uid, &[file(&s, &p, b"two")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Gone, "{e}");
+    assert!(e.to_string().contains(&h.pod_uid), "{e}");
+    // By name alone the same upload succeeds, into the new instance.
+    k.upload(&h.pod, &[file(&s, &p, b"two")]).await.unwrap();
 }
 
 /// Waits (bounded, without sleeping) until `done` holds for the store.
