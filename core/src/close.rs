@@ -222,7 +222,9 @@ impl Lifecycle {
         self.keys.clear();
         self.sessions.clear();
         self.dirty.clear();
-        self.events.push_back(Event::Closed { report });
+        self.events.push_back(Event::Closed {
+            report: Box::new(report),
+        });
     }
 
     fn close_report(&mut self) -> Option<&mut CloseReport> {

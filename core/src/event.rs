@@ -68,8 +68,9 @@ pub enum Event {
     },
     /// Close has finished. No command follows; every later input is refused.
     Closed {
-        /// What close did.
-        report: CloseReport,
+        /// What close did. Boxed: it is by far the largest event and comes once, and every
+        /// other event is moved through the queue at the size of the largest.
+        report: Box<CloseReport>,
     },
 }
 

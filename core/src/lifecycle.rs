@@ -339,10 +339,21 @@ impl Lifecycle {
 
     /// Drops cancelled timers from the top of the table (and compacts it now and then), so that
     /// `poll_timeout` is a live deadline.
+    ///
+    /// The table stays in place (moving it out and back for the borrow cost more than the rest
+    /// of this function): only the rare rebuild takes it out.
     pub(crate) fn prune_timers(&mut self) {
-        let mut timers = std::mem::take(&mut self.timers);
-        timers.prune(|at, timer| self.timer_is_live(at, timer));
-        self.timers = timers;
+        if self.timers.rebuild_due() {
+            let mut timers = std::mem::take(&mut self.timers);
+            timers.rebuild(|at, timer| self.timer_is_live(at, timer));
+            self.timers = timers;
+        }
+        while let Some((at, timer)) = self.timers.peek() {
+            if self.timer_is_live(at, &timer) {
+                break;
+            }
+            self.timers.pop_stale();
+        }
     }
 
     // ------------------------------------------------------------------------------------------

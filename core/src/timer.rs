@@ -12,7 +12,7 @@ use crate::time::Instant;
 use crate::upload::UploadIx;
 
 /// What a deadline is for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Timer {
     /// The sandbox's current state has a deadline: Starting (start timeout), Idle (warm idle
     /// timeout), Draining (drain deadline), Stopping, Persisting or ShuttingDown (command
@@ -134,38 +134,50 @@ impl Timers {
         }
     }
 
-    /// Drops stale entries from the top, and rebuilds the heap from its live entries when it
-    /// has grown to twice its size at the last rebuild. `live` says whether an entry's owner
-    /// still holds it. Amortised O(log n) per timer set.
-    pub(crate) fn prune(&mut self, live: impl Fn(TimerRef, &Timer) -> bool) {
-        if self.heap.len() > REBUILD_FLOOR.max(2 * self.rebuilt_at) {
-            let entries = std::mem::take(&mut self.heap).into_vec();
-            self.heap = entries
-                .into_iter()
-                .filter(|Reverse(e)| {
-                    live(
-                        TimerRef {
-                            at: e.at,
-                            seq: e.seq,
-                        },
-                        &e.timer,
-                    )
-                })
-                .collect();
-            self.rebuilt_at = self.heap.len();
-        }
-        while let Some(Reverse(e)) = self.heap.peek() {
-            if live(
+    /// The earliest entry, live or stale: the caller asks its owner, and pops it with
+    /// [`Timers::pop_stale`] when stale (after every input, so [`Timers::next`] is always a
+    /// live deadline).
+    pub(crate) fn peek(&self) -> Option<(TimerRef, Timer)> {
+        self.heap.peek().map(|Reverse(e)| {
+            (
                 TimerRef {
                     at: e.at,
                     seq: e.seq,
                 },
-                &e.timer,
-            ) {
-                break;
-            }
-            self.heap.pop();
-        }
+                e.timer,
+            )
+        })
+    }
+
+    /// Drops the earliest entry, which [`Timers::peek`] showed stale.
+    pub(crate) fn pop_stale(&mut self) {
+        self.heap.pop();
+    }
+
+    /// Whether the heap has grown to twice its size at the last rebuild (past a floor), so
+    /// that [`Timers::rebuild`] is due. Checked after every input: rebuilding then keeps stale
+    /// entries from outnumbering live ones by more than a constant factor, amortised O(1) per
+    /// timer set.
+    pub(crate) fn rebuild_due(&self) -> bool {
+        self.heap.len() > REBUILD_FLOOR.max(2 * self.rebuilt_at)
+    }
+
+    /// Rebuilds the heap from the entries whose owner still holds them (`live`).
+    pub(crate) fn rebuild(&mut self, live: impl Fn(TimerRef, &Timer) -> bool) {
+        let entries = std::mem::take(&mut self.heap).into_vec();
+        self.heap = entries
+            .into_iter()
+            .filter(|Reverse(e)| {
+                live(
+                    TimerRef {
+                        at: e.at,
+                        seq: e.seq,
+                    },
+                    &e.timer,
+                )
+            })
+            .collect();
+        self.rebuilt_at = self.heap.len();
     }
 
     /// Entries in the heap, live and stale.

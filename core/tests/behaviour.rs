@@ -377,10 +377,10 @@ fn external_sandboxes_are_never_stopped_or_shut_down() {
     h.expect_events(&[
         revoked("c"),
         Event::Closed {
-            report: CloseReport {
+            report: Box::new(CloseReport {
                 revoked_calls: vec![call("c")],
                 ..CloseReport::default()
-            },
+            }),
         },
     ]);
     assert!(!h.all_commands.iter().any(|c| matches!(
@@ -456,10 +456,10 @@ fn keep_warm_sandboxes_are_shut_down_at_close() {
     h.expect_commands(&[shutdown(x)]);
     h.shutdown_ok(x);
     h.expect_events(&[Event::Closed {
-        report: CloseReport {
+        report: Box::new(CloseReport {
             shut_down: 1,
             ..CloseReport::default()
-        },
+        }),
     }]);
     assert_eq!(h.now, Instant::ZERO); // close did not wait for its deadline
 }
@@ -1260,11 +1260,11 @@ fn close_lets_live_calls_finish_and_refuses_new_work() {
     h.quiet();
     h.shutdown_ok(y);
     h.expect_events(&[Event::Closed {
-        report: CloseReport {
+        report: Box::new(CloseReport {
             refused_waiters: vec![call("q")],
             shut_down: 2,
             ..CloseReport::default()
-        },
+        }),
     }]);
     assert_eq!(h.now, Instant::ZERO + secs(1));
     h.assert_all_settled();
@@ -1311,7 +1311,7 @@ fn close_revokes_what_is_left_at_the_deadline_and_reports_it() {
     h.shutdown_ok(y);
     h.shutdown_ok(x);
     h.expect_events(&[Event::Closed {
-        report: CloseReport {
+        report: Box::new(CloseReport {
             revoked_calls: vec![call("a"), call("b")],
             refused_waiters: vec![],
             dropped_versions: vec![
@@ -1322,7 +1322,7 @@ fn close_revokes_what_is_left_at_the_deadline_and_reports_it() {
             shut_down: 2,
             suspended: vec![],
             unconfirmed: vec![],
-        },
+        }),
     }]);
     h.assert_all_settled();
     h.assert_all_shut_down();
@@ -1343,10 +1343,10 @@ fn close_reports_suspended_and_unconfirmed_after_the_second_deadline() {
     h.persist_ok(x);
     h.expect_commands(&[]);
     h.expect_events(&[Event::Closed {
-        report: CloseReport {
+        report: Box::new(CloseReport {
             suspended: vec![x],
             ..CloseReport::default()
-        },
+        }),
     }]);
 
     let mut h = Script::default_config();
@@ -1363,10 +1363,10 @@ fn close_reports_suspended_and_unconfirmed_after_the_second_deadline() {
     h.expect_events(&[
         unconfirmed(x),
         Event::Closed {
-            report: CloseReport {
+            report: Box::new(CloseReport {
                 unconfirmed: vec![x],
                 ..CloseReport::default()
-            },
+            }),
         },
     ]);
     assert!(h.core.is_closed());
@@ -1386,10 +1386,10 @@ fn close_reports_suspended_and_unconfirmed_after_the_second_deadline() {
     h.expect_events(&[
         unconfirmed(x),
         Event::Closed {
-            report: CloseReport {
+            report: Box::new(CloseReport {
                 unconfirmed: vec![x],
                 ..CloseReport::default()
-            },
+            }),
         },
     ]);
     assert!(matches!(
@@ -1886,7 +1886,7 @@ fn every_variant_round_trips() {
         mirror_settled("s"),
         unconfirmed(x),
         Event::Closed {
-            report: CloseReport {
+            report: Box::new(CloseReport {
                 revoked_calls: vec![call("a")],
                 refused_waiters: vec![call("b")],
                 dropped_versions: vec![(session("s"), log(), Version(1))],
@@ -1894,7 +1894,7 @@ fn every_variant_round_trips() {
                 shut_down: 3,
                 suspended: vec![x],
                 unconfirmed: vec![SandboxId(8)],
-            },
+            }),
         },
     ];
     for reason in [

@@ -386,7 +386,7 @@ fn r08_close_vs_late_write() {
     h.shutdown_ok(xa);
     h.expect_commands(&[]);
     h.expect_events(&[Event::Closed {
-        report: CloseReport {
+        report: Box::new(CloseReport {
             revoked_calls: vec![call("a")],
             dropped_versions: vec![
                 (session("sa"), log(), Version(1)),
@@ -394,7 +394,7 @@ fn r08_close_vs_late_write() {
             ],
             shut_down: 1,
             ..CloseReport::default()
-        },
+        }),
     }]);
     // After Closed: the late upload answer, a late flush, anything: refused, nothing emitted.
     assert!(matches!(

@@ -466,9 +466,9 @@ impl State {
             }
             Event::Closed { report } => {
                 for done in self.close_waiters.drain(..) {
-                    done.set(report.clone());
+                    done.set(CloseReport::clone(&report));
                 }
-                self.report = Some(report);
+                self.report = Some(*report);
                 for (_, entry) in self.calls.drain() {
                     if let Some(ready) = entry.ready {
                         ready.set(Err(CallEnd::Closed));
