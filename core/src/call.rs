@@ -430,7 +430,7 @@ impl Lifecycle {
             call: name,
             sandbox: self.sid(sandbox),
         });
-        self.retarget(session, DropReason::NoSandbox);
+        self.mirror().retarget(session, DropReason::NoSandbox);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -505,7 +505,7 @@ impl Lifecycle {
         } else {
             DropReason::NoSandbox
         };
-        self.retarget(session, reason);
+        self.mirror().retarget(session, reason);
         self.after_unbind_key(c.key);
         self.ended
             .remember(c.id, self.config.limits.remembered_ended_calls);

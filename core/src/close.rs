@@ -10,9 +10,7 @@
 use crate::call::{CallIx, EndHow};
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{CloseReport, Event};
-use crate::ids::Version;
 use crate::lifecycle::Lifecycle;
-use crate::name::{PathName, SessionId};
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::session::SessionIx;
 use crate::small_set::Few;
@@ -35,6 +33,18 @@ pub(crate) enum CloseState {
         report: CloseReport,
     },
     Closed,
+}
+
+impl CloseState {
+    /// The report being gathered, while close is under way.
+    pub(crate) fn report_mut(&mut self) -> Option<&mut CloseReport> {
+        match self {
+            CloseState::Draining { report, .. } | CloseState::Revoked { report, .. } => {
+                Some(report)
+            }
+            CloseState::Open | CloseState::Closed => None,
+        }
+    }
 }
 
 impl Lifecycle {
@@ -228,25 +238,7 @@ impl Lifecycle {
     }
 
     fn close_report(&mut self) -> Option<&mut CloseReport> {
-        match &mut self.close {
-            CloseState::Draining { report, .. } | CloseState::Revoked { report, .. } => {
-                Some(report)
-            }
-            CloseState::Open | CloseState::Closed => None,
-        }
-    }
-
-    pub(crate) fn close_note_dropped(
-        &mut self,
-        session: &SessionId,
-        path: &PathName,
-        version: Version,
-    ) {
-        if let Some(report) = self.close_report() {
-            report
-                .dropped_versions
-                .push((session.clone(), path.clone(), version));
-        }
+        self.close.report_mut()
     }
 
     pub(crate) fn close_note_shut_down(&mut self) {

@@ -101,7 +101,8 @@ impl Lifecycle {
                 sandbox: self.sid(sandbox),
             });
         }
-        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        self.mirror()
+            .leave_uploads(sandbox, DropReason::SandboxGone);
         let x = &self.sandboxes[sandbox];
         if x.is_managed() && !x.shutdown_ordered {
             if abandoned {

@@ -178,8 +178,8 @@
 //! | `start.rs` | Start and its answers; a start that failed, timed out or died |
 //! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer |
 //! | `death.rs` | deaths and lost instances |
-//! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots |
-//! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input |
+//! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots; `Mirror`, the mirror's view of the lifecycle |
+//! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input (mirror work) |
 //! | `upload.rs` | uploads in flight and their table |
 //! | `close.rs` | close: its phases, revocation, the close report |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
@@ -191,6 +191,11 @@
 //! Every table (calls, keys, sessions, sandboxes, uploads) is a generational slab with an index
 //! from names or ids to places: a name or id is looked up once, where it comes in, and records
 //! refer to each other by place.
+//!
+//! Mirror work runs on `Mirror`, a view that borrows what it may change (session records,
+//! uploads, the sandboxes' upload bookkeeping, timers, outputs) and reads the calls: the
+//! compiler, not a convention, keeps the mirror away from calls' state, keys and ended calls.
+//! The inputs themselves stay on [`Lifecycle`], which checks them and hands the work on.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -304,8 +304,8 @@ impl Lifecycle {
                     }
                 }
             }
-            Timer::Upload(upload) => self.upload_timed_out(upload),
-            Timer::Retry(session, slot) => self.retry_due(session, slot),
+            Timer::Upload(upload) => self.mirror().upload_timed_out(upload),
+            Timer::Retry(session, slot) => self.mirror().retry_due(session, slot),
             Timer::Wait(call) => {
                 tracing::debug!(call = %self.calls[call].id, "wait timed out");
                 self.end_call(call, EndHow::Failed(ErrorKind::WaitTimeout));
@@ -423,7 +423,7 @@ impl Lifecycle {
             if !self.touched.is_empty() {
                 let touched = std::mem::take(&mut self.touched);
                 for &session in &touched {
-                    self.reconcile_session(session);
+                    self.mirror().reconcile_session(session);
                 }
                 // Keep the buffer: a reconciled session touches no other session.
                 debug_assert!(self.touched.is_empty());

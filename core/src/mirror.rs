@@ -6,22 +6,29 @@
 //! mirror targets the sandbox of its earliest ready call, else the sandbox its last call was
 //! released from while that one still accepts uploads ("linger"): never another session's.
 //!
-//! Also here: [`Slot`], the mirror state of one (session, path), kept in the session's record.
+//! Also here: [`Slot`], the mirror state of one (session, path), kept in the session's record,
+//! and [`Mirror`], the view of the lifecycle mirror work runs on: the inputs (on [`Lifecycle`])
+//! check and hand on; everything after runs on the view, which cannot change a call or a key.
 
+use crate::call::Calls;
+use crate::close::CloseState;
 use crate::command::Command;
+use crate::config::Config;
 use crate::error::{DropReason, Error};
 use crate::event::{Event, Settlement};
-use crate::ids::{Payload, UploadId, Version};
+use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
-use crate::sandbox::{SandboxIx, SandboxState};
-use crate::session::{Session, SessionIx};
+use crate::sandbox::{SandboxIx, SandboxState, Sandboxes};
+use crate::session::{Session, SessionIx, Sessions};
 use crate::small_set::Few;
+use crate::stats::Stats;
 use crate::time::Instant;
-use crate::timer::{Timer, TimerRef};
-use crate::upload::{Upload, UploadIx};
+use crate::timer::{Timer, TimerRef, Timers};
+use crate::upload::{Upload, UploadIx, Uploads};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 
 impl Lifecycle {
@@ -73,39 +80,7 @@ impl Lifecycle {
         }
 
         self.advance(now);
-        self.stats.versions_flushed += 1;
-        let ix = self.sessions.find_or_insert(session);
-        let s = &mut self.sessions[ix];
-        let i = match s.slot(path) {
-            Some(i) => i,
-            None => {
-                s.add_path(path.clone());
-                s.paths.len() - 1
-            }
-        };
-        let nowhere = s.target.is_none() && s.coming == 0;
-        let none_ready = s.ready.is_empty();
-        let slot = &mut s.paths[i];
-        slot.last += 1;
-        let version = Version(slot.last);
-        tracing::trace!(session = %session, path = %path, version = %version, "flush");
-        if nowhere {
-            let reason = if none_ready {
-                DropReason::NoSandbox
-            } else {
-                DropReason::SandboxGone
-            };
-            self.settle(ix, i, version, Settlement::Dropped { reason });
-        } else {
-            let superseded = slot.pending.replace((version, payload));
-            if let Some((old, _)) = superseded {
-                slot.attempts = 0;
-                slot.since = None;
-                self.settle(ix, i, old, Settlement::Superseded { by: version });
-            }
-            self.pump(ix);
-        }
-        self.session_changed(ix);
+        let version = self.mirror().record_flush(session, path, payload);
         self.finish_input();
         Ok(version)
     }
@@ -174,22 +149,23 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownUpload` for an id never handed out; `Closed` after close finished.
     pub fn handle_upload_ok(&mut self, now: Instant, upload: UploadId) -> Result<(), Error> {
-        let Some(up) = self.take_upload(upload)? else {
+        let Some(up) = self.answered_upload(upload)? else {
             return Ok(());
         };
         self.advance(now);
-        self.stats.versions_uploaded += 1;
+        let mut m = self.mirror();
+        m.stats.versions_uploaded += 1;
         let sandbox = up.sandbox;
-        self.settle(
+        m.settle(
             up.session,
             up.slot,
             up.version,
             Settlement::Uploaded {
-                sandbox: self.sid(sandbox),
+                sandbox: m.sid(sandbox),
             },
         );
-        self.pump(up.session);
-        self.session_changed(up.session);
+        m.pump(up.session);
+        m.session_changed(up.session);
         self.finish_input();
         Ok(())
     }
@@ -205,26 +181,18 @@ impl Lifecycle {
         upload: UploadId,
         failure: UploadFailure,
     ) -> Result<(), Error> {
-        let Some(up) = self.take_upload(upload)? else {
+        let Some(up) = self.answered_upload(upload)? else {
             return Ok(());
         };
         self.advance(now);
-        let Upload {
-            session,
-            slot: i,
-            version,
-            sandbox,
-            payload,
-            attempts,
-            since,
-            ..
-        } = up;
+        let session = up.session;
         match failure {
             UploadFailure::Gone => {
-                self.settle(
+                let sandbox = up.sandbox;
+                self.mirror().settle(
                     session,
-                    i,
-                    version,
+                    up.slot,
+                    up.version,
                     Settlement::Dropped {
                         reason: DropReason::SandboxGone,
                     },
@@ -233,39 +201,164 @@ impl Lifecycle {
                     self.died(sandbox);
                 }
             }
-            UploadFailure::Transient => {
-                let delay = self.retry_delay(attempts);
-                let in_time = self.now + delay < since + self.config.upload_timeout;
-                let s = &mut self.sessions[session];
-                let slot = &mut s.paths[i];
-                if let Some((newer, _)) = &slot.pending {
-                    let by = *newer;
-                    self.settle(session, i, version, Settlement::Superseded { by });
-                } else if attempts < self.config.upload_retries && in_time {
-                    let at = self.now + delay;
-                    tracing::debug!(session = %s.id, path = %slot.path, version = %version, attempt = attempts + 1, "upload retry");
-                    slot.pending = Some((version, payload));
-                    slot.attempts = attempts + 1;
-                    slot.since = Some(since);
-                    slot.retry_at = Some(self.timers.set(at, Timer::Retry(session, i)));
-                    self.stats.upload_retries += 1;
-                } else {
-                    self.settle(
-                        session,
-                        i,
-                        version,
-                        Settlement::Dropped {
-                            reason: DropReason::UploadFailed,
-                        },
-                    );
-                }
-            }
+            UploadFailure::Transient => self.mirror().retry_or_drop(up),
         }
         // A version kept for a retry needs somewhere to go: with no sandbox and none coming,
         // it fails now.
-        self.retarget(session, DropReason::UploadFailed);
+        self.mirror().retarget(session, DropReason::UploadFailed);
         self.finish_input();
         Ok(())
+    }
+
+    /// Checks an upload answer and removes the upload it answers from every record; `None` for
+    /// a stale answer (the upload timed out or was cancelled).
+    fn answered_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
+        self.check_not_closed("answer")?;
+        let Some(ix) = self.uploads.find(upload) else {
+            if self.uploads.was_handed_out(upload) {
+                tracing::debug!(upload = %upload, "stale upload answer ignored");
+                self.stats.stale_answers += 1;
+                return Ok(None);
+            }
+            return Err(Error::UnknownUpload { upload });
+        };
+        Ok(Some(self.mirror().take_upload(ix)))
+    }
+
+    /// The mirror's view of the lifecycle: what mirror work may change. It reads the calls and
+    /// the configuration, and cannot reach the keys, the ended calls or the waiting count at
+    /// all, so no change to the mirror can touch a call or a key.
+    pub(crate) fn mirror(&mut self) -> Mirror<'_> {
+        Mirror {
+            config: &self.config,
+            now: self.now,
+            calls: &self.calls,
+            sessions: &mut self.sessions,
+            uploads: &mut self.uploads,
+            sandboxes: &mut self.sandboxes,
+            timers: &mut self.timers,
+            commands: &mut self.commands,
+            events: &mut self.events,
+            stats: &mut self.stats,
+            close: &mut self.close,
+            dirty: &mut self.dirty,
+            touched: &mut self.touched,
+        }
+    }
+}
+
+/// The part of the lifecycle that mirror work may change, borrowed for one step of an input
+/// ([`Lifecycle::mirror`]). Session records are shared with the calls (a session lists its
+/// ready calls), so the mirror cannot own them outright; the view is where the core says what
+/// mirror code may touch: the session records and uploads, the sandboxes' upload bookkeeping,
+/// the timers and the outputs. Calls are read-only here, keys are out of reach.
+pub(crate) struct Mirror<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) now: Instant,
+    pub(crate) calls: &'a Calls,
+    pub(crate) sessions: &'a mut Sessions,
+    pub(crate) uploads: &'a mut Uploads,
+    pub(crate) sandboxes: &'a mut Sandboxes,
+    pub(crate) timers: &'a mut Timers,
+    pub(crate) commands: &'a mut VecDeque<Command>,
+    pub(crate) events: &'a mut VecDeque<Event>,
+    pub(crate) stats: &'a mut Stats,
+    pub(crate) close: &'a mut CloseState,
+    pub(crate) dirty: &'a mut Vec<SandboxIx>,
+    pub(crate) touched: &'a mut Vec<SessionIx>,
+}
+
+impl Mirror<'_> {
+    /// Records the next version of (session, path): settled at once when the session's mirror
+    /// has nowhere to go and nothing coming, else pending (superseding the one pending before)
+    /// and pumped.
+    fn record_flush(&mut self, session: &SessionId, path: &PathName, payload: Payload) -> Version {
+        self.stats.versions_flushed += 1;
+        let ix = self.sessions.find_or_insert(session);
+        let s = &mut self.sessions[ix];
+        let i = match s.slot(path) {
+            Some(i) => i,
+            None => {
+                s.add_path(path.clone());
+                s.paths.len() - 1
+            }
+        };
+        let nowhere = s.target.is_none() && s.coming == 0;
+        let none_ready = s.ready.is_empty();
+        let slot = &mut s.paths[i];
+        slot.last += 1;
+        let version = Version(slot.last);
+        tracing::trace!(session = %session, path = %path, version = %version, "flush");
+        if nowhere {
+            let reason = if none_ready {
+                DropReason::NoSandbox
+            } else {
+                DropReason::SandboxGone
+            };
+            self.settle(ix, i, version, Settlement::Dropped { reason });
+        } else {
+            let superseded = slot.pending.replace((version, payload));
+            if let Some((old, _)) = superseded {
+                slot.attempts = 0;
+                slot.since = None;
+                self.settle(ix, i, old, Settlement::Superseded { by: version });
+            }
+            self.pump(ix);
+        }
+        self.session_changed(ix);
+        version
+    }
+
+    /// A transient failure of the upload `up`: the version is retried with backoff while
+    /// attempts and its window last and no newer version supersedes it, else dropped
+    /// (`upload-failed`).
+    fn retry_or_drop(&mut self, up: Upload) {
+        let Upload {
+            session,
+            slot: i,
+            version,
+            payload,
+            attempts,
+            since,
+            ..
+        } = up;
+        let delay = self.retry_delay(attempts);
+        let in_time = self.now + delay < since + self.config.upload_timeout;
+        let s = &mut self.sessions[session];
+        let slot = &mut s.paths[i];
+        if let Some((newer, _)) = &slot.pending {
+            let by = *newer;
+            self.settle(session, i, version, Settlement::Superseded { by });
+        } else if attempts < self.config.upload_retries && in_time {
+            let at = self.now + delay;
+            tracing::debug!(session = %s.id, path = %slot.path, version = %version, attempt = attempts + 1, "upload retry");
+            slot.pending = Some((version, payload));
+            slot.attempts = attempts + 1;
+            slot.since = Some(since);
+            slot.retry_at = Some(self.timers.set(at, Timer::Retry(session, i)));
+            self.stats.upload_retries += 1;
+        } else {
+            self.settle(
+                session,
+                i,
+                version,
+                Settlement::Dropped {
+                    reason: DropReason::UploadFailed,
+                },
+            );
+        }
+    }
+
+    /// The id of a tracked sandbox, as outputs and logs name it.
+    pub(crate) fn sid(&self, sandbox: SandboxIx) -> SandboxId {
+        self.sandboxes[sandbox].id
+    }
+
+    /// Notes that the session's derived bookkeeping needs reconciling once the input is done.
+    pub(crate) fn session_changed(&mut self, session: SessionIx) {
+        if self.touched.last() != Some(&session) {
+            self.touched.push(session);
+        }
     }
 
     // ------------------------------------------------------------------------------------------
@@ -277,17 +370,8 @@ impl Lifecycle {
         self.config.retry_backoff.saturating_mul(factor)
     }
 
-    /// Removes an awaited upload from every record; `None` for a stale one.
-    fn take_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
-        self.check_not_closed("answer")?;
-        let Some(ix) = self.uploads.find(upload) else {
-            if self.uploads.was_handed_out(upload) {
-                tracing::debug!(upload = %upload, "stale upload answer ignored");
-                self.stats.stale_answers += 1;
-                return Ok(None);
-            }
-            return Err(Error::UnknownUpload { upload });
-        };
+    /// Removes an awaited upload from every record.
+    fn take_upload(&mut self, ix: UploadIx) -> Upload {
         let up = self.uploads.remove(ix);
         self.timers.cancel(up.deadline);
         let x = self
@@ -299,19 +383,14 @@ impl Lifecycle {
         let slot = &mut self.sessions[up.session].paths[up.slot];
         slot.inflight = None;
         slot.attempts = 0;
-        Ok(Some(up))
+        up
     }
 
     pub(crate) fn upload_timed_out(&mut self, upload: UploadIx) {
-        let up = &self.uploads[upload];
-        let deadline = up.deadline;
-        let upload = up.id;
+        let deadline = self.uploads[upload].deadline;
         // take_upload cancels the timer, which has already fired: harmless.
-        let up = self
-            .take_upload(upload)
-            .ok()
-            .flatten()
-            .expect("live upload");
+        let up = self.take_upload(upload);
+        let upload = up.id;
         debug_assert!(deadline.at <= self.now);
         tracing::debug!(upload = %upload, session = %self.sessions[up.session].id, "upload timed out");
         self.commands.push_back(Command::CancelUpload {
@@ -351,7 +430,11 @@ impl Lifecycle {
             Settlement::Dropped { reason } => {
                 self.stats.versions_dropped += 1;
                 if *reason == DropReason::Closed {
-                    self.close_note_dropped(&session, &path, version);
+                    if let Some(report) = self.close.report_mut() {
+                        report
+                            .dropped_versions
+                            .push((session.clone(), path.clone(), version));
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ use crate::call::CallIx;
 use crate::event::Event;
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
-use crate::mirror::Slot;
+use crate::mirror::{Mirror, Slot};
 use crate::name::{CallId, PathName, SessionId};
 use crate::sandbox::SandboxIx;
 use crate::small_set::Few;
@@ -295,7 +295,9 @@ impl Lifecycle {
             self.touched.push(session);
         }
     }
+}
 
+impl Mirror<'_> {
     /// Brings a session's derived bookkeeping up to date: which sandbox its busyness keeps
     /// draining, which releases have completed, whether its mirror settled, whether it is idle.
     /// Runs once per changed session per input, from [`Lifecycle::finish_input`].

@@ -111,7 +111,7 @@ impl Timers {
         let _ = timer;
     }
 
-    /// The earliest deadline in the heap (live once [`Timers::prune`] ran).
+    /// The earliest deadline in the heap (live once the lifecycle pruned stale entries after an input).
     pub(crate) fn next(&self) -> Option<Instant> {
         self.heap.peek().map(|Reverse(e)| e.at)
     }

@@ -194,7 +194,7 @@ impl Lifecycle {
         } else {
             SandboxState::Dead
         };
-        self.leave_uploads(sandbox, reason);
+        self.mirror().leave_uploads(sandbox, reason);
         let key = self.sandboxes[sandbox].key;
         let slot = &mut self.keys[key];
         if slot.current == Some(sandbox) {
@@ -284,7 +284,8 @@ impl Lifecycle {
             x.state = SandboxState::ShuttingDown;
         }
         let key = x.key;
-        self.leave_uploads(sandbox, DropReason::SandboxGone);
+        self.mirror()
+            .leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         self.stats.shutdowns_ordered += 1;
         tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
