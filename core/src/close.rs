@@ -227,7 +227,8 @@ impl Lifecycle {
         // Revoking ended every call, and every sandbox left the way uploads go: no call and no
         // upload is left to forget.
         debug_assert!(self.calls.is_empty() && self.uploads.is_empty());
-        self.timers.clear();
+        // No timer is cleared: each goes stale with its owner's record, and the pruning at the
+        // end of this input drops them all (the `closed` invariant checks it).
         self.sandboxes.clear();
         self.keys.clear();
         self.sessions.clear();

@@ -57,14 +57,12 @@ fn check(what: &str, name: &str) -> Result<(), InvalidName> {
     match why {
         None => Ok(()),
         Some(why) => {
-            let mut shown = name.to_string();
-            if shown.len() > 200 {
-                let mut cut = 200;
-                while !shown.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                shown.truncate(cut);
+            // At most 200 bytes of it, cut at a character boundary.
+            let mut cut = name.len().min(200);
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
             }
+            let shown = name[..cut].to_string();
             Err(InvalidName {
                 what: what.to_string(),
                 name: shown,
@@ -218,6 +216,16 @@ mod tests {
         assert_eq!(ok.as_str(), "c1");
         assert!(serde_json::from_str::<CallId>("\"../etc\"").is_err());
         assert_eq!(serde_json::to_string(&ok).unwrap(), "\"c1\"");
+    }
+
+    /// The rejected text shown is cut to 200 bytes, never inside a character.
+    #[test]
+    fn a_long_rejected_name_is_shown_cut_at_a_character_boundary() {
+        let long = format!("{}é{}", "a".repeat(199), "b".repeat(100));
+        let err = SessionId::new(&long).unwrap_err();
+        assert_eq!(err.name, "a".repeat(199));
+        let ascii = "a b".repeat(100);
+        assert_eq!(SessionId::new(&ascii).unwrap_err().name, ascii[..200]);
     }
 
     #[test]

@@ -175,6 +175,19 @@ pub(crate) struct IdleSessions {
     pub(crate) last_stamp: u64,
 }
 
+/// Stale queue entries (of records that came back to life or were forgotten) below which the
+/// idle queue is never compacted.
+const IDLE_QUEUE_FLOOR: usize = 64;
+
+impl IdleSessions {
+    /// Whether the queue holds more than twice as many entries as there are idle records (past
+    /// a floor), so that dropping its stale entries is due: amortised O(1) per record that went
+    /// idle, and the queue stays within a constant factor of the idle records.
+    pub(crate) fn compaction_due(&self) -> bool {
+        self.queue.len() > 2 * self.count + IDLE_QUEUE_FLOOR
+    }
+}
+
 /// The session records: a generational slab, the index from names to places, and the queue of
 /// idle records.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -347,22 +360,18 @@ impl Mirror<'_> {
             s.unsettled = unsettled;
         }
         let idle = s.is_idle_given(unsettled);
-        match (idle, s.idle_stamp) {
-            (true, None) => {
-                s.compact();
-                let idle = &mut self.sessions.idle;
-                idle.last_stamp += 1;
-                let stamp = NonZeroU64::new(idle.last_stamp).expect("stamps count from 1");
-                idle.queue.push_back((session, stamp));
-                idle.count += 1;
-                self.sessions[session].idle_stamp = Some(stamp);
-                self.forget_idle_sessions();
-            }
-            (false, Some(_)) => {
-                s.idle_stamp = None;
-                self.sessions.idle.count -= 1;
-            }
-            _ => {}
+        // An idle record comes back to life only through `Sessions::find_or_insert` (a call or
+        // a flush for it), which takes its stamp: a live record here has none.
+        debug_assert!(idle || s.idle_stamp.is_none(), "a live record stamped idle");
+        if idle && s.idle_stamp.is_none() {
+            s.compact();
+            let idle = &mut self.sessions.idle;
+            idle.last_stamp += 1;
+            let stamp = NonZeroU64::new(idle.last_stamp).expect("stamps count from 1");
+            idle.queue.push_back((session, stamp));
+            idle.count += 1;
+            self.sessions[session].idle_stamp = Some(stamp);
+            self.forget_idle_sessions();
         }
     }
 
@@ -384,8 +393,7 @@ impl Mirror<'_> {
                 self.stats.sessions_forgotten += 1;
             }
         }
-        let idle = &self.sessions.idle;
-        if idle.queue.len() > 2 * idle.count + 64 {
+        if self.sessions.idle.compaction_due() {
             let mut queue = std::mem::take(&mut self.sessions.idle.queue);
             queue.retain(|(session, stamp)| {
                 self.sessions
@@ -394,5 +402,33 @@ impl Mirror<'_> {
             });
             self.sessions.idle.queue = queue;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle queue is compacted exactly when it holds more than twice the idle records plus
+    /// the floor.
+    #[test]
+    fn idle_queue_compaction_is_due_past_twice_the_idle_records() {
+        let stamp = NonZeroU64::new(1).expect("non-zero");
+        let mut idle = IdleSessions {
+            count: 10,
+            ..IdleSessions::default()
+        };
+        let bound = 2 * 10 + IDLE_QUEUE_FLOOR;
+        for _ in 0..bound {
+            idle.queue.push_back((SessionIx::default(), stamp));
+        }
+        assert!(!idle.compaction_due(), "at the bound");
+        idle.queue.push_back((SessionIx::default(), stamp));
+        assert!(idle.compaction_due(), "past the bound");
+        idle.count += 1;
+        assert!(
+            !idle.compaction_due(),
+            "one more idle record raises the bound by two"
+        );
     }
 }

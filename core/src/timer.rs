@@ -12,7 +12,7 @@ use crate::time::Instant;
 use crate::upload::UploadIx;
 
 /// What a deadline is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum Timer {
     /// The sandbox's current state has a deadline: Starting (start timeout), Idle (warm idle
     /// timeout), Draining (drain deadline), Stopping, Persisting or ShuttingDown (command
@@ -64,32 +64,13 @@ pub(crate) struct Timers {
     rebuilt_at: usize,
 }
 
-/// One heap entry: ordered by (instant, sequence) only.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// One heap entry, ordered by (instant, sequence): the sequence is unique, so the timer itself
+/// never takes part in a comparison.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 struct Entry {
     at: Instant,
     seq: u64,
     timer: Timer,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
 }
 
 /// Entries past which the heap is never rebuilt (small heaps are cheap to keep as they are).
@@ -197,12 +178,6 @@ impl Timers {
             )
         })
     }
-
-    /// Forgets every timer.
-    pub(crate) fn clear(&mut self) {
-        self.heap.clear();
-        self.rebuilt_at = 0;
-    }
 }
 
 /// Serialises the heap as a list of entries in firing order, so a serialised state does not
@@ -226,5 +201,60 @@ mod entries {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Heap, D::Error> {
         let entries: Vec<Entry> = Vec::deserialize(d)?;
         Ok(entries.into_iter().map(Reverse).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_n(timers: &mut Timers, n: usize) {
+        for _ in 0..n {
+            timers.set(Instant::ZERO, Timer::Close);
+        }
+    }
+
+    /// Rebuilds come exactly when the heap has outgrown twice its size at the last rebuild (and
+    /// the floor): often enough to bound the stale entries, rarely enough to stay amortised
+    /// O(1) per timer set.
+    #[test]
+    fn a_rebuild_is_due_when_the_heap_doubled_past_the_floor() {
+        let mut timers = Timers::default();
+        set_n(&mut timers, REBUILD_FLOOR);
+        assert!(!timers.rebuild_due(), "at the floor");
+        set_n(&mut timers, 1);
+        assert!(timers.rebuild_due(), "past the floor");
+        // Every entry live: the rebuild keeps them all, and the next one is due at twice that.
+        timers.rebuild(|_, _| true);
+        assert_eq!(timers.len(), REBUILD_FLOOR + 1);
+        set_n(&mut timers, REBUILD_FLOOR + 1);
+        assert!(
+            !timers.rebuild_due(),
+            "at twice the size of the last rebuild"
+        );
+        set_n(&mut timers, 1);
+        assert!(
+            timers.rebuild_due(),
+            "past twice the size of the last rebuild"
+        );
+        // Stale entries go: the odd ones are live.
+        timers.rebuild(|at, _| at.seq % 2 == 1);
+        assert_eq!(timers.len(), REBUILD_FLOOR + 1);
+    }
+
+    /// Entries come out by instant, then in the order they were set.
+    #[test]
+    fn timers_fire_by_instant_then_by_order_of_setting() {
+        let mut timers = Timers::default();
+        let late = Instant::ZERO + std::time::Duration::from_secs(2);
+        let early = Instant::ZERO + std::time::Duration::from_secs(1);
+        let a = timers.set(late, Timer::Close);
+        let b = timers.set(early, Timer::Close);
+        let c = timers.set(early, Timer::Close);
+        assert_eq!(timers.next(), Some(early));
+        let fired: Vec<TimerRef> =
+            std::iter::from_fn(|| timers.pop_due(late).map(|(r, _)| r)).collect();
+        assert_eq!(fired, vec![b, c, a]);
+        assert_eq!(timers.pop_due(late), None);
     }
 }

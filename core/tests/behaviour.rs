@@ -1519,7 +1519,8 @@ fn timers_poll_timeout_and_early_handle_timeout() {
 fn unknown_answers_are_errors_and_duplicate_answers_are_stale() {
     let mut h = Script::default_config();
     let x = h.ready_call("a", "s");
-    let never = SandboxId(99);
+    // The first id not handed out yet: the boundary of "handed out".
+    let never = SandboxId(x.0 + 1);
     for input in [
         Input::StartOk { sandbox: never },
         Input::StartFailed { sandbox: never },
@@ -1559,6 +1560,12 @@ fn unknown_answers_are_errors_and_duplicate_answers_are_stale() {
     // Duplicates and answers to commands never given for this sandbox: stale.
     h.flush("s", &log(), "v1");
     let u = h.expect_upload("s", &log(), 1, x);
+    assert_eq!(h.core.stats().uploads_ordered, 1);
+    let next = UploadId(u.0 + 1);
+    assert_eq!(
+        h.input(Input::UploadOk { upload: next }),
+        Err(Error::UnknownUpload { upload: next })
+    );
     h.upload_ok(u);
     h.take_events();
     let stale = h.core.stats().stale_answers;

@@ -164,3 +164,50 @@ fn an_id_index_that_misses_its_upload_is_reported() {
     });
     assert_eq!(broken(&core), "upload-index");
 }
+
+/// A core whose call `a` of session `s` is ready and whose session log has an upload in flight.
+fn uploading() -> Lifecycle {
+    let mut core = running();
+    let s = SessionId::new("s").unwrap();
+    core.flush(
+        Instant::ZERO,
+        &s,
+        &PathName::session_log(),
+        Payload::default(),
+    )
+    .unwrap();
+    core.check_invariants().unwrap();
+    core
+}
+
+/// A core closed with nothing live: no call ever came.
+fn closed() -> Lifecycle {
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    core.close(Instant::ZERO, std::time::Duration::ZERO)
+        .unwrap();
+    assert!(core.is_closed());
+    core.check_invariants().unwrap();
+    core
+}
+
+#[test]
+fn an_upload_its_sandbox_does_not_list_is_reported() {
+    let core = corrupt(&uploading(), |v| {
+        sandbox_0(v)["uploads"] = json!("Empty");
+    });
+    assert_eq!(broken(&core), "uploads");
+}
+
+#[test]
+fn a_call_left_after_close_is_reported() {
+    let live = serde_json::to_value(running()).unwrap();
+    let core = corrupt(&closed(), |v| v["calls"] = live["calls"].clone());
+    assert_eq!(broken(&core), "closed");
+}
+
+#[test]
+fn an_upload_left_after_close_is_reported() {
+    let live = serde_json::to_value(uploading()).unwrap();
+    let core = corrupt(&closed(), |v| v["uploads"] = live["uploads"].clone());
+    assert_eq!(broken(&core), "closed");
+}
