@@ -405,7 +405,7 @@ impl Lifecycle {
                     tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
                     x.state = SandboxState::Running;
                     self.stats.revivals += 1;
-                    self.cancel_sandbox_timer(sandbox);
+                    self.way().cancel_sandbox_timer(sandbox);
                 }
                 self.make_ready(call, sandbox);
             }

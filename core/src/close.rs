@@ -86,7 +86,7 @@ impl Lifecycle {
             .sandboxes
             .in_id_order(|x| x.state == SandboxState::Idle);
         for sandbox in warm {
-            self.cancel_sandbox_timer(sandbox);
+            self.way().cancel_sandbox_timer(sandbox);
             self.begin_drain(sandbox);
         }
         self.finish_input();
@@ -190,7 +190,7 @@ impl Lifecycle {
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
                     // close, so it is shut down now and the start's answer will be stale.
-                    self.abandon(sandbox);
+                    self.way().abandon(sandbox);
                     self.shutdown(sandbox);
                 }
                 _ => {}
@@ -207,11 +207,11 @@ impl Lifecycle {
             let x = &self.sandboxes[sandbox];
             if x.is_managed() && !x.shutdown_ordered {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
-                self.abandon(sandbox);
+                self.way().abandon(sandbox);
                 self.shutdown(sandbox);
             }
             if self.sandboxes[sandbox].awaiting == Awaiting::Shutdown {
-                self.unconfirmed(sandbox);
+                self.way().unconfirmed(sandbox);
             }
         }
         self.finish_close();
@@ -240,25 +240,5 @@ impl Lifecycle {
 
     fn close_report(&mut self) -> Option<&mut CloseReport> {
         self.close.report_mut()
-    }
-
-    pub(crate) fn close_note_shut_down(&mut self) {
-        if let Some(report) = self.close_report() {
-            report.shut_down += 1;
-        }
-    }
-
-    pub(crate) fn close_note_suspended(&mut self, sandbox: SandboxIx) {
-        let id = self.sid(sandbox);
-        if let Some(report) = self.close_report() {
-            report.suspended.push(id);
-        }
-    }
-
-    pub(crate) fn close_note_unconfirmed(&mut self, sandbox: SandboxIx) {
-        let id = self.sid(sandbox);
-        if let Some(report) = self.close_report() {
-            report.unconfirmed.push(id);
-        }
     }
 }

@@ -91,9 +91,9 @@ impl Lifecycle {
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
-        let abandoned = self.stop_awaiting(sandbox);
+        let abandoned = self.way().stop_awaiting(sandbox);
         if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
-            self.cancel_sandbox_timer(sandbox);
+            self.way().cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
             self.events.push_back(Event::SandboxLost {
@@ -106,7 +106,7 @@ impl Lifecycle {
         let x = &self.sandboxes[sandbox];
         if x.is_managed() && !x.shutdown_ordered {
             if abandoned {
-                self.order_abandon(sandbox);
+                self.way().order_abandon(sandbox);
             }
             self.shutdown(sandbox);
         } else {

@@ -176,7 +176,7 @@
 //! | `key.rs` | isolation-key slots and their table; queueing, admitting waiters, letting go of a sandbox |
 //! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |
 //! | `start.rs` | Start and its answers; a start that failed, timed out or died |
-//! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer |
+//! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer; `Way`, the view a sandbox's own transitions run on |
 //! | `death.rs` | deaths and lost instances |
 //! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots; `Mirror`, the mirror's view of the lifecycle |
 //! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input (mirror work) |
@@ -192,10 +192,13 @@
 //! from names or ids to places: a name or id is looked up once, where it comes in, and records
 //! refer to each other by place.
 //!
-//! Mirror work runs on `Mirror`, a view that borrows what it may change (session records,
-//! uploads, the sandboxes' upload bookkeeping, timers, outputs) and reads the calls: the
-//! compiler, not a convention, keeps the mirror away from calls' state, keys and ended calls.
-//! The inputs themselves stay on [`Lifecycle`], which checks them and hands the work on.
+//! Two parts run on views that borrow only what they may change, so that the compiler, not a
+//! convention, keeps them in their lane: mirror work on `Mirror` (session records, uploads, the
+//! sandboxes' upload bookkeeping, timers, outputs; calls read-only; keys and ended calls out of
+//! reach), a sandbox's own transitions on the way down on `Way` (sandbox records, timers,
+//! outputs, the close report; no call, key, session or upload). The inputs themselves, and
+//! what crosses parts (a release, a death, close), stay on [`Lifecycle`], which checks and
+//! hands on.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -291,13 +291,13 @@ impl Lifecycle {
                     }
                     (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "stop or persist timed out");
-                        self.abandon(sandbox);
+                        self.way().abandon(sandbox);
                         self.shutdown(sandbox);
                     }
                     (_, Awaiting::Shutdown) => {
                         tracing::warn!(sandbox = %self.sid(sandbox), "shutdown timed out");
-                        self.unconfirmed(sandbox);
-                        self.shutdown_answered(sandbox);
+                        self.way().unconfirmed(sandbox);
+                        self.way().shutdown_answered(sandbox);
                     }
                     (state, awaiting) => {
                         unreachable!("sandbox timer in {state:?} awaiting {awaiting:?}")

@@ -1,15 +1,22 @@
 //! The way down: the release policy, then drain → Stop → Persist → Shutdown (or suspended), the
 //! answers to those commands, abandoning what is no longer awaited, and the sandbox's one timer.
+//!
+//! A sandbox's own transitions (its state, its timer, the commands about it) run on [`Way`], a
+//! view that cannot reach calls, keys, sessions or uploads; what a transition means for those
+//! (a key letting go, uploads leaving, waiters admitted) is done on the lifecycle, here.
 
+use crate::close::CloseState;
 use crate::command::Command;
-use crate::config::ReleasePolicy;
+use crate::config::{Config, ReleasePolicy};
 use crate::error::{DropReason, Error};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::lifecycle::Lifecycle;
-use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
+use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
+use crate::stats::Stats;
 use crate::time::Instant;
-use crate::timer::Timer;
+use crate::timer::{Timer, Timers};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 impl Lifecycle {
@@ -31,13 +38,13 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
-        self.cancel_sandbox_timer(sandbox);
+        self.way().cancel_sandbox_timer(sandbox);
         let suspend = self.suspends();
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
         if x.snapshot.is_some() || suspend {
-            self.persist(sandbox);
+            self.way().persist(sandbox);
         } else {
             self.shutdown(sandbox);
         }
@@ -56,7 +63,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.stats.stops_failed += 1;
-        self.cancel_sandbox_timer(sandbox);
+        self.way().cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
         self.finish_input();
@@ -73,7 +80,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
-        self.cancel_sandbox_timer(sandbox);
+        self.way().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         let (key, id) = (x.key, x.id);
@@ -108,7 +115,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.stats.persists_failed += 1;
-        self.cancel_sandbox_timer(sandbox);
+        self.way().cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
         self.finish_input();
@@ -125,8 +132,8 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "shutdown ok");
         self.stats.shutdowns_ok += 1;
-        self.close_note_shut_down();
-        self.shutdown_answered(sandbox);
+        self.way().note_shut_down();
+        self.way().shutdown_answered(sandbox);
         self.finish_input();
         Ok(())
     }
@@ -145,8 +152,8 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::warn!(sandbox = %self.sid(sandbox), "shutdown failed");
-        self.unconfirmed(sandbox);
-        self.shutdown_answered(sandbox);
+        self.way().unconfirmed(sandbox);
+        self.way().shutdown_answered(sandbox);
         self.finish_input();
         Ok(())
     }
@@ -186,7 +193,7 @@ impl Lifecycle {
     /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
     /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
     pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
-        self.cancel_sandbox_timer(sandbox);
+        self.way().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = x.is_managed();
         x.state = if managed {
@@ -216,6 +223,115 @@ impl Lifecycle {
             self.dirty.push(sandbox);
         }
         self.admit(key);
+    }
+
+    /// Orders the sandbox's one Shutdown.
+    pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(
+            !x.shutdown_ordered,
+            "shutdown ordered twice for {sandbox:?}"
+        );
+        debug_assert!(
+            x.awaiting == Awaiting::Nothing,
+            "shutdown of {sandbox:?} while awaiting {:?}",
+            x.awaiting
+        );
+        debug_assert!(x.is_managed());
+        debug_assert!(x.uploads.is_empty());
+        x.shutdown_ordered = true;
+        x.awaiting = Awaiting::Shutdown;
+        if x.state != SandboxState::Dead {
+            x.state = SandboxState::ShuttingDown;
+        }
+        let key = x.key;
+        self.mirror()
+            .leave_uploads(sandbox, DropReason::SandboxGone);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        self.stats.shutdowns_ordered += 1;
+        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
+        self.commands.push_back(Command::Shutdown {
+            sandbox: self.sid(sandbox),
+            deadline,
+        });
+        self.key_lets_go(key, sandbox);
+    }
+
+    /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
+    pub(crate) fn suspended(&mut self, sandbox: SandboxIx) {
+        tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
+        self.stats.suspended += 1;
+        self.way().note_suspended(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        x.state = SandboxState::Dead;
+        x.awaiting = Awaiting::Nothing;
+        let key = x.key;
+        self.key_lets_go(key, sandbox);
+        self.dirty.push(sandbox);
+    }
+
+    /// Sets the sandbox's one timer `after` from now (see [`Way::set_sandbox_timer`]).
+    pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
+        self.way().set_sandbox_timer(sandbox, after)
+    }
+
+    /// The way down's view of the lifecycle: what a sandbox's own transitions may change (its
+    /// record, its timer, the commands and events about it, the counters and the close
+    /// report). Calls, keys, sessions and uploads are out of its reach: what a transition means
+    /// for them is done by the caller, on the lifecycle.
+    pub(crate) fn way(&mut self) -> Way<'_> {
+        Way {
+            config: &self.config,
+            now: self.now,
+            sandboxes: &mut self.sandboxes,
+            timers: &mut self.timers,
+            commands: &mut self.commands,
+            events: &mut self.events,
+            stats: &mut self.stats,
+            close: &mut self.close,
+            dirty: &mut self.dirty,
+        }
+    }
+}
+
+/// A sandbox's own transitions on the way down, borrowed for one step of an input
+/// ([`Lifecycle::way`]).
+pub(crate) struct Way<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) now: Instant,
+    pub(crate) sandboxes: &'a mut Sandboxes,
+    pub(crate) timers: &'a mut Timers,
+    pub(crate) commands: &'a mut VecDeque<Command>,
+    pub(crate) events: &'a mut VecDeque<Event>,
+    pub(crate) stats: &'a mut Stats,
+    pub(crate) close: &'a mut CloseState,
+    pub(crate) dirty: &'a mut Vec<SandboxIx>,
+}
+
+impl Way<'_> {
+    /// The id of a tracked sandbox, as outputs and logs name it.
+    pub(crate) fn sid(&self, sandbox: SandboxIx) -> SandboxId {
+        self.sandboxes[sandbox].id
+    }
+
+    /// Whether the release policy suspends sandboxes (a Persist is then their last command).
+    pub(crate) fn suspends(&self) -> bool {
+        self.config.release == ReleasePolicy::Suspend
+    }
+
+    /// Counts an answered Shutdown in the close report, while close is under way.
+    pub(crate) fn note_shut_down(&mut self) {
+        if let Some(report) = self.close.report_mut() {
+            report.shut_down += 1;
+        }
+    }
+
+    /// Counts a suspended sandbox in the close report, while close is under way.
+    pub(crate) fn note_suspended(&mut self, sandbox: SandboxIx) {
+        let id = self.sid(sandbox);
+        if let Some(report) = self.close.report_mut() {
+            report.suspended.push(id);
+        }
     }
 
     pub(crate) fn persist(&mut self, sandbox: SandboxIx) {
@@ -264,51 +380,6 @@ impl Lifecycle {
         });
     }
 
-    /// Orders the sandbox's one Shutdown.
-    pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert!(
-            !x.shutdown_ordered,
-            "shutdown ordered twice for {sandbox:?}"
-        );
-        debug_assert!(
-            x.awaiting == Awaiting::Nothing,
-            "shutdown of {sandbox:?} while awaiting {:?}",
-            x.awaiting
-        );
-        debug_assert!(x.is_managed());
-        debug_assert!(x.uploads.is_empty());
-        x.shutdown_ordered = true;
-        x.awaiting = Awaiting::Shutdown;
-        if x.state != SandboxState::Dead {
-            x.state = SandboxState::ShuttingDown;
-        }
-        let key = x.key;
-        self.mirror()
-            .leave_uploads(sandbox, DropReason::SandboxGone);
-        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
-        self.stats.shutdowns_ordered += 1;
-        tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
-        self.commands.push_back(Command::Shutdown {
-            sandbox: self.sid(sandbox),
-            deadline,
-        });
-        self.key_lets_go(key, sandbox);
-    }
-
-    /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
-    pub(crate) fn suspended(&mut self, sandbox: SandboxIx) {
-        tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
-        self.stats.suspended += 1;
-        self.close_note_suspended(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Dead;
-        x.awaiting = Awaiting::Nothing;
-        let key = x.key;
-        self.key_lets_go(key, sandbox);
-        self.dirty.push(sandbox);
-    }
-
     pub(crate) fn shutdown_answered(&mut self, sandbox: SandboxIx) {
         self.cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
@@ -317,14 +388,13 @@ impl Lifecycle {
 
     pub(crate) fn unconfirmed(&mut self, sandbox: SandboxIx) {
         self.stats.shutdowns_unconfirmed += 1;
-        self.close_note_unconfirmed(sandbox);
+        if let Some(report) = self.close.report_mut() {
+            report.unconfirmed.push(self.sandboxes[sandbox].id);
+        }
         self.events.push_back(Event::ShutdownUnconfirmed {
             sandbox: self.sid(sandbox),
         });
     }
-
-    // ------------------------------------------------------------------------------------------
-    // Internals: the sandbox's timer
 
     /// Sets the sandbox's one timer `after` from now, replacing the one it had; returns its
     /// instant.
