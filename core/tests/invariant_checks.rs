@@ -211,3 +211,14 @@ fn an_upload_left_after_close_is_reported() {
     let core = corrupt(&closed(), |v| v["uploads"] = live["uploads"].clone());
     assert_eq!(broken(&core), "closed");
 }
+
+/// A live session stamped idle (and counted, so the count agrees): only looking at the record
+/// itself can tell.
+#[test]
+fn a_live_session_stamped_idle_is_reported() {
+    let core = corrupt(&running(), |v| {
+        session_s(v)["idle_stamp"] = json!(1);
+        v["sessions"]["idle"]["count"] = json!(1);
+    });
+    assert_eq!(broken(&core), "idle-count");
+}
