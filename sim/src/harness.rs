@@ -659,7 +659,9 @@ impl Harness {
                     .sandbox_state(x)
                     .is_some_and(sandkeeper::SandboxState::accepts_uploads);
                 let seen = self.history.sandboxes.get(&x);
-                up && seen.is_some_and(|s| !s.stop && !s.shutdown && !s.dead)
+                up && seen.is_some_and(|s| {
+                    !s.lane.is_stopped() && !s.lane.is_shut_down() && !s.lane.is_dead()
+                })
             }),
             Expect::State(c, want) => sandbox(self, c)
                 .and_then(|x| self.core.sandbox_state(x))
@@ -667,13 +669,13 @@ impl Harness {
             Expect::Stop(c) | Expect::NoStop(c) => {
                 let stopped = sandbox(self, c)
                     .and_then(|x| self.history.sandboxes.get(&x))
-                    .is_some_and(|s| s.stop);
+                    .is_some_and(|s| s.lane.is_stopped());
                 stopped == matches!(e, Expect::Stop(_))
             }
             Expect::Shutdown(c) | Expect::NoShutdown(c) => {
                 let down = sandbox(self, c)
                     .and_then(|x| self.history.sandboxes.get(&x))
-                    .is_some_and(|s| s.shutdown);
+                    .is_some_and(|s| s.lane.is_shut_down());
                 down == matches!(e, Expect::Shutdown(_))
             }
             Expect::Resumed(c, snap) => sandbox(self, c)

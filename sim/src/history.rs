@@ -8,33 +8,26 @@ use sandkeeper::{
     UserId,
 };
 
+use sandkeeper_check::{Lane, Op, Versions};
+
 use crate::bounds::Bounds;
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
 pub use crate::live::{CallRecord, LiveCalls, Phase};
 use crate::marks::{Mark, Marks};
 use crate::touched::Touched;
-use crate::versions::VersionSet;
 
 /// What the history knows of one sandbox.
 #[derive(Clone, Debug, Default)]
 pub struct SandboxRecord {
-    /// A Start was ordered for it (managed).
-    pub started: bool,
-    /// Bound by an external name.
-    pub external: bool,
+    /// Its lane: the order of its backend-facing commands (started, external, stopped,
+    /// persisted, shut down) and whether the core was told it died (a `die`, a lost instance
+    /// that counts as one, an awaited upload answered `gone`). See `sandkeeper_check::Lane`.
+    pub lane: Lane,
     /// A Drain was ordered and no call revived it since.
     pub draining: bool,
-    /// A Stop was ordered.
-    pub stop: bool,
     /// A Stop answer was accepted while the Stop was outstanding.
     pub stop_ok: bool,
-    /// A Persist was ordered.
-    pub persist: bool,
-    /// A Shutdown was ordered.
-    pub shutdown: bool,
-    /// Reported dead (a `die`, or an awaited upload answered `gone`).
-    pub dead: bool,
     /// The snapshot its Start resumed from.
     pub resume_from: Option<Snapshot>,
     /// The first call bound to it, to name it as `@call`.
@@ -57,7 +50,6 @@ pub struct SandboxRecord {
 #[derive(Clone, Copy, Default)]
 struct Flags {
     started: bool,
-    external: bool,
     draining: bool,
     stop: bool,
     stop_ok: bool,
@@ -70,25 +62,21 @@ struct Flags {
 impl Flags {
     fn of(s: &SandboxRecord) -> Flags {
         Flags {
-            started: s.started,
-            external: s.external,
+            started: s.lane.is_started(),
             draining: s.draining,
-            stop: s.stop,
+            stop: s.lane.is_stopped(),
             stop_ok: s.stop_ok,
-            shutdown: s.shutdown,
-            dead: s.dead,
+            shutdown: s.lane.is_shut_down(),
+            dead: s.lane.is_dead(),
             uploads_awaited: s.uploads_awaited,
             drain_at: s.drain_at,
         }
     }
 }
 
+/// What the history keeps beside a path's versions (`sandkeeper_check::PathVersions`).
 #[derive(Clone, Debug, Default)]
-struct PathRecord {
-    last: u64,
-    unsettled: VersionSet,
-    last_uploaded: u64,
-    last_ordered: u64,
+struct PathUploads {
     inflight: Option<UploadId>,
     /// A transient failure left a version waiting for its retry.
     retry_waiting: bool,
@@ -127,7 +115,8 @@ pub struct History {
     pub bound_to: FastMap<CallId, SandboxId>,
     /// How each ended-without-ready call failed (`CallFailed`, or a rejected acquire).
     pub failed: FastMap<CallId, ErrorKind>,
-    paths: FastMap<(SessionId, PathName), PathRecord>,
+    /// Per path, its versions (numbering, settlement) and its upload in flight.
+    paths: Versions<PathUploads>,
     uploads: FastMap<UploadId, UploadRecord>,
     session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
     awaiting_release: FastMap<CallId, u32>,
@@ -192,15 +181,6 @@ pub struct History {
     pub settlements: Option<FastMap<(SessionId, PathName, u64), Settlement>>,
 }
 
-/// The record of `session`'s `path`, made when new.
-fn path_record<'a>(
-    paths: &'a mut FastMap<(SessionId, PathName), PathRecord>,
-    session: &SessionId,
-    path: &PathName,
-) -> &'a mut PathRecord {
-    paths.entry((session.clone(), path.clone())).or_default()
-}
-
 macro_rules! check {
     ($self:ident, $cond:expr, $name:literal, $($arg:tt)+) => {
         if !$cond {
@@ -224,7 +204,7 @@ impl History {
             pick: Vec::new(),
             bound_to: FastMap::default(),
             failed: FastMap::default(),
-            paths: FastMap::default(),
+            paths: Versions::new(),
             uploads: FastMap::default(),
             session_sandboxes: FastMap::default(),
             awaiting_release: FastMap::default(),
@@ -366,7 +346,7 @@ impl History {
             self.touched.sandbox(x);
         }
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
-            if !self.sandboxes.get(&x).is_some_and(|s| s.dead) {
+            if !self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()) {
                 self.releasing_session = Some(c.session.clone());
                 // The mirror lingers on the released sandbox unless another call of the
                 // session has an up sandbox (then the mirror goes there).
@@ -418,17 +398,11 @@ impl History {
     pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
         self.flushes += 1;
         self.touched.session(session);
-        let p = path_record(&mut self.paths, session, path);
-        let next = p.last + 1;
-        p.last = version;
-        let fresh = p.unsettled.insert(version);
-        let free = p.inflight.is_none() && !p.retry_waiting;
-        check!(
-            self,
-            version == next && fresh,
-            "versions-numbered",
-            "flush of {session}/{path} returned v{version}, expected v{next}"
-        );
+        if let Err(v) = self.paths.flushed(session, path, version) {
+            self.fail(v.check, v.detail);
+        }
+        let (_, u) = self.paths.entry(session, path);
+        let free = u.inflight.is_none() && !u.retry_waiting;
         if free && self.has_up_call(session) {
             self.expect_upload = Some((session.clone(), path.clone(), version));
         }
@@ -440,14 +414,15 @@ impl History {
             &r.session == session
                 && r.phase == Phase::Ready
                 && r.sandbox
-                    .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.dead))
+                    .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()))
         })
     }
 
     /// A Stop was answered `ok` (before the core saw it).
     pub fn stop_answered(&mut self, x: SandboxId, snapshot: Option<&Snapshot>) {
         let s = self.sbx(x);
-        if s.stop && !s.dead && !s.shutdown && !s.stop_ok && !s.persist {
+        let l = s.lane;
+        if l.is_stopped() && !l.is_dead() && !l.is_shut_down() && !s.stop_ok && !l.is_persisted() {
             s.stop_ok = true;
             s.snapshot = snapshot.cloned();
         }
@@ -457,7 +432,8 @@ impl History {
     pub fn persist_answered(&mut self, x: SandboxId) {
         let suspend = self.release == ReleasePolicy::Suspend;
         let s = self.sbx(x);
-        if s.persist && !s.dead && !s.shutdown && !s.persist_ok {
+        let l = s.lane;
+        if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !s.persist_ok {
             s.persist_ok = true;
             let key = s.key.clone();
             let snapshot = s.snapshot.clone();
@@ -491,7 +467,7 @@ impl History {
         }
         u.awaited = false;
         let (session, path, sandbox) = (u.session.clone(), u.path.clone(), u.sandbox);
-        if let Some(p) = self.paths.get_mut(&(session, path)) {
+        if let Some((_, p)) = self.paths.get_mut(&session, &path) {
             if p.inflight == Some(upload) {
                 p.inflight = None;
             }
@@ -508,7 +484,7 @@ impl History {
         }
         if gone {
             self.marks.hit(Mark::UploadGone);
-            self.sbx(sandbox).dead = true;
+            self.sbx(sandbox).lane.die();
             self.lets_go(sandbox);
         }
     }
@@ -557,7 +533,7 @@ impl History {
         if starting {
             self.marks.hit(Mark::DeathDuringStart);
         }
-        self.sbx(x).dead = true;
+        self.sbx(x).lane.die();
         self.lets_go(x);
     }
 
@@ -599,12 +575,21 @@ impl History {
                 self.abandoned = None;
             }
         }
-        check!(
-            self,
-            !rec.shutdown,
-            "no-command-after-shutdown",
-            "{cmd:?} names {x} after its Shutdown"
-        );
+        // The order of backend-facing commands is the lane's (sandkeeper_check); the commands a
+        // backend never receives must not name a shut-down sandbox either.
+        match Op::of(cmd) {
+            Some((_, op)) => {
+                if let Err(v) = self.sbx(x).lane.take(x, op) {
+                    self.fail(v.check, v.detail);
+                }
+            }
+            None => check!(
+                self,
+                !rec.shutdown,
+                "no-command-after-shutdown",
+                "{cmd:?} names {x} after its Shutdown"
+            ),
+        }
         match cmd {
             Command::Start {
                 resume_from,
@@ -635,12 +620,6 @@ impl History {
                     "resume-latest-snapshot",
                     "Start {sandbox} for key {key} says it continues {resumes:?}, the latest persisted is {expected:?}"
                 );
-                check!(
-                    self,
-                    !rec.started && !rec.external,
-                    "start-once",
-                    "second Start for {sandbox}"
-                );
                 if resume_from.is_some() {
                     self.marks.hit(Mark::ResumeFrom);
                 }
@@ -651,7 +630,6 @@ impl History {
                     self.resumed.push(*old);
                 }
                 let s = self.sbx(x);
-                s.started = true;
                 s.resume_from = resume_from.clone();
                 s.key = Some(key.clone());
             }
@@ -664,12 +642,6 @@ impl History {
             } => {
                 self.uploads_ordered += 1;
                 self.touched.session(session);
-                check!(
-                    self,
-                    !rec.stop && !rec.dead,
-                    "no-upload-after-stop",
-                    "Upload {upload} of {session} into {x} after its Stop, Shutdown or death"
-                );
                 if self
                     .expect_upload
                     .as_ref()
@@ -679,31 +651,20 @@ impl History {
                 }
                 // Checked after the input's events: CallReady comes after the Upload it caused.
                 self.routing.push((*upload, session.clone(), x));
-                let p = path_record(&mut self.paths, session, path);
+                let (versions, p) = self.paths.entry(session, path);
                 let inflight = p.inflight;
-                let last_ordered = p.last_ordered;
-                let unsettled = p.unsettled.contains(&version.0);
                 p.inflight = Some(*upload);
                 p.retry_waiting = false;
-                p.last_ordered = p.last_ordered.max(version.0);
+                let ordered = versions.ordered(session, path, version.0);
                 check!(
                     self,
                     inflight.is_none(),
                     "one-upload-per-path",
                     "Upload {upload} of {session}/{path} while {inflight:?} is in flight"
                 );
-                check!(
-                    self,
-                    version.0 >= last_ordered,
-                    "versions-increase",
-                    "Upload of {session}/{path} {version} after v{last_ordered}"
-                );
-                check!(
-                    self,
-                    unsettled,
-                    "settle-once",
-                    "Upload of {session}/{path} {version}, which is settled or was never flushed"
-                );
+                if let Err(v) = ordered {
+                    self.fail(v.check, v.detail);
+                }
                 self.uploads.insert(
                     *upload,
                     UploadRecord {
@@ -720,8 +681,7 @@ impl History {
                 if let Some(u) = self.uploads.get_mut(upload) {
                     if u.awaited {
                         u.awaited = false;
-                        let key = (u.session.clone(), u.path.clone());
-                        if let Some(p) = self.paths.get_mut(&key) {
+                        if let Some((_, p)) = self.paths.get_mut(&u.session, &u.path) {
                             if p.inflight == Some(*upload) {
                                 p.inflight = None;
                             }
@@ -750,12 +710,6 @@ impl History {
             Command::Stop { .. } => {
                 check!(
                     self,
-                    rec.started,
-                    "stop-managed-only",
-                    "Stop for {x}, which is not managed"
-                );
-                check!(
-                    self,
                     rec.draining,
                     "drain-before-stop",
                     "Stop for {x} without a Drain first"
@@ -775,9 +729,7 @@ impl History {
                 if let Some(key) = self.sandboxes.get(&x).and_then(|s| s.key.clone()) {
                     self.retiring.insert(key, x);
                 }
-                let s = self.sbx(x);
-                s.stop = true;
-                s.draining = false;
+                self.sbx(x).draining = false;
             }
             Command::Persist { .. } => {
                 check!(
@@ -786,7 +738,6 @@ impl History {
                     "persist-after-stop",
                     "Persist for {x} before its Stop succeeded"
                 );
-                self.sbx(x).persist = true;
             }
             Command::Abandon { .. } => {
                 check!(
@@ -801,20 +752,12 @@ impl History {
                 self.shutdowns += 1;
                 check!(
                     self,
-                    rec.started && !rec.external,
-                    "no-shutdown-of-external",
-                    "Shutdown for {x}, which the core never started"
-                );
-                check!(
-                    self,
                     rec.uploads_awaited == 0,
                     "no-upload-after-stop",
                     "Shutdown for {x} with uploads still in flight"
                 );
                 self.lets_go(x);
-                let s = self.sbx(x);
-                s.shutdown = true;
-                s.draining = false;
+                self.sbx(x).draining = false;
             }
         }
     }
@@ -900,9 +843,7 @@ impl History {
                 if s.call.is_none() {
                     s.call = Some(call.clone());
                 }
-                if !s.started {
-                    s.external = true;
-                }
+                s.lane.bind_external();
             }
             Event::CallFailed { call, error } => {
                 self.touched.call(call);
@@ -969,7 +910,10 @@ impl History {
                 self.touched.call(call);
                 self.touched.sandbox(*sandbox);
                 self.marks.hit(Mark::SandboxLost);
-                let dead = self.sandboxes.get(sandbox).is_some_and(|s| s.dead);
+                let dead = self
+                    .sandboxes
+                    .get(sandbox)
+                    .is_some_and(|s| s.lane.is_dead());
                 check!(
                     self,
                     dead,
@@ -998,16 +942,13 @@ impl History {
             } => {
                 self.bounds.version_settled(session, path, version.0);
                 self.touched.session(session);
-                let p = path_record(&mut self.paths, session, path);
-                let was = p.unsettled.remove(&version.0);
-                let last = p.last;
-                let last_uploaded = p.last_uploaded;
-                check!(
-                    self,
-                    was,
-                    "settle-once",
-                    "{session}/{path} {version} settled twice or never flushed"
-                );
+                let (versions, p) = self.paths.entry(session, path);
+                if matches!(outcome, Settlement::Dropped { .. }) {
+                    p.retry_waiting = false;
+                }
+                if let Err(v) = versions.settled(session, path, version.0, outcome) {
+                    self.fail(v.check, v.detail);
+                }
                 match outcome {
                     Settlement::Uploaded { sandbox } => {
                         let acked = self.acked_upload.and_then(|u| self.uploads.get(&u));
@@ -1023,30 +964,10 @@ impl History {
                             "uploaded-is-acknowledged",
                             "{session}/{path} {version} settled uploaded into {sandbox} without that upload's ok"
                         );
-                        check!(
-                            self,
-                            version.0 > last_uploaded,
-                            "versions-increase",
-                            "{session}/{path} {version} uploaded after v{last_uploaded}"
-                        );
                         self.acked_upload = None;
-                        if let Some(p) = self.paths.get_mut(&(session.clone(), path.clone())) {
-                            p.last_uploaded = version.0;
-                        }
                     }
-                    Settlement::Superseded { by } => {
-                        self.marks.hit(Mark::Superseded);
-                        check!(
-                            self,
-                            by.0 > version.0 && by.0 <= last,
-                            "superseded-by-newer",
-                            "{session}/{path} {version} superseded by {by} (last v{last})"
-                        );
-                    }
+                    Settlement::Superseded { .. } => self.marks.hit(Mark::Superseded),
                     Settlement::Dropped { reason } => {
-                        if let Some(p) = self.paths.get_mut(&(session.clone(), path.clone())) {
-                            p.retry_waiting = false;
-                        }
                         if *reason == sandkeeper::DropReason::NoSandbox
                             && self.releasing_session.as_ref() == Some(session)
                         {
@@ -1081,9 +1002,8 @@ impl History {
                 self.touched.session(session);
                 let open = self
                     .paths
-                    .iter()
-                    .find(|((s, _), p)| s == session && !p.unsettled.is_empty())
-                    .map(|((_, path), p)| (path.clone(), p.unsettled.len()));
+                    .first_unsettled_of(session)
+                    .map(|(path, n)| (path.clone(), n));
                 check!(
                     self,
                     open.is_none(),
@@ -1099,7 +1019,7 @@ impl History {
                 for u in self.uploads.values_mut() {
                     u.awaited = false;
                 }
-                for p in self.paths.values_mut() {
+                for (_, (_, p)) in self.paths.iter_mut() {
                     p.inflight = None;
                 }
                 // Close revoked or dropped everything still live; it says so in its report.
@@ -1123,9 +1043,13 @@ impl History {
             self.closed,
             |u| uploads.get(&u).is_some_and(|r| r.awaited),
             |x| {
-                sandboxes
-                    .get(&x)
-                    .is_some_and(|s| s.started && s.draining && !s.stop && !s.shutdown && !s.dead)
+                sandboxes.get(&x).is_some_and(|s| {
+                    s.draining
+                        && s.lane.is_started()
+                        && !s.lane.is_stopped()
+                        && !s.lane.is_shut_down()
+                        && !s.lane.is_dead()
+                })
             },
         );
         if let Some((name, detail)) = broken {
@@ -1155,8 +1079,8 @@ impl History {
             }
         }
         if let Some((session, path, version)) = self.failing.take() {
-            if let Some(p) = self.paths.get_mut(&(session, path)) {
-                if p.unsettled.contains(&version) {
+            if let Some((versions, p)) = self.paths.get_mut(&session, &path) {
+                if versions.is_unsettled(version) {
                     p.retry_waiting = true;
                 }
             }
@@ -1164,8 +1088,8 @@ impl History {
         if let Some((session, path, version)) = self.expect_upload.take() {
             let unsettled = self
                 .paths
-                .get(&(session.clone(), path.clone()))
-                .is_some_and(|p| p.unsettled.contains(&version));
+                .get(&session, &path)
+                .is_some_and(|(versions, _)| versions.is_unsettled(version));
             check!(
                 self,
                 !unsettled,
@@ -1269,7 +1193,8 @@ impl History {
                 (Phase::Pending, Some(CallStatus::Waiting | CallStatus::Starting(_))) => true,
                 (Phase::Ready, Some(CallStatus::Ready(x))) => Some(x) == rec.sandbox,
                 (Phase::Ready | Phase::Lost, Some(CallStatus::Lost(x))) => {
-                    Some(x) == rec.sandbox && self.sandboxes.get(&x).is_some_and(|s| s.dead)
+                    Some(x) == rec.sandbox
+                        && self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
                 }
                 _ => false,
             };
@@ -1288,7 +1213,10 @@ impl History {
             };
             if let Some(x) = bound {
                 let s = self.sandboxes.get(&x);
-                let torn = s.is_some_and(|s| !s.dead && (s.stop || s.shutdown || s.draining));
+                let torn = s.is_some_and(|s| {
+                    let l = s.lane;
+                    !l.is_dead() && (l.is_stopped() || l.is_shut_down() || s.draining)
+                });
                 if torn && broken.is_none() {
                     broken = Some((
                         "no-teardown-under-live-call",
@@ -1359,9 +1287,9 @@ impl History {
             for o in self.calls.iter().filter(|o| o.session == rec.session) {
                 match o.phase {
                     Phase::Ready
-                        if !o
-                            .sandbox
-                            .is_some_and(|x| self.sandboxes.get(&x).is_some_and(|s| s.dead)) =>
+                        if !o.sandbox.is_some_and(|x| {
+                            self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
+                        }) =>
                     {
                         up = true;
                         if let Ok(x) = &got {
@@ -1414,13 +1342,8 @@ impl History {
 
     /// Every flushed version settled.
     pub fn check_all_settled(&mut self) {
-        let open = self
-            .paths
-            .iter()
-            .find(|(_, p)| !p.unsettled.is_empty())
-            .map(|((s, path), p)| format!("{s}/{path}: {:?}", p.unsettled));
-        if let Some(open) = open {
-            self.fail("liveness-settled", format!("unsettled versions: {open}"));
+        if let Err(v) = self.paths.all_settled() {
+            self.fail(v.check, v.detail);
         }
     }
 
@@ -1441,7 +1364,7 @@ impl History {
         let left = self
             .sandboxes
             .iter()
-            .filter(|(_, s)| s.started && !s.shutdown && !(suspend && s.persist))
+            .filter(|(_, s)| s.lane.is_started() && !s.lane.has_ended(suspend))
             .map(|(x, _)| *x)
             .min();
         if let Some(x) = left {

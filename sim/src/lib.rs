@@ -43,7 +43,6 @@ pub mod shrink;
 pub mod step;
 pub mod swarm;
 mod touched;
-mod versions;
 mod world;
 
 pub use backend::{Fate, Ledger, Op};

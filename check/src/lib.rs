@@ -1,0 +1,33 @@
+//! The core's output contract as incremental checkers, one concern per file.
+//!
+//! Four places watch what the core orders and must agree on what is allowed: the simulator's
+//! history (`sim/src/history.rs`), the core's scripted tests (`core/tests/support`), the fault
+//! backend of io-tokio (which sees the commands from the backend's side) and the agreement test
+//! (`tests/tests/agreement.rs`, whose scripted backend does the same). Each used to write the
+//! rules again. The rules live here once; each checker is fed one item at a time, keeps only
+//! what its rule needs, and answers with a [`Violation`] naming the broken check.
+//!
+//! | file | concern | checks |
+//! |---|---|---|
+//! | `lane.rs` | [`Lane`], [`Lanes`]: the order of backend-facing operations on one sandbox (Start, Upload, Stop, Persist, Shutdown) | `start-once`, `no-command-after-shutdown`, `no-upload-after-stop`, `stop-managed-only`, `stop-once`, `persist-after-stop`, `no-shutdown-of-external`, `liveness-shutdown-every-started` |
+//! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
+//! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
+//!
+//! The names are stable: the simulator reports them (`FAIL seed N: invariant <name>`), its
+//! canaries and `sim/README.md` refer to them.
+//!
+//! Each concern comes in two forms: a per-record state with a pure transition ([`Lane`],
+//! [`PathVersions`]) for a user that keeps its own record per sandbox or path (the simulator
+//! embeds them and pays no extra lookup), and a table of them ([`Lanes`], [`Versions`]) for a
+//! user that keeps none.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod lane;
+mod versions;
+mod violation;
+
+pub use lane::{Lane, Lanes, Op};
+pub use versions::{PathVersions, Versions};
+pub use violation::Violation;
