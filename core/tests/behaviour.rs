@@ -1946,9 +1946,7 @@ fn lifecycle_round_trip_continues_identically() {
     let json = serde_json::to_string(&h.core).unwrap();
     let copy: Lifecycle = serde_json::from_str(&json).unwrap();
     copy.check_invariants().unwrap();
-    let mut twin = Script::new(h.core.config().clone());
-    twin.core = copy;
-    twin.now = h.now;
+    let mut twin = h.twin(copy);
     assert_eq!(
         serde_json::to_value(&h.core).unwrap(),
         serde_json::to_value(&twin.core).unwrap()

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
+use sandkeeper_check::{Lanes, Op, Versions};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -298,17 +299,13 @@ pub struct SeenStart {
     pub resumes: Option<SandboxId>,
 }
 
-/// The history invariants, checked on every drained command and event.
+/// The history invariants, checked on every drained command and event. The order of each
+/// sandbox's commands and the numbering and settlement of each path's versions are
+/// `sandkeeper_check`'s (the rules the simulator and the drivers' tests check too).
 #[derive(Clone, Debug, Default)]
 struct History {
-    started: BTreeSet<SandboxId>,
-    stopped: BTreeSet<SandboxId>,
-    shut_down: BTreeSet<SandboxId>,
-    dead: BTreeSet<SandboxId>,
-    external: BTreeSet<SandboxId>,
-    flushed: BTreeSet<(SessionId, PathName, Version)>,
-    settled: BTreeSet<(SessionId, PathName, Version)>,
-    last_uploaded: BTreeMap<(SessionId, PathName), Version>,
+    lanes: Lanes,
+    versions: Versions,
     /// The deadline of each version's first attempt: every retry carries the same.
     upload_deadlines: BTreeMap<(SessionId, PathName, Version), Instant>,
     /// Sandboxes abandoned whose Shutdown has not come yet (it must come in the same drain).
@@ -353,6 +350,23 @@ impl Script {
         }
     }
 
+    /// A script over `core` (a copy of this script's, e.g. read back from its serialised
+    /// form) that goes on from where this one is: same clock, the uploads it awaits, and the
+    /// history its checks judge the next outputs against.
+    pub fn twin(&self, core: Lifecycle) -> Self {
+        Script {
+            core,
+            now: self.now,
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            uploads: self.uploads.clone(),
+            trace: Vec::new(),
+            all_commands: Vec::new(),
+            all_events: Vec::new(),
+            history: self.history.clone(),
+        }
+    }
+
     /// A script over [`config()`].
     pub fn default_config() -> Self {
         Script::new(config())
@@ -378,7 +392,7 @@ impl Script {
         };
         if let Input::Died { sandbox } = &input {
             if self.core.sandbox_state(*sandbox).is_some() {
-                self.history.dead.insert(*sandbox);
+                self.history.lanes.die(*sandbox);
             }
         }
         if let Input::InstanceGone { sandbox } = &input {
@@ -387,7 +401,7 @@ impl Script {
                 self.core.sandbox_state(*sandbox),
                 Some(SandboxState::Running | SandboxState::Idle | SandboxState::Draining)
             ) {
-                self.history.dead.insert(*sandbox);
+                self.history.lanes.die(*sandbox);
             }
         }
         if let Input::UploadFailed {
@@ -396,7 +410,7 @@ impl Script {
         } = &input
         {
             if let Some(up) = self.uploads.get(upload) {
-                self.history.dead.insert(up.sandbox);
+                self.history.lanes.die(up.sandbox);
             }
         }
         self.trace.push((self.now, input.clone()));
@@ -413,14 +427,10 @@ impl Script {
             }
             Ok(version) => {
                 if let (Some(v), Some((s, p))) = (version, flushed) {
-                    let key = (s, p, *v);
-                    if !self.history.flushed.insert(key.clone()) {
-                        // Only a forgotten idle session starts its numbering again, and only
-                        // after every version it had settled.
-                        assert!(
-                            self.history.settled.remove(&key),
-                            "version {key:?} handed out twice while the first is unsettled"
-                        );
+                    // Only a forgotten idle session starts its numbering again, and only after
+                    // every version it had settled (the rule is `versions-numbered`'s).
+                    if let Err(v) = self.history.versions.flushed(&s, &p, v.0) {
+                        panic!("{v}");
                     }
                 }
                 match &input {
@@ -466,10 +476,17 @@ impl Script {
         let h = &mut self.history;
         assert!(!h.closed, "a command after Closed: {command:?}");
         let x = command.sandbox();
-        assert!(
-            !h.shut_down.contains(&x),
-            "a command names {x} after its Shutdown: {command:?}"
-        );
+        // The order of the commands a backend receives is the lane's; the others (Drain,
+        // CancelUpload, Abandon) must not name a shut-down sandbox either.
+        if let Err(v) = h.lanes.command(command) {
+            panic!("{v}: {command:?}");
+        }
+        if Op::of(command).is_none() {
+            assert!(
+                !h.lanes.get(x).is_some_and(|l| l.is_shut_down()),
+                "a command names {x} after its Shutdown: {command:?}"
+            );
+        }
         assert!(
             !h.abandoned.contains(&x)
                 || matches!(
@@ -486,7 +503,6 @@ impl Script {
                 deadline,
                 ..
             } => {
-                assert!(h.started.insert(*sandbox), "{sandbox} started twice");
                 assert_eq!(*deadline, now + config.start_timeout, "start deadline");
                 assert_eq!(resume_from.is_some(), resumes.is_some(), "{command:?}");
                 assert!(resumes.is_none_or(|r| r < *sandbox), "{command:?}");
@@ -509,18 +525,9 @@ impl Script {
                     now < *deadline && *deadline <= now + config.upload_timeout,
                     "upload deadline {deadline:?} at {now:?}"
                 );
-                assert!(
-                    !h.stopped.contains(sandbox),
-                    "Upload after Stop of {sandbox}"
-                );
-                assert!(!h.dead.contains(sandbox), "Upload after death of {sandbox}");
-                let last = h
-                    .last_uploaded
-                    .insert((session.clone(), path.clone()), *version);
-                assert!(
-                    last.is_none_or(|l| l <= *version),
-                    "versions of {session}/{path} go backwards: {last:?} then {version}"
-                );
+                if let Err(v) = h.versions.ordered(session, path, version.0) {
+                    panic!("{v}: {command:?}");
+                }
                 assert!(
                     !self
                         .uploads
@@ -544,35 +551,20 @@ impl Script {
                 self.uploads.remove(upload);
             }
             Command::Drain { .. } => {}
-            Command::Stop {
-                sandbox, deadline, ..
-            } => {
-                assert!(!h.external.contains(sandbox), "Stop of external {sandbox}");
-                assert!(h.stopped.insert(*sandbox), "{sandbox} stopped twice");
+            Command::Stop { deadline, .. } => {
                 assert_eq!(*deadline, now + config.command_timeout, "stop deadline");
             }
-            Command::Persist {
-                sandbox, deadline, ..
-            } => {
-                assert!(
-                    h.stopped.contains(sandbox),
-                    "Persist before Stop of {sandbox}"
-                );
+            Command::Persist { deadline, .. } => {
                 assert_eq!(*deadline, now + config.command_timeout, "persist deadline");
             }
             Command::Shutdown { sandbox, deadline } => {
-                assert!(
-                    !h.external.contains(sandbox),
-                    "Shutdown of external {sandbox}"
-                );
-                h.shut_down.insert(*sandbox);
                 h.abandoned.remove(sandbox);
                 assert_eq!(*deadline, now + config.command_timeout, "shutdown deadline");
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
             }
             Command::Abandon { sandbox } => {
                 assert!(
-                    h.started.contains(sandbox),
+                    h.lanes.get(*sandbox).is_some_and(|l| l.is_started()),
                     "Abandon of unstarted {sandbox}"
                 );
                 assert!(h.abandoned.insert(*sandbox), "{sandbox} abandoned twice");
@@ -588,13 +580,11 @@ impl Script {
                 session,
                 path,
                 version,
-                ..
+                outcome,
             } => {
-                let key = (session.clone(), path.clone(), *version);
-                assert!(
-                    h.settled.insert(key),
-                    "{session}/{path} {version} settled twice"
-                );
+                if let Err(v) = h.versions.settled(session, path, version.0, outcome) {
+                    panic!("{v}");
+                }
             }
             Event::Closed { .. } => h.closed = true,
             Event::CallReady { sandbox, .. } => {
@@ -602,7 +592,7 @@ impl Script {
                     self.core.sandbox_ownership(*sandbox),
                     Some(Ownership::External(_))
                 ) {
-                    h.external.insert(*sandbox);
+                    h.lanes.bind_external(*sandbox);
                 }
             }
             _ => {}
@@ -611,27 +601,21 @@ impl Script {
 
     /// Every version flushed so far has settled exactly once.
     pub fn assert_all_settled(&self) {
-        let unsettled: Vec<_> = self
-            .history
-            .flushed
-            .difference(&self.history.settled)
-            .collect();
-        assert!(unsettled.is_empty(), "unsettled versions: {unsettled:?}");
+        if let Err(v) = self.history.versions.all_settled() {
+            panic!("{v}");
+        }
     }
 
     /// Every sandbox the core started was ordered to shut down exactly once.
     pub fn assert_all_shut_down(&self) {
-        let left: Vec<_> = self
-            .history
-            .started
-            .difference(&self.history.shut_down)
-            .collect();
-        assert!(left.is_empty(), "started and never shut down: {left:?}");
+        if let Err(v) = self.history.lanes.every_started_ended(false) {
+            panic!("{v}");
+        }
     }
 
     /// Whether the script saw a Shutdown for `x`.
     pub fn was_shut_down(&self, x: SandboxId) -> bool {
-        self.history.shut_down.contains(&x)
+        self.history.lanes.get(x).is_some_and(|l| l.is_shut_down())
     }
 
     // ------------------------------------------------------------------------------------------
