@@ -7,9 +7,11 @@
 //! sandboxes killed on purpose ([`FaultBackend::kill`]).
 //!
 //! It also watches the driver from the backend's side and records a *violation* for every
-//! order the races of DESIGN.md would produce: an upload received after the sandbox's Stop or
-//! Shutdown or death, any command after Shutdown, Persist before Stop, a second Shutdown, a
-//! Start for a sandbox already started.
+//! order the races of DESIGN.md would produce, by `sandkeeper_check`'s lane rules (the ones the
+//! core's tests and the simulator apply to the core's commands): an upload received after the
+//! sandbox's Stop or Shutdown, any operation after Shutdown, Persist before Stop, a second Stop
+//! or Start; and, this world having no external sandboxes, an upload into a sandbox it never
+//! started, and a version of a file written after a newer one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,7 @@ use crate::backend::{
     Backend, BackendError, DeathSink, PersistRequest, StartRequest, StopRequest, UploadRequest,
 };
 use crate::rng::SplitMix64;
+use sandkeeper_check::Lanes;
 
 /// Fault rates and latencies. Probabilities are per operation.
 #[derive(Clone, Debug)]
@@ -105,6 +108,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// The kind of operation, as `sandkeeper_check` orders them.
+    pub fn kind(&self) -> sandkeeper_check::Op {
+        match self {
+            Op::Start(_) => sandkeeper_check::Op::Start,
+            Op::Upload { .. } => sandkeeper_check::Op::Upload,
+            Op::Stop(_) => sandkeeper_check::Op::Stop,
+            Op::Persist(_) => sandkeeper_check::Op::Persist,
+            Op::Shutdown(_) => sandkeeper_check::Op::Shutdown,
+        }
+    }
+
     /// The sandbox it names.
     pub fn sandbox(&self) -> SandboxId {
         match self {
@@ -136,6 +150,9 @@ struct Box {
 #[derive(Debug, Default)]
 struct World {
     log: Vec<Op>,
+    /// The order of the operations each sandbox received, judged by the rules the core's tests
+    /// and the simulator judge the core's commands by.
+    lanes: Lanes,
     boxes: BTreeMap<SandboxId, Box>,
     violations: Vec<String>,
     hung: HashSet<SessionId>,
@@ -294,21 +311,14 @@ impl FaultBackend {
         let mut world = self.world();
         let sandbox = op.sandbox();
         let phase = world.boxes.get(&sandbox).map(|b| b.phase);
-        let violation = match (&op, phase) {
-            (Op::Start(_), Some(_)) => Some("start of a sandbox already started"),
-            (Op::Start(_), None) => None,
-            (_, None) => Some("command for a sandbox never started"),
-            (_, Some(Phase::ShutDown)) => Some("command after shutdown"),
-            (Op::Upload { .. }, Some(Phase::Stopped | Phase::Persisted)) => {
-                Some("upload after stop")
-            }
-            (Op::Persist(_), Some(p)) if p != Phase::Stopped && p != Phase::Dead => {
-                Some("persist before stop")
-            }
-            _ => None,
-        };
-        if let Some(v) = violation {
+        if let Err(v) = world.lanes.take(sandbox, op.kind()) {
             world.violations.push(format!("{v}: {op:?}"));
+        } else if phase.is_none() && !matches!(op, Op::Start(_)) {
+            // A lane takes an upload into a sandbox never started as one into an external
+            // sandbox; this world has none.
+            world
+                .violations
+                .push(format!("upload into a sandbox never started: {op:?}"));
         }
         world.log.push(op);
         phase
@@ -556,5 +566,87 @@ impl Drop for Inside {
             Meter::Uploads => w.uploads_now -= 1,
             Meter::Starts => w.starts_now -= 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandkeeper::{Key, Spec};
+
+    fn start(x: u64) -> StartRequest {
+        StartRequest {
+            sandbox: SandboxId(x),
+            key: Key::Global,
+            spec: Spec::new(""),
+            resume_from: None,
+            resumes: None,
+        }
+    }
+
+    fn upload(x: u64, version: u64) -> UploadRequest {
+        UploadRequest {
+            upload: sandkeeper::UploadId(version),
+            sandbox: SandboxId(x),
+            session: SessionId::new("s").unwrap(),
+            path: PathName::new("log").unwrap(),
+            version: Version(version),
+            payload: Payload::new(&b"x"[..]),
+        }
+    }
+
+    fn stop(x: u64) -> StopRequest {
+        StopRequest {
+            sandbox: SandboxId(x),
+            suspend: false,
+        }
+    }
+
+    /// The watcher is only worth something if it speaks up: each order a race would produce is
+    /// recorded as a violation naming the broken rule.
+    #[tokio::test(start_paused = true)]
+    async fn operations_out_of_order_are_recorded_as_violations() {
+        let b = FaultBackend::reliable();
+        b.start(start(1)).await.unwrap();
+        b.upload(upload(1, 1)).await.unwrap();
+        b.stop(stop(1)).await.unwrap();
+        assert!(b.violations().is_empty(), "{:?}", b.violations());
+
+        let _ = b.upload(upload(1, 2)).await;
+        let _ = b.stop(stop(1)).await;
+        b.shutdown(SandboxId(1)).await.unwrap();
+        let _ = b
+            .persist(PersistRequest {
+                sandbox: SandboxId(1),
+                snapshot: None,
+                suspend: false,
+            })
+            .await;
+        let _ = b.start(start(1)).await;
+        let _ = b.upload(upload(7, 1)).await;
+        let _ = b
+            .persist(PersistRequest {
+                sandbox: SandboxId(2),
+                snapshot: None,
+                suspend: false,
+            })
+            .await;
+        let seen: Vec<String> = b.violations();
+        let rules: Vec<&str> = seen
+            .iter()
+            .map(|v| v.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                "no-upload-after-stop",
+                "stop-once",
+                "no-command-after-shutdown",
+                "no-command-after-shutdown",
+                "upload into a sandbox never started",
+                "stop-managed-only",
+            ],
+            "{seen:#?}"
+        );
     }
 }
