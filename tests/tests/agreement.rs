@@ -43,6 +43,7 @@ use sandkeeper::{
     CallSpec, Command, ErrorKind, Event, PathName, SandboxId, SandboxState, SessionId, Settlement,
     Snapshot, Spec,
 };
+use sandkeeper_check::{Lanes, Op};
 use sandkeeper_tokio::{
     Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Loss, Notice,
     PersistRequest, StartRequest, StopRequest, UploadRequest,
@@ -150,6 +151,10 @@ struct Record {
     answers: Vec<(usize, Option<String>)>,
     /// Whether close finished.
     closed: bool,
+    /// Operations the driver's backend received out of order, by `sandkeeper_check`'s lane
+    /// rules (the simulator's run checks the same rules on the core's commands, and has none when
+    /// it passes).
+    violations: Vec<String>,
 }
 
 impl Record {
@@ -275,6 +280,10 @@ struct Outstanding {
 struct ScriptState {
     /// Every command received, in order.
     log: Vec<(SandboxId, Cmd)>,
+    /// The order of each sandbox's operations, judged as it is received.
+    lanes: Lanes,
+    /// What the lanes found out of order.
+    violations: Vec<String>,
     /// Commands waiting for the script, oldest first.
     outstanding: Vec<Outstanding>,
     /// Answer everything with success at once (the liveness phase).
@@ -299,6 +308,16 @@ impl Script {
     async fn receive(&self, kind: OpKind, sandbox: SandboxId, cmd: Cmd) -> Reply {
         let rx = {
             let mut st = self.lock();
+            let op = match kind {
+                OpKind::Start => Op::Start,
+                OpKind::Upload => Op::Upload,
+                OpKind::Stop => Op::Stop,
+                OpKind::Persist => Op::Persist,
+                OpKind::Shutdown => Op::Shutdown,
+            };
+            if let Err(v) = st.lanes.take(sandbox, op) {
+                st.violations.push(format!("{v}: {cmd:?}"));
+            }
             st.log.push((sandbox, cmd));
             if st.auto {
                 return Reply::Ok(None);
@@ -843,6 +862,8 @@ async fn drive(scenario: &Scenario) -> (Record, Vec<usize>, Vec<usize>) {
     }
     d.liveness().await;
     d.keeper.check_invariants().unwrap();
+    let violations = std::mem::take(&mut d.script().lock().violations);
+    d.record.violations = violations;
     let skipped = std::mem::take(&mut d.skipped);
     let abandoned = std::mem::take(&mut d.abandoned);
     (std::mem::take(&mut d.record), skipped, abandoned)
