@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `lane.rs` | [`Lane`], [`Lanes`]: the order of backend-facing operations on one sandbox (Start, Upload, Stop, Persist, Shutdown) | `start-once`, `no-command-after-shutdown`, `no-upload-after-stop`, `stop-managed-only`, `stop-once`, `persist-after-stop`, `no-shutdown-of-external`, `liveness-shutdown-every-started` |
 //! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
+//! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
 //! The names are stable: the simulator reports them (`FAIL seed N: invariant <name>`), its
@@ -24,10 +25,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod deadlines;
 mod lane;
 mod versions;
 mod violation;
 
+pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
 pub use versions::{PathVersions, Versions};
 pub use violation::Violation;

@@ -254,7 +254,7 @@ impl Harness {
                     self.history.closing = true;
                     self.history
                         .bounds
-                        .closing(self.now_ms, d.as_millis() as u64);
+                        .closing(sandkeeper::Instant::from_millis(self.now_ms), d);
                 }
                 self.after(r.map_err(|e| e.kind()))?;
             }

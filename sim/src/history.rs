@@ -3,14 +3,13 @@
 //! check has a name; the first broken one is kept as the run's [`Failure`].
 
 use sandkeeper::{
-    CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Key, Lifecycle,
-    PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot, UploadId,
-    UserId,
+    CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Instant, Key,
+    Lifecycle, PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot,
+    UploadId, UserId,
 };
 
-use sandkeeper_check::{Lane, Op, Versions};
+use sandkeeper_check::{Deadlines, Lane, Op, Versions};
 
-use crate::bounds::Bounds;
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
 pub use crate::live::{CallRecord, LiveCalls, Phase};
@@ -122,8 +121,8 @@ pub struct History {
     awaiting_release: FastMap<CallId, u32>,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
-    /// The time-bound checks (`bounds.rs`).
-    pub bounds: Bounds,
+    /// The time-bound checks (`sandkeeper_check::Deadlines`).
+    pub bounds: Deadlines,
     /// A sandbox abandoned by the last command: its Shutdown must come next.
     abandoned: Option<SandboxId>,
     /// A sandbox whose lost instance this input reported while it was being suspended: the
@@ -224,7 +223,7 @@ impl History {
             now_ms: 0,
             routing: Vec::new(),
             stopped_now: Vec::new(),
-            bounds: Bounds::new(config),
+            bounds: Deadlines::new(config),
             abandoned: None,
             spared: None,
             starts: 0,
@@ -303,7 +302,8 @@ impl History {
         self.bound_to.remove(call);
         self.failed.remove(call);
         self.ended_at.remove(call);
-        self.bounds.acquired(call, self.now_ms);
+        self.bounds
+            .acquired(call, Instant::from_millis(self.now_ms));
         self.touched.call(call);
         self.touched.session(session);
     }
@@ -550,8 +550,8 @@ impl History {
         );
         let x = cmd.sandbox();
         self.touched.sandbox(x);
-        if let Some((name, detail)) = self.bounds.command(cmd, self.now_ms) {
-            self.fail(name, detail);
+        if let Err(v) = self.bounds.command(cmd, Instant::from_millis(self.now_ms)) {
+            self.fail(v.check, v.detail);
         }
         let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
         if self.spared == Some(x) {
@@ -857,8 +857,9 @@ impl History {
                     "call-events",
                     "CallFailed for {call}, which is not a pending live call"
                 );
-                if let Some((name, detail)) = self.bounds.call_failed(call, *error, self.now_ms) {
-                    self.fail(name, detail);
+                let now = Instant::from_millis(self.now_ms);
+                if let Err(v) = self.bounds.call_failed(call, *error, now) {
+                    self.fail(v.check, v.detail);
                 }
                 match error {
                     ErrorKind::WaitTimeout => self.marks.hit(Mark::WaitTimeout),
@@ -1039,7 +1040,7 @@ impl History {
         self.spared = None;
         let (uploads, sandboxes) = (&self.uploads, &self.sandboxes);
         let broken = self.bounds.after_input(
-            self.now_ms,
+            Instant::from_millis(self.now_ms),
             self.closed,
             |u| uploads.get(&u).is_some_and(|r| r.awaited),
             |x| {
@@ -1052,8 +1053,8 @@ impl History {
                 })
             },
         );
-        if let Some((name, detail)) = broken {
-            self.fail(name, detail);
+        if let Err(v) = broken {
+            self.fail(v.check, v.detail);
         }
         if let Some(a) = self.abandoned.take() {
             self.fail(

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
-use sandkeeper_check::{Lanes, Op, Versions};
+use sandkeeper_check::{Deadlines, Lanes, Op, Versions};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -302,15 +302,29 @@ pub struct SeenStart {
 /// The history invariants, checked on every drained command and event. The order of each
 /// sandbox's commands and the numbering and settlement of each path's versions are
 /// `sandkeeper_check`'s (the rules the simulator and the drivers' tests check too).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct History {
     lanes: Lanes,
     versions: Versions,
-    /// The deadline of each version's first attempt: every retry carries the same.
-    upload_deadlines: BTreeMap<(SessionId, PathName, Version), Instant>,
+    /// Command deadlines only: the script moves its clock freely ([`Script::wait`]), so the
+    /// after-input bounds (nothing awaited past its deadline) are the simulator's, which hands
+    /// the core a timeout at every deadline's own instant.
+    deadlines: Deadlines,
     /// Sandboxes abandoned whose Shutdown has not come yet (it must come in the same drain).
     abandoned: BTreeSet<SandboxId>,
     closed: bool,
+}
+
+impl History {
+    fn new(config: &Config) -> Self {
+        History {
+            lanes: Lanes::new(),
+            versions: Versions::new(),
+            deadlines: Deadlines::new(config),
+            abandoned: BTreeSet::new(),
+            closed: false,
+        }
+    }
 }
 
 /// A core driven step by step.
@@ -337,6 +351,7 @@ pub struct Script {
 impl Script {
     /// A script over a core with `config`, at time zero.
     pub fn new(config: Config) -> Self {
+        let history = History::new(&config);
         Script {
             core: Lifecycle::new(config).expect("valid config"),
             now: Instant::ZERO,
@@ -346,7 +361,7 @@ impl Script {
             trace: Vec::new(),
             all_commands: Vec::new(),
             all_events: Vec::new(),
-            history: History::default(),
+            history,
         }
     }
 
@@ -472,7 +487,6 @@ impl Script {
 
     fn check_command(&mut self, command: &Command) {
         let now = self.core.now();
-        let config = self.core.config().clone();
         let h = &mut self.history;
         assert!(!h.closed, "a command after Closed: {command:?}");
         let x = command.sandbox();
@@ -495,15 +509,16 @@ impl Script {
                 ),
             "{command:?} between the Abandon of {x} and its Shutdown"
         );
+        if let Err(v) = h.deadlines.command(command, now) {
+            panic!("{v}: {command:?}");
+        }
         match command {
             Command::Start {
                 sandbox,
                 resume_from,
                 resumes,
-                deadline,
                 ..
             } => {
-                assert_eq!(*deadline, now + config.start_timeout, "start deadline");
                 assert_eq!(resume_from.is_some(), resumes.is_some(), "{command:?}");
                 assert!(resumes.is_none_or(|r| r < *sandbox), "{command:?}");
             }
@@ -514,17 +529,8 @@ impl Script {
                 path,
                 version,
                 payload,
-                deadline,
+                ..
             } => {
-                let first = *h
-                    .upload_deadlines
-                    .entry((session.clone(), path.clone(), *version))
-                    .or_insert(*deadline);
-                assert_eq!(*deadline, first, "a retry of {version} moved its deadline");
-                assert!(
-                    now < *deadline && *deadline <= now + config.upload_timeout,
-                    "upload deadline {deadline:?} at {now:?}"
-                );
                 if let Err(v) = h.versions.ordered(session, path, version.0) {
                     panic!("{v}: {command:?}");
                 }
@@ -550,16 +556,9 @@ impl Script {
             Command::CancelUpload { upload, .. } => {
                 self.uploads.remove(upload);
             }
-            Command::Drain { .. } => {}
-            Command::Stop { deadline, .. } => {
-                assert_eq!(*deadline, now + config.command_timeout, "stop deadline");
-            }
-            Command::Persist { deadline, .. } => {
-                assert_eq!(*deadline, now + config.command_timeout, "persist deadline");
-            }
-            Command::Shutdown { sandbox, deadline } => {
+            Command::Drain { .. } | Command::Stop { .. } | Command::Persist { .. } => {}
+            Command::Shutdown { sandbox, .. } => {
                 h.abandoned.remove(sandbox);
-                assert_eq!(*deadline, now + config.command_timeout, "shutdown deadline");
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
             }
             Command::Abandon { sandbox } => {
@@ -585,6 +584,7 @@ impl Script {
                 if let Err(v) = h.versions.settled(session, path, version.0, outcome) {
                     panic!("{v}");
                 }
+                h.deadlines.version_settled(session, path, version.0);
             }
             Event::Closed { .. } => h.closed = true,
             Event::CallReady { sandbox, .. } => {

@@ -1,0 +1,384 @@
+//! Time bounds: every deadline the core documents holds in what it orders and announces. One
+//! checker, fed the accepted inputs, commands and events it needs, at the core's instants.
+//!
+//! | check | what must hold |
+//! |---|---|
+//! | `command-deadline` | a Start's deadline is the start timeout from its order; a Stop's, Persist's and Shutdown's the command timeout; an Upload's at most the upload timeout from its version's *first* attempt, the same for every retry, and still ahead when the attempt is ordered |
+//! | `upload-within-timeout` | after every input, no upload attempt is still awaited past its version's deadline |
+//! | `drain-within-deadline` | after every input, no sandbox drains longer than the drain deadline since its Drain (unless a call revived it) |
+//! | `wait-within-timeout` | a call that fails with `wait-timeout` fails exactly at its acquire plus the wait timeout; after every input, no call is still neither ready nor ended past its acquire plus the wait and start timeouts |
+//! | `close-within-deadlines` | after every input, `Closed` has come if the close deadline and the grace have both passed since `close` |
+//!
+//! Each bound is a min-heap of (deadline, subject) with lazy deletion: an entry whose subject
+//! has moved on is dropped when it reaches the top, so a bound costs O(log n) per entry over its
+//! life. Whether an upload attempt is still awaited and whether a sandbox still drains is the
+//! caller's word ([`Deadlines::after_input`]): it keeps those records anyway.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+use sandkeeper::{
+    CallId, Command, Config, ErrorKind, Instant, PathName, SandboxId, SessionId, UploadId,
+};
+
+use crate::violation::Violation;
+
+/// The time-bound checker. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Deadlines {
+    start: Duration,
+    upload: Duration,
+    command: Duration,
+    drain: Duration,
+    wait: Duration,
+    grace: Duration,
+    /// Per (session, path, version) with an attempt so far: its deadline.
+    versions: FxHashMap<(SessionId, PathName, u64), Instant>,
+    /// Upload attempts by deadline; whether one is still awaited is the caller's.
+    upload_heap: BinaryHeap<Reverse<(Instant, UploadId)>>,
+    /// Draining sandboxes: the drain's deadline.
+    drains: FxHashMap<SandboxId, Instant>,
+    drain_heap: BinaryHeap<Reverse<(Instant, SandboxId)>>,
+    /// Calls neither ready nor ended: when they were acquired.
+    pending: FxHashMap<CallId, Instant>,
+    pending_heap: BinaryHeap<Reverse<(Instant, CallId)>>,
+    /// When close must have finished.
+    close_by: Option<Instant>,
+}
+
+impl Deadlines {
+    /// A checker for a core with `config`.
+    pub fn new(config: &Config) -> Self {
+        Deadlines {
+            start: config.start_timeout,
+            upload: config.upload_timeout,
+            command: config.command_timeout,
+            drain: config.drain_deadline,
+            wait: config.wait_timeout,
+            grace: config.close_grace,
+            versions: FxHashMap::default(),
+            upload_heap: BinaryHeap::new(),
+            drains: FxHashMap::default(),
+            drain_heap: BinaryHeap::new(),
+            pending: FxHashMap::default(),
+            pending_heap: BinaryHeap::new(),
+            close_by: None,
+        }
+    }
+
+    /// A call's acquire was accepted at `now`.
+    pub fn acquired(&mut self, call: &CallId, now: Instant) {
+        self.pending.insert(call.clone(), now);
+        self.pending_heap
+            .push(Reverse((now + self.wait + self.start, call.clone())));
+    }
+
+    /// A call is ready or ended: no longer pending.
+    pub fn call_settled(&mut self, call: &CallId) {
+        self.pending.remove(call);
+    }
+
+    /// `close(deadline)` was accepted at `now`.
+    pub fn closing(&mut self, now: Instant, deadline: Duration) {
+        self.close_by = Some(now + deadline + self.grace);
+    }
+
+    /// `Closed` came.
+    pub fn closed(&mut self) {
+        self.close_by = None;
+    }
+
+    /// A version settled: forget its first attempt.
+    pub fn version_settled(&mut self, session: &SessionId, path: &PathName, version: u64) {
+        self.versions
+            .remove(&(session.clone(), path.clone(), version));
+    }
+
+    /// One command, ordered at `now`.
+    pub fn command(&mut self, cmd: &Command, now: Instant) -> Result<(), Violation> {
+        let exact = |what: &str, got: Instant, want: Instant| {
+            if got == want {
+                Ok(())
+            } else {
+                Err(Violation::new(
+                    "command-deadline",
+                    format!("{what}'s deadline is {got:?}, expected {want:?}"),
+                ))
+            }
+        };
+        match cmd {
+            Command::Start { deadline, .. } => exact("Start", *deadline, now + self.start),
+            Command::Stop { deadline, .. } => exact("Stop", *deadline, now + self.command),
+            Command::Persist { deadline, .. } => exact("Persist", *deadline, now + self.command),
+            Command::Shutdown { deadline, .. } => exact("Shutdown", *deadline, now + self.command),
+            Command::Upload {
+                upload,
+                session,
+                path,
+                version,
+                deadline,
+                ..
+            } => {
+                let first = *self
+                    .versions
+                    .entry((session.clone(), path.clone(), version.0))
+                    .or_insert(*deadline);
+                self.upload_heap.push(Reverse((*deadline, *upload)));
+                if first != *deadline {
+                    Err(Violation::new(
+                        "command-deadline",
+                        format!(
+                            "a retry of {session}/{path} {version} has deadline {deadline:?}, its first attempt had {first:?}"
+                        ),
+                    ))
+                } else if *deadline <= now {
+                    Err(Violation::new(
+                        "command-deadline",
+                        format!(
+                            "Upload {upload} of {session}/{path} {version} ordered at {now:?}, at or past its deadline {deadline:?}"
+                        ),
+                    ))
+                } else if *deadline > now + self.upload {
+                    Err(Violation::new(
+                        "command-deadline",
+                        format!(
+                            "Upload {upload} of {session}/{path} {version} at {now:?} has deadline {deadline:?}, past the upload timeout"
+                        ),
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            Command::Drain { sandbox, .. } => {
+                let due = now + self.drain;
+                self.drains.insert(*sandbox, due);
+                self.drain_heap.push(Reverse((due, *sandbox)));
+                Ok(())
+            }
+            Command::CancelUpload { .. } | Command::Abandon { .. } => Ok(()),
+        }
+    }
+
+    /// A call failed at `now` with `error`.
+    pub fn call_failed(
+        &mut self,
+        call: &CallId,
+        error: ErrorKind,
+        now: Instant,
+    ) -> Result<(), Violation> {
+        let acquired = self.pending.remove(call);
+        match (error, acquired) {
+            (ErrorKind::WaitTimeout, Some(t)) if now != t + self.wait => Err(Violation::new(
+                "wait-within-timeout",
+                format!(
+                    "{call}, acquired at {t:?}, failed with wait-timeout at {now:?}, not at {:?}",
+                    t + self.wait
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// After an input at `now`: nothing outlives its bound. `awaited` and `draining` are the
+    /// caller's word on an upload attempt and a managed sandbox now; `closed`, whether `Closed`
+    /// came.
+    pub fn after_input(
+        &mut self,
+        now: Instant,
+        closed: bool,
+        awaited: impl Fn(UploadId) -> bool,
+        draining: impl Fn(SandboxId) -> bool,
+    ) -> Result<(), Violation> {
+        while let Some(Reverse((due, upload))) = self.upload_heap.peek().cloned() {
+            if !awaited(upload) {
+                self.upload_heap.pop();
+                continue;
+            }
+            if due >= now {
+                break;
+            }
+            return Err(Violation::new(
+                "upload-within-timeout",
+                format!("{upload} is still awaited at {now:?}, past its deadline {due:?}"),
+            ));
+        }
+        while let Some(Reverse((due, sandbox))) = self.drain_heap.peek().cloned() {
+            if self.drains.get(&sandbox) != Some(&due) || !draining(sandbox) {
+                self.drain_heap.pop();
+                continue;
+            }
+            if due >= now {
+                break;
+            }
+            return Err(Violation::new(
+                "drain-within-deadline",
+                format!("{sandbox} still drains at {now:?}, past its drain deadline {due:?}"),
+            ));
+        }
+        while let Some(Reverse((due, call))) = self.pending_heap.peek().cloned() {
+            let current = self
+                .pending
+                .get(&call)
+                .is_some_and(|t| *t + self.wait + self.start == due);
+            if !current {
+                self.pending_heap.pop();
+                continue;
+            }
+            if due >= now {
+                break;
+            }
+            return Err(Violation::new(
+                "wait-within-timeout",
+                format!("{call} is neither ready nor ended at {now:?}, past {due:?} (wait and start timeouts)"),
+            ));
+        }
+        match self.close_by {
+            Some(by) if !closed && now > by => Err(Violation::new(
+                "close-within-deadlines",
+                format!("not closed at {now:?}; close had to finish by {by:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandkeeper::{Key, Spec, Version};
+
+    fn config() -> Config {
+        Config {
+            start_timeout: Duration::from_secs(1),
+            upload_timeout: Duration::from_secs(2),
+            drain_deadline: Duration::from_secs(3),
+            wait_timeout: Duration::from_secs(4),
+            command_timeout: Duration::from_secs(5),
+            close_grace: Duration::from_secs(6),
+            ..Config::default()
+        }
+    }
+
+    fn s(n: u64) -> Instant {
+        Instant::from_millis(n * 1000)
+    }
+
+    fn never<T>(_: T) -> bool {
+        false
+    }
+
+    fn check(r: Result<(), Violation>) -> &'static str {
+        r.err().map_or("ok", |v| v.check)
+    }
+
+    fn upload(id: u64, version: u64, deadline: Instant) -> Command {
+        Command::Upload {
+            upload: UploadId(id),
+            sandbox: SandboxId(1),
+            session: SessionId::new("s").unwrap(),
+            path: PathName::new("log").unwrap(),
+            version: Version(version),
+            payload: sandkeeper::Payload::new(&b""[..]),
+            deadline,
+        }
+    }
+
+    #[test]
+    fn command_deadlines_are_their_timeouts_and_a_retry_keeps_its_first() {
+        let mut d = Deadlines::new(&config());
+        let start = Command::Start {
+            sandbox: SandboxId(1),
+            key: Key::Global,
+            spec: Spec::new(""),
+            resume_from: None,
+            resumes: None,
+            deadline: s(11),
+        };
+        assert_eq!(check(d.command(&start, s(10))), "ok");
+        assert_eq!(check(d.command(&start, s(11))), "command-deadline");
+        let shutdown = |deadline| Command::Shutdown {
+            sandbox: SandboxId(1),
+            deadline,
+        };
+        assert_eq!(check(d.command(&shutdown(s(15)), s(10))), "ok");
+        assert_eq!(
+            check(d.command(&shutdown(s(16)), s(10))),
+            "command-deadline"
+        );
+        assert_eq!(check(d.command(&upload(1, 1, s(12)), s(10))), "ok");
+        assert_eq!(
+            check(d.command(&upload(2, 1, s(12)), s(11))),
+            "ok",
+            "a retry"
+        );
+        assert_eq!(
+            check(d.command(&upload(3, 1, s(13)), s(11))),
+            "command-deadline",
+            "a retry with a fresh window"
+        );
+        assert_eq!(
+            check(d.command(&upload(4, 2, s(13)), s(10))),
+            "command-deadline"
+        );
+        assert_eq!(
+            check(d.command(&upload(5, 1, s(12)), s(12))),
+            "command-deadline",
+            "a retry ordered when its window has closed"
+        );
+    }
+
+    #[test]
+    fn what_outlives_its_bound_is_caught_after_the_input() {
+        let mut d = Deadlines::new(&config());
+        d.command(&upload(1, 1, s(2)), s(0)).unwrap();
+        assert_eq!(check(d.after_input(s(2), false, |_| true, never)), "ok");
+        assert_eq!(
+            check(d.after_input(s(3), false, |_| true, never)),
+            "upload-within-timeout"
+        );
+        assert_eq!(check(d.after_input(s(3), false, |_| false, never)), "ok");
+
+        let drain = Command::Drain {
+            sandbox: SandboxId(2),
+            sessions: vec![],
+        };
+        d.command(&drain, s(10)).unwrap();
+        assert_eq!(
+            check(d.after_input(s(13), false, |_| false, |_| true)),
+            "ok"
+        );
+        assert_eq!(
+            check(d.after_input(s(14), false, |_| false, |_| true)),
+            "drain-within-deadline"
+        );
+        assert_eq!(check(d.after_input(s(14), false, |_| false, never)), "ok");
+
+        let a = CallId::new("a").unwrap();
+        d.acquired(&a, s(20));
+        assert_eq!(check(d.after_input(s(25), false, never, never)), "ok");
+        assert_eq!(
+            check(d.after_input(s(26), false, never, never)),
+            "wait-within-timeout"
+        );
+        assert_eq!(
+            check(d.call_failed(&a, ErrorKind::WaitTimeout, s(25))),
+            "wait-within-timeout"
+        );
+        let b = CallId::new("b").unwrap();
+        d.acquired(&b, s(30));
+        assert_eq!(
+            check(d.call_failed(&b, ErrorKind::WaitTimeout, s(34))),
+            "ok"
+        );
+
+        d.closing(s(40), Duration::from_secs(1));
+        assert_eq!(check(d.after_input(s(47), false, never, never)), "ok");
+        assert_eq!(
+            check(d.after_input(s(48), false, never, never)),
+            "close-within-deadlines"
+        );
+        assert_eq!(check(d.after_input(s(48), true, never, never)), "ok");
+    }
+}
