@@ -12,6 +12,7 @@
 //! | `lane.rs` | [`Lane`], [`Lanes`]: the order of backend-facing operations on one sandbox (Start, Upload, Stop, Persist, Shutdown) | `start-once`, `no-command-after-shutdown`, `no-upload-after-stop`, `stop-managed-only`, `stop-once`, `persist-after-stop`, `no-shutdown-of-external`, `liveness-shutdown-every-started` |
 //! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
+//! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
 //! The names are stable: the simulator reports them (`FAIL seed N: invariant <name>`), its
@@ -27,10 +28,12 @@
 
 mod deadlines;
 mod lane;
+mod outputs;
 mod versions;
 mod violation;
 
 pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
+pub use outputs::Outputs;
 pub use versions::{PathVersions, Versions};
 pub use violation::Violation;

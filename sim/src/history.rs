@@ -8,7 +8,7 @@ use sandkeeper::{
     UploadId, UserId,
 };
 
-use sandkeeper_check::{Deadlines, Lane, Op, Versions};
+use sandkeeper_check::{Deadlines, Lane, Op, Outputs, Versions};
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
@@ -48,7 +48,6 @@ pub struct SandboxRecord {
 /// The flags of a sandbox record, copied out for a check.
 #[derive(Clone, Copy, Default)]
 struct Flags {
-    started: bool,
     draining: bool,
     stop: bool,
     stop_ok: bool,
@@ -61,7 +60,6 @@ struct Flags {
 impl Flags {
     fn of(s: &SandboxRecord) -> Flags {
         Flags {
-            started: s.lane.is_started(),
             draining: s.draining,
             stop: s.lane.is_stopped(),
             stop_ok: s.stop_ok,
@@ -123,8 +121,9 @@ pub struct History {
     stopped_now: Vec<SandboxId>,
     /// The time-bound checks (`sandkeeper_check::Deadlines`).
     pub bounds: Deadlines,
-    /// A sandbox abandoned by the last command: its Shutdown must come next.
-    abandoned: Option<SandboxId>,
+    /// The shape of the output stream (`sandkeeper_check::Outputs`): nothing after Closed, an
+    /// Abandon followed at once by its Shutdown.
+    outputs: Outputs,
     /// A sandbox whose lost instance this input reported while it was being suspended: the
     /// core must neither abandon nor shut it down for that.
     spared: Option<SandboxId>,
@@ -224,7 +223,7 @@ impl History {
             routing: Vec::new(),
             stopped_now: Vec::new(),
             bounds: Deadlines::new(config),
-            abandoned: None,
+            outputs: Outputs::new(),
             spared: None,
             starts: 0,
             shutdowns: 0,
@@ -542,14 +541,12 @@ impl History {
 
     /// One command the core emitted.
     pub fn command(&mut self, cmd: &Command) {
-        check!(
-            self,
-            !self.closed,
-            "nothing-after-closed",
-            "command {cmd:?} after Closed"
-        );
         let x = cmd.sandbox();
         self.touched.sandbox(x);
+        let lane = self.sandboxes.get(&x).map(|s| &s.lane);
+        if let Err(v) = self.outputs.command(cmd, lane) {
+            self.fail(v.check, v.detail);
+        }
         if let Err(v) = self.bounds.command(cmd, Instant::from_millis(self.now_ms)) {
             self.fail(v.check, v.detail);
         }
@@ -561,19 +558,6 @@ impl History {
                 "suspension-keeps-workspace",
                 "{cmd:?}: the loss of {x}'s instance while it was being suspended is the suspension's own doing, not a death"
             );
-        }
-        if let Some(a) = self.abandoned {
-            let follows =
-                a == x && matches!(cmd, Command::Shutdown { .. } | Command::CancelUpload { .. });
-            check!(
-                self,
-                follows,
-                "abandon-then-shutdown",
-                "{cmd:?} between the Abandon of {a} and its Shutdown"
-            );
-            if !follows || matches!(cmd, Command::Shutdown { .. }) {
-                self.abandoned = None;
-            }
         }
         // The order of backend-facing commands is the lane's (sandkeeper_check); the commands a
         // backend never receives must not name a shut-down sandbox either.
@@ -739,15 +723,7 @@ impl History {
                     "Persist for {x} before its Stop succeeded"
                 );
             }
-            Command::Abandon { .. } => {
-                check!(
-                    self,
-                    rec.started && !rec.shutdown,
-                    "abandon-then-shutdown",
-                    "Abandon of {x}, which is not a managed sandbox on its way"
-                );
-                self.abandoned = Some(x);
-            }
+            Command::Abandon { .. } => {}
             Command::Shutdown { .. } => {
                 self.shutdowns += 1;
                 check!(
@@ -764,12 +740,9 @@ impl History {
 
     /// One event the core emitted.
     pub fn event(&mut self, ev: &Event) {
-        check!(
-            self,
-            !self.closed,
-            "nothing-after-closed",
-            "event {ev:?} after Closed"
-        );
+        if let Err(v) = self.outputs.event(ev) {
+            self.fail(v.check, v.detail);
+        }
         match ev {
             Event::CallReady { call, sandbox } => {
                 self.touched.call(call);
@@ -1056,11 +1029,8 @@ impl History {
         if let Err(v) = broken {
             self.fail(v.check, v.detail);
         }
-        if let Some(a) = self.abandoned.take() {
-            self.fail(
-                "abandon-then-shutdown",
-                format!("Abandon of {a} without its Shutdown in the same input"),
-            );
+        if let Err(v) = self.outputs.input_done() {
+            self.fail(v.check, v.detail);
         }
         for x in std::mem::take(&mut self.stopped_now) {
             let Some(rec) = self.sandboxes.get(&x) else {

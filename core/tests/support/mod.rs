@@ -9,11 +9,11 @@
 //! with the `expect_*` and `take_*` helpers; [`Script::quiet`] asserts nothing is left unread.
 #![allow(dead_code)] // each test file uses its own part of the harness
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
-use sandkeeper_check::{Deadlines, Lanes, Op, Versions};
+use sandkeeper_check::{Deadlines, Lanes, Op, Outputs, Versions};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -299,8 +299,8 @@ pub struct SeenStart {
     pub resumes: Option<SandboxId>,
 }
 
-/// The history invariants, checked on every drained command and event. The order of each
-/// sandbox's commands and the numbering and settlement of each path's versions are
+/// The history invariants, checked on every drained command and event: each sandbox's command
+/// order, each path's versions, command deadlines and the stream's shape are
 /// `sandkeeper_check`'s (the rules the simulator and the drivers' tests check too).
 #[derive(Clone, Debug)]
 struct History {
@@ -310,9 +310,7 @@ struct History {
     /// after-input bounds (nothing awaited past its deadline) are the simulator's, which hands
     /// the core a timeout at every deadline's own instant.
     deadlines: Deadlines,
-    /// Sandboxes abandoned whose Shutdown has not come yet (it must come in the same drain).
-    abandoned: BTreeSet<SandboxId>,
-    closed: bool,
+    outputs: Outputs,
 }
 
 impl History {
@@ -321,8 +319,7 @@ impl History {
             lanes: Lanes::new(),
             versions: Versions::new(),
             deadlines: Deadlines::new(config),
-            abandoned: BTreeSet::new(),
-            closed: false,
+            outputs: Outputs::new(),
         }
     }
 }
@@ -472,11 +469,9 @@ impl Script {
             self.all_events.push(event.clone());
             self.events.push_back(event);
         }
-        assert!(
-            self.history.abandoned.is_empty(),
-            "Abandon without the Shutdown right after it: {:?}",
-            self.history.abandoned
-        );
+        if let Err(v) = self.history.outputs.input_done() {
+            panic!("{v}");
+        }
         if let Err(v) = self.core.check_invariants() {
             panic!("{v}");
         }
@@ -488,8 +483,10 @@ impl Script {
     fn check_command(&mut self, command: &Command) {
         let now = self.core.now();
         let h = &mut self.history;
-        assert!(!h.closed, "a command after Closed: {command:?}");
         let x = command.sandbox();
+        if let Err(v) = h.outputs.command(command, h.lanes.get(x)) {
+            panic!("{v}");
+        }
         // The order of the commands a backend receives is the lane's; the others (Drain,
         // CancelUpload, Abandon) must not name a shut-down sandbox either.
         if let Err(v) = h.lanes.command(command) {
@@ -501,14 +498,6 @@ impl Script {
                 "a command names {x} after its Shutdown: {command:?}"
             );
         }
-        assert!(
-            !h.abandoned.contains(&x)
-                || matches!(
-                    command,
-                    Command::Shutdown { .. } | Command::CancelUpload { .. }
-                ),
-            "{command:?} between the Abandon of {x} and its Shutdown"
-        );
         if let Err(v) = h.deadlines.command(command, now) {
             panic!("{v}: {command:?}");
         }
@@ -558,22 +547,17 @@ impl Script {
             }
             Command::Drain { .. } | Command::Stop { .. } | Command::Persist { .. } => {}
             Command::Shutdown { sandbox, .. } => {
-                h.abandoned.remove(sandbox);
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
             }
-            Command::Abandon { sandbox } => {
-                assert!(
-                    h.lanes.get(*sandbox).is_some_and(|l| l.is_started()),
-                    "Abandon of unstarted {sandbox}"
-                );
-                assert!(h.abandoned.insert(*sandbox), "{sandbox} abandoned twice");
-            }
+            Command::Abandon { .. } => {}
         }
     }
 
     fn check_event(&mut self, event: &Event) {
         let h = &mut self.history;
-        assert!(!h.closed, "an event after Closed: {event:?}");
+        if let Err(v) = h.outputs.event(event) {
+            panic!("{v}");
+        }
         match event {
             Event::Settled {
                 session,
@@ -586,7 +570,6 @@ impl Script {
                 }
                 h.deadlines.version_settled(session, path, version.0);
             }
-            Event::Closed { .. } => h.closed = true,
             Event::CallReady { sandbox, .. } => {
                 if matches!(
                     self.core.sandbox_ownership(*sandbox),
