@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `lane.rs` | [`Lane`], [`Lanes`]: the order of backend-facing operations on one sandbox (Start, Upload, Stop, Persist, Shutdown) | `start-once`, `no-command-after-shutdown`, `no-upload-after-stop`, `stop-managed-only`, `stop-once`, `persist-after-stop`, `no-shutdown-of-external`, `liveness-shutdown-every-started` |
 //! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
+//! | `calls.rs` | [`Calls`]: call events against the live calls ([`LiveCalls`], `live.rs`), and what the core answers about them when asked | `call-names-unique`, `typed-errors`, `release-live`, `call-events`, `ready-on-live-sandbox`, `serialize-fifo`, `release-completes-once`, `binding-stable`, `no-teardown-under-live-call`, `serialize-one-per-key`, `resolve-own-sandbox`, `liveness-release-completes` |
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
 //! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
@@ -26,14 +27,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod calls;
 mod deadlines;
 mod lane;
+mod live;
 mod outputs;
 mod versions;
 mod violation;
 
+pub use calls::Calls;
 pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
+pub use live::{CallRecord, LiveCalls, Phase};
 pub use outputs::Outputs;
 pub use versions::{PathVersions, Versions};
 pub use violation::Violation;

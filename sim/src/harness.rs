@@ -177,7 +177,7 @@ impl Harness {
                 let mut spec = CallSpec::new(call.clone(), session.clone());
                 spec.user = user.clone();
                 spec.external = external.clone();
-                let was_live = self.history.calls.contains(call);
+                let was_live = self.history.calls.live().contains(call);
                 let r = self.core.acquire(now, spec);
                 match &r {
                     Ok(()) => {
@@ -436,6 +436,7 @@ impl Harness {
                 let live = self
                     .history
                     .calls
+                    .live()
                     .iter()
                     .find(|r| &r.session == session && r.sandbox == Some(x));
                 let name = live
@@ -524,7 +525,7 @@ impl Harness {
 
     fn learn_starting_bindings(&mut self) {
         let mut learned = Vec::new();
-        for rec in self.history.calls.iter() {
+        for rec in self.history.calls.live().iter() {
             if rec.sandbox.is_none() {
                 if let Some(CallStatus::Starting(x)) = self.core.call_status(&rec.call) {
                     learned.push((rec.call.clone(), x));

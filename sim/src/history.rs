@@ -3,16 +3,14 @@
 //! check has a name; the first broken one is kept as the run's [`Failure`].
 
 use sandkeeper::{
-    CallId, CallStatus, Command, Config, Error, ErrorKind, Event, ExternalId, Instant, Key,
-    Lifecycle, PathName, ReleasePolicy, SameKey, SandboxId, Scope, SessionId, Settlement, Snapshot,
-    UploadId, UserId,
+    CallId, Command, Config, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle, PathName,
+    ReleasePolicy, SandboxId, SessionId, Settlement, Snapshot, UploadId, UserId,
 };
 
-use sandkeeper_check::{Deadlines, Lane, Op, Outputs, Versions};
+use sandkeeper_check::{Calls, Deadlines, Lane, Op, Outputs, Phase, Versions};
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
-pub use crate::live::{CallRecord, LiveCalls, Phase};
 use crate::marks::{Mark, Marks};
 use crate::touched::Touched;
 
@@ -91,13 +89,12 @@ struct UploadRecord {
 /// The history of one run and its checks.
 #[derive(Debug)]
 pub struct History {
-    scope: Scope,
-    same_key: SameKey,
     release: ReleasePolicy,
     /// Every sandbox ever named.
     pub sandboxes: FastMap<SandboxId, SandboxRecord>,
-    /// Live calls, in the order they were acquired.
-    pub calls: LiveCalls,
+    /// The calls (`sandkeeper_check::Calls`): live calls in the order they were acquired, and
+    /// the checks of call events and of what the core answers about them.
+    pub calls: Calls,
     /// What the current input touched (see `touched.rs`).
     pub touched: Touched,
     /// Inputs checked so far (for the cadence of the full getter checks).
@@ -105,9 +102,6 @@ pub struct History {
     /// The getter checks ask the core about every live call every this many inputs (1: every
     /// input), else only about those the input touched.
     pub full_every: u64,
-    /// Per live call, whether this input's getter checks look at it, and whether it holds its key
-    /// (a reused buffer).
-    pick: Vec<u8>,
     /// The sandbox each call (live or ended) was bound to, for `@call`.
     pub bound_to: FastMap<CallId, SandboxId>,
     /// How each ended-without-ready call failed (`CallFailed`, or a rejected acquire).
@@ -116,7 +110,6 @@ pub struct History {
     paths: Versions<PathUploads>,
     uploads: FastMap<UploadId, UploadRecord>,
     session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
-    awaiting_release: FastMap<CallId, u32>,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
     /// The time-bound checks (`sandkeeper_check::Deadlines`).
@@ -150,11 +143,6 @@ pub struct History {
     /// becomes ready).
     last_released: FastMap<SessionId, SandboxId>,
     drain_deadline_ms: u64,
-    /// Per ended call name, the number of its latest end (for `AlreadyReleased` vs
-    /// `UnknownCall`).
-    ended_at: FastMap<CallId, u64>,
-    ends: u64,
-    remembered: u64,
     /// Close was accepted.
     pub closing: bool,
     /// Virtual time of the current input (ms).
@@ -191,21 +179,17 @@ impl History {
     /// An empty history for a core with this configuration.
     pub fn new(config: &Config, keep_settlements: bool) -> Self {
         History {
-            scope: config.scope,
-            same_key: config.same_key,
             release: config.release,
             sandboxes: FastMap::default(),
-            calls: LiveCalls::default(),
+            calls: Calls::new(config),
             touched: Touched::default(),
             inputs: 0,
             full_every: 1,
-            pick: Vec::new(),
             bound_to: FastMap::default(),
             failed: FastMap::default(),
             paths: Versions::new(),
             uploads: FastMap::default(),
             session_sandboxes: FastMap::default(),
-            awaiting_release: FastMap::default(),
             acked_upload: None,
             releasing_session: None,
             expect_upload: None,
@@ -215,9 +199,6 @@ impl History {
             resumed: Vec::new(),
             last_released: FastMap::default(),
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
-            ended_at: FastMap::default(),
-            ends: 0,
-            remembered: config.limits.remembered_ended_calls as u64,
             closing: false,
             now_ms: 0,
             routing: Vec::new(),
@@ -255,19 +236,6 @@ impl History {
         self.sandboxes.entry(x).or_default()
     }
 
-    fn key_of(&self, session: &SessionId, call: &CallId, user: Option<&UserId>) -> Key {
-        match self.scope {
-            Scope::Call => Key::Call(call.clone()),
-            Scope::Session => Key::Session(session.clone()),
-            Scope::User => match user {
-                Some(u) => Key::User(u.clone()),
-                None => Key::Agent,
-            },
-            Scope::Agent => Key::Agent,
-            Scope::Global => Key::Global,
-        }
-    }
-
     // ------------------------------------------------------------------------------------------
     // Inputs the core accepted
 
@@ -280,27 +248,11 @@ impl History {
         external: Option<&ExternalId>,
     ) {
         self.acquires += 1;
-        check!(
-            self,
-            !self.calls.contains(call),
-            "call-names-unique",
-            "acquire of live call {call} was accepted"
-        );
-        let key = external.is_none().then(|| self.key_of(session, call, user));
-        let rec = CallRecord {
-            call: call.clone(),
-            session: session.clone(),
-            key,
-            phase: Phase::Pending,
-            sandbox: None,
-        };
-        match self.calls.get_mut(call) {
-            Some(old) => *old = rec,
-            None => self.calls.push(rec),
+        if let Err(v) = self.calls.acquired(call, session, user, external) {
+            self.fail(v.check, v.detail);
         }
         self.bound_to.remove(call);
         self.failed.remove(call);
-        self.ended_at.remove(call);
         self.bounds
             .acquired(call, Instant::from_millis(self.now_ms));
         self.touched.call(call);
@@ -318,28 +270,22 @@ impl History {
         if kind == ErrorKind::DuplicateCall {
             self.marks.hit(Mark::DuplicateCall);
         }
-        check!(
-            self,
-            !was_live || kind == ErrorKind::DuplicateCall || kind == ErrorKind::Closed,
-            "typed-errors",
-            "acquire of live call {call} failed with {kind}, not duplicate-call"
-        );
+        if let Err(v) = self.calls.acquire_rejected(call, kind) {
+            self.fail(v.check, v.detail);
+        }
     }
 
     /// `release` returned `Ok`.
     pub fn released(&mut self, call: &CallId) {
         self.releases += 1;
-        let Some(c) = self.calls.remove(call) else {
-            self.fail(
-                "release-live",
-                format!("release of {call} accepted, but it is not live"),
-            );
-            return;
+        let c = match self.calls.released(call) {
+            Ok(c) => c,
+            Err(v) => return self.fail(v.check, v.detail),
         };
         if c.phase == Phase::Pending {
             self.marks.hit(Mark::CancelBeforeReady);
         }
-        self.ended(call);
+        self.bounds.call_settled(call);
         self.touched.session(&c.session);
         if let Some(x) = c.sandbox {
             self.touched.sandbox(x);
@@ -354,43 +300,16 @@ impl History {
                 }
             }
         }
-        *self.awaiting_release.entry(call.clone()).or_default() += 1;
-    }
-
-    fn ended(&mut self, call: &CallId) {
-        self.bounds.call_settled(call);
-        self.ends += 1;
-        self.ended_at.insert(call.clone(), self.ends);
     }
 
     /// `release` was rejected.
     pub fn release_rejected(&mut self, call: &CallId, kind: ErrorKind) {
-        if !self.closed && !self.calls.contains(call) {
-            let remembered = self
-                .ended_at
-                .get(call)
-                .is_some_and(|at| self.ends - at < self.remembered);
-            let want = if remembered {
-                ErrorKind::AlreadyReleased
-            } else {
-                ErrorKind::UnknownCall
-            };
-            check!(
-                self,
-                kind == want,
-                "typed-errors",
-                "release of {call} (not live) was refused with {kind}, expected {want}"
-            );
-        }
         if kind == ErrorKind::AlreadyReleased {
             self.marks.hit(Mark::AlreadyReleased);
         }
-        check!(
-            self,
-            !self.calls.contains(call) || self.closed,
-            "release-live",
-            "release of live call {call} was rejected with {kind}"
-        );
+        if let Err(v) = self.calls.release_rejected(call, kind, self.closed) {
+            self.fail(v.check, v.detail);
+        }
     }
 
     /// `flush` returned `Ok(version)`.
@@ -409,11 +328,9 @@ impl History {
 
     /// Whether the session has a live call ready on a sandbox not reported dead.
     fn has_up_call(&self, session: &SessionId) -> bool {
-        self.calls.iter().any(|r| {
-            &r.session == session
-                && r.phase == Phase::Ready
-                && r.sandbox
-                    .is_some_and(|x| !self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()))
+        let sandboxes = &self.sandboxes;
+        self.calls.has_up_call(session, |x| {
+            sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
         })
     }
 
@@ -527,6 +444,7 @@ impl History {
         }
         let starting = self
             .calls
+            .live()
             .iter()
             .any(|r| r.phase == Phase::Pending && r.sandbox == Some(x));
         if starting {
@@ -752,54 +670,19 @@ impl History {
                     .get(sandbox)
                     .map(Flags::of)
                     .unwrap_or_default();
-                check!(
-                    self,
-                    !rec.dead && !rec.stop && !rec.shutdown,
-                    "ready-on-live-sandbox",
-                    "{call} ready on {sandbox}, which is stopped, shut down or dead"
-                );
-                let pending = self
-                    .calls
-                    .get(call)
-                    .is_some_and(|c| c.phase == Phase::Pending);
-                check!(
-                    self,
-                    pending,
-                    "call-events",
-                    "CallReady for {call}, which is not a pending live call"
-                );
-                self.bounds.call_settled(call);
-                if self.same_key == SameKey::Serialize {
-                    // Waiters of one key are admitted first in, first out: no older call of
-                    // the key may still be pending.
-                    let key = self.calls.get(call).and_then(|c| c.key.clone());
-                    let older = key.and_then(|key| {
-                        self.calls
-                            .iter()
-                            .take_while(|r| &r.call != call)
-                            .find(|r| r.phase == Phase::Pending && r.key.as_ref() == Some(&key))
-                            .map(|r| r.call.clone())
-                    });
-                    if let Some(older) = older {
-                        self.fail(
-                            "serialize-fifo",
-                            format!("{call} became ready while {older}, acquired before it for the same key, still waits"),
-                        );
-                    }
+                let up = !rec.dead && !rec.stop && !rec.shutdown;
+                if let Err(v) = self.calls.ready(call, *sandbox, up) {
+                    self.fail(v.check, v.detail);
                 }
-                let shared = self.calls.iter().any(|r| {
+                self.bounds.call_settled(call);
+                let live = self.calls.live();
+                let shared = live.iter().any(|r| {
                     &r.call != call && r.phase == Phase::Ready && r.sandbox == Some(*sandbox)
                 });
                 if shared {
                     self.marks.hit(Mark::SharedSandbox);
                 }
-                let session = if let Some(c) = self.calls.get_mut(call) {
-                    c.phase = Phase::Ready;
-                    c.sandbox = Some(*sandbox);
-                    Some(c.session.clone())
-                } else {
-                    None
-                };
+                let session = live.get(call).map(|c| c.session.clone());
                 if let Some(session) = &session {
                     self.touched.session(session);
                 }
@@ -820,16 +703,6 @@ impl History {
             }
             Event::CallFailed { call, error } => {
                 self.touched.call(call);
-                let pending = self
-                    .calls
-                    .get(call)
-                    .is_some_and(|c| c.phase == Phase::Pending);
-                check!(
-                    self,
-                    pending,
-                    "call-events",
-                    "CallFailed for {call}, which is not a pending live call"
-                );
                 let now = Instant::from_millis(self.now_ms);
                 if let Err(v) = self.bounds.call_failed(call, *error, now) {
                     self.fail(v.check, v.detail);
@@ -841,44 +714,27 @@ impl History {
                     ErrorKind::Closed => self.marks.hit(Mark::CloseRefusedWaiter),
                     _ => {}
                 }
-                if let Some(c) = self.calls.remove(call) {
-                    self.touched.session(&c.session);
+                match self.calls.failed(call) {
+                    Ok(Some(c)) => self.touched.session(&c.session),
+                    Ok(None) => {}
+                    Err(v) => self.fail(v.check, v.detail),
                 }
                 self.failed.insert(call.clone(), *error);
-                self.ended(call);
+                self.bounds.call_settled(call);
             }
             Event::CallReleased { call } => {
-                let n = self.awaiting_release.get_mut(call);
-                let ok = n.is_some();
-                if let Some(n) = n {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.awaiting_release.remove(call);
-                    }
+                if let Err(v) = self.calls.release_completed(call) {
+                    self.fail(v.check, v.detail);
                 }
-                check!(
-                    self,
-                    ok,
-                    "release-completes-once",
-                    "CallReleased for {call}, which was not released or already completed"
-                );
             }
             Event::CallRevoked { call } => {
                 self.marks.hit(Mark::CloseRevokedCall);
-                let live = match self.calls.remove(call) {
-                    Some(c) => {
-                        self.touched.session(&c.session);
-                        true
-                    }
-                    None => false,
-                };
-                self.ended(call);
-                check!(
-                    self,
-                    live,
-                    "call-events",
-                    "CallRevoked for {call}, which is not live"
-                );
+                match self.calls.revoked(call) {
+                    Ok(Some(c)) => self.touched.session(&c.session),
+                    Ok(None) => {}
+                    Err(v) => self.fail(v.check, v.detail),
+                }
+                self.bounds.call_settled(call);
             }
             Event::SandboxLost { call, sandbox } => {
                 self.touched.call(call);
@@ -888,25 +744,9 @@ impl History {
                     .sandboxes
                     .get(sandbox)
                     .is_some_and(|s| s.lane.is_dead());
-                check!(
-                    self,
-                    dead,
-                    "call-events",
-                    "SandboxLost for {call} on {sandbox}, which was not reported dead"
-                );
-                let ok = match self.calls.get_mut(call) {
-                    Some(c) if c.phase == Phase::Ready && c.sandbox == Some(*sandbox) => {
-                        c.phase = Phase::Lost;
-                        true
-                    }
-                    _ => false,
-                };
-                check!(
-                    self,
-                    ok,
-                    "call-events",
-                    "SandboxLost for {call} on {sandbox}, which it was not ready on"
-                );
+                if let Err(v) = self.calls.lost(call, *sandbox, dead) {
+                    self.fail(v.check, v.detail);
+                }
             }
             Event::Settled {
                 session,
@@ -997,9 +837,8 @@ impl History {
                     p.inflight = None;
                 }
                 // Close revoked or dropped everything still live; it says so in its report.
-                self.calls.clear();
+                self.calls.closed();
                 self.touched.all = true;
-                self.awaiting_release.clear();
             }
         }
     }
@@ -1118,174 +957,25 @@ impl History {
         }
     }
 
-    /// The getter checks, over the live calls the input touched (every live call when `full`):
-    /// each is where its events put it (`binding-stable`), bound to no sandbox being torn down
-    /// (`no-teardown-under-live-call`), alone on its key under `serialize`
-    /// (`serialize-one-per-key`); and `resolve` of its session answers one of the session's own
-    /// up sandboxes, or the right error (`resolve-own-sandbox`).
+    /// The getter checks (`sandkeeper_check::Calls::check_core`), over the live calls the input
+    /// touched (every live call when `full`).
     fn check_calls(&mut self, core: &Lifecycle, full: bool) {
-        const SKIP: u8 = 0;
-        const CHECK: u8 = 1;
-        const HOLDS_KEY: u8 = 2;
-        let mut pick = std::mem::take(&mut self.pick);
-        pick.clear();
-        pick.extend(self.calls.iter().map(|r| {
-            if full || self.touched.reaches(r) {
-                CHECK
-            } else {
-                SKIP
-            }
-        }));
-        self.touched.clear();
-        let serialize = self.same_key == SameKey::Serialize;
-        if serialize && !full {
-            // A call's key partners are checked with it (two bound under one key).
-            for i in 0..pick.len() {
-                if pick[i] == SKIP {
-                    continue;
-                }
-                let Some(key) = &self.calls.at(i).key else {
-                    continue;
-                };
-                for (j, r) in self.calls.iter().enumerate() {
-                    if pick[j] == SKIP && r.key.as_ref() == Some(key) {
-                        pick[j] = CHECK;
-                    }
-                }
-            }
-        }
-        let mut broken: Option<(&'static str, String)> = None;
-        for (i, rec) in self.calls.iter().enumerate() {
-            if pick[i] == SKIP {
-                continue;
-            }
-            let status = core.call_status(&rec.call);
-            let fits = match (rec.phase, status) {
-                (Phase::Pending, Some(CallStatus::Waiting | CallStatus::Starting(_))) => true,
-                (Phase::Ready, Some(CallStatus::Ready(x))) => Some(x) == rec.sandbox,
-                (Phase::Ready | Phase::Lost, Some(CallStatus::Lost(x))) => {
-                    Some(x) == rec.sandbox
-                        && self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
-                }
-                _ => false,
-            };
-            if !fits && broken.is_none() {
-                broken = Some((
-                    "binding-stable",
-                    format!(
-                        "{} is {:?} by its events, the core says {status:?}",
-                        rec.call, rec.phase
-                    ),
-                ));
-            }
-            let bound = match status {
-                Some(CallStatus::Starting(x) | CallStatus::Ready(x)) => Some(x),
-                _ => None,
-            };
-            if let Some(x) = bound {
-                let s = self.sandboxes.get(&x);
-                let torn = s.is_some_and(|s| {
+        let (touched, sandboxes) = (&self.touched, &self.sandboxes);
+        let result = self.calls.check_core(
+            core,
+            full,
+            |r| touched.reaches(r),
+            |x| sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()),
+            |x| {
+                sandboxes.get(&x).is_some_and(|s| {
                     let l = s.lane;
                     !l.is_dead() && (l.is_stopped() || l.is_shut_down() || s.draining)
-                });
-                if torn && broken.is_none() {
-                    broken = Some((
-                        "no-teardown-under-live-call",
-                        format!(
-                            "{} is bound to {x}, which is draining, stopped or shut down",
-                            rec.call
-                        ),
-                    ));
-                }
-            }
-            if serialize
-                && rec.key.is_some()
-                && bound.or(rec.sandbox).is_some()
-                && status.is_some()
-                && !matches!(status, Some(CallStatus::Waiting))
-            {
-                pick[i] = HOLDS_KEY;
-            }
-        }
-        if serialize && broken.is_none() {
-            let holders = || {
-                self.calls
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| pick[*i] == HOLDS_KEY)
-            };
-            let dup = holders().find_map(|(i, a)| {
-                holders()
-                    .find(|(j, b)| *j > i && a.key == b.key)
-                    .and(a.key.clone())
-            });
-            if let Some(key) = dup {
-                broken = Some((
-                    "serialize-one-per-key",
-                    format!("two live calls bound under key {key} with same-key=serialize"),
-                ));
-            }
-        }
-        if let Some((name, detail)) = broken {
-            self.fail(name, detail);
-        }
-        self.check_resolve(core, &pick);
-        self.pick = pick;
-    }
-
-    /// `resolve(S)` for the session of every picked live call: the sandbox of one of its own
-    /// ready calls, or the right error.
-    fn check_resolve(&mut self, core: &Lifecycle, pick: &[u8]) {
-        let mut broken = None;
-        for (i, rec) in self.calls.iter().enumerate() {
-            if pick[i] == 0 {
-                continue;
-            }
-            // Once per session.
-            let seen = self
-                .calls
-                .iter()
-                .take(i)
-                .enumerate()
-                .any(|(j, o)| pick[j] != 0 && o.session == rec.session);
-            if seen {
-                continue;
-            }
-            let got = core.resolve(&rec.session);
-            let mut up = false;
-            let mut lost = false;
-            let mut ok_here = false;
-            for o in self.calls.iter().filter(|o| o.session == rec.session) {
-                match o.phase {
-                    Phase::Ready
-                        if !o.sandbox.is_some_and(|x| {
-                            self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
-                        }) =>
-                    {
-                        up = true;
-                        if let Ok(x) = &got {
-                            ok_here |= o.sandbox == Some(*x);
-                        }
-                    }
-                    Phase::Ready | Phase::Lost => lost = true,
-                    Phase::Pending => {}
-                }
-            }
-            let fits = match &got {
-                Ok(_) => up && ok_here,
-                Err(Error::SandboxGone { .. }) => !up && lost,
-                Err(Error::NoActiveSandbox { .. }) => !up && !lost,
-                Err(_) => false,
-            };
-            if !fits && broken.is_none() {
-                broken = Some(format!(
-                    "resolve({}) = {got:?}; its live calls: up={up} lost={lost}",
-                    rec.session
-                ));
-            }
-        }
-        if let Some(detail) = broken {
-            self.fail("resolve-own-sandbox", detail);
+                })
+            },
+        );
+        self.touched.clear();
+        if let Err(v) = result {
+            self.fail(v.check, v.detail);
         }
     }
 
@@ -1299,9 +989,7 @@ impl History {
         self.bound_to.insert(call.clone(), x);
         self.touched.call(call);
         self.touched.sandbox(x);
-        if let Some(c) = self.calls.get_mut(call) {
-            c.sandbox = Some(x);
-        }
+        self.calls.learn_binding(call, x);
         let s = self.sbx(x);
         if s.call.is_none() {
             s.call = Some(call.clone());
@@ -1320,12 +1008,8 @@ impl History {
 
     /// Every completed release was announced.
     pub fn check_releases_completed(&mut self) {
-        if let Some((call, _)) = self.awaiting_release.iter().next() {
-            let call = call.clone();
-            self.fail(
-                "liveness-release-completes",
-                format!("release of {call} never completed"),
-            );
+        if let Err(v) = self.calls.releases_completed() {
+            self.fail(v.check, v.detail);
         }
     }
 
@@ -1348,10 +1032,6 @@ impl History {
 
     /// Calls still live and not ready (none may remain after the liveness phase).
     pub fn pending_calls(&self) -> Vec<CallId> {
-        self.calls
-            .iter()
-            .filter(|r| r.phase == Phase::Pending)
-            .map(|r| r.call.clone())
-            .collect()
+        self.calls.pending()
     }
 }

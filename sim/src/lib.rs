@@ -33,7 +33,6 @@ mod failure;
 mod fastmap;
 pub mod harness;
 mod history;
-mod live;
 pub mod marks;
 mod rng;
 pub mod run;

@@ -248,7 +248,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
         ));
     }
     // B: the application releases everything; releases complete, versions settle, all quiet.
-    let live = h.history.calls.ids();
+    let live = h.history.calls.live().ids();
     for call in live {
         apply(h, transcript, Step::Release(call))?;
     }

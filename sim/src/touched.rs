@@ -7,7 +7,7 @@
 
 use sandkeeper::{CallId, SandboxId, SessionId};
 
-use crate::live::CallRecord;
+use sandkeeper_check::CallRecord;
 
 /// The names one input touched.
 #[derive(Clone, Debug, Default)]

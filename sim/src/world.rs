@@ -187,8 +187,12 @@ impl World {
     }
 
     fn live_session(&mut self, h: &Harness) -> SessionId {
-        if !h.history.calls.is_empty() && self.rng.chance(700) {
-            let rec = h.history.calls.at(self.rng.index(h.history.calls.len()));
+        if !h.history.calls.live().is_empty() && self.rng.chance(700) {
+            let rec = h
+                .history
+                .calls
+                .live()
+                .at(self.rng.index(h.history.calls.live().len()));
             return rec.session.clone();
         }
         let i = self.session();
@@ -196,7 +200,7 @@ impl World {
     }
 
     fn acquire(&mut self, h: &Harness) -> Option<Move> {
-        if h.history.calls.len() >= self.swarm.max_live && !h.history.closed {
+        if h.history.calls.live().len() >= self.swarm.max_live && !h.history.closed {
             return None;
         }
         let call = name(CallId::new, numbered('c', self.next_call));
@@ -221,13 +225,14 @@ impl World {
     fn any_live_call(&mut self, h: &Harness) -> CallId {
         h.history
             .calls
-            .at(self.rng.index(h.history.calls.len()))
+            .live()
+            .at(self.rng.index(h.history.calls.live().len()))
             .call
             .clone()
     }
 
     fn release(&mut self, h: &Harness) -> Option<Move> {
-        if h.history.calls.is_empty() {
+        if h.history.calls.live().is_empty() {
             return None;
         }
         let call = self.any_live_call(h);
@@ -379,7 +384,7 @@ impl World {
     fn die(&mut self, h: &Harness) -> Option<Move> {
         // Candidates: every outstanding command's sandbox, then every bound live call's (counted
         // and indexed, not collected).
-        let bound = || h.history.calls.iter().filter_map(|r| r.sandbox);
+        let bound = || h.history.calls.live().iter().filter_map(|r| r.sandbox);
         let n = h.ledger.ops.len() + bound().count();
         if n == 0 {
             return None;
@@ -445,7 +450,7 @@ impl World {
 
     fn misuse(&mut self, h: &Harness) -> Option<Move> {
         match self.rng.below(3) {
-            0 if !h.history.calls.is_empty() => {
+            0 if !h.history.calls.live().is_empty() => {
                 let call = self.any_live_call(h);
                 let si = self.session();
                 let session = self.sessions[si].clone();
@@ -458,7 +463,7 @@ impl World {
             }
             1 if !self.ended.is_empty() => {
                 let call = self.ended[self.rng.index(self.ended.len())].clone();
-                if h.history.calls.contains(&call) {
+                if h.history.calls.live().contains(&call) {
                     return None;
                 }
                 Some(Move::Step(Step::Release(call)))

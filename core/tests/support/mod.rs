@@ -9,11 +9,11 @@
 //! with the `expect_*` and `take_*` helpers; [`Script::quiet`] asserts nothing is left unread.
 #![allow(dead_code)] // each test file uses its own part of the harness
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
-use sandkeeper_check::{Deadlines, Lanes, Op, Outputs, Versions};
+use sandkeeper_check::{Calls, Deadlines, Lane, Lanes, Op, Outputs, Versions};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -311,6 +311,9 @@ struct History {
     /// the core a timeout at every deadline's own instant.
     deadlines: Deadlines,
     outputs: Outputs,
+    calls: Calls,
+    /// Sandboxes whose Drain no call revived since (for `no-teardown-under-live-call`).
+    draining: BTreeSet<SandboxId>,
 }
 
 impl History {
@@ -320,6 +323,8 @@ impl History {
             versions: Versions::new(),
             deadlines: Deadlines::new(config),
             outputs: Outputs::new(),
+            calls: Calls::new(config),
+            draining: BTreeSet::new(),
         }
     }
 }
@@ -428,7 +433,7 @@ impl Script {
         self.trace.push((self.now, input.clone()));
         let result = self.core.handle(self.now, input.clone());
         match &result {
-            Err(_) => {
+            Err(e) => {
                 let after = serde_json::to_string(&self.core).expect("core serialises");
                 assert_eq!(
                     before, after,
@@ -436,6 +441,18 @@ impl Script {
                 );
                 assert_eq!(self.core.poll_command(), None);
                 assert_eq!(self.core.poll_event(), None);
+                let h = &self.history;
+                let judged = match &input {
+                    Input::Acquire(spec) => h.calls.acquire_rejected(&spec.call, e.kind()),
+                    Input::Release { call } => {
+                        h.calls
+                            .release_rejected(call, e.kind(), h.outputs.is_closed())
+                    }
+                    _ => Ok(()),
+                };
+                if let Err(v) = judged {
+                    panic!("{v}");
+                }
             }
             Ok(version) => {
                 if let (Some(v), Some((s, p))) = (version, flushed) {
@@ -445,11 +462,23 @@ impl Script {
                         panic!("{v}");
                     }
                 }
-                match &input {
+                let calls = &mut self.history.calls;
+                let judged = match &input {
                     Input::UploadOk { upload } | Input::UploadFailed { upload, .. } => {
                         self.uploads.remove(upload);
+                        Ok(())
                     }
-                    _ => {}
+                    Input::Acquire(spec) => calls.acquired(
+                        &spec.call,
+                        &spec.session,
+                        spec.user.as_ref(),
+                        spec.external.as_ref(),
+                    ),
+                    Input::Release { call } => calls.released(call).map(|_| ()),
+                    _ => Ok(()),
+                };
+                if let Err(v) = judged {
+                    panic!("{v}");
                 }
             }
         }
@@ -472,6 +501,7 @@ impl Script {
         if let Err(v) = self.history.outputs.input_done() {
             panic!("{v}");
         }
+        self.check_calls();
         if let Err(v) = self.core.check_invariants() {
             panic!("{v}");
         }
@@ -545,8 +575,15 @@ impl Script {
             Command::CancelUpload { upload, .. } => {
                 self.uploads.remove(upload);
             }
-            Command::Drain { .. } | Command::Stop { .. } | Command::Persist { .. } => {}
+            Command::Drain { sandbox, .. } => {
+                h.draining.insert(*sandbox);
+            }
+            Command::Stop { sandbox, .. } => {
+                h.draining.remove(sandbox);
+            }
+            Command::Persist { .. } => {}
             Command::Shutdown { sandbox, .. } => {
+                h.draining.remove(sandbox);
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
             }
             Command::Abandon { .. } => {}
@@ -570,15 +607,65 @@ impl Script {
                 }
                 h.deadlines.version_settled(session, path, version.0);
             }
-            Event::CallReady { sandbox, .. } => {
+            Event::CallReady { call, sandbox } => {
                 if matches!(
                     self.core.sandbox_ownership(*sandbox),
                     Some(Ownership::External(_))
                 ) {
                     h.lanes.bind_external(*sandbox);
                 }
+                let up = h
+                    .lanes
+                    .get(*sandbox)
+                    .is_none_or(|l| !l.is_stopped() && !l.is_shut_down() && !l.is_dead());
+                h.draining.remove(sandbox);
+                if let Err(v) = h.calls.ready(call, *sandbox, up) {
+                    panic!("{v}");
+                }
             }
-            _ => {}
+            Event::CallFailed { call, .. } => {
+                if let Err(v) = h.calls.failed(call) {
+                    panic!("{v}");
+                }
+            }
+            Event::CallReleased { call } => {
+                if let Err(v) = h.calls.release_completed(call) {
+                    panic!("{v}");
+                }
+            }
+            Event::CallRevoked { call } => {
+                if let Err(v) = h.calls.revoked(call) {
+                    panic!("{v}");
+                }
+            }
+            Event::SandboxLost { call, sandbox } => {
+                let dead = h.lanes.get(*sandbox).is_some_and(|l| l.is_dead());
+                if let Err(v) = h.calls.lost(call, *sandbox, dead) {
+                    panic!("{v}");
+                }
+            }
+            Event::Closed { .. } => h.calls.closed(),
+            Event::MirrorSettled { .. } | Event::ShutdownUnconfirmed { .. } => {}
+        }
+    }
+
+    /// The getter checks of `sandkeeper_check::Calls` over every live call: each is where its
+    /// events put it, none is bound to a sandbox being torn down, `resolve` answers each
+    /// session's own sandbox (and one call per key under `Serialize`).
+    fn check_calls(&mut self) {
+        if self.history.outputs.is_closed() {
+            return;
+        }
+        let h = &mut self.history;
+        let (lanes, draining) = (&h.lanes, &h.draining);
+        let dead = |x| lanes.get(x).is_some_and(|l: &Lane| l.is_dead());
+        let torn = |x| {
+            lanes.get(x).is_some_and(|l: &Lane| {
+                !l.is_dead() && (l.is_stopped() || l.is_shut_down() || draining.contains(&x))
+            })
+        };
+        if let Err(v) = h.calls.check_core(&self.core, true, |_| true, dead, torn) {
+            panic!("{v}");
         }
     }
 

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::failure::Failure;
 use crate::harness::{Harness, HarnessOptions, Stop};
-use crate::history::Phase;
 use crate::scenario::parse::Scenario;
 use crate::step::Step;
+use sandkeeper_check::Phase;
 
 /// How strictly to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +180,7 @@ fn end_liveness(h: &mut Harness) -> Result<(), Stop> {
     let stuck: Vec<String> = h
         .history
         .calls
+        .live()
         .iter()
         .filter(|r| r.phase == Phase::Pending)
         .map(|r| r.call.to_string())

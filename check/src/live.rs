@@ -1,4 +1,4 @@
-//! The live calls the history knows of, in the order they were acquired, each with its record
+//! The live calls a checker knows of, in the order they were acquired, each with its record
 //! inline. A run has a handful of live calls at a time: a short vector scanned by name (names
 //! compare by pointer first) costs less than hashing the name, and the after-input checks walk
 //! it without a lookup per call.
