@@ -184,20 +184,23 @@ impl<X: Default> Versions<X> {
         Versions::default()
     }
 
-    /// A flush of `session`'s `path` returned `version`. See [`PathVersions::flushed`].
+    /// A flush of `session`'s `path` returned `version`. See [`PathVersions::flushed`]. Also
+    /// hands back what the user keeps beside the path, so that one lookup serves both.
     pub fn flushed(
         &mut self,
         session: &SessionId,
         path: &PathName,
         version: u64,
-    ) -> Result<(), Violation> {
-        let restart = version == 1;
-        // Whether the session has nothing unsettled is only asked when the numbering starts
-        // again (rare); it walks the table, so the path's own entry is looked at apart.
-        let settled = restart && !self.session_unsettled(session);
-        self.entry(session, path)
-            .0
-            .flushed(session, path, version, || settled)
+    ) -> (Result<(), Violation>, &mut X) {
+        if version == 1 && self.entry(session, path).0.last > 0 {
+            // The numbering starts again: allowed only when the whole session has settled, which
+            // walks the table (rare: a forgotten idle session).
+            let settled = !self.session_unsettled(session);
+            let (p, x) = self.entry(session, path);
+            return (p.flushed(session, path, version, || settled), x);
+        }
+        let (p, x) = self.entry(session, path);
+        (p.flushed(session, path, version, || false), x)
     }
 
     /// An Upload of `version` was ordered. See [`PathVersions::ordered`].
@@ -314,11 +317,11 @@ mod tests {
     fn versions_are_numbered_settle_once_and_increase() {
         let (s, p, _) = names();
         let mut v = Versions::<()>::new();
-        assert_eq!(check(v.flushed(&s, &p, 1)), "ok");
-        assert_eq!(check(v.flushed(&s, &p, 3)), "versions-numbered");
+        assert_eq!(check(v.flushed(&s, &p, 1).0), "ok");
+        assert_eq!(check(v.flushed(&s, &p, 3).0), "versions-numbered");
         let mut v = Versions::<()>::new();
-        v.flushed(&s, &p, 1).unwrap();
-        v.flushed(&s, &p, 2).unwrap();
+        v.flushed(&s, &p, 1).0.unwrap();
+        v.flushed(&s, &p, 2).0.unwrap();
         assert_eq!(check(v.ordered(&s, &p, 2)), "ok");
         assert_eq!(
             check(v.ordered(&s, &p, 2)),
@@ -339,12 +342,12 @@ mod tests {
         let (s, p, _) = names();
         let mut v = Versions::<()>::new();
         for n in 1..=3 {
-            v.flushed(&s, &p, n).unwrap();
+            v.flushed(&s, &p, n).0.unwrap();
         }
         let by = |n| Settlement::Superseded { by: Version(n) };
         assert_eq!(check(v.settled(&s, &p, 1, &by(3))), "ok");
         assert_eq!(check(v.settled(&s, &p, 2, &by(4))), "superseded-by-newer");
-        v.flushed(&s, &p, 4).unwrap();
+        v.flushed(&s, &p, 4).0.unwrap();
         assert_eq!(check(v.settled(&s, &p, 3, &by(3))), "superseded-by-newer");
     }
 
@@ -352,20 +355,20 @@ mod tests {
     fn numbering_starts_again_only_once_the_whole_session_settled() {
         let (s, log, p1) = names();
         let mut v = Versions::<()>::new();
-        v.flushed(&s, &log, 1).unwrap();
-        v.flushed(&s, &p1, 1).unwrap();
+        v.flushed(&s, &log, 1).0.unwrap();
+        v.flushed(&s, &p1, 1).0.unwrap();
         v.settled(&s, &log, 1, &UP).unwrap();
         // p1's v1 is still open: the session was not forgotten.
-        assert_eq!(check(v.flushed(&s, &log, 1)), "versions-numbered");
+        assert_eq!(check(v.flushed(&s, &log, 1).0), "versions-numbered");
         let mut v = Versions::<()>::new();
-        v.flushed(&s, &log, 1).unwrap();
-        v.flushed(&s, &p1, 1).unwrap();
+        v.flushed(&s, &log, 1).0.unwrap();
+        v.flushed(&s, &p1, 1).0.unwrap();
         v.settled(&s, &log, 1, &UP).unwrap();
         let dropped = Settlement::Dropped {
             reason: DropReason::NoSandbox,
         };
         v.settled(&s, &p1, 1, &dropped).unwrap();
-        assert_eq!(check(v.flushed(&s, &log, 1)), "ok");
+        assert_eq!(check(v.flushed(&s, &log, 1).0), "ok");
         assert_eq!(check(v.ordered(&s, &log, 1)), "ok");
         assert_eq!(
             check(v.settled(&s, &log, 1, &UP)),
@@ -378,9 +381,9 @@ mod tests {
     fn liveness_names_the_first_path_left_open() {
         let (s, log, p1) = names();
         let mut v = Versions::<u8>::new();
-        v.flushed(&s, &p1, 1).unwrap();
-        v.flushed(&s, &log, 1).unwrap();
-        v.flushed(&s, &log, 2).unwrap();
+        v.flushed(&s, &p1, 1).0.unwrap();
+        v.flushed(&s, &log, 1).0.unwrap();
+        v.flushed(&s, &log, 2).0.unwrap();
         v.entry(&s, &log).1 = 7;
         assert_eq!(v.get(&s, &log).unwrap().1, 7);
         let e = v.all_settled().unwrap_err();

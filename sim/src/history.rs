@@ -316,11 +316,11 @@ impl History {
     pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
         self.flushes += 1;
         self.touched.session(session);
-        if let Err(v) = self.paths.flushed(session, path, version) {
+        let (numbered, u) = self.paths.flushed(session, path, version);
+        let free = u.inflight.is_none() && !u.retry_waiting;
+        if let Err(v) = numbered {
             self.fail(v.check, v.detail);
         }
-        let (_, u) = self.paths.entry(session, path);
-        let free = u.inflight.is_none() && !u.retry_waiting;
         if free && self.has_up_call(session) {
             self.expect_upload = Some((session.clone(), path.clone(), version));
         }

@@ -458,7 +458,7 @@ impl Script {
                 if let (Some(v), Some((s, p))) = (version, flushed) {
                     // Only a forgotten idle session starts its numbering again, and only after
                     // every version it had settled (the rule is `versions-numbered`'s).
-                    if let Err(v) = self.history.versions.flushed(&s, &p, v.0) {
+                    if let Err(v) = self.history.versions.flushed(&s, &p, v.0).0 {
                         panic!("{v}");
                     }
                 }
