@@ -10,6 +10,7 @@
 //! | file | concern | checks |
 //! |---|---|---|
 //! | `lane.rs` | [`Lane`], [`Lanes`]: the order of backend-facing operations on one sandbox (Start, Upload, Stop, Persist, Shutdown) | `start-once`, `no-command-after-shutdown`, `no-upload-after-stop`, `stop-managed-only`, `stop-once`, `persist-after-stop`, `no-shutdown-of-external`, `liveness-shutdown-every-started` |
+//! | `uploads.rs` | [`Uploads`]: uploads in flight | `one-upload-per-path`, `no-upload-after-stop` (none awaited at Stop or Shutdown), `uploaded-is-acknowledged` |
 //! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
 //! | `calls.rs` | [`Calls`]: call events against the live calls ([`LiveCalls`], `live.rs`), and what the core answers about them when asked | `call-names-unique`, `typed-errors`, `release-live`, `call-events`, `ready-on-live-sandbox`, `serialize-fifo`, `release-completes-once`, `binding-stable`, `no-teardown-under-live-call`, `serialize-one-per-key`, `resolve-own-sandbox`, `liveness-release-completes` |
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
@@ -32,6 +33,7 @@ mod deadlines;
 mod lane;
 mod live;
 mod outputs;
+mod uploads;
 mod versions;
 mod violation;
 
@@ -40,5 +42,6 @@ pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
 pub use live::{CallRecord, LiveCalls, Phase};
 pub use outputs::Outputs;
+pub use uploads::{Flight, Uploads};
 pub use versions::{PathVersions, Versions};
 pub use violation::Violation;

@@ -7,7 +7,7 @@ use sandkeeper::{
     ReleasePolicy, SandboxId, SessionId, Settlement, Snapshot, UploadId, UserId,
 };
 
-use sandkeeper_check::{Calls, Deadlines, Lane, Op, Outputs, Phase, Versions};
+use sandkeeper_check::{Calls, Deadlines, Lane, Op, Outputs, Phase, Uploads, Versions};
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
@@ -29,8 +29,6 @@ pub struct SandboxRecord {
     pub resume_from: Option<Snapshot>,
     /// The first call bound to it, to name it as `@call`.
     pub call: Option<CallId>,
-    /// Uploads ordered into it and still awaited.
-    pub uploads_awaited: u32,
     /// Its isolation key (managed sandboxes).
     pub key: Option<Key>,
     /// When its last Drain was ordered (ms).
@@ -51,7 +49,6 @@ struct Flags {
     stop_ok: bool,
     shutdown: bool,
     dead: bool,
-    uploads_awaited: u32,
     drain_at: u64,
 }
 
@@ -63,7 +60,6 @@ impl Flags {
             stop_ok: s.stop_ok,
             shutdown: s.lane.is_shut_down(),
             dead: s.lane.is_dead(),
-            uploads_awaited: s.uploads_awaited,
             drain_at: s.drain_at,
         }
     }
@@ -72,18 +68,8 @@ impl Flags {
 /// What the history keeps beside a path's versions (`sandkeeper_check::PathVersions`).
 #[derive(Clone, Debug, Default)]
 struct PathUploads {
-    inflight: Option<UploadId>,
     /// A transient failure left a version waiting for its retry.
     retry_waiting: bool,
-}
-
-#[derive(Clone, Debug)]
-struct UploadRecord {
-    session: SessionId,
-    path: PathName,
-    version: u64,
-    sandbox: SandboxId,
-    awaited: bool,
 }
 
 /// The history of one run and its checks.
@@ -108,7 +94,8 @@ pub struct History {
     pub failed: FastMap<CallId, ErrorKind>,
     /// Per path, its versions (numbering, settlement) and its upload in flight.
     paths: Versions<PathUploads>,
-    uploads: FastMap<UploadId, UploadRecord>,
+    /// Uploads in flight (`sandkeeper_check::Uploads`).
+    uploads: Uploads,
     session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
@@ -122,8 +109,6 @@ pub struct History {
     spared: Option<SandboxId>,
     /// Uploads of the current input, checked for routing once its events are in.
     routing: Vec<(UploadId, SessionId, SandboxId)>,
-    /// The upload whose `upload-ok` is the current input.
-    acked_upload: Option<UploadId>,
     /// A session whose ready call on an up sandbox is being released (this input).
     releasing_session: Option<SessionId>,
     /// A flush that must be uploaded in this input (its session has an up sandbox, its path is
@@ -188,9 +173,8 @@ impl History {
             bound_to: FastMap::default(),
             failed: FastMap::default(),
             paths: Versions::new(),
-            uploads: FastMap::default(),
+            uploads: Uploads::new(),
             session_sandboxes: FastMap::default(),
-            acked_upload: None,
             releasing_session: None,
             expect_upload: None,
             failing: None,
@@ -317,7 +301,7 @@ impl History {
         self.flushes += 1;
         self.touched.session(session);
         let (numbered, u) = self.paths.flushed(session, path, version);
-        let free = u.inflight.is_none() && !u.retry_waiting;
+        let free = !u.retry_waiting && !self.uploads.in_flight(session, path);
         if let Err(v) = numbered {
             self.fail(v.check, v.detail);
         }
@@ -374,29 +358,12 @@ impl History {
 
     /// An upload is being answered (before the core sees it).
     pub fn upload_answered(&mut self, upload: UploadId, ok: bool, gone: bool) {
-        self.acked_upload = None;
-        let Some(u) = self.uploads.get_mut(&upload) else {
+        let Some(f) = self.uploads.answered(upload, ok) else {
             return;
         };
-        if !u.awaited {
-            return;
-        }
-        u.awaited = false;
-        let (session, path, sandbox) = (u.session.clone(), u.path.clone(), u.sandbox);
-        if let Some((_, p)) = self.paths.get_mut(&session, &path) {
-            if p.inflight == Some(upload) {
-                p.inflight = None;
-            }
-        }
-        let s = self.sbx(sandbox);
-        s.uploads_awaited = s.uploads_awaited.saturating_sub(1);
-        if ok {
-            self.acked_upload = Some(upload);
-        } else if !gone {
-            self.failing = Some({
-                let u = &self.uploads[&upload];
-                (u.session.clone(), u.path.clone(), u.version)
-            });
+        let sandbox = f.sandbox;
+        if !ok && !gone {
+            self.failing = Some((f.session, f.path, f.version));
         }
         if gone {
             self.marks.hit(Mark::UploadGone);
@@ -435,7 +402,7 @@ impl History {
         self.touched.sandbox(x);
         let s = Flags::of(self.sbx(x));
         if !s.shutdown && !s.dead {
-            if s.uploads_awaited > 0 {
+            if self.uploads.awaited_in(x) > 0 {
                 self.marks.hit(Mark::DeathDuringUpload);
             }
             if s.draining {
@@ -479,6 +446,9 @@ impl History {
         }
         // The order of backend-facing commands is the lane's (sandkeeper_check); the commands a
         // backend never receives must not name a shut-down sandbox either.
+        if let Err(v) = self.uploads.command(cmd) {
+            self.fail(v.check, v.detail);
+        }
         match Op::of(cmd) {
             Some((_, op)) => {
                 if let Err(v) = self.sbx(x).lane.take(x, op) {
@@ -554,45 +524,12 @@ impl History {
                 // Checked after the input's events: CallReady comes after the Upload it caused.
                 self.routing.push((*upload, session.clone(), x));
                 let (versions, p) = self.paths.entry(session, path);
-                let inflight = p.inflight;
-                p.inflight = Some(*upload);
                 p.retry_waiting = false;
-                let ordered = versions.ordered(session, path, version.0);
-                check!(
-                    self,
-                    inflight.is_none(),
-                    "one-upload-per-path",
-                    "Upload {upload} of {session}/{path} while {inflight:?} is in flight"
-                );
-                if let Err(v) = ordered {
+                if let Err(v) = versions.ordered(session, path, version.0) {
                     self.fail(v.check, v.detail);
                 }
-                self.uploads.insert(
-                    *upload,
-                    UploadRecord {
-                        session: session.clone(),
-                        path: path.clone(),
-                        version: version.0,
-                        sandbox: x,
-                        awaited: true,
-                    },
-                );
-                self.sbx(x).uploads_awaited += 1;
             }
-            Command::CancelUpload { upload, .. } => {
-                if let Some(u) = self.uploads.get_mut(upload) {
-                    if u.awaited {
-                        u.awaited = false;
-                        if let Some((_, p)) = self.paths.get_mut(&u.session, &u.path) {
-                            if p.inflight == Some(*upload) {
-                                p.inflight = None;
-                            }
-                        }
-                        let s = self.sbx(x);
-                        s.uploads_awaited = s.uploads_awaited.saturating_sub(1);
-                    }
-                }
-            }
+            Command::CancelUpload { .. } => {}
             Command::Drain { sessions, .. } => {
                 for s in sessions {
                     self.touched.session(s);
@@ -616,13 +553,6 @@ impl History {
                     "drain-before-stop",
                     "Stop for {x} without a Drain first"
                 );
-                check!(
-                    self,
-                    rec.uploads_awaited == 0,
-                    "no-upload-after-stop",
-                    "Stop for {x} with {} uploads still in flight",
-                    rec.uploads_awaited
-                );
                 if !self.closing && self.now_ms < rec.drain_at + self.drain_deadline_ms {
                     // Checked once the input's events are in (a call of the session may have
                     // become ready elsewhere in the same input).
@@ -644,12 +574,6 @@ impl History {
             Command::Abandon { .. } => {}
             Command::Shutdown { .. } => {
                 self.shutdowns += 1;
-                check!(
-                    self,
-                    rec.uploads_awaited == 0,
-                    "no-upload-after-stop",
-                    "Shutdown for {x} with uploads still in flight"
-                );
                 self.lets_go(x);
                 self.sbx(x).draining = false;
             }
@@ -764,21 +688,11 @@ impl History {
                     self.fail(v.check, v.detail);
                 }
                 match outcome {
-                    Settlement::Uploaded { sandbox } => {
-                        let acked = self.acked_upload.and_then(|u| self.uploads.get(&u));
-                        let matches = acked.is_some_and(|u| {
-                            &u.session == session
-                                && &u.path == path
-                                && u.version == version.0
-                                && u.sandbox == *sandbox
-                        });
-                        check!(
-                            self,
-                            matches,
-                            "uploaded-is-acknowledged",
-                            "{session}/{path} {version} settled uploaded into {sandbox} without that upload's ok"
-                        );
-                        self.acked_upload = None;
+                    Settlement::Uploaded { .. } => {
+                        let acknowledged = self.uploads.settled(session, path, version.0, outcome);
+                        if let Err(v) = acknowledged {
+                            self.fail(v.check, v.detail);
+                        }
                     }
                     Settlement::Superseded { .. } => self.marks.hit(Mark::Superseded),
                     Settlement::Dropped { reason } => {
@@ -830,12 +744,7 @@ impl History {
                 self.bounds.closed();
                 self.marks.hit(Mark::Closed);
                 self.closed = true;
-                for u in self.uploads.values_mut() {
-                    u.awaited = false;
-                }
-                for (_, (_, p)) in self.paths.iter_mut() {
-                    p.inflight = None;
-                }
+                self.uploads.closed();
                 // Close revoked or dropped everything still live; it says so in its report.
                 self.calls.closed();
                 self.touched.all = true;
@@ -854,7 +763,7 @@ impl History {
         let broken = self.bounds.after_input(
             Instant::from_millis(self.now_ms),
             self.closed,
-            |u| uploads.get(&u).is_some_and(|r| r.awaited),
+            |u| uploads.is_awaited(u),
             |x| {
                 sandboxes.get(&x).is_some_and(|s| {
                     s.draining

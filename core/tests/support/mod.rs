@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
-use sandkeeper_check::{Calls, Deadlines, Lane, Lanes, Op, Outputs, Versions};
+use sandkeeper_check::{Calls, Deadlines, Lane, Lanes, Op, Outputs, Uploads, Versions};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -299,9 +299,10 @@ pub struct SeenStart {
     pub resumes: Option<SandboxId>,
 }
 
-/// The history invariants, checked on every drained command and event: each sandbox's command
-/// order, each path's versions, command deadlines and the stream's shape are
-/// `sandkeeper_check`'s (the rules the simulator and the drivers' tests check too).
+/// The history invariants, checked on every drained command and event, are `sandkeeper_check`'s
+/// (the rules the simulator and the drivers' tests check too): each sandbox's command order,
+/// each path's versions, command deadlines, the stream's shape, the calls (with the getter checks
+/// after every input) and the uploads in flight.
 #[derive(Clone, Debug)]
 struct History {
     lanes: Lanes,
@@ -312,6 +313,7 @@ struct History {
     deadlines: Deadlines,
     outputs: Outputs,
     calls: Calls,
+    uploads: Uploads,
     /// Sandboxes whose Drain no call revived since (for `no-teardown-under-live-call`).
     draining: BTreeSet<SandboxId>,
 }
@@ -324,6 +326,7 @@ impl History {
             deadlines: Deadlines::new(config),
             outputs: Outputs::new(),
             calls: Calls::new(config),
+            uploads: Uploads::new(),
             draining: BTreeSet::new(),
         }
     }
@@ -430,6 +433,15 @@ impl Script {
                 self.history.lanes.die(up.sandbox);
             }
         }
+        match &input {
+            Input::UploadOk { upload } => {
+                self.history.uploads.answered(*upload, true);
+            }
+            Input::UploadFailed { upload, .. } => {
+                self.history.uploads.answered(*upload, false);
+            }
+            _ => {}
+        }
         self.trace.push((self.now, input.clone()));
         let result = self.core.handle(self.now, input.clone());
         match &result {
@@ -531,6 +543,9 @@ impl Script {
         if let Err(v) = h.deadlines.command(command, now) {
             panic!("{v}: {command:?}");
         }
+        if let Err(v) = h.uploads.command(command) {
+            panic!("{v}");
+        }
         match command {
             Command::Start {
                 sandbox,
@@ -553,13 +568,6 @@ impl Script {
                 if let Err(v) = h.versions.ordered(session, path, version.0) {
                     panic!("{v}: {command:?}");
                 }
-                assert!(
-                    !self
-                        .uploads
-                        .values()
-                        .any(|u| &u.session == session && &u.path == path),
-                    "two uploads in flight for {session}/{path}"
-                );
                 self.uploads.insert(
                     *upload,
                     SeenUpload {
@@ -606,6 +614,9 @@ impl Script {
                     panic!("{v}");
                 }
                 h.deadlines.version_settled(session, path, version.0);
+                if let Err(v) = h.uploads.settled(session, path, version.0, outcome) {
+                    panic!("{v}");
+                }
             }
             Event::CallReady { call, sandbox } => {
                 if matches!(
@@ -644,7 +655,10 @@ impl Script {
                     panic!("{v}");
                 }
             }
-            Event::Closed { .. } => h.calls.closed(),
+            Event::Closed { .. } => {
+                h.calls.closed();
+                h.uploads.closed();
+            }
             Event::MirrorSettled { .. } | Event::ShutdownUnconfirmed { .. } => {}
         }
     }
