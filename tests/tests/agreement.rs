@@ -4,7 +4,10 @@
 //! runs must give the same settlements (session, path, version, outcome), the same commands in
 //! the same order for every sandbox, the same call outcomes (ready, failed, revoked, lost) and
 //! the same immediate answers to the application's inputs. The driver run also checks every
-//! `resolve` and `expect` line on its own.
+//! `resolve` and `expect` line on its own, and judges what it saw by `sandkeeper_check`'s rules
+//! (the ones the simulator's history applies to the core's outputs): the order of the operations
+//! its backend received, the numbering and settlement of the versions the keeper handed out and
+//! announced, nothing after `Closed`.
 //!
 //! How the scenario maps onto the driver:
 //! - `acquire` spawns `keeper.acquire(..)` (the call's name travels in its `Spec`, so a Start
@@ -43,7 +46,7 @@ use sandkeeper::{
     CallSpec, Command, ErrorKind, Event, PathName, SandboxId, SandboxState, SessionId, Settlement,
     Snapshot, Spec,
 };
-use sandkeeper_check::{Lanes, Op};
+use sandkeeper_check::{Lanes, Op, Outputs, Versions};
 use sandkeeper_tokio::{
     Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Loss, Notice,
     PersistRequest, StartRequest, StopRequest, UploadRequest,
@@ -151,9 +154,10 @@ struct Record {
     answers: Vec<(usize, Option<String>)>,
     /// Whether close finished.
     closed: bool,
-    /// Operations the driver's backend received out of order, by `sandkeeper_check`'s lane
-    /// rules (the simulator's run checks the same rules on the core's commands, and has none when
-    /// it passes).
+    /// What `sandkeeper_check` found wrong in the driver run: operations its backend received
+    /// out of order (lanes), versions handed out or settled wrongly (versions), events after
+    /// `Closed` (outputs). The simulator's run checks the same rules on the core's outputs and
+    /// has none when it passes.
     violations: Vec<String>,
 }
 
@@ -166,9 +170,10 @@ impl Record {
                 version,
                 outcome,
             } => {
+                // Settling once is `settle-once`'s: the simulator's history checks it on its run,
+                // the driver run's `Versions` on the events the keeper announced.
                 let key = (session.to_string(), path.to_string(), version.0);
-                let old = self.settlements.insert(key.clone(), outcome.clone());
-                assert!(old.is_none(), "{key:?} settled twice");
+                self.settlements.insert(key, outcome.clone());
             }
             Event::CallReady { call, sandbox } => {
                 self.calls.push(format!("{call} ready {sandbox}"))
@@ -507,6 +512,10 @@ struct Driver {
     bound: HashMap<String, SandboxId>,
     last_error: Option<String>,
     record: Record,
+    /// The versions the keeper handed out and announced settled, and the shape of its event
+    /// stream, judged by `sandkeeper_check`'s rules.
+    versions: Versions,
+    outputs: Outputs,
     tasks: Vec<JoinHandle<()>>,
     /// Steps skipped as inexpressible, and answers that found the command abandoned.
     skipped: Vec<usize>,
@@ -530,6 +539,8 @@ impl Driver {
             bound: HashMap::new(),
             last_error: None,
             record: Record::default(),
+            versions: Versions::new(),
+            outputs: Outputs::new(),
             tasks: Vec::new(),
             skipped: Vec::new(),
             abandoned: Vec::new(),
@@ -556,6 +567,18 @@ impl Driver {
                                 .insert(call.to_string(), error.as_str().to_string());
                         }
                         _ => {}
+                    }
+                    let judged = self.outputs.event(&event).and_then(|()| match &event {
+                        Event::Settled {
+                            session,
+                            path,
+                            version,
+                            outcome,
+                        } => self.versions.settled(session, path, version.0, outcome),
+                        _ => Ok(()),
+                    });
+                    if let Err(v) = judged {
+                        self.record.violations.push(v.to_string());
                     }
                     self.record.event(&event);
                 }
@@ -666,6 +689,11 @@ impl Driver {
             } => {
                 let path = path.clone().unwrap_or_else(PathName::session_log);
                 let r = self.keeper.flush(session, &path, vec![b'x'; *bytes]);
+                if let Ok(v) = &r {
+                    if let Err(v) = self.versions.flushed(session, &path, v.0).0 {
+                        self.record.violations.push(v.to_string());
+                    }
+                }
                 self.answered(line, r.map(|_| ()).map_err(kind_of));
             }
             Step::Resolve(session, expect) => self.resolve(line, session, expect),
@@ -863,7 +891,10 @@ async fn drive(scenario: &Scenario) -> (Record, Vec<usize>, Vec<usize>) {
     d.liveness().await;
     d.keeper.check_invariants().unwrap();
     let violations = std::mem::take(&mut d.script().lock().violations);
-    d.record.violations = violations;
+    d.record.violations.extend(violations);
+    if let Err(v) = d.versions.all_settled() {
+        d.record.violations.push(v.to_string());
+    }
     let skipped = std::mem::take(&mut d.skipped);
     let abandoned = std::mem::take(&mut d.abandoned);
     (std::mem::take(&mut d.record), skipped, abandoned)
