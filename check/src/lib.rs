@@ -14,6 +14,7 @@
 //! | `versions.rs` | [`PathVersions`], [`Versions`]: the numbering and settlement of one path's versions | `versions-numbered`, `settle-once`, `versions-increase`, `superseded-by-newer`, `liveness-settled` |
 //! | `calls.rs` | [`Calls`]: call events against the live calls ([`LiveCalls`], `live.rs`), and what the core answers about them when asked | `call-names-unique`, `typed-errors`, `release-live`, `call-events`, `ready-on-live-sandbox`, `serialize-fifo`, `release-completes-once`, `binding-stable`, `no-teardown-under-live-call`, `serialize-one-per-key`, `resolve-own-sandbox`, `liveness-release-completes` |
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
+//! | `mirror.rs` | [`Mirror`]: where and when a session's versions are written | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` |
 //! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
@@ -32,6 +33,7 @@ mod calls;
 mod deadlines;
 mod lane;
 mod live;
+mod mirror;
 mod outputs;
 mod uploads;
 mod versions;
@@ -41,6 +43,7 @@ pub use calls::Calls;
 pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
 pub use live::{CallRecord, LiveCalls, Phase};
+pub use mirror::Mirror;
 pub use outputs::Outputs;
 pub use uploads::{Flight, Uploads};
 pub use versions::{PathVersions, Versions};

@@ -7,7 +7,7 @@ use sandkeeper::{
     ReleasePolicy, SandboxId, SessionId, Settlement, Snapshot, UploadId, UserId,
 };
 
-use sandkeeper_check::{Calls, Deadlines, Lane, Op, Outputs, Phase, Uploads, Versions};
+use sandkeeper_check::{Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Uploads, Versions};
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
@@ -65,13 +65,6 @@ impl Flags {
     }
 }
 
-/// What the history keeps beside a path's versions (`sandkeeper_check::PathVersions`).
-#[derive(Clone, Debug, Default)]
-struct PathUploads {
-    /// A transient failure left a version waiting for its retry.
-    retry_waiting: bool,
-}
-
 /// The history of one run and its checks.
 #[derive(Debug)]
 pub struct History {
@@ -93,10 +86,11 @@ pub struct History {
     /// How each ended-without-ready call failed (`CallFailed`, or a rejected acquire).
     pub failed: FastMap<CallId, ErrorKind>,
     /// Per path, its versions (numbering, settlement) and its upload in flight.
-    paths: Versions<PathUploads>,
+    paths: Versions,
     /// Uploads in flight (`sandkeeper_check::Uploads`).
     uploads: Uploads,
-    session_sandboxes: FastMap<SessionId, Vec<SandboxId>>,
+    /// Where and when versions are written (`sandkeeper_check::Mirror`).
+    mirror: Mirror,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
     /// The time-bound checks (`sandkeeper_check::Deadlines`).
@@ -107,15 +101,6 @@ pub struct History {
     /// A sandbox whose lost instance this input reported while it was being suspended: the
     /// core must neither abandon nor shut it down for that.
     spared: Option<SandboxId>,
-    /// Uploads of the current input, checked for routing once its events are in.
-    routing: Vec<(UploadId, SessionId, SandboxId)>,
-    /// A session whose ready call on an up sandbox is being released (this input).
-    releasing_session: Option<SessionId>,
-    /// A flush that must be uploaded in this input (its session has an up sandbox, its path is
-    /// free).
-    expect_upload: Option<(SessionId, PathName, u64)>,
-    /// A version whose upload failed transiently in this input.
-    failing: Option<(SessionId, PathName, u64)>,
     /// Per key, the sandbox stopping or persisting (its snapshot is not in yet).
     retiring: FastMap<Key, SandboxId>,
     /// Per key, the latest snapshot persisted.
@@ -174,10 +159,7 @@ impl History {
             failed: FastMap::default(),
             paths: Versions::new(),
             uploads: Uploads::new(),
-            session_sandboxes: FastMap::default(),
-            releasing_session: None,
-            expect_upload: None,
-            failing: None,
+            mirror: Mirror::new(),
             retiring: FastMap::default(),
             key_snapshot: FastMap::default(),
             resumed: Vec::new(),
@@ -185,7 +167,6 @@ impl History {
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
             closing: false,
             now_ms: 0,
-            routing: Vec::new(),
             stopped_now: Vec::new(),
             bounds: Deadlines::new(config),
             outputs: Outputs::new(),
@@ -276,7 +257,7 @@ impl History {
         }
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
             if !self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()) {
-                self.releasing_session = Some(c.session.clone());
+                self.mirror.released_up(&c.session);
                 // The mirror lingers on the released sandbox unless another call of the
                 // session has an up sandbox (then the mirror goes there).
                 if !self.has_up_call(&c.session) {
@@ -300,14 +281,12 @@ impl History {
     pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
         self.flushes += 1;
         self.touched.session(session);
-        let (numbered, u) = self.paths.flushed(session, path, version);
-        let free = !u.retry_waiting && !self.uploads.in_flight(session, path);
-        if let Err(v) = numbered {
+        if let Err(v) = self.paths.flushed(session, path, version).0 {
             self.fail(v.check, v.detail);
         }
-        if free && self.has_up_call(session) {
-            self.expect_upload = Some((session.clone(), path.clone(), version));
-        }
+        let in_flight = self.uploads.in_flight(session, path);
+        let up = !in_flight && self.has_up_call(session);
+        self.mirror.flushed(session, path, version, in_flight, up);
     }
 
     /// Whether the session has a live call ready on a sandbox not reported dead.
@@ -363,7 +342,7 @@ impl History {
         };
         let sandbox = f.sandbox;
         if !ok && !gone {
-            self.failing = Some((f.session, f.path, f.version));
+            self.mirror.upload_failed(f.session, f.path, f.version);
         }
         if gone {
             self.marks.hit(Mark::UploadGone);
@@ -449,6 +428,7 @@ impl History {
         if let Err(v) = self.uploads.command(cmd) {
             self.fail(v.check, v.detail);
         }
+        self.mirror.command(cmd);
         match Op::of(cmd) {
             Some((_, op)) => {
                 if let Err(v) = self.sbx(x).lane.take(x, op) {
@@ -506,7 +486,6 @@ impl History {
                 s.key = Some(key.clone());
             }
             Command::Upload {
-                upload,
                 session,
                 path,
                 version,
@@ -514,18 +493,7 @@ impl History {
             } => {
                 self.uploads_ordered += 1;
                 self.touched.session(session);
-                if self
-                    .expect_upload
-                    .as_ref()
-                    .is_some_and(|(s, p, _)| s == session && p == path)
-                {
-                    self.expect_upload = None;
-                }
-                // Checked after the input's events: CallReady comes after the Upload it caused.
-                self.routing.push((*upload, session.clone(), x));
-                let (versions, p) = self.paths.entry(session, path);
-                p.retry_waiting = false;
-                if let Err(v) = versions.ordered(session, path, version.0) {
+                if let Err(v) = self.paths.ordered(session, path, version.0) {
                     self.fail(v.check, v.detail);
                 }
             }
@@ -613,10 +581,7 @@ impl History {
                 self.bound_to.insert(call.clone(), *sandbox);
                 if let Some(session) = session {
                     self.last_released.remove(&session);
-                    let v = self.session_sandboxes.entry(session).or_default();
-                    if !v.contains(sandbox) {
-                        v.push(*sandbox);
-                    }
+                    self.mirror.ready(&session, *sandbox);
                 }
                 let s = self.sbx(*sandbox);
                 s.draining = false;
@@ -680,11 +645,10 @@ impl History {
             } => {
                 self.bounds.version_settled(session, path, version.0);
                 self.touched.session(session);
-                let (versions, p) = self.paths.entry(session, path);
-                if matches!(outcome, Settlement::Dropped { .. }) {
-                    p.retry_waiting = false;
+                if let Err(v) = self.paths.settled(session, path, version.0, outcome) {
+                    self.fail(v.check, v.detail);
                 }
-                if let Err(v) = versions.settled(session, path, version.0, outcome) {
+                if let Err(v) = self.mirror.settled(session, path, version.0, outcome) {
                     self.fail(v.check, v.detail);
                 }
                 match outcome {
@@ -695,32 +659,20 @@ impl History {
                         }
                     }
                     Settlement::Superseded { .. } => self.marks.hit(Mark::Superseded),
-                    Settlement::Dropped { reason } => {
-                        if *reason == sandkeeper::DropReason::NoSandbox
-                            && self.releasing_session.as_ref() == Some(session)
-                        {
-                            self.fail(
-                                "release-drains-mirror",
-                                format!("{session}/{path} {version} dropped (no-sandbox) by the release of a call whose sandbox is up"),
-                            );
+                    Settlement::Dropped { reason } => match reason {
+                        sandkeeper::DropReason::DrainDeadline => {
+                            self.marks.hit(Mark::DrainDeadline)
                         }
-                        match reason {
-                            sandkeeper::DropReason::DrainDeadline => {
-                                self.marks.hit(Mark::DrainDeadline)
-                            }
-                            sandkeeper::DropReason::NoSandbox => {
-                                self.marks.hit(Mark::DroppedNoSandbox)
-                            }
-                            sandkeeper::DropReason::Closed => self.marks.hit(Mark::DroppedClosed),
-                            sandkeeper::DropReason::UploadFailed => {
-                                self.marks.hit(Mark::DroppedUploadFailed)
-                            }
-                            sandkeeper::DropReason::UploadTimeout => {
-                                self.marks.hit(Mark::UploadTimeout)
-                            }
-                            sandkeeper::DropReason::SandboxGone => {}
+                        sandkeeper::DropReason::NoSandbox => self.marks.hit(Mark::DroppedNoSandbox),
+                        sandkeeper::DropReason::Closed => self.marks.hit(Mark::DroppedClosed),
+                        sandkeeper::DropReason::UploadFailed => {
+                            self.marks.hit(Mark::DroppedUploadFailed)
                         }
-                    }
+                        sandkeeper::DropReason::UploadTimeout => {
+                            self.marks.hit(Mark::UploadTimeout)
+                        }
+                        sandkeeper::DropReason::SandboxGone => {}
+                    },
                 }
                 if let Some(all) = &mut self.settlements {
                     all.insert((session.clone(), path.clone(), version.0), outcome.clone());
@@ -728,16 +680,9 @@ impl History {
             }
             Event::MirrorSettled { session } => {
                 self.touched.session(session);
-                let open = self
-                    .paths
-                    .first_unsettled_of(session)
-                    .map(|(path, n)| (path.clone(), n));
-                check!(
-                    self,
-                    open.is_none(),
-                    "mirror-settled-true",
-                    "MirrorSettled for {session} with unsettled versions: {open:?}"
-                );
+                if let Err(v) = self.mirror.mirror_settled(session, &self.paths) {
+                    self.fail(v.check, v.detail);
+                }
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
             Event::Closed { .. } => {
@@ -757,7 +702,6 @@ impl History {
 
     /// Checks the core's getters and counters against the history.
     pub fn after_input(&mut self, core: &Lifecycle) {
-        self.releasing_session = None;
         self.spared = None;
         let (uploads, sandboxes) = (&self.uploads, &self.sandboxes);
         let broken = self.bounds.after_input(
@@ -797,36 +741,8 @@ impl History {
                 );
             }
         }
-        if let Some((session, path, version)) = self.failing.take() {
-            if let Some((versions, p)) = self.paths.get_mut(&session, &path) {
-                if versions.is_unsettled(version) {
-                    p.retry_waiting = true;
-                }
-            }
-        }
-        if let Some((session, path, version)) = self.expect_upload.take() {
-            let unsettled = self
-                .paths
-                .get(&session, &path)
-                .is_some_and(|(versions, _)| versions.is_unsettled(version));
-            check!(
-                self,
-                !unsettled,
-                "mirror-independent",
-                "{session}/{path} v{version} was flushed with its path free and an up sandbox, yet not uploaded at once"
-            );
-        }
-        for (upload, session, x) in std::mem::take(&mut self.routing) {
-            let routed = self
-                .session_sandboxes
-                .get(&session)
-                .is_some_and(|v| v.contains(&x));
-            check!(
-                self,
-                routed,
-                "upload-routing",
-                "Upload {upload} of session {session} into {x}, where no call of {session} was ever ready"
-            );
+        if let Err(v) = self.mirror.input_done(&self.paths) {
+            self.fail(v.check, v.detail);
         }
         let stats = core.stats();
         let counters = [

@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use sandkeeper::*;
-use sandkeeper_check::{Calls, Deadlines, Lane, Lanes, Op, Outputs, Uploads, Versions};
+use sandkeeper_check::{
+    Calls, Deadlines, Lane, Lanes, Mirror, Op, Outputs, Phase, Uploads, Versions,
+};
 
 // ----------------------------------------------------------------------------------------------
 // Names
@@ -302,7 +304,7 @@ pub struct SeenStart {
 /// The history invariants, checked on every drained command and event, are `sandkeeper_check`'s
 /// (the rules the simulator and the drivers' tests check too): each sandbox's command order,
 /// each path's versions, command deadlines, the stream's shape, the calls (with the getter checks
-/// after every input) and the uploads in flight.
+/// after every input), the uploads in flight and the mirror's routing and promptness.
 #[derive(Clone, Debug)]
 struct History {
     lanes: Lanes,
@@ -314,6 +316,7 @@ struct History {
     outputs: Outputs,
     calls: Calls,
     uploads: Uploads,
+    mirror: Mirror,
     /// Sandboxes whose Drain no call revived since (for `no-teardown-under-live-call`).
     draining: BTreeSet<SandboxId>,
 }
@@ -327,6 +330,7 @@ impl History {
             outputs: Outputs::new(),
             calls: Calls::new(config),
             uploads: Uploads::new(),
+            mirror: Mirror::new(),
             draining: BTreeSet::new(),
         }
     }
@@ -437,8 +441,13 @@ impl Script {
             Input::UploadOk { upload } => {
                 self.history.uploads.answered(*upload, true);
             }
-            Input::UploadFailed { upload, .. } => {
-                self.history.uploads.answered(*upload, false);
+            Input::UploadFailed { upload, failure } => {
+                let flight = self.history.uploads.answered(*upload, false);
+                if let (Some(f), UploadFailure::Transient) = (flight, failure) {
+                    self.history
+                        .mirror
+                        .upload_failed(f.session, f.path, f.version);
+                }
             }
             _ => {}
         }
@@ -470,11 +479,19 @@ impl Script {
                 if let (Some(v), Some((s, p))) = (version, flushed) {
                     // Only a forgotten idle session starts its numbering again, and only after
                     // every version it had settled (the rule is `versions-numbered`'s).
-                    if let Err(v) = self.history.versions.flushed(&s, &p, v.0).0 {
+                    let h = &mut self.history;
+                    if let Err(v) = h.versions.flushed(&s, &p, v.0).0 {
                         panic!("{v}");
                     }
+                    let in_flight = h.uploads.in_flight(&s, &p);
+                    let lanes = &h.lanes;
+                    let up = h
+                        .calls
+                        .has_up_call(&s, |x| lanes.get(x).is_some_and(|l| l.is_dead()));
+                    h.mirror.flushed(&s, &p, v.0, in_flight, up);
                 }
-                let calls = &mut self.history.calls;
+                let h = &mut self.history;
+                let calls = &mut h.calls;
                 let judged = match &input {
                     Input::UploadOk { upload } | Input::UploadFailed { upload, .. } => {
                         self.uploads.remove(upload);
@@ -486,7 +503,12 @@ impl Script {
                         spec.user.as_ref(),
                         spec.external.as_ref(),
                     ),
-                    Input::Release { call } => calls.released(call).map(|_| ()),
+                    Input::Release { call } => calls.released(call).map(|c| {
+                        let up = |x| !h.lanes.get(x).is_some_and(|l| l.is_dead());
+                        if c.phase == Phase::Ready && c.sandbox.is_some_and(up) {
+                            h.mirror.released_up(&c.session);
+                        }
+                    }),
                     _ => Ok(()),
                 };
                 if let Err(v) = judged {
@@ -511,6 +533,9 @@ impl Script {
             self.events.push_back(event);
         }
         if let Err(v) = self.history.outputs.input_done() {
+            panic!("{v}");
+        }
+        if let Err(v) = self.history.mirror.input_done(&self.history.versions) {
             panic!("{v}");
         }
         self.check_calls();
@@ -546,6 +571,7 @@ impl Script {
         if let Err(v) = h.uploads.command(command) {
             panic!("{v}");
         }
+        h.mirror.command(command);
         match command {
             Command::Start {
                 sandbox,
@@ -617,6 +643,9 @@ impl Script {
                 if let Err(v) = h.uploads.settled(session, path, version.0, outcome) {
                     panic!("{v}");
                 }
+                if let Err(v) = h.mirror.settled(session, path, version.0, outcome) {
+                    panic!("{v}");
+                }
             }
             Event::CallReady { call, sandbox } => {
                 if matches!(
@@ -632,6 +661,9 @@ impl Script {
                 h.draining.remove(sandbox);
                 if let Err(v) = h.calls.ready(call, *sandbox, up) {
                     panic!("{v}");
+                }
+                if let Some(c) = h.calls.live().get(call) {
+                    h.mirror.ready(&c.session, *sandbox);
                 }
             }
             Event::CallFailed { call, .. } => {
@@ -659,7 +691,12 @@ impl Script {
                 h.calls.closed();
                 h.uploads.closed();
             }
-            Event::MirrorSettled { .. } | Event::ShutdownUnconfirmed { .. } => {}
+            Event::MirrorSettled { session } => {
+                if let Err(v) = h.mirror.mirror_settled(session, &h.versions) {
+                    panic!("{v}");
+                }
+            }
+            Event::ShutdownUnconfirmed { .. } => {}
         }
     }
 
