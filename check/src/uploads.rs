@@ -10,7 +10,6 @@
 //! An upload is awaited from its Upload command until the core is handed its answer (fed with
 //! [`Uploads::answered`] before the core sees it), its CancelUpload, or `Closed`.
 
-use rustc_hash::FxHashMap;
 use sandkeeper::{Command, PathName, SandboxId, SessionId, Settlement, UploadId};
 
 use crate::violation::Violation;
@@ -29,14 +28,14 @@ pub struct Flight {
 }
 
 /// The upload checker. See the module docs.
+///
+/// The awaited uploads are a short vector: a run has a few uploads in flight at once, so a scan
+/// comparing ids (and, for a path, names that compare inline) costs less than keeping maps by
+/// path and by sandbox in step.
 #[derive(Clone, Debug, Default)]
 pub struct Uploads {
-    /// Awaited uploads.
-    awaited: FxHashMap<UploadId, Flight>,
-    /// Per path, its awaited upload.
-    paths: FxHashMap<(SessionId, PathName), UploadId>,
-    /// Per sandbox, how many uploads into it are awaited.
-    sandboxes: FxHashMap<SandboxId, u32>,
+    /// Awaited uploads, oldest first.
+    awaited: Vec<(UploadId, Flight)>,
     /// The upload whose ok is the current input.
     acked: Option<Flight>,
 }
@@ -58,8 +57,13 @@ impl Uploads {
                 version,
                 ..
             } => {
-                let before = self.paths.insert((session.clone(), path.clone()), *upload);
-                self.awaited.insert(
+                let other = self
+                    .awaited
+                    .iter()
+                    .find(|(u, f)| u != upload && &f.session == session && &f.path == path)
+                    .map(|(u, _)| *u);
+                self.stop_awaiting(*upload);
+                self.awaited.push((
                     *upload,
                     Flight {
                         session: session.clone(),
@@ -67,14 +71,13 @@ impl Uploads {
                         version: version.0,
                         sandbox: *sandbox,
                     },
-                );
-                *self.sandboxes.entry(*sandbox).or_default() += 1;
-                match before {
-                    Some(other) if other != *upload => Err(Violation::new(
+                ));
+                match other {
+                    Some(other) => Err(Violation::new(
                         "one-upload-per-path",
                         format!("Upload {upload} of {session}/{path} while {other} is in flight"),
                     )),
-                    _ => Ok(()),
+                    None => Ok(()),
                 }
             }
             Command::CancelUpload { upload, .. } => {
@@ -98,18 +101,8 @@ impl Uploads {
     }
 
     fn stop_awaiting(&mut self, upload: UploadId) -> Option<Flight> {
-        let f = self.awaited.remove(&upload)?;
-        let key = (f.session.clone(), f.path.clone());
-        if self.paths.get(&key) == Some(&upload) {
-            self.paths.remove(&key);
-        }
-        if let Some(n) = self.sandboxes.get_mut(&f.sandbox) {
-            *n -= 1;
-            if *n == 0 {
-                self.sandboxes.remove(&f.sandbox);
-            }
-        }
-        Some(f)
+        let i = self.awaited.iter().position(|(u, _)| *u == upload)?;
+        Some(self.awaited.remove(i).1)
     }
 
     /// The core is about to be handed `upload`'s answer (`ok` or not). The attempt, if it was
@@ -154,23 +147,23 @@ impl Uploads {
     /// `Closed`: nothing is awaited any more.
     pub fn closed(&mut self) {
         self.awaited.clear();
-        self.paths.clear();
-        self.sandboxes.clear();
     }
 
     /// Whether `upload` is awaited.
     pub fn is_awaited(&self, upload: UploadId) -> bool {
-        self.awaited.contains_key(&upload)
+        self.awaited.iter().any(|(u, _)| *u == upload)
     }
 
     /// How many uploads into `x` are awaited.
     pub fn awaited_in(&self, x: SandboxId) -> u32 {
-        self.sandboxes.get(&x).copied().unwrap_or(0)
+        self.awaited.iter().filter(|(_, f)| f.sandbox == x).count() as u32
     }
 
     /// Whether an upload of `session`'s `path` is awaited.
     pub fn in_flight(&self, session: &SessionId, path: &PathName) -> bool {
-        self.paths.contains_key(&(session.clone(), path.clone()))
+        self.awaited
+            .iter()
+            .any(|(_, f)| &f.session == session && &f.path == path)
     }
 }
 
