@@ -1,6 +1,15 @@
 //! History invariants: DESIGN.md's invariants 1–9, checked from outside the core over what it
 //! was given (inputs) and what it said (commands, events), plus what its getters answer. Each
 //! check has a name; the first broken one is kept as the run's [`Failure`].
+//!
+//! The rules themselves are `sandkeeper_check`'s, one checker per concern (a sandbox's lane, a
+//! path's versions, deadlines, the stream's shape, calls, uploads in flight, the mirror): the
+//! core's scripted tests, io-tokio's `FaultBackend` and the agreement test judge by the same.
+//! The history keeps the simulator's record of each sandbox, feeds every checker what it needs,
+//! and adds the checks that need the whole world: intent across a key's sandboxes
+//! (`resume-latest-snapshot`, `start-after-persist`, `suspension-keeps-workspace`),
+//! `drain-before-stop`, `persist-after-stop` on the Stop's answer, `drain-waits-for-holds`,
+//! the counters, and the coverage marks.
 
 use sandkeeper::{
     CallId, Command, Config, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle, PathName,

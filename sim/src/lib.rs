@@ -10,7 +10,9 @@
 //!   and the backend (start and upload latency, failures, hangs, deaths at any moment, stop,
 //!   persist and shutdown failures, late and duplicate answers).
 //! - [`harness`]: applies steps to the core and, after every input, drains its output and checks
-//!   the invariants: the history invariants of `history.rs` (with `sandkeeper_check`'s lanes, versions and deadlines) every input, and the core's own
+//!   the invariants: the history invariants every input (`history.rs` feeds the checkers of
+//!   `sandkeeper_check`, one per concern: lanes, versions, deadlines, outputs, calls, uploads,
+//!   mirror, and adds what needs the simulator's whole world), and the core's own
 //!   `check_invariants` every input while the state is small (at most
 //!   [`HarnessOptions::small_state`](harness::HarnessOptions) calls plus sandboxes), else every
 //!   `full_check_every` inputs.
