@@ -21,10 +21,22 @@
 //! The names are stable: the simulator reports them (`FAIL seed N: invariant <name>`), its
 //! canaries and `sim/README.md` refer to them.
 //!
-//! Each concern comes in two forms: a per-record state with a pure transition ([`Lane`],
-//! [`PathVersions`]) for a user that keeps its own record per sandbox or path (the simulator
-//! embeds them and pays no extra lookup), and a table of them ([`Lanes`], [`Versions`]) for a
-//! user that keeps none.
+//! The lane and the versions come in two forms: a per-record state with a pure transition
+//! ([`Lane`], [`PathVersions`]) for a user that keeps its own record per sandbox or path (the
+//! simulator embeds a lane in its sandbox record and pays no extra lookup), and a table of them
+//! ([`Lanes`], [`Versions`]) for a user that keeps none.
+//!
+//! Who runs what:
+//!
+//! | user | checkers |
+//! |---|---|
+//! | the simulator's history | all, on every input of every seed |
+//! | the core's scripted tests (`core/tests/support`) | all but the after-input time bounds (a script moves its clock freely, so only command deadlines are judged): the getter checks after every input |
+//! | io-tokio's `FaultBackend` | [`Lanes`], on the operations it receives |
+//! | the agreement test | [`Lanes`] on what its scripted backend receives; [`Versions`] and [`Outputs`] on the keeper's versions and events |
+//!
+//! A checker judges; it never panics and never fixes anything up: after a violation it goes on
+//! from the state the item implies, so a caller that keeps going sees each break once.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
