@@ -87,7 +87,7 @@ impl Lifecycle {
         }
         x.state = SandboxState::Dead;
         let key = x.key;
-        let lost: Few<CallIx> = x.bound.iter().copied().collect();
+        let lost: Few<CallIx> = x.bound.to_few();
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).

@@ -601,12 +601,8 @@ impl Mirror<'_> {
         if x.uploads.is_empty() && x.targeting.is_empty() {
             return;
         }
-        let uploads = self
-            .uploads
-            .in_id_order(x.uploads.take().into_iter().collect());
-        let sessions = self
-            .sessions
-            .by_name_order(x.targeting.iter().copied().collect());
+        let uploads = self.uploads.in_id_order(x.uploads.take());
+        let sessions = self.sessions.by_name_order(x.targeting.to_few());
         let mut touched = Few::<SessionIx>::new();
         for upload in uploads {
             let up = self.uploads.remove(upload);

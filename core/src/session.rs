@@ -269,8 +269,9 @@ impl Sessions {
     }
 
     /// The names of `sessions`, sorted.
-    pub(crate) fn names(&self, sessions: impl Iterator<Item = SessionIx>) -> Vec<SessionId> {
-        let mut names: Vec<SessionId> = sessions.map(|s| self[s].id.clone()).collect();
+    pub(crate) fn names(&self, sessions: &[SessionIx]) -> Vec<SessionId> {
+        let mut names = Vec::with_capacity(sessions.len());
+        names.extend(sessions.iter().map(|s| self[*s].id.clone()));
         names.sort();
         names
     }

@@ -29,7 +29,7 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.state = SandboxState::Running;
-        let starters = self.calls.by_name_order(x.bound.iter().copied().collect());
+        let starters = self.calls.by_name_order(x.bound.to_few());
         for call in starters {
             if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
                 self.make_ready(call, sandbox);
@@ -110,7 +110,7 @@ impl Lifecycle {
                 slot.current = None;
             }
         }
-        let starters: Few<CallIx> = x.bound.iter().copied().collect();
+        let starters: Few<CallIx> = x.bound.to_few();
         for call in self.calls.by_name_order(starters) {
             self.end_call(call, EndHow::Failed(error));
         }

@@ -180,7 +180,7 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(x.bound.is_empty());
         x.state = SandboxState::Draining;
-        let sessions = self.sessions.names(x.targeting.iter().copied());
+        let sessions = self.sessions.names(&x.targeting.to_few());
         tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
         self.commands.push_back(Command::Drain {
