@@ -385,9 +385,8 @@ impl Lifecycle {
         }
     }
 
-    /// Whether `sandbox` awaits this answer; a known sandbox that does not is a stale answer.
     /// The place of `sandbox` when it awaits this answer; `None` for a known sandbox that does
-    /// not (a stale answer).
+    /// not (a stale answer, counted and ignored).
     pub(crate) fn awaits(
         &mut self,
         sandbox: SandboxId,
