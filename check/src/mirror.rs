@@ -130,10 +130,10 @@ impl Mirror {
     }
 
     /// `MirrorSettled { session }`.
-    pub fn mirror_settled<X: Default>(
+    pub fn mirror_settled(
         &self,
         session: &SessionId,
-        versions: &Versions<X>,
+        versions: &Versions,
     ) -> Result<(), Violation> {
         match versions.first_unsettled_of(session) {
             None => Ok(()),
@@ -145,10 +145,10 @@ impl Mirror {
     }
 
     /// The input's outputs are all in.
-    pub fn input_done<X: Default>(&mut self, versions: &Versions<X>) -> Result<(), Violation> {
+    pub fn input_done(&mut self, versions: &Versions) -> Result<(), Violation> {
         self.releasing = None;
         let unsettled = |s: &SessionId, p: &PathName, v: u64| {
-            versions.get(s, p).is_some_and(|(pv, _)| pv.is_unsettled(v))
+            versions.get(s, p).is_some_and(|pv| pv.is_unsettled(v))
         };
         if let Some((session, path, version)) = self.failing.take() {
             if unsettled(&session, &path, version) {
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn uploads_go_where_a_call_of_the_session_was_ready() {
         let mut m = Mirror::new();
-        let v = Versions::<()>::new();
+        let v = Versions::new();
         let (s, _) = names();
         m.command(&upload(1, 7, 1));
         m.ready(&s, SandboxId(7));
@@ -218,9 +218,9 @@ mod tests {
     #[test]
     fn a_free_path_with_an_up_sandbox_is_uploaded_at_once() {
         let mut m = Mirror::new();
-        let mut v = Versions::<()>::new();
+        let mut v = Versions::new();
         let (s, p) = names();
-        v.flushed(&s, &p, 1).0.unwrap();
+        v.flushed(&s, &p, 1).unwrap();
         m.ready(&s, SandboxId(7));
         m.flushed(&s, &p, 1, false, true);
         assert_eq!(check(m.input_done(&v)), "mirror-independent");
@@ -231,7 +231,7 @@ mod tests {
         m.upload_failed(s.clone(), p.clone(), 1);
         assert_eq!(check(m.input_done(&v)), "ok");
         assert!(m.retry_waiting(&s, &p));
-        v.flushed(&s, &p, 2).0.unwrap();
+        v.flushed(&s, &p, 2).unwrap();
         m.flushed(&s, &p, 2, false, true);
         assert_eq!(check(m.input_done(&v)), "ok", "waits for the retry");
         m.command(&upload(2, 7, 2));
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn a_release_on_an_up_sandbox_drains_and_settled_means_settled() {
         let mut m = Mirror::new();
-        let mut v = Versions::<()>::new();
+        let mut v = Versions::new();
         let (s, p) = names();
         let dropped = Settlement::Dropped {
             reason: DropReason::NoSandbox,
@@ -257,7 +257,7 @@ mod tests {
         );
         m.input_done(&v).unwrap();
         assert_eq!(check(m.settled(&s, &p, 1, &dropped)), "ok", "a later input");
-        v.flushed(&s, &p, 1).0.unwrap();
+        v.flushed(&s, &p, 1).unwrap();
         assert_eq!(check(m.mirror_settled(&s, &v)), "mirror-settled-true");
         v.settled(&s, &p, 1, &dropped).unwrap();
         assert_eq!(check(m.mirror_settled(&s, &v)), "ok");

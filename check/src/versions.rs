@@ -15,8 +15,6 @@
 //! The unsettled versions of a path are a short vector: a path has a few versions open at once,
 //! and the buffer stays with the path, so a flush allocates nothing once the path was used.
 
-use std::collections::hash_map::Entry;
-
 use rustc_hash::FxHashMap;
 use sandkeeper::{PathName, SessionId, Settlement};
 
@@ -163,44 +161,37 @@ impl PathVersions {
     }
 }
 
-/// The versions of every path, for a user that keeps no record of its own per path. `X` is what
-/// the user keeps beside each path (nothing by default), so that one lookup serves both.
-#[derive(Clone, Debug)]
-pub struct Versions<X = ()> {
-    paths: FxHashMap<(SessionId, PathName), (PathVersions, X)>,
+/// The versions of every path, for a user that keeps no record of its own per path: per
+/// session, its paths in the order first flushed (a session has a few), so a lookup hashes the
+/// session's name once and borrows both names, and what concerns one session looks at its
+/// paths only.
+#[derive(Clone, Debug, Default)]
+pub struct Versions {
+    sessions: FxHashMap<SessionId, Vec<(PathName, PathVersions)>>,
 }
 
-impl<X> Default for Versions<X> {
-    fn default() -> Self {
-        Versions {
-            paths: FxHashMap::default(),
-        }
-    }
-}
-
-impl<X: Default> Versions<X> {
+impl Versions {
     /// An empty table.
     pub fn new() -> Self {
         Versions::default()
     }
 
-    /// A flush of `session`'s `path` returned `version`. See [`PathVersions::flushed`]. Also
-    /// hands back what the user keeps beside the path, so that one lookup serves both.
+    /// A flush of `session`'s `path` returned `version`. See [`PathVersions::flushed`]; whether
+    /// the whole session has settled is read from its other paths.
     pub fn flushed(
         &mut self,
         session: &SessionId,
         path: &PathName,
         version: u64,
-    ) -> (Result<(), Violation>, &mut X) {
-        if version == 1 && self.entry(session, path).0.last > 0 {
-            // The numbering starts again: allowed only when the whole session has settled, which
-            // walks the table (rare: a forgotten idle session).
-            let settled = !self.session_unsettled(session);
-            let (p, x) = self.entry(session, path);
-            return (p.flushed(session, path, version, || settled), x);
-        }
-        let (p, x) = self.entry(session, path);
-        (p.flushed(session, path, version, || false), x)
+    ) -> Result<(), Violation> {
+        let paths = self.paths_mut(session);
+        let i = Self::slot(paths, path);
+        let settled =
+            |paths: &[(PathName, PathVersions)]| paths.iter().all(|(_, p)| p.unsettled.is_empty());
+        let session_settled = version == 1 && paths[i].1.last > 0 && settled(paths);
+        paths[i]
+            .1
+            .flushed(session, path, version, || session_settled)
     }
 
     /// An Upload of `version` was ordered. See [`PathVersions::ordered`].
@@ -210,7 +201,7 @@ impl<X: Default> Versions<X> {
         path: &PathName,
         version: u64,
     ) -> Result<(), Violation> {
-        self.entry(session, path).0.ordered(session, path, version)
+        self.path_mut(session, path).ordered(session, path, version)
     }
 
     /// `version` settled. See [`PathVersions::settled`].
@@ -221,40 +212,39 @@ impl<X: Default> Versions<X> {
         version: u64,
         outcome: &Settlement,
     ) -> Result<(), Violation> {
-        self.entry(session, path)
-            .0
+        self.path_mut(session, path)
             .settled(session, path, version, outcome)
     }
 
-    /// The record of `session`'s `path` and what the user keeps beside it, made when new.
-    pub fn entry(&mut self, session: &SessionId, path: &PathName) -> &mut (PathVersions, X) {
-        // Names are inline strings: cloning them for the key is a copy, not an allocation.
-        let key = (session.clone(), path.clone());
-        match self.paths.entry(key) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(Default::default()),
+    fn paths_mut(&mut self, session: &SessionId) -> &mut Vec<(PathName, PathVersions)> {
+        // A name is an inline string: the clone for a new entry is a copy.
+        self.sessions.entry(session.clone()).or_default()
+    }
+
+    fn slot(paths: &mut Vec<(PathName, PathVersions)>, path: &PathName) -> usize {
+        match paths.iter().position(|(p, _)| p == path) {
+            Some(i) => i,
+            None => {
+                paths.push((path.clone(), PathVersions::default()));
+                paths.len() - 1
+            }
         }
     }
 
+    /// The record of `session`'s `path`, made when new.
+    pub fn path_mut(&mut self, session: &SessionId, path: &PathName) -> &mut PathVersions {
+        let paths = self.paths_mut(session);
+        let i = Self::slot(paths, path);
+        &mut paths[i].1
+    }
+
     /// The record of `session`'s `path`, if it was named.
-    pub fn get(&self, session: &SessionId, path: &PathName) -> Option<&(PathVersions, X)> {
-        self.paths.get(&(session.clone(), path.clone()))
-    }
-
-    /// The record of `session`'s `path`, if it was named, to change.
-    pub fn get_mut(
-        &mut self,
-        session: &SessionId,
-        path: &PathName,
-    ) -> Option<&mut (PathVersions, X)> {
-        self.paths.get_mut(&(session.clone(), path.clone()))
-    }
-
-    /// Every path's record, in no particular order.
-    pub fn iter_mut(
-        &mut self,
-    ) -> impl Iterator<Item = (&(SessionId, PathName), &mut (PathVersions, X))> {
-        self.paths.iter_mut()
+    pub fn get(&self, session: &SessionId, path: &PathName) -> Option<&PathVersions> {
+        self.sessions
+            .get(session)?
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v)
     }
 
     /// Whether some version of `session` has not settled.
@@ -262,25 +252,27 @@ impl<X: Default> Versions<X> {
         self.first_unsettled_of(session).is_some()
     }
 
-    /// A path of `session` with versions not settled, and how many.
+    /// A path of `session` with versions not settled (the first flushed), and how many.
     pub fn first_unsettled_of(&self, session: &SessionId) -> Option<(&PathName, usize)> {
-        self.paths
+        self.sessions
+            .get(session)?
             .iter()
-            .find(|((s, _), (p, _))| s == session && !p.unsettled.is_empty())
-            .map(|((_, path), (p, _))| (path, p.unsettled.len()))
+            .find(|(_, p)| !p.unsettled.is_empty())
+            .map(|(path, p)| (path, p.unsettled.len()))
     }
 
     /// `liveness-settled`: `Ok` when every version handed out has settled, else the violation
     /// naming the first path (in name order) with versions left.
     pub fn all_settled(&self) -> Result<(), Violation> {
         let open = self
-            .paths
+            .sessions
             .iter()
-            .filter(|(_, (p, _))| !p.unsettled.is_empty())
-            .min_by(|a, b| a.0.cmp(b.0));
+            .flat_map(|(s, paths)| paths.iter().map(move |(path, p)| (s, path, p)))
+            .filter(|(_, _, p)| !p.unsettled.is_empty())
+            .min_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         match open {
             None => Ok(()),
-            Some(((s, path), (p, _))) => {
+            Some((s, path, p)) => {
                 let mut left = p.unsettled.clone();
                 left.sort_unstable();
                 Err(Violation::new(
@@ -316,12 +308,12 @@ mod tests {
     #[test]
     fn versions_are_numbered_settle_once_and_increase() {
         let (s, p, _) = names();
-        let mut v = Versions::<()>::new();
-        assert_eq!(check(v.flushed(&s, &p, 1).0), "ok");
-        assert_eq!(check(v.flushed(&s, &p, 3).0), "versions-numbered");
-        let mut v = Versions::<()>::new();
-        v.flushed(&s, &p, 1).0.unwrap();
-        v.flushed(&s, &p, 2).0.unwrap();
+        let mut v = Versions::new();
+        assert_eq!(check(v.flushed(&s, &p, 1)), "ok");
+        assert_eq!(check(v.flushed(&s, &p, 3)), "versions-numbered");
+        let mut v = Versions::new();
+        v.flushed(&s, &p, 1).unwrap();
+        v.flushed(&s, &p, 2).unwrap();
         assert_eq!(check(v.ordered(&s, &p, 2)), "ok");
         assert_eq!(
             check(v.ordered(&s, &p, 2)),
@@ -340,35 +332,35 @@ mod tests {
     #[test]
     fn superseded_names_a_newer_version_handed_out() {
         let (s, p, _) = names();
-        let mut v = Versions::<()>::new();
+        let mut v = Versions::new();
         for n in 1..=3 {
-            v.flushed(&s, &p, n).0.unwrap();
+            v.flushed(&s, &p, n).unwrap();
         }
         let by = |n| Settlement::Superseded { by: Version(n) };
         assert_eq!(check(v.settled(&s, &p, 1, &by(3))), "ok");
         assert_eq!(check(v.settled(&s, &p, 2, &by(4))), "superseded-by-newer");
-        v.flushed(&s, &p, 4).0.unwrap();
+        v.flushed(&s, &p, 4).unwrap();
         assert_eq!(check(v.settled(&s, &p, 3, &by(3))), "superseded-by-newer");
     }
 
     #[test]
     fn numbering_starts_again_only_once_the_whole_session_settled() {
         let (s, log, p1) = names();
-        let mut v = Versions::<()>::new();
-        v.flushed(&s, &log, 1).0.unwrap();
-        v.flushed(&s, &p1, 1).0.unwrap();
+        let mut v = Versions::new();
+        v.flushed(&s, &log, 1).unwrap();
+        v.flushed(&s, &p1, 1).unwrap();
         v.settled(&s, &log, 1, &UP).unwrap();
         // p1's v1 is still open: the session was not forgotten.
-        assert_eq!(check(v.flushed(&s, &log, 1).0), "versions-numbered");
-        let mut v = Versions::<()>::new();
-        v.flushed(&s, &log, 1).0.unwrap();
-        v.flushed(&s, &p1, 1).0.unwrap();
+        assert_eq!(check(v.flushed(&s, &log, 1)), "versions-numbered");
+        let mut v = Versions::new();
+        v.flushed(&s, &log, 1).unwrap();
+        v.flushed(&s, &p1, 1).unwrap();
         v.settled(&s, &log, 1, &UP).unwrap();
         let dropped = Settlement::Dropped {
             reason: DropReason::NoSandbox,
         };
         v.settled(&s, &p1, 1, &dropped).unwrap();
-        assert_eq!(check(v.flushed(&s, &log, 1).0), "ok");
+        assert_eq!(check(v.flushed(&s, &log, 1)), "ok");
         assert_eq!(check(v.ordered(&s, &log, 1)), "ok");
         assert_eq!(
             check(v.settled(&s, &log, 1, &UP)),
@@ -380,12 +372,12 @@ mod tests {
     #[test]
     fn liveness_names_the_first_path_left_open() {
         let (s, log, p1) = names();
-        let mut v = Versions::<u8>::new();
-        v.flushed(&s, &p1, 1).0.unwrap();
-        v.flushed(&s, &log, 1).0.unwrap();
-        v.flushed(&s, &log, 2).0.unwrap();
-        v.entry(&s, &log).1 = 7;
-        assert_eq!(v.get(&s, &log).unwrap().1, 7);
+        let mut v = Versions::new();
+        v.flushed(&s, &p1, 1).unwrap();
+        v.flushed(&s, &log, 1).unwrap();
+        v.flushed(&s, &log, 2).unwrap();
+        assert_eq!(v.get(&s, &log).unwrap().last(), 2);
+        assert!(v.get(&s, &PathName::new("p2").unwrap()).is_none());
         let e = v.all_settled().unwrap_err();
         assert_eq!(e.check, "liveness-settled");
         assert_eq!(e.detail, "unsettled versions: s/log: [1, 2]");

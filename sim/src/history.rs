@@ -290,7 +290,7 @@ impl History {
     pub fn flushed(&mut self, session: &SessionId, path: &PathName, version: u64) {
         self.flushes += 1;
         self.touched.session(session);
-        if let Err(v) = self.paths.flushed(session, path, version).0 {
+        if let Err(v) = self.paths.flushed(session, path, version) {
             self.fail(v.check, v.detail);
         }
         let in_flight = self.uploads.in_flight(session, path);

@@ -690,7 +690,7 @@ impl Driver {
                 let path = path.clone().unwrap_or_else(PathName::session_log);
                 let r = self.keeper.flush(session, &path, vec![b'x'; *bytes]);
                 if let Ok(v) = &r {
-                    if let Err(v) = self.versions.flushed(session, &path, v.0).0 {
+                    if let Err(v) = self.versions.flushed(session, &path, v.0) {
                         self.record.violations.push(v.to_string());
                     }
                 }

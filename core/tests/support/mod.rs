@@ -480,7 +480,7 @@ impl Script {
                     // Only a forgotten idle session starts its numbering again, and only after
                     // every version it had settled (the rule is `versions-numbered`'s).
                     let h = &mut self.history;
-                    if let Err(v) = h.versions.flushed(&s, &p, v.0).0 {
+                    if let Err(v) = h.versions.flushed(&s, &p, v.0) {
                         panic!("{v}");
                     }
                     let in_flight = h.uploads.in_flight(&s, &p);
