@@ -34,8 +34,9 @@ pub struct Deadlines {
     drain: Duration,
     wait: Duration,
     grace: Duration,
-    /// Per (session, path, version) with an attempt so far: its deadline.
-    versions: FxHashMap<(SessionId, PathName, u64), Instant>,
+    /// Per session, its (path, version) with an attempt so far and that attempt's deadline: a
+    /// session has a few versions in flight, so one hash of the session's name and a short scan.
+    versions: FxHashMap<SessionId, Vec<(PathName, u64, Instant)>>,
     /// Upload attempts by deadline; whether one is still awaited is the caller's.
     upload_heap: BinaryHeap<Reverse<(Instant, UploadId)>>,
     /// Draining sandboxes: the drain's deadline.
@@ -92,8 +93,9 @@ impl Deadlines {
 
     /// A version settled: forget its first attempt.
     pub fn version_settled(&mut self, session: &SessionId, path: &PathName, version: u64) {
-        self.versions
-            .remove(&(session.clone(), path.clone(), version));
+        if let Some(open) = self.versions.get_mut(session) {
+            open.retain(|(p, v, _)| !(p == path && *v == version));
+        }
     }
 
     /// One command, ordered at `now`.
@@ -121,10 +123,14 @@ impl Deadlines {
                 deadline,
                 ..
             } => {
-                let first = *self
-                    .versions
-                    .entry((session.clone(), path.clone(), version.0))
-                    .or_insert(*deadline);
+                let open = self.versions.entry(session.clone()).or_default();
+                let first = match open.iter().find(|(p, v, _)| p == path && *v == version.0) {
+                    Some((_, _, first)) => *first,
+                    None => {
+                        open.push((path.clone(), version.0, *deadline));
+                        *deadline
+                    }
+                };
                 self.upload_heap.push(Reverse((*deadline, *upload)));
                 if first != *deadline {
                     Err(Violation::new(
