@@ -35,13 +35,24 @@ async fn until(server: &Loopback, what: &str, done: impl Fn(&Loopback) -> bool) 
     .unwrap_or_else(|_| panic!("timed out waiting until {what}"));
 }
 
-/// Waits until the backend completed `n` suspensions.
+/// Waits until the backend completed `n` suspensions and the core took them in (its `Persist`
+/// answers reached it). The backend's count alone is not enough: a test that deletes the
+/// suspended claim in between races the answer, and the core rightly counts a claim lost while
+/// it still awaits the Persist as a death (CI hit this under load). No event marks a completed
+/// suspension, so the core's count is polled until the deadline.
 async fn suspended(keeper: &Keeper<K8sBackend>, n: u64) {
     let mut rx = keeper.backend().suspensions();
     tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n))
         .await
         .expect("suspended in time")
         .expect("the backend lives");
+    tokio::time::timeout(WAIT, async {
+        while keeper.stats().suspended < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the core took the suspensions in, in time");
 }
 
 /// Waits until the losses the death watch reported satisfy `done` (each counted once the core
