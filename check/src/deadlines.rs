@@ -197,44 +197,23 @@ impl Deadlines {
         awaited: impl Fn(UploadId) -> bool,
         draining: impl Fn(SandboxId) -> bool,
     ) -> Result<(), Violation> {
-        while let Some(Reverse((due, upload))) = self.upload_heap.peek().cloned() {
-            if !awaited(upload) {
-                self.upload_heap.pop();
-                continue;
-            }
-            if due >= now {
-                break;
-            }
+        let (drains, pending) = (&self.drains, &self.pending);
+        let bound = self.wait + self.start;
+        if let Some((due, upload)) = overdue(&mut self.upload_heap, now, |u, _| awaited(*u)) {
             return Err(Violation::new(
                 "upload-within-timeout",
                 format!("{upload} is still awaited at {now:?}, past its deadline {due:?}"),
             ));
         }
-        while let Some(Reverse((due, sandbox))) = self.drain_heap.peek().cloned() {
-            if self.drains.get(&sandbox) != Some(&due) || !draining(sandbox) {
-                self.drain_heap.pop();
-                continue;
-            }
-            if due >= now {
-                break;
-            }
+        let still_draining = |x: &SandboxId, due| drains.get(x) == Some(&due) && draining(*x);
+        if let Some((due, sandbox)) = overdue(&mut self.drain_heap, now, still_draining) {
             return Err(Violation::new(
                 "drain-within-deadline",
                 format!("{sandbox} still drains at {now:?}, past its drain deadline {due:?}"),
             ));
         }
-        while let Some(Reverse((due, call))) = self.pending_heap.peek().cloned() {
-            let current = self
-                .pending
-                .get(&call)
-                .is_some_and(|t| *t + self.wait + self.start == due);
-            if !current {
-                self.pending_heap.pop();
-                continue;
-            }
-            if due >= now {
-                break;
-            }
+        let still_pending = |c: &CallId, due| pending.get(c).is_some_and(|t| *t + bound == due);
+        if let Some((due, call)) = overdue(&mut self.pending_heap, now, still_pending) {
             return Err(Violation::new(
                 "wait-within-timeout",
                 format!("{call} is neither ready nor ended at {now:?}, past {due:?} (wait and start timeouts)"),
@@ -248,6 +227,24 @@ impl Deadlines {
             _ => Ok(()),
         }
     }
+}
+
+/// The earliest entry of `heap` still `current` (its subject has not moved on since the entry was
+/// made) whose deadline is before `now`; entries no longer current are dropped on the way
+/// (lazy deletion).
+fn overdue<T: Ord + Clone>(
+    heap: &mut BinaryHeap<Reverse<(Instant, T)>>,
+    now: Instant,
+    current: impl Fn(&T, Instant) -> bool,
+) -> Option<(Instant, T)> {
+    while let Some(Reverse((due, subject))) = heap.peek() {
+        if !current(subject, *due) {
+            heap.pop();
+            continue;
+        }
+        return (*due < now).then(|| (*due, subject.clone()));
+    }
+    None
 }
 
 #[cfg(test)]
