@@ -532,6 +532,7 @@ impl Calls {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::check;
     use sandkeeper::{CallSpec, Command, Instant};
 
     fn call(n: &str) -> CallId {
@@ -540,10 +541,6 @@ mod tests {
 
     fn session(n: &str) -> SessionId {
         SessionId::new(n).unwrap()
-    }
-
-    fn check<T>(r: Result<T, Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
     }
 
     fn serialize() -> Config {

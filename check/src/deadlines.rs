@@ -250,7 +250,8 @@ fn overdue<T: Ord + Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandkeeper::{Key, Spec, Version};
+    use crate::fixtures::{check, upload_at};
+    use sandkeeper::{Key, Spec};
 
     fn config() -> Config {
         Config {
@@ -270,22 +271,6 @@ mod tests {
 
     fn never<T>(_: T) -> bool {
         false
-    }
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
-    }
-
-    fn upload(id: u64, version: u64, deadline: Instant) -> Command {
-        Command::Upload {
-            upload: UploadId(id),
-            sandbox: SandboxId(1),
-            session: SessionId::new("s").unwrap(),
-            path: PathName::new("log").unwrap(),
-            version: Version(version),
-            payload: sandkeeper::Payload::new(&b""[..]),
-            deadline,
-        }
     }
 
     #[test]
@@ -310,23 +295,23 @@ mod tests {
             check(d.command(&shutdown(s(16)), s(10))),
             "command-deadline"
         );
-        assert_eq!(check(d.command(&upload(1, 1, s(12)), s(10))), "ok");
+        assert_eq!(check(d.command(&upload_at(1, 1, 1, s(12)), s(10))), "ok");
         assert_eq!(
-            check(d.command(&upload(2, 1, s(12)), s(11))),
+            check(d.command(&upload_at(2, 1, 1, s(12)), s(11))),
             "ok",
             "a retry"
         );
         assert_eq!(
-            check(d.command(&upload(3, 1, s(13)), s(11))),
+            check(d.command(&upload_at(3, 1, 1, s(13)), s(11))),
             "command-deadline",
             "a retry with a fresh window"
         );
         assert_eq!(
-            check(d.command(&upload(4, 2, s(13)), s(10))),
+            check(d.command(&upload_at(4, 2, 1, s(13)), s(10))),
             "command-deadline"
         );
         assert_eq!(
-            check(d.command(&upload(5, 1, s(12)), s(12))),
+            check(d.command(&upload_at(5, 1, 1, s(12)), s(12))),
             "command-deadline",
             "a retry ordered when its window has closed"
         );
@@ -335,7 +320,7 @@ mod tests {
     #[test]
     fn what_outlives_its_bound_is_caught_after_the_input() {
         let mut d = Deadlines::new(&config());
-        d.command(&upload(1, 1, s(2)), s(0)).unwrap();
+        d.command(&upload_at(1, 1, 1, s(2)), s(0)).unwrap();
         assert_eq!(check(d.after_input(s(2), false, |_| true, never)), "ok");
         assert_eq!(
             check(d.after_input(s(3), false, |_| true, never)),

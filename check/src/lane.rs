@@ -243,10 +243,7 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
-    }
+    use crate::fixtures::check;
 
     #[test]
     fn a_managed_lane_follows_the_way_down() {

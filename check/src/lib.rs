@@ -43,6 +43,8 @@
 
 mod calls;
 mod deadlines;
+#[cfg(test)]
+mod fixtures;
 mod lane;
 mod live;
 mod mirror;

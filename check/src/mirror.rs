@@ -180,38 +180,17 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandkeeper::{Instant, Payload, Version};
-
-    fn names() -> (SessionId, PathName) {
-        (SessionId::new("s").unwrap(), PathName::new("log").unwrap())
-    }
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
-    }
-
-    fn upload(id: u64, x: u64, version: u64) -> Command {
-        let (session, path) = names();
-        Command::Upload {
-            upload: UploadId(id),
-            sandbox: SandboxId(x),
-            session,
-            path,
-            version: Version(version),
-            payload: Payload::new(&b""[..]),
-            deadline: Instant::ZERO,
-        }
-    }
+    use crate::fixtures::{check, names, upload};
 
     #[test]
     fn uploads_go_where_a_call_of_the_session_was_ready() {
         let mut m = Mirror::new();
         let v = Versions::new();
         let (s, _) = names();
-        m.command(&upload(1, 7, 1));
+        m.command(&upload(1, 1, 7));
         m.ready(&s, SandboxId(7));
         assert_eq!(check(m.input_done(&v)), "ok", "CallReady after its Upload");
-        m.command(&upload(2, 8, 2));
+        m.command(&upload(2, 2, 8));
         assert_eq!(check(m.input_done(&v)), "upload-routing");
     }
 
@@ -225,7 +204,7 @@ mod tests {
         m.flushed(&s, &p, 1, false, true);
         assert_eq!(check(m.input_done(&v)), "mirror-independent");
         m.flushed(&s, &p, 1, false, true);
-        m.command(&upload(1, 7, 1));
+        m.command(&upload(1, 1, 7));
         assert_eq!(check(m.input_done(&v)), "ok");
         // A transient failure leaves the version waiting for its retry: the path is not free.
         m.upload_failed(s.clone(), p.clone(), 1);
@@ -234,7 +213,7 @@ mod tests {
         v.flushed(&s, &p, 2).unwrap();
         m.flushed(&s, &p, 2, false, true);
         assert_eq!(check(m.input_done(&v)), "ok", "waits for the retry");
-        m.command(&upload(2, 7, 2));
+        m.command(&upload(2, 2, 7));
         assert!(!m.retry_waiting(&s, &p));
         m.flushed(&s, &p, 2, true, true);
         assert_eq!(check(m.input_done(&v)), "ok", "in flight");

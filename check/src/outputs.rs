@@ -101,12 +101,9 @@ impl Outputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::check;
     use crate::lane::{Lanes, Op};
     use sandkeeper::{Instant, UploadId};
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
-    }
 
     fn shutdown(x: u64) -> Command {
         Command::Shutdown {

@@ -170,28 +170,8 @@ impl Uploads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandkeeper::{Instant, Payload, Version};
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
-    }
-
-    fn names() -> (SessionId, PathName) {
-        (SessionId::new("s").unwrap(), PathName::new("log").unwrap())
-    }
-
-    fn upload(id: u64, version: u64, x: u64) -> Command {
-        let (session, path) = names();
-        Command::Upload {
-            upload: UploadId(id),
-            sandbox: SandboxId(x),
-            session,
-            path,
-            version: Version(version),
-            payload: Payload::new(&b""[..]),
-            deadline: Instant::ZERO,
-        }
-    }
+    use crate::fixtures::{check, names, upload};
+    use sandkeeper::Instant;
 
     #[test]
     fn one_upload_per_path_and_none_awaited_at_stop() {

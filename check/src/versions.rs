@@ -287,6 +287,7 @@ impl Versions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::check;
     use sandkeeper::{DropReason, SandboxId, Version};
 
     fn names() -> (SessionId, PathName, PathName) {
@@ -295,10 +296,6 @@ mod tests {
             PathName::new("log").unwrap(),
             PathName::new("p1").unwrap(),
         )
-    }
-
-    fn check(r: Result<(), Violation>) -> &'static str {
-        r.err().map_or("ok", |v| v.check)
     }
 
     const UP: Settlement = Settlement::Uploaded {
