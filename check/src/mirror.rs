@@ -49,17 +49,17 @@ impl Mirror {
                 .contains(&(session.clone(), path.clone()))
     }
 
-    /// A flush returned `version`; `in_flight`: an upload of the path is awaited; `up`: the
-    /// session has a call ready on an up sandbox.
+    /// A flush returned `version`; `in_flight`: an upload of the path is awaited; `up`: whether
+    /// the session has a call ready on an up sandbox (asked only when the path is free).
     pub fn flushed(
         &mut self,
         session: &SessionId,
         path: &PathName,
         version: u64,
         in_flight: bool,
-        up: bool,
+        up: impl FnOnce() -> bool,
     ) {
-        if up && !in_flight && !self.retry_waiting(session, path) {
+        if !in_flight && !self.retry_waiting(session, path) && up() {
             self.expect_upload = Some((session.clone(), path.clone(), version));
         }
     }
@@ -201,9 +201,9 @@ mod tests {
         let (s, p) = names();
         v.flushed(&s, &p, 1).unwrap();
         m.ready(&s, SandboxId(7));
-        m.flushed(&s, &p, 1, false, true);
+        m.flushed(&s, &p, 1, false, || true);
         assert_eq!(check(m.input_done(&v)), "mirror-independent");
-        m.flushed(&s, &p, 1, false, true);
+        m.flushed(&s, &p, 1, false, || true);
         m.command(&upload(1, 1, 7));
         assert_eq!(check(m.input_done(&v)), "ok");
         // A transient failure leaves the version waiting for its retry: the path is not free.
@@ -211,13 +211,13 @@ mod tests {
         assert_eq!(check(m.input_done(&v)), "ok");
         assert!(m.retry_waiting(&s, &p));
         v.flushed(&s, &p, 2).unwrap();
-        m.flushed(&s, &p, 2, false, true);
+        m.flushed(&s, &p, 2, false, || true);
         assert_eq!(check(m.input_done(&v)), "ok", "waits for the retry");
         m.command(&upload(2, 2, 7));
         assert!(!m.retry_waiting(&s, &p));
-        m.flushed(&s, &p, 2, true, true);
+        m.flushed(&s, &p, 2, true, || true);
         assert_eq!(check(m.input_done(&v)), "ok", "in flight");
-        m.flushed(&s, &p, 2, false, false);
+        m.flushed(&s, &p, 2, false, || false);
         assert_eq!(check(m.input_done(&v)), "ok", "no up sandbox");
     }
 

@@ -146,6 +146,11 @@ pub struct History {
     pub settlements: Option<FastMap<(SessionId, PathName, u64), Settlement>>,
 }
 
+/// Whether the core was told `x` died.
+fn dead(sandboxes: &FastMap<SandboxId, SandboxRecord>, x: SandboxId) -> bool {
+    sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
+}
+
 macro_rules! check {
     ($self:ident, $cond:expr, $name:literal, $($arg:tt)+) => {
         if !$cond {
@@ -265,7 +270,7 @@ impl History {
             self.touched.sandbox(x);
         }
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
-            if !self.sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()) {
+            if !dead(&self.sandboxes, x) {
                 self.mirror.released_up(&c.session);
                 // The mirror lingers on the released sandbox unless another call of the
                 // session has an up sandbox (then the mirror goes there).
@@ -294,16 +299,15 @@ impl History {
             self.fail(v.check, v.detail);
         }
         let in_flight = self.uploads.in_flight(session, path);
-        let up = !in_flight && self.has_up_call(session);
+        let (calls, sandboxes) = (&self.calls, &self.sandboxes);
+        let up = || calls.has_up_call(session, |x| dead(sandboxes, x));
         self.mirror.flushed(session, path, version, in_flight, up);
     }
 
     /// Whether the session has a live call ready on a sandbox not reported dead.
     fn has_up_call(&self, session: &SessionId) -> bool {
-        let sandboxes = &self.sandboxes;
-        self.calls.has_up_call(session, |x| {
-            sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
-        })
+        self.calls
+            .has_up_call(session, |x| dead(&self.sandboxes, x))
     }
 
     /// A Stop was answered `ok` (before the core saw it).
@@ -638,10 +642,7 @@ impl History {
                 self.touched.call(call);
                 self.touched.sandbox(*sandbox);
                 self.marks.hit(Mark::SandboxLost);
-                let dead = self
-                    .sandboxes
-                    .get(sandbox)
-                    .is_some_and(|s| s.lane.is_dead());
+                let dead = dead(&self.sandboxes, *sandbox);
                 if let Err(v) = self.calls.lost(call, *sandbox, dead) {
                     self.fail(v.check, v.detail);
                 }
@@ -799,7 +800,7 @@ impl History {
             core,
             full,
             |r| touched.reaches(r),
-            |x| sandboxes.get(&x).is_some_and(|s| s.lane.is_dead()),
+            |x| dead(sandboxes, x),
             |x| {
                 sandboxes.get(&x).is_some_and(|s| {
                     let l = s.lane;

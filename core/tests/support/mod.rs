@@ -484,10 +484,9 @@ impl Script {
                         panic!("{v}");
                     }
                     let in_flight = h.uploads.in_flight(&s, &p);
-                    let lanes = &h.lanes;
-                    let up = h
-                        .calls
-                        .has_up_call(&s, |x| lanes.get(x).is_some_and(|l| l.is_dead()));
+                    let (lanes, calls) = (&h.lanes, &h.calls);
+                    let up =
+                        || calls.has_up_call(&s, |x| lanes.get(x).is_some_and(|l| l.is_dead()));
                     h.mirror.flushed(&s, &p, v.0, in_flight, up);
                 }
                 let h = &mut self.history;
