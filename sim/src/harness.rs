@@ -162,7 +162,7 @@ impl Harness {
         self.steps += 1;
         self.history.step = self.steps;
         self.history.now_ms = self.now_ms;
-        self.was_closed = self.history.closed;
+        self.was_closed = self.history.closed();
         if self.recording() {
             self.step_text = step.to_string();
         }
@@ -266,7 +266,7 @@ impl Harness {
                 let mut fired = false;
                 while let Some(t) = self.core.poll_timeout() {
                     let at = t.as_nanos().div_ceil(1_000_000);
-                    if at > target || self.history.closed {
+                    if at > target || self.history.closed() {
                         break;
                     }
                     self.now_ms = self.now_ms.max(at);
@@ -277,7 +277,7 @@ impl Harness {
                 }
                 self.now_ms = target;
                 self.history.now_ms = self.now_ms;
-                if self.history.closed {
+                if self.history.closed() {
                     let r = self.core.handle_timeout(self.now());
                     self.after(r.map_err(|e| e.kind()))?;
                 } else if !fired {
@@ -345,7 +345,7 @@ impl Harness {
         self.steps += 1;
         self.history.step = self.steps;
         self.history.now_ms = self.now_ms;
-        self.was_closed = self.history.closed;
+        self.was_closed = self.history.closed();
         if self.recording() {
             self.step_text = format!("{what}: {answer} {}", op.sandbox);
         }
@@ -359,7 +359,7 @@ impl Harness {
     pub fn answer(&mut self, answer: &Answer, op: &Op) -> Result<(), Stop> {
         let now = self.now();
         // `settle` gives several answers in one step: close may finish between them.
-        self.was_closed = self.history.closed;
+        self.was_closed = self.history.closed();
         let x = op.sandbox;
         self.history.touched.sandbox(x);
         let r = match (answer, op.kind) {
@@ -683,7 +683,7 @@ impl Harness {
                 .and_then(|x| self.history.sandboxes.get(&x))
                 .and_then(|s| s.resume_from.as_ref())
                 .is_some_and(|s| s.as_str() == snap),
-            Expect::Closed => self.history.closed,
+            Expect::Closed => self.history.closed(),
             Expect::Error(kind) => self.last_error.is_some_and(|k| k.as_str() == kind),
         };
         if ok {

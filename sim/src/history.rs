@@ -132,8 +132,6 @@ pub struct History {
     flushes: u64,
     acquires: u64,
     releases: u64,
-    /// `Closed` was seen.
-    pub closed: bool,
     /// Holds the application took, per session (for the drain-waits-for-hold mark).
     pub holds: FastMap<SessionId, u32>,
     /// The first broken invariant.
@@ -191,13 +189,17 @@ impl History {
             flushes: 0,
             acquires: 0,
             releases: 0,
-            closed: false,
             holds: FastMap::default(),
             failure: None,
             step: 0,
             marks: Marks::default(),
             settlements: keep_settlements.then(FastMap::default),
         }
+    }
+
+    /// Whether `Closed` was seen.
+    pub fn closed(&self) -> bool {
+        self.outputs.is_closed()
     }
 
     /// Records a broken invariant (the first one wins).
@@ -286,7 +288,7 @@ impl History {
         if kind == ErrorKind::AlreadyReleased {
             self.marks.hit(Mark::AlreadyReleased);
         }
-        if let Err(v) = self.calls.release_rejected(call, kind, self.closed) {
+        if let Err(v) = self.calls.release_rejected(call, kind, self.closed()) {
             self.fail(v.check, v.detail);
         }
     }
@@ -698,7 +700,6 @@ impl History {
             Event::Closed { .. } => {
                 self.bounds.closed();
                 self.marks.hit(Mark::Closed);
-                self.closed = true;
                 self.uploads.closed();
                 // Close revoked or dropped everything still live; it says so in its report.
                 self.calls.closed();
@@ -716,7 +717,7 @@ impl History {
         let (uploads, sandboxes) = (&self.uploads, &self.sandboxes);
         let broken = self.bounds.after_input(
             Instant::from_millis(self.now_ms),
-            self.closed,
+            self.closed(),
             |u| uploads.is_awaited(u),
             |x| {
                 sandboxes.get(&x).is_some_and(|s| {
@@ -776,7 +777,7 @@ impl History {
             );
         }
         self.inputs += 1;
-        if self.closed {
+        if self.closed() {
             self.touched.clear();
             return;
         }
@@ -787,7 +788,7 @@ impl History {
     /// Runs the getter checks over every live call (at the end of a phase, whatever the
     /// cadence).
     pub fn check_all_calls(&mut self, core: &Lifecycle) {
-        if !self.closed {
+        if !self.closed() {
             self.check_calls(core, true);
         }
     }

@@ -194,7 +194,7 @@ fn quiesce(h: &mut Harness, transcript: &mut Transcript, phase: &str) -> Result<
         if h.ledger.any(None) {
             apply(h, transcript, Step::Settle(None))?;
         }
-        if h.history.closed {
+        if h.history.closed() {
             return Ok(());
         }
         match h.core.poll_timeout() {
@@ -240,7 +240,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
     quiesce(h, transcript, "calls")?;
     check_all_calls(h)?;
     let pending = h.history.pending_calls();
-    if !pending.is_empty() && !h.history.closed {
+    if !pending.is_empty() && !h.history.closed() {
         return Err(liveness_fail(
             h,
             "liveness-calls-resolve",
@@ -253,7 +253,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
         apply(h, transcript, Step::Release(call))?;
     }
     quiesce(h, transcript, "release")?;
-    if !h.history.closed {
+    if !h.history.closed() {
         h.history.check_all_settled();
         h.history.check_releases_completed();
         if h.history.failure.is_none() && !h.core.is_closing() && !h.core.is_quiescent() {
@@ -279,7 +279,7 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
         apply(h, transcript, Step::Close(Some(h.close_deadline)))?;
     }
     quiesce(h, transcript, "close")?;
-    if !h.history.closed || !h.core.is_closed() {
+    if !h.history.closed() || !h.core.is_closed() {
         return Err(liveness_fail(
             h,
             "liveness-close-completes",

@@ -99,7 +99,7 @@ impl World {
 
     /// Whether the random phase is over.
     pub fn done(&self, h: &Harness) -> bool {
-        self.made >= self.swarm.steps || (h.history.closed && self.closed_steps >= 4)
+        self.made >= self.swarm.steps || (h.history.closed() && self.closed_steps >= 4)
     }
 
     /// Plans the fate of every command the core ordered since the last call.
@@ -141,7 +141,7 @@ impl World {
     /// The next move.
     pub fn next(&mut self, h: &Harness) -> Move {
         self.made += 1;
-        if h.history.closed {
+        if h.history.closed() {
             self.closed_steps += 1;
             return self.after_close(h);
         }
@@ -200,7 +200,7 @@ impl World {
     }
 
     fn acquire(&mut self, h: &Harness) -> Option<Move> {
-        if h.history.calls.live().len() >= self.swarm.max_live && !h.history.closed {
+        if h.history.calls.live().len() >= self.swarm.max_live && !h.history.closed() {
             return None;
         }
         let call = name(CallId::new, numbered('c', self.next_call));

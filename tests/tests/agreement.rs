@@ -225,7 +225,7 @@ fn simulate(scenario: &Scenario) -> Record {
     // The runner's liveness phase: answer everything, let time run until no timer is due.
     for _ in 0..2_000 {
         h.settle(None).unwrap();
-        if h.history.closed {
+        if h.history.closed() {
             break;
         }
         match h.core.poll_timeout() {

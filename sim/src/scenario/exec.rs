@@ -158,7 +158,7 @@ fn panic_failure(panic: Box<dyn std::any::Any + Send>, step: usize) -> Failure {
 fn end_liveness(h: &mut Harness) -> Result<(), Stop> {
     for _ in 0..2_000 {
         h.settle(None)?;
-        if h.history.closed {
+        if h.history.closed() {
             break;
         }
         match h.core.poll_timeout() {
@@ -171,7 +171,7 @@ fn end_liveness(h: &mut Harness) -> Result<(), Stop> {
             None => {}
         }
     }
-    if h.core.poll_timeout().is_some() && !h.history.closed {
+    if h.core.poll_timeout().is_some() && !h.history.closed() {
         h.history.fail(
             "liveness-bound",
             "timers still due after 2000 rounds".into(),
