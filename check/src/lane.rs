@@ -170,6 +170,12 @@ impl Lane {
         self.dead
     }
 
+    /// Whether the sandbox is up as far as its lane says: neither stopped, shut down nor
+    /// reported dead.
+    pub fn is_up(&self) -> bool {
+        !self.stopped && !self.shut_down && !self.dead
+    }
+
     /// Whether the lane has ended: shut down, or (when `suspend`, the release policy's last
     /// command being Persist) persisted. A started lane that has not ended breaks
     /// `liveness-shutdown-every-started` once nothing more will come.
@@ -287,7 +293,9 @@ mod tests {
 
         let y = SandboxId(11);
         l.take(y, Op::Start).unwrap();
+        assert!(l.get(y).unwrap().is_up());
         l.die(y);
+        assert!(!l.get(y).unwrap().is_up());
         assert_eq!(check(l.take(y, Op::Upload)), "no-upload-after-stop");
         assert_eq!(check(l.take(y, Op::Shutdown)), "ok");
     }

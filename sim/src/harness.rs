@@ -660,9 +660,7 @@ impl Harness {
                     .sandbox_state(x)
                     .is_some_and(sandkeeper::SandboxState::accepts_uploads);
                 let seen = self.history.sandboxes.get(&x);
-                up && seen.is_some_and(|s| {
-                    !s.lane.is_stopped() && !s.lane.is_shut_down() && !s.lane.is_dead()
-                })
+                up && seen.is_some_and(|s| s.lane.is_up())
             }),
             Expect::State(c, want) => sandbox(self, c)
                 .and_then(|x| self.core.sandbox_state(x))

@@ -53,22 +53,18 @@ pub struct SandboxRecord {
 /// The flags of a sandbox record, copied out for a check.
 #[derive(Clone, Copy, Default)]
 struct Flags {
+    lane: Lane,
     draining: bool,
-    stop: bool,
     stop_ok: bool,
-    shutdown: bool,
-    dead: bool,
     drain_at: u64,
 }
 
 impl Flags {
     fn of(s: &SandboxRecord) -> Flags {
         Flags {
+            lane: s.lane,
             draining: s.draining,
-            stop: s.lane.is_stopped(),
             stop_ok: s.stop_ok,
-            shutdown: s.lane.is_shut_down(),
-            dead: s.lane.is_dead(),
             drain_at: s.drain_at,
         }
     }
@@ -381,7 +377,8 @@ impl History {
     pub fn instance_gone(&mut self, x: SandboxId) -> bool {
         let suspend = self.release == ReleasePolicy::Suspend;
         let s = Flags::of(self.sbx(x));
-        let suspending = suspend && s.stop && !s.shutdown && !s.dead;
+        let suspending =
+            suspend && s.lane.is_stopped() && !s.lane.is_shut_down() && !s.lane.is_dead();
         if suspending {
             self.marks.hit(Mark::InstanceGoneWhileSuspending);
             self.spared = Some(x);
@@ -395,7 +392,7 @@ impl History {
     pub fn died(&mut self, x: SandboxId) {
         self.touched.sandbox(x);
         let s = Flags::of(self.sbx(x));
-        if !s.shutdown && !s.dead {
+        if !s.lane.is_shut_down() && !s.lane.is_dead() {
             if self.uploads.awaited_in(x) > 0 {
                 self.marks.hit(Mark::DeathDuringUpload);
             }
@@ -452,7 +449,7 @@ impl History {
             }
             None => check!(
                 self,
-                !rec.shutdown,
+                !rec.lane.is_shut_down(),
                 "no-command-after-shutdown",
                 "{cmd:?} names {x} after its Shutdown"
             ),
@@ -577,7 +574,7 @@ impl History {
                     .get(sandbox)
                     .map(Flags::of)
                     .unwrap_or_default();
-                let up = !rec.dead && !rec.stop && !rec.shutdown;
+                let up = rec.lane.is_up();
                 if let Err(v) = self.calls.ready(call, *sandbox, up) {
                     self.fail(v.check, v.detail);
                 }
@@ -720,13 +717,9 @@ impl History {
             self.closed(),
             |u| uploads.is_awaited(u),
             |x| {
-                sandboxes.get(&x).is_some_and(|s| {
-                    s.draining
-                        && s.lane.is_started()
-                        && !s.lane.is_stopped()
-                        && !s.lane.is_shut_down()
-                        && !s.lane.is_dead()
-                })
+                sandboxes
+                    .get(&x)
+                    .is_some_and(|s| s.draining && s.lane.is_started() && s.lane.is_up())
             },
         );
         if let Err(v) = broken {

@@ -653,10 +653,7 @@ impl Script {
                 ) {
                     h.lanes.bind_external(*sandbox);
                 }
-                let up = h
-                    .lanes
-                    .get(*sandbox)
-                    .is_none_or(|l| !l.is_stopped() && !l.is_shut_down() && !l.is_dead());
+                let up = h.lanes.get(*sandbox).is_none_or(|l| l.is_up());
                 h.draining.remove(sandbox);
                 if let Err(v) = h.calls.ready(call, *sandbox, up) {
                     panic!("{v}");
