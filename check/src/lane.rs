@@ -38,7 +38,7 @@ use sandkeeper::{Command, SandboxId};
 use crate::violation::Violation;
 
 /// A backend-facing operation on one sandbox.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
     /// Start (or resume).
     Start,

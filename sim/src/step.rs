@@ -54,20 +54,9 @@ pub enum Answer {
     InstanceGone,
 }
 
-/// The kind of command an answer answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum OpKind {
-    /// A Start.
-    Start,
-    /// An Upload.
-    Upload,
-    /// A Stop.
-    Stop,
-    /// A Persist.
-    Persist,
-    /// A Shutdown.
-    Shutdown,
-}
+/// The kind of command an answer answers: the check crate's [`Op`](sandkeeper_check::Op), so
+/// the simulator and the checkers name operations alike.
+pub use sandkeeper_check::Op as OpKind;
 
 impl Answer {
     /// The command kind it answers; `None` for `die` and `instance-gone`.

@@ -46,7 +46,7 @@ use sandkeeper::{
     CallSpec, Command, ErrorKind, Event, PathName, SandboxId, SandboxState, SessionId, Settlement,
     Snapshot, Spec,
 };
-use sandkeeper_check::{Lanes, Op, Outputs, Versions};
+use sandkeeper_check::{Lanes, Outputs, Versions};
 use sandkeeper_tokio::{
     Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Loss, Notice,
     PersistRequest, StartRequest, StopRequest, UploadRequest,
@@ -313,14 +313,7 @@ impl Script {
     async fn receive(&self, kind: OpKind, sandbox: SandboxId, cmd: Cmd) -> Reply {
         let rx = {
             let mut st = self.lock();
-            let op = match kind {
-                OpKind::Start => Op::Start,
-                OpKind::Upload => Op::Upload,
-                OpKind::Stop => Op::Stop,
-                OpKind::Persist => Op::Persist,
-                OpKind::Shutdown => Op::Shutdown,
-            };
-            if let Err(v) = st.lanes.take(sandbox, op) {
+            if let Err(v) = st.lanes.take(sandbox, kind) {
                 st.violations.push(format!("{v}: {cmd:?}"));
             }
             st.log.push((sandbox, cmd));
