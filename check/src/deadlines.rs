@@ -330,7 +330,7 @@ mod tests {
 
         let drain = Command::Drain {
             sandbox: SandboxId(2),
-            sessions: vec![],
+            sessions: Default::default(),
         };
         d.command(&drain, s(10)).unwrap();
         assert_eq!(

@@ -7,7 +7,10 @@
 //! suspended sandbox a Start continues, that an outstanding command is abandoned). A driver
 //! never infers any of this from the configuration or from the order of commands.
 
+use std::ops::Deref;
+
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 use crate::name::{PathName, SessionId};
@@ -75,8 +78,8 @@ pub enum Command {
     Drain {
         /// The draining sandbox.
         sandbox: SandboxId,
-        /// The sessions whose mirror targets it.
-        sessions: Vec<SessionId>,
+        /// The sessions whose mirror targets it, in ascending order of name.
+        sessions: SessionList,
     },
     /// Stop the sandbox (its processes); no write may land in it afterwards. Answer with
     /// `handle_stop_ok` (with a snapshot of its workspace, if the backend takes one) or
@@ -170,5 +173,50 @@ impl Command {
             Command::Shutdown { .. } => "shutdown",
             Command::Abandon { .. } => "abandon",
         }
+    }
+}
+
+/// The sessions of a [`Command::Drain`]: a list that holds one session without allocating (a
+/// sandbox mostly drains for its own call's session alone). Reads as a slice; serialised as a
+/// sequence of names.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionList(pub(crate) SmallVec<[SessionId; 1]>);
+
+impl Deref for SessionList {
+    type Target = [SessionId];
+
+    fn deref(&self) -> &[SessionId] {
+        &self.0
+    }
+}
+
+impl FromIterator<SessionId> for SessionList {
+    fn from_iter<I: IntoIterator<Item = SessionId>>(iter: I) -> Self {
+        SessionList(iter.into_iter().collect())
+    }
+}
+
+impl From<Vec<SessionId>> for SessionList {
+    fn from(sessions: Vec<SessionId>) -> Self {
+        SessionList(SmallVec::from_vec(sessions))
+    }
+}
+
+impl IntoIterator for SessionList {
+    type Item = SessionId;
+    type IntoIter = smallvec::IntoIter<[SessionId; 1]>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a SessionList {
+    type Item = &'a SessionId;
+    type IntoIter = std::slice::Iter<'a, SessionId>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
     }
 }

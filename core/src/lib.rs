@@ -229,7 +229,7 @@ mod upload;
 mod way_down;
 
 pub use call::{CallSpec, CallStatus};
-pub use command::Command;
+pub use command::{Command, SessionList};
 pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope};
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};

@@ -21,7 +21,7 @@ use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
 use crate::sandbox::{SandboxIx, SandboxState, Sandboxes};
-use crate::session::{Session, SessionIx, Sessions};
+use crate::session::{Session, SessionIx, Sessions, Spare};
 use crate::small_set::Few;
 use crate::stats::Stats;
 use crate::time::Instant;
@@ -275,7 +275,7 @@ impl Mirror<'_> {
     fn record_flush(&mut self, session: &SessionId, path: &PathName, payload: Payload) -> Version {
         self.stats.versions_flushed += 1;
         let ix = self.sessions.find_or_insert(session);
-        let s = &mut self.sessions[ix];
+        let (s, spares) = self.sessions.with_spares(ix);
         let i = match s.slot(path) {
             Some(i) => i,
             None => {
@@ -297,6 +297,7 @@ impl Mirror<'_> {
             };
             self.settle(ix, i, version, Settlement::Dropped { reason });
         } else {
+            slot.busy(&mut spares.works);
             let superseded = slot.pending.replace((version, payload));
             if let Some((old, _)) = superseded {
                 slot.attempts = 0;
@@ -680,10 +681,19 @@ impl Slot {
         self.pending.is_none() && self.inflight.is_none() && self.retry_at.is_none()
     }
 
-    /// Frees the work box once nothing is in progress.
-    pub(crate) fn compact(&mut self) {
+    /// Takes out the work box once nothing is in progress, for reuse.
+    pub(crate) fn compact(&mut self) -> Option<Box<SlotWork>> {
         if self.is_quiet() {
-            self.work = None;
+            self.work.take()
+        } else {
+            None
+        }
+    }
+
+    /// Makes the work box exist, taking a spare one when there is.
+    pub(crate) fn busy(&mut self, spares: &mut Spare<SlotWork>) {
+        if self.work.is_none() {
+            self.work = Some(spares.take());
         }
     }
 }

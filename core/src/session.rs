@@ -6,13 +6,16 @@
 //! A session outlives its calls: its record remembers the last version of each path, so a later
 //! flush continues the numbering. Most records are idle, so a record keeps only that inline;
 //! everything about live calls and work in progress sits in a box that exists only while there
-//! is some (`Deref` reads an empty one when there is none).
+//! is some (`Deref` reads an empty one when there is none). Boxes of records that went idle are
+//! kept for the next records that go live ([`Spares`], a bounded few), so the commonest cycle,
+//! a session going live and idle again, allocates nothing.
 
 use crate::call::CallIx;
+use crate::command::SessionList;
 use crate::event::Event;
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
-use crate::mirror::{Mirror, Slot};
+use crate::mirror::{Mirror, Slot, SlotWork};
 use crate::name::{CallId, PathName, SessionId};
 use crate::sandbox::SandboxIx;
 use crate::small_set::Few;
@@ -156,12 +159,60 @@ impl Session {
         (pending, unsettled)
     }
 
-    /// Frees the boxes of an idle record, keeping only its versions.
-    pub(crate) fn compact(&mut self) {
+    /// Gives back the boxes of an idle record to `spares`, keeping only its versions.
+    pub(crate) fn compact(&mut self, spares: &mut Spares) {
         debug_assert!(self.is_idle());
-        self.live = None;
+        if let Some(live) = self.live.take() {
+            spares.lives.give(live);
+        }
         for slot in &mut self.paths {
-            slot.compact();
+            if let Some(work) = slot.compact() {
+                spares.works.give(work);
+            }
+        }
+    }
+
+    /// Makes the live box exist, taking a spare one when there is.
+    fn revive(&mut self, spares: &mut Spares) {
+        if self.live.is_none() {
+            self.live = Some(spares.lives.take());
+        }
+    }
+}
+
+/// Boxes of compacted records kept for reuse, so that a session going live and idle again, the
+/// commonest cycle there is, costs no allocation. At most [`SPARES`] of each kind are kept, so
+/// the spares cost constant memory however many records there are.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Spares {
+    lives: Spare<Live>,
+    pub(crate) works: Spare<SlotWork>,
+}
+
+/// Spare boxes of one kind kept by [`Spares`].
+pub(crate) const SPARES: usize = 64;
+
+/// Empty boxes of one kind, at most [`SPARES`].
+#[derive(Clone, Debug)]
+pub(crate) struct Spare<T>(Vec<Box<T>>);
+
+impl<T> Default for Spare<T> {
+    fn default() -> Self {
+        Spare(Vec::new())
+    }
+}
+
+impl<T: Default> Spare<T> {
+    /// A box holding `T::default()`: a spare one, else a new one.
+    pub(crate) fn take(&mut self) -> Box<T> {
+        self.0.pop().unwrap_or_default()
+    }
+
+    /// Keeps `item`'s box for reuse (reset to `T::default()`), unless enough are kept.
+    pub(crate) fn give(&mut self, mut item: Box<T>) {
+        if self.0.len() < SPARES {
+            *item = T::default();
+            self.0.push(item);
         }
     }
 }
@@ -195,6 +246,9 @@ pub(crate) struct Sessions {
     records: slotmap::SlotMap<SessionIx, Session>,
     by_name: Map<SessionId, SessionIx>,
     pub(crate) idle: IdleSessions,
+    /// Boxes of compacted records, for the next records that go live.
+    #[serde(skip)]
+    pub(crate) spares: Spares,
 }
 
 impl Sessions {
@@ -213,10 +267,17 @@ impl Sessions {
                 ix
             }
         };
-        if self.records[ix].idle_stamp.take().is_some() {
+        let s = &mut self.records[ix];
+        if s.idle_stamp.take().is_some() {
             self.idle.count -= 1;
         }
+        s.revive(&mut self.spares);
         ix
+    }
+
+    /// The record at `ix` and the spare boxes, borrowed together.
+    pub(crate) fn with_spares(&mut self, ix: SessionIx) -> (&mut Session, &mut Spares) {
+        (&mut self.records[ix], &mut self.spares)
     }
 
     /// The record at `ix`, if it is still kept.
@@ -269,10 +330,9 @@ impl Sessions {
     }
 
     /// The names of `sessions`, sorted.
-    pub(crate) fn names(&self, sessions: &[SessionIx]) -> Vec<SessionId> {
-        let mut names = Vec::with_capacity(sessions.len());
-        names.extend(sessions.iter().map(|s| self[*s].id.clone()));
-        names.sort();
+    pub(crate) fn names(&self, sessions: &[SessionIx]) -> SessionList {
+        let mut names: SessionList = sessions.iter().map(|s| self[*s].id.clone()).collect();
+        names.0.sort_unstable();
         names
     }
 }
@@ -319,7 +379,7 @@ impl Mirror<'_> {
         if self.sessions.get(session).is_none() {
             return;
         }
-        let s = &mut self.sessions[session];
+        let (s, spares) = self.sessions.with_spares(session);
         let (pending, unsettled) = s.pending_and_unsettled();
         let busy = s.holds > 0 || pending;
         let busy_on = if busy { s.target } else { None };
@@ -365,7 +425,7 @@ impl Mirror<'_> {
         // a flush for it), which takes its stamp: a live record here has none.
         debug_assert!(idle || s.idle_stamp.is_none(), "a live record stamped idle");
         if idle && s.idle_stamp.is_none() {
-            s.compact();
+            s.compact(spares);
             let idle = &mut self.sessions.idle;
             idle.last_stamp += 1;
             let stamp = NonZeroU64::new(idle.last_stamp).expect("stamps count from 1");
@@ -409,6 +469,22 @@ impl Mirror<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Spare boxes come back reset, and no more than `SPARES` are kept.
+    #[test]
+    fn spare_boxes_are_reset_and_bounded() {
+        let mut spare = Spare::<Live>::default();
+        for _ in 0..SPARES + 3 {
+            spare.give(Box::new(Live {
+                holds: 7,
+                ..Live::default()
+            }));
+        }
+        assert_eq!(spare.0.len(), SPARES);
+        let live = spare.take();
+        assert_eq!(live.holds, 0, "a spare box holds a fresh value");
+        assert_eq!(spare.0.len(), SPARES - 1);
+    }
 
     /// The idle queue is compacted exactly when it holds more than twice the idle records plus
     /// the floor.

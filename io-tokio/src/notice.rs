@@ -1,6 +1,6 @@
 //! Notices: what a keeper tells subscribers (the core's events, and drains).
 
-use sandkeeper::{Event, SandboxId, SessionId};
+use sandkeeper::{Event, SandboxId, SessionList};
 
 /// One notice for subscribers of [`Keeper::subscribe`](crate::Keeper::subscribe).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,6 +13,6 @@ pub enum Notice {
         /// The draining sandbox.
         sandbox: SandboxId,
         /// The sessions whose mirror targets it.
-        sessions: Vec<SessionId>,
+        sessions: SessionList,
     },
 }

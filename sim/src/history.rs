@@ -13,7 +13,7 @@
 
 use sandkeeper::{
     CallId, Command, Config, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle, PathName,
-    ReleasePolicy, SandboxId, SessionId, Settlement, Snapshot, UploadId, UserId,
+    ReleasePolicy, SandboxId, SessionId, SessionList, Settlement, Snapshot, UploadId, UserId,
 };
 
 use sandkeeper_check::{Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Uploads, Versions};
@@ -43,7 +43,7 @@ pub struct SandboxRecord {
     /// When its last Drain was ordered (ms).
     pub drain_at: u64,
     /// The sessions its last Drain named.
-    pub drain_sessions: Vec<SessionId>,
+    pub drain_sessions: SessionList,
     /// The snapshot its Stop answer carried.
     pub snapshot: Option<Snapshot>,
     /// Its Persist was answered ok while awaited.
