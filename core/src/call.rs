@@ -254,9 +254,8 @@ impl Lifecycle {
                 max: limits.max_calls,
             });
         }
-        if self.sessions.find(&spec.session).is_none()
-            && self.sessions.active() >= limits.max_active_sessions
-        {
+        let found = self.sessions.find(&spec.session);
+        if found.is_none() && self.sessions.active() >= limits.max_active_sessions {
             return Err(Error::LimitExceeded {
                 limit: "max_active_sessions",
                 max: limits.max_active_sessions,
@@ -291,7 +290,7 @@ impl Lifecycle {
         } = spec;
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
         self.stats.calls_acquired += 1;
-        let session = self.sessions.find_or_insert(&session);
+        let session = self.sessions.take_up(found, &session);
         let key = match slot {
             Some(slot) => slot,
             None => self.keys.find_or_insert(key),

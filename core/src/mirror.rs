@@ -59,7 +59,9 @@ impl Lifecycle {
                 max: limits.max_payload_bytes,
             });
         }
-        let existing = self.sessions.find(session).map(|ix| &self.sessions[ix]);
+        let found = self.sessions.find(session);
+        let existing = found.map(|ix| &self.sessions[ix]);
+        let slot = existing.and_then(|s| s.slot(path));
         if self.is_closing() && !existing.is_some_and(Session::is_live) {
             return Err(Error::Closed { what: "flush" });
         }
@@ -70,7 +72,7 @@ impl Lifecycle {
                     max: limits.max_active_sessions,
                 })
             }
-            Some(s) if s.slot(path).is_none() && s.paths.len() >= limits.max_paths_per_session => {
+            Some(s) if slot.is_none() && s.paths.len() >= limits.max_paths_per_session => {
                 return Err(Error::LimitExceeded {
                     limit: "max_paths_per_session",
                     max: limits.max_paths_per_session,
@@ -80,7 +82,9 @@ impl Lifecycle {
         }
 
         self.advance(now);
-        let version = self.mirror().record_flush(session, path, payload);
+        let version = self
+            .mirror()
+            .record_flush(found, slot, session, path, payload);
         self.finish_input();
         Ok(version)
     }
@@ -271,12 +275,21 @@ pub(crate) struct Mirror<'a> {
 impl Mirror<'_> {
     /// Records the next version of (session, path): settled at once when the session's mirror
     /// has nowhere to go and nothing coming, else pending (superseding the one pending before)
-    /// and pumped.
-    fn record_flush(&mut self, session: &SessionId, path: &PathName, payload: Payload) -> Version {
+    /// and pumped. `found` and `slot` are the session's record and the path's slot in it, as
+    /// [`Lifecycle::flush`] found them in this input (`None`: there is none yet).
+    fn record_flush(
+        &mut self,
+        found: Option<SessionIx>,
+        slot: Option<usize>,
+        session: &SessionId,
+        path: &PathName,
+        payload: Payload,
+    ) -> Version {
         self.stats.versions_flushed += 1;
-        let ix = self.sessions.find_or_insert(session);
+        let ix = self.sessions.take_up(found, session);
         let (s, spares) = self.sessions.with_spares(ix);
-        let i = match s.slot(path) {
+        debug_assert_eq!(slot, s.slot(path), "found in this very input");
+        let i = match slot {
             Some(i) => i,
             None => {
                 s.add_path(path.clone());

@@ -257,10 +257,12 @@ impl Sessions {
         self.by_name.get(session).copied()
     }
 
-    /// The place of the record of `session`, made if there is none; no longer idle either way.
-    pub(crate) fn find_or_insert(&mut self, session: &SessionId) -> SessionIx {
-        let ix = match self.by_name.get(session) {
-            Some(ix) => *ix,
+    /// The record `found` by [`find`](Self::find) earlier in the same input (so the name is not
+    /// hashed again), or a new one for `session` when none was: no longer idle either way.
+    pub(crate) fn take_up(&mut self, found: Option<SessionIx>, session: &SessionId) -> SessionIx {
+        debug_assert_eq!(found, self.find(session), "found in this very input");
+        let ix = match found {
+            Some(ix) => ix,
             None => {
                 let ix = self.records.insert(Session::new(session.clone()));
                 self.by_name.insert(session.clone(), ix);
@@ -421,7 +423,7 @@ impl Mirror<'_> {
             s.unsettled = unsettled;
         }
         let idle = s.is_idle_given(unsettled);
-        // An idle record comes back to life only through `Sessions::find_or_insert` (a call or
+        // An idle record comes back to life only through `Sessions::take_up` (a call or
         // a flush for it), which takes its stamp: a live record here has none.
         debug_assert!(idle || s.idle_stamp.is_none(), "a live record stamped idle");
         if idle && s.idle_stamp.is_none() {
