@@ -109,8 +109,9 @@ pub struct ClaimedSandbox {
     /// Name of the `Sandbox`.
     #[serde(default)]
     pub name: String,
-    /// Its pod IPs.
-    #[serde(default)]
+    /// Its pod IPs. The JSON name is `podIPs` (the Go field `PodIPs`), which `camelCase` would
+    /// spell `podIps`.
+    #[serde(default, rename = "podIPs")]
     pub pod_ips: Vec<String>,
 }
 
@@ -157,8 +158,8 @@ pub struct SandboxStatus {
     /// Conditions; `Ready` is authoritative.
     #[serde(default)]
     pub conditions: Vec<Condition>,
-    /// Pod IPs.
-    #[serde(default)]
+    /// Pod IPs (JSON `podIPs`, as [`ClaimedSandbox::pod_ips`]).
+    #[serde(default, rename = "podIPs")]
     pub pod_ips: Vec<String>,
 }
 
@@ -209,6 +210,25 @@ impl SandboxClaim {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Bug F of issue 12: the controller writes `podIPs`; read as `podIps` the list was always
+    /// empty.
+    #[test]
+    fn pod_ips_are_read_under_the_controllers_json_name() {
+        let c: SandboxClaim = serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": "c"}, "spec": {"warmPoolRef": {"name": "p"}},
+            "status": {"sandbox": {"name": "sb", "podIPs": ["10.0.0.7"]}}
+        }))
+        .unwrap();
+        let sandbox = c.status.unwrap().sandbox.unwrap();
+        assert_eq!(sandbox.pod_ips, vec!["10.0.0.7".to_string()]);
+        let back = serde_json::to_value(&sandbox).unwrap();
+        assert_eq!(back["podIPs"], json!(["10.0.0.7"]));
+        let s: SandboxStatus =
+            serde_json::from_value(json!({"podIPs": ["10.0.0.8"], "conditions": []})).unwrap();
+        assert_eq!(s.pod_ips, vec!["10.0.0.8".to_string()]);
+    }
 
     #[test]
     fn claim_state_needs_both_the_sandbox_name_and_ready_true() {
