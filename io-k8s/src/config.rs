@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
+use crate::container::exec_container;
 use crate::names::{check_owner, InvalidOwner};
 
 /// How sandboxes are made.
@@ -43,7 +44,10 @@ pub struct K8sConfig {
     /// (`<workdir>/<session>/<path>`). Absolute.
     #[serde(default = "default_workdir")]
     pub workdir: String,
-    /// Container to exec into (default: the pod's first).
+    /// Container to exec into. Required when the pod has more than one container: the API
+    /// server picks the only container of a pod and refuses an unnamed exec into a pod with
+    /// several (kubectl's "first container" is kubectl's own default). Checked against the pod
+    /// template in pod mode.
     #[serde(default)]
     pub container: Option<String>,
     /// Server-side expiry backstop: claim `shutdownTime` / pod `activeDeadlineSeconds`.
@@ -113,6 +117,11 @@ pub enum ConfigError {
     /// A pod template without containers.
     #[error("the pod template has no containers")]
     NoContainers,
+    /// The pod template's containers do not fit `container` by the API server's exec rule.
+    #[error(
+        "the pod template's exec container: {0}; set `container` to the container uploads go to"
+    )]
+    ExecContainer(String),
     /// Bad warm pool name.
     #[error("invalid warm pool name {0:?}")]
     WarmPool(String),
@@ -185,14 +194,14 @@ impl K8sConfig {
             Mode::AgentSandbox { warm_pool } if !dns_label(warm_pool) => {
                 Err(ConfigError::WarmPool(warm_pool.clone()))
             }
-            Mode::Pod { template }
-                if template
-                    .spec
-                    .as_ref()
-                    .is_none_or(|s| s.containers.is_empty()) =>
-            {
-                Err(ConfigError::NoContainers)
-            }
+            Mode::Pod { template } => match template.spec.as_ref() {
+                Some(spec) if !spec.containers.is_empty() => {
+                    exec_container(spec, "<template>", self.container.as_deref())
+                        .map(drop)
+                        .map_err(ConfigError::ExecContainer)
+                }
+                _ => Err(ConfigError::NoContainers),
+            },
             _ => Ok(()),
         }
     }

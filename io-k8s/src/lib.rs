@@ -69,6 +69,7 @@ mod backend;
 mod claim;
 mod cluster;
 mod config;
+mod container;
 pub mod crd;
 mod deaths;
 mod error;

@@ -20,6 +20,7 @@ use sandkeeper::{PathName, SessionId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{calls, err, Cluster};
+use crate::container::exec_container;
 use crate::error::K8sError;
 
 /// Most stderr kept for an error message.
@@ -262,6 +263,40 @@ impl Cluster {
         }
     }
 
+    /// The error of an exec the server refused. A 400 that the API server's container rule
+    /// ([`exec_container`]) explains (the pod, read once, has several containers and none is
+    /// named, or the named one is not in it) keeps the server's message and says what to set.
+    /// kube-rs passes the server's `Status` on; where a 400 comes without one (a proxy in
+    /// between), the message is worded from the pod by the same rule.
+    async fn exec_refused(&self, pod: &str, e: kube::Error) -> K8sError {
+        use kube::client::UpgradeConnectionError::ProtocolSwitch;
+        let what = format!("pod {pod}");
+        let code = match &e {
+            kube::Error::Api(status) => status.code,
+            kube::Error::UpgradeConnection(ProtocolSwitch(code)) => code.as_u16(),
+            _ => 0,
+        };
+        if code == 400 {
+            if let Ok(p) = self.pods().get(pod).await {
+                let asked = self.config.container.as_deref();
+                if let Some(Err(rule)) = p.spec.as_ref().map(|s| exec_container(s, pod, asked)) {
+                    let message = match &e {
+                        kube::Error::Api(status) => status.message.clone(),
+                        _ => format!("{rule} (worded from the pod by the API server's rule)"),
+                    };
+                    return K8sError::Invalid {
+                        code,
+                        reason: "BadRequest".into(),
+                        message: format!(
+                            "{message}; set `container` in the io-k8s config to the container uploads go to"
+                        ),
+                    };
+                }
+            }
+        }
+        err(e, calls::EXEC, &what)
+    }
+
     /// Runs `argv` in the pod with `stdin` as its input; `Ok` only on a `Success` status frame.
     pub async fn exec_with_stdin(
         &self,
@@ -269,7 +304,6 @@ impl Cluster {
         argv: Vec<String>,
         stdin: Vec<u8>,
     ) -> Result<(), K8sError> {
-        let what = format!("pod {pod}");
         let mut ap = AttachParams::default()
             .stdin(true)
             .stdout(true)
@@ -278,11 +312,10 @@ impl Cluster {
             ap = ap.container(c.clone());
         }
         ap.max_stdin_buf_size = Some(64 * 1024);
-        let mut proc = self
-            .pods()
-            .exec(pod, argv, &ap)
-            .await
-            .map_err(|e| err(e, calls::EXEC, &what))?;
+        let mut proc = match self.pods().exec(pod, argv, &ap).await {
+            Ok(proc) => proc,
+            Err(e) => return Err(self.exec_refused(pod, e).await),
+        };
         let status = proc.take_status();
         let mut input = proc.stdin();
         let mut out = proc.stdout();

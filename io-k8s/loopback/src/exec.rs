@@ -75,20 +75,7 @@ pub(crate) fn upgrade(
             "unable to upgrade connection: pod {name} is not running (phase {phase:?})"
         )));
     }
-    if let Some(c) = param(q, "container") {
-        let known = pod
-            .pointer("/spec/containers")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|x| x.get("name").and_then(Value::as_str) == Some(c))
-            });
-        if !known {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {name}"
-            )));
-        }
-    }
+    container_of(&pod, &name, param(q, "container"))?;
     let argv: Vec<String> = q
         .iter()
         .filter(|(k, _)| k == "command")
@@ -382,5 +369,72 @@ async fn pod_deleted(
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(_) => std::future::pending::<()>().await,
         }
+    }
+}
+
+/// The container an exec runs in, by the API server's rule (kubernetes
+/// `pkg/registry/core/pod/strategy.go`, `streamLocation`): a named container must be one of
+/// the pod's; with none named, the pod's only container, and a 400 when it has none or several
+/// (kubectl's "first container" default is the client's, not the server's).
+fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, ApiError> {
+    let names = |path: &str| -> Vec<String> {
+        pod.pointer(path)
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let containers = names("/spec/containers");
+    match asked {
+        Some(c) if containers.iter().any(|x| x == c) => Ok(c.to_string()),
+        Some(c) => Err(ApiError::bad_request(format!(
+            "container {c} is not valid for pod {name}"
+        ))),
+        None if containers.len() == 1 => Ok(containers[0].clone()),
+        None if containers.is_empty() => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {name}"
+        ))),
+        None => {
+            let mut message = format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            );
+            let init = names("/spec/initContainers");
+            if !init.is_empty() {
+                message += &format!(" or one of the init containers: [{}]", init.join(" "));
+            }
+            Err(ApiError::bad_request(message))
+        }
+    }
+}
+
+#[cfg(test)]
+mod container_rule {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(containers: &[&str]) -> Value {
+        let cs: Vec<Value> = containers.iter().map(|c| json!({"name": c})).collect();
+        json!({"spec": {"containers": cs}})
+    }
+
+    #[test]
+    fn the_only_container_is_taken_and_several_need_a_name() {
+        assert_eq!(container_of(&pod(&["main"]), "p", None).unwrap(), "main");
+        let err = container_of(&pod(&["main", "proxy"]), "p", None).unwrap_err();
+        assert_eq!(err.code, 400);
+        assert_eq!(
+            err.message,
+            "a container name must be specified for pod p, choose one of: [main proxy]"
+        );
+        assert_eq!(
+            container_of(&pod(&["main", "proxy"]), "p", Some("proxy")).unwrap(),
+            "proxy"
+        );
+        let err = container_of(&pod(&["main"]), "p", Some("side")).unwrap_err();
+        assert_eq!(err.message, "container side is not valid for pod p");
     }
 }
