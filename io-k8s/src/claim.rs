@@ -95,7 +95,9 @@ impl Cluster {
     }
 
     /// Waits until the claim is Ready with a sandbox name (returned), failing fast on a terminal
-    /// reason (`WarmPoolNotFound`, `ClaimExpired`, ...), a deleted claim, or the ready timeout.
+    /// reason ([`TERMINAL_REASONS`](crate::crd::TERMINAL_REASONS): `InvalidMetadata`,
+    /// `ClaimExpired`, ...), a deleted claim, or the ready timeout, whose error names the
+    /// claim's last `Ready=False` reason (a `WarmPoolNotFound` that never resolved, say).
     pub async fn wait_claim_ready(&self, claim: &str) -> Result<String, K8sError> {
         wait_for(
             self.claims(),
@@ -111,7 +113,12 @@ impl Cluster {
                     reason,
                     message,
                 }),
-                ClaimState::Pending => Step::Wait,
+                ClaimState::Pending => match c.ready_condition() {
+                    Some(r) if r.status == "False" && !r.reason.is_empty() => {
+                        Step::Waiting(format!("Ready=False {}: {}", r.reason, r.message))
+                    }
+                    _ => Step::Wait,
+                },
             },
         )
         .await

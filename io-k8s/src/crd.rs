@@ -18,11 +18,19 @@ pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
 /// Condition type that says a claim or sandbox is usable.
 pub const READY: &str = "Ready";
 
-/// Reasons of a `Ready=False` condition after which the claim will never become ready.
+/// Reasons of a `Ready=False` condition after which the claim will never become ready
+/// (agent-sandbox v0.5.6, `extensions/controllers/sandboxclaim_controller.go`,
+/// `computeReadyCondition`: the reasons whose errors the controller suppresses without a
+/// requeue, the expiries, and the Sandbox's pod ending, which the claim forwards).
+///
+/// `WarmPoolNotFound` and `TemplateNotFound` are not among them: the controller requeues those
+/// claims every minute, and a pool's creation wakes the claims waiting on it at once, so a pool
+/// created a moment after the claim (or a cache that lags) still gives a sandbox; a start waits
+/// for them within its deadline and its timeout names the reason.
 pub const TERMINAL_REASONS: &[&str] = &[
-    "WarmPoolNotFound",
-    "TemplateNotFound",
     "InvalidMetadata",
+    "EnvVarsInjectionRejected",
+    "VolumeClaimTemplatesError",
     "ClaimExpired",
     "SandboxExpired",
     "PodFailed",
@@ -183,6 +191,15 @@ pub enum ClaimState {
 }
 
 impl SandboxClaim {
+    /// Its `Ready` condition, if the controller wrote one.
+    pub fn ready_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+    }
+
     /// Reads the claim's state from its status.
     pub fn state(&self) -> ClaimState {
         let Some(status) = &self.status else {
@@ -256,11 +273,17 @@ mod tests {
         c.status.as_mut().unwrap().conditions[0] = Condition {
             type_: "Ready".into(),
             status: "False".into(),
-            reason: "WarmPoolNotFound".into(),
-            message: "no pool".into(),
+            reason: "InvalidMetadata".into(),
+            message: "label domain not allowed".into(),
         };
         assert!(
-            matches!(c.state(), ClaimState::Failed { reason, .. } if reason == "WarmPoolNotFound")
+            matches!(c.state(), ClaimState::Failed { reason, .. } if reason == "InvalidMetadata")
+        );
+        c.status.as_mut().unwrap().conditions[0].reason = "WarmPoolNotFound".into();
+        assert_eq!(
+            c.state(),
+            ClaimState::Pending,
+            "a pool created later still serves the claim"
         );
         c.status.as_mut().unwrap().conditions[0].reason = "DependenciesNotReady".into();
         assert_eq!(

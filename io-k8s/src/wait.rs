@@ -21,6 +21,8 @@ pub enum Step<T> {
     Fail(K8sError),
     /// Not yet.
     Wait,
+    /// Not yet, for this reason (named in the timeout's error if it is the last word).
+    Waiting(String),
 }
 
 /// Watches object `name` until `check` is done or fails, `timeout` passes, or it is gone.
@@ -41,11 +43,15 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let mut seen_in_list = false;
     let mut failures = 0u32;
+    let mut why: Option<String> = None;
     loop {
         let next = tokio::time::timeout_at(deadline, stream.next())
             .await
             .map_err(|_| K8sError::Timeout {
-                what: format!("waiting for {what}"),
+                what: match &why {
+                    Some(why) => format!("waiting for {what} ({why})"),
+                    None => format!("waiting for {what}"),
+                },
                 after: timeout,
             })?;
         let obj = match next {
@@ -98,7 +104,8 @@ where
         match check(&obj) {
             Step::Done(t) => return Ok(t),
             Step::Fail(e) => return Err(e),
-            Step::Wait => {}
+            Step::Wait => why = None,
+            Step::Waiting(reason) => why = Some(reason),
         }
     }
 }

@@ -4,23 +4,31 @@
 mod common;
 
 use common::*;
-use k8s_loopback::resources::{SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use std::time::Duration;
+
+use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
 use sandkeeper::{PathName, SessionId};
-use sandkeeper_k8s::{K8sError, UploadFile};
+use sandkeeper_k8s::{ErrorClass, K8sError, Mode, UploadFile};
 use serde_json::json;
 
 /// A warm pool `name` whose template's pod has a `main` container and a `proxy` sidecar.
 fn pool_with_a_sidecar(server: &k8s_loopback::Loopback, name: &str) {
+    pool_with(server, name, &["main", "proxy"]);
+}
+
+/// A warm pool `name` (template `<name>-tpl`) whose pods have these containers.
+fn pool_with(server: &k8s_loopback::Loopback, name: &str, containers: &[&str]) {
     let template = format!("{name}-tpl");
+    let containers: Vec<_> = containers
+        .iter()
+        .map(|c| json!({"name": c, "image": "busybox"}))
+        .collect();
     server
         .store()
         .create(
             &SANDBOX_TEMPLATES,
             NS,
-            json!({"metadata": {"name": template}, "spec": {"podTemplate": {"spec": {"containers": [
-                {"name": "main", "image": "busybox"},
-                {"name": "proxy", "image": "envoy"}
-            ]}}}}),
+            json!({"metadata": {"name": template}, "spec": {"podTemplate": {"spec": {"containers": containers}}}}),
         )
         .unwrap();
     server
@@ -97,4 +105,78 @@ fn e_a_pod_template_with_a_sidecar_needs_the_container_named() {
     config.validate().expect("the container is named");
     config.container = Some("nope".into());
     assert!(config.validate().is_err(), "a container the pod lacks");
+}
+
+/// Waits, on the loopback's own change events, until `done` holds.
+async fn until(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -> bool) {
+    let mut events = server.store().subscribe();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            let _ = events.recv().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never: {what}"));
+}
+
+/// The `Ready` condition's reason of the one claim in the store, if any.
+fn claim_reason(server: &k8s_loopback::Loopback) -> Option<String> {
+    let claims = server.store().all(&SANDBOX_CLAIMS);
+    let conditions = claims
+        .first()?
+        .pointer("/status/conditions")?
+        .as_array()?
+        .clone();
+    conditions
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["reason"].as_str().map(str::to_string))
+}
+
+fn late_pool_config(owner: &str, ready_timeout_secs: u64) -> sandkeeper_k8s::K8sConfig {
+    let mut config = claim_config(owner);
+    config.mode = Mode::AgentSandbox {
+        warm_pool: "late".into(),
+    };
+    config.ready_timeout_secs = ready_timeout_secs;
+    config
+}
+
+/// Row D: `WarmPoolNotFound` is not final on the real controller (the claim is requeued, and
+/// the pool's creation wakes it); a start whose pool appears while it waits gets its sandbox.
+/// The previous backend failed the start at the first `WarmPoolNotFound`.
+#[tokio::test]
+async fn d_a_warm_pool_created_after_the_claim_still_serves_it() {
+    let server = server().await;
+    let k = cluster(&server, late_pool_config("owner-d", 30));
+    let start = tokio::spawn(async move { k.start_sandbox(1, "s").await });
+    until(&server, "the claim waits on its pool", || {
+        claim_reason(&server).as_deref() == Some("WarmPoolNotFound")
+    })
+    .await;
+    pool_with(&server, "late", &["main"]);
+    let h = start
+        .await
+        .unwrap()
+        .expect("the start ends well once the pool exists");
+    assert!(server.store().get(&PODS, NS, &h.pod).is_ok());
+}
+
+/// Row D, the other way: a pool that never appears ends the start at its deadline, and the
+/// error names the claim's last reason; the claim is cleaned up.
+#[tokio::test]
+async fn d_a_pool_that_never_appears_times_out_naming_the_reason() {
+    let server = server().await;
+    let k = cluster(&server, late_pool_config("owner-d2", 1));
+    let e = k.start_sandbox(1, "s").await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Timeout, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("Ready=False WarmPoolNotFound: SandboxWarmPool \"late\" not found"),
+        "{text}"
+    );
+    assert!(
+        server.store().all(&SANDBOX_CLAIMS).is_empty(),
+        "the failed start deleted its claim"
+    );
 }

@@ -11,7 +11,7 @@ use k8s_loopback::store::{Event, EventType, Propagation};
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::names::session_hash;
 use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Waits (bounded) for the store to report `kind` for pod `name`.
 async fn pod_event(
@@ -135,17 +135,28 @@ async fn pod_mode_sets_the_deadline_backstop_and_uploads() {
     assert!(server.store().all(&PODS).is_empty());
 }
 
+/// A reason the controller never reconciles away (here `InvalidMetadata`, set by hand while
+/// the controllers are paused) fails the start at once, and the claim is cleaned up.
 #[tokio::test]
 async fn terminal_claim_reasons_fail_fast_and_clean_up() {
     let server = server().await;
-    let mut c = claim_config("owner-t");
-    c.mode = sandkeeper_k8s::Mode::AgentSandbox {
-        warm_pool: "no-such-pool".into(),
-    };
-    let k = cluster(&server, c);
-    let e = k.start_sandbox(1, "s").await.unwrap_err();
+    server.pause_controllers(true);
+    let k = cluster(&server, claim_config("owner-t"));
+    let start = tokio::spawn(async move { k.start_sandbox(1, "s").await });
+    set_back(&server, "the claim", || {
+        !server.store().all(&SANDBOX_CLAIMS).is_empty()
+    })
+    .await;
+    server
+        .store()
+        .modify(&SANDBOX_CLAIMS, NS, "sk-owner-t-1", |c| {
+            c["status"] = json!({"conditions": [{"type": "Ready", "status": "False",
+                "reason": "InvalidMetadata", "message": "label domain \"x.io\" is not in the allowlist"}]});
+        })
+        .unwrap();
+    let e = start.await.unwrap().unwrap_err();
     assert!(
-        matches!(&e, K8sError::Terminal { reason, .. } if reason == "WarmPoolNotFound"),
+        matches!(&e, K8sError::Terminal { reason, .. } if reason == "InvalidMetadata"),
         "{e}"
     );
     assert_eq!(e.class(), ErrorClass::Fatal);

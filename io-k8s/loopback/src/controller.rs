@@ -128,13 +128,12 @@ fn owner_ref(o: &Value) -> Value {
     })
 }
 
-const TERMINAL: &[&str] = &[
-    "WarmPoolNotFound",
-    "TemplateNotFound",
-    "ClaimExpired",
-    "SandboxExpired",
-    "InvalidMetadata",
-];
+/// Claim reasons the controller never reconciles away (agent-sandbox v0.5.6
+/// `sandboxclaim_controller.go`: suppressed errors and expiries). `WarmPoolNotFound` and
+/// `TemplateNotFound` are not final there: the claim is requeued, and a pool's creation wakes
+/// it (here every store change is a pass, so a pool or template created later is seen at once;
+/// the real v0.5.6 controller may take up to its one-minute requeue for a template).
+const TERMINAL: &[&str] = &["ClaimExpired", "SandboxExpired", "InvalidMetadata"];
 
 /// The `(key, value)` pairs of `want` that `have` lacks or holds with another value.
 fn labels_to_set(want: Option<&Value>, have: Option<&Value>) -> Vec<(String, Value)> {
@@ -491,7 +490,7 @@ impl Controller {
                 let Ok(pool) = self.store.get(&SANDBOX_WARM_POOLS, &namespace, pool_name) else {
                     return fail(
                         "WarmPoolNotFound",
-                        format!("warm pool {pool_name:?} not found"),
+                        format!("SandboxWarmPool {pool_name:?} not found"),
                     );
                 };
                 let template_name = meta_str(&pool, "/spec/sandboxTemplateRef/name").unwrap_or("");
@@ -501,7 +500,7 @@ impl Controller {
                 else {
                     return fail(
                         "TemplateNotFound",
-                        format!("template {template_name:?} not found"),
+                        format!("SandboxTemplate {template_name:?} not found"),
                     );
                 };
                 // Adopted from the warm pool: the pod is named after the pool, and the Sandbox
