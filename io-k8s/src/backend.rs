@@ -84,6 +84,7 @@ impl K8sBackend {
     /// Lease renewed while the backend lives. Whether this mode can serve the keeper's release
     /// policy is checked when the keeper is made ([`Backend::check_config`]).
     pub async fn connect(cluster: Cluster) -> Result<(Self, SweepReport), K8sError> {
+        cluster.check_install().await?;
         cluster.acquire_lease().await?;
         let report = cluster.sweep_orphans().await?;
         let lease = cluster.spawn_lease_renewal();

@@ -34,6 +34,10 @@ pub mod calls {
     pub const WATCH_SANDBOXES: Call = Call::new("watch", "sandboxes.agents.x-k8s.io");
     /// Patch a sandbox (operatingMode).
     pub const PATCH_SANDBOX: Call = Call::new("patch", "sandboxes.agents.x-k8s.io");
+    /// Read the warm pool (at connect: it exists, and names its template).
+    pub const GET_WARM_POOL: Call = Call::new("get", "sandboxwarmpools.extensions.agents.x-k8s.io");
+    /// Read the warm pool's template (at connect: its pod's containers).
+    pub const GET_TEMPLATE: Call = Call::new("get", "sandboxtemplates.extensions.agents.x-k8s.io");
     /// Create a pod.
     pub const CREATE_POD: Call = Call::new("create", "pods");
     /// Read a pod.
@@ -69,6 +73,8 @@ pub mod calls {
         LIST_SANDBOXES,
         WATCH_SANDBOXES,
         PATCH_SANDBOX,
+        GET_WARM_POOL,
+        GET_TEMPLATE,
         CREATE_POD,
         GET_POD,
         LIST_PODS,

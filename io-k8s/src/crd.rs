@@ -171,6 +171,50 @@ pub struct SandboxStatus {
     pub pod_ips: Vec<String>,
 }
 
+/// Names a `SandboxTemplate`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct TemplateRef {
+    /// Name of the `SandboxTemplate` in the same namespace.
+    pub name: String,
+}
+
+/// Spec of a [`SandboxWarmPool`] (read at connect: which template its sandboxes come from).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "extensions.agents.x-k8s.io",
+    version = "v1beta1",
+    kind = "SandboxWarmPool",
+    plural = "sandboxwarmpools",
+    namespaced,
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxWarmPoolSpec {
+    /// The template of the pool's sandboxes (a v1beta1 claim reaches its template only
+    /// through its pool).
+    pub sandbox_template_ref: TemplateRef,
+}
+
+/// Spec of a [`SandboxTemplate`] (read at connect: the pod its sandboxes run).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "extensions.agents.x-k8s.io",
+    version = "v1beta1",
+    kind = "SandboxTemplate",
+    plural = "sandboxtemplates",
+    namespaced,
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxTemplateSpec {
+    /// The pod template (`metadata`, `spec`), untyped.
+    #[serde(default)]
+    pub pod_template: serde_json::Value,
+    /// Persistent volumes made per sandbox and kept while it is suspended, untyped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_claim_templates: Vec<serde_json::Value>,
+}
+
 /// What a claim's status says about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimState {

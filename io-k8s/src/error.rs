@@ -112,6 +112,14 @@ pub enum K8sError {
     /// The upload archive could not be built.
     #[error("building the upload archive: {0}")]
     Archive(String),
+    /// The cluster lacks what the configured mode needs (found at connect).
+    #[error("{problem}: {fix}")]
+    Install {
+        /// What is missing or wrong.
+        problem: String,
+        /// What to do about it.
+        fix: String,
+    },
     /// A snapshot reference this backend did not make (not `sk-<owner>-<number>` of this owner).
     #[error("snapshot {snapshot:?} is not a claim of this owner: {why}")]
     BadSnapshot {
@@ -136,6 +144,7 @@ impl K8sError {
             | K8sError::CommandFailed { .. }
             | K8sError::TooLarge { .. }
             | K8sError::Archive(_)
+            | K8sError::Install { .. }
             | K8sError::BadSnapshot { .. } => ErrorClass::Fatal,
         }
     }

@@ -29,6 +29,11 @@
 //! suspension's own doing, and the core knows it.
 //!
 //! Behaviour:
+//! - [`K8sBackend::connect`] first checks the install (`install.rs`): in agent-sandbox mode the
+//!   API is served at `v1beta1` (agent-sandbox v0.5.0 on), the warm pool and its template
+//!   exist, and the template's pod takes an exec by the API server's container rule
+//!   (`container.rs`: with several containers, [`K8sConfig::container`] must name one); a
+//!   cluster that cannot work is refused with [`K8sError::Install`], which names the fix;
 //! - files go in through `pods/exec`, all or nothing per file: `timeout -s KILL <secs> tar -x -C
 //!   <workdir>` of a temporary name beside the final one, with the tar stream on stdin, then
 //!   `timeout -s KILL <secs> mv -f -T -- <tmp> <final>` (`upload.rs`); an exec without a status
@@ -73,6 +78,7 @@ mod container;
 pub mod crd;
 mod deaths;
 mod error;
+mod install;
 mod lease;
 pub mod names;
 mod pod;
@@ -88,6 +94,7 @@ pub use cluster::{calls, Cluster};
 pub use config::{ConfigError, K8sConfig, Mode};
 pub use deaths::{Death, DeathWatch, LossCounts};
 pub use error::{Call, ErrorClass, K8sError};
+pub use install::{Install, API_VERSION};
 pub use lease::{LeaseRenewal, SweepReport};
 pub use sandbox::SandboxHandle;
 pub use suspend::{Resumable, SuspendedClaim, SUSPENDED_REASON};

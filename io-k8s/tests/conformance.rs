@@ -180,3 +180,120 @@ async fn d_a_pool_that_never_appears_times_out_naming_the_reason() {
         "the failed start deleted its claim"
     );
 }
+
+/// Row G: an install older than agent-sandbox v0.5.0 serves only `v1alpha1`, so every call of
+/// this backend would answer 404 with nothing saying why; connect now refuses it and names
+/// the fix. So it does a cluster without agent-sandbox, and a warm pool that is not there.
+#[tokio::test]
+async fn g_connect_refuses_an_install_that_cannot_serve_and_names_the_fix() {
+    use k8s_loopback::resources::AgentSandboxApi;
+    let server = server().await;
+    let refusal = |e: K8sError| match e {
+        K8sError::Install { problem, fix } => (problem, fix),
+        other => panic!("not an install refusal: {other:?}"),
+    };
+
+    server.serve_agent_sandbox(AgentSandboxApi::V1alpha1Only);
+    let e = sandkeeper_k8s::K8sBackend::connect(cluster(&server, claim_config("owner-g")))
+        .await
+        .err()
+        .expect("an old install is refused");
+    let (problem, fix) = refusal(e);
+    assert_eq!(
+        problem,
+        "the API server serves agents.x-k8s.io only as [\"v1alpha1\"], not v1beta1"
+    );
+    assert!(fix.contains("v0.5.0 or later is required"), "{fix}");
+
+    server.serve_agent_sandbox(AgentSandboxApi::Absent);
+    let e = sandkeeper_k8s::K8sBackend::connect(cluster(&server, claim_config("owner-g")))
+        .await
+        .err()
+        .expect("no install is refused");
+    assert!(refusal(e).0.contains("agent-sandbox is not installed"));
+
+    server.serve_agent_sandbox(AgentSandboxApi::V1beta1);
+    let mut config = claim_config("owner-g");
+    config.mode = Mode::AgentSandbox {
+        warm_pool: "missing".into(),
+    };
+    let e = sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
+        .await
+        .err()
+        .expect("a missing pool is refused");
+    assert_eq!(
+        refusal(e).0,
+        "the SandboxWarmPool \"missing\" does not exist in namespace \"sk-test\""
+    );
+    assert!(
+        server
+            .store()
+            .all(&k8s_loopback::resources::LEASES)
+            .is_empty(),
+        "nothing was taken on before the checks"
+    );
+
+    sandkeeper_k8s::K8sBackend::connect(cluster(&server, claim_config("owner-g")))
+        .await
+        .expect("a v0.5 install with its pool is taken");
+}
+
+/// Row E at connect: a warm pool whose pods have a sidecar needs `container`, refused at
+/// connect before any sandbox starts.
+#[tokio::test]
+async fn e_connect_refuses_a_pool_with_a_sidecar_and_no_container_named() {
+    let server = server().await;
+    pool_with_a_sidecar(&server, "sidecar");
+    let mut config = claim_config("owner-e2");
+    config.mode = Mode::AgentSandbox {
+        warm_pool: "sidecar".into(),
+    };
+    let e = sandkeeper_k8s::K8sBackend::connect(cluster(&server, config.clone()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string().contains(
+            "a container name must be specified for pod <template sidecar-tpl>, choose one of: [main proxy]"
+        ),
+        "{e}"
+    );
+    config.container = Some("main".into());
+    sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
+        .await
+        .expect("taken once the container is named");
+}
+
+/// The deploy examples fit together: the example warm pool and template, loaded into the
+/// loopback, take the example configuration at connect; without its `container` line they
+/// would not (the example pool's pods have a sidecar).
+#[tokio::test]
+async fn the_example_warm_pool_takes_the_example_config() {
+    let server = k8s_loopback::Loopback::start().await.unwrap();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+    let pool = std::fs::read_to_string(format!("{dir}/warm-pool.example.yaml")).unwrap();
+    for doc in serde_yaml::Deserializer::from_str(&pool) {
+        let mut object: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+        object["metadata"]["namespace"] = json!(NS);
+        let rt = match object["kind"].as_str().unwrap() {
+            "SandboxTemplate" => &SANDBOX_TEMPLATES,
+            "SandboxWarmPool" => &SANDBOX_WARM_POOLS,
+            other => panic!("unexpected kind {other}"),
+        };
+        server.store().create(rt, NS, object).unwrap();
+    }
+    let text = std::fs::read_to_string(format!("{dir}/sandkeeper-k8s.example.yaml")).unwrap();
+    let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    let mut config: sandkeeper_k8s::K8sConfig = serde_json::from_value(value).unwrap();
+    config.namespace = NS.into();
+    assert_eq!(config.container.as_deref(), Some("sandbox"));
+    let mut unnamed = config.clone();
+    unnamed.container = None;
+    assert!(matches!(
+        sandkeeper_k8s::K8sBackend::connect(cluster(&server, unnamed)).await,
+        Err(K8sError::Install { .. })
+    ));
+    sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
+        .await
+        .expect("the examples fit");
+}

@@ -88,6 +88,7 @@ impl Loopback {
             faults: Faults::default(),
             requests: Mutex::new(BTreeSet::new()),
             rbac: Mutex::new(None),
+            agent_sandbox: Mutex::new(resources::AgentSandboxApi::default()),
             pods_root: dir.path().join("pods"),
             container_root: "/workspace".into(),
             watches_opened: tokio::sync::watch::channel(0).0,
@@ -173,6 +174,16 @@ impl Loopback {
     /// Enforces RBAC: from now on, requests no rule allows answer 403 Forbidden.
     pub fn enforce_rbac(&self, rules: Vec<PolicyRule>) {
         *self.shared.rbac.lock().unwrap_or_else(|e| e.into_inner()) = Some(rules);
+    }
+
+    /// Serves the API of another agent-sandbox release (or none): what a cluster with an older
+    /// install looks like to a client.
+    pub fn serve_agent_sandbox(&self, api: resources::AgentSandboxApi) {
+        *self
+            .shared
+            .agent_sandbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = api;
     }
 
     /// Pauses or resumes the controllers (paused: pods stay Pending, claims unready). A pause

@@ -171,19 +171,59 @@ pub fn core_versions() -> Value {
     })
 }
 
-fn groups() -> Vec<(&'static str, &'static str)> {
+/// Which agent-sandbox release the loopback's API server serves (the API groups and versions
+/// of its CRDs, agent-sandbox `k8s/crds/*.yaml` by tag).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AgentSandboxApi {
+    /// v0.5.0 on: `v1beta1` served and stored (`v1alpha1`, deprecated, is not modelled).
+    #[default]
+    V1beta1,
+    /// v0.4.x and earlier: `v1alpha1` only. Discovery lists `v1alpha1`; no agent-sandbox
+    /// resource is served (the loopback models no `v1alpha1` object), so every `v1beta1` request
+    /// is the API server's 404, as on such a cluster.
+    V1alpha1Only,
+    /// Not installed: neither group exists.
+    Absent,
+}
+
+impl AgentSandboxApi {
+    /// Whether a resource of `group/version` is served.
+    pub fn serves(self, group: &str, version: &str) -> bool {
+        if group != AGENTS_GROUP && group != EXTENSIONS_GROUP {
+            return true;
+        }
+        self == AgentSandboxApi::V1beta1 && version == "v1beta1"
+    }
+
+    /// The version discovery lists for agent-sandbox `group` (`version` for any other group).
+    fn discovered(self, group: &str, version: &'static str) -> Option<&'static str> {
+        if group != AGENTS_GROUP && group != EXTENSIONS_GROUP {
+            return Some(version);
+        }
+        match self {
+            AgentSandboxApi::V1beta1 => Some(version),
+            AgentSandboxApi::V1alpha1Only => Some("v1alpha1"),
+            AgentSandboxApi::Absent => None,
+        }
+    }
+}
+
+fn groups(api: AgentSandboxApi) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
     for r in ALL.iter().filter(|r| !r.group.is_empty()) {
-        if !out.contains(&(r.group, r.version)) {
-            out.push((r.group, r.version));
+        let Some(v) = api.discovered(r.group, r.version) else {
+            continue;
+        };
+        if !out.contains(&(r.group, v)) {
+            out.push((r.group, v));
         }
     }
     out
 }
 
 /// `GET /apis`.
-pub fn group_list() -> Value {
-    let groups: Vec<Value> = groups()
+pub fn group_list(api: AgentSandboxApi) -> Value {
+    let groups: Vec<Value> = groups(api)
         .into_iter()
         .map(|(g, v)| {
             let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
@@ -194,8 +234,8 @@ pub fn group_list() -> Value {
 }
 
 /// `GET /apis/{group}` (one APIGroup), if served.
-pub fn group(group: &str) -> Option<Value> {
-    let (g, v) = groups().into_iter().find(|(g, _)| *g == group)?;
+pub fn group(group: &str, api: AgentSandboxApi) -> Option<Value> {
+    let (g, v) = groups(api).into_iter().find(|(g, _)| *g == group)?;
     let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
     Some(
         json!({"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv.clone()], "preferredVersion": gv}),
@@ -203,7 +243,10 @@ pub fn group(group: &str) -> Option<Value> {
 }
 
 /// `GET /api/v1` or `GET /apis/{group}/{version}`, if served.
-pub fn resource_list(group: &str, version: &str) -> Option<Value> {
+pub fn resource_list(group: &str, version: &str, api: AgentSandboxApi) -> Option<Value> {
+    if !api.serves(group, version) {
+        return None;
+    }
     let mut resources = Vec::new();
     for r in ALL
         .iter()
@@ -236,4 +279,37 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
     )
+}
+
+#[cfg(test)]
+mod install_tests {
+    use super::*;
+
+    fn versions(doc: &Value, group: &str) -> Vec<String> {
+        doc["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["name"] == group)
+            .flat_map(|g| g["versions"].as_array().unwrap().clone())
+            .map(|v| v["version"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// An older install lists `v1alpha1` and serves no `v1beta1`; no install lists neither
+    /// group; the core groups are unaffected either way.
+    #[test]
+    fn the_agent_sandbox_release_decides_what_is_discovered_and_served() {
+        let new = group_list(AgentSandboxApi::V1beta1);
+        assert_eq!(versions(&new, EXTENSIONS_GROUP), ["v1beta1"]);
+        let old = group_list(AgentSandboxApi::V1alpha1Only);
+        assert_eq!(versions(&old, AGENTS_GROUP), ["v1alpha1"]);
+        assert_eq!(versions(&old, EXTENSIONS_GROUP), ["v1alpha1"]);
+        assert!(!AgentSandboxApi::V1alpha1Only.serves(AGENTS_GROUP, "v1beta1"));
+        assert!(resource_list(AGENTS_GROUP, "v1beta1", AgentSandboxApi::V1alpha1Only).is_none());
+        let none = group_list(AgentSandboxApi::Absent);
+        assert!(versions(&none, AGENTS_GROUP).is_empty());
+        assert_eq!(versions(&none, "coordination.k8s.io"), ["v1"]);
+        assert!(AgentSandboxApi::Absent.serves("", "v1"));
+    }
 }

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub faults: Faults,
     pub requests: Mutex<BTreeSet<RequestInfo>>,
     pub rbac: Mutex<Option<Vec<PolicyRule>>>,
+    /// Which agent-sandbox API is installed.
+    pub agent_sandbox: Mutex<resources::AgentSandboxApi>,
     pub pods_root: PathBuf,
     pub container_root: String,
     /// Watch requests served so far.
@@ -95,7 +97,7 @@ enum Route {
     Resource(Target),
 }
 
-fn route(path: &str) -> Result<Route, ApiError> {
+fn route(path: &str, api: resources::AgentSandboxApi) -> Result<Route, ApiError> {
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
@@ -110,9 +112,9 @@ fn route(path: &str) -> Result<Route, ApiError> {
                 .ok_or_else(|| ApiError::no_route(path))
         }
         ["api"] => return Ok(Route::Document(resources::core_versions())),
-        ["apis"] => return Ok(Route::Document(resources::group_list())),
+        ["apis"] => return Ok(Route::Document(resources::group_list(api))),
         ["apis", g] => {
-            return resources::group(g)
+            return resources::group(g, api)
                 .map(Route::Document)
                 .ok_or_else(|| ApiError::no_route(path))
         }
@@ -122,7 +124,7 @@ fn route(path: &str) -> Result<Route, ApiError> {
     };
     let (namespace, plural, name, sub) = match rest {
         [] => {
-            return resources::resource_list(group, version)
+            return resources::resource_list(group, version, api)
                 .map(Route::Document)
                 .ok_or_else(|| ApiError::no_route(path))
         }
@@ -132,7 +134,9 @@ fn route(path: &str) -> Result<Route, ApiError> {
         ["namespaces", ns, plural, name, sub] => (Some(*ns), *plural, Some(*name), Some(*sub)),
         _ => return Err(ApiError::no_route(path)),
     };
-    let rt = resources::find(group, version, plural).ok_or_else(|| ApiError::no_route(path))?;
+    let rt = resources::find(group, version, plural)
+        .filter(|_| api.serves(group, version))
+        .ok_or_else(|| ApiError::no_route(path))?;
     if let Some(s) = sub {
         if !rt.subresources.contains(&s) {
             return Err(ApiError::no_route(path));
@@ -190,7 +194,11 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
     let query: Query = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
-    let target = match route(&path)? {
+    let api = *shared
+        .agent_sandbox
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let target = match route(&path, api)? {
         Route::Document(v) => return Ok(json_response(200, &v)),
         Route::Resource(t) => t,
     };

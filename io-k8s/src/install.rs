@@ -1,0 +1,144 @@
+//! What [`K8sBackend::connect`](crate::K8sBackend::connect) checks of the cluster before it
+//! takes anything on, in agent-sandbox mode, so that a cluster that cannot work fails at
+//! start-up with the fix named, not at the first call with a bare 404:
+//!
+//! - the agent-sandbox API is served at `v1beta1` (agent-sandbox v0.5.0 on; v0.4.x serves only
+//!   `v1alpha1`, where suspend was `spec.replicas`): one discovery read, `GET /apis`;
+//! - the warm pool exists, and the template it names (a `v1beta1` claim reaches its template
+//!   only through its pool);
+//! - the template's pod takes an exec by the API server's container rule ([`exec_container`]):
+//!   with several containers, `container` must name one of them.
+//!
+//! [`Install`] keeps what was learnt for the backend's later decisions.
+
+use k8s_openapi::api::core::v1::PodSpec;
+use kube::Api;
+
+use crate::cluster::{calls, err, Cluster};
+use crate::config::Mode;
+use crate::container::exec_container;
+use crate::crd::{SandboxTemplate, SandboxWarmPool};
+use crate::error::K8sError;
+
+/// The API version of agent-sandbox this backend speaks.
+pub const API_VERSION: &str = "v1beta1";
+
+/// The API groups of agent-sandbox: Sandboxes, and the extensions (claims, pools, templates).
+const GROUPS: [&str; 2] = ["agents.x-k8s.io", "extensions.agents.x-k8s.io"];
+
+/// What connect learnt of the install.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Install {
+    /// The warm pool's template (agent-sandbox mode).
+    pub template: Option<String>,
+    /// The container uploads exec into, by the server's rule (agent-sandbox mode).
+    pub exec_container: Option<String>,
+}
+
+impl Cluster {
+    /// Checks the install for the configured mode (nothing to check in pod mode).
+    pub async fn check_install(&self) -> Result<Install, K8sError> {
+        let Mode::AgentSandbox { warm_pool } = &self.config.mode else {
+            return Ok(Install::default());
+        };
+        self.check_api_served().await?;
+        let ns = &self.config.namespace;
+        let pools: Api<SandboxWarmPool> = Api::namespaced(self.client.clone(), ns);
+        let what = format!("warm pool {warm_pool}");
+        let pool = self
+            .retry
+            .run(|| async {
+                pools
+                    .get_opt(warm_pool)
+                    .await
+                    .map_err(|e| err(e, calls::GET_WARM_POOL, &what))
+            })
+            .await?
+            .ok_or_else(|| K8sError::Install {
+                problem: format!(
+                    "the SandboxWarmPool {warm_pool:?} does not exist in namespace {ns:?}"
+                ),
+                fix: "create it (io-k8s/deploy/warm-pool.example.yaml) or name an existing pool"
+                    .into(),
+            })?;
+        let template_name = pool.spec.sandbox_template_ref.name;
+        let templates: Api<SandboxTemplate> = Api::namespaced(self.client.clone(), ns);
+        let what = format!("template {template_name}");
+        let template = self
+            .retry
+            .run(|| async {
+                templates
+                    .get_opt(&template_name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_TEMPLATE, &what))
+            })
+            .await?
+            .ok_or_else(|| K8sError::Install {
+                problem: format!(
+                    "the SandboxTemplate {template_name:?} that warm pool {warm_pool:?} names does not exist in namespace {ns:?}"
+                ),
+                fix: "create the template, or point the pool at an existing one".into(),
+            })?;
+        let spec: PodSpec = template
+            .spec
+            .pod_template
+            .get("spec")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| K8sError::Install {
+                problem: format!(
+                    "the SandboxTemplate {template_name:?} has a pod spec that does not parse: {e}"
+                ),
+                fix: "fix the template's spec.podTemplate.spec".into(),
+            })?
+            .unwrap_or_default();
+        let container = exec_container(
+            &spec,
+            &format!("<template {template_name}>"),
+            self.config.container.as_deref(),
+        )
+        .map_err(|rule| K8sError::Install {
+            problem: format!("uploads exec into the template's pods, and the API server would refuse them: {rule}"),
+            fix: "set `container` in the io-k8s config to the container uploads go to".into(),
+        })?;
+        Ok(Install {
+            template: Some(template_name),
+            exec_container: Some(container),
+        })
+    }
+
+    /// Both agent-sandbox groups are served at [`API_VERSION`].
+    async fn check_api_served(&self) -> Result<(), K8sError> {
+        let groups = self
+            .retry
+            .run(|| async {
+                self.client.list_api_groups().await.map_err(|e| {
+                    err(
+                        e,
+                        crate::error::Call::new("get", "/apis (discovery)"),
+                        "API groups",
+                    )
+                })
+            })
+            .await?;
+        for name in GROUPS {
+            let Some(group) = groups.groups.iter().find(|g| g.name == name) else {
+                return Err(K8sError::Install {
+                    problem: format!("the API server does not serve the API group {name}: agent-sandbox is not installed"),
+                    fix: "install agent-sandbox v0.5.0 or later, with its extensions (claims, warm pools, templates)".into(),
+                });
+            };
+            let versions: Vec<&str> = group.versions.iter().map(|v| v.version.as_str()).collect();
+            if !versions.contains(&API_VERSION) {
+                return Err(K8sError::Install {
+                    problem: format!(
+                        "the API server serves {name} only as {versions:?}, not {API_VERSION}"
+                    ),
+                    fix: "agent-sandbox v0.5.0 or later is required (v0.4.x serves only v1alpha1); upgrade the install".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
