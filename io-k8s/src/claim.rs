@@ -33,7 +33,7 @@ impl Cluster {
             metadata: ObjectMeta {
                 name: Some(names::object_name(&self.config.owner, sandbox)),
                 namespace: Some(self.config.namespace.clone()),
-                labels: Some(labels.clone()),
+                labels: Some(labels),
                 ..Default::default()
             },
             spec: SandboxClaimSpec {
@@ -46,7 +46,7 @@ impl Cluster {
                     ttl_seconds_after_finished: None,
                 }),
                 additional_pod_metadata: Some(PodMetadata {
-                    labels,
+                    labels: names::pod_labels(&self.config.owner, session_key, sandbox),
                     annotations: Default::default(),
                 }),
             },

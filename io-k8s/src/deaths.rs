@@ -1,6 +1,6 @@
 //! Deaths from watches. A pod of this owner that is deleted, finished or failed, or a claim that
 //! is deleted or reaches a terminal reason, is reported as a loss of the sandbox whose number
-//! its `sandkeeper.io/sandbox` label carries:
+//! its `sandkeeper.sandbox.users.io/sandbox` label carries:
 //!
 //! | mode | object | loss |
 //! |---|---|---|
@@ -34,7 +34,7 @@ use crate::pod::{pod_state, PodState};
 /// A loss seen on an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Death {
-    /// The sandbox number on the object's `sandkeeper.io/sandbox` label.
+    /// The sandbox number on the object's `sandkeeper.sandbox.users.io/sandbox` label.
     pub sandbox: u64,
     /// What of that sandbox is lost.
     pub loss: Loss,

@@ -20,7 +20,7 @@
 //! resumes that same claim (`Running`); a claim lost meanwhile means a fresh start and a
 //! warning (`suspend.rs`).
 //!
-//! Deaths are reported by the sandbox number an object's `sandkeeper.io/sandbox` label carries
+//! Deaths are reported by the sandbox number an object's `sandkeeper.sandbox.users.io/sandbox` label carries
 //! (`deaths.rs`): a claim's pod lost is a lost instance, a claim (or a plain pod) lost is a lost
 //! sandbox, and the core decides what either means. There is no table of incarnations: a
 //! resume labels the claim's objects with the new sandbox number before the new pod exists,

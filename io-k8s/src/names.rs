@@ -1,6 +1,15 @@
 //! Object names and labels. Every object io-k8s creates carries the owner instance, a hash of
 //! the session (session names may not fit label values) and the core's sandbox number, so an
 //! owner can find, watch and sweep exactly its own objects.
+//!
+//! The labels' domain is [`LABEL_DOMAIN`], `sandkeeper.sandbox.users.io`: a claim asks the
+//! controller to put them on its pod (`spec.additionalPodMetadata`), and agent-sandbox (v0.5.0
+//! on) admits only label domains of its allowlist there, by default `sandbox.users.io` and its
+//! subdomains; any other domain leaves the claim `Ready=False`, reason `InvalidMetadata`, for
+//! good. A cluster whose ConfigMap `agent-sandbox-config` (key `allowed-label-domains`)
+//! replaces the default must list `sandbox.users.io` or `sandkeeper.sandbox.users.io`.
+//! `app.kubernetes.io/managed-by` goes on the objects io-k8s writes itself, never through the
+//! claim (the controller refuses that domain).
 
 use std::collections::BTreeMap;
 
@@ -10,14 +19,17 @@ use sha2::{Digest, Sha256};
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`].
 pub const MANAGER: &str = "sandkeeper";
+/// The domain of sandkeeper's labels and annotations: a subdomain of the one label domain
+/// agent-sandbox admits on a claim's pod by default.
+pub const LABEL_DOMAIN: &str = "sandkeeper.sandbox.users.io";
 /// Label: the owning sandkeeper instance.
-pub const OWNER: &str = "sandkeeper.io/owner";
+pub const OWNER: &str = "sandkeeper.sandbox.users.io/owner";
 /// Label: a hash of the session (or isolation key) the sandbox serves.
-pub const SESSION_HASH: &str = "sandkeeper.io/session-hash";
+pub const SESSION_HASH: &str = "sandkeeper.sandbox.users.io/session-hash";
 /// Label: the core's sandbox number.
-pub const SANDBOX: &str = "sandkeeper.io/sandbox";
+pub const SANDBOX: &str = "sandkeeper.sandbox.users.io/sandbox";
 /// Annotation on pods: RFC 3339 time after which a sweeper may delete it.
-pub const EXPIRES_AT: &str = "sandkeeper.io/expires-at";
+pub const EXPIRES_AT: &str = "sandkeeper.sandbox.users.io/expires-at";
 
 /// The longest owner name: object names (`sk-<owner>-<number>`) stay within 63 characters.
 pub const MAX_OWNER_LEN: usize = 32;
@@ -59,24 +71,32 @@ pub fn lease_name(owner: &str) -> String {
     format!("sandkeeper-owner-{owner}")
 }
 
-/// Labels of every object of `owner` serving `session_key` as sandbox `sandbox`.
+/// Labels of every object of `owner` serving `session_key` as sandbox `sandbox`: the
+/// [`pod_labels`] and [`MANAGED_BY`].
 pub fn labels(owner: &str, session_key: &str, sandbox: u64) -> BTreeMap<String, String> {
+    let mut labels = pod_labels(owner, session_key, sandbox);
+    labels.insert(MANAGED_BY.to_string(), MANAGER.to_string());
+    labels
+}
+
+/// The labels a claim asks for on its pod (`additionalPodMetadata`): only
+/// [`LABEL_DOMAIN`]'s, which the controller's default allowlist admits.
+pub fn pod_labels(owner: &str, session_key: &str, sandbox: u64) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (MANAGED_BY.to_string(), MANAGER.to_string()),
         (OWNER.to_string(), owner.to_string()),
         (SESSION_HASH.to_string(), session_hash(session_key)),
         (SANDBOX.to_string(), sandbox.to_string()),
     ])
 }
 
-/// Label selector of every object of `owner`.
+/// Label selector of every object of `owner` (a claim's pod carries no [`MANAGED_BY`]).
 pub fn owner_selector(owner: &str) -> String {
-    format!("{MANAGED_BY}={MANAGER},{OWNER}={owner}")
+    format!("{OWNER}={owner}")
 }
 
 /// Label selector of every object of every owner.
 pub fn managed_selector() -> String {
-    format!("{MANAGED_BY}={MANAGER}")
+    OWNER.to_string()
 }
 
 #[cfg(test)]
@@ -100,5 +120,11 @@ mod tests {
         let name = object_name(&"a".repeat(MAX_OWNER_LEN), u64::MAX);
         assert!(name.len() <= 63, "{name}");
         assert_eq!(labels("o", "s", 3)[SANDBOX], "3");
+        assert!(
+            pod_labels("o", "s", 3)
+                .keys()
+                .all(|k| k.starts_with(&format!("{LABEL_DOMAIN}/"))),
+            "a claim asks only for labels of the allowed domain"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! The snapshot the core keeps for a key is the claim's name (`sk-<owner>-<number>`, the number
 //! of the sandbox that first made it): the claim owns the Sandbox whose volumes survive the
 //! suspension. A resume checks the claim is still there and ours, then names the claim's
-//! objects after the new sandbox *before* a new pod exists: the claim's `sandkeeper.io/sandbox`
+//! objects after the new sandbox *before* a new pod exists: the claim's `sandkeeper.sandbox.users.io/sandbox`
 //! label, the label it asks its pod to carry (`spec.additionalPodMetadata`, from which the
 //! claim controller keeps the Sandbox's pod template), and the label of the Sandbox's pod
 //! template itself, from which the Sandbox controller makes the pod. So the new pod carries
@@ -35,7 +35,7 @@ pub struct SuspendedClaim {
     pub claim: String,
     /// Its Sandbox.
     pub sandbox_name: String,
-    /// The sandbox number its `sandkeeper.io/sandbox` label carries (the sandbox it served
+    /// The sandbox number its `sandkeeper.sandbox.users.io/sandbox` label carries (the sandbox it served
     /// last, which the start's `resumes` names), when readable.
     pub label: Option<u64>,
 }
@@ -267,7 +267,7 @@ impl Cluster {
         })
     }
 
-    /// Sets the `sandkeeper.io/sandbox` label of a Sandbox's pod template (its next pod's).
+    /// Sets the `sandkeeper.sandbox.users.io/sandbox` label of a Sandbox's pod template (its next pod's).
     pub async fn label_pod_template(
         &self,
         sandbox_name: &str,

@@ -297,3 +297,54 @@ async fn the_example_warm_pool_takes_the_example_config() {
         .await
         .expect("the examples fit");
 }
+
+/// Row A: the claim controller admits on a claim's pod only label domains of its allowlist
+/// (default `sandbox.users.io` and subdomains) and leaves any other claim `InvalidMetadata`
+/// for good. The previous backend asked for `app.kubernetes.io/managed-by` and `sandkeeper.io/*`
+/// there, so every start failed on a default install; its labels are now in
+/// `sandkeeper.sandbox.users.io`, and `managed-by` stays on the claim.
+#[tokio::test]
+async fn a_a_default_install_admits_the_claims_pod_labels() {
+    use sandkeeper_k8s::names::{self, MANAGED_BY};
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-a"));
+    let h = k
+        .start_sandbox(3, "s")
+        .await
+        .expect("a start on a default install");
+    let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
+    let asked = claim["spec"]["additionalPodMetadata"]["labels"]
+        .as_object()
+        .unwrap();
+    assert!(
+        asked
+            .keys()
+            .all(|k| k.starts_with(&format!("{}/", names::LABEL_DOMAIN))),
+        "{asked:?}"
+    );
+    assert_eq!(claim["metadata"]["labels"][MANAGED_BY], "sandkeeper");
+    let pod = server.store().get(&PODS, NS, &h.pod).unwrap();
+    assert_eq!(pod["metadata"]["labels"][names::SANDBOX], "3");
+}
+
+/// Row A, a cluster whose allowlist replaces the default without sandkeeper's domain: the
+/// start fails at once with the controller's reason and message (not at its deadline).
+#[tokio::test]
+async fn a_an_allowlist_without_sandkeepers_domain_fails_the_start_with_the_reason() {
+    let server = server().await;
+    server.allow_label_domains(vec!["example.com".into()]);
+    let k = cluster(&server, claim_config("owner-a2"));
+    let e = k.start_sandbox(1, "s").await.unwrap_err();
+    let K8sError::Terminal {
+        reason, message, ..
+    } = &e
+    else {
+        panic!("not terminal: {e:?}")
+    };
+    assert_eq!(reason, "InvalidMetadata");
+    assert!(
+        message.contains("label domain \"sandkeeper.sandbox.users.io\" is not in the allowlist"),
+        "{message}"
+    );
+    assert!(server.store().all(&SANDBOX_CLAIMS).is_empty(), "cleaned up");
+}

@@ -57,12 +57,12 @@ async fn agent_sandbox_claim_starts_takes_files_and_cascades_on_delete() {
         .get(&SANDBOX_CLAIMS, NS, "sk-owner-a-7")
         .unwrap();
     let l = labels(&claim);
-    assert_eq!(l["sandkeeper.io/owner"], "owner-a");
+    assert_eq!(l["sandkeeper.sandbox.users.io/owner"], "owner-a");
     assert_eq!(
-        l["sandkeeper.io/session-hash"],
+        l["sandkeeper.sandbox.users.io/session-hash"],
         session_hash("session-1").as_str()
     );
-    assert_eq!(l["sandkeeper.io/sandbox"], "7");
+    assert_eq!(l["sandkeeper.sandbox.users.io/sandbox"], "7");
     let shutdown: k8s_openapi::jiff::Timestamp = claim["spec"]["lifecycle"]["shutdownTime"]
         .as_str()
         .unwrap()
@@ -75,7 +75,7 @@ async fn agent_sandbox_claim_starts_takes_files_and_cascades_on_delete() {
     assert_eq!(claim["spec"]["lifecycle"]["shutdownPolicy"], "Delete");
     let pod = server.store().get(&PODS, NS, &h.pod).unwrap();
     assert_eq!(
-        labels(&pod)["sandkeeper.io/owner"],
+        labels(&pod)["sandkeeper.sandbox.users.io/owner"],
         "owner-a",
         "pod labelled through additionalPodMetadata"
     );
@@ -118,8 +118,8 @@ async fn pod_mode_sets_the_deadline_backstop_and_uploads() {
     assert_eq!(pod["spec"]["activeDeadlineSeconds"], 86400);
     assert_eq!(pod["spec"]["restartPolicy"], "Never");
     assert_eq!(labels(&pod)["app"], "sandbox", "template labels kept");
-    assert_eq!(labels(&pod)["sandkeeper.io/owner"], "owner-p");
-    assert!(pod["metadata"]["annotations"]["sandkeeper.io/expires-at"].is_string());
+    assert_eq!(labels(&pod)["sandkeeper.sandbox.users.io/owner"], "owner-p");
+    assert!(pod["metadata"]["annotations"]["sandkeeper.sandbox.users.io/expires-at"].is_string());
 
     let (s, p) = (
         SessionId::new("s").unwrap(),
@@ -367,7 +367,7 @@ async fn a_resume_names_the_new_pod_after_the_new_sandbox_from_birth() {
     assert_eq!(found.label, Some(1), "labelled by the sandbox it served");
     let r = k.resume_sandbox(7, &found).await.unwrap();
     assert_eq!((r.sandbox, &r.object, &r.pod), (7, &h.object, &h.pod));
-    let label = "sandkeeper.io/sandbox";
+    let label = "sandkeeper.sandbox.users.io/sandbox";
     let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
     assert_eq!(labels(&claim)[label], "7");
     assert_eq!(claim["spec"]["additionalPodMetadata"]["labels"][label], "7");

@@ -69,7 +69,7 @@ fn losses(keeper: &Keeper<K8sBackend>) -> LossCounts {
     *keeper.backend().loss_counts().borrow()
 }
 
-/// The `sandkeeper.io/sandbox` label of the pod with `uid` in every change the store recorded
+/// The `sandkeeper.sandbox.users.io/sandbox` label of the pod with `uid` in every change the store recorded
 /// of it, from its creation on.
 fn pod_label_history(server: &Loopback, uid: &str) -> Vec<(EventType, Value)> {
     let (history, _) = server.store().watch_from(0).unwrap();
@@ -80,7 +80,7 @@ fn pod_label_history(server: &Loopback, uid: &str) -> Vec<(EventType, Value)> {
         .map(|e| {
             (
                 e.kind,
-                e.object["metadata"]["labels"]["sandkeeper.io/sandbox"].clone(),
+                e.object["metadata"]["labels"]["sandkeeper.sandbox.users.io/sandbox"].clone(),
             )
         })
         .collect()
@@ -242,7 +242,8 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
     .await
     .expect("the workspace survived the suspension");
     let label = |rt, name: &str| -> Value {
-        server.store().get(rt, NS, name).unwrap()["metadata"]["labels"]["sandkeeper.io/sandbox"]
+        server.store().get(rt, NS, name).unwrap()["metadata"]["labels"]
+            ["sandkeeper.sandbox.users.io/sandbox"]
             .clone()
     };
     let new_number = Value::from(second.sandbox().0.to_string());
@@ -250,7 +251,7 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
     assert_eq!(label(&PODS, &h2.pod), new_number);
     assert_eq!(
         server.store().get(&SANDBOXES, NS, &sandbox_name).unwrap()["spec"]["podTemplate"]
-            ["metadata"]["labels"]["sandkeeper.io/sandbox"],
+            ["metadata"]["labels"]["sandkeeper.sandbox.users.io/sandbox"],
         new_number,
         "the Sandbox makes its pods with the new number"
     );

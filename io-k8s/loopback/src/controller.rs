@@ -40,6 +40,8 @@ pub struct ControllerSwitches {
     pub fail_pods: AtomicBool,
     /// Held for the whole of a reconcile pass.
     pass: std::sync::Mutex<()>,
+    /// The claim controller's label-domain allowlist (empty: the default).
+    pub allowed_label_domains: std::sync::Mutex<Vec<String>>,
 }
 
 impl ControllerSwitches {
@@ -478,6 +480,15 @@ impl Controller {
                 set_condition(c, "Ready", false, reason, &message, &now)
             });
         };
+        let allowed = self
+            .switches
+            .allowed_label_domains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Err(message) = crate::metadata::validate(claim, &allowed) {
+            return fail("InvalidMetadata", message);
+        }
         let sandbox = match self.store.get(&SANDBOXES, &namespace, &claim_name) {
             Ok(sb) => sb,
             Err(_) => {

@@ -36,6 +36,7 @@
 pub mod controller;
 pub mod exec;
 pub mod faults;
+pub mod metadata;
 pub mod openapi;
 pub mod patch;
 pub mod resources;
@@ -184,6 +185,17 @@ impl Loopback {
             .agent_sandbox
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = api;
+    }
+
+    /// The claim controller's label-domain allowlist, as the ConfigMap `agent-sandbox-config`
+    /// (key `allowed-label-domains`) sets it; empty: the default, `sandbox.users.io`.
+    pub fn allow_label_domains(&self, domains: Vec<String>) {
+        *self
+            .switches
+            .allowed_label_domains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = domains;
+        self.wake.notify_one();
     }
 
     /// Pauses or resumes the controllers (paused: pods stay Pending, claims unready). A pause

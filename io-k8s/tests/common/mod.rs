@@ -94,7 +94,7 @@ pub fn owned_by(server: &Loopback, owner: &str) -> Vec<String> {
     for rt in k8s_loopback::resources::ALL {
         for o in server.store().all(rt) {
             let mine = o
-                .pointer("/metadata/labels/sandkeeper.io~1owner")
+                .pointer("/metadata/labels/sandkeeper.sandbox.users.io~1owner")
                 .and_then(Value::as_str)
                 == Some(owner);
             if mine {
