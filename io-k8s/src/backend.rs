@@ -44,6 +44,7 @@ use crate::cluster::Cluster;
 use crate::config::{ConfigError, Mode};
 use crate::deaths::LossCounts;
 use crate::error::{ErrorClass, K8sError};
+use crate::install::Install;
 use crate::lease::{LeaseRenewal, SweepReport};
 use crate::names;
 use crate::sandbox::SandboxHandle;
@@ -64,6 +65,8 @@ pub fn failure(e: K8sError) -> BackendError {
 /// The Kubernetes backend of the io-tokio driver.
 pub struct K8sBackend {
     cluster: Cluster,
+    /// What connect learnt of the install (whether the workspace survives a suspension).
+    install: Install,
     /// The objects of the sandboxes started here and not shut down or suspended yet.
     started: Mutex<HashMap<SandboxId, SandboxHandle>>,
     /// Claims being resumed by a start that has not answered yet: work in progress a shutdown
@@ -84,13 +87,14 @@ impl K8sBackend {
     /// Lease renewed while the backend lives. Whether this mode can serve the keeper's release
     /// policy is checked when the keeper is made ([`Backend::check_config`]).
     pub async fn connect(cluster: Cluster) -> Result<(Self, SweepReport), K8sError> {
-        cluster.check_install().await?;
+        let install = cluster.check_install().await?;
         cluster.acquire_lease().await?;
         let report = cluster.sweep_orphans().await?;
         let lease = cluster.spawn_lease_renewal();
         Ok((
             K8sBackend {
                 cluster,
+                install,
                 started: Mutex::new(HashMap::new()),
                 resuming: Mutex::new(HashMap::new()),
                 losses: Arc::new(tokio::sync::watch::channel(LossCounts::default()).0),
@@ -176,6 +180,14 @@ impl Backend for K8sBackend {
         let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
         if pod_mode && config.release == ReleasePolicy::Suspend {
             return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());
+        }
+        if !pod_mode && config.release == ReleasePolicy::Suspend && !self.install.workdir_persistent
+        {
+            return Err(format!(
+                "release policy Suspend would lose the workspace: suspending deletes the pod, and the working directory {} of template {} is not on a volume of its volumeClaimTemplates (a container filesystem or an emptyDir goes with the pod); mount a volumeClaimTemplates volume there (io-k8s/deploy/warm-pool.example.yaml), or use Shutdown or KeepWarm",
+                self.cluster.config().workdir,
+                self.install.template.as_deref().unwrap_or("?"),
+            ));
         }
         Ok(())
     }

@@ -7,7 +7,10 @@
 //! - the warm pool exists, and the template it names (a `v1beta1` claim reaches its template
 //!   only through its pool);
 //! - the template's pod takes an exec by the API server's container rule ([`exec_container`]):
-//!   with several containers, `container` must name one of them.
+//!   with several containers, `container` must name one of them;
+//! - whether the working directory is on a volume the template's `volumeClaimTemplates` make
+//!   (kept while a Sandbox is suspended): the backend refuses the `Suspend` policy where it is
+//!   not, since suspending deletes the pod and every file not on such a volume with it.
 //!
 //! [`Install`] keeps what was learnt for the backend's later decisions.
 
@@ -33,6 +36,29 @@ pub struct Install {
     pub template: Option<String>,
     /// The container uploads exec into, by the server's rule (agent-sandbox mode).
     pub exec_container: Option<String>,
+    /// Whether the working directory outlives the pod: in the exec container it is on (or
+    /// under) a mount of a volume the template's `volumeClaimTemplates` make per sandbox, a
+    /// PersistentVolumeClaim the controller keeps while the Sandbox is suspended. A container
+    /// filesystem or an `emptyDir` goes with the pod, which suspending deletes.
+    pub workdir_persistent: bool,
+}
+
+/// Whether `workdir` in container `container` of `spec` is on a volume named in
+/// `claim_volumes`: a mount at `workdir` or at a directory above it.
+pub(crate) fn workdir_on_volume(
+    spec: &PodSpec,
+    container: &str,
+    workdir: &str,
+    claim_volumes: &[String],
+) -> bool {
+    let Some(c) = spec.containers.iter().find(|c| c.name == container) else {
+        return false;
+    };
+    c.volume_mounts.iter().flatten().any(|m| {
+        let at = m.mount_path.trim_end_matches('/');
+        let under = workdir == at || at.is_empty() || workdir.starts_with(&format!("{at}/"));
+        under && claim_volumes.contains(&m.name)
+    })
 }
 
 impl Cluster {
@@ -102,9 +128,18 @@ impl Cluster {
             problem: format!("uploads exec into the template's pods, and the API server would refuse them: {rule}"),
             fix: "set `container` in the io-k8s config to the container uploads go to".into(),
         })?;
+        let claim_volumes: Vec<String> = template
+            .spec
+            .volume_claim_templates
+            .iter()
+            .filter_map(|v| v.pointer("/metadata/name")?.as_str().map(str::to_string))
+            .collect();
+        let workdir_persistent =
+            workdir_on_volume(&spec, &container, &self.config.workdir, &claim_volumes);
         Ok(Install {
             template: Some(template_name),
             exec_container: Some(container),
+            workdir_persistent,
         })
     }
 
@@ -140,5 +175,39 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(mounts: serde_json::Value) -> PodSpec {
+        serde_json::from_value(serde_json::json!({"containers": [
+            {"name": "main", "volumeMounts": mounts}, {"name": "side"}
+        ]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_workdir_is_persistent_only_on_or_under_a_claim_volume_of_the_exec_container() {
+        let vols = vec!["workspace".to_string()];
+        let at = spec(serde_json::json!([{"name": "workspace", "mountPath": "/workspace"}]));
+        assert!(workdir_on_volume(&at, "main", "/workspace", &vols));
+        assert!(
+            !workdir_on_volume(&at, "side", "/workspace", &vols),
+            "another container"
+        );
+        assert!(
+            !workdir_on_volume(&at, "main", "/workspace2", &vols),
+            "not a parent"
+        );
+        let above = spec(serde_json::json!([{"name": "workspace", "mountPath": "/data/"}]));
+        assert!(workdir_on_volume(&above, "main", "/data/ws", &vols));
+        let scratch = spec(serde_json::json!([{"name": "scratch", "mountPath": "/workspace"}]));
+        assert!(
+            !workdir_on_volume(&scratch, "main", "/workspace", &vols),
+            "an emptyDir"
+        );
     }
 }

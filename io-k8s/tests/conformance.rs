@@ -293,9 +293,15 @@ async fn the_example_warm_pool_takes_the_example_config() {
         sandkeeper_k8s::K8sBackend::connect(cluster(&server, unnamed)).await,
         Err(K8sError::Install { .. })
     ));
-    sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
+    let (backend, _) = sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
         .await
         .expect("the examples fit");
+    let suspend = sandkeeper::Config {
+        release: sandkeeper::ReleasePolicy::Suspend,
+        ..sandkeeper::Config::default()
+    };
+    sandkeeper_tokio::Backend::check_config(&backend, &suspend)
+        .expect("the example keeps the working directory on a claim volume");
 }
 
 /// Row A: the claim controller admits on a claim's pod only label domains of its allowlist
@@ -347,4 +353,83 @@ async fn a_an_allowlist_without_sandkeepers_domain_fails_the_start_with_the_reas
         "{message}"
     );
     assert!(server.store().all(&SANDBOX_CLAIMS).is_empty(), "cleaned up");
+}
+
+/// Suspends and resumes sandbox `h`'s Sandbox, returning once the new pod runs.
+async fn suspend_and_resume(
+    server: &k8s_loopback::Loopback,
+    k: &sandkeeper_k8s::Cluster,
+    h: &sandkeeper_k8s::SandboxHandle,
+) {
+    let sb = h.sandbox_name.clone().unwrap();
+    k.set_operating_mode(&sb, true).await.unwrap();
+    until(server, "the pod is deleted", || {
+        server.store().get(&PODS, NS, &h.pod).is_err()
+    })
+    .await;
+    k.set_operating_mode(&sb, false).await.unwrap();
+    until(server, "the pod is back", || {
+        server.store().get(&PODS, NS, &h.pod).is_ok()
+    })
+    .await;
+    k.wait_pod_running(&h.pod).await.unwrap();
+}
+
+/// Row B: suspending deletes the pod, and only a volume of the template's
+/// `volumeClaimTemplates` (kept while the Sandbox is suspended) keeps the working directory.
+/// The loopback used to keep every pod's files, so the workspace seemed to survive on any
+/// template; now a template without such a volume loses it, and the backend refuses the
+/// Suspend policy for it; with one, the files survive.
+#[tokio::test]
+async fn b_suspend_keeps_the_workspace_only_on_a_claim_volume_and_is_refused_without_one() {
+    use sandkeeper_tokio::Backend;
+    let server = server().await;
+    pool_with(&server, "scratch", &["main"]);
+    let mut config = claim_config("owner-b");
+    config.mode = Mode::AgentSandbox {
+        warm_pool: "scratch".into(),
+    };
+    let (s, p) = (SessionId::new("s").unwrap(), PathName::new("f").unwrap());
+    let file = UploadFile {
+        session: &s,
+        path: &p,
+        bytes: b"kept?",
+    };
+
+    // No claim volume: the files go with the pod, and Suspend is refused up front.
+    let k = cluster(&server, config.clone());
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    k.upload(&h.pod, std::slice::from_ref(&file)).await.unwrap();
+    let on_disk = server.pod_path(NS, &h.pod, "/workspace/s/f");
+    assert!(on_disk.exists());
+    suspend_and_resume(&server, &k, &h).await;
+    assert!(
+        !on_disk.exists(),
+        "a container filesystem does not outlive its pod"
+    );
+    let (backend, _) = sandkeeper_k8s::K8sBackend::connect(cluster(&server, config))
+        .await
+        .unwrap();
+    let suspend = sandkeeper::Config {
+        release: sandkeeper::ReleasePolicy::Suspend,
+        ..sandkeeper::Config::default()
+    };
+    let refusal = backend.check_config(&suspend).unwrap_err();
+    assert!(refusal.contains("would lose the workspace"), "{refusal}");
+    backend
+        .check_config(&sandkeeper::Config::default())
+        .expect("other policies are fine");
+
+    // The common pool mounts a claim volume at /workspace: the files survive.
+    let (backend, _) =
+        sandkeeper_k8s::K8sBackend::connect(cluster(&server, claim_config("owner-b2")))
+            .await
+            .unwrap();
+    backend.check_config(&suspend).expect("Suspend is taken");
+    let k = cluster(&server, claim_config("owner-b3"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    k.upload(&h.pod, std::slice::from_ref(&file)).await.unwrap();
+    suspend_and_resume(&server, &k, &h).await;
+    let on_disk = server.pod_path(NS, &h.pod, "/workspace/s/f");
+    assert_eq!(std::fs::read(&on_disk).unwrap(), b"kept?");
 }

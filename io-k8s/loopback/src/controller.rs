@@ -12,8 +12,11 @@
 //! Sandbox makes its pod with its pod template's labels, and keeps those labels on the pod it
 //! has (a pod relabelled by hand against its template is set back).
 //!
-//! A pod's directory on the host (its `/workspace`) outlives the pod, like a volume: a suspended
-//! Sandbox's pod comes back under the same name and finds its files.
+//! A pod's directory on the host is its `/workspace`. It outlives the pod only where the real
+//! one would: when the Sandbox's `volumeClaimTemplates` make a volume mounted there (a
+//! PersistentVolumeClaim, which the real controller keeps while the Sandbox is suspended), a
+//! suspended Sandbox's pod comes back under the same name and finds its files; otherwise (a
+//! container filesystem, an `emptyDir`) the pod made again starts empty.
 //!
 //! Every pass reconciles every object (idempotent; writes only on change), after each store event
 //! and after every clock advance.
@@ -322,6 +325,41 @@ impl Controller {
         .unwrap_or_else(|| name(sb))
     }
 
+    /// Whether the loopback's pod directory (the containers' `/workspace`) is on a volume of
+    /// the Sandbox's `volumeClaimTemplates`: some container mounts one at `/workspace` or
+    /// above it. The real controller makes one PersistentVolumeClaim per template and never
+    /// deletes it while the Sandbox lives (`reconcilePVCs`), so such files outlive the pod; a
+    /// container filesystem or an `emptyDir` does not.
+    fn workspace_on_claim_volume(&self, sb: &Value) -> bool {
+        let claims: Vec<&str> = sb
+            .pointer("/spec/volumeClaimTemplates")
+            .and_then(Value::as_array)
+            .map(|v| {
+                v.iter()
+                    .filter_map(|t| t.pointer("/metadata/name").and_then(Value::as_str))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let containers = sb
+            .pointer("/spec/podTemplate/spec/containers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        containers.iter().any(|c| {
+            c.get("volumeMounts")
+                .and_then(Value::as_array)
+                .is_some_and(|ms| {
+                    ms.iter().any(|m| {
+                        let at = meta_str(m, "/mountPath")
+                            .unwrap_or("")
+                            .trim_end_matches('/');
+                        let name = meta_str(m, "/name").unwrap_or("");
+                        (at.is_empty() || at == "/workspace") && claims.contains(&name)
+                    })
+                })
+        })
+    }
+
     fn reconcile_sandbox(&self, sb: &Value) {
         let now = self.store.now_rfc3339();
         let namespace = ns(sb);
@@ -378,6 +416,13 @@ impl Controller {
                 .pointer("/spec/podTemplate")
                 .cloned()
                 .unwrap_or(json!({}));
+            // A pod made again under the same name (a resume) finds only what was on its
+            // Sandbox's claim volumes: the rest went with the pod it replaces.
+            if !self.workspace_on_claim_volume(sb) {
+                let _ = std::fs::remove_dir_all(
+                    crate::exec::pod_dir(&self.pods_root, &namespace, &pod_name).join("workspace"),
+                );
+            }
             let mut p = json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": template.get("metadata").cloned().unwrap_or(json!({})),
@@ -538,7 +583,14 @@ impl Controller {
                         "annotations": {POD_NAME_ANNOTATION: pod_name},
                         "ownerReferences": [owner_ref(claim)],
                     },
-                    "spec": {"podTemplate": pod_template, "operatingMode": "Running"},
+                    "spec": {
+                        "podTemplate": pod_template,
+                        "operatingMode": "Running",
+                        "volumeClaimTemplates": template
+                            .pointer("/spec/volumeClaimTemplates")
+                            .cloned()
+                            .unwrap_or(json!([])),
+                    },
                 });
                 if let Err(e) = self.store.create(&SANDBOXES, &namespace, sb) {
                     return fail("ReconcilerError", e.message);

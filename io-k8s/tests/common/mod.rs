@@ -17,7 +17,13 @@ pub async fn server() -> Loopback {
         .create(
             &SANDBOX_TEMPLATES,
             NS,
-            json!({"metadata": {"name": "tpl"}, "spec": {"podTemplate": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}}}),
+            // The working directory on a per-sandbox claim volume, so a suspension keeps it.
+            json!({"metadata": {"name": "tpl"}, "spec": {
+                "podTemplate": {"spec": {"containers": [{"name": "main", "image": "busybox",
+                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "workspace"},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]
+            }}),
         )
         .unwrap();
     server
