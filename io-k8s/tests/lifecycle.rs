@@ -45,12 +45,12 @@ async fn agent_sandbox_claim_starts_takes_files_and_cascades_on_delete() {
     let k = cluster(&server, claim_config("owner-a"));
     let h = k.start_sandbox(7, "session-1").await.unwrap();
     assert_eq!(h.object, "sk-owner-a-7");
-    assert_eq!(h.sandbox_name.as_deref(), Some("sk-owner-a-7"));
+    let sandbox = h.sandbox_name.clone().unwrap();
     assert!(
-        h.pod.starts_with("pool-"),
-        "pod named by the adoption annotation: {}",
-        h.pod
+        sandbox.starts_with("pool-"),
+        "an adopted Sandbox keeps the pool's name: {sandbox}"
     );
+    assert_eq!(h.pod, sandbox, "the pod is named after its Sandbox");
 
     let claim = server
         .store()
@@ -183,7 +183,11 @@ async fn readiness_comes_from_the_watch_and_a_deleted_claim_is_gone() {
         "not ready while the controller is paused"
     );
     server.pause_controllers(false);
-    assert_eq!(waiting.await.unwrap().unwrap(), name);
+    let sandbox = waiting.await.unwrap().unwrap();
+    assert!(
+        sandbox.starts_with("pool-"),
+        "the claim {name} is Ready with the pool Sandbox it adopted, not {sandbox}"
+    );
 
     // A claim deleted while waited for is gone, at once.
     server.pause_controllers(true);
@@ -240,7 +244,11 @@ async fn the_wait_relists_after_410_gone_and_survives_dropped_watches() {
     server.store().compact();
     server.wait_for_watches(2).await;
     server.pause_controllers(false);
-    assert_eq!(waiting.await.unwrap().unwrap(), name);
+    let sandbox = waiting.await.unwrap().unwrap();
+    assert!(
+        sandbox.starts_with("pool-"),
+        "the claim {name} is Ready with the pool Sandbox it adopted, not {sandbox}"
+    );
     assert!(
         server.watches_expired() >= 1,
         "a watch was answered 410 Gone and the waiter went on"

@@ -41,8 +41,8 @@ async fn a_crashed_owners_objects_are_swept_and_live_owners_are_left_alone() {
     );
     assert_eq!(
         owned_by(&server, "alive").len(),
-        4,
-        "claim, sandbox, pod and lease of the live owner stay: {:?}",
+        3,
+        "claim, pod and lease of the live owner stay (its Sandbox, which carries no owner label, is the claim's): {:?}",
         owned_by(&server, "alive")
     );
     // An owner with objects and no lease at all is dead too.
@@ -110,8 +110,8 @@ async fn after_close_no_object_labelled_by_this_owner_remains() {
     pods.start_sandbox(10, "p").await.unwrap();
     assert_eq!(
         owned_by(&server, "closer").len(),
-        3 + 3 + 3 + 1 + 1,
-        "3 claims, their 3 sandboxes and 3 pods, 1 pod, 1 lease"
+        3 + 3 + 1 + 1,
+        "3 claims and their 3 pods (their Sandboxes carry no owner label), 1 pod, 1 lease"
     );
     let deleted = claims.delete_all_owned().await.unwrap();
     assert!(deleted >= 4, "{deleted}");

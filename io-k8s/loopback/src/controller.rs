@@ -34,6 +34,9 @@ use crate::store::{Propagation, Store};
 /// Annotation naming the pod of a Sandbox adopted from a warm pool.
 pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
 
+/// Annotation on a claim naming the warm-pool Sandbox it adopted.
+pub const SANDBOX_NAME_ANNOTATION: &str = "agents.x-k8s.io/sandbox-name";
+
 /// Switches of the scripted controllers.
 #[derive(Default)]
 pub struct ControllerSwitches {
@@ -534,7 +537,19 @@ impl Controller {
         if let Err(message) = crate::metadata::validate(claim, &allowed) {
             return fail("InvalidMetadata", message);
         }
-        let sandbox = match self.store.get(&SANDBOXES, &namespace, &claim_name) {
+        // The claim's Sandbox: the one adoption named on the claim, else its recorded one,
+        // else one named after the claim (`getOrCreateSandbox`'s order).
+        let sandbox_name = meta_str(
+            claim,
+            &format!(
+                "/metadata/annotations/{}",
+                SANDBOX_NAME_ANNOTATION.replace('/', "~1")
+            ),
+        )
+        .or_else(|| meta_str(claim, "/status/sandbox/name"))
+        .unwrap_or(&claim_name)
+        .to_string();
+        let sandbox = match self.store.get(&SANDBOXES, &namespace, &sandbox_name) {
             Ok(sb) => sb,
             Err(_) => {
                 let Some(pool_name) = meta_str(claim, "/spec/warmPoolRef/name") else {
@@ -559,10 +574,13 @@ impl Controller {
                         format!("SandboxTemplate {template_name:?} not found"),
                     );
                 };
-                // Adopted from the warm pool: the pod is named after the pool, and the Sandbox
-                // says so in its annotation.
+                // As if adopted from the warm pool: the pool made the Sandbox with
+                // `generateName: <pool>-` (here the claim's UID's last five characters stand in
+                // for the random suffix), its pod has the Sandbox's name, and adoption names
+                // the Sandbox on the claim and the pod on the Sandbox. The pool's own
+                // replicas, made ahead of claims, are not modelled: the Sandbox is made here.
                 let uid = meta_str(claim, "/metadata/uid").unwrap_or("0");
-                let pod_name = format!("{pool_name}-{}", &uid[uid.len().saturating_sub(5)..]);
+                let adopted = format!("{pool_name}-{}", &uid[uid.len().saturating_sub(5)..]);
                 let mut pod_template = template
                     .pointer("/spec/podTemplate")
                     .cloned()
@@ -578,9 +596,9 @@ impl Controller {
                 let sb = json!({
                     "apiVersion": SANDBOXES.api_version(), "kind": "Sandbox",
                     "metadata": {
-                        "name": claim_name, "namespace": namespace,
-                        "labels": claim.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
-                        "annotations": {POD_NAME_ANNOTATION: pod_name},
+                        "name": adopted, "namespace": namespace,
+                        "labels": {"agents.x-k8s.io/launch-type": "warm"},
+                        "annotations": {POD_NAME_ANNOTATION: adopted},
                         "ownerReferences": [owner_ref(claim)],
                     },
                     "spec": {
@@ -595,7 +613,12 @@ impl Controller {
                 if let Err(e) = self.store.create(&SANDBOXES, &namespace, sb) {
                     return fail("ReconcilerError", e.message);
                 }
-                return fail("DependenciesNotReady", "the sandbox is starting".into());
+                let _ = self
+                    .store
+                    .modify(&SANDBOX_CLAIMS, &namespace, &claim_name, |c| {
+                        c["metadata"]["annotations"][SANDBOX_NAME_ANNOTATION] = json!(adopted);
+                    });
+                return fail("SandboxNotReady", "Sandbox is not ready".into());
             }
         };
         // The Sandbox's pod template keeps the labels the claim asks its pod to carry.
@@ -606,7 +629,7 @@ impl Controller {
         if !relabel.is_empty() {
             let _ = self
                 .store
-                .modify(&SANDBOXES, &namespace, &claim_name, |sb| {
+                .modify(&SANDBOXES, &namespace, &sandbox_name, |sb| {
                     set_labels(sb, &["spec", "podTemplate", "metadata", "labels"], &relabel)
                 });
         }
@@ -615,10 +638,9 @@ impl Controller {
         let ready = ready == "True";
         let ips = sandbox.pointer("/status/podIPs").cloned();
         self.set_status(&SANDBOX_CLAIMS, claim, |c| {
-            if ready {
-                c["status"]["sandbox"] =
-                    json!({"name": claim_name, "podIPs": ips.clone().unwrap_or(json!([]))});
-            }
+            // `computeAndSetStatus`: the Sandbox's name and pod IPs, whenever it exists.
+            c["status"]["sandbox"] =
+                json!({"name": sandbox_name, "podIPs": ips.clone().unwrap_or(json!([]))});
             set_condition(c, "Ready", ready, &reason, "", &now);
         });
     }

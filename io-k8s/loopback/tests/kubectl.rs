@@ -196,17 +196,18 @@ async fn real_kubectl_drives_the_loopback_api() {
             "jsonpath={.status.sandbox.name}",
         ])
         .await;
-    assert_eq!(sandbox, "claim1");
+    // Adopted from the pool: the Sandbox keeps the pool's generated name.
+    assert!(sandbox.starts_with("pool-"), "{sandbox}");
     let pod = k
         .ok(&[
             "get",
             "sandbox",
-            "claim1",
+            &sandbox,
             "-o",
             "jsonpath={.metadata.annotations.agents\\.x-k8s\\.io/pod-name}",
         ])
         .await;
-    assert!(pod.starts_with("pool-"), "{pod}");
+    assert_eq!(pod, sandbox, "the pod has its Sandbox's name");
     let labelled = k
         .ok(&["get", "pods", "-l", "role=sandbox", "-o", "name"])
         .await;
