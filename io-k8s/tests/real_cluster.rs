@@ -1,7 +1,13 @@
 //! Against a real cluster (kind, k3d, ...): `KUBECONFIG=... cargo test -p sandkeeper-k8s --
 //! --ignored`. Pod mode with a busybox pod in `$SANDKEEPER_NAMESPACE` (default `default`); the
-//! agent-sandbox test also needs the agent-sandbox CRDs and a warm pool named
-//! `$SANDKEEPER_WARM_POOL` (it also suspends and resumes the claim).
+//! agent-sandbox test also needs agent-sandbox v0.5.0 or later with its extensions, and a warm
+//! pool named `$SANDKEEPER_WARM_POOL` (default `python-sandboxes`, as in
+//! `deploy/warm-pool.example.yaml`) whose pods have the container `$SANDKEEPER_CONTAINER`
+//! (default `sandbox`). It checks the install as connect does (API version, pool, template,
+//! exec container: rows E and G of issue 12), starts a claim with the backend's pod labels on a
+//! default allowlist (row A), uploads a file into the named container beside a sidecar (row E),
+//! and suspends and resumes the claim, the file surviving on the template's claim volume
+//! (row B). io-k8s/README.md gives the commands for kind.
 
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode, UploadFile};
@@ -15,9 +21,26 @@ async fn run(mode: Mode) {
         .await
         .expect("KUBECONFIG points at a cluster");
     let client = Cluster::make_client(kube_config).unwrap();
+    let agent_sandbox = matches!(mode, Mode::AgentSandbox { .. });
     let mut config = K8sConfig::new(namespace(), "real-test", mode);
-    config.workdir = "/tmp".into();
+    config.workdir = if agent_sandbox {
+        "/workspace".into()
+    } else {
+        "/tmp".into()
+    };
+    if agent_sandbox {
+        config.container =
+            Some(std::env::var("SANDKEEPER_CONTAINER").unwrap_or_else(|_| "sandbox".into()));
+    }
+    let workdir = config.workdir.clone();
     let k = Cluster::new(client, config).unwrap();
+    let install = k.check_install().await.expect("the install serves this backend");
+    if agent_sandbox {
+        assert!(
+            install.workdir_persistent,
+            "the pool's template keeps {workdir} on a volumeClaimTemplates volume: {install:?}"
+        );
+    }
     k.acquire_lease().await.unwrap();
     let h = k.start_sandbox(1, "real").await.unwrap();
     let (s, p) = (
@@ -40,16 +63,15 @@ async fn run(mode: Mode) {
             "grep".into(),
             "-q".into(),
             "hello".into(),
-            "/tmp/real/hello.txt".into(),
+            format!("{workdir}/real/hello.txt"),
         ],
         Vec::new(),
     )
     .await
     .expect("the file arrived");
     let h = if h.sandbox_name.is_some() {
-        // agent-sandbox: suspend (pod deleted, claim kept) and resume the same claim. The file
-        // survives only where the template puts the workdir on a volume, so only the new pod's
-        // exec is checked.
+        // agent-sandbox: suspend (pod deleted, claim kept) and resume the same claim; the file
+        // survives on the template's claim volume.
         k.suspend_sandbox(&h).await.expect("suspended");
         let found = match k.find_suspended(&h.object).await.unwrap() {
             sandkeeper_k8s::Resumable::Claim(found) => found,
@@ -57,9 +79,18 @@ async fn run(mode: Mode) {
         };
         let resumed = k.resume_sandbox(2, &found).await.expect("resumed");
         assert_eq!(resumed.object, h.object);
-        k.exec_with_stdin(&resumed.pod, vec!["true".into()], Vec::new())
-            .await
-            .expect("the resumed pod runs commands");
+        k.exec_with_stdin(
+            &resumed.pod,
+            vec![
+                "grep".into(),
+                "-q".into(),
+                "hello".into(),
+                format!("{workdir}/real/hello.txt"),
+            ],
+            Vec::new(),
+        )
+        .await
+        .expect("the file survived the suspension");
         resumed
     } else {
         h
@@ -85,6 +116,7 @@ async fn pod_mode_on_a_real_cluster() {
 #[tokio::test]
 #[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
 async fn agent_sandbox_mode_on_a_real_cluster() {
-    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "sandkeeper-test".into());
+    let pool =
+        std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
     run(Mode::AgentSandbox { warm_pool: pool }).await;
 }
