@@ -32,7 +32,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use sandkeeper::{Config, ReleasePolicy, SandboxId, Snapshot};
 use sandkeeper_tokio::{
@@ -315,8 +314,7 @@ impl Backend for K8sBackend {
             losses.send_modify(|c| c.add(d.loss));
             listening
         });
-        while deaths.is_listening() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        // Until the keeper stops listening: no polling.
+        deaths.stopped().await;
     }
 }

@@ -34,7 +34,10 @@ async fn run(mode: Mode) {
     }
     let workdir = config.workdir.clone();
     let k = Cluster::new(client, config).unwrap();
-    let install = k.check_install().await.expect("the install serves this backend");
+    let install = k
+        .check_install()
+        .await
+        .expect("the install serves this backend");
     if agent_sandbox {
         assert!(
             install.workdir_persistent,
@@ -116,7 +119,6 @@ async fn pod_mode_on_a_real_cluster() {
 #[tokio::test]
 #[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
 async fn agent_sandbox_mode_on_a_real_cluster() {
-    let pool =
-        std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
+    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
     run(Mode::AgentSandbox { warm_pool: pool }).await;
 }

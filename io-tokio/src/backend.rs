@@ -140,19 +140,33 @@ pub enum Loss {
 pub struct DeathSink {
     report: Arc<dyn Fn(SandboxId, Loss) -> bool + Send + Sync>,
     listening: Arc<dyn Fn() -> bool + Send + Sync>,
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl DeathSink {
     /// A sink calling `report` for each loss (it answers whether the keeper still listens),
-    /// and `listening` to ask whether the keeper still listens.
+    /// and `listening` to ask whether the keeper still listens; `stop` holds `true` while it
+    /// listens and turns `false` (or loses its sender) when it stops, for
+    /// [`stopped`](Self::stopped).
     pub fn new(
         report: impl Fn(SandboxId, Loss) -> bool + Send + Sync + 'static,
         listening: impl Fn() -> bool + Send + Sync + 'static,
+        stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         DeathSink {
             report: Arc::new(report),
             listening: Arc::new(listening),
+            stop,
         }
+    }
+
+    /// Resolves once the keeper no longer listens (closed or dropped): a watcher that only
+    /// reports what events tell it waits on this instead of polling
+    /// [`is_listening`](Self::is_listening).
+    pub async fn stopped(&self) {
+        let mut stop = self.stop.clone();
+        // An error: the keeper (the sender's owner) is gone, which is a stop too.
+        let _ = stop.wait_for(|listening| !*listening).await;
     }
 
     /// Whether the keeper still listens (not closed, not dropped): a watcher stops when not.
@@ -231,5 +245,35 @@ pub trait Backend: Send + Sync + 'static {
     fn watch_deaths(&self, deaths: DeathSink) -> impl Future<Output = ()> + Send {
         let _ = deaths;
         async {}
+    }
+}
+
+#[cfg(test)]
+mod death_sink_tests {
+    use super::*;
+
+    fn sink(stop: tokio::sync::watch::Receiver<bool>) -> DeathSink {
+        DeathSink::new(|_, _| true, || true, stop)
+    }
+
+    /// `stopped` resolves when the keeper says it stopped listening, or when the keeper (the
+    /// sender) is gone, and not before.
+    #[tokio::test(start_paused = true)]
+    async fn stopped_resolves_on_close_or_when_the_keeper_is_gone() {
+        let (tx, rx) = tokio::sync::watch::channel(true);
+        let s = sink(rx);
+        let waiting = tokio::spawn(async move { s.stopped().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "still listening");
+        tx.send_replace(false);
+        waiting.await.unwrap();
+
+        let (tx, rx) = tokio::sync::watch::channel(true);
+        let s = sink(rx);
+        let waiting = tokio::spawn(async move { s.stopped().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(tx);
+        waiting.await.unwrap();
     }
 }

@@ -71,6 +71,10 @@ pub(crate) struct TokioExecutor<B: Backend> {
     /// Wakes the timer task when the core's deadline changes.
     timer: Arc<Notify>,
     notices: broadcast::Sender<Notice>,
+    /// `true` until the core reports `Closed`; dropped with the keeper. A backend's death
+    /// watch waits on it ([`DeathSink::stopped`](crate::DeathSink::stopped)) instead of
+    /// polling.
+    listening: tokio::sync::watch::Sender<bool>,
 }
 
 /// A lifecycle command handed to a lane and not yet ended.
@@ -98,7 +102,13 @@ impl<B: Backend> TokioExecutor<B> {
             uploads: StdMutex::new(HashMap::new()),
             timer,
             notices,
+            listening: tokio::sync::watch::channel(true).0,
         }
+    }
+
+    /// A receiver of whether the keeper still listens (see `listening`).
+    pub(crate) fn listening(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.listening.subscribe()
     }
 
     pub(crate) fn backend(&self) -> &Arc<B> {
@@ -354,6 +364,9 @@ impl<B: Backend> Executor for TokioExecutor<B> {
     }
 
     fn observe(&self, event: &Event) {
+        if matches!(event, Event::Closed { .. }) {
+            self.listening.send_replace(false);
+        }
         self.publish(Notice::Event(event.clone()));
     }
 

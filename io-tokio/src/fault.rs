@@ -273,6 +273,14 @@ impl FaultBackend {
             .collect()
     }
 
+    /// The death sink the keeper handed to `watch_deaths`, once it did.
+    pub fn death_sink(&self) -> Option<DeathSink> {
+        self.deaths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Sandboxes ever started.
     pub fn started(&self) -> usize {
         self.world().boxes.len()

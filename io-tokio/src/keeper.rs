@@ -115,6 +115,7 @@ impl<B: Backend> Keeper<B> {
             wake.clone(),
             notices,
         );
+        let stop = executor.listening();
         let shared = Shared::new(core, executor);
         runtime.spawn(
             timer::run(Arc::downgrade(&shared), wake).instrument(tracing::info_span!("timer")),
@@ -138,6 +139,7 @@ impl<B: Backend> Keeper<B> {
                 true
             },
             move || listening.upgrade().is_some_and(|s| !s.is_closed()),
+            stop,
         );
         runtime.spawn(
             async move { backend.watch_deaths(deaths).await }

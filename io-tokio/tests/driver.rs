@@ -703,3 +703,32 @@ async fn a_backend_that_cannot_serve_the_configuration_is_refused_at_start_up() 
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A backend's death watch can wait for the keeper to stop listening instead of polling: the
+/// sink's `stopped` resolves when the keeper closes, and when it is dropped without closing.
+#[tokio::test(start_paused = true)]
+async fn the_death_sink_says_when_the_keeper_stops_listening() {
+    async fn sink_of(k: &Keeper<FaultBackend>) -> sandkeeper_tokio::DeathSink {
+        loop {
+            if let Some(sink) = k.backend().death_sink() {
+                return sink;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    let k = keeper(Config::default(), FaultBackend::reliable());
+    let sink = sink_of(&k).await;
+    let stopped = tokio::spawn(async move { sink.stopped().await });
+    tokio::task::yield_now().await;
+    assert!(!stopped.is_finished(), "the keeper listens");
+    k.close(Duration::from_secs(1)).await;
+    stopped.await.unwrap();
+
+    let k = keeper(Config::default(), FaultBackend::reliable());
+    let sink = sink_of(&k).await;
+    let stopped = tokio::spawn(async move { sink.stopped().await });
+    tokio::task::yield_now().await;
+    assert!(!stopped.is_finished());
+    drop(k);
+    stopped.await.unwrap();
+}
