@@ -88,6 +88,7 @@ impl Loopback {
             store: store.clone(),
             faults: Faults::default(),
             requests: Mutex::new(BTreeSet::new()),
+            request_counts: Mutex::new(std::collections::BTreeMap::new()),
             rbac: Mutex::new(None),
             agent_sandbox: Mutex::new(resources::AgentSandboxApi::default()),
             pods_root: dir.path().join("pods"),
@@ -151,6 +152,16 @@ impl Loopback {
     pub fn requests(&self) -> BTreeSet<RequestInfo> {
         self.shared
             .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Requests served so far, counted by (verb, group, resource, subresource); names cleared.
+    /// Discovery documents (`/apis`, `/version`, ...) are not counted.
+    pub fn request_counts(&self) -> std::collections::BTreeMap<RequestInfo, u64> {
+        self.shared
+            .request_counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub faults: Faults,
     pub requests: Mutex<BTreeSet<RequestInfo>>,
+    /// Requests served, by (verb, group, resource, subresource).
+    pub request_counts: Mutex<std::collections::BTreeMap<RequestInfo, u64>>,
     pub rbac: Mutex<Option<Vec<PolicyRule>>>,
     /// Which agent-sandbox API is installed.
     pub agent_sandbox: Mutex<resources::AgentSandboxApi>,
@@ -218,6 +220,15 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
             name: None,
             ..info.clone()
         });
+    *shared
+        .request_counts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(RequestInfo {
+            name: None,
+            ..info.clone()
+        })
+        .or_default() += 1;
     let ns = target.namespace.clone().unwrap_or_default();
     if let Some(rules) = shared
         .rbac

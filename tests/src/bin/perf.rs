@@ -1,12 +1,13 @@
 //! The performance report: one line per figure, `name value unit`; `--json` writes the same
 //! figures as JSON. Every comparison is a ratio of two things measured in the same run,
 //! interleaved, over several rounds, median reported. The workloads live in the library
-//! (`tests::perf_core`, `tests::perf_tokio`, `tests::perf_sim`), where the Criterion benches
-//! (`cargo bench -p tests`) measure the same code in detail.
+//! (`tests::perf_core`, `tests::perf_tokio`, `tests::perf_sim`, `tests::perf_k8s`), where the
+//! Criterion benches (`cargo bench -p tests`) measure the same code in detail.
 //!
-//! Run: `cargo run --release -p tests --bin perf [-- --json FILE] [--only core|tokio|sim|loom]`.
+//! Run: `cargo run --release -p tests --bin perf [-- --json FILE]
+//! [--only core|tokio|sim|k8s|loom]`.
 
-use tests::{perf_core, perf_sim, perf_tokio};
+use tests::{perf_core, perf_k8s, perf_sim, perf_tokio};
 
 struct Report {
     figures: Vec<(String, f64, String)>,
@@ -28,6 +29,10 @@ impl Goal {
             "sim.steps_per_sec" => Goal::AtLeast(1_500_000.0),
             "tokio.acquire_release_vs_channel" => Goal::AtMost(3.0),
             "tokio.hol_release_ratio" => Goal::AtMost(1.5),
+            "k8s.writes_per_call_cycle_claims" | "k8s.writes_per_call_cycle_pods" => {
+                Goal::AtMost(4.0)
+            }
+            "k8s.idle_requests_per_min" => Goal::AtMost(0.0),
             _ => return None,
         })
     }
@@ -115,14 +120,14 @@ fn main() {
         figures: Vec::new(),
     };
     let mut add = |name: &str, value: f64, unit: &str| report.add(name, value, unit);
-    // `--only PART` (core, tokio, sim or loom): only that part's figures.
+    // `--only PART` (core, tokio, sim, k8s or loom): only that part's figures.
     let only = args
         .iter()
         .position(|a| a == "--only")
         .map(|i| args.get(i + 1).cloned().unwrap_or_default());
     if let Some(part) = &only {
-        if !["core", "tokio", "sim", "loom"].contains(&part.as_str()) {
-            eprintln!("perf --only: unknown part {part:?}: core, tokio, sim or loom");
+        if !["core", "tokio", "sim", "k8s", "loom"].contains(&part.as_str()) {
+            eprintln!("perf --only: unknown part {part:?}: core, tokio, sim, k8s or loom");
             std::process::exit(2);
         }
     }
@@ -136,6 +141,9 @@ fn main() {
     }
     if wanted("sim") {
         perf_sim::sim_figures(&mut add);
+    }
+    if wanted("k8s") {
+        perf_k8s::k8s_figures(&mut add);
     }
     if wanted("loom") {
         loom_figures(&mut report);
