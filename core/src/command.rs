@@ -220,3 +220,25 @@ impl<'a> IntoIterator for &'a SessionList {
         self.0.iter()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `SessionList` reads as the names it was made of, however it was made.
+    #[test]
+    fn a_session_list_reads_as_its_names() {
+        let names: Vec<SessionId> = ["a", "b"]
+            .iter()
+            .map(|n| SessionId::new(n).unwrap())
+            .collect();
+        let from_vec = SessionList::from(names.clone());
+        assert_eq!(&*from_vec, names.as_slice());
+        let collected: SessionList = names.iter().cloned().collect();
+        assert_eq!(collected, from_vec);
+        let borrowed: Vec<&SessionId> = (&collected).into_iter().collect();
+        assert_eq!(borrowed, names.iter().collect::<Vec<_>>());
+        let owned: Vec<SessionId> = collected.into_iter().collect();
+        assert_eq!(owned, names);
+    }
+}

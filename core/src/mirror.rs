@@ -724,3 +724,21 @@ impl DerefMut for Slot {
         self.work.get_or_insert_with(Box::default)
     }
 }
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    /// A slot that gets work takes a spare box when there is one.
+    #[test]
+    fn a_busy_slot_takes_a_spare_work_box() {
+        let mut spares = Spare::<SlotWork>::default();
+        spares.give(Box::default());
+        let mut slot = Slot::new(PathName::session_log());
+        slot.busy(&mut spares);
+        assert_eq!(spares.len(), 0, "the spare box was taken");
+        assert!(slot.work.is_some());
+        slot.busy(&mut spares);
+        assert_eq!(spares.len(), 0, "a slot with a box takes no other");
+    }
+}

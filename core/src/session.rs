@@ -208,6 +208,12 @@ impl<T: Default> Spare<T> {
         self.0.pop().unwrap_or_default()
     }
 
+    /// How many boxes are kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Keeps `item`'s box for reuse (reset to `T::default()`), unless enough are kept.
     pub(crate) fn give(&mut self, mut item: Box<T>) {
         if self.0.len() < SPARES {
@@ -471,6 +477,21 @@ impl Mirror<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record going idle gives its live box back, and the next record going live takes it
+    /// instead of allocating one.
+    #[test]
+    fn a_record_going_live_takes_a_spare_box() {
+        let mut sessions = Sessions::default();
+        let id = SessionId::new("s").unwrap();
+        let ix = sessions.take_up(None, &id);
+        let (s, spares) = sessions.with_spares(ix);
+        s.compact(spares);
+        assert_eq!(sessions.spares.lives.len(), 1);
+        let found = sessions.find(&id);
+        sessions.take_up(found, &id);
+        assert_eq!(sessions.spares.lives.len(), 0, "the spare box was taken");
+    }
 
     /// Spare boxes come back reset, and no more than `SPARES` are kept.
     #[test]
