@@ -69,16 +69,8 @@ impl Cluster {
         };
         self.check_api_served().await?;
         let ns = &self.config.namespace;
-        let pools: Api<SandboxWarmPool> = Api::namespaced(self.client.clone(), ns);
-        let what = format!("warm pool {warm_pool}");
         let pool = self
-            .retry
-            .run(|| async {
-                pools
-                    .get_opt(warm_pool)
-                    .await
-                    .map_err(|e| err(e, calls::GET_WARM_POOL, &what))
-            })
+            .read_opt::<SandboxWarmPool>(warm_pool, calls::GET_WARM_POOL)
             .await?
             .ok_or_else(|| K8sError::Install {
                 problem: format!(
@@ -88,16 +80,8 @@ impl Cluster {
                     .into(),
             })?;
         let template_name = pool.spec.sandbox_template_ref.name;
-        let templates: Api<SandboxTemplate> = Api::namespaced(self.client.clone(), ns);
-        let what = format!("template {template_name}");
         let template = self
-            .retry
-            .run(|| async {
-                templates
-                    .get_opt(&template_name)
-                    .await
-                    .map_err(|e| err(e, calls::GET_TEMPLATE, &what))
-            })
+            .read_opt::<SandboxTemplate>(&template_name, calls::GET_TEMPLATE)
             .await?
             .ok_or_else(|| K8sError::Install {
                 problem: format!(
@@ -141,6 +125,23 @@ impl Cluster {
             exec_container: Some(container),
             workdir_persistent,
         })
+    }
+
+    /// The object `name` of kind `K` in the namespace, if it exists, read under the retry
+    /// policy.
+    async fn read_opt<K>(&self, name: &str, call: crate::error::Call) -> Result<Option<K>, K8sError>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let what = format!("{} {name}", K::kind(&K::DynamicType::default()));
+        self.retry
+            .run(|| async { api.get_opt(name).await.map_err(|e| err(e, call, &what)) })
+            .await
     }
 
     /// Both agent-sandbox groups are served at [`API_VERSION`].

@@ -60,18 +60,17 @@ async fn run(mode: Mode) {
     )
     .await
     .unwrap();
-    k.exec_with_stdin(
-        &h.pod,
+    let has_hello = || -> Vec<String> {
         vec![
             "grep".into(),
             "-q".into(),
             "hello".into(),
             format!("{workdir}/real/hello.txt"),
-        ],
-        Vec::new(),
-    )
-    .await
-    .expect("the file arrived");
+        ]
+    };
+    k.exec_with_stdin(&h.pod, has_hello(), Vec::new())
+        .await
+        .expect("the file arrived");
     let h = if h.sandbox_name.is_some() {
         // agent-sandbox: suspend (pod deleted, claim kept) and resume the same claim; the file
         // survives on the template's claim volume.
@@ -82,18 +81,9 @@ async fn run(mode: Mode) {
         };
         let resumed = k.resume_sandbox(2, &found).await.expect("resumed");
         assert_eq!(resumed.object, h.object);
-        k.exec_with_stdin(
-            &resumed.pod,
-            vec![
-                "grep".into(),
-                "-q".into(),
-                "hello".into(),
-                format!("{workdir}/real/hello.txt"),
-            ],
-            Vec::new(),
-        )
-        .await
-        .expect("the file survived the suspension");
+        k.exec_with_stdin(&resumed.pod, has_hello(), Vec::new())
+            .await
+            .expect("the file survived the suspension");
         resumed
     } else {
         h
