@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
 
 use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
 use sandkeeper::{PathName, SessionId};
@@ -105,18 +104,6 @@ fn e_a_pod_template_with_a_sidecar_needs_the_container_named() {
     config.validate().expect("the container is named");
     config.container = Some("nope".into());
     assert!(config.validate().is_err(), "a container the pod lacks");
-}
-
-/// Waits, on the loopback's own change events, until `done` holds.
-async fn until(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -> bool) {
-    let mut events = server.store().subscribe();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !done() {
-            let _ = events.recv().await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("never: {what}"));
 }
 
 /// The `Ready` condition's reason of the one claim in the store, if any.

@@ -143,7 +143,7 @@ async fn terminal_claim_reasons_fail_fast_and_clean_up() {
     server.pause_controllers(true);
     let k = cluster(&server, claim_config("owner-t"));
     let start = tokio::spawn(async move { k.start_sandbox(1, "s").await });
-    set_back(&server, "the claim", || {
+    until(&server, "the claim", || {
         !server.store().all(&SANDBOX_CLAIMS).is_empty()
     })
     .await;
@@ -334,7 +334,7 @@ async fn an_upload_pinned_to_an_instance_fails_gone_once_the_pod_was_recreated()
             p["metadata"]["uid"] != h.pod_uid.as_str() && p["status"]["phase"] == "Running"
         })
     };
-    set_back(&server, "the pod", running_again).await;
+    until(&server, "the pod", running_again).await;
     let e = k
         .upload_into(&h.pod, &h.pod_uid, &[file(&s, &p, b"two")])
         .await
@@ -343,18 +343,6 @@ async fn an_upload_pinned_to_an_instance_fails_gone_once_the_pod_was_recreated()
     assert!(e.to_string().contains(&h.pod_uid), "{e}");
     // By name alone the same upload succeeds, into the new instance.
     k.upload(&h.pod, &[file(&s, &p, b"two")]).await.unwrap();
-}
-
-/// Waits (bounded, without sleeping) until `done` holds for the store.
-async fn set_back(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -> bool) {
-    let mut events = server.store().subscribe();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !done() {
-            let _ = events.recv().await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} was not set back"));
 }
 
 /// A resume names the claim's objects after the new sandbox before its pod exists: the claim,
@@ -403,14 +391,14 @@ async fn a_resume_names_the_new_pod_after_the_new_sandbox_from_birth() {
         })
         .unwrap();
     let pod_label = || labels(&server.store().get(&PODS, NS, &r.pod).unwrap())[label].clone();
-    set_back(&server, "the pod label", || pod_label() == "7").await;
+    until(&server, "the pod label", || pod_label() == "7").await;
     server
         .store()
         .modify(&SANDBOXES, NS, &sb, |s| {
             s["spec"]["podTemplate"]["metadata"]["labels"][label] = Value::from("1")
         })
         .unwrap();
-    set_back(&server, "the Sandbox template", || {
+    until(&server, "the Sandbox template", || {
         template(&server) == "7" && pod_label() == "7"
     })
     .await;

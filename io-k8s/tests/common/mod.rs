@@ -114,3 +114,16 @@ pub fn owned_by(server: &Loopback, owner: &str) -> Vec<String> {
     }
     out
 }
+
+/// Waits, on the loopback's own change events (no polling, no sleeping), until `done` holds;
+/// panics naming `what` after 10 s.
+pub async fn until(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() -> bool) {
+    let mut events = server.store().subscribe();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !done() {
+            let _ = events.recv().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never: {what}"));
+}
