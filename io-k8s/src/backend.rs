@@ -188,6 +188,19 @@ impl Backend for K8sBackend {
                 self.install.template.as_deref().unwrap_or("?"),
             ));
         }
+        if !pod_mode && config.release == ReleasePolicy::Suspend {
+            let grace = u64::try_from(self.install.termination_grace_secs).unwrap_or(0);
+            let bound = config
+                .command_timeout
+                .min(self.cluster.config().ready_timeout())
+                .as_secs();
+            if grace >= bound {
+                return Err(format!(
+                    "release policy Suspend would time out: suspending waits for the pod to go, and the pods of template {} have a grace period of {grace} s (terminationGracePeriodSeconds; 30 s unless set), which a container that ignores SIGTERM (such as `sleep infinity` as PID 1) takes in full, while the suspend must end within {bound} s (the smaller of the keeper's command_timeout and readyTimeoutSecs); set a shorter terminationGracePeriodSeconds in the template (io-k8s/deploy/warm-pool.example.yaml sets 5) or raise both timeouts above it",
+                    self.install.template.as_deref().unwrap_or("?"),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -14,7 +14,9 @@
 //! event of an earlier incarnation names the earlier sandbox. The core decides what a report
 //! means: a pod lost while its sandbox is being suspended is the suspension's own doing, and a
 //! report about a sandbox the core no longer tracks (suspended, or an earlier incarnation of a
-//! resumed one) is stale and ignored. Duplicate reports are harmless for the same reason.
+//! resumed one) is stale and ignored. Each object is reported once ([`Reported`]: a deleted pod
+//! shows its loss while `Terminating` and again when removed); a report repeated after a
+//! re-list is harmless for the same reason.
 
 use std::sync::Arc;
 
@@ -127,6 +129,53 @@ pub fn claim_death(event: Event<SandboxClaim>) -> Option<Death> {
     })
 }
 
+/// Which objects a watch has already reported, so that each object (by UID) is reported once:
+/// a pod being deleted shows its loss twice, once `Terminating` (its `deletionTimestamp` set,
+/// for the whole grace period) and once removed, and a failed pod or claim once more when it
+/// is deleted. A UID is forgotten at its object's deletion, its last event, so the set holds
+/// only objects that still exist; a re-list (after a watch expired) starts it afresh, and may
+/// report an object again, which the core takes as a duplicate.
+#[derive(Default)]
+struct Reported(std::collections::HashSet<String>);
+
+/// What [`Reported`] needs of an event.
+enum Seen {
+    /// A re-list starts.
+    Relist,
+    /// The object (UID) exists.
+    Exists(String),
+    /// The object (UID) was deleted.
+    Deleted(String),
+    /// Nothing to note.
+    Other,
+}
+
+impl Seen {
+    fn of<K: Resource>(ev: &Event<K>) -> Seen {
+        match ev {
+            Event::Init => Seen::Relist,
+            Event::Apply(o) | Event::InitApply(o) => Seen::Exists(o.uid().unwrap_or_default()),
+            Event::Delete(o) => Seen::Deleted(o.uid().unwrap_or_default()),
+            Event::InitDone => Seen::Other,
+        }
+    }
+}
+
+impl Reported {
+    /// Notes an event; with `loss`, answers whether it is the first report of its object.
+    fn first(&mut self, seen: Seen, loss: bool) -> bool {
+        match seen {
+            Seen::Relist => {
+                self.0.clear();
+                false
+            }
+            Seen::Exists(uid) => loss && self.0.insert(uid),
+            Seen::Deleted(uid) => !self.0.remove(&uid) && loss,
+            Seen::Other => false,
+        }
+    }
+}
+
 async fn run<K, F>(
     api: kube::Api<K>,
     selector: String,
@@ -140,13 +189,18 @@ async fn run<K, F>(
 {
     let mut stream = watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
     let mut failures = 0;
+    let mut reported = Reported::default();
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => {
                 failures = 0;
-                if let Some(d) = death(ev) {
-                    if !report(d) {
-                        return;
+                let seen = Seen::of(&ev);
+                let d = death(ev);
+                if reported.first(seen, d.is_some()) {
+                    if let Some(d) = d {
+                        if !report(d) {
+                            return;
+                        }
                     }
                 }
             }
@@ -224,6 +278,29 @@ mod tests {
             "status": {"conditions": conditions},
         }))
         .unwrap()
+    }
+
+    /// A pod deleted with a grace period shows its loss twice (`Terminating`, then removed):
+    /// reported once. A pod removed without a `Terminating` event, a pod that lived and died
+    /// again under a new UID, and an object seen again after a re-list are reported anew.
+    #[test]
+    fn each_object_is_reported_once_until_a_relist() {
+        let mut r = Reported::default();
+        let live = |uid: &str| Seen::Exists(uid.into());
+        let gone = |uid: &str| Seen::Deleted(uid.into());
+        assert!(!r.first(live("a"), false), "alive: nothing to report");
+        assert!(r.first(live("a"), true), "terminating: the first report");
+        assert!(!r.first(live("a"), true), "still terminating");
+        assert!(!r.first(gone("a"), true), "removed: reported already");
+        assert!(
+            r.first(gone("b"), true),
+            "removed at once: the first report"
+        );
+        assert!(r.first(live("a2"), true), "a new UID is a new object");
+        assert!(!r.first(Seen::Relist, false));
+        assert!(r.first(live("a2"), true), "after a re-list, reported again");
+        assert!(!r.first(Seen::Other, true));
+        assert!(r.0.len() == 1, "removed objects are forgotten");
     }
 
     fn loss(d: Option<Death>) -> Option<(u64, Loss)> {

@@ -10,7 +10,11 @@
 //!   with several containers, `container` must name one of them;
 //! - whether the working directory is on a volume the template's `volumeClaimTemplates` make
 //!   (kept while a Sandbox is suspended): the backend refuses the `Suspend` policy where it is
-//!   not, since suspending deletes the pod and every file not on such a volume with it.
+//!   not, since suspending deletes the pod and every file not on such a volume with it;
+//! - the template's pod grace period (`terminationGracePeriodSeconds`, 30 s unless set): a
+//!   suspend waits for the pod to go, which takes the whole period when the container ignores
+//!   SIGTERM, so the backend refuses `Suspend` when the period would outlast the core's
+//!   `command_timeout` or its own `readyTimeoutSecs`.
 //!
 //! [`Install`] keeps what was learnt for the backend's later decisions.
 
@@ -41,7 +45,14 @@ pub struct Install {
     /// PersistentVolumeClaim the controller keeps while the Sandbox is suspended. A container
     /// filesystem or an `emptyDir` goes with the pod, which suspending deletes.
     pub workdir_persistent: bool,
+    /// The grace period of the template's pods (`spec.terminationGracePeriodSeconds`, else the
+    /// API's default of 30 s): how long a suspend may wait for the pod to go when its
+    /// container ignores SIGTERM, as `sleep infinity` as PID 1 does.
+    pub termination_grace_secs: i64,
 }
+
+/// The API's default `terminationGracePeriodSeconds`.
+pub const DEFAULT_TERMINATION_GRACE_SECS: i64 = 30;
 
 /// Whether `workdir` in container `container` of `spec` is on a volume named in
 /// `claim_volumes`: a mount at `workdir` or at a directory above it.
@@ -124,6 +135,9 @@ impl Cluster {
             template: Some(template_name),
             exec_container: Some(container),
             workdir_persistent,
+            termination_grace_secs: spec
+                .termination_grace_period_seconds
+                .unwrap_or(DEFAULT_TERMINATION_GRACE_SECS),
         })
     }
 

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 
 use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use k8s_loopback::store::Propagation;
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::{ErrorClass, K8sError, Mode, UploadFile};
 use serde_json::json;
@@ -419,4 +420,245 @@ async fn b_suspend_keeps_the_workspace_only_on_a_claim_volume_and_is_refused_wit
     suspend_and_resume(&server, &k, &h).await;
     let on_disk = server.pod_path(NS, &h.pod, "/workspace/s/f");
     assert_eq!(std::fs::read(&on_disk).unwrap(), b"kept?");
+}
+
+fn condition_of(o: &serde_json::Value, ty: &str) -> Option<(String, String)> {
+    o.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+/// Watch requests on pods served so far.
+fn pod_watches(server: &k8s_loopback::Loopback) -> u64 {
+    server
+        .request_counts()
+        .iter()
+        .filter(|(r, _)| r.verb == k8s_loopback::faults::Verb::Watch && r.resource == "pods")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn pod_name_annotation(sb: &serde_json::Value) -> Option<String> {
+    sb.pointer("/metadata/annotations/agents.x-k8s.io~1pod-name")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+}
+
+/// Row H, suspend: the controller deletes the pod with its grace period, and a container that
+/// ignores SIGTERM (`sleep infinity` as PID 1) keeps it `Terminating` until the period ends.
+/// The Sandbox is `Ready=False`/`SandboxSuspended` at once, `Suspended=False`/`PodTerminating`
+/// while the pod terminates, and `Suspended=True`/`PodTerminated` with its `pod-name`
+/// annotation cleared once it is gone. The backend's suspend ends only then (a resume must not
+/// find the old pod), and the resumed pod is made under the Sandbox's name and annotated again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h_a_suspend_waits_out_a_pod_that_terminates_for_its_grace_period() {
+    use k8s_loopback::resources::SANDBOXES;
+    let server = server().await;
+    server.pods_ignore_sigterm(true);
+    let k = std::sync::Arc::new(cluster(&server, claim_config("owner-h")));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let sb = h.sandbox_name.clone().unwrap();
+    let sandbox = || server.store().get(&SANDBOXES, NS, &sb).unwrap();
+    assert_eq!(pod_name_annotation(&sandbox()).as_deref(), Some(&*h.pod));
+    assert_eq!(
+        condition_of(&sandbox(), "Suspended"),
+        Some(("False".into(), "NotSuspended".into()))
+    );
+
+    let pod_watches_before = pod_watches(&server);
+    let mut suspending = tokio::spawn({
+        let (k, h) = (k.clone(), h.clone());
+        async move { k.suspend_sandbox(&h).await }
+    });
+    until(
+        &server,
+        "the pod terminates and the Sandbox says so",
+        || {
+            server
+                .store()
+                .get(&PODS, NS, &h.pod)
+                .is_ok_and(|p| p.pointer("/metadata/deletionTimestamp").is_some())
+                && condition_of(&sandbox(), "Suspended").is_some_and(|(_, r)| r == "PodTerminating")
+        },
+    )
+    .await;
+    let terminating = server.store().get(&PODS, NS, &h.pod).unwrap();
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 5);
+    let s = sandbox();
+    assert_eq!(
+        condition_of(&s, "Ready"),
+        Some(("False".into(), "SandboxSuspended".into()))
+    );
+    assert_eq!(
+        condition_of(&s, "Suspended"),
+        Some(("False".into(), "PodTerminating".into()))
+    );
+    assert_eq!(
+        pod_name_annotation(&s).as_deref(),
+        Some(&*h.pod),
+        "kept while the pod terminates"
+    );
+    // The backend watches the pod itself (its wait for the pod to go) and stays waiting.
+    loop {
+        if pod_watches(&server) > pod_watches_before {
+            break;
+        }
+        let opened = server.watches_opened();
+        tokio::select! {
+            _ = server.wait_for_watches(opened + 1) => {}
+            r = &mut suspending => panic!("the suspend ended while the old pod still terminates: {r:?}"),
+        }
+    }
+    let roundtrip = k.find_suspended(&h.object).await.unwrap();
+    assert!(matches!(roundtrip, sandkeeper_k8s::Resumable::Claim(_)));
+    assert!(
+        !suspending.is_finished(),
+        "the suspend ended while the old pod still terminates"
+    );
+
+    server.advance_clock(std::time::Duration::from_secs(6));
+    suspending
+        .await
+        .unwrap()
+        .expect("suspended once the pod is gone");
+    assert!(server.store().get(&PODS, NS, &h.pod).is_err());
+    let s = sandbox();
+    assert_eq!(
+        condition_of(&s, "Suspended"),
+        Some(("True".into(), "PodTerminated".into()))
+    );
+    assert_eq!(
+        pod_name_annotation(&s),
+        None,
+        "cleared once the pod is gone"
+    );
+
+    // A resume makes the pod again under the Sandbox's own name.
+    k.set_operating_mode(&sb, false).await.unwrap();
+    until(&server, "the pod is back", || {
+        server.store().get(&PODS, NS, &sb).is_ok()
+    })
+    .await;
+    k.wait_pod_running(&sb).await.unwrap();
+    let s = sandbox();
+    assert_eq!(pod_name_annotation(&s).as_deref(), Some(&*sb));
+    assert_eq!(
+        condition_of(&s, "Suspended"),
+        Some(("False".into(), "NotSuspended".into()))
+    );
+}
+
+/// Row H, deaths: a pod deleted by hand stays `Terminating` for its grace period, and the
+/// death watch reports its loss at once (the sandbox is doomed), then not again when the pod
+/// is removed: one object, one report.
+#[tokio::test]
+async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
+    use tokio::sync::mpsc;
+    let server = server().await;
+    server.pods_ignore_sigterm(true);
+    let k = cluster(&server, claim_config("owner-h2"));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _watch = k.spawn_death_watch(move |d| tx.send(d).is_ok());
+    let a = k.start_sandbox(1, "s").await.unwrap();
+    let b = k.start_sandbox(2, "s").await.unwrap();
+    async fn next(
+        rx: &mut mpsc::UnboundedReceiver<sandkeeper_k8s::Death>,
+    ) -> sandkeeper_k8s::Death {
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a death within 10 s")
+            .expect("watch alive")
+    }
+
+    server
+        .store()
+        .delete(&PODS, NS, &a.pod, Propagation::Background, None)
+        .unwrap();
+    let d = next(&mut rx).await;
+    assert_eq!(d.sandbox, 1, "{d:?}");
+    assert!(d.reason.contains("being deleted"), "{}", d.reason);
+    assert!(
+        server.store().get(&PODS, NS, &a.pod).is_ok(),
+        "reported while it still terminates"
+    );
+
+    // The grace period ends and the pod is removed (the controller makes a new one under the
+    // same name at once): no second report. Sandbox 2's pod, deleted after, is the next
+    // report (one watch, events in order).
+    server.advance_clock(std::time::Duration::from_secs(6));
+    until(&server, "the pod is removed", || {
+        server
+            .store()
+            .get(&PODS, NS, &a.pod)
+            .map_or(true, |p| p["metadata"]["uid"] != a.pod_uid.as_str())
+    })
+    .await;
+    server
+        .store()
+        .delete(&PODS, NS, &b.pod, Propagation::Background, None)
+        .unwrap();
+    let d = next(&mut rx).await;
+    assert_eq!(
+        d.sandbox, 2,
+        "sandbox 1's removal was not reported again: {d:?}"
+    );
+}
+
+/// Row H, the grace period at connect: a suspend waits for the pod to go, which takes the
+/// whole grace period when the container ignores SIGTERM (`sleep infinity` as PID 1); with the
+/// API's default of 30 s every suspend would outlast the keeper's default `command_timeout`
+/// (30 s), fail, and lose the sandbox. The backend refuses `Suspend` for such a template and
+/// names the fix; a shorter period is taken.
+#[tokio::test]
+async fn h_suspend_is_refused_when_the_pods_grace_period_outlasts_the_timeouts() {
+    use sandkeeper_tokio::Backend;
+    let server = server().await;
+    let mut template = server.store().get(&SANDBOX_TEMPLATES, NS, "tpl").unwrap();
+    template["metadata"] = json!({"name": "slow-tpl"});
+    template["spec"]["podTemplate"]["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("terminationGracePeriodSeconds");
+    server
+        .store()
+        .create(&SANDBOX_TEMPLATES, NS, template)
+        .unwrap();
+    server
+        .store()
+        .create(
+            &SANDBOX_WARM_POOLS,
+            NS,
+            json!({"metadata": {"name": "slow"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "slow-tpl"}}}),
+        )
+        .unwrap();
+    let mut config = claim_config("owner-h3");
+    config.mode = Mode::AgentSandbox {
+        warm_pool: "slow".into(),
+    };
+    config.ready_timeout_secs = 120;
+    let backend = connect(&server, config).await;
+    let suspend = sandkeeper::Config {
+        release: sandkeeper::ReleasePolicy::Suspend,
+        ..sandkeeper::Config::default()
+    };
+    let refusal = backend.check_config(&suspend).unwrap_err();
+    assert!(refusal.contains("grace period of 30 s"), "{refusal}");
+    assert!(refusal.contains("within 30 s"), "{refusal}");
+    let patient = sandkeeper::Config {
+        command_timeout: std::time::Duration::from_secs(60),
+        ..suspend.clone()
+    };
+    backend
+        .check_config(&patient)
+        .expect("timeouts above the grace period are fine");
+    // The common template's 5 s is taken under the defaults.
+    let backend = connect(&server, claim_config("owner-h4")).await;
+    backend.check_config(&suspend).expect("5 s fits");
 }

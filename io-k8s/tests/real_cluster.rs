@@ -7,7 +7,9 @@
 //! exec container: rows E and G of issue 12), starts a claim with the backend's pod labels on a
 //! default allowlist (row A), uploads a file into the named container beside a sidecar (row E),
 //! and suspends and resumes the claim, the file surviving on the template's claim volume
-//! (row B). io-k8s/README.md gives the commands for kind.
+//! (row B). A second test makes a warm pool after its claim (row D): it needs rights to
+//! create and delete SandboxWarmPools (the admin kubeconfig of kind has them).
+//! io-k8s/README.md gives the commands for kind.
 
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode, UploadFile};
@@ -111,4 +113,83 @@ async fn pod_mode_on_a_real_cluster() {
 async fn agent_sandbox_mode_on_a_real_cluster() {
     let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
     run(Mode::AgentSandbox { warm_pool: pool }).await;
+}
+
+/// Row D on a real cluster: a claim whose warm pool does not exist yet waits (the controller
+/// requeues `WarmPoolNotFound`, and the backend takes it as transient), and the pool made a
+/// moment later (from `$SANDKEEPER_WARM_POOL`'s template) serves it within the start's wait.
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
+async fn a_pool_created_after_its_claim_serves_it_on_a_real_cluster() {
+    use kube::api::{Api, DeleteParams, Patch, PatchParams};
+    use sandkeeper_k8s::crd::{SandboxClaim, SandboxWarmPool};
+    let client = Cluster::make_client(kube::Config::infer().await.expect("KUBECONFIG")).unwrap();
+    let ns = namespace();
+    let pools: Api<SandboxWarmPool> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), &ns);
+    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
+    let template = pools
+        .get(&pool)
+        .await
+        .expect("the example pool exists")
+        .spec
+        .sandbox_template_ref
+        .name;
+    let late = "sandkeeper-late-pool";
+    let _ = pools.delete(late, &DeleteParams::default()).await;
+
+    let mut config = K8sConfig::new(
+        ns.clone(),
+        "real-late",
+        Mode::AgentSandbox {
+            warm_pool: late.into(),
+        },
+    );
+    config.workdir = "/workspace".into();
+    config.container =
+        Some(std::env::var("SANDKEEPER_CONTAINER").unwrap_or_else(|_| "sandbox".into()));
+    config.ready_timeout_secs = 300;
+    let k = std::sync::Arc::new(Cluster::new(client, config).unwrap());
+    k.acquire_lease().await.unwrap();
+    let start = tokio::spawn({
+        let k = k.clone();
+        async move { k.start_sandbox(1, "late").await }
+    });
+    let claim = sandkeeper_k8s::names::object_name("real-late", 1);
+    let waiting =
+        kube::runtime::wait::await_condition(claims, &claim, |c: Option<&SandboxClaim>| {
+            c.and_then(|c| serde_json::to_value(c).ok())
+                .and_then(|c| c.pointer("/status/conditions").cloned())
+                .and_then(|cs| cs.as_array().cloned())
+                .is_some_and(|cs| cs.iter().any(|c| c["reason"] == "WarmPoolNotFound"))
+        });
+    tokio::time::timeout(std::time::Duration::from_secs(120), waiting)
+        .await
+        .expect("the claim waits on its missing pool")
+        .unwrap();
+    assert!(
+        !start.is_finished(),
+        "the start waits through WarmPoolNotFound"
+    );
+    let made = serde_json::json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+        "metadata": {"name": late, "namespace": ns},
+        "spec": {"replicas": 1, "sandboxTemplateRef": {"name": template}},
+    });
+    pools
+        .patch(
+            late,
+            &PatchParams::apply("sandkeeper-test"),
+            &Patch::Apply(&made),
+        )
+        .await
+        .expect("the pool is made");
+    let h = start
+        .await
+        .unwrap()
+        .expect("the pool made after the claim serves it");
+    k.shutdown_sandbox(&h).await.unwrap();
+    k.delete_all_owned().await.unwrap();
+    k.release_lease().await.unwrap();
+    let _ = pools.delete(late, &DeleteParams::default()).await;
 }

@@ -1,10 +1,14 @@
-//! The scripted controllers: a kubelet that runs pods (Pending → Running, `activeDeadlineSeconds`
-//! → Failed/DeadlineExceeded) and an agent-sandbox controller (claim → Sandbox → Pod, `Ready`
-//! conditions, `status.sandbox.name`, the `agents.x-k8s.io/pod-name` annotation, terminal
-//! reasons, `shutdownTime` expiry, `operatingMode: Suspended`: the pod is deleted, the Sandbox
-//! kept with `Ready=False` reason `SandboxSuspended`; `Running` makes the pod again under the
-//! same name, and the Sandbox goes Ready once it runs), and a garbage collector for Sandboxes and
-//! Pods whose controlling owner is gone.
+//! The scripted controllers: a kubelet that runs pods (Pending → Running on the one node,
+//! `activeDeadlineSeconds` → Failed/DeadlineExceeded) and removes deleted ones once their
+//! containers stopped (at once, or after the grace period when they ignore SIGTERM: the store
+//! marks a deleted pod `Terminating` as the API server does); an agent-sandbox controller
+//! (claim → Sandbox → Pod, `Ready` conditions, `status.sandbox.name`, the
+//! `agents.x-k8s.io/pod-name` annotation, terminal reasons, `shutdownTime` expiry,
+//! `operatingMode: Suspended`: the pod is deleted and the Sandbox kept, `Ready=False` reason
+//! `SandboxSuspended` at once, `Suspended` `PodTerminating` while the pod terminates and
+//! `PodTerminated`, with the pod-name annotation cleared, once it is gone; `Running` makes the
+//! pod again under the Sandbox's name, and the Sandbox goes Ready once it runs); and a garbage
+//! collector for Sandboxes and Pods whose controlling owner is gone.
 //!
 //! Pod labels flow as in the real agent-sandbox controllers: a claim's
 //! `spec.additionalPodMetadata.labels` are kept on its Sandbox's `spec.podTemplate` (a change
@@ -34,6 +38,9 @@ use crate::store::{Propagation, Store};
 /// Annotation naming the pod of a Sandbox adopted from a warm pool.
 pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
 
+/// The node every pod of the loopback runs on.
+pub const NODE_NAME: &str = "loopback-node";
+
 /// Annotation on a claim naming the warm-pool Sandbox it adopted.
 pub const SANDBOX_NAME_ANNOTATION: &str = "agents.x-k8s.io/sandbox-name";
 
@@ -46,6 +53,8 @@ pub struct ControllerSwitches {
     pub fail_pods: AtomicBool,
     /// Held for the whole of a reconcile pass.
     pass: std::sync::Mutex<()>,
+    /// While set, containers ignore SIGTERM: a terminating pod stays for its grace period.
+    pub ignore_sigterm: AtomicBool,
     /// The claim controller's label-domain allowlist (empty: the default).
     pub allowed_label_domains: std::sync::Mutex<Vec<String>>,
 }
@@ -265,10 +274,29 @@ impl Controller {
         let _ = self.store.modify(rt, &ns(o), &name(o), f);
     }
 
+    /// The kubelet, for one pod: runs a pending pod (binding it to the loopback's one node) or
+    /// fails it, fails a running pod past its `activeDeadlineSeconds`, and removes a
+    /// terminating pod once its containers stopped: at once when they honour SIGTERM, else
+    /// when the grace period ends (the real kubelet kills them then).
     fn reconcile_pod(&self, pod: &Value) {
         let now = self.store.now_rfc3339();
         let phase = meta_str(pod, "/status/phase").unwrap_or("Pending");
         let (n, namespace) = (name(pod), ns(pod));
+        if let Some(ends) = meta_str(pod, "/metadata/deletionTimestamp") {
+            let killed = !self.switches.ignore_sigterm.load(Ordering::SeqCst)
+                || expired(&self.store, Some(ends));
+            if killed {
+                let _ = self.store.delete_with_grace(
+                    &PODS,
+                    &namespace,
+                    &n,
+                    Propagation::Background,
+                    meta_str(pod, "/metadata/uid"),
+                    Some(0),
+                );
+            }
+            return;
+        }
         match phase {
             "Pending" => {
                 let _ = std::fs::create_dir_all(
@@ -281,6 +309,7 @@ impl Controller {
                         .and_then(Value::as_str)
                         .map(|u| u.len() as u64 + u.bytes().map(u64::from).sum::<u64>() % 200)
                         .unwrap_or(1);
+                    p["spec"]["nodeName"] = json!(NODE_NAME);
                     p["status"]["phase"] = json!(if fail { "Failed" } else { "Running" });
                     p["status"]["startTime"] = json!(now);
                     p["status"]["podIP"] = json!(format!("10.0.0.{}", 1 + seq % 250));
@@ -316,16 +345,42 @@ impl Controller {
         }
     }
 
-    fn pod_name_of(sb: &Value) -> String {
-        meta_str(
-            sb,
-            &format!(
-                "/metadata/annotations/{}",
-                POD_NAME_ANNOTATION.replace('/', "~1")
-            ),
-        )
-        .map(str::to_string)
-        .unwrap_or_else(|| name(sb))
+    /// The pod a Sandbox tracks (`resolvePodName`, `reconcilePod`): the one its
+    /// `agents.x-k8s.io/pod-name` annotation names, else one named after it. An annotation
+    /// naming a pod that no longer exists is cleared, and the Sandbox's own name is used.
+    fn tracked_pod(&self, sb: &Value) -> (String, Option<Value>) {
+        let namespace = ns(sb);
+        let ptr = format!(
+            "/metadata/annotations/{}",
+            POD_NAME_ANNOTATION.replace('/', "~1")
+        );
+        if let Some(annotated) = meta_str(sb, &ptr) {
+            if let Ok(pod) = self.store.get(&PODS, &namespace, annotated) {
+                return (annotated.to_string(), Some(pod));
+            }
+            self.annotate_pod_name(sb, None);
+        }
+        let own = name(sb);
+        let pod = self.store.get(&PODS, &namespace, &own).ok();
+        (own, pod)
+    }
+
+    /// Sets (`ensurePodNameAnnotation`) or clears (`clearPodNameAnnotation`) a Sandbox's
+    /// `agents.x-k8s.io/pod-name` annotation.
+    fn annotate_pod_name(&self, sb: &Value, pod: Option<&str>) {
+        let _ = self
+            .store
+            .modify(&SANDBOXES, &ns(sb), &name(sb), |s| match pod {
+                Some(p) => s["metadata"]["annotations"][POD_NAME_ANNOTATION] = json!(p),
+                None => {
+                    if let Some(a) = s
+                        .pointer_mut("/metadata/annotations")
+                        .and_then(Value::as_object_mut)
+                    {
+                        a.remove(POD_NAME_ANNOTATION);
+                    }
+                }
+            });
     }
 
     /// Whether the loopback's pod directory (the containers' `/workspace`) is on a volume of
@@ -366,8 +421,7 @@ impl Controller {
     fn reconcile_sandbox(&self, sb: &Value) {
         let now = self.store.now_rfc3339();
         let namespace = ns(sb);
-        let pod_name = Self::pod_name_of(sb);
-        let pod = self.store.get(&PODS, &namespace, &pod_name).ok();
+        let (pod_name, pod) = self.tracked_pod(sb);
         if expired(&self.store, meta_str(sb, "/spec/shutdownTime")) {
             if let Some(p) = &pod {
                 let _ =
@@ -396,24 +450,57 @@ impl Controller {
             }
             return;
         }
+        // `computeSuspendedCondition`, `computeReadyCondition`: `Ready=False` with reason
+        // `SandboxSuspended` from the moment the mode is set; `Suspended` turns True only once
+        // the pod is gone, and is `PodTerminating` while it terminates.
         if meta_str(sb, "/spec/operatingMode") == Some("Suspended") {
-            if let Some(p) = &pod {
-                let _ =
-                    self.store
-                        .delete(&PODS, &namespace, &name(p), Propagation::Background, None);
-            }
+            let suspended = match &pod {
+                Some(p) => {
+                    if meta_str(p, "/metadata/deletionTimestamp").is_none() {
+                        let _ = self.store.delete(
+                            &PODS,
+                            &namespace,
+                            &name(p),
+                            Propagation::Background,
+                            None,
+                        );
+                    }
+                    false
+                }
+                None => true,
+            };
             self.set_status(&SANDBOXES, sb, |s| {
-                set_condition(
-                    s,
-                    "Ready",
-                    false,
-                    "SandboxSuspended",
-                    "the sandbox is suspended",
-                    &now,
-                )
+                let (reason, message) = if suspended {
+                    (
+                        "PodTerminated",
+                        "Pod has been terminated. Sandbox is suspended",
+                    )
+                } else {
+                    (
+                        "PodTerminating",
+                        "Pod is terminating. Sandbox is suspending",
+                    )
+                };
+                set_condition(s, "Suspended", suspended, reason, message, &now);
+                let message = if suspended {
+                    "Sandbox is suspended"
+                } else {
+                    "Sandbox is suspending"
+                };
+                set_condition(s, "Ready", false, "SandboxSuspended", message, &now)
             });
             return;
         }
+        let not_suspended = |s: &mut Value| {
+            set_condition(
+                s,
+                "Suspended",
+                false,
+                "NotSuspended",
+                "Sandbox is not suspended",
+                &now,
+            )
+        };
         let Some(pod) = pod else {
             let template = sb
                 .pointer("/spec/podTemplate")
@@ -436,10 +523,13 @@ impl Controller {
             p["metadata"]["ownerReferences"] = json!([owner_ref(sb)]);
             if let Err(e) = self.store.create(&PODS, &namespace, p) {
                 self.set_status(&SANDBOXES, sb, |s| {
+                    not_suspended(s);
                     set_condition(s, "Ready", false, "ReconcilerError", &e.message, &now)
                 });
             } else {
+                self.annotate_pod_name(sb, Some(&pod_name));
                 self.set_status(&SANDBOXES, sb, |s| {
+                    not_suspended(s);
                     set_condition(
                         s,
                         "Ready",
@@ -470,6 +560,7 @@ impl Controller {
         };
         let ips = pod.pointer("/status/podIPs").cloned().unwrap_or(json!([]));
         self.set_status(&SANDBOXES, sb, |s| {
+            not_suspended(s);
             set_condition(s, "Ready", ready, reason, "", &now);
             s["status"]["podIPs"] = json!(ips
                 .as_array()

@@ -222,8 +222,18 @@ impl Loopback {
         self.wake.notify_one();
     }
 
+    /// Whether the pods' containers ignore SIGTERM, as `sleep infinity` as PID 1 does (PID 1
+    /// has no default signal handlers): a deleted pod then stays `Terminating` until its grace
+    /// period ends on the server clock ([`Loopback::advance_clock`]). By default they exit at
+    /// once, and the kubelet removes a deleted pod at its next pass.
+    pub fn pods_ignore_sigterm(&self, ignore: bool) {
+        self.switches.ignore_sigterm.store(ignore, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
     /// Advances the server clock (expiries: claim/sandbox `shutdownTime`, pod
-    /// `activeDeadlineSeconds`) and runs the controllers.
+    /// `activeDeadlineSeconds`, the grace periods of terminating pods) and runs the
+    /// controllers.
     pub fn advance_clock(&self, by: Duration) {
         self.shared.store.advance(by);
         self.wake.notify_one();

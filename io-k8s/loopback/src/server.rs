@@ -330,9 +330,21 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
                 _ => Propagation::Background,
             };
             let uid = opts.pointer("/preconditions/uid").and_then(Value::as_str);
+            let grace = match opts.get("gracePeriodSeconds") {
+                Some(g) => Some(g.as_i64().ok_or_else(|| {
+                    ApiError::bad_request("gracePeriodSeconds must be an integer")
+                })?),
+                None => param(&query, "gracePeriodSeconds")
+                    .map(|g| {
+                        g.parse::<i64>().map_err(|_| {
+                            ApiError::bad_request("gracePeriodSeconds must be an integer")
+                        })
+                    })
+                    .transpose()?,
+            };
             Ok(json_response(
                 200,
-                &store.delete(&rt, &ns, name, propagation, uid)?,
+                &store.delete_with_grace(&rt, &ns, name, propagation, uid, grace)?,
             ))
         }
         (Verb::DeleteCollection, None) => {

@@ -193,6 +193,29 @@ fn uid_of(obj: &Value) -> &str {
         .unwrap_or("")
 }
 
+/// The grace period a pod's deletion gets (`CheckGracefulDelete`), or `None` to remove it at
+/// once: the request's, else the pod's `spec.terminationGracePeriodSeconds`, else 30; none for
+/// a pod on no node, a finished pod, or a period of 0 or less.
+fn pod_grace_period(pod: &Value, requested: Option<i64>) -> Option<i64> {
+    let period = requested.unwrap_or_else(|| {
+        pod.pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(DEFAULT_TERMINATION_GRACE_SECS)
+    });
+    let on_node = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Failed" | "Succeeded")
+    );
+    (period > 0 && on_node && !finished).then_some(period)
+}
+
+/// The API's default `terminationGracePeriodSeconds`.
+pub const DEFAULT_TERMINATION_GRACE_SECS: i64 = 30;
+
 impl Default for Store {
     fn default() -> Self {
         Self::new()
@@ -344,6 +367,7 @@ impl Store {
         meta.insert("creationTimestamp".into(), json!(now));
         meta.insert("generation".into(), json!(1));
         meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
         if rt.has_status() {
             obj["status"] = if *rt == resources::PODS {
                 json!({"phase": "Pending", "qosClass": "BestEffort"})
@@ -462,6 +486,7 @@ impl Store {
             "uid",
             "creationTimestamp",
             "deletionTimestamp",
+            "deletionGracePeriodSeconds",
             "generation",
         ] {
             match old["metadata"].get(f) {
@@ -567,8 +592,44 @@ impl Store {
         }
     }
 
-    /// Deletes an object and applies `propagation` to its dependents (by ownerReference uid).
-    /// A `uid` precondition that does not match answers 409.
+    /// Marks a pod `Terminating`: `deletionTimestamp` at now plus `period` (kept if an earlier
+    /// deletion ends sooner) and `deletionGracePeriodSeconds`. Answers the pod.
+    fn begin_termination(&self, ns: &str, name: &str, period: i64) -> Result<Value, ApiError> {
+        let now = self.now();
+        let ends =
+            jiff::Timestamp::from_second(now.as_second().saturating_add(period)).unwrap_or(now);
+        let mut g = self.lock();
+        let k = key(&resources::PODS, ns, name);
+        let old = g.objects.get(&k).cloned().ok_or_else(|| {
+            ApiError::not_found(resources::PODS.group, resources::PODS.plural, name)
+        })?;
+        let earlier = old
+            .pointer("/metadata/deletionTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|t| t <= ends);
+        if earlier {
+            return Ok(old);
+        }
+        let mut next = old.clone();
+        next["metadata"]["deletionTimestamp"] = json!(ends.to_string());
+        next["metadata"]["deletionGracePeriodSeconds"] = json!(period);
+        g.rv += 1;
+        next["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        g.objects.insert(k, next.clone());
+        let ev = Event {
+            rv: g.rv,
+            kind: EventType::Modified,
+            resource: resources::PODS,
+            namespace: ns.into(),
+            object: next.clone(),
+            previous: Some(old),
+        };
+        self.record(&mut g, ev);
+        Ok(next)
+    }
+
+    /// A DELETE with default options: [`Store::delete_with_grace`] with no grace period given.
     pub fn delete(
         &self,
         rt: &ResourceType,
@@ -577,10 +638,38 @@ impl Store {
         propagation: Propagation,
         precondition_uid: Option<&str>,
     ) -> Result<Value, ApiError> {
+        self.delete_with_grace(rt, ns, name, propagation, precondition_uid, None)
+    }
+
+    /// Deletes an object and applies `propagation` to its dependents (by ownerReference uid).
+    /// A `uid` precondition that does not match answers 409.
+    ///
+    /// A pod is deleted gracefully, as the API server does it (kubernetes
+    /// `pkg/registry/core/pod/strategy.go` `CheckGracefulDelete`, and `BeforeDelete`): its
+    /// grace period is `grace` if given, else its `spec.terminationGracePeriodSeconds`, else 30
+    /// (the API's default); a pod on no node yet or already finished has none. With a grace
+    /// period the pod is not removed: it gets `deletionTimestamp` (now plus the period) and
+    /// `deletionGracePeriodSeconds`, is `Terminating`, and the answer is the pod itself; its
+    /// kubelet removes it later with grace 0. Deleting a pod that is already terminating
+    /// changes nothing unless the new period ends sooner.
+    pub fn delete_with_grace(
+        &self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+        precondition_uid: Option<&str>,
+        grace: Option<i64>,
+    ) -> Result<Value, ApiError> {
         let obj = self.get(rt, ns, name)?;
         if let Some(uid) = precondition_uid {
             if uid != uid_of(&obj) {
                 return Err(ApiError::conflict(rt.group, rt.plural, name));
+            }
+        }
+        if *rt == resources::PODS {
+            if let Some(period) = pod_grace_period(&obj, grace) {
+                return self.begin_termination(ns, name, period);
             }
         }
         let uid = uid_of(&obj).to_string();
@@ -685,6 +774,65 @@ mod tests {
         s.delete(&SANDBOXES, "ns", "sb", Propagation::Background, None)
             .unwrap();
         assert_eq!(s.get(&PODS, "ns", "p").unwrap_err().code, 404);
+    }
+
+    /// `CheckGracefulDelete`: a pod on a node is marked `Terminating` for its grace period
+    /// (the request's, else its own, else 30 s) and stays; a pod on no node, a finished pod,
+    /// or grace 0 goes at once; a second deletion only ever shortens the period.
+    #[test]
+    fn pod_deletion_is_graceful_as_the_api_servers() {
+        let s = Store::new();
+        let bg = Propagation::Background;
+        s.create(&PODS, "ns", pod("unbound")).unwrap();
+        s.delete(&PODS, "ns", "unbound", bg, None).unwrap();
+        assert_eq!(s.get(&PODS, "ns", "unbound").unwrap_err().code, 404);
+
+        let bound = |name: &str, grace: Option<i64>, phase: &str| {
+            let mut p = pod(name);
+            p["spec"]["nodeName"] = json!("n");
+            if let Some(g) = grace {
+                p["spec"]["terminationGracePeriodSeconds"] = json!(g);
+            }
+            s.create(&PODS, "ns", p).unwrap();
+            s.modify(&PODS, "ns", name, |p| p["status"]["phase"] = json!(phase))
+                .unwrap();
+        };
+        let ends = |name: &str| {
+            let p = s.get(&PODS, "ns", name).unwrap();
+            let at: jiff::Timestamp = p["metadata"]["deletionTimestamp"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (
+                at.as_second() - s.now().as_second(),
+                p["metadata"]["deletionGracePeriodSeconds"].clone(),
+            )
+        };
+        bound("default", None, "Running");
+        let answer = s.delete(&PODS, "ns", "default", bg, None).unwrap();
+        assert_eq!(answer["kind"], "Pod", "the answer is the terminating pod");
+        assert_eq!(ends("default"), (30, json!(30)));
+        bound("own", Some(5), "Running");
+        s.delete(&PODS, "ns", "own", bg, None).unwrap();
+        assert_eq!(ends("own"), (5, json!(5)));
+        s.delete_with_grace(&PODS, "ns", "own", bg, None, Some(60))
+            .unwrap();
+        assert_eq!(ends("own"), (5, json!(5)), "never lengthened");
+        s.delete_with_grace(&PODS, "ns", "own", bg, None, Some(2))
+            .unwrap();
+        assert_eq!(ends("own"), (2, json!(2)), "shortened");
+        s.delete_with_grace(&PODS, "ns", "own", bg, None, Some(0))
+            .unwrap();
+        assert_eq!(s.get(&PODS, "ns", "own").unwrap_err().code, 404);
+        bound("done", None, "Succeeded");
+        s.delete(&PODS, "ns", "done", bg, None).unwrap();
+        assert_eq!(s.get(&PODS, "ns", "done").unwrap_err().code, 404);
+        // Other kinds go at once.
+        s.create(&LEASES, "ns", json!({"metadata": {"name": "l"}}))
+            .unwrap();
+        s.delete(&LEASES, "ns", "l", bg, None).unwrap();
+        assert_eq!(s.get(&LEASES, "ns", "l").unwrap_err().code, 404);
     }
 
     #[test]

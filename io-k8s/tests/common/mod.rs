@@ -17,9 +17,11 @@ pub async fn server() -> Loopback {
         .create(
             &SANDBOX_TEMPLATES,
             NS,
-            // The working directory on a per-sandbox claim volume, so a suspension keeps it.
+            // The working directory on a per-sandbox claim volume, so a suspension keeps it;
+            // a grace period that a suspend can wait out.
             json!({"metadata": {"name": "tpl"}, "spec": {
-                "podTemplate": {"spec": {"containers": [{"name": "main", "image": "busybox",
+                "podTemplate": {"spec": {"terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "main", "image": "busybox",
                     "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}},
                 "volumeClaimTemplates": [{"metadata": {"name": "workspace"},
                     "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]
