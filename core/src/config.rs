@@ -78,9 +78,16 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     /// Holds per session.
     pub max_holds_per_session: u32,
+    /// Work entered into one sandbox at once ([`Lifecycle::enter`](crate::Lifecycle::enter)).
+    #[serde(default = "default_max_operations_per_sandbox")]
+    pub max_operations_per_sandbox: u32,
     /// Ended call names remembered, so that a second release says `AlreadyReleased` rather than
     /// `UnknownCall`.
     pub remembered_ended_calls: usize,
+}
+
+fn default_max_operations_per_sandbox() -> u32 {
+    1024
 }
 
 impl Default for Limits {
@@ -93,6 +100,7 @@ impl Default for Limits {
             max_paths_per_session: 32,
             max_payload_bytes: 64 << 20,
             max_holds_per_session: 64,
+            max_operations_per_sandbox: default_max_operations_per_sandbox(),
             remembered_ended_calls: 4096,
         }
     }

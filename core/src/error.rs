@@ -76,6 +76,12 @@ pub enum Error {
         /// The session.
         session: SessionId,
     },
+    /// `leave` of a sandbox no work was entered into.
+    #[error("no work was entered into sandbox {sandbox}")]
+    NotEntered {
+        /// The sandbox.
+        sandbox: SandboxId,
+    },
     /// Scope `User` and the call named no user.
     #[error("call {call} names no user, and the scope is per user")]
     MissingUser {
@@ -115,6 +121,7 @@ impl Error {
             Error::UnknownSandbox { .. } => ErrorKind::UnknownSandbox,
             Error::UnknownUpload { .. } => ErrorKind::UnknownUpload,
             Error::NotHeld { .. } => ErrorKind::NotHeld,
+            Error::NotEntered { .. } => ErrorKind::NotEntered,
             Error::MissingUser { .. } => ErrorKind::MissingUser,
             Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
@@ -154,6 +161,8 @@ pub enum ErrorKind {
     UnknownUpload,
     /// See [`Error::NotHeld`].
     NotHeld,
+    /// See [`Error::NotEntered`].
+    NotEntered,
     /// See [`Error::MissingUser`].
     MissingUser,
     /// See [`Error::LimitExceeded`].
@@ -180,6 +189,7 @@ impl ErrorKind {
             ErrorKind::UnknownSandbox => "unknown-sandbox",
             ErrorKind::UnknownUpload => "unknown-upload",
             ErrorKind::NotHeld => "not-held",
+            ErrorKind::NotEntered => "not-entered",
             ErrorKind::MissingUser => "missing-user",
             ErrorKind::LimitExceeded => "limit-exceeded",
             ErrorKind::InvalidConfig => "invalid-config",

@@ -41,6 +41,12 @@ pub enum Input {
     Unhold {
         session: SessionId,
     },
+    Enter {
+        session: SessionId,
+    },
+    Leave {
+        sandbox: SandboxId,
+    },
     Close {
         deadline: Duration,
     },
@@ -85,10 +91,20 @@ pub enum Input {
     Timeout,
 }
 
+/// What an applied input answers besides success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Nothing more.
+    Done,
+    /// A flush's version.
+    Version(crate::Version),
+    /// The sandbox an `enter` entered.
+    Entered(SandboxId),
+}
+
 impl Lifecycle {
-    /// Applies one input: the method of the same name. A flush's version is returned as
-    /// `Some`.
-    pub fn handle(&mut self, now: Instant, input: Input) -> Result<Option<crate::Version>, Error> {
+    /// Applies one input: the method of the same name, with what it answers.
+    pub fn handle(&mut self, now: Instant, input: Input) -> Result<Answer, Error> {
         match input {
             Input::Acquire(spec) => self.acquire(now, spec),
             Input::Release { call } => self.release(now, &call),
@@ -96,9 +112,15 @@ impl Lifecycle {
                 session,
                 path,
                 payload,
-            } => return self.flush(now, &session, &path, payload).map(Some),
+            } => {
+                return self
+                    .flush(now, &session, &path, payload)
+                    .map(Answer::Version)
+            }
             Input::Hold { session } => self.hold(now, &session),
             Input::Unhold { session } => self.unhold(now, &session),
+            Input::Enter { session } => return self.enter(now, &session).map(Answer::Entered),
+            Input::Leave { sandbox } => self.leave(now, sandbox),
             Input::Close { deadline } => self.close(now, deadline),
             Input::StartOk { sandbox } => self.handle_start_ok(now, sandbox),
             Input::StartFailed { sandbox } => self.handle_start_failed(now, sandbox),
@@ -116,6 +138,6 @@ impl Lifecycle {
             Input::InstanceGone { sandbox } => self.handle_instance_gone(now, sandbox),
             Input::Timeout => self.handle_timeout(now),
         }
-        .map(|()| None)
+        .map(|()| Answer::Done)
     }
 }

@@ -178,6 +178,7 @@
 //! | `start.rs` | Start and its answers; a start that failed, timed out or died |
 //! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer; `Way`, the view a sandbox's own transitions run on |
 //! | `death.rs` | deaths and lost instances |
+//! | `operation.rs` | the application's own work in a session's sandbox: enter, leave, and the per-sandbox count that keeps a drain from ending under it |
 //! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots; `Mirror`, the mirror's view of the lifecycle |
 //! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input (mirror work) |
 //! | `upload.rs` | uploads in flight and their table |
@@ -218,6 +219,7 @@ mod lifecycle;
 mod map;
 mod mirror;
 mod name;
+mod operation;
 mod sandbox;
 mod session;
 mod small_set;
@@ -234,7 +236,7 @@ pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope};
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
-pub use input::{Input, UploadFailure};
+pub use input::{Answer, Input, UploadFailure};
 pub use invariants::Violation;
 pub use lifecycle::Lifecycle;
 pub use name::{CallId, ExternalId, InvalidName, PathName, SessionId, UserId, MAX_NAME_LEN};

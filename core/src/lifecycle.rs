@@ -436,7 +436,9 @@ impl Lifecycle {
                 continue;
             };
             match x.state {
-                SandboxState::Draining if x.uploads.is_empty() && x.busy_sessions == 0 => {
+                SandboxState::Draining
+                    if x.uploads.is_empty() && x.busy_sessions == 0 && x.operations == 0 =>
+                {
                     tracing::debug!(sandbox = %self.sid(sandbox), "drained");
                     self.end_drain(sandbox, DropReason::DrainDeadline);
                 }

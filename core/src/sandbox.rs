@@ -90,6 +90,8 @@ pub(crate) struct Sandbox {
     pub(crate) targeting: SmallSet<SessionIx>,
     /// How many of those have pending work or holds.
     pub(crate) busy_sessions: u32,
+    /// Work entered into it and not yet left ([`Lifecycle::enter`](crate::Lifecycle::enter)).
+    pub(crate) operations: u32,
     /// The instant of its `Timer::Sandbox`, if set.
     pub(crate) deadline: Option<TimerRef>,
     pub(crate) shutdown_ordered: bool,
@@ -109,6 +111,7 @@ impl Sandbox {
             uploads: SmallSet::Empty,
             targeting: SmallSet::Empty,
             busy_sessions: 0,
+            operations: 0,
             deadline: None,
             shutdown_ordered: false,
             snapshot: None,

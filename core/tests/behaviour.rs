@@ -1430,6 +1430,10 @@ fn after_closed_every_input_is_rejected() {
         Input::Unhold {
             session: session("s"),
         },
+        Input::Enter {
+            session: session("s"),
+        },
+        Input::Leave { sandbox: x },
         Input::Close { deadline: secs(1) },
         Input::StartOk { sandbox: x },
         Input::StartFailed { sandbox: x },
@@ -1450,7 +1454,7 @@ fn after_closed_every_input_is_rejected() {
         Input::Died { sandbox: x },
         Input::Timeout,
     ];
-    assert_eq!(inputs.len(), 18);
+    assert_eq!(inputs.len(), 20);
     for input in inputs {
         h.wait(secs(100));
         let got = h.input(input.clone());

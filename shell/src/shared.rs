@@ -241,6 +241,20 @@ impl<E: Executor> Shared<E> {
         self.apply(|core, now| core.unhold(now, session))
     }
 
+    /// Applies `enter`: context-free code acting for `session` begins work in the session's
+    /// sandbox, which is returned; its drain waits for the matching [`leave`](Self::leave) (up
+    /// to the drain deadline). Errors: `Core(NoActiveSandbox)`, `Core(LimitExceeded)`,
+    /// `Core(Closed)`.
+    pub fn enter(self: &Arc<Self>, session: &SessionId) -> Result<SandboxId, KeeperError> {
+        self.apply(|core, now| core.enter(now, session))
+    }
+
+    /// Applies `leave`: work entered into `sandbox` ends. Errors: `Core(NotEntered)`,
+    /// `Core(UnknownSandbox)`, `Core(Closed)`.
+    pub fn leave(self: &Arc<Self>, sandbox: SandboxId) -> Result<(), KeeperError> {
+        self.apply(|core, now| core.leave(now, sandbox))
+    }
+
     /// The sandbox of a live call of `session` (never another session's), for context-free
     /// code. Errors: `Core(NoActiveSandbox)`, `Core(SandboxGone)`, `Core(Closed)`.
     pub fn resolve(&self, session: &SessionId) -> Result<SandboxId, KeeperError> {
@@ -388,15 +402,15 @@ impl<E: Executor> Shared<E> {
     // ------------------------------------------------------------------------------------------
     // Internals
 
-    fn apply(
+    fn apply<R>(
         self: &Arc<Self>,
-        f: impl FnOnce(&mut Lifecycle, Instant) -> Result<(), sandkeeper::Error>,
-    ) -> Result<(), KeeperError> {
+        f: impl FnOnce(&mut Lifecycle, Instant) -> Result<R, sandkeeper::Error>,
+    ) -> Result<R, KeeperError> {
         let mut st = lock(&self.state);
         let now = self.executor.now();
-        f(&mut st.core, now)?;
+        let r = f(&mut st.core, now)?;
         self.drain(&mut st);
-        Ok(())
+        Ok(r)
     }
 
     /// The drain contract: every command to the executor in order, every event to the

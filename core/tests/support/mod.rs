@@ -406,9 +406,18 @@ impl Script {
     // ------------------------------------------------------------------------------------------
     // Inputs
 
+    /// Applies one input now, drains, and checks ([`answer`](Self::answer)); a flush's version
+    /// is `Some`.
+    pub fn input(&mut self, input: Input) -> Result<Option<Version>, Error> {
+        self.answer(input).map(|a| match a {
+            Answer::Version(v) => Some(v),
+            _ => None,
+        })
+    }
+
     /// Applies one input now, drains, and checks. An input that fails must change nothing: the
     /// serialised core is compared before and after.
-    pub fn input(&mut self, input: Input) -> Result<Option<Version>, Error> {
+    pub fn answer(&mut self, input: Input) -> Result<Answer, Error> {
         let before = serde_json::to_string(&self.core).expect("core serialises");
         let flushed = match &input {
             Input::Flush { session, path, .. } => Some((session.clone(), path.clone())),
@@ -475,8 +484,8 @@ impl Script {
                     panic!("{v}");
                 }
             }
-            Ok(version) => {
-                if let (Some(v), Some((s, p))) = (version, flushed) {
+            Ok(answer) => {
+                if let (Answer::Version(v), Some((s, p))) = (answer, flushed) {
                     // Only a forgotten idle session starts its numbering again, and only after
                     // every version it had settled (the rule is `versions-numbered`'s).
                     let h = &mut self.history;
@@ -814,6 +823,22 @@ impl Script {
             session: session(s),
         })
         .map(|_| ())
+    }
+
+    /// Enters session `s`'s sandbox for work, returning it.
+    pub fn enter(&mut self, s: &str) -> Result<SandboxId, Error> {
+        self.answer(Input::Enter {
+            session: session(s),
+        })
+        .map(|a| match a {
+            Answer::Entered(x) => x,
+            other => panic!("enter answered {other:?}"),
+        })
+    }
+
+    /// Leaves sandbox `x` after work entered with [`enter`](Self::enter).
+    pub fn leave(&mut self, x: SandboxId) -> Result<(), Error> {
+        self.answer(Input::Leave { sandbox: x }).map(|_| ())
     }
 
     /// Lets one hold of `s` go.
