@@ -51,6 +51,19 @@ impl<B: Backend> CallGuard<B> {
         self.ticket.is_lost()
     }
 
+    /// The call's work in its sandbox: commands and files, there and nowhere else, for as long
+    /// as the guard lives.
+    pub fn work(&self) -> crate::ops::SandboxWork<'_, B>
+    where
+        B: crate::ops::SandboxOps,
+    {
+        crate::ops::SandboxWork::for_call(
+            self.ticket.shared().clone(),
+            self.sandbox(),
+            self.call().clone(),
+        )
+    }
+
     /// The call's tracing span.
     pub fn span(&self) -> &Span {
         &self.span

@@ -226,6 +226,24 @@ impl<B: Backend> Keeper<B> {
         self.shared.resolve(session)
     }
 
+    /// Work for `session` in its sandbox, for code that acts for the session without its call
+    /// (a memory writer, a tool run after the turn): the session's live call's sandbox, else
+    /// its warm or draining one, entered in the same step so that it is not stopped under the
+    /// work (up to the drain deadline); dropping the handle lets it go. Never another session's
+    /// sandbox.
+    ///
+    /// Errors: `NoActiveSandbox` when the session has no sandbox its work may use (none, or it
+    /// was ordered to stop); `Keeper(Core(LimitExceeded | Closed))`.
+    pub fn session_work(
+        &self,
+        session: &SessionId,
+    ) -> Result<crate::ops::SessionWork<B>, crate::ops::OpError>
+    where
+        B: crate::ops::SandboxOps,
+    {
+        crate::ops::SessionWork::enter(self.shared.clone(), session)
+    }
+
     /// The core's state of a sandbox it still tracks.
     pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
         self.shared.with_core(|core| core.sandbox_state(sandbox))

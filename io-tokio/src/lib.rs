@@ -55,6 +55,7 @@ mod guard;
 mod keeper;
 pub mod local;
 mod notice;
+pub mod ops;
 pub mod rng;
 mod timer;
 pub mod workload;
@@ -68,4 +69,8 @@ pub use guard::CallGuard;
 pub use keeper::{Keeper, KeeperConfig, Load};
 pub use local::LocalBackend;
 pub use notice::Notice;
+pub use ops::{
+    Entry, EntryKind, ExecOptions, ExecOutput, OpError, SandboxOps, SandboxWork, SessionWork,
+    WorkPath,
+};
 pub use sandkeeper_shell::{KeeperError, Released, Tally};

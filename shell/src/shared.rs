@@ -591,6 +591,11 @@ impl<E: Executor> CallTicket<E> {
         self.shared.is_lost(&self.call, self.ticket)
     }
 
+    /// The keeper state the call lives in (to run the call's work in its sandbox).
+    pub fn shared(&self) -> &Arc<Shared<E>> {
+        &self.shared
+    }
+
     /// Releases the call; the waiter resolves when the release completed
     /// ([`Released::Completed`]), or says that close ended the call first.
     pub fn release(mut self) -> Wait<Released> {

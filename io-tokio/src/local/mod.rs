@@ -16,6 +16,7 @@
 
 mod exec;
 mod layout;
+mod ops;
 
 use std::collections::HashMap;
 use std::io;

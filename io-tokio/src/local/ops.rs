@@ -1,0 +1,398 @@
+//! Operations in a local sandbox ([`SandboxOps`] for [`LocalBackend`]).
+//!
+//! - **Files** go through a capability handle on the sandbox's directory (`cap-std`): every
+//!   path is resolved inside it, and one that leads out — through `..` or a symlink, however
+//!   deep — is refused ([`OpError::Escapes`]), not followed. Writes are atomic (a temporary
+//!   file beside the target, then a rename) and, like uploads, hold the sandbox's gate: none
+//!   lands after Stop.
+//! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
+//!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `LANG`,
+//!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs in a
+//!   process group of its own, killed as a whole when it ends, times out, the sandbox stops,
+//!   or the caller drops the future: nothing it started outlives it.
+//!
+//! What this does not isolate: a command runs as the keeper's user, sees the host's file
+//! system and network, and may write wherever that user may.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use sandkeeper::SandboxId;
+
+use super::{LocalBackend, LocalSandbox};
+use crate::ops::{Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
+
+/// Names temporary files of concurrent writes apart.
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Maps an IO error on `path` in sandbox `s`: a missing workspace is the sandbox gone, a path
+/// that led outside is refused as such.
+fn path_error(s: &LocalSandbox, sandbox: SandboxId, path: &WorkPath, e: io::Error) -> OpError {
+    if !s.dir.exists() {
+        return OpError::SandboxGone {
+            sandbox,
+            why: format!("{} is gone", s.dir.display()),
+        };
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => OpError::NotFound {
+            path: path.to_string(),
+        },
+        // cap-std's refusal of a path that resolves outside the directory.
+        io::ErrorKind::PermissionDenied if e.to_string().contains("outside of the filesystem") => {
+            OpError::Escapes {
+                path: path.to_string(),
+            }
+        }
+        _ => OpError::Backend {
+            what: "file",
+            error: format!("{path}: {e}"),
+        },
+    }
+}
+
+impl LocalBackend {
+    /// The sandbox, if the backend runs it and it is not stopped.
+    fn for_work(&self, sandbox: SandboxId) -> Result<Arc<LocalSandbox>, OpError> {
+        let Some(s) = self.get(sandbox) else {
+            return Err(OpError::SandboxGone {
+                sandbox,
+                why: "not running here".into(),
+            });
+        };
+        if *s.gate.read().unwrap_or_else(|p| p.into_inner()) {
+            return Err(OpError::Stopped { sandbox });
+        }
+        Ok(s)
+    }
+
+    /// Runs `f` on a blocking thread with the sandbox's directory as a capability, holding its
+    /// gate for reading (so Stop waits for it, and nothing runs once it sealed).
+    async fn with_dir<T: Send + 'static>(
+        &self,
+        sandbox: SandboxId,
+        path: WorkPath,
+        f: impl FnOnce(&Dir, &WorkPath) -> io::Result<T> + Send + 'static,
+    ) -> Result<T, OpError> {
+        let s = self.for_work(sandbox)?;
+        tokio::task::spawn_blocking(move || {
+            let sealed = s.gate.read().unwrap_or_else(|p| p.into_inner());
+            if *sealed {
+                return Err(OpError::Stopped { sandbox });
+            }
+            let dir = Dir::open_ambient_dir(&s.dir, ambient_authority())
+                .map_err(|e| path_error(&s, sandbox, &path, e))?;
+            let r = f(&dir, &path).map_err(|e| path_error(&s, sandbox, &path, e));
+            drop(sealed);
+            r
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(OpError::Backend {
+                what: "file task",
+                error: e.to_string(),
+            })
+        })
+    }
+}
+
+fn write_atomically(dir: &Dir, path: &WorkPath, bytes: &[u8]) -> io::Result<()> {
+    let (parent, name) = match path.as_str().rsplit_once('/') {
+        Some((parent, name)) => (Some(parent), name),
+        None => (None, path.as_str()),
+    };
+    let tmp = format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    );
+    let tmp = match parent {
+        Some(p) => {
+            // Opened first: a symlink out is refused as such, not taken for a file in the way.
+            match dir.open_dir(p) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => dir.create_dir_all(p)?,
+                Err(e) => return Err(e),
+            }
+            format!("{p}/{tmp}")
+        }
+        None => tmp,
+    };
+    let written = (|| {
+        let mut file = dir.create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        dir.rename(&tmp, dir, path.as_str())
+    })();
+    if written.is_err() {
+        let _ = dir.remove_file(&tmp);
+    }
+    written
+}
+
+fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
+    if t.is_symlink() {
+        EntryKind::Symlink
+    } else if t.is_dir() {
+        EntryKind::Dir
+    } else if t.is_file() {
+        EntryKind::File
+    } else {
+        EntryKind::Other
+    }
+}
+
+impl SandboxOps for LocalBackend {
+    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        let s = self.for_work(sandbox)?;
+        let cwd = request.options.cwd.clone();
+        // The working directory is checked through the capability (no way out), then named.
+        self.with_dir(sandbox, cwd.clone(), |dir, cwd| {
+            if !cwd.is_root() {
+                dir.open_dir(cwd.as_str())?;
+            }
+            Ok(())
+        })
+        .await?;
+        let dir = if cwd.is_root() {
+            s.dir.clone()
+        } else {
+            s.dir.join(cwd.as_str())
+        };
+        let timeout = request.options.timeout.unwrap_or(self.config.run_timeout);
+        process::run(&s, sandbox, dir, request, timeout).await
+    }
+
+    async fn write(
+        &self,
+        sandbox: SandboxId,
+        path: WorkPath,
+        bytes: Vec<u8>,
+    ) -> Result<(), OpError> {
+        path.writable()?;
+        self.with_dir(sandbox, path, move |dir, path| {
+            write_atomically(dir, path, &bytes)
+        })
+        .await
+    }
+
+    async fn read(
+        &self,
+        sandbox: SandboxId,
+        path: WorkPath,
+        cap: usize,
+    ) -> Result<Vec<u8>, OpError> {
+        let read = self
+            .with_dir(sandbox, path.clone(), move |dir, path| {
+                let file = dir.open(path.as_str())?;
+                let mut out = Vec::new();
+                file.take(cap as u64 + 1).read_to_end(&mut out)?;
+                Ok(out)
+            })
+            .await?;
+        if read.len() > cap {
+            return Err(OpError::TooLarge {
+                path: path.to_string(),
+                cap,
+            });
+        }
+        Ok(read)
+    }
+
+    async fn list(&self, sandbox: SandboxId, path: WorkPath) -> Result<Vec<Entry>, OpError> {
+        self.with_dir(sandbox, path, |dir, path| {
+            let entries = if path.is_root() {
+                dir.entries()?
+            } else {
+                dir.read_dir(path.as_str())?
+            };
+            let mut out = Vec::new();
+            for entry in entries {
+                let entry = entry?;
+                let meta = entry.metadata()?;
+                out.push(Entry {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    kind: kind_of(entry.file_type()?),
+                    size: meta.len(),
+                });
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn remove(&self, sandbox: SandboxId, path: WorkPath) -> Result<(), OpError> {
+        path.writable()?;
+        self.with_dir(sandbox, path, |dir, path| {
+            if dir.symlink_metadata(path.as_str())?.is_dir() {
+                dir.remove_dir_all(path.as_str())
+            } else {
+                dir.remove_file(path.as_str())
+            }
+        })
+        .await
+    }
+
+    async fn exists(&self, sandbox: SandboxId, path: WorkPath) -> Result<bool, OpError> {
+        self.with_dir(sandbox, path, |dir, path| {
+            if path.is_root() {
+                return Ok(true);
+            }
+            dir.try_exists(path.as_str())
+        })
+        .await
+    }
+}
+
+#[cfg(loom)]
+mod process {
+    //! tokio leaves out its process module under `--cfg loom`; loom builds only check the
+    //! shared-state layer and never run processes.
+    use super::*;
+
+    pub(super) async fn run(
+        _: &LocalSandbox,
+        _: SandboxId,
+        _: std::path::PathBuf,
+        request: ExecRequest,
+        _: Duration,
+    ) -> Result<ExecOutput, OpError> {
+        Err(OpError::Spawn {
+            program: request.argv.first().cloned().unwrap_or_default(),
+            error: "no processes in a --cfg loom build".into(),
+        })
+    }
+}
+
+#[cfg(not(loom))]
+mod process {
+    //! Running one command in its own process group.
+    use super::*;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+    /// The `PATH` commands get.
+    const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+    /// How long an exec waits, after its group was killed, for its output pipes to close.
+    const REAP: Duration = Duration::from_secs(5);
+
+    /// Kills a process group when dropped: whatever path the exec leaves by.
+    struct Group(Option<rustix::process::Pid>);
+
+    impl Drop for Group {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                // ESRCH (already gone) is fine.
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+
+    /// Reads `r` to its end, keeping at most `cap` bytes; whether any were dropped.
+    async fn collect(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+        let (mut out, mut cut) = (Vec::new(), false);
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return (out, cut),
+                Ok(n) => {
+                    let room = cap.saturating_sub(out.len());
+                    cut |= n > room;
+                    out.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+    }
+
+    pub(super) async fn run(
+        s: &LocalSandbox,
+        sandbox: SandboxId,
+        dir: std::path::PathBuf,
+        request: ExecRequest,
+        timeout: Duration,
+    ) -> Result<ExecOutput, OpError> {
+        let ExecRequest { argv, options } = request;
+        let (program, args) = argv.split_first().ok_or(OpError::EmptyArgv)?;
+        let mut stopped = s.stopped.subscribe();
+        if *stopped.borrow() {
+            return Err(OpError::Stopped { sandbox });
+        }
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .current_dir(&dir)
+            .env_clear()
+            .env("PATH", PATH)
+            .env("HOME", &s.dir)
+            .env("LANG", "C.UTF-8")
+            .env("SANDKEEPER_SANDBOX", sandbox.to_string())
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
+            .stdin(if options.stdin.is_empty() {
+                std::process::Stdio::null()
+            } else {
+                std::process::Stdio::piped()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|e| OpError::Spawn {
+            program: program.clone(),
+            error: e.to_string(),
+        })?;
+        let group = Group(
+            child
+                .id()
+                .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
+        );
+        tracing::debug!(sandbox = %sandbox, program = %program, "exec");
+        let cap = options.output_cap;
+        let stdout = tokio::spawn(collect(child.stdout.take().expect("piped"), cap));
+        let stderr = tokio::spawn(collect(child.stderr.take().expect("piped"), cap));
+        if let Some(mut stdin) = child.stdin.take() {
+            let bytes = options.stdin;
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&bytes).await;
+            });
+        }
+        let ended = tokio::select! {
+            status = child.wait() => status.map_err(|e| OpError::Backend {
+                what: "wait",
+                error: e.to_string(),
+            }),
+            () = tokio::time::sleep(timeout) => Err(OpError::Timeout { after: timeout }),
+            _ = stopped.wait_for(|stopped| *stopped) => Err(OpError::Stopped { sandbox }),
+        };
+        // Whatever ended it, the group goes with it; its pipes close once every process of it
+        // is dead, so the exec returns only then (bounded, for a process that left the group).
+        drop(group);
+        let outputs = async { (stdout.await, stderr.await) };
+        let outputs = tokio::time::timeout(REAP, outputs).await;
+        let status = ended?;
+        let Ok((Ok((stdout, cut_out)), Ok((stderr, cut_err)))) = outputs else {
+            return Err(OpError::Backend {
+                what: "exec",
+                error: format!(
+                    "its output stayed open {REAP:?} after it ended: a process left its group"
+                ),
+            });
+        };
+        if !s.dir.exists() {
+            return Err(OpError::SandboxGone {
+                sandbox,
+                why: format!("{} is gone", s.dir.display()),
+            });
+        }
+        Ok(ExecOutput {
+            code: status.code(),
+            stdout,
+            stderr,
+            truncated: cut_out || cut_err,
+        })
+    }
+}

@@ -1,0 +1,237 @@
+//! The application's side of operations: [`SandboxWork`], the work of one call or one session
+//! in one sandbox, and [`SessionWork`], which keeps a session's sandbox from being stopped
+//! under its work.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use sandkeeper::{CallId, CallStatus, SandboxId, SandboxState, SessionId};
+use sandkeeper_shell::Shared;
+
+use super::{
+    Entry, ExecOptions, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath, DEFAULT_READ_CAP,
+};
+use crate::executor::TokioExecutor;
+
+/// Whose work it is, which decides what is checked before each operation.
+#[derive(Clone, Debug)]
+enum Owner {
+    /// A call's, through its guard: the live call keeps its sandbox up; the sandbox may die.
+    Call(CallId),
+    /// A session's, entered into the session's sandbox: it may also have been ordered to stop
+    /// (past the drain deadline).
+    Session(SessionId),
+}
+
+/// Work in one sandbox on behalf of a call ([`CallGuard::work`](crate::CallGuard::work)) or a
+/// session ([`SessionWork`]). Every operation first checks, in the keeper, that the sandbox
+/// may still take the work, and runs only there; a sandbox found gone is reported to the
+/// keeper as a death.
+pub struct SandboxWork<'a, B: SandboxOps> {
+    shared: Arc<Shared<TokioExecutor<B>>>,
+    sandbox: SandboxId,
+    owner: Owner,
+    _guard: PhantomData<&'a ()>,
+}
+
+impl<B: SandboxOps> SandboxWork<'_, B> {
+    pub(crate) fn for_call(
+        shared: Arc<Shared<TokioExecutor<B>>>,
+        sandbox: SandboxId,
+        call: CallId,
+    ) -> Self {
+        SandboxWork {
+            shared,
+            sandbox,
+            owner: Owner::Call(call),
+            _guard: PhantomData,
+        }
+    }
+
+    /// The sandbox the work runs in.
+    pub fn sandbox(&self) -> SandboxId {
+        self.sandbox
+    }
+
+    /// Runs a command (argv only, never a shell string). Errors: see [`OpError`].
+    pub async fn exec<S: Into<String>>(
+        &self,
+        argv: impl IntoIterator<Item = S>,
+        options: ExecOptions,
+    ) -> Result<ExecOutput, OpError> {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        if argv.is_empty() {
+            return Err(OpError::EmptyArgv);
+        }
+        for (name, value) in &options.env {
+            super::check_env(name, value)?;
+        }
+        {
+            let x = self.check()?;
+            self.seen(self.backend().exec(x, ExecRequest { argv, options }).await)
+        }
+    }
+
+    /// Writes a file atomically, making its parent directories.
+    pub async fn write(&self, path: &str, bytes: impl Into<Vec<u8>>) -> Result<(), OpError> {
+        let path = WorkPath::new(path)?;
+        path.writable()?;
+        let bytes = bytes.into();
+        {
+            let x = self.check()?;
+            self.seen(self.backend().write(x, path, bytes).await)
+        }
+    }
+
+    /// Reads a file of at most [`DEFAULT_READ_CAP`] bytes.
+    pub async fn read(&self, path: &str) -> Result<Vec<u8>, OpError> {
+        self.read_capped(path, DEFAULT_READ_CAP).await
+    }
+
+    /// Reads a file of at most `cap` bytes ([`OpError::TooLarge`] beyond).
+    pub async fn read_capped(&self, path: &str, cap: usize) -> Result<Vec<u8>, OpError> {
+        let path = WorkPath::new(path)?;
+        {
+            let x = self.check()?;
+            self.seen(self.backend().read(x, path, cap).await)
+        }
+    }
+
+    /// Lists a directory (`"."`: the workspace), by name.
+    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, OpError> {
+        let dir = WorkPath::new(dir)?;
+        {
+            let x = self.check()?;
+            self.seen(self.backend().list(x, dir).await)
+        }
+    }
+
+    /// Removes a file, or a directory with everything in it.
+    pub async fn remove(&self, path: &str) -> Result<(), OpError> {
+        let path = WorkPath::new(path)?;
+        path.writable()?;
+        {
+            let x = self.check()?;
+            self.seen(self.backend().remove(x, path).await)
+        }
+    }
+
+    /// Whether something exists at the path.
+    pub async fn exists(&self, path: &str) -> Result<bool, OpError> {
+        let path = WorkPath::new(path)?;
+        {
+            let x = self.check()?;
+            self.seen(self.backend().exists(x, path).await)
+        }
+    }
+
+    /// The sandbox, if it may take work now by the keeper's state.
+    fn check(&self) -> Result<SandboxId, OpError> {
+        let sandbox = self.sandbox;
+        let gone = |why: &str| OpError::SandboxGone {
+            sandbox,
+            why: why.to_string(),
+        };
+        match &self.owner {
+            Owner::Call(call) => match self.shared.with_core(|c| c.call_status(call)) {
+                Some(CallStatus::Ready(x)) if x == sandbox => Ok(sandbox),
+                Some(CallStatus::Lost(_)) => Err(gone("the keeper knows it dead")),
+                other => Err(OpError::Backend {
+                    what: "call",
+                    error: format!("call {call} is not ready in {sandbox}: {other:?}"),
+                }),
+            },
+            Owner::Session(session) => match self.shared.with_core(|c| c.sandbox_state(sandbox)) {
+                Some(SandboxState::Running | SandboxState::Idle | SandboxState::Draining) => {
+                    Ok(sandbox)
+                }
+                Some(SandboxState::Dead) | None => Err(gone("the keeper knows it dead or gone")),
+                Some(_) => Err(OpError::NoActiveSandbox {
+                    session: session.clone(),
+                }),
+            },
+        }
+    }
+
+    fn backend(&self) -> &B {
+        self.shared.executor().backend()
+    }
+
+    /// Reports a sandbox an operation found gone to the keeper, as a death.
+    fn seen<T>(&self, r: Result<T, OpError>) -> Result<T, OpError> {
+        if let Err(OpError::SandboxGone { why, .. }) = &r {
+            tracing::info!(sandbox = %self.sandbox, %why, "an operation found its sandbox gone");
+            Shared::answer(
+                &self.shared,
+                sandkeeper::Input::Died {
+                    sandbox: self.sandbox,
+                },
+            );
+        }
+        r
+    }
+}
+
+impl<B: SandboxOps> std::fmt::Debug for SandboxWork<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxWork")
+            .field("sandbox", &self.sandbox)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+/// A session's work in its sandbox, for code that acts for a session without its call
+/// ([`Keeper::session_work`](crate::Keeper::session_work)): resolving the session's sandbox
+/// and entering it happen in one step, so a draining sandbox waits for this work (up to the
+/// drain deadline) instead of being stopped under it. Dropping it lets the sandbox go. Once
+/// the sandbox was ordered to stop, every operation is refused with
+/// [`OpError::NoActiveSandbox`] before anything runs.
+pub struct SessionWork<B: SandboxOps> {
+    work: SandboxWork<'static, B>,
+}
+
+impl<B: SandboxOps> SessionWork<B> {
+    pub(crate) fn enter(
+        shared: Arc<Shared<TokioExecutor<B>>>,
+        session: &SessionId,
+    ) -> Result<Self, OpError> {
+        let sandbox = shared.enter(session).map_err(|e| match e {
+            crate::KeeperError::Core(sandkeeper::Error::NoActiveSandbox { session }) => {
+                OpError::NoActiveSandbox { session }
+            }
+            other => OpError::Keeper(other),
+        })?;
+        Ok(SessionWork {
+            work: SandboxWork {
+                shared,
+                sandbox,
+                owner: Owner::Session(session.clone()),
+                _guard: PhantomData,
+            },
+        })
+    }
+}
+
+impl<B: SandboxOps> std::ops::Deref for SessionWork<B> {
+    type Target = SandboxWork<'static, B>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.work
+    }
+}
+
+impl<B: SandboxOps> Drop for SessionWork<B> {
+    fn drop(&mut self) {
+        if let Err(e) = self.work.shared.leave(self.work.sandbox) {
+            // Only after close: nothing is left to let go then.
+            tracing::debug!(error = %e, sandbox = %self.work.sandbox, "leave");
+        }
+    }
+}
+
+impl<B: SandboxOps> std::fmt::Debug for SessionWork<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SessionWork").field(&self.work).finish()
+    }
+}

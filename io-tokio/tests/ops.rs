@@ -1,0 +1,334 @@
+//! Operations on the local backend, end to end: real processes and real files through a call's
+//! guard and a session's work handle, and every refusal typed.
+#![cfg(not(loom))]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sandkeeper::{CallId, CallSpec, Config, SandboxState, SessionId};
+use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::{
+    CallGuard, EntryKind, ExecOptions, Keeper, KeeperConfig, LocalBackend, OpError,
+};
+
+fn root(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sandkeeper-ops-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn keeper(name: &str, core: Config) -> Keeper<LocalBackend> {
+    let backend = LocalBackend::new(LocalConfig::new(root(name))).unwrap();
+    Keeper::new(KeeperConfig::with_core(core), backend).unwrap()
+}
+
+async fn call(k: &Keeper<LocalBackend>, c: &str, s: &str) -> CallGuard<LocalBackend> {
+    k.acquire(CallSpec::new(
+        CallId::new(c).unwrap(),
+        SessionId::new(s).unwrap(),
+    ))
+    .await
+    .unwrap()
+}
+
+/// A command runs in the call's workspace with argv only, stdin given, and nothing of the
+/// host's environment: exactly the allowlist and the request's own variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_in_the_workspace_with_a_cleared_environment() {
+    let k = keeper("exec", Config::default());
+    let g = call(&k, "c", "s").await;
+    let w = g.work();
+    let out = w
+        .exec(
+            ["printf", "%s|%s", "a; rm -rf / $(x)", "b"],
+            ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.success(), &out.stdout[..]),
+        (true, &b"a; rm -rf / $(x)|b"[..])
+    );
+    let pwd = w.exec(["pwd"], ExecOptions::default()).await.unwrap();
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    assert_eq!(
+        String::from_utf8_lossy(&pwd.stdout).trim(),
+        dir.to_str().unwrap()
+    );
+
+    // The test process has CARGO_* and more in its environment; none of it reaches the tool.
+    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+    let env = w
+        .exec(
+            ["env"],
+            ExecOptions {
+                env: vec![("TOOL_TOKEN".into(), "t0k".into())],
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut names: Vec<String> = String::from_utf8_lossy(&env.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_string()))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["HOME", "LANG", "PATH", "SANDKEEPER_SANDBOX", "TOOL_TOKEN"]
+    );
+
+    let cat = w
+        .exec(
+            ["cat"],
+            ExecOptions {
+                stdin: b"from stdin".to_vec(),
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(cat.stdout, b"from stdin");
+    let failing = w.exec(["false"], ExecOptions::default()).await.unwrap();
+    assert_eq!(failing.code, Some(1));
+    assert!(matches!(
+        w.exec(Vec::<String>::new(), ExecOptions::default()).await,
+        Err(OpError::EmptyArgv)
+    ));
+    assert!(matches!(
+        w.exec(
+            ["true"],
+            ExecOptions {
+                env: vec![("A=B".into(), "x".into())],
+                ..ExecOptions::default()
+            }
+        )
+        .await,
+        Err(OpError::InvalidEnv { .. })
+    ));
+    assert!(matches!(
+        w.exec(["no-such-program-here"], ExecOptions::default())
+            .await,
+        Err(OpError::Spawn { .. })
+    ));
+    g.release().await;
+}
+
+/// A timed-out command is killed with what it started: its grandchild is dead too. Output
+/// beyond the cap is read and dropped, and said to be cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_kills_the_whole_group_and_output_is_capped() {
+    let k = keeper("timeout", Config::default());
+    let g = call(&k, "c", "s").await;
+    let w = g.work();
+    let timed_out = w
+        .exec(
+            ["sh", "-c", "sleep 30 & echo $! > grandchild; wait"],
+            ExecOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..ExecOptions::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(timed_out, Err(OpError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    let pid = String::from_utf8(w.read("grandchild").await.unwrap()).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+    // Gone, or a zombie waiting for init to reap it: not running either way.
+    let alive = stat.is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+            .unwrap_or(false)
+    });
+    assert!(!alive, "the grandchild {pid} outlived the timed-out exec");
+
+    let big = w
+        .exec(
+            ["head", "-c", "100000", "/dev/zero"],
+            ExecOptions {
+                output_cap: 1000,
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (big.stdout.len(), big.truncated, big.code),
+        (1000, true, Some(0))
+    );
+    let small = w
+        .exec(["echo", "hi"], ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(!small.truncated);
+    g.release().await;
+}
+
+/// Files: atomic write (parents made, no temporary left), read, list, exists, remove; bad
+/// paths, paths out through a symlink, the keeper's own directory and oversized reads are
+/// refused with their typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_confined_to_the_workspace() {
+    let k = keeper("files", Config::default());
+    let g = call(&k, "c", "s").await;
+    let w = g.work();
+    w.write("notes/today.md", "hello").await.unwrap();
+    w.write("notes/today.md", "hello again").await.unwrap();
+    assert_eq!(w.read("notes/today.md").await.unwrap(), b"hello again");
+    let listed = w.list("notes").await.unwrap();
+    assert_eq!(listed.len(), 1, "no temporary file left: {listed:?}");
+    assert_eq!(
+        (listed[0].name.as_str(), listed[0].kind, listed[0].size),
+        ("today.md", EntryKind::File, 11)
+    );
+    let root = w.list(".").await.unwrap();
+    assert!(root
+        .iter()
+        .any(|e| e.name == "notes" && e.kind == EntryKind::Dir));
+    assert!(w.exists("notes/today.md").await.unwrap());
+    assert!(!w.exists("notes/tomorrow.md").await.unwrap());
+    assert!(matches!(
+        w.read("notes/tomorrow.md").await,
+        Err(OpError::NotFound { .. })
+    ));
+    assert!(matches!(
+        w.read_capped("notes/today.md", 5).await,
+        Err(OpError::TooLarge { cap: 5, .. })
+    ));
+    w.remove("notes").await.unwrap();
+    assert!(!w.exists("notes").await.unwrap());
+
+    for bad in ["/etc/passwd", "../x", "a/../../b", "a\0b", ""] {
+        assert!(
+            matches!(w.read(bad).await, Err(OpError::InvalidPath { .. })),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(w.write(bad, "x").await, Err(OpError::InvalidPath { .. })),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        w.write(".sandkeeper/s/x", "x").await,
+        Err(OpError::InvalidPath { .. })
+    ));
+    assert!(matches!(
+        w.remove(".").await,
+        Err(OpError::InvalidPath { .. })
+    ));
+
+    // A symlink planted in the workspace that leads out is refused, not followed.
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    std::os::unix::fs::symlink("/etc", dir.join("out")).unwrap();
+    assert!(matches!(
+        w.read("out/passwd").await,
+        Err(OpError::Escapes { .. })
+    ));
+    let r = w.write("out/evil", "x").await;
+    assert!(matches!(r, Err(OpError::Escapes { .. })), "{r:?}");
+    assert!(matches!(w.list("out").await, Err(OpError::Escapes { .. })));
+    assert!(matches!(
+        w.exec(
+            ["pwd"],
+            ExecOptions {
+                cwd: sandkeeper_tokio::WorkPath::new("out").unwrap(),
+                ..ExecOptions::default()
+            }
+        )
+        .await,
+        Err(OpError::Escapes { .. })
+    ));
+    g.release().await;
+}
+
+/// A session's work taken after its call's release, while the sandbox drains, runs in the
+/// session's own sandbox and keeps it from stopping until the work is dropped; then the
+/// session has no sandbox its work may use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_work_keeps_a_draining_sandbox_until_dropped() {
+    let k = keeper("session", Config::default());
+    let s = SessionId::new("s").unwrap();
+    let other = call(&k, "o", "other").await;
+    let g = call(&k, "c", "s").await;
+    let x = g.sandbox();
+    k.hold(&s).unwrap();
+    drop(g);
+    let work = k.session_work(&s).unwrap();
+    assert_eq!(work.sandbox(), x);
+    assert_ne!(work.sandbox(), other.sandbox());
+    k.unhold(&s).unwrap();
+    assert_eq!(
+        k.sandbox_state(x),
+        Some(SandboxState::Draining),
+        "the work keeps it"
+    );
+    work.write("memory.md", "remembered").await.unwrap();
+    assert_eq!(
+        std::fs::read(k.backend().sandbox_dir(x).join("memory.md")).unwrap(),
+        b"remembered"
+    );
+    drop(work);
+    assert_ne!(k.sandbox_state(x), Some(SandboxState::Draining));
+    assert!(matches!(
+        k.session_work(&s),
+        Err(OpError::NoActiveSandbox { .. })
+    ));
+    other.release().await;
+}
+
+/// Past the drain deadline the sandbox stops anyway; the work's next operation is refused
+/// before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_in_a_sandbox_ordered_to_stop_is_refused() {
+    let core = Config {
+        drain_deadline: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let k = keeper("deadline", core);
+    let s = SessionId::new("s").unwrap();
+    let g = call(&k, "c", "s").await;
+    let x = g.sandbox();
+    let work = k.session_work(&s).unwrap();
+    drop(g);
+    // The core's timer orders the Stop at the deadline; nothing is announced for it, so the
+    // test yields until the state shows it (bounded).
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while k.sandbox_state(x) == Some(SandboxState::Draining)
+            || k.sandbox_state(x) == Some(SandboxState::Running)
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("stopped at the drain deadline");
+    let refused = work.exec(["touch", "late"], ExecOptions::default()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(OpError::NoActiveSandbox { .. } | OpError::SandboxGone { .. })
+        ),
+        "{refused:?}"
+    );
+    assert!(!k.backend().sandbox_dir(x).join("late").exists());
+}
+
+/// An exec that finds its sandbox gone (here the tool removes the workspace) answers
+/// `SandboxGone`, and the keeper learns of the death: the call is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_that_finds_its_sandbox_gone_reports_the_death() {
+    let k = keeper("death", Config::default());
+    let g = call(&k, "c", "s").await;
+    let w = g.work();
+    let r = w
+        .exec(["sh", "-c", "rm -rf \"$HOME\""], ExecOptions::default())
+        .await;
+    assert!(matches!(r, Err(OpError::SandboxGone { .. })), "{r:?}");
+    assert!(g.is_lost(), "the keeper knows");
+    assert!(matches!(
+        w.read("x").await,
+        Err(OpError::SandboxGone { .. })
+    ));
+    g.release().await;
+}
