@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sandkeeper::{CallId, CallSpec, Config, SandboxState, SessionId};
-use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::local::{Isolation, LocalConfig};
 use sandkeeper_tokio::{
     CallGuard, EntryKind, ExecOptions, Keeper, KeeperConfig, LocalBackend, OpError,
 };
@@ -18,9 +18,20 @@ fn root(name: &str) -> PathBuf {
 }
 
 fn keeper(name: &str, core: Config) -> Keeper<LocalBackend> {
-    let backend = LocalBackend::new(LocalConfig::new(root(name))).unwrap();
+    keeper_with(name, core, Isolation::Auto)
+}
+
+fn keeper_with(name: &str, core: Config, isolation: Isolation) -> Keeper<LocalBackend> {
+    let config = LocalConfig {
+        isolation,
+        ..LocalConfig::new(root(name))
+    };
+    let backend = LocalBackend::new(config).unwrap();
     Keeper::new(KeeperConfig::with_core(core), backend).unwrap()
 }
+
+/// Both isolations this machine has: process groups only, and bubblewrap where it works.
+const ISOLATIONS: [Isolation; 2] = [Isolation::Off, Isolation::Auto];
 
 async fn call(k: &Keeper<LocalBackend>, c: &str, s: &str) -> CallGuard<LocalBackend> {
     k.acquire(CallSpec::new(
@@ -35,7 +46,13 @@ async fn call(k: &Keeper<LocalBackend>, c: &str, s: &str) -> CallGuard<LocalBack
 /// host's environment: exactly the allowlist and the request's own variables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_runs_in_the_workspace_with_a_cleared_environment() {
-    let k = keeper("exec", Config::default());
+    for isolation in ISOLATIONS {
+        exec_in_the_workspace(isolation).await;
+    }
+}
+
+async fn exec_in_the_workspace(isolation: Isolation) {
+    let k = keeper_with(&format!("exec-{isolation:?}"), Config::default(), isolation);
     let g = call(&k, "c", "s").await;
     let w = g.work();
     let out = w
@@ -75,7 +92,14 @@ async fn exec_runs_in_the_workspace_with_a_cleared_environment() {
     names.sort();
     assert_eq!(
         names,
-        ["HOME", "LANG", "PATH", "SANDKEEPER_SANDBOX", "TOOL_TOKEN"]
+        [
+            "HOME",
+            "LANG",
+            "PATH",
+            "PWD",
+            "SANDKEEPER_SANDBOX",
+            "TOOL_TOKEN"
+        ]
     );
 
     let cat = w
@@ -118,12 +142,26 @@ async fn exec_runs_in_the_workspace_with_a_cleared_environment() {
 /// beyond the cap is read and dropped, and said to be cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_kills_the_whole_group_and_output_is_capped() {
-    let k = keeper("timeout", Config::default());
+    for isolation in ISOLATIONS {
+        timeout_and_cap(isolation).await;
+    }
+}
+
+async fn timeout_and_cap(isolation: Isolation) {
+    let k = keeper_with(
+        &format!("timeout-{isolation:?}"),
+        Config::default(),
+        isolation,
+    );
     let g = call(&k, "c", "s").await;
     let w = g.work();
+    // The grandchild is found by a mark in its argv (its pid inside a PID namespace would
+    // name another process out here).
+    let mark = format!("{}.{}", 30 + std::process::id() % 1000, std::process::id());
+    let script = format!("sleep {mark} & wait");
     let timed_out = w
         .exec(
-            ["sh", "-c", "sleep 30 & echo $! > grandchild; wait"],
+            ["sh", "-c", script.as_str()],
             ExecOptions {
                 timeout: Some(Duration::from_millis(500)),
                 ..ExecOptions::default()
@@ -134,15 +172,17 @@ async fn a_timeout_kills_the_whole_group_and_output_is_capped() {
         matches!(timed_out, Err(OpError::Timeout { .. })),
         "{timed_out:?}"
     );
-    let pid = String::from_utf8(w.read("grandchild").await.unwrap()).unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-    // Gone, or a zombie waiting for init to reap it: not running either way.
-    let alive = stat.is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
-            .unwrap_or(false)
-    });
-    assert!(!alive, "the grandchild {pid} outlived the timed-out exec");
+    let running: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with("sleep ") && c.contains(&mark))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "outlived the timed-out exec: {running:?}"
+    );
 
     let big = w
         .exec(
@@ -314,16 +354,15 @@ async fn work_in_a_sandbox_ordered_to_stop_is_refused() {
     assert!(!k.backend().sandbox_dir(x).join("late").exists());
 }
 
-/// An exec that finds its sandbox gone (here the tool removes the workspace) answers
+/// Work that finds its sandbox gone (its workspace removed from outside) answers
 /// `SandboxGone`, and the keeper learns of the death: the call is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_that_finds_its_sandbox_gone_reports_the_death() {
     let k = keeper("death", Config::default());
     let g = call(&k, "c", "s").await;
     let w = g.work();
-    let r = w
-        .exec(["sh", "-c", "rm -rf \"$HOME\""], ExecOptions::default())
-        .await;
+    std::fs::remove_dir_all(k.backend().sandbox_dir(g.sandbox())).unwrap();
+    let r = w.exec(["true"], ExecOptions::default()).await;
     assert!(matches!(r, Err(OpError::SandboxGone { .. })), "{r:?}");
     assert!(g.is_lost(), "the keeper knows");
     assert!(matches!(
@@ -331,4 +370,63 @@ async fn an_exec_that_finds_its_sandbox_gone_reports_the_death() {
         Err(OpError::SandboxGone { .. })
     ));
     g.release().await;
+}
+
+/// Under bubblewrap (required when `SANDKEEPER_REQUIRE_BWRAP` is set, as `.ci/run` sets it), a
+/// command sees no other sandbox, cannot write outside its own workspace, and has no network
+/// but loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bubblewrap_keeps_other_sandboxes_the_host_and_the_network_out() {
+    let required = std::env::var_os("SANDKEEPER_REQUIRE_BWRAP").is_some();
+    let isolation = if required {
+        Isolation::Require
+    } else {
+        Isolation::Auto
+    };
+    let k = keeper_with("bwrap", Config::default(), isolation);
+    if !k.backend().isolation().is_bubblewrap() {
+        eprintln!("skipped: {}", k.backend().isolation());
+        return;
+    }
+    let a = call(&k, "a", "sa").await;
+    let b = call(&k, "b", "sb").await;
+    let b_dir = k.backend().sandbox_dir(b.sandbox());
+    b.work().write("secret.txt", "b's").await.unwrap();
+    let w = a.work();
+    let peek = w
+        .exec(
+            ["cat", b_dir.join("secret.txt").to_str().unwrap()],
+            ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!peek.success() && peek.stdout.is_empty(), "{peek:?}");
+    let escape = format!("/etc/sandkeeper-escape-{}", std::process::id());
+    let touch = w
+        .exec(["touch", escape.as_str()], ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(!touch.success());
+    assert!(!std::path::Path::new(&escape).exists());
+    let own = w
+        .exec(
+            ["sh", "-c", "echo mine > \"$HOME/own.txt\""],
+            ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(own.success(), "{own:?}");
+    assert_eq!(w.read("own.txt").await.unwrap(), b"mine\n");
+    let net = w
+        .exec(["cat", "/proc/net/dev"], ExecOptions::default())
+        .await
+        .unwrap();
+    let interfaces: Vec<String> = String::from_utf8_lossy(&net.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|i| i.trim().to_string()))
+        .collect();
+    assert_eq!(interfaces, ["lo"]);
+    a.release().await;
+    b.release().await;
 }

@@ -15,6 +15,7 @@
 //!   with a timeout.
 
 mod exec;
+mod isolation;
 mod layout;
 mod ops;
 
@@ -33,6 +34,7 @@ use crate::backend::{
 };
 
 pub use exec::{RunError, RunOutput};
+pub use isolation::{Isolated, Isolation};
 use layout::{copy_tree, sandbox_dir, session_file, snapshot_dir, write_atomically, META_DIR};
 
 /// How a [`LocalBackend`] runs.
@@ -44,8 +46,14 @@ pub struct LocalConfig {
     pub snapshots: bool,
     /// How often the backend looks for sandbox directories removed from outside.
     pub death_check: Duration,
-    /// The longest a [`LocalBackend::run`] may take when the caller gives no timeout.
+    /// The longest a [`LocalBackend::run`] or an exec may take when the caller gives no
+    /// timeout.
     pub run_timeout: Duration,
+    /// How commands of the application's own work are isolated (see [`Isolated`]).
+    pub isolation: Isolation,
+    /// Whether those commands reach the network (under bubblewrap; without it they always
+    /// do).
+    pub network: bool,
 }
 
 impl LocalConfig {
@@ -56,6 +64,8 @@ impl LocalConfig {
             snapshots: true,
             death_check: Duration::from_millis(200),
             run_timeout: Duration::from_secs(30),
+            isolation: Isolation::Auto,
+            network: false,
         }
     }
 
@@ -89,16 +99,22 @@ pub struct LocalBackend {
     /// directory and makes nothing once the fence says shut down. Shutdown sets the fence under
     /// its lock before it removes the directory, so no directory outlives its shutdown.
     fences: Mutex<HashMap<SandboxId, Fence>>,
+    /// The isolation found at start.
+    isolated: Isolated,
 }
 
 /// `true` once the sandbox was shut down; held while a start makes its directory.
 type Fence = Arc<Mutex<bool>>;
 
 impl LocalBackend {
-    /// A backend under `config.root` (made if missing).
+    /// A backend under `config.root` (made if missing), with the isolation that
+    /// `config.isolation` asks for and the machine allows (a warning where bubblewrap is
+    /// missing under [`Isolation::Auto`]; an error under [`Isolation::Require`]).
     pub fn new(config: LocalConfig) -> io::Result<Self> {
         std::fs::create_dir_all(&config.root)?;
+        let isolated = isolation::detect(config.isolation, config.network)?;
         Ok(LocalBackend {
+            isolated,
             config,
             sandboxes: Mutex::new(HashMap::new()),
             fences: Mutex::new(HashMap::new()),
@@ -108,6 +124,11 @@ impl LocalBackend {
     /// A backend under a fresh directory in the OS temporary directory.
     pub fn new_temp() -> io::Result<Self> {
         Self::new(LocalConfig::temp())
+    }
+
+    /// The isolation the application's commands run under.
+    pub fn isolation(&self) -> &Isolated {
+        &self.isolated
     }
 
     /// The root directory.

@@ -6,7 +6,7 @@
 //!   file beside the target, then a rename) and, like uploads, hold the sandbox's gate: none
 //!   lands after Stop.
 //! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
-//!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `LANG`,
+//!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
 //!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs in a
 //!   process group of its own, killed as a whole when it ends, times out, the sandbox stops,
 //!   or the caller drops the future: nothing it started outlives it.
@@ -134,6 +134,23 @@ fn write_atomically(dir: &Dir, path: &WorkPath, bytes: &[u8]) -> io::Result<()> 
     written
 }
 
+/// The `PATH` commands get.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Whether `program` names an executable file: a path (relative to `cwd`) when it holds a
+/// `/`, else a file in a directory of [`PATH`].
+fn program_exists(program: &str, cwd: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(&cwd.join(program));
+    }
+    PATH.split(':')
+        .any(|d| executable(&std::path::Path::new(d).join(program)))
+}
+
 fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
     if t.is_symlink() {
         EntryKind::Symlink
@@ -148,6 +165,12 @@ fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
 
 impl SandboxOps for LocalBackend {
     async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        let Some(program) = request.argv.first() else {
+            return Err(OpError::EmptyArgv);
+        };
+        for (name, value) in &request.options.env {
+            crate::ops::check_env(name, value)?;
+        }
         let s = self.for_work(sandbox)?;
         let cwd = request.options.cwd.clone();
         // The working directory is checked through the capability (no way out), then named.
@@ -163,8 +186,19 @@ impl SandboxOps for LocalBackend {
         } else {
             s.dir.join(cwd.as_str())
         };
+        // Found before anything starts, as the command will see it (the host's file system,
+        // the fixed PATH), so a missing program is a spawn error under bubblewrap too.
+        if !program_exists(program, &dir) {
+            return Err(OpError::Spawn {
+                program: program.clone(),
+                error: "not found (on PATH, or at the path given)".into(),
+            });
+        }
         let timeout = request.options.timeout.unwrap_or(self.config.run_timeout);
-        process::run(&s, sandbox, dir, request, timeout).await
+        let (program, args) = self
+            .isolated
+            .argv(&self.config.root, &s.dir, &dir, &request.argv);
+        process::run(&s, sandbox, (program, args), dir, request, timeout).await
     }
 
     async fn write(
@@ -258,6 +292,7 @@ mod process {
     pub(super) async fn run(
         _: &LocalSandbox,
         _: SandboxId,
+        _: (std::ffi::OsString, Vec<std::ffi::OsString>),
         _: std::path::PathBuf,
         request: ExecRequest,
         _: Duration,
@@ -274,9 +309,6 @@ mod process {
     //! Running one command in its own process group.
     use super::*;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-
-    /// The `PATH` commands get.
-    const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
     /// How long an exec waits, after its group was killed, for its output pipes to close.
     const REAP: Duration = Duration::from_secs(5);
@@ -312,23 +344,25 @@ mod process {
     pub(super) async fn run(
         s: &LocalSandbox,
         sandbox: SandboxId,
+        (run, args): (std::ffi::OsString, Vec<std::ffi::OsString>),
         dir: std::path::PathBuf,
         request: ExecRequest,
         timeout: Duration,
     ) -> Result<ExecOutput, OpError> {
         let ExecRequest { argv, options } = request;
-        let (program, args) = argv.split_first().ok_or(OpError::EmptyArgv)?;
+        let program = argv.first().ok_or(OpError::EmptyArgv)?;
         let mut stopped = s.stopped.subscribe();
         if *stopped.borrow() {
             return Err(OpError::Stopped { sandbox });
         }
-        let mut command = tokio::process::Command::new(program);
+        let mut command = tokio::process::Command::new(run);
         command
             .args(args)
             .current_dir(&dir)
             .env_clear()
             .env("PATH", PATH)
             .env("HOME", &s.dir)
+            .env("PWD", &dir)
             .env("LANG", "C.UTF-8")
             .env("SANDKEEPER_SANDBOX", sandbox.to_string())
             .envs(options.env.iter().map(|(k, v)| (k, v)))
