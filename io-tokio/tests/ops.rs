@@ -430,3 +430,91 @@ async fn bubblewrap_keeps_other_sandboxes_the_host_and_the_network_out() {
     a.release().await;
     b.release().await;
 }
+
+/// Many sessions at once, each running real processes that write its own session id into its
+/// workspace, through its call's guard and through its session work after the call: every
+/// workspace ends with only its own session's files, and all of them. (Sandboxes are kept warm
+/// so their workspaces can be read at the end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_only_ever_write_into_their_own_workspace() {
+    let core = Config {
+        release: sandkeeper::ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(600),
+        },
+        ..Config::default()
+    };
+    let k = keeper("many", core);
+    const SESSIONS: usize = 16;
+    const CALLS: usize = 3;
+    let mut tasks = Vec::new();
+    for n in 0..SESSIONS {
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            let s = format!("s{n}");
+            let session = SessionId::new(&s).unwrap();
+            let mut written = Vec::new();
+            for c in 0..CALLS {
+                let g = call(&k, &format!("{s}-c{c}"), &s).await;
+                let file = format!("by-{s}-{c}");
+                let out = g
+                    .work()
+                    .exec(
+                        [
+                            "sh",
+                            "-c",
+                            "printf %s \"$1\" > \"$2\"",
+                            "sh",
+                            s.as_str(),
+                            file.as_str(),
+                        ],
+                        ExecOptions::default(),
+                    )
+                    .await
+                    .unwrap();
+                assert!(out.success(), "{out:?}");
+                written.push((g.sandbox(), file));
+                drop(g);
+                let later = k.session_work(&session).unwrap();
+                let file = format!("later-{s}-{c}");
+                later.write(&file, s.as_str()).await.unwrap();
+                written.push((later.sandbox(), file));
+            }
+            (s, written)
+        }));
+    }
+    let mut dirs = std::collections::BTreeMap::new();
+    for t in tasks {
+        let (s, written) = t.await.unwrap();
+        for (x, file) in written {
+            let dir = k.backend().sandbox_dir(x);
+            assert_eq!(std::fs::read_to_string(dir.join(&file)).unwrap(), s);
+            dirs.entry(dir)
+                .or_insert_with(std::collections::BTreeSet::new)
+                .insert(s.clone());
+        }
+    }
+    assert_eq!(dirs.len(), SESSIONS, "one warm sandbox per session");
+    for (dir, sessions) in &dirs {
+        assert_eq!(
+            sessions.len(),
+            1,
+            "{} was written by {sessions:?}",
+            dir.display()
+        );
+        let s = sessions.iter().next().unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("by-") || n.starts_with("later-"))
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 2 * CALLS, "{names:?}");
+        for n in names {
+            assert!(n.contains(&format!("-{s}-")), "{n} in {s}'s workspace");
+            assert_eq!(std::fs::read_to_string(dir.join(&n)).unwrap(), *s);
+        }
+    }
+    let report = k.close(Duration::from_secs(5)).await;
+    assert!(report.unconfirmed.is_empty(), "{report:?}");
+}
