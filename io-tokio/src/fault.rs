@@ -3,7 +3,9 @@
 //! Sandboxes are records, files are bytes in them, latencies are tokio sleeps (virtual under
 //! `start_paused`), and every failure is drawn from one seeded source: start failures, transient
 //! upload failures, uploads that hang forever, stop and shutdown failures, sandboxes that die on
-//! their own. Sessions can be made to hang on purpose ([`FaultBackend::hang_uploads`]) and
+//! their own; the application's own work ([`SandboxOps`](crate::ops::SandboxOps), in
+//! `fault/work.rs`) hangs or meets its sandbox's death mid-operation. Sessions can be made to
+//! hang on purpose ([`FaultBackend::hang_uploads`]) and
 //! sandboxes killed on purpose ([`FaultBackend::kill`]).
 //!
 //! It also watches the driver from the backend's side and records a *violation* for every
@@ -12,6 +14,8 @@
 //! sandbox's Stop or Shutdown, any operation after Shutdown, Persist before Stop, a second Stop
 //! or Start; and, this world having no external sandboxes, an upload into a sandbox it never
 //! started, and a version of a file written after a newer one.
+
+mod work;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -50,6 +54,12 @@ pub struct FaultConfig {
     pub death_within: Duration,
     /// Stop returns a snapshot.
     pub snapshots: bool,
+    /// Latency of the application's own work (exec and file operations).
+    pub work_latency: (Duration, Duration),
+    /// Such work never answers (an exec that hangs: its timeout ends it).
+    pub work_hang: f64,
+    /// The sandbox dies while such work runs.
+    pub work_death: f64,
 }
 
 impl FaultConfig {
@@ -67,6 +77,9 @@ impl FaultConfig {
             death: 0.0,
             death_within: Duration::from_secs(1),
             snapshots: false,
+            work_latency: (Duration::from_millis(1), Duration::from_millis(5)),
+            work_hang: 0.0,
+            work_death: 0.0,
         }
     }
 
@@ -80,6 +93,8 @@ impl FaultConfig {
             shutdown_failure: 0.05,
             death: 0.15,
             snapshots: true,
+            work_hang: 0.05,
+            work_death: 0.05,
             ..FaultConfig::reliable()
         }
     }
@@ -145,6 +160,8 @@ type Files = BTreeMap<(SessionId, PathName), (Version, Payload)>;
 struct Box {
     phase: Phase,
     files: Files,
+    /// The application's own files in its workspace: path to bytes (directories are implied).
+    work: BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +181,10 @@ struct World {
     starts_max: usize,
     /// Files of each sandbox as they were when its Shutdown was received.
     at_shutdown: BTreeMap<SandboxId, Files>,
+    /// Pieces of the application's own work done in an up sandbox.
+    work_done: u64,
+    /// Changes by such work that reached a sandbox no longer up, refused.
+    work_refused: u64,
 }
 
 /// A seeded in-memory backend with faults. See the module docs.
@@ -234,6 +255,18 @@ impl FaultBackend {
     /// The most starts that were inside the backend at once.
     pub fn max_concurrent_starts(&self) -> usize {
         self.world().starts_max
+    }
+
+    /// Pieces of the application's own work done, and changes refused because their sandbox
+    /// was no longer up.
+    pub fn work_counts(&self) -> (u64, u64) {
+        let w = self.world();
+        (w.work_done, w.work_refused)
+    }
+
+    /// A file of the application's own work in a sandbox's workspace.
+    pub fn work_file(&self, sandbox: SandboxId, path: &str) -> Option<Vec<u8>> {
+        self.world().boxes.get(&sandbox)?.work.get(path).cloned()
     }
 
     /// The version and bytes of a session's file in a sandbox, if written.
@@ -351,6 +384,7 @@ impl Backend for FaultBackend {
                 Box {
                     phase: Phase::Starting,
                     files: BTreeMap::new(),
+                    work: BTreeMap::new(),
                 },
             );
         }
