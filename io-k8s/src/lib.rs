@@ -87,6 +87,7 @@ mod sandbox;
 mod suspend;
 mod upload;
 mod wait;
+mod work;
 mod workload;
 
 pub use backend::{failure, K8sBackend};
@@ -98,5 +99,5 @@ pub use install::{Install, API_VERSION};
 pub use lease::{LeaseRenewal, SweepReport};
 pub use sandbox::SandboxHandle;
 pub use suspend::{Resumable, SuspendedClaim, SUSPENDED_REASON};
-pub use upload::{UploadFile, EXEC_GRACE};
+pub use upload::{Captured, UploadFile, EXEC_GRACE};
 pub use workload::{run_workload, HarnessError};

@@ -42,12 +42,6 @@ async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> u
     }
 }
 
-/// Keeps the start of a command's stderr, up to [`STDERR_KEPT`] bytes.
-fn keep_stderr(kept: &mut Vec<u8>, bytes: &[u8]) {
-    let room = STDERR_KEPT.saturating_sub(kept.len());
-    kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
-}
-
 /// One file of an upload.
 #[derive(Debug, Clone, Copy)]
 pub struct UploadFile<'a> {
@@ -304,6 +298,29 @@ impl Cluster {
         argv: Vec<String>,
         stdin: Vec<u8>,
     ) -> Result<(), K8sError> {
+        let out = self.exec_capture(pod, argv, stdin, 0, STDERR_KEPT).await?;
+        if out.code == 0 {
+            return Ok(());
+        }
+        Err(K8sError::CommandFailed {
+            pod: pod.to_string(),
+            code: out.code,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Runs `argv` in the pod with `stdin` as its input and keeps up to `out_cap` bytes of its
+    /// standard output and `err_cap` of its standard error (the rest is read and dropped). A
+    /// command that ran to its end is `Ok` whatever its exit code; no status frame is
+    /// [`K8sError::OutcomeUnknown`], a failure without an exit code [`K8sError::Invalid`].
+    pub async fn exec_capture(
+        &self,
+        pod: &str,
+        argv: Vec<String>,
+        stdin: Vec<u8>,
+        out_cap: usize,
+        err_cap: usize,
+    ) -> Result<Captured, K8sError> {
         let mut ap = AttachParams::default()
             .stdin(true)
             .stdout(true)
@@ -342,31 +359,43 @@ impl Cluster {
         tokio::pin!(write, status);
         let (mut written, mut out_open, mut err_open) = (false, out.is_some(), errs.is_some());
         let (mut out_buf, mut err_buf) = ([0u8; 4096], [0u8; 4096]);
-        let mut stderr = Vec::new();
+        let mut captured = Captured::default();
         let status = loop {
             tokio::select! {
                 () = &mut write, if !written => written = true,
-                n = read_some(&mut out, &mut out_buf), if out_open => out_open = n > 0,
+                n = read_some(&mut out, &mut out_buf), if out_open => {
+                    out_open = n > 0;
+                    captured.truncated |= keep(&mut captured.stdout, &out_buf[..n], out_cap);
+                }
                 n = read_some(&mut errs, &mut err_buf), if err_open => {
                     err_open = n > 0;
-                    keep_stderr(&mut stderr, &err_buf[..n]);
+                    captured.truncated |= keep(&mut captured.stderr, &err_buf[..n], err_cap);
                 }
                 s = &mut status => break s,
             }
         };
+        while out_open {
+            match read_some(&mut out, &mut out_buf).now_or_never() {
+                Some(n) if n > 0 => {
+                    captured.truncated |= keep(&mut captured.stdout, &out_buf[..n], out_cap)
+                }
+                _ => out_open = false,
+            }
+        }
         while err_open {
             match read_some(&mut errs, &mut err_buf).now_or_never() {
-                Some(n) if n > 0 => keep_stderr(&mut stderr, &err_buf[..n]),
+                Some(n) if n > 0 => {
+                    captured.truncated |= keep(&mut captured.stderr, &err_buf[..n], err_cap)
+                }
                 _ => err_open = false,
             }
         }
         drop(proc);
-        let stderr = String::from_utf8_lossy(&stderr).into_owned();
         match status {
             None => Err(K8sError::OutcomeUnknown {
                 pod: pod.to_string(),
             }),
-            Some(s) if s.status.as_deref() == Some("Success") => Ok(()),
+            Some(s) if s.status.as_deref() == Some("Success") => Ok(captured),
             Some(s) => {
                 let code = s
                     .details
@@ -376,20 +405,40 @@ impl Cluster {
                     .and_then(|c| c.message.as_deref())
                     .and_then(|m| m.parse::<i32>().ok());
                 match code {
-                    Some(code) => Err(K8sError::CommandFailed {
-                        pod: pod.to_string(),
-                        code,
-                        stderr,
-                    }),
+                    Some(code) => Ok(Captured { code, ..captured }),
                     None => Err(K8sError::Invalid {
                         code: s.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(500),
                         reason: s.reason.unwrap_or_default(),
-                        message: format!("{} {stderr}", s.message.unwrap_or_default()),
+                        message: format!(
+                            "{} {}",
+                            s.message.unwrap_or_default(),
+                            String::from_utf8_lossy(&captured.stderr)
+                        ),
                     }),
                 }
             }
         }
     }
+}
+
+/// What a command that ran to its end left ([`Cluster::exec_capture`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// Its exit code (0: the `Success` status).
+    pub code: i32,
+    /// Standard output, up to its cap.
+    pub stdout: Vec<u8>,
+    /// Standard error, up to its cap.
+    pub stderr: Vec<u8>,
+    /// Whether either was cut.
+    pub truncated: bool,
+}
+
+/// Keeps `bytes` in `kept` up to `cap`; whether any were dropped.
+fn keep(kept: &mut Vec<u8>, bytes: &[u8], cap: usize) -> bool {
+    let room = cap.saturating_sub(kept.len());
+    kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    bytes.len() > room
 }
 
 #[cfg(test)]

@@ -72,8 +72,9 @@ impl WorkPath {
         self.0.split('/').next() == Some(KEEPER_DIR)
     }
 
-    /// Refuses the root and the keeper's directory, which work may not change.
-    pub(crate) fn writable(&self) -> Result<(), OpError> {
+    /// Refuses the root and the keeper's directory, which work may not change (every
+    /// backend checks it before a write or a remove).
+    pub fn writable(&self) -> Result<(), OpError> {
         let bad = |why| OpError::InvalidPath {
             path: self.0.clone(),
             why,

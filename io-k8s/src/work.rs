@@ -1,0 +1,395 @@
+//! The application's own work in a pod ([`SandboxOps`] for [`K8sBackend`]): every operation is
+//! one or a few execs over the same `pods/exec` websocket as uploads, argv only (no shell), in
+//! the container uploads go to (named per the API server's rule), each bounded by `timeout -s
+//! KILL` in the container (its whole process group) and a client deadline a little later.
+//!
+//! - Paths are confined to the working directory: besides [`WorkPath`]'s rules (relative, no
+//!   `..`), the container resolves each one (`realpath -m`) and a path whose resolution leaves
+//!   the working directory (through a symlink) is refused with [`OpError::Escapes`] before
+//!   anything touches it. (Between that check and the operation, a process in the pod could
+//!   swap a directory for a symlink; the pod is the application's own.)
+//! - A command runs as `env -i -C <dir> PATH=… HOME=<workdir> LANG=C.UTF-8 <its variables>
+//!   <argv>`: none of the container's own environment; `env -C` needs GNU coreutils 8.28 or
+//!   later in the image (Debian and Ubuntu based images have it; busybox does not).
+//! - `write` streams the bytes to a temporary file beside the target (`cp /dev/stdin`), then renames it
+//!   over the target (`mv -f -T`): all or nothing. `read` is `cat` with its output capped,
+//!   `list` is `find -printf`, `remove` is `rm -rf`, `exists` is `test -e`.
+//!
+//! A pod found gone (404, deleted, finished) is [`OpError::SandboxGone`].
+
+use std::time::Duration;
+
+use sandkeeper::SandboxId;
+use sandkeeper_tokio::{
+    ops::{ExecRequest, WorkPath},
+    Entry, EntryKind, ExecOutput, OpError, SandboxOps,
+};
+
+use crate::backend::K8sBackend;
+use crate::error::K8sError;
+use crate::upload::{Captured, EXEC_GRACE, KILLED_EXIT};
+
+/// The `PATH` commands get.
+const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The longest an exec may run when the request names no timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most bytes of a listing.
+const LIST_CAP: usize = 4 << 20;
+
+fn gone(sandbox: SandboxId, why: impl Into<String>) -> OpError {
+    OpError::SandboxGone {
+        sandbox,
+        why: why.into(),
+    }
+}
+
+impl K8sBackend {
+    /// The pod of a sandbox this backend runs.
+    fn pod_of(&self, sandbox: SandboxId) -> Result<String, OpError> {
+        self.handle(sandbox)
+            .map(|h| h.pod)
+            .ok_or_else(|| gone(sandbox, "not running here"))
+    }
+
+    /// `workdir/path` (the working directory itself for the root).
+    fn in_workdir(&self, path: &WorkPath) -> String {
+        let workdir = &self.cluster().config().workdir;
+        if path.is_root() {
+            workdir.clone()
+        } else {
+            format!("{workdir}/{path}")
+        }
+    }
+
+    /// Runs `argv` under `timeout -s KILL` in the pod, with a client deadline a little later.
+    async fn run(
+        &self,
+        sandbox: SandboxId,
+        pod: &str,
+        argv: Vec<String>,
+        stdin: Vec<u8>,
+        cap: usize,
+        timeout: Duration,
+    ) -> Result<Captured, OpError> {
+        let secs = timeout.as_secs().max(1);
+        let mut timed = vec![
+            "timeout".to_string(),
+            "-s".into(),
+            "KILL".into(),
+            secs.to_string(),
+        ];
+        timed.extend(argv);
+        let run = self.cluster().exec_capture(pod, timed, stdin, cap, cap);
+        match tokio::time::timeout(Duration::from_secs(secs) + EXEC_GRACE, run).await {
+            Err(_) => Err(OpError::Timeout { after: timeout }),
+            Ok(Ok(c)) if c.code == KILLED_EXIT => Err(OpError::Timeout { after: timeout }),
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(self.op_error(sandbox, pod, e).await),
+        }
+    }
+
+    /// An exec's failure as an operation's: a pod that is gone, or found gone on a fresh read
+    /// when the failure says nothing clear, is the sandbox gone.
+    async fn op_error(&self, sandbox: SandboxId, pod: &str, e: K8sError) -> OpError {
+        if e.is_gone() {
+            return gone(sandbox, e.to_string());
+        }
+        if matches!(
+            e,
+            K8sError::OutcomeUnknown { .. } | K8sError::Retryable { .. }
+        ) {
+            if let Err(g) = self.cluster().check_pod_alive(pod).await {
+                if g.is_gone() {
+                    return gone(sandbox, g.to_string());
+                }
+            }
+        }
+        OpError::Backend {
+            what: "exec",
+            error: e.to_string(),
+        }
+    }
+
+    /// Runs a short step of a file operation (the upload timeout bounds it).
+    async fn step(
+        &self,
+        sandbox: SandboxId,
+        pod: &str,
+        argv: &[&str],
+        stdin: Vec<u8>,
+        cap: usize,
+    ) -> Result<Captured, OpError> {
+        let argv = argv.iter().map(|s| s.to_string()).collect();
+        let timeout = self.cluster().config().upload_timeout();
+        self.run(sandbox, pod, argv, stdin, cap, timeout).await
+    }
+
+    /// Resolves `path` in the container and refuses it when it leads out of the working
+    /// directory. Returns its absolute name.
+    async fn confined(
+        &self,
+        sandbox: SandboxId,
+        pod: &str,
+        path: &WorkPath,
+    ) -> Result<String, OpError> {
+        let workdir = self.cluster().config().workdir.clone();
+        let full = self.in_workdir(path);
+        let out = self
+            .step(
+                sandbox,
+                pod,
+                &["realpath", "-m", "--", &workdir, &full],
+                Vec::new(),
+                16 << 10,
+            )
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines();
+        let (Some(base), Some(resolved)) = (lines.next(), lines.next()) else {
+            return Err(OpError::Backend {
+                what: "realpath",
+                error: format!(
+                    "exit {}: {}",
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        };
+        if out.code != 0 || !(resolved == base || resolved.starts_with(&format!("{base}/"))) {
+            return Err(OpError::Escapes {
+                path: path.to_string(),
+            });
+        }
+        Ok(full)
+    }
+
+    /// Whether something exists at an absolute path in the pod.
+    async fn test_exists(
+        &self,
+        sandbox: SandboxId,
+        pod: &str,
+        full: &str,
+    ) -> Result<bool, OpError> {
+        let out = self
+            .step(sandbox, pod, &["test", "-e", full], Vec::new(), 0)
+            .await?;
+        Ok(out.code == 0)
+    }
+}
+
+impl SandboxOps for K8sBackend {
+    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        let ExecRequest { argv, options } = request;
+        let Some(program) = argv.first().cloned() else {
+            return Err(OpError::EmptyArgv);
+        };
+        if program.contains('=') {
+            // `env` would take it for a variable.
+            return Err(OpError::Spawn {
+                program,
+                error: "a program name may not hold '='".into(),
+            });
+        }
+        for (name, value) in &options.env {
+            sandkeeper_tokio::ops::check_env(name, value)?;
+        }
+        let pod = self.pod_of(sandbox)?;
+        let dir = self.confined(sandbox, &pod, &options.cwd).await?;
+        let home = format!("HOME={}", self.cluster().config().workdir);
+        let mut full: Vec<String> = ["env", "-i", "-C", &dir, PATH, &home, "LANG=C.UTF-8"]
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        full.push(format!("SANDKEEPER_SANDBOX={sandbox}"));
+        full.extend(options.env.iter().map(|(k, v)| format!("{k}={v}")));
+        full.extend(argv);
+        let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let out = self
+            .run(
+                sandbox,
+                &pod,
+                full,
+                options.stdin,
+                options.output_cap,
+                timeout,
+            )
+            .await?;
+        // `env` answers 127 (not found) or 126 (not executable) for the program itself.
+        if matches!(out.code, 126 | 127) && String::from_utf8_lossy(&out.stderr).starts_with("env:")
+        {
+            return Err(OpError::Spawn {
+                program,
+                error: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(ExecOutput {
+            code: Some(out.code),
+            stdout: out.stdout,
+            stderr: out.stderr,
+            truncated: out.truncated,
+        })
+    }
+
+    async fn write(
+        &self,
+        sandbox: SandboxId,
+        path: WorkPath,
+        bytes: Vec<u8>,
+    ) -> Result<(), OpError> {
+        path.writable()?;
+        let pod = self.pod_of(sandbox)?;
+        let full = self.confined(sandbox, &pod, &path).await?;
+        let (parent, name) = full.rsplit_once('/').expect("under the workdir");
+        let tmp = format!("{parent}/.{name}.sandkeeper-{}.tmp", std::process::id());
+        let steps: [(&[&str], Vec<u8>); 3] = [
+            (&["mkdir", "-p", "--", parent], Vec::new()),
+            (&["cp", "--", "/dev/stdin", &tmp], bytes),
+            (&["mv", "-f", "-T", "--", &tmp, &full], Vec::new()),
+        ];
+        for (argv, stdin) in steps {
+            let out = self.step(sandbox, &pod, argv, stdin, 0).await?;
+            if out.code != 0 {
+                let _ = self
+                    .step(sandbox, &pod, &["rm", "-f", "--", &tmp], Vec::new(), 0)
+                    .await;
+                return Err(OpError::Backend {
+                    what: "write",
+                    error: format!(
+                        "{} exit {}: {}",
+                        argv[0],
+                        out.code,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn read(
+        &self,
+        sandbox: SandboxId,
+        path: WorkPath,
+        cap: usize,
+    ) -> Result<Vec<u8>, OpError> {
+        let pod = self.pod_of(sandbox)?;
+        let full = self.confined(sandbox, &pod, &path).await?;
+        let out = self
+            .step(sandbox, &pod, &["cat", "--", &full], Vec::new(), cap)
+            .await?;
+        if out.code != 0 {
+            if !self.test_exists(sandbox, &pod, &full).await? {
+                return Err(OpError::NotFound {
+                    path: path.to_string(),
+                });
+            }
+            return Err(OpError::Backend {
+                what: "read",
+                error: format!(
+                    "cat exit {}: {}",
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        if out.truncated {
+            return Err(OpError::TooLarge {
+                path: path.to_string(),
+                cap,
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    async fn list(&self, sandbox: SandboxId, dir: WorkPath) -> Result<Vec<Entry>, OpError> {
+        let pod = self.pod_of(sandbox)?;
+        let full = self.confined(sandbox, &pod, &dir).await?;
+        let out = self
+            .step(
+                sandbox,
+                &pod,
+                &[
+                    "find",
+                    &full,
+                    "-mindepth",
+                    "1",
+                    "-maxdepth",
+                    "1",
+                    "-printf",
+                    "%y %s %f\\0",
+                ],
+                Vec::new(),
+                LIST_CAP,
+            )
+            .await?;
+        if out.code != 0 {
+            if !self.test_exists(sandbox, &pod, &full).await? {
+                return Err(OpError::NotFound {
+                    path: dir.to_string(),
+                });
+            }
+            return Err(OpError::Backend {
+                what: "list",
+                error: format!(
+                    "find exit {}: {}",
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let mut entries = Vec::new();
+        for record in out.stdout.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+            let text = String::from_utf8_lossy(record);
+            let mut parts = text.splitn(3, ' ');
+            let (Some(kind), Some(size), Some(name)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            entries.push(Entry {
+                name: name.to_string(),
+                kind: match kind {
+                    "f" => EntryKind::File,
+                    "d" => EntryKind::Dir,
+                    "l" => EntryKind::Symlink,
+                    _ => EntryKind::Other,
+                },
+                size: size.parse().unwrap_or(0),
+            });
+        }
+        entries.sort();
+        Ok(entries)
+    }
+
+    async fn remove(&self, sandbox: SandboxId, path: WorkPath) -> Result<(), OpError> {
+        path.writable()?;
+        let pod = self.pod_of(sandbox)?;
+        let full = self.confined(sandbox, &pod, &path).await?;
+        if !self.test_exists(sandbox, &pod, &full).await? {
+            return Err(OpError::NotFound {
+                path: path.to_string(),
+            });
+        }
+        let out = self
+            .step(sandbox, &pod, &["rm", "-rf", "--", &full], Vec::new(), 0)
+            .await?;
+        if out.code != 0 {
+            return Err(OpError::Backend {
+                what: "remove",
+                error: format!(
+                    "rm exit {}: {}",
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    async fn exists(&self, sandbox: SandboxId, path: WorkPath) -> Result<bool, OpError> {
+        let pod = self.pod_of(sandbox)?;
+        let full = self.confined(sandbox, &pod, &path).await?;
+        self.test_exists(sandbox, &pod, &full).await
+    }
+}

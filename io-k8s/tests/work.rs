@@ -1,0 +1,215 @@
+//! The application's own work in a pod, through the keeper, against the loopback API (whose
+//! exec runs the argv as a real process in the pod's directory): commands, files, the working
+//! directory's confinement, and a pod deleted under the work.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_loopback::resources::PODS;
+use k8s_loopback::store::Propagation;
+use sandkeeper::{CallId, CallSpec, Config, SessionId};
+use sandkeeper_k8s::K8sBackend;
+use sandkeeper_tokio::{CallGuard, EntryKind, ExecOptions, Keeper, KeeperConfig, OpError};
+
+async fn keeper(server: &k8s_loopback::Loopback, owner: &str) -> Keeper<K8sBackend> {
+    let backend = connect(server, claim_config(owner)).await;
+    Keeper::new(KeeperConfig::with_core(Config::default()), backend).unwrap()
+}
+
+async fn call(k: &Keeper<K8sBackend>, c: &str, s: &str) -> CallGuard<K8sBackend> {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        k.acquire(CallSpec::new(
+            CallId::new(c).unwrap(),
+            SessionId::new(s).unwrap(),
+        )),
+    )
+    .await
+    .expect("ready in time")
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_and_files_run_in_the_calls_pod_and_stay_in_its_workspace() {
+    let server = server().await;
+    let k = keeper(&server, "worker").await;
+    let a = call(&k, "a", "sa").await;
+    let b = call(&k, "b", "sb").await;
+    let pod_a = k.backend().handle(a.sandbox()).unwrap().pod;
+    let w = a.work();
+
+    // Files: written atomically with parents, read, listed, tested, removed.
+    w.write("notes/today.md", "hello").await.unwrap();
+    w.write("notes/today.md", "hello again").await.unwrap();
+    assert_eq!(w.read("notes/today.md").await.unwrap(), b"hello again");
+    assert_eq!(
+        std::fs::read(server.pod_path(NS, &pod_a, "/workspace/notes/today.md")).unwrap(),
+        b"hello again"
+    );
+    let listed = w.list("notes").await.unwrap();
+    assert_eq!(listed.len(), 1, "no temporary left: {listed:?}");
+    assert_eq!(
+        (listed[0].name.as_str(), listed[0].kind, listed[0].size),
+        ("today.md", EntryKind::File, 11)
+    );
+    assert!(w.exists("notes/today.md").await.unwrap());
+    assert!(!w.exists("notes/nope").await.unwrap());
+    assert!(matches!(
+        w.read("notes/nope").await,
+        Err(OpError::NotFound { .. })
+    ));
+    assert!(matches!(
+        w.read_capped("notes/today.md", 4).await,
+        Err(OpError::TooLarge { cap: 4, .. })
+    ));
+    w.remove("notes").await.unwrap();
+    assert!(!w.exists("notes").await.unwrap());
+    assert!(matches!(
+        w.remove("notes").await,
+        Err(OpError::NotFound { .. })
+    ));
+    assert!(
+        !b.work().exists("notes").await.unwrap(),
+        "b's pod is another"
+    );
+
+    // Commands: argv only, in the working directory (or one in it), no inherited environment.
+    w.write("sub/x", "1").await.unwrap();
+    let out = w
+        .exec(
+            ["printf", "%s|%s", "a; rm -rf / $(x)", "b"],
+            ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"a; rm -rf / $(x)|b");
+    let ls = w
+        .exec(
+            ["ls"],
+            ExecOptions {
+                cwd: sandkeeper_tokio::WorkPath::new("sub").unwrap(),
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ls.stdout, b"x\n");
+    let env = w
+        .exec(
+            ["env"],
+            ExecOptions {
+                env: vec![("TOOL".into(), "1".into())],
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut names: Vec<String> = String::from_utf8_lossy(&env.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_string()))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["HOME", "LANG", "PATH", "SANDKEEPER_SANDBOX", "TOOL"]
+    );
+    let cat = w
+        .exec(
+            ["cat"],
+            ExecOptions {
+                stdin: b"in".to_vec(),
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(cat.stdout, b"in");
+    assert_eq!(
+        w.exec(["false"], ExecOptions::default())
+            .await
+            .unwrap()
+            .code,
+        Some(1)
+    );
+    assert!(matches!(
+        w.exec(["no-such-program"], ExecOptions::default()).await,
+        Err(OpError::Spawn { .. })
+    ));
+    let big = w
+        .exec(
+            ["head", "-c", "100000", "/dev/zero"],
+            ExecOptions {
+                output_cap: 1000,
+                ..ExecOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((big.stdout.len(), big.truncated), (1000, true));
+    let slow = w
+        .exec(
+            ["sleep", "30"],
+            ExecOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..ExecOptions::default()
+            },
+        )
+        .await;
+    assert!(matches!(slow, Err(OpError::Timeout { .. })), "{slow:?}");
+
+    // A symlink planted in the workspace that leads out is refused before anything runs.
+    std::os::unix::fs::symlink("/etc", server.pod_path(NS, &pod_a, "/workspace/out")).unwrap();
+    assert!(matches!(
+        w.read("out/passwd").await,
+        Err(OpError::Escapes { .. })
+    ));
+    assert!(matches!(
+        w.write("out/x", "x").await,
+        Err(OpError::Escapes { .. })
+    ));
+    assert!(matches!(
+        w.exec(
+            ["ls"],
+            ExecOptions {
+                cwd: sandkeeper_tokio::WorkPath::new("out").unwrap(),
+                ..ExecOptions::default()
+            }
+        )
+        .await,
+        Err(OpError::Escapes { .. })
+    ));
+    a.release().await;
+    b.release().await;
+    tokio::time::timeout(Duration::from_secs(20), k.close(Duration::from_secs(10)))
+        .await
+        .unwrap();
+}
+
+/// The pod is deleted under the call: the next operation is `SandboxGone`, and the keeper
+/// knows the sandbox lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_in_a_deleted_pod_is_sandbox_gone() {
+    let server = server().await;
+    let k = keeper(&server, "worker-d").await;
+    let a = call(&k, "a", "s").await;
+    let pod = k.backend().handle(a.sandbox()).unwrap().pod;
+    // The controllers stay paused, so no pod comes back under the same name.
+    server.pause_controllers(true);
+    server
+        .store()
+        .delete_with_grace(&PODS, NS, &pod, Propagation::Background, None, Some(0))
+        .unwrap();
+    let r = a.work().exec(["true"], ExecOptions::default()).await;
+    assert!(matches!(r, Err(OpError::SandboxGone { .. })), "{r:?}");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !a.is_lost() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the keeper learns of the loss");
+    server.pause_controllers(false);
+    a.release().await;
+}
