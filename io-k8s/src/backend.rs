@@ -155,6 +155,11 @@ impl K8sBackend {
         Ok(Some(handle))
     }
 
+    /// What connect learnt of the install.
+    pub fn install(&self) -> &Install {
+        &self.install
+    }
+
     /// The operations underneath.
     pub fn cluster(&self) -> &Cluster {
         &self.cluster

@@ -19,15 +19,15 @@ impl WorkloadTarget for K8sBackend {
         "k8s"
     }
 
-    async fn run_in(&self, sandbox: SandboxId, argv: &[&str]) -> Result<(), String> {
-        let Some(h) = self.handle(sandbox) else {
-            return Err(format!("{sandbox} is not started here"));
-        };
-        let argv = argv.iter().map(|a| a.to_string()).collect();
-        self.cluster()
-            .exec_with_stdin(&h.pod, argv, Vec::new())
-            .await
-            .map_err(|e| e.to_string())
+    fn isolation(&self) -> String {
+        format!(
+            "the pod (container {}), environment cleared by env -i",
+            self.install()
+                .exec_container
+                .clone()
+                .or_else(|| self.cluster().config().container.clone())
+                .unwrap_or_else(|| "the only one".into())
+        )
     }
 
     async fn kill(&self, sandbox: SandboxId) {

@@ -194,6 +194,27 @@ pub enum OpError {
     Keeper(#[from] crate::KeeperError),
 }
 
+impl OpError {
+    /// A short name of the error's kind (`sandbox-gone`, `timeout`, ...), for counts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OpError::NoActiveSandbox { .. } => "no-active-sandbox",
+            OpError::SandboxGone { .. } => "sandbox-gone",
+            OpError::Stopped { .. } => "stopped",
+            OpError::Timeout { .. } => "timeout",
+            OpError::InvalidPath { .. } => "invalid-path",
+            OpError::Escapes { .. } => "escapes",
+            OpError::NotFound { .. } => "not-found",
+            OpError::TooLarge { .. } => "too-large",
+            OpError::EmptyArgv => "empty-argv",
+            OpError::InvalidEnv { .. } => "invalid-env",
+            OpError::Spawn { .. } => "spawn",
+            OpError::Backend { .. } => "backend",
+            OpError::Keeper(_) => "keeper",
+        }
+    }
+}
+
 /// A command to run: argv only (never a shell string: every element reaches the program as
 /// one argument, whatever it holds).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -42,7 +42,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::rng::SplitMix64;
-use crate::{Keeper, KeeperConfig, KeeperError, Notice, Released};
+use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 
 pub use options::WorkloadOptions;
 pub use summary::Summary;
@@ -78,6 +78,10 @@ struct SessionRecord {
     calls_failed: u64,
     bus_writes: u64,
     bus_misroutes: u64,
+    /// The tools' operations by outcome (`ok` or the error's kind).
+    operations: BTreeMap<&'static str, u64>,
+    /// Tool files whose content read back was not what the tool wrote.
+    tool_mismatches: u64,
     killed: BTreeSet<SandboxId>,
 }
 
@@ -222,6 +226,11 @@ pub async fn run<B: WorkloadTarget>(
         report.unconfirmed.is_empty(),
         format!("every shutdown confirmed ({:?})", report.unconfirmed),
     );
+    let mismatches: u64 = records.values().map(|r| r.tool_mismatches).sum();
+    check(
+        mismatches == 0,
+        format!("every tool file read back holds its own session's name ({mismatches} did not)"),
+    );
     let misroutes: u64 = records.values().map(|r| r.bus_misroutes).sum();
     check(
         misroutes == 0,
@@ -304,6 +313,17 @@ pub async fn run<B: WorkloadTarget>(
     let calls_ok: u64 = records.values().map(|r| r.calls_ok).sum();
     let calls_failed: u64 = records.values().map(|r| r.calls_failed).sum();
     let bus: u64 = records.values().map(|r| r.bus_writes).sum();
+    let mut operations: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for r in records.values() {
+        for (k, n) in &r.operations {
+            *operations.entry(k).or_default() += n;
+        }
+    }
+    let operations = operations
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
 
     let header = format!(
         "sandkeeper harness: {} sessions, {} users, {} calls each, {} turns per call, seed {}",
@@ -314,6 +334,7 @@ pub async fn run<B: WorkloadTarget>(
     if local.is_none() {
         row("backend", keeper.backend().kind().to_string());
     }
+    row("isolation", keeper.backend().isolation());
     row(
         "workload time",
         format!("{:.2?} (close {:.2?})", workload, close_took),
@@ -362,8 +383,9 @@ pub async fn run<B: WorkloadTarget>(
     row("drops by reason", reasons);
     row(
         "context-free writes",
-        format!("{bus} via resolve (processes run in the session's sandbox)"),
+        format!("{bus} through session work (in the session's own sandbox)"),
     );
+    row("operations", operations);
     row("release latency", percentiles(&mut release));
     row("drain (flush→settled)", percentiles(&mut settle));
     row(
@@ -409,6 +431,15 @@ pub async fn run<B: WorkloadTarget>(
         passed,
         failures,
     })
+}
+
+/// Counts an operation's outcome: `ok`, or its error's kind.
+fn count<T>(counts: &mut BTreeMap<&'static str, u64>, r: &Result<T, crate::OpError>) {
+    let kind = match r {
+        Ok(_) => "ok",
+        Err(e) => e.kind(),
+    };
+    *counts.entry(kind).or_default() += 1;
 }
 
 fn percentiles(xs: &mut [Duration]) -> String {
@@ -480,17 +511,48 @@ async fn session_task<B: WorkloadTarget>(
                         .insert((session.clone(), log_path.clone(), v), flushed);
                 }
             }
+            // The call's tool runs a command and reads back what it wrote, in the call's own
+            // sandbox.
+            let note = format!("tools/{c}-{t}.txt");
+            let work = guard.work();
+            let ran = work
+                .exec(
+                    [
+                        "sh",
+                        "-c",
+                        "printf %s \"$1\" > \"$2\"",
+                        "sh",
+                        session.as_str(),
+                        note.as_str(),
+                    ],
+                    ExecOptions {
+                        timeout: Some(Duration::from_secs(10)),
+                        ..ExecOptions::default()
+                    },
+                )
+                .await;
+            count(&mut record.operations, &ran);
+            if matches!(&ran, Ok(out) if out.success()) {
+                let read = work.read(&note).await;
+                count(&mut record.operations, &read);
+                if matches!(&read, Ok(b) if b.as_slice() != session.as_str().as_bytes()) {
+                    record.tool_mismatches += 1;
+                }
+            }
             // A context-free component (the message bus) acts for the session.
             if t % 2 == 1 {
-                if let Ok(x) = keeper.resolve(&session) {
-                    let marker = format!("bus-{c}-{t}");
-                    let argv = ["mkdir", "-p", marker.as_str()];
-                    if keeper.backend().run_in(x, &argv).await.is_ok() {
-                        record.bus_writes += 1;
-                        if x != guard.sandbox() {
-                            record.bus_misroutes += 1;
+                match keeper.session_work(&session) {
+                    Ok(bus) => {
+                        let wrote = bus.write(&format!("bus/{c}-{t}"), session.as_str()).await;
+                        count(&mut record.operations, &wrote);
+                        if wrote.is_ok() {
+                            record.bus_writes += 1;
+                            if bus.sandbox() != guard.sandbox() {
+                                record.bus_misroutes += 1;
+                            }
                         }
                     }
+                    Err(e) => count::<()>(&mut record.operations, &Err(e)),
                 }
             }
             if dies_at == Some(t as u64) {

@@ -1,25 +1,20 @@
-//! [`WorkloadTarget`]: what the workload needs of a backend beyond [`Backend`].
+//! [`WorkloadTarget`]: what the workload needs of a backend beyond its operations.
 
 use std::future::Future;
 
 use sandkeeper::SandboxId;
 
-use crate::{Backend, LocalBackend};
+use crate::{LocalBackend, SandboxOps};
 
-/// A backend the harness workload can run on: it can run a process in a sandbox (the
-/// context-free message bus), kill a sandbox from outside (a death), and may add checks of
-/// its own after the keeper closed.
-pub trait WorkloadTarget: Backend {
+/// A backend the harness workload can run on: it runs the tools' own work
+/// ([`SandboxOps`]), can kill a sandbox from outside (a death), and may add checks of its own
+/// after the keeper closed.
+pub trait WorkloadTarget: SandboxOps {
     /// A short name of the backend kind, shown in the summary ("local", "k8s").
     fn kind(&self) -> &'static str;
 
-    /// Runs `argv` in the sandbox's working directory (no shell); `Ok` when the process ran to
-    /// its end (whatever its exit code).
-    fn run_in(
-        &self,
-        sandbox: SandboxId,
-        argv: &[&str],
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// How the tools' commands are isolated, for the summary.
+    fn isolation(&self) -> String;
 
     /// Kills the sandbox from outside, as an operator or the platform would; the keeper must
     /// learn of it through its death watch.
@@ -43,11 +38,8 @@ impl WorkloadTarget for LocalBackend {
         "local"
     }
 
-    async fn run_in(&self, sandbox: SandboxId, argv: &[&str]) -> Result<(), String> {
-        self.run(sandbox, argv, None)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    fn isolation(&self) -> String {
+        LocalBackend::isolation(self).to_string()
     }
 
     async fn kill(&self, sandbox: SandboxId) {
