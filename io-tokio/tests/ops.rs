@@ -518,3 +518,37 @@ async fn concurrent_sessions_only_ever_write_into_their_own_workspace() {
     let report = k.close(Duration::from_secs(5)).await;
     assert!(report.unconfirmed.is_empty(), "{report:?}");
 }
+
+/// A long command's output arrives while it runs: the first line is received before the
+/// command is told (through a file the test writes) that it may end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_commands_output_streams_while_it_runs() {
+    let k = keeper("stream", Config::default());
+    let g = call(&k, "c", "s").await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let work = g.work();
+    let script = "echo started; while [ ! -e go ]; do sleep 0.01; done; echo done >&2";
+    let running = work.exec_streaming(["sh", "-c", script], ExecOptions::default(), tx);
+    let watcher = async {
+        let first = rx.recv().await;
+        assert_eq!(
+            first,
+            Some(sandkeeper_tokio::Chunk::Stdout(b"started\n".to_vec()))
+        );
+        // Only now may the command end.
+        g.work().write("go", "").await.unwrap();
+        let mut rest = Vec::new();
+        while let Some(c) = rx.recv().await {
+            rest.push(c);
+        }
+        rest
+    };
+    let (out, rest) = tokio::join!(running, watcher);
+    let out = out.unwrap();
+    assert_eq!(
+        (out.stdout.as_slice(), out.stderr.as_slice()),
+        (&b"started\n"[..], &b"done\n"[..])
+    );
+    assert_eq!(rest, [sandkeeper_tokio::Chunk::Stderr(b"done\n".to_vec())]);
+    g.release().await;
+}

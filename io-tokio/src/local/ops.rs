@@ -24,7 +24,7 @@ use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
 use super::{LocalBackend, LocalSandbox};
-use crate::ops::{Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
+use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
 
 /// Names temporary files of concurrent writes apart.
 static WRITES: AtomicU64 = AtomicU64::new(0);
@@ -163,8 +163,14 @@ fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
     }
 }
 
-impl SandboxOps for LocalBackend {
-    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+impl LocalBackend {
+    /// An exec, streaming its output to `chunks` when given.
+    async fn exec_with(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+    ) -> Result<ExecOutput, OpError> {
         let Some(program) = request.argv.first() else {
             return Err(OpError::EmptyArgv);
         };
@@ -198,7 +204,22 @@ impl SandboxOps for LocalBackend {
         let (program, args) = self
             .isolated
             .argv(&self.config.root, &s.dir, &dir, &request.argv);
-        process::run(&s, sandbox, (program, args), dir, request, timeout).await
+        process::run(&s, sandbox, (program, args), dir, request, timeout, chunks).await
+    }
+}
+
+impl SandboxOps for LocalBackend {
+    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, None).await
+    }
+
+    async fn exec_streaming(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+    ) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, Some(chunks)).await
     }
 
     async fn write(
@@ -296,6 +317,7 @@ mod process {
         _: std::path::PathBuf,
         request: ExecRequest,
         _: Duration,
+        _: Option<tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
         Err(OpError::Spawn {
             program: request.argv.first().cloned().unwrap_or_default(),
@@ -326,13 +348,22 @@ mod process {
     }
 
     /// Reads `r` to its end, keeping at most `cap` bytes; whether any were dropped.
-    async fn collect(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+    /// ... and sends each piece read to `chunks` (made by `wrap`), when given.
+    async fn collect(
+        mut r: impl AsyncRead + Unpin,
+        cap: usize,
+        chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+        wrap: fn(Vec<u8>) -> Chunk,
+    ) -> (Vec<u8>, bool) {
         let (mut out, mut cut) = (Vec::new(), false);
         let mut buf = [0u8; 8192];
         loop {
             match r.read(&mut buf).await {
                 Ok(0) | Err(_) => return (out, cut),
                 Ok(n) => {
+                    if let Some(tx) = &chunks {
+                        let _ = tx.send(wrap(buf[..n].to_vec())).await;
+                    }
                     let room = cap.saturating_sub(out.len());
                     cut |= n > room;
                     out.extend_from_slice(&buf[..n.min(room)]);
@@ -348,6 +379,7 @@ mod process {
         dir: std::path::PathBuf,
         request: ExecRequest,
         timeout: Duration,
+        chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
         let ExecRequest { argv, options } = request;
         let program = argv.first().ok_or(OpError::EmptyArgv)?;
@@ -386,8 +418,18 @@ mod process {
         );
         tracing::debug!(sandbox = %sandbox, program = %program, "exec");
         let cap = options.output_cap;
-        let stdout = tokio::spawn(collect(child.stdout.take().expect("piped"), cap));
-        let stderr = tokio::spawn(collect(child.stderr.take().expect("piped"), cap));
+        let stdout = tokio::spawn(collect(
+            child.stdout.take().expect("piped"),
+            cap,
+            chunks.clone(),
+            Chunk::Stdout,
+        ));
+        let stderr = tokio::spawn(collect(
+            child.stderr.take().expect("piped"),
+            cap,
+            chunks,
+            Chunk::Stderr,
+        ));
         if let Some(mut stdin) = child.stdin.take() {
             let bytes = options.stdin;
             tokio::spawn(async move {

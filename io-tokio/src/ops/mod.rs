@@ -78,6 +78,15 @@ impl ExecOutput {
     }
 }
 
+/// A piece of a running command's output, as it comes ([`SandboxWork::exec_streaming`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    /// From standard output.
+    Stdout(Vec<u8>),
+    /// From standard error.
+    Stderr(Vec<u8>),
+}
+
 /// What a listed entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EntryKind {
@@ -237,6 +246,28 @@ pub trait SandboxOps: Backend {
         sandbox: SandboxId,
         request: ExecRequest,
     ) -> impl Future<Output = Result<ExecOutput, OpError>> + Send;
+
+    /// Runs a command like [`exec`](Self::exec), and also sends its output to `chunks` as it
+    /// comes (each stream in order; not capped: the returned output is). A full channel holds
+    /// the command's output back; a dropped receiver stops nothing. The default, for a backend
+    /// that cannot stream, sends each stream whole once the command ended.
+    fn exec_streaming(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+    ) -> impl Future<Output = Result<ExecOutput, OpError>> + Send {
+        async move {
+            let out = self.exec(sandbox, request).await?;
+            if !out.stdout.is_empty() {
+                let _ = chunks.send(Chunk::Stdout(out.stdout.clone())).await;
+            }
+            if !out.stderr.is_empty() {
+                let _ = chunks.send(Chunk::Stderr(out.stderr.clone())).await;
+            }
+            Ok(out)
+        }
+    }
 
     /// Writes a file atomically (a reader sees the old file or the new one, never a part),
     /// making its parent directories.

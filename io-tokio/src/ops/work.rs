@@ -9,7 +9,8 @@ use sandkeeper::{CallId, CallStatus, SandboxId, SandboxState, SessionId};
 use sandkeeper_shell::Shared;
 
 use super::{
-    Entry, ExecOptions, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath, DEFAULT_READ_CAP,
+    Chunk, Entry, ExecOptions, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath,
+    DEFAULT_READ_CAP,
 };
 use crate::executor::TokioExecutor;
 
@@ -69,6 +70,31 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         {
             let x = self.check()?;
             self.seen(self.backend().exec(x, ExecRequest { argv, options }).await)
+        }
+    }
+
+    /// Runs a command like [`exec`](Self::exec), sending its output to `chunks` as it comes
+    /// (for long commands: a build, a test run). The returned output is capped as for `exec`.
+    pub async fn exec_streaming<S: Into<String>>(
+        &self,
+        argv: impl IntoIterator<Item = S>,
+        options: ExecOptions,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+    ) -> Result<ExecOutput, OpError> {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        if argv.is_empty() {
+            return Err(OpError::EmptyArgv);
+        }
+        for (name, value) in &options.env {
+            super::check_env(name, value)?;
+        }
+        {
+            let x = self.check()?;
+            self.seen(
+                self.backend()
+                    .exec_streaming(x, ExecRequest { argv, options }, chunks)
+                    .await,
+            )
         }
     }
 
