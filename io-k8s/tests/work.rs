@@ -213,3 +213,86 @@ async fn work_in_a_deleted_pod_is_sandbox_gone() {
     server.pause_controllers(false);
     a.release().await;
 }
+
+/// Many sessions at once, each running real processes in its pod that write its own session
+/// name, through its call's guard and its session work after the call: every pod's
+/// workspace ends with only its own session's files, and all of them. (Sandboxes are kept warm
+/// so their workspaces can be read at the end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_only_ever_write_into_their_own_pod() {
+    let server = server().await;
+    let backend = connect(&server, claim_config("worker-many")).await;
+    let core = Config {
+        release: sandkeeper::ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(600),
+        },
+        ..Config::default()
+    };
+    let k = Keeper::new(KeeperConfig::with_core(core), backend).unwrap();
+    const SESSIONS: usize = 6;
+    const CALLS: usize = 2;
+    let mut tasks = Vec::new();
+    for n in 0..SESSIONS {
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            let s = format!("s{n}");
+            let session = SessionId::new(&s).unwrap();
+            let mut pods = std::collections::BTreeSet::new();
+            for c in 0..CALLS {
+                let g = call(&k, &format!("{s}-c{c}"), &s).await;
+                pods.insert(k.backend().handle(g.sandbox()).unwrap().pod);
+                let file = format!("by-{s}-{c}");
+                let out = g
+                    .work()
+                    .exec(
+                        [
+                            "sh",
+                            "-c",
+                            "printf %s \"$1\" > \"$2\"",
+                            "sh",
+                            s.as_str(),
+                            file.as_str(),
+                        ],
+                        ExecOptions::default(),
+                    )
+                    .await
+                    .unwrap();
+                assert!(out.success(), "{out:?}");
+                drop(g);
+                let later = k.session_work(&session).unwrap();
+                later
+                    .write(&format!("later-{s}-{c}"), s.as_str())
+                    .await
+                    .unwrap();
+            }
+            (s, pods)
+        }));
+    }
+    let mut seen_pods = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (s, pods) = t.await.unwrap();
+        assert_eq!(
+            pods.len(),
+            1,
+            "{s}'s calls share its warm sandbox: {pods:?}"
+        );
+        let pod = pods.into_iter().next().unwrap();
+        assert!(seen_pods.insert(pod.clone()), "{pod} served two sessions");
+        let dir = server.pod_path(NS, &pod, "/workspace");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("by-") || n.starts_with("later-"))
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 2 * CALLS, "{names:?}");
+        for n in names {
+            assert!(n.contains(&format!("-{s}-")), "{n} in {s}'s pod");
+            assert_eq!(std::fs::read_to_string(dir.join(&n)).unwrap(), s);
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(20), k.close(Duration::from_secs(10)))
+        .await
+        .unwrap();
+}
