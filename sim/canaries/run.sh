@@ -34,12 +34,15 @@ for patch in "${patches[@]}"; do
         continue
     fi
     (cd "$work" && patch -p1 --forward --batch --silent < "$patch")
+    # A patch may name simulator options its race needs, on a line `sim-options: ...` before
+    # its diff (e.g. `--operations`: the application also enters sandboxes for work).
+    read -r -a options <<< "$(sed -n 's/^sim-options: //p' "$patch" | head -1)"
     if ! cargo build --quiet --release -p sim --manifest-path "$work/Cargo.toml"; then
         echo "FAIL $name: the patched workspace does not build"
         summary+=("$name: does not build")
         failed=1
     else
-        out="$("$sim" explore --seeds "$seeds" --jobs "$jobs" --stop-at-first 2>&1)"
+        out="$("$sim" explore --seeds "$seeds" --jobs "$jobs" --stop-at-first "${options[@]}" 2>&1)"
         first="$(grep -m1 '^FAIL seed' <<< "$out" || true)"
         if [ -z "$first" ]; then
             echo "FAIL $name: no failing seed in $seeds seeds"
@@ -50,7 +53,7 @@ for patch in "${patches[@]}"; do
             invariant="$(sed -E 's/^FAIL seed [0-9]+: invariant ([^ ]+).*/\1/' <<< "$first")"
             scn="$scratch/$name.scn"
             shrunk="not shrunk"
-            if "$sim" shrink --seed "$seed" --out "$scn" > "$scratch/$name.shrink.log" 2>&1; then
+            if "$sim" shrink --seed "$seed" --out "$scn" "${options[@]}" > "$scratch/$name.shrink.log" 2>&1; then
                 "$sim" run --quiet "$scn" > /dev/null 2>&1
                 rc=$?
                 lines="$(grep -vc '^#' "$scn")"

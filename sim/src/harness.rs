@@ -97,6 +97,10 @@ pub struct Harness {
     session_log: PathName,
     /// Flush payloads by size (`x` repeated), made once each and shared.
     payloads: Vec<Option<Payload>>,
+    /// The sandboxes each session's entered work is in, oldest first (`leave` takes the
+    /// oldest).
+    entered_by:
+        crate::fastmap::FastMap<SessionId, std::collections::VecDeque<sandkeeper::SandboxId>>,
 }
 
 impl Harness {
@@ -117,6 +121,7 @@ impl Harness {
             history,
             steps: 0,
             inputs: 0,
+            entered_by: Default::default(),
             last_error: None,
             refused_calls: Vec::new(),
             close_deadline,
@@ -245,6 +250,39 @@ impl Harness {
                     }
                 }
                 self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::Enter(session) => {
+                self.history.touched.session(session);
+                let r = self.core.enter(now, session);
+                if let Ok(x) = r {
+                    *self.history.entered.entry(x).or_default() += 1;
+                    self.entered_by
+                        .entry(session.clone())
+                        .or_default()
+                        .push_back(x);
+                }
+                self.after(r.map(drop).map_err(|e| e.kind()))?;
+            }
+            Step::Leave(session) => {
+                self.history.touched.session(session);
+                let x = self
+                    .entered_by
+                    .get_mut(session)
+                    .and_then(std::collections::VecDeque::pop_front);
+                let r = match x {
+                    Some(x) => {
+                        let r = self.core.leave(now, x);
+                        if r.is_ok() {
+                            if let Some(n) = self.history.entered.get_mut(&x) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                        r.map_err(|e| e.kind())
+                    }
+                    // Nothing of the session's is in a sandbox: nothing to give the core.
+                    None => Err(sandkeeper::ErrorKind::NotEntered),
+                };
+                self.after(r)?;
             }
             Step::Close(deadline) => {
                 let d = deadline.unwrap_or(self.close_deadline);

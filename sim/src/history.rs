@@ -130,6 +130,8 @@ pub struct History {
     releases: u64,
     /// Holds the application took, per session (for the drain-waits-for-hold mark).
     pub holds: FastMap<SessionId, u32>,
+    /// Work entered into each sandbox and not yet left (`drain-waits-for-work`).
+    pub entered: FastMap<SandboxId, u32>,
     /// The first broken invariant.
     pub failure: Option<Failure>,
     /// The current step, for failures.
@@ -186,6 +188,7 @@ impl History {
             acquires: 0,
             releases: 0,
             holds: FastMap::default(),
+            entered: FastMap::default(),
             failure: None,
             step: 0,
             marks: Marks::default(),
@@ -742,6 +745,13 @@ impl History {
                 self.fail(
                     "drain-waits-for-holds",
                     format!("Stop for {x} before its drain deadline while session {held} still holds it"),
+                );
+            }
+            if let Some(n) = self.entered.get(&x).filter(|n| **n > 0) {
+                let n = *n;
+                self.fail(
+                    "drain-waits-for-work",
+                    format!("Stop for {x} before its drain deadline with {n} piece(s) of work entered in it"),
                 );
             }
         }

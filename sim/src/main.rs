@@ -50,6 +50,9 @@ enum Cmd {
         /// those an input touched (default 1: every call after every input).
         #[arg(long)]
         getter_check_every: Option<u64>,
+        /// The application also enters its sessions' sandboxes for work (`enter`, `leave`).
+        #[arg(long)]
+        operations: bool,
     },
     /// Reruns one seed and writes its trace (JSON lines).
     Replay {
@@ -68,6 +71,9 @@ enum Cmd {
         /// Where to write the scenario (default: standard output).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The seed was run with `--operations`.
+        #[arg(long)]
+        operations: bool,
     },
     /// Runs a scenario file: exit 0 on pass, 1 on failure, 2 when malformed.
     Run {
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
             small_state,
             full_check_every,
             getter_check_every,
+            operations,
         } => {
             let full_check = match (small_state, full_check_every) {
                 (None, None) => None,
@@ -98,12 +105,17 @@ fn main() -> ExitCode {
             let opts = RunOptions {
                 full_check,
                 getter_check_every,
+                operations,
                 ..RunOptions::default()
             };
             explore(seeds, from, jobs, stop_at_first, &opts)
         }
         Cmd::Replay { seed, trace } => replay(seed, trace),
-        Cmd::Shrink { seed, out } => shrink(seed, out),
+        Cmd::Shrink {
+            seed,
+            out,
+            operations,
+        } => shrink(seed, out, operations),
         Cmd::Run { file, quiet } => run_file(file, quiet),
     }
 }
@@ -223,9 +235,9 @@ fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
     }
 }
 
-fn shrink(seed: u64, out: Option<PathBuf>) -> ExitCode {
+fn shrink(seed: u64, out: Option<PathBuf>, operations: bool) -> ExitCode {
     println!("seed {seed}: {}", Swarm::new(seed));
-    match shrink_seed(seed) {
+    match shrink_seed(seed, operations) {
         Ok(s) => {
             println!(
                 "shrunk {} steps to {} (invariant {})",

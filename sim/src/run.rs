@@ -27,6 +27,9 @@ pub struct RunOptions {
     /// Override of the getter checks' full-look cadence (see
     /// [`HarnessOptions::getter_check_every`]); `None`: [`GETTER_CHECK_EVERY`].
     pub getter_check_every: Option<u64>,
+    /// The application also enters its sessions' sandboxes for work (`enter`, `leave`); off
+    /// by default, which leaves every seed's run as it was.
+    pub operations: bool,
 }
 
 /// The outcome of one seed.
@@ -88,7 +91,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     };
     let mut harness =
         Harness::new(config.clone(), close_deadline, hopts).expect("swarm configs are valid");
-    let mut world = World::new(seed, swarm);
+    let mut world = World::new(seed, swarm).with_operations(opts.operations);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         drive(&mut harness, &mut world, &mut transcript)
     }));
@@ -153,13 +156,17 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<
     while !w.done(h) {
         match w.next(h) {
             Move::Step(step) => {
-                let hold = match &step {
-                    Step::Hold(s) => Some(s.clone()),
-                    _ => None,
+                let (hold, enter) = match &step {
+                    Step::Hold(s) => (Some(s.clone()), None),
+                    Step::Enter(s) => (None, Some(s.clone())),
+                    _ => (None, None),
                 };
                 apply(h, transcript, step)?;
                 if let (Some(s), Some(_)) = (hold, h.last_error) {
                     w.hold_refused(&s);
+                }
+                if let (Some(s), Some(_)) = (enter, h.last_error) {
+                    w.enter_refused(&s);
                 }
             }
             Move::Raw(answer, op, what) => {
@@ -235,6 +242,11 @@ pub fn liveness(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> 
     for (session, n) in w.take_holds() {
         for _ in 0..n {
             apply(h, transcript, Step::Unhold(session.clone()))?;
+        }
+    }
+    for (session, n) in w.take_entered() {
+        for _ in 0..n {
+            apply(h, transcript, Step::Leave(session.clone()))?;
         }
     }
     quiesce(h, transcript, "calls")?;

@@ -53,12 +53,14 @@ fn with_steps(base: &Scenario, steps: Vec<Step>) -> Scenario {
     }
 }
 
-/// Shrinks the failing run of `seed`.
-pub fn shrink_seed(seed: u64) -> Result<Shrunk, ShrinkError> {
+/// Shrinks the failing run of `seed` (run with the application's work in its sandboxes when
+/// `operations`).
+pub fn shrink_seed(seed: u64, operations: bool) -> Result<Shrunk, ShrinkError> {
     let report = run_seed(
         seed,
         &RunOptions {
             transcript: true,
+            operations,
             // As its scenario will: every getter check after every input, so the seed and the
             // scenario stop at the same broken invariant.
             getter_check_every: Some(1),

@@ -167,6 +167,10 @@ pub enum Step {
     Hold(SessionId),
     /// `unhold <session>`
     Unhold(SessionId),
+    /// `enter <session>`: work of the session enters its sandbox (the core's `enter`).
+    Enter(SessionId),
+    /// `leave <session>`: the session's oldest entered work leaves its sandbox.
+    Leave(SessionId),
     /// `close [deadline=<d>]`
     Close(Option<Duration>),
     /// `advance <d>`
@@ -332,6 +336,8 @@ impl fmt::Display for Step {
             },
             Step::Hold(s) => write!(f, "hold {s}"),
             Step::Unhold(s) => write!(f, "unhold {s}"),
+            Step::Enter(s) => write!(f, "enter {s}"),
+            Step::Leave(s) => write!(f, "leave {s}"),
             Step::Close(None) => write!(f, "close"),
             Step::Close(Some(d)) => write!(f, "close deadline={}", fmt_duration(*d)),
             Step::Advance(d) => write!(f, "advance {}", fmt_duration(*d)),

@@ -36,6 +36,12 @@ pub struct World {
     ended: Vec<CallId>,
     /// Holds the application took and has not let go, per session index.
     holds: Vec<u32>,
+    /// Whether the application also enters its sessions' sandboxes for work (`enter` and
+    /// `leave`, in place of some holds and unholds). Off by default, so the default seeds'
+    /// runs are unchanged.
+    operations: bool,
+    /// Work entered and not yet left, per session index.
+    entered: Vec<u32>,
     /// Random steps made.
     pub made: usize,
     closed_steps: usize,
@@ -81,7 +87,10 @@ impl World {
             paths.push(Some(name(PathName::new, format!("p{i}"))));
         }
         let holds = vec![0; swarm.sessions as usize];
+        let entered = vec![0; swarm.sessions as usize];
         World {
+            operations: false,
+            entered,
             rng: Rng::new(seed),
             swarm,
             sessions,
@@ -158,7 +167,9 @@ impl World {
                 1 => self.release(h),
                 2 => Some(self.flush(h)),
                 3 => self.resolve(h),
+                4 if self.operations && self.rng.chance(500) => self.enter(h),
                 4 => self.hold(h),
+                5 if self.operations && self.rng.chance(500) => self.leave(),
                 5 => self.unhold(),
                 6 => self.answer(h),
                 7 if self.rng.chance(100) => self.late_loss(h),
@@ -282,6 +293,52 @@ impl World {
             .expect("k is below the count of held sessions");
         self.holds[i] -= 1;
         Some(Move::Step(Step::Unhold(self.sessions[i].clone())))
+    }
+
+    /// Turns on the application's own work in its sessions' sandboxes (`enter`, `leave`).
+    pub fn with_operations(mut self, on: bool) -> Self {
+        self.operations = on;
+        self
+    }
+
+    fn enter(&mut self, h: &Harness) -> Option<Move> {
+        let session = self.live_session(h);
+        let i = self.sessions.iter().position(|s| *s == session)?;
+        self.entered[i] += 1;
+        Some(Move::Step(Step::Enter(session)))
+    }
+
+    fn leave(&mut self) -> Option<Move> {
+        let busy = self.entered.iter().filter(|n| **n > 0).count();
+        if busy == 0 {
+            return None;
+        }
+        let k = self.rng.index(busy);
+        let i = (0..self.entered.len())
+            .filter(|i| self.entered[*i] > 0)
+            .nth(k)
+            .expect("k is below the count of sessions with work entered");
+        self.entered[i] -= 1;
+        Some(Move::Step(Step::Leave(self.sessions[i].clone())))
+    }
+
+    /// Corrects the application's count of entered work after an `enter` the core refused.
+    pub fn enter_refused(&mut self, session: &SessionId) {
+        if let Some(i) = self.sessions.iter().position(|s| s == session) {
+            self.entered[i] = self.entered[i].saturating_sub(1);
+        }
+    }
+
+    /// Sessions with work still entered, with their counts (for the liveness phase).
+    pub fn take_entered(&mut self) -> Vec<(SessionId, u32)> {
+        let mut out = Vec::new();
+        for (i, n) in self.entered.iter_mut().enumerate() {
+            if *n > 0 {
+                out.push((self.sessions[i].clone(), *n));
+                *n = 0;
+            }
+        }
+        out
     }
 
     /// Corrects the application's hold count after a hold the core refused.

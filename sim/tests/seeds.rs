@@ -156,3 +156,30 @@ fn touched_getter_checks_agree_with_full_ones() {
         assert_eq!(touched.failure, full.failure, "seed {seed}");
     }
 }
+
+/// The application also enters its sessions' sandboxes for work (`enter`, `leave`): every
+/// check still holds, and a Stop before the drain deadline with work entered fails
+/// `drain-waits-for-work` (canary x06 removes that guard of the core).
+#[test]
+fn seeds_with_operations_pass() {
+    let seeds = env_u64("SIM_OPERATION_SEEDS").unwrap_or(3_000);
+    let jobs = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(4);
+    let done = AtomicU64::new(0);
+    let opts = RunOptions {
+        operations: true,
+        ..RunOptions::default()
+    };
+    let report = run_batch(1_000_000, seeds, jobs, &done, false, &opts);
+    println!(
+        "{} seeds with operations, {} core inputs",
+        report.seeds, report.inputs
+    );
+    let failures: Vec<String> = report
+        .failures
+        .iter()
+        .map(|(seed, f)| format!("seed {seed}: {f}"))
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}

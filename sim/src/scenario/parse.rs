@@ -342,7 +342,7 @@ fn refused_name(line: &Line, verb: &str) -> Result<Option<(Option<String>, Strin
         ),
         "release" => (("call", call), &[]),
         "flush" => (("session", session), &[("path", path)]),
-        "resolve" | "hold" | "unhold" => (("session", session), &[]),
+        "resolve" | "hold" | "unhold" | "enter" | "leave" => (("session", session), &[]),
         _ => return Ok(None),
     };
     let mut checks: Vec<(&str, &str, Check)> = Vec::new();
@@ -428,14 +428,15 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
             };
             Step::Resolve(session, expect)
         }
-        "hold" | "unhold" => {
+        "hold" | "unhold" | "enter" | "leave" => {
             let s = line.positional("a session name")?;
             line.done()?;
             let session = session_name(line, s)?;
-            if verb == "hold" {
-                Step::Hold(session)
-            } else {
-                Step::Unhold(session)
+            match verb {
+                "hold" => Step::Hold(session),
+                "unhold" => Step::Unhold(session),
+                "enter" => Step::Enter(session),
+                _ => Step::Leave(session),
             }
         }
         "close" => {
