@@ -298,7 +298,9 @@ impl Cluster {
         argv: Vec<String>,
         stdin: Vec<u8>,
     ) -> Result<(), K8sError> {
-        let out = self.exec_capture(pod, argv, stdin, 0, STDERR_KEPT).await?;
+        let out = self
+            .exec_capture(pod, argv, stdin, 0, STDERR_KEPT, None)
+            .await?;
         if out.code == 0 {
             return Ok(());
         }
@@ -313,6 +315,7 @@ impl Cluster {
     /// standard output and `err_cap` of its standard error (the rest is read and dropped). A
     /// command that ran to its end is `Ok` whatever its exit code; no status frame is
     /// [`K8sError::OutcomeUnknown`], a failure without an exit code [`K8sError::Invalid`].
+    /// With `chunks`, every piece of output is also sent there as it arrives (uncapped).
     pub async fn exec_capture(
         &self,
         pod: &str,
@@ -320,7 +323,14 @@ impl Cluster {
         stdin: Vec<u8>,
         out_cap: usize,
         err_cap: usize,
+        chunks: Option<&tokio::sync::mpsc::Sender<sandkeeper_tokio::Chunk>>,
     ) -> Result<Captured, K8sError> {
+        use sandkeeper_tokio::Chunk;
+        let forward = |chunk: Chunk| async move {
+            if let Some(tx) = chunks {
+                let _ = tx.send(chunk).await;
+            }
+        };
         let mut ap = AttachParams::default()
             .stdin(true)
             .stdout(true)
@@ -366,10 +376,16 @@ impl Cluster {
                 n = read_some(&mut out, &mut out_buf), if out_open => {
                     out_open = n > 0;
                     captured.truncated |= keep(&mut captured.stdout, &out_buf[..n], out_cap);
+                    if n > 0 {
+                        forward(Chunk::Stdout(out_buf[..n].to_vec())).await;
+                    }
                 }
                 n = read_some(&mut errs, &mut err_buf), if err_open => {
                     err_open = n > 0;
                     captured.truncated |= keep(&mut captured.stderr, &err_buf[..n], err_cap);
+                    if n > 0 {
+                        forward(Chunk::Stderr(err_buf[..n].to_vec())).await;
+                    }
                 }
                 s = &mut status => break s,
             }
@@ -377,7 +393,8 @@ impl Cluster {
         while out_open {
             match read_some(&mut out, &mut out_buf).now_or_never() {
                 Some(n) if n > 0 => {
-                    captured.truncated |= keep(&mut captured.stdout, &out_buf[..n], out_cap)
+                    captured.truncated |= keep(&mut captured.stdout, &out_buf[..n], out_cap);
+                    forward(Chunk::Stdout(out_buf[..n].to_vec())).await;
                 }
                 _ => out_open = false,
             }
@@ -385,7 +402,8 @@ impl Cluster {
         while err_open {
             match read_some(&mut errs, &mut err_buf).now_or_never() {
                 Some(n) if n > 0 => {
-                    captured.truncated |= keep(&mut captured.stderr, &err_buf[..n], err_cap)
+                    captured.truncated |= keep(&mut captured.stderr, &err_buf[..n], err_cap);
+                    forward(Chunk::Stderr(err_buf[..n].to_vec())).await;
                 }
                 _ => err_open = false,
             }

@@ -14,6 +14,7 @@
 //! - `write` streams the bytes to a temporary file beside the target (`cp /dev/stdin`), then renames it
 //!   over the target (`mv -f -T`): all or nothing. `read` is `cat` with its output capped,
 //!   `list` is `find -printf`, `remove` is `rm -rf`, `exists` is `test -e`.
+//! - `exec_streaming` forwards each frame of output as the websocket delivers it.
 //!
 //! A pod found gone (404, deleted, finished) is [`OpError::SandboxGone`].
 
@@ -22,7 +23,7 @@ use std::time::Duration;
 use sandkeeper::SandboxId;
 use sandkeeper_tokio::{
     ops::{ExecRequest, WorkPath},
-    Entry, EntryKind, ExecOutput, OpError, SandboxOps,
+    Chunk, Entry, EntryKind, ExecOutput, OpError, SandboxOps,
 };
 
 use crate::backend::K8sBackend;
@@ -37,6 +38,17 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most bytes of a listing.
 const LIST_CAP: usize = 4 << 20;
+
+/// One command to run in a pod.
+struct Run<'a> {
+    argv: Vec<String>,
+    stdin: Vec<u8>,
+    /// The most bytes kept of each output stream.
+    cap: usize,
+    timeout: Duration,
+    /// Where output goes as it arrives, if anywhere.
+    chunks: Option<&'a tokio::sync::mpsc::Sender<Chunk>>,
+}
 
 fn gone(sandbox: SandboxId, why: impl Into<String>) -> OpError {
     OpError::SandboxGone {
@@ -63,16 +75,16 @@ impl K8sBackend {
         }
     }
 
-    /// Runs `argv` under `timeout -s KILL` in the pod, with a client deadline a little later.
-    async fn run(
-        &self,
-        sandbox: SandboxId,
-        pod: &str,
-        argv: Vec<String>,
-        stdin: Vec<u8>,
-        cap: usize,
-        timeout: Duration,
-    ) -> Result<Captured, OpError> {
+    /// Runs `run.argv` under `timeout -s KILL` in the pod, with a client deadline a little
+    /// later.
+    async fn run(&self, sandbox: SandboxId, pod: &str, run: Run<'_>) -> Result<Captured, OpError> {
+        let Run {
+            argv,
+            stdin,
+            cap,
+            timeout,
+            chunks,
+        } = run;
         let secs = timeout.as_secs().max(1);
         let mut timed = vec![
             "timeout".to_string(),
@@ -81,7 +93,9 @@ impl K8sBackend {
             secs.to_string(),
         ];
         timed.extend(argv);
-        let run = self.cluster().exec_capture(pod, timed, stdin, cap, cap);
+        let run = self
+            .cluster()
+            .exec_capture(pod, timed, stdin, cap, cap, chunks);
         match tokio::time::timeout(Duration::from_secs(secs) + EXEC_GRACE, run).await {
             Err(_) => Err(OpError::Timeout { after: timeout }),
             Ok(Ok(c)) if c.code == KILLED_EXIT => Err(OpError::Timeout { after: timeout }),
@@ -123,7 +137,14 @@ impl K8sBackend {
     ) -> Result<Captured, OpError> {
         let argv = argv.iter().map(|s| s.to_string()).collect();
         let timeout = self.cluster().config().upload_timeout();
-        self.run(sandbox, pod, argv, stdin, cap, timeout).await
+        let run = Run {
+            argv,
+            stdin,
+            cap,
+            timeout,
+            chunks: None,
+        };
+        self.run(sandbox, pod, run).await
     }
 
     /// Resolves `path` in the container and refuses it when it leads out of the working
@@ -179,8 +200,14 @@ impl K8sBackend {
     }
 }
 
-impl SandboxOps for K8sBackend {
-    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+impl K8sBackend {
+    /// An exec, streaming its output to `chunks` when given.
+    async fn exec_with(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: Option<&tokio::sync::mpsc::Sender<Chunk>>,
+    ) -> Result<ExecOutput, OpError> {
         let ExecRequest { argv, options } = request;
         let Some(program) = argv.first().cloned() else {
             return Err(OpError::EmptyArgv);
@@ -210,10 +237,13 @@ impl SandboxOps for K8sBackend {
             .run(
                 sandbox,
                 &pod,
-                full,
-                options.stdin,
-                options.output_cap,
-                timeout,
+                Run {
+                    argv: full,
+                    stdin: options.stdin,
+                    cap: options.output_cap,
+                    timeout,
+                    chunks,
+                },
             )
             .await?;
         // `env` answers 127 (not found) or 126 (not executable) for the program itself.
@@ -230,6 +260,21 @@ impl SandboxOps for K8sBackend {
             stderr: out.stderr,
             truncated: out.truncated,
         })
+    }
+}
+
+impl SandboxOps for K8sBackend {
+    async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, None).await
+    }
+
+    async fn exec_streaming(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+    ) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, Some(&chunks)).await
     }
 
     async fn write(

@@ -296,3 +296,38 @@ async fn concurrent_sessions_only_ever_write_into_their_own_pod() {
         .await
         .unwrap();
 }
+
+/// A long command's output arrives while it runs in the pod: the first line is received
+/// before the command is told (through a file written by the call's work) that it may end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_commands_output_streams_from_the_pod_while_it_runs() {
+    let server = server().await;
+    let k = keeper(&server, "worker-stream").await;
+    let g = call(&k, "a", "s").await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let work = g.work();
+    let script = "echo started; while [ ! -e go ]; do sleep 0.01; done; echo done >&2";
+    let running = work.exec_streaming(["sh", "-c", script], ExecOptions::default(), tx);
+    let watcher = async {
+        let first = rx.recv().await;
+        assert_eq!(
+            first,
+            Some(sandkeeper_tokio::Chunk::Stdout(b"started\n".to_vec()))
+        );
+        g.work().write("go", "").await.unwrap();
+        let mut rest = Vec::new();
+        while let Some(c) = rx.recv().await {
+            rest.push(c);
+        }
+        rest
+    };
+    let (out, rest) = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(running, watcher)
+    })
+    .await
+    .expect("in time");
+    let out = out.unwrap();
+    assert_eq!(out.stdout, b"started\n");
+    assert_eq!(rest, [sandkeeper_tokio::Chunk::Stderr(b"done\n".to_vec())]);
+    g.release().await;
+}

@@ -34,7 +34,8 @@
 //!   persist so the Shutdown after it runs at once, and `suspend` says when a Persist is a
 //!   sandbox's last command; `classify.rs`: backend failures into core inputs; `timer.rs`: the
 //!   core's deadlines.
-//! - `keeper.rs`, `guard.rs`: the application's API.
+//! - `keeper.rs`, `guard.rs`: the application's API; `ops/`: the application's own work in its
+//!   sandbox ([`SandboxOps`], [`SandboxWork`], [`SessionWork`]).
 //! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
 //! - `workload/`: the main job's workload on any backend ([`workload::run`]); the `harness`
 //!   binary runs it on [`LocalBackend`].

@@ -309,7 +309,7 @@ async fn session_work_keeps_a_draining_sandbox_until_dropped() {
         std::fs::read(k.backend().sandbox_dir(x).join("memory.md")).unwrap(),
         b"remembered"
     );
-    drop(work);
+    work.leave().unwrap();
     assert_ne!(k.sandbox_state(x), Some(SandboxState::Draining));
     assert!(matches!(
         k.session_work(&s),

@@ -47,9 +47,11 @@ use sandkeeper::{
     Snapshot, Spec,
 };
 use sandkeeper_check::{Lanes, Outputs, Versions};
+use sandkeeper_tokio::ops::{ExecRequest, WorkPath};
 use sandkeeper_tokio::{
-    Backend, BackendError, CallGuard, DeathSink, Keeper, KeeperConfig, KeeperError, Loss, Notice,
-    PersistRequest, StartRequest, StopRequest, UploadRequest,
+    Backend, BackendError, CallGuard, DeathSink, Entry, ExecOutput, Keeper, KeeperConfig,
+    KeeperError, Loss, Notice, OpError, PersistRequest, SandboxOps, SessionWork, StartRequest,
+    StopRequest, UploadRequest,
 };
 use sim::harness::{Harness, HarnessOptions};
 use sim::scenario::{parse, run_scenario, Scenario, Verdict};
@@ -197,7 +199,12 @@ impl Record {
 fn answered_at_once(step: &Step) -> bool {
     matches!(
         step,
-        Step::Acquire { .. } | Step::Flush { .. } | Step::Hold(_) | Step::Unhold(_)
+        Step::Acquire { .. }
+            | Step::Flush { .. }
+            | Step::Hold(_)
+            | Step::Unhold(_)
+            | Step::Enter(_)
+            | Step::Leave(_)
     )
 }
 
@@ -383,6 +390,36 @@ fn failure(reply: Reply) -> BackendError {
     }
 }
 
+/// The scripted world takes work into its sandboxes (`enter`, `leave`: what the agreement
+/// compares) but runs none: scenarios have no step that runs a command or touches a file.
+fn no_work() -> OpError {
+    OpError::Backend {
+        what: "agreement script",
+        error: "scenarios enter and leave sandboxes but run no operation".into(),
+    }
+}
+
+impl SandboxOps for Script {
+    async fn exec(&self, _: SandboxId, _: ExecRequest) -> Result<ExecOutput, OpError> {
+        Err(no_work())
+    }
+    async fn write(&self, _: SandboxId, _: WorkPath, _: Vec<u8>) -> Result<(), OpError> {
+        Err(no_work())
+    }
+    async fn read(&self, _: SandboxId, _: WorkPath, _: usize) -> Result<Vec<u8>, OpError> {
+        Err(no_work())
+    }
+    async fn list(&self, _: SandboxId, _: WorkPath) -> Result<Vec<Entry>, OpError> {
+        Err(no_work())
+    }
+    async fn remove(&self, _: SandboxId, _: WorkPath) -> Result<(), OpError> {
+        Err(no_work())
+    }
+    async fn exists(&self, _: SandboxId, _: WorkPath) -> Result<bool, OpError> {
+        Err(no_work())
+    }
+}
+
 impl Backend for Script {
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
         let x = request.sandbox;
@@ -499,6 +536,8 @@ struct Driver {
     notices: broadcast::Receiver<Notice>,
     close_deadline: Duration,
     held: HashMap<String, Held>,
+    /// Each session's entered work, oldest first (`leave` drops the oldest).
+    entered: HashMap<String, std::collections::VecDeque<SessionWork<Script>>>,
     /// Calls that failed (at once or later), with the error kind.
     failed: HashMap<String, String>,
     /// The sandbox each call was bound to, as the driver saw it.
@@ -528,6 +567,7 @@ impl Driver {
             notices,
             close_deadline: scenario.close_deadline,
             held: HashMap::new(),
+            entered: HashMap::new(),
             failed: HashMap::new(),
             bound: HashMap::new(),
             last_error: None,
@@ -706,6 +746,34 @@ impl Driver {
             Step::Unhold(session) => {
                 let r = self.keeper.unhold(session);
                 self.answered(line, r.map_err(kind_of));
+            }
+            Step::Enter(session) => match self.keeper.session_work(session) {
+                Ok(work) => {
+                    self.entered
+                        .entry(session.to_string())
+                        .or_default()
+                        .push_back(work);
+                    self.answered(line, Ok(()));
+                }
+                Err(OpError::NoActiveSandbox { .. }) => {
+                    self.answered(line, Err(ErrorKind::NoActiveSandbox))
+                }
+                Err(OpError::Keeper(e)) => self.answered(line, Err(kind_of(e))),
+                Err(other) => panic!("enter {session}: {other}"),
+            },
+            Step::Leave(session) => {
+                let work = self
+                    .entered
+                    .get_mut(session.as_str())
+                    .and_then(std::collections::VecDeque::pop_front);
+                match work {
+                    Some(work) => match work.leave() {
+                        Ok(()) => self.answered(line, Ok(())),
+                        Err(OpError::Keeper(e)) => self.answered(line, Err(kind_of(e))),
+                        Err(other) => panic!("leave {session}: {other}"),
+                    },
+                    None => self.answered(line, Err(ErrorKind::NotEntered)),
+                }
             }
             Step::Close(deadline) => {
                 let keeper = self.keeper.clone();

@@ -215,6 +215,8 @@ impl<B: SandboxOps> std::fmt::Debug for SandboxWork<'_, B> {
 /// [`OpError::NoActiveSandbox`] before anything runs.
 pub struct SessionWork<B: SandboxOps> {
     work: SandboxWork<'static, B>,
+    /// Left already ([`SessionWork::leave`]): the drop has nothing to do.
+    left: bool,
 }
 
 impl<B: SandboxOps> SessionWork<B> {
@@ -235,7 +237,18 @@ impl<B: SandboxOps> SessionWork<B> {
                 owner: Owner::Session(session.clone()),
                 _guard: PhantomData,
             },
+            left: false,
         })
+    }
+
+    /// Ends the work now and says how the keeper took it (dropping it does the same, and
+    /// says nothing). Errors: `Keeper(Core(Closed))` after close.
+    pub fn leave(mut self) -> Result<(), OpError> {
+        self.left = true;
+        self.work
+            .shared
+            .leave(self.work.sandbox)
+            .map_err(OpError::Keeper)
     }
 }
 
@@ -249,6 +262,9 @@ impl<B: SandboxOps> std::ops::Deref for SessionWork<B> {
 
 impl<B: SandboxOps> Drop for SessionWork<B> {
     fn drop(&mut self) {
+        if self.left {
+            return;
+        }
         if let Err(e) = self.work.shared.leave(self.work.sandbox) {
             // Only after close: nothing is left to let go then.
             tracing::debug!(error = %e, sandbox = %self.work.sandbox, "leave");

@@ -10,7 +10,7 @@ use sandkeeper::{
 use crate::step::{fmt_duration, Answer, Expect, ResolveExpect, Step};
 
 /// Error and reason kinds a scenario may name (kebab case).
-pub const KINDS: [&str; 21] = [
+pub const KINDS: [&str; 22] = [
     "closed",
     "unknown-call",
     "duplicate-call",
@@ -28,6 +28,7 @@ pub const KINDS: [&str; 21] = [
     "upload-failed",
     "upload-timeout",
     "not-held",
+    "not-entered",
     "unknown-sandbox",
     "unknown-upload",
     "missing-user",
