@@ -14,6 +14,21 @@ use super::{
 };
 use crate::executor::TokioExecutor;
 
+/// A command, checked before anything runs.
+fn request<S: Into<String>>(
+    argv: impl IntoIterator<Item = S>,
+    options: ExecOptions,
+) -> Result<ExecRequest, OpError> {
+    let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+    if argv.is_empty() {
+        return Err(OpError::EmptyArgv);
+    }
+    for (name, value) in &options.env {
+        super::check_env(name, value)?;
+    }
+    Ok(ExecRequest { argv, options })
+}
+
 /// Whose work it is, which decides what is checked before each operation.
 #[derive(Clone, Debug)]
 enum Owner {
@@ -60,17 +75,9 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         argv: impl IntoIterator<Item = S>,
         options: ExecOptions,
     ) -> Result<ExecOutput, OpError> {
-        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
-        if argv.is_empty() {
-            return Err(OpError::EmptyArgv);
-        }
-        for (name, value) in &options.env {
-            super::check_env(name, value)?;
-        }
-        {
-            let x = self.check()?;
-            self.seen(self.backend().exec(x, ExecRequest { argv, options }).await)
-        }
+        let request = request(argv, options)?;
+        let x = self.check()?;
+        self.seen(self.backend().exec(x, request).await)
     }
 
     /// Runs a command like [`exec`](Self::exec), sending its output to `chunks` as it comes
@@ -81,21 +88,9 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         options: ExecOptions,
         chunks: tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<ExecOutput, OpError> {
-        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
-        if argv.is_empty() {
-            return Err(OpError::EmptyArgv);
-        }
-        for (name, value) in &options.env {
-            super::check_env(name, value)?;
-        }
-        {
-            let x = self.check()?;
-            self.seen(
-                self.backend()
-                    .exec_streaming(x, ExecRequest { argv, options }, chunks)
-                    .await,
-            )
-        }
+        let request = request(argv, options)?;
+        let x = self.check()?;
+        self.seen(self.backend().exec_streaming(x, request, chunks).await)
     }
 
     /// Writes a file atomically, making its parent directories.
@@ -103,10 +98,8 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         let path = WorkPath::new(path)?;
         path.writable()?;
         let bytes = bytes.into();
-        {
-            let x = self.check()?;
-            self.seen(self.backend().write(x, path, bytes).await)
-        }
+        let x = self.check()?;
+        self.seen(self.backend().write(x, path, bytes).await)
     }
 
     /// Reads a file of at most [`DEFAULT_READ_CAP`] bytes.
@@ -117,38 +110,30 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
     /// Reads a file of at most `cap` bytes ([`OpError::TooLarge`] beyond).
     pub async fn read_capped(&self, path: &str, cap: usize) -> Result<Vec<u8>, OpError> {
         let path = WorkPath::new(path)?;
-        {
-            let x = self.check()?;
-            self.seen(self.backend().read(x, path, cap).await)
-        }
+        let x = self.check()?;
+        self.seen(self.backend().read(x, path, cap).await)
     }
 
     /// Lists a directory (`"."`: the workspace), by name.
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, OpError> {
         let dir = WorkPath::new(dir)?;
-        {
-            let x = self.check()?;
-            self.seen(self.backend().list(x, dir).await)
-        }
+        let x = self.check()?;
+        self.seen(self.backend().list(x, dir).await)
     }
 
     /// Removes a file, or a directory with everything in it.
     pub async fn remove(&self, path: &str) -> Result<(), OpError> {
         let path = WorkPath::new(path)?;
         path.writable()?;
-        {
-            let x = self.check()?;
-            self.seen(self.backend().remove(x, path).await)
-        }
+        let x = self.check()?;
+        self.seen(self.backend().remove(x, path).await)
     }
 
     /// Whether something exists at the path.
     pub async fn exists(&self, path: &str) -> Result<bool, OpError> {
         let path = WorkPath::new(path)?;
-        {
-            let x = self.check()?;
-            self.seen(self.backend().exists(x, path).await)
-        }
+        let x = self.check()?;
+        self.seen(self.backend().exists(x, path).await)
     }
 
     /// The sandbox, if it may take work now by the keeper's state.
