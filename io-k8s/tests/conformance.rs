@@ -18,17 +18,26 @@ fn pool_with_a_sidecar(server: &k8s_loopback::Loopback, name: &str) {
 
 /// A warm pool `name` (template `<name>-tpl`) whose pods have these containers.
 fn pool_with(server: &k8s_loopback::Loopback, name: &str, containers: &[&str]) {
-    let template = format!("{name}-tpl");
     let containers: Vec<_> = containers
         .iter()
         .map(|c| json!({"name": c, "image": "busybox"}))
         .collect();
+    pool_of(
+        server,
+        name,
+        json!({"podTemplate": {"spec": {"containers": containers}}}),
+    );
+}
+
+/// A warm pool `name` whose template `<name>-tpl` has this `spec`.
+fn pool_of(server: &k8s_loopback::Loopback, name: &str, spec: serde_json::Value) {
+    let template = format!("{name}-tpl");
     server
         .store()
         .create(
             &SANDBOX_TEMPLATES,
             NS,
-            json!({"metadata": {"name": template}, "spec": {"podTemplate": {"spec": {"containers": containers}}}}),
+            json!({"metadata": {"name": template}, "spec": spec}),
         )
         .unwrap();
     server
@@ -620,24 +629,13 @@ async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
 async fn h_suspend_is_refused_when_the_pods_grace_period_outlasts_the_timeouts() {
     use sandkeeper_tokio::Backend;
     let server = server().await;
-    let mut template = server.store().get(&SANDBOX_TEMPLATES, NS, "tpl").unwrap();
-    template["metadata"] = json!({"name": "slow-tpl"});
-    template["spec"]["podTemplate"]["spec"]
+    // The common template (a claim volume at the working directory) without its grace period.
+    let mut spec = server.store().get(&SANDBOX_TEMPLATES, NS, "tpl").unwrap()["spec"].take();
+    spec["podTemplate"]["spec"]
         .as_object_mut()
         .unwrap()
         .remove("terminationGracePeriodSeconds");
-    server
-        .store()
-        .create(&SANDBOX_TEMPLATES, NS, template)
-        .unwrap();
-    server
-        .store()
-        .create(
-            &SANDBOX_WARM_POOLS,
-            NS,
-            json!({"metadata": {"name": "slow"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "slow-tpl"}}}),
-        )
-        .unwrap();
+    pool_of(&server, "slow", spec);
     let mut config = claim_config("owner-h3");
     config.mode = Mode::AgentSandbox {
         warm_pool: "slow".into(),

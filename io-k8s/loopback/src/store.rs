@@ -282,6 +282,37 @@ impl Store {
         g.compacted_through = g.rv;
     }
 
+    /// Stores a new version of an object under the next resourceVersion and records its
+    /// event: `Added` without a `previous` version, `Modified` with one. Returns what was
+    /// stored.
+    fn store_version(
+        &self,
+        g: &mut Inner,
+        rt: &ResourceType,
+        ns: &str,
+        k: Key,
+        mut obj: Value,
+        previous: Option<Value>,
+    ) -> Value {
+        g.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        g.objects.insert(k, obj.clone());
+        let ev = Event {
+            rv: g.rv,
+            kind: if previous.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            },
+            resource: *rt,
+            namespace: ns.into(),
+            object: obj.clone(),
+            previous,
+        };
+        self.record(g, ev);
+        obj
+    }
+
     fn record(&self, g: &mut Inner, ev: Event) {
         let ev = Arc::new(ev);
         g.history.push_back(ev.clone());
@@ -381,19 +412,7 @@ impl Store {
         if g.objects.contains_key(&k) {
             return Err(ApiError::already_exists(rt.group, rt.plural, &name));
         }
-        g.rv += 1;
-        obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        g.objects.insert(k, obj.clone());
-        let ev = Event {
-            rv: g.rv,
-            kind: EventType::Added,
-            resource: *rt,
-            namespace: ns.into(),
-            object: obj.clone(),
-            previous: None,
-        };
-        self.record(&mut g, ev);
-        Ok(obj)
+        Ok(self.store_version(&mut g, rt, ns, k, obj, None))
     }
 
     /// Reads one object.
@@ -511,19 +530,7 @@ impl Store {
         if next == old {
             return Ok(old);
         }
-        g.rv += 1;
-        next["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        g.objects.insert(k, next.clone());
-        let ev = Event {
-            rv: g.rv,
-            kind: EventType::Modified,
-            resource: *rt,
-            namespace: ns.into(),
-            object: next.clone(),
-            previous: Some(old),
-        };
-        self.record(&mut g, ev);
-        Ok(next)
+        Ok(self.store_version(&mut g, rt, ns, k, next, Some(old)))
     }
 
     /// Patches an object. A server-side apply of an absent object creates it.
@@ -614,19 +621,7 @@ impl Store {
         let mut next = old.clone();
         next["metadata"]["deletionTimestamp"] = json!(ends.to_string());
         next["metadata"]["deletionGracePeriodSeconds"] = json!(period);
-        g.rv += 1;
-        next["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        g.objects.insert(k, next.clone());
-        let ev = Event {
-            rv: g.rv,
-            kind: EventType::Modified,
-            resource: resources::PODS,
-            namespace: ns.into(),
-            object: next.clone(),
-            previous: Some(old),
-        };
-        self.record(&mut g, ev);
-        Ok(next)
+        Ok(self.store_version(&mut g, &resources::PODS, ns, k, next, Some(old)))
     }
 
     /// A DELETE with default options: [`Store::delete_with_grace`] with no grace period given.
