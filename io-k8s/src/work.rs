@@ -208,19 +208,14 @@ impl K8sBackend {
         request: ExecRequest,
         chunks: Option<&tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
+        let program = request.check()?.to_string();
         let ExecRequest { argv, options } = request;
-        let Some(program) = argv.first().cloned() else {
-            return Err(OpError::EmptyArgv);
-        };
         if program.contains('=') {
             // `env` would take it for a variable.
             return Err(OpError::Spawn {
                 program,
                 error: "a program name may not hold '='".into(),
             });
-        }
-        for (name, value) in &options.env {
-            sandkeeper_tokio::ops::check_env(name, value)?;
         }
         let pod = self.pod_of(sandbox)?;
         let dir = self.confined(sandbox, &pod, &options.cwd).await?;

@@ -116,10 +116,9 @@ fn under(file: &str, dir: &WorkPath) -> bool {
 
 impl SandboxOps for FaultBackend {
     async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
+        request.check()?;
         let ExecRequest { argv, options } = request;
-        let Some((program, args)) = argv.split_first() else {
-            return Err(OpError::EmptyArgv);
-        };
+        let (program, args) = argv.split_first().expect("checked: not empty");
         if program == "sleep" {
             self.up(sandbox)?;
             let after = options.timeout.unwrap_or(EXEC_TIMEOUT);

@@ -171,12 +171,7 @@ impl LocalBackend {
         request: ExecRequest,
         chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
-        let Some(program) = request.argv.first() else {
-            return Err(OpError::EmptyArgv);
-        };
-        for (name, value) in &request.options.env {
-            crate::ops::check_env(name, value)?;
-        }
+        let program = request.check()?;
         let s = self.for_work(sandbox)?;
         let cwd = request.options.cwd.clone();
         // The working directory is checked through the capability (no way out), then named.
@@ -196,7 +191,7 @@ impl LocalBackend {
         // the fixed PATH), so a missing program is a spawn error under bubblewrap too.
         if !program_exists(program, &dir) {
             return Err(OpError::Spawn {
-                program: program.clone(),
+                program: program.to_string(),
                 error: "not found (on PATH, or at the path given)".into(),
             });
         }

@@ -309,6 +309,25 @@ pub trait SandboxOps: Backend {
     ) -> impl Future<Output = Result<bool, OpError>> + Send;
 }
 
+impl ExecRequest {
+    /// A request checked before anything runs: a non-empty argv and valid variables.
+    pub fn new(argv: Vec<String>, options: ExecOptions) -> Result<Self, OpError> {
+        let request = ExecRequest { argv, options };
+        request.check()?;
+        Ok(request)
+    }
+
+    /// Checks the request (its fields are public, so a backend checks what it is given):
+    /// answers the program, or [`OpError::EmptyArgv`] / [`OpError::InvalidEnv`].
+    pub fn check(&self) -> Result<&str, OpError> {
+        let program = self.argv.first().ok_or(OpError::EmptyArgv)?;
+        for (name, value) in &self.options.env {
+            check_env(name, value)?;
+        }
+        Ok(program)
+    }
+}
+
 /// Checks an environment variable for a command.
 pub fn check_env(name: &str, value: &str) -> Result<(), OpError> {
     let bad = |why| OpError::InvalidEnv {

@@ -14,21 +14,6 @@ use super::{
 };
 use crate::executor::TokioExecutor;
 
-/// A command, checked before anything runs.
-fn request<S: Into<String>>(
-    argv: impl IntoIterator<Item = S>,
-    options: ExecOptions,
-) -> Result<ExecRequest, OpError> {
-    let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
-    if argv.is_empty() {
-        return Err(OpError::EmptyArgv);
-    }
-    for (name, value) in &options.env {
-        super::check_env(name, value)?;
-    }
-    Ok(ExecRequest { argv, options })
-}
-
 /// Whose work it is, which decides what is checked before each operation.
 #[derive(Clone, Debug)]
 enum Owner {
@@ -75,7 +60,7 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         argv: impl IntoIterator<Item = S>,
         options: ExecOptions,
     ) -> Result<ExecOutput, OpError> {
-        let request = request(argv, options)?;
+        let request = ExecRequest::new(argv.into_iter().map(Into::into).collect(), options)?;
         let x = self.check()?;
         self.seen(self.backend().exec(x, request).await)
     }
@@ -88,7 +73,7 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         options: ExecOptions,
         chunks: tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<ExecOutput, OpError> {
-        let request = request(argv, options)?;
+        let request = ExecRequest::new(argv.into_iter().map(Into::into).collect(), options)?;
         let x = self.check()?;
         self.seen(self.backend().exec_streaming(x, request, chunks).await)
     }
