@@ -282,16 +282,7 @@ impl World {
     }
 
     fn unhold(&mut self) -> Option<Move> {
-        let held = self.holds.iter().filter(|n| **n > 0).count();
-        if held == 0 {
-            return None;
-        }
-        let k = self.rng.index(held);
-        let i = (0..self.holds.len())
-            .filter(|i| self.holds[*i] > 0)
-            .nth(k)
-            .expect("k is below the count of held sessions");
-        self.holds[i] -= 1;
+        let i = take_one(&mut self.holds, &mut self.rng)?;
         Some(Move::Step(Step::Unhold(self.sessions[i].clone())))
     }
 
@@ -309,55 +300,28 @@ impl World {
     }
 
     fn leave(&mut self) -> Option<Move> {
-        let busy = self.entered.iter().filter(|n| **n > 0).count();
-        if busy == 0 {
-            return None;
-        }
-        let k = self.rng.index(busy);
-        let i = (0..self.entered.len())
-            .filter(|i| self.entered[*i] > 0)
-            .nth(k)
-            .expect("k is below the count of sessions with work entered");
-        self.entered[i] -= 1;
+        let i = take_one(&mut self.entered, &mut self.rng)?;
         Some(Move::Step(Step::Leave(self.sessions[i].clone())))
     }
 
     /// Corrects the application's count of entered work after an `enter` the core refused.
     pub fn enter_refused(&mut self, session: &SessionId) {
-        if let Some(i) = self.sessions.iter().position(|s| s == session) {
-            self.entered[i] = self.entered[i].saturating_sub(1);
-        }
+        uncount(&mut self.entered, &self.sessions, session);
     }
 
     /// Sessions with work still entered, with their counts (for the liveness phase).
     pub fn take_entered(&mut self) -> Vec<(SessionId, u32)> {
-        let mut out = Vec::new();
-        for (i, n) in self.entered.iter_mut().enumerate() {
-            if *n > 0 {
-                out.push((self.sessions[i].clone(), *n));
-                *n = 0;
-            }
-        }
-        out
+        take_all(&mut self.entered, &self.sessions)
     }
 
     /// Corrects the application's hold count after a hold the core refused.
     pub fn hold_refused(&mut self, session: &SessionId) {
-        if let Some(i) = self.sessions.iter().position(|s| s == session) {
-            self.holds[i] = self.holds[i].saturating_sub(1);
-        }
+        uncount(&mut self.holds, &self.sessions, session);
     }
 
     /// Sessions still holding, with their counts (for the liveness phase).
     pub fn take_holds(&mut self) -> Vec<(SessionId, u32)> {
-        let mut out = Vec::new();
-        for (i, n) in self.holds.iter_mut().enumerate() {
-            if *n > 0 {
-                out.push((self.sessions[i].clone(), *n));
-                *n = 0;
-            }
-        }
-        out
+        take_all(&mut self.holds, &self.sessions)
     }
 
     fn answer(&mut self, h: &Harness) -> Option<Move> {
@@ -536,6 +500,41 @@ impl World {
             }
         }
     }
+}
+
+/// Takes one from a random session among those whose count (holds, entered work) is above
+/// zero; `None` when none is.
+fn take_one(counts: &mut [u32], rng: &mut Rng) -> Option<usize> {
+    let counted = counts.iter().filter(|n| **n > 0).count();
+    if counted == 0 {
+        return None;
+    }
+    let k = rng.index(counted);
+    let i = (0..counts.len())
+        .filter(|i| counts[*i] > 0)
+        .nth(k)
+        .expect("k is below the count of counted sessions");
+    counts[i] -= 1;
+    Some(i)
+}
+
+/// Takes one back from `session`'s count (the core refused what was counted).
+fn uncount(counts: &mut [u32], sessions: &[SessionId], session: &SessionId) {
+    if let Some(i) = sessions.iter().position(|s| s == session) {
+        counts[i] = counts[i].saturating_sub(1);
+    }
+}
+
+/// Every session's count above zero, with its session; the counts become zero.
+fn take_all(counts: &mut [u32], sessions: &[SessionId]) -> Vec<(SessionId, u32)> {
+    let mut out = Vec::new();
+    for (i, n) in counts.iter_mut().enumerate() {
+        if *n > 0 {
+            out.push((sessions[i].clone(), *n));
+            *n = 0;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
