@@ -163,7 +163,9 @@ impl Deadlines {
                 self.drain_heap.push(Reverse((due, *sandbox)));
                 Ok(())
             }
-            Command::CancelUpload { .. } | Command::Abandon { .. } => Ok(()),
+            Command::CancelUpload { .. } | Command::Discard { .. } | Command::Abandon { .. } => {
+                Ok(())
+            }
         }
     }
 

@@ -62,9 +62,10 @@ impl Op {
             Command::Stop { .. } => Op::Stop,
             Command::Persist { .. } => Op::Persist,
             Command::Shutdown { .. } => Op::Shutdown,
-            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
-                return None
-            }
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => return None,
         };
         Some((command.sandbox(), op))
     }

@@ -15,6 +15,7 @@
 //! | `calls.rs` | [`Calls`]: call events against the live calls ([`LiveCalls`], `live.rs`), and what the core answers about them when asked | `call-names-unique`, `typed-errors`, `release-live`, `call-events`, `ready-on-live-sandbox`, `serialize-fifo`, `release-completes-once`, `binding-stable`, `no-teardown-under-live-call`, `serialize-one-per-key`, `resolve-own-sandbox`, `liveness-release-completes` |
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
 //! | `mirror.rs` | [`Mirror`]: where and when a session's versions are written | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` |
+//! | `snapshots.rs` | [`Snapshots`]: what a key keeps for its next start, and when the core lets it go | `discard-unreferenced`, `discard-after-retention`, `snapshot-released` |
 //! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
@@ -49,6 +50,7 @@ mod lane;
 mod live;
 mod mirror;
 mod outputs;
+mod snapshots;
 mod uploads;
 mod versions;
 mod violation;
@@ -59,6 +61,7 @@ pub use lane::{Lane, Lanes, Op};
 pub use live::{CallRecord, LiveCalls, Phase};
 pub use mirror::Mirror;
 pub use outputs::Outputs;
+pub use snapshots::Snapshots;
 pub use uploads::{Flight, Uploads};
 pub use versions::{PathVersions, Versions};
 pub use violation::Violation;

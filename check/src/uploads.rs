@@ -96,6 +96,7 @@ impl Uploads {
             Command::Start { .. }
             | Command::Drain { .. }
             | Command::Persist { .. }
+            | Command::Discard { .. }
             | Command::Abandon { .. } => Ok(()),
         }
     }

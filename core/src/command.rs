@@ -18,7 +18,8 @@ use crate::time::Instant;
 
 /// One piece of work for the driver. Each names exactly one sandbox. A driver answers Start,
 /// Upload, Stop, Persist and Shutdown with the matching `handle_*` input, unless it dropped the
-/// command at its deadline or on a cancel; Drain, CancelUpload and Abandon need no answer.
+/// command at its deadline or on a cancel; Drain, CancelUpload, Discard and Abandon need no
+/// answer.
 ///
 /// **Deadlines.** Start, Upload, Stop, Persist and Shutdown carry the instant at which the core
 /// stops waiting for their answer. The core's own timer fires then (its consequence comes from
@@ -102,15 +103,40 @@ pub enum Command {
         /// The snapshot its Stop returned, if any.
         snapshot: Option<Snapshot>,
         /// Suspend it: the backend keeps it (its workspace, at least) for a later Start that
-        /// resumes `snapshot`. When this Persist succeeds it is the sandbox's **last command**:
+        /// resumes `snapshot`. When this Persist succeeds it is the sandbox's **last command**
+        /// (but for the [`Command::Discard`] of its snapshot):
         /// the core forgets the sandbox, and reports about it afterwards are stale. When it
         /// fails, times out or the sandbox dies first, Shutdown follows as usual. While it is
         /// outstanding, the loss of the sandbox's running instance (see
         /// [`handle_instance_gone`](crate::Lifecycle::handle_instance_gone)) is the suspension's
         /// own doing. When `false`, Shutdown follows.
         suspend: bool,
+        /// The end of the snapshot's retention, when the policy has one
+        /// ([`Tiers::retain`](crate::Tiers::retain)): the backend records it with what it keeps
+        /// (a suspended claim's `shutdownTime`, an expiry beside a snapshot directory) and deletes
+        /// it then by itself, so that a keeper that crashed keeps nothing forever. The core orders
+        /// the same deletion ([`Command::Discard`]) no later; a keeper that restarts honours the
+        /// recorded instant, no earlier.
+        retain_until: Option<Instant>,
         /// When the core stops waiting: the command timeout.
         deadline: Instant,
+    },
+    /// Delete a snapshot the key no longer references: its retention passed, or a newer
+    /// snapshot of the key superseded it. `sandbox` is the sandbox that persisted it, which may
+    /// be shut down or suspended: this is the one command that may name a sandbox after its
+    /// last one, and it runs beside everything, in no sandbox's order. A snapshot that a Start
+    /// took as `resume_from` is the new sandbox's and is never discarded. Best effort and no
+    /// answer: a snapshot the backend cannot delete now goes at its own recorded expiry
+    /// (`Persist::retain_until`).
+    Discard {
+        /// The sandbox that persisted the snapshot.
+        sandbox: SandboxId,
+        /// The key it was kept for.
+        key: Key,
+        /// The snapshot.
+        snapshot: Snapshot,
+        /// Why it goes.
+        reason: DiscardReason,
     },
     /// Shut the sandbox down and free everything it holds. Ordered exactly once per managed
     /// sandbox, and always its last command. Answer with `handle_shutdown_ok` or
@@ -144,6 +170,7 @@ impl Command {
             | Command::Stop { sandbox, .. }
             | Command::Persist { sandbox, .. }
             | Command::Shutdown { sandbox, .. }
+            | Command::Discard { sandbox, .. }
             | Command::Abandon { sandbox } => *sandbox,
         }
     }
@@ -157,7 +184,10 @@ impl Command {
             | Command::Stop { deadline, .. }
             | Command::Persist { deadline, .. }
             | Command::Shutdown { deadline, .. } => Some(*deadline),
-            Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => None,
+            Command::CancelUpload { .. }
+            | Command::Drain { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => None,
         }
     }
 
@@ -171,9 +201,20 @@ impl Command {
             Command::Stop { .. } => "stop",
             Command::Persist { .. } => "persist",
             Command::Shutdown { .. } => "shutdown",
+            Command::Discard { .. } => "discard",
             Command::Abandon { .. } => "abandon",
         }
     }
+}
+
+/// Why a [`Command::Discard`] deletes a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiscardReason {
+    /// The key's retention ([`Tiers::retain`](crate::Tiers::retain)) passed without a start.
+    Retention,
+    /// A newer snapshot of the key was persisted.
+    Superseded,
 }
 
 /// The sessions of a [`Command::Drain`]: a list that holds one session without allocating (a

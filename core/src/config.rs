@@ -42,10 +42,15 @@ pub enum SameKey {
 }
 
 /// What happens to a managed sandbox when its last call has released.
+///
+/// Every policy is a set of [`Tiers`] ([`ReleasePolicy::tiers`]): warm for a while, then down
+/// the Shutdown way or the Suspend way, and the key's snapshot kept for a while. The first three
+/// variants are the common shapes by name; [`ReleasePolicy::Tiered`] says all of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReleasePolicy {
-    /// Drain, Stop, Persist (when Stop returned a snapshot), Shutdown.
+    /// Drain, Stop, Persist (when Stop returned a snapshot), Shutdown. (No warm tier; the way
+    /// down is Shutdown; a snapshot is kept until the key's next start.)
     #[default]
     Shutdown,
     /// Stay up, idle, for the next call with the same key; after `idle` without a call, or at
@@ -55,8 +60,83 @@ pub enum ReleasePolicy {
         idle: Duration,
     },
     /// Drain, Stop, Persist; no Shutdown. The backend keeps the persisted sandbox; the next Start
-    /// of the key carries the snapshot as `resume_from`.
+    /// of the key carries the snapshot as `resume_from`. (No warm tier; kept until the key's
+    /// next start.)
     Suspend,
+    /// Warm for `idle`, then the way down `then` names, and a snapshot kept for `retain`.
+    Tiered(Tiers),
+}
+
+/// The tiers a managed sandbox goes through after its last call, each decided by the core's own
+/// timers:
+///
+/// ```text
+///  last call released
+///        │
+///        ▼
+///  warm (Idle) ──── a call of the key ────▶ bound at once
+///        │ idle passed (or close)
+///        ▼
+///  drain ─▶ Stop ─▶ Persist ─┬─ then = Shutdown ─▶ Shutdown (a snapshot, if Stop took one,
+///                            │                     is the key's)
+///                            └─ then = Suspend ──▶ suspended: the backend keeps it
+///        key's snapshot ──── a call of the key ────▶ Start { resume_from } takes it
+///              │ retain passed
+///              ▼
+///           Discard (the backend deletes it)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tiers {
+    /// How long a sandbox whose last call ended stays warm (idle, bound again at once by a call
+    /// of its key). Zero: it goes down at its last release.
+    pub idle: Duration,
+    /// The way down after the warm tier.
+    pub then: WayDown,
+    /// How long the key's snapshot (a suspended sandbox, or the snapshot a Stop took) is kept
+    /// for the key's next start; then the core orders it discarded. `None`: until the key's
+    /// next start (or, past close, as long as the backend keeps it).
+    pub retain: Option<Duration>,
+}
+
+/// Which way a managed sandbox goes down after its warm tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WayDown {
+    /// Drain, Stop, Persist (when Stop returned a snapshot), Shutdown.
+    #[default]
+    Shutdown,
+    /// Drain, Stop, Persist; the backend keeps the sandbox suspended.
+    Suspend,
+}
+
+impl ReleasePolicy {
+    /// The policy as tiers.
+    pub fn tiers(&self) -> Tiers {
+        match *self {
+            ReleasePolicy::Shutdown => Tiers {
+                idle: Duration::ZERO,
+                then: WayDown::Shutdown,
+                retain: None,
+            },
+            ReleasePolicy::KeepWarm { idle } => Tiers {
+                idle,
+                then: WayDown::Shutdown,
+                retain: None,
+            },
+            ReleasePolicy::Suspend => Tiers {
+                idle: Duration::ZERO,
+                then: WayDown::Suspend,
+                retain: None,
+            },
+            ReleasePolicy::Tiered(tiers) => tiers,
+        }
+    }
+
+    /// Whether a managed sandbox's way down ends suspended (Stop, Persist, kept) rather than in
+    /// Shutdown.
+    pub fn suspends(&self) -> bool {
+        self.tiers().then == WayDown::Suspend
+    }
 }
 
 /// Explicit limits on everything that grows with input. Crossing one is a typed error
@@ -186,6 +266,18 @@ impl Config {
                 return Err(Error::InvalidConfig {
                     field: "release.keep_warm.idle",
                     why: "must be longer than zero",
+                });
+            }
+        }
+        if let ReleasePolicy::Tiered(Tiers {
+            retain: Some(retain),
+            ..
+        }) = self.release
+        {
+            if retain.is_zero() {
+                return Err(Error::InvalidConfig {
+                    field: "release.tiered.retain",
+                    why: "must be longer than zero (None keeps the snapshot until the next start)",
                 });
             }
         }

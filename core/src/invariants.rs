@@ -56,7 +56,8 @@ impl Lifecycle {
     /// `shutdown-once`, `timers` (every deadline is live in the table, nothing else is, and the
     /// table's next deadline is a live one),
     /// `key-forgotten` (a key record is kept only while it has a sandbox, a call, a waiter or a
-    /// snapshot),
+    /// snapshot), `retention` (a key's snapshot has its retention timer exactly when the policy
+    /// retains, and no starting sandbox of the key leaves it a snapshot: the start took it),
     /// `idle-count`, `closed` (nothing left after close), `call-index`, `session-index`,
     /// `key-index`, `sandbox-index` and `upload-index` (each index finds every record of its table and nothing
     /// else).
@@ -276,6 +277,37 @@ impl Lifecycle {
                     "key {key} has {bound} live calls under Serialize"
                 );
             }
+            // Retention: a key keeps a snapshot for the policy's retention, on its own timer.
+            let retains = self.config.release.tiers().retain.is_some();
+            ensure!(
+                slot.retain.is_some() == (retains && slot.snapshot.is_some()),
+                "retention",
+                "key {key} keeps a snapshot {:?} with retention timer {:?}",
+                slot.snapshot,
+                slot.retain
+            );
+            if let Some(at) = slot.retain {
+                expected_timers += 1;
+                ensure!(
+                    table.get(&at) == Some(&&Timer::Retain(ix)),
+                    "timers",
+                    "key {key}'s retention deadline is not in the table"
+                );
+            }
+            ensure!(
+                slot.snapshot.is_none() || slot.current.is_none() || {
+                    // A key's snapshot waits for its next start; a current sandbox that is
+                    // starting has taken it.
+                    !matches!(
+                        self.sandboxes
+                            .get(slot.current.expect("checked"))
+                            .map(|x| x.state),
+                        Some(SandboxState::Starting)
+                    )
+                },
+                "retention",
+                "key {key} keeps a snapshot while its sandbox starts (the start takes it)"
+            );
             if let Some(x) = slot.current {
                 let state = self.sandboxes.get(x).map(|x| x.state);
                 ensure!(

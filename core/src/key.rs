@@ -8,6 +8,7 @@ use crate::ids::{Key, SandboxId, Snapshot};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::sandbox::SandboxIx;
+use crate::timer::TimerRef;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -34,6 +35,8 @@ pub(crate) struct KeySlot {
     /// The latest persisted snapshot, for the next Start's `resume_from`, with the sandbox that
     /// persisted it (the next Start's `resumes`).
     pub(crate) snapshot: Option<(Snapshot, SandboxId)>,
+    /// The end of the snapshot's retention, when the policy has one: `Timer::Retain`.
+    pub(crate) retain: Option<TimerRef>,
 }
 
 impl KeySlot {
@@ -46,6 +49,7 @@ impl KeySlot {
             bound: 0,
             waiters: VecDeque::new(),
             snapshot: None,
+            retain: None,
         }
     }
 

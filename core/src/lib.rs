@@ -84,7 +84,13 @@
 //!    Start's `resumes` names the suspended sandbox it continues). Name a resumed
 //!    incarnation's objects after the *new* sandbox, so that a late report seen on an object of
 //!    the old one names the old sandbox: the core no longer tracks it and ignores the report.
-//!    A driver needs no table of incarnations and never looks at the release policy.
+//!    A driver needs no table of incarnations and never looks at the release policy. A Start
+//!    with `resume_from` *takes* the snapshot (the new sandbox's workspace from then on: a
+//!    rename, the same claim); a retained snapshot carries its expiry (`Persist::retain_until`),
+//!    which the backend records with it and enforces by itself.
+//! 9a. **Discard** deletes a snapshot no key references any longer (its retention ended). It
+//!    runs beside everything, in no sandbox's order, needs no answer, and is the one command
+//!    that may name a sandbox after its last command (the sandbox that persisted it).
 //! 10. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
 //!     directory removed, an exec answered 404), call [`Lifecycle::handle_died`]; when only its
 //!     running instance went and its workspace may remain (a pod of a claim), call
@@ -121,7 +127,7 @@
 //!
 //! ## Commands ([`Command`])
 //!
-//! `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
+//! `Discard` (a snapshot whose retention ended), `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
 //! persisted [`Snapshot`], and `resumes`, the sandbox that persisted it), `Upload`,
 //! `CancelUpload`, `Drain` (the sandbox and the sessions whose background writers should submit
 //! now), `Stop` and `Persist` (each saying whether the sandbox is being suspended), `Shutdown`,
@@ -158,8 +164,10 @@
 //!   draining sandbox is revived by the next call of its key rather than replaced.
 //! - **Release policy** ([`ReleasePolicy`]), applied when a managed sandbox's last call goes:
 //!   `Shutdown`, `KeepWarm { idle }` or `Suspend` (drain, Stop, Persist; the backend keeps the
-//!   persisted sandbox; the core forgets it and resumes the key from its snapshot). External
-//!   sandboxes drain and are unbound, never stopped.
+//!   persisted sandbox; the core forgets it and resumes the key from its snapshot), each a set
+//!   of [`Tiers`], which `Tiered` spells out: warm for `idle`, then the Shutdown or the Suspend
+//!   way, then the key's snapshot kept for `retain` and discarded (see the diagram on
+//!   [`Tiers`]). External sandboxes drain and are unbound, never stopped.
 //! - **Mirror.** See the `flush` docs: per (session, path) one upload in flight, newer
 //!   versions supersede pending ones, retries with backoff, drain on release up to
 //!   `drain_deadline`, holds for writers that will write after their call ends.
@@ -231,8 +239,8 @@ mod upload;
 mod way_down;
 
 pub use call::{CallSpec, CallStatus};
-pub use command::{Command, SessionList};
-pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope};
+pub use command::{Command, DiscardReason, SessionList};
+pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope, Tiers, WayDown};
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};

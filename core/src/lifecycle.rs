@@ -7,7 +7,7 @@
 use crate::call::{CallState, CallStatus, Calls, EndHow, EndedCalls};
 use crate::close::CloseState;
 use crate::command::Command;
-use crate::config::{Config, ReleasePolicy};
+use crate::config::Config;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::Event;
 use crate::ids::SandboxId;
@@ -310,6 +310,7 @@ impl Lifecycle {
                 tracing::debug!(call = %self.calls[call].id, "wait timed out");
                 self.end_call(call, EndHow::Failed(ErrorKind::WaitTimeout));
             }
+            Timer::Retain(key) => self.retention_over(key),
             Timer::Close => self.close_deadline(),
         }
     }
@@ -329,6 +330,7 @@ impl Lifecycle {
             Timer::Wait(call) => self.calls.get(*call).is_some_and(
                 |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
             ),
+            Timer::Retain(key) => self.keys.get(*key).is_some_and(|k| k.retain == Some(at)),
             Timer::Close => match &self.close {
                 CloseState::Draining { deadline, .. } => *deadline == at,
                 CloseState::Revoked { grace, .. } => *grace == at,
@@ -408,7 +410,7 @@ impl Lifecycle {
     /// Whether a managed sandbox's way down ends suspended (Stop, Persist, kept) rather than
     /// in Shutdown.
     pub(crate) fn suspends(&self) -> bool {
-        self.config.release == ReleasePolicy::Suspend
+        self.config.release.suspends()
     }
 
     // ------------------------------------------------------------------------------------------

@@ -78,10 +78,17 @@ impl Lifecycle {
         let slot = &mut self.keys[key];
         slot.current = Some(x);
         let key = slot.key.clone();
-        let (resume_from, resumes) = match slot.snapshot.clone() {
+        // The start takes the key's snapshot: from now on it is the new sandbox's workspace
+        // (a rename on the local backend, the same claim on Kubernetes), never discarded by the
+        // key; the sandbox's own way down persists the next one.
+        if let Some(at) = slot.retain.take() {
+            self.timers.cancel(at);
+        }
+        let (resume_from, resumes) = match slot.snapshot.take() {
             Some((snapshot, by)) => (Some(snapshot), Some(by)),
             None => (None, None),
         };
+        self.stats.resumes_ordered += u64::from(resume_from.is_some());
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         self.stats.starts_ordered += 1;
         let id = self.sid(x);

@@ -25,6 +25,12 @@ pub struct Stats {
     pub shutdowns_ok: u64,
     pub shutdowns_unconfirmed: u64,
     pub suspended: u64,
+    /// Starts that resume a key's snapshot (`resume_from`).
+    #[serde(default)]
+    pub resumes_ordered: u64,
+    /// Snapshots ordered discarded (retention over, or superseded).
+    #[serde(default)]
+    pub discards: u64,
     pub deaths: u64,
     /// Losses of a running instance reported while its sandbox was being suspended: the
     /// suspension's own doing, not deaths.

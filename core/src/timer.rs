@@ -6,6 +6,7 @@ use std::collections::BinaryHeap;
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallIx;
+use crate::key::KeyIx;
 use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
 use crate::time::Instant;
@@ -24,6 +25,8 @@ pub(crate) enum Timer {
     Retry(SessionIx, usize),
     /// A queued call's wait timeout.
     Wait(CallIx),
+    /// The end of a key's snapshot retention.
+    Retain(KeyIx),
     /// The close deadline, then the second (grace) deadline.
     Close,
 }

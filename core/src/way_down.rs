@@ -6,11 +6,12 @@
 //! (a key letting go, uploads leaving, waiters admitted) is done on the lifecycle, here.
 
 use crate::close::CloseState;
-use crate::command::Command;
-use crate::config::{Config, ReleasePolicy};
+use crate::command::{Command, DiscardReason};
+use crate::config::Config;
 use crate::error::{DropReason, Error};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
+use crate::key::KeyIx;
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::stats::Stats;
@@ -85,15 +86,7 @@ impl Lifecycle {
         x.awaiting = Awaiting::Nothing;
         let (key, id) = (x.key, x.id);
         if let Some(snapshot) = x.snapshot.clone() {
-            // The key's slot is kept by this sandbox, its retiring one.
-            let slot = self
-                .keys
-                .get_mut(key)
-                .expect("the key of a retiring sandbox");
-            debug_assert_eq!(slot.retiring, Some(sandbox));
-            if !matches!(slot.key, Key::Call(_)) {
-                slot.snapshot = Some((snapshot, id));
-            }
+            self.keep_snapshot(key, sandbox, snapshot, id);
         }
         if self.suspends() {
             self.suspended(sandbox);
@@ -161,17 +154,77 @@ impl Lifecycle {
     // ------------------------------------------------------------------------------------------
     // Internals: the way down (drain → Stop → Persist → Shutdown)
 
-    /// The release policy, applied when a running sandbox's last call has gone.
+    /// The release policy, applied when a running sandbox's last call has gone: its warm tier
+    /// (when the policy has one and close has not begun), else the way down.
     pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
+        let idle = self.config.release.tiers().idle;
         let x = &self.sandboxes[sandbox];
-        match (&x.owner, self.config.release, self.is_closing()) {
-            (Ownership::Managed, ReleasePolicy::KeepWarm { idle }, false) => {
-                tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
-                self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;
-                self.set_sandbox_timer(sandbox, idle);
-            }
-            _ => self.begin_drain(sandbox),
+        if x.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
+            tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
+            self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;
+            self.set_sandbox_timer(sandbox, idle);
+        } else {
+            self.begin_drain(sandbox);
         }
+    }
+
+    /// The key's newest snapshot, persisted by `sandbox` (`id`): the key keeps it for its next
+    /// Start, for the policy's retention. A snapshot it kept before is superseded and
+    /// discarded (no Start took it, or it would be gone from the key).
+    pub(crate) fn keep_snapshot(
+        &mut self,
+        key: KeyIx,
+        sandbox: SandboxIx,
+        snapshot: Snapshot,
+        id: SandboxId,
+    ) {
+        let retain = self.config.release.tiers().retain;
+        // The key's slot is kept by this sandbox, its retiring one.
+        let slot = self
+            .keys
+            .get_mut(key)
+            .expect("the key of a retiring sandbox");
+        debug_assert_eq!(slot.retiring, Some(sandbox));
+        if matches!(slot.key, Key::Call(_)) {
+            // No later call has this key: nothing would ever resume it.
+            return;
+        }
+        if let Some(at) = slot.retain.take() {
+            self.timers.cancel(at);
+        }
+        let old = slot.snapshot.replace((snapshot, id));
+        if let Some(retain) = retain {
+            let at = self.timers.set(self.now + retain, Timer::Retain(key));
+            self.keys[key].retain = Some(at);
+        }
+        if let Some((old, by)) = old {
+            self.discard(key, old, by, DiscardReason::Superseded);
+        }
+    }
+
+    /// The key's retention passed: its snapshot is discarded and the key forgotten if nothing
+    /// else keeps it.
+    pub(crate) fn retention_over(&mut self, key: KeyIx) {
+        let slot = self.keys.get_mut(key).expect("timer of a tracked key");
+        slot.retain = None;
+        let (snapshot, by) = slot
+            .snapshot
+            .take()
+            .expect("a key's retention runs while it keeps a snapshot");
+        tracing::debug!(key = %slot.key, snapshot = ?snapshot, "retention over");
+        self.discard(key, snapshot, by, DiscardReason::Retention);
+        self.keys.forget_if_empty(key);
+    }
+
+    /// Orders a snapshot the key no longer references deleted.
+    fn discard(&mut self, key: KeyIx, snapshot: Snapshot, by: SandboxId, reason: DiscardReason) {
+        self.stats.discards += 1;
+        self.commands.push_back(Command::Discard {
+            sandbox: by,
+            key: self.keys[key].key.clone(),
+            snapshot,
+            reason,
+        });
     }
 
     /// The sandbox drains: its sessions' mirror work and holds finish before Stop, up to the
@@ -316,7 +369,7 @@ impl Way<'_> {
 
     /// Whether the release policy suspends sandboxes (a Persist is then their last command).
     pub(crate) fn suspends(&self) -> bool {
-        self.config.release == ReleasePolicy::Suspend
+        self.config.release.suspends()
     }
 
     /// Counts an answered Shutdown in the close report, while close is under way.
@@ -340,11 +393,16 @@ impl Way<'_> {
         x.awaiting = Awaiting::Persist;
         let snapshot = x.snapshot.clone();
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        // The retention counts from the Persist's answer; the backend's own expiry from the
+        // Persist's deadline, the latest instant the answer can come: never earlier than the
+        // core's, so a keeper that restarts finds nothing deleted before its time.
+        let retain_until = self.config.release.tiers().retain.map(|r| deadline + r);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "persist");
         self.commands.push_back(Command::Persist {
             sandbox: self.sid(sandbox),
             snapshot,
             suspend: self.suspends(),
+            retain_until,
             deadline,
         });
     }

@@ -26,7 +26,10 @@ fn answer_all(core: &mut Lifecycle, t: Instant) {
             Command::Stop { sandbox, .. } => core.handle_stop_ok(t, sandbox, None).unwrap(),
             Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
             Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
-            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {}
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => {}
         }
     }
     while core.poll_event().is_some() {}

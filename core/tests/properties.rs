@@ -177,8 +177,9 @@ impl World {
         for cmd in commands {
             prop_assert!(!self.closed, "command after Closed: {cmd:?}");
             let x = cmd.sandbox();
+            // A Discard names the sandbox that persisted a snapshot, shut down or not.
             prop_assert!(
-                !self.shutdowns.contains_key(&x),
+                !self.shutdowns.contains_key(&x) || matches!(cmd, Command::Discard { .. }),
                 "invariant 1: command after Shutdown of {x}: {cmd:?}"
             );
             match &cmd {
@@ -214,6 +215,12 @@ impl World {
                         "Abandon of a never started sandbox"
                     );
                 }
+                Command::Discard { sandbox, .. } => {
+                    prop_assert!(
+                        self.started.contains(sandbox),
+                        "Discard of a snapshot no started sandbox persisted"
+                    );
+                }
                 Command::Stop { sandbox, .. } => {
                     prop_assert!(!self.externals.contains(sandbox), "external stopped");
                     self.stopped.insert(*sandbox);
@@ -247,7 +254,10 @@ impl World {
             }
             if !matches!(
                 cmd,
-                Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. }
+                Command::Drain { .. }
+                    | Command::CancelUpload { .. }
+                    | Command::Discard { .. }
+                    | Command::Abandon { .. }
             ) {
                 self.outstanding.push(cmd);
             }
@@ -331,9 +341,10 @@ impl World {
             Command::Persist { sandbox, .. } => core.handle_persist_failed(t, *sandbox),
             Command::Shutdown { sandbox, .. } if ok => core.handle_shutdown_ok(t, *sandbox),
             Command::Shutdown { sandbox, .. } => core.handle_shutdown_failed(t, *sandbox),
-            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
-                Ok(())
-            }
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => Ok(()),
         }
     }
 }

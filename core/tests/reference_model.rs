@@ -238,9 +238,10 @@ fn settle(core: &mut Lifecycle, now: Instant, start_ok: bool, seen: &mut Seen) {
             Command::Stop { sandbox, .. } => core.handle_stop_ok(now, sandbox, None),
             Command::Persist { sandbox, .. } => core.handle_persist_ok(now, sandbox),
             Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(now, sandbox),
-            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
-                Ok(())
-            }
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => Ok(()),
         };
         // Answers after Closed are refused, as they must be.
         assert!(r.is_ok() || core.is_closed(), "answer refused: {r:?}");

@@ -17,7 +17,12 @@
 //!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
 //! - `persist`: with `suspend`, patch the sandbox's Sandbox `operatingMode: Suspended` and wait
 //!   until its pod is gone; the claim is kept for the start that resumes it, and the sandbox is
-//!   never named again. Otherwise nothing;
+//!   never named again but by the discard of its claim. With a retention (`retain_until`), the
+//!   claim's `spec.lifecycle.shutdownTime` becomes the retention's end (policy `Delete`): the
+//!   controller deletes it then even if no keeper is left, and a resume pushes it out again.
+//!   Otherwise nothing;
+//! - `discard`: delete the suspended claim the snapshot names (ours by its name); gone already
+//!   is success;
 //! - `shutdown`: delete the claim (or pod) by its name (a resume's by the name of the claim it
 //!   resumes, even when its start was abandoned); gone already is success;
 //! - `watch_deaths`: deleted, failed or expired pods and claims of this owner, reported by the
@@ -33,10 +38,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use sandkeeper::{Config, ReleasePolicy, SandboxId, Snapshot};
+use sandkeeper::{Config, SandboxId, Snapshot};
 use sandkeeper_tokio::{
-    Backend, BackendError, DeathSink, FailureClass, PersistRequest, StartRequest, StopRequest,
-    UploadRequest,
+    Backend, BackendError, DeathSink, DiscardRequest, FailureClass, PersistRequest, StartRequest,
+    StopRequest, UploadRequest,
 };
 
 use crate::cluster::Cluster;
@@ -182,18 +187,17 @@ impl K8sBackend {
 impl Backend for K8sBackend {
     fn check_config(&self, config: &Config) -> Result<(), String> {
         let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
-        if pod_mode && config.release == ReleasePolicy::Suspend {
+        if pod_mode && config.release.suspends() {
             return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());
         }
-        if !pod_mode && config.release == ReleasePolicy::Suspend && !self.install.workdir_persistent
-        {
+        if !pod_mode && config.release.suspends() && !self.install.workdir_persistent {
             return Err(format!(
                 "release policy Suspend would lose the workspace: suspending deletes the pod, and the working directory {} of template {} is not on a volume of its volumeClaimTemplates (a container filesystem or an emptyDir goes with the pod); mount a volumeClaimTemplates volume there (io-k8s/deploy/warm-pool.example.yaml), or use Shutdown or KeepWarm",
                 self.cluster.config().workdir,
                 self.install.template.as_deref().unwrap_or("?"),
             ));
         }
-        if !pod_mode && config.release == ReleasePolicy::Suspend {
+        if !pod_mode && config.release.suspends() {
             let grace = u64::try_from(self.install.termination_grace_secs).unwrap_or(0);
             let bound = config
                 .command_timeout
@@ -271,6 +275,7 @@ impl Backend for K8sBackend {
             sandbox,
             snapshot,
             suspend,
+            retain_until,
         } = request;
         if !suspend {
             return Ok(());
@@ -299,6 +304,13 @@ impl Backend for K8sBackend {
         // The pod deletion this causes is reported like any other (a lost instance); the
         // core knows the sandbox is being suspended.
         self.cluster.suspend_sandbox(&h).await.map_err(failure)?;
+        if let Some(until) = retain_until {
+            // Recorded on the claim: the controller ends the retention even without a keeper.
+            self.cluster
+                .set_claim_expiry(&claim, until)
+                .await
+                .map_err(failure)?;
+        }
         // The sandbox's last command: the claim waits for the start that resumes it.
         locked(&self.started).remove(&sandbox);
         self.suspensions.send_modify(|n| *n += 1);
@@ -320,6 +332,16 @@ impl Backend for K8sBackend {
             Mode::Pod { .. } => self.cluster.delete_pod(&object).await,
         };
         r.map(|_| ()).map_err(failure)
+    }
+
+    async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
+        let claim = self
+            .cluster
+            .claim_of_snapshot(request.snapshot.as_str())
+            .map_err(failure)?;
+        let deleted = self.cluster.delete_claim(&claim).await.map_err(failure)?;
+        tracing::debug!(sandbox = %request.sandbox, %claim, deleted, reason = ?request.reason, "discarded a suspended claim");
+        Ok(())
     }
 
     async fn watch_deaths(&self, deaths: DeathSink) {

@@ -187,6 +187,35 @@ impl Cluster {
         }
     }
 
+    /// Sets a suspended claim's `spec.lifecycle.shutdownTime` to `until` (rounded up to whole
+    /// seconds, so never earlier) with policy `Delete`: the end of its retention, which the
+    /// claim controller enforces by itself.
+    pub async fn set_claim_expiry(
+        &self,
+        claim: &str,
+        until: std::time::SystemTime,
+    ) -> Result<(), K8sError> {
+        let since = until
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+        let at = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX))
+            .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
+        let patch = json!({
+            "spec": {"lifecycle": {"shutdownTime": at.to_string(), "shutdownPolicy": "Delete"}},
+        });
+        let what = format!("claim {claim}");
+        self.retry
+            .run(|| async {
+                self.claims()
+                    .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
+            })
+            .await
+    }
+
     /// Resumes a suspended claim as `sandbox`: its objects are labelled with `sandbox` before
     /// its new pod is made (see the module docs), its `shutdownTime` is pushed out to
     /// `maxLifetimeSecs` from now, its Sandbox is set `Running`, and the (new) pod is found

@@ -580,6 +580,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
             sandbox,
             snapshot: Some(Snapshot::new("sk-susp-x-4")),
             suspend: true,
+            retain_until: None,
         })
         .await
         .unwrap_err();
@@ -597,6 +598,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
             sandbox,
             snapshot: None,
             suspend: false,
+            retain_until: None,
         })
         .await;
     assert_eq!(persisted, Ok(()));

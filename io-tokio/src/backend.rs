@@ -3,9 +3,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use sandkeeper::{
-    Config, Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, UploadId, Version,
+    Config, DiscardReason, Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, UploadId,
+    Version,
 };
 
 /// What kind of failure a backend met. The driver turns each into the core's input (see
@@ -98,8 +100,29 @@ pub struct PersistRequest {
     /// The snapshot its stop returned.
     pub snapshot: Option<Snapshot>,
     /// Suspend it: keep it for a later start that resumes `snapshot`. When this persist
-    /// succeeds, the driver never names the sandbox again (a failure leads to its shutdown).
+    /// succeeds, the driver never names the sandbox again but to discard its snapshot (a
+    /// failure leads to its shutdown).
     pub suspend: bool,
+    /// The end of the snapshot's retention on the wall clock, when the policy has one: record
+    /// it with what is kept (a suspended claim's `shutdownTime`, an expiry file beside a
+    /// snapshot directory) so that the snapshot goes then even if no keeper is left to
+    /// discard it, and never earlier.
+    pub retain_until: Option<SystemTime>,
+}
+
+/// The core's `Discard` command, for a backend: delete a snapshot its key no longer
+/// references. No answer reaches the core; a failure is logged, and the snapshot's recorded
+/// expiry (`PersistRequest::retain_until`) or a sweep collects it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscardRequest {
+    /// The sandbox that persisted the snapshot (shut down or suspended by now).
+    pub sandbox: SandboxId,
+    /// The key it was kept for.
+    pub key: Key,
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// Why it goes.
+    pub reason: DiscardReason,
 }
 
 /// The core's `Upload` command, for a backend: write `payload` as `path` of `session` into
@@ -229,6 +252,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Frees everything the sandbox holds. "Already gone" is success.
     fn shutdown(&self, sandbox: SandboxId)
         -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Deletes a snapshot its key no longer references (its retention passed, or a newer one
+    /// superseded it). Runs beside everything, in no sandbox's order; "already gone" is
+    /// success. A snapshot that a start took as `resume_from` is never discarded.
+    fn discard(
+        &self,
+        request: DiscardRequest,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Whether this backend can serve a keeper whose core runs with `config` (a backend that
     /// cannot suspend refuses `ReleasePolicy::Suspend`, say). The keeper asks once, at

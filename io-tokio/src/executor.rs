@@ -51,7 +51,9 @@ use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::Instrument;
 
-use crate::backend::{Backend, PersistRequest, StartRequest, StopRequest, UploadRequest};
+use crate::backend::{
+    Backend, DiscardRequest, PersistRequest, StartRequest, StopRequest, UploadRequest,
+};
 use crate::classify;
 use crate::notice::Notice;
 
@@ -140,6 +142,22 @@ impl<B: Backend> TokioExecutor<B> {
     /// The tokio instant of a core deadline.
     fn instant(&self, deadline: Instant) -> tokio::time::Instant {
         self.origin + Duration::from_nanos(deadline.as_nanos())
+    }
+
+    /// A core instant on the wall clock (for what a backend records beyond this process: a
+    /// snapshot's expiry).
+    fn wall_clock(&self, at: Instant) -> std::time::SystemTime {
+        let at = self.instant(at);
+        let now = tokio::time::Instant::now();
+        // A driver may read the clock; a snapshot's expiry outlives this process, so it is
+        // recorded on the wall clock.
+        #[allow(clippy::disallowed_methods)]
+        let wall = std::time::SystemTime::now();
+        if at >= now {
+            wall + (at - now)
+        } else {
+            wall - (now - at)
+        }
     }
 
     fn publish(&self, notice: Notice) {
@@ -249,12 +267,14 @@ impl<B: Backend> TokioExecutor<B> {
                         sandbox,
                         snapshot,
                         suspend,
+                        retain_until,
                         ..
                     } => {
                         let request = PersistRequest {
                             sandbox,
                             snapshot,
                             suspend,
+                            retain_until: retain_until.map(|at| this.wall_clock(at)),
                         };
                         classify::persist(sandbox, backend.persist(request).await)
                     }
@@ -359,6 +379,32 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 self.publish(Notice::Drain { sandbox, sessions });
             }
             Command::Abandon { sandbox } => self.abandon(sandbox),
+            Command::Discard {
+                sandbox,
+                key,
+                snapshot,
+                reason,
+            } => {
+                let request = DiscardRequest {
+                    sandbox,
+                    key,
+                    snapshot,
+                    reason,
+                };
+                let backend = self.backend.clone();
+                let span = tracing::info_span!("discard", sandbox = %sandbox);
+                // Beside everything, no answer: a snapshot the backend fails to delete goes at
+                // its recorded expiry.
+                self.runtime.spawn(
+                    async move {
+                        match backend.discard(request).await {
+                            Ok(()) => tracing::debug!(?reason, "snapshot discarded"),
+                            Err(e) => tracing::warn!(error = %e, "discard failed: the snapshot goes at its recorded expiry"),
+                        }
+                    }
+                    .instrument(span),
+                );
+            }
             lifecycle => self.lane_send(shared, lifecycle),
         }
     }

@@ -21,10 +21,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandkeeper::{PathName, Payload, SandboxId, SessionId, Snapshot, Version};
+use sandkeeper::{DiscardReason, PathName, Payload, SandboxId, SessionId, Snapshot, Version};
 
 use crate::backend::{
-    Backend, BackendError, DeathSink, PersistRequest, StartRequest, StopRequest, UploadRequest,
+    Backend, BackendError, DeathSink, DiscardRequest, PersistRequest, StartRequest, StopRequest,
+    UploadRequest,
 };
 use crate::rng::SplitMix64;
 use sandkeeper_check::Lanes;
@@ -185,6 +186,10 @@ struct World {
     work_done: u64,
     /// Changes by such work that reached a sandbox no longer up, refused.
     work_refused: u64,
+    /// Snapshots a start took as `resume_from` (the new sandbox's from then on).
+    taken: HashSet<Snapshot>,
+    /// Discards received: the snapshot and why.
+    discarded: Vec<(Snapshot, DiscardReason)>,
 }
 
 /// A seeded in-memory backend with faults. See the module docs.
@@ -296,7 +301,13 @@ impl FaultBackend {
             .collect()
     }
 
-    /// Sandboxes persisted and never shut down: kept by the backend (the `Suspend` policy).
+    /// The snapshots discarded, in order, with why.
+    pub fn discarded(&self) -> Vec<(Snapshot, DiscardReason)> {
+        self.world().discarded.clone()
+    }
+
+    /// Sandboxes persisted and never shut down: kept by the backend (the `Suspend` policy)
+    /// until their snapshot is discarded.
     pub fn kept_sandboxes(&self) -> Vec<SandboxId> {
         self.world()
             .boxes
@@ -378,6 +389,9 @@ impl Backend for FaultBackend {
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
         let _inside = Inside::enter(&self.world, Meter::Starts);
         let sandbox = request.sandbox;
+        if let Some(snapshot) = &request.resume_from {
+            self.world().taken.insert(snapshot.clone());
+        }
         if self.receive(Op::Start(sandbox)).is_none() {
             self.world().boxes.insert(
                 sandbox,
@@ -503,10 +517,29 @@ impl Backend for FaultBackend {
         if fails {
             return Err(BackendError::transient("stop failed (injected)"));
         }
-        Ok(self
-            .config
-            .snapshots
+        // A suspension always takes a snapshot (it is what the key resumes), as every real
+        // backend's does; other stops only when snapshots are on.
+        Ok((self.config.snapshots || request.suspend)
             .then(|| Snapshot::new(format!("snap-{}", sandbox.0))))
+    }
+
+    async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
+        let mut world = self.world();
+        if world.taken.contains(&request.snapshot) {
+            let v = format!(
+                "discard-unreferenced: {:?} discarded after a start took it",
+                request.snapshot
+            );
+            world.violations.push(v);
+        }
+        // A suspended sandbox whose snapshot goes is no longer kept.
+        if let Some(b) = world.boxes.get_mut(&request.sandbox) {
+            if b.phase == Phase::Persisted {
+                b.phase = Phase::ShutDown;
+            }
+        }
+        world.discarded.push((request.snapshot, request.reason));
+        Ok(())
     }
 
     async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
@@ -662,6 +695,7 @@ mod tests {
                 sandbox: SandboxId(1),
                 snapshot: None,
                 suspend: false,
+                retain_until: None,
             })
             .await;
         let _ = b.start(start(1)).await;
@@ -671,6 +705,7 @@ mod tests {
                 sandbox: SandboxId(2),
                 snapshot: None,
                 suspend: false,
+                retain_until: None,
             })
             .await;
         let seen: Vec<String> = b.violations();

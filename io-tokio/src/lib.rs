@@ -62,8 +62,8 @@ mod timer;
 pub mod workload;
 
 pub use backend::{
-    Backend, BackendError, DeathSink, FailureClass, Loss, PersistRequest, StartRequest,
-    StopRequest, UploadRequest,
+    Backend, BackendError, DeathSink, DiscardRequest, FailureClass, Loss, PersistRequest,
+    StartRequest, StopRequest, UploadRequest,
 };
 pub use fault::FaultBackend;
 pub use guard::CallGuard;

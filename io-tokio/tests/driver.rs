@@ -686,22 +686,89 @@ async fn a_command_past_its_deadline_is_dropped_and_never_answered() {
     k.check_invariants().unwrap();
 }
 
+/// A backend that cannot suspend (as a Kubernetes backend in pod mode): the fault backend,
+/// refusing every configuration whose way down suspends.
+struct CannotSuspend(FaultBackend);
+
+impl sandkeeper_tokio::Backend for CannotSuspend {
+    async fn start(
+        &self,
+        request: sandkeeper_tokio::StartRequest,
+    ) -> Result<(), sandkeeper_tokio::BackendError> {
+        self.0.start(request).await
+    }
+    async fn upload(
+        &self,
+        request: sandkeeper_tokio::UploadRequest,
+    ) -> Result<(), sandkeeper_tokio::BackendError> {
+        self.0.upload(request).await
+    }
+    async fn stop(
+        &self,
+        request: sandkeeper_tokio::StopRequest,
+    ) -> Result<Option<sandkeeper::Snapshot>, sandkeeper_tokio::BackendError> {
+        self.0.stop(request).await
+    }
+    async fn persist(
+        &self,
+        request: sandkeeper_tokio::PersistRequest,
+    ) -> Result<(), sandkeeper_tokio::BackendError> {
+        self.0.persist(request).await
+    }
+    async fn shutdown(
+        &self,
+        sandbox: sandkeeper::SandboxId,
+    ) -> Result<(), sandkeeper_tokio::BackendError> {
+        self.0.shutdown(sandbox).await
+    }
+    async fn discard(
+        &self,
+        request: sandkeeper_tokio::DiscardRequest,
+    ) -> Result<(), sandkeeper_tokio::BackendError> {
+        self.0.discard(request).await
+    }
+    fn check_config(&self, config: &Config) -> Result<(), String> {
+        if config.release.suspends() {
+            return Err("this backend cannot suspend".to_string());
+        }
+        Ok(())
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_backend_that_cannot_serve_the_configuration_is_refused_at_start_up() {
-    let root = std::env::temp_dir().join(format!("sk-refuse-{}", std::process::id()));
-    let mut local = sandkeeper_tokio::local::LocalConfig::new(&root);
-    local.snapshots = false;
-    let backend = sandkeeper_tokio::LocalBackend::new(local).unwrap();
+    for release in [
+        sandkeeper::ReleasePolicy::Suspend,
+        sandkeeper::ReleasePolicy::Tiered(sandkeeper::Tiers {
+            idle: Duration::from_secs(60),
+            then: sandkeeper::WayDown::Suspend,
+            retain: Some(Duration::from_secs(3_600)),
+        }),
+    ] {
+        let core = Config {
+            release,
+            ..Config::default()
+        };
+        let backend = CannotSuspend(FaultBackend::reliable());
+        let e = Keeper::new(KeeperConfig::with_core(core), backend).err();
+        assert!(
+            matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("cannot suspend")),
+            "{release:?}: {e:?}"
+        );
+    }
+    // What it can serve starts.
     let core = Config {
-        release: sandkeeper::ReleasePolicy::Suspend,
+        release: sandkeeper::ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(1),
+        },
         ..Config::default()
     };
-    let e = Keeper::new(KeeperConfig::with_core(core), backend).err();
-    assert!(
-        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("snapshots")),
-        "{e:?}"
-    );
-    let _ = std::fs::remove_dir_all(&root);
+    let k = Keeper::new(
+        KeeperConfig::with_core(core),
+        CannotSuspend(FaultBackend::reliable()),
+    )
+    .unwrap();
+    k.close(Duration::from_secs(1)).await;
 }
 
 /// A backend's death watch can wait for the keeper to stop listening instead of polling: the

@@ -103,34 +103,55 @@ async fn many_concurrent_sessions_leave_no_sandbox_and_every_log_is_there_or_rep
     let total: usize = flushed.values().map(Vec::len).sum();
     assert_eq!(settled.len(), total);
 
-    // Each sandbox's snapshot (its workspace as Stop left it, just before its shutdown) holds
-    // the session's last version uploaded into it; the session's last version was uploaded or
-    // reported dropped.
-    let mut last_into: BTreeMap<(SandboxId, SessionId), Version> = BTreeMap::new();
+    // Each key keeps exactly one snapshot, its latest: every Stop renamed the workspace to a
+    // snapshot and the key's next Start took it back, so the files travel along the key's
+    // sandboxes and nothing is left behind. A session's snapshot holds the newest version
+    // uploaded into any of its sandboxes.
+    let mut newest: BTreeMap<SessionId, Version> = BTreeMap::new();
     for ((session, version), outcome) in &settled {
-        if let Settlement::Uploaded { sandbox } = outcome {
-            let slot = last_into
-                .entry((*sandbox, session.clone()))
-                .or_insert(*version);
+        if let Settlement::Uploaded { .. } = outcome {
+            let slot = newest.entry(session.clone()).or_insert(*version);
             *slot = (*slot).max(*version);
         }
     }
-    assert!(!last_into.is_empty());
-    let snapshots = keeper.backend().snapshots_dir();
-    for ((sandbox, session), version) in &last_into {
-        let file = snapshots
-            .join(format!("sbx-{}", sandbox.0))
+    assert!(!newest.is_empty());
+    let snapshots: Vec<PathBuf> = std::fs::read_dir(keeper.backend().snapshots_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        snapshots.len(),
+        SESSIONS,
+        "one snapshot per key: {snapshots:?}"
+    );
+    let mut seen = 0;
+    for snapshot in &snapshots {
+        let info =
+            std::fs::read_to_string(snapshot.join(".sandkeeper").join("sandbox.json")).unwrap();
+        let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+        let key = info["key"].as_str().unwrap();
+        let session = sid(key.strip_prefix("session:").unwrap_or(key));
+        let Some(version) = newest.get(&session) else {
+            continue;
+        };
+        let file = snapshot
             .join(".sandkeeper")
             .join(session.as_str())
             .join("session.log");
         let on_disk = std::fs::read_to_string(&file).unwrap();
-        let expected = &flushed[session]
+        let expected = &flushed[&session]
             .iter()
             .find(|(v, _)| v == version)
             .unwrap()
             .1;
         assert_eq!(&on_disk, expected, "{}", file.display());
+        seen += 1;
     }
+    assert_eq!(
+        seen,
+        newest.len(),
+        "every session with an upload has its snapshot"
+    );
     for (session, versions) in &flushed {
         let (last, _) = versions.last().unwrap();
         let outcome = &settled[&(session.clone(), *last)];

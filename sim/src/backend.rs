@@ -66,7 +66,8 @@ impl Ledger {
                 }
                 return;
             }
-            Command::Drain { .. } => return,
+            // No answer: the simulated backend forgets the snapshot.
+            Command::Drain { .. } | Command::Discard { .. } => return,
             // The outstanding Start, Stop or Persist is no longer awaited. The simulated driver
             // is the harder one: it may still answer (a stale answer the core must ignore), as
             // a scenario may, so the command stays outstanding until answered.

@@ -719,6 +719,9 @@ impl Harness {
                 .and_then(|x| self.history.sandboxes.get(&x))
                 .and_then(|s| s.resume_from.as_ref())
                 .is_some_and(|s| s.as_str() == snap),
+            Expect::Discarded(s) | Expect::NoDiscard(s) => {
+                self.history.discarded.contains(s.as_str()) == matches!(e, Expect::Discarded(_))
+            }
             Expect::Closed => self.history.closed(),
             Expect::Error(kind) => self.last_error.is_some_and(|k| k.as_str() == kind),
         };
@@ -782,6 +785,9 @@ impl Harness {
                 ),
             },
             Expect::Closed => "no Closed event yet".into(),
+            Expect::Discarded(_) | Expect::NoDiscard(_) => {
+                format!("discarded so far: {:?}", self.history.discarded)
+            }
         }
     }
 }

@@ -12,11 +12,14 @@
 //! the counters, and the coverage marks.
 
 use sandkeeper::{
-    CallId, Command, Config, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle, PathName,
-    ReleasePolicy, SandboxId, SessionId, SessionList, Settlement, Snapshot, UploadId, UserId,
+    CallId, Command, Config, DiscardReason, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle,
+    PathName, ReleasePolicy, SandboxId, SessionId, SessionList, Settlement, Snapshot, UploadId,
+    UserId,
 };
 
-use sandkeeper_check::{Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Uploads, Versions};
+use sandkeeper_check::{
+    Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Snapshots, Uploads, Versions,
+};
 
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
@@ -112,8 +115,11 @@ pub struct History {
     /// Sandboxes a later Start said it continues (`resumes`), most recent last, at most 16: a
     /// random world reports late losses of them.
     pub resumed: Vec<SandboxId>,
-    /// Per key, the latest persisted snapshot and the sandbox that persisted it.
-    key_snapshot: FastMap<Key, (Snapshot, SandboxId)>,
+    /// The snapshots the core ordered discarded (for scenario expectations).
+    pub discarded: std::collections::BTreeSet<String>,
+    /// Per key, the snapshot it keeps for its next start, and when the core must let it go
+    /// (`sandkeeper_check::Snapshots`).
+    snapshots: Snapshots,
     /// Per session, the sandbox of its last released ready call (cleared when a call of it
     /// becomes ready).
     last_released: FastMap<SessionId, SandboxId>,
@@ -171,8 +177,9 @@ impl History {
             uploads: Uploads::new(),
             mirror: Mirror::new(),
             retiring: FastMap::default(),
-            key_snapshot: FastMap::default(),
+            snapshots: Snapshots::new(config.release.tiers().retain),
             resumed: Vec::new(),
+            discarded: Default::default(),
             last_released: FastMap::default(),
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
             closing: false,
@@ -323,7 +330,8 @@ impl History {
 
     /// A Persist was answered `ok` (before the core saw it).
     pub fn persist_answered(&mut self, x: SandboxId) {
-        let suspend = self.release == ReleasePolicy::Suspend;
+        let suspend = self.release.suspends();
+        let now = Instant::from_millis(self.now_ms);
         let s = self.sbx(x);
         let l = s.lane;
         if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !s.persist_ok {
@@ -331,8 +339,8 @@ impl History {
             let key = s.key.clone();
             let snapshot = s.snapshot.clone();
             if let Some(key) = key {
-                if let (Some(snap), false) = (snapshot, matches!(key, Key::Call(_))) {
-                    self.key_snapshot.insert(key.clone(), (snap, x));
+                if let Some(snap) = snapshot {
+                    self.snapshots.persisted(&key, snap, x, now);
                 }
                 if suspend && self.retiring.get(&key) == Some(&x) {
                     self.retiring.remove(&key);
@@ -378,7 +386,7 @@ impl History {
     /// neither its Shutdown nor a death since) or was suspended (the core forgot it). Returns
     /// whether it counts as a death.
     pub fn instance_gone(&mut self, x: SandboxId) -> bool {
-        let suspend = self.release == ReleasePolicy::Suspend;
+        let suspend = self.release.suspends();
         let s = Flags::of(self.sbx(x));
         let suspending =
             suspend && s.lane.is_stopped() && !s.lane.is_shut_down() && !s.lane.is_dead();
@@ -450,9 +458,10 @@ impl History {
                     self.fail(v.check, v.detail);
                 }
             }
+            // A Discard names the sandbox that persisted a snapshot, shut down or not.
             None => check!(
                 self,
-                !rec.lane.is_shut_down(),
+                !rec.lane.is_shut_down() || matches!(cmd, Command::Discard { .. }),
                 "no-command-after-shutdown",
                 "{cmd:?} names {x} after its Shutdown"
             ),
@@ -473,7 +482,7 @@ impl History {
                         format!("Start {sandbox} for key {key} while its previous sandbox {old} still stops or persists"),
                     );
                 }
-                let expected = self.key_snapshot.get(key).cloned();
+                let expected = self.snapshots.kept(key).map(|(s, by)| (s.clone(), by));
                 let expected = expected.as_ref();
                 check!(
                     self,
@@ -489,6 +498,12 @@ impl History {
                 );
                 if resume_from.is_some() {
                     self.marks.hit(Mark::ResumeFrom);
+                }
+                if let Err(v) = self
+                    .snapshots
+                    .command(cmd, Instant::from_millis(self.now_ms))
+                {
+                    self.fail(v.check, v.detail);
                 }
                 if let Some(old) = resumes {
                     if self.resumed.len() == 16 {
@@ -513,6 +528,20 @@ impl History {
                 }
             }
             Command::CancelUpload { .. } => {}
+            Command::Discard {
+                reason, snapshot, ..
+            } => {
+                self.discarded.insert(snapshot.as_str().to_string());
+                if *reason == DiscardReason::Retention {
+                    self.marks.hit(Mark::DiscardRetention);
+                }
+                if let Err(v) = self
+                    .snapshots
+                    .command(cmd, Instant::from_millis(self.now_ms))
+                {
+                    self.fail(v.check, v.detail);
+                }
+            }
             Command::Drain { sessions, .. } => {
                 for s in sessions {
                     self.touched.session(s);
@@ -731,6 +760,13 @@ impl History {
         if let Err(v) = self.outputs.input_done() {
             self.fail(v.check, v.detail);
         }
+        let closed = self.closed();
+        if let Err(v) = self
+            .snapshots
+            .input_done(Instant::from_millis(self.now_ms), closed)
+        {
+            self.fail(v.check, v.detail);
+        }
         for x in std::mem::take(&mut self.stopped_now) {
             let Some(rec) = self.sandboxes.get(&x) else {
                 continue;
@@ -854,7 +890,7 @@ impl History {
 
     /// Every started sandbox was ordered to shut down (or suspended under `Suspend`).
     pub fn check_every_started_shut_down(&mut self) {
-        let suspend = self.release == ReleasePolicy::Suspend;
+        let suspend = self.release.suspends();
         let left = self
             .sandboxes
             .iter()

@@ -78,10 +78,12 @@ pub enum Mark {
     LateLossAfterResume,
     /// An outstanding Start, Stop or Persist was abandoned.
     Abandoned,
+    /// A key's snapshot was discarded when its retention passed.
+    DiscardRetention,
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 36] = [
+pub const ALL: [Mark; 37] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -118,6 +120,7 @@ pub const ALL: [Mark; 36] = [
     Mark::InstanceGoneWhileSuspending,
     Mark::LateLossAfterResume,
     Mark::Abandoned,
+    Mark::DiscardRetention,
 ];
 
 impl Mark {
@@ -160,6 +163,7 @@ impl Mark {
             Mark::InstanceGoneWhileSuspending => "instance-gone-while-suspending",
             Mark::LateLossAfterResume => "late-loss-after-resume",
             Mark::Abandoned => "abandoned",
+            Mark::DiscardRetention => "discard-retention",
         }
     }
 }

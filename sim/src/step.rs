@@ -130,6 +130,10 @@ pub enum Expect {
     NoShutdown(CallId),
     /// `expect resumed @<call> from=<snapshot>`
     Resumed(CallId, String),
+    /// `expect discarded <snapshot>`: a Discard of it was ordered (tiers' retention).
+    Discarded(String),
+    /// `expect no-discard <snapshot>`
+    NoDiscard(String),
     /// `expect closed`
     Closed,
     /// `expect error <kind>`
@@ -299,6 +303,8 @@ impl fmt::Display for Expect {
             Expect::Shutdown(c) => write!(f, "expect shutdown @{c}"),
             Expect::NoShutdown(c) => write!(f, "expect no-shutdown @{c}"),
             Expect::Resumed(c, s) => write!(f, "expect resumed @{c} from={s}"),
+            Expect::Discarded(s) => write!(f, "expect discarded {s}"),
+            Expect::NoDiscard(s) => write!(f, "expect no-discard {s}"),
             Expect::Closed => write!(f, "expect closed"),
             Expect::Error(k) => write!(f, "expect error {k}"),
         }

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use sandkeeper::{Config, ReleasePolicy, SameKey, Scope};
+use sandkeeper::{Config, ReleasePolicy, SameKey, Scope, Tiers, WayDown};
 
 use crate::rng::Rng;
 
@@ -90,7 +90,21 @@ impl Swarm {
             1 => ReleasePolicy::KeepWarm {
                 idle: ms(r.range(10, 2000)),
             },
-            _ => ReleasePolicy::Suspend,
+            // Tiers with a retention: warm, then suspended (or shut down, keeping the snapshot
+            // its Stop took), then discarded. A draw only on this branch, so the seeds of the
+            // other policies play as before.
+            _ => match r.below(3) {
+                0 => ReleasePolicy::Suspend,
+                n => ReleasePolicy::Tiered(Tiers {
+                    idle: ms(r.range(0, 2000)),
+                    then: if n == 1 {
+                        WayDown::Suspend
+                    } else {
+                        WayDown::Shutdown
+                    },
+                    retain: Some(ms(r.range(10, 3000))),
+                }),
+            },
         };
         let mut config = Config {
             scope,

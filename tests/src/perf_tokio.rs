@@ -34,8 +34,8 @@ use sandkeeper::{
     CallId, CallSpec, Config, PathName, ReleasePolicy, SandboxId, SessionId, Snapshot,
 };
 use sandkeeper_tokio::{
-    Backend, BackendError, Keeper, KeeperConfig, PersistRequest, Released, StartRequest,
-    StopRequest, UploadRequest,
+    Backend, BackendError, DiscardRequest, Keeper, KeeperConfig, PersistRequest, Released,
+    StartRequest, StopRequest, UploadRequest,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
@@ -185,6 +185,10 @@ impl Backend for PerfBackend {
     }
 
     async fn persist(&self, _request: PersistRequest) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn discard(&self, _request: DiscardRequest) -> Result<(), BackendError> {
         Ok(())
     }
 

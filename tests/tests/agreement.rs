@@ -43,15 +43,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallSpec, Command, ErrorKind, Event, PathName, SandboxId, SandboxState, SessionId, Settlement,
-    Snapshot, Spec,
+    CallSpec, Command, DiscardReason, ErrorKind, Event, PathName, SandboxId, SandboxState,
+    SessionId, Settlement, Snapshot, Spec,
 };
 use sandkeeper_check::{Lanes, Outputs, Versions};
 use sandkeeper_tokio::ops::{ExecRequest, WorkPath};
 use sandkeeper_tokio::{
-    Backend, BackendError, CallGuard, DeathSink, Entry, ExecOutput, Keeper, KeeperConfig,
-    KeeperError, Loss, Notice, OpError, PersistRequest, SandboxOps, SessionWork, StartRequest,
-    StopRequest, UploadRequest,
+    Backend, BackendError, CallGuard, DeathSink, DiscardRequest, Entry, ExecOutput, Keeper,
+    KeeperConfig, KeeperError, Loss, Notice, OpError, PersistRequest, SandboxOps, SessionWork,
+    StartRequest, StopRequest, UploadRequest,
 };
 use sim::harness::{Harness, HarnessOptions};
 use sim::scenario::{parse, run_scenario, Scenario, Verdict};
@@ -82,6 +82,10 @@ enum Cmd {
         suspend: bool,
     },
     Shutdown,
+    Discard {
+        snapshot: String,
+        reason: DiscardReason,
+    },
 }
 
 impl Cmd {
@@ -132,6 +136,18 @@ impl Cmd {
                 },
             ),
             Command::Shutdown { sandbox, .. } => (*sandbox, Cmd::Shutdown),
+            Command::Discard {
+                sandbox,
+                snapshot,
+                reason,
+                ..
+            } => (
+                *sandbox,
+                Cmd::Discard {
+                    snapshot: snapshot.as_str().to_string(),
+                    reason: *reason,
+                },
+            ),
             Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {
                 return None
             }
@@ -484,6 +500,16 @@ impl Backend for Script {
             Reply::Ok(_) => Ok(()),
             other => Err(failure(other)),
         }
+    }
+
+    async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
+        // No answer and no lane: recorded as received.
+        let cmd = Cmd::Discard {
+            snapshot: request.snapshot.as_str().to_string(),
+            reason: request.reason,
+        };
+        self.lock().log.push((request.sandbox, cmd));
+        Ok(())
     }
 
     async fn watch_deaths(&self, deaths: DeathSink) {
@@ -904,6 +930,13 @@ impl Driver {
             Expect::Resumed(c, snap) => cmds(c.as_str())
                 .iter()
                 .any(|cmd| matches!(cmd, Cmd::Start { resume_from: Some(s), .. } if s == snap)),
+            Expect::Discarded(s) | Expect::NoDiscard(s) => {
+                let discarded =
+                    self.script().lock().log.iter().any(
+                        |(_, cmd)| matches!(cmd, Cmd::Discard { snapshot, .. } if snapshot == s),
+                    );
+                discarded == matches!(e, Expect::Discarded(_))
+            }
             Expect::Closed => self.keeper.is_closed(),
             // The refusal of a step the driver cannot express is the simulator's to check.
             Expect::Error(kind) => {

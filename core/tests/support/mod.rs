@@ -142,6 +142,7 @@ pub fn persist(x: SandboxId, snapshot: Option<&str>) -> Command {
         sandbox: x,
         snapshot: snapshot.map(snap),
         suspend: false,
+        retain_until: None,
         deadline: Instant::ZERO,
     }
 }
@@ -152,6 +153,7 @@ pub fn persist_to_suspend(x: SandboxId, snapshot: Option<&str>) -> Command {
         sandbox: x,
         snapshot: snapshot.map(snap),
         suspend: true,
+        retain_until: None,
         deadline: Instant::ZERO,
     }
 }
@@ -180,7 +182,10 @@ pub fn plain(command: &Command) -> Command {
         | Command::Stop { deadline, .. }
         | Command::Persist { deadline, .. }
         | Command::Shutdown { deadline, .. } => *deadline = Instant::ZERO,
-        Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {}
+        Command::CancelUpload { .. }
+        | Command::Drain { .. }
+        | Command::Discard { .. }
+        | Command::Abandon { .. } => {}
     }
     c
 }
@@ -567,7 +572,8 @@ impl Script {
         if let Err(v) = h.lanes.command(command) {
             panic!("{v}: {command:?}");
         }
-        if Op::of(command).is_none() {
+        // A Discard names the sandbox that persisted a snapshot, shut down or not.
+        if Op::of(command).is_none() && !matches!(command, Command::Discard { .. }) {
             assert!(
                 !h.lanes.get(x).is_some_and(|l| l.is_shut_down()),
                 "a command names {x} after its Shutdown: {command:?}"
@@ -623,7 +629,7 @@ impl Script {
             Command::Stop { sandbox, .. } => {
                 h.draining.remove(sandbox);
             }
-            Command::Persist { .. } => {}
+            Command::Persist { .. } | Command::Discard { .. } => {}
             Command::Shutdown { sandbox, .. } => {
                 h.draining.remove(sandbox);
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);

@@ -67,22 +67,6 @@ pub(crate) fn write_atomically(target: &Path, upload: UploadId, bytes: &[u8]) ->
     result
 }
 
-/// Copies a directory tree (files and directories; symlinks are not followed and not copied).
-pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else if kind.is_file() {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

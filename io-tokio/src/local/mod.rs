@@ -1,14 +1,25 @@
 //! `LocalBackend`: sandboxes as local directories, commands as real processes. The embedded
 //! default, and what the main job runs on.
 //!
-//! - Start makes `<root>/sbx-<n>` (from the key's snapshot, when the core hands one), and
-//!   writes `.sandkeeper/sandbox.json`.
+//! - Start makes `<root>/sbx-<n>`, or, resuming the key's snapshot, *renames* the snapshot's
+//!   directory to it (the start takes the snapshot: O(1) in the workspace's size, and the
+//!   workspace exists once), and writes `.sandkeeper/sandbox.json`. A snapshot found missing
+//!   (deleted by hand, expired) means a fresh workspace and a warning, as a lost claim does on
+//!   Kubernetes.
 //! - Upload writes `.sandkeeper/<session>/<path>` atomically (temporary file, then rename).
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
-//!   on, copies the workspace to `<root>/.snapshots/sbx-<n>` and returns that snapshot.
-//! - Persist marks the snapshot persisted. Shutdown removes the directory, also one that a
-//!   start the driver dropped was still making (a per-sandbox fence orders the two).
+//!   on or it suspends, *renames* the workspace to `<root>/.snapshots/sbx-<n>-<instance>` and
+//!   returns that snapshot (O(1); no copy is ever made: nothing needs the stopped workspace
+//!   where it was, and a start takes a snapshot rather than sharing it).
+//! - Persist marks the snapshot persisted and, when the policy retains it for a while, writes
+//!   its expiry (`.sandkeeper/expires`, seconds since the Unix epoch) inside it. Shutdown
+//!   removes the sandbox directory, also one that a start the driver dropped was still making
+//!   (a per-sandbox fence orders the two), and the sandbox's own snapshot if no Persist kept
+//!   it. Discard removes a snapshot.
+//! - At construction the backend sweeps `.snapshots/`: a snapshot whose recorded expiry passed
+//!   is removed ([`LocalBackend::sweep_expired`]), so a keeper that crashed keeps nothing
+//!   forever, and one that restarts removes nothing early.
 //! - A sandbox directory removed from outside is reported as a death by a periodic check
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
@@ -24,25 +35,33 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sandkeeper::{SandboxId, Snapshot};
 use tokio::sync::watch;
 
 use crate::backend::{
-    Backend, BackendError, DeathSink, PersistRequest, StartRequest, StopRequest, UploadRequest,
+    Backend, BackendError, DeathSink, DiscardRequest, PersistRequest, StartRequest, StopRequest,
+    UploadRequest,
 };
 
 pub use exec::{RunError, RunOutput};
 pub use isolation::{Isolated, Isolation};
-use layout::{copy_tree, sandbox_dir, session_file, snapshot_dir, write_atomically, META_DIR};
+use layout::{sandbox_dir, session_file, snapshot_dir, write_atomically, META_DIR};
+
+/// The marker a Persist writes into a snapshot it keeps.
+const PERSISTED: &str = "persisted";
+/// The file a Persist writes into a snapshot retained for a while: its expiry, in seconds since
+/// the Unix epoch.
+const EXPIRES: &str = "expires";
 
 /// How a [`LocalBackend`] runs.
 #[derive(Clone, Debug)]
 pub struct LocalConfig {
     /// The directory that holds every sandbox directory (made if missing).
     pub root: PathBuf,
-    /// Stop copies the workspace to a snapshot, which the next sandbox of the key resumes from.
+    /// Stop keeps the workspace as a snapshot (a rename), which the next sandbox of the key
+    /// resumes from. Always so when the sandbox is suspended.
     pub snapshots: bool,
     /// How often the backend looks for sandbox directories removed from outside.
     pub death_check: Duration,
@@ -101,6 +120,10 @@ pub struct LocalBackend {
     fences: Mutex<HashMap<SandboxId, Fence>>,
     /// The isolation found at start.
     isolated: Isolated,
+    /// This backend's own mark in snapshot names (from its start time): snapshots that an
+    /// earlier keeper on the same root kept for their retention are never overwritten by a
+    /// sandbox of this one that happens to have the same number.
+    instance: String,
 }
 
 /// `true` once the sandbox was shut down; held while a start makes its directory.
@@ -113,12 +136,60 @@ impl LocalBackend {
     pub fn new(config: LocalConfig) -> io::Result<Self> {
         std::fs::create_dir_all(&config.root)?;
         let isolated = isolation::detect(config.isolation, config.network)?;
-        Ok(LocalBackend {
+        // A driver may read the clock: the wall clock names this instance's snapshots apart
+        // from an earlier keeper's on the same root, and judges the expiries they recorded.
+        #[allow(clippy::disallowed_methods)]
+        let wall = SystemTime::now();
+        let started = wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let backend = LocalBackend {
             isolated,
+            instance: format!("{:x}", started.as_micros()),
             config,
             sandboxes: Mutex::new(HashMap::new()),
             fences: Mutex::new(HashMap::new()),
-        })
+        };
+        let swept = backend.sweep_expired(wall)?;
+        if swept > 0 {
+            tracing::info!(swept, "removed snapshots whose retention ended");
+        }
+        Ok(backend)
+    }
+
+    /// Removes every snapshot under the root whose recorded expiry (`.sandkeeper/expires`,
+    /// written by a Persist with a retention) is at or before `now`; returns how many. Snapshots
+    /// without an expiry are kept (the policy retains them until the key's next start).
+    /// Construction runs it once.
+    pub fn sweep_expired(&self, now: SystemTime) -> io::Result<usize> {
+        let dir = self.snapshots_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut swept = 0;
+        for entry in entries {
+            let entry = entry?;
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            let path = entry.path();
+            match snapshot_expiry(&path) {
+                Some(expires) if expires <= now => match std::fs::remove_dir_all(&path) {
+                    Ok(()) => swept += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                },
+                _ => {}
+            }
+        }
+        Ok(swept)
+    }
+
+    /// The snapshot the sandbox's Stop takes (this backend's name for it).
+    fn snapshot_of(&self, sandbox: SandboxId) -> Snapshot {
+        Snapshot::new(format!("sbx-{}-{}", sandbox.0, self.instance))
     }
 
     /// A backend under a fresh directory in the OS temporary directory.
@@ -207,6 +278,14 @@ impl LocalBackend {
     }
 }
 
+/// The expiry a Persist recorded in a snapshot directory, if any (an unreadable one counts as
+/// none: the snapshot is kept, never removed on a guess).
+fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
+    let text = std::fs::read_to_string(snapshot.join(META_DIR).join(EXPIRES)).ok()?;
+    let secs: u64 = text.trim().parse().ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
@@ -244,20 +323,36 @@ impl Backend for LocalBackend {
                     made.display()
                 )));
             }
-            let from = match &request.resume_from {
+            // The start takes the snapshot: a rename, so the workspace exists once.
+            let resumed = match &request.resume_from {
                 Some(snapshot) => {
                     let from =
                         snapshot_dir(&root, snapshot).map_err(|e| io_error("snapshot", e))?;
-                    from.exists().then_some(from)
+                    match std::fs::rename(&from, &made) {
+                        Ok(()) => true,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                            tracing::warn!(%sandbox, snapshot = %from.display(),
+                                "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
+                            false
+                        }
+                        Err(e) => return Err(io_error("resume", e)),
+                    }
                 }
-                None => None,
+                None => false,
             };
-            match &from {
-                Some(from) => copy_tree(from, &made).map_err(|e| io_error("resume", e))?,
-                None => std::fs::create_dir_all(&made).map_err(|e| io_error("mkdir", e))?,
+            if !resumed {
+                std::fs::create_dir_all(&made).map_err(|e| io_error("mkdir", e))?;
             }
             let meta = made.join(META_DIR);
             std::fs::create_dir_all(&meta).map_err(|e| io_error("mkdir", e))?;
+            // What marked it a kept snapshot is no longer so: it is a live workspace again.
+            for marker in [PERSISTED, EXPIRES] {
+                match std::fs::remove_file(meta.join(marker)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error("resume", e)),
+                }
+            }
             let info = serde_json::json!({
                 "sandbox": request.sandbox.0,
                 "key": request.key.to_string(),
@@ -323,17 +418,6 @@ impl Backend for LocalBackend {
         .await
     }
 
-    fn check_config(&self, config: &sandkeeper::Config) -> Result<(), String> {
-        if config.release == sandkeeper::ReleasePolicy::Suspend && !self.config.snapshots {
-            return Err(
-                "release policy Suspend needs LocalConfig::snapshots: without a snapshot \
-                 a suspended sandbox's workspace could not be resumed"
-                    .to_string(),
-            );
-        }
-        Ok(())
-    }
-
     async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
         let sandbox = request.sandbox;
         let Some(s) = self.get(sandbox) else {
@@ -342,6 +426,7 @@ impl Backend for LocalBackend {
         let _ = s.stopped.send(true);
         let snapshots = self.config.snapshots;
         let root = self.config.root.clone();
+        let snapshot = self.snapshot_of(sandbox);
         blocking(move || {
             *s.gate.write().unwrap_or_else(|p| p.into_inner()) = true;
             if !s.dir.exists() {
@@ -350,12 +435,11 @@ impl Backend for LocalBackend {
             if !snapshots && !request.suspend {
                 return Ok(None);
             }
-            let snapshot = Snapshot::new(format!("sbx-{}", sandbox.0));
             let to = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
-            if to.exists() {
-                std::fs::remove_dir_all(&to).map_err(|e| io_error("snapshot", e))?;
-            }
-            copy_tree(&s.dir, &to).map_err(|e| io_error("snapshot", e))?;
+            std::fs::create_dir_all(root.join(layout::SNAPSHOTS_DIR))
+                .map_err(|e| io_error("snapshot", e))?;
+            // Sealed, its processes stopped: the workspace itself becomes the snapshot.
+            std::fs::rename(&s.dir, &to).map_err(|e| io_error("snapshot", e))?;
             Ok(Some(snapshot))
         })
         .await
@@ -363,7 +447,10 @@ impl Backend for LocalBackend {
 
     async fn persist(&self, request: PersistRequest) -> Result<(), BackendError> {
         let PersistRequest {
-            sandbox, snapshot, ..
+            sandbox,
+            snapshot,
+            retain_until,
+            ..
         } = request;
         let Some(snapshot) = snapshot else {
             return Ok(());
@@ -377,12 +464,40 @@ impl Backend for LocalBackend {
                     dir.display()
                 )));
             }
+            let meta = dir.join(META_DIR);
+            std::fs::create_dir_all(&meta).map_err(|e| io_error("persist", e))?;
+            if let Some(until) = retain_until {
+                // Rounded up: the snapshot never goes before its retention ends.
+                let until = until
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let secs = until.as_secs() + u64::from(until.subsec_nanos() > 0);
+                write_atomically(
+                    &meta.join(EXPIRES),
+                    sandkeeper::UploadId(u64::MAX),
+                    format!("{secs}\n").as_bytes(),
+                )
+                .map_err(|e| io_error("persist", e))?;
+            }
             write_atomically(
-                &dir.join(META_DIR).join("persisted"),
+                &meta.join(PERSISTED),
                 sandkeeper::UploadId(u64::MAX),
                 b"persisted\n",
             )
             .map_err(|e| io_error("persist", e))
+        })
+        .await
+    }
+
+    async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
+        let root = self.config.root.clone();
+        blocking(move || {
+            let dir = snapshot_dir(&root, &request.snapshot).map_err(|e| io_error("discard", e))?;
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_error("discard", e)),
+            }
         })
         .await
     }
@@ -393,6 +508,8 @@ impl Backend for LocalBackend {
             let _ = s.stopped.send(true);
         }
         let dir = self.sandbox_dir(sandbox);
+        let own = snapshot_dir(&self.config.root, &self.snapshot_of(sandbox))
+            .map_err(|e| io_error("snapshot", e))?;
         let fence = self.fences().remove(&sandbox).unwrap_or_default();
         blocking(move || {
             if let Some(s) = &s {
@@ -400,11 +517,18 @@ impl Backend for LocalBackend {
             }
             // Waits for a dropped start's file work, and stops one that has not begun.
             *fence.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            match std::fs::remove_dir_all(&dir) {
+            let remove = |dir: &Path| match std::fs::remove_dir_all(dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(io_error("remove", e)),
+            };
+            remove(&dir)?;
+            // A snapshot its Stop took that no Persist kept (the persist failed or timed out)
+            // is no key's: it goes with the sandbox.
+            if own.exists() && !own.join(META_DIR).join(PERSISTED).exists() {
+                remove(&own)?;
             }
+            Ok(())
         })
         .await
     }

@@ -211,15 +211,11 @@ pub async fn run<B: WorkloadTarget>(
     let local = keeper.backend().as_local();
     if let Some(local) = local {
         let left = local.sandbox_dirs_present()?;
-        // A suspended sandbox is kept by the backend by design (its directory, stopped); every
-        // other one must be gone.
+        // A stopped sandbox's workspace became its snapshot (a rename), a suspended one's too:
+        // no sandbox directory remains.
         check(
-            left.len() as u64 == stats.suspended,
-            format!(
-                "no sandbox directory remains but the {} suspended ({} left)",
-                stats.suspended,
-                left.len()
-            ),
+            left.is_empty(),
+            format!("no sandbox directory remains ({} left)", left.len()),
         );
     }
     check(
@@ -241,7 +237,10 @@ pub async fn run<B: WorkloadTarget>(
         check(ok, what);
     }
 
-    // Each sandbox's snapshot holds the last version of each session log uploaded into it.
+    // Only the latest snapshot of each key remains (a start takes its key's snapshot, a
+    // retention that ends discards it), and each holds, for every session log in it, the last
+    // version uploaded into the sandbox that left it (or, for a session that wrote nothing
+    // into that one, a version uploaded earlier along the key's sandboxes).
     let timeline = timeline
         .lock()
         .map_err(|e| WorkloadError::Internal(e.to_string()))?;
@@ -250,9 +249,10 @@ pub async fn run<B: WorkloadTarget>(
         "no version settled twice".into(),
     );
     let mut logs_verified = 0u64;
+    let mut snapshots_left = 0u64;
     if let Some(local) = local {
-        let killed: BTreeSet<SandboxId> = records.values().flat_map(|r| r.killed.clone()).collect();
         let mut last_into: BTreeMap<(SandboxId, SessionId), Version> = BTreeMap::new();
+        let mut uploaded: BTreeSet<(SessionId, Version)> = BTreeSet::new();
         for ((session, path, version), outcome) in &timeline.settled {
             if let Settlement::Uploaded { sandbox } = outcome {
                 if *path == PathName::session_log() {
@@ -260,32 +260,52 @@ pub async fn run<B: WorkloadTarget>(
                         .entry((*sandbox, session.clone()))
                         .or_insert(*version);
                     *slot = (*slot).max(*version);
+                    uploaded.insert((session.clone(), *version));
                 }
             }
         }
-        let snapshots = local.snapshots_dir();
-        for ((sandbox, session), version) in &last_into {
-            if killed.contains(sandbox) {
-                continue;
-            }
-            let file = snapshots
-                .join(format!("sbx-{}", sandbox.0))
-                .join(".sandkeeper")
-                .join(session.as_str())
-                .join("session.log");
-            let on_disk = std::fs::read_to_string(&file).unwrap_or_default();
-            let expected = records
+        let content = |session: &SessionId, version: &Version| {
+            records
                 .get(session)
                 .and_then(|r| r.versions.get(version))
                 .cloned()
+        };
+        let mut keys = BTreeSet::new();
+        for snapshot in snapshot_dirs(&local.snapshots_dir())? {
+            snapshots_left += 1;
+            let meta = snapshot.join(".sandkeeper");
+            let info: serde_json::Value = std::fs::read_to_string(meta.join("sandbox.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
                 .unwrap_or_default();
-            if on_disk == expected {
-                logs_verified += 1;
-            }
+            let (Some(key), Some(by)) = (info["key"].as_str(), info["sandbox"].as_u64()) else {
+                check(false, format!("{} says whose it is", snapshot.display()));
+                continue;
+            };
             check(
-                on_disk == expected,
-                format!("{} holds {session} {version}", file.display()),
+                keys.insert(key.to_string()),
+                format!("one snapshot of key {key} ({})", snapshot.display()),
             );
+            for (session, record) in &records {
+                let file = meta.join(session.as_str()).join("session.log");
+                let Ok(on_disk) = std::fs::read_to_string(&file) else {
+                    continue;
+                };
+                let holds = match last_into.get(&(SandboxId(by), session.clone())) {
+                    Some(version) => content(session, version).as_deref() == Some(&on_disk),
+                    None => record.versions.iter().any(|(v, text)| {
+                        *text == on_disk && uploaded.contains(&(session.clone(), *v))
+                    }),
+                };
+                logs_verified += u64::from(holds);
+                check(
+                    holds,
+                    format!(
+                        "{} holds the last version uploaded into sbx-{by}",
+                        file.display()
+                    ),
+                );
+            }
         }
     }
     for (session, record) in &records {
@@ -408,16 +428,19 @@ pub async fn run<B: WorkloadTarget>(
     if let Some(local) = local {
         row(
             "session logs checked",
-            format!("{logs_verified} snapshots hold the last uploaded version"),
+            format!("{logs_verified} session logs in {snapshots_left} snapshots (one per key) hold the last uploaded version"),
         );
         row(
             "files",
-            format!("{} (sandboxes removed at shutdown)", local.root().display()),
+            format!(
+                "{} (a stopped sandbox's workspace is renamed to its snapshot)",
+                local.root().display()
+            ),
         );
         row(
             "snapshots",
             format!(
-                "{}/sbx-<n>/.sandkeeper/<session>/session.log",
+                "{}/sbx-<n>-<instance>/.sandkeeper/<session>/session.log",
                 local.snapshots_dir().display()
             ),
         );
@@ -632,4 +655,23 @@ async fn watch(
             Notice::Event(_) => {}
         }
     }
+}
+
+/// The snapshot directories under `dir`, in name order (none if it does not exist).
+fn snapshot_dirs(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut found = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry?;
+                if entry.file_type()?.is_dir() {
+                    found.push(entry.path());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    found.sort();
+    Ok(found)
 }

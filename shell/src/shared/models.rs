@@ -83,9 +83,10 @@ fn answer_pending(shared: &Model) -> usize {
             },
             Command::Persist { sandbox, .. } => Input::PersistOk { sandbox: *sandbox },
             Command::Shutdown { sandbox, .. } => Input::ShutdownOk { sandbox: *sandbox },
-            Command::Drain { .. } | Command::CancelUpload { .. } | Command::Abandon { .. } => {
-                continue
-            }
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Abandon { .. } => continue,
         };
         Shared::answer(shared, input);
     }

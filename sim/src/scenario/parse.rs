@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, Config, ExternalId, PathName, ReleasePolicy, SameKey, Scope, SessionId, Snapshot,
-    UserId,
+    Tiers, UserId, WayDown,
 };
 
 use crate::step::{fmt_duration, Answer, Expect, ResolveExpect, Step};
@@ -282,13 +282,14 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
                         config.release = match v {
                             "shutdown" => ReleasePolicy::Shutdown,
                             "suspend" => ReleasePolicy::Suspend,
-                            _ => match v.strip_prefix("keep-warm:") {
-                                Some(d) => ReleasePolicy::KeepWarm {
+                            _ => match (v.strip_prefix("keep-warm:"), v.strip_prefix("tiers:")) {
+                                (Some(d), _) => ReleasePolicy::KeepWarm {
                                     idle: duration(&line, d)?,
                                 },
-                                None => {
+                                (_, Some(t)) => ReleasePolicy::Tiered(tiers(&line, t)?),
+                                _ => {
                                     return line.err(format!(
-                                        "invalid release `{v}`: expected shutdown, keep-warm:<duration> or suspend"
+                                        "invalid release `{v}`: expected shutdown, keep-warm:<duration>, suspend or tiers:<idle>:<shutdown|suspend>[:<retain>]"
                                     ))
                                 }
                             },
@@ -528,7 +529,7 @@ impl<'a> Line<'a> {
 
 fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
     let what = line.positional(
-        "what to expect: ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, closed or error",
+        "what to expect: ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, discarded, no-discard, closed or error",
     )?;
     let e = match what {
         "ready" | "waiting" => {
@@ -618,6 +619,16 @@ fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
             check_name(line, "snapshot", from)?;
             Expect::Resumed(c, from.to_string())
         }
+        "discarded" | "no-discard" => {
+            let s = line.positional("<snapshot>")?;
+            line.done()?;
+            check_name(line, "snapshot", s)?;
+            if what == "discarded" {
+                Expect::Discarded(s.to_string())
+            } else {
+                Expect::NoDiscard(s.to_string())
+            }
+        }
         "closed" => {
             line.done()?;
             Expect::Closed
@@ -629,11 +640,40 @@ fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
         }
         other => {
             return line.err(format!(
-                "unknown expectation `{other}`; expected ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, closed or error"
+                "unknown expectation `{other}`; expected ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, discarded, no-discard, closed or error"
             ))
         }
     };
     Ok(e)
+}
+
+/// The tiers of `release=tiers:<idle>:<shutdown|suspend>[:<retain>]` (the part after
+/// `tiers:`).
+fn tiers(line: &Line<'_>, spec: &str) -> Result<Tiers, ParseError> {
+    let mut parts = spec.split(':');
+    let (Some(idle), Some(then)) = (parts.next(), parts.next()) else {
+        return line.err(format!(
+            "invalid tiers `{spec}`: expected <idle>:<shutdown|suspend>[:<retain>]"
+        ));
+    };
+    let then = match then {
+        "shutdown" => WayDown::Shutdown,
+        "suspend" => WayDown::Suspend,
+        other => {
+            return line.err(format!(
+                "invalid way down `{other}` in tiers: expected shutdown or suspend"
+            ))
+        }
+    };
+    let retain = parts.next().map(|r| duration(line, r)).transpose()?;
+    if let Some(extra) = parts.next() {
+        return line.err(format!("unexpected `{extra}` after the retention in tiers"));
+    }
+    Ok(Tiers {
+        idle: duration(line, idle)?,
+        then,
+        retain,
+    })
 }
 
 /// The `config` line spelling a configuration (with the extension keys).
@@ -653,6 +693,16 @@ pub fn config_line(config: &Config, close_deadline: Duration) -> String {
         ReleasePolicy::Shutdown => "shutdown".to_string(),
         ReleasePolicy::KeepWarm { idle } => format!("keep-warm:{}", fmt_duration(idle)),
         ReleasePolicy::Suspend => "suspend".to_string(),
+        ReleasePolicy::Tiered(t) => {
+            let then = match t.then {
+                WayDown::Shutdown => "shutdown",
+                WayDown::Suspend => "suspend",
+            };
+            match t.retain {
+                Some(r) => format!("tiers:{}:{then}:{}", fmt_duration(t.idle), fmt_duration(r)),
+                None => format!("tiers:{}:{then}", fmt_duration(t.idle)),
+            }
+        }
     };
     format!(
         "config scope={scope} same-key={same_key} release={release} drain={} start-timeout={} upload-timeout={} \
