@@ -87,10 +87,10 @@
 //!    A driver needs no table of incarnations and never looks at the release policy. A Start
 //!    with `resume_from` *takes* the snapshot (the new sandbox's workspace from then on: a
 //!    rename, the same claim); a retained snapshot carries its expiry (`Persist::retain_until`),
-//!    which the backend records with it and enforces by itself.
-//! 9a. **Discard** deletes a snapshot no key references any longer (its retention ended). It
-//!    runs beside everything, in no sandbox's order, needs no answer, and is the one command
-//!    that may name a sandbox after its last command (the sandbox that persisted it).
+//!    which the backend records with it and enforces by itself. `Discard` deletes a snapshot no
+//!    key references any longer (its retention ended): it runs beside everything, in no
+//!    sandbox's order, needs no answer, and is the one command that may name a sandbox after
+//!    its last command (the sandbox that persisted it).
 //! 10. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
 //!     directory removed, an exec answered 404), call [`Lifecycle::handle_died`]; when only its
 //!     running instance went and its workspace may remain (a pod of a claim), call

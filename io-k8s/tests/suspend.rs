@@ -665,3 +665,78 @@ async fn a_resume_that_fails_deletes_the_claim() {
     server.fail_new_pods(false);
     close(keeper, &server, "susp-f").await;
 }
+
+/// Tiers with a retention (issue 14): the suspended claim carries the retention's end as its
+/// `shutdownTime` with policy `Delete`, so the claim controller deletes it by itself when no
+/// keeper is left to (the claim's loss is stale news for the core, no death); a Discard deletes
+/// a suspended claim at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_suspension_carries_its_expiry_on_the_claim_and_a_discard_deletes_it() {
+    use sandkeeper::{DiscardReason, Key, Snapshot, Tiers, WayDown};
+    use sandkeeper_tokio::{Backend, DiscardRequest};
+    let server = server().await;
+    let backend = connect(&server, claim_config("susp-r")).await;
+    let core = Config {
+        release: ReleasePolicy::Tiered(Tiers {
+            idle: Duration::ZERO,
+            then: WayDown::Suspend,
+            retain: Some(Duration::from_secs(3_600)),
+        }),
+        ..Config::default()
+    };
+    let keeper = Keeper::new(KeeperConfig::with_core(core), backend).unwrap();
+    let first = call(&keeper, "c1", &SessionId::new("s1").unwrap()).await;
+    let second = call(&keeper, "c2", &SessionId::new("s2").unwrap()).await;
+    let (h1, h2) = (
+        keeper.backend().handle(first.sandbox()).unwrap(),
+        keeper.backend().handle(second.sandbox()).unwrap(),
+    );
+    let x2 = second.sandbox();
+    first.release().await;
+    second.release().await;
+    suspended(&keeper, 2).await;
+
+    // The retention's end (an hour, from the Persist's deadline), policy Delete.
+    let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h1.object).unwrap();
+    assert_eq!(
+        claim["spec"]["lifecycle"]["shutdownPolicy"].as_str(),
+        Some("Delete")
+    );
+    let until: Timestamp = expiry(&server, &h1.object).parse().unwrap();
+    let now = Timestamp::now();
+    assert!(
+        until > now + SignedDuration::from_secs(3_590)
+            && until < now + SignedDuration::from_secs(3_600 + 40),
+        "shutdownTime {until}, now {now}"
+    );
+
+    // A Discard deletes the second claim now.
+    keeper
+        .backend()
+        .discard(DiscardRequest {
+            sandbox: x2,
+            key: Key::Session(SessionId::new("s2").unwrap()),
+            snapshot: Snapshot::new(h2.object.clone()),
+            reason: DiscardReason::Retention,
+        })
+        .await
+        .unwrap();
+    until_gone(&server, &h2.object).await;
+
+    // No keeper discards the first one: past its shutdownTime the controller deletes it.
+    server.advance_clock(Duration::from_secs(3_700));
+    until_gone(&server, &h1.object).await;
+    assert_eq!(
+        keeper.stats().deaths,
+        0,
+        "losses of suspended claims are no deaths"
+    );
+    close(keeper, &server, "susp-r").await;
+}
+
+async fn until_gone(server: &Loopback, claim: &str) {
+    until(server, "the claim is gone", |s| {
+        !exists(s, &SANDBOX_CLAIMS, claim)
+    })
+    .await;
+}

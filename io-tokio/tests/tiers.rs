@@ -1,0 +1,176 @@
+//! Release tiers on the local backend: a warm hit binds the live sandbox, a suspension renames
+//! the workspace to a snapshot that records its expiry, a resume renames it back (the same
+//! files, not copies), the retention's end discards it, and a backend made on the same root
+//! later sweeps what expired and keeps the rest.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use sandkeeper::{CallId, CallSpec, Config, ReleasePolicy, SessionId, Tiers, WayDown};
+use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend, Released};
+
+fn root(name: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("sk-tiers-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+fn spec(call: &str) -> CallSpec {
+    CallSpec::new(CallId::new(call).unwrap(), SessionId::new("s").unwrap())
+}
+
+fn snapshots(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    found.sort();
+    found
+}
+
+fn tiered(idle: u64, retain: u64) -> KeeperConfig {
+    KeeperConfig::with_core(Config {
+        release: ReleasePolicy::Tiered(Tiers {
+            idle: Duration::from_secs(idle),
+            then: WayDown::Suspend,
+            retain: Some(Duration::from_secs(retain)),
+        }),
+        ..Config::default()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
+    let root = root("ladder");
+    let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let keeper = Keeper::new(tiered(10, 60), backend).unwrap();
+    let snapshot_dir = keeper.backend().snapshots_dir();
+
+    // A call writes into its workspace.
+    let guard = keeper.acquire(spec("c1")).await.unwrap();
+    let first = guard.sandbox();
+    guard
+        .work()
+        .write("data/big.bin", vec![7u8; 1 << 20])
+        .await
+        .unwrap();
+    let inode = std::fs::metadata(keeper.backend().sandbox_dir(first).join("data/big.bin"))
+        .unwrap()
+        .ino();
+    assert_eq!(guard.release().await, Released::Completed);
+
+    // Back within the warm tier: the same live sandbox, no start.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let guard = keeper.acquire(spec("c2")).await.unwrap();
+    assert_eq!(guard.sandbox(), first);
+    assert_eq!(keeper.stats().revivals, 1);
+    assert_eq!(keeper.stats().starts_ordered, 1);
+    assert_eq!(guard.release().await, Released::Completed);
+
+    // Idle past the tier: suspended. The workspace was renamed, not copied: it exists once.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(keeper.stats().suspended, 1);
+    assert!(!keeper.backend().sandbox_dir(first).exists());
+    let kept = snapshots(&snapshot_dir);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let meta = kept[0].join(".sandkeeper");
+    assert!(meta.join("persisted").exists());
+    let expires: u64 = std::fs::read_to_string(meta.join("expires"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    #[allow(clippy::disallowed_methods)] // the expiry is on the wall clock, as the backend's
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // The retention (60 s) from the Persist's deadline (the command timeout, 30 s): never
+    // earlier than the core's own discard, at most a command timeout later.
+    assert!(
+        expires >= now + 60 && expires <= now + 92,
+        "expires {expires}, now {now}"
+    );
+    assert_eq!(
+        std::fs::metadata(kept[0].join("data/big.bin"))
+            .unwrap()
+            .ino(),
+        inode,
+        "the snapshot is the workspace itself"
+    );
+
+    // Back within the retention: resumed into a new sandbox, which takes the snapshot (the same
+    // file, renamed back), and the markers of a kept snapshot are gone from it.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let guard = keeper.acquire(spec("c3")).await.unwrap();
+    let second = guard.sandbox();
+    assert_ne!(second, first);
+    assert_eq!(keeper.stats().resumes_ordered, 1);
+    let dir = keeper.backend().sandbox_dir(second);
+    assert_eq!(
+        std::fs::metadata(dir.join("data/big.bin")).unwrap().ino(),
+        inode
+    );
+    assert!(!dir.join(".sandkeeper/persisted").exists());
+    assert!(!dir.join(".sandkeeper/expires").exists());
+    assert!(snapshots(&snapshot_dir).is_empty(), "the start took it");
+    assert_eq!(guard.release().await, Released::Completed);
+
+    // Suspended again, then nobody comes back: the retention's end discards it.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(keeper.stats().suspended, 2);
+    assert_eq!(snapshots(&snapshot_dir).len(), 1);
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert_eq!(keeper.stats().discards, 0, "not before the retention ends");
+    assert_eq!(snapshots(&snapshot_dir).len(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(keeper.stats().discards, 1);
+    assert!(snapshots(&snapshot_dir).is_empty());
+
+    // After the retention: a fresh workspace.
+    let guard = keeper.acquire(spec("c4")).await.unwrap();
+    assert!(!guard.work().exists("data/big.bin").await.unwrap());
+    assert_eq!(keeper.stats().resumes_ordered, 1);
+    assert_eq!(guard.release().await, Released::Completed);
+    keeper.close(Duration::from_secs(1)).await;
+    keeper.check_invariants().unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A keeper that crashed leaves its suspended workspaces with their expiry: the next backend on
+/// the root removes those whose retention ended and keeps the others (and those kept without a
+/// retention), no earlier.
+#[test]
+fn the_sweep_removes_expired_snapshots_and_keeps_the_rest() {
+    let root = root("sweep");
+    let snaps = root.join(".snapshots");
+    let kept_until = |name: &str, expires: Option<u64>| {
+        let meta = snaps.join(name).join(".sandkeeper");
+        std::fs::create_dir_all(&meta).unwrap();
+        std::fs::write(meta.join("persisted"), "persisted\n").unwrap();
+        if let Some(at) = expires {
+            std::fs::write(meta.join("expires"), format!("{at}\n")).unwrap();
+        }
+    };
+    #[allow(clippy::disallowed_methods)] // the expiries are on the wall clock
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    kept_until("sbx-1-old", Some(now - 10));
+    kept_until("sbx-2-old", Some(now + 3_600));
+    kept_until("sbx-3-old", None);
+    let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let left: Vec<String> = snapshots(&snaps)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["sbx-2-old", "sbx-3-old"]);
+    // An hour on, the second one goes too; the one without an expiry stays.
+    let later = SystemTime::UNIX_EPOCH + Duration::from_secs(now + 3_600);
+    assert_eq!(backend.sweep_expired(later).unwrap(), 1);
+    assert_eq!(snapshots(&snaps).len(), 1);
+    std::fs::remove_dir_all(&root).unwrap();
+}
