@@ -54,9 +54,6 @@ pub enum WorkloadError {
     /// A count that must be positive is zero.
     #[error("sessions, users, calls and concurrency must be at least 1")]
     Options,
-    /// `--suspend` and `--warm-ms` both given: a core has one release policy.
-    #[error("--suspend and --warm-ms are two release policies: give one")]
-    ReleasePolicies,
     /// The keeper could not be made.
     #[error(transparent)]
     Keeper(#[from] KeeperError),
@@ -377,6 +374,13 @@ pub async fn run<B: WorkloadTarget>(
             stats.revivals,
             stats.deaths,
             stats.shutdowns_unconfirmed
+        ),
+    );
+    row(
+        "tiers",
+        format!(
+            "{} warm hits, {} suspended, {} resumed, {} snapshots discarded at their retention's end",
+            stats.revivals, stats.suspended, stats.resumes_ordered, stats.discards
         ),
     );
     row(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sandkeeper::ReleasePolicy;
+use sandkeeper::{ReleasePolicy, Tiers, WayDown};
 
 /// The shape of a harness workload run. With clap, `#[command(flatten)]` it into a binary's
 /// arguments.
@@ -26,13 +26,19 @@ pub struct WorkloadOptions {
     /// Chance that a call's sandbox is killed from outside during the call.
     #[arg(long, default_value_t = 0.03)]
     pub death_rate: f64,
-    /// Keep a user's sandbox warm this many milliseconds after its last call (0: shut down).
+    /// Keep a user's sandbox warm this many milliseconds after its last call (0: no warm tier).
+    /// Then it goes the Shutdown way, or with `--suspend` the Suspend way (idle-pause).
     #[arg(long, default_value_t = 0)]
     pub warm_ms: u64,
-    /// Suspend a user's sandbox after its last call instead of shutting it down: stopped and
-    /// persisted, kept by the backend, resumed by the user's next call. Not with `--warm-ms`.
+    /// Suspend a user's sandbox after its last call (after `--warm-ms`, when given) instead of
+    /// shutting it down: stopped and persisted, kept by the backend, resumed by the user's next
+    /// call.
     #[arg(long)]
     pub suspend: bool,
+    /// Keep a user's snapshot (a suspended sandbox, or what a Stop kept) this many milliseconds
+    /// for the user's next call, then discard it (0: until the next call).
+    #[arg(long, default_value_t = 0)]
+    pub retain_ms: u64,
     /// The seed of the workload's choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -45,30 +51,33 @@ pub struct WorkloadOptions {
 }
 
 impl WorkloadOptions {
-    /// Checks that sessions, users, calls and concurrency are at least 1, and that at most one
-    /// release policy is asked for.
+    /// Checks that sessions, users, calls and concurrency are at least 1.
     pub fn check(&self) -> Result<(), super::WorkloadError> {
         if self.sessions == 0 || self.users == 0 || self.calls == 0 || self.concurrency == 0 {
             Err(super::WorkloadError::Options)
-        } else if self.suspend && self.warm_ms > 0 {
-            Err(super::WorkloadError::ReleasePolicies)
         } else {
             Ok(())
         }
     }
 
-    /// The release policy the workload's core runs with: `Suspend` with `--suspend`,
-    /// `KeepWarm` with `--warm-ms`, else `Shutdown`. A backend that must know the policy (the
-    /// Kubernetes one) takes this same value.
+    /// The release policy the workload's core runs with, by its common name where it has one:
+    /// `Shutdown` (no flag), `KeepWarm` (`--warm-ms`), `Suspend` (`--suspend`), and the tiers
+    /// otherwise (`--warm-ms` with `--suspend`: idle-pause; `--retain-ms`: a retention).
     pub fn release_policy(&self) -> ReleasePolicy {
-        if self.suspend {
-            ReleasePolicy::Suspend
-        } else if self.warm_ms > 0 {
-            ReleasePolicy::KeepWarm {
-                idle: Duration::from_millis(self.warm_ms),
-            }
-        } else {
-            ReleasePolicy::Shutdown
+        let idle = Duration::from_millis(self.warm_ms);
+        match (self.warm_ms, self.suspend, self.retain_ms) {
+            (0, false, 0) => ReleasePolicy::Shutdown,
+            (_, false, 0) => ReleasePolicy::KeepWarm { idle },
+            (0, true, 0) => ReleasePolicy::Suspend,
+            (_, suspend, retain) => ReleasePolicy::Tiered(Tiers {
+                idle,
+                then: if suspend {
+                    WayDown::Suspend
+                } else {
+                    WayDown::Shutdown
+                },
+                retain: (retain > 0).then(|| Duration::from_millis(retain)),
+            }),
         }
     }
 }
@@ -85,6 +94,7 @@ impl Default for WorkloadOptions {
             death_rate: 0.03,
             warm_ms: 0,
             suspend: false,
+            retain_ms: 0,
             seed: 1,
             close_deadline: 5,
             quiet: false,
@@ -125,10 +135,30 @@ mod tests {
         let suspend = parse(&["harness", "--suspend"]);
         assert_eq!(suspend.release_policy(), ReleasePolicy::Suspend);
         assert!(suspend.check().is_ok());
-        let both = parse(&["harness", "--suspend", "--warm-ms", "250"]);
-        assert!(matches!(
-            both.check(),
-            Err(crate::workload::WorkloadError::ReleasePolicies)
-        ));
+        let tiers = parse(&[
+            "harness",
+            "--suspend",
+            "--warm-ms",
+            "250",
+            "--retain-ms",
+            "900",
+        ]);
+        assert!(tiers.check().is_ok());
+        assert_eq!(
+            tiers.release_policy(),
+            ReleasePolicy::Tiered(Tiers {
+                idle: Duration::from_millis(250),
+                then: WayDown::Suspend,
+                retain: Some(Duration::from_millis(900)),
+            })
+        );
+        assert_eq!(
+            parse(&["harness", "--retain-ms", "900"]).release_policy(),
+            ReleasePolicy::Tiered(Tiers {
+                idle: Duration::ZERO,
+                then: WayDown::Shutdown,
+                retain: Some(Duration::from_millis(900)),
+            })
+        );
     }
 }
