@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use sandkeeper::{
-    CallId, Command, Config, ErrorKind, Instant, PathName, SandboxId, SessionId, UploadId,
+    CallId, Command, Config, ErrorKind, HookPoint, Hooks, Instant, PathName, SandboxId, SessionId,
+    UploadId,
 };
 
 use crate::violation::Violation;
@@ -47,6 +48,8 @@ pub struct Deadlines {
     pending_heap: BinaryHeap<Reverse<(Instant, CallId)>>,
     /// When close must have finished.
     close_by: Option<Instant>,
+    /// The hooks' timeouts.
+    hooks: Hooks,
 }
 
 impl Deadlines {
@@ -66,6 +69,7 @@ impl Deadlines {
             pending: FxHashMap::default(),
             pending_heap: BinaryHeap::new(),
             close_by: None,
+            hooks: config.hooks,
         }
     }
 
@@ -73,7 +77,18 @@ impl Deadlines {
     pub fn acquired(&mut self, call: &CallId, now: Instant) {
         self.pending.insert(call.clone(), now);
         self.pending_heap
-            .push(Reverse((now + self.wait + self.start, call.clone())));
+            .push(Reverse((now + self.bound(), call.clone())));
+    }
+
+    /// How long a call may stay neither ready nor ended: its wait, its start and its sandbox's
+    /// hook on the way up.
+    fn bound(&self) -> Duration {
+        let hook = self
+            .hooks
+            .after_start
+            .max(self.hooks.after_resume)
+            .unwrap_or_default();
+        self.wait + self.start + hook
     }
 
     /// A call is ready or ended: no longer pending.
@@ -115,6 +130,24 @@ impl Deadlines {
             Command::Stop { deadline, .. } => exact("Stop", *deadline, now + self.command),
             Command::Persist { deadline, .. } => exact("Persist", *deadline, now + self.command),
             Command::Shutdown { deadline, .. } => exact("Shutdown", *deadline, now + self.command),
+            Command::Hook { hook, deadline, .. } => {
+                let timeout = match hook {
+                    HookPoint::AfterStart => self.hooks.after_start,
+                    HookPoint::AfterResume => self.hooks.after_resume,
+                    HookPoint::BeforeSuspend => self.hooks.before_suspend,
+                    HookPoint::BeforeStop => self.hooks.before_stop,
+                };
+                match timeout {
+                    Some(t) => exact("Hook", *deadline, now + t),
+                    None => Err(Violation::new(
+                        "command-deadline",
+                        format!(
+                            "a {} hook, which the configuration does not have",
+                            hook.as_str()
+                        ),
+                    )),
+                }
+            }
             Command::Upload {
                 upload,
                 session,
@@ -200,7 +233,7 @@ impl Deadlines {
         draining: impl Fn(SandboxId) -> bool,
     ) -> Result<(), Violation> {
         let (drains, pending) = (&self.drains, &self.pending);
-        let bound = self.wait + self.start;
+        let bound = self.bound();
         if let Some((due, upload)) = overdue(&mut self.upload_heap, now, |u, _| awaited(*u)) {
             return Err(Violation::new(
                 "upload-within-timeout",

@@ -50,6 +50,9 @@ pub enum Op {
     Persist,
     /// Shutdown.
     Shutdown,
+    /// A hook of the application, run in the sandbox (a core-side operation: backends never
+    /// receive it).
+    Hook,
 }
 
 impl Op {
@@ -62,6 +65,7 @@ impl Op {
             Command::Stop { .. } => Op::Stop,
             Command::Persist { .. } => Op::Persist,
             Command::Shutdown { .. } => Op::Shutdown,
+            Command::Hook { .. } => Op::Hook,
             Command::Drain { .. }
             | Command::CancelUpload { .. }
             | Command::Discard { .. }
@@ -93,6 +97,7 @@ impl Lane {
             Op::Stop => self.stopped = true,
             Op::Persist => self.persisted = true,
             Op::Shutdown => self.shut_down = true,
+            Op::Hook => {}
         }
         match broken {
             None => Ok(()),
@@ -124,6 +129,10 @@ impl Lane {
                 "a sandbox the core never started",
             )),
             Op::Shutdown => None,
+            Op::Hook if !self.started => Some(("hook-in-order", "a sandbox never started")),
+            Op::Hook if self.stopped => Some(("hook-in-order", "after its Stop")),
+            Op::Hook if self.dead => Some(("hook-in-order", "after its death")),
+            Op::Hook => None,
         }
     }
 

@@ -93,6 +93,13 @@ impl Uploads {
                     )),
                 }
             }
+            Command::Hook { sandbox, .. } => match self.awaited_in(*sandbox) {
+                0 => Ok(()),
+                n => Err(Violation::new(
+                    "hook-alone",
+                    format!("{cmd:?} with {n} uploads into {sandbox} still in flight"),
+                )),
+            },
             Command::Start { .. }
             | Command::Drain { .. }
             | Command::Persist { .. }

@@ -138,6 +138,18 @@ pub enum Command {
         /// Why it goes.
         reason: DiscardReason,
     },
+    /// Run the application's hook `hook` in the sandbox (with its operations: exec, files).
+    /// Answer with `handle_hook_ok` or `handle_hook_failed`; at the deadline drop it and answer
+    /// nothing. It runs in the sandbox's order, like Start and Stop: after the Start, before the
+    /// Stop; never beside another hook, an upload or a Stop of the sandbox.
+    Hook {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// Which hook.
+        hook: HookPoint,
+        /// When the core stops waiting: the hook's timeout.
+        deadline: Instant,
+    },
     /// Shut the sandbox down and free everything it holds. Ordered exactly once per managed
     /// sandbox, and always its last command. Answer with `handle_shutdown_ok` or
     /// `handle_shutdown_failed`.
@@ -171,6 +183,7 @@ impl Command {
             | Command::Persist { sandbox, .. }
             | Command::Shutdown { sandbox, .. }
             | Command::Discard { sandbox, .. }
+            | Command::Hook { sandbox, .. }
             | Command::Abandon { sandbox } => *sandbox,
         }
     }
@@ -183,6 +196,7 @@ impl Command {
             | Command::Upload { deadline, .. }
             | Command::Stop { deadline, .. }
             | Command::Persist { deadline, .. }
+            | Command::Hook { deadline, .. }
             | Command::Shutdown { deadline, .. } => Some(*deadline),
             Command::CancelUpload { .. }
             | Command::Drain { .. }
@@ -202,8 +216,40 @@ impl Command {
             Command::Persist { .. } => "persist",
             Command::Shutdown { .. } => "shutdown",
             Command::Discard { .. } => "discard",
+            Command::Hook { .. } => "hook",
             Command::Abandon { .. } => "abandon",
         }
+    }
+}
+
+/// Where in a sandbox's life a [`Command::Hook`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HookPoint {
+    /// After a fresh start, before its calls are ready.
+    AfterStart,
+    /// After a start that resumed a snapshot, before its calls are ready.
+    AfterResume,
+    /// After the drain of a suspension, before its Stop.
+    BeforeSuspend,
+    /// After the drain of a sandbox going the Shutdown way, before its Stop.
+    BeforeStop,
+}
+
+impl HookPoint {
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookPoint::AfterStart => "after-start",
+            HookPoint::AfterResume => "after-resume",
+            HookPoint::BeforeSuspend => "before-suspend",
+            HookPoint::BeforeStop => "before-stop",
+        }
+    }
+
+    /// Whether it runs on the way up (its failure fails the start).
+    pub fn is_after(self) -> bool {
+        matches!(self, HookPoint::AfterStart | HookPoint::AfterResume)
     }
 }
 

@@ -139,6 +139,46 @@ impl ReleasePolicy {
     }
 }
 
+/// The application's hooks at a sandbox's transitions, each with its timeout (`None`: no hook
+/// there). The core orders each as a [`Command::Hook`](crate::Command::Hook) at its place:
+///
+/// - after start / after resume: once the Start succeeded and before any call is bound ready
+///   (the sandbox stays `starting`); a failure or a timeout fails its calls with `hook-failed`
+///   and the sandbox goes down unused;
+/// - before suspend / before stop: once the drain ended (the mirror's last uploads settled or
+///   were dropped) and before the Stop (the sandbox is `stopping`); a failure or a timeout is
+///   reported ([`Event::HookFailed`](crate::Event::HookFailed)) and the way down goes on, a
+///   suspend as a suspend unless [`SuspendHookFailure::Shutdown`].
+///
+/// Hooks of one sandbox never overlap each other, an upload or a Stop; none is ordered for a
+/// sandbox the core knows dead (one outstanding when it dies is abandoned). A hook holds no
+/// call, so it cannot deadlock the keeper.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Hooks {
+    /// After a fresh start.
+    pub after_start: Option<Duration>,
+    /// After a start that resumed a snapshot (credentials a suspension dropped go back here).
+    pub after_resume: Option<Duration>,
+    /// Before the Stop of a suspension (sync state out: commit, upload artifacts).
+    pub before_suspend: Option<Duration>,
+    /// Before the Stop of a sandbox going the Shutdown way.
+    pub before_stop: Option<Duration>,
+    /// What a failed or late before-suspend hook does to the suspension.
+    pub on_suspend_failure: SuspendHookFailure,
+}
+
+/// What a failed or late before-suspend hook does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SuspendHookFailure {
+    /// It is reported; the suspension goes on.
+    #[default]
+    Suspend,
+    /// It is reported; the sandbox goes the Shutdown way instead (its state may not be safe
+    /// to resume).
+    Shutdown,
+}
+
 /// Explicit limits on everything that grows with input. Crossing one is a typed error
 /// ([`Error::LimitExceeded`]), never an unbounded queue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +258,9 @@ pub struct Config {
     /// The second close deadline: after the first one revoked what was left, how long close waits
     /// for shutdown acknowledgements before it reports the rest unconfirmed.
     pub close_grace: Duration,
+    /// The application's hooks at a sandbox's transitions.
+    #[serde(default)]
+    pub hooks: Hooks,
     /// Limits on everything that grows.
     pub limits: Limits,
 }
@@ -237,6 +280,7 @@ impl Default for Config {
             max_waiters: 8,
             command_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(30),
+            hooks: Hooks::default(),
             limits: Limits::default(),
         }
     }
@@ -258,6 +302,20 @@ impl Config {
                 return Err(Error::InvalidConfig {
                     field: name,
                     why: "must be longer than zero",
+                });
+            }
+        }
+        let hooks = [
+            ("hooks.after_start", self.hooks.after_start),
+            ("hooks.after_resume", self.hooks.after_resume),
+            ("hooks.before_suspend", self.hooks.before_suspend),
+            ("hooks.before_stop", self.hooks.before_stop),
+        ];
+        for (name, timeout) in hooks {
+            if timeout.is_some_and(|t| t.is_zero()) {
+                return Err(Error::InvalidConfig {
+                    field: name,
+                    why: "a hook's timeout must be longer than zero",
                 });
             }
         }

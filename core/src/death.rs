@@ -59,8 +59,7 @@ impl Lifecycle {
         if x.state == SandboxState::Dead {
             return Ok(());
         }
-        let suspending =
-            matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && self.suspends();
+        let suspending = matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend;
         self.advance(now);
         if suspending {
             tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");

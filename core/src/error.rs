@@ -155,6 +155,9 @@ pub enum ErrorKind {
     StartFailed,
     /// A call failure: its sandbox's Start took longer than `start_timeout`.
     StartTimeout,
+    /// A call failure: its sandbox started, but its after-start or after-resume hook failed or
+    /// outlasted its timeout ([`Hooks`](crate::Hooks)); the sandbox went down unused.
+    HookFailed,
     /// See [`Error::UnknownSandbox`].
     UnknownSandbox,
     /// See [`Error::UnknownUpload`].
@@ -186,6 +189,7 @@ impl ErrorKind {
             ErrorKind::QueueFull => "queue-full",
             ErrorKind::StartFailed => "start-failed",
             ErrorKind::StartTimeout => "start-timeout",
+            ErrorKind::HookFailed => "hook-failed",
             ErrorKind::UnknownSandbox => "unknown-sandbox",
             ErrorKind::UnknownUpload => "unknown-upload",
             ErrorKind::NotHeld => "not-held",

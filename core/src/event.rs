@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::command::HookPoint;
 use crate::error::{DropReason, ErrorKind};
 use crate::ids::{SandboxId, Version};
 use crate::name::{CallId, PathName, SessionId};
@@ -65,6 +66,18 @@ pub enum Event {
     ShutdownUnconfirmed {
         /// The sandbox.
         sandbox: SandboxId,
+    },
+    /// A hook failed or outlasted its timeout. After a before-suspend or before-stop hook the
+    /// way down goes on (a suspend turns into a shutdown under
+    /// [`SuspendHookFailure::Shutdown`](crate::SuspendHookFailure::Shutdown)); after an
+    /// after-start or after-resume hook its calls failed with `hook-failed`.
+    HookFailed {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// Which hook.
+        hook: HookPoint,
+        /// It outlasted its timeout (rather than answering a failure).
+        late: bool,
     },
     /// Close has finished. No command follows; every later input is refused.
     Closed {

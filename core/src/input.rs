@@ -56,6 +56,12 @@ pub enum Input {
     StartFailed {
         sandbox: SandboxId,
     },
+    HookOk {
+        sandbox: SandboxId,
+    },
+    HookFailed {
+        sandbox: SandboxId,
+    },
     UploadOk {
         upload: UploadId,
     },
@@ -124,6 +130,8 @@ impl Lifecycle {
             Input::Close { deadline } => self.close(now, deadline),
             Input::StartOk { sandbox } => self.handle_start_ok(now, sandbox),
             Input::StartFailed { sandbox } => self.handle_start_failed(now, sandbox),
+            Input::HookOk { sandbox } => self.handle_hook_ok(now, sandbox),
+            Input::HookFailed { sandbox } => self.handle_hook_failed(now, sandbox),
             Input::UploadOk { upload } => self.handle_upload_ok(now, upload),
             Input::UploadFailed { upload, failure } => {
                 self.handle_upload_failed(now, upload, failure)

@@ -207,6 +207,11 @@ impl Lifecycle {
                 Awaiting::Start => x.state == SandboxState::Starting,
                 Awaiting::Stop => x.state == SandboxState::Stopping,
                 Awaiting::Persist => x.state == SandboxState::Persisting,
+                Awaiting::Hook => match x.hook {
+                    Some(h) if h.is_after() => x.state == SandboxState::Starting,
+                    Some(_) => x.state == SandboxState::Stopping,
+                    None => false,
+                },
                 Awaiting::Shutdown => x.shutdown_ordered,
             };
             ensure!(

@@ -239,8 +239,10 @@ mod upload;
 mod way_down;
 
 pub use call::{CallSpec, CallStatus};
-pub use command::{Command, DiscardReason, SessionList};
-pub use config::{Config, Limits, ReleasePolicy, SameKey, Scope, Tiers, WayDown};
+pub use command::{Command, DiscardReason, HookPoint, SessionList};
+pub use config::{
+    Config, Hooks, Limits, ReleasePolicy, SameKey, Scope, SuspendHookFailure, Tiers, WayDown,
+};
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};

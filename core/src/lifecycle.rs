@@ -15,6 +15,7 @@ use crate::key::Keys;
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::session::{SessionIx, Sessions};
+use crate::start::HookEnd;
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
@@ -288,6 +289,10 @@ impl Lifecycle {
                         tracing::debug!(sandbox = %self.sid(sandbox), "drain deadline");
                         self.stats.drain_deadlines += 1;
                         self.end_drain(sandbox, DropReason::DrainDeadline);
+                    }
+                    (_, Awaiting::Hook) => {
+                        tracing::debug!(sandbox = %self.sid(sandbox), "hook timed out");
+                        self.hook_ended(sandbox, HookEnd::Late);
                     }
                     (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "stop or persist timed out");

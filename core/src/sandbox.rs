@@ -1,6 +1,7 @@
 //! Sandbox records and their states.
 
 use crate::call::CallIx;
+use crate::command::HookPoint;
 use crate::ids::{SandboxId, Snapshot};
 use crate::key::KeyIx;
 use crate::map::Map;
@@ -64,6 +65,7 @@ pub(crate) enum Awaiting {
     Start,
     Stop,
     Persist,
+    Hook,
     Shutdown,
 }
 
@@ -97,6 +99,13 @@ pub(crate) struct Sandbox {
     pub(crate) shutdown_ordered: bool,
     /// The snapshot its Stop returned.
     pub(crate) snapshot: Option<Snapshot>,
+    /// Its Start resumed a snapshot (its hook on the way up is the after-resume one).
+    pub(crate) resumed: bool,
+    /// Its way down ends suspended: decided when its drain ends (the policy, unless a failed
+    /// before-suspend hook turned it into a shutdown).
+    pub(crate) suspend: bool,
+    /// The hook outstanding, while `awaiting` is `Hook`.
+    pub(crate) hook: Option<HookPoint>,
 }
 
 impl Sandbox {
@@ -115,6 +124,9 @@ impl Sandbox {
             deadline: None,
             shutdown_ordered: false,
             snapshot: None,
+            resumed: false,
+            suspend: false,
+            hook: None,
         }
     }
 

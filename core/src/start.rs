@@ -2,13 +2,16 @@
 //! died.
 
 use crate::call::{CallIx, CallState, EndHow};
-use crate::command::Command;
+use crate::command::{Command, HookPoint};
+use crate::config::SuspendHookFailure;
 use crate::error::{Error, ErrorKind};
+use crate::event::Event;
 use crate::ids::SandboxId;
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
 use crate::small_set::Few;
 use crate::time::Instant;
+use std::time::Duration;
 
 impl Lifecycle {
     // ------------------------------------------------------------------------------------------
@@ -28,6 +31,112 @@ impl Lifecycle {
         self.way().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
+        let (point, timeout) = if x.resumed {
+            (HookPoint::AfterResume, self.config.hooks.after_resume)
+        } else {
+            (HookPoint::AfterStart, self.config.hooks.after_start)
+        };
+        match timeout {
+            // Its calls wait for the hook (the sandbox stays starting); one whose calls all
+            // ended meanwhile goes down at once, hook or not.
+            Some(timeout) if !x.bound.is_empty() => self.order_hook(sandbox, point, timeout),
+            _ => self.up(sandbox),
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's hook succeeded: after start or resume, its calls are ready; before suspend
+    /// or stop, its Stop follows.
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_hook_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "hook ok");
+        self.stats.hooks_ok += 1;
+        self.hook_ended(sandbox, HookEnd::Ok);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The sandbox's hook failed: after start or resume, its calls fail with `hook-failed` and
+    /// it goes down unused; before suspend or stop, the failure is reported and the way down
+    /// goes on (see [`Hooks`](crate::Hooks)).
+    ///
+    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
+    pub fn handle_hook_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(sandbox = %self.sid(sandbox), "hook failed");
+        self.hook_ended(sandbox, HookEnd::Failed);
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: hooks
+
+    /// Orders the sandbox's hook at `point`, awaited for `timeout`.
+    pub(crate) fn order_hook(&mut self, sandbox: SandboxIx, point: HookPoint, timeout: Duration) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert_eq!(x.awaiting, Awaiting::Nothing);
+        x.awaiting = Awaiting::Hook;
+        x.hook = Some(point);
+        let deadline = self.set_sandbox_timer(sandbox, timeout);
+        self.stats.hooks_ordered += 1;
+        tracing::debug!(sandbox = %self.sid(sandbox), hook = point.as_str(), "hook");
+        self.commands.push_back(Command::Hook {
+            sandbox: self.sid(sandbox),
+            hook: point,
+            deadline,
+        });
+    }
+
+    /// The outstanding hook ended (answered, or its timeout passed): what follows it.
+    pub(crate) fn hook_ended(&mut self, sandbox: SandboxIx, end: HookEnd) {
+        self.way().cancel_sandbox_timer(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        let point = x.hook.take().expect("a hook is outstanding");
+        x.awaiting = Awaiting::Nothing;
+        if end != HookEnd::Ok {
+            let late = end == HookEnd::Late;
+            if late {
+                self.stats.hooks_late += 1;
+            } else {
+                self.stats.hooks_failed += 1;
+            }
+            self.events.push_back(Event::HookFailed {
+                sandbox: self.sid(sandbox),
+                hook: point,
+                late,
+            });
+        }
+        match (point.is_after(), end) {
+            (true, HookEnd::Ok) => self.up(sandbox),
+            (true, _) => self.fail_start(sandbox, ErrorKind::HookFailed),
+            (false, end) => {
+                let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+                if end != HookEnd::Ok
+                    && x.suspend
+                    && self.config.hooks.on_suspend_failure == SuspendHookFailure::Shutdown
+                {
+                    tracing::warn!(sandbox = %x.id, "before-suspend hook failed: shutting down instead");
+                    x.suspend = false;
+                }
+                self.order_stop(sandbox);
+            }
+        }
+    }
+
+    /// The sandbox is up (its Start succeeded, and its hook, if any): its starting calls are
+    /// ready.
+    pub(crate) fn up(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Running;
         let starters = self.calls.by_name_order(x.bound.to_few());
         for call in starters {
@@ -42,8 +151,6 @@ impl Lifecycle {
             self.stats.orphan_starts += 1;
             self.shutdown(sandbox);
         }
-        self.finish_input();
-        Ok(())
     }
 
     /// The sandbox's Start failed: the calls waiting on it fail with `start-failed`, and it is
@@ -71,10 +178,12 @@ impl Lifecycle {
         let c = &self.calls[call];
         let key = c.key;
         let spec = c.spec.clone();
+        let slot_has_snapshot = self.keys[key].snapshot.is_some();
         let x = self
             .sandboxes
             .create(key, Ownership::Managed, SandboxState::Starting);
         self.sandboxes[x].awaiting = Awaiting::Start;
+        self.sandboxes[x].resumed = slot_has_snapshot;
         let slot = &mut self.keys[key];
         slot.current = Some(x);
         let key = slot.key.clone();
@@ -135,4 +244,12 @@ impl Lifecycle {
         self.admit(key);
         self.keys.forget_if_empty(key);
     }
+}
+
+/// How a hook ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HookEnd {
+    Ok,
+    Failed,
+    Late,
 }

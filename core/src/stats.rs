@@ -31,6 +31,15 @@ pub struct Stats {
     /// Snapshots ordered discarded (retention over, or superseded).
     #[serde(default)]
     pub discards: u64,
+    /// Hooks ordered, and how they ended: ok, failed (answered so), late (past their timeout).
+    #[serde(default)]
+    pub hooks_ordered: u64,
+    #[serde(default)]
+    pub hooks_ok: u64,
+    #[serde(default)]
+    pub hooks_failed: u64,
+    #[serde(default)]
+    pub hooks_late: u64,
     pub deaths: u64,
     /// Losses of a running instance reported while its sandbox was being suspended: the
     /// suspension's own doing, not deaths.

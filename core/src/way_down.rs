@@ -6,7 +6,7 @@
 //! (a key letting go, uploads leaving, waiters admitted) is done on the lifecycle, here.
 
 use crate::close::CloseState;
-use crate::command::{Command, DiscardReason};
+use crate::command::{Command, DiscardReason, HookPoint};
 use crate::config::Config;
 use crate::error::{DropReason, Error};
 use crate::event::Event;
@@ -40,11 +40,10 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
         self.way().cancel_sandbox_timer(sandbox);
-        let suspend = self.suspends();
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
-        if x.snapshot.is_some() || suspend {
+        if x.snapshot.is_some() || x.suspend {
             self.way().persist(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -88,7 +87,7 @@ impl Lifecycle {
         if let Some(snapshot) = x.snapshot.clone() {
             self.keep_snapshot(key, sandbox, snapshot, id);
         }
-        if self.suspends() {
+        if self.sandboxes[sandbox].suspend {
             self.suspended(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -262,20 +261,38 @@ impl Lifecycle {
         }
         if managed {
             slot.retiring = Some(sandbox);
-            let x = self.sandboxes.get_mut(sandbox).expect("live");
-            x.awaiting = Awaiting::Stop;
-            let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
-            tracing::debug!(sandbox = %self.sid(sandbox), "stop");
-            self.commands.push_back(Command::Stop {
-                sandbox: self.sid(sandbox),
-                suspend: self.suspends(),
-                deadline,
-            });
+            let suspend = self.suspends();
+            self.sandboxes.get_mut(sandbox).expect("live").suspend = suspend;
+            let hooks = self.config.hooks;
+            let (point, timeout) = if suspend {
+                (HookPoint::BeforeSuspend, hooks.before_suspend)
+            } else {
+                (HookPoint::BeforeStop, hooks.before_stop)
+            };
+            match timeout {
+                Some(timeout) => self.order_hook(sandbox, point, timeout),
+                None => self.order_stop(sandbox),
+            }
         } else {
             tracing::debug!(sandbox = %self.sid(sandbox), "external sandbox unbound");
             self.dirty.push(sandbox);
         }
         self.admit(key);
+    }
+
+    /// Orders the sandbox's Stop (its drain and its before-hook, if any, ended).
+    pub(crate) fn order_stop(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert_eq!(x.state, SandboxState::Stopping);
+        x.awaiting = Awaiting::Stop;
+        let suspend = x.suspend;
+        let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
+        tracing::debug!(sandbox = %self.sid(sandbox), "stop");
+        self.commands.push_back(Command::Stop {
+            sandbox: self.sid(sandbox),
+            suspend,
+            deadline,
+        });
     }
 
     /// Orders the sandbox's one Shutdown.
@@ -367,11 +384,6 @@ impl Way<'_> {
         self.sandboxes[sandbox].id
     }
 
-    /// Whether the release policy suspends sandboxes (a Persist is then their last command).
-    pub(crate) fn suspends(&self) -> bool {
-        self.config.release.suspends()
-    }
-
     /// Counts an answered Shutdown in the close report, while close is under way.
     pub(crate) fn note_shut_down(&mut self) {
         if let Some(report) = self.close.report_mut() {
@@ -392,6 +404,7 @@ impl Way<'_> {
         x.state = SandboxState::Persisting;
         x.awaiting = Awaiting::Persist;
         let snapshot = x.snapshot.clone();
+        let suspend = x.suspend;
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         // The retention counts from the Persist's answer; the backend's own expiry from the
         // Persist's deadline, the latest instant the answer can come: never earlier than the
@@ -401,7 +414,7 @@ impl Way<'_> {
         self.commands.push_back(Command::Persist {
             sandbox: self.sid(sandbox),
             snapshot,
-            suspend: self.suspends(),
+            suspend,
             retain_until,
             deadline,
         });
@@ -421,11 +434,12 @@ impl Way<'_> {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         if !matches!(
             x.awaiting,
-            Awaiting::Start | Awaiting::Stop | Awaiting::Persist
+            Awaiting::Start | Awaiting::Stop | Awaiting::Persist | Awaiting::Hook
         ) {
             return false;
         }
         x.awaiting = Awaiting::Nothing;
+        x.hook = None;
         self.cancel_sandbox_timer(sandbox);
         true
     }

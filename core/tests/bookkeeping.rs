@@ -29,6 +29,7 @@ fn answer_all(core: &mut Lifecycle, t: Instant) {
             Command::Drain { .. }
             | Command::CancelUpload { .. }
             | Command::Discard { .. }
+            | Command::Hook { .. }
             | Command::Abandon { .. } => {}
         }
     }

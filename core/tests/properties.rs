@@ -110,6 +110,7 @@ fn config() -> impl Strategy<Value = Config> {
             max_waiters: waiters as usize,
             command_timeout: Duration::from_millis(5000),
             close_grace: Duration::from_millis(4000),
+            hooks: Hooks::default(),
             limits: Limits {
                 max_paths_per_session: 2,
                 max_holds_per_session: 2,
@@ -215,6 +216,7 @@ impl World {
                         "Abandon of a never started sandbox"
                     );
                 }
+                Command::Hook { .. } => prop_assert!(false, "a hook without hooks configured"),
                 Command::Discard { sandbox, .. } => {
                     prop_assert!(
                         self.started.contains(sandbox),
@@ -297,6 +299,7 @@ impl World {
                 Event::CallReleased { .. }
                 | Event::SandboxLost { .. }
                 | Event::MirrorSettled { .. }
+                | Event::HookFailed { .. }
                 | Event::ShutdownUnconfirmed { .. } => {}
             }
         }
@@ -341,6 +344,8 @@ impl World {
             Command::Persist { sandbox, .. } => core.handle_persist_failed(t, *sandbox),
             Command::Shutdown { sandbox, .. } if ok => core.handle_shutdown_ok(t, *sandbox),
             Command::Shutdown { sandbox, .. } => core.handle_shutdown_failed(t, *sandbox),
+            Command::Hook { sandbox, .. } if ok => core.handle_hook_ok(t, *sandbox),
+            Command::Hook { sandbox, .. } => core.handle_hook_failed(t, *sandbox),
             Command::Drain { .. }
             | Command::CancelUpload { .. }
             | Command::Discard { .. }

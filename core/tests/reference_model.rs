@@ -75,7 +75,7 @@ fn seen_event(e: &Event) -> Option<String> {
         },
         Event::MirrorSettled { session } => format!("mirror-settled {session}"),
         Event::Closed { report } => format!("closed revoked={:?}", report.revoked_calls),
-        Event::ShutdownUnconfirmed { .. } => return None,
+        Event::ShutdownUnconfirmed { .. } | Event::HookFailed { .. } => return None,
     })
 }
 
@@ -241,6 +241,7 @@ fn settle(core: &mut Lifecycle, now: Instant, start_ok: bool, seen: &mut Seen) {
             Command::Drain { .. }
             | Command::CancelUpload { .. }
             | Command::Discard { .. }
+            | Command::Hook { .. }
             | Command::Abandon { .. } => Ok(()),
         };
         // Answers after Closed are refused, as they must be.

@@ -44,7 +44,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use sandkeeper::{Command, Event, Instant, SandboxId, UploadId};
+use sandkeeper::{Command, Event, HookPoint, Instant, SandboxId, UploadId};
 use sandkeeper_shell::{Executor, Shared};
 use tokio::runtime::Handle;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
@@ -57,8 +57,23 @@ use crate::backend::{
 use crate::classify;
 use crate::notice::Notice;
 
+/// The application's hooks, as the executor runs them: the keeper made it from the
+/// application's closure ([`Keeper::with_hooks`](crate::Keeper::with_hooks)), where the
+/// backend's operations are known.
+pub(crate) type HookRunner<B> = Arc<
+    dyn Fn(
+            Arc<Shared<TokioExecutor<B>>>,
+            SandboxId,
+            HookPoint,
+        ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// Runs commands on tokio tasks against a backend.
 pub(crate) struct TokioExecutor<B: Backend> {
+    /// The application's hooks, if it registered any.
+    hooks: Option<HookRunner<B>>,
     backend: Arc<B>,
     runtime: Handle,
     origin: tokio::time::Instant,
@@ -87,6 +102,7 @@ struct Outstanding {
 
 impl<B: Backend> TokioExecutor<B> {
     pub(crate) fn new(
+        hooks: Option<HookRunner<B>>,
         backend: Arc<B>,
         runtime: Handle,
         origin: tokio::time::Instant,
@@ -95,6 +111,7 @@ impl<B: Backend> TokioExecutor<B> {
         notices: broadcast::Sender<Notice>,
     ) -> Self {
         TokioExecutor {
+            hooks,
             lifecycle_permits: Arc::new(Semaphore::new(max_lifecycle_ops)),
             backend,
             runtime,
@@ -176,7 +193,10 @@ impl<B: Backend> TokioExecutor<B> {
             Command::Shutdown { .. } | Command::Persist { suspend: true, .. }
         );
         let abandon = match command {
-            Command::Start { .. } | Command::Stop { .. } | Command::Persist { .. } => {
+            Command::Start { .. }
+            | Command::Stop { .. }
+            | Command::Persist { .. }
+            | Command::Hook { .. } => {
                 let (switch, abandon) = oneshot::channel();
                 let previous = lock_std(&self.outstanding).insert(
                     sandbox,
@@ -280,6 +300,17 @@ impl<B: Backend> TokioExecutor<B> {
                     }
                     Command::Shutdown { sandbox, .. } => {
                         classify::shutdown(sandbox, backend.shutdown(sandbox).await)
+                    }
+                    Command::Hook { sandbox, hook, .. } => {
+                        // The keeper refuses a configuration with hooks and no runner.
+                        let runner = this.hooks.clone().expect("hooks registered");
+                        match runner(shared.clone(), sandbox, hook).await {
+                            Ok(()) => sandkeeper::Input::HookOk { sandbox },
+                            Err(why) => {
+                                tracing::warn!(hook = hook.as_str(), %why, "hook failed");
+                                sandkeeper::Input::HookFailed { sandbox }
+                            }
+                        }
                     }
                     other => unreachable!("{} is not a lifecycle command", other.name()),
                 })

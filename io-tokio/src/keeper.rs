@@ -4,18 +4,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallSpec, CloseReport, Config, Lifecycle, PathName, Payload, SandboxId, SandboxState,
-    SessionId, Stats, Version,
+    CallSpec, CloseReport, Config, HookPoint, Lifecycle, PathName, Payload, SandboxId,
+    SandboxState, SessionId, Stats, Version,
 };
 use sandkeeper_shell::{KeeperError, Shared, Tally};
 use tokio::sync::{broadcast, Notify};
 use tracing::Instrument;
 
 use crate::backend::{Backend, DeathSink, Loss};
-use crate::executor::TokioExecutor;
+use crate::executor::{HookRunner, TokioExecutor};
 use crate::guard::CallGuard;
 use crate::notice::Notice;
+use crate::ops::{SandboxOps, SandboxWork};
 use crate::timer;
+use std::future::Future;
 
 /// How a keeper runs: the core's configuration plus the driver's own limits.
 #[derive(Clone, Debug)]
@@ -89,6 +91,30 @@ impl<B: Backend> Keeper<B> {
     /// Errors: `Core(InvalidConfig)` for a bad core configuration, `InvalidConfig` for a zero
     /// driver limit.
     pub fn new(config: KeeperConfig, backend: B) -> Result<Self, KeeperError> {
+        let h = &config.core.hooks;
+        if [
+            h.after_start,
+            h.after_resume,
+            h.before_suspend,
+            h.before_stop,
+        ]
+        .iter()
+        .any(Option::is_some)
+        {
+            return Err(KeeperError::Unsupported(
+                "the core's configuration has hook timeouts but no hook is registered: make the \
+                 keeper with Keeper::with_hooks"
+                    .to_string(),
+            ));
+        }
+        Self::build(config, backend, None)
+    }
+
+    fn build(
+        config: KeeperConfig,
+        backend: B,
+        hooks: Option<HookRunner<B>>,
+    ) -> Result<Self, KeeperError> {
         if config.max_lifecycle_ops == 0 {
             return Err(KeeperError::InvalidConfig(
                 "max_lifecycle_ops must be at least 1",
@@ -108,6 +134,7 @@ impl<B: Backend> Keeper<B> {
         let (notices, _) = broadcast::channel(config.notice_capacity);
         let backend = Arc::new(backend);
         let executor = TokioExecutor::new(
+            hooks,
             backend.clone(),
             runtime.clone(),
             tokio::time::Instant::now(),
@@ -333,4 +360,30 @@ pub struct Load {
     pub tracked_sandboxes: usize,
     /// Nothing live: no call, sandbox, upload, timer or undrained output.
     pub quiescent: bool,
+}
+
+impl<B: SandboxOps> Keeper<B> {
+    /// A keeper that runs the application's `hooks` at the transitions its core configuration
+    /// names ([`Hooks`](sandkeeper::Hooks): a timeout for each hook point it wants). The core
+    /// orders each hook at its place and bounds it by its timeout; the keeper calls
+    /// `hooks(point, work)` with the sandbox's operations ([`SandboxWork`]: exec, files) and
+    /// answers the core with its outcome: `Err` (say why) or past the timeout fails an
+    /// after-start or after-resume hook's start, and is reported
+    /// ([`Event::HookFailed`](sandkeeper::Event::HookFailed)) for a before-suspend or
+    /// before-stop hook while the way down goes on. A hook holds no call: it cannot acquire
+    /// through the keeper it runs for without risking its own deadline, and needs not.
+    ///
+    /// Errors: as [`new`](Self::new).
+    pub fn with_hooks<H, F>(config: KeeperConfig, backend: B, hooks: H) -> Result<Self, KeeperError>
+    where
+        H: Fn(HookPoint, SandboxWork<'static, B>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let hooks = Arc::new(hooks);
+        let runner: HookRunner<B> = Arc::new(move |shared, sandbox, point| {
+            let work = SandboxWork::for_hook(shared, sandbox, point);
+            Box::pin(hooks(point, work))
+        });
+        Self::build(config, backend, Some(runner))
+    }
 }

@@ -499,7 +499,9 @@ impl State {
                     }
                 }
             }
-            Event::Settled { .. } | Event::ShutdownUnconfirmed { .. } => {}
+            Event::Settled { .. }
+            | Event::ShutdownUnconfirmed { .. }
+            | Event::HookFailed { .. } => {}
         }
     }
 }

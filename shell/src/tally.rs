@@ -29,6 +29,8 @@ pub struct Tally {
     pub mirrors_settled: u64,
     /// `ShutdownUnconfirmed` events.
     pub shutdowns_unconfirmed: u64,
+    /// `HookFailed` events, per hook (`after-start`, ...), failed and late together.
+    pub hooks_failed: BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -51,6 +53,12 @@ impl Tally {
             },
             Event::MirrorSettled { .. } => self.mirrors_settled += 1,
             Event::ShutdownUnconfirmed { .. } => self.shutdowns_unconfirmed += 1,
+            Event::HookFailed { hook, .. } => {
+                *self
+                    .hooks_failed
+                    .entry(hook.as_str().to_string())
+                    .or_default() += 1
+            }
             Event::Closed { .. } => {}
         }
     }

@@ -57,6 +57,7 @@ impl Ledger {
             Command::Stop { .. } => (OpKind::Stop, None),
             Command::Persist { .. } => (OpKind::Persist, None),
             Command::Shutdown { .. } => (OpKind::Shutdown, None),
+            Command::Hook { .. } => (OpKind::Hook, None),
             Command::CancelUpload { upload, .. } => {
                 if let Some(i) = self.ops.iter().position(|o| o.upload == Some(*upload)) {
                     let op = self.ops.remove(i);

@@ -430,6 +430,14 @@ impl Harness {
             (Answer::PersistFail, OpKind::Persist) => self.core.handle_persist_failed(now, x),
             (Answer::ShutdownOk, OpKind::Shutdown) => self.core.handle_shutdown_ok(now, x),
             (Answer::ShutdownFail, OpKind::Shutdown) => self.core.handle_shutdown_failed(now, x),
+            (Answer::HookOk, OpKind::Hook) => {
+                self.history.hook_answered(x, true);
+                self.core.handle_hook_ok(now, x)
+            }
+            (Answer::HookFail, OpKind::Hook) => {
+                self.history.hook_answered(x, false);
+                self.core.handle_hook_failed(now, x)
+            }
             (a, k) => return Err(Stop::Misuse(format!("{a} does not answer a {k:?}"))),
         };
         if self.opts.keep_zombies {

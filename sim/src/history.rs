@@ -12,9 +12,9 @@
 //! the counters, and the coverage marks.
 
 use sandkeeper::{
-    CallId, Command, Config, DiscardReason, ErrorKind, Event, ExternalId, Instant, Key, Lifecycle,
-    PathName, ReleasePolicy, SandboxId, SessionId, SessionList, Settlement, Snapshot, UploadId,
-    UserId,
+    CallId, Command, Config, DiscardReason, ErrorKind, Event, ExternalId, HookPoint, Hooks,
+    Instant, Key, Lifecycle, PathName, ReleasePolicy, SandboxId, SessionId, SessionList,
+    Settlement, Snapshot, UploadId, UserId,
 };
 
 use sandkeeper_check::{
@@ -51,6 +51,14 @@ pub struct SandboxRecord {
     pub snapshot: Option<Snapshot>,
     /// Its Persist was answered ok while awaited.
     pub persist_ok: bool,
+    /// Its hook outstanding: which, and its deadline (ms).
+    pub hook: Option<(HookPoint, u64)>,
+    /// Its after-start or after-resume hook answered ok.
+    pub hook_passed: bool,
+    /// A before-suspend or before-stop hook was ordered for it.
+    pub before_hook: bool,
+    /// Its Stop said it is being suspended.
+    pub stop_suspend: bool,
 }
 
 /// The flags of a sandbox record, copied out for a check.
@@ -77,6 +85,7 @@ impl Flags {
 #[derive(Debug)]
 pub struct History {
     release: ReleasePolicy,
+    hooks: Hooks,
     /// Every sandbox ever named.
     pub sandboxes: FastMap<SandboxId, SandboxRecord>,
     /// The calls (`sandkeeper_check::Calls`): live calls in the order they were acquired, and
@@ -166,6 +175,7 @@ impl History {
     pub fn new(config: &Config, keep_settlements: bool) -> Self {
         History {
             release: config.release,
+            hooks: config.hooks,
             sandboxes: FastMap::default(),
             calls: Calls::new(config),
             touched: Touched::default(),
@@ -349,6 +359,32 @@ impl History {
         }
     }
 
+    /// The configured timeout of the hook at `point`.
+    fn hook_timeout(&self, point: HookPoint) -> Option<std::time::Duration> {
+        match point {
+            HookPoint::AfterStart => self.hooks.after_start,
+            HookPoint::AfterResume => self.hooks.after_resume,
+            HookPoint::BeforeSuspend => self.hooks.before_suspend,
+            HookPoint::BeforeStop => self.hooks.before_stop,
+        }
+    }
+
+    /// A hook was answered (before the core saw it): `ok` or failed.
+    pub fn hook_answered(&mut self, x: SandboxId, ok: bool) {
+        let now = self.now_ms;
+        let s = self.sbx(x);
+        // Only an answer the core still awaits counts (not one past its deadline, not one of a
+        // sandbox that died or went down meanwhile).
+        if let Some((point, due)) = s.hook {
+            if now < due && !s.lane.is_dead() && !s.lane.is_shut_down() {
+                s.hook = None;
+                if point.is_after() && ok {
+                    s.hook_passed = true;
+                }
+            }
+        }
+    }
+
     fn lets_go(&mut self, x: SandboxId) {
         if let Some(key) = self.sandboxes.get(&x).and_then(|s| s.key.clone()) {
             if self.retiring.get(&key) == Some(&x) {
@@ -386,7 +422,7 @@ impl History {
     /// neither its Shutdown nor a death since) or was suspended (the core forgot it). Returns
     /// whether it counts as a death.
     pub fn instance_gone(&mut self, x: SandboxId) -> bool {
-        let suspend = self.release.suspends();
+        let suspend = self.sbx(x).stop_suspend;
         let s = Flags::of(self.sbx(x));
         let suspending =
             suspend && s.lane.is_stopped() && !s.lane.is_shut_down() && !s.lane.is_dead();
@@ -528,6 +564,27 @@ impl History {
                 }
             }
             Command::CancelUpload { .. } => {}
+            Command::Hook { hook, deadline, .. } => {
+                self.marks.hit(if hook.is_after() {
+                    Mark::HookAfter
+                } else {
+                    Mark::HookBefore
+                });
+                // Deadlines in the simulator fall on whole milliseconds, rounded up here anyway.
+                let due = deadline.as_nanos().div_ceil(1_000_000);
+                let s = self.sbx(x);
+                s.hook = Some((*hook, due));
+                if !hook.is_after() {
+                    // The drain ended: the before hook comes after it, then the Stop. What
+                    // the drain had to wait for is judged here, where it ended.
+                    s.before_hook = true;
+                    s.draining = false;
+                    let drain_at = s.drain_at;
+                    if !self.closing && self.now_ms < drain_at + self.drain_deadline_ms {
+                        self.stopped_now.push(x);
+                    }
+                }
+            }
             Command::Discard {
                 reason, snapshot, ..
             } => {
@@ -558,14 +615,40 @@ impl History {
                 }
                 self.sbx(x).draining = true;
             }
-            Command::Stop { .. } => {
+            Command::Stop { suspend, .. } => {
+                self.sbx(x).stop_suspend = *suspend;
+                // A before hook ended the drain (and cleared `draining`) before this Stop.
+                let hooked = self.sandboxes.get(&x).is_some_and(|s| s.before_hook);
                 check!(
                     self,
-                    rec.draining,
+                    rec.draining || hooked,
                     "drain-before-stop",
                     "Stop for {x} without a Drain first"
                 );
-                if !self.closing && self.now_ms < rec.drain_at + self.drain_deadline_ms {
+                let now = self.now_ms;
+                let wanted = if self.release.suspends() {
+                    self.hooks.before_suspend
+                } else {
+                    self.hooks.before_stop
+                };
+                let s = self.sbx(x);
+                let (hook, before) = (s.hook.take(), s.before_hook);
+                if let Some((point, due)) = hook {
+                    check!(
+                        self,
+                        now >= due,
+                        "hook-before-stop",
+                        "Stop for {x} at {now} ms while its {} hook runs (until {due} ms)",
+                        point.as_str()
+                    );
+                }
+                check!(
+                    self,
+                    before || wanted.is_none(),
+                    "hook-before-stop",
+                    "Stop for {x} without its before hook"
+                );
+                if !self.closing && !hooked && self.now_ms < rec.drain_at + self.drain_deadline_ms {
                     // Checked once the input's events are in (a call of the session may have
                     // become ready elsewhere in the same input).
                     self.stopped_now.push(x);
@@ -601,6 +684,20 @@ impl History {
             Event::CallReady { call, sandbox } => {
                 self.touched.call(call);
                 self.touched.sandbox(*sandbox);
+                if let Some(s) = self.sandboxes.get(sandbox) {
+                    let wanted = if s.resume_from.is_some() {
+                        self.hooks.after_resume
+                    } else {
+                        self.hooks.after_start
+                    };
+                    let (started, passed) = (s.lane.is_started(), s.hook_passed);
+                    check!(
+                        self,
+                        !started || wanted.is_none() || passed,
+                        "hook-before-bind",
+                        "{call} ready on {sandbox}, whose after hook has not succeeded"
+                    );
+                }
                 let rec = self
                     .sandboxes
                     .get(sandbox)
@@ -726,6 +823,16 @@ impl History {
                 }
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
+            Event::HookFailed { hook, .. } => {
+                check!(
+                    self,
+                    self.hook_timeout(*hook).is_some(),
+                    "hook-before-stop",
+                    "a {} hook failed, which the configuration does not have",
+                    hook.as_str()
+                );
+                self.marks.hit(Mark::HookFailed);
+            }
             Event::Closed { .. } => {
                 self.bounds.closed();
                 self.marks.hit(Mark::Closed);

@@ -80,10 +80,16 @@ pub enum Mark {
     Abandoned,
     /// A key's snapshot was discarded when its retention passed.
     DiscardRetention,
+    /// An after-start or after-resume hook was ordered.
+    HookAfter,
+    /// A before-suspend or before-stop hook was ordered.
+    HookBefore,
+    /// A hook failed or outlasted its timeout.
+    HookFailed,
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 37] = [
+pub const ALL: [Mark; 40] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -121,6 +127,9 @@ pub const ALL: [Mark; 37] = [
     Mark::LateLossAfterResume,
     Mark::Abandoned,
     Mark::DiscardRetention,
+    Mark::HookAfter,
+    Mark::HookBefore,
+    Mark::HookFailed,
 ];
 
 impl Mark {
@@ -164,6 +173,9 @@ impl Mark {
             Mark::LateLossAfterResume => "late-loss-after-resume",
             Mark::Abandoned => "abandoned",
             Mark::DiscardRetention => "discard-retention",
+            Mark::HookAfter => "hook-after",
+            Mark::HookBefore => "hook-before",
+            Mark::HookFailed => "hook-failed",
         }
     }
 }

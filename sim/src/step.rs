@@ -47,6 +47,10 @@ pub enum Answer {
     ShutdownOk,
     /// `shutdown-fail`
     ShutdownFail,
+    /// `hook-ok`: the application's hook ran through.
+    HookOk,
+    /// `hook-fail`: the application's hook failed.
+    HookFail,
     /// `die`: the backend reports the sandbox gone (needs no outstanding command).
     Die,
     /// `instance-gone`: the backend reports the sandbox's running instance gone, its workspace
@@ -67,6 +71,7 @@ impl Answer {
             Answer::StopOk { .. } | Answer::StopFail => OpKind::Stop,
             Answer::PersistOk | Answer::PersistFail => OpKind::Persist,
             Answer::ShutdownOk | Answer::ShutdownFail => OpKind::Shutdown,
+            Answer::HookOk | Answer::HookFail => OpKind::Hook,
             Answer::Die | Answer::InstanceGone => return None,
         })
     }
@@ -79,6 +84,7 @@ impl Answer {
             OpKind::Stop => Answer::StopOk { snapshot: None },
             OpKind::Persist => Answer::PersistOk,
             OpKind::Shutdown => Answer::ShutdownOk,
+            OpKind::Hook => Answer::HookOk,
         }
     }
 }
@@ -257,6 +263,8 @@ impl fmt::Display for Answer {
             Answer::PersistFail => "persist-fail",
             Answer::ShutdownOk => "shutdown-ok",
             Answer::ShutdownFail => "shutdown-fail",
+            Answer::HookOk => "hook-ok",
+            Answer::HookFail => "hook-fail",
             Answer::Die => "die",
             Answer::InstanceGone => "instance-gone",
         })

@@ -5,7 +5,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use sandkeeper::{Config, ReleasePolicy, SameKey, Scope, Tiers, WayDown};
+use sandkeeper::{
+    Config, Hooks, ReleasePolicy, SameKey, Scope, SuspendHookFailure, Tiers, WayDown,
+};
 
 use crate::rng::Rng;
 
@@ -54,6 +56,10 @@ pub struct Swarm {
     pub shutdown_fail: u32,
     /// Stops, persists and shutdowns that hang.
     pub command_hang: u32,
+    /// Hook answers that fail.
+    pub hook_fail: u32,
+    /// Hooks that hang (past their timeout).
+    pub hook_hang: u32,
     /// Cancelled uploads answered late anyway.
     pub late_answer: u32,
     /// Answers given twice.
@@ -162,7 +168,7 @@ impl Swarm {
             w(10, 50), // advance
             w(0, 4),   // misuse
         ];
-        Swarm {
+        let mut swarm = Swarm {
             close_deadline: ms(r.range(10, 3000)),
             steps,
             close_at,
@@ -191,8 +197,30 @@ impl Swarm {
             duplicate,
             latency_ms: r.range(1, 2500),
             jump_ms: r.range(1, 3000),
+            hook_fail: 0,
+            hook_hang: 0,
             config,
+        };
+        // Hooks (issue 14) in two fifths of the seeds, drawn last: a seed without them plays
+        // as before.
+        if r.chance(400) {
+            let mut hook = || r.chance(700).then(|| ms(r.range(10, 2000)));
+            let hooks = Hooks {
+                after_start: hook(),
+                after_resume: hook(),
+                before_suspend: hook(),
+                before_stop: hook(),
+                on_suspend_failure: if r.chance(500) {
+                    SuspendHookFailure::Shutdown
+                } else {
+                    SuspendHookFailure::Suspend
+                },
+            };
+            swarm.config.hooks = hooks;
+            swarm.hook_fail = r.range(0, 300) as u32;
+            swarm.hook_hang = r.range(0, 100) as u32;
         }
+        swarm
     }
 }
 
@@ -206,7 +234,7 @@ impl fmt::Display for Swarm {
              steps={} sessions={} users={} externals={} paths={} max-live={} weights={:?} | \
              faults/1000: start-fail={} start-hang={} upload-fail={} upload-gone={} upload-hang={} \
              stop-fail={} snapshot={} persist-fail={} shutdown-fail={} command-hang={} late={} dup={} \
-             latency<={}ms jump<={}ms",
+             latency<={}ms jump<={}ms | hooks={:?} hook-fail={} hook-hang={}",
             c.scope,
             c.same_key,
             c.release,
@@ -241,6 +269,9 @@ impl fmt::Display for Swarm {
             self.duplicate,
             self.latency_ms,
             self.jump_ms,
+            c.hooks,
+            self.hook_fail,
+            self.hook_hang,
         )
     }
 }

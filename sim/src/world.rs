@@ -124,6 +124,7 @@ impl World {
                 OpKind::Stop => (s.stop_fail, s.command_hang, 0),
                 OpKind::Persist => (s.persist_fail, s.command_hang, 0),
                 OpKind::Shutdown => (s.shutdown_fail, s.command_hang, 0),
+                OpKind::Hook => (s.hook_fail, s.hook_hang, 0),
             };
             op.fate = if r.chance(gone) {
                 Fate::Gone
@@ -399,6 +400,8 @@ impl World {
             (OpKind::Persist, _) => Answer::PersistFail,
             (OpKind::Shutdown, Fate::Ok) => Answer::ShutdownOk,
             (OpKind::Shutdown, _) => Answer::ShutdownFail,
+            (OpKind::Hook, Fate::Ok) => Answer::HookOk,
+            (OpKind::Hook, _) => Answer::HookFail,
         }
     }
 

@@ -39,12 +39,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sandkeeper::{
-    CallSpec, Command, DiscardReason, ErrorKind, Event, PathName, SandboxId, SandboxState,
-    SessionId, Settlement, Snapshot, Spec,
+    CallSpec, Command, DiscardReason, ErrorKind, Event, HookPoint, PathName, SandboxId,
+    SandboxState, SessionId, Settlement, Snapshot, Spec,
 };
 use sandkeeper_check::{Lanes, Outputs, Versions};
 use sandkeeper_tokio::ops::{ExecRequest, WorkPath};
@@ -85,6 +85,9 @@ enum Cmd {
     Discard {
         snapshot: String,
         reason: DiscardReason,
+    },
+    Hook {
+        hook: HookPoint,
     },
 }
 
@@ -148,6 +151,7 @@ impl Cmd {
                     reason: *reason,
                 },
             ),
+            Command::Hook { sandbox, hook, .. } => (*sandbox, Cmd::Hook { hook: *hook }),
             Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {
                 return None
             }
@@ -204,6 +208,14 @@ impl Record {
                 self.calls.push(format!("{call} lost {sandbox}"))
             }
             Event::Closed { .. } => self.closed = true,
+            Event::HookFailed {
+                sandbox,
+                hook,
+                late,
+            } => self.calls.push(format!(
+                "{sandbox} {} hook failed (late: {late})",
+                hook.as_str()
+            )),
             Event::CallReleased { .. }
             | Event::MirrorSettled { .. }
             | Event::ShutdownUnconfirmed { .. } => {}
@@ -321,10 +333,12 @@ struct ScriptState {
     deaths: Option<DeathSink>,
 }
 
-/// A backend that answers each command only when the test says how.
-#[derive(Default)]
+/// A backend that answers each command only when the test says how. Its clone shares the
+/// state: the keeper's hooks receive through one (a hook is the application's, not the
+/// backend's, but the scenario answers it like a command).
+#[derive(Default, Clone)]
 struct Script {
-    state: Mutex<ScriptState>,
+    state: Arc<Mutex<ScriptState>>,
 }
 
 impl Script {
@@ -523,6 +537,7 @@ fn reply(answer: &Answer) -> Reply {
         Answer::StartOk
         | Answer::UploadOk
         | Answer::PersistOk
+        | Answer::HookOk
         | Answer::ShutdownOk
         | Answer::StopOk { snapshot: None } => Reply::Ok(None),
         Answer::StopOk { snapshot } => Reply::Ok(snapshot.clone()),
@@ -532,6 +547,7 @@ fn reply(answer: &Answer) -> Reply {
         | Answer::StopFail
         | Answer::PersistFail
         | Answer::ShutdownFail
+        | Answer::HookFail
         | Answer::Die
         | Answer::InstanceGone => Reply::Fail,
     }
@@ -582,9 +598,21 @@ struct Driver {
 
 impl Driver {
     fn new(scenario: &Scenario) -> Self {
-        let keeper = Keeper::new(
+        let script = Script::default();
+        let hooks = script.clone();
+        let keeper = Keeper::with_hooks(
             KeeperConfig::with_core(scenario.config.clone()),
-            Script::default(),
+            script,
+            move |point, work| {
+                let hooks = hooks.clone();
+                async move {
+                    let cmd = Cmd::Hook { hook: point };
+                    match hooks.receive(OpKind::Hook, work.sandbox(), cmd).await {
+                        Reply::Ok(_) => Ok(()),
+                        _ => Err("scripted: failed".to_string()),
+                    }
+                }
+            },
         )
         .unwrap();
         let notices = keeper.subscribe();

@@ -181,6 +181,7 @@ pub fn plain(command: &Command) -> Command {
         | Command::Upload { deadline, .. }
         | Command::Stop { deadline, .. }
         | Command::Persist { deadline, .. }
+        | Command::Hook { deadline, .. }
         | Command::Shutdown { deadline, .. } => *deadline = Instant::ZERO,
         Command::CancelUpload { .. }
         | Command::Drain { .. }
@@ -629,7 +630,7 @@ impl Script {
             Command::Stop { sandbox, .. } => {
                 h.draining.remove(sandbox);
             }
-            Command::Persist { .. } | Command::Discard { .. } => {}
+            Command::Persist { .. } | Command::Discard { .. } | Command::Hook { .. } => {}
             Command::Shutdown { sandbox, .. } => {
                 h.draining.remove(sandbox);
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
@@ -707,7 +708,7 @@ impl Script {
                     panic!("{v}");
                 }
             }
-            Event::ShutdownUnconfirmed { .. } => {}
+            Event::ShutdownUnconfirmed { .. } | Event::HookFailed { .. } => {}
         }
     }
 

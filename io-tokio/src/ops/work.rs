@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use sandkeeper::{CallId, CallStatus, SandboxId, SandboxState, SessionId};
+use sandkeeper::{CallId, CallStatus, HookPoint, SandboxId, SandboxState, SessionId};
 use sandkeeper_shell::Shared;
 
 use super::{
@@ -22,6 +22,9 @@ enum Owner {
     /// A session's, entered into the session's sandbox: it may also have been ordered to stop
     /// (past the drain deadline).
     Session(SessionId),
+    /// A hook's, which the core ordered: the sandbox is between its Start and its calls (after)
+    /// or between its drain and its Stop (before).
+    Hook(HookPoint),
 }
 
 /// Work in one sandbox on behalf of a call ([`CallGuard::work`](crate::CallGuard::work)) or a
@@ -45,6 +48,19 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
             shared,
             sandbox,
             owner: Owner::Call(call),
+            _guard: PhantomData,
+        }
+    }
+
+    pub(crate) fn for_hook(
+        shared: Arc<Shared<TokioExecutor<B>>>,
+        sandbox: SandboxId,
+        point: HookPoint,
+    ) -> Self {
+        SandboxWork {
+            shared,
+            sandbox,
+            owner: Owner::Hook(point),
             _guard: PhantomData,
         }
     }
@@ -146,6 +162,26 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
                     session: session.clone(),
                 }),
             },
+            Owner::Hook(point) => {
+                let want = if point.is_after() {
+                    SandboxState::Starting
+                } else {
+                    SandboxState::Stopping
+                };
+                match self.shared.with_core(|c| c.sandbox_state(sandbox)) {
+                    Some(state) if state == want => Ok(sandbox),
+                    Some(SandboxState::Dead) | None => {
+                        Err(gone("the keeper knows it dead or gone"))
+                    }
+                    Some(state) => Err(OpError::Backend {
+                        what: "hook",
+                        error: format!(
+                            "the {} hook of {sandbox} runs past its place (the sandbox is {state:?})",
+                            point.as_str()
+                        ),
+                    }),
+                }
+            }
         }
     }
 

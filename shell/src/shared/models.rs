@@ -86,6 +86,7 @@ fn answer_pending(shared: &Model) -> usize {
             Command::Drain { .. }
             | Command::CancelUpload { .. }
             | Command::Discard { .. }
+            | Command::Hook { .. }
             | Command::Abandon { .. } => continue,
         };
         Shared::answer(shared, input);

@@ -4,13 +4,13 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, Config, ExternalId, PathName, ReleasePolicy, SameKey, Scope, SessionId, Snapshot,
-    Tiers, UserId, WayDown,
+    SuspendHookFailure, Tiers, UserId, WayDown,
 };
 
 use crate::step::{fmt_duration, Answer, Expect, ResolveExpect, Step};
 
 /// Error and reason kinds a scenario may name (kebab case).
-pub const KINDS: [&str; 22] = [
+pub const KINDS: [&str; 23] = [
     "closed",
     "unknown-call",
     "duplicate-call",
@@ -22,6 +22,7 @@ pub const KINDS: [&str; 22] = [
     "queue-full",
     "start-failed",
     "start-timeout",
+    "hook-failed",
     "drain-deadline",
     "no-sandbox",
     "superseded",
@@ -246,6 +247,11 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
                 "close-grace",
                 "upload-retries",
                 "retry-backoff",
+                "hook-after-start",
+                "hook-after-resume",
+                "hook-before-suspend",
+                "hook-before-stop",
+                "hook-suspend-failure",
             ])?;
             for (k, v) in keys {
                 if seen_config_keys.iter().any(|s| s == k) {
@@ -308,6 +314,23 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
                             .or_else(|_| line.err("upload-retries is too large"))?
                     }
                     "retry-backoff" => config.retry_backoff = duration(&line, v)?,
+                    "hook-after-start" => config.hooks.after_start = Some(duration(&line, v)?),
+                    "hook-after-resume" => config.hooks.after_resume = Some(duration(&line, v)?),
+                    "hook-before-suspend" => {
+                        config.hooks.before_suspend = Some(duration(&line, v)?)
+                    }
+                    "hook-before-stop" => config.hooks.before_stop = Some(duration(&line, v)?),
+                    "hook-suspend-failure" => {
+                        config.hooks.on_suspend_failure = match v {
+                            "suspend" => SuspendHookFailure::Suspend,
+                            "shutdown" => SuspendHookFailure::Shutdown,
+                            _ => {
+                                return line.err(format!(
+                                    "invalid hook-suspend-failure `{v}`: expected suspend or shutdown"
+                                ))
+                            }
+                        }
+                    }
                     _ => unreachable!("keys() admits only the listed keys"),
                 }
             }
@@ -455,7 +478,7 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
             Step::Advance(duration(line, d)?)
         }
         "start-ok" | "start-fail" | "upload-ok" | "stop-fail" | "persist-ok" | "persist-fail"
-        | "shutdown-ok" | "shutdown-fail" | "die" | "instance-gone" => {
+        | "shutdown-ok" | "shutdown-fail" | "hook-ok" | "hook-fail" | "die" | "instance-gone" => {
             let c = line.positional("@<call>")?;
             line.done()?;
             let answer = match verb {
@@ -467,6 +490,8 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
                 "persist-fail" => Answer::PersistFail,
                 "shutdown-ok" => Answer::ShutdownOk,
                 "shutdown-fail" => Answer::ShutdownFail,
+                "hook-ok" => Answer::HookOk,
+                "hook-fail" => Answer::HookFail,
                 "instance-gone" => Answer::InstanceGone,
                 _ => Answer::Die,
             };
@@ -510,7 +535,7 @@ fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
             return line.err(format!(
                 "unknown step `{other}`; expected config, acquire, release, flush, resolve, hold, unhold, close, advance, \
                  start-ok, start-fail, upload-ok, upload-fail, stop-ok, stop-fail, persist-ok, persist-fail, shutdown-ok, \
-                 shutdown-fail, die, instance-gone, settle or expect"
+                 shutdown-fail, hook-ok, hook-fail, die, instance-gone, settle or expect"
             ))
         }
     };
@@ -704,9 +729,24 @@ pub fn config_line(config: &Config, close_deadline: Duration) -> String {
             }
         }
     };
+    let h = &config.hooks;
+    let mut hooks = String::new();
+    for (key, timeout) in [
+        ("hook-after-start", h.after_start),
+        ("hook-after-resume", h.after_resume),
+        ("hook-before-suspend", h.before_suspend),
+        ("hook-before-stop", h.before_stop),
+    ] {
+        if let Some(t) = timeout {
+            hooks.push_str(&format!(" {key}={}", fmt_duration(t)));
+        }
+    }
+    if h.on_suspend_failure == SuspendHookFailure::Shutdown {
+        hooks.push_str(" hook-suspend-failure=shutdown");
+    }
     format!(
         "config scope={scope} same-key={same_key} release={release} drain={} start-timeout={} upload-timeout={} \
-         wait-timeout={} max-waiters={} close-deadline={} command-timeout={} close-grace={} upload-retries={} retry-backoff={}",
+         wait-timeout={} max-waiters={} close-deadline={} command-timeout={} close-grace={} upload-retries={} retry-backoff={}{hooks}",
         fmt_duration(config.drain_deadline),
         fmt_duration(config.start_timeout),
         fmt_duration(config.upload_timeout),
