@@ -111,6 +111,52 @@ async fn the_harness_workload_suspends_and_resumes_claims() {
     );
 }
 
+/// `harness-k8s --warm-ms 1000 --suspend --retain-ms 60000` on agent-sandbox claims (issue 14):
+/// the tiers and the demonstration hooks on the loopback cluster with its faithful suspension.
+/// Every hook succeeds, every call finds the credential its own sandbox's hook wrote, every
+/// resume finds the checkpoint the suspension's hook left, and nothing of the owner is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_workload_runs_the_tiers_and_the_hooks_on_claims() {
+    let server = server().await;
+    let options = WorkloadOptions {
+        sessions: 4,
+        users: 2,
+        calls: 3,
+        turns: 2,
+        concurrency: 2,
+        death_rate: 0.0,
+        warm_ms: 1_000,
+        suspend: true,
+        retain_ms: 60_000,
+        seed: 5,
+        close_deadline: 10,
+        quiet: true,
+        ..WorkloadOptions::default()
+    };
+    let summary = tokio::time::timeout(
+        Duration::from_secs(120),
+        run_workload(cluster(&server, claim_config("tiers")), &options),
+    )
+    .await
+    .expect("the workload ends")
+    .expect("the workload runs");
+    summary.print();
+    assert!(summary.ok(), "failed checks: {:?}", summary.failures);
+    let stats = &summary.stats;
+    assert!(stats.hooks_ordered >= 2, "{stats:?}");
+    assert_eq!(stats.hooks_ordered, stats.hooks_ok, "{stats:?}");
+    assert!(
+        stats.revivals >= 1 && stats.suspended >= 1,
+        "warm hits and suspensions: {stats:?}"
+    );
+    assert_eq!((stats.deaths, stats.shutdowns_ordered), (0, 0), "{stats:?}");
+    assert!(
+        owned_by(&server, "tiers").is_empty(),
+        "left: {:?}",
+        owned_by(&server, "tiers")
+    );
+}
+
 /// The binary itself, pointed at the loopback API with `--server` and a pod template file:
 /// it prints the summary, passes every check and exits 0; nothing of its owner is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

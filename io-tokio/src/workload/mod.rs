@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sandkeeper::{
-    CallId, CallSpec, Config, Event, PathName, SameKey, SandboxId, Scope, SessionId, Settlement,
-    UserId, Version,
+    CallId, CallSpec, Config, Event, HookPoint, Hooks, PathName, SameKey, SandboxId, Scope,
+    SessionId, Settlement, UserId, Version,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -79,6 +79,10 @@ struct SessionRecord {
     operations: BTreeMap<&'static str, u64>,
     /// Tool files whose content read back was not what the tool wrote.
     tool_mismatches: u64,
+    /// Calls that found their sandbox's credential, written by its own after-start or
+    /// after-resume hook; and those that found none, or one of another incarnation.
+    credentials_current: u64,
+    credentials_wrong: u64,
     killed: BTreeSet<SandboxId>,
 }
 
@@ -108,11 +112,26 @@ pub async fn run<B: WorkloadTarget>(
         drain_deadline: Duration::from_secs(3),
         ..Config::default()
     };
+    let mut core = core;
+    // The demonstration hooks: after a start or a resume the sandbox gets a short-lived
+    // credential naming it (a suspension drops what the application put in; this puts it
+    // back), and before a suspension a checkpoint marker, which the next resume finds.
+    let hook_timeout = Some(Duration::from_secs(10));
+    core.hooks = Hooks {
+        after_start: hook_timeout,
+        after_resume: hook_timeout,
+        before_suspend: core.release.suspends().then_some(Duration::from_secs(10)),
+        ..Hooks::default()
+    };
     let config = KeeperConfig {
         notice_capacity: 1 << 16,
         ..KeeperConfig::with_core(core)
     };
-    let keeper = Keeper::new(config, backend)?;
+    let checkpoints = Arc::new(AtomicU64::new(0));
+    let keeper = Keeper::with_hooks(config, backend, {
+        let checkpoints = checkpoints.clone();
+        move |point, work| demo_hook(point, work, checkpoints.clone())
+    })?;
 
     let timeline = Arc::new(Mutex::new(Timeline::default()));
     let watcher = tokio::spawn(watch(keeper.subscribe(), timeline.clone()));
@@ -229,6 +248,16 @@ pub async fn run<B: WorkloadTarget>(
         misroutes == 0,
         format!("context-free writes landed in their own session's sandbox ({misroutes} did not)"),
     );
+    let credentials: u64 = records.values().map(|r| r.credentials_current).sum();
+    let wrong: u64 = records.values().map(|r| r.credentials_wrong).sum();
+    check(
+        wrong == 0 && credentials > 0,
+        format!(
+            "every call found the credential its own sandbox's after-start or after-resume hook \
+             wrote ({credentials} did, {wrong} did not)"
+        ),
+    );
+    let checkpoints = checkpoints.load(Ordering::Relaxed);
 
     for (ok, what) in keeper.backend().after_close().await {
         check(ok, what);
@@ -406,6 +435,14 @@ pub async fn run<B: WorkloadTarget>(
     };
     row("drops by reason", reasons);
     row(
+        "hooks",
+        format!(
+            "{} ordered: {} ok, {} failed, {} late; {credentials} calls found their sandbox's \
+             own credential; {checkpoints} resumes found their checkpoint",
+            stats.hooks_ordered, stats.hooks_ok, stats.hooks_failed, stats.hooks_late
+        ),
+    );
+    row(
         "context-free writes",
         format!("{bus} through session work (in the session's own sandbox)"),
     );
@@ -458,6 +495,38 @@ pub async fn run<B: WorkloadTarget>(
         passed,
         failures,
     })
+}
+
+/// Where the demonstration hooks put the sandbox's credential, and the checkpoint marker.
+const CREDENTIAL: &str = "credentials/token";
+const CHECKPOINT: &str = "checkpoint";
+
+/// The demonstration hook pair (see [`run`]): after start or resume, a credential naming the
+/// sandbox (a resume first counts the checkpoint its workspace came back with); before a
+/// suspension, the checkpoint marker.
+async fn demo_hook<B: WorkloadTarget>(
+    point: HookPoint,
+    work: crate::SandboxWork<'static, B>,
+    checkpoints: Arc<AtomicU64>,
+) -> Result<(), String> {
+    let fail = |e: crate::OpError| e.to_string();
+    match point {
+        HookPoint::AfterStart | HookPoint::AfterResume => {
+            if point == HookPoint::AfterResume && work.exists(CHECKPOINT).await.map_err(fail)? {
+                checkpoints.fetch_add(1, Ordering::Relaxed);
+            }
+            let token = format!("sandbox={} ttl=30s\n", work.sandbox().0);
+            work.write(CREDENTIAL, token).await.map_err(fail)
+        }
+        HookPoint::BeforeSuspend => work
+            .write(
+                CHECKPOINT,
+                format!("suspended sandbox={}\n", work.sandbox().0),
+            )
+            .await
+            .map_err(fail),
+        HookPoint::BeforeStop => Ok(()),
+    }
 }
 
 /// Counts an operation's outcome: `ok`, or its error's kind.
@@ -517,6 +586,20 @@ async fn session_task<B: WorkloadTarget>(
             }
         };
         record.calls_ok += 1;
+        // The call's tools need the credential its sandbox's hook put there for *this*
+        // sandbox (a resumed workspace brings the previous one's, which names another).
+        match guard.work().read(CREDENTIAL).await {
+            Ok(token) => {
+                let want = format!("sandbox={} ", guard.sandbox().0);
+                if token.starts_with(want.as_bytes()) {
+                    record.credentials_current += 1;
+                } else {
+                    record.credentials_wrong += 1;
+                }
+            }
+            Err(e) if e.kind() == "sandbox-gone" => {}
+            Err(_) => record.credentials_wrong += 1,
+        }
         let dies_at = rng
             .chance(args.death_rate)
             .then(|| rng.below(args.turns as u64));
