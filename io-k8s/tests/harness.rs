@@ -131,7 +131,6 @@ async fn the_harness_workload_runs_the_tiers_and_the_hooks_on_claims() {
         seed: 5,
         close_deadline: 10,
         quiet: true,
-        ..WorkloadOptions::default()
     };
     let summary = tokio::time::timeout(
         Duration::from_secs(120),
