@@ -11,4 +11,5 @@ pub mod naive;
 pub mod perf_core;
 pub mod perf_k8s;
 pub mod perf_sim;
+pub mod perf_tiers;
 pub mod perf_tokio;

@@ -37,7 +37,8 @@ async fn loopback() -> Result<Loopback, String> {
             &SANDBOX_TEMPLATES,
             NS,
             json!({"metadata": {"name": "tpl"}, "spec": {
-                "podTemplate": {"spec": {"containers": [{"name": "main", "image": "busybox",
+                "podTemplate": {"spec": {"terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "main", "image": "busybox",
                     "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}},
                 "volumeClaimTemplates": [{"metadata": {"name": "workspace"}}]}}),
         )
@@ -259,4 +260,123 @@ mod tests {
             assert!(requests >= writes, "{requests}");
         }
     }
+}
+
+/// Waits (bounded) until `done` holds for the keeper.
+async fn until<B: sandkeeper_tokio::Backend>(
+    keeper: &Keeper<B>,
+    what: &str,
+    done: impl Fn(&Keeper<B>) -> bool,
+) -> Result<(), String> {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !done(keeper) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .map_err(|_| format!("not {what} in time"))
+}
+
+/// On claims (issue 14): the requests of a call that finds its key's sandbox warm (no upload),
+/// watches and Lease renewals excluded; and a resuming call's acquire time against a fresh
+/// one's (`Suspend`).
+pub async fn warm_hit_and_resume() -> Result<(u64, f64), String> {
+    use sandkeeper::{ReleasePolicy, SandboxState};
+    let claims = || Mode::AgentSandbox {
+        warm_pool: "pool".into(),
+    };
+    let spec = |c: &str| -> Result<CallSpec, String> {
+        Ok(CallSpec::new(
+            CallId::new(c).map_err(|e| e.to_string())?,
+            SessionId::new("s").map_err(|e| e.to_string())?,
+        ))
+    };
+    // A warm hit.
+    let server = loopback().await?;
+    let core = Config {
+        release: ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(600),
+        },
+        ..Config::default()
+    };
+    let keeper = Keeper::new(
+        KeeperConfig::with_core(core),
+        connect(&server, claims()).await?,
+    )
+    .map_err(|e| e.to_string())?;
+    let guard = keeper
+        .acquire(spec("c1")?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let x = guard.sandbox();
+    guard.release().await;
+    until(&keeper, "warm", |k| {
+        k.sandbox_state(x) == Some(SandboxState::Idle)
+    })
+    .await?;
+    let before = server.request_counts();
+    let guard = keeper
+        .acquire(spec("c2")?)
+        .await
+        .map_err(|e| e.to_string())?;
+    if guard.sandbox() != x {
+        return Err("the second call did not find the warm sandbox".into());
+    }
+    guard.release().await;
+    until(&keeper, "warm again", |k| {
+        k.sandbox_state(x) == Some(SandboxState::Idle)
+    })
+    .await?;
+    let warm: u64 = grown(&before, &server.request_counts())
+        .iter()
+        .filter(|(r, _)| r.verb != Verb::Watch && r.resource != "leases")
+        .map(|(_, n)| n)
+        .sum();
+    keeper.close(Duration::from_secs(10)).await;
+
+    // A resume against a fresh start.
+    let server = loopback().await?;
+    let core = Config {
+        release: ReleasePolicy::Suspend,
+        ..Config::default()
+    };
+    let keeper = Keeper::new(
+        KeeperConfig::with_core(core),
+        connect(&server, claims()).await?,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut fresh = Vec::new();
+    let mut resumed = Vec::new();
+    for round in 0..3 {
+        let at = std::time::Instant::now();
+        let guard = keeper
+            .acquire(spec(&format!("r{round}"))?)
+            .await
+            .map_err(|e| e.to_string())?;
+        if round == 0 {
+            fresh.push(at.elapsed());
+        } else {
+            resumed.push(at.elapsed());
+        }
+        guard.release().await;
+        until(&keeper, "suspended", |k| k.stats().suspended > round).await?;
+    }
+    // A second key's fresh starts, for a fair median.
+    for round in 0..2 {
+        let at = std::time::Instant::now();
+        let guard = keeper
+            .acquire(CallSpec::new(
+                CallId::new(format!("f{round}")).map_err(|e| e.to_string())?,
+                SessionId::new(format!("t{round}")).map_err(|e| e.to_string())?,
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        fresh.push(at.elapsed());
+        guard.release().await;
+    }
+    keeper.close(Duration::from_secs(10)).await;
+    fresh.sort();
+    resumed.sort();
+    let ratio = resumed[resumed.len() / 2].as_secs_f64() / fresh[fresh.len() / 2].as_secs_f64();
+    Ok((warm, ratio))
 }
