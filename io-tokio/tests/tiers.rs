@@ -174,3 +174,98 @@ fn the_sweep_removes_expired_snapshots_and_keeps_the_rest() {
     assert_eq!(snapshots(&snaps).len(), 1);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Hooks on the local backend: the after-start hook writes into the workspace before the call
+/// is ready (the call reads it), the before-suspend hook writes before the Stop (the snapshot
+/// holds it); an after-start hook that fails fails its call with `hook-failed`, and its
+/// sandbox's directory is gone. A configuration with hook timeouts and no hooks is refused.
+#[tokio::test(start_paused = true)]
+async fn hooks_run_in_the_sandbox_at_their_places() {
+    use sandkeeper::{ErrorKind, HookPoint, Hooks};
+    use sandkeeper_tokio::KeeperError;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let root = root("hooks");
+    let config = || {
+        KeeperConfig::with_core(Config {
+            release: ReleasePolicy::Suspend,
+            hooks: Hooks {
+                after_start: Some(Duration::from_secs(5)),
+                before_suspend: Some(Duration::from_secs(5)),
+                ..Hooks::default()
+            },
+            ..Config::default()
+        })
+    };
+    let refused = Keeper::new(
+        config(),
+        LocalBackend::new(LocalConfig::new(&root)).unwrap(),
+    );
+    assert!(
+        matches!(&refused, Err(KeeperError::Unsupported(why)) if why.contains("with_hooks")),
+        "{:?}",
+        refused.err()
+    );
+
+    let fail_next = Arc::new(AtomicBool::new(false));
+    let keeper = Keeper::with_hooks(
+        config(),
+        LocalBackend::new(LocalConfig::new(&root)).unwrap(),
+        {
+            let fail_next = fail_next.clone();
+            move |point, work| {
+                let fail = fail_next.swap(false, Ordering::SeqCst);
+                async move {
+                    if fail {
+                        return Err("credential service unreachable".to_string());
+                    }
+                    let what = match point {
+                        HookPoint::AfterStart => "credentials/token",
+                        HookPoint::BeforeSuspend => "checkpoint",
+                        other => return Err(format!("unexpected {other:?}")),
+                    };
+                    work.write(what, format!("{}", work.sandbox().0))
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            }
+        },
+    )
+    .unwrap();
+    let guard = keeper.acquire(spec("c1")).await.unwrap();
+    let x = guard.sandbox();
+    assert_eq!(
+        guard.work().read("credentials/token").await.unwrap(),
+        x.0.to_string().into_bytes()
+    );
+    assert_eq!(guard.release().await, Released::Completed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(keeper.stats().suspended, 1);
+    let kept = snapshots(&keeper.backend().snapshots_dir());
+    assert_eq!(kept.len(), 1);
+    assert!(
+        kept[0].join("checkpoint").exists(),
+        "written before the Stop"
+    );
+
+    // A failing after-start hook (a second session: a fresh start) fails its call.
+    fail_next.store(true, Ordering::SeqCst);
+    let failed = keeper
+        .acquire(CallSpec::new(
+            CallId::new("c2").unwrap(),
+            SessionId::new("t").unwrap(),
+        ))
+        .await;
+    let Err(KeeperError::CallFailed { error, .. }) = failed else {
+        panic!("{failed:?}");
+    };
+    assert_eq!(error, ErrorKind::HookFailed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(keeper.backend().sandbox_dirs_present().unwrap().is_empty());
+    assert_eq!(keeper.stats().hooks_failed, 1);
+    assert_eq!(keeper.tally().hooks_failed.get("after-start"), Some(&1));
+    keeper.close(Duration::from_secs(1)).await;
+    keeper.check_invariants().unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
