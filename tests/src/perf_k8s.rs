@@ -241,27 +241,6 @@ pub fn k8s_figures(report: Sink) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The writes and execs of one call are exact (the reads may vary with watch timing): a
-    /// claim or pod created and deleted, an upload's extract and rename.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_writes_twice_and_execs_twice_in_either_mode() {
-        for mode in [
-            Mode::AgentSandbox {
-                warm_pool: "pool".into(),
-            },
-            pod_mode(),
-        ] {
-            let (requests, writes, execs) = call_cycle(mode).await.unwrap();
-            assert_eq!((writes, execs), (2, 2));
-            assert!(requests >= writes, "{requests}");
-        }
-    }
-}
-
 /// Waits (bounded) until `done` holds for the keeper.
 async fn until<B: sandkeeper_tokio::Backend>(
     keeper: &Keeper<B>,
@@ -379,4 +358,25 @@ pub async fn warm_hit_and_resume() -> Result<(u64, f64), String> {
     resumed.sort();
     let ratio = resumed[resumed.len() / 2].as_secs_f64() / fresh[fresh.len() / 2].as_secs_f64();
     Ok((warm, ratio))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writes and execs of one call are exact (the reads may vary with watch timing): a
+    /// claim or pod created and deleted, an upload's extract and rename.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_writes_twice_and_execs_twice_in_either_mode() {
+        for mode in [
+            Mode::AgentSandbox {
+                warm_pool: "pool".into(),
+            },
+            pod_mode(),
+        ] {
+            let (requests, writes, execs) = call_cycle(mode).await.unwrap();
+            assert_eq!((writes, execs), (2, 2));
+            assert!(requests >= writes, "{requests}");
+        }
+    }
 }
