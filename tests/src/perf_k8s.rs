@@ -327,7 +327,7 @@ pub async fn warm_hit_and_resume() -> Result<(u64, f64), String> {
     let mut fresh = Vec::new();
     let mut resumed = Vec::new();
     for round in 0..3 {
-        let at = std::time::Instant::now();
+        let at = crate::measure::wall();
         let guard = keeper
             .acquire(spec(&format!("r{round}"))?)
             .await
@@ -342,7 +342,7 @@ pub async fn warm_hit_and_resume() -> Result<(u64, f64), String> {
     }
     // A second key's fresh starts, for a fair median.
     for round in 0..2 {
-        let at = std::time::Instant::now();
+        let at = crate::measure::wall();
         let guard = keeper
             .acquire(CallSpec::new(
                 CallId::new(format!("f{round}")).map_err(|e| e.to_string())?,

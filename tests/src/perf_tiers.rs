@@ -12,7 +12,7 @@
 //!
 //! Times are compared as ratios measured in the same run.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sandkeeper::{CallId, CallSpec, Config, ReleasePolicy, SessionId};
 use sandkeeper_tokio::local::LocalConfig;
@@ -57,7 +57,7 @@ async fn local_round(bytes: usize, run: usize) -> Result<(Duration, Duration, Du
         ..Config::default()
     };
     let keeper = Keeper::new(KeeperConfig::with_core(core), backend).map_err(|e| e.to_string())?;
-    let fresh_at = Instant::now();
+    let fresh_at = crate::measure::wall();
     let guard = keeper
         .acquire(spec("c1", "s")?)
         .await
@@ -65,11 +65,11 @@ async fn local_round(bytes: usize, run: usize) -> Result<(Duration, Duration, Du
     let fresh = fresh_at.elapsed();
     let dir = keeper.backend().sandbox_dir(guard.sandbox());
     std::fs::write(dir.join("workspace.bin"), vec![1u8; bytes]).map_err(|e| e.to_string())?;
-    let at = Instant::now();
+    let at = crate::measure::wall();
     guard.release().await;
     suspended(&keeper, 1).await?;
     let suspend = at.elapsed();
-    let at = Instant::now();
+    let at = crate::measure::wall();
     let guard = keeper
         .acquire(spec("c2", "s")?)
         .await
