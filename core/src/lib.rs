@@ -57,8 +57,8 @@
 //!    CancelUpload and Abandon want none. An answer the core no longer awaits (after a
 //!    timeout, a death, a cancel) is stale: it returns `Ok` and changes nothing, so a driver
 //!    never has to know.
-//! 5. **Run one sandbox's lifecycle in order.** Start, Stop, Persist and Shutdown of one sandbox
-//!    run one after the other, in the order they were drained: each begins only once the one
+//! 5. **Run one sandbox's lifecycle in order.** Start, Hook, Stop, Persist and Shutdown of one
+//!    sandbox run one after the other, in the order they were drained: each begins only once the one
 //!    before it ended (answered, dropped at its deadline, or abandoned). Lifecycle commands of
 //!    different sandboxes run concurrently; a driver may bound how many run at once, but only
 //!    with a first-in-first-out queue, so that every command is eventually started.
@@ -74,7 +74,7 @@
 //!    driver keeps no timeouts of its own and needs no rule for a timer and an answer that fall
 //!    on the same instant (an answer that comes first counts; one that comes after is stale).
 //! 8. **Cancels drop work, never wait for it.** `CancelUpload` drops that upload. `Abandon` drops
-//!    the sandbox's outstanding Start, Stop or Persist; the Shutdown ordered right after it runs
+//!    the sandbox's outstanding Start, Hook, Stop or Persist; the Shutdown ordered right after it runs
 //!    at once, without waiting for the abandoned operation (so a backend's operations must leave
 //!    nothing behind when dropped: Shutdown deletes by name what a dropped start created).
 //!    `Drain` is news for the sessions' background writers; nothing waits for it.
@@ -115,6 +115,7 @@
 //! | [`close`](Lifecycle::close) | refuses new calls, drains to a deadline, revokes, shuts everything down | O(n log n), once |
 //! | `handle_start_ok` / `_failed` | a Start's answer | O(log n + calls bound) |
 //! | `handle_upload_ok` / `_failed` | an Upload's answer; transient failures retry with backoff | O(log n + paths) |
+//! | `handle_hook_ok` / `_failed` | a Hook's answer: after start or resume, the calls are ready or fail; before suspend or stop, the Stop follows | O(log n + calls bound) |
 //! | `handle_stop_ok` / `_failed`, `handle_persist_ok` / `_failed`, `handle_shutdown_ok` / `_failed` | the way down | O(log n) |
 //! | [`handle_died`](Lifecycle::handle_died) | the backend reports a sandbox gone | O(log n + what it held) |
 //! | [`handle_instance_gone`](Lifecycle::handle_instance_gone) | the backend reports a sandbox's running instance gone (a death unless it is being suspended) | O(log n + what it held) |
@@ -127,6 +128,7 @@
 //!
 //! ## Commands ([`Command`])
 //!
+//! `Hook` (run the application's hook at a [`HookPoint`], answered like a lifecycle command),
 //! `Discard` (a snapshot whose retention ended), `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
 //! persisted [`Snapshot`], and `resumes`, the sandbox that persisted it), `Upload`,
 //! `CancelUpload`, `Drain` (the sandbox and the sessions whose background writers should submit
