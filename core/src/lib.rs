@@ -74,8 +74,8 @@
 //!    driver keeps no timeouts of its own and needs no rule for a timer and an answer that fall
 //!    on the same instant (an answer that comes first counts; one that comes after is stale).
 //! 8. **Cancels drop work, never wait for it.** `CancelUpload` drops that upload. `Abandon` drops
-//!    the sandbox's outstanding Start, Hook, Stop or Persist; the Shutdown ordered right after it runs
-//!    at once, without waiting for the abandoned operation (so a backend's operations must leave
+//!    the sandbox's outstanding Start, Hook, Stop or Persist; the Shutdown ordered right after it
+//!    runs at once, without waiting for the abandoned operation (so a backend's operations must leave
 //!    nothing behind when dropped: Shutdown deletes by name what a dropped start created).
 //!    `Drain` is news for the sessions' background writers; nothing waits for it.
 //! 9. **Suspension.** `Stop { suspend: true }` asks for a snapshot the key's next Start can
