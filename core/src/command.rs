@@ -161,9 +161,9 @@ pub enum Command {
         deadline: Instant,
     },
     /// The core no longer awaits the answer of the sandbox's outstanding Start, Hook, Stop or
-    /// Persist (it timed out, the sandbox died, or close gave up on it): stop that operation at its next
-    /// await point and send no answer (one sent anyway is stale). Always followed at once by
-    /// the sandbox's Shutdown, which must not wait for the abandoned operation to end. No
+    /// Persist (it timed out, the sandbox died, or close gave up on it): stop that operation at
+    /// its next await point and send no answer (one sent anyway is stale). Always followed at
+    /// once by the sandbox's Shutdown, which must not wait for the abandoned operation to end. No
     /// answer.
     Abandon {
         /// The sandbox.
