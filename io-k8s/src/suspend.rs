@@ -204,11 +204,20 @@ impl Cluster {
         let patch = json!({
             "spec": {"lifecycle": {"shutdownTime": at.to_string(), "shutdownPolicy": "Delete"}},
         });
+        self.merge_patch_claim(claim, &patch).await
+    }
+
+    /// Merge-patches a claim, retried.
+    async fn merge_patch_claim(
+        &self,
+        claim: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), K8sError> {
         let what = format!("claim {claim}");
         self.retry
             .run(|| async {
                 self.claims()
-                    .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+                    .patch(claim, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map(|_| ())
                     .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
@@ -252,16 +261,7 @@ impl Cluster {
                 "additionalPodMetadata": {"labels": {SANDBOX: number}},
             },
         });
-        let what = format!("claim {claim}");
-        self.retry
-            .run(|| async {
-                self.claims()
-                    .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
-            })
-            .await?;
+        self.merge_patch_claim(claim, &patch).await?;
         // Then the Sandbox's pod template, which its new pod is made from: still suspended,
         // so no pod exists yet that could carry the old number.
         self.label_pod_template(sb, sandbox).await?;

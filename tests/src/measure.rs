@@ -20,3 +20,19 @@ pub fn ns_per(elapsed: std::time::Duration, items: usize) -> f64 {
 
 /// Where a figure goes: (name, value, unit).
 pub type Sink<'a> = &'a mut dyn FnMut(&str, f64, &str);
+
+/// A two-thread tokio runtime for a part of the report, or `None` (said on stderr, with `part`)
+/// when one cannot be built.
+pub fn runtime(part: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("{part} figures not measured: {e}");
+            None
+        }
+    }
+}

@@ -193,16 +193,8 @@ async fn idle() -> Result<f64, String> {
 
 /// Measures the figures above on a runtime of its own.
 pub fn k8s_figures(report: Sink) {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("k8s figures not measured: {e}");
-            return;
-        }
+    let Some(runtime) = crate::measure::runtime("k8s") else {
+        return;
     };
     let modes = [
         (

@@ -94,16 +94,8 @@ async fn local_round(bytes: usize, run: usize) -> Result<(Duration, Duration, Du
 
 /// Measures the figures above on a runtime of its own.
 pub fn tiers_figures(report: Sink) {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tiers figures not measured: {e}");
-            return;
-        }
+    let Some(runtime) = crate::measure::runtime("tiers") else {
+        return;
     };
     let cycle = |bytes: usize| -> Result<(Duration, Duration, Duration), String> {
         let mut rounds = Vec::new();
