@@ -4,7 +4,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it |
+//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it; an `unused` one only of a call's own key |
 //! | `discard-after-retention` | a `retention` Discard comes no earlier than the persist plus the policy's retention; a `superseded` one only in the input that persisted the key's newer snapshot |
 //! | `snapshot-released` | after every input, no key keeps a snapshot past its retention, and none that a newer one superseded |
 //!
@@ -84,6 +84,15 @@ impl Snapshots {
                     self.superseded.remove(i);
                     Ok(())
                 }
+                DiscardReason::Unused => match key {
+                    Key::Call(_) => Ok(()),
+                    _ => Err(Violation::new(
+                        "discard-unreferenced",
+                        format!(
+                            "Discard of {snapshot:?} as unused, and its key {key} may start again"
+                        ),
+                    )),
+                },
                 DiscardReason::Retention => {
                     let Some((kept, by, at)) = self.kept.get(key) else {
                         return Err(Violation::new(

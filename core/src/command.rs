@@ -121,8 +121,8 @@ pub enum Command {
         /// When the core stops waiting: the command timeout.
         deadline: Instant,
     },
-    /// Delete a snapshot the key no longer references: its retention passed, or a newer
-    /// snapshot of the key superseded it. `sandbox` is the sandbox that persisted it, which may
+    /// Delete a snapshot the key no longer references: its retention passed, a newer snapshot
+    /// of the key superseded it, or its key is one call's, which never starts again. `sandbox` is the sandbox that persisted it, which may
     /// be shut down or suspended: this is the one command that may name a sandbox after its
     /// last one, and it runs beside everything, in no sandbox's order. A snapshot that a Start
     /// took as `resume_from` is the new sandbox's and is never discarded. Best effort and no
@@ -261,6 +261,8 @@ pub enum DiscardReason {
     Retention,
     /// A newer snapshot of the key was persisted.
     Superseded,
+    /// No start will ever take it: its key is one call's (scope `Call`), and that call ended.
+    Unused,
 }
 
 /// The sessions of a [`Command::Drain`]: a list that holds one session without allocating (a

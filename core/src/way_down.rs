@@ -185,7 +185,8 @@ impl Lifecycle {
             .expect("the key of a retiring sandbox");
         debug_assert_eq!(slot.retiring, Some(sandbox));
         if matches!(slot.key, Key::Call(_)) {
-            // No later call has this key: nothing would ever resume it.
+            // No later call has this key: nothing would ever resume it, so it goes now.
+            self.discard(key, snapshot, id, DiscardReason::Unused);
             return;
         }
         if let Some(at) = slot.retain.take() {

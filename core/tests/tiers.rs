@@ -239,3 +239,26 @@ fn a_zero_retention_is_refused() {
         })
     ));
 }
+
+/// A call's own key never starts again: the snapshot its Stop took is discarded at once, so a
+/// scope of `Call` with snapshots keeps nothing.
+#[test]
+fn a_calls_own_key_keeps_no_snapshot() {
+    let mut h = Script::with(|c| c.scope = Scope::Call);
+    let x = h.ready_call("a", "s");
+    h.release("a");
+    h.take_events();
+    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    h.stop_ok(x, Some("snap-x"));
+    h.expect_commands(&[persist(x, Some("snap-x"))]);
+    h.persist_ok(x);
+    h.expect_commands(&[
+        Command::Discard {
+            sandbox: x,
+            key: Key::Call(call("a")),
+            snapshot: snap("snap-x"),
+            reason: DiscardReason::Unused,
+        },
+        shutdown(x),
+    ]);
+}
