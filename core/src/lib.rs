@@ -185,8 +185,9 @@
 //! | `call.rs` | call records and their table, the memory of ended calls; acquire, release, binding, becoming ready, ending |
 //! | `key.rs` | isolation-key slots and their table; queueing, admitting waiters, letting go of a sandbox |
 //! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |
-//! | `start.rs` | Start and its answers; a start that failed, timed out or died |
-//! | `way_down.rs` | the release policy; drain → Stop → Persist → Shutdown or suspended; their answers; abandoning; the sandbox's timer; `Way`, the view a sandbox's own transitions run on |
+//! | `start.rs` | Start and its answers; a sandbox coming up; a start that failed, timed out or died |
+//! | `hook.rs` | the application's hooks: ordering one at its place, its answers, what follows it |
+//! | `way_down.rs` | the release tiers; drain → Stop → Persist → Shutdown or suspended; their answers; a key's snapshot, its retention and Discard; abandoning; the sandbox's timer; `Way`, the view a sandbox's own transitions run on |
 //! | `death.rs` | deaths and lost instances |
 //! | `operation.rs` | the application's own work in a session's sandbox: enter, leave, and the per-sandbox count that keeps a drain from ending under it |
 //! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots; `Mirror`, the mirror's view of the lifecycle |
@@ -221,6 +222,7 @@ mod config;
 mod death;
 mod error;
 mod event;
+mod hook;
 mod ids;
 mod input;
 mod invariants;

@@ -3,15 +3,12 @@
 
 use crate::call::{CallIx, CallState, EndHow};
 use crate::command::{Command, HookPoint};
-use crate::config::SuspendHookFailure;
 use crate::error::{Error, ErrorKind};
-use crate::event::Event;
 use crate::ids::SandboxId;
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
 use crate::small_set::Few;
 use crate::time::Instant;
-use std::time::Duration;
 
 impl Lifecycle {
     // ------------------------------------------------------------------------------------------
@@ -44,93 +41,6 @@ impl Lifecycle {
         }
         self.finish_input();
         Ok(())
-    }
-
-    /// The sandbox's hook succeeded: after start or resume, its calls are ready; before suspend
-    /// or stop, its Stop follows.
-    ///
-    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
-    pub fn handle_hook_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
-            return Ok(());
-        };
-        self.advance(now);
-        tracing::debug!(sandbox = %self.sid(sandbox), "hook ok");
-        self.stats.hooks_ok += 1;
-        self.hook_ended(sandbox, HookEnd::Ok);
-        self.finish_input();
-        Ok(())
-    }
-
-    /// The sandbox's hook failed: after start or resume, its calls fail with `hook-failed` and
-    /// it goes down unused; before suspend or stop, the failure is reported and the way down
-    /// goes on (see [`Hooks`](crate::Hooks)).
-    ///
-    /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
-    pub fn handle_hook_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
-        let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
-            return Ok(());
-        };
-        self.advance(now);
-        tracing::debug!(sandbox = %self.sid(sandbox), "hook failed");
-        self.hook_ended(sandbox, HookEnd::Failed);
-        self.finish_input();
-        Ok(())
-    }
-
-    // ------------------------------------------------------------------------------------------
-    // Internals: hooks
-
-    /// Orders the sandbox's hook at `point`, awaited for `timeout`.
-    pub(crate) fn order_hook(&mut self, sandbox: SandboxIx, point: HookPoint, timeout: Duration) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert_eq!(x.awaiting, Awaiting::Nothing);
-        x.awaiting = Awaiting::Hook;
-        x.hook = Some(point);
-        let deadline = self.set_sandbox_timer(sandbox, timeout);
-        self.stats.hooks_ordered += 1;
-        tracing::debug!(sandbox = %self.sid(sandbox), hook = point.as_str(), "hook");
-        self.commands.push_back(Command::Hook {
-            sandbox: self.sid(sandbox),
-            hook: point,
-            deadline,
-        });
-    }
-
-    /// The outstanding hook ended (answered, or its timeout passed): what follows it.
-    pub(crate) fn hook_ended(&mut self, sandbox: SandboxIx, end: HookEnd) {
-        self.way().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        let point = x.hook.take().expect("a hook is outstanding");
-        x.awaiting = Awaiting::Nothing;
-        if end != HookEnd::Ok {
-            let late = end == HookEnd::Late;
-            if late {
-                self.stats.hooks_late += 1;
-            } else {
-                self.stats.hooks_failed += 1;
-            }
-            self.events.push_back(Event::HookFailed {
-                sandbox: self.sid(sandbox),
-                hook: point,
-                late,
-            });
-        }
-        match (point.is_after(), end) {
-            (true, HookEnd::Ok) => self.up(sandbox),
-            (true, _) => self.fail_start(sandbox, ErrorKind::HookFailed),
-            (false, end) => {
-                let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-                if end != HookEnd::Ok
-                    && x.suspend
-                    && self.config.hooks.on_suspend_failure == SuspendHookFailure::Shutdown
-                {
-                    tracing::warn!(sandbox = %x.id, "before-suspend hook failed: shutting down instead");
-                    x.suspend = false;
-                }
-                self.order_stop(sandbox);
-            }
-        }
     }
 
     /// The sandbox is up (its Start succeeded, and its hook, if any): its starting calls are
@@ -244,12 +154,4 @@ impl Lifecycle {
         self.admit(key);
         self.keys.forget_if_empty(key);
     }
-}
-
-/// How a hook ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HookEnd {
-    Ok,
-    Failed,
-    Late,
 }
