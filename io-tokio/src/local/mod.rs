@@ -449,14 +449,14 @@ impl Backend for LocalBackend {
         let PersistRequest {
             sandbox,
             snapshot,
+            suspend,
             retain_until,
-            ..
         } = request;
         let Some(snapshot) = snapshot else {
             return Ok(());
         };
         let root = self.config.root.clone();
-        blocking(move || {
+        let persisted = blocking(move || {
             let dir = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
             if !dir.exists() {
                 return Err(BackendError::fatal(format!(
@@ -486,7 +486,12 @@ impl Backend for LocalBackend {
             )
             .map_err(|e| io_error("persist", e))
         })
-        .await
+        .await;
+        if persisted.is_ok() && suspend {
+            // Its last command: the backend no longer runs it (its workspace is the snapshot).
+            self.table().remove(&sandbox);
+        }
+        persisted
     }
 
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
