@@ -73,7 +73,11 @@ async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert_eq!(keeper.stats().suspended, 1);
     assert!(!keeper.backend().sandbox_dir(first).exists());
-    assert_eq!(keeper.backend().running(), 0, "a suspended sandbox no longer runs");
+    assert_eq!(
+        keeper.backend().running(),
+        0,
+        "a suspended sandbox no longer runs"
+    );
     let kept = snapshots(&snapshot_dir);
     assert_eq!(kept.len(), 1, "{kept:?}");
     let meta = kept[0].join(".sandkeeper");
