@@ -275,10 +275,17 @@ impl Cluster {
         Ok(report)
     }
 
-    /// How many pods labelled with this owner exist now.
+    /// How many pods labelled with this owner exist now and are not being deleted. A pod that
+    /// was deleted stays `Terminating` for up to its grace period and then goes by itself (the
+    /// kubelet's doing, on a real cluster as on the loopback), so it is not counted.
     pub async fn owned_pods(&self) -> Result<usize, K8sError> {
         let sel = names::owner_selector(&self.config.owner);
-        Ok(self.list_pods(&sel).await?.len())
+        Ok(self
+            .list_pods(&sel)
+            .await?
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count())
     }
 
     /// How many claims labelled with this owner exist now, and how many of them are
