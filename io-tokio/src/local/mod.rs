@@ -162,19 +162,8 @@ impl LocalBackend {
     /// without an expiry are kept (the policy retains them until the key's next start).
     /// Construction runs it once.
     pub fn sweep_expired(&self, now: SystemTime) -> io::Result<usize> {
-        let dir = self.snapshots_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
-        };
         let mut swept = 0;
-        for entry in entries {
-            let entry = entry?;
-            if !entry.file_type()?.is_dir() {
-                continue;
-            }
-            let path = entry.path();
+        for path in self.snapshot_dirs_present()? {
             match snapshot_expiry(&path) {
                 Some(expires) if expires <= now => match std::fs::remove_dir_all(&path) {
                     Ok(()) => swept += 1,
@@ -225,6 +214,24 @@ impl LocalBackend {
         path: &sandkeeper::PathName,
     ) -> PathBuf {
         session_file(&self.sandbox_dir(sandbox), session, path)
+    }
+
+    /// Snapshot directories present now (kept for their key, in name order).
+    pub fn snapshot_dirs_present(&self) -> io::Result<Vec<PathBuf>> {
+        let mut dirs = Vec::new();
+        let entries = match std::fs::read_dir(self.snapshots_dir()) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(dirs),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                dirs.push(entry.path());
+            }
+        }
+        dirs.sort();
+        Ok(dirs)
     }
 
     /// Sandbox directories present under the root now (started and not yet removed).

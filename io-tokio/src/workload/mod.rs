@@ -297,7 +297,7 @@ pub async fn run<B: WorkloadTarget>(
                 .cloned()
         };
         let mut keys = BTreeSet::new();
-        for snapshot in snapshot_dirs(&local.snapshots_dir())? {
+        for snapshot in local.snapshot_dirs_present()? {
             snapshots_left += 1;
             let meta = snapshot.join(".sandkeeper");
             let info: serde_json::Value = std::fs::read_to_string(meta.join("sandbox.json"))
@@ -742,23 +742,4 @@ async fn watch(
             Notice::Event(_) => {}
         }
     }
-}
-
-/// The snapshot directories under `dir`, in name order (none if it does not exist).
-fn snapshot_dirs(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-    let mut found = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(entries) => {
-            for entry in entries {
-                let entry = entry?;
-                if entry.file_type()?.is_dir() {
-                    found.push(entry.path());
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    found.sort();
-    Ok(found)
 }
