@@ -233,6 +233,12 @@ impl Lifecycle {
         self.keys.clear();
         self.sessions.clear();
         self.dirty.clear();
+        if let Some(live) = self.liveness.as_mut() {
+            // No renewal after close: the store lets the lease expire.
+            live.renew = None;
+            live.lapse = None;
+            live.in_flight.clear();
+        }
         self.events.push_back(Event::Closed {
             report: Box::new(report),
         });

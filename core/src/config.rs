@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::fleet::Fleet;
 
 /// Which calls share an isolation key, and so a sandbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -261,6 +262,10 @@ pub struct Config {
     /// The application's hooks at a sandbox's transitions.
     #[serde(default)]
     pub hooks: Hooks,
+    /// Fleet mode: this process shares its backend with other sandkeeper processes
+    /// ([`Fleet`]). `None`: it is the backend's only keeper.
+    #[serde(default)]
+    pub fleet: Option<Fleet>,
     /// Limits on everything that grows.
     pub limits: Limits,
 }
@@ -281,6 +286,7 @@ impl Default for Config {
             command_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(30),
             hooks: Hooks::default(),
+            fleet: None,
             limits: Limits::default(),
         }
     }
@@ -338,6 +344,9 @@ impl Config {
                     why: "must be longer than zero (None keeps the snapshot until the next start)",
                 });
             }
+        }
+        if let Some(fleet) = &self.fleet {
+            fleet.validate()?;
         }
         let l = &self.limits;
         let limits = [

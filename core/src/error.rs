@@ -96,6 +96,14 @@ pub enum Error {
         /// Its value.
         max: usize,
     },
+    /// A store answer names work the core never ordered (fleet mode).
+    #[error("no {what} {id} was ever ordered")]
+    UnknownStoreWork {
+        /// What kind of store work (`renewal`, ...).
+        what: &'static str,
+        /// Its number.
+        id: u64,
+    },
     /// A configuration value is out of range.
     #[error("invalid configuration: {field} {why}")]
     InvalidConfig {
@@ -125,6 +133,7 @@ impl Error {
             Error::MissingUser { .. } => ErrorKind::MissingUser,
             Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
+            Error::UnknownStoreWork { .. } => ErrorKind::UnknownStoreWork,
         }
     }
 }
@@ -172,6 +181,8 @@ pub enum ErrorKind {
     LimitExceeded,
     /// See [`Error::InvalidConfig`].
     InvalidConfig,
+    /// See [`Error::UnknownStoreWork`].
+    UnknownStoreWork,
 }
 
 impl ErrorKind {
@@ -197,6 +208,7 @@ impl ErrorKind {
             ErrorKind::MissingUser => "missing-user",
             ErrorKind::LimitExceeded => "limit-exceeded",
             ErrorKind::InvalidConfig => "invalid-config",
+            ErrorKind::UnknownStoreWork => "unknown-store-work",
         }
     }
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallSpec;
 use crate::error::Error;
+use crate::fleet::RenewalId;
 use crate::ids::{Payload, SandboxId, Snapshot, UploadId};
 use crate::lifecycle::Lifecycle;
 use crate::name::{CallId, PathName, SessionId};
@@ -94,6 +95,12 @@ pub enum Input {
     InstanceGone {
         sandbox: SandboxId,
     },
+    Renewed {
+        renewal: RenewalId,
+    },
+    RenewFailed {
+        renewal: RenewalId,
+    },
     Timeout,
 }
 
@@ -144,6 +151,8 @@ impl Lifecycle {
             Input::ShutdownFailed { sandbox } => self.handle_shutdown_failed(now, sandbox),
             Input::Died { sandbox } => self.handle_died(now, sandbox),
             Input::InstanceGone { sandbox } => self.handle_instance_gone(now, sandbox),
+            Input::Renewed { renewal } => self.handle_renewed(now, renewal),
+            Input::RenewFailed { renewal } => self.handle_renew_failed(now, renewal),
             Input::Timeout => self.handle_timeout(now),
         }
         .map(|()| Answer::Done)

@@ -521,6 +521,28 @@ impl Lifecycle {
         ) {
             expected_timers += 1;
         }
+        if let Some(live) = &self.liveness {
+            // Fleet: the renewal timer is always set while open; the lapse timer exactly while
+            // the lease is valid, at its end.
+            ensure!(
+                live.renew.is_some() && live.lapse.map(|at| at.at) == live.valid_until,
+                "lease",
+                "renewal timer {:?}, lapse timer {:?}, valid until {:?}",
+                live.renew,
+                live.lapse,
+                live.valid_until
+            );
+            for (at, timer) in [(live.renew, Timer::Renew), (live.lapse, Timer::Lapse)] {
+                if let Some(at) = at {
+                    expected_timers += 1;
+                    ensure!(
+                        table.get(&at) == Some(&&timer),
+                        "timers",
+                        "the lease's {timer:?} deadline is not in the table"
+                    );
+                }
+            }
+        }
         let live = self
             .timers
             .iter()

@@ -97,7 +97,13 @@
 //!     [`Lifecycle::handle_instance_gone`], and the core decides whether that is a death (it is
 //!     not while the sandbox is being suspended). Never assume a sandbox alive because a
 //!     backend object said so earlier: liveness is the core's state.
-//! 11. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
+//! 11. **Fleet mode: run the store's work beside the sandboxes'.** With [`Config::fleet`] set,
+//!     drain [`Lifecycle::poll_store`] too after every input. Each [`StoreCommand`] runs on its
+//!     own, concurrently with everything (a renewal is never queued behind a sandbox's work nor
+//!     behind another store command), is answered with its `handle_*` input, and is dropped
+//!     unanswered at its deadline. Renewals come on the core's own timer whatever else happens:
+//!     a driver that stops running them loses the lease.
+//! 12. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
 //!     broken internal invariant: a bug, never bad input.
 //!
 //! Output order is a pure function of the input sequence: maps are looked up, never iterated
@@ -194,6 +200,8 @@
 //! | `session.rs` | session records, their table and idle queue; a session's derived bookkeeping, reconciled once per input (mirror work) |
 //! | `upload.rs` | uploads in flight and their table |
 //! | `close.rs` | close: its phases, revocation, the close report |
+//! | `fleet.rs` | fleet mode's configuration ([`Fleet`]) and the store's work ([`StoreCommand`]) |
+//! | `liveness.rs` | this process's lease: renewals on their own timer, validity with the margin, lapse and the next epoch |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
@@ -222,12 +230,14 @@ mod config;
 mod death;
 mod error;
 mod event;
+mod fleet;
 mod hook;
 mod ids;
 mod input;
 mod invariants;
 mod key;
 mod lifecycle;
+mod liveness;
 mod map;
 mod mirror;
 mod name;
@@ -249,6 +259,7 @@ pub use config::{
 };
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};
+pub use fleet::{Fleet, RenewalId, StoreCommand};
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 pub use input::{Answer, Input, UploadFailure};
 pub use invariants::Violation;

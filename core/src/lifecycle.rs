@@ -10,9 +10,11 @@ use crate::command::Command;
 use crate::config::Config;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::Event;
+use crate::fleet::StoreCommand;
 use crate::hook::HookEnd;
 use crate::ids::SandboxId;
 use crate::key::Keys;
+use crate::liveness::Liveness;
 use crate::name::{CallId, SessionId};
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::session::{SessionIx, Sessions};
@@ -51,6 +53,10 @@ pub struct Lifecycle {
     pub(crate) uploads: Uploads,
     pub(crate) timers: Timers,
     pub(crate) commands: VecDeque<Command>,
+    /// Fleet mode: work for the store, drained with `poll_store`.
+    pub(crate) store: VecDeque<StoreCommand>,
+    /// Fleet mode: this process's lease.
+    pub(crate) liveness: Option<Liveness>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) ended: EndedCalls,
     /// Calls queued behind their keys, over all keys.
@@ -71,16 +77,20 @@ impl Lifecycle {
     /// A lifecycle with this configuration, at time zero of its own clock, with nothing live.
     pub fn new(config: Config) -> Result<Self, Error> {
         config.validate()?;
-        Ok(Lifecycle {
+        let liveness = config.fleet.map(Liveness::new);
+        let first_sandbox = config.fleet.map_or(0, |f| f.first_sandbox());
+        let mut core = Lifecycle {
             config,
             now: Instant::ZERO,
             calls: Calls::default(),
             sessions: Sessions::default(),
-            sandboxes: Sandboxes::default(),
+            sandboxes: Sandboxes::starting_at(first_sandbox),
             keys: Keys::default(),
             uploads: Uploads::default(),
             timers: Timers::default(),
             commands: VecDeque::new(),
+            store: VecDeque::new(),
+            liveness,
             events: VecDeque::new(),
             ended: EndedCalls::default(),
             waiting: 0,
@@ -88,7 +98,9 @@ impl Lifecycle {
             stats: Stats::default(),
             dirty: Vec::new(),
             touched: Vec::new(),
-        })
+        };
+        core.begin_liveness();
+        Ok(core)
     }
 
     // ------------------------------------------------------------------------------------------
@@ -219,6 +231,7 @@ impl Lifecycle {
             && self.uploads.is_empty()
             && self.timers.len() == 0
             && self.commands.is_empty()
+            && self.store.is_empty()
             && self.events.is_empty()
     }
 
@@ -228,6 +241,12 @@ impl Lifecycle {
     /// The next command for the driver. Drain until `None` after every input.
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()
+    }
+
+    /// The next piece of work for the store, in fleet mode. Drain until `None` after every
+    /// input, beside [`poll_command`](Self::poll_command).
+    pub fn poll_store(&mut self) -> Option<StoreCommand> {
+        self.store.pop_front()
     }
 
     /// The next event for the application. Drain until `None` after every input.
@@ -317,6 +336,8 @@ impl Lifecycle {
             }
             Timer::Retain(key) => self.retention_over(key),
             Timer::Close => self.close_deadline(),
+            Timer::Renew => self.renew_due(),
+            Timer::Lapse => self.lapsed(),
         }
     }
 
@@ -336,6 +357,8 @@ impl Lifecycle {
                 |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
             ),
             Timer::Retain(key) => self.keys.get(*key).is_some_and(|k| k.retain == Some(at)),
+            Timer::Renew => self.liveness.as_ref().is_some_and(|l| l.renew == Some(at)),
+            Timer::Lapse => self.liveness.as_ref().is_some_and(|l| l.lapse == Some(at)),
             Timer::Close => match &self.close {
                 CloseState::Draining { deadline, .. } => *deadline == at,
                 CloseState::Revoked { grace, .. } => *grace == at,

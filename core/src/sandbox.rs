@@ -142,10 +142,21 @@ impl Sandbox {
 pub(crate) struct Sandboxes {
     records: slotmap::SlotMap<SandboxIx, Sandbox>,
     by_id: Map<SandboxId, SandboxIx>,
+    /// The first id this core handed out: 0, or in fleet mode its incarnation's first.
+    first_id: u64,
     next_id: u64,
 }
 
 impl Sandboxes {
+    /// No sandbox yet; ids are handed out from `first`.
+    pub(crate) fn starting_at(first: u64) -> Self {
+        Sandboxes {
+            first_id: first,
+            next_id: first,
+            ..Sandboxes::default()
+        }
+    }
+
     /// Tracks a new sandbox under the next id.
     pub(crate) fn create(
         &mut self,
@@ -167,7 +178,7 @@ impl Sandboxes {
 
     /// Whether `id` was ever handed out.
     pub(crate) fn was_handed_out(&self, id: SandboxId) -> bool {
-        id.0 < self.next_id
+        (self.first_id..self.next_id).contains(&id.0)
     }
 
     /// The sandbox at `ix`, if it is still tracked.

@@ -56,4 +56,14 @@ pub struct Stats {
     /// Answers for commands no longer awaited (late, duplicate, after death).
     pub stale_answers: u64,
     pub sessions_forgotten: u64,
+    /// Fleet mode: renewals of this process's lease ordered, confirmed in time, failed; and
+    /// lapses (no confirmation in time).
+    #[serde(default)]
+    pub renewals_ordered: u64,
+    #[serde(default)]
+    pub renewals_ok: u64,
+    #[serde(default)]
+    pub renewals_failed: u64,
+    #[serde(default)]
+    pub lease_lapses: u64,
 }

@@ -29,6 +29,10 @@ pub(crate) enum Timer {
     Retain(KeyIx),
     /// The close deadline, then the second (grace) deadline.
     Close,
+    /// Fleet mode: the next renewal of this process's lease.
+    Renew,
+    /// Fleet mode: the end of this process's lease by the core's clock.
+    Lapse,
 }
 
 /// A set timer, as its owner remembers it in order to cancel it.

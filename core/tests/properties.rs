@@ -111,6 +111,7 @@ fn config() -> impl Strategy<Value = Config> {
             command_timeout: Duration::from_millis(5000),
             close_grace: Duration::from_millis(4000),
             hooks: Hooks::default(),
+            fleet: None,
             limits: Limits {
                 max_paths_per_session: 2,
                 max_holds_per_session: 2,

@@ -125,6 +125,15 @@ impl<B: Backend> Keeper<B> {
                 "notice_capacity must be at least 1",
             ));
         }
+        if config.core.fleet.is_some() {
+            // The core orders store work in fleet mode (renewals, claims); this keeper has no
+            // store to run it on yet, and a keeper that ignored it would lose its lease and
+            // fence every key. Refuse at start-up rather than misbehave.
+            return Err(KeeperError::Unsupported(
+                "fleet mode (config.fleet) needs a store, which this keeper does not run yet"
+                    .to_string(),
+            ));
+        }
         let core = Lifecycle::new(config.core.clone())?;
         backend
             .check_config(&config.core)
