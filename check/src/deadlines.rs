@@ -127,6 +127,7 @@ impl Deadlines {
         };
         match cmd {
             Command::Start { deadline, .. } => exact("Start", *deadline, now + self.start),
+            Command::Adopt { deadline, .. } => exact("Adopt", *deadline, now + self.start),
             Command::Stop { deadline, .. } => exact("Stop", *deadline, now + self.command),
             Command::Persist { deadline, .. } => exact("Persist", *deadline, now + self.command),
             Command::Shutdown { deadline, .. } => exact("Shutdown", *deadline, now + self.command),
@@ -196,9 +197,10 @@ impl Deadlines {
                 self.drain_heap.push(Reverse((due, *sandbox)));
                 Ok(())
             }
-            Command::CancelUpload { .. } | Command::Discard { .. } | Command::Abandon { .. } => {
-                Ok(())
-            }
+            Command::CancelUpload { .. }
+            | Command::Discard { .. }
+            | Command::Relinquish { .. }
+            | Command::Abandon { .. } => Ok(()),
         }
     }
 
@@ -318,12 +320,14 @@ mod tests {
             resume_from: None,
             resumes: None,
             deadline: s(11),
+            token: None,
         };
         assert_eq!(check(d.command(&start, s(10))), "ok");
         assert_eq!(check(d.command(&start, s(11))), "command-deadline");
         let shutdown = |deadline| Command::Shutdown {
             sandbox: SandboxId(1),
             deadline,
+            token: None,
         };
         assert_eq!(check(d.command(&shutdown(s(15)), s(10))), "ok");
         assert_eq!(

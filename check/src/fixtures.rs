@@ -26,6 +26,7 @@ pub(crate) fn upload_at(id: u64, version: u64, x: u64, deadline: Instant) -> Com
         version: Version(version),
         payload: Payload::new(&b""[..]),
         deadline,
+        token: None,
     }
 }
 

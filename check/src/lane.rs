@@ -17,6 +17,7 @@
 //! | `stop-once` | a sandbox is stopped at most once |
 //! | `persist-after-stop` | a Persist comes after its sandbox's Stop, at most once |
 //! | `no-shutdown-of-external` | a Shutdown names a sandbox that was started, never an external one |
+//! | (fleet) | an Adopt starts the lane like a Start; a Relinquish ends it like a Shutdown, after which nothing may name the sandbox |
 //! | `liveness-shutdown-every-started` | at the end, every started sandbox was ordered to shut down (or, under `Suspend`, persisted: that is its last command) |
 //!
 //! An Upload into a sandbox never started is an upload into an external sandbox: its lane
@@ -53,6 +54,9 @@ pub enum Op {
     /// A hook of the application, run in the sandbox (a core-side operation: backends never
     /// receive it).
     Hook,
+    /// Fleet mode: the sandbox is no longer this process's (handed over or lost with its key):
+    /// its lane here ends without a Shutdown.
+    Relinquish,
 }
 
 impl Op {
@@ -60,7 +64,9 @@ impl Op {
     /// commands a backend never receives as an operation (Drain, CancelUpload, Abandon).
     pub fn of(command: &Command) -> Option<(SandboxId, Op)> {
         let op = match command {
-            Command::Start { .. } => Op::Start,
+            // An adoption starts the sandbox's lane in this process.
+            Command::Start { .. } | Command::Adopt { .. } => Op::Start,
+            Command::Relinquish { .. } => Op::Relinquish,
             Command::Upload { .. } => Op::Upload,
             Command::Stop { .. } => Op::Stop,
             Command::Persist { .. } => Op::Persist,
@@ -84,6 +90,7 @@ pub struct Lane {
     persisted: bool,
     shut_down: bool,
     dead: bool,
+    relinquished: bool,
 }
 
 impl Lane {
@@ -98,6 +105,7 @@ impl Lane {
             Op::Persist => self.persisted = true,
             Op::Shutdown => self.shut_down = true,
             Op::Hook => {}
+            Op::Relinquish => self.relinquished = true,
         }
         match broken {
             None => Ok(()),
@@ -108,6 +116,9 @@ impl Lane {
     fn judge(&self, op: Op) -> Option<(&'static str, &'static str)> {
         if self.shut_down {
             return Some(("no-command-after-shutdown", "after its Shutdown"));
+        }
+        if self.relinquished {
+            return Some(("no-command-after-shutdown", "after it was relinquished"));
         }
         match op {
             Op::Start if self.started => Some(("start-once", "a second Start")),
@@ -133,6 +144,11 @@ impl Lane {
             Op::Hook if self.stopped => Some(("hook-in-order", "after its Stop")),
             Op::Hook if self.dead => Some(("hook-in-order", "after its death")),
             Op::Hook => None,
+            Op::Relinquish if !self.started => Some((
+                "stop-managed-only",
+                "relinquished, never started or adopted",
+            )),
+            Op::Relinquish => None,
         }
     }
 
@@ -190,7 +206,7 @@ impl Lane {
     /// command being Persist) persisted. A started lane that has not ended breaks
     /// `liveness-shutdown-every-started` once nothing more will come.
     pub fn has_ended(&self, suspend: bool) -> bool {
-        self.shut_down || (suspend && self.persisted)
+        self.shut_down || self.relinquished || (suspend && self.persisted)
     }
 }
 

@@ -109,6 +109,7 @@ mod tests {
         Command::Shutdown {
             sandbox: SandboxId(x),
             deadline: Instant::ZERO,
+            token: None,
         }
     }
 

@@ -69,6 +69,7 @@ impl Snapshots {
                 key,
                 snapshot,
                 reason,
+                token: _,
             } => match reason {
                 DiscardReason::Superseded => {
                     let Some(i) = self

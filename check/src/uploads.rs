@@ -100,7 +100,15 @@ impl Uploads {
                     format!("{cmd:?} with {n} uploads into {sandbox} still in flight"),
                 )),
             },
+            Command::Relinquish { sandbox } => match self.awaited_in(*sandbox) {
+                0 => Ok(()),
+                n => Err(Violation::new(
+                    "no-upload-after-stop",
+                    format!("{cmd:?} with {n} uploads into {sandbox} still in flight"),
+                )),
+            },
             Command::Start { .. }
+            | Command::Adopt { .. }
             | Command::Drain { .. }
             | Command::Persist { .. }
             | Command::Discard { .. }
@@ -192,6 +200,7 @@ mod tests {
             sandbox: SandboxId(7),
             deadline: Instant::ZERO,
             suspend: false,
+            token: None,
         };
         assert_eq!(check(u.command(&stop)), "no-upload-after-stop");
         u.command(&Command::CancelUpload {

@@ -311,6 +311,7 @@ impl Lifecycle {
             let deadline = self.timers.set(at, Timer::Wait(ix));
             self.calls[ix].state = CallState::Waiting { deadline };
             self.keys[key].waiters.push_back(ix);
+            self.claim_for_waiter(key);
         } else {
             self.bind(ix);
         }
@@ -542,7 +543,7 @@ impl Lifecycle {
 
     pub(crate) fn after_unbind_key(&mut self, key: KeyIx) {
         self.admit(key);
-        self.keys.forget_if_empty(key);
+        self.key_settles(key);
     }
 }
 

@@ -130,7 +130,7 @@ impl Lifecycle {
                 self.revoke();
             }
             CloseState::Revoked { .. } => {
-                if self.sandboxes.is_empty() {
+                if self.sandboxes.is_empty() && self.keys_let_go_for_close() {
                     self.finish_close();
                 }
             }

@@ -12,6 +12,7 @@ use std::ops::Deref;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
+use crate::fleet::Token;
 use crate::ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 use crate::name::{PathName, SessionId};
 use crate::time::Instant;
@@ -44,8 +45,37 @@ pub enum Command {
         /// report about it (a death seen on the old pod) is stale; a backend names the new
         /// incarnation's objects after `sandbox`, never after this one.
         resumes: Option<SandboxId>,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// When the core stops waiting: the start timeout.
         deadline: Instant,
+    },
+    /// Fleet mode: take over `sandbox`, a sandbox of `key` that its last owner handed over warm
+    /// (up, drained, no call; named in the key's [`KeyRecord`](crate::KeyRecord)). Record
+    /// `token` as the newest for it, then check it is still up. Answer with `handle_start_ok`
+    /// (the calls of the key bind to it, with no hook: it was started and hooked before) or
+    /// `handle_start_failed` (it is gone: the core shuts down what is left of it, and starts the
+    /// key afresh). Runs in the sandbox's order, like a Start.
+    Adopt {
+        /// The sandbox, under the id its first owner gave it.
+        sandbox: SandboxId,
+        /// Its key.
+        key: Key,
+        /// This owner's fencing token.
+        token: Token,
+        /// When the core stops waiting: the start timeout.
+        deadline: Instant,
+    },
+    /// Fleet mode: this process no longer drives the sandbox (its key was handed over with it,
+    /// or the key was lost): drop whatever is outstanding on it, forget it, send nothing more
+    /// about it, and leave it in the backend, which belongs to the key's next owner now. Its last
+    /// command; no answer.
+    Relinquish {
+        /// The sandbox.
+        sandbox: SandboxId,
     },
     /// Write `payload` as `path` of `session` into the sandbox. Answer with `handle_upload_ok`
     /// or `handle_upload_failed`.
@@ -62,6 +92,11 @@ pub enum Command {
         version: Version,
         /// The bytes.
         payload: Payload,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// When the core stops waiting: the upload timeout, counted from the version's first
         /// attempt (a retry carries the same deadline as the attempt before it).
         deadline: Instant,
@@ -92,6 +127,11 @@ pub enum Command {
         /// resume from (`Persist { suspend: true }` follows). When `false`, its way down ends
         /// in Shutdown, and a snapshot is optional.
         suspend: bool,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// When the core stops waiting: the command timeout.
         deadline: Instant,
     },
@@ -111,6 +151,11 @@ pub enum Command {
         /// [`handle_instance_gone`](crate::Lifecycle::handle_instance_gone)) is the suspension's
         /// own doing. When `false`, Shutdown follows.
         suspend: bool,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// The end of the snapshot's retention, when the policy has one
         /// ([`Tiers::retain`](crate::Tiers::retain)): the backend records it with what it keeps
         /// (a suspended claim's `shutdownTime`, an expiry beside a snapshot directory) and deletes
@@ -135,6 +180,11 @@ pub enum Command {
         key: Key,
         /// The snapshot.
         snapshot: Snapshot,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// Why it goes.
         reason: DiscardReason,
     },
@@ -147,6 +197,11 @@ pub enum Command {
         sandbox: SandboxId,
         /// Which hook.
         hook: HookPoint,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// When the core stops waiting: the hook's timeout.
         deadline: Instant,
     },
@@ -156,6 +211,11 @@ pub enum Command {
     Shutdown {
         /// The sandbox.
         sandbox: SandboxId,
+        /// The fencing token of the key's owner in fleet mode ([`Token`]); `None` for a key no
+        /// process owns (scope `Call`, an external sandbox, a single keeper). The backend refuses
+        /// it when it has seen a newer one for this sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Token>,
         /// When the core stops waiting (the command timeout): unanswered by then, the shutdown
         /// is reported unconfirmed.
         deadline: Instant,
@@ -184,6 +244,8 @@ impl Command {
             | Command::Shutdown { sandbox, .. }
             | Command::Discard { sandbox, .. }
             | Command::Hook { sandbox, .. }
+            | Command::Adopt { sandbox, .. }
+            | Command::Relinquish { sandbox }
             | Command::Abandon { sandbox } => *sandbox,
         }
     }
@@ -197,10 +259,30 @@ impl Command {
             | Command::Stop { deadline, .. }
             | Command::Persist { deadline, .. }
             | Command::Hook { deadline, .. }
+            | Command::Adopt { deadline, .. }
             | Command::Shutdown { deadline, .. } => Some(*deadline),
-            Command::CancelUpload { .. }
+            Command::Relinquish { .. }
+            | Command::CancelUpload { .. }
             | Command::Drain { .. }
             | Command::Discard { .. }
+            | Command::Abandon { .. } => None,
+        }
+    }
+
+    /// The fencing token it carries, in fleet mode, for a key some process owns.
+    pub fn token(&self) -> Option<Token> {
+        match self {
+            Command::Start { token, .. }
+            | Command::Upload { token, .. }
+            | Command::Stop { token, .. }
+            | Command::Persist { token, .. }
+            | Command::Shutdown { token, .. }
+            | Command::Discard { token, .. }
+            | Command::Hook { token, .. } => *token,
+            Command::Adopt { token, .. } => Some(*token),
+            Command::CancelUpload { .. }
+            | Command::Drain { .. }
+            | Command::Relinquish { .. }
             | Command::Abandon { .. } => None,
         }
     }
@@ -218,6 +300,8 @@ impl Command {
             Command::Discard { .. } => "discard",
             Command::Hook { .. } => "hook",
             Command::Abandon { .. } => "abandon",
+            Command::Adopt { .. } => "adopt",
+            Command::Relinquish { .. } => "relinquish",
         }
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::ids::{Key, SandboxId, Snapshot};
 use crate::time::Instant;
 
 /// Fleet mode: this process is one of several sharing one backend and one store.
@@ -41,6 +42,10 @@ pub struct Fleet {
     /// The safety margin: the bound on clock drift between this process and the store over one
     /// lease, plus the time a renewal may take from being ordered to being written.
     pub margin: Duration,
+    /// How long a call waiting for a key another process owns waits before the claim is made
+    /// again (the owner hands the key over once its own calls on it end), and how long a failed
+    /// release waits before it is tried again.
+    pub claim_retry: Duration,
 }
 
 impl Default for Fleet {
@@ -50,6 +55,7 @@ impl Default for Fleet {
             lease: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
             margin: Duration::from_secs(2),
+            claim_retry: Duration::from_millis(500),
         }
     }
 }
@@ -76,6 +82,9 @@ impl Fleet {
                 "must be at least 1 (0 is the single process)",
             );
         }
+        if self.claim_retry.is_zero() {
+            return bad("fleet.claim_retry", "must be longer than zero");
+        }
         if self.renew_every.is_zero() {
             return bad("fleet.renew_every", "must be longer than zero");
         }
@@ -92,6 +101,19 @@ impl Fleet {
     }
 }
 
+/// A fencing token: the store hands a key's new owner the next one, so tokens grow with every
+/// change of a key's owner. Every command that changes a fleet key's sandbox carries its owner's
+/// token, and a backend refuses a token older than the newest it has seen for that sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(pub u64);
+
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "token-{}", self.0)
+    }
+}
+
 /// A renewal of this process's lease, as the core numbers them: its answer names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -101,6 +123,64 @@ impl std::fmt::Display for RenewalId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "renewal-{}", self.0)
     }
+}
+
+/// A claim of a key, as the core numbers them: its answer names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClaimId(pub u64);
+
+impl std::fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "claim-{}", self.0)
+    }
+}
+
+/// A release of a key, as the core numbers them: its answer names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ReleaseId(pub u64);
+
+impl std::fmt::Display for ReleaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "release-{}", self.0)
+    }
+}
+
+/// A key's durable record: what the store keeps for the key's next owner, written when an owner
+/// releases the key and read when the next one claims it. Everything a process, or the same one
+/// after a restart, needs to continue the key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The key's last persisted snapshot (a suspended sandbox, or the snapshot a Stop took):
+    /// the next owner's Start resumes from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<RecordedSnapshot>,
+    /// A sandbox the last owner handed over warm (up, drained, no call): the next owner adopts
+    /// it ([`Command::Adopt`](crate::Command::Adopt)) rather than starting one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<SandboxId>,
+}
+
+impl KeyRecord {
+    /// Whether it keeps nothing (the store may delete it).
+    pub fn is_empty(&self) -> bool {
+        self.snapshot.is_none() && self.warm.is_none()
+    }
+}
+
+/// A snapshot in a key's durable record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedSnapshot {
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// The sandbox that persisted it.
+    pub by: SandboxId,
+    /// The end of its retention, when the policy has one (in the core's time; the driver maps
+    /// it to and from the wall clock it records): the sweep deletes it then, and an owner that
+    /// claims the key later discards it at this instant, no earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_until: Option<Instant>,
 }
 
 /// Work the core orders from the store all processes share. Drained with
@@ -126,13 +206,52 @@ pub enum StoreCommand {
         /// valid.
         deadline: Instant,
     },
+    /// Claim `key` for this process under its lease `epoch`, atomically in the store: when no
+    /// process holds the key (no owner, the owner released it, or the owner's lease is expired or
+    /// of an older epoch), make this process its owner with the next fencing token and answer
+    /// [`handle_claimed`](crate::Lifecycle::handle_claimed) with the token and the key's
+    /// record; when another process holds it, record this process's want beside the key (the
+    /// owner sees it at its next renewal) and answer
+    /// [`handle_claim_busy`](crate::Lifecycle::handle_claim_busy). A store error is
+    /// [`handle_claim_failed`](crate::Lifecycle::handle_claim_failed). Dropped unanswered at the
+    /// deadline.
+    Claim {
+        /// This claim, for its answer.
+        claim: ClaimId,
+        /// The key.
+        key: Key,
+        /// The lease epoch the key's ownership is attached to.
+        epoch: u64,
+        /// When the core stops waiting.
+        deadline: Instant,
+    },
+    /// Release `key`: write its durable `record` and let it go, atomically, if the key is still
+    /// this process's under `token`. Answer [`handle_key_released`](crate::Lifecycle::handle_key_released),
+    /// or [`handle_release_failed`](crate::Lifecycle::handle_release_failed) (a store error:
+    /// the key stays this process's, the release is tried again) or
+    /// [`handle_release_fenced`](crate::Lifecycle::handle_release_fenced) (a newer token owns
+    /// the key: nothing was written). Dropped unanswered at the deadline.
+    Release {
+        /// This release, for its answer.
+        release: ReleaseId,
+        /// The key.
+        key: Key,
+        /// The token this process owns the key under.
+        token: Token,
+        /// What the next owner continues from.
+        record: KeyRecord,
+        /// When the core stops waiting.
+        deadline: Instant,
+    },
 }
 
 impl StoreCommand {
     /// The instant at which the core stops waiting for the answer.
     pub fn deadline(&self) -> Instant {
         match self {
-            StoreCommand::Renew { deadline, .. } => *deadline,
+            StoreCommand::Renew { deadline, .. }
+            | StoreCommand::Claim { deadline, .. }
+            | StoreCommand::Release { deadline, .. } => *deadline,
         }
     }
 }

@@ -64,6 +64,7 @@ impl Lifecycle {
             sandbox: self.sid(sandbox),
             hook: point,
             deadline,
+            token: self.sandboxes[sandbox].token,
         });
     }
 

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallSpec;
 use crate::error::Error;
-use crate::fleet::RenewalId;
+use crate::fleet::{ClaimId, KeyRecord, ReleaseId, RenewalId, Token};
+use crate::ids::Key;
 use crate::ids::{Payload, SandboxId, Snapshot, UploadId};
 use crate::lifecycle::Lifecycle;
 use crate::name::{CallId, PathName, SessionId};
@@ -97,6 +98,35 @@ pub enum Input {
     },
     Renewed {
         renewal: RenewalId,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        wanted: Vec<Key>,
+    },
+    Claimed {
+        claim: ClaimId,
+        key: Key,
+        token: Token,
+        #[serde(default)]
+        record: KeyRecord,
+    },
+    ClaimBusy {
+        claim: ClaimId,
+        key: Key,
+    },
+    ClaimFailed {
+        claim: ClaimId,
+        key: Key,
+    },
+    KeyReleased {
+        release: ReleaseId,
+        key: Key,
+    },
+    ReleaseFailed {
+        release: ReleaseId,
+        key: Key,
+    },
+    ReleaseFenced {
+        release: ReleaseId,
+        key: Key,
     },
     RenewFailed {
         renewal: RenewalId,
@@ -151,7 +181,18 @@ impl Lifecycle {
             Input::ShutdownFailed { sandbox } => self.handle_shutdown_failed(now, sandbox),
             Input::Died { sandbox } => self.handle_died(now, sandbox),
             Input::InstanceGone { sandbox } => self.handle_instance_gone(now, sandbox),
-            Input::Renewed { renewal } => self.handle_renewed(now, renewal),
+            Input::Renewed { renewal, wanted } => self.handle_renewed(now, renewal, &wanted),
+            Input::Claimed {
+                claim,
+                key,
+                token,
+                record,
+            } => self.handle_claimed(now, claim, &key, token, record),
+            Input::ClaimBusy { claim, key } => self.handle_claim_busy(now, claim, &key),
+            Input::ClaimFailed { claim, key } => self.handle_claim_failed(now, claim, &key),
+            Input::KeyReleased { release, key } => self.handle_key_released(now, release, &key),
+            Input::ReleaseFailed { release, key } => self.handle_release_failed(now, release, &key),
+            Input::ReleaseFenced { release, key } => self.handle_release_fenced(now, release, &key),
             Input::RenewFailed { renewal } => self.handle_renew_failed(now, renewal),
             Input::Timeout => self.handle_timeout(now),
         }

@@ -8,7 +8,7 @@ use crate::call::{CallIx, CallState};
 use crate::close::CloseState;
 use crate::config::SameKey;
 use crate::ids::Key;
-use crate::key::KeyIx;
+use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::timer::Timer;
@@ -282,6 +282,50 @@ impl Lifecycle {
                     "key {key} has {bound} live calls under Serialize"
                 );
             }
+            // Fleet: a key is owned only in fleet mode, and only a fleet key; its store work has
+            // its one timer; its live sandboxes carry the token it is owned under.
+            let fleet_key = self.is_fleet_key(key);
+            ensure!(
+                fleet_key || slot.own == Own::Local,
+                "ownership",
+                "key {key} is not a fleet key and is {:?}",
+                slot.own
+            );
+            ensure!(
+                slot.store_at.is_some()
+                    == matches!(slot.own, Own::Claiming(..) | Own::Busy | Own::Releasing(..))
+                    || matches!(slot.own, Own::Owned(_)),
+                "ownership",
+                "key {key} is {:?} with store timer {:?}",
+                slot.own,
+                slot.store_at
+            );
+            if let Some(at) = slot.store_at {
+                expected_timers += 1;
+                ensure!(
+                    table.get(&at) == Some(&&Timer::KeyStore(ix)),
+                    "timers",
+                    "key {key}'s store deadline is not in the table"
+                );
+            }
+            if fleet_key && (slot.bound > 0) {
+                ensure!(
+                    matches!(slot.own, Own::Owned(_) | Own::Releasing(..)),
+                    "ownership",
+                    "key {key} has bound calls and is {:?}",
+                    slot.own
+                );
+            }
+            if let (Some(token), Some(x)) = (slot.token(), slot.current) {
+                let x = &self.sandboxes[x];
+                ensure!(
+                    x.state == SandboxState::Dead || x.token == Some(token),
+                    "ownership",
+                    "key {key} is owned under {token} and its sandbox {} carries {:?}",
+                    x.id,
+                    x.token
+                );
+            }
             // Retention: a key keeps a snapshot for the policy's retention, on its own timer.
             let retains = self.config.release.tiers().retain.is_some();
             ensure!(
@@ -323,8 +367,11 @@ impl Lifecycle {
                                 | SandboxState::Running
                                 | SandboxState::Idle
                                 | SandboxState::Draining
+                                | SandboxState::HandingOver
                         )
-                    ),
+                    ) || (state == Some(SandboxState::Dead)
+                        && self.sandboxes[x].shutdown_ordered
+                        && slot.own != Own::Local),
                     "key-counts",
                     "key {key}'s current sandbox {x:?} is {state:?}"
                 );

@@ -4,6 +4,7 @@
 
 use crate::call::{CallIx, CallState};
 use crate::config::SameKey;
+use crate::fleet::{ClaimId, ReleaseId, Token};
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
@@ -37,6 +38,39 @@ pub(crate) struct KeySlot {
     pub(crate) snapshot: Option<(Snapshot, SandboxId)>,
     /// The end of the snapshot's retention, when the policy has one: `Timer::Retain`.
     pub(crate) retain: Option<TimerRef>,
+    /// Fleet mode: whether this process owns the key, and the store work under way for it.
+    pub(crate) own: Own,
+    /// Fleet mode: the deadline of the claim or release under way, or when a busy claim or a
+    /// failed release is tried again (`Timer::KeyStore`).
+    pub(crate) store_at: Option<TimerRef>,
+    /// Fleet mode: another process wants the key: hand it over once this one's calls on it end.
+    pub(crate) wanted: bool,
+}
+
+/// Fleet mode: a key's ownership, as this process knows it.
+///
+/// ```text
+///  Unclaimed ──(a call; lease valid)──▶ Claiming ──claimed──▶ Owned ──(way down ended, wanted,
+///      ▲                                  │  busy, failed,      │        or close)──▶ Releasing
+///      │                                  ▼  late               │                        │
+///      └───────(no call waits)─────── Busy (retry timer) ◀──────┘ (nothing)    released │
+///      └─────────────────────────────────────────────────────────────────────────────────┘
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Own {
+    /// Not a fleet key (scope `Call`, an external sandbox, or a single keeper): calls bind at
+    /// once.
+    Local,
+    /// A fleet key this process does not own: a call of it orders a claim.
+    Unclaimed,
+    /// A claim is under way, made under this lease epoch.
+    Claiming(ClaimId, u64),
+    /// Another process holds it (or the claim failed): the claim is made again at `store_at`.
+    Busy,
+    /// This process owns it under this token.
+    Owned(Token),
+    /// Its release is under way; the token is still this process's.
+    Releasing(ReleaseId, Token),
 }
 
 impl KeySlot {
@@ -50,6 +84,9 @@ impl KeySlot {
             waiters: VecDeque::new(),
             snapshot: None,
             retain: None,
+            own: Own::Local,
+            store_at: None,
+            wanted: false,
         }
     }
 
@@ -59,6 +96,16 @@ impl KeySlot {
             && self.bound == 0
             && self.waiters.is_empty()
             && self.snapshot.is_none()
+            && matches!(self.own, Own::Local | Own::Unclaimed)
+            && self.store_at.is_none()
+    }
+
+    /// The token this process owns the key under, if it does.
+    pub(crate) fn token(&self) -> Option<Token> {
+        match self.own {
+            Own::Owned(token) | Own::Releasing(_, token) => Some(token),
+            _ => None,
+        }
     }
 }
 
@@ -161,6 +208,9 @@ impl Lifecycle {
         if matches!(key, Key::External(_)) {
             return false;
         }
+        if self.is_fleet_key(key) && !slot.is_some_and(|k| self.may_bind(k)) {
+            return true;
+        }
         slot.map(|k| &self.keys[k]).is_some_and(|k| {
             !k.waiters.is_empty()
                 || k.retiring.is_some()
@@ -175,6 +225,9 @@ impl Lifecycle {
         }
         loop {
             let serialize = self.config.same_key == SameKey::Serialize;
+            if self.keys.get(key).is_some_and(|k| k.own != Own::Local) && !self.may_bind(key) {
+                return;
+            }
             let Some(slot) = self.keys.get_mut(key) else {
                 return;
             };
@@ -204,6 +257,6 @@ impl Lifecycle {
             }
         }
         self.admit(key);
-        self.keys.forget_if_empty(key);
+        self.key_settles(key);
     }
 }

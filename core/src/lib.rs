@@ -30,7 +30,7 @@
 //! assert!(matches!(core.poll_command(), Some(Command::Drain { .. })));
 //! assert_eq!(core.poll_command(), None);
 //! core.handle_upload_ok(t, upload).unwrap(); // settled; the drain is done; Stop follows
-//! let Some(Command::Stop { sandbox: stopped, suspend: false, deadline }) = core.poll_command()
+//! let Some(Command::Stop { sandbox: stopped, suspend: false, deadline, token: None }) = core.poll_command()
 //!     else { panic!() };
 //! assert_eq!((stopped, deadline), (sandbox, t + Config::default().command_timeout));
 //! # let _ = (v, Duration::ZERO);
@@ -201,6 +201,7 @@
 //! | `upload.rs` | uploads in flight and their table |
 //! | `close.rs` | close: its phases, revocation, the close report |
 //! | `fleet.rs` | fleet mode's configuration ([`Fleet`]) and the store's work ([`StoreCommand`]) |
+//! | `ownership.rs` | fleet keys: claims, adoption, handover, release with the key's durable record, the key's store timer |
 //! | `liveness.rs` | this process's lease: renewals on their own timer, validity with the margin, lapse and the next epoch |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
@@ -242,6 +243,7 @@ mod map;
 mod mirror;
 mod name;
 mod operation;
+mod ownership;
 mod sandbox;
 mod session;
 mod small_set;
@@ -259,7 +261,9 @@ pub use config::{
 };
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, Settlement};
-pub use fleet::{Fleet, RenewalId, StoreCommand};
+pub use fleet::{
+    ClaimId, Fleet, KeyRecord, RecordedSnapshot, ReleaseId, RenewalId, StoreCommand, Token,
+};
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 pub use input::{Answer, Input, UploadFailure};
 pub use invariants::Violation;

@@ -336,6 +336,7 @@ impl Lifecycle {
             }
             Timer::Retain(key) => self.retention_over(key),
             Timer::Close => self.close_deadline(),
+            Timer::KeyStore(key) => self.key_store_due(key),
             Timer::Renew => self.renew_due(),
             Timer::Lapse => self.lapsed(),
         }
@@ -357,6 +358,7 @@ impl Lifecycle {
                 |c| matches!(c.state, CallState::Waiting { deadline } if deadline == at),
             ),
             Timer::Retain(key) => self.keys.get(*key).is_some_and(|k| k.retain == Some(at)),
+            Timer::KeyStore(key) => self.keys.get(*key).is_some_and(|k| k.store_at == Some(at)),
             Timer::Renew => self.liveness.as_ref().is_some_and(|l| l.renew == Some(at)),
             Timer::Lapse => self.liveness.as_ref().is_some_and(|l| l.lapse == Some(at)),
             Timer::Close => match &self.close {
@@ -408,7 +410,7 @@ impl Lifecycle {
     }
 
     pub(crate) fn check_sandbox_id(&self, sandbox: SandboxId) -> Result<(), Error> {
-        if !self.sandboxes.was_handed_out(sandbox) {
+        if !self.sandboxes.was_handed_out(sandbox) && !self.sandboxes.is_foreign(sandbox) {
             Err(Error::UnknownSandbox { sandbox })
         } else {
             Ok(())

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::fleet::{Fleet, RenewalId, StoreCommand};
+use crate::ids::Key;
 use crate::lifecycle::Lifecycle;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef};
@@ -41,6 +42,10 @@ pub(crate) struct Liveness {
     pub(crate) in_flight: VecDeque<(RenewalId, Instant)>,
     /// The next renewal's number.
     pub(crate) next_renewal: u64,
+    /// The next claim's number.
+    pub(crate) next_claim: u64,
+    /// The next release's number.
+    pub(crate) next_release: u64,
 }
 
 impl Liveness {
@@ -54,7 +59,14 @@ impl Liveness {
             renew: None,
             in_flight: VecDeque::new(),
             next_renewal: 0,
+            next_claim: 0,
+            next_release: 0,
         }
+    }
+
+    /// Whether the lease is valid at `now` by the core's clock (the margin already taken off).
+    pub(crate) fn is_valid(&self, now: Instant) -> bool {
+        self.valid_until.is_some_and(|until| now < until)
     }
 }
 
@@ -68,12 +80,20 @@ impl Lifecycle {
     /// confirmation) is stale and ignored.
     ///
     /// Errors: `UnknownStoreWork` for a renewal never ordered, `Closed` after close finished.
-    pub fn handle_renewed(&mut self, now: Instant, renewal: RenewalId) -> Result<(), Error> {
+    /// `wanted` are the keys this process owns in the store's eyes that other processes want:
+    /// each is handed over once this process's calls on it end.
+    pub fn handle_renewed(
+        &mut self,
+        now: Instant,
+        renewal: RenewalId,
+        wanted: &[Key],
+    ) -> Result<(), Error> {
         let Some(sent) = self.renewal_answered(renewal)? else {
             return Ok(());
         };
         self.advance(now);
         let live = self.liveness.as_mut().expect("a renewal was ordered");
+        let was_valid = live.is_valid(self.now);
         let until = sent + live.fleet.valid_for();
         if until <= self.now {
             tracing::debug!(%renewal, "renewal confirmed too late to count");
@@ -89,6 +109,12 @@ impl Lifecycle {
             tracing::trace!(%renewal, until = %until, "lease renewed");
         } else {
             self.stats.renewals_ok += 1;
+        }
+        if self.liveness.as_ref().expect("fleet").is_valid(self.now) {
+            if !was_valid {
+                self.claim_waiting_keys();
+            }
+            self.note_wanted(wanted);
         }
         self.finish_input();
         Ok(())

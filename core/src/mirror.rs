@@ -476,6 +476,7 @@ impl Mirror<'_> {
             x.state
         );
         let x_id = x.id;
+        let x_token = x.token;
         let mut expired = Few::<(usize, Version)>::new();
         let s = &mut self.sessions[session];
         for (i, slot) in s.paths.iter_mut().enumerate() {
@@ -521,6 +522,7 @@ impl Mirror<'_> {
                 version,
                 payload,
                 deadline: until,
+                token: x_token,
             });
         }
         if !expired.is_empty() {

@@ -2,6 +2,7 @@
 
 use crate::call::CallIx;
 use crate::command::HookPoint;
+use crate::fleet::Token;
 use crate::ids::{SandboxId, Snapshot};
 use crate::key::KeyIx;
 use crate::map::Map;
@@ -34,6 +35,9 @@ pub enum SandboxState {
     Persisting,
     /// Shutdown ordered.
     ShuttingDown,
+    /// Fleet mode: drained, handed over warm to the key's next owner: the release of its key
+    /// (naming it in the key's record) is ordered, not answered.
+    HandingOver,
     /// The backend reported it gone.
     Dead,
 }
@@ -106,6 +110,11 @@ pub(crate) struct Sandbox {
     pub(crate) suspend: bool,
     /// The hook outstanding, while `awaiting` is `Hook`.
     pub(crate) hook: Option<HookPoint>,
+    /// Fleet mode: the token its key was owned under when it was started or adopted, which
+    /// every command changing it carries.
+    pub(crate) token: Option<Token>,
+    /// Fleet mode: it was adopted from the key's last owner (its Start is an Adopt).
+    pub(crate) adopted: bool,
 }
 
 impl Sandbox {
@@ -127,6 +136,8 @@ impl Sandbox {
             resumed: false,
             suspend: false,
             hook: None,
+            token: None,
+            adopted: false,
         }
     }
 
@@ -169,6 +180,29 @@ impl Sandboxes {
         let ix = self.records.insert(Sandbox::new(id, key, owner, state));
         self.by_id.insert(id, ix);
         ix
+    }
+
+    /// Tracks a sandbox another process made, under its own id (fleet mode: adopted). `None`
+    /// when that id is tracked already.
+    pub(crate) fn adopt(&mut self, id: SandboxId, key: KeyIx) -> Option<SandboxIx> {
+        if self.by_id.contains_key(&id) || self.was_handed_out(id) {
+            return None;
+        }
+        let ix = self.records.insert(Sandbox::new(
+            id,
+            key,
+            Ownership::Managed,
+            SandboxState::Starting,
+        ));
+        self.by_id.insert(id, ix);
+        Some(ix)
+    }
+
+    /// Whether `id` is another fleet process's numbering (fleet mode: an id this core may
+    /// adopt; incarnation 0 is no fleet process's).
+    pub(crate) fn is_foreign(&self, id: SandboxId) -> bool {
+        let incarnation = id.0 >> 32;
+        self.first_id != 0 && incarnation != 0 && incarnation != self.first_id >> 32
     }
 
     /// The place of the tracked sandbox `id`. The one lookup of a sandbox id per input.

@@ -33,6 +33,8 @@ impl Lifecycle {
         } else {
             (HookPoint::AfterStart, self.config.hooks.after_start)
         };
+        // An adopted sandbox was started, and hooked, by its first owner.
+        let timeout = timeout.filter(|_| !x.adopted);
         match timeout {
             // Its calls wait for the hook (the sandbox stays starting); one whose calls all
             // ended meanwhile goes down at once, hook or not.
@@ -57,6 +59,12 @@ impl Lifecycle {
         let key = self.sandboxes[sandbox].key;
         self.admit(key);
         if self.sandboxes[sandbox].bound.is_empty() {
+            if self.sandboxes[sandbox].adopted {
+                // Adopted for calls that ended meanwhile: it is the key's warm sandbox, as it
+                // was its last owner's.
+                self.last_call_released(sandbox);
+                return;
+            }
             // Every call it was started for ended while it started.
             self.stats.orphan_starts += 1;
             self.shutdown(sandbox);
@@ -94,6 +102,7 @@ impl Lifecycle {
             .create(key, Ownership::Managed, SandboxState::Starting);
         self.sandboxes[x].awaiting = Awaiting::Start;
         self.sandboxes[x].resumed = slot_has_snapshot;
+        self.sandboxes[x].token = self.keys[key].token();
         let slot = &mut self.keys[key];
         slot.current = Some(x);
         let key = slot.key.clone();
@@ -119,6 +128,7 @@ impl Lifecycle {
             resume_from,
             resumes,
             deadline,
+            token: self.sandboxes[x].token,
         });
         x
     }
@@ -137,8 +147,18 @@ impl Lifecycle {
             }
         }
         let starters: Few<CallIx> = x.bound.to_few();
-        for call in self.calls.by_name_order(starters) {
-            self.end_call(call, EndHow::Failed(error));
+        let adopted = x.adopted;
+        if adopted {
+            // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:
+            // they bind afresh below, to a new start of the key (after its Shutdown is ordered).
+            x.bound = crate::small_set::SmallSet::Empty;
+            if let Some(slot) = self.keys.get_mut(key) {
+                slot.bound -= starters.len() as u32;
+            }
+        } else {
+            for call in self.calls.by_name_order(starters.clone()) {
+                self.end_call(call, EndHow::Failed(error));
+            }
         }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
@@ -151,7 +171,10 @@ impl Lifecycle {
             self.way().order_abandon(sandbox);
         }
         self.shutdown(sandbox);
+        if adopted {
+            self.rebind_after_failed_adoption(starters);
+        }
         self.admit(key);
-        self.keys.forget_if_empty(key);
+        self.key_settles(key);
     }
 }

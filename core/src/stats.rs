@@ -66,4 +66,27 @@ pub struct Stats {
     pub renewals_failed: u64,
     #[serde(default)]
     pub lease_lapses: u64,
+    /// Fleet mode: claims of keys ordered, and how they ended.
+    #[serde(default)]
+    pub claims_ordered: u64,
+    #[serde(default)]
+    pub claims_ok: u64,
+    #[serde(default)]
+    pub claims_busy: u64,
+    #[serde(default)]
+    pub claims_failed: u64,
+    /// Fleet mode: releases of keys ordered, and how they ended.
+    #[serde(default)]
+    pub releases_ordered: u64,
+    #[serde(default)]
+    pub keys_released: u64,
+    #[serde(default)]
+    pub releases_failed: u64,
+    #[serde(default)]
+    pub releases_fenced: u64,
+    /// Fleet mode: warm sandboxes handed over to another process, and adopted from one.
+    #[serde(default)]
+    pub handovers: u64,
+    #[serde(default)]
+    pub adoptions_ordered: u64,
 }

@@ -29,6 +29,8 @@ pub(crate) enum Timer {
     Retain(KeyIx),
     /// The close deadline, then the second (grace) deadline.
     Close,
+    /// Fleet mode: a key's claim or release deadline, or its next try.
+    KeyStore(KeyIx),
     /// Fleet mode: the next renewal of this process's lease.
     Renew,
     /// Fleet mode: the end of this process's lease by the core's clock.

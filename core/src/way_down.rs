@@ -213,7 +213,7 @@ impl Lifecycle {
             .expect("a key's retention runs while it keeps a snapshot");
         tracing::debug!(key = %slot.key, snapshot = ?snapshot, "retention over");
         self.discard(key, snapshot, by, DiscardReason::Retention);
-        self.keys.forget_if_empty(key);
+        self.key_settles(key);
     }
 
     /// Orders a snapshot the key no longer references deleted.
@@ -224,6 +224,7 @@ impl Lifecycle {
             key: self.keys[key].key.clone(),
             snapshot,
             reason,
+            token: self.keys[key].token(),
         });
     }
 
@@ -247,15 +248,23 @@ impl Lifecycle {
     /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
     pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
         self.way().cancel_sandbox_timer(sandbox);
+        let hand_over = self.hands_over(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = x.is_managed();
-        x.state = if managed {
+        x.state = if hand_over {
+            SandboxState::HandingOver
+        } else if managed {
             SandboxState::Stopping
         } else {
             SandboxState::Dead
         };
         self.mirror().leave_uploads(sandbox, reason);
         let key = self.sandboxes[sandbox].key;
+        if hand_over {
+            // Fleet: another process wants the key; the drained sandbox goes to it, warm.
+            self.release_key(key, Some(sandbox));
+            return;
+        }
         let slot = &mut self.keys[key];
         if slot.current == Some(sandbox) {
             slot.current = None;
@@ -293,6 +302,7 @@ impl Lifecycle {
             sandbox: self.sid(sandbox),
             suspend,
             deadline,
+            token: self.sandboxes[sandbox].token,
         });
     }
 
@@ -324,6 +334,7 @@ impl Lifecycle {
         self.commands.push_back(Command::Shutdown {
             sandbox: self.sid(sandbox),
             deadline,
+            token: self.sandboxes[sandbox].token,
         });
         self.key_lets_go(key, sandbox);
     }
@@ -418,6 +429,7 @@ impl Way<'_> {
             suspend,
             retain_until,
             deadline,
+            token: self.sandboxes[sandbox].token,
         });
     }
 

@@ -1862,6 +1862,7 @@ fn every_variant_round_trips() {
             resume_from: Some(snap("r")),
             resumes: Some(SandboxId(0)),
             deadline: Instant::from_millis(1500),
+            token: None,
         })
         .collect();
     commands.extend([
@@ -1873,6 +1874,7 @@ fn every_variant_round_trips() {
             version: Version(2),
             payload,
             deadline: Instant::from_millis(2500),
+            token: None,
         },
         Command::CancelUpload {
             upload: u,

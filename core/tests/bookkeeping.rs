@@ -31,6 +31,7 @@ fn answer_all(core: &mut Lifecycle, t: Instant) {
             | Command::Discard { .. }
             | Command::Hook { .. }
             | Command::Abandon { .. } => {}
+            Command::Adopt { .. } | Command::Relinquish { .. } => panic!("no fleet here: {cmd:?}"),
         }
     }
     while core.poll_event().is_some() {}
@@ -207,6 +208,7 @@ fn close_waits_for_holds_and_starts_until_its_deadline() {
         Some(Command::Shutdown {
             sandbox,
             deadline: Instant::from_millis(5) + core.config().command_timeout,
+            token: None,
         })
     );
 }

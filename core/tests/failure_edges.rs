@@ -29,7 +29,8 @@ fn a_failed_start_is_shut_down_once_to_clean_up() {
         commands(&mut core),
         vec![Command::Shutdown {
             sandbox: x,
-            deadline
+            deadline,
+            token: None,
         }]
     );
     assert!(events(&mut core).contains(&Event::CallFailed {
@@ -53,7 +54,8 @@ fn a_death_while_starting_is_dead_and_shut_down_once() {
             Command::Abandon { sandbox: x },
             Command::Shutdown {
                 sandbox: x,
-                deadline
+                deadline,
+                token: None,
             }
         ]
     );
@@ -155,6 +157,7 @@ fn a_drain_waits_for_a_version_waiting_to_be_retried() {
         sandbox: x,
         suspend: false,
         deadline: retry + Config::default().command_timeout,
+        token: None,
     }));
     assert!(events(&mut core).iter().any(|e| matches!(
         e,

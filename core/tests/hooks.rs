@@ -20,6 +20,7 @@ fn hook(x: SandboxId, point: HookPoint) -> Command {
         sandbox: x,
         hook: point,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 

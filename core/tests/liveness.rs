@@ -11,11 +11,14 @@ fn fleet() -> Fleet {
         lease: Duration::from_secs(10),
         renew_every: Duration::from_secs(3),
         margin: Duration::from_secs(2),
+        claim_retry: Duration::from_millis(500),
     }
 }
 
+/// Scope `Call`: calls start at once, no key to claim (ownership is `ownership.rs`'s).
 fn core() -> Lifecycle {
     Lifecycle::new(Config {
+        scope: Scope::Call,
         fleet: Some(fleet()),
         ..Config::default()
     })
@@ -36,6 +39,7 @@ fn tick(core: &mut Lifecycle, t: Instant) -> Vec<(RenewalId, u64, Instant)> {
                 epoch,
                 deadline,
             } => (renewal, epoch, deadline),
+            other => panic!("only renewals here: {other:?}"),
         })
         .collect()
 }
@@ -57,7 +61,7 @@ fn the_first_renewal_is_due_at_once_and_the_next_ones_on_their_own_timer() {
     );
     assert_eq!(core.poll_timeout(), Some(at(3)));
     assert_eq!(tick(&mut core, at(3)), vec![(RenewalId(1), 1, at(11))]);
-    core.handle_renewed(at(3), RenewalId(1)).unwrap();
+    core.handle_renewed(at(3), RenewalId(1), &[]).unwrap();
     assert_eq!(
         core.lease_valid_until(),
         Some(at(11)),
@@ -65,7 +69,7 @@ fn the_first_renewal_is_due_at_once_and_the_next_ones_on_their_own_timer() {
     );
     // The older renewal's late confirmation is stale: a later one was confirmed.
     let stale = core.stats().stale_answers;
-    core.handle_renewed(at(4), RenewalId(0)).unwrap();
+    core.handle_renewed(at(4), RenewalId(0), &[]).unwrap();
     assert_eq!(core.stats().stale_answers, stale + 1);
     assert_eq!(core.lease_valid_until(), Some(at(11)));
     // Nothing else the core does moves the renewals: a call comes and goes.
@@ -85,7 +89,7 @@ fn the_first_renewal_is_due_at_once_and_the_next_ones_on_their_own_timer() {
 fn a_lease_not_confirmed_in_time_lapses_and_the_next_renewal_opens_a_new_epoch() {
     let mut core = core();
     tick(&mut core, at(0));
-    core.handle_renewed(at(0), RenewalId(0)).unwrap();
+    core.handle_renewed(at(0), RenewalId(0), &[]).unwrap();
     assert_eq!(core.lease_valid_until(), Some(at(8)));
     // Every later renewal fails.
     for t in [3, 6] {
@@ -115,10 +119,10 @@ fn a_lease_not_confirmed_in_time_lapses_and_the_next_renewal_opens_a_new_epoch()
     );
     // The old epoch's renewals are stale now, even one confirmed.
     let stale = core.stats().stale_answers;
-    core.handle_renewed(at(8), RenewalId(2)).unwrap();
+    core.handle_renewed(at(8), RenewalId(2), &[]).unwrap();
     assert_eq!(core.stats().stale_answers, stale + 1);
     assert_eq!(core.lease_valid_until(), None);
-    core.handle_renewed(at(9), RenewalId(3)).unwrap();
+    core.handle_renewed(at(9), RenewalId(3), &[]).unwrap();
     assert_eq!(core.lease_valid_until(), Some(at(16)));
 }
 
@@ -127,7 +131,7 @@ fn a_confirmation_too_late_to_count_is_stale() {
     let mut core = core();
     tick(&mut core, at(0));
     // Confirmed at 8 s: sent at 0, valid until 8: nothing gained.
-    core.handle_renewed(at(8), RenewalId(0)).unwrap();
+    core.handle_renewed(at(8), RenewalId(0), &[]).unwrap();
     assert_eq!(core.lease_valid_until(), None);
     assert_eq!(core.stats().renewals_ok, 0);
 }
@@ -137,7 +141,7 @@ fn store_answers_for_work_never_ordered_are_typed_errors_that_change_nothing() {
     let mut core = core();
     let before = format!("{core:?}");
     assert_eq!(
-        core.handle_renewed(at(0), RenewalId(0)),
+        core.handle_renewed(at(0), RenewalId(0), &[]),
         Err(Error::UnknownStoreWork {
             what: "renewal",
             id: 0

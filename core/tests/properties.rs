@@ -254,6 +254,9 @@ impl World {
                         .retain(|c| !matches!(c, Command::Upload { upload: u, .. } if u == upload));
                 }
                 Command::Drain { .. } => {}
+                Command::Adopt { .. } | Command::Relinquish { .. } => {
+                    prop_assert!(false, "fleet work without a fleet configured: {cmd:?}")
+                }
             }
             if !matches!(
                 cmd,
@@ -351,6 +354,9 @@ impl World {
             | Command::CancelUpload { .. }
             | Command::Discard { .. }
             | Command::Abandon { .. } => Ok(()),
+            Command::Adopt { .. } | Command::Relinquish { .. } => {
+                unreachable!("no fleet configured: {cmd:?}")
+            }
         }
     }
 }

@@ -251,6 +251,7 @@ fn r06_mirror_into_dead_sandbox() {
             version: Version(2),
             payload: Payload::new(b"v2".to_vec()),
             deadline: Instant::ZERO, // compared apart (checked when drained)
+            token: None,
         },
     ]);
     h.expect_events(&[dropped("sa", &log(), 1, DropReason::UploadTimeout)]);

@@ -243,6 +243,7 @@ fn settle(core: &mut Lifecycle, now: Instant, start_ok: bool, seen: &mut Seen) {
             | Command::Discard { .. }
             | Command::Hook { .. }
             | Command::Abandon { .. } => Ok(()),
+            Command::Adopt { .. } | Command::Relinquish { .. } => panic!("no fleet here: {cmd:?}"),
         };
         // Answers after Closed are refused, as they must be.
         assert!(r.is_ok() || core.is_closed(), "answer refused: {r:?}");

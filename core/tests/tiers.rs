@@ -30,6 +30,7 @@ fn suspend(h: &mut Script, x: SandboxId, session: &str, snapshot: &str) -> Optio
             suspend: true,
             retain_until,
             deadline,
+            token: _,
         }] => {
             assert_eq!((*sandbox, s.as_str()), (x, snapshot));
             // The backend's own expiry is never earlier than the core's.
@@ -78,6 +79,7 @@ fn warm_then_suspended_then_discarded() {
         key: Key::Session(session("s")),
         snapshot: snap("snap-x"),
         reason: DiscardReason::Retention,
+        token: None,
     }]);
     assert_eq!(h.core.stats().discards, 1);
     assert_eq!(h.core.tracked_keys(), 0);
@@ -168,6 +170,7 @@ fn the_shutdown_way_keeps_the_snapshot_for_the_retention() {
         key: Key::Session(session("s")),
         snapshot: snap("snap-x"),
         reason: DiscardReason::Retention,
+        token: None,
     }]);
     assert_eq!(h.core.tracked_keys(), 0);
 }
@@ -258,6 +261,7 @@ fn a_calls_own_key_keeps_no_snapshot() {
             key: Key::Call(call("a")),
             snapshot: snap("snap-x"),
             reason: DiscardReason::Unused,
+            token: None,
         },
         shutdown(x),
     ]);

@@ -387,6 +387,7 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 version,
                 payload,
                 deadline,
+                token: _,
             } => {
                 let deadline = self.instant(deadline);
                 let request = UploadRequest {
@@ -415,6 +416,7 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 key,
                 snapshot,
                 reason,
+                token: _,
             } => {
                 let request = DiscardRequest {
                     sandbox,

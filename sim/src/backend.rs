@@ -52,7 +52,8 @@ impl Ledger {
     /// answered late (random runs); otherwise the driver abandons it.
     pub fn record(&mut self, cmd: &Command, keep_zombies: bool) {
         let (kind, upload) = match cmd {
-            Command::Start { .. } => (OpKind::Start, None),
+            // An adoption is answered as a start is.
+            Command::Start { .. } | Command::Adopt { .. } => (OpKind::Start, None),
             Command::Upload { upload, .. } => (OpKind::Upload, Some(*upload)),
             Command::Stop { .. } => (OpKind::Stop, None),
             Command::Persist { .. } => (OpKind::Persist, None),
@@ -73,6 +74,8 @@ impl Ledger {
             // is the harder one: it may still answer (a stale answer the core must ignore), as
             // a scenario may, so the command stays outstanding until answered.
             Command::Abandon { .. } => return,
+            // No answer: the sandbox is no longer this process's.
+            Command::Relinquish { .. } => return,
         };
         self.next_seq += 1;
         self.ops.push(Op {

@@ -667,6 +667,12 @@ impl History {
                 );
             }
             Command::Abandon { .. } => {}
+            // The simulator's world is one process: fleet mode is never configured, so the
+            // core has nothing to adopt or relinquish.
+            Command::Adopt { .. } | Command::Relinquish { .. } => self.fail(
+                "fleet-unsimulated",
+                format!("{cmd:?} in a one-process run, which has no fleet configured"),
+            ),
             Command::Shutdown { .. } => {
                 self.shutdowns += 1;
                 self.lets_go(x);

@@ -85,6 +85,7 @@ impl Answer {
             OpKind::Persist => Answer::PersistOk,
             OpKind::Shutdown => Answer::ShutdownOk,
             OpKind::Hook => Answer::HookOk,
+            OpKind::Relinquish => unreachable!("a Relinquish wants no answer: never outstanding"),
         }
     }
 }
@@ -218,11 +219,12 @@ pub fn state_word(state: sandkeeper::SandboxState) -> &'static str {
         S::Persisting => "persisting",
         S::ShuttingDown => "shutting-down",
         S::Dead => "dead",
+        S::HandingOver => "handing-over",
     }
 }
 
 /// Every sandbox state, for parsing.
-pub const STATES: [sandkeeper::SandboxState; 8] = [
+pub const STATES: [sandkeeper::SandboxState; 9] = [
     sandkeeper::SandboxState::Starting,
     sandkeeper::SandboxState::Running,
     sandkeeper::SandboxState::Idle,
@@ -231,6 +233,7 @@ pub const STATES: [sandkeeper::SandboxState; 8] = [
     sandkeeper::SandboxState::Persisting,
     sandkeeper::SandboxState::ShuttingDown,
     sandkeeper::SandboxState::Dead,
+    sandkeeper::SandboxState::HandingOver,
 ];
 
 /// Writes a duration the way scenario files spell it.

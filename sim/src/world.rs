@@ -125,6 +125,9 @@ impl World {
                 OpKind::Persist => (s.persist_fail, s.command_hang, 0),
                 OpKind::Shutdown => (s.shutdown_fail, s.command_hang, 0),
                 OpKind::Hook => (s.hook_fail, s.hook_hang, 0),
+                OpKind::Relinquish => {
+                    unreachable!("a Relinquish wants no answer: never outstanding")
+                }
             };
             op.fate = if r.chance(gone) {
                 Fate::Gone
@@ -402,6 +405,9 @@ impl World {
             (OpKind::Shutdown, _) => Answer::ShutdownFail,
             (OpKind::Hook, Fate::Ok) => Answer::HookOk,
             (OpKind::Hook, _) => Answer::HookFail,
+            (OpKind::Relinquish, _) => {
+                unreachable!("a Relinquish wants no answer: never outstanding")
+            }
         }
     }
 

@@ -155,6 +155,9 @@ impl Cmd {
             Command::CancelUpload { .. } | Command::Drain { .. } | Command::Abandon { .. } => {
                 return None
             }
+            Command::Adopt { .. } | Command::Relinquish { .. } => {
+                panic!("{command:?}: the agreement runs configure no fleet")
+            }
         })
     }
 }

@@ -124,6 +124,7 @@ pub fn stop(x: SandboxId) -> Command {
         sandbox: x,
         suspend: false,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 
@@ -133,6 +134,7 @@ pub fn stop_to_suspend(x: SandboxId) -> Command {
         sandbox: x,
         suspend: true,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 
@@ -144,6 +146,7 @@ pub fn persist(x: SandboxId, snapshot: Option<&str>) -> Command {
         suspend: false,
         retain_until: None,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 
@@ -155,6 +158,7 @@ pub fn persist_to_suspend(x: SandboxId, snapshot: Option<&str>) -> Command {
         suspend: true,
         retain_until: None,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 
@@ -163,6 +167,7 @@ pub fn shutdown(x: SandboxId) -> Command {
     Command::Shutdown {
         sandbox: x,
         deadline: Instant::ZERO,
+        token: None,
     }
 }
 
@@ -182,8 +187,10 @@ pub fn plain(command: &Command) -> Command {
         | Command::Stop { deadline, .. }
         | Command::Persist { deadline, .. }
         | Command::Hook { deadline, .. }
+        | Command::Adopt { deadline, .. }
         | Command::Shutdown { deadline, .. } => *deadline = Instant::ZERO,
-        Command::CancelUpload { .. }
+        Command::Relinquish { .. }
+        | Command::CancelUpload { .. }
         | Command::Drain { .. }
         | Command::Discard { .. }
         | Command::Abandon { .. } => {}
@@ -631,11 +638,11 @@ impl Script {
                 h.draining.remove(sandbox);
             }
             Command::Persist { .. } | Command::Discard { .. } | Command::Hook { .. } => {}
-            Command::Shutdown { sandbox, .. } => {
+            Command::Shutdown { sandbox, .. } | Command::Relinquish { sandbox } => {
                 h.draining.remove(sandbox);
                 self.uploads.retain(|_, u| u.sandbox != *sandbox);
             }
-            Command::Abandon { .. } => {}
+            Command::Adopt { .. } | Command::Abandon { .. } => {}
         }
     }
 

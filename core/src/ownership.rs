@@ -1,0 +1,635 @@
+//! Fleet mode: who drives a key's sandboxes. Claiming a key before its first start or adoption,
+//! the answers of the store, adopting a sandbox handed over warm, handing a key over to a process
+//! that wants it, and releasing it with its durable record when this process is done with it.
+//!
+//! The rules, each kept here and nowhere else:
+//!
+//! - A call of a fleet key binds only while this process owns the key ([`Own::Owned`]); before,
+//!   it queues like any waiter (bounded by `wait_timeout`) and the core claims the key, under a
+//!   valid lease only. A busy or failed claim is made again every `claim_retry` while a call
+//!   waits.
+//! - A claimed key continues from its record: a warm sandbox is adopted (`Command::Adopt`); a
+//!   snapshot becomes the key's, for the next Start to resume, with its recorded retention.
+//! - An owned key whose calls have all ended is released, with its record, when nothing of it
+//!   is left (its way down ended and no snapshot is kept), when another process wants it (a warm
+//!   sandbox is drained and handed over in the record; a snapshot goes in the record), and at
+//!   close. A key that keeps a snapshot and is not wanted stays owned: owning costs nothing but
+//!   the process's one lease.
+//! - Every command that changes a fleet key's sandbox carries the token it is owned under.
+
+use crate::call::CallIx;
+use crate::command::Command;
+use crate::error::{DropReason, Error};
+use crate::fleet::{ClaimId, KeyRecord, RecordedSnapshot, ReleaseId, StoreCommand, Token};
+use crate::ids::Key;
+use crate::key::{KeyIx, Own};
+use crate::lifecycle::Lifecycle;
+use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
+use crate::small_set::Few;
+use crate::time::Instant;
+use crate::timer::Timer;
+
+/// How a key's release ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Released {
+    /// Written: the key is no longer this process's.
+    Done,
+    /// A store error or no answer in time: the key is still this process's; try again later.
+    Failed,
+    /// Refused: a newer token owns the key. It was not this process's any more.
+    Fenced,
+}
+
+impl Lifecycle {
+    // ------------------------------------------------------------------------------------------
+    // Store inputs
+
+    /// The store made this process the owner of `key` under `token`; `record` is what the key's
+    /// last owner left. Calls of the key bind now: to the warm sandbox the record hands over
+    /// (adopted first), else to a new one, which resumes the record's snapshot. A claim the core
+    /// no longer awaits (past its deadline, of a lease epoch that lapsed) is stale: the core does
+    /// not count the key its own, and the store gives it to the next claimant once this
+    /// process's lease of that epoch ends.
+    ///
+    /// Errors: `UnknownStoreWork` for a claim never ordered, `Closed` after close finished.
+    pub fn handle_claimed(
+        &mut self,
+        now: Instant,
+        claim: ClaimId,
+        key: &Key,
+        token: Token,
+        record: KeyRecord,
+    ) -> Result<(), Error> {
+        let Some(k) = self.claim_answered(claim, key)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        let live = self.liveness.as_ref().expect("fleet");
+        let Own::Claiming(_, epoch) = self.keys[k].own else {
+            unreachable!("an awaited claim")
+        };
+        if epoch != live.epoch || !live.is_valid(self.now) {
+            // The lease it was made under is no longer valid: owning the key now would break
+            // the rule that nothing is ordered for a key without a valid lease.
+            tracing::debug!(%claim, key = %key, "claim confirmed after its lease lapsed");
+            self.stats.stale_answers += 1;
+            self.claim_again_later(k);
+            self.finish_input();
+            return Ok(());
+        }
+        tracing::debug!(%claim, key = %key, %token, ?record, "key claimed");
+        self.stats.claims_ok += 1;
+        self.cancel_key_store_timer(k);
+        let slot = &mut self.keys[k];
+        slot.own = Own::Owned(token);
+        if let Some(recorded) = record.snapshot {
+            self.take_recorded_snapshot(k, recorded);
+        }
+        match record.warm {
+            Some(id) => self.adopt(k, id, token),
+            None => self.admit(k),
+        }
+        self.key_settles(k);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// Another process owns `key`; the store recorded this process's want. The claim is made
+    /// again after `claim_retry` while a call of the key waits.
+    ///
+    /// Errors: as [`handle_claimed`](Self::handle_claimed).
+    pub fn handle_claim_busy(
+        &mut self,
+        now: Instant,
+        claim: ClaimId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        let Some(k) = self.claim_answered(claim, key)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::debug!(%claim, key = %key, "key busy");
+        self.stats.claims_busy += 1;
+        self.claim_again_later(k);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The store could not decide the claim (an error, a conflict it gave up on). As busy:
+    /// made again after `claim_retry` while a call of the key waits. Never fails open.
+    ///
+    /// Errors: as [`handle_claimed`](Self::handle_claimed).
+    pub fn handle_claim_failed(
+        &mut self,
+        now: Instant,
+        claim: ClaimId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        let Some(k) = self.claim_answered(claim, key)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        tracing::warn!(%claim, key = %key, "claim failed");
+        self.stats.claims_failed += 1;
+        self.claim_again_later(k);
+        self.finish_input();
+        Ok(())
+    }
+
+    /// The store wrote the key's record and let the key go: it is no longer this process's. A
+    /// sandbox handed over with it is relinquished (`Command::Relinquish`). Calls of the key
+    /// that came meanwhile claim it again.
+    ///
+    /// Errors: `UnknownStoreWork` for a release never ordered, `Closed` after close finished.
+    pub fn handle_key_released(
+        &mut self,
+        now: Instant,
+        release: ReleaseId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.release_answered(now, release, key, Released::Done)
+    }
+
+    /// The store could not write the release. The key is still this process's (under the same
+    /// token); a sandbox being handed over goes back to warm, and the release is tried again
+    /// after `claim_retry`.
+    ///
+    /// Errors: as [`handle_key_released`](Self::handle_key_released).
+    pub fn handle_release_failed(
+        &mut self,
+        now: Instant,
+        release: ReleaseId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.release_answered(now, release, key, Released::Failed)
+    }
+
+    /// The store refused the release: a newer token owns the key (this process's lease expired
+    /// in the store's eyes). Nothing was written; the key, and a sandbox being handed over with
+    /// it, are the new owner's.
+    ///
+    /// Errors: as [`handle_key_released`](Self::handle_key_released).
+    pub fn handle_release_fenced(
+        &mut self,
+        now: Instant,
+        release: ReleaseId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.release_answered(now, release, key, Released::Fenced)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Getters
+
+    /// The token this process owns `key` under, in fleet mode.
+    pub fn key_token(&self, key: &Key) -> Option<Token> {
+        self.keys.get(self.keys.find(key)?)?.token()
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: claiming
+
+    /// Whether `key` is a fleet key: fleet mode is on and the key spans calls (not one call's,
+    /// not an external sandbox the application supplies).
+    pub(crate) fn is_fleet_key(&self, key: &Key) -> bool {
+        self.liveness.is_some() && !matches!(key, Key::Call(_) | Key::External(_))
+    }
+
+    /// Whether calls of the key may bind now: a local key, or one this process owns whose
+    /// sandbox is not being handed over.
+    pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
+        let slot = &self.keys[k];
+        match slot.own {
+            Own::Local => true,
+            Own::Owned(_) => !slot
+                .current
+                .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver),
+            _ => false,
+        }
+    }
+
+    /// A call of `k` queued: claim the key if nobody is claiming it yet and the lease is valid
+    /// (else the claim waits for the lease, [`claim_waiting_keys`](Self::claim_waiting_keys)).
+    pub(crate) fn claim_for_waiter(&mut self, k: KeyIx) {
+        if self.keys[k].own == Own::Local && self.is_fleet_key(&self.keys[k].key) {
+            self.keys[k].own = Own::Unclaimed;
+        }
+        if self.keys[k].own == Own::Unclaimed {
+            self.claim(k);
+        }
+    }
+
+    /// Orders the claim of `k`, if the lease is valid.
+    fn claim(&mut self, k: KeyIx) {
+        let now = self.now;
+        let timeout = self.config.command_timeout;
+        let live = self.liveness.as_mut().expect("fleet");
+        if !live.is_valid(now) {
+            return;
+        }
+        let claim = ClaimId(live.next_claim);
+        live.next_claim += 1;
+        let epoch = live.epoch;
+        // The claim's answer is no use once the lease it is made under could have lapsed.
+        let deadline = (now + timeout).min(live.valid_until.expect("valid"));
+        self.stats.claims_ordered += 1;
+        let slot = &mut self.keys[k];
+        slot.own = Own::Claiming(claim, epoch);
+        tracing::debug!(%claim, key = %slot.key, "claim");
+        self.store.push_back(StoreCommand::Claim {
+            claim,
+            key: slot.key.clone(),
+            epoch,
+            deadline,
+        });
+        self.set_key_store_timer(k, deadline);
+    }
+
+    /// The lease became valid: claim every key a call waits for, in key order.
+    pub(crate) fn claim_waiting_keys(&mut self) {
+        if self.waiting == 0 {
+            return;
+        }
+        let mut keys: Vec<(Key, KeyIx)> = self
+            .keys
+            .iter()
+            .filter(|(_, slot)| slot.own == Own::Unclaimed && !slot.waiters.is_empty())
+            .map(|(k, slot)| (slot.key.clone(), k))
+            .collect();
+        keys.sort_unstable();
+        for (_, k) in keys {
+            self.claim(k);
+        }
+    }
+
+    /// A claim was busy, failed or late: wait `claim_retry`, then claim again if a call still
+    /// waits.
+    fn claim_again_later(&mut self, k: KeyIx) {
+        let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
+        self.keys[k].own = Own::Busy;
+        let at = self.now + retry;
+        self.set_key_store_timer(k, at);
+    }
+
+    /// The place of `key` when its claim `claim` is awaited.
+    fn claim_answered(&mut self, claim: ClaimId, key: &Key) -> Result<Option<KeyIx>, Error> {
+        self.check_not_closed("claim answer")?;
+        let unknown = Error::UnknownStoreWork {
+            what: "claim",
+            id: claim.0,
+        };
+        let live = self.liveness.as_ref().ok_or(unknown.clone())?;
+        if claim.0 >= live.next_claim {
+            return Err(unknown);
+        }
+        let awaited = self
+            .keys
+            .find(key)
+            .filter(|k| matches!(self.keys[*k].own, Own::Claiming(c, _) if c == claim));
+        if awaited.is_none() {
+            tracing::debug!(%claim, key = %key, "stale claim answer ignored");
+            self.stats.stale_answers += 1;
+        }
+        Ok(awaited)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: what a claimed key continues from
+
+    /// The record's snapshot becomes the key's, with the retention the record carries.
+    fn take_recorded_snapshot(&mut self, k: KeyIx, recorded: RecordedSnapshot) {
+        let retains = self.config.release.tiers().retain.is_some();
+        let slot = &mut self.keys[k];
+        debug_assert!(slot.snapshot.is_none() && slot.retain.is_none());
+        slot.snapshot = Some((recorded.snapshot, recorded.by));
+        if retains {
+            let at = recorded
+                .retain_until
+                .unwrap_or(self.now + self.config.release.tiers().retain.expect("retains"));
+            // A retention that already passed ends at the next timer check, in order.
+            let at = self.timers.set(at.max(self.now), Timer::Retain(k));
+            self.keys[k].retain = Some(at);
+        }
+    }
+
+    /// Adopts the warm sandbox `id` the key's last owner handed over: tracked as starting, its
+    /// Adopt ordered; the key's calls bind to it as to a start.
+    fn adopt(&mut self, k: KeyIx, id: crate::ids::SandboxId, token: Token) {
+        let Some(x) = self.sandboxes.adopt(id, k) else {
+            // This process tracks that id already (it handed the sandbox over and still has it
+            // on its way out): not adoptable twice; start afresh.
+            tracing::warn!(sandbox = %id, "handed-over sandbox still tracked here: not adopted");
+            self.admit(k);
+            return;
+        };
+        self.stats.adoptions_ordered += 1;
+        let sandbox = &mut self.sandboxes[x];
+        sandbox.adopted = true;
+        sandbox.token = Some(token);
+        sandbox.awaiting = Awaiting::Start;
+        self.keys[k].current = Some(x);
+        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        tracing::debug!(sandbox = %id, %token, "adopt");
+        self.commands.push_back(Command::Adopt {
+            sandbox: id,
+            key: self.keys[k].key.clone(),
+            token,
+            deadline,
+        });
+        self.admit(k);
+    }
+
+    /// An adopted sandbox could not be taken over (gone, failed, late): its calls bind afresh,
+    /// to a new start of the key, instead of failing.
+    pub(crate) fn rebind_after_failed_adoption(&mut self, calls: Few<CallIx>) {
+        for call in self.calls.by_name_order(calls) {
+            self.bind(call);
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: letting go
+
+    /// The key's state changed: forget it when nothing is left of it; release it when this
+    /// process owns it and is done with it (see the module's rules).
+    pub(crate) fn key_settles(&mut self, k: KeyIx) {
+        let Some(slot) = self.keys.get(k) else {
+            return;
+        };
+        if let Own::Owned(_) = slot.own {
+            let quiet = slot.bound == 0 && slot.waiters.is_empty() && slot.retiring.is_none();
+            if !quiet || slot.store_at.is_some() {
+                return;
+            }
+            let closing = self.is_closing();
+            match slot.current {
+                None if slot.wanted || slot.snapshot.is_none() || closing => {
+                    self.release_key(k, None)
+                }
+                Some(x) if slot.wanted && self.sandboxes[x].state == SandboxState::Idle => {
+                    // Handed over warm: drained first, like any way down; `end_drain` hands it
+                    // over rather than stopping it.
+                    tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
+                    self.begin_drain(x);
+                }
+                _ => {}
+            }
+            return;
+        }
+        self.keys.forget_if_empty(k);
+    }
+
+    /// Whether the drained sandbox `x` goes to another process rather than down: its key is
+    /// owned here, wanted elsewhere, and none of this process's calls wants it.
+    pub(crate) fn hands_over(&self, x: SandboxIx) -> bool {
+        let sandbox = &self.sandboxes[x];
+        let slot = &self.keys[sandbox.key];
+        slot.wanted
+            && matches!(slot.own, Own::Owned(_))
+            && slot.store_at.is_none()
+            && slot.bound == 0
+            && slot.waiters.is_empty()
+            && slot.retiring.is_none()
+            && sandbox.state == SandboxState::Draining
+    }
+
+    /// Orders the release of the owned key `k` with its record: its snapshot, and the drained
+    /// sandbox `warm` when it is handed over.
+    pub(crate) fn release_key(&mut self, k: KeyIx, warm: Option<SandboxIx>) {
+        let Own::Owned(token) = self.keys[k].own else {
+            unreachable!("release of a key this process does not own")
+        };
+        let live = self.liveness.as_mut().expect("fleet");
+        let release = ReleaseId(live.next_release);
+        live.next_release += 1;
+        let deadline = self.now + self.config.command_timeout;
+        if let Some(x) = warm {
+            let sandbox = &mut self.sandboxes[x];
+            debug_assert_eq!(sandbox.state, SandboxState::HandingOver);
+            self.way().cancel_sandbox_timer(x);
+            self.stats.handovers += 1;
+        }
+        let slot = &mut self.keys[k];
+        let record = KeyRecord {
+            snapshot: slot
+                .snapshot
+                .as_ref()
+                .map(|(snapshot, by)| RecordedSnapshot {
+                    snapshot: snapshot.clone(),
+                    by: *by,
+                    retain_until: slot.retain.map(|at| at.at),
+                }),
+            warm: warm.map(|x| self.sandboxes[x].id),
+        };
+        slot.own = Own::Releasing(release, token);
+        tracing::debug!(%release, key = %slot.key, ?record, "release key");
+        self.stats.releases_ordered += 1;
+        self.store.push_back(StoreCommand::Release {
+            release,
+            key: slot.key.clone(),
+            token,
+            record,
+            deadline,
+        });
+        self.set_key_store_timer(k, deadline);
+    }
+
+    /// A release was answered (or its deadline passed: `Failed`).
+    fn release_answered(
+        &mut self,
+        now: Instant,
+        release: ReleaseId,
+        key: &Key,
+        how: Released,
+    ) -> Result<(), Error> {
+        self.check_not_closed("release answer")?;
+        let unknown = Error::UnknownStoreWork {
+            what: "release",
+            id: release.0,
+        };
+        let live = self.liveness.as_ref().ok_or(unknown.clone())?;
+        if release.0 >= live.next_release {
+            return Err(unknown);
+        }
+        let Some(k) = self
+            .keys
+            .find(key)
+            .filter(|k| matches!(self.keys[*k].own, Own::Releasing(r, _) if r == release))
+        else {
+            tracing::debug!(%release, key = %key, "stale release answer ignored");
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        self.advance(now);
+        self.cancel_key_store_timer(k);
+        self.release_ended(k, how);
+        self.finish_input();
+        Ok(())
+    }
+
+    fn release_ended(&mut self, k: KeyIx, how: Released) {
+        let Own::Releasing(release, token) = self.keys[k].own else {
+            unreachable!("an awaited release")
+        };
+        let handed = self.keys[k]
+            .current
+            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+        tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
+        match how {
+            Released::Failed => {
+                self.stats.releases_failed += 1;
+                self.keys[k].own = Own::Owned(token);
+                if let Some(x) = handed {
+                    // Warm again: bound at once by a call of the key that came meanwhile.
+                    self.sandboxes[x].state = SandboxState::Idle;
+                    let idle = self.config.release.tiers().idle;
+                    self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
+                }
+                let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
+                let at = self.now + retry;
+                self.set_key_store_timer(k, at);
+                self.admit(k);
+            }
+            Released::Done | Released::Fenced => {
+                if how == Released::Done {
+                    self.stats.keys_released += 1;
+                } else {
+                    self.stats.releases_fenced += 1;
+                }
+                let slot = &mut self.keys[k];
+                slot.own = Own::Unclaimed;
+                slot.wanted = false;
+                // The record holds the snapshot now (or the new owner's record does): the key
+                // here no longer references it, and never discards it.
+                slot.snapshot = None;
+                if let Some(at) = slot.retain.take() {
+                    self.timers.cancel(at);
+                }
+                if let Some(x) = handed {
+                    self.relinquish(x);
+                }
+                if !self.keys[k].waiters.is_empty() && !self.is_closing() {
+                    self.claim(k);
+                }
+            }
+        }
+        self.key_settles(k);
+    }
+
+    /// The sandbox is no longer this process's to drive: `Relinquish` is its last command; the
+    /// record goes with the input.
+    pub(crate) fn relinquish(&mut self, x: SandboxIx) {
+        let sandbox = &mut self.sandboxes[x];
+        debug_assert!(sandbox.bound.is_empty() && sandbox.uploads.is_empty());
+        sandbox.state = SandboxState::Dead;
+        sandbox.awaiting = Awaiting::Nothing;
+        sandbox.shutdown_ordered = true; // its last command is the Relinquish
+        let id = sandbox.id;
+        self.way().cancel_sandbox_timer(x);
+        self.mirror().leave_uploads(x, DropReason::SandboxGone);
+        tracing::debug!(sandbox = %id, "relinquish");
+        self.commands.push_back(Command::Relinquish { sandbox: id });
+        self.dirty.push(x);
+    }
+
+    /// Close, once every sandbox is gone: releases every key this process owns, with its
+    /// record (its snapshot), so that the next owner need not wait for this process's lease to
+    /// expire; drops claims made again later. Whether no store work is left.
+    pub(crate) fn keys_let_go_for_close(&mut self) -> bool {
+        if self.liveness.is_none() {
+            return true;
+        }
+        let mut keys: Vec<(Key, KeyIx)> = self
+            .keys
+            .iter()
+            .filter(|(_, slot)| slot.own != Own::Local)
+            .map(|(k, slot)| (slot.key.clone(), k))
+            .collect();
+        if keys.is_empty() {
+            return true;
+        }
+        keys.sort_unstable();
+        let mut settled = true;
+        for (_, k) in keys {
+            match self.keys[k].own {
+                Own::Busy => {
+                    self.cancel_key_store_timer(k);
+                    self.keys[k].own = Own::Unclaimed;
+                    self.keys.forget_if_empty(k);
+                }
+                Own::Owned(_) if self.keys[k].store_at.is_none() => {
+                    self.release_key(k, None);
+                    settled = false;
+                }
+                Own::Unclaimed | Own::Local => {}
+                Own::Owned(_) | Own::Claiming(..) | Own::Releasing(..) => settled = false,
+            }
+        }
+        settled
+    }
+
+    /// Other processes want these keys. One this process owns is handed over once its calls
+    /// end; one it does not know it owns (a claim confirmed after the core stopped waiting for
+    /// it) is claimed, and so released at once: never stranded while this process lives.
+    pub(crate) fn note_wanted(&mut self, wanted: &[Key]) {
+        for key in wanted {
+            if !self.is_fleet_key(key) || self.is_closing() {
+                continue;
+            }
+            let k = self.keys.find_or_insert(key.clone());
+            let slot = &mut self.keys[k];
+            match slot.own {
+                Own::Owned(_) => {
+                    if !slot.wanted {
+                        tracing::debug!(key = %key, "wanted by another process");
+                        slot.wanted = true;
+                        self.key_settles(k);
+                    }
+                }
+                Own::Local | Own::Unclaimed => {
+                    slot.own = Own::Unclaimed;
+                    self.claim(k);
+                    self.key_settles(k);
+                }
+                Own::Busy | Own::Claiming(..) | Own::Releasing(..) => {}
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: the key's store timer
+
+    /// `Timer::KeyStore`: a claim or release deadline passed, or a retry is due.
+    pub(crate) fn key_store_due(&mut self, k: KeyIx) {
+        self.keys[k].store_at = None;
+        match self.keys[k].own {
+            Own::Claiming(claim, _) => {
+                tracing::debug!(%claim, "claim unanswered in time");
+                self.stats.claims_failed += 1;
+                self.claim_again_later(k);
+            }
+            Own::Busy => {
+                self.keys[k].own = Own::Unclaimed;
+                if !self.keys[k].waiters.is_empty() {
+                    self.claim(k);
+                }
+                self.key_settles(k);
+            }
+            Own::Releasing(..) => self.release_ended(k, Released::Failed),
+            Own::Owned(_) => self.key_settles(k),
+            Own::Local | Own::Unclaimed => unreachable!("no store timer without store work"),
+        }
+    }
+
+    fn set_key_store_timer(&mut self, k: KeyIx, at: Instant) {
+        self.cancel_key_store_timer(k);
+        let at = self.timers.set(at, Timer::KeyStore(k));
+        self.keys[k].store_at = Some(at);
+    }
+
+    fn cancel_key_store_timer(&mut self, k: KeyIx) {
+        if let Some(at) = self.keys[k].store_at.take() {
+            self.timers.cancel(at);
+        }
+    }
+}

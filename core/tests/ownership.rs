@@ -1,0 +1,566 @@
+//! Fleet mode, key ownership: a key is claimed before its sandbox is started or adopted, every
+//! command changing the key's sandbox carries the token, the key is released with its durable
+//! record when this process is done with it, handed over (warm) when another process wants it,
+//! and continued from a record another process left.
+
+use std::time::Duration;
+
+use sandkeeper::*;
+
+fn fleet() -> Fleet {
+    Fleet {
+        incarnation: 3,
+        lease: Duration::from_secs(10),
+        renew_every: Duration::from_secs(3),
+        margin: Duration::from_secs(2),
+        claim_retry: Duration::from_millis(500),
+    }
+}
+
+fn config(release: ReleasePolicy) -> Config {
+    Config {
+        fleet: Some(fleet()),
+        release,
+        wait_timeout: Duration::from_secs(2),
+        ..Config::default()
+    }
+}
+
+fn ms(n: u64) -> Instant {
+    Instant::from_millis(n)
+}
+
+fn session(name: &str) -> SessionId {
+    SessionId::new(name).unwrap()
+}
+
+fn key(name: &str) -> Key {
+    Key::Session(session(name))
+}
+
+/// A core whose lease is valid (its first renewal confirmed at 0).
+fn leased(release: ReleasePolicy) -> Lifecycle {
+    let mut core = Lifecycle::new(config(release)).unwrap();
+    core.handle_timeout(ms(0)).unwrap();
+    let Some(StoreCommand::Renew { renewal, .. }) = core.poll_store() else {
+        panic!("the first renewal")
+    };
+    core.handle_renewed(ms(0), renewal, &[]).unwrap();
+    core
+}
+
+fn commands(core: &mut Lifecycle) -> Vec<Command> {
+    std::iter::from_fn(|| core.poll_command()).collect()
+}
+
+fn store(core: &mut Lifecycle) -> Vec<StoreCommand> {
+    std::iter::from_fn(|| core.poll_store()).collect()
+}
+
+fn events(core: &mut Lifecycle) -> Vec<Event> {
+    std::iter::from_fn(|| core.poll_event()).collect()
+}
+
+fn acquire(core: &mut Lifecycle, t: Instant, call: &str, s: &str) {
+    core.acquire(t, CallSpec::new(CallId::new(call).unwrap(), session(s)))
+        .unwrap();
+}
+
+fn release(core: &mut Lifecycle, t: Instant, call: &str) {
+    core.release(t, &CallId::new(call).unwrap()).unwrap();
+}
+
+/// The one claim ordered, by number.
+fn claim_of(core: &mut Lifecycle) -> (ClaimId, Key) {
+    match store(core).as_slice() {
+        [StoreCommand::Claim { claim, key, .. }] => (*claim, key.clone()),
+        other => panic!("one claim expected, got {other:?}"),
+    }
+}
+
+/// Claims and starts the key of `s` for call `call`: the started sandbox.
+fn owned_and_ready(core: &mut Lifecycle, t: Instant, call: &str, s: &str, token: u64) -> SandboxId {
+    acquire(core, t, call, s);
+    assert_eq!(commands(core), vec![], "no start before the key is claimed");
+    let (claim, k) = claim_of(core);
+    core.handle_claimed(t, claim, &k, Token(token), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start {
+        sandbox, token: tk, ..
+    }) = commands(core).pop()
+    else {
+        panic!("a start")
+    };
+    assert_eq!(
+        tk,
+        Some(Token(token)),
+        "the Start carries the owner's token"
+    );
+    core.handle_start_ok(t, sandbox).unwrap();
+    sandbox
+}
+
+/// Answers the way down of `x` (Stop, Persist, Shutdown) at `t`, with `snapshot` from the Stop.
+fn way_down(core: &mut Lifecycle, t: Instant, x: SandboxId, snapshot: Option<&str>, token: u64) {
+    loop {
+        let cmds = commands(core);
+        if cmds.is_empty() {
+            return;
+        }
+        for c in cmds {
+            assert!(
+                c.token().is_none_or(|tk| tk == Token(token)),
+                "every command carries the owner's token: {c:?}"
+            );
+            match c {
+                Command::Stop { sandbox, .. } => {
+                    assert_eq!(sandbox, x);
+                    core.handle_stop_ok(t, x, snapshot.map(Snapshot::new))
+                        .unwrap()
+                }
+                Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
+                Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+                Command::Drain { .. } | Command::Discard { .. } => {}
+                other => panic!("not on the way down: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_key_is_claimed_before_its_start_and_released_with_its_record_when_its_way_down_ends() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(10), "c1", "s1", 4);
+    assert_eq!(x, SandboxId(3 << 32));
+    assert_eq!(core.key_token(&key("s1")), Some(Token(4)));
+    assert!(matches!(
+        events(&mut core).as_slice(),
+        [Event::CallReady { .. }]
+    ));
+    release(&mut core, ms(20), "c1");
+    way_down(&mut core, ms(20), x, None, 4);
+    match store(&mut core).as_slice() {
+        [StoreCommand::Release {
+            key: k,
+            token,
+            record,
+            ..
+        }] => {
+            assert_eq!((k, *token), (&key("s1"), Token(4)));
+            assert!(record.is_empty(), "nothing to continue from: {record:?}");
+        }
+        other => panic!("the release: {other:?}"),
+    }
+    assert_eq!(
+        core.tracked_keys(),
+        1,
+        "owned until the release is confirmed"
+    );
+    core.handle_key_released(ms(30), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(core.tracked_keys(), 0);
+    assert_eq!(core.key_token(&key("s1")), None);
+    let s = core.stats();
+    assert_eq!((s.claims_ordered, s.claims_ok, s.keys_released), (1, 1, 1));
+}
+
+#[test]
+fn a_claim_waits_for_a_valid_lease() {
+    let mut core = Lifecycle::new(config(ReleasePolicy::Shutdown)).unwrap();
+    acquire(&mut core, ms(0), "c1", "s1");
+    assert_eq!(commands(&mut core), vec![]);
+    core.handle_timeout(ms(0)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("only the renewal, no claim without a lease: {other:?}"),
+    };
+    core.handle_renewed(ms(5), renewal, &[]).unwrap();
+    let (_, k) = claim_of(&mut core);
+    assert_eq!(k, key("s1"));
+}
+
+#[test]
+fn a_busy_key_is_claimed_again_while_its_call_waits_and_the_wait_is_bounded() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claim_busy(ms(0), claim, &k).unwrap();
+    assert_eq!(core.poll_timeout(), Some(ms(500)), "the retry");
+    core.handle_timeout(ms(500)).unwrap();
+    let (again, _) = claim_of(&mut core);
+    assert_ne!(again, claim);
+    core.handle_claim_failed(ms(600), again, &k).unwrap();
+    // The call's wait timeout (2 s) ends it; no start was ever ordered.
+    let mut t = 600;
+    while t < 2_000 {
+        t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
+        core.handle_timeout(ms(t)).unwrap();
+        for c in store(&mut core) {
+            if let StoreCommand::Claim { claim, key, .. } = c {
+                core.handle_claim_busy(ms(t), claim, &key).unwrap();
+            }
+        }
+        assert!(
+            commands(&mut core).is_empty(),
+            "never a start without the key"
+        );
+    }
+    assert!(events(&mut core).contains(&Event::CallFailed {
+        call: CallId::new("c1").unwrap(),
+        error: ErrorKind::WaitTimeout
+    }));
+    // Nothing waits any more: the next retry lets the key go.
+    while let Some(t) = core.poll_timeout() {
+        if core.tracked_keys() == 0 {
+            break;
+        }
+        core.handle_timeout(t).unwrap();
+        for c in store(&mut core) {
+            assert!(
+                !matches!(c, StoreCommand::Claim { .. }),
+                "no claim for nobody"
+            );
+        }
+    }
+    assert_eq!(core.tracked_keys(), 0);
+}
+
+#[test]
+fn a_claimed_record_continues_the_key_from_its_snapshot() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    let by = SandboxId((9 << 32) + 4);
+    let record = KeyRecord {
+        snapshot: Some(RecordedSnapshot {
+            snapshot: Snapshot::new("snap-a"),
+            by,
+            retain_until: None,
+        }),
+        warm: None,
+    };
+    core.handle_claimed(ms(1), claim, &k, Token(8), record)
+        .unwrap();
+    match commands(&mut core).as_slice() {
+        [Command::Start {
+            resume_from,
+            resumes,
+            token,
+            ..
+        }] => {
+            assert_eq!(resume_from, &Some(Snapshot::new("snap-a")));
+            assert_eq!((*resumes, *token), (Some(by), Some(Token(8))));
+        }
+        other => panic!("a start that resumes: {other:?}"),
+    }
+}
+
+#[test]
+fn a_suspended_key_stays_owned_until_another_process_wants_it_then_goes_with_its_snapshot() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
+    release(&mut core, ms(10), "c1");
+    way_down(&mut core, ms(10), x, Some("snap-1"), 2);
+    assert_eq!(
+        store(&mut core),
+        vec![],
+        "owning a suspended key costs nothing"
+    );
+    assert_eq!(core.key_token(&key("s1")), Some(Token(2)));
+    // The next renewal says another process wants it.
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("{other:?}"),
+    };
+    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
+        .unwrap();
+    match store(&mut core).as_slice() {
+        [StoreCommand::Release { record, token, .. }] => {
+            assert_eq!(*token, Token(2));
+            let recorded = record.snapshot.as_ref().expect("the snapshot goes along");
+            assert_eq!((recorded.snapshot.as_str(), recorded.by), ("snap-1", x));
+            assert_eq!(record.warm, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    core.handle_key_released(ms(3_002), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(core.tracked_keys(), 0);
+    assert_eq!(
+        commands(&mut core),
+        vec![],
+        "the snapshot is the next owner's: no Discard"
+    );
+}
+
+#[test]
+fn a_warm_sandbox_is_drained_and_handed_over_not_destroyed() {
+    let mut core = leased(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    });
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    release(&mut core, ms(10), "c1");
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("{other:?}"),
+    };
+    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
+        .unwrap();
+    // Drained (nothing pending), then handed over: no Stop, no Shutdown.
+    assert!(matches!(
+        commands(&mut core).as_slice(),
+        [Command::Drain { .. }]
+    ));
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::HandingOver));
+    match store(&mut core).as_slice() {
+        [StoreCommand::Release { record, .. }] => assert_eq!(record.warm, Some(x)),
+        other => panic!("{other:?}"),
+    }
+    // A call of the key that comes meanwhile waits for the key.
+    acquire(&mut core, ms(3_002), "c2", "s1");
+    assert_eq!(commands(&mut core), vec![]);
+    core.handle_key_released(ms(3_003), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(
+        commands(&mut core),
+        vec![Command::Relinquish { sandbox: x }]
+    );
+    assert_eq!(core.sandbox_state(x), None);
+    let (_, k) = claim_of(&mut core);
+    assert_eq!(k, key("s1"), "the waiting call claims the key back");
+    assert_eq!(core.stats().handovers, 1);
+}
+
+#[test]
+fn a_failed_release_keeps_the_key_and_the_sandbox_warm_and_is_tried_again() {
+    let mut core = leased(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    });
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    release(&mut core, ms(10), "c1");
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("{other:?}"),
+    };
+    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
+        .unwrap();
+    commands(&mut core);
+    store(&mut core);
+    events(&mut core);
+    core.handle_release_failed(ms(3_002), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+    // A call now binds to it at once: the key is still this process's.
+    acquire(&mut core, ms(3_003), "c2", "s1");
+    assert_eq!(
+        events(&mut core),
+        vec![Event::CallReady {
+            call: CallId::new("c2").unwrap(),
+            sandbox: x
+        }]
+    );
+    release(&mut core, ms(3_004), "c2");
+    commands(&mut core);
+    // The retry hands it over.
+    core.handle_timeout(ms(3_502)).unwrap();
+    assert!(matches!(
+        commands(&mut core).as_slice(),
+        [Command::Drain { .. }]
+    ));
+    match store(&mut core).as_slice() {
+        [StoreCommand::Release {
+            release, record, ..
+        }] => {
+            assert_eq!((*release, record.warm), (ReleaseId(1), Some(x)))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_handed_over_sandbox_is_adopted_and_its_calls_bind_without_a_hook() {
+    let mut core = Lifecycle::new(Config {
+        hooks: Hooks {
+            after_start: Some(Duration::from_secs(1)),
+            ..Hooks::default()
+        },
+        ..config(ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(60),
+        })
+    })
+    .unwrap();
+    core.handle_timeout(ms(0)).unwrap();
+    let Some(StoreCommand::Renew { renewal, .. }) = core.poll_store() else {
+        panic!()
+    };
+    core.handle_renewed(ms(0), renewal, &[]).unwrap();
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    let warm = SandboxId((5 << 32) + 1);
+    core.handle_claimed(
+        ms(1),
+        claim,
+        &k,
+        Token(11),
+        KeyRecord {
+            snapshot: None,
+            warm: Some(warm),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        commands(&mut core),
+        vec![Command::Adopt {
+            sandbox: warm,
+            key: key("s1"),
+            token: Token(11),
+            deadline: ms(1) + Config::default().start_timeout,
+        }]
+    );
+    core.handle_start_ok(ms(2), warm).unwrap();
+    assert_eq!(
+        commands(&mut core),
+        vec![],
+        "no after-start hook for an adopted sandbox"
+    );
+    assert_eq!(
+        events(&mut core),
+        vec![Event::CallReady {
+            call: CallId::new("c1").unwrap(),
+            sandbox: warm
+        }]
+    );
+    assert_eq!(core.stats().adoptions_ordered, 1);
+}
+
+#[test]
+fn a_sandbox_that_cannot_be_adopted_is_cleaned_up_and_the_key_starts_afresh() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    let warm = SandboxId((5 << 32) + 1);
+    core.handle_claimed(
+        ms(1),
+        claim,
+        &k,
+        Token(11),
+        KeyRecord {
+            snapshot: None,
+            warm: Some(warm),
+        },
+    )
+    .unwrap();
+    commands(&mut core);
+    core.handle_start_failed(ms(2), warm).unwrap();
+    let cmds = commands(&mut core);
+    assert!(
+        matches!(cmds.as_slice(), [Command::Shutdown { sandbox, token: Some(Token(11)), .. }, Command::Start { token: Some(Token(11)), .. }] if *sandbox == warm),
+        "{cmds:?}"
+    );
+    assert!(events(&mut core).is_empty(), "the call did not fail");
+}
+
+#[test]
+fn a_key_owned_here_unknowingly_is_claimed_and_released_when_wanted() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    core.handle_timeout(ms(3_000)).unwrap();
+    let Some(StoreCommand::Renew { renewal, .. }) = core.poll_store() else {
+        panic!()
+    };
+    core.handle_renewed(ms(3_000), renewal, &[key("lost")])
+        .unwrap();
+    let (claim, k) = claim_of(&mut core);
+    assert_eq!(k, key("lost"));
+    core.handle_claimed(ms(3_001), claim, &k, Token(3), KeyRecord::default())
+        .unwrap();
+    assert!(matches!(
+        store(&mut core).as_slice(),
+        [StoreCommand::Release {
+            token: Token(3),
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn close_releases_every_owned_key_with_its_record() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
+    release(&mut core, ms(10), "c1");
+    way_down(&mut core, ms(10), x, Some("snap-1"), 2);
+    core.close(ms(20), Duration::from_secs(1)).unwrap();
+    match store(&mut core).as_slice() {
+        [StoreCommand::Release { record, .. }] => {
+            assert!(record.snapshot.is_some(), "{record:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!core.is_closed(), "close waits for the release");
+    core.handle_key_released(ms(21), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert!(core.is_closed());
+}
+
+#[test]
+fn per_call_keys_and_external_sandboxes_are_never_claimed() {
+    let mut core = Lifecycle::new(Config {
+        scope: Scope::Call,
+        ..config(ReleasePolicy::Shutdown)
+    })
+    .unwrap();
+    acquire(&mut core, ms(0), "c1", "s1");
+    match commands(&mut core).as_slice() {
+        [Command::Start { token, .. }] => assert_eq!(*token, None),
+        other => panic!("{other:?}"),
+    }
+    core.handle_timeout(ms(0)).unwrap();
+    assert!(store(&mut core)
+        .iter()
+        .all(|c| matches!(c, StoreCommand::Renew { .. })));
+}
+
+#[test]
+fn answers_for_claims_and_releases_never_ordered_are_refused() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let before = format!("{core:?}");
+    assert_eq!(
+        core.handle_claimed(ms(1), ClaimId(0), &key("s"), Token(1), KeyRecord::default()),
+        Err(Error::UnknownStoreWork {
+            what: "claim",
+            id: 0
+        })
+    );
+    assert_eq!(
+        core.handle_key_released(ms(1), ReleaseId(0), &key("s")),
+        Err(Error::UnknownStoreWork {
+            what: "release",
+            id: 0
+        })
+    );
+    assert_eq!(format!("{core:?}"), before);
+}
+
+#[test]
+fn a_claim_confirmed_after_the_lease_lapsed_is_not_taken() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    // No renewal is confirmed: the lease lapses at 8 s.
+    let mut t = 0;
+    while t < 8_000 {
+        t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
+        core.handle_timeout(ms(t)).unwrap();
+        store(&mut core);
+    }
+    assert_eq!(core.lease_valid_until(), None);
+    core.handle_claimed(ms(8_001), claim, &k, Token(1), KeyRecord::default())
+        .unwrap();
+    assert_eq!(core.key_token(&k), None);
+    assert!(commands(&mut core)
+        .iter()
+        .all(|c| !matches!(c, Command::Start { .. })));
+}
