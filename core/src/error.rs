@@ -183,6 +183,9 @@ pub enum ErrorKind {
     InvalidConfig,
     /// See [`Error::UnknownStoreWork`].
     UnknownStoreWork,
+    /// A call failure, fleet mode: this process lost the call's key while the call was starting
+    /// (its lease lapsed, or the backend refused its token).
+    Fenced,
 }
 
 impl ErrorKind {
@@ -209,6 +212,7 @@ impl ErrorKind {
             ErrorKind::LimitExceeded => "limit-exceeded",
             ErrorKind::InvalidConfig => "invalid-config",
             ErrorKind::UnknownStoreWork => "unknown-store-work",
+            ErrorKind::Fenced => "fenced",
         }
     }
 }
@@ -235,6 +239,9 @@ pub enum DropReason {
     UploadFailed,
     /// An attempt took longer than `upload_timeout`.
     UploadTimeout,
+    /// Fleet mode: this process lost its session's key (its lease lapsed, or the backend
+    /// refused its token): the version was not written by this process, and is not its to write.
+    Fenced,
 }
 
 impl DropReason {
@@ -247,6 +254,7 @@ impl DropReason {
             DropReason::NoSandbox => "no-sandbox",
             DropReason::UploadFailed => "upload-failed",
             DropReason::UploadTimeout => "upload-timeout",
+            DropReason::Fenced => "fenced",
         }
     }
 }

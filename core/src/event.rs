@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::HookPoint;
 use crate::error::{DropReason, ErrorKind};
-use crate::ids::{SandboxId, Version};
+use crate::fleet::Token;
+use crate::ids::{Key, SandboxId, Version};
 use crate::name::{CallId, PathName, SessionId};
 
 /// Something the application may wait for or should know.
@@ -79,12 +80,35 @@ pub enum Event {
         /// It outlasted its timeout (rather than answering a failure).
         late: bool,
     },
+    /// Fleet mode: this process lost the key and fenced itself: nothing more is ordered under
+    /// its token. Its starting calls failed with `fenced`, its ready calls got `SandboxLost`,
+    /// its uploads were dropped (`fenced`), its sandboxes were relinquished (left in the backend
+    /// for the key's next owner). Calls of the key that still wait claim it again.
+    KeyFenced {
+        /// The key.
+        key: Key,
+        /// The token it was owned under.
+        token: Token,
+        /// Why.
+        reason: FenceReason,
+    },
     /// Close has finished. No command follows; every later input is refused.
     Closed {
         /// What close did. Boxed: it is by far the largest event and comes once, and every
         /// other event is moved through the queue at the size of the largest.
         report: Box<CloseReport>,
     },
+}
+
+/// Why this process lost a key ([`Event::KeyFenced`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FenceReason {
+    /// No renewal of this process's lease was confirmed in time: by its own clock, the store may
+    /// have given the key to another process.
+    LeaseLapsed,
+    /// The backend refused a command: it has seen a newer token for the key's sandbox.
+    Refused,
 }
 
 /// How a version settled.

@@ -131,6 +131,9 @@ pub enum Input {
     RenewFailed {
         renewal: RenewalId,
     },
+    Fenced {
+        sandbox: SandboxId,
+    },
     Timeout,
 }
 
@@ -194,6 +197,7 @@ impl Lifecycle {
             Input::ReleaseFailed { release, key } => self.handle_release_failed(now, release, &key),
             Input::ReleaseFenced { release, key } => self.handle_release_fenced(now, release, &key),
             Input::RenewFailed { renewal } => self.handle_renew_failed(now, renewal),
+            Input::Fenced { sandbox } => self.handle_fenced(now, sandbox),
             Input::Timeout => self.handle_timeout(now),
         }
         .map(|()| Answer::Done)

@@ -308,11 +308,15 @@ impl Lifecycle {
                     "key {key}'s store deadline is not in the table"
                 );
             }
-            if fleet_key && (slot.bound > 0) {
+            if fleet_key
+                && slot
+                    .current
+                    .is_some_and(|x| self.sandboxes[x].state != SandboxState::Dead)
+            {
                 ensure!(
                     matches!(slot.own, Own::Owned(_) | Own::Releasing(..)),
                     "ownership",
-                    "key {key} has bound calls and is {:?}",
+                    "key {key} has a live sandbox and is {:?}",
                     slot.own
                 );
             }

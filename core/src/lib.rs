@@ -102,7 +102,13 @@
 //!     own, concurrently with everything (a renewal is never queued behind a sandbox's work nor
 //!     behind another store command), is answered with its `handle_*` input, and is dropped
 //!     unanswered at its deadline. Renewals come on the core's own timer whatever else happens:
-//!     a driver that stops running them loses the lease.
+//!     a driver that stops running them loses the lease. Two sandbox commands are fleet mode's
+//!     own: `Adopt` (take over a sandbox another process handed over; answered like a Start,
+//!     run in the sandbox's order) and `Relinquish` (the sandbox is no longer this process's:
+//!     drop what is outstanding on it, forget it, no answer; its last command). Every command
+//!     that changes a fleet key's sandbox carries the key's [`Token`]; pass it to the backend,
+//!     which refuses a token older than the newest it has seen for that sandbox, and report a
+//!     refusal with [`Lifecycle::handle_fenced`] (the core fences the key).
 //! 12. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
 //!     broken internal invariant: a bug, never bad input.
 //!
@@ -260,7 +266,7 @@ pub use config::{
     Config, Hooks, Limits, ReleasePolicy, SameKey, Scope, SuspendHookFailure, Tiers, WayDown,
 };
 pub use error::{DropReason, Error, ErrorKind};
-pub use event::{CloseReport, Event, Settlement};
+pub use event::{CloseReport, Event, FenceReason, Settlement};
 pub use fleet::{
     ClaimId, Fleet, KeyRecord, RecordedSnapshot, ReleaseId, RenewalId, StoreCommand, Token,
 };

@@ -207,6 +207,8 @@ impl Lifecycle {
         if let Some(old) = live.renew.take() {
             self.timers.cancel(old);
         }
+        // Fail closed: nothing more is ordered under a token of the old epoch.
+        self.fence_all();
         self.renew_due();
     }
 

@@ -19,9 +19,11 @@
 
 use crate::call::CallIx;
 use crate::command::Command;
-use crate::error::{DropReason, Error};
+use crate::error::{DropReason, Error, ErrorKind};
+use crate::event::{Event, FenceReason};
 use crate::fleet::{ClaimId, KeyRecord, RecordedSnapshot, ReleaseId, StoreCommand, Token};
 use crate::ids::Key;
+use crate::ids::SandboxId;
 use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
@@ -178,6 +180,31 @@ impl Lifecycle {
         self.release_answered(now, release, key, Released::Fenced)
     }
 
+    /// The backend refused a command on `sandbox`: it has seen a newer fencing token for it, so
+    /// another process owns its key now. The key is fenced ([`Event::KeyFenced`]). A refusal
+    /// about a sandbox this process no longer drives, or under an older token than the key's
+    /// current one, is stale.
+    ///
+    /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
+    pub fn handle_fenced(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.check_not_closed("fenced")?;
+        self.check_sandbox_id(sandbox)?;
+        let found = self.sandboxes.find(sandbox).filter(|x| {
+            let x = &self.sandboxes[*x];
+            x.token.is_some() && self.keys.get(x.key).and_then(|k| k.token()) == x.token
+        });
+        let Some(x) = found else {
+            tracing::debug!(%sandbox, "stale refusal ignored");
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        self.advance(now);
+        let k = self.sandboxes[x].key;
+        self.fence_key(k, FenceReason::Refused);
+        self.finish_input();
+        Ok(())
+    }
+
     // ------------------------------------------------------------------------------------------
     // Getters
 
@@ -314,7 +341,7 @@ impl Lifecycle {
 
     /// Adopts the warm sandbox `id` the key's last owner handed over: tracked as starting, its
     /// Adopt ordered; the key's calls bind to it as to a start.
-    fn adopt(&mut self, k: KeyIx, id: crate::ids::SandboxId, token: Token) {
+    fn adopt(&mut self, k: KeyIx, id: SandboxId, token: Token) {
         let Some(x) = self.sandboxes.adopt(id, k) else {
             // This process tracks that id already (it handed the sandbox over and still has it
             // on its way out): not adoptable twice; start afresh.
@@ -506,7 +533,7 @@ impl Lifecycle {
                     self.timers.cancel(at);
                 }
                 if let Some(x) = handed {
-                    self.relinquish(x);
+                    self.relinquish(x, DropReason::SandboxGone);
                 }
                 if !self.keys[k].waiters.is_empty() && !self.is_closing() {
                     self.claim(k);
@@ -516,20 +543,89 @@ impl Lifecycle {
         self.key_settles(k);
     }
 
-    /// The sandbox is no longer this process's to drive: `Relinquish` is its last command; the
-    /// record goes with the input.
-    pub(crate) fn relinquish(&mut self, x: SandboxIx) {
+    /// The sandbox is no longer this process's to drive: `Relinquish` is its last command (it
+    /// drops whatever is outstanding); uploads still in flight into it are dropped with
+    /// `reason`. Its record goes once no call is bound to it.
+    pub(crate) fn relinquish(&mut self, x: SandboxIx, reason: DropReason) {
         let sandbox = &mut self.sandboxes[x];
-        debug_assert!(sandbox.bound.is_empty() && sandbox.uploads.is_empty());
         sandbox.state = SandboxState::Dead;
         sandbox.awaiting = Awaiting::Nothing;
+        sandbox.hook = None;
         sandbox.shutdown_ordered = true; // its last command is the Relinquish
         let id = sandbox.id;
         self.way().cancel_sandbox_timer(x);
-        self.mirror().leave_uploads(x, DropReason::SandboxGone);
+        self.mirror().leave_uploads(x, reason);
         tracing::debug!(sandbox = %id, "relinquish");
         self.commands.push_back(Command::Relinquish { sandbox: id });
         self.dirty.push(x);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Internals: fencing
+
+    /// This process lost `k` (see [`Event::KeyFenced`]): fail closed. Nothing more is ordered
+    /// under the key's token: its sandboxes are relinquished, not shut down (the key's next owner
+    /// adopts or sweeps them), its starting calls fail with `fenced`, its ready calls lose their
+    /// sandbox, its uploads are dropped with `fenced`. Calls of the key still waiting claim it
+    /// again when the lease allows.
+    pub(crate) fn fence_key(&mut self, k: KeyIx, reason: FenceReason) {
+        let Some(token) = self.keys[k].token() else {
+            return;
+        };
+        tracing::warn!(key = %self.keys[k].key, %token, ?reason, "key fenced");
+        self.stats.fences += 1;
+        self.cancel_key_store_timer(k);
+        let slot = &mut self.keys[k];
+        slot.own = Own::Unclaimed;
+        slot.wanted = false;
+        slot.current = None;
+        slot.retiring = None;
+        slot.snapshot = None;
+        if let Some(at) = slot.retain.take() {
+            self.timers.cancel(at);
+        }
+        let key = slot.key.clone();
+        self.events
+            .push_back(Event::KeyFenced { key, token, reason });
+        // Every sandbox of the key driven under this token whose last command is not ordered
+        // yet, in id order (rare: a scan). One whose Shutdown is out already keeps it.
+        let fenced = self
+            .sandboxes
+            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered);
+        for x in fenced {
+            let starting = self.sandboxes[x].state == SandboxState::Starting;
+            let bound: Few<CallIx> = self.sandboxes[x].bound.to_few();
+            if starting {
+                // Its calls fail: the sandbox is no longer this process's to start.
+                for call in self.calls.by_name_order(bound) {
+                    self.end_call(call, crate::call::EndHow::Failed(ErrorKind::Fenced));
+                }
+            } else {
+                for call in self.calls.by_name_order(bound) {
+                    self.events.push_back(Event::SandboxLost {
+                        call: self.calls[call].id.clone(),
+                        sandbox: self.sid(x),
+                    });
+                }
+            }
+            self.relinquish(x, DropReason::Fenced);
+        }
+        self.admit(k);
+        self.key_settles(k);
+    }
+
+    /// The lease lapsed: every key owned under it is fenced, in key order.
+    pub(crate) fn fence_all(&mut self) {
+        let mut keys: Vec<(Key, KeyIx)> = self
+            .keys
+            .iter()
+            .filter(|(_, slot)| slot.token().is_some())
+            .map(|(k, slot)| (slot.key.clone(), k))
+            .collect();
+        keys.sort_unstable();
+        for (_, k) in keys {
+            self.fence_key(k, FenceReason::LeaseLapsed);
+        }
     }
 
     /// Close, once every sandbox is gone: releases every key this process owns, with its

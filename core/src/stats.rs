@@ -89,4 +89,7 @@ pub struct Stats {
     pub handovers: u64,
     #[serde(default)]
     pub adoptions_ordered: u64,
+    /// Fleet mode: keys this process lost and fenced itself from (lapse or refusal).
+    #[serde(default)]
+    pub fences: u64,
 }

@@ -564,3 +564,137 @@ fn a_claim_confirmed_after_the_lease_lapsed_is_not_taken() {
         .iter()
         .all(|c| !matches!(c, Command::Start { .. })));
 }
+
+/// Lets the lease lapse: no renewal is confirmed until 8 s.
+fn lapse(core: &mut Lifecycle) -> Vec<Command> {
+    let mut seen = vec![];
+    while core.lease_valid_until().is_some() {
+        let t = core.poll_timeout().unwrap();
+        core.handle_timeout(t).unwrap();
+        store(core);
+        seen.extend(commands(core));
+    }
+    seen
+}
+
+#[test]
+fn a_lapsed_lease_fences_every_key_it_held_and_nothing_more_goes_out_under_its_token() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    events(&mut core);
+    core.flush(
+        ms(1),
+        &session("s1"),
+        &PathName::session_log(),
+        Payload::new(b"v1".to_vec()),
+    )
+    .unwrap();
+    let Some(Command::Upload { upload, token, .. }) = core.poll_command() else {
+        panic!("an upload")
+    };
+    assert_eq!(token, Some(Token(4)));
+    let seen = lapse(&mut core);
+    assert_eq!(
+        seen,
+        vec![
+            Command::CancelUpload { upload, sandbox: x },
+            Command::Relinquish { sandbox: x }
+        ],
+        "no Stop, no Shutdown: the sandbox is the next owner's"
+    );
+    let evs = events(&mut core);
+    assert!(evs.contains(&Event::KeyFenced {
+        key: key("s1"),
+        token: Token(4),
+        reason: FenceReason::LeaseLapsed
+    }));
+    assert!(evs.contains(&Event::SandboxLost {
+        call: CallId::new("c1").unwrap(),
+        sandbox: x
+    }));
+    assert!(evs.contains(&Event::Settled {
+        session: session("s1"),
+        path: PathName::session_log(),
+        version: Version(1),
+        outcome: Settlement::Dropped {
+            reason: DropReason::Fenced
+        }
+    }));
+    assert_eq!(core.key_token(&key("s1")), None);
+    assert_eq!(
+        core.resolve(&session("s1")),
+        Err(Error::SandboxGone {
+            session: session("s1"),
+            sandbox: x
+        })
+    );
+    // The late answer of the cancelled upload changes nothing; the call still releases.
+    core.handle_upload_ok(ms(9_000), upload).unwrap();
+    release(&mut core, ms(9_000), "c1");
+    assert!(
+        commands(&mut core).is_empty(),
+        "nothing more for the relinquished sandbox"
+    );
+    assert_eq!(core.tracked_sandboxes(), 0);
+    assert_eq!(core.stats().fences, 1);
+}
+
+#[test]
+fn a_call_still_starting_when_its_key_is_fenced_fails_with_fenced() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claimed(ms(0), claim, &k, Token(2), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox: x, .. }) = core.poll_command() else {
+        panic!()
+    };
+    let seen = lapse(&mut core);
+    assert_eq!(seen, vec![Command::Relinquish { sandbox: x }]);
+    assert!(events(&mut core).contains(&Event::CallFailed {
+        call: CallId::new("c1").unwrap(),
+        error: ErrorKind::Fenced
+    }));
+    // The start's late answer is stale.
+    core.handle_start_ok(ms(9_000), x).unwrap();
+    assert!(commands(&mut core).is_empty());
+    assert_eq!(core.tracked_sandboxes(), 0);
+}
+
+#[test]
+fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    events(&mut core);
+    // Another process took the key (its token is newer): the backend refused an upload.
+    core.flush(
+        ms(1),
+        &session("s1"),
+        &PathName::session_log(),
+        Payload::new(b"v1".to_vec()),
+    )
+    .unwrap();
+    commands(&mut core);
+    core.handle_fenced(ms(2), x).unwrap();
+    assert!(events(&mut core).contains(&Event::KeyFenced {
+        key: key("s1"),
+        token: Token(4),
+        reason: FenceReason::Refused
+    }));
+    assert!(commands(&mut core).contains(&Command::Relinquish { sandbox: x }));
+    // A second refusal about it is stale.
+    let stale = core.stats().stale_answers;
+    core.handle_fenced(ms(3), x).unwrap();
+    assert_eq!(core.stats().stale_answers, stale + 1);
+    // A new call of the key claims it again (it may well be busy: the other process has it).
+    acquire(&mut core, ms(4), "c2", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claim_busy(ms(4), claim, &k).unwrap();
+    assert!(commands(&mut core).is_empty());
+    assert_eq!(
+        core.handle_fenced(ms(5), SandboxId(3 << 32 | 77)),
+        Err(Error::UnknownSandbox {
+            sandbox: SandboxId(3 << 32 | 77)
+        })
+    );
+}

@@ -305,6 +305,7 @@ impl World {
                 | Event::MirrorSettled { .. }
                 | Event::HookFailed { .. }
                 | Event::ShutdownUnconfirmed { .. } => {}
+                Event::KeyFenced { .. } => prop_assert!(false, "no fleet here: {event:?}"),
             }
         }
         if let Err(v) = core.check_invariants() {

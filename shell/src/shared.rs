@@ -472,7 +472,7 @@ impl State {
                     }
                 }
             }
-            Event::SandboxLost { .. } => {}
+            Event::SandboxLost { .. } | Event::KeyFenced { .. } => {}
             Event::MirrorSettled { session } => {
                 for done in self.settled.remove(&session).unwrap_or_default() {
                     done.set(());

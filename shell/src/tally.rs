@@ -31,6 +31,8 @@ pub struct Tally {
     pub shutdowns_unconfirmed: u64,
     /// `HookFailed` events, per hook (`after-start`, ...), failed and late together.
     pub hooks_failed: BTreeMap<String, u64>,
+    /// `KeyFenced` events (fleet mode: keys this process lost).
+    pub keys_fenced: u64,
 }
 
 impl Tally {
@@ -59,6 +61,7 @@ impl Tally {
                     .entry(hook.as_str().to_string())
                     .or_default() += 1
             }
+            Event::KeyFenced { .. } => self.keys_fenced += 1,
             Event::Closed { .. } => {}
         }
     }

@@ -686,6 +686,13 @@ impl History {
         if let Err(v) = self.outputs.event(ev) {
             self.fail(v.check, v.detail);
         }
+        if let Event::KeyFenced { .. } = ev {
+            self.fail(
+                "fleet-unsimulated",
+                format!("{ev:?} in a one-process run, which has no fleet configured"),
+            );
+            return;
+        }
         match ev {
             Event::CallReady { call, sandbox } => {
                 self.touched.call(call);
@@ -816,6 +823,12 @@ impl History {
                             self.marks.hit(Mark::UploadTimeout)
                         }
                         sandkeeper::DropReason::SandboxGone => {}
+                        sandkeeper::DropReason::Fenced => self.fail(
+                            "fleet-unsimulated",
+                            format!(
+                                "{session}/{path} {version} dropped as fenced in a one-process run"
+                            ),
+                        ),
                     },
                 }
                 if let Some(all) = &mut self.settlements {
@@ -839,6 +852,7 @@ impl History {
                 );
                 self.marks.hit(Mark::HookFailed);
             }
+            Event::KeyFenced { .. } => unreachable!("refused above"),
             Event::Closed { .. } => {
                 self.bounds.closed();
                 self.marks.hit(Mark::Closed);

@@ -211,6 +211,7 @@ impl Record {
                 self.calls.push(format!("{call} lost {sandbox}"))
             }
             Event::Closed { .. } => self.closed = true,
+            Event::KeyFenced { key, .. } => self.calls.push(format!("{key} fenced")),
             Event::HookFailed {
                 sandbox,
                 hook,

@@ -715,7 +715,9 @@ impl Script {
                     panic!("{v}");
                 }
             }
-            Event::ShutdownUnconfirmed { .. } | Event::HookFailed { .. } => {}
+            Event::ShutdownUnconfirmed { .. }
+            | Event::HookFailed { .. }
+            | Event::KeyFenced { .. } => {}
         }
     }
 
