@@ -241,6 +241,7 @@ impl Lifecycle {
     /// Errors: `Closed` once close began, `DuplicateCall`, `MissingUser` (scope `User`),
     /// `QueueFull`, `LimitExceeded`.
     pub fn acquire(&mut self, now: Instant, spec: CallSpec) -> Result<(), Error> {
+        self.time_passes(now);
         if self.is_closing() {
             return Err(Error::Closed { what: "acquire" });
         }
@@ -330,6 +331,7 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownCall`, `AlreadyReleased`, `Closed` after close finished.
     pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("release")?;
         let Some(ix) = self.calls.find(call) else {
             return Err(

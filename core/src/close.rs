@@ -58,6 +58,7 @@ impl Lifecycle {
     ///
     /// Errors: `Closed` if close was already called.
     pub fn close(&mut self, now: Instant, deadline: Duration) -> Result<(), Error> {
+        self.time_passes(now);
         if self.is_closing() {
             return Err(Error::Closed { what: "close" });
         }
@@ -237,6 +238,7 @@ impl Lifecycle {
             // No renewal after close: the store lets the lease expire.
             live.renew = None;
             live.lapse = None;
+            live.valid_until = None;
             live.in_flight.clear();
         }
         self.events.push_back(Event::Closed {

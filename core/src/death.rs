@@ -22,6 +22,7 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
     pub fn handle_died(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("died")?;
         self.check_sandbox_id(sandbox)?;
         let Some(sandbox) = self.sandboxes.find(sandbox) else {
@@ -49,6 +50,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_died`](Self::handle_died).
     pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("instance-gone")?;
         self.check_sandbox_id(sandbox)?;
         let Some(sandbox) = self.sandboxes.find(sandbox) else {

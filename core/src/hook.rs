@@ -21,6 +21,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_hook_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
             return Ok(());
         };
@@ -38,6 +39,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_hook_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Hook)? else {
             return Ok(());
         };

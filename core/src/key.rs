@@ -45,6 +45,10 @@ pub(crate) struct KeySlot {
     pub(crate) store_at: Option<TimerRef>,
     /// Fleet mode: another process wants the key: hand it over once this one's calls on it end.
     pub(crate) wanted: bool,
+    /// Fleet mode: a release went unanswered: it may have landed, so the key may no longer be
+    /// this process's. Nothing binds to it, and the release is asked again, until a definite
+    /// answer (released, or fenced).
+    pub(crate) doubtful: bool,
 }
 
 /// Fleet mode: a key's ownership, as this process knows it.
@@ -87,6 +91,7 @@ impl KeySlot {
             own: Own::Local,
             store_at: None,
             wanted: false,
+            doubtful: false,
         }
     }
 

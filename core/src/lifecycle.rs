@@ -268,6 +268,7 @@ impl Lifecycle {
     ///
     /// Errors: `Closed` after close finished.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("timeout")?;
         self.advance(now);
         while let Some((at, timer)) = self.timers.pop_due(self.now) {
@@ -399,6 +400,29 @@ impl Lifecycle {
     /// Time never goes backwards inside the core: an earlier `now` counts as the latest seen.
     pub(crate) fn advance(&mut self, now: Instant) {
         self.now = self.now.max(now);
+        debug_assert!(
+            !self.lapse_due(self.now),
+            "an input looked at the state before the lease's lapse was applied"
+        );
+    }
+
+    /// Fleet mode: whether the lease ran out by `now` and has not lapsed yet.
+    fn lapse_due(&self, now: Instant) -> bool {
+        self.liveness
+            .as_ref()
+            .is_some_and(|l| l.valid_until.is_some_and(|until| until <= now))
+    }
+
+    /// The first thing every input does. Fleet mode: a lease that ran out by `now` lapses here,
+    /// before the input looks at anything, so that no input (an answer, a timer due earlier than
+    /// the lapse but handled late, as after a pause) acts under it. This is time passing, not the
+    /// input: it happens even when the input is then refused.
+    pub(crate) fn time_passes(&mut self, now: Instant) {
+        if !self.is_closed() && self.lapse_due(now.max(self.now)) {
+            self.now = self.now.max(now);
+            self.lapsed();
+            self.finish_input();
+        }
     }
 
     pub(crate) fn check_not_closed(&self, what: &'static str) -> Result<(), Error> {

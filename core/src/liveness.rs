@@ -88,10 +88,14 @@ impl Lifecycle {
         renewal: RenewalId,
         wanted: &[Key],
     ) -> Result<(), Error> {
-        let Some(sent) = self.renewal_answered(renewal)? else {
+        self.time_passes(now);
+        self.check_renewal(renewal)?;
+        // A lease that ran out lapses first; then this renewal, of the old epoch, is stale.
+        self.advance(now);
+        let Some(sent) = self.renewal_answered(renewal) else {
+            self.finish_input();
             return Ok(());
         };
-        self.advance(now);
         let live = self.liveness.as_mut().expect("a renewal was ordered");
         let was_valid = live.is_valid(self.now);
         let until = sent + live.fleet.valid_for();
@@ -125,12 +129,13 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_renewed`](Self::handle_renewed).
     pub fn handle_renew_failed(&mut self, now: Instant, renewal: RenewalId) -> Result<(), Error> {
-        if self.renewal_answered(renewal)?.is_none() {
-            return Ok(());
-        }
+        self.time_passes(now);
+        self.check_renewal(renewal)?;
         self.advance(now);
-        tracing::warn!(%renewal, "lease renewal failed");
-        self.stats.renewals_failed += 1;
+        if self.renewal_answered(renewal).is_some() {
+            tracing::warn!(%renewal, "lease renewal failed");
+            self.stats.renewals_failed += 1;
+        }
         self.finish_input();
         Ok(())
     }
@@ -212,25 +217,31 @@ impl Lifecycle {
         self.renew_due();
     }
 
-    /// The instant the answered renewal was ordered, when it is still awaited (and is no longer
-    /// afterwards, nor any renewal ordered before it).
-    fn renewal_answered(&mut self, renewal: RenewalId) -> Result<Option<Instant>, Error> {
+    /// Refuses an answer for a renewal never ordered, or after close.
+    fn check_renewal(&self, renewal: RenewalId) -> Result<(), Error> {
         self.check_not_closed("renewal answer")?;
         let unknown = Error::UnknownStoreWork {
             what: "renewal",
             id: renewal.0,
         };
-        let live = self.liveness.as_mut().ok_or(unknown.clone())?;
+        let live = self.liveness.as_ref().ok_or(unknown.clone())?;
         if renewal.0 >= live.next_renewal {
             return Err(unknown);
         }
+        Ok(())
+    }
+
+    /// The instant the answered renewal was ordered, when it is still awaited (and is no longer
+    /// afterwards, nor any renewal ordered before it).
+    fn renewal_answered(&mut self, renewal: RenewalId) -> Option<Instant> {
+        let live = self.liveness.as_mut().expect("checked");
         let Some(at) = live.in_flight.iter().position(|(r, _)| *r == renewal) else {
             tracing::debug!(%renewal, "stale renewal answer ignored");
             self.stats.stale_answers += 1;
-            return Ok(None);
+            return None;
         };
         let sent = live.in_flight[at].1;
         live.in_flight.drain(..=at);
-        Ok(Some(sent))
+        Some(sent)
     }
 }

@@ -51,6 +51,7 @@ impl Lifecycle {
         path: &PathName,
         payload: Payload,
     ) -> Result<Version, Error> {
+        self.time_passes(now);
         self.check_not_closed("flush")?;
         let limits = &self.config.limits;
         if payload.len() > limits.max_payload_bytes {
@@ -96,6 +97,7 @@ impl Lifecycle {
     /// Errors: `NoActiveSandbox` when the session has no live call and no sandbox to linger on;
     /// `LimitExceeded`; `Closed` after close finished.
     pub fn hold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("hold")?;
         let Some(ix) = self
             .sessions
@@ -127,6 +129,7 @@ impl Lifecycle {
     ///
     /// Errors: `NotHeld`; `Closed` after close finished.
     pub fn unhold(&mut self, now: Instant, session: &SessionId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("unhold")?;
         let Some(ix) = self
             .sessions
@@ -153,6 +156,7 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownUpload` for an id never handed out; `Closed` after close finished.
     pub fn handle_upload_ok(&mut self, now: Instant, upload: UploadId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(up) = self.answered_upload(upload)? else {
             return Ok(());
         };
@@ -185,6 +189,7 @@ impl Lifecycle {
         upload: UploadId,
         failure: UploadFailure,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(up) = self.answered_upload(upload)? else {
             return Ok(());
         };

@@ -31,6 +31,7 @@ impl Lifecycle {
     /// ordered to stop is never entered); `LimitExceeded` (`max_operations_per_sandbox`);
     /// `Closed` after close finished.
     pub fn enter(&mut self, now: Instant, session: &SessionId) -> Result<SandboxId, Error> {
+        self.time_passes(now);
         self.check_not_closed("enter")?;
         let no_sandbox = || Error::NoActiveSandbox {
             session: session.clone(),
@@ -63,6 +64,7 @@ impl Lifecycle {
     /// Errors: `UnknownSandbox` for an id never handed out; `NotEntered` when the sandbox is
     /// tracked and no work is in it; `Closed` after close finished.
     pub fn leave(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("leave")?;
         self.check_sandbox_id(sandbox)?;
         let Some(x) = self.sandboxes.find(sandbox) else {

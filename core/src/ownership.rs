@@ -62,6 +62,7 @@ impl Lifecycle {
         token: Token,
         record: KeyRecord,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(k) = self.claim_answered(claim, key)? else {
             return Ok(());
         };
@@ -106,6 +107,7 @@ impl Lifecycle {
         claim: ClaimId,
         key: &Key,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(k) = self.claim_answered(claim, key)? else {
             return Ok(());
         };
@@ -127,6 +129,7 @@ impl Lifecycle {
         claim: ClaimId,
         key: &Key,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(k) = self.claim_answered(claim, key)? else {
             return Ok(());
         };
@@ -149,6 +152,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         self.release_answered(now, release, key, Released::Done)
     }
 
@@ -163,6 +167,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         self.release_answered(now, release, key, Released::Failed)
     }
 
@@ -177,6 +182,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         self.release_answered(now, release, key, Released::Fenced)
     }
 
@@ -187,6 +193,7 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
     pub fn handle_fenced(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("fenced")?;
         self.check_sandbox_id(sandbox)?;
         let found = self.sandboxes.find(sandbox).filter(|x| {
@@ -228,9 +235,12 @@ impl Lifecycle {
         let slot = &self.keys[k];
         match slot.own {
             Own::Local => true,
-            Own::Owned(_) => !slot
-                .current
-                .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver),
+            Own::Owned(_) => {
+                !slot.doubtful
+                    && !slot
+                        .current
+                        .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
+            }
             _ => false,
         }
     }
@@ -366,11 +376,18 @@ impl Lifecycle {
         self.admit(k);
     }
 
-    /// An adopted sandbox could not be taken over (gone, failed, late): its calls bind afresh,
-    /// to a new start of the key, instead of failing.
-    pub(crate) fn rebind_after_failed_adoption(&mut self, calls: Few<CallIx>) {
-        for call in self.calls.by_name_order(calls) {
-            self.bind(call);
+    /// An adopted sandbox could not be taken over (gone, failed, late): its calls, taken off
+    /// it, queue first for the key again (in name order, each with its wait timeout), to bind
+    /// to a new start of the key instead of failing.
+    pub(crate) fn requeue_after_failed_adoption(&mut self, k: KeyIx, calls: Few<CallIx>) {
+        let calls = self.calls.by_name_order(calls);
+        self.keys[k].bound -= calls.len() as u32;
+        for &call in calls.iter().rev() {
+            let at = self.now + self.config.wait_timeout;
+            let deadline = self.timers.set(at, Timer::Wait(call));
+            self.calls[call].state = crate::call::CallState::Waiting { deadline };
+            self.waiting += 1;
+            self.keys[k].waiters.push_front(call);
         }
     }
 
@@ -503,6 +520,14 @@ impl Lifecycle {
             .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
+            Released::Failed if self.keys[k].doubtful => {
+                // An earlier attempt may have landed: still in doubt; asked again later.
+                self.stats.releases_failed += 1;
+                self.keys[k].own = Own::Owned(token);
+                let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
+                let at = self.now + retry;
+                self.set_key_store_timer(k, at);
+            }
             Released::Failed => {
                 self.stats.releases_failed += 1;
                 self.keys[k].own = Own::Owned(token);
@@ -526,6 +551,7 @@ impl Lifecycle {
                 let slot = &mut self.keys[k];
                 slot.own = Own::Unclaimed;
                 slot.wanted = false;
+                slot.doubtful = false;
                 // The record holds the snapshot now (or the new owner's record does): the key
                 // here no longer references it, and never discards it.
                 slot.snapshot = None;
@@ -578,6 +604,7 @@ impl Lifecycle {
         let slot = &mut self.keys[k];
         slot.own = Own::Unclaimed;
         slot.wanted = false;
+        slot.doubtful = false;
         slot.current = None;
         slot.retiring = None;
         slot.snapshot = None;
@@ -711,10 +738,29 @@ impl Lifecycle {
                 }
                 self.key_settles(k);
             }
-            Own::Releasing(..) => self.release_ended(k, Released::Failed),
+            Own::Releasing(release, token) => {
+                // No answer in time: the release may have landed or not. Ask again, with the same
+                // token and record: if the first landed, the store refuses this one (the key is
+                // no longer this process's) and the answer says fenced; a sandbox being handed
+                // over stays so meanwhile, and nothing binds to the key.
+                tracing::debug!(%release, "release unanswered in time: asked again");
+                self.stats.releases_failed += 1;
+                self.keys[k].doubtful = true;
+                self.keys[k].own = Own::Owned(token);
+                self.release_again(k);
+            }
+            Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
             Own::Owned(_) => self.key_settles(k),
             Own::Local | Own::Unclaimed => unreachable!("no store timer without store work"),
         }
+    }
+
+    /// Asks again for a release whose outcome is in doubt, with the sandbox being handed over.
+    fn release_again(&mut self, k: KeyIx) {
+        let handed = self.keys[k]
+            .current
+            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+        self.release_key(k, handed);
     }
 
     fn set_key_store_timer(&mut self, k: KeyIx, at: Instant) {

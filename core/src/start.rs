@@ -19,6 +19,7 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownSandbox` for an id never handed out, `Closed` after close finished.
     pub fn handle_start_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
             return Ok(());
         };
@@ -76,6 +77,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_start_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Start)? else {
             return Ok(());
         };
@@ -150,11 +152,11 @@ impl Lifecycle {
         let adopted = x.adopted;
         if adopted {
             // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:
-            // they bind afresh below, to a new start of the key (after its Shutdown is ordered).
+            // they queue first for the key again, and bind to a new start of it once the
+            // adopted sandbox's Shutdown is ordered (queued, they also keep the key from being
+            // released meanwhile).
             x.bound = crate::small_set::SmallSet::Empty;
-            if let Some(slot) = self.keys.get_mut(key) {
-                slot.bound -= starters.len() as u32;
-            }
+            self.requeue_after_failed_adoption(key, starters);
         } else {
             for call in self.calls.by_name_order(starters.clone()) {
                 self.end_call(call, EndHow::Failed(error));
@@ -171,9 +173,6 @@ impl Lifecycle {
             self.way().order_abandon(sandbox);
         }
         self.shutdown(sandbox);
-        if adopted {
-            self.rebind_after_failed_adoption(starters);
-        }
         self.admit(key);
         self.key_settles(key);
     }

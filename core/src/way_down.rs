@@ -34,6 +34,7 @@ impl Lifecycle {
         sandbox: SandboxId,
         snapshot: Option<Snapshot>,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
             return Ok(());
         };
@@ -57,6 +58,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Stop)? else {
             return Ok(());
         };
@@ -75,6 +77,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_persist_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
             return Ok(());
         };
@@ -101,6 +104,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_persist_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Persist)? else {
             return Ok(());
         };
@@ -118,6 +122,7 @@ impl Lifecycle {
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_shutdown_ok(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
             return Ok(());
         };
@@ -139,6 +144,7 @@ impl Lifecycle {
         now: Instant,
         sandbox: SandboxId,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         let Some(sandbox) = self.awaits(sandbox, Awaiting::Shutdown)? else {
             return Ok(());
         };

@@ -33,6 +33,7 @@ mod backend;
 pub mod batch;
 mod failure;
 mod fastmap;
+pub mod fleet;
 pub mod harness;
 mod history;
 pub mod marks;

@@ -53,6 +53,10 @@ enum Cmd {
         /// The application also enters its sessions' sandboxes for work (`enter`, `leave`).
         #[arg(long)]
         operations: bool,
+        /// Replicas: with 2 or more, each seed runs a fleet of that many cores over one store
+        /// and one backend (`sim::fleet`); 1 is the one-process simulator.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
     },
     /// Reruns one seed and writes its trace (JSON lines).
     Replay {
@@ -97,7 +101,11 @@ fn main() -> ExitCode {
             full_check_every,
             getter_check_every,
             operations,
+            replicas,
         } => {
+            if replicas > 1 {
+                return explore_fleet(seeds, from, replicas, stop_at_first);
+            }
             let full_check = match (small_state, full_check_every) {
                 (None, None) => None,
                 (a, b) => Some((a.unwrap_or(0), b.unwrap_or(16))),
@@ -188,6 +196,56 @@ fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool, opts: &RunOp
             "{} failing seeds; replay with `sim replay --seed S`, shrink with `sim shrink --seed S`",
             report.failures.len()
         );
+        ExitCode::from(1)
+    }
+}
+
+fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) -> ExitCode {
+    let started = wall_clock();
+    let (mut inputs, mut steps) = (0, 0);
+    let mut marks = std::collections::BTreeSet::new();
+    let mut failures = vec![];
+    for seed in from..from + seeds {
+        let mut opts = sim::fleet::FleetOptions::new(replicas);
+        opts.trace = std::env::var_os("SIM_FLEET_TRACE").is_some();
+        // The canary of the backend's fencing, by hand.
+        opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
+        let report = sim::fleet::run_fleet_seed(seed, opts);
+        inputs += report.inputs;
+        steps += report.steps;
+        marks.extend(report.marks);
+        if let Some(f) = report.failure {
+            failures.push((seed, f));
+            if stop_at_first {
+                break;
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    println!(
+        "fleet of {replicas}, seeds {from}..{}: {steps} steps, {inputs} core inputs in {secs:.2}s ({:.0} inputs/s)",
+        from + seeds,
+        inputs as f64 / secs
+    );
+    println!(
+        "marks reached: {}",
+        marks.iter().copied().collect::<Vec<_>>().join(" ")
+    );
+    let missing: Vec<&str> = sim::fleet::MARKS
+        .iter()
+        .copied()
+        .filter(|m| !marks.contains(m))
+        .collect();
+    if !missing.is_empty() {
+        println!("marks missing: {}", missing.join(" "));
+    }
+    if failures.is_empty() {
+        println!("no failing seed");
+        ExitCode::SUCCESS
+    } else {
+        for (seed, f) in &failures {
+            println!("FAIL seed {seed}: {f}");
+        }
         ExitCode::from(1)
     }
 }

@@ -1,0 +1,197 @@
+//! The simulated backend the replicas share: sandboxes and snapshots, each sandbox with the
+//! tokens it accepted, and each key with the newest token any of its sandboxes saw. A command
+//! carrying a token older than the newest its sandbox or its key has seen is refused (`Fenced`)
+//! at the one step that would change anything, as the real backends do. The key's token is what
+//! refuses a stale owner's Start of a *new* sandbox once the key's next owner has touched the
+//! backend; the sandbox's own list is what the simulator checks: no sandbox ever accepted a
+//! change from a token older than one it had seen.
+//!
+//! Not modelled: start and stop latency inside the backend (the world's schedule gives each
+//! command its latency), deaths (the one-process world covers them), hooks.
+
+use std::collections::BTreeMap;
+
+use sandkeeper::{Command, Key, SandboxId, Snapshot, Token};
+
+/// Where a simulated sandbox is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Life {
+    /// Up: takes uploads.
+    Up,
+    /// Stopped, or suspended (persisted, kept for its key's next start).
+    Stopped,
+    /// Shut down.
+    Gone,
+}
+
+/// One simulated sandbox.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    /// Its key.
+    pub key: Key,
+    /// Where it is.
+    pub life: Life,
+    /// Every token it accepted a change under, in order.
+    pub accepted: Vec<u64>,
+}
+
+/// What a command did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; a Stop's snapshot.
+    Ok(Option<Snapshot>),
+    /// Refused: nothing there to do it to.
+    Gone,
+    /// Refused: the sandbox has seen a newer token.
+    Fenced,
+    /// Nothing to answer (a command that wants no answer, or one the backend never sees).
+    Silent,
+}
+
+/// The backend.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    /// Every sandbox ever started, by id.
+    pub sandboxes: BTreeMap<SandboxId, Sandbox>,
+    /// Snapshots kept, with the sandbox that took them.
+    pub snapshots: BTreeMap<String, SandboxId>,
+    /// The newest token seen for each key.
+    pub keys: BTreeMap<Key, u64>,
+    /// The fencing check (off only in the canary that shows the simulator needs it).
+    pub fencing: bool,
+    /// Commands refused for an old token.
+    pub refusals: u64,
+    /// A change accepted under a token older than one the sandbox had seen, if any.
+    pub violation: Option<String>,
+}
+
+impl Backend {
+    /// A backend with nothing in it.
+    pub fn new(fencing: bool) -> Self {
+        Backend {
+            sandboxes: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            keys: BTreeMap::new(),
+            fencing,
+            refusals: 0,
+            violation: None,
+        }
+    }
+
+    /// Applies one command a replica ordered.
+    pub fn apply(&mut self, cmd: &Command) -> Outcome {
+        let token = cmd.token();
+        match cmd {
+            Command::Start {
+                sandbox,
+                key,
+                resume_from,
+                ..
+            } => {
+                if let Some(Token(t)) = token {
+                    let newest = self.keys.get(key).copied().unwrap_or(0);
+                    if t < newest {
+                        if self.fencing {
+                            self.refusals += 1;
+                            return Outcome::Fenced;
+                        }
+                        self.violation.get_or_insert(format!(
+                            "{sandbox} started under token {t} after its key saw token {newest}"
+                        ));
+                    }
+                    self.keys.insert(key.clone(), t.max(newest));
+                }
+                if let Some(snapshot) = resume_from {
+                    // The start takes the snapshot (gone already: a fresh workspace).
+                    self.snapshots.remove(snapshot.as_str());
+                }
+                self.sandboxes.insert(
+                    *sandbox,
+                    Sandbox {
+                        key: key.clone(),
+                        life: Life::Up,
+                        accepted: token.map(|t| t.0).into_iter().collect(),
+                    },
+                );
+                Outcome::Ok(None)
+            }
+            Command::Adopt { sandbox, .. } | Command::Upload { sandbox, .. } => {
+                match self.sandboxes.get(sandbox).map(|x| &x.life) {
+                    Some(Life::Up) => self.change(*sandbox, token, None),
+                    _ => Outcome::Gone,
+                }
+            }
+            Command::Stop { sandbox, .. } => {
+                let snapshot = Snapshot::new(format!("snap-{sandbox}"));
+                match self.change(*sandbox, token, Some(Life::Stopped)) {
+                    Outcome::Ok(_) => Outcome::Ok(Some(snapshot)),
+                    other => other,
+                }
+            }
+            Command::Persist {
+                sandbox, snapshot, ..
+            } => {
+                let done = self.change(*sandbox, token, None);
+                if done == Outcome::Ok(None) {
+                    if let Some(snapshot) = snapshot {
+                        self.snapshots
+                            .insert(snapshot.as_str().to_string(), *sandbox);
+                    }
+                }
+                done
+            }
+            Command::Shutdown { sandbox, .. } => {
+                if self.sandboxes.contains_key(sandbox) {
+                    self.change(*sandbox, token, Some(Life::Gone))
+                } else {
+                    Outcome::Ok(None) // never started (an abandoned start): nothing to free
+                }
+            }
+            Command::Discard { snapshot, .. } => {
+                self.snapshots.remove(snapshot.as_str());
+                Outcome::Silent
+            }
+            Command::Hook { .. } => Outcome::Gone,
+            Command::Drain { .. }
+            | Command::CancelUpload { .. }
+            | Command::Abandon { .. }
+            | Command::Relinquish { .. } => Outcome::Silent,
+        }
+    }
+
+    /// A change to `x` under `token`: refused when the sandbox saw a newer one (with fencing
+    /// on); recorded, and checked against every token it accepted before.
+    fn change(&mut self, x: SandboxId, token: Option<Token>, life: Option<Life>) -> Outcome {
+        let Some(sandbox) = self.sandboxes.get_mut(&x) else {
+            return Outcome::Gone;
+        };
+        if sandbox.life == Life::Gone {
+            return Outcome::Gone;
+        }
+        if let Some(Token(t)) = token {
+            let key_newest = self.keys.get(&sandbox.key).copied().unwrap_or(0);
+            let newest = sandbox
+                .accepted
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0)
+                .max(key_newest);
+            if t < newest {
+                if self.fencing {
+                    self.refusals += 1;
+                    return Outcome::Fenced;
+                }
+                self.violation.get_or_insert(format!(
+                    "{x} accepted a change under token {t} after its key saw token {newest}"
+                ));
+            }
+            self.keys.insert(sandbox.key.clone(), t.max(key_newest));
+            sandbox.accepted.push(t);
+        }
+        if let Some(life) = life {
+            sandbox.life = life;
+        }
+        Outcome::Ok(None)
+    }
+}

@@ -1,0 +1,884 @@
+//! The fleet simulator: several replicas, each a real `sandkeeper` core in fleet mode, over one
+//! simulated store ([`store`]) and one simulated backend ([`backend`]), in true virtual time, from
+//! one seed. `sim explore --replicas N` runs it for N ≥ 2; N = 1 is the one-process simulator,
+//! unchanged.
+//!
+//! The world: sessions whose calls land on any replica (the load balancer), flushes of each
+//! call's session log, and faults for the first minute: replicas paused (sometimes for longer
+//! than a lease), crashed (memory lost; restarted later as a new incarnation, the store and
+//! backend kept), clocks that drift (mostly within the margin, sometimes beyond it), slow and
+//! failed store writes. Each replica's driver runs its core's commands after a latency, drops
+//! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
+//! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
+//!
+//! Checked after every step:
+//!
+//! | check | what must hold |
+//! |---|---|
+//! | `token-order` | no sandbox accepts a change (a start included) under a token older than one it, or any sandbox of its key, has seen |
+//! | `lease-valid` | a replica orders a claim, or a command carrying a token, only while its lease is valid by its own clock with the margin taken off (computed here, apart from the core, from the renewals it ordered and the confirmations it got) |
+//! | `settle-once` (and the other `Versions` checks) | every version a replica flushed settles exactly once, in that replica (per incarnation) |
+//! | `record-shut-down` | no durable key record names a warm sandbox that was shut down |
+//! | `core:*` | the core's own invariants (debug builds check them after every input) |
+//!
+//! Liveness, after the faults stopped and every replica closed: every call ended (ready then
+//! released, or failed), every version settled, every replica closed, and every key with one
+//! owner or none (none once the leases ran out).
+
+mod backend;
+mod store;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::Duration;
+
+use sandkeeper::{
+    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Input, Instant, Key, Lifecycle,
+    PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId, StoreCommand,
+    UploadId,
+};
+use sandkeeper_check::Versions;
+
+use crate::rng::Rng;
+use backend::{Backend, Outcome};
+use store::{ClaimAnswer, Store};
+
+const MS: u64 = 1_000_000;
+/// How long faults run.
+const FAULTS_NS: u64 = 60_000 * MS;
+/// How long the world runs after the faults before close.
+const SETTLE_NS: u64 = 60_000 * MS;
+
+/// The marks a fleet run can reach: each a situation the world made happen at least once.
+pub const MARKS: &[&str] = &[
+    "claim",
+    "busy",
+    "handoff",
+    "adopt",
+    "resume-from-record",
+    "fence-lapse",
+    "fence-refused",
+    "backend-refused",
+    "expiry-during-pause",
+    "crash-restart-adoption",
+];
+
+/// What one fleet seed did.
+#[derive(Clone, Debug, Default)]
+pub struct FleetReport {
+    /// Core inputs applied, over every replica.
+    pub inputs: u64,
+    /// World steps.
+    pub steps: u64,
+    /// Marks reached.
+    pub marks: BTreeSet<&'static str>,
+    /// The first broken invariant.
+    pub failure: Option<String>,
+}
+
+/// Switches for the canaries: a check of the world's own that a canary turns off.
+#[derive(Clone, Copy, Debug)]
+pub struct FleetOptions {
+    /// Replicas.
+    pub replicas: usize,
+    /// The backend refuses old tokens (off: the `token-order` check must catch what follows).
+    pub backend_fencing: bool,
+    /// Print every step to standard output.
+    pub trace: bool,
+}
+
+impl FleetOptions {
+    /// `replicas` replicas over a fencing backend.
+    pub fn new(replicas: usize) -> Self {
+        FleetOptions {
+            replicas,
+            backend_fencing: true,
+            trace: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    Up,
+    Paused { until: u64 },
+    Crashed,
+}
+
+/// A call as the application on one replica sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Ready,
+    Released,
+}
+
+struct Replica {
+    core: Lifecycle,
+    incarnation: u32,
+    run: Run,
+    closed: bool,
+    drift_ppm: i64,
+    base_true: u64,
+    base_local: u64,
+    /// Renewals ordered: when (local) and under which epoch.
+    renewals: BTreeMap<RenewalId, (u64, u64)>,
+    epoch: u64,
+    valid_until: Option<u64>,
+    versions: Versions,
+    calls: BTreeMap<CallId, (SessionId, Phase)>,
+    /// Sandbox commands ordered before this sequence number were dropped by the driver
+    /// (Abandon, Relinquish).
+    dropped_before: BTreeMap<SandboxId, u64>,
+    cancelled: BTreeSet<UploadId>,
+    /// The earliest wake-up pending for it (true time).
+    next_wake: u64,
+}
+
+impl Replica {
+    fn local(&self, t: u64) -> u64 {
+        let elapsed = t - self.base_true;
+        let drifted = i128::from(elapsed) * i128::from(1_000_000 + self.drift_ppm) / 1_000_000;
+        self.base_local + drifted as u64
+    }
+
+    fn true_of(&self, local: u64) -> u64 {
+        let elapsed = local.saturating_sub(self.base_local);
+        let t = i128::from(elapsed) * 1_000_000 / i128::from(1_000_000 + self.drift_ppm);
+        self.base_true + t as u64 + 1
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Wake(usize),
+    Arrive(usize, SessionId),
+    Release(usize, u32, CallId),
+    Flush(usize, u32, SessionId),
+    Apply(usize, u32, Command, u64),
+    StoreApply(usize, u32, StoreCommand),
+    Answer(usize, u32, Input, Instant),
+    Pause(usize, u64),
+    Resume(usize),
+    Crash(usize),
+    Restart(usize),
+    Close(usize),
+}
+
+struct World {
+    rng: Rng,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    replicas: Vec<Replica>,
+    store: Store,
+    backend: Backend,
+    config: Config,
+    fleet: Fleet,
+    next_incarnation: u32,
+    next_call: u64,
+    sessions: Vec<SessionId>,
+    store_fail: u32,
+    report: FleetReport,
+    faults: bool,
+    /// Incarnations that crashed, and keys claimed from them.
+    crashed: BTreeSet<u32>,
+    /// Keys whose claim handed a record with a snapshot, until their next Start.
+    resumable: BTreeSet<Key>,
+    /// Print every step (`FleetOptions::trace`).
+    trace: bool,
+}
+
+/// Runs one fleet seed.
+pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
+    let mut w = World::new(seed, opts);
+    w.run();
+    w.report
+}
+
+impl World {
+    fn new(seed: u64, opts: FleetOptions) -> World {
+        let mut rng = Rng::new(seed ^ 0xf1ee7);
+        let release = match rng.below(3) {
+            0 => ReleasePolicy::Shutdown,
+            1 => ReleasePolicy::KeepWarm {
+                idle: Duration::from_millis(rng.range(500, 3_000)),
+            },
+            _ => ReleasePolicy::Suspend,
+        };
+        let fleet = Fleet {
+            incarnation: 1,
+            lease: Duration::from_secs(10),
+            renew_every: Duration::from_secs(3),
+            margin: Duration::from_secs(2),
+            claim_retry: Duration::from_millis(rng.range(200, 1_000)),
+        };
+        let config = Config {
+            scope: Scope::Session,
+            release,
+            wait_timeout: Duration::from_secs(rng.range(5, 20)),
+            start_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(5),
+            upload_timeout: Duration::from_secs(3),
+            drain_deadline: Duration::from_secs(2),
+            close_grace: Duration::from_secs(10),
+            fleet: Some(fleet),
+            ..Config::default()
+        };
+        let sessions = (0..rng.range(2, 6))
+            .map(|i| SessionId::new(format!("s{i}")).expect("a valid name"))
+            .collect();
+        let store_fail = [0, 20, 100][rng.index(3)];
+        let mut w = World {
+            rng,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            replicas: Vec::new(),
+            store: Store::new(fleet.lease.as_nanos() as u64),
+            backend: Backend::new(opts.backend_fencing),
+            config,
+            fleet,
+            next_incarnation: 1,
+            next_call: 0,
+            sessions,
+            store_fail,
+            report: FleetReport::default(),
+            faults: true,
+            crashed: BTreeSet::new(),
+            resumable: BTreeSet::new(),
+            trace: opts.trace,
+        };
+        for r in 0..opts.replicas.max(1) {
+            let replica = w.boot(0);
+            w.replicas.push(replica);
+            w.push(0, Ev::Wake(r));
+        }
+        // The workload and the faults, drawn up front for the fault phase.
+        let mut t = 0;
+        while t < FAULTS_NS {
+            t += w.rng.range(50, 400) * MS;
+            let r = w.rng.index(w.replicas.len());
+            let s = w.sessions[w.rng.index(w.sessions.len())].clone();
+            w.push(t, Ev::Arrive(r, s));
+        }
+        let mut t = w.rng.range(1_000, 10_000) * MS;
+        while t < FAULTS_NS {
+            let r = w.rng.index(w.replicas.len());
+            match w.rng.below(3) {
+                0 => w.push(t, Ev::Crash(r)),
+                _ => {
+                    let long = w.rng.chance(400);
+                    let pause = if long {
+                        w.rng.range(11_000, 25_000)
+                    } else {
+                        w.rng.range(500, 5_000)
+                    };
+                    w.push(t, Ev::Pause(r, pause * MS));
+                }
+            }
+            t += w.rng.range(3_000, 20_000) * MS;
+        }
+        for r in 0..w.replicas.len() {
+            w.push(FAULTS_NS + SETTLE_NS, Ev::Close(r));
+        }
+        w
+    }
+
+    fn boot(&mut self, now: u64) -> Replica {
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let config = Config {
+            fleet: Some(Fleet {
+                incarnation,
+                ..self.fleet
+            }),
+            ..self.config.clone()
+        };
+        // Most clocks drift within the margin (2 s over a 10 s lease); one in ten beyond it.
+        let drift_ppm = if self.rng.chance(100) {
+            self.rng.range(0, 600_000) as i64 - 300_000
+        } else {
+            self.rng.range(0, 40_000) as i64 - 20_000
+        };
+        Replica {
+            core: Lifecycle::new(config).expect("a valid configuration"),
+            incarnation,
+            run: Run::Up,
+            closed: false,
+            drift_ppm,
+            base_true: now,
+            base_local: 0,
+            renewals: BTreeMap::new(),
+            epoch: 1,
+            valid_until: None,
+            versions: Versions::new(),
+            calls: BTreeMap::new(),
+            dropped_before: BTreeMap::new(),
+            cancelled: BTreeSet::new(),
+            next_wake: u64::MAX,
+        }
+    }
+
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Some(ev));
+        self.queue
+            .push(Reverse((at, self.seq, self.events.len() - 1)));
+    }
+
+    fn fail(&mut self, check: &str, detail: String) {
+        if self.report.failure.is_none() {
+            self.report.failure = Some(format!("{check}: {detail} (at {} ms)", self.now / MS));
+        }
+    }
+
+    fn run(&mut self) {
+        let end = FAULTS_NS + SETTLE_NS + 40_000 * MS;
+        while let Some(Reverse((at, _, i))) = self.queue.pop() {
+            if at > end || self.report.failure.is_some() {
+                break;
+            }
+            self.now = at;
+            if self.faults && at >= FAULTS_NS {
+                self.faults = false;
+                self.store_fail = 0;
+            }
+            let ev = self.events[i].take().expect("each event once");
+            self.report.steps += 1;
+            if self.trace {
+                println!("{:>9} ms {ev:?}", at / MS);
+            }
+            self.step(ev);
+            if let Some(v) = self.backend.violation.take() {
+                self.fail("token-order", v);
+            }
+        }
+        if self.report.failure.is_none() {
+            self.liveness();
+        }
+    }
+
+    fn step(&mut self, ev: Ev) {
+        // Work for a paused replica waits for it; for a crashed incarnation it is lost.
+        let target = match &ev {
+            Ev::Wake(r) | Ev::Arrive(r, _) | Ev::Close(r) => Some((*r, None)),
+            Ev::Release(r, inc, _) | Ev::Flush(r, inc, _) | Ev::Answer(r, inc, _, _) => {
+                Some((*r, Some(*inc)))
+            }
+            _ => None,
+        };
+        if let Some((r, inc)) = target {
+            if inc.is_some_and(|inc| inc != self.replicas[r].incarnation) {
+                return;
+            }
+            match self.replicas[r].run {
+                Run::Paused { until } => {
+                    // After the Resume at the same instant (pushed earlier).
+                    self.push(until, ev);
+                    return;
+                }
+                Run::Crashed => {
+                    if matches!(ev, Ev::Close(_)) {
+                        self.push(self.now + 1_000 * MS, ev);
+                    }
+                    return;
+                }
+                Run::Up => {}
+            }
+            if self.replicas[r].closed {
+                return;
+            }
+        }
+        match ev {
+            Ev::Wake(r) => {
+                if self.replicas[r].next_wake <= self.now {
+                    self.replicas[r].next_wake = u64::MAX;
+                }
+                self.input(r, |core, t| core.handle_timeout(t))
+            }
+            Ev::Arrive(r, session) => self.arrive(r, session),
+            Ev::Release(r, _, call) => {
+                if let Some((_, phase)) = self.replicas[r].calls.get_mut(&call) {
+                    if *phase == Phase::Ready {
+                        *phase = Phase::Released;
+                        self.input(r, |core, t| core.release(t, &call));
+                    }
+                }
+            }
+            Ev::Flush(r, _, session) => self.flush(r, session),
+            Ev::Apply(r, inc, cmd, seq) => self.apply(r, inc, cmd, seq),
+            Ev::StoreApply(r, inc, cmd) => self.store_apply(r, inc, cmd),
+            Ev::Answer(r, _, input, deadline) => {
+                let local = self.replicas[r].local(self.now);
+                if local > deadline.as_nanos() {
+                    return; // the driver dropped it at its deadline
+                }
+                if let Input::Renewed { renewal, .. } = &input {
+                    self.confirmed(r, *renewal);
+                }
+                self.input(r, move |core, t| core.handle(t, input).map(|_| ()));
+            }
+            Ev::Pause(r, ns) => {
+                if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    let until = self.now + ns;
+                    self.replicas[r].run = Run::Paused { until };
+                    self.push(until, Ev::Resume(r));
+                }
+            }
+            Ev::Resume(r) => {
+                if matches!(self.replicas[r].run, Run::Paused { .. }) {
+                    self.replicas[r].run = Run::Up;
+                    self.push(self.now, Ev::Wake(r));
+                }
+            }
+            Ev::Crash(r) => {
+                if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    self.replicas[r].run = Run::Crashed;
+                    self.crashed.insert(self.replicas[r].incarnation);
+                    let back = self.rng.range(1_000, 20_000) * MS;
+                    self.push(self.now + back, Ev::Restart(r));
+                }
+            }
+            Ev::Restart(r) => {
+                let replica = self.boot(self.now);
+                self.replicas[r] = replica;
+                self.push(self.now, Ev::Wake(r));
+            }
+            Ev::Close(r) => {
+                self.input(r, |core, t| core.close(t, Duration::from_secs(5)));
+            }
+        }
+    }
+
+    /// Feeds one input to replica `r` at its local time, then drains and schedules its output.
+    fn input(
+        &mut self,
+        r: usize,
+        f: impl FnOnce(&mut Lifecycle, Instant) -> Result<(), sandkeeper::Error>,
+    ) {
+        let local = self.replicas[r].local(self.now);
+        let t = Instant::from_nanos(local);
+        let replica = &mut self.replicas[r];
+        if replica.core.is_closed() {
+            return;
+        }
+        self.report.inputs += 1;
+        if let Err(e) = f(&mut replica.core, t) {
+            // The world only sends what the core asked for; a refusal is the core's to explain.
+            if !matches!(e, sandkeeper::Error::Closed { .. }) {
+                self.fail("refused", format!("replica {r}: {e}"));
+            }
+            return;
+        }
+        self.drain(r, local);
+    }
+
+    fn drain(&mut self, r: usize, local: u64) {
+        while let Some(cmd) = self.replicas[r].core.poll_store() {
+            if let StoreCommand::Renew { renewal, epoch, .. } = &cmd {
+                let replica = &mut self.replicas[r];
+                if *epoch != replica.epoch {
+                    replica.epoch = *epoch;
+                    replica.valid_until = None;
+                }
+                replica.renewals.insert(*renewal, (local, *epoch));
+            } else {
+                self.lease_valid(r, local, &format!("{cmd:?}"));
+            }
+            let inc = self.replicas[r].incarnation;
+            let latency = if self.faults && self.rng.chance(50) {
+                self.rng.range(1_000, 6_000)
+            } else {
+                self.rng.range(1, 50)
+            };
+            self.push(self.now + latency * MS, Ev::StoreApply(r, inc, cmd));
+        }
+        while let Some(cmd) = self.replicas[r].core.poll_command() {
+            if cmd.token().is_some() {
+                self.lease_valid(r, local, &format!("{cmd:?}"));
+            }
+            self.seq += 1;
+            let seq = self.seq;
+            let inc = self.replicas[r].incarnation;
+            match &cmd {
+                Command::Abandon { sandbox } | Command::Relinquish { sandbox } => {
+                    self.replicas[r].dropped_before.insert(*sandbox, seq);
+                }
+                Command::CancelUpload { upload, .. } => {
+                    self.replicas[r].cancelled.insert(*upload);
+                }
+                _ => {}
+            }
+            if let Command::Start {
+                key,
+                resume_from: Some(_),
+                ..
+            } = &cmd
+            {
+                if self.resumable.remove(key) {
+                    self.report.marks.insert("resume-from-record");
+                }
+            }
+            let latency = self.rng.range(1, 300);
+            self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
+        }
+        while let Some(ev) = self.replicas[r].core.poll_event() {
+            self.event(r, ev);
+        }
+        if let Some(next) = self.replicas[r].core.poll_timeout() {
+            let at = self.replicas[r].true_of(next.as_nanos()).max(self.now);
+            // One wake-up pending per replica: the earliest one.
+            if at < self.replicas[r].next_wake {
+                self.replicas[r].next_wake = at;
+                self.push(at, Ev::Wake(r));
+            }
+        }
+    }
+
+    /// `lease-valid`: replica `r` may order this only under a lease valid by its own clock.
+    fn lease_valid(&mut self, r: usize, local: u64, what: &str) {
+        let valid = self.replicas[r].valid_until;
+        if valid.is_none_or(|until| local >= until) {
+            self.fail(
+                "lease-valid",
+                format!(
+                    "replica {r} ordered {what} at {} ms (its clock) with its lease valid until {:?}",
+                    local / MS,
+                    valid.map(|v| v / MS)
+                ),
+            );
+        }
+    }
+
+    /// A renewal's confirmation reaches replica `r` in time: the lease is valid until its
+    /// ordering instant plus the lease minus the margin (by the replica's clock).
+    fn confirmed(&mut self, r: usize, renewal: RenewalId) {
+        let valid_for = self.fleet.valid_for().as_nanos() as u64;
+        let local = self.replicas[r].local(self.now);
+        let replica = &mut self.replicas[r];
+        if let Some((sent, epoch)) = replica.renewals.get(&renewal).copied() {
+            let until = sent + valid_for;
+            if epoch == replica.epoch && until > local {
+                replica.valid_until = Some(replica.valid_until.map_or(until, |v| v.max(until)));
+            }
+        }
+    }
+
+    fn arrive(&mut self, r: usize, session: SessionId) {
+        if !self.faults || self.replicas[r].core.is_closing() {
+            return;
+        }
+        self.next_call += 1;
+        let call = CallId::new(format!("c{}", self.next_call)).expect("a valid name");
+        self.replicas[r]
+            .calls
+            .insert(call.clone(), (session.clone(), Phase::Waiting));
+        let spec = CallSpec::new(call.clone(), session);
+        let local = self.replicas[r].local(self.now);
+        self.report.inputs += 1;
+        match self.replicas[r]
+            .core
+            .acquire(Instant::from_nanos(local), spec)
+        {
+            Ok(()) => self.drain(r, local),
+            // Too many calls wait for the key already: the application hears it at once.
+            Err(sandkeeper::Error::QueueFull { .. }) => {
+                self.replicas[r].calls.remove(&call);
+            }
+            Err(e) => self.fail("refused", format!("replica {r}: acquire: {e}")),
+        }
+    }
+
+    fn flush(&mut self, r: usize, session: SessionId) {
+        let path = PathName::session_log();
+        let local = self.replicas[r].local(self.now);
+        let t = Instant::from_nanos(local);
+        let payload = Payload::new(format!("{}", self.now).into_bytes());
+        let replica = &mut self.replicas[r];
+        if replica.core.is_closing() {
+            return;
+        }
+        self.report.inputs += 1;
+        match replica.core.flush(t, &session, &path, payload) {
+            Ok(version) => {
+                if let Err(v) = replica.versions.flushed(&session, &path, version.0) {
+                    self.fail(v.check, v.detail);
+                }
+                self.drain(r, local);
+            }
+            Err(e) => self.fail("refused", format!("replica {r}: flush: {e}")),
+        }
+    }
+
+    fn event(&mut self, r: usize, ev: Event) {
+        let inc = self.replicas[r].incarnation;
+        match ev {
+            Event::CallReady { call, .. } => {
+                if let Some((session, phase)) = self.replicas[r].calls.get_mut(&call) {
+                    *phase = Phase::Ready;
+                    let session = session.clone();
+                    let flush = self.rng.range(10, 500) * MS;
+                    self.push(self.now + flush, Ev::Flush(r, inc, session));
+                    let done = flush + self.rng.range(10, 2_000) * MS;
+                    self.push(self.now + done, Ev::Release(r, inc, call));
+                }
+            }
+            Event::CallFailed { call, .. } | Event::CallRevoked { call } => {
+                self.replicas[r].calls.remove(&call);
+            }
+            Event::CallReleased { call } => {
+                self.replicas[r].calls.remove(&call);
+            }
+            Event::SandboxLost { call, .. } => {
+                self.push(self.now + MS, Ev::Release(r, inc, call));
+            }
+            Event::Settled {
+                session,
+                path,
+                version,
+                outcome,
+            } => {
+                if let Err(v) = self.replicas[r]
+                    .versions
+                    .settled(&session, &path, version.0, &outcome)
+                {
+                    self.fail(v.check, v.detail);
+                }
+            }
+            Event::KeyFenced { reason, .. } => {
+                self.report.marks.insert(match reason {
+                    FenceReason::LeaseLapsed => "fence-lapse",
+                    FenceReason::Refused => "fence-refused",
+                });
+            }
+            Event::Closed { .. } => self.replicas[r].closed = true,
+            Event::MirrorSettled { .. }
+            | Event::ShutdownUnconfirmed { .. }
+            | Event::HookFailed { .. } => {}
+        }
+    }
+
+    fn apply(&mut self, r: usize, inc: u32, cmd: Command, seq: u64) {
+        let replica = &self.replicas[r];
+        // The driver dropped what its core abandoned, relinquished or cancelled before it ran
+        // (only its own incarnation's: a crashed one's requests in flight still land).
+        if replica.incarnation == inc {
+            let dropped = replica
+                .dropped_before
+                .get(&cmd.sandbox())
+                .is_some_and(|before| seq < *before)
+                && !matches!(cmd, Command::Shutdown { .. } | Command::Upload { .. });
+            let cancelled = matches!(&cmd, Command::Upload { upload, .. } if replica.cancelled.contains(upload));
+            if dropped || cancelled {
+                return;
+            }
+        }
+        if let Command::Shutdown { sandbox, .. } = &cmd {
+            let named = self
+                .store
+                .keys
+                .iter()
+                .find(|(_, e)| e.record.warm == Some(*sandbox))
+                .map(|(k, _)| k.clone());
+            if let Some(key) = named {
+                if self.backend.sandboxes.contains_key(sandbox) {
+                    let accepted_before = self.backend.refusals;
+                    let outcome = self.backend.apply(&cmd);
+                    if outcome == Outcome::Ok(None) {
+                        self.fail(
+                            "record-shut-down",
+                            format!("{sandbox} shut down while the record of {key} names it warm"),
+                        );
+                    }
+                    let _ = accepted_before;
+                    return self.answer(r, inc, &cmd, outcome);
+                }
+            }
+        }
+        let outcome = self.backend.apply(&cmd);
+        if matches!(cmd, Command::Adopt { .. }) && outcome == Outcome::Ok(None) {
+            self.report.marks.insert("adopt");
+        }
+        if outcome == Outcome::Fenced {
+            self.report.marks.insert("backend-refused");
+        }
+        self.answer(r, inc, &cmd, outcome);
+    }
+
+    fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
+        let Some(deadline) = cmd.deadline() else {
+            return;
+        };
+        let sandbox = cmd.sandbox();
+        let input = match (cmd, outcome) {
+            (_, Outcome::Silent) => return,
+            (_, Outcome::Fenced) => Input::Fenced { sandbox },
+            (Command::Start { .. } | Command::Adopt { .. }, Outcome::Ok(_)) => {
+                Input::StartOk { sandbox }
+            }
+            (Command::Start { .. } | Command::Adopt { .. }, Outcome::Gone) => {
+                Input::StartFailed { sandbox }
+            }
+            (Command::Upload { upload, .. }, Outcome::Ok(_)) => Input::UploadOk { upload: *upload },
+            (Command::Upload { upload, .. }, Outcome::Gone) => Input::UploadFailed {
+                upload: *upload,
+                failure: sandkeeper::UploadFailure::Gone,
+            },
+            (Command::Stop { .. }, Outcome::Ok(snapshot)) => Input::StopOk { sandbox, snapshot },
+            (Command::Stop { .. }, Outcome::Gone) => Input::StopFailed { sandbox },
+            (Command::Persist { .. }, Outcome::Ok(_)) => Input::PersistOk { sandbox },
+            (Command::Persist { .. }, Outcome::Gone) => Input::PersistFailed { sandbox },
+            (Command::Shutdown { .. }, Outcome::Ok(_)) => Input::ShutdownOk { sandbox },
+            (Command::Shutdown { .. }, Outcome::Gone) => Input::ShutdownOk { sandbox },
+            (Command::Hook { .. }, _) => Input::HookFailed { sandbox },
+            (other, outcome) => unreachable!("{other:?} answered {outcome:?}"),
+        };
+        let latency = self.rng.range(1, 200);
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    fn store_apply(&mut self, r: usize, inc: u32, cmd: StoreCommand) {
+        let deadline = cmd.deadline();
+        let fails = self.rng.chance(self.store_fail);
+        let input = match cmd {
+            StoreCommand::Renew { renewal, epoch, .. } => {
+                match (!fails)
+                    .then(|| self.store.renew(inc, epoch, self.now))
+                    .flatten()
+                {
+                    Some(wanted) => Input::Renewed { renewal, wanted },
+                    None => Input::RenewFailed { renewal },
+                }
+            }
+            StoreCommand::Claim {
+                claim, key, epoch, ..
+            } => {
+                if fails {
+                    Input::ClaimFailed { claim, key }
+                } else {
+                    let before = self.store.keys.get(&key).and_then(|e| e.owner);
+                    match self.store.claim(&key, inc, epoch, self.now) {
+                        ClaimAnswer::Claimed(token, record) => {
+                            self.report.marks.insert("claim");
+                            self.note_takeover(before, inc);
+                            if record.warm.is_some() {
+                                self.report.marks.insert("handoff");
+                            }
+                            if record.snapshot.is_some() {
+                                self.resumable.insert(key.clone());
+                            }
+                            Input::Claimed {
+                                claim,
+                                key,
+                                token,
+                                record,
+                            }
+                        }
+                        ClaimAnswer::Busy => {
+                            self.report.marks.insert("busy");
+                            Input::ClaimBusy { claim, key }
+                        }
+                    }
+                }
+            }
+            StoreCommand::Release {
+                release,
+                key,
+                token,
+                record,
+                ..
+            } => {
+                if fails {
+                    Input::ReleaseFailed { release, key }
+                } else {
+                    let warm = record.warm;
+                    if self.store.release(&key, inc, token, record) {
+                        if let Some(x) = warm {
+                            if self
+                                .backend
+                                .sandboxes
+                                .get(&x)
+                                .is_some_and(|s| s.life == backend::Life::Gone)
+                            {
+                                self.fail(
+                                    "record-shut-down",
+                                    format!(
+                                        "the record of {key} names {x} warm, which was shut down"
+                                    ),
+                                );
+                            }
+                        }
+                        Input::KeyReleased { release, key }
+                    } else {
+                        Input::ReleaseFenced { release, key }
+                    }
+                }
+            }
+        };
+        if inc != self.replicas[r].incarnation {
+            return; // the process that asked crashed; the write (if any) stays
+        }
+        let latency = if self.faults && self.rng.chance(50) {
+            self.rng.range(1_000, 6_000)
+        } else {
+            self.rng.range(1, 50)
+        };
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    /// A claim took a key from `before`'s owner: mark what made that possible.
+    fn note_takeover(&mut self, before: Option<(u32, u64)>, by: u32) {
+        let Some((owner, _)) = before else {
+            return;
+        };
+        if owner == by {
+            return;
+        }
+        if self.crashed.contains(&owner) {
+            self.report.marks.insert("crash-restart-adoption");
+        }
+        if self
+            .replicas
+            .iter()
+            .any(|x| x.incarnation == owner && matches!(x.run, Run::Paused { .. }))
+        {
+            self.report.marks.insert("expiry-during-pause");
+        }
+    }
+
+    fn liveness(&mut self) {
+        for (r, replica) in self.replicas.iter().enumerate() {
+            if replica.run == Run::Crashed {
+                continue;
+            }
+            if !replica.closed {
+                return self.fail(
+                    "liveness",
+                    format!(
+                        "replica {r} did not close (live calls {})",
+                        replica.core.live_calls()
+                    ),
+                );
+            }
+            if let Some((call, _)) = replica.calls.iter().next() {
+                return self.fail("liveness", format!("replica {r}: call {call} never ended"));
+            }
+            if let Err(v) = replica.versions.all_settled() {
+                return self.fail(v.check, format!("replica {r}: {}", v.detail));
+            }
+        }
+        // Leases of everyone ran out by now (no one renews after close): no key has an owner.
+        let late = self.now + 2 * self.fleet.lease.as_nanos() as u64;
+        if let Some((key, e)) = self
+            .store
+            .keys
+            .iter()
+            .find(|(k, _)| self.store.live_owner(k, late).is_some())
+        {
+            self.fail("liveness", format!("{key} still owned by {:?}", e.owner));
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The simulated store every replica reaches: one lease per process incarnation, one record per
+//! fleet key, in true time. It decides exactly what `StoreCommand`'s docs promise, and nothing
+//! more: the replicas' cores are the protocol under test, this is the world they run against.
+//!
+//! Not modelled: the store's own replication and its clock (true time is the store's clock),
+//! partial writes (a write lands whole or not at all), and watch latency (the owner learns of a
+//! want at its next renewal, as the real drivers do).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sandkeeper::{Key, KeyRecord, Token};
+
+/// A process lease as the store keeps it.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    epoch: u64,
+    expires_ns: u64,
+}
+
+/// A key's entry: its owner (incarnation, epoch), its last token, its record, who wants it.
+#[derive(Clone, Debug, Default)]
+pub struct Entry {
+    /// The owner, while one holds it.
+    pub owner: Option<(u32, u64)>,
+    /// The newest token handed out.
+    pub token: u64,
+    /// The durable record the last owner left (taken by the next claim).
+    pub record: KeyRecord,
+    /// Incarnations that asked for the key while another held it.
+    pub wants: BTreeSet<u32>,
+}
+
+/// How the store answered a claim.
+#[derive(Clone, Debug)]
+pub enum ClaimAnswer {
+    /// Owned under this token, continuing from this record.
+    Claimed(Token, KeyRecord),
+    /// Another live process holds it; the want is recorded.
+    Busy,
+}
+
+/// The store.
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    leases: BTreeMap<u32, Lease>,
+    /// Every key's entry, in key order.
+    pub keys: BTreeMap<Key, Entry>,
+    lease_ns: u64,
+    /// Writes made (renewals, claims, releases), for the per-minute figure.
+    pub writes: u64,
+}
+
+impl Store {
+    /// An empty store whose leases last `lease_ns` after each renewal.
+    pub fn new(lease_ns: u64) -> Self {
+        Store {
+            lease_ns,
+            ..Store::default()
+        }
+    }
+
+    /// Whether `(incarnation, epoch)` holds a live lease at `now_ns`.
+    pub fn is_live(&self, owner: (u32, u64), now_ns: u64) -> bool {
+        self.leases
+            .get(&owner.0)
+            .is_some_and(|l| l.epoch == owner.1 && now_ns < l.expires_ns)
+    }
+
+    /// A renewal under `epoch`: `Some(keys others want that this process holds)` when written,
+    /// `None` when refused (an older epoch).
+    pub fn renew(&mut self, incarnation: u32, epoch: u64, now_ns: u64) -> Option<Vec<Key>> {
+        let expires_ns = now_ns + self.lease_ns;
+        match self.leases.get_mut(&incarnation) {
+            Some(l) if l.epoch > epoch => return None,
+            Some(l) => {
+                l.epoch = epoch;
+                l.expires_ns = expires_ns;
+            }
+            None => {
+                self.leases.insert(incarnation, Lease { epoch, expires_ns });
+            }
+        }
+        self.writes += 1;
+        Some(
+            self.keys
+                .iter()
+                .filter(|(_, e)| e.owner == Some((incarnation, epoch)) && !e.wants.is_empty())
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
+    }
+
+    /// A claim of `key` by `(incarnation, epoch)`.
+    pub fn claim(&mut self, key: &Key, incarnation: u32, epoch: u64, now_ns: u64) -> ClaimAnswer {
+        let owner = self.keys.entry(key.clone()).or_default().owner;
+        if let Some(other) = owner.filter(|o| o.0 != incarnation) {
+            if self.is_live(other, now_ns) {
+                let e = self.keys.get_mut(key).expect("entered");
+                e.wants.insert(incarnation);
+                return ClaimAnswer::Busy;
+            }
+        }
+        self.writes += 1;
+        let e = self.keys.get_mut(key).expect("entered");
+        e.owner = Some((incarnation, epoch));
+        e.token += 1;
+        e.wants.remove(&incarnation);
+        ClaimAnswer::Claimed(Token(e.token), std::mem::take(&mut e.record))
+    }
+
+    /// A release of `key` under `token` with `record`: whether it was written (the key is still
+    /// the releaser's under that token).
+    pub fn release(
+        &mut self,
+        key: &Key,
+        incarnation: u32,
+        token: Token,
+        record: KeyRecord,
+    ) -> bool {
+        let Some(e) = self.keys.get_mut(key) else {
+            return false;
+        };
+        if e.token != token.0 || e.owner.map(|o| o.0) != Some(incarnation) {
+            return false;
+        }
+        self.writes += 1;
+        e.owner = None;
+        e.record = record;
+        true
+    }
+
+    /// The owner of `key` if it holds a live lease at `now_ns`.
+    pub fn live_owner(&self, key: &Key, now_ns: u64) -> Option<(u32, u64)> {
+        self.keys
+            .get(key)
+            .and_then(|e| e.owner)
+            .filter(|o| self.is_live(*o, now_ns))
+    }
+}
