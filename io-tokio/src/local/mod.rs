@@ -29,6 +29,7 @@ mod exec;
 mod isolation;
 mod layout;
 mod ops;
+pub mod store;
 
 use std::collections::HashMap;
 use std::io;

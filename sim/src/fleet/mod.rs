@@ -19,6 +19,7 @@
 //! | `lease-valid` | a replica orders a claim, or a command carrying a token, only while its lease is valid by its own clock with the margin taken off (computed here, apart from the core, from the renewals it ordered and the confirmations it got) |
 //! | `settle-once` (and the other `Versions` checks) | every version a replica flushed settles exactly once, in that replica (per incarnation) |
 //! | `record-shut-down` | no durable key record names a warm sandbox that was shut down |
+//! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
@@ -133,6 +134,10 @@ struct Replica {
     cancelled: BTreeSet<UploadId>,
     /// The earliest wake-up pending for it (true time).
     next_wake: u64,
+    /// When it last came back from a pause or was started (true time).
+    disturbed: u64,
+    /// Lease lapses seen so far.
+    lapses: u64,
 }
 
 impl Replica {
@@ -319,6 +324,8 @@ impl World {
             dropped_before: BTreeMap::new(),
             cancelled: BTreeSet::new(),
             next_wake: u64::MAX,
+            disturbed: now,
+            lapses: 0,
         }
     }
 
@@ -331,7 +338,10 @@ impl World {
 
     fn fail(&mut self, check: &str, detail: String) {
         if self.report.failure.is_none() {
-            self.report.failure = Some(format!("{check}: {detail} (at {} ms)", self.now / MS));
+            self.report.failure = Some(format!(
+                "invariant {check} broken: {detail} (at {} ms)",
+                self.now / MS
+            ));
         }
     }
 
@@ -431,6 +441,7 @@ impl World {
             Ev::Resume(r) => {
                 if matches!(self.replicas[r].run, Run::Paused { .. }) {
                     self.replicas[r].run = Run::Up;
+                    self.replicas[r].disturbed = self.now;
                     self.push(self.now, Ev::Wake(r));
                 }
             }
@@ -527,6 +538,22 @@ impl World {
         }
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
+        }
+        let lapses = self.replicas[r].core.stats().lease_lapses;
+        if lapses > self.replicas[r].lapses {
+            self.replicas[r].lapses = lapses;
+            let lease = self.fleet.lease.as_nanos() as u64;
+            let replica = &self.replicas[r];
+            let calm_since = replica.disturbed.max(FAULTS_NS + 6_000 * MS);
+            if replica.drift_ppm.abs() <= 20_000 && self.now > calm_since + lease {
+                self.fail(
+                    "lapse-without-fault",
+                    format!(
+                        "replica {r}'s lease lapsed with nothing in its way since {} ms",
+                        calm_since / MS
+                    ),
+                );
+            }
         }
         if let Some(next) = self.replicas[r].core.poll_timeout() {
             let at = self.replicas[r].true_of(next.as_nanos()).max(self.now);
