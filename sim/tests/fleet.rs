@@ -34,7 +34,7 @@ fn without_the_backends_fencing_a_stale_replicas_change_is_caught() {
         };
         run_fleet_seed(seed, opts)
             .failure
-            .filter(|f| f.starts_with("token-order"))
+            .filter(|f| f.starts_with("invariant token-order"))
             .map(|f| (seed, f))
     });
     assert!(found.is_some(), "no seed of 300 caught a stale change");
