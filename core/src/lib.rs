@@ -108,7 +108,9 @@
 //!     drop what is outstanding on it, forget it, no answer; its last command). Every command
 //!     that changes a fleet key's sandbox carries the key's [`Token`]; pass it to the backend,
 //!     which refuses a token older than the newest it has seen for that sandbox, and report a
-//!     refusal with [`Lifecycle::handle_fenced`] (the core fences the key).
+//!     refusal with [`Lifecycle::handle_fenced`] (the core fences the key). Every input lets
+//!     time pass first: a lease that ran out by its `now` lapses before the input is looked
+//!     at, even an input that is then refused (the lapse is the clock's doing, not the input's).
 //! 12. **Treat errors as refusals.** An input that returns `Err` changed nothing. A panic means a
 //!     broken internal invariant: a bug, never bad input.
 //!

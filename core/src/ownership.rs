@@ -451,7 +451,6 @@ impl Lifecycle {
             let sandbox = &mut self.sandboxes[x];
             debug_assert_eq!(sandbox.state, SandboxState::HandingOver);
             self.way().cancel_sandbox_timer(x);
-            self.stats.handovers += 1;
         }
         let slot = &mut self.keys[k];
         let record = KeyRecord {

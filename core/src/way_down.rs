@@ -268,6 +268,7 @@ impl Lifecycle {
         let key = self.sandboxes[sandbox].key;
         if hand_over {
             // Fleet: another process wants the key; the drained sandbox goes to it, warm.
+            self.stats.handovers += 1;
             self.release_key(key, Some(sandbox));
             return;
         }

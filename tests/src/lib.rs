@@ -9,6 +9,7 @@
 pub mod measure;
 pub mod naive;
 pub mod perf_core;
+pub mod perf_fleet;
 pub mod perf_k8s;
 pub mod perf_sim;
 pub mod perf_tiers;

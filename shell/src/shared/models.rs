@@ -88,6 +88,9 @@ fn answer_pending(shared: &Model) -> usize {
             | Command::Discard { .. }
             | Command::Hook { .. }
             | Command::Abandon { .. } => continue,
+            Command::Adopt { .. } | Command::Relinquish { .. } => {
+                unreachable!("the models configure no fleet: {command:?}")
+            }
         };
         Shared::answer(shared, input);
     }

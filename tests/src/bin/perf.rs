@@ -5,9 +5,9 @@
 //! Criterion benches (`cargo bench -p tests`) measure the same code in detail.
 //!
 //! Run: `cargo run --release -p tests --bin perf [-- --json FILE]
-//! [--only core|tokio|sim|k8s|tiers|loom]`.
+//! [--only core|tokio|sim|k8s|tiers|fleet|loom]`.
 
-use tests::{perf_core, perf_k8s, perf_sim, perf_tiers, perf_tokio};
+use tests::{perf_core, perf_fleet, perf_k8s, perf_sim, perf_tiers, perf_tokio};
 
 struct Report {
     figures: Vec<(String, f64, String)>,
@@ -35,6 +35,7 @@ impl Goal {
             "k8s.idle_requests_per_min" => Goal::AtMost(0.0),
             "k8s.requests_per_warm_hit_claims" => Goal::AtMost(0.0),
             "tiers.local_suspend_resume_100mb_vs_1mb" => Goal::AtMost(1.5),
+            "fleet.store_writes_1000_vs_10_keys" => Goal::AtMost(1.0),
             _ => return None,
         })
     }
@@ -128,8 +129,10 @@ fn main() {
         .position(|a| a == "--only")
         .map(|i| args.get(i + 1).cloned().unwrap_or_default());
     if let Some(part) = &only {
-        if !["core", "tokio", "sim", "k8s", "tiers", "loom"].contains(&part.as_str()) {
-            eprintln!("perf --only: unknown part {part:?}: core, tokio, sim, k8s, tiers or loom");
+        if !["core", "tokio", "sim", "k8s", "tiers", "fleet", "loom"].contains(&part.as_str()) {
+            eprintln!(
+                "perf --only: unknown part {part:?}: core, tokio, sim, k8s, tiers, fleet or loom"
+            );
             std::process::exit(2);
         }
     }
@@ -149,6 +152,9 @@ fn main() {
     }
     if wanted("tiers") {
         perf_tiers::tiers_figures(&mut add);
+    }
+    if wanted("fleet") {
+        perf_fleet::fleet_figures(&mut add);
     }
     if wanted("loom") {
         loom_figures(&mut report);
