@@ -107,16 +107,7 @@ impl Lifecycle {
         claim: ClaimId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.time_passes(now);
-        let Some(k) = self.claim_answered(claim, key)? else {
-            return Ok(());
-        };
-        self.advance(now);
-        tracing::debug!(%claim, key = %key, "key busy");
-        self.stats.claims_busy += 1;
-        self.claim_again_later(k);
-        self.finish_input();
-        Ok(())
+        self.claim_not_granted(now, claim, key, false)
     }
 
     /// The store could not decide the claim (an error, a conflict it gave up on). As busy:
@@ -129,16 +120,7 @@ impl Lifecycle {
         claim: ClaimId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.time_passes(now);
-        let Some(k) = self.claim_answered(claim, key)? else {
-            return Ok(());
-        };
-        self.advance(now);
-        tracing::warn!(%claim, key = %key, "claim failed");
-        self.stats.claims_failed += 1;
-        self.claim_again_later(k);
-        self.finish_input();
-        Ok(())
+        self.claim_not_granted(now, claim, key, true)
     }
 
     /// The store wrote the key's record and let the key go: it is no longer this process's. A
@@ -297,6 +279,31 @@ impl Lifecycle {
         for (_, k) in keys {
             self.claim(k);
         }
+    }
+
+    /// A claim answered busy, or failed: counted, then tried again later.
+    fn claim_not_granted(
+        &mut self,
+        now: Instant,
+        claim: ClaimId,
+        key: &Key,
+        failed: bool,
+    ) -> Result<(), Error> {
+        self.time_passes(now);
+        let Some(k) = self.claim_answered(claim, key)? else {
+            return Ok(());
+        };
+        self.advance(now);
+        if failed {
+            tracing::warn!(%claim, key = %key, "claim failed");
+            self.stats.claims_failed += 1;
+        } else {
+            tracing::debug!(%claim, key = %key, "key busy");
+            self.stats.claims_busy += 1;
+        }
+        self.claim_again_later(k);
+        self.finish_input();
+        Ok(())
     }
 
     /// A claim was busy, failed or late: wait `claim_retry`, then claim again if a call still

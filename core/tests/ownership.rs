@@ -70,6 +70,16 @@ fn release(core: &mut Lifecycle, t: Instant, call: &str) {
     core.release(t, &CallId::new(call).unwrap()).unwrap();
 }
 
+/// The renewal due at 3 s is confirmed at 3.001 s, naming `wanted` as wanted elsewhere.
+fn wanted_at_next_renewal(core: &mut Lifecycle, wanted: &[Key]) {
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("only the renewal: {other:?}"),
+    };
+    core.handle_renewed(ms(3_001), renewal, wanted).unwrap();
+}
+
 /// The one claim ordered, by number.
 fn claim_of(core: &mut Lifecycle) -> (ClaimId, Key) {
     match store(core).as_slice() {
@@ -268,13 +278,7 @@ fn a_suspended_key_stays_owned_until_another_process_wants_it_then_goes_with_its
     );
     assert_eq!(core.key_token(&key("s1")), Some(Token(2)));
     // The next renewal says another process wants it.
-    core.handle_timeout(ms(3_000)).unwrap();
-    let renewal = match store(&mut core).as_slice() {
-        [StoreCommand::Renew { renewal, .. }] => *renewal,
-        other => panic!("{other:?}"),
-    };
-    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
-        .unwrap();
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
     match store(&mut core).as_slice() {
         [StoreCommand::Release { record, token, .. }] => {
             assert_eq!(*token, Token(2));
@@ -302,13 +306,7 @@ fn a_warm_sandbox_is_drained_and_handed_over_not_destroyed() {
     let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
     release(&mut core, ms(10), "c1");
     assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
-    core.handle_timeout(ms(3_000)).unwrap();
-    let renewal = match store(&mut core).as_slice() {
-        [StoreCommand::Renew { renewal, .. }] => *renewal,
-        other => panic!("{other:?}"),
-    };
-    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
-        .unwrap();
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
     // Drained (nothing pending), then handed over: no Stop, no Shutdown.
     assert!(matches!(
         commands(&mut core).as_slice(),
@@ -341,13 +339,7 @@ fn a_failed_release_keeps_the_key_and_the_sandbox_warm_and_is_tried_again() {
     });
     let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
     release(&mut core, ms(10), "c1");
-    core.handle_timeout(ms(3_000)).unwrap();
-    let renewal = match store(&mut core).as_slice() {
-        [StoreCommand::Renew { renewal, .. }] => *renewal,
-        other => panic!("{other:?}"),
-    };
-    core.handle_renewed(ms(3_001), renewal, &[key("s1")])
-        .unwrap();
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
     commands(&mut core);
     store(&mut core);
     events(&mut core);
@@ -467,12 +459,7 @@ fn a_sandbox_that_cannot_be_adopted_is_cleaned_up_and_the_key_starts_afresh() {
 #[test]
 fn a_key_owned_here_unknowingly_is_claimed_and_released_when_wanted() {
     let mut core = leased(ReleasePolicy::Shutdown);
-    core.handle_timeout(ms(3_000)).unwrap();
-    let Some(StoreCommand::Renew { renewal, .. }) = core.poll_store() else {
-        panic!()
-    };
-    core.handle_renewed(ms(3_000), renewal, &[key("lost")])
-        .unwrap();
+    wanted_at_next_renewal(&mut core, &[key("lost")]);
     let (claim, k) = claim_of(&mut core);
     assert_eq!(k, key("lost"));
     core.handle_claimed(ms(3_001), claim, &k, Token(3), KeyRecord::default())

@@ -703,29 +703,26 @@ impl World {
                 return;
             }
         }
-        if let Command::Shutdown { sandbox, .. } = &cmd {
-            let named = self
+        // `record-shut-down`: a key's durable record that names this sandbox warm.
+        let named = match &cmd {
+            Command::Shutdown { sandbox, .. } => self
                 .store
                 .keys
                 .iter()
                 .find(|(_, e)| e.record.warm == Some(*sandbox))
-                .map(|(k, _)| k.clone());
-            if let Some(key) = named {
-                if self.backend.sandboxes.contains_key(sandbox) {
-                    let accepted_before = self.backend.refusals;
-                    let outcome = self.backend.apply(&cmd);
-                    if outcome == Outcome::Ok(None) {
-                        self.fail(
-                            "record-shut-down",
-                            format!("{sandbox} shut down while the record of {key} names it warm"),
-                        );
-                    }
-                    let _ = accepted_before;
-                    return self.answer(r, inc, &cmd, outcome);
-                }
-            }
-        }
+                .map(|(k, _)| k.clone()),
+            _ => None,
+        };
         let outcome = self.backend.apply(&cmd);
+        if let (Some(key), Outcome::Ok(_)) = (named, &outcome) {
+            self.fail(
+                "record-shut-down",
+                format!(
+                    "{} shut down while the record of {key} names it warm",
+                    cmd.sandbox()
+                ),
+            );
+        }
         if matches!(cmd, Command::Adopt { .. }) && outcome == Outcome::Ok(None) {
             self.report.marks.insert("adopt");
         }
