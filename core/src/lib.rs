@@ -134,10 +134,16 @@
 //! | [`handle_died`](Lifecycle::handle_died) | the backend reports a sandbox gone | O(log n + what it held) |
 //! | [`handle_instance_gone`](Lifecycle::handle_instance_gone) | the backend reports a sandbox's running instance gone (a death unless it is being suspended) | O(log n + what it held) |
 //! | [`handle_timeout`](Lifecycle::handle_timeout) | fires due timers | O(log n) per timer |
+//! | fleet: [`handle_renewed`](Lifecycle::handle_renewed) / `handle_renew_failed` | the lease's renewal answered; wanted keys handed over | O(log n + wanted) |
+//! | fleet: [`handle_claimed`](Lifecycle::handle_claimed), `handle_claim_busy` / `_failed` | a key's claim answered: adopt, resume or start; or retry | O(log n + waiters) |
+//! | fleet: [`handle_key_released`](Lifecycle::handle_key_released), `handle_release_failed` / `_fenced` | a key's release answered | O(log n) |
+//! | fleet: [`handle_fenced`](Lifecycle::handle_fenced) | the backend refused a token: the key is fenced | O(n) (a scan of sandboxes, rare) |
 //!
 //! n is the number of live calls, sessions and sandboxes; "paths" is the number of mirrored
 //! paths of one session (bounded by [`Limits::max_paths_per_session`]). No input scans all
-//! sessions or sandboxes, except close, once. [`Lifecycle::handle`] takes any input as an
+//! sessions or sandboxes, except close, once, and in fleet mode a fence (a lapse or a refusal)
+//! and the first valid lease after a lapse (the keys calls wait for), each rare.
+//! [`Lifecycle::handle`] takes any input as an
 //! [`Input`] value, for traces and replay.
 //!
 //! ## Commands ([`Command`])
@@ -147,7 +153,9 @@
 //! persisted [`Snapshot`], and `resumes`, the sandbox that persisted it), `Upload`,
 //! `CancelUpload`, `Drain` (the sandbox and the sessions whose background writers should submit
 //! now), `Stop` and `Persist` (each saying whether the sandbox is being suspended), `Shutdown`,
-//! and `Abandon` (the outstanding Start, Stop or Persist is no longer awaited). Each names one
+//! and `Abandon` (the outstanding Start, Stop or Persist is no longer awaited); in fleet mode
+//! `Adopt` and `Relinquish`, and every command that changes a sandbox carries its key's
+//! [`Token`]. Store work is [`StoreCommand`], drained apart. Each names one
 //! sandbox; each that wants an answer carries its deadline. The order on the way down is always Drain → Stop → Persist → Shutdown: never an
 //! Upload after Stop, Shutdown or death, never Persist before Stop, never a command naming a
 //! sandbox after its Shutdown, and exactly one Shutdown per managed sandbox (never one for an
@@ -160,14 +168,16 @@
 //! (a bound call's sandbox died), `Settled` (every flushed version exactly once: `Uploaded`,
 //! `Superseded` or `Dropped` with a [`DropReason`]), `MirrorSettled` (one session's mirror has
 //! nothing unsettled: sessions are awaited one by one, never "everything"),
-//! `ShutdownUnconfirmed`, `Closed` (with a [`CloseReport`]).
+//! `ShutdownUnconfirmed`, `HookFailed`, `KeyFenced` (fleet mode: this process lost a key, with
+//! a [`FenceReason`]), `Closed` (with a [`CloseReport`]).
 //!
 //! ## Errors ([`Error`])
 //!
 //! Typed, and an input that fails changes nothing: `Closed`, `UnknownCall`, `DuplicateCall`,
 //! `AlreadyReleased`, `InvalidName`, `NoActiveSandbox`, `SandboxGone`, `QueueFull`,
 //! `UnknownSandbox`, `UnknownUpload`, `NotHeld`, `MissingUser`, `LimitExceeded`,
-//! `InvalidConfig`. Names are validated when made ([`SessionId::new`] and friends): a name that
+//! `InvalidConfig`, `UnknownStoreWork` (fleet mode: an answer for a renewal, claim or release
+//! never ordered). Names are validated when made ([`SessionId::new`] and friends): a name that
 //! could escape a directory or reach a shell is an [`InvalidName`].
 //!
 //! ## Semantics in brief
