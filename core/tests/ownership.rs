@@ -685,3 +685,130 @@ fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
         })
     );
 }
+
+/// Found by the fleet simulator: after a pause, an answer (or a timer due before the lapse)
+/// reached the core after its lease had run out and ordered work under the old token. Every
+/// input now lets the lapse happen first.
+#[test]
+fn an_answer_that_comes_after_the_lease_ran_out_orders_nothing_under_the_old_token() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claimed(ms(0), claim, &k, Token(2), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox: x, .. }) = core.poll_command() else {
+        panic!()
+    };
+    // The process was paused past its lease (valid until 8 s): the Start's answer comes first.
+    core.handle_start_ok(ms(9_000), x).unwrap();
+    let cmds = commands(&mut core);
+    assert!(
+        cmds.iter().all(|c| c.token().is_none()),
+        "nothing under the old token: {cmds:?}"
+    );
+    assert_eq!(cmds, vec![Command::Relinquish { sandbox: x }]);
+    assert!(events(&mut core).contains(&Event::CallFailed {
+        call: CallId::new("c1").unwrap(),
+        error: ErrorKind::Fenced
+    }));
+    assert_eq!(core.lease_epoch(), Some(2));
+}
+
+/// Found by the fleet simulator: a release that timed out was taken as not written, and the
+/// sandbox being handed over went back into use although the release had landed. Now the key is
+/// in doubt until a definite answer.
+#[test]
+fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answer() {
+    let mut core = leased(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    });
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    release(&mut core, ms(10), "c1");
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
+    commands(&mut core);
+    store(&mut core);
+    // No answer by the release's deadline (the command timeout, 30 s): asked again.
+    let mut t = 3_001;
+    let again = loop {
+        t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
+        core.handle_timeout(ms(t)).unwrap();
+        let mut released = None;
+        for c in store(&mut core) {
+            match c {
+                StoreCommand::Renew { renewal, .. } => {
+                    core.handle_renewed(ms(t), renewal, &[]).unwrap()
+                }
+                StoreCommand::Release { release, .. } => released = Some(release),
+                other => panic!("{other:?}"),
+            }
+        }
+        if let Some(r) = released {
+            break r;
+        }
+    };
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::HandingOver));
+    events(&mut core);
+    // A call meanwhile waits: the key may no longer be this process's.
+    acquire(&mut core, ms(t), "c2", "s1");
+    assert_eq!(events(&mut core), vec![]);
+    assert_eq!(commands(&mut core), vec![]);
+    // The second attempt fails outright: still in doubt, the sandbox is not taken back.
+    core.handle_release_failed(ms(t), again, &key("s1"))
+        .unwrap();
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::HandingOver));
+    assert!(events(&mut core).is_empty());
+    // The next attempt is refused: the first had landed. The sandbox is the next owner's.
+    let next = loop {
+        let at = core.poll_timeout().unwrap();
+        core.handle_timeout(at).unwrap();
+        if let Some(StoreCommand::Release { release, .. }) = store(&mut core)
+            .into_iter()
+            .find(|c| matches!(c, StoreCommand::Release { .. }))
+        {
+            break (release, at);
+        }
+    };
+    core.handle_release_fenced(next.1, next.0, &key("s1"))
+        .unwrap();
+    assert!(commands(&mut core).contains(&Command::Relinquish { sandbox: x }));
+    let (_, k) = claim_of(&mut core);
+    assert_eq!(k, key("s1"), "the waiting call claims the key anew");
+}
+
+/// Found by the fleet simulator: the calls of a sandbox that could not be adopted were bound
+/// again after its Shutdown had already let the key be released. They now queue for the key
+/// first, so the key stays owned and they bind to a fresh start under its token.
+#[test]
+fn calls_of_a_failed_adoption_keep_the_key_and_bind_to_a_fresh_start() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    let warm = SandboxId((5 << 32) + 1);
+    core.handle_claimed(
+        ms(1),
+        claim,
+        &k,
+        Token(11),
+        KeyRecord {
+            snapshot: None,
+            warm: Some(warm),
+        },
+    )
+    .unwrap();
+    commands(&mut core);
+    core.handle_start_failed(ms(2), warm).unwrap();
+    assert_eq!(
+        store(&mut core),
+        vec![],
+        "no release: the call still wants the key"
+    );
+    assert_eq!(core.key_token(&key("s1")), Some(Token(11)));
+    let Some(Command::Start { sandbox, .. }) = commands(&mut core).pop() else {
+        panic!("a fresh start")
+    };
+    core.handle_start_ok(ms(3), sandbox).unwrap();
+    assert!(events(&mut core).contains(&Event::CallReady {
+        call: CallId::new("c1").unwrap(),
+        sandbox
+    }));
+}
