@@ -728,7 +728,7 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
     commands(&mut core);
     store(&mut core);
     // No answer by the release's deadline (the command timeout, 30 s): asked again.
-    let mut t = 3_001;
+    let mut t;
     let again = loop {
         t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
         core.handle_timeout(ms(t)).unwrap();
