@@ -256,7 +256,11 @@ impl Backend for K8sBackend {
     }
 
     async fn stop(&self, request: StopRequest) -> Result<Option<Snapshot>, BackendError> {
-        let StopRequest { sandbox, suspend } = request;
+        let StopRequest {
+            sandbox,
+            suspend,
+            token: _,
+        } = request;
         if !suspend {
             return Ok(None);
         }
@@ -276,6 +280,7 @@ impl Backend for K8sBackend {
             snapshot,
             suspend,
             retain_until,
+            token: _,
         } = request;
         if !suspend {
             return Ok(());
@@ -318,7 +323,13 @@ impl Backend for K8sBackend {
         Ok(())
     }
 
-    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+    // Fencing tokens are not recorded on Kubernetes objects yet: the keeper refuses fleet mode
+    // at start-up until it runs a store.
+    async fn shutdown(
+        &self,
+        sandbox: SandboxId,
+        _token: Option<sandkeeper::Token>,
+    ) -> Result<(), BackendError> {
         let known = locked(&self.started).remove(&sandbox);
         let resuming = locked(&self.resuming).remove(&sandbox);
         // By name, so a sandbox whose start answer was lost is deleted too (a resumed one by

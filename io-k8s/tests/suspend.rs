@@ -571,6 +571,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
         .stop(StopRequest {
             sandbox,
             suspend: true,
+            token: None,
         })
         .await
         .unwrap_err();
@@ -581,6 +582,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
             snapshot: Some(Snapshot::new("sk-susp-x-4")),
             suspend: true,
             retain_until: None,
+            token: None,
         })
         .await
         .unwrap_err();
@@ -590,6 +592,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
         .stop(StopRequest {
             sandbox,
             suspend: false,
+            token: None,
         })
         .await;
     assert_eq!(stopped, Ok(None));
@@ -599,6 +602,7 @@ async fn a_suspending_stop_or_persist_in_pod_mode_is_fatal() {
             snapshot: None,
             suspend: false,
             retain_until: None,
+            token: None,
         })
         .await;
     assert_eq!(persisted, Ok(()));
@@ -619,6 +623,7 @@ async fn a_malformed_snapshot_is_a_typed_start_failure() {
                 spec: Spec::default(),
                 resume_from: Some(Snapshot::new(bad)),
                 resumes: Some(sandkeeper::SandboxId(1)),
+                token: None,
             })
             .await
             .unwrap_err();
@@ -718,6 +723,7 @@ async fn a_retained_suspension_carries_its_expiry_on_the_claim_and_a_discard_del
             key: Key::Session(SessionId::new("s2").unwrap()),
             snapshot: Snapshot::new(h2.object.clone()),
             reason: DiscardReason::Retention,
+            token: None,
         })
         .await
         .unwrap();

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use sandkeeper::{
-    Config, DiscardReason, Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, UploadId,
-    Version,
+    Config, DiscardReason, Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, Token,
+    UploadId, Version,
 };
 
 /// What kind of failure a backend met. The driver turns each into the core's input (see
@@ -24,6 +24,9 @@ pub enum FailureClass {
     Transient,
     /// It will not work if tried again (bad spec, permission denied, invalid state).
     Fatal,
+    /// Fleet mode: refused because the sandbox, or its key, has seen a newer fencing token:
+    /// another process owns the key now. Becomes the core's `fenced` for every command.
+    Fenced,
 }
 
 /// A backend operation's failure.
@@ -81,6 +84,8 @@ pub struct StartRequest {
     /// The core no longer tracks it; name the new incarnation's objects after `sandbox`, so
     /// that a late event of the old one names the old sandbox and the core ignores it.
     pub resumes: Option<SandboxId>,
+    /// Fleet mode: the key owner's fencing token (see [`FailureClass::Fenced`]).
+    pub token: Option<Token>,
 }
 
 /// The core's `Stop` command, for a backend.
@@ -90,6 +95,8 @@ pub struct StopRequest {
     pub sandbox: SandboxId,
     /// It is being suspended: return a snapshot the key's next start can resume from.
     pub suspend: bool,
+    /// Fleet mode: the key owner's fencing token.
+    pub token: Option<Token>,
 }
 
 /// The core's `Persist` command, for a backend.
@@ -108,6 +115,8 @@ pub struct PersistRequest {
     /// snapshot directory) so that the snapshot goes then even if no keeper is left to
     /// discard it, and never earlier.
     pub retain_until: Option<SystemTime>,
+    /// Fleet mode: the key owner's fencing token.
+    pub token: Option<Token>,
 }
 
 /// The core's `Discard` command, for a backend: delete a snapshot its key no longer
@@ -123,6 +132,8 @@ pub struct DiscardRequest {
     pub snapshot: Snapshot,
     /// Why it goes.
     pub reason: DiscardReason,
+    /// Fleet mode: the key owner's fencing token.
+    pub token: Option<Token>,
 }
 
 /// The core's `Upload` command, for a backend: write `payload` as `path` of `session` into
@@ -141,6 +152,8 @@ pub struct UploadRequest {
     pub version: Version,
     /// The bytes.
     pub payload: Payload,
+    /// Fleet mode: the key owner's fencing token.
+    pub token: Option<Token>,
 }
 
 /// What a backend found gone.
@@ -249,9 +262,13 @@ pub trait Backend: Send + Sync + 'static {
         request: PersistRequest,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Frees everything the sandbox holds. "Already gone" is success.
-    fn shutdown(&self, sandbox: SandboxId)
-        -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Frees everything the sandbox holds. "Already gone" is success. `token`: fleet mode's
+    /// fencing token, as in the requests.
+    fn shutdown(
+        &self,
+        sandbox: SandboxId,
+        token: Option<Token>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Deletes a snapshot its key no longer references (its retention passed, or a newer one
     /// superseded it). Runs beside everything, in no sandbox's order; "already gone" is

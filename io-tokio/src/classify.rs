@@ -9,6 +9,8 @@
 //! | Persist | `PersistOk` | `Died` | `PersistFailed` | `PersistFailed` | `PersistFailed` |
 //! | Shutdown | `ShutdownOk` | `ShutdownOk` (already gone is done) | `ShutdownFailed` | `ShutdownFailed` | `ShutdownFailed` |
 //!
+//! `Fenced` (fleet mode: a newer token owns the key) is the core's `Fenced` for every command.
+//!
 //! A fatal upload is retried like a transient one: the core bounds retries (`upload_retries`)
 //! and then drops the version with `upload-failed`, so nothing is lost silently, and a sandbox
 //! is only declared dead by evidence that it is gone.
@@ -21,22 +23,29 @@ use crate::backend::{BackendError, FailureClass};
 pub(crate) fn start(sandbox: SandboxId, result: Result<(), BackendError>) -> Input {
     match result {
         Ok(()) => Input::StartOk { sandbox },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) if e.class == FailureClass::Gone => Input::Died { sandbox },
         Err(_) => Input::StartFailed { sandbox },
     }
 }
 
 /// An Upload's answer.
-pub(crate) fn upload(upload: UploadId, result: Result<(), BackendError>) -> Input {
+pub(crate) fn upload(
+    upload: UploadId,
+    sandbox: SandboxId,
+    result: Result<(), BackendError>,
+) -> Input {
     match result {
         Ok(()) => Input::UploadOk { upload },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) => Input::UploadFailed {
             upload,
             failure: match e.class {
                 FailureClass::Gone => UploadFailure::Gone,
-                FailureClass::Timeout | FailureClass::Transient | FailureClass::Fatal => {
-                    UploadFailure::Transient
-                }
+                FailureClass::Timeout
+                | FailureClass::Transient
+                | FailureClass::Fatal
+                | FailureClass::Fenced => UploadFailure::Transient,
             },
         },
     }
@@ -46,6 +55,7 @@ pub(crate) fn upload(upload: UploadId, result: Result<(), BackendError>) -> Inpu
 pub(crate) fn stop(sandbox: SandboxId, result: Result<Option<Snapshot>, BackendError>) -> Input {
     match result {
         Ok(snapshot) => Input::StopOk { sandbox, snapshot },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) if e.class == FailureClass::Gone => Input::Died { sandbox },
         Err(_) => Input::StopFailed { sandbox },
     }
@@ -55,6 +65,7 @@ pub(crate) fn stop(sandbox: SandboxId, result: Result<Option<Snapshot>, BackendE
 pub(crate) fn persist(sandbox: SandboxId, result: Result<(), BackendError>) -> Input {
     match result {
         Ok(()) => Input::PersistOk { sandbox },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) if e.class == FailureClass::Gone => Input::Died { sandbox },
         Err(_) => Input::PersistFailed { sandbox },
     }
@@ -64,6 +75,7 @@ pub(crate) fn persist(sandbox: SandboxId, result: Result<(), BackendError>) -> I
 pub(crate) fn shutdown(sandbox: SandboxId, result: Result<(), BackendError>) -> Input {
     match result {
         Ok(()) => Input::ShutdownOk { sandbox },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) if e.class == FailureClass::Gone => Input::ShutdownOk { sandbox },
         Err(_) => Input::ShutdownFailed { sandbox },
     }
@@ -90,7 +102,7 @@ mod tests {
         ] {
             assert_eq!(start(x, err(c)), Input::StartFailed { sandbox: x });
             assert_eq!(
-                upload(u, err(c)),
+                upload(u, x, err(c)),
                 Input::UploadFailed {
                     upload: u,
                     failure: UploadFailure::Transient
@@ -103,8 +115,15 @@ mod tests {
             assert_eq!(persist(x, err(c)), Input::PersistFailed { sandbox: x });
             assert_eq!(shutdown(x, err(c)), Input::ShutdownFailed { sandbox: x });
         }
+        // Fleet mode: a refusal for an old token is the core's `fenced`, whatever the command.
+        let fenced = Input::Fenced { sandbox: x };
+        assert_eq!(start(x, err(FailureClass::Fenced)), fenced);
+        assert_eq!(upload(u, x, err(FailureClass::Fenced)), fenced);
+        assert_eq!(stop(x, err(FailureClass::Fenced).map(|()| None)), fenced);
+        assert_eq!(persist(x, err(FailureClass::Fenced)), fenced);
+        assert_eq!(shutdown(x, err(FailureClass::Fenced)), fenced);
         assert_eq!(
-            upload(u, err(FailureClass::Gone)),
+            upload(u, x, err(FailureClass::Gone)),
             Input::UploadFailed {
                 upload: u,
                 failure: UploadFailure::Gone

@@ -266,6 +266,7 @@ impl<B: Backend> TokioExecutor<B> {
                         spec,
                         resume_from,
                         resumes,
+                        token,
                         ..
                     } => {
                         let request = StartRequest {
@@ -274,13 +275,21 @@ impl<B: Backend> TokioExecutor<B> {
                             spec,
                             resume_from,
                             resumes,
+                            token,
                         };
                         classify::start(sandbox, backend.start(request).await)
                     }
                     Command::Stop {
-                        sandbox, suspend, ..
+                        sandbox,
+                        suspend,
+                        token,
+                        ..
                     } => {
-                        let request = StopRequest { sandbox, suspend };
+                        let request = StopRequest {
+                            sandbox,
+                            suspend,
+                            token,
+                        };
                         classify::stop(sandbox, backend.stop(request).await)
                     }
                     Command::Persist {
@@ -288,6 +297,7 @@ impl<B: Backend> TokioExecutor<B> {
                         snapshot,
                         suspend,
                         retain_until,
+                        token,
                         ..
                     } => {
                         let request = PersistRequest {
@@ -295,11 +305,12 @@ impl<B: Backend> TokioExecutor<B> {
                             snapshot,
                             suspend,
                             retain_until: retain_until.map(|at| this.wall_clock(at)),
+                            token,
                         };
                         classify::persist(sandbox, backend.persist(request).await)
                     }
-                    Command::Shutdown { sandbox, .. } => {
-                        classify::shutdown(sandbox, backend.shutdown(sandbox).await)
+                    Command::Shutdown { sandbox, token, .. } => {
+                        classify::shutdown(sandbox, backend.shutdown(sandbox, token).await)
                     }
                     Command::Hook { sandbox, hook, .. } => {
                         // The keeper refuses a configuration with hooks and no runner.
@@ -340,6 +351,7 @@ impl<B: Backend> TokioExecutor<B> {
         deadline: tokio::time::Instant,
     ) {
         let upload = request.upload;
+        let sandbox = request.sandbox;
         let span = tracing::info_span!(
             "upload",
             upload = %upload,
@@ -361,7 +373,7 @@ impl<B: Backend> TokioExecutor<B> {
                     tracing::debug!("upload dropped at its deadline");
                     return;
                 };
-                let input = classify::upload(upload, result);
+                let input = classify::upload(upload, sandbox, result);
                 tracing::debug!(answer = ?input, "upload answered");
                 Shared::answer(&shared2, input);
             }
@@ -387,7 +399,7 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 version,
                 payload,
                 deadline,
-                token: _,
+                token,
             } => {
                 let deadline = self.instant(deadline);
                 let request = UploadRequest {
@@ -397,6 +409,7 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                     path,
                     version,
                     payload,
+                    token,
                 };
                 self.spawn_upload(shared, request, deadline)
             }
@@ -416,13 +429,14 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 key,
                 snapshot,
                 reason,
-                token: _,
+                token,
             } => {
                 let request = DiscardRequest {
                     sandbox,
                     key,
                     snapshot,
                     reason,
+                    token,
                 };
                 let backend = self.backend.clone();
                 let span = tracing::info_span!("discard", sandbox = %sandbox);

@@ -21,7 +21,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandkeeper::{DiscardReason, PathName, Payload, SandboxId, SessionId, Snapshot, Version};
+use sandkeeper::{
+    DiscardReason, PathName, Payload, SandboxId, SessionId, Snapshot, Token, Version,
+};
 
 use crate::backend::{
     Backend, BackendError, DeathSink, DiscardRequest, PersistRequest, StartRequest, StopRequest,
@@ -551,7 +553,12 @@ impl Backend for FaultBackend {
         Ok(())
     }
 
-    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+    // Tokens are not checked here: a keeper refuses fleet mode at start-up until it runs a store.
+    async fn shutdown(
+        &self,
+        sandbox: SandboxId,
+        _token: Option<Token>,
+    ) -> Result<(), BackendError> {
         let phase = self.receive(Op::Shutdown(sandbox));
         {
             let mut world = self.world();
@@ -656,6 +663,7 @@ mod tests {
             spec: Spec::new(""),
             resume_from: None,
             resumes: None,
+            token: None,
         }
     }
 
@@ -667,6 +675,7 @@ mod tests {
             path: PathName::new("log").unwrap(),
             version: Version(version),
             payload: Payload::new(&b"x"[..]),
+            token: None,
         }
     }
 
@@ -674,6 +683,7 @@ mod tests {
         StopRequest {
             sandbox: SandboxId(x),
             suspend: false,
+            token: None,
         }
     }
 
@@ -689,13 +699,14 @@ mod tests {
 
         let _ = b.upload(upload(1, 2)).await;
         let _ = b.stop(stop(1)).await;
-        b.shutdown(SandboxId(1)).await.unwrap();
+        b.shutdown(SandboxId(1), None).await.unwrap();
         let _ = b
             .persist(PersistRequest {
                 sandbox: SandboxId(1),
                 snapshot: None,
                 suspend: false,
                 retain_until: None,
+                token: None,
             })
             .await;
         let _ = b.start(start(1)).await;
@@ -706,6 +717,7 @@ mod tests {
                 snapshot: None,
                 suspend: false,
                 retain_until: None,
+                token: None,
             })
             .await;
         let seen: Vec<String> = b.violations();

@@ -718,8 +718,9 @@ impl sandkeeper_tokio::Backend for CannotSuspend {
     async fn shutdown(
         &self,
         sandbox: sandkeeper::SandboxId,
+        token: Option<sandkeeper::Token>,
     ) -> Result<(), sandkeeper_tokio::BackendError> {
-        self.0.shutdown(sandbox).await
+        self.0.shutdown(sandbox, token).await
     }
     async fn discard(
         &self,

@@ -82,6 +82,7 @@ impl<B: Backend> NaiveKeeper<B> {
             spec: Spec::default(),
             resume_from: None,
             resumes: None,
+            token: None,
         };
         self.backend.start(request).await?;
         lock(&self.bound).insert(session.clone(), sandbox);
@@ -105,6 +106,7 @@ impl<B: Backend> NaiveKeeper<B> {
             path: path.clone(),
             version,
             payload: Payload::new(bytes),
+            token: None,
         };
         self.queue.send(Job::Upload(request)).ok()?;
         Some(version)
@@ -122,9 +124,10 @@ impl<B: Backend> NaiveKeeper<B> {
         let stop = StopRequest {
             sandbox,
             suspend: false,
+            token: None,
         };
         let _ = self.backend.stop(stop).await;
-        let _ = self.backend.shutdown(sandbox).await;
+        let _ = self.backend.shutdown(sandbox, None).await;
     }
 }
 

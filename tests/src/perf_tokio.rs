@@ -192,7 +192,11 @@ impl Backend for PerfBackend {
         Ok(())
     }
 
-    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+    async fn shutdown(
+        &self,
+        sandbox: SandboxId,
+        _token: Option<sandkeeper::Token>,
+    ) -> Result<(), BackendError> {
         pause(self.op_latency).await;
         self.shut_down().insert(sandbox, Instant::now());
         self.shutdown_seen.notify_waiters();

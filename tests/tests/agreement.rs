@@ -513,7 +513,11 @@ impl Backend for Script {
         }
     }
 
-    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+    async fn shutdown(
+        &self,
+        sandbox: SandboxId,
+        _token: Option<sandkeeper::Token>,
+    ) -> Result<(), BackendError> {
         match self.receive(OpKind::Shutdown, sandbox, Cmd::Shutdown).await {
             Reply::Ok(_) => Ok(()),
             other => Err(failure(other)),

@@ -26,6 +26,7 @@
 //!   with a timeout.
 
 mod exec;
+mod fence;
 mod isolation;
 mod layout;
 mod ops;
@@ -38,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use sandkeeper::{SandboxId, Snapshot};
+use sandkeeper::{SandboxId, Snapshot, Token};
 use tokio::sync::watch;
 
 use crate::backend::{
@@ -125,6 +126,8 @@ pub struct LocalBackend {
     /// earlier keeper on the same root kept for their retention are never overwritten by a
     /// sandbox of this one that happens to have the same number.
     instance: String,
+    /// Fleet mode: the newest fencing tokens each sandbox and key has seen (`fence.rs`).
+    ledger: fence::Ledger,
 }
 
 /// `true` once the sandbox was shut down; held while a start makes its directory.
@@ -147,6 +150,7 @@ impl LocalBackend {
         let backend = LocalBackend {
             isolated,
             instance: format!("{:x}", started.as_micros()),
+            ledger: fence::Ledger::new(&config.root),
             config,
             sandboxes: Mutex::new(HashMap::new()),
             fences: Mutex::new(HashMap::new()),
@@ -320,7 +324,9 @@ impl Backend for LocalBackend {
         let made = dir.clone();
         let fence = self.fences().entry(request.sandbox).or_default().clone();
         let sandbox = request.sandbox;
+        let ledger = self.ledger.clone();
         let work = blocking(move || {
+            let _admitted = ledger.admit(sandbox, Some(&request.key), request.token)?;
             let shut_down = fence.lock().unwrap_or_else(|p| p.into_inner());
             if *shut_down {
                 return Err(BackendError::gone("shut down while starting"));
@@ -399,7 +405,9 @@ impl Backend for LocalBackend {
                 request.sandbox
             )));
         };
+        let ledger = self.ledger.clone();
         blocking(move || {
+            let _admitted = ledger.admit(request.sandbox, None, request.token)?;
             let sealed = s.gate.read().unwrap_or_else(|p| p.into_inner());
             if *sealed {
                 return Err(BackendError::gone("sandbox stopped"));
@@ -431,11 +439,15 @@ impl Backend for LocalBackend {
         let Some(s) = self.get(sandbox) else {
             return Err(BackendError::gone(format!("no sandbox {sandbox}")));
         };
+        let ledger = self.ledger.clone();
+        let token = request.token;
+        let admitted = blocking(move || ledger.admit(sandbox, None, token)).await?;
         let _ = s.stopped.send(true);
         let snapshots = self.config.snapshots;
         let root = self.config.root.clone();
         let snapshot = self.snapshot_of(sandbox);
         blocking(move || {
+            let _admitted = admitted;
             *s.gate.write().unwrap_or_else(|p| p.into_inner()) = true;
             if !s.dir.exists() {
                 return Err(BackendError::gone(format!("{} is gone", s.dir.display())));
@@ -459,12 +471,15 @@ impl Backend for LocalBackend {
             snapshot,
             suspend,
             retain_until,
+            token,
         } = request;
         let Some(snapshot) = snapshot else {
             return Ok(());
         };
         let root = self.config.root.clone();
+        let ledger = self.ledger.clone();
         let persisted = blocking(move || {
+            let _admitted = ledger.admit(sandbox, None, token)?;
             let dir = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
             if !dir.exists() {
                 return Err(BackendError::fatal(format!(
@@ -504,7 +519,9 @@ impl Backend for LocalBackend {
 
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
         let root = self.config.root.clone();
+        let ledger = self.ledger.clone();
         blocking(move || {
+            let _admitted = ledger.admit(request.sandbox, Some(&request.key), request.token)?;
             let dir = snapshot_dir(&root, &request.snapshot).map_err(|e| io_error("discard", e))?;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
@@ -515,7 +532,9 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn shutdown(&self, sandbox: SandboxId) -> Result<(), BackendError> {
+    async fn shutdown(&self, sandbox: SandboxId, token: Option<Token>) -> Result<(), BackendError> {
+        let ledger = self.ledger.clone();
+        let admitted = blocking(move || ledger.admit(sandbox, None, token)).await?;
         let s = self.table().remove(&sandbox);
         if let Some(s) = &s {
             let _ = s.stopped.send(true);
@@ -525,6 +544,7 @@ impl Backend for LocalBackend {
             .map_err(|e| io_error("snapshot", e))?;
         let fence = self.fences().remove(&sandbox).unwrap_or_default();
         blocking(move || {
+            let _admitted = admitted;
             if let Some(s) = &s {
                 *s.gate.write().unwrap_or_else(|p| p.into_inner()) = true;
             }
