@@ -134,7 +134,6 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.time_passes(now);
         self.release_answered(now, release, key, Released::Done)
     }
 
@@ -149,7 +148,6 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.time_passes(now);
         self.release_answered(now, release, key, Released::Failed)
     }
 
@@ -164,7 +162,6 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.time_passes(now);
         self.release_answered(now, release, key, Released::Fenced)
     }
 
@@ -309,10 +306,15 @@ impl Lifecycle {
     /// A claim was busy, failed or late: wait `claim_retry`, then claim again if a call still
     /// waits.
     fn claim_again_later(&mut self, k: KeyIx) {
-        let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
         self.keys[k].own = Own::Busy;
-        let at = self.now + retry;
-        self.set_key_store_timer(k, at);
+        self.retry_later(k);
+    }
+
+    /// Sets the key's store timer `claim_retry` from now: its busy claim or failed release is
+    /// tried again then.
+    fn retry_later(&mut self, k: KeyIx) {
+        let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
+        self.set_key_store_timer(k, self.now + retry);
     }
 
     /// The place of `key` when its claim `claim` is awaited.
@@ -342,14 +344,12 @@ impl Lifecycle {
 
     /// The record's snapshot becomes the key's, with the retention the record carries.
     fn take_recorded_snapshot(&mut self, k: KeyIx, recorded: RecordedSnapshot) {
-        let retains = self.config.release.tiers().retain.is_some();
+        let retain = self.config.release.tiers().retain;
         let slot = &mut self.keys[k];
         debug_assert!(slot.snapshot.is_none() && slot.retain.is_none());
         slot.snapshot = Some((recorded.snapshot, recorded.by));
-        if retains {
-            let at = recorded
-                .retain_until
-                .unwrap_or(self.now + self.config.release.tiers().retain.expect("retains"));
+        if let Some(retain) = retain {
+            let at = recorded.retain_until.unwrap_or(self.now + retain);
             // A retention that already passed ends at the next timer check, in order.
             let at = self.timers.set(at.max(self.now), Timer::Retain(k));
             self.keys[k].retain = Some(at);
@@ -492,6 +492,7 @@ impl Lifecycle {
         key: &Key,
         how: Released,
     ) -> Result<(), Error> {
+        self.time_passes(now);
         self.check_not_closed("release answer")?;
         let unknown = Error::UnknownStoreWork {
             what: "release",
@@ -526,27 +527,20 @@ impl Lifecycle {
             .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
-            Released::Failed if self.keys[k].doubtful => {
-                // An earlier attempt may have landed: still in doubt; asked again later.
-                self.stats.releases_failed += 1;
-                self.keys[k].own = Own::Owned(token);
-                let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
-                let at = self.now + retry;
-                self.set_key_store_timer(k, at);
-            }
             Released::Failed => {
                 self.stats.releases_failed += 1;
                 self.keys[k].own = Own::Owned(token);
-                if let Some(x) = handed {
-                    // Warm again: bound at once by a call of the key that came meanwhile.
-                    self.sandboxes[x].state = SandboxState::Idle;
-                    let idle = self.config.release.tiers().idle;
-                    self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
+                self.retry_later(k);
+                // In doubt (an earlier attempt may have landed), nothing is taken back.
+                if !self.keys[k].doubtful {
+                    if let Some(x) = handed {
+                        // Warm again: bound at once by a call of the key that came meanwhile.
+                        self.sandboxes[x].state = SandboxState::Idle;
+                        let idle = self.config.release.tiers().idle;
+                        self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
+                    }
+                    self.admit(k);
                 }
-                let retry = self.liveness.as_ref().expect("fleet").fleet.claim_retry;
-                let at = self.now + retry;
-                self.set_key_store_timer(k, at);
-                self.admit(k);
             }
             Released::Done | Released::Fenced => {
                 if how == Released::Done {

@@ -70,6 +70,21 @@ fn release(core: &mut Lifecycle, t: Instant, call: &str) {
     core.release(t, &CallId::new(call).unwrap()).unwrap();
 }
 
+/// A call of `s1` at 0 ms; its claim answered at 1 ms with token 11 and a record handing over
+/// the warm sandbox of another process: that sandbox.
+fn claimed_with_warm(core: &mut Lifecycle) -> SandboxId {
+    acquire(core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(core);
+    let warm = SandboxId((5 << 32) + 1);
+    let record = KeyRecord {
+        snapshot: None,
+        warm: Some(warm),
+    };
+    core.handle_claimed(ms(1), claim, &k, Token(11), record)
+        .unwrap();
+    warm
+}
+
 /// The renewal due at 3 s is confirmed at 3.001 s, naming `wanted` as wanted elsewhere.
 fn wanted_at_next_renewal(core: &mut Lifecycle, wanted: &[Key]) {
     core.handle_timeout(ms(3_000)).unwrap();
@@ -390,20 +405,7 @@ fn a_handed_over_sandbox_is_adopted_and_its_calls_bind_without_a_hook() {
         panic!()
     };
     core.handle_renewed(ms(0), renewal, &[]).unwrap();
-    acquire(&mut core, ms(0), "c1", "s1");
-    let (claim, k) = claim_of(&mut core);
-    let warm = SandboxId((5 << 32) + 1);
-    core.handle_claimed(
-        ms(1),
-        claim,
-        &k,
-        Token(11),
-        KeyRecord {
-            snapshot: None,
-            warm: Some(warm),
-        },
-    )
-    .unwrap();
+    let warm = claimed_with_warm(&mut core);
     assert_eq!(
         commands(&mut core),
         vec![Command::Adopt {
@@ -432,20 +434,7 @@ fn a_handed_over_sandbox_is_adopted_and_its_calls_bind_without_a_hook() {
 #[test]
 fn a_sandbox_that_cannot_be_adopted_is_cleaned_up_and_the_key_starts_afresh() {
     let mut core = leased(ReleasePolicy::Shutdown);
-    acquire(&mut core, ms(0), "c1", "s1");
-    let (claim, k) = claim_of(&mut core);
-    let warm = SandboxId((5 << 32) + 1);
-    core.handle_claimed(
-        ms(1),
-        claim,
-        &k,
-        Token(11),
-        KeyRecord {
-            snapshot: None,
-            warm: Some(warm),
-        },
-    )
-    .unwrap();
+    let warm = claimed_with_warm(&mut core);
     commands(&mut core);
     core.handle_start_failed(ms(2), warm).unwrap();
     let cmds = commands(&mut core);
@@ -781,20 +770,7 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
 #[test]
 fn calls_of_a_failed_adoption_keep_the_key_and_bind_to_a_fresh_start() {
     let mut core = leased(ReleasePolicy::Shutdown);
-    acquire(&mut core, ms(0), "c1", "s1");
-    let (claim, k) = claim_of(&mut core);
-    let warm = SandboxId((5 << 32) + 1);
-    core.handle_claimed(
-        ms(1),
-        claim,
-        &k,
-        Token(11),
-        KeyRecord {
-            snapshot: None,
-            warm: Some(warm),
-        },
-    )
-    .unwrap();
+    let warm = claimed_with_warm(&mut core);
     commands(&mut core);
     core.handle_start_failed(ms(2), warm).unwrap();
     assert_eq!(

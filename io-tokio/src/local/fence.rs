@@ -110,10 +110,9 @@ fn parse_sandbox(text: &str) -> Option<(String, u64)> {
     Some((key, token))
 }
 
+/// Written whole (under the key's lock, so one temporary name is enough).
 fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes)?;
-    fs::rename(&tmp, path)
+    super::layout::write_atomically(path, sandkeeper::UploadId(u64::MAX), bytes)
 }
 
 #[cfg(test)]

@@ -162,6 +162,21 @@ impl LocalBackend {
         Ok(backend)
     }
 
+    /// Fleet mode: the token check of a change of `sandbox` (see `fence.rs`), made before work
+    /// that is not itself on a blocking thread; the key's lock comes back, to hold across the
+    /// change. A command without a token costs nothing: no file, no blocking thread.
+    async fn admit(
+        &self,
+        sandbox: SandboxId,
+        token: Option<Token>,
+    ) -> Result<fence::Admitted, BackendError> {
+        if token.is_none() {
+            return Ok(None);
+        }
+        let ledger = self.ledger.clone();
+        blocking(move || ledger.admit(sandbox, None, token)).await
+    }
+
     /// Removes every snapshot under the root whose recorded expiry (`.sandkeeper/expires`,
     /// written by a Persist with a retention) is at or before `now`; returns how many. Snapshots
     /// without an expiry are kept (the policy retains them until the key's next start).
@@ -439,9 +454,7 @@ impl Backend for LocalBackend {
         let Some(s) = self.get(sandbox) else {
             return Err(BackendError::gone(format!("no sandbox {sandbox}")));
         };
-        let ledger = self.ledger.clone();
-        let token = request.token;
-        let admitted = blocking(move || ledger.admit(sandbox, None, token)).await?;
+        let admitted = self.admit(sandbox, request.token).await?;
         let _ = s.stopped.send(true);
         let snapshots = self.config.snapshots;
         let root = self.config.root.clone();
@@ -533,8 +546,7 @@ impl Backend for LocalBackend {
     }
 
     async fn shutdown(&self, sandbox: SandboxId, token: Option<Token>) -> Result<(), BackendError> {
-        let ledger = self.ledger.clone();
-        let admitted = blocking(move || ledger.admit(sandbox, None, token)).await?;
+        let admitted = self.admit(sandbox, token).await?;
         let s = self.table().remove(&sandbox);
         if let Some(s) = &s {
             let _ = s.stopped.send(true);

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -275,13 +275,11 @@ impl LocalStore {
         self.write(&self.entry_path(&entry.key), &bytes)
     }
 
-    /// Writes `bytes` as `path`, whole: to a temporary name first, synced, then renamed.
+    /// Writes `bytes` as `path`, whole (under the store's lock, so one temporary name is
+    /// enough).
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        let tmp = path.with_extension("tmp");
-        let mut file = File::create(&tmp).map_err(|e| self.io(e))?;
-        file.write_all(bytes).map_err(|e| self.io(e))?;
-        file.sync_all().map_err(|e| self.io(e))?;
-        fs::rename(&tmp, path).map_err(|e| self.io(e))
+        super::layout::write_atomically(path, sandkeeper::UploadId(u64::MAX), bytes)
+            .map_err(|e| self.io(e))
     }
 
     fn io(&self, source: io::Error) -> StoreError {

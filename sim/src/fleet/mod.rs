@@ -470,21 +470,27 @@ impl World {
         r: usize,
         f: impl FnOnce(&mut Lifecycle, Instant) -> Result<(), sandkeeper::Error>,
     ) {
-        let local = self.replicas[r].local(self.now);
-        let t = Instant::from_nanos(local);
-        let replica = &mut self.replicas[r];
-        if replica.core.is_closed() {
+        if self.replicas[r].core.is_closed() {
             return;
         }
-        self.report.inputs += 1;
-        if let Err(e) = f(&mut replica.core, t) {
+        match self.apply_input(r, f) {
+            Ok(((), local)) => self.drain(r, local),
             // The world only sends what the core asked for; a refusal is the core's to explain.
-            if !matches!(e, sandkeeper::Error::Closed { .. }) {
-                self.fail("refused", format!("replica {r}: {e}"));
-            }
-            return;
+            Err(sandkeeper::Error::Closed { .. }) => {}
+            Err(e) => self.fail("refused", format!("replica {r}: {e}")),
         }
-        self.drain(r, local);
+    }
+
+    /// Applies one input to replica `r` at its local time, counted; the caller drains (after
+    /// noting what the answer says, before the events that follow from it).
+    fn apply_input<R>(
+        &mut self,
+        r: usize,
+        f: impl FnOnce(&mut Lifecycle, Instant) -> Result<R, sandkeeper::Error>,
+    ) -> Result<(R, u64), sandkeeper::Error> {
+        let local = self.replicas[r].local(self.now);
+        self.report.inputs += 1;
+        f(&mut self.replicas[r].core, Instant::from_nanos(local)).map(|answer| (answer, local))
     }
 
     fn drain(&mut self, r: usize, local: u64) {
@@ -604,13 +610,8 @@ impl World {
             .calls
             .insert(call.clone(), (session.clone(), Phase::Waiting));
         let spec = CallSpec::new(call.clone(), session);
-        let local = self.replicas[r].local(self.now);
-        self.report.inputs += 1;
-        match self.replicas[r]
-            .core
-            .acquire(Instant::from_nanos(local), spec)
-        {
-            Ok(()) => self.drain(r, local),
+        match self.apply_input(r, |core, t| core.acquire(t, spec)) {
+            Ok(((), local)) => self.drain(r, local),
             // Too many calls wait for the key already: the application hears it at once.
             Err(sandkeeper::Error::QueueFull { .. }) => {
                 self.replicas[r].calls.remove(&call);
@@ -620,18 +621,18 @@ impl World {
     }
 
     fn flush(&mut self, r: usize, session: SessionId) {
-        let path = PathName::session_log();
-        let local = self.replicas[r].local(self.now);
-        let t = Instant::from_nanos(local);
-        let payload = Payload::new(format!("{}", self.now).into_bytes());
-        let replica = &mut self.replicas[r];
-        if replica.core.is_closing() {
+        if self.replicas[r].core.is_closing() {
             return;
         }
-        self.report.inputs += 1;
-        match replica.core.flush(t, &session, &path, payload) {
-            Ok(version) => {
-                if let Err(v) = replica.versions.flushed(&session, &path, version.0) {
+        let path = PathName::session_log();
+        let payload = Payload::new(format!("{}", self.now).into_bytes());
+        match self.apply_input(r, |core, t| core.flush(t, &session, &path, payload)) {
+            Ok((version, local)) => {
+                // Recorded before the drain, whose events may settle it.
+                let flushed = self.replicas[r]
+                    .versions
+                    .flushed(&session, &path, version.0);
+                if let Err(v) = flushed {
                     self.fail(v.check, v.detail);
                 }
                 self.drain(r, local);
