@@ -147,6 +147,18 @@ impl std::fmt::Display for ReleaseId {
     }
 }
 
+/// A write of an owned key's durable record, as the core numbers them: its answer names it,
+/// and the store keeps the newest it applied, so that a late write never undoes a newer one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RecordingId(pub u64);
+
+impl std::fmt::Display for RecordingId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "recording-{}", self.0)
+    }
+}
+
 /// A key's durable record: what the store keeps for the key's next owner, written when an owner
 /// releases the key and read when the next one claims it. Everything a process, or the same one
 /// after a restart, needs to continue the key.
@@ -156,8 +168,11 @@ pub struct KeyRecord {
     /// the next owner's Start resumes from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<RecordedSnapshot>,
-    /// A sandbox the last owner handed over warm (up, drained, no call): the next owner adopts
-    /// it ([`Command::Adopt`](crate::Command::Adopt)) rather than starting one.
+    /// A sandbox of the key that may be up: in a released key's record, one the last owner
+    /// handed over warm (up, drained, no call); in the record of a key still owned, the
+    /// sandbox its owner runs, for the next owner should the owner crash (it may be gone by
+    /// then). Either way the next owner adopts it ([`Command::Adopt`](crate::Command::Adopt))
+    /// rather than starting one, and starts afresh if the adoption fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<SandboxId>,
 }
@@ -225,6 +240,28 @@ pub enum StoreCommand {
         /// When the core stops waiting.
         deadline: Instant,
     },
+    /// Write the durable `record` of `key`, which this process keeps owning, if the key is still
+    /// this process's under `token` and no write numbered after `recording` was applied (a
+    /// write that lands late never undoes a newer one; it is then answered as written). The
+    /// core orders one whenever what the record should say changes (the key's snapshot, the
+    /// sandbox it runs), at most one per key at a time, so that a process that crashes leaves
+    /// its keys' records to their next owners. Answer
+    /// [`handle_recorded`](crate::Lifecycle::handle_recorded),
+    /// [`handle_record_failed`](crate::Lifecycle::handle_record_failed) (a store error: written
+    /// again later) or [`handle_record_fenced`](crate::Lifecycle::handle_record_fenced) (a
+    /// newer token owns the key). Dropped unanswered at the deadline.
+    Record {
+        /// This write, for its answer; numbers grow with every write of this process.
+        recording: RecordingId,
+        /// The key.
+        key: Key,
+        /// The token this process owns the key under.
+        token: Token,
+        /// What the key's next owner would continue from.
+        record: KeyRecord,
+        /// When the core stops waiting.
+        deadline: Instant,
+    },
     /// Release `key`: write its durable `record` and let it go, atomically, if the key is still
     /// this process's under `token`. Answer [`handle_key_released`](crate::Lifecycle::handle_key_released),
     /// or [`handle_release_failed`](crate::Lifecycle::handle_release_failed) (a store error:
@@ -251,6 +288,7 @@ impl StoreCommand {
         match self {
             StoreCommand::Renew { deadline, .. }
             | StoreCommand::Claim { deadline, .. }
+            | StoreCommand::Record { deadline, .. }
             | StoreCommand::Release { deadline, .. } => *deadline,
         }
     }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::CallSpec;
 use crate::error::Error;
-use crate::fleet::{ClaimId, KeyRecord, ReleaseId, RenewalId, Token};
+use crate::fleet::{ClaimId, KeyRecord, RecordingId, ReleaseId, RenewalId, Token};
 use crate::ids::Key;
 use crate::ids::{Payload, SandboxId, Snapshot, UploadId};
 use crate::lifecycle::Lifecycle;
@@ -116,6 +116,18 @@ pub enum Input {
         claim: ClaimId,
         key: Key,
     },
+    Recorded {
+        recording: RecordingId,
+        key: Key,
+    },
+    RecordFailed {
+        recording: RecordingId,
+        key: Key,
+    },
+    RecordFenced {
+        recording: RecordingId,
+        key: Key,
+    },
     KeyReleased {
         release: ReleaseId,
         key: Key,
@@ -197,6 +209,13 @@ impl Lifecycle {
             Input::ReleaseFailed { release, key } => self.handle_release_failed(now, release, &key),
             Input::ReleaseFenced { release, key } => self.handle_release_fenced(now, release, &key),
             Input::RenewFailed { renewal } => self.handle_renew_failed(now, renewal),
+            Input::Recorded { recording, key } => self.handle_recorded(now, recording, &key),
+            Input::RecordFailed { recording, key } => {
+                self.handle_record_failed(now, recording, &key)
+            }
+            Input::RecordFenced { recording, key } => {
+                self.handle_record_fenced(now, recording, &key)
+            }
             Input::Fenced { sandbox } => self.handle_fenced(now, sandbox),
             Input::Timeout => self.handle_timeout(now),
         }

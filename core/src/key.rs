@@ -4,7 +4,7 @@
 
 use crate::call::{CallIx, CallState};
 use crate::config::SameKey;
-use crate::fleet::{ClaimId, ReleaseId, Token};
+use crate::fleet::{ClaimId, KeyRecord, RecordingId, ReleaseId, Token};
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
@@ -49,6 +49,11 @@ pub(crate) struct KeySlot {
     /// this process's. Nothing binds to it, and the release is asked again, until a definite
     /// answer (released, or fenced).
     pub(crate) doubtful: bool,
+    /// Fleet mode: the write of the key's durable record under way, with what it writes.
+    pub(crate) recording: Option<(RecordingId, KeyRecord)>,
+    /// Fleet mode: what the store's record of this owned key says (as last confirmed; empty
+    /// once claimed: the claim took the record).
+    pub(crate) recorded: KeyRecord,
 }
 
 /// Fleet mode: a key's ownership, as this process knows it.
@@ -92,6 +97,8 @@ impl KeySlot {
             store_at: None,
             wanted: false,
             doubtful: false,
+            recording: None,
+            recorded: KeyRecord::default(),
         }
     }
 

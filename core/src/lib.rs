@@ -136,6 +136,7 @@
 //! | [`handle_timeout`](Lifecycle::handle_timeout) | fires due timers | O(log n) per timer |
 //! | fleet: [`handle_renewed`](Lifecycle::handle_renewed) / `handle_renew_failed` | the lease's renewal answered; wanted keys handed over | O(log n + wanted) |
 //! | fleet: [`handle_claimed`](Lifecycle::handle_claimed), `handle_claim_busy` / `_failed` | a key's claim answered: adopt, resume or start; or retry | O(log n + waiters) |
+//! | fleet: [`handle_recorded`](Lifecycle::handle_recorded), `handle_record_failed` / `_fenced` | an owned key's record write answered | O(log n) |
 //! | fleet: [`handle_key_released`](Lifecycle::handle_key_released), `handle_release_failed` / `_fenced` | a key's release answered | O(log n) |
 //! | fleet: [`handle_fenced`](Lifecycle::handle_fenced) | the backend refused a token: the key is fenced | O(n) (a scan of sandboxes, rare) |
 //!
@@ -280,7 +281,8 @@ pub use config::{
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, FenceReason, Settlement};
 pub use fleet::{
-    ClaimId, Fleet, KeyRecord, RecordedSnapshot, ReleaseId, RenewalId, StoreCommand, Token,
+    ClaimId, Fleet, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, RenewalId, StoreCommand,
+    Token,
 };
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 pub use input::{Answer, Input, UploadFailure};

@@ -491,6 +491,7 @@ impl Lifecycle {
             let Some(x) = self.sandboxes.get(sandbox) else {
                 continue;
             };
+            let key = x.key;
             match x.state {
                 SandboxState::Draining
                     if x.uploads.is_empty() && x.busy_sessions == 0 && x.operations == 0 =>
@@ -502,12 +503,13 @@ impl Lifecycle {
                     if x.bound.is_empty() && x.awaiting == Awaiting::Nothing =>
                 {
                     debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
-                    let key = x.key;
                     self.sandboxes.remove(sandbox);
                     self.key_lets_go(key, sandbox);
                 }
                 _ => {}
             }
+            // Fleet mode: a change of the sandbox may change what its key's record says.
+            self.record_if_changed(key);
         }
         self.close_progress();
         self.prune_timers();

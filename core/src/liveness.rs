@@ -46,6 +46,8 @@ pub(crate) struct Liveness {
     pub(crate) next_claim: u64,
     /// The next release's number.
     pub(crate) next_release: u64,
+    /// The next record write's number.
+    pub(crate) next_recording: u64,
 }
 
 impl Liveness {
@@ -61,6 +63,7 @@ impl Liveness {
             next_renewal: 0,
             next_claim: 0,
             next_release: 0,
+            next_recording: 0,
         }
     }
 

@@ -15,13 +15,18 @@
 //!   sandbox is drained and handed over in the record; a snapshot goes in the record), and at
 //!   close. A key that keeps a snapshot and is not wanted stays owned: owning costs nothing but
 //!   the process's one lease.
+//! - While it owns a key, the process keeps the key's durable record in the store up to date
+//!   (`StoreCommand::Record`: its snapshot, and the sandbox it runs), one write at a time, so
+//!   that if it crashes the key's next owner adopts that sandbox or resumes that snapshot.
 //! - Every command that changes a fleet key's sandbox carries the token it is owned under.
 
 use crate::call::CallIx;
 use crate::command::Command;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{Event, FenceReason};
-use crate::fleet::{ClaimId, KeyRecord, RecordedSnapshot, ReleaseId, StoreCommand, Token};
+use crate::fleet::{
+    ClaimId, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, StoreCommand, Token,
+};
 use crate::ids::Key;
 use crate::ids::SandboxId;
 use crate::key::{KeyIx, Own};
@@ -85,6 +90,10 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Owned(token);
+        // The claim took the record: the store keeps none for the key until this process
+        // writes one.
+        slot.recorded = KeyRecord::default();
+        slot.recording = None;
         if let Some(recorded) = record.snapshot {
             self.take_recorded_snapshot(k, recorded);
         }
@@ -163,6 +172,44 @@ impl Lifecycle {
         key: &Key,
     ) -> Result<(), Error> {
         self.release_answered(now, release, key, Released::Fenced)
+    }
+
+    /// The store wrote the owned key's durable record (or a newer write had landed first).
+    ///
+    /// Errors: `UnknownStoreWork` for a write never ordered, `Closed` after close finished.
+    pub fn handle_recorded(
+        &mut self,
+        now: Instant,
+        recording: RecordingId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.record_answered(now, recording, key, Released::Done)
+    }
+
+    /// The store could not write the record: the key is still this process's, and the record
+    /// is written again after `claim_retry`.
+    ///
+    /// Errors: as [`handle_recorded`](Self::handle_recorded).
+    pub fn handle_record_failed(
+        &mut self,
+        now: Instant,
+        recording: RecordingId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.record_answered(now, recording, key, Released::Failed)
+    }
+
+    /// The store refused the record: a newer token owns the key. The key is fenced
+    /// ([`Event::KeyFenced`], reason `Refused`).
+    ///
+    /// Errors: as [`handle_recorded`](Self::handle_recorded).
+    pub fn handle_record_fenced(
+        &mut self,
+        now: Instant,
+        recording: RecordingId,
+        key: &Key,
+    ) -> Result<(), Error> {
+        self.record_answered(now, recording, key, Released::Fenced)
     }
 
     /// The backend refused a command on `sandbox`: it has seen a newer fencing token for it, so
@@ -409,7 +456,11 @@ impl Lifecycle {
         };
         if let Own::Owned(_) = slot.own {
             let quiet = slot.bound == 0 && slot.waiters.is_empty() && slot.retiring.is_none();
-            if !quiet || slot.store_at.is_some() {
+            if slot.store_at.is_some() {
+                return;
+            }
+            if !quiet {
+                self.record_if_changed(k);
                 return;
             }
             let closing = self.is_closing();
@@ -423,7 +474,7 @@ impl Lifecycle {
                     tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
                     self.begin_drain(x);
                 }
-                _ => {}
+                _ => self.record_if_changed(k),
             }
             return;
         }
@@ -552,6 +603,7 @@ impl Lifecycle {
                 slot.own = Own::Unclaimed;
                 slot.wanted = false;
                 slot.doubtful = false;
+                slot.recording = None;
                 // The record holds the snapshot now (or the new owner's record does): the key
                 // here no longer references it, and never discards it.
                 slot.snapshot = None;
@@ -605,6 +657,7 @@ impl Lifecycle {
         slot.own = Own::Unclaimed;
         slot.wanted = false;
         slot.doubtful = false;
+        slot.recording = None;
         slot.current = None;
         slot.retiring = None;
         slot.snapshot = None;
@@ -720,6 +773,124 @@ impl Lifecycle {
     }
 
     // ------------------------------------------------------------------------------------------
+    // Internals: the durable record of an owned key
+
+    /// What the store's record of the owned key `k` should say now: its snapshot, and its
+    /// sandbox once that sandbox is up (and until it goes down).
+    fn durable_record(&self, k: KeyIx) -> KeyRecord {
+        let slot = &self.keys[k];
+        KeyRecord {
+            snapshot: slot
+                .snapshot
+                .as_ref()
+                .map(|(snapshot, by)| RecordedSnapshot {
+                    snapshot: snapshot.clone(),
+                    by: *by,
+                    retain_until: slot.retain.map(|at| at.at),
+                }),
+            warm: slot
+                .current
+                .filter(|x| self.sandboxes[*x].state.accepts_uploads())
+                .map(|x| self.sandboxes[x].id),
+        }
+    }
+
+    /// Orders a write of the owned key's durable record when what it should say changed, the
+    /// lease is valid and no store work for the key is under way or due (its end settles the
+    /// key again, which comes back here). Not while a sandbox of the key is on its way down: its
+    /// end settles the key, which then releases it (the record goes with the release) or writes
+    /// the record once, with the snapshot the way down kept.
+    pub(crate) fn record_if_changed(&mut self, k: KeyIx) {
+        let Some(slot) = self.keys.get(k) else {
+            return;
+        };
+        let Own::Owned(token) = slot.own else {
+            return;
+        };
+        if slot.store_at.is_some()
+            || slot.doubtful
+            || slot.recording.is_some()
+            || slot.retiring.is_some()
+        {
+            return;
+        }
+        let record = self.durable_record(k);
+        if record == self.keys[k].recorded {
+            return;
+        }
+        let now = self.now;
+        let timeout = self.config.command_timeout;
+        let live = self.liveness.as_mut().expect("fleet");
+        if !live.is_valid(now) {
+            return; // the lapse fences the key
+        }
+        let recording = RecordingId(live.next_recording);
+        live.next_recording += 1;
+        let deadline = (now + timeout).min(live.valid_until.expect("valid"));
+        self.stats.records_ordered += 1;
+        let slot = &mut self.keys[k];
+        tracing::debug!(%recording, key = %slot.key, ?record, "record key");
+        slot.recording = Some((recording, record.clone()));
+        self.store.push_back(StoreCommand::Record {
+            recording,
+            key: slot.key.clone(),
+            token,
+            record,
+            deadline,
+        });
+        self.set_key_store_timer(k, deadline);
+    }
+
+    /// A record write was answered.
+    fn record_answered(
+        &mut self,
+        now: Instant,
+        recording: RecordingId,
+        key: &Key,
+        how: Released,
+    ) -> Result<(), Error> {
+        self.time_passes(now);
+        self.check_not_closed("record answer")?;
+        let unknown = Error::UnknownStoreWork {
+            what: "record",
+            id: recording.0,
+        };
+        let live = self.liveness.as_ref().ok_or(unknown.clone())?;
+        if recording.0 >= live.next_recording {
+            return Err(unknown);
+        }
+        let Some(k) = self.keys.find(key).filter(|k| {
+            matches!(&self.keys[*k].recording, Some((r, _)) if *r == recording)
+                && matches!(self.keys[*k].own, Own::Owned(_))
+        }) else {
+            tracing::debug!(%recording, key = %key, "stale record answer ignored");
+            self.stats.stale_answers += 1;
+            return Ok(());
+        };
+        self.advance(now);
+        self.cancel_key_store_timer(k);
+        let (_, record) = self.keys[k].recording.take().expect("awaited");
+        match how {
+            Released::Done => {
+                self.stats.records_ok += 1;
+                self.keys[k].recorded = record;
+                self.key_settles(k);
+            }
+            Released::Failed => {
+                tracing::warn!(%recording, key = %key, "record failed");
+                self.stats.records_failed += 1;
+                self.retry_later(k);
+            }
+            Released::Fenced => {
+                self.stats.records_fenced += 1;
+                self.fence_key(k, FenceReason::Refused);
+            }
+        }
+        self.finish_input();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
     // Internals: the key's store timer
 
     /// `Timer::KeyStore`: a claim or release deadline passed, or a retry is due.
@@ -750,7 +921,15 @@ impl Lifecycle {
                 self.release_again(k);
             }
             Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
-            Own::Owned(_) => self.key_settles(k),
+            Own::Owned(_) => {
+                if let Some((recording, _)) = self.keys[k].recording.take() {
+                    // No answer in time. Written again with a newer number: if this one lands
+                    // late, the store keeps the newer.
+                    tracing::debug!(%recording, "record unanswered in time");
+                    self.stats.records_failed += 1;
+                }
+                self.key_settles(k);
+            }
             Own::Local | Own::Unclaimed => unreachable!("no store timer without store work"),
         }
     }

@@ -182,10 +182,13 @@ impl Sandboxes {
         ix
     }
 
-    /// Tracks a sandbox another process made, under its own id (fleet mode: adopted). `None`
-    /// when that id is tracked already.
+    /// Tracks a sandbox handed over by another process, under the id its first owner gave it
+    /// (fleet mode: adopted). That may be this process, getting back a sandbox it handed over
+    /// earlier: its Relinquish dropped every command outstanding on it unanswered (the drain
+    /// contract), so no answer of the earlier tracking can reach the new one. `None` when that
+    /// id is tracked already.
     pub(crate) fn adopt(&mut self, id: SandboxId, key: KeyIx) -> Option<SandboxIx> {
-        if self.by_id.contains_key(&id) || self.was_handed_out(id) {
+        if self.by_id.contains_key(&id) {
             return None;
         }
         let ix = self.records.insert(Sandbox::new(

@@ -59,6 +59,7 @@ impl Lifecycle {
         }
         let key = self.sandboxes[sandbox].key;
         self.admit(key);
+        self.record_if_changed(key);
         if self.sandboxes[sandbox].bound.is_empty() {
             if self.sandboxes[sandbox].adopted {
                 // Adopted for calls that ended meanwhile: it is the key's warm sandbox, as it

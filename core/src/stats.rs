@@ -84,6 +84,15 @@ pub struct Stats {
     pub releases_failed: u64,
     #[serde(default)]
     pub releases_fenced: u64,
+    /// Fleet mode: writes of owned keys' durable records ordered, and how they ended.
+    #[serde(default)]
+    pub records_ordered: u64,
+    #[serde(default)]
+    pub records_ok: u64,
+    #[serde(default)]
+    pub records_failed: u64,
+    #[serde(default)]
+    pub records_fenced: u64,
     /// Fleet mode: warm sandboxes handed over to another process, and adopted from one.
     #[serde(default)]
     pub handovers: u64,

@@ -206,6 +206,7 @@ impl Lifecycle {
         if let Some((old, by)) = old {
             self.discard(key, old, by, DiscardReason::Superseded);
         }
+        self.record_if_changed(key);
     }
 
     /// The key's retention passed: its snapshot is discarded and the key forgotten if nothing

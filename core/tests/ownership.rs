@@ -95,6 +95,26 @@ fn wanted_at_next_renewal(core: &mut Lifecycle, wanted: &[Key]) {
     core.handle_renewed(ms(3_001), renewal, wanted).unwrap();
 }
 
+/// Answers every write of an owned key's record ordered so far as written, at `t`: the writes.
+fn records_written(core: &mut Lifecycle, t: Instant) -> Vec<KeyRecord> {
+    let mut written = vec![];
+    for work in store(core) {
+        match work {
+            StoreCommand::Record {
+                recording,
+                key,
+                record,
+                ..
+            } => {
+                core.handle_recorded(t, recording, &key).unwrap();
+                written.push(record);
+            }
+            other => panic!("only record writes expected, got {other:?}"),
+        }
+    }
+    written
+}
+
 /// The one claim ordered, by number.
 fn claim_of(core: &mut Lifecycle) -> (ClaimId, Key) {
     match store(core).as_slice() {
@@ -122,15 +142,47 @@ fn owned_and_ready(core: &mut Lifecycle, t: Instant, call: &str, s: &str, token:
         "the Start carries the owner's token"
     );
     core.handle_start_ok(t, sandbox).unwrap();
+    assert_eq!(
+        records_written(core, t),
+        vec![KeyRecord {
+            snapshot: None,
+            warm: Some(sandbox)
+        }],
+        "the key's record names the sandbox its owner runs"
+    );
     sandbox
 }
 
-/// Answers the way down of `x` (Stop, Persist, Shutdown) at `t`, with `snapshot` from the Stop.
-fn way_down(core: &mut Lifecycle, t: Instant, x: SandboxId, snapshot: Option<&str>, token: u64) {
+/// Answers the way down of `x` (Stop, Persist, Shutdown) at `t`, with `snapshot` from the Stop,
+/// and the record writes ordered meanwhile: the records written, and the other store work.
+fn way_down(
+    core: &mut Lifecycle,
+    t: Instant,
+    x: SandboxId,
+    snapshot: Option<&str>,
+    token: u64,
+) -> (Vec<KeyRecord>, Vec<StoreCommand>) {
+    let (mut records, mut rest) = (vec![], vec![]);
     loop {
         let cmds = commands(core);
-        if cmds.is_empty() {
-            return;
+        let mut answered = false;
+        while let Some(work) = core.poll_store() {
+            match work {
+                StoreCommand::Record {
+                    recording,
+                    key,
+                    record,
+                    ..
+                } => {
+                    core.handle_recorded(t, recording, &key).unwrap();
+                    records.push(record);
+                    answered = true;
+                }
+                other => rest.push(other),
+            }
+        }
+        if cmds.is_empty() && !answered {
+            return (records, rest);
         }
         for c in cmds {
             assert!(
@@ -163,8 +215,13 @@ fn a_key_is_claimed_before_its_start_and_released_with_its_record_when_its_way_d
         [Event::CallReady { .. }]
     ));
     release(&mut core, ms(20), "c1");
-    way_down(&mut core, ms(20), x, None, 4);
-    match store(&mut core).as_slice() {
+    let (records, rest) = way_down(&mut core, ms(20), x, None, 4);
+    assert_eq!(
+        records,
+        vec![],
+        "released at once: its record goes with the release"
+    );
+    match rest.as_slice() {
         [StoreCommand::Release {
             key: k,
             token,
@@ -285,12 +342,18 @@ fn a_suspended_key_stays_owned_until_another_process_wants_it_then_goes_with_its
     let mut core = leased(ReleasePolicy::Suspend);
     let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
     release(&mut core, ms(10), "c1");
-    way_down(&mut core, ms(10), x, Some("snap-1"), 2);
-    assert_eq!(
-        store(&mut core),
-        vec![],
-        "owning a suspended key costs nothing"
-    );
+    let (records, rest) = way_down(&mut core, ms(10), x, Some("snap-1"), 2);
+    assert_eq!(rest, vec![], "a suspended key stays owned");
+    // Its record says what a next owner continues from, should this process crash: the
+    // snapshot (the sandbox is suspended, no longer up).
+    match records.as_slice() {
+        [KeyRecord {
+            snapshot: Some(recorded),
+            warm: None,
+        }] => assert_eq!((recorded.snapshot.as_str(), recorded.by), ("snap-1", x)),
+        other => panic!("one record write, with the snapshot: {other:?}"),
+    }
+    assert_eq!(store(&mut core), vec![], "then owning it costs nothing");
     assert_eq!(core.key_token(&key("s1")), Some(Token(2)));
     // The next renewal says another process wants it.
     wanted_at_next_renewal(&mut core, &[key("s1")]);
@@ -345,6 +408,46 @@ fn a_warm_sandbox_is_drained_and_handed_over_not_destroyed() {
     let (_, k) = claim_of(&mut core);
     assert_eq!(k, key("s1"), "the waiting call claims the key back");
     assert_eq!(core.stats().handovers, 1);
+}
+
+/// Found by the first two-keeper test on the local backend: a sandbox handed over and handed
+/// back is adopted by the process that started it (it was refused as "ours already", and the
+/// key started a second sandbox while the first stayed up, referenced by nothing).
+#[test]
+fn a_sandbox_handed_back_to_the_process_that_started_it_is_adopted() {
+    let mut core = leased(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    });
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    release(&mut core, ms(10), "c1");
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
+    commands(&mut core);
+    store(&mut core);
+    core.handle_key_released(ms(3_002), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(
+        commands(&mut core),
+        vec![Command::Relinquish { sandbox: x }]
+    );
+    // The other process used it and hands it back.
+    acquire(&mut core, ms(4_000), "c2", "s1");
+    let (claim, k) = claim_of(&mut core);
+    let record = KeyRecord {
+        snapshot: None,
+        warm: Some(x),
+    };
+    core.handle_claimed(ms(4_001), claim, &k, Token(8), record)
+        .unwrap();
+    match commands(&mut core).as_slice() {
+        [Command::Adopt { sandbox, token, .. }] => assert_eq!((*sandbox, *token), (x, Token(8))),
+        other => panic!("the adoption of its own sandbox: {other:?}"),
+    }
+    core.handle_start_ok(ms(4_002), x).unwrap();
+    assert!(events(&mut core).contains(&Event::CallReady {
+        call: CallId::new("c2").unwrap(),
+        sandbox: x
+    }));
+    assert_eq!(core.stats().starts_ordered, 1, "no second sandbox");
 }
 
 #[test]
@@ -468,6 +571,7 @@ fn close_releases_every_owned_key_with_its_record() {
     let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
     release(&mut core, ms(10), "c1");
     way_down(&mut core, ms(10), x, Some("snap-1"), 2);
+    assert_eq!(store(&mut core), vec![]);
     core.close(ms(20), Duration::from_secs(1)).unwrap();
     match store(&mut core).as_slice() {
         [StoreCommand::Release { record, .. }] => {

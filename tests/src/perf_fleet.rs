@@ -82,6 +82,7 @@ fn answer_store(core: &mut Lifecycle, t: Instant) -> Result<u64, String> {
                 token += 1;
                 core.handle_claimed(t, claim, &key, Token(token), KeyRecord::default())
             }
+            StoreCommand::Record { recording, key, .. } => core.handle_recorded(t, recording, &key),
             StoreCommand::Release { release, key, .. } => {
                 core.handle_key_released(t, release, &key)
             }

@@ -18,7 +18,7 @@
 //! | `token-order` | no sandbox accepts a change (a start included) under a token older than one it, or any sandbox of its key, has seen |
 //! | `lease-valid` | a replica orders a claim, or a command carrying a token, only while its lease is valid by its own clock with the margin taken off (computed here, apart from the core, from the renewals it ordered and the confirmations it got) |
 //! | `settle-once` (and the other `Versions` checks) | every version a replica flushed settles exactly once, in that replica (per incarnation) |
-//! | `record-shut-down` | no durable key record names a warm sandbox that was shut down |
+//! | `record-shut-down` | no released key's durable record names a warm sandbox that was shut down (an owned key's record names the sandbox its owner runs, for the next owner should the owner crash; the owner may shut it down before it writes the record again) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //!
@@ -57,6 +57,7 @@ pub const MARKS: &[&str] = &[
     "handoff",
     "adopt",
     "resume-from-record",
+    "record-after-crash",
     "fence-lapse",
     "fence-refused",
     "backend-refused",
@@ -704,13 +705,16 @@ impl World {
                 return;
             }
         }
-        // `record-shut-down`: a key's durable record that names this sandbox warm.
+        // `record-shut-down`: a released key's durable record that names this sandbox warm (an
+        // owned key's record names the sandbox its owner runs, which the owner may shut down
+        // before it writes the record again: a next owner after a crash finds it gone and
+        // starts afresh).
         let named = match &cmd {
             Command::Shutdown { sandbox, .. } => self
                 .store
                 .keys
                 .iter()
-                .find(|(_, e)| e.record.warm == Some(*sandbox))
+                .find(|(_, e)| e.owner.is_none() && e.record.warm == Some(*sandbox))
                 .map(|(k, _)| k.clone()),
             _ => None,
         };
@@ -789,6 +793,13 @@ impl World {
                         ClaimAnswer::Claimed(token, record) => {
                             self.report.marks.insert("claim");
                             self.note_takeover(before, inc);
+                            if before.is_some_and(|(owner, _)| {
+                                owner != inc && self.crashed.contains(&owner)
+                            }) && !record.is_empty()
+                            {
+                                // What a crashed owner wrote while it owned the key.
+                                self.report.marks.insert("record-after-crash");
+                            }
                             if record.warm.is_some() {
                                 self.report.marks.insert("handoff");
                             }
@@ -807,6 +818,21 @@ impl World {
                             Input::ClaimBusy { claim, key }
                         }
                     }
+                }
+            }
+            StoreCommand::Record {
+                recording,
+                key,
+                token,
+                record,
+                ..
+            } => {
+                if fails {
+                    Input::RecordFailed { recording, key }
+                } else if self.store.record(&key, inc, token, recording.0, record) {
+                    Input::Recorded { recording, key }
+                } else {
+                    Input::RecordFenced { recording, key }
                 }
             }
             StoreCommand::Release {

@@ -28,6 +28,8 @@ pub struct Entry {
     pub record: KeyRecord,
     /// Incarnations that asked for the key while another held it.
     pub wants: BTreeSet<u32>,
+    /// The newest record write of the current owner applied (reset when the key is claimed).
+    pub recording: Option<u64>,
 }
 
 /// How the store answered a claim.
@@ -105,7 +107,33 @@ impl Store {
         e.owner = Some((incarnation, epoch));
         e.token += 1;
         e.wants.remove(&incarnation);
+        e.recording = None;
         ClaimAnswer::Claimed(Token(e.token), std::mem::take(&mut e.record))
+    }
+
+    /// A write of the owned `key`'s record under `token`: whether the key is still the
+    /// writer's under that token (a write older than one applied changes nothing).
+    pub fn record(
+        &mut self,
+        key: &Key,
+        incarnation: u32,
+        token: Token,
+        recording: u64,
+        record: KeyRecord,
+    ) -> bool {
+        let Some(e) = self.keys.get_mut(key) else {
+            return false;
+        };
+        if e.token != token.0 || e.owner.map(|o| o.0) != Some(incarnation) {
+            return false;
+        }
+        if e.recording.is_some_and(|newest| newest >= recording) {
+            return true;
+        }
+        self.writes += 1;
+        e.recording = Some(recording);
+        e.record = record;
+        true
     }
 
     /// A release of `key` under `token` with `record`: whether it was written (the key is still
