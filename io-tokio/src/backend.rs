@@ -69,6 +69,17 @@ impl BackendError {
     }
 }
 
+/// The core's `Adopt` command (fleet mode), for a backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptRequest {
+    /// The sandbox another process handed over warm, under the id its first owner gave it.
+    pub sandbox: SandboxId,
+    /// Its key.
+    pub key: Key,
+    /// This owner's fencing token: record it as the newest the sandbox has seen.
+    pub token: Token,
+}
+
 /// The core's `Start` command, for a backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StartRequest {
@@ -238,6 +249,12 @@ impl std::fmt::Debug for DeathSink {
 ///
 /// A backend never decides lifecycle: it executes and reports, with a [`FailureClass`].
 pub trait Backend: Send + Sync + 'static {
+    /// Whether this backend serves fleet mode (several processes over one backend): it checks
+    /// the fencing token every request carries, [`adopt`](Self::adopt)s a sandbox another
+    /// process handed over and [`relinquish`](Self::relinquish)es one. A keeper refuses to run
+    /// a fleet configuration on a backend that does not. Default: `false`.
+    const FLEET: bool = false;
+
     /// Brings a sandbox up (resuming `resume_from`'s workspace when given).
     fn start(&self, request: StartRequest)
         -> impl Future<Output = Result<(), BackendError>> + Send;
@@ -277,6 +294,30 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         request: DiscardRequest,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Fleet mode: takes over `request.sandbox`, which another process handed over warm:
+    /// records the token as the newest it has seen (refusing an older one with `Fenced`) and
+    /// checks the sandbox is still there (an error if not: the core starts the key afresh).
+    /// Only called on a backend with [`FLEET`](Self::FLEET); the default refuses.
+    fn adopt(
+        &self,
+        request: AdoptRequest,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = request;
+        async {
+            Err(BackendError::fatal(
+                "this backend does not adopt sandboxes (fleet mode)",
+            ))
+        }
+    }
+
+    /// Fleet mode: this process no longer drives `sandbox` (handed over, or its key lost):
+    /// forget it, leaving it as it is for the key's next owner. Never fails; the default has
+    /// nothing to forget.
+    fn relinquish(&self, sandbox: SandboxId) -> impl Future<Output = ()> + Send {
+        let _ = sandbox;
+        async {}
+    }
 
     /// Whether this backend can serve a keeper whose core runs with `config` (a backend that
     /// cannot suspend refuses `ReleasePolicy::Suspend`, say). The keeper asks once, at

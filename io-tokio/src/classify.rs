@@ -7,6 +7,7 @@
 //! | Upload | `UploadOk` | `UploadFailed(Gone)` (treated as death) | `UploadFailed(Transient)` | `UploadFailed(Transient)` | `UploadFailed(Transient)` |
 //! | Stop | `StopOk(snapshot)` | `Died` | `StopFailed` | `StopFailed` | `StopFailed` |
 //! | Persist | `PersistOk` | `Died` | `PersistFailed` | `PersistFailed` | `PersistFailed` |
+//! | Adopt (fleet) | `StartOk` | `StartFailed` (gone: the key starts afresh) | `StartFailed` | `StartFailed` | `StartFailed` |
 //! | Shutdown | `ShutdownOk` | `ShutdownOk` (already gone is done) | `ShutdownFailed` | `ShutdownFailed` | `ShutdownFailed` |
 //!
 //! `Fenced` (fleet mode: a newer token owns the key) is the core's `Fenced` for every command.
@@ -25,6 +26,16 @@ pub(crate) fn start(sandbox: SandboxId, result: Result<(), BackendError>) -> Inp
         Ok(()) => Input::StartOk { sandbox },
         Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(e) if e.class == FailureClass::Gone => Input::Died { sandbox },
+        Err(_) => Input::StartFailed { sandbox },
+    }
+}
+
+/// An Adopt's answer: like a Start's, except that a sandbox found gone is a failed adoption
+/// (the core starts the key afresh for its calls), not a death of something they were bound to.
+pub(crate) fn adopt(sandbox: SandboxId, result: Result<(), BackendError>) -> Input {
+    match result {
+        Ok(()) => Input::StartOk { sandbox },
+        Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
         Err(_) => Input::StartFailed { sandbox },
     }
 }

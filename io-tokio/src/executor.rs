@@ -42,9 +42,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
 
-use sandkeeper::{Command, Event, HookPoint, Instant, SandboxId, UploadId};
+use sandkeeper::{Command, Event, HookPoint, Instant, SandboxId, StoreCommand, UploadId};
 use sandkeeper_shell::{Executor, Shared};
 use tokio::runtime::Handle;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify, Semaphore};
@@ -52,10 +51,12 @@ use tokio::task::AbortHandle;
 use tracing::Instrument;
 
 use crate::backend::{
-    Backend, DiscardRequest, PersistRequest, StartRequest, StopRequest, UploadRequest,
+    AdoptRequest, Backend, DiscardRequest, PersistRequest, StartRequest, StopRequest, UploadRequest,
 };
 use crate::classify;
+use crate::clock::WallClock;
 use crate::notice::Notice;
+use crate::store::FleetRun;
 
 /// The application's hooks, as the executor runs them: the keeper made it from the
 /// application's closure ([`Keeper::with_hooks`](crate::Keeper::with_hooks)), where the
@@ -76,7 +77,10 @@ pub(crate) struct TokioExecutor<B: Backend> {
     hooks: Option<HookRunner<B>>,
     backend: Arc<B>,
     runtime: Handle,
-    origin: tokio::time::Instant,
+    /// The core's clock on tokio's, and both on the wall clock.
+    clock: WallClock,
+    /// Fleet mode: the store and this process's incarnation.
+    fleet: Option<FleetRun>,
     lifecycle_permits: Arc<Semaphore>,
     /// The lane of each sandbox with lifecycle work ahead.
     lanes: StdMutex<HashMap<SandboxId, mpsc::UnboundedSender<LaneCommand>>>,
@@ -105,7 +109,7 @@ impl<B: Backend> TokioExecutor<B> {
         hooks: Option<HookRunner<B>>,
         backend: Arc<B>,
         runtime: Handle,
-        origin: tokio::time::Instant,
+        fleet: Option<FleetRun>,
         max_lifecycle_ops: usize,
         timer: Arc<Notify>,
         notices: broadcast::Sender<Notice>,
@@ -115,7 +119,9 @@ impl<B: Backend> TokioExecutor<B> {
             lifecycle_permits: Arc::new(Semaphore::new(max_lifecycle_ops)),
             backend,
             runtime,
-            origin,
+            // The core's origin: now.
+            clock: WallClock::new(tokio::time::Instant::now()),
+            fleet,
             lanes: StdMutex::new(HashMap::new()),
             outstanding: StdMutex::new(HashMap::new()),
             uploads: StdMutex::new(HashMap::new()),
@@ -134,8 +140,8 @@ impl<B: Backend> TokioExecutor<B> {
         &self.backend
     }
 
-    pub(crate) fn origin(&self) -> tokio::time::Instant {
-        self.origin
+    pub(crate) fn clock(&self) -> WallClock {
+        self.clock
     }
 
     pub(crate) fn notices(&self) -> &broadcast::Sender<Notice> {
@@ -158,23 +164,7 @@ impl<B: Backend> TokioExecutor<B> {
 
     /// The tokio instant of a core deadline.
     fn instant(&self, deadline: Instant) -> tokio::time::Instant {
-        self.origin + Duration::from_nanos(deadline.as_nanos())
-    }
-
-    /// A core instant on the wall clock (for what a backend records beyond this process: a
-    /// snapshot's expiry).
-    fn wall_clock(&self, at: Instant) -> std::time::SystemTime {
-        let at = self.instant(at);
-        let now = tokio::time::Instant::now();
-        // A driver may read the clock; a snapshot's expiry outlives this process, so it is
-        // recorded on the wall clock.
-        #[allow(clippy::disallowed_methods)]
-        let wall = std::time::SystemTime::now();
-        if at >= now {
-            wall + (at - now)
-        } else {
-            wall - (now - at)
-        }
+        self.clock.tokio(deadline)
     }
 
     fn publish(&self, notice: Notice) {
@@ -186,14 +176,17 @@ impl<B: Backend> TokioExecutor<B> {
 
     fn lane_send(&self, shared: &Arc<Shared<Self>>, command: Command) {
         let sandbox = command.sandbox();
-        // The command says whether it is the sandbox's last: a Shutdown always, a Persist that
-        // suspends when it succeeds.
+        // The command says whether it is the sandbox's last: a Shutdown or a Relinquish always,
+        // a Persist that suspends when it succeeds.
         let last = matches!(
             command,
-            Command::Shutdown { .. } | Command::Persist { suspend: true, .. }
+            Command::Shutdown { .. }
+                | Command::Relinquish { .. }
+                | Command::Persist { suspend: true, .. }
         );
         let abandon = match command {
             Command::Start { .. }
+            | Command::Adopt { .. }
             | Command::Stop { .. }
             | Command::Persist { .. }
             | Command::Hook { .. } => {
@@ -201,7 +194,7 @@ impl<B: Backend> TokioExecutor<B> {
                 let previous = lock_std(&self.outstanding).insert(
                     sandbox,
                     Outstanding {
-                        start: matches!(command, Command::Start { .. }),
+                        start: matches!(command, Command::Start { .. } | Command::Adopt { .. }),
                         abandon: switch,
                     },
                 );
@@ -304,13 +297,31 @@ impl<B: Backend> TokioExecutor<B> {
                             sandbox,
                             snapshot,
                             suspend,
-                            retain_until: retain_until.map(|at| this.wall_clock(at)),
+                            retain_until: retain_until.map(|at| this.clock.wall(at)),
                             token,
                         };
                         classify::persist(sandbox, backend.persist(request).await)
                     }
                     Command::Shutdown { sandbox, token, .. } => {
                         classify::shutdown(sandbox, backend.shutdown(sandbox, token).await)
+                    }
+                    Command::Adopt {
+                        sandbox,
+                        key,
+                        token,
+                        ..
+                    } => {
+                        let request = AdoptRequest {
+                            sandbox,
+                            key,
+                            token,
+                        };
+                        classify::adopt(sandbox, backend.adopt(request).await)
+                    }
+                    Command::Relinquish { sandbox } => {
+                        // No answer: the core forgot the sandbox when it ordered this.
+                        backend.relinquish(sandbox).await;
+                        return None;
                     }
                     Command::Hook { sandbox, hook, .. } => {
                         // The keeper refuses a configuration with hooks and no runner.
@@ -331,7 +342,7 @@ impl<B: Backend> TokioExecutor<B> {
                 () = abandoned(abandon) => None,
                 result = until(deadline, run) => result.flatten(),
             };
-            if name != "shutdown" {
+            if name != "shutdown" && name != "relinquish" {
                 lock_std(&this.outstanding).remove(&sandbox);
             }
             let Some(input) = result else {
@@ -385,8 +396,7 @@ impl<B: Backend> TokioExecutor<B> {
 
 impl<B: Backend> Executor for TokioExecutor<B> {
     fn now(&self) -> Instant {
-        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.origin);
-        Instant::from_nanos(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX))
+        self.clock.now()
     }
 
     fn execute(&self, shared: &Arc<Shared<Self>>, command: Command) {
@@ -424,6 +434,12 @@ impl<B: Backend> Executor for TokioExecutor<B> {
                 self.publish(Notice::Drain { sandbox, sessions });
             }
             Command::Abandon { sandbox } => self.abandon(sandbox),
+            Command::Relinquish { sandbox } => {
+                // Drops what is outstanding on the sandbox; the lane then runs the Relinquish
+                // (its last command) at once.
+                self.abandon(sandbox);
+                self.lane_send(shared, Command::Relinquish { sandbox });
+            }
             Command::Discard {
                 sandbox,
                 key,
@@ -454,6 +470,33 @@ impl<B: Backend> Executor for TokioExecutor<B> {
             }
             lifecycle => self.lane_send(shared, lifecycle),
         }
+    }
+
+    fn store(&self, shared: &Arc<Shared<Self>>, command: StoreCommand) {
+        let Some(fleet) = self.fleet.clone() else {
+            // The keeper makes an executor with a store for every fleet configuration, and the
+            // core orders store work only in fleet mode.
+            tracing::error!(?command, "store work without a store: dropped");
+            return;
+        };
+        let deadline = Some(self.instant(command.deadline()));
+        let clock = self.clock;
+        let shared = Arc::downgrade(shared);
+        let span = tracing::info_span!("store", work = ?command);
+        // Each on its own task: a renewal never waits behind a claim, a release or a sandbox.
+        self.runtime.spawn(
+            async move {
+                let Some(input) = until(deadline, fleet.run(command, clock)).await else {
+                    tracing::debug!("store work dropped at its deadline");
+                    return;
+                };
+                tracing::debug!(answer = ?input, "store answered");
+                if let Some(shared) = shared.upgrade() {
+                    Shared::answer(&shared, input);
+                }
+            }
+            .instrument(span),
+        );
     }
 
     fn observe(&self, event: &Event) {

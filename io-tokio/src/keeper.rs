@@ -16,6 +16,7 @@ use crate::executor::{HookRunner, TokioExecutor};
 use crate::guard::CallGuard;
 use crate::notice::Notice;
 use crate::ops::{SandboxOps, SandboxWork};
+use crate::store::{FleetRun, FleetStore};
 use crate::timer;
 use std::future::Future;
 
@@ -107,13 +108,50 @@ impl<B: Backend> Keeper<B> {
                     .to_string(),
             ));
         }
-        Self::build(config, backend, None)
+        Self::build(config, backend, None, None)
+    }
+
+    /// A keeper that is one process of a fleet (see the README's "Fleet"): several processes
+    /// share `backend` and `store`, and for every key other than a call's own they behave as one
+    /// keeper would. `config.core.fleet` gives the lease timing; its `incarnation` is replaced
+    /// by the one `store` hands this process now (no other process, and no earlier run of this
+    /// one, has it). The keeper runs the core's store work (renewals on their own timer,
+    /// claims, releases) on `store`, and the backend checks every command's fencing token.
+    ///
+    /// Errors: as [`new`](Self::new); `Unsupported` when `config.core.fleet` is `None` or the
+    /// backend does not serve fleet mode ([`Backend::FLEET`]); `Store` when the store cannot
+    /// register this process.
+    pub async fn fleet(
+        mut config: KeeperConfig,
+        backend: B,
+        store: impl FleetStore,
+    ) -> Result<Self, KeeperError> {
+        let Some(fleet) = config.core.fleet.as_mut() else {
+            return Err(KeeperError::Unsupported(
+                "Keeper::fleet needs config.core.fleet (the lease timing)".to_string(),
+            ));
+        };
+        if !B::FLEET {
+            return Err(KeeperError::Unsupported(format!(
+                "the backend {} does not serve fleet mode (no token checks, no adoption)",
+                std::any::type_name::<B>()
+            )));
+        }
+        let store: Arc<dyn FleetStore> = Arc::new(store);
+        let incarnation = store
+            .register()
+            .await
+            .map_err(|e| KeeperError::Unsupported(format!("fleet mode: {e}")))?;
+        fleet.incarnation = incarnation;
+        tracing::info!(incarnation, "registered with the fleet store");
+        Self::build(config, backend, None, Some(FleetRun { store, incarnation }))
     }
 
     fn build(
         config: KeeperConfig,
         backend: B,
         hooks: Option<HookRunner<B>>,
+        fleet: Option<FleetRun>,
     ) -> Result<Self, KeeperError> {
         if config.max_lifecycle_ops == 0 {
             return Err(KeeperError::InvalidConfig(
@@ -125,12 +163,12 @@ impl<B: Backend> Keeper<B> {
                 "notice_capacity must be at least 1",
             ));
         }
-        if config.core.fleet.is_some() {
-            // The core orders store work in fleet mode (renewals, claims); this keeper has no
-            // store to run it on yet, and a keeper that ignored it would lose its lease and
-            // fence every key. Refuse at start-up rather than misbehave.
+        if config.core.fleet.is_some() != fleet.is_some() {
+            // The core orders store work in fleet mode (renewals, claims); a keeper that ignored
+            // it would lose its lease and fence every key. Refuse at start-up rather than
+            // misbehave.
             return Err(KeeperError::Unsupported(
-                "fleet mode (config.fleet) needs a store, which this keeper does not run yet"
+                "fleet mode (config.core.fleet) needs a store: make the keeper with Keeper::fleet"
                     .to_string(),
             ));
         }
@@ -146,7 +184,7 @@ impl<B: Backend> Keeper<B> {
             hooks,
             backend.clone(),
             runtime.clone(),
-            tokio::time::Instant::now(),
+            fleet,
             config.max_lifecycle_ops,
             wake.clone(),
             notices,
@@ -393,6 +431,6 @@ impl<B: SandboxOps> Keeper<B> {
             let work = SandboxWork::for_hook(shared, sandbox, point);
             Box::pin(hooks(point, work))
         });
-        Self::build(config, backend, Some(runner))
+        Self::build(config, backend, Some(runner), None)
     }
 }

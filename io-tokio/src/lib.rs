@@ -50,6 +50,7 @@
 
 mod backend;
 mod classify;
+mod clock;
 mod executor;
 pub mod fault;
 mod guard;
@@ -58,12 +59,13 @@ pub mod local;
 mod notice;
 pub mod ops;
 pub mod rng;
+pub mod store;
 mod timer;
 pub mod workload;
 
 pub use backend::{
-    Backend, BackendError, DeathSink, DiscardRequest, FailureClass, Loss, PersistRequest,
-    StartRequest, StopRequest, UploadRequest,
+    AdoptRequest, Backend, BackendError, DeathSink, DiscardRequest, FailureClass, Loss,
+    PersistRequest, StartRequest, StopRequest, UploadRequest,
 };
 pub use fault::FaultBackend;
 pub use guard::CallGuard;

@@ -7,7 +7,6 @@
 //! has finished.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use sandkeeper_shell::{Executor, Shared};
 use tokio::sync::Notify;
@@ -26,7 +25,7 @@ pub(crate) async fn run<B: Backend>(shared: Weak<Shared<TokioExecutor<B>>>, wake
         }
         let next = strong.next_deadline();
         let now = strong.executor().now();
-        let origin = strong.executor().origin();
+        let clock = strong.executor().clock();
         match next {
             Some(at) if at <= now => {
                 tracing::trace!(deadline = %at, "timeout");
@@ -35,7 +34,7 @@ pub(crate) async fn run<B: Backend>(shared: Weak<Shared<TokioExecutor<B>>>, wake
             }
             Some(at) => {
                 drop(strong);
-                let when = origin + Duration::from_nanos(at.as_nanos());
+                let when = clock.tokio(at);
                 tokio::select! {
                     () = tokio::time::sleep_until(when) => {}
                     () = wake.notified() => {}

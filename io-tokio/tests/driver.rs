@@ -800,17 +800,3 @@ async fn the_death_sink_says_when_the_keeper_stops_listening() {
     drop(k);
     stopped.await.unwrap();
 }
-
-#[tokio::test(start_paused = true)]
-async fn fleet_mode_is_refused_at_start_up_until_the_keeper_runs_a_store() {
-    let core = Config {
-        scope: sandkeeper::Scope::Session,
-        fleet: Some(sandkeeper::Fleet::default()),
-        ..Config::default()
-    };
-    let e = Keeper::new(KeeperConfig::with_core(core), FaultBackend::reliable()).err();
-    assert!(
-        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("fleet")),
-        "{e:?}"
-    );
-}

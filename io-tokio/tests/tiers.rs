@@ -44,6 +44,9 @@ fn tiered(idle: u64, retain: u64) -> KeeperConfig {
 #[tokio::test(start_paused = true)]
 async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
     let root = root("ladder");
+    #[allow(clippy::disallowed_methods)] // the expiry is on the wall clock, as the backend's
+    let wall_at_start = SystemTime::now();
+    let start = tokio::time::Instant::now();
     let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
     let keeper = Keeper::new(tiered(10, 60), backend).unwrap();
     let snapshot_dir = keeper.backend().snapshots_dir();
@@ -87,8 +90,9 @@ async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
         .trim()
         .parse()
         .unwrap();
-    #[allow(clippy::disallowed_methods)] // the expiry is on the wall clock, as the backend's
-    let now = SystemTime::now()
+    // The keeper maps its clock to the wall clock from one reading at its start, so on
+    // tokio's paused clock the wall clock it records moves with virtual time.
+    let now = (wall_at_start + start.elapsed())
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_secs();

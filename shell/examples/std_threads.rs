@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, CallSpec, Command, Config, DropReason, Error, Event, Input, Instant, Lifecycle,
-    PathName, Payload, SandboxId, SessionId, Settlement, UploadFailure, Version,
+    PathName, Payload, SandboxId, SessionId, Settlement, StoreCommand, UploadFailure, Version,
 };
 use sandkeeper_shell::{CallTicket, Executor, KeeperError, Released, Shared};
 
@@ -94,6 +94,12 @@ impl Executor for DirExecutor {
             // The worker lives as long as the shell, so this send cannot fail.
             lifecycle => drop(self.lifecycle.send(lifecycle)),
         }
+    }
+
+    fn store(&self, _: &Arc<Shell>, command: StoreCommand) {
+        // One process: the core runs without `Config::fleet`, and orders store work only in
+        // fleet mode. An executor for a fleet runs each on its own and answers it.
+        unreachable!("store work without fleet mode: {command:?}");
     }
 
     fn observe(&self, event: &Event) {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sandkeeper::{Command, Event, Instant};
+use sandkeeper::{Command, Event, Instant, StoreCommand};
 
 use crate::shared::Shared;
 
@@ -27,6 +27,13 @@ use crate::shared::Shared;
 /// - **The clock is the driver's.** [`now`](Self::now) maps the runtime's clock to the core's
 ///   [`Instant`] (nanoseconds since an origin the driver chose); it must never go backwards by
 ///   much (an earlier `now` counts as the latest the core has seen).
+/// - **Store work runs on its own** (fleet mode, [`Config::fleet`](sandkeeper::Config::fleet)).
+///   [`store`](Self::store) receives the core's [`StoreCommand`]s: run each concurrently with
+///   everything (never queued behind a sandbox's work or another store command), answer it
+///   once with its input ([`Input::Renewed`](sandkeeper::Input::Renewed), `Claimed`, ...)
+///   through [`Shared::answer`], and drop it unanswered at its deadline. The core orders store
+///   work only in fleet mode; an executor that runs no store refuses a fleet configuration
+///   when it is made.
 /// - **The timer is the driver's.** After every input, if the core's earliest deadline changed,
 ///   [`rearm`](Self::rearm) is told; the driver's timer then calls [`Shared::timeout`] once its
 ///   clock reached the deadline (early or twice is harmless). Check the clock before sleeping.
@@ -37,6 +44,10 @@ pub trait Executor: Send + Sync + Sized + 'static {
     /// Starts one command, in the core's order, without waiting for it. `shared` is the handle
     /// the command's answer goes to (clone it, or downgrade it, into the task that runs it).
     fn execute(&self, shared: &Arc<Shared<Self>>, command: Command);
+
+    /// Starts one piece of store work (fleet mode), without waiting for it; its answer goes to
+    /// `shared`. Never called for a core without [`Config::fleet`](sandkeeper::Config::fleet).
+    fn store(&self, shared: &Arc<Shared<Self>>, command: StoreCommand);
 
     /// Sees every event, in the core's order, before the shell routes it to its waiters (for a
     /// driver's subscribers, logs or counts).

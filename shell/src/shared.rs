@@ -413,8 +413,8 @@ impl<E: Executor> Shared<E> {
         Ok(r)
     }
 
-    /// The drain contract: every command to the executor in order, every event to the
-    /// observer and the waiters, then the timer.
+    /// The drain contract: every command to the executor in order, every piece of store work
+    /// to it too, every event to the observer and the waiters, then the timer.
     fn drain(self: &Arc<Self>, st: &mut State) {
         loop {
             let mut progressed = false;
@@ -424,6 +424,10 @@ impl<E: Executor> Shared<E> {
                     st.commands_after_closed += 1;
                 }
                 self.executor.execute(self, command);
+            }
+            while let Some(work) = st.core.poll_store() {
+                progressed = true;
+                self.executor.store(self, work);
             }
             while let Some(event) = st.core.poll_event() {
                 progressed = true;

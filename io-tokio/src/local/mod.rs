@@ -43,8 +43,8 @@ use sandkeeper::{SandboxId, Snapshot, Token};
 use tokio::sync::watch;
 
 use crate::backend::{
-    Backend, BackendError, DeathSink, DiscardRequest, PersistRequest, StartRequest, StopRequest,
-    UploadRequest,
+    AdoptRequest, Backend, BackendError, DeathSink, DiscardRequest, PersistRequest, StartRequest,
+    StopRequest, UploadRequest,
 };
 
 pub use exec::{RunError, RunOutput};
@@ -333,6 +333,10 @@ fn io_error(what: &str, e: io::Error) -> BackendError {
 }
 
 impl Backend for LocalBackend {
+    /// Tokens are checked beside the sandbox directories (`fence.rs`); a sandbox handed over
+    /// is a directory any process on the root can take into its table.
+    const FLEET: bool = true;
+
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
         let dir = self.sandbox_dir(request.sandbox);
         let root = self.config.root.clone();
@@ -411,6 +415,47 @@ impl Backend for LocalBackend {
             }),
         );
         Ok(())
+    }
+
+    async fn adopt(&self, request: AdoptRequest) -> Result<(), BackendError> {
+        let AdoptRequest {
+            sandbox,
+            key,
+            token,
+        } = request;
+        let dir = self.sandbox_dir(sandbox);
+        let ledger = self.ledger.clone();
+        let there = dir.clone();
+        blocking(move || {
+            let _admitted = ledger.admit(sandbox, Some(&key), Some(token))?;
+            // Up means its workspace is there as its first owner's Start left it.
+            if !there.join(META_DIR).join("sandbox.json").is_file() {
+                return Err(BackendError::gone(format!(
+                    "{} is gone: nothing to adopt",
+                    there.display()
+                )));
+            }
+            Ok(())
+        })
+        .await?;
+        let (stopped, _) = watch::channel(false);
+        self.table().entry(sandbox).or_insert_with(|| {
+            Arc::new(LocalSandbox {
+                dir,
+                gate: RwLock::new(false),
+                stopped,
+                reported: false.into(),
+            })
+        });
+        Ok(())
+    }
+
+    async fn relinquish(&self, sandbox: SandboxId) {
+        // The directory stays for the key's next owner; processes this process ran in it stop.
+        if let Some(s) = self.table().remove(&sandbox) {
+            let _ = s.stopped.send(true);
+        }
+        self.fences().remove(&sandbox);
     }
 
     async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {

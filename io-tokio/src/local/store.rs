@@ -19,31 +19,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sandkeeper::{Key, SandboxId, Snapshot, Token};
+use sandkeeper::{Key, Token};
 use serde::{Deserialize, Serialize};
 
-/// A snapshot in a key's durable record, as the store keeps it (wall-clock retention).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredSnapshot {
-    /// The snapshot.
-    pub snapshot: Snapshot,
-    /// The sandbox that persisted it.
-    pub by: SandboxId,
-    /// The end of its retention, in unix milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retain_until_ms: Option<u64>,
-}
-
-/// A key's durable record as the store keeps it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredRecord {
-    /// The key's last snapshot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<StoredSnapshot>,
-    /// A sandbox handed over warm.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warm: Option<SandboxId>,
-}
+use crate::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
 
 /// One key's entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,16 +37,9 @@ pub struct KeyEntry {
     pub record: StoredRecord,
     /// Incarnations that asked for it while another held it.
     pub wants: BTreeSet<u32>,
-}
-
-/// How the store answered a claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// This process owns the key under the token, and continues from the record (which the
-    /// claim takes: the store keeps no copy).
-    Claimed(Token, StoredRecord),
-    /// Another process with a live lease holds it; the want is recorded.
-    Busy,
+    /// The newest record write of its current owner applied (none since the key was claimed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<u64>,
 }
 
 /// Why a store operation failed.
@@ -174,9 +146,35 @@ impl LocalStore {
         entry.owner = Some((incarnation, epoch));
         entry.token += 1;
         entry.wants.remove(&incarnation);
+        entry.recording = None;
         let record = std::mem::take(&mut entry.record);
         self.write_entry(&entry)?;
         Ok(Claim::Claimed(Token(entry.token), record))
+    }
+
+    /// Writes the record of `key`, which `incarnation` keeps owning under `token`: whether the
+    /// key is still its own under that token. A write numbered at or below one applied since the
+    /// key was claimed changes nothing (and counts as written: a newer one is there).
+    pub fn record(
+        &self,
+        key: &Key,
+        incarnation: u32,
+        token: Token,
+        recording: u64,
+        record: StoredRecord,
+    ) -> Result<bool, StoreError> {
+        let _lock = self.lock()?;
+        let mut entry = self.read_entry(key)?;
+        if entry.token != token.0 || entry.owner.map(|o| o.0) != Some(incarnation) {
+            return Ok(false);
+        }
+        if entry.recording.is_some_and(|newest| newest >= recording) {
+            return Ok(true);
+        }
+        entry.recording = Some(recording);
+        entry.record = record;
+        self.write_entry(&entry)?;
+        Ok(true)
     }
 
     /// Releases `key` from `incarnation` under `token`, leaving `record`: whether it was written
@@ -298,6 +296,64 @@ impl LocalStore {
     }
 }
 
+impl FleetStore for LocalStore {
+    fn register(&self) -> StoreFuture<u32> {
+        let store = self.clone();
+        blocking(move || store.register())
+    }
+
+    fn renew(
+        &self,
+        incarnation: u32,
+        epoch: u64,
+        now: SystemTime,
+    ) -> StoreFuture<Option<Vec<Key>>> {
+        let store = self.clone();
+        blocking(move || LocalStore::renew(&store, incarnation, epoch, now))
+    }
+
+    fn claim(&self, key: Key, incarnation: u32, epoch: u64, now: SystemTime) -> StoreFuture<Claim> {
+        let store = self.clone();
+        blocking(move || LocalStore::claim(&store, &key, incarnation, epoch, now))
+    }
+
+    fn record(
+        &self,
+        key: Key,
+        incarnation: u32,
+        token: Token,
+        recording: u64,
+        record: StoredRecord,
+    ) -> StoreFuture<bool> {
+        let store = self.clone();
+        blocking(move || LocalStore::record(&store, &key, incarnation, token, recording, record))
+    }
+
+    fn release(
+        &self,
+        key: Key,
+        incarnation: u32,
+        token: Token,
+        record: StoredRecord,
+    ) -> StoreFuture<bool> {
+        let store = self.clone();
+        blocking(move || LocalStore::release(&store, &key, incarnation, token, record))
+    }
+}
+
+/// Runs one store operation on a blocking thread (it takes the store's file lock). Dropping
+/// the future leaves the operation to finish there: each is atomic under the lock.
+fn blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> StoreFuture<T> {
+    Box::pin(async move {
+        match tokio::task::spawn_blocking(op).await {
+            Ok(result) => result.map_err(|e| StoreFailure(e.to_string())),
+            Err(e) => Err(StoreFailure(format!("store task failed: {e}"))),
+        }
+    })
+}
+
 /// Milliseconds since the unix epoch (0 before it).
 pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -380,7 +436,7 @@ mod tests {
         // Released with a record: the next claim takes it, under the next token.
         let record = StoredRecord {
             snapshot: None,
-            warm: Some(SandboxId(1 << 32)),
+            warm: Some(sandkeeper::SandboxId(1 << 32)),
         };
         assert!(store.release(&key("s"), 1, t1, record.clone()).unwrap());
         assert_eq!(

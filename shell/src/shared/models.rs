@@ -19,7 +19,7 @@ use loom::sync::atomic::AtomicBool;
 use loom::thread;
 use sandkeeper::{
     CallId, CallSpec, Command, Config, Event, Input, Instant, Lifecycle, PathName, Payload,
-    SessionId,
+    SessionId, StoreCommand,
 };
 
 use super::{Executor, Shared};
@@ -34,6 +34,8 @@ struct Recorder {
     pending: StdMutex<Vec<Command>>,
     history: StdMutex<Vec<Command>>,
     events: StdMutex<Vec<Event>>,
+    /// Store work (the models run one process: none is ever ordered).
+    store: StdMutex<Vec<StoreCommand>>,
 }
 
 impl Executor for Recorder {
@@ -44,6 +46,10 @@ impl Executor for Recorder {
     fn execute(&self, _shared: &std::sync::Arc<Shared<Self>>, command: Command) {
         self.history.lock().unwrap().push(command.clone());
         self.pending.lock().unwrap().push(command);
+    }
+
+    fn store(&self, _shared: &std::sync::Arc<Shared<Self>>, command: StoreCommand) {
+        self.store.lock().unwrap().push(command);
     }
 
     fn observe(&self, event: &Event) {

@@ -1,0 +1,208 @@
+//! Fleet mode on the local backend: two keepers (two processes of one fleet, here in one test
+//! process on tokio's paused clock) over one root directory, each with its own backend and its
+//! own handle on the one store under `<root>/.fleet`. A session's next call lands on the other
+//! keeper; the key is handed over with its warm sandbox, which the new owner adopts.
+#![cfg(not(loom))]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sandkeeper::{
+    CallId, CallSpec, Config, Fleet, PathName, ReleasePolicy, SandboxState, Scope, SessionId,
+};
+use sandkeeper_tokio::local::store::LocalStore;
+use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::{FaultBackend, Keeper, KeeperConfig, KeeperError, LocalBackend};
+
+fn root(name: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("sk-fleet-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+fn fleet_config(release: ReleasePolicy) -> KeeperConfig {
+    KeeperConfig::with_core(Config {
+        scope: Scope::Session,
+        release,
+        fleet: Some(Fleet::default()),
+        ..Config::default()
+    })
+}
+
+fn call(name: &str, session: &str) -> CallSpec {
+    CallSpec::new(CallId::new(name).unwrap(), SessionId::new(session).unwrap())
+}
+
+async fn keeper(root: &std::path::Path, release: ReleasePolicy) -> Keeper<LocalBackend> {
+    let backend = LocalBackend::new(LocalConfig::new(root)).unwrap();
+    let store = LocalStore::open(root, Fleet::default().lease).unwrap();
+    Keeper::fleet(fleet_config(release), backend, store)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_moves_to_another_keeper_with_its_warm_sandbox() {
+    let root = root("handoff");
+    let warm = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(600),
+    };
+    let a = keeper(&root, warm).await;
+    let b = keeper(&root, warm).await;
+    let session = SessionId::new("s1").unwrap();
+    let log = PathName::session_log();
+
+    // The first call is A's: A claims the key and starts the sandbox.
+    let first = a.acquire(call("c1", "s1")).await.unwrap();
+    let sandbox = first.sandbox();
+    a.flush(&session, &log, b"turn 1\n".to_vec()).unwrap();
+    first.release().await;
+    assert_eq!(a.sandbox_state(sandbox), Some(SandboxState::Idle));
+    let file = a.backend().session_file(sandbox, &session, &log);
+    assert_eq!(std::fs::read(&file).unwrap(), b"turn 1\n");
+
+    // The next call lands on B: B's want reaches A at A's next renewal, A drains and hands the
+    // warm sandbox over, B adopts it. Same sandbox, same workspace, no second start.
+    let second = b.acquire(call("c2", "s1")).await.unwrap();
+    assert_eq!(second.sandbox(), sandbox, "B adopted A's warm sandbox");
+    assert_eq!(a.sandbox_state(sandbox), None, "A forgot the sandbox");
+    assert_eq!(std::fs::read(&file).unwrap(), b"turn 1\n");
+    b.flush(&session, &log, b"turn 1\nturn 2\n".to_vec())
+        .unwrap();
+    second.release().await;
+    assert_eq!(std::fs::read(&file).unwrap(), b"turn 1\nturn 2\n");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        (sa.handovers, sb.adoptions_ordered),
+        (1, 1),
+        "{sa:?} {sb:?}"
+    );
+    assert_eq!(sb.starts_ordered, 0, "B started nothing: {sb:?}");
+
+    // And back to A, which adopts it in turn.
+    let third = a.acquire(call("c3", "s1")).await.unwrap();
+    assert_eq!(third.sandbox(), sandbox);
+    third.release().await;
+
+    // Closing both releases the key; the sandbox is shut down by its last owner.
+    let report_b = b.close(Duration::from_secs(10)).await;
+    let report_a = a.close(Duration::from_secs(10)).await;
+    for report in [&report_a, &report_b] {
+        assert!(
+            report.revoked_calls.is_empty()
+                && report.dropped_versions.is_empty()
+                && report.unconfirmed.is_empty(),
+            "{report:?}"
+        );
+    }
+    assert_eq!(report_a.shut_down + report_b.shut_down, 1);
+    assert!(!a.backend().sandbox_dir(sandbox).exists());
+    let store = LocalStore::open(&root, Fleet::default().lease).unwrap();
+    let entries = store.entries().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].owner, None, "{entries:?}");
+    assert!(a.check_invariants().is_ok() && b.check_invariants().is_ok());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn fleet_mode_is_refused_without_a_store_or_on_a_backend_without_fencing() {
+    let config = fleet_config(ReleasePolicy::Shutdown);
+    // A keeper without a store would lose its lease and fence every key: refused.
+    let e = Keeper::new(config.clone(), FaultBackend::reliable()).err();
+    assert!(
+        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("Keeper::fleet")),
+        "{e:?}"
+    );
+    let root = root("refused");
+    let store = LocalStore::open(&root, Fleet::default().lease).unwrap();
+    // A backend that checks no token cannot be shared by a fleet.
+    let e = Keeper::fleet(config, FaultBackend::reliable(), store.clone())
+        .await
+        .err();
+    assert!(
+        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("FaultBackend")),
+        "{e:?}"
+    );
+    // Keeper::fleet without the lease timing.
+    let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let e = Keeper::fleet(KeeperConfig::default(), backend, store)
+        .await
+        .err();
+    assert!(
+        matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("config.core.fleet")),
+        "{e:?}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A keeper that crashes (dropped without close: no more renewals, nothing released) while it
+/// owns a session: the key's record, written while it owned the key, lets the next keeper
+/// continue once the crashed one's lease has expired. A warm sandbox is adopted; a suspended
+/// one is resumed from its snapshot. Either way the session's workspace survives the crash.
+#[tokio::test(start_paused = true)]
+async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
+    let root = root("crash");
+    let warm = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(600),
+    };
+    let a = keeper(&root, warm).await;
+    let log = PathName::session_log();
+    // s2's sandbox goes down and keeps its workspace as a snapshot; then s1's stays warm.
+    let snapshot_of_s2 = {
+        let s2 = SessionId::new("s2").unwrap();
+        let guard = a.acquire(call("c2", "s2")).await.unwrap();
+        let sandbox = guard.sandbox();
+        guard
+            .work()
+            .write("notes.txt", b"s2 notes".to_vec())
+            .await
+            .unwrap();
+        a.flush(&s2, &log, b"s2 turn 1\n".to_vec()).unwrap();
+        guard.release().await;
+        // Idle past the warm tier: down, with a snapshot (the backend keeps snapshots).
+        tokio::time::sleep(Duration::from_secs(601)).await;
+        assert_eq!(a.sandbox_state(sandbox), None);
+        sandbox
+    };
+    let s1 = SessionId::new("s1").unwrap();
+    let first = a.acquire(call("c1", "s1")).await.unwrap();
+    let warm_sandbox = first.sandbox();
+    a.flush(&s1, &log, b"s1 turn 1\n".to_vec()).unwrap();
+    first.release().await;
+    let before = a.stats();
+    assert!(before.records_ok >= 2, "{before:?}");
+    // The crash: no close, no release, no more renewals.
+    drop(a);
+
+    let b = keeper(&root, warm).await;
+    let started = tokio::time::Instant::now();
+    let second = b.acquire(call("c3", "s1")).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "the crashed keeper's lease had to expire first ({waited:?})"
+    );
+    assert_eq!(second.sandbox(), warm_sandbox, "adopted, not started again");
+    let file = b.backend().session_file(warm_sandbox, &s1, &log);
+    assert_eq!(std::fs::read(&file).unwrap(), b"s1 turn 1\n");
+    second.release().await;
+
+    let third = b.acquire(call("c4", "s2")).await.unwrap();
+    assert_ne!(third.sandbox(), snapshot_of_s2);
+    let notes = b.backend().sandbox_dir(third.sandbox()).join("notes.txt");
+    assert_eq!(
+        std::fs::read(&notes).unwrap(),
+        b"s2 notes",
+        "resumed from the snapshot"
+    );
+    third.release().await;
+    let stats = b.stats();
+    assert_eq!(
+        (stats.adoptions_ordered, stats.starts_ordered),
+        (1, 1),
+        "{stats:?}"
+    );
+    b.close(Duration::from_secs(10)).await;
+    std::fs::remove_dir_all(&root).unwrap();
+}
