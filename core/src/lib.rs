@@ -222,6 +222,7 @@
 //! | `fleet.rs` | fleet mode's configuration ([`Fleet`]) and the store's work ([`StoreCommand`]) |
 //! | `ownership.rs` | fleet keys: claims, adoption, handover, release with the key's durable record, the key's store timer |
 //! | `liveness.rs` | this process's lease: renewals on their own timer, validity with the margin, lapse and the next epoch |
+//! | `sweep.rs` | fleet mode's sweep, as a pure decision: which objects left in a shared backend may go ([`sweep_verdict`]) |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
@@ -268,6 +269,7 @@ mod session;
 mod small_set;
 mod start;
 mod stats;
+mod sweep;
 mod time;
 mod timer;
 mod upload;
@@ -291,4 +293,5 @@ pub use lifecycle::Lifecycle;
 pub use name::{CallId, ExternalId, InvalidName, PathName, SessionId, UserId, MAX_NAME_LEN};
 pub use sandbox::{Ownership, SandboxState};
 pub use stats::Stats;
+pub use sweep::{sweep_verdict, SweepKey, SweepObject, SweepVerdict};
 pub use time::Instant;

@@ -55,6 +55,7 @@ use crate::backend::{
 };
 use crate::classify;
 use crate::clock::WallClock;
+use crate::local::store::Swept;
 use crate::notice::Notice;
 use crate::store::FleetRun;
 
@@ -89,6 +90,8 @@ pub(crate) struct TokioExecutor<B: Backend> {
     outstanding: StdMutex<HashMap<SandboxId, Outstanding>>,
     /// Uploads running, to cancel.
     uploads: StdMutex<HashMap<UploadId, AbortHandle>>,
+    /// Fleet mode: what the sweeps removed so far.
+    swept: StdMutex<Swept>,
     /// Wakes the timer task when the core's deadline changes.
     timer: Arc<Notify>,
     notices: broadcast::Sender<Notice>,
@@ -125,6 +128,7 @@ impl<B: Backend> TokioExecutor<B> {
             lanes: StdMutex::new(HashMap::new()),
             outstanding: StdMutex::new(HashMap::new()),
             uploads: StdMutex::new(HashMap::new()),
+            swept: StdMutex::new(Swept::default()),
             timer,
             notices,
             listening: tokio::sync::watch::channel(true).0,
@@ -146,6 +150,16 @@ impl<B: Backend> TokioExecutor<B> {
 
     pub(crate) fn notices(&self) -> &broadcast::Sender<Notice> {
         &self.notices
+    }
+
+    /// What the fleet sweeps removed so far.
+    pub(crate) fn swept(&self) -> Swept {
+        *lock_std(&self.swept)
+    }
+
+    /// Adds one sweep's removals.
+    pub(crate) fn note_swept(&self, swept: Swept) {
+        *lock_std(&self.swept) += swept;
     }
 
     /// Uploads running now (for tests and reports).

@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::backend::{Backend, DeathSink, Loss};
 use crate::executor::{HookRunner, TokioExecutor};
 use crate::guard::CallGuard;
+use crate::local::store::Swept;
 use crate::notice::Notice;
 use crate::ops::{SandboxOps, SandboxWork};
 use crate::store::{FleetRun, FleetStore};
@@ -38,6 +39,10 @@ pub struct KeeperConfig {
     /// Notices kept for each subscriber; a subscriber that falls further behind loses the
     /// oldest (and is told how many). Default 1024.
     pub notice_capacity: usize,
+    /// Fleet mode: how often this process sweeps the shared backend (see
+    /// [`FleetStore::sweep`]); `None`: never (the renewals and handoffs go on regardless).
+    /// Default every minute, the first at start-up.
+    pub fleet_sweep: Option<Duration>,
 }
 
 impl Default for KeeperConfig {
@@ -46,6 +51,7 @@ impl Default for KeeperConfig {
             core: Config::default(),
             max_lifecycle_ops: 32,
             notice_capacity: 1024,
+            fleet_sweep: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -144,7 +150,29 @@ impl<B: Backend> Keeper<B> {
             .map_err(|e| KeeperError::Unsupported(format!("fleet mode: {e}")))?;
         fleet.incarnation = incarnation;
         tracing::info!(incarnation, "registered with the fleet store");
-        Self::build(config, backend, None, Some(FleetRun { store, incarnation }))
+        let sweep = config.fleet_sweep;
+        let keeper = Self::build(
+            config,
+            backend,
+            None,
+            Some(FleetRun {
+                store: store.clone(),
+                incarnation,
+            }),
+        )?;
+        if let Some(every) = sweep {
+            let shared = Arc::downgrade(&keeper.shared);
+            let listening = keeper.shared.executor().listening();
+            tokio::spawn(
+                sweeps(shared, listening, store, every).instrument(tracing::info_span!("sweep")),
+            );
+        }
+        Ok(keeper)
+    }
+
+    /// Fleet mode: what this process's sweeps removed so far.
+    pub fn swept(&self) -> Swept {
+        self.shared.executor().swept()
     }
 
     fn build(
@@ -432,5 +460,35 @@ impl<B: SandboxOps> Keeper<B> {
             Box::pin(hooks(point, work))
         });
         Self::build(config, backend, Some(runner), None)
+    }
+}
+
+/// Fleet mode's sweep, on its own task: every `every` (the first at once) until the keeper
+/// closes or is dropped. Nothing else waits on it, and it waits on nothing but the store.
+async fn sweeps<B: Backend>(
+    shared: std::sync::Weak<Shared<TokioExecutor<B>>>,
+    mut listening: tokio::sync::watch::Receiver<bool>,
+    store: Arc<dyn FleetStore>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = listening.wait_for(|listening| !*listening) => return,
+        }
+        let clock = match shared.upgrade() {
+            Some(shared) if !shared.is_closed() => shared.executor().clock(),
+            _ => return,
+        };
+        match store.sweep(clock.wall(clock.now())).await {
+            Ok(swept) => {
+                if let Some(shared) = shared.upgrade() {
+                    shared.executor().note_swept(swept);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "sweep failed; the next one tries again"),
+        }
     }
 }

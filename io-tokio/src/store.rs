@@ -17,6 +17,7 @@ use sandkeeper::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::WallClock;
+use crate::local::store::Swept;
 
 /// A snapshot in a key's durable record, as the store keeps it (wall-clock retention).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,9 +85,9 @@ pub trait FleetStore: Send + Sync + 'static {
     fn claim(&self, key: Key, incarnation: u32, epoch: u64, now: SystemTime) -> StoreFuture<Claim>;
 
     /// Writes the record of `key`, which `incarnation` keeps owning under `token` (see
-    /// [`StoreCommand::Record`]): whether the key is still its own under that token. A write
-    /// numbered at or below one applied since the key was claimed changes nothing (and answers
-    /// `true`).
+    /// [`StoreCommand::Record`]): whether the key is still its own under that token with a
+    /// live lease at `now`. A write numbered at or below one applied since the key was claimed
+    /// changes nothing (and answers `true`).
     fn record(
         &self,
         key: Key,
@@ -94,16 +95,24 @@ pub trait FleetStore: Send + Sync + 'static {
         token: Token,
         recording: u64,
         record: StoredRecord,
+        now: SystemTime,
     ) -> StoreFuture<bool>;
 
+    /// Sweeps what the backend behind this store holds at `now`: removes what no live process
+    /// holds and no key's record names, by [`sandkeeper::sweep_verdict`] (see
+    /// [`LocalStore::sweep`](crate::local::store::LocalStore::sweep)). What it removed.
+    fn sweep(&self, now: SystemTime) -> StoreFuture<Swept>;
+
     /// Releases `key` from `incarnation` under `token`, leaving `record` (see
-    /// [`StoreCommand::Release`]): whether it was written (`false`: a newer token owns the key).
+    /// [`StoreCommand::Release`]): whether it was written (`false`: a newer token owns the key,
+    /// or this process's lease expired by `now`).
     fn release(
         &self,
         key: Key,
         incarnation: u32,
         token: Token,
         record: StoredRecord,
+        now: SystemTime,
     ) -> StoreFuture<bool>;
 }
 
@@ -166,6 +175,7 @@ impl FleetRun {
                     token,
                     recording.0,
                     to_stored(record, clock),
+                    now,
                 )
                 .await
             {
@@ -189,6 +199,7 @@ impl FleetRun {
                     self.incarnation,
                     token,
                     to_stored(record, clock),
+                    now,
                 )
                 .await
             {

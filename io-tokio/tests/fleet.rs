@@ -172,6 +172,15 @@ async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
     first.release().await;
     let before = a.stats();
     assert!(before.records_ok >= 2, "{before:?}");
+    // What the crash leaves that no record names (a start that never finished, say): the next
+    // keeper's sweep removes it once the crashed one's lease is over (and a lease more).
+    let orphan = root.join(format!("sbx-{}", (warm_sandbox.0 >> 32) << 32 | 99));
+    std::fs::create_dir_all(orphan.join(".sandkeeper")).unwrap();
+    std::fs::write(
+        orphan.join(".sandkeeper/sandbox.json"),
+        r#"{"key":"session:gone"}"#,
+    )
+    .unwrap();
     // The crash: no close, no release, no more renewals.
     drop(a);
 
@@ -203,6 +212,144 @@ async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
         (1, 1),
         "{stats:?}"
     );
+    // B sweeps every minute: the orphan goes; what the records named was continued, not swept.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(!orphan.exists(), "swept: {}", orphan.display());
+    assert_eq!(b.swept().sandboxes, 1, "{:?}", b.swept());
+    assert!(b.backend().sandbox_dir(warm_sandbox).exists());
     b.close(Duration::from_secs(10)).await;
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The fleet sweep of a local root, object by object: what a live process holds, what a key's
+/// record names (until the record's retention), and a snapshot within its own expiry stay;
+/// what a dead process left that nothing names goes, and a record whose snapshot's retention
+/// ended no longer names it.
+#[test]
+fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
+    use sandkeeper::{Key, SandboxId, Snapshot, Token};
+    use sandkeeper_tokio::local::store::Swept;
+    use sandkeeper_tokio::store::{Claim, StoredRecord, StoredSnapshot};
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let root = root("sweep");
+    let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
+    let t0 = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    let now = t0 + Duration::from_secs(100);
+    let ms = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let dead = store.register().unwrap();
+    store.renew(dead, 1, t0).unwrap();
+    let live = store.register().unwrap();
+    store.renew(live, 1, now).unwrap();
+    let key = |s: &str| Key::Session(SessionId::new(s).unwrap());
+    let id = |inc: u32, n: u64| SandboxId(u64::from(inc) << 32 | n);
+    let make = |dir: PathBuf, key: &str, expires: Option<SystemTime>| {
+        let meta = dir.join(".sandkeeper");
+        std::fs::create_dir_all(&meta).unwrap();
+        let info = format!(r#"{{"key":"session:{key}"}}"#);
+        std::fs::write(meta.join("sandbox.json"), info).unwrap();
+        if let Some(at) = expires {
+            let secs = at.duration_since(UNIX_EPOCH).unwrap().as_secs();
+            std::fs::write(meta.join("expires"), format!("{secs}\n")).unwrap();
+        }
+    };
+    let sandbox = |x: SandboxId| root.join(format!("sbx-{}", x.0));
+    let snapshot = |x: SandboxId| root.join(".snapshots").join(format!("sbx-{}-old", x.0));
+    // The dead process owned `a` and `h`, `i`; it released them with their records.
+    let release = |k: &str, record: StoredRecord| {
+        let Claim::Claimed(token, _) = store.claim(&key(k), dead, 1, t0).unwrap() else {
+            panic!("claimed")
+        };
+        assert!(store.release(&key(k), dead, token, record, t0).unwrap());
+    };
+    let recorded = |x: SandboxId, until: SystemTime| StoredRecord {
+        snapshot: Some(StoredSnapshot {
+            snapshot: Snapshot::new(format!("sbx-{}-old", x.0)),
+            by: x,
+            retain_until_ms: Some(ms(until)),
+        }),
+        warm: None,
+    };
+    make(sandbox(id(dead, 1)), "a", None);
+    release(
+        "a",
+        StoredRecord {
+            snapshot: None,
+            warm: Some(id(dead, 1)),
+        },
+    );
+    make(sandbox(id(dead, 2)), "b", None); // nothing names it: swept
+    make(sandbox(id(live, 1)), "c", None); // its maker lives
+    make(sandbox(id(dead, 3)), "e", None); // its key's owner lives
+    assert!(matches!(
+        store.claim(&key("e"), live, 1, now).unwrap(),
+        Claim::Claimed(Token(_), _)
+    ));
+    make(
+        snapshot(id(dead, 4)),
+        "f",
+        Some(now + Duration::from_secs(100)),
+    ); // within its expiry
+    make(snapshot(id(dead, 5)), "g", None); // no record, no expiry: swept
+    make(snapshot(id(dead, 6)), "h", None);
+    // Its retention ended (the sweep judges a lease, 10 s, later than a claim would).
+    release("h", recorded(id(dead, 6), now - Duration::from_secs(11)));
+    // Within a lease of its retention's end: kept, for a sweeper whose clock runs ahead.
+    make(snapshot(id(dead, 8)), "j", None);
+    release("j", recorded(id(dead, 8), now - Duration::from_secs(5)));
+    make(snapshot(id(dead, 7)), "i", None);
+    release("i", recorded(id(dead, 7), now + Duration::from_secs(3_600)));
+    make(root.join("sbx-5"), "z", None); // a single keeper's (incarnation 0)
+
+    let swept = store.sweep(now).unwrap();
+    assert_eq!(
+        swept,
+        Swept {
+            sandboxes: 1,
+            snapshots: 2,
+            unrecorded: 1
+        }
+    );
+    let gone = [
+        sandbox(id(dead, 2)),
+        snapshot(id(dead, 5)),
+        snapshot(id(dead, 6)),
+    ];
+    for path in &gone {
+        assert!(!path.exists(), "{} should be swept", path.display());
+    }
+    let kept = [
+        sandbox(id(dead, 1)),
+        sandbox(id(live, 1)),
+        sandbox(id(dead, 3)),
+        snapshot(id(dead, 4)),
+        snapshot(id(dead, 7)),
+        snapshot(id(dead, 8)),
+        root.join("sbx-5"),
+    ];
+    for path in &kept {
+        assert!(path.exists(), "{} should be kept", path.display());
+    }
+    let entries = store.entries().unwrap();
+    let record = |k: &str| {
+        entries
+            .iter()
+            .find(|e| e.key == format!("session:{k}"))
+            .unwrap()
+            .record
+            .clone()
+    };
+    assert_eq!(
+        record("h").snapshot,
+        None,
+        "no record names a swept snapshot"
+    );
+    assert!(record("i").snapshot.is_some());
+    assert_eq!(record("a").warm, Some(id(dead, 1)));
+    // Sweeping again removes nothing more; an hour on (and a lease), `i`'s retention ended
+    // too, and `f`'s own expiry.
+    assert_eq!(store.sweep(now).unwrap(), Swept::default());
+    let later = store.sweep(now + Duration::from_secs(3_611)).unwrap();
+    assert_eq!((later.snapshots, later.unrecorded), (3, 2), "{later:?}");
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -180,9 +180,15 @@ impl LocalBackend {
     /// Removes every snapshot under the root whose recorded expiry (`.sandkeeper/expires`,
     /// written by a Persist with a retention) is at or before `now`; returns how many. Snapshots
     /// without an expiry are kept (the policy retains them until the key's next start).
-    /// Construction runs it once.
+    /// Construction runs it once. Not on a fleet's root (one with `.fleet/`): there the fleet
+    /// sweep ([`store::LocalStore::sweep`]) decides, records included.
     pub fn sweep_expired(&self, now: SystemTime) -> io::Result<usize> {
         let mut swept = 0;
+        if self.config.root.join(".fleet").is_dir() {
+            // A fleet's root: a snapshot may be named by a key's record, which its own
+            // retention then decides; the fleet sweep (`LocalStore::sweep`) checks both.
+            return Ok(0);
+        }
         for path in self.snapshot_dirs_present()? {
             match snapshot_expiry(&path) {
                 Some(expires) if expires <= now => match std::fs::remove_dir_all(&path) {

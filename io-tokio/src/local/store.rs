@@ -7,6 +7,7 @@
 //! | `incarnations` | the last incarnation handed out ([`LocalStore::register`]) |
 //! | `leases/<incarnation>` | a process lease: `<epoch> <expires, unix ms>` |
 //! | `keys/<key>.json` | a key's entry: owner (incarnation, epoch), newest token, the durable record, who wants it |
+//! | `trash/` | what a sweep removes, renamed here under the lock and deleted after it (`store/sweep.rs`) |
 //!
 //! Every file is written whole to a temporary name and renamed over the old one, so a process
 //! killed mid-write leaves the old version or the new one, never half of either. Time is the
@@ -23,6 +24,9 @@ use sandkeeper::{Key, Token};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
+
+mod sweep;
+pub use sweep::Swept;
 
 /// One key's entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +138,14 @@ impl LocalStore {
         now: SystemTime,
     ) -> Result<Claim, StoreError> {
         let _lock = self.lock()?;
+        if self
+            .read_lease(incarnation)?
+            .is_some_and(|(current, _)| current > epoch)
+        {
+            // Made under a lease epoch the process has left (a claim that arrives late): it
+            // must not take the key, nor its record, from under the process's newer epoch.
+            return Ok(Claim::Busy);
+        }
         let mut entry = self.read_entry(key)?;
         if let Some(owner) = entry.owner.filter(|o| o.0 != incarnation) {
             if self.is_live(owner, now)? {
@@ -153,7 +165,7 @@ impl LocalStore {
     }
 
     /// Writes the record of `key`, which `incarnation` keeps owning under `token`: whether the
-    /// key is still its own under that token. A write numbered at or below one applied since the
+    /// key is still its own under that token, with a live lease at `now`. A write numbered at or below one applied since the
     /// key was claimed changes nothing (and counts as written: a newer one is there).
     pub fn record(
         &self,
@@ -162,10 +174,11 @@ impl LocalStore {
         token: Token,
         recording: u64,
         record: StoredRecord,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
         let _lock = self.lock()?;
         let mut entry = self.read_entry(key)?;
-        if entry.token != token.0 || entry.owner.map(|o| o.0) != Some(incarnation) {
+        if !self.still_owned(&entry, incarnation, token, now)? {
             return Ok(false);
         }
         if entry.recording.is_some_and(|newest| newest >= recording) {
@@ -178,17 +191,19 @@ impl LocalStore {
     }
 
     /// Releases `key` from `incarnation` under `token`, leaving `record`: whether it was written
-    /// (false: the key is no longer this process's under that token).
+    /// (false: the key is no longer this process's under that token with a live lease at
+    /// `now`).
     pub fn release(
         &self,
         key: &Key,
         incarnation: u32,
         token: Token,
         record: StoredRecord,
+        now: SystemTime,
     ) -> Result<bool, StoreError> {
         let _lock = self.lock()?;
         let mut entry = self.read_entry(key)?;
-        if entry.token != token.0 || entry.owner.map(|o| o.0) != Some(incarnation) {
+        if !self.still_owned(&entry, incarnation, token, now)? {
             return Ok(false);
         }
         entry.owner = None;
@@ -221,6 +236,24 @@ impl LocalStore {
 
     // ------------------------------------------------------------------------------------------
     // Internals
+
+    /// Whether `incarnation` still owns the entry under `token` with a live lease at `now`: a
+    /// write of an owner whose lease expired is refused, even before another claims the key
+    /// (a sweep may have removed what it would name).
+    fn still_owned(
+        &self,
+        entry: &KeyEntry,
+        incarnation: u32,
+        token: Token,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        match entry.owner {
+            Some(owner) if owner.0 == incarnation && entry.token == token.0 => {
+                self.is_live(owner, now)
+            }
+            _ => Ok(false),
+        }
+    }
 
     fn lock(&self) -> Result<File, StoreError> {
         let file = OpenOptions::new()
@@ -324,9 +357,17 @@ impl FleetStore for LocalStore {
         token: Token,
         recording: u64,
         record: StoredRecord,
+        now: SystemTime,
     ) -> StoreFuture<bool> {
         let store = self.clone();
-        blocking(move || LocalStore::record(&store, &key, incarnation, token, recording, record))
+        blocking(move || {
+            LocalStore::record(&store, &key, incarnation, token, recording, record, now)
+        })
+    }
+
+    fn sweep(&self, now: SystemTime) -> StoreFuture<Swept> {
+        let store = self.clone();
+        blocking(move || LocalStore::sweep(&store, now))
     }
 
     fn release(
@@ -335,9 +376,10 @@ impl FleetStore for LocalStore {
         incarnation: u32,
         token: Token,
         record: StoredRecord,
+        now: SystemTime,
     ) -> StoreFuture<bool> {
         let store = self.clone();
-        blocking(move || LocalStore::release(&store, &key, incarnation, token, record))
+        blocking(move || LocalStore::release(&store, &key, incarnation, token, record, now))
     }
 }
 
@@ -438,16 +480,74 @@ mod tests {
             snapshot: None,
             warm: Some(sandkeeper::SandboxId(1 << 32)),
         };
-        assert!(store.release(&key("s"), 1, t1, record.clone()).unwrap());
+        assert!(store
+            .release(&key("s"), 1, t1, record.clone(), at(3))
+            .unwrap());
         assert_eq!(
             store.claim(&key("s"), 2, 1, at(4)).unwrap(),
             Claim::Claimed(Token(2), record)
         );
         // A stale release (old token) is refused and writes nothing.
         assert!(!store
-            .release(&key("s"), 1, t1, StoredRecord::default())
+            .release(&key("s"), 1, t1, StoredRecord::default(), at(4))
             .unwrap());
         assert_eq!(store.entries().unwrap()[0].owner, Some((2, 1)));
+    }
+
+    /// Found by the fleet simulator: a claim that arrived after its process had renewed under a
+    /// newer epoch and claimed the key again took the key (and its record) back to the old
+    /// epoch, so the store counted the key free while the process drove its sandbox.
+    #[test]
+    fn a_claim_under_an_epoch_the_process_has_left_takes_nothing() {
+        let (_dir, store) = store();
+        store.renew(1, 2, at(0)).unwrap();
+        let Claim::Claimed(token, _) = store.claim(&key("s"), 1, 2, at(0)).unwrap() else {
+            panic!()
+        };
+        let record = StoredRecord {
+            snapshot: None,
+            warm: Some(sandkeeper::SandboxId(1 << 32)),
+        };
+        assert!(store
+            .record(&key("s"), 1, token, 0, record.clone(), at(1))
+            .unwrap());
+        assert_eq!(store.claim(&key("s"), 1, 1, at(2)).unwrap(), Claim::Busy);
+        let entry = &store.entries().unwrap()[0];
+        assert_eq!(
+            (entry.owner, entry.token, &entry.record),
+            (Some((1, 2)), token.0, &record)
+        );
+    }
+
+    #[test]
+    fn an_owner_whose_lease_expired_writes_nothing_even_before_another_claims() {
+        let (_dir, store) = store();
+        store.renew(1, 1, at(0)).unwrap();
+        let Claim::Claimed(token, _) = store.claim(&key("s"), 1, 1, at(0)).unwrap() else {
+            panic!()
+        };
+        let record = StoredRecord {
+            snapshot: None,
+            warm: Some(sandkeeper::SandboxId(1 << 32)),
+        };
+        assert!(store
+            .record(&key("s"), 1, token, 0, record.clone(), at(9))
+            .unwrap());
+        // The lease (10 s) ran out: neither a record write nor a release lands.
+        assert!(!store
+            .record(&key("s"), 1, token, 1, StoredRecord::default(), at(10))
+            .unwrap());
+        assert!(!store
+            .release(&key("s"), 1, token, StoredRecord::default(), at(10))
+            .unwrap());
+        let entry = &store.entries().unwrap()[0];
+        assert_eq!((entry.owner, &entry.record), (Some((1, 1)), &record));
+        // A late write numbered below the newest applied changes nothing.
+        store.renew(1, 1, at(11)).unwrap();
+        assert!(store
+            .record(&key("s"), 1, token, 0, StoredRecord::default(), at(12))
+            .unwrap());
+        assert_eq!(store.entries().unwrap()[0].record, record);
     }
 
     #[test]
@@ -464,7 +564,7 @@ mod tests {
         // Process 1 comes back under a new epoch: what it held under the old one is gone.
         store.renew(1, 2, at(11)).unwrap();
         store.renew(2, 1, at(11)).unwrap();
-        store.claim(&key("t"), 1, 1, at(11)).unwrap();
+        store.claim(&key("t"), 1, 2, at(11)).unwrap();
         store.renew(1, 3, at(12)).unwrap();
         assert!(matches!(
             store.claim(&key("t"), 2, 1, at(12)).unwrap(),

@@ -24,6 +24,17 @@ pub enum Life {
     Gone,
 }
 
+/// A snapshot the backend keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The sandbox it was taken from.
+    pub by: SandboxId,
+    /// That sandbox's key.
+    pub key: Key,
+    /// The end of its retention as its Persist recorded it (true time), if any.
+    pub expires: Option<u64>,
+}
+
 /// One simulated sandbox.
 #[derive(Clone, Debug)]
 pub struct Sandbox {
@@ -53,8 +64,8 @@ pub enum Outcome {
 pub struct Backend {
     /// Every sandbox ever started, by id.
     pub sandboxes: BTreeMap<SandboxId, Sandbox>,
-    /// Snapshots kept, with the sandbox that took them.
-    pub snapshots: BTreeMap<String, SandboxId>,
+    /// Snapshots kept (persisted), by name.
+    pub snapshots: BTreeMap<String, Kept>,
     /// The newest token seen for each key.
     pub keys: BTreeMap<Key, u64>,
     /// The fencing check (off only in the canary that shows the simulator needs it).
@@ -134,8 +145,13 @@ impl Backend {
                 let done = self.change(*sandbox, token, None);
                 if done == Outcome::Ok(None) {
                     if let Some(snapshot) = snapshot {
-                        self.snapshots
-                            .insert(snapshot.as_str().to_string(), *sandbox);
+                        let key = self.sandboxes[sandbox].key.clone();
+                        let kept = Kept {
+                            by: *sandbox,
+                            key,
+                            expires: None, // the world sets it, on its own clock
+                        };
+                        self.snapshots.insert(snapshot.as_str().to_string(), kept);
                     }
                 }
                 done

@@ -19,6 +19,9 @@
 //! | `lease-valid` | a replica orders a claim, or a command carrying a token, only while its lease is valid by its own clock with the margin taken off (computed here, apart from the core, from the renewals it ordered and the confirmations it got) |
 //! | `settle-once` (and the other `Versions` checks) | every version a replica flushed settles exactly once, in that replica (per incarnation) |
 //! | `record-shut-down` | no released key's durable record names a warm sandbox that was shut down (an owned key's record names the sandbox its owner runs, for the next owner should the owner crash; the owner may shut it down before it writes the record again) |
+//! | `sweep-live` | the sweep (every few seconds, by [`sandkeeper::sweep_verdict`] on the clock of a replica that is up) removes no sandbox that a replica with a live lease drives, and no snapshot such a replica then resumes |
+//! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
+//! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //!
@@ -34,9 +37,9 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Input, Instant, Key, Lifecycle,
-    PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId, StoreCommand,
-    UploadId,
+    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Input, Instant, Key, KeyRecord,
+    Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
+    StoreCommand, UploadId,
 };
 use sandkeeper_check::Versions;
 
@@ -63,6 +66,8 @@ pub const MARKS: &[&str] = &[
     "backend-refused",
     "expiry-during-pause",
     "crash-restart-adoption",
+    "swept",
+    "swept-recorded",
 ];
 
 /// What one fleet seed did.
@@ -169,6 +174,8 @@ enum Ev {
     Crash(usize),
     Restart(usize),
     Close(usize),
+    /// A sweep of the backend, on the clock of a replica that is up (drift included).
+    Sweep,
 }
 
 struct World {
@@ -192,6 +199,9 @@ struct World {
     crashed: BTreeSet<u32>,
     /// Keys whose claim handed a record with a snapshot, until their next Start.
     resumable: BTreeSet<Key>,
+    /// Sandboxes and snapshots the sweep removed.
+    swept_sandboxes: BTreeSet<SandboxId>,
+    swept_snapshots: BTreeSet<String>,
     /// Print every step (`FleetOptions::trace`).
     trace: bool,
 }
@@ -206,12 +216,17 @@ pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
 impl World {
     fn new(seed: u64, opts: FleetOptions) -> World {
         let mut rng = Rng::new(seed ^ 0xf1ee7);
-        let release = match rng.below(3) {
+        let release = match rng.below(4) {
             0 => ReleasePolicy::Shutdown,
             1 => ReleasePolicy::KeepWarm {
                 idle: Duration::from_millis(rng.range(500, 3_000)),
             },
-            _ => ReleasePolicy::Suspend,
+            2 => ReleasePolicy::Suspend,
+            _ => ReleasePolicy::Tiered(sandkeeper::Tiers {
+                idle: Duration::from_millis(rng.range(0, 2_000)),
+                then: sandkeeper::WayDown::Suspend,
+                retain: Some(Duration::from_secs(rng.range(5, 30))),
+            }),
         };
         let fleet = Fleet {
             incarnation: 1,
@@ -255,6 +270,8 @@ impl World {
             faults: true,
             crashed: BTreeSet::new(),
             resumable: BTreeSet::new(),
+            swept_sandboxes: BTreeSet::new(),
+            swept_snapshots: BTreeSet::new(),
             trace: opts.trace,
         };
         for r in 0..opts.replicas.max(1) {
@@ -289,6 +306,11 @@ impl World {
         }
         for r in 0..w.replicas.len() {
             w.push(FAULTS_NS + SETTLE_NS, Ev::Close(r));
+        }
+        let mut t = w.rng.range(500, 5_000) * MS;
+        while t < FAULTS_NS + SETTLE_NS + 30_000 * MS {
+            w.push(t, Ev::Sweep);
+            t += w.rng.range(2_000, 8_000) * MS;
         }
         w
     }
@@ -422,6 +444,7 @@ impl World {
             Ev::Flush(r, _, session) => self.flush(r, session),
             Ev::Apply(r, inc, cmd, seq) => self.apply(r, inc, cmd, seq),
             Ev::StoreApply(r, inc, cmd) => self.store_apply(r, inc, cmd),
+            Ev::Sweep => self.sweep(),
             Ev::Answer(r, _, input, deadline) => {
                 let local = self.replicas[r].local(self.now);
                 if local > deadline.as_nanos() {
@@ -718,7 +741,37 @@ impl World {
                 .map(|(k, _)| k.clone()),
             _ => None,
         };
+        if let Command::Start {
+            resume_from: Some(snapshot),
+            ..
+        } = &cmd
+        {
+            if self.swept_snapshots.contains(snapshot.as_str()) && self.owner_live(r, inc) {
+                self.fail(
+                    "sweep-live",
+                    format!(
+                        "{} resumes {}, which the sweep removed",
+                        cmd.sandbox(),
+                        snapshot.as_str()
+                    ),
+                );
+            }
+        }
         let outcome = self.backend.apply(&cmd);
+        if let (
+            Command::Persist {
+                snapshot: Some(snapshot),
+                retain_until: Some(until),
+                ..
+            },
+            Outcome::Ok(_),
+        ) = (&cmd, &outcome)
+        {
+            let until = self.replicas[r].true_of(until.as_nanos());
+            if let Some(kept) = self.backend.snapshots.get_mut(snapshot.as_str()) {
+                kept.expires = Some(until);
+            }
+        }
         if let (Some(key), Outcome::Ok(_)) = (named, &outcome) {
             self.fail(
                 "record-shut-down",
@@ -771,6 +824,12 @@ impl World {
 
     fn store_apply(&mut self, r: usize, inc: u32, cmd: StoreCommand) {
         let deadline = cmd.deadline();
+        let written = match &cmd {
+            StoreCommand::Record { key, .. } | StoreCommand::Release { key, .. } => {
+                Some(key.clone())
+            }
+            _ => None,
+        };
         let fails = self.rng.chance(self.store_fail);
         let input = match cmd {
             StoreCommand::Renew { renewal, epoch, .. } => {
@@ -810,7 +869,7 @@ impl World {
                                 claim,
                                 key,
                                 token,
-                                record,
+                                record: self.record_to_local(r, record),
                             }
                         }
                         ClaimAnswer::Busy => {
@@ -829,7 +888,14 @@ impl World {
             } => {
                 if fails {
                     Input::RecordFailed { recording, key }
-                } else if self.store.record(&key, inc, token, recording.0, record) {
+                } else if self.store.record(
+                    &key,
+                    inc,
+                    token,
+                    recording.0,
+                    self.record_to_true(r, record),
+                    self.now,
+                ) {
                     Input::Recorded { recording, key }
                 } else {
                     Input::RecordFenced { recording, key }
@@ -846,7 +912,8 @@ impl World {
                     Input::ReleaseFailed { release, key }
                 } else {
                     let warm = record.warm;
-                    if self.store.release(&key, inc, token, record) {
+                    let record = self.record_to_true(r, record);
+                    if self.store.release(&key, inc, token, record, self.now) {
                         if let Some(x) = warm {
                             if self
                                 .backend
@@ -869,6 +936,9 @@ impl World {
                 }
             }
         };
+        if written.is_some() {
+            self.records_name_nothing_swept(written.as_ref());
+        }
         if inc != self.replicas[r].incarnation {
             return; // the process that asked crashed; the write (if any) stays
         }
@@ -897,6 +967,190 @@ impl World {
             .any(|x| x.incarnation == owner && matches!(x.run, Run::Paused { .. }))
         {
             self.report.marks.insert("expiry-during-pause");
+        }
+    }
+
+    /// A record from replica `r`'s clock onto true time, as its driver writes it.
+    fn record_to_true(&self, r: usize, mut record: KeyRecord) -> KeyRecord {
+        if let Some(s) = record.snapshot.as_mut() {
+            s.retain_until = s
+                .retain_until
+                .map(|at| Instant::from_nanos(self.replicas[r].true_of(at.as_nanos())));
+        }
+        record
+    }
+
+    /// A record from true time onto replica `r`'s clock, as its driver reads it.
+    fn record_to_local(&self, r: usize, mut record: KeyRecord) -> KeyRecord {
+        if let Some(s) = record.snapshot.as_mut() {
+            let replica = &self.replicas[r];
+            s.retain_until = s.retain_until.map(|at| {
+                let at = at.as_nanos().max(replica.base_true);
+                Instant::from_nanos(replica.local(at))
+            });
+        }
+        record
+    }
+
+    /// Whether incarnation `inc` of replica `r` holds a live lease in the store now.
+    fn owner_live(&self, r: usize, inc: u32) -> bool {
+        let replica = &self.replicas[r];
+        replica.incarnation == inc
+            && replica.run != Run::Crashed
+            && self.store.is_live((inc, replica.epoch), self.now)
+    }
+
+    /// A sweep, by the shared decision (`sandkeeper::sweep_verdict`), on the clock of a replica
+    /// that is up, judged a lease back as the local sweep does; then its checks: nothing a
+    /// replica with a live lease tracks was removed (`sweep-live`), no record names what was
+    /// removed (`record-swept`), no snapshot went before its retention (`retention`).
+    fn sweep(&mut self) {
+        let up: Vec<usize> = (0..self.replicas.len())
+            .filter(|r| self.replicas[*r].run == Run::Up)
+            .collect();
+        if up.is_empty() {
+            return;
+        }
+        let sweeper = up[self.rng.index(up.len())];
+        let lease = self.fleet.lease.as_nanos() as u64;
+        let clock = self.replicas[sweeper].local(self.now);
+        let judged = clock.saturating_sub(lease);
+        // The store judges on true time; the sweeper's view of it is its own clock.
+        let judged_true = self.replicas[sweeper].true_of(judged).min(self.now);
+        let keys: BTreeMap<Key, sandkeeper::SweepKey> = self
+            .store
+            .keys
+            .iter()
+            .map(|(k, e)| {
+                let owner_live = e.owner.is_some_and(|o| self.store.is_live(o, judged_true));
+                let record = e.record.clone();
+                (k.clone(), sandkeeper::SweepKey { owner_live, record })
+            })
+            .collect();
+        let live = |inc: u32| self.store.lease_live(inc, judged_true);
+        let now = Instant::from_nanos(judged_true);
+        let mut doomed = vec![];
+        let mut retention: BTreeMap<String, Option<u64>> = BTreeMap::new();
+        for (id, x) in &self.backend.sandboxes {
+            if x.life == backend::Life::Gone {
+                continue;
+            }
+            let object = sandkeeper::SweepObject::Sandbox {
+                id: *id,
+                key: Some(x.key.clone()),
+            };
+            let verdict = sandkeeper::sweep_verdict(&object, &keys, live, now);
+            if verdict != sandkeeper::SweepVerdict::Keep {
+                doomed.push((object, verdict));
+            }
+        }
+        for (name, kept) in &self.backend.snapshots {
+            let object = sandkeeper::SweepObject::Snapshot {
+                snapshot: sandkeeper::Snapshot::new(name.clone()),
+                by: kept.by,
+                key: Some(kept.key.clone()),
+                expires: kept.expires.map(Instant::from_nanos),
+            };
+            let verdict = sandkeeper::sweep_verdict(&object, &keys, live, now);
+            if verdict != sandkeeper::SweepVerdict::Keep {
+                // Its retention: the one its key's record gives it, else its Persist's.
+                let recorded = keys
+                    .get(&kept.key)
+                    .and_then(|k| k.record.snapshot.as_ref())
+                    .filter(|s| s.snapshot.as_str() == name);
+                let until = match recorded {
+                    Some(s) => s.retain_until.map(|at| at.as_nanos()),
+                    None => kept.expires,
+                };
+                retention.insert(name.clone(), until);
+                doomed.push((object, verdict));
+            }
+        }
+        for (object, verdict) in doomed {
+            self.report.marks.insert("swept");
+            match object {
+                sandkeeper::SweepObject::Sandbox { id, .. } => {
+                    if let Some(x) = self.backend.sandboxes.get_mut(&id) {
+                        x.life = backend::Life::Gone;
+                    }
+                    self.swept_sandboxes.insert(id);
+                    let holder = (0..self.replicas.len()).find(|r| {
+                        let replica = &self.replicas[*r];
+                        self.owner_live(*r, replica.incarnation)
+                            && replica.core.sandbox_state(id).is_some_and(|state| {
+                                // Dead or handed over: it orders nothing more on it;
+                                // shutting down: its one last order removes it too.
+                                !matches!(
+                                    state,
+                                    sandkeeper::SandboxState::Dead
+                                        | sandkeeper::SandboxState::HandingOver
+                                        | sandkeeper::SandboxState::ShuttingDown
+                                )
+                            })
+                    });
+                    if let Some(r) = holder {
+                        return self.fail(
+                            "sweep-live",
+                            format!(
+                                "{id} swept while replica {r}, with a live lease, drives it ({:?})",
+                                self.replicas[r].core.sandbox_state(id)
+                            ),
+                        );
+                    }
+                }
+                sandkeeper::SweepObject::Snapshot { snapshot, key, .. } => {
+                    self.backend.snapshots.remove(snapshot.as_str());
+                    self.swept_snapshots.insert(snapshot.as_str().to_string());
+                    if verdict == sandkeeper::SweepVerdict::SweepAndUnrecord {
+                        self.report.marks.insert("swept-recorded");
+                        let key = key.expect("known");
+                        if let Some(e) = self.store.keys.get_mut(&key) {
+                            e.record.snapshot = None;
+                        }
+                    }
+                    if let Some(expires) = retention.get(snapshot.as_str()).copied().flatten() {
+                        if expires > self.now {
+                            return self.fail(
+                                "retention",
+                                format!(
+                                    "{} swept at {} ms, its retention ends at {} ms",
+                                    snapshot.as_str(),
+                                    self.now / MS,
+                                    expires / MS
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        self.records_name_nothing_swept(None);
+    }
+
+    /// `record-swept`: no key's record (of `only`, when given) names a sandbox or snapshot the
+    /// sweep removed.
+    fn records_name_nothing_swept(&mut self, only: Option<&Key>) {
+        let named = self.store.keys.iter().find_map(|(k, e)| {
+            if only.is_some_and(|only| only != k) {
+                return None;
+            }
+            let warm = e.record.warm.filter(|x| self.swept_sandboxes.contains(x));
+            let snapshot = e
+                .record
+                .snapshot
+                .as_ref()
+                .filter(|s| self.swept_snapshots.contains(s.snapshot.as_str()));
+            match (warm, snapshot) {
+                (Some(x), _) => Some(format!("the record of {k} names {x}, which was swept")),
+                (_, Some(s)) => Some(format!(
+                    "the record of {k} names {}, which was swept",
+                    s.snapshot.as_str()
+                )),
+                _ => None,
+            }
+        });
+        if let Some(detail) = named {
+            self.fail("record-swept", detail);
         }
     }
 

@@ -94,6 +94,15 @@ impl Store {
 
     /// A claim of `key` by `(incarnation, epoch)`.
     pub fn claim(&mut self, key: &Key, incarnation: u32, epoch: u64, now_ns: u64) -> ClaimAnswer {
+        if self
+            .leases
+            .get(&incarnation)
+            .is_some_and(|l| l.epoch > epoch)
+        {
+            // Made under a lease epoch the process has left (a claim that arrives late): it
+            // must not take the key, nor its record, from under the process's newer epoch.
+            return ClaimAnswer::Busy;
+        }
         let owner = self.keys.entry(key.clone()).or_default().owner;
         if let Some(other) = owner.filter(|o| o.0 != incarnation) {
             if self.is_live(other, now_ns) {
@@ -120,13 +129,12 @@ impl Store {
         token: Token,
         recording: u64,
         record: KeyRecord,
+        now_ns: u64,
     ) -> bool {
-        let Some(e) = self.keys.get_mut(key) else {
-            return false;
-        };
-        if e.token != token.0 || e.owner.map(|o| o.0) != Some(incarnation) {
+        if !self.still_owned(key, incarnation, token, now_ns) {
             return false;
         }
+        let e = self.keys.get_mut(key).expect("owned");
         if e.recording.is_some_and(|newest| newest >= recording) {
             return true;
         }
@@ -137,24 +145,41 @@ impl Store {
     }
 
     /// A release of `key` under `token` with `record`: whether it was written (the key is still
-    /// the releaser's under that token).
+    /// the releaser's under that token, with a live lease).
     pub fn release(
         &mut self,
         key: &Key,
         incarnation: u32,
         token: Token,
         record: KeyRecord,
+        now_ns: u64,
     ) -> bool {
-        let Some(e) = self.keys.get_mut(key) else {
-            return false;
-        };
-        if e.token != token.0 || e.owner.map(|o| o.0) != Some(incarnation) {
+        if !self.still_owned(key, incarnation, token, now_ns) {
             return false;
         }
+        let e = self.keys.get_mut(key).expect("owned");
         self.writes += 1;
         e.owner = None;
         e.record = record;
         true
+    }
+
+    /// Whether `incarnation` owns `key` under `token` with a live lease at `now_ns` (a write of
+    /// an owner whose lease expired is refused even before another claims the key: a sweep may
+    /// have removed what it would name).
+    fn still_owned(&self, key: &Key, incarnation: u32, token: Token, now_ns: u64) -> bool {
+        self.keys.get(key).is_some_and(|e| {
+            e.token == token.0
+                && e.owner
+                    .is_some_and(|o| o.0 == incarnation && self.is_live(o, now_ns))
+        })
+    }
+
+    /// Whether `incarnation` holds a live lease at `now_ns`, whatever its epoch.
+    pub fn lease_live(&self, incarnation: u32, now_ns: u64) -> bool {
+        self.leases
+            .get(&incarnation)
+            .is_some_and(|l| now_ns < l.expires_ns)
     }
 
     /// The owner of `key` if it holds a live lease at `now_ns`.

@@ -1,0 +1,254 @@
+//! Fleet mode's sweep: which objects left in a shared backend may go. A pure decision, so that
+//! every backend's sweep (the local root, Kubernetes) and the fleet simulator take the same one,
+//! and the simulator checks it: the driver lists what the backend holds and what the store says,
+//! [`sweep_verdict`] says what to do with each object, and the driver does it atomically with
+//! respect to the store (under its lock, or with optimistic concurrency), so that no claim or
+//! record write comes between the decision and the removal.
+//!
+//! The rules, in order (the first that applies decides):
+//!
+//! | object | kept when | swept when |
+//! |---|---|---|
+//! | any | it belongs to no fleet process (incarnation 0: a single keeper's) | - |
+//! | any | the process that made it holds a live lease (it may be using it, or on its way down) | - |
+//! | any | its key has a live owner (the owner may adopt or resume it) | - |
+//! | sandbox | its key's record names it (handed over, or left by a crashed owner) | otherwise |
+//! | snapshot | its key's record names it, until the record's retention ends | the record's retention ended: swept, and the record no longer names it |
+//! | snapshot | no record names it, and its own recorded expiry is ahead | no record names it, and it has no expiry or the expiry passed |
+//!
+//! A snapshot with no recorded expiry and no record is no key's: nothing would resume it.
+//!
+//! A caller judges leases and retention later than a claim would (the local sweep: a lease
+//! later): a claim made on a clock that runs ahead is fenced at the backend, but a removal
+//! cannot be taken back.
+
+use std::collections::BTreeMap;
+
+use crate::fleet::KeyRecord;
+use crate::ids::{Key, SandboxId, Snapshot};
+use crate::time::Instant;
+
+/// One object a backend holds, as a sweep sees it. Instants are the caller's clock, the same one
+/// as the records' retention (a driver passes the wall clock as an [`Instant`] since the Unix
+/// epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SweepObject {
+    /// A sandbox (up, or whatever a crash left of it).
+    Sandbox {
+        /// Its id (its incarnation is its maker's).
+        id: SandboxId,
+        /// Its key, as the backend recorded it (`None`: unknown, e.g. a start that never got as
+        /// far as recording it).
+        key: Option<Key>,
+    },
+    /// A kept snapshot.
+    Snapshot {
+        /// Its name.
+        snapshot: Snapshot,
+        /// The sandbox it was taken from (its incarnation is its maker's).
+        by: SandboxId,
+        /// Its key, as the backend recorded it.
+        key: Option<Key>,
+        /// The end of its retention, as recorded beside it (by its Persist), if any.
+        expires: Option<Instant>,
+    },
+}
+
+/// What the store says about one key, for the sweep.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepKey {
+    /// Whether a process with a live lease owns it.
+    pub owner_live: bool,
+    /// Its durable record.
+    pub record: KeyRecord,
+}
+
+/// What to do with one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepVerdict {
+    /// Leave it.
+    Keep,
+    /// Remove it.
+    Sweep,
+    /// Remove it, and drop it from its key's record in the same atomic step (its retention, as
+    /// the record carries it, ended).
+    SweepAndUnrecord,
+}
+
+/// The verdict on `object`. `keys`: the store's keys; `live`: whether an incarnation holds a live
+/// lease; `now`: the caller's clock, as the records' retention.
+pub fn sweep_verdict(
+    object: &SweepObject,
+    keys: &BTreeMap<Key, SweepKey>,
+    live: impl Fn(u32) -> bool,
+    now: Instant,
+) -> SweepVerdict {
+    let (maker, key) = match object {
+        SweepObject::Sandbox { id, key } => (id, key),
+        SweepObject::Snapshot { by, key, .. } => (by, key),
+    };
+    let incarnation = u32::try_from(maker.0 >> 32).unwrap_or(u32::MAX);
+    if incarnation == 0 || live(incarnation) {
+        return SweepVerdict::Keep;
+    }
+    let entry = key.as_ref().and_then(|k| keys.get(k));
+    if entry.is_some_and(|e| e.owner_live) {
+        return SweepVerdict::Keep;
+    }
+    let record = entry.map(|e| &e.record);
+    match object {
+        SweepObject::Sandbox { id, .. } => {
+            if record.is_some_and(|r| r.warm == Some(*id)) {
+                SweepVerdict::Keep
+            } else {
+                SweepVerdict::Sweep
+            }
+        }
+        SweepObject::Snapshot {
+            snapshot, expires, ..
+        } => {
+            let recorded = record
+                .and_then(|r| r.snapshot.as_ref())
+                .filter(|r| &r.snapshot == snapshot);
+            match recorded {
+                Some(r) => match r.retain_until {
+                    Some(until) if until <= now => SweepVerdict::SweepAndUnrecord,
+                    _ => SweepVerdict::Keep,
+                },
+                None => match expires {
+                    Some(until) if *until > now => SweepVerdict::Keep,
+                    _ => SweepVerdict::Sweep,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::RecordedSnapshot;
+    use crate::name::SessionId;
+
+    fn key() -> Key {
+        Key::Session(SessionId::new("s").unwrap())
+    }
+
+    fn at(s: u64) -> Instant {
+        Instant::from_nanos(s * 1_000_000_000)
+    }
+
+    fn sandbox(incarnation: u64) -> SweepObject {
+        SweepObject::Sandbox {
+            id: SandboxId(incarnation << 32 | 7),
+            key: Some(key()),
+        }
+    }
+
+    fn snapshot(expires: Option<Instant>) -> SweepObject {
+        SweepObject::Snapshot {
+            snapshot: Snapshot::new("snap"),
+            by: SandboxId(2 << 32),
+            key: Some(key()),
+            expires,
+        }
+    }
+
+    fn keys(owner_live: bool, record: KeyRecord) -> BTreeMap<Key, SweepKey> {
+        BTreeMap::from([(key(), SweepKey { owner_live, record })])
+    }
+
+    fn dead(_: u32) -> bool {
+        false
+    }
+
+    #[test]
+    fn a_live_maker_or_a_live_owner_keeps_everything() {
+        let none = keys(false, KeyRecord::default());
+        assert_eq!(
+            sweep_verdict(&sandbox(2), &none, |i| i == 2, at(0)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&sandbox(0), &none, dead, at(0)),
+            SweepVerdict::Keep
+        );
+        let owned = keys(true, KeyRecord::default());
+        assert_eq!(
+            sweep_verdict(&sandbox(2), &owned, dead, at(0)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&snapshot(None), &owned, dead, at(0)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&sandbox(2), &none, dead, at(0)),
+            SweepVerdict::Sweep
+        );
+    }
+
+    #[test]
+    fn a_record_keeps_its_sandbox_and_its_snapshot_until_its_retention() {
+        let warm = keys(
+            false,
+            KeyRecord {
+                snapshot: None,
+                warm: Some(SandboxId(2 << 32 | 7)),
+            },
+        );
+        assert_eq!(
+            sweep_verdict(&sandbox(2), &warm, dead, at(0)),
+            SweepVerdict::Keep
+        );
+        let recorded = |retain_until| {
+            keys(
+                false,
+                KeyRecord {
+                    snapshot: Some(RecordedSnapshot {
+                        snapshot: Snapshot::new("snap"),
+                        by: SandboxId(2 << 32),
+                        retain_until,
+                    }),
+                    warm: None,
+                },
+            )
+        };
+        // The record's retention decides, not the snapshot's own expiry.
+        let object = snapshot(Some(at(5)));
+        assert_eq!(
+            sweep_verdict(&object, &recorded(None), dead, at(100)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&object, &recorded(Some(at(50))), dead, at(49)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&object, &recorded(Some(at(50))), dead, at(50)),
+            SweepVerdict::SweepAndUnrecord
+        );
+    }
+
+    #[test]
+    fn an_unrecorded_snapshot_goes_at_its_own_expiry_or_at_once_without_one() {
+        let none = keys(false, KeyRecord::default());
+        assert_eq!(
+            sweep_verdict(&snapshot(Some(at(10))), &none, dead, at(9)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            sweep_verdict(&snapshot(Some(at(10))), &none, dead, at(10)),
+            SweepVerdict::Sweep
+        );
+        assert_eq!(
+            sweep_verdict(&snapshot(None), &none, dead, at(0)),
+            SweepVerdict::Sweep
+        );
+        // A key the store does not know is no key's.
+        assert_eq!(
+            sweep_verdict(&snapshot(None), &BTreeMap::new(), dead, at(0)),
+            SweepVerdict::Sweep
+        );
+    }
+}
