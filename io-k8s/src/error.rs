@@ -67,6 +67,14 @@ pub enum K8sError {
         /// The server's message.
         message: String,
     },
+    /// A fleet store's Lease does not hold what it should (`fleet_store.rs`).
+    #[error("fleet lease {lease}: {why}")]
+    FleetLease {
+        /// The Lease.
+        lease: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A claim will never become ready (`WarmPoolNotFound`, `ClaimExpired`, ...).
     #[error("claim {claim} failed: {reason}: {message}")]
     Terminal {
@@ -145,6 +153,7 @@ impl K8sError {
             | K8sError::TooLarge { .. }
             | K8sError::Archive(_)
             | K8sError::Install { .. }
+            | K8sError::FleetLease { .. }
             | K8sError::BadSnapshot { .. } => ErrorClass::Fatal,
         }
     }

@@ -42,6 +42,9 @@
 //!   expiry backstop (claim `shutdownTime`, pod `activeDeadlineSeconds`);
 //! - each owner keeps a `Lease`; [`Cluster::sweep_orphans`] deletes objects of owners whose
 //!   Lease is gone (`lease.rs`);
+//! - fleet mode's store ([`K8sStore`], `fleet_store.rs`): process leases, key entries with
+//!   fencing tokens and durable records, in Leases changed under their `resourceVersion`
+//!   (the backend's side of fleet mode, token checks and adoption, is not built yet);
 //! - readiness and deaths come from `kube::runtime` watches (`wait.rs`, `deaths.rs`); a 410 Gone
 //!   relists;
 //! - API errors are classified ([`ErrorClass`]): 404 gone, 409 retried after a fresh read, 429
@@ -78,6 +81,7 @@ mod container;
 pub mod crd;
 mod deaths;
 mod error;
+mod fleet_store;
 mod install;
 mod lease;
 pub mod names;
@@ -95,6 +99,7 @@ pub use cluster::{calls, Cluster};
 pub use config::{ConfigError, K8sConfig, Mode};
 pub use deaths::{Death, DeathWatch, LossCounts};
 pub use error::{Call, ErrorClass, K8sError};
+pub use fleet_store::K8sStore;
 pub use install::{Install, API_VERSION};
 pub use lease::{LeaseRenewal, SweepReport};
 pub use sandbox::SandboxHandle;

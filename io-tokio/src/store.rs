@@ -17,6 +17,8 @@ use sandkeeper::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::WallClock;
+
+pub mod contract;
 use crate::local::store::Swept;
 
 /// A snapshot in a key's durable record, as the store keeps it (wall-clock retention).

@@ -353,3 +353,15 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     assert_eq!((later.snapshots, later.unrecorded), (3, 2), "{later:?}");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The local store keeps the contract every fleet store keeps (the checks the Kubernetes store
+/// runs too, against the loopback API).
+#[tokio::test]
+async fn the_local_store_keeps_the_fleet_store_contract() {
+    let root = root("contract");
+    let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
+    sandkeeper_tokio::store::contract::check_all(&store, Duration::from_secs(10))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
