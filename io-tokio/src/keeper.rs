@@ -98,22 +98,7 @@ impl<B: Backend> Keeper<B> {
     /// Errors: `Core(InvalidConfig)` for a bad core configuration, `InvalidConfig` for a zero
     /// driver limit.
     pub fn new(config: KeeperConfig, backend: B) -> Result<Self, KeeperError> {
-        let h = &config.core.hooks;
-        if [
-            h.after_start,
-            h.after_resume,
-            h.before_suspend,
-            h.before_stop,
-        ]
-        .iter()
-        .any(Option::is_some)
-        {
-            return Err(KeeperError::Unsupported(
-                "the core's configuration has hook timeouts but no hook is registered: make the \
-                 keeper with Keeper::with_hooks"
-                    .to_string(),
-            ));
-        }
+        no_hook_timeouts(&config)?;
         Self::build(config, backend, None, None)
     }
 
@@ -124,13 +109,24 @@ impl<B: Backend> Keeper<B> {
     /// one, has it). The keeper runs the core's store work (renewals on their own timer,
     /// claims, releases) on `store`, and the backend checks every command's fencing token.
     ///
-    /// Errors: as [`new`](Self::new); `Unsupported` when `config.core.fleet` is `None` or the
-    /// backend does not serve fleet mode ([`Backend::FLEET`]); `Store` when the store cannot
-    /// register this process.
+    /// Errors: as [`new`](Self::new); `Unsupported` when `config.core.fleet` is `None`, when
+    /// the backend does not serve fleet mode ([`Backend::FLEET`]), or naming the store's failure
+    /// when it cannot register this process.
     pub async fn fleet(
-        mut config: KeeperConfig,
+        config: KeeperConfig,
         backend: B,
         store: impl FleetStore,
+    ) -> Result<Self, KeeperError> {
+        no_hook_timeouts(&config)?;
+        Self::join(config, backend, Arc::new(store), None).await
+    }
+
+    /// Registers with the fleet's store, builds the keeper on it, and starts its sweeps.
+    async fn join(
+        mut config: KeeperConfig,
+        backend: B,
+        store: Arc<dyn FleetStore>,
+        hooks: Option<HookRunner<B>>,
     ) -> Result<Self, KeeperError> {
         let Some(fleet) = config.core.fleet.as_mut() else {
             return Err(KeeperError::Unsupported(
@@ -143,7 +139,6 @@ impl<B: Backend> Keeper<B> {
                 std::any::type_name::<B>()
             )));
         }
-        let store: Arc<dyn FleetStore> = Arc::new(store);
         let incarnation = store
             .register()
             .await
@@ -154,7 +149,7 @@ impl<B: Backend> Keeper<B> {
         let keeper = Self::build(
             config,
             backend,
-            None,
+            hooks,
             Some(FleetRun {
                 store: store.clone(),
                 incarnation,
@@ -454,13 +449,61 @@ impl<B: SandboxOps> Keeper<B> {
         H: Fn(HookPoint, SandboxWork<'static, B>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<(), String>> + Send + 'static,
     {
-        let hooks = Arc::new(hooks);
-        let runner: HookRunner<B> = Arc::new(move |shared, sandbox, point| {
-            let work = SandboxWork::for_hook(shared, sandbox, point);
-            Box::pin(hooks(point, work))
-        });
-        Self::build(config, backend, Some(runner), None)
+        Self::build(config, backend, Some(hook_runner(hooks)), None)
     }
+
+    /// A fleet keeper ([`fleet`](Self::fleet)) that runs the application's `hooks`
+    /// ([`with_hooks`](Self::with_hooks)). An adopted sandbox runs no after-start hook: its
+    /// first owner ran it.
+    ///
+    /// Errors: as [`fleet`](Self::fleet).
+    pub async fn fleet_with_hooks<H, F>(
+        config: KeeperConfig,
+        backend: B,
+        store: impl FleetStore,
+        hooks: H,
+    ) -> Result<Self, KeeperError>
+    where
+        H: Fn(HookPoint, SandboxWork<'static, B>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        Self::join(config, backend, Arc::new(store), Some(hook_runner(hooks))).await
+    }
+}
+
+/// The executor's runner of the application's hooks.
+fn hook_runner<B, H, F>(hooks: H) -> HookRunner<B>
+where
+    B: SandboxOps,
+    H: Fn(HookPoint, SandboxWork<'static, B>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let hooks = Arc::new(hooks);
+    Arc::new(move |shared, sandbox, point| {
+        let work = SandboxWork::for_hook(shared, sandbox, point);
+        Box::pin(hooks(point, work))
+    })
+}
+
+/// Refuses a configuration with hook timeouts for a keeper made without hooks.
+fn no_hook_timeouts(config: &KeeperConfig) -> Result<(), KeeperError> {
+    let h = &config.core.hooks;
+    if [
+        h.after_start,
+        h.after_resume,
+        h.before_suspend,
+        h.before_stop,
+    ]
+    .iter()
+    .any(Option::is_some)
+    {
+        return Err(KeeperError::Unsupported(
+            "the core's configuration has hook timeouts but no hook is registered: make the \
+             keeper with Keeper::with_hooks (or Keeper::fleet_with_hooks)"
+                .to_string(),
+        ));
+    }
+    Ok(())
 }
 
 /// Fleet mode's sweep, on its own task: every `every` (the first at once) until the keeper

@@ -365,3 +365,61 @@ async fn the_local_store_keeps_the_fleet_store_contract() {
         .unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Hooks in fleet mode: the after-start hook runs where the sandbox starts, not again where it
+/// is adopted (its first owner ran it); a fleet configuration with hook timeouts and no hooks
+/// is refused, as a single keeper's is.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_keeper_runs_hooks_once_per_sandbox_and_refuses_timeouts_without_them() {
+    use sandkeeper::{HookPoint, Hooks};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    let root = root("hooks");
+    let mut config = fleet_config(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(600),
+    });
+    config.core.hooks = Hooks {
+        after_start: Some(Duration::from_secs(5)),
+        ..Hooks::default()
+    };
+    let store = || LocalStore::open(&root, Fleet::default().lease).unwrap();
+    let backend = || LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let refused = Keeper::fleet(config.clone(), backend(), store())
+        .await
+        .err();
+    assert!(
+        matches!(&refused, Some(KeeperError::Unsupported(why)) if why.contains("hook")),
+        "{refused:?}"
+    );
+    let ran = Arc::new(AtomicU32::new(0));
+    let keeper = |ran: Arc<AtomicU32>| {
+        Keeper::fleet_with_hooks(config.clone(), backend(), store(), move |point, work| {
+            let ran = ran.clone();
+            async move {
+                assert_eq!(point, HookPoint::AfterStart);
+                ran.fetch_add(1, Ordering::SeqCst);
+                work.write("hooked.txt", b"yes".to_vec())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+    };
+    let a = keeper(ran.clone()).await.unwrap();
+    let b = keeper(ran.clone()).await.unwrap();
+    let first = a.acquire(call("c1", "s1")).await.unwrap();
+    let sandbox = first.sandbox();
+    first.release().await;
+    let second = b.acquire(call("c2", "s1")).await.unwrap();
+    assert_eq!(second.sandbox(), sandbox, "adopted");
+    assert_eq!(second.work().read("hooked.txt").await.unwrap(), b"yes");
+    second.release().await;
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the hook ran once, where the sandbox started"
+    );
+    b.close(Duration::from_secs(10)).await;
+    a.close(Duration::from_secs(10)).await;
+    std::fs::remove_dir_all(&root).unwrap();
+}
