@@ -62,6 +62,7 @@ pub fn failure(e: K8sError) -> BackendError {
         ErrorClass::Timeout => FailureClass::Timeout,
         ErrorClass::Retryable | ErrorClass::Conflict => FailureClass::Transient,
         ErrorClass::Fatal => FailureClass::Fatal,
+        ErrorClass::Fenced => FailureClass::Fenced,
     };
     BackendError::new(class, e.to_string())
 }
@@ -215,6 +216,11 @@ impl Backend for K8sBackend {
 
     async fn start(&self, request: StartRequest) -> Result<(), BackendError> {
         let key = request.key.to_string();
+        // Fleet mode: not under a token older than the key's newest (`fence.rs`).
+        self.cluster
+            .admit_start(&key, request.token)
+            .await
+            .map_err(failure)?;
         let resumed = match &request.resume_from {
             Some(snapshot) => {
                 let r = self.resume(&request, snapshot).await;
@@ -233,8 +239,10 @@ impl Backend for K8sBackend {
                 .await
                 .map_err(failure)?,
         };
+        // Fleet mode: the new (or resumed) object records its owner's token.
+        let admitted = self.cluster.admit(&handle.object, request.token).await;
         locked(&self.started).insert(request.sandbox, handle);
-        Ok(())
+        admitted.map_err(failure)
     }
 
     async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {
@@ -244,6 +252,10 @@ impl Backend for K8sBackend {
                 request.sandbox
             )));
         };
+        self.cluster
+            .admit(&h.object, request.token)
+            .await
+            .map_err(failure)?;
         let file = UploadFile {
             session: &request.session,
             path: &request.path,
@@ -259,8 +271,14 @@ impl Backend for K8sBackend {
         let StopRequest {
             sandbox,
             suspend,
-            token: _,
+            token,
         } = request;
+        if let Some(h) = self.handle(sandbox) {
+            self.cluster
+                .admit(&h.object, token)
+                .await
+                .map_err(failure)?;
+        }
         if !suspend {
             return Ok(None);
         }
@@ -280,7 +298,7 @@ impl Backend for K8sBackend {
             snapshot,
             suspend,
             retain_until,
-            token: _,
+            token,
         } = request;
         if !suspend {
             return Ok(());
@@ -306,6 +324,10 @@ impl Backend for K8sBackend {
                 why: format!("{sandbox} runs in claim {}", h.object),
             }));
         }
+        self.cluster
+            .admit(&h.object, token)
+            .await
+            .map_err(failure)?;
         // The pod deletion this causes is reported like any other (a lost instance); the
         // core knows the sandbox is being suspended.
         self.cluster.suspend_sandbox(&h).await.map_err(failure)?;
@@ -323,21 +345,22 @@ impl Backend for K8sBackend {
         Ok(())
     }
 
-    // Fencing tokens are not recorded on Kubernetes objects yet: the keeper refuses fleet mode
-    // at start-up until it runs a store.
     async fn shutdown(
         &self,
         sandbox: SandboxId,
-        _token: Option<sandkeeper::Token>,
+        token: Option<sandkeeper::Token>,
     ) -> Result<(), BackendError> {
-        let known = locked(&self.started).remove(&sandbox);
-        let resuming = locked(&self.resuming).remove(&sandbox);
         // By name, so a sandbox whose start answer was lost is deleted too (a resumed one by
         // the name of the claim it resumed).
-        let object = known
+        let object = self
+            .handle(sandbox)
             .map(|h| h.object)
-            .or(resuming)
+            .or_else(|| locked(&self.resuming).get(&sandbox).cloned())
             .unwrap_or_else(|| names::object_name(self.cluster.owner(), sandbox.0));
+        // Fleet mode: refused under an older token, the sandbox left as it is.
+        self.cluster.admit(&object, token).await.map_err(failure)?;
+        locked(&self.started).remove(&sandbox);
+        locked(&self.resuming).remove(&sandbox);
         let r = match &self.cluster.config().mode {
             Mode::AgentSandbox { .. } => self.cluster.delete_claim(&object).await,
             Mode::Pod { .. } => self.cluster.delete_pod(&object).await,
@@ -349,6 +372,10 @@ impl Backend for K8sBackend {
         let claim = self
             .cluster
             .claim_of_snapshot(request.snapshot.as_str())
+            .map_err(failure)?;
+        self.cluster
+            .admit(&claim, request.token)
+            .await
             .map_err(failure)?;
         let deleted = self.cluster.delete_claim(&claim).await.map_err(failure)?;
         tracing::debug!(sandbox = %request.sandbox, %claim, deleted, reason = ?request.reason, "discarded a suspended claim");

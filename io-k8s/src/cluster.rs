@@ -22,7 +22,8 @@ pub mod calls {
     pub const LIST_CLAIMS: Call = Call::new("list", "sandboxclaims.extensions.agents.x-k8s.io");
     /// Watch claims.
     pub const WATCH_CLAIMS: Call = Call::new("watch", "sandboxclaims.extensions.agents.x-k8s.io");
-    /// Patch a claim (on resume: the sandbox label and a later `shutdownTime`).
+    /// Patch a claim (on resume: the sandbox label and a later `shutdownTime`; in fleet mode,
+    /// the newest fencing token it has seen).
     pub const PATCH_CLAIM: Call = Call::new("patch", "sandboxclaims.extensions.agents.x-k8s.io");
     /// Delete a claim.
     pub const DELETE_CLAIM: Call = Call::new("delete", "sandboxclaims.extensions.agents.x-k8s.io");
@@ -46,6 +47,8 @@ pub mod calls {
     pub const LIST_PODS: Call = Call::new("list", "pods");
     /// Watch pods.
     pub const WATCH_PODS: Call = Call::new("watch", "pods");
+    /// Patch a pod (fleet mode, pod mode: the newest fencing token it has seen).
+    pub const PATCH_POD: Call = Call::new("patch", "pods");
     /// Delete a pod.
     pub const DELETE_POD: Call = Call::new("delete", "pods");
     /// Exec into a pod (websocket exec: a GET, authorised as `create` on newer clusters).
@@ -79,6 +82,7 @@ pub mod calls {
         GET_POD,
         LIST_PODS,
         WATCH_PODS,
+        PATCH_POD,
         DELETE_POD,
         EXEC,
         Call::new("get", "pods/exec"),

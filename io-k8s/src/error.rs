@@ -16,6 +16,8 @@ pub enum ErrorClass {
     /// Will not work if tried again: 401/403 (permissions), 400/422 (bad request), a terminal
     /// claim reason, a payload over the limit.
     Fatal,
+    /// Fleet mode: refused for an older fencing token than the object, or its key, has seen.
+    Fenced,
 }
 
 /// A failed Kubernetes operation.
@@ -66,6 +68,17 @@ pub enum K8sError {
         reason: String,
         /// The server's message.
         message: String,
+    },
+    /// Fleet mode: a change under a fencing token older than the newest its sandbox's object,
+    /// or its key, has seen (another process owns the key now; `fence.rs`).
+    #[error("{object}: token {token} is older than the newest seen, {newest}: another process owns its key")]
+    Fenced {
+        /// The object (or the key's Lease).
+        object: String,
+        /// The token refused.
+        token: u64,
+        /// The newest seen.
+        newest: u64,
     },
     /// A fleet store's Lease does not hold what it should (`fleet_store.rs`).
     #[error("fleet lease {lease}: {why}")]
@@ -144,6 +157,7 @@ impl K8sError {
         match self {
             K8sError::Gone { .. } => ErrorClass::Gone,
             K8sError::Conflict { .. } => ErrorClass::Conflict,
+            K8sError::Fenced { .. } => ErrorClass::Fenced,
             K8sError::Retryable { .. } | K8sError::OutcomeUnknown { .. } => ErrorClass::Retryable,
             K8sError::Timeout { .. } => ErrorClass::Timeout,
             K8sError::Forbidden { .. }

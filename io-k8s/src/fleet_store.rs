@@ -38,7 +38,7 @@ const A_EPOCH: &str = "sandkeeper.sandbox.users.io/epoch";
 const A_EXPIRES: &str = "sandkeeper.sandbox.users.io/expires-ms";
 const A_KEY: &str = "sandkeeper.sandbox.users.io/key";
 const A_OWNER: &str = "sandkeeper.sandbox.users.io/owner";
-const A_TOKEN: &str = "sandkeeper.sandbox.users.io/token";
+pub(crate) const A_TOKEN: &str = "sandkeeper.sandbox.users.io/token";
 const A_RECORD: &str = "sandkeeper.sandbox.users.io/record";
 const A_WANTS: &str = "sandkeeper.sandbox.users.io/wants";
 const A_RECORDING: &str = "sandkeeper.sandbox.users.io/recording";
@@ -546,10 +546,12 @@ fn proc_name(incarnation: u32) -> String {
 }
 
 fn key_name(key: &Key) -> String {
-    format!(
-        "sandkeeper-fleet-key-{}",
-        names::session_hash(&key.to_string())
-    )
+    key_lease_name(&key.to_string())
+}
+
+/// The name of the Lease of a key (by its display form).
+pub(crate) fn key_lease_name(key: &str) -> String {
+    format!("sandkeeper-fleet-key-{}", names::session_hash(key))
 }
 
 fn annotation<T: std::str::FromStr>(lease: &Lease, name: &str) -> Option<T> {

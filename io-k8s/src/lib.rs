@@ -44,7 +44,10 @@
 //!   Lease is gone (`lease.rs`);
 //! - fleet mode's store ([`K8sStore`], `fleet_store.rs`): process leases, key entries with
 //!   fencing tokens and durable records, in Leases changed under their `resourceVersion`
-//!   (the backend's side of fleet mode, token checks and adoption, is not built yet);
+//!   and the backend's token checks (`fence.rs`: the newest token a sandbox has seen, on its
+//!   claim or pod, raised under the read's `resourceVersion`; a start checked against its
+//!   key's newest on the store's Lease). Adoption and a fleet-safe sweep are not built yet, so
+//!   the backend does not serve fleet mode;
 //! - readiness and deaths come from `kube::runtime` watches (`wait.rs`, `deaths.rs`); a 410 Gone
 //!   relists;
 //! - API errors are classified ([`ErrorClass`]): 404 gone, 409 retried after a fresh read, 429
@@ -81,6 +84,7 @@ mod container;
 pub mod crd;
 mod deaths;
 mod error;
+mod fence;
 mod fleet_store;
 mod install;
 mod lease;
