@@ -40,8 +40,8 @@ use std::sync::{Arc, Mutex};
 
 use sandkeeper::{Config, SandboxId, Snapshot};
 use sandkeeper_tokio::{
-    Backend, BackendError, DeathSink, DiscardRequest, FailureClass, PersistRequest, StartRequest,
-    StopRequest, UploadRequest,
+    AdoptRequest, Backend, BackendError, DeathSink, DiscardRequest, FailureClass, PersistRequest,
+    StartRequest, StopRequest, UploadRequest,
 };
 
 use crate::cluster::Cluster;
@@ -243,6 +243,26 @@ impl Backend for K8sBackend {
         let admitted = self.cluster.admit(&handle.object, request.token).await;
         locked(&self.started).insert(request.sandbox, handle);
         admitted.map_err(failure)
+    }
+
+    async fn adopt(&self, request: AdoptRequest) -> Result<(), BackendError> {
+        let handle = self
+            .cluster
+            .adopt_sandbox(request.sandbox.0, request.token)
+            .await
+            .map_err(|e| {
+                tracing::warn!(sandbox = %request.sandbox, error = %e, "adoption failed");
+                failure(e)
+            })?;
+        locked(&self.started).insert(request.sandbox, handle);
+        Ok(())
+    }
+
+    async fn relinquish(&self, sandbox: SandboxId) {
+        // Left as it is, for the key's next owner; its objects keep this owner's label until
+        // that owner adopts them.
+        locked(&self.started).remove(&sandbox);
+        locked(&self.resuming).remove(&sandbox);
     }
 
     async fn upload(&self, request: UploadRequest) -> Result<(), BackendError> {

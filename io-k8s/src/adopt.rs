@@ -1,0 +1,146 @@
+//! Fleet mode: taking over a sandbox another process handed over (or left when it crashed). The
+//! sandbox is found by its number (the `.../sandbox` label every object of it carries), its
+//! token admitted (`fence.rs`), its objects relabelled with this owner (so this owner's death
+//! watch sees them, and its close or an owner-Lease sweep treats them as its own), and checked
+//! up: its claim Ready with a running pod, or its pod running. A sandbox that is not there, or
+//! not up, is `Gone`: the core then starts the key afresh.
+//!
+//! Not verified against a real agent-sandbox controller: whether it keeps a pod label that was
+//! patched on the pod (the claim's `additionalPodMetadata` is patched too, so a controller that
+//! reconciles pod labels from it keeps the new owner).
+
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use sandkeeper::Token;
+use serde_json::json;
+
+use crate::cluster::{calls, err, Cluster};
+use crate::config::Mode;
+use crate::error::K8sError;
+use crate::names::{OWNER, SANDBOX};
+use crate::sandbox::SandboxHandle;
+
+impl Cluster {
+    /// Takes over sandbox `sandbox` under `token` (see the module docs).
+    pub(crate) async fn adopt_sandbox(
+        &self,
+        sandbox: u64,
+        token: Token,
+    ) -> Result<SandboxHandle, K8sError> {
+        let selector = format!("{SANDBOX}={sandbox}");
+        let gone = |why: &str| K8sError::Gone {
+            what: format!("sandbox {sandbox}"),
+            message: why.to_string(),
+        };
+        let owner = json!({ OWNER: self.config.owner });
+        match &self.config.mode {
+            Mode::AgentSandbox { .. } => {
+                let claims = self.list_labelled_claims(&selector).await?;
+                let [claim] = claims.as_slice() else {
+                    return Err(gone(&format!("{} claims carry its label", claims.len())));
+                };
+                let claim = claim.name_any();
+                self.admit(&claim, Some(token)).await?;
+                let patch = json!({
+                    "metadata": {"labels": owner},
+                    "spec": {"additionalPodMetadata": {"labels": owner}},
+                });
+                self.patch_claim_json(&claim, &patch).await?;
+                let sandbox_name = self.wait_claim_ready(&claim).await?;
+                let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
+                self.patch_pod_labels(&pod, &owner).await?;
+                Ok(SandboxHandle {
+                    sandbox,
+                    object: claim,
+                    sandbox_name: Some(sandbox_name),
+                    pod,
+                    pod_uid,
+                })
+            }
+            Mode::Pod { .. } => {
+                let pods = self.list_labelled_pods(&selector).await?;
+                let [pod] = pods.as_slice() else {
+                    return Err(gone(&format!("{} pods carry its label", pods.len())));
+                };
+                let pod = pod.name_any();
+                self.admit(&pod, Some(token)).await?;
+                self.patch_pod_labels(&pod, &owner).await?;
+                let pod_uid = self.check_pod_alive(&pod).await?;
+                Ok(SandboxHandle {
+                    sandbox,
+                    object: pod.clone(),
+                    sandbox_name: None,
+                    pod,
+                    pod_uid,
+                })
+            }
+        }
+    }
+
+    async fn list_labelled_claims(
+        &self,
+        selector: &str,
+    ) -> Result<Vec<crate::crd::SandboxClaim>, K8sError> {
+        let lp = ListParams::default().labels(selector);
+        self.retry
+            .run(|| async {
+                self.claims()
+                    .list(&lp)
+                    .await
+                    .map(|l| l.items)
+                    .map_err(|e| err(e, calls::LIST_CLAIMS, "claims"))
+            })
+            .await
+    }
+
+    async fn list_labelled_pods(
+        &self,
+        selector: &str,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, K8sError> {
+        let lp = ListParams::default().labels(selector);
+        self.retry
+            .run(|| async {
+                self.pods()
+                    .list(&lp)
+                    .await
+                    .map(|l| l.items)
+                    .map_err(|e| err(e, calls::LIST_PODS, "pods"))
+            })
+            .await
+    }
+
+    async fn patch_claim_json(
+        &self,
+        claim: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), K8sError> {
+        let what = format!("claim {claim}");
+        self.retry
+            .run(|| async {
+                self.claims()
+                    .patch(claim, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
+            })
+            .await
+    }
+
+    async fn patch_pod_labels(
+        &self,
+        pod: &str,
+        labels: &serde_json::Value,
+    ) -> Result<(), K8sError> {
+        let what = format!("pod {pod}");
+        let patch = json!({"metadata": {"labels": labels}});
+        self.retry
+            .run(|| async {
+                self.pods()
+                    .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(e, calls::PATCH_POD, &what))
+            })
+            .await
+    }
+}
