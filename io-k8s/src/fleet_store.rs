@@ -15,8 +15,7 @@
 //! process shares), as for every [`FleetStore`]: the API server's clock is never consulted, so
 //! the protocol's assumption is the processes' clocks agreeing within the fleet's margin.
 //!
-//! Not built yet: the sweep on Kubernetes (`sweep` answers an error that says so; fleet mode is
-//! refused on [`K8sBackend`](crate::K8sBackend) until its token checks exist).
+//! The sweep of what dead processes left in the namespace is `fleet_sweep.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -24,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{ListParams, PostParams};
+use kube::ResourceExt;
 use sandkeeper::{Key, Token};
 use sandkeeper_tokio::local::store::{unix_ms, Swept};
 use sandkeeper_tokio::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
@@ -246,6 +246,76 @@ impl K8sStore {
             (true, true)
         })
         .await
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // For the sweep (`fleet_sweep.rs`)
+
+    /// How long a process lease lasts.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The cluster the store is in.
+    pub(crate) fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Every process lease: incarnation → (epoch, expires ms).
+    pub(crate) async fn processes(&self) -> Result<BTreeMap<u32, (u64, u64)>, K8sError> {
+        let mut out = BTreeMap::new();
+        for lease in self.list(&format!("{L_FLEET}=process")).await? {
+            let inc = lease
+                .labels()
+                .get(L_OWNER)
+                .and_then(|i| i.parse::<u32>().ok());
+            match (
+                inc,
+                annotation(&lease, A_EPOCH),
+                annotation(&lease, A_EXPIRES),
+            ) {
+                (Some(inc), Some(epoch), Some(expires)) => {
+                    out.insert(inc, (epoch, expires));
+                }
+                _ => {
+                    return Err(malformed(
+                        &lease,
+                        "a process lease without its incarnation, epoch and expiry",
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every key's Lease, key, owner and record.
+    #[allow(clippy::type_complexity)]
+    pub(crate) async fn keys(
+        &self,
+    ) -> Result<Vec<(Lease, Key, Option<(u32, u64)>, StoredRecord)>, K8sError> {
+        let mut out = vec![];
+        for lease in self.list(&format!("{L_FLEET}=key")).await? {
+            let entry = self.entry_of(&lease)?;
+            let key = parse_key(&entry.key, &lease)?;
+            out.push((lease, key, entry.owner, entry.record));
+        }
+        Ok(out)
+    }
+
+    /// Drops the record's snapshot `snapshot` from the key Lease as it was read (`lease`):
+    /// whether it was dropped (`false`: the key changed since, or names another snapshot now).
+    pub(crate) async fn unrecord(&self, lease: Lease, snapshot: &str) -> Result<bool, K8sError> {
+        let mut entry = self.entry_of(&lease)?;
+        if entry.record.snapshot.as_ref().map(|s| s.snapshot.as_str()) != Some(snapshot) {
+            return Ok(false);
+        }
+        entry.record.snapshot = None;
+        let name = lease.name_any();
+        match self.write(&name, Some(lease), &entry).await {
+            Ok(()) => Ok(true),
+            Err(K8sError::Conflict { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     // ------------------------------------------------------------------------------------------
@@ -510,14 +580,9 @@ impl FleetStore for K8sStore {
         })
     }
 
-    fn sweep(&self, _now: SystemTime) -> StoreFuture<Swept> {
-        Box::pin(async {
-            Err(StoreFailure(
-                "the fleet sweep on Kubernetes is not built yet (fleet mode is refused on \
-                 K8sBackend)"
-                    .to_string(),
-            ))
-        })
+    fn sweep(&self, now: SystemTime) -> StoreFuture<Swept> {
+        let store = self.clone();
+        Box::pin(async move { K8sStore::sweep(&store, now).await.map_err(failure) })
     }
 
     fn release(

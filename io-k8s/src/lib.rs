@@ -87,6 +87,7 @@ mod deaths;
 mod error;
 mod fence;
 mod fleet_store;
+mod fleet_sweep;
 mod install;
 mod lease;
 pub mod names;

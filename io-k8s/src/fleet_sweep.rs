@@ -1,0 +1,268 @@
+//! Fleet mode's sweep on Kubernetes: the claims (agent-sandbox mode) or pods (pod mode) a
+//! crashed or departed process left go once nothing may need them, by
+//! [`sandkeeper::sweep_verdict`], the decision the local root's sweep and the simulator take.
+//!
+//! What the sweep reads: the fleet store's key Leases (each key's owner, record and, through
+//! its name, the hash the objects' `.../session-hash` label carries) and process Leases (who
+//! is live), and the objects with their `.../sandbox` label (the maker's incarnation is the
+//! number's upper half). A claim is seen as a sandbox, and also as a snapshot when its Sandbox
+//! is suspended or a record names it as one (a suspended claim's `shutdownTime` is its
+//! retention, which its Persist set); it goes only when every way of seeing it lets it go.
+//! Leases and retention are judged a lease later than a claim would be.
+//!
+//! Unlike the local root's, this sweep cannot hold a lock across its decision: each deletion
+//! carries the object's `resourceVersion` as read as a precondition, so an object that changed
+//! since (adopted: its token raised and relabelled) is left for the next sweep; a record's
+//! snapshot is dropped by a replace under the key Lease's `resourceVersion` as read, skipped
+//! when the key changed meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kube::api::{DeleteParams, ListParams, Preconditions};
+use kube::ResourceExt;
+use sandkeeper::{
+    sweep_verdict, Instant, KeyRecord, RecordedSnapshot, SandboxId, Snapshot, SweepKey,
+    SweepObject, SweepVerdict,
+};
+use sandkeeper_tokio::local::store::{unix_ms, Swept};
+
+use crate::cluster::{calls, err, Cluster};
+use crate::config::Mode;
+use crate::error::K8sError;
+use crate::fleet_store::K8sStore;
+use crate::names::{self, SANDBOX, SESSION_HASH};
+
+impl K8sStore {
+    /// Sweeps the namespace at `now` (see the module docs).
+    pub async fn sweep(&self, now: SystemTime) -> Result<Swept, K8sError> {
+        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
+        let judged_ms = unix_ms(judged);
+        let processes = self.processes().await?;
+        let live = |inc: u32| {
+            processes
+                .get(&inc)
+                .is_some_and(|(_, expires)| judged_ms < *expires)
+        };
+        let mut by_hash = BTreeMap::new();
+        let mut keys = BTreeMap::new();
+        let mut leases = BTreeMap::new();
+        for (lease, key, owner, record) in self.keys().await? {
+            let owner_live = owner.is_some_and(|(inc, epoch)| {
+                processes
+                    .get(&inc)
+                    .is_some_and(|(e, expires)| *e == epoch && judged_ms < *expires)
+            });
+            by_hash.insert(names::session_hash(&key.to_string()), key.clone());
+            keys.insert(
+                key.clone(),
+                SweepKey {
+                    owner_live,
+                    record: core_record(&record),
+                },
+            );
+            leases.insert(key, lease);
+        }
+        let now = Instant::from_nanos(judged_ms.saturating_mul(1_000_000));
+        let cluster = self.cluster();
+        let mut swept = Swept::default();
+        for object in cluster.fleet_objects().await? {
+            let key = object.hash.as_ref().and_then(|h| by_hash.get(h)).cloned();
+            let id = SandboxId(object.sandbox);
+            let as_sandbox = SweepObject::Sandbox {
+                id,
+                key: key.clone(),
+            };
+            let mut verdicts = vec![sweep_verdict(&as_sandbox, &keys, live, now)];
+            let named = key
+                .as_ref()
+                .and_then(|k| keys.get(k))
+                .and_then(|k| k.record.snapshot.as_ref())
+                .is_some_and(|s| s.snapshot.as_str() == object.name);
+            if object.claim && (object.suspended || named) {
+                let as_snapshot = SweepObject::Snapshot {
+                    snapshot: Snapshot::new(object.name.clone()),
+                    by: id,
+                    key: key.clone(),
+                    expires: object.expires,
+                };
+                verdicts.push(sweep_verdict(&as_snapshot, &keys, live, now));
+            }
+            if verdicts.contains(&SweepVerdict::Keep) {
+                continue;
+            }
+            if verdicts.contains(&SweepVerdict::SweepAndUnrecord) {
+                let key = key.expect("a recorded claim's key is known");
+                let lease = leases.get(&key).expect("a known key").clone();
+                if !self.unrecord(lease, &object.name).await? {
+                    continue; // the key changed since: the next sweep decides again
+                }
+                swept.unrecorded += 1;
+            }
+            if cluster.delete_as_read(&object).await? {
+                tracing::info!(object = %object.name, "swept");
+                if object.claim && object.suspended {
+                    swept.snapshots += 1;
+                } else {
+                    swept.sandboxes += 1;
+                }
+            }
+        }
+        Ok(swept)
+    }
+}
+
+/// One object the sweep looks at.
+pub(crate) struct FleetObject {
+    name: String,
+    resource_version: Option<String>,
+    /// A claim (agent-sandbox mode) rather than a pod.
+    claim: bool,
+    sandbox: u64,
+    hash: Option<String>,
+    /// Its Sandbox is suspended (claims only).
+    suspended: bool,
+    /// Its `shutdownTime`, for a suspended claim: its retention.
+    expires: Option<Instant>,
+}
+
+impl Cluster {
+    /// The objects of sandboxes in the namespace: claims in agent-sandbox mode, pods in pod
+    /// mode (a claim's pod goes with its claim).
+    async fn fleet_objects(&self) -> Result<Vec<FleetObject>, K8sError> {
+        let lp = ListParams::default().labels(SANDBOX);
+        let number = |labels: &BTreeMap<String, String>| {
+            labels.get(SANDBOX).and_then(|n| n.parse::<u64>().ok())
+        };
+        let mut out = vec![];
+        match &self.config.mode {
+            Mode::AgentSandbox { .. } => {
+                let claims = self
+                    .retry
+                    .run(|| async {
+                        self.claims()
+                            .list(&lp)
+                            .await
+                            .map(|l| l.items)
+                            .map_err(|e| err(e, calls::LIST_CLAIMS, "claims"))
+                    })
+                    .await?;
+                let suspended: BTreeSet<String> = self
+                    .retry
+                    .run(|| async {
+                        self.sandboxes()
+                            .list(&ListParams::default())
+                            .await
+                            .map(|l| l.items)
+                            .map_err(|e| err(e, calls::LIST_SANDBOXES, "sandboxes"))
+                    })
+                    .await?
+                    .into_iter()
+                    .filter(|s| s.spec.operating_mode.as_deref() == Some("Suspended"))
+                    .map(|s| s.name_any())
+                    .collect();
+                for c in claims {
+                    let Some(sandbox) = number(c.labels()) else {
+                        continue;
+                    };
+                    let is_suspended = c
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.sandbox.as_ref())
+                        .is_some_and(|s| suspended.contains(&s.name));
+                    let expires = c
+                        .spec
+                        .lifecycle
+                        .as_ref()
+                        .and_then(|l| l.shutdown_time.as_deref())
+                        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                        .map(|t| {
+                            Instant::from_nanos(u64::try_from(t.as_nanosecond()).unwrap_or(0))
+                        });
+                    out.push(FleetObject {
+                        name: c.name_any(),
+                        resource_version: c.resource_version(),
+                        claim: true,
+                        sandbox,
+                        hash: c.labels().get(SESSION_HASH).cloned(),
+                        suspended: is_suspended,
+                        expires: expires.filter(|_| is_suspended),
+                    });
+                }
+            }
+            Mode::Pod { .. } => {
+                let pods = self
+                    .retry
+                    .run(|| async {
+                        self.pods()
+                            .list(&lp)
+                            .await
+                            .map(|l| l.items)
+                            .map_err(|e| err(e, calls::LIST_PODS, "pods"))
+                    })
+                    .await?;
+                for p in pods {
+                    let Some(sandbox) = number(p.labels()) else {
+                        continue;
+                    };
+                    out.push(FleetObject {
+                        name: p.name_any(),
+                        resource_version: p.resource_version(),
+                        claim: false,
+                        sandbox,
+                        hash: p.labels().get(SESSION_HASH).cloned(),
+                        suspended: false,
+                        expires: None,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Deletes the object if it has not changed since it was read: whether it was.
+    async fn delete_as_read(&self, object: &FleetObject) -> Result<bool, K8sError> {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: object.resource_version.clone(),
+                uid: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let what = format!("{} (as read)", object.name);
+        let r = if object.claim {
+            self.claims()
+                .delete(&object.name, &dp)
+                .await
+                .map(|_| ())
+                .map_err(|e| err(e, calls::DELETE_CLAIM, &what))
+        } else {
+            self.pods()
+                .delete(&object.name, &dp)
+                .await
+                .map(|_| ())
+                .map_err(|e| err(e, calls::DELETE_POD, &what))
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(K8sError::Conflict { .. }) => Ok(false),
+            Err(e) if e.is_gone() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A stored record on the sweep's clock (retention in nanoseconds since the Unix epoch).
+fn core_record(record: &sandkeeper_tokio::store::StoredRecord) -> KeyRecord {
+    KeyRecord {
+        snapshot: record.snapshot.as_ref().map(|s| RecordedSnapshot {
+            snapshot: s.snapshot.clone(),
+            by: s.by,
+            retain_until: s
+                .retain_until_ms
+                .map(|ms| Instant::from_nanos(ms.saturating_mul(1_000_000))),
+        }),
+        warm: record.warm,
+    }
+}
