@@ -80,7 +80,11 @@ pub struct K8sBackend {
     resuming: Mutex<HashMap<SandboxId, String>>,
     losses: Arc<tokio::sync::watch::Sender<LossCounts>>,
     suspensions: tokio::sync::watch::Sender<u64>,
-    _lease: LeaseRenewal,
+    /// The owner Lease's renewal (not in fleet mode: the fleet store's process leases say who
+    /// is live there).
+    _lease: Option<LeaseRenewal>,
+    /// Connected as one process of a fleet ([`K8sBackend::connect_fleet`]).
+    fleet: bool,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -96,18 +100,34 @@ impl K8sBackend {
         cluster.acquire_lease().await?;
         let report = cluster.sweep_orphans().await?;
         let lease = cluster.spawn_lease_renewal();
-        Ok((
-            K8sBackend {
-                cluster,
-                install,
-                started: Mutex::new(HashMap::new()),
-                resuming: Mutex::new(HashMap::new()),
-                losses: Arc::new(tokio::sync::watch::channel(LossCounts::default()).0),
-                suspensions: tokio::sync::watch::channel(0).0,
-                _lease: lease,
-            },
-            report,
-        ))
+        Ok((Self::made(cluster, install, Some(lease), false), report))
+    }
+
+    /// The backend for one process of a fleet (`sandkeeper_tokio::Keeper::fleet`, with a
+    /// [`K8sStore`](crate::K8sStore) in the same namespace): it checks the install as
+    /// [`connect`](Self::connect) does, but neither takes an owner Lease nor sweeps by owner
+    /// Leases (that sweep would delete what a restarted process's earlier run kept for its
+    /// users, and what other processes hold): in a fleet, the store's process leases say who is
+    /// live, and the keeper's fleet sweep ([`K8sStore::sweep`](crate::K8sStore::sweep))
+    /// removes only what nothing live holds and no record names. Its [`close`](Self::close)
+    /// deletes nothing: the keeper's own close shut down what it drove, and what it handed over
+    /// or kept is the fleet's.
+    pub async fn connect_fleet(cluster: Cluster) -> Result<Self, K8sError> {
+        let install = cluster.check_install().await?;
+        Ok(Self::made(cluster, install, None, true))
+    }
+
+    fn made(cluster: Cluster, install: Install, lease: Option<LeaseRenewal>, fleet: bool) -> Self {
+        K8sBackend {
+            cluster,
+            install,
+            started: Mutex::new(HashMap::new()),
+            resuming: Mutex::new(HashMap::new()),
+            losses: Arc::new(tokio::sync::watch::channel(LossCounts::default()).0),
+            suspensions: tokio::sync::watch::channel(0).0,
+            _lease: lease,
+            fleet,
+        }
     }
 
     /// Counts of the losses the death watch reported (what the core made of them is in its
@@ -172,8 +192,11 @@ impl K8sBackend {
     }
 
     /// After the keeper closed: deletes every object of this owner that is left, then its
-    /// Lease. Returns how many objects were deleted.
+    /// Lease. Returns how many objects were deleted. In a fleet (`connect_fleet`): nothing.
     pub async fn close(&self) -> Result<usize, K8sError> {
+        if self.fleet {
+            return Ok(0); // see `connect_fleet`
+        }
         let n = self.cluster.delete_all_owned().await?;
         self.cluster.release_lease().await?;
         Ok(n)
@@ -186,7 +209,17 @@ impl K8sBackend {
 }
 
 impl Backend for K8sBackend {
+    /// Tokens on claims and pods (`fence.rs`), adoption (`adopt.rs`); in a fleet the backend
+    /// is connected with [`K8sBackend::connect_fleet`].
+    const FLEET: bool = true;
+
     fn check_config(&self, config: &Config) -> Result<(), String> {
+        if config.fleet.is_some() && !self.fleet {
+            return Err("fleet mode needs the backend connected with K8sBackend::connect_fleet (K8sBackend::connect sweeps by owner Leases, which would delete what other processes of the fleet hold)".to_string());
+        }
+        if config.fleet.is_none() && self.fleet {
+            return Err("a backend connected with K8sBackend::connect_fleet serves fleet mode only (nothing would sweep a single keeper's orphans): use K8sBackend::connect".to_string());
+        }
         let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
         if pod_mode && config.release.suspends() {
             return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());

@@ -46,8 +46,8 @@
 //!   fencing tokens and durable records, in Leases changed under their `resourceVersion`
 //!   and the backend's token checks (`fence.rs`: the newest token a sandbox has seen, on its
 //!   claim or pod, raised under the read's `resourceVersion`; a start checked against its
-//!   key's newest on the store's Lease) and adoption (`adopt.rs`). A fleet-safe sweep is not
-//!   built yet, so the backend does not serve fleet mode;
+//!   key's newest on the store's Lease), adoption (`adopt.rs`) and the fleet sweep
+//!   (`fleet_sweep.rs`); a fleet's backend is [`K8sBackend::connect_fleet`];
 //! - readiness and deaths come from `kube::runtime` watches (`wait.rs`, `deaths.rs`); a 410 Gone
 //!   relists;
 //! - API errors are classified ([`ErrorClass`]): 404 gone, 409 retried after a fresh read, 429
