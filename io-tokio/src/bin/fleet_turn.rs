@@ -1,7 +1,7 @@
 //! One turn of one session, by one process of a fleet on a local root: the process joins the
-//! fleet (`Keeper::fleet` over `LocalBackend` and `LocalStore` on `--root`), acquires a call for
-//! `--session`, checks that the session's workspace holds every earlier turn (`turns.txt`, one
-//! line per turn), appends its own, flushes the session log, and releases the call. Then it
+//! fleet (`Keeper::fleet` over `LocalBackend` and `LocalStore` on `--root`) and runs
+//! [`workload::run_turn`] (the session's workspace holds every earlier turn; it appends its
+//! own). Then it
 //! closes (the key is released with its record: the workspace kept as a snapshot), or, with
 //! `--linger`, stays up with the sandbox warm until it is killed (its key's record, written
 //! while it owns the key, lets the next process adopt the sandbox once its lease expires).
@@ -16,9 +16,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use sandkeeper::{CallId, CallSpec, Config, Fleet, PathName, ReleasePolicy, Scope, SessionId};
+use sandkeeper::{Config, ReleasePolicy, Scope, SessionId};
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::workload;
 use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 /// One turn of one session by one fleet process on a local root.
@@ -56,24 +57,14 @@ async fn main() {
 
 async fn run(args: Args) -> Result<(), String> {
     let session = SessionId::new(&args.session).map_err(|e| e.to_string())?;
-    if args.turn == 0 {
-        return Err("--turn starts at 1".into());
-    }
     let lease = Duration::from_millis(args.lease_ms);
-    let fleet = Fleet {
-        incarnation: 1, // the store hands out the real one
-        lease,
-        renew_every: lease / 3,
-        margin: lease / 5,
-        claim_retry: lease / 10,
-    };
     let core = Config {
         scope: Scope::Session,
         release: ReleasePolicy::KeepWarm {
             idle: Duration::from_secs(3_600),
         },
         wait_timeout: Duration::from_secs(args.wait_secs),
-        fleet: Some(fleet),
+        fleet: Some(workload::fleet_timing(lease)),
         ..Config::default()
     };
     let backend = LocalBackend::new(LocalConfig::new(&args.root))
@@ -82,46 +73,10 @@ async fn run(args: Args) -> Result<(), String> {
     let keeper = Keeper::fleet(KeeperConfig::with_core(core), backend, store)
         .await
         .map_err(|e| e.to_string())?;
-
-    let started = tokio::time::Instant::now();
-    let call = CallId::new(format!("turn-{}", args.turn)).map_err(|e| e.to_string())?;
-    let guard = keeper
-        .acquire(CallSpec::new(call, session.clone()))
-        .await
-        .map_err(|e| format!("acquire: {e}"))?;
-    let waited = started.elapsed();
-    let sandbox = guard.sandbox();
-    let work = guard.work();
-    let earlier = match work.read("turns.txt").await {
-        Ok(bytes) => String::from_utf8(bytes).map_err(|e| e.to_string())?,
-        Err(sandkeeper_tokio::OpError::NotFound { .. }) => String::new(),
-        Err(e) => return Err(format!("read turns.txt: {e}")),
-    };
-    let expected: String = (1..args.turn).map(|t| format!("turn {t}\n")).collect();
-    if earlier != expected {
-        return Err(format!(
-            "the workspace of {session} holds {earlier:?}, expected {expected:?}"
-        ));
-    }
-    let now = format!("{expected}turn {}\n", args.turn);
-    work.write("turns.txt", now.clone().into_bytes())
-        .await
-        .map_err(|e| format!("write turns.txt: {e}"))?;
-    keeper
-        .flush(&session, &PathName::session_log(), now.into_bytes())
-        .map_err(|e| e.to_string())?;
-    guard.release().await;
-    let stats = keeper.stats();
+    let report = workload::run_turn(&keeper, &session, args.turn).await?;
     println!(
         "{}",
-        serde_json::json!({
-            "session": session.as_str(),
-            "turn": args.turn,
-            "sandbox": sandbox.0,
-            "adopted": stats.adoptions_ordered > 0,
-            "resumed": stats.starts_ordered > 0 && args.turn > 1 && stats.adoptions_ordered == 0,
-            "waited_ms": waited.as_millis() as u64,
-        })
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
     );
     if let Some(secs) = args.linger {
         tokio::time::sleep(Duration::from_secs(secs)).await;

@@ -27,6 +27,7 @@
 mod options;
 mod summary;
 mod target;
+mod turn;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +48,7 @@ use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 pub use options::WorkloadOptions;
 pub use summary::Summary;
 pub use target::WorkloadTarget;
+pub use turn::{fleet_timing, run_turn, TurnReport};
 
 /// Why a workload could not run (failed checks are not errors: they are in the [`Summary`]).
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,90 @@
+//! One turn of one session by one process of a fleet: what the `fleet_turn` binaries (local,
+//! Kubernetes) run, so that tests can kill a process mid-session and check what the next one
+//! finds. The turn acquires a call for the session, checks that the session's workspace holds
+//! every earlier turn (`turns.txt`, one line per turn), appends its own, flushes the session
+//! log and releases the call.
+
+use std::time::Duration;
+
+use sandkeeper::{CallId, CallSpec, Fleet, PathName, SessionId};
+use serde::Serialize;
+
+use crate::ops::{OpError, SandboxOps};
+use crate::Keeper;
+
+/// What one turn did, printed as one JSON line by the binaries.
+#[derive(Clone, Debug, Serialize)]
+pub struct TurnReport {
+    /// The session.
+    pub session: String,
+    /// The turn's number.
+    pub turn: u32,
+    /// The sandbox the call ran in.
+    pub sandbox: u64,
+    /// The keeper adopted a sandbox another process handed over (or left when it crashed).
+    pub adopted: bool,
+    /// The keeper resumed the session's snapshot into a new sandbox.
+    pub resumed: bool,
+    /// How long the call waited for the session's key (another process holding it).
+    pub waited_ms: u64,
+}
+
+/// The fleet timing the binaries use for a `lease`: renewals every third of it, a fifth as
+/// margin, claims retried every tenth.
+pub fn fleet_timing(lease: Duration) -> Fleet {
+    Fleet {
+        incarnation: 1, // the store hands out the real one
+        lease,
+        renew_every: lease / 3,
+        margin: lease / 5,
+        claim_retry: lease / 10,
+    }
+}
+
+/// Runs turn `turn` (from 1) of `session` on `keeper`. Errors say which check failed.
+pub async fn run_turn<B: SandboxOps>(
+    keeper: &Keeper<B>,
+    session: &SessionId,
+    turn: u32,
+) -> Result<TurnReport, String> {
+    if turn == 0 {
+        return Err("turns count from 1".into());
+    }
+    let started = tokio::time::Instant::now();
+    let call = CallId::new(format!("turn-{turn}")).map_err(|e| e.to_string())?;
+    let guard = keeper
+        .acquire(CallSpec::new(call, session.clone()))
+        .await
+        .map_err(|e| format!("acquire: {e}"))?;
+    let waited = started.elapsed();
+    let sandbox = guard.sandbox();
+    let work = guard.work();
+    let earlier = match work.read("turns.txt").await {
+        Ok(bytes) => String::from_utf8(bytes).map_err(|e| e.to_string())?,
+        Err(OpError::NotFound { .. }) => String::new(),
+        Err(e) => return Err(format!("read turns.txt: {e}")),
+    };
+    let expected: String = (1..turn).map(|t| format!("turn {t}\n")).collect();
+    if earlier != expected {
+        return Err(format!(
+            "the workspace of {session} holds {earlier:?}, expected {expected:?}"
+        ));
+    }
+    let now = format!("{expected}turn {turn}\n");
+    work.write("turns.txt", now.clone().into_bytes())
+        .await
+        .map_err(|e| format!("write turns.txt: {e}"))?;
+    keeper
+        .flush(session, &PathName::session_log(), now.into_bytes())
+        .map_err(|e| e.to_string())?;
+    guard.release().await;
+    let stats = keeper.stats();
+    Ok(TurnReport {
+        session: session.as_str().to_string(),
+        turn,
+        sandbox: sandbox.0,
+        adopted: stats.adoptions_ordered > 0,
+        resumed: stats.starts_ordered > 0 && turn > 1 && stats.adoptions_ordered == 0,
+        waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+    })
+}
