@@ -9,7 +9,7 @@
 //! patched on the pod (the claim's `additionalPodMetadata` is patched too, so a controller that
 //! reconciles pod labels from it keeps the new owner).
 
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::ResourceExt;
 use sandkeeper::Token;
 use serde_json::json;
@@ -35,7 +35,7 @@ impl Cluster {
         let owner = json!({ OWNER: self.config.owner });
         match &self.config.mode {
             Mode::AgentSandbox { .. } => {
-                let claims = self.list_labelled_claims(&selector).await?;
+                let claims = self.list_claims(&selector).await?;
                 let [claim] = claims.as_slice() else {
                     return Err(gone(&format!("{} claims carry its label", claims.len())));
                 };
@@ -45,7 +45,7 @@ impl Cluster {
                     "metadata": {"labels": owner},
                     "spec": {"additionalPodMetadata": {"labels": owner}},
                 });
-                self.patch_claim_json(&claim, &patch).await?;
+                self.merge_patch_claim(&claim, &patch).await?;
                 let sandbox_name = self.wait_claim_ready(&claim).await?;
                 let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
                 self.patch_pod_labels(&pod, &owner).await?;
@@ -58,7 +58,7 @@ impl Cluster {
                 })
             }
             Mode::Pod { .. } => {
-                let pods = self.list_labelled_pods(&selector).await?;
+                let pods = self.list_pods(&selector).await?;
                 let [pod] = pods.as_slice() else {
                     return Err(gone(&format!("{} pods carry its label", pods.len())));
                 };
@@ -75,55 +75,6 @@ impl Cluster {
                 })
             }
         }
-    }
-
-    async fn list_labelled_claims(
-        &self,
-        selector: &str,
-    ) -> Result<Vec<crate::crd::SandboxClaim>, K8sError> {
-        let lp = ListParams::default().labels(selector);
-        self.retry
-            .run(|| async {
-                self.claims()
-                    .list(&lp)
-                    .await
-                    .map(|l| l.items)
-                    .map_err(|e| err(e, calls::LIST_CLAIMS, "claims"))
-            })
-            .await
-    }
-
-    async fn list_labelled_pods(
-        &self,
-        selector: &str,
-    ) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, K8sError> {
-        let lp = ListParams::default().labels(selector);
-        self.retry
-            .run(|| async {
-                self.pods()
-                    .list(&lp)
-                    .await
-                    .map(|l| l.items)
-                    .map_err(|e| err(e, calls::LIST_PODS, "pods"))
-            })
-            .await
-    }
-
-    async fn patch_claim_json(
-        &self,
-        claim: &str,
-        patch: &serde_json::Value,
-    ) -> Result<(), K8sError> {
-        let what = format!("claim {claim}");
-        self.retry
-            .run(|| async {
-                self.claims()
-                    .patch(claim, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| err(e, calls::PATCH_CLAIM, &what))
-            })
-            .await
     }
 
     async fn patch_pod_labels(

@@ -130,23 +130,13 @@ impl Cluster {
     /// The objects of sandboxes in the namespace: claims in agent-sandbox mode, pods in pod
     /// mode (a claim's pod goes with its claim).
     async fn fleet_objects(&self) -> Result<Vec<FleetObject>, K8sError> {
-        let lp = ListParams::default().labels(SANDBOX);
         let number = |labels: &BTreeMap<String, String>| {
             labels.get(SANDBOX).and_then(|n| n.parse::<u64>().ok())
         };
         let mut out = vec![];
         match &self.config.mode {
             Mode::AgentSandbox { .. } => {
-                let claims = self
-                    .retry
-                    .run(|| async {
-                        self.claims()
-                            .list(&lp)
-                            .await
-                            .map(|l| l.items)
-                            .map_err(|e| err(e, calls::LIST_CLAIMS, "claims"))
-                    })
-                    .await?;
+                let claims = self.list_claims(SANDBOX).await?;
                 let suspended: BTreeSet<String> = self
                     .retry
                     .run(|| async {
@@ -191,16 +181,7 @@ impl Cluster {
                 }
             }
             Mode::Pod { .. } => {
-                let pods = self
-                    .retry
-                    .run(|| async {
-                        self.pods()
-                            .list(&lp)
-                            .await
-                            .map(|l| l.items)
-                            .map_err(|e| err(e, calls::LIST_PODS, "pods"))
-                    })
-                    .await?;
+                let pods = self.list_pods(SANDBOX).await?;
                 for p in pods {
                     let Some(sandbox) = number(p.labels()) else {
                         continue;

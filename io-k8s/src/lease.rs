@@ -172,7 +172,10 @@ impl Cluster {
         }
     }
 
-    async fn list_claims(&self, selector: &str) -> Result<Vec<crate::crd::SandboxClaim>, K8sError> {
+    pub(crate) async fn list_claims(
+        &self,
+        selector: &str,
+    ) -> Result<Vec<crate::crd::SandboxClaim>, K8sError> {
         let lp = ListParams::default().labels(selector);
         self.retry
             .run(|| async {
@@ -185,7 +188,7 @@ impl Cluster {
             .await
     }
 
-    async fn list_pods(
+    pub(crate) async fn list_pods(
         &self,
         selector: &str,
     ) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, K8sError> {

@@ -208,7 +208,7 @@ impl Cluster {
     }
 
     /// Merge-patches a claim, retried.
-    async fn merge_patch_claim(
+    pub(crate) async fn merge_patch_claim(
         &self,
         claim: &str,
         patch: &serde_json::Value,
