@@ -22,8 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::ResourceExt;
 use sandkeeper::{
-    sweep_verdict, Instant, KeyRecord, RecordedSnapshot, SandboxId, Snapshot, SweepKey,
-    SweepObject, SweepVerdict,
+    sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
 };
 use sandkeeper_tokio::local::store::{unix_ms, Swept};
 
@@ -58,7 +57,7 @@ impl K8sStore {
                 key.clone(),
                 SweepKey {
                     owner_live,
-                    record: core_record(&record),
+                    record: record.on_unix_clock(),
                 },
             );
             leases.insert(key, lease);
@@ -231,19 +230,5 @@ impl Cluster {
             Err(e) if e.is_gone() => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// A stored record on the sweep's clock (retention in nanoseconds since the Unix epoch).
-fn core_record(record: &sandkeeper_tokio::store::StoredRecord) -> KeyRecord {
-    KeyRecord {
-        snapshot: record.snapshot.as_ref().map(|s| RecordedSnapshot {
-            snapshot: s.snapshot.clone(),
-            by: s.by,
-            retain_until: s
-                .retain_until_ms
-                .map(|ms| Instant::from_nanos(ms.saturating_mul(1_000_000))),
-        }),
-        warm: record.warm,
     }
 }

@@ -44,6 +44,23 @@ pub struct StoredRecord {
     pub warm: Option<SandboxId>,
 }
 
+impl StoredRecord {
+    /// The record as the core's, on the clock a sweep takes (an [`Instant`](sandkeeper::Instant)
+    /// of nanoseconds since the Unix epoch).
+    pub fn on_unix_clock(&self) -> KeyRecord {
+        KeyRecord {
+            snapshot: self.snapshot.as_ref().map(|s| RecordedSnapshot {
+                snapshot: s.snapshot.clone(),
+                by: s.by,
+                retain_until: s
+                    .retain_until_ms
+                    .map(|ms| sandkeeper::Instant::from_nanos(ms.saturating_mul(1_000_000))),
+            }),
+            warm: self.warm,
+        }
+    }
+}
+
 /// How the store answered a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {

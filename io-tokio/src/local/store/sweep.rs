@@ -20,12 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandkeeper::{
-    sweep_verdict, Instant, KeyRecord, RecordedSnapshot, SandboxId, Snapshot, SweepKey,
-    SweepObject, SweepVerdict,
+    sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
 };
 
 use super::{parse_key, unix_ms, LocalStore, StoreError};
-use crate::store::StoredRecord;
 
 /// What one sweep removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,7 +65,7 @@ impl LocalStore {
                     Some(owner) => self.is_live(owner, now)?,
                     None => false,
                 };
-                let record = core_record(&entry.record);
+                let record = entry.record.on_unix_clock();
                 keys.insert(key.clone(), SweepKey { owner_live, record });
                 entries.insert(key, entry);
             }
@@ -198,18 +196,4 @@ fn read_expiry(dir: &Path) -> Option<Instant> {
 fn core_instant(t: SystemTime) -> Instant {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
-}
-
-/// A stored record on the sweep's clock (retention in nanoseconds since the Unix epoch).
-fn core_record(record: &StoredRecord) -> KeyRecord {
-    KeyRecord {
-        snapshot: record.snapshot.as_ref().map(|s| RecordedSnapshot {
-            snapshot: s.snapshot.clone(),
-            by: s.by,
-            retain_until: s
-                .retain_until_ms
-                .map(|ms| Instant::from_nanos(ms.saturating_mul(1_000_000))),
-        }),
-        warm: record.warm,
-    }
 }
