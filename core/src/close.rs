@@ -228,6 +228,21 @@ impl Lifecycle {
         // Revoking ended every call, and every sandbox left the way uploads go: no call and no
         // upload is left to forget.
         debug_assert!(self.calls.is_empty() && self.uploads.is_empty());
+        // The snapshots the keys keep (fleet keys released theirs into their records, noted
+        // as they were released).
+        let mut retained = report.retained;
+        for (_, slot) in self.keys.iter() {
+            if let Some((snapshot, _)) = &slot.snapshot {
+                retained.push(crate::event::Retained {
+                    key: slot.key.clone(),
+                    snapshot: snapshot.clone(),
+                    until: slot.retain.map(|at| at.at),
+                });
+            }
+        }
+        retained.sort_by(|a, b| a.key.cmp(&b.key));
+        retained.dedup_by(|a, b| a.key == b.key);
+        let report = CloseReport { retained, ..report };
         // No timer is cleared: each goes stale with its owner's record, and the pruning at the
         // end of this input drops them all (the `closed` invariant checks it).
         self.sandboxes.clear();

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::command::HookPoint;
 use crate::error::{DropReason, ErrorKind};
 use crate::fleet::Token;
-use crate::ids::{Key, SandboxId, Version};
+use crate::ids::{Key, SandboxId, Snapshot, Version};
 use crate::name::{CallId, PathName, SessionId};
+use crate::time::Instant;
 
 /// Something the application may wait for or should know.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,4 +151,22 @@ pub struct CloseReport {
     /// Sandboxes whose Shutdown was ordered but not acknowledged (failed, or not by the second
     /// deadline).
     pub unconfirmed: Vec<SandboxId>,
+    /// The snapshots close leaves behind for the keys' next starts (a suspended sandbox, or
+    /// the snapshot a Stop took), each with the end of its retention, in key order. In fleet
+    /// mode they went into the keys' durable records, which carry the retention to the next
+    /// owner, this process restarted included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retained: Vec<Retained>,
+}
+
+/// A key's snapshot that outlives close ([`CloseReport::retained`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retained {
+    /// The key.
+    pub key: Key,
+    /// Its snapshot.
+    pub snapshot: Snapshot,
+    /// The end of its retention (the core's time), when the policy has one; `None`: kept until
+    /// the key's next start.
+    pub until: Option<Instant>,
 }

@@ -281,7 +281,7 @@ pub use config::{
     Config, Hooks, Limits, ReleasePolicy, SameKey, Scope, SuspendHookFailure, Tiers, WayDown,
 };
 pub use error::{DropReason, Error, ErrorKind};
-pub use event::{CloseReport, Event, FenceReason, Settlement};
+pub use event::{CloseReport, Event, FenceReason, Retained, Settlement};
 pub use fleet::{
     ClaimId, Fleet, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, RenewalId, StoreCommand,
     Token,

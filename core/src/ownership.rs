@@ -524,6 +524,15 @@ impl Lifecycle {
         };
         slot.own = Own::Releasing(release, token);
         tracing::debug!(%release, key = %slot.key, ?record, "release key");
+        if let (Some(recorded), Some(report)) = (&record.snapshot, self.close.report_mut()) {
+            // Close lets the key go with its snapshot: reported, with its retention.
+            report.retained.retain(|r| r.key != slot.key);
+            report.retained.push(crate::event::Retained {
+                key: slot.key.clone(),
+                snapshot: recorded.snapshot.clone(),
+                until: recorded.retain_until,
+            });
+        }
         self.stats.releases_ordered += 1;
         self.store.push_back(StoreCommand::Release {
             release,

@@ -583,6 +583,19 @@ fn close_releases_every_owned_key_with_its_record() {
     core.handle_key_released(ms(21), ReleaseId(0), &key("s1"))
         .unwrap();
     assert!(core.is_closed());
+    // The report names the snapshot the key's record carries on.
+    let retained = events(&mut core).into_iter().find_map(|e| match e {
+        Event::Closed { report } => Some(report.retained),
+        _ => None,
+    });
+    assert_eq!(
+        retained,
+        Some(vec![Retained {
+            key: key("s1"),
+            snapshot: Snapshot::new("snap-1"),
+            until: None,
+        }])
+    );
 }
 
 #[test]

@@ -221,6 +221,30 @@ fn close_suspends_the_warm_and_leaves_retention_to_the_backend() {
     assert!(until.is_some());
     assert!(h.core.is_closed());
     assert_eq!(h.core.stats().discards, 0);
+    // The close report names the snapshot left behind and the end of its retention (the
+    // core's own: never later than the one the Persist gave the backend).
+    let report = h
+        .take_events()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::Closed { report } => Some(report),
+            _ => None,
+        })
+        .expect("closed");
+    match report.retained.as_slice() {
+        [Retained {
+            key,
+            snapshot,
+            until: Some(end),
+        }] => {
+            assert_eq!(
+                (key.to_string().as_str(), snapshot.as_str()),
+                ("session:s", "snap-x")
+            );
+            assert!(*end <= until.unwrap(), "{end:?} {until:?}");
+        }
+        other => panic!("one retained snapshot: {other:?}"),
+    }
 }
 
 /// A zero retention is refused with the field's name.

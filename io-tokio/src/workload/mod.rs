@@ -458,10 +458,12 @@ pub async fn run<B: WorkloadTarget>(
     row(
         "close",
         format!(
-            "{} shut down, {} revoked calls, {} dropped versions",
+            "{} shut down, {} revoked calls, {} dropped versions, {} snapshots kept ({} until a retention ends)",
             report.shut_down,
             report.revoked_calls.len(),
-            report.dropped_versions.len()
+            report.dropped_versions.len(),
+            report.retained.len(),
+            report.retained.iter().filter(|r| r.until.is_some()).count()
         ),
     );
     row(
