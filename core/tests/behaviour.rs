@@ -1324,6 +1324,7 @@ fn close_revokes_what_is_left_at_the_deadline_and_reports_it() {
             shut_down: 2,
             suspended: vec![],
             unconfirmed: vec![],
+            retained: vec![],
         }),
     }]);
     h.assert_all_settled();
@@ -1347,6 +1348,12 @@ fn close_reports_suspended_and_unconfirmed_after_the_second_deadline() {
     h.expect_events(&[Event::Closed {
         report: Box::new(CloseReport {
             suspended: vec![x],
+            // Kept until the key's next start: no retention.
+            retained: vec![Retained {
+                key: Key::Session(session("s")),
+                snapshot: Snapshot::new("snap"),
+                until: None,
+            }],
             ..CloseReport::default()
         }),
     }]);
@@ -1909,6 +1916,7 @@ fn every_variant_round_trips() {
                 shut_down: 3,
                 suspended: vec![x],
                 unconfirmed: vec![SandboxId(8)],
+                retained: vec![],
             }),
         },
     ];
