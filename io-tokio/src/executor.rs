@@ -223,7 +223,7 @@ impl<B: Backend> TokioExecutor<B> {
             let (tx, rx) = mpsc::unbounded_channel();
             let span = tracing::info_span!("sandbox", sandbox = %sandbox);
             self.runtime
-                .spawn(Self::lane(shared.clone(), sandbox, rx).instrument(span));
+                .spawn(Self::lane(Arc::downgrade(shared), sandbox, rx).instrument(span));
             tx
         });
         let lane_command = LaneCommand {
@@ -248,8 +248,12 @@ impl<B: Backend> TokioExecutor<B> {
     }
 
     /// One sandbox's lifecycle commands, in order.
+    ///
+    /// It holds the shell weakly while it waits for the next command (a warm sandbox's lane
+    /// waits as long as the sandbox is up): a keeper dropped without close is gone, its timer
+    /// and renewals with it, rather than kept alive by its lanes.
     async fn lane(
-        shared: Arc<Shared<Self>>,
+        shared: std::sync::Weak<Shared<Self>>,
         sandbox: SandboxId,
         mut commands: mpsc::UnboundedReceiver<LaneCommand>,
     ) {
@@ -259,6 +263,10 @@ impl<B: Backend> TokioExecutor<B> {
             abandon,
         }) = commands.recv().await
         {
+            let Some(shared) = shared.upgrade() else {
+                tracing::debug!(sandbox = %sandbox, "keeper gone: lane ends");
+                return;
+            };
             let this = shared.executor();
             let permits = this.lifecycle_permits.clone();
             let backend = this.backend.clone();

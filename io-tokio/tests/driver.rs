@@ -800,3 +800,32 @@ async fn the_death_sink_says_when_the_keeper_stops_listening() {
     drop(k);
     stopped.await.unwrap();
 }
+
+/// A keeper dropped without close is gone, even with a warm sandbox whose lane waits for its
+/// next command: its lanes hold it weakly, so its timer (and in fleet mode its renewals) stop.
+/// Found by the fleet test on the Kubernetes loopback: a "crashed" keeper kept renewing and
+/// handed its key over instead of letting its lease expire.
+#[tokio::test(start_paused = true)]
+async fn a_keeper_dropped_with_a_warm_sandbox_is_gone() {
+    let core = Config {
+        release: ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(3_600),
+        },
+        ..Config::default()
+    };
+    let k = keeper(core, FaultBackend::reliable());
+    let mut notices = k.subscribe();
+    let guard = k.acquire(spec("c1", "s1")).await.unwrap();
+    guard.release().await;
+    drop(k);
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match notices.recv().await {
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the keeper outlived its last handle");
+}
