@@ -22,6 +22,7 @@
 //! | `sweep-live` | the sweep (every few seconds, by [`sandkeeper::sweep_verdict`] on the clock of a replica that is up) removes no sandbox that a replica with a live lease drives, and no snapshot such a replica then resumes |
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
+//! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //!
@@ -30,6 +31,7 @@
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod retired;
 mod store;
 
 use std::cmp::Reverse;
@@ -144,6 +146,8 @@ struct Replica {
     disturbed: u64,
     /// Lease lapses seen so far.
     lapses: u64,
+    /// The tokens it held and may no longer order anything under (`fenced-token-retired`).
+    retired: retired::Retired,
 }
 
 impl Replica {
@@ -349,6 +353,7 @@ impl World {
             next_wake: u64::MAX,
             disturbed: now,
             lapses: 0,
+            retired: retired::Retired::default(),
         }
     }
 
@@ -453,6 +458,12 @@ impl World {
                 if let Input::Renewed { renewal, .. } = &input {
                     self.confirmed(r, *renewal);
                 }
+                if let Input::Claimed {
+                    claim, key, token, ..
+                } = &input
+                {
+                    self.replicas[r].retired.claimed(*claim, key, *token);
+                }
                 self.input(r, move |core, t| core.handle(t, input).map(|_| ()));
             }
             Ev::Pause(r, ns) => {
@@ -524,10 +535,14 @@ impl World {
                 if *epoch != replica.epoch {
                     replica.epoch = *epoch;
                     replica.valid_until = None;
+                    replica.retired.epoch_moved(*epoch);
                 }
                 replica.renewals.insert(*renewal, (local, *epoch));
             } else {
                 self.lease_valid(r, local, &format!("{cmd:?}"));
+                if let Err(detail) = self.replicas[r].retired.store_ordered(&cmd) {
+                    self.fail("fenced-token-retired", format!("replica {r} {detail}"));
+                }
             }
             let inc = self.replicas[r].incarnation;
             let latency = if self.faults && self.rng.chance(50) {
@@ -540,6 +555,9 @@ impl World {
         while let Some(cmd) = self.replicas[r].core.poll_command() {
             if cmd.token().is_some() {
                 self.lease_valid(r, local, &format!("{cmd:?}"));
+            }
+            if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
+                self.fail("fenced-token-retired", format!("replica {r} {detail}"));
             }
             self.seq += 1;
             let seq = self.seq;
@@ -700,7 +718,8 @@ impl World {
                     self.fail(v.check, v.detail);
                 }
             }
-            Event::KeyFenced { reason, .. } => {
+            Event::KeyFenced { key, token, reason } => {
+                self.replicas[r].retired.fenced(key, token);
                 self.report.marks.insert(match reason {
                     FenceReason::LeaseLapsed => "fence-lapse",
                     FenceReason::Refused => "fence-refused",
