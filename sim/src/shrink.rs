@@ -50,6 +50,7 @@ fn with_steps(base: &Scenario, steps: Vec<Step>) -> Scenario {
             .enumerate()
             .map(|(i, s)| (i + 2, s))
             .collect(),
+        fleet: base.fleet.clone(),
     }
 }
 
@@ -82,6 +83,7 @@ pub fn shrink_seed(seed: u64, operations: bool) -> Result<Shrunk, ShrinkError> {
         config: report.config.clone(),
         close_deadline: report.close_deadline,
         steps: Vec::new(),
+        fleet: None,
     };
     let mut current = steps;
     let first = with_steps(&base, current.clone());

@@ -11,6 +11,9 @@
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
+//! A fleet scenario (a `.scn` file with a `fleet` line) drives the same world instead of a
+//! seed: `script` takes every choice the seed would make from the scenario's steps.
+//!
 //! Checked after every step:
 //!
 //! | check | what must hold |
@@ -32,6 +35,7 @@
 
 mod backend;
 mod retired;
+pub(crate) mod script;
 mod store;
 
 use std::cmp::Reverse;
@@ -162,6 +166,16 @@ impl Replica {
         let t = i128::from(elapsed) * 1_000_000 / i128::from(1_000_000 + self.drift_ppm);
         self.base_true + t as u64 + 1
     }
+
+    /// The earliest true time at which its clock reads `local` or later.
+    fn wake_at(&self, local: u64) -> u64 {
+        let t = self.true_of(local);
+        if t > self.base_true && self.local(t - 1) >= local {
+            t - 1
+        } else {
+            t
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -208,6 +222,10 @@ struct World {
     swept_snapshots: BTreeSet<String>,
     /// Print every step (`FleetOptions::trace`).
     trace: bool,
+    /// The first check that broke and what it saw, beside `report.failure`.
+    failed: Option<(String, String)>,
+    /// A scenario drives this world (`script`); `None` for a seed's world.
+    script: Option<Box<script::Script>>,
 }
 
 /// Runs one fleet seed.
@@ -277,6 +295,8 @@ impl World {
             swept_sandboxes: BTreeSet::new(),
             swept_snapshots: BTreeSet::new(),
             trace: opts.trace,
+            failed: None,
+            script: None,
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
@@ -322,18 +342,24 @@ impl World {
     fn boot(&mut self, now: u64) -> Replica {
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
+        // Most clocks drift within the margin (2 s over a 10 s lease); one in ten beyond it.
+        let drift_ppm = if self.rng.chance(100) {
+            self.rng.range(0, 600_000) as i64 - 300_000
+        } else {
+            self.rng.range(0, 40_000) as i64 - 20_000
+        };
+        self.boot_as(incarnation, now, drift_ppm)
+    }
+
+    /// A new process, incarnation `incarnation`, started at `now` with a clock that drifts by
+    /// `drift_ppm` parts per million against true time.
+    fn boot_as(&mut self, incarnation: u32, now: u64, drift_ppm: i64) -> Replica {
         let config = Config {
             fleet: Some(Fleet {
                 incarnation,
                 ..self.fleet
             }),
             ..self.config.clone()
-        };
-        // Most clocks drift within the margin (2 s over a 10 s lease); one in ten beyond it.
-        let drift_ppm = if self.rng.chance(100) {
-            self.rng.range(0, 600_000) as i64 - 300_000
-        } else {
-            self.rng.range(0, 40_000) as i64 - 20_000
         };
         Replica {
             core: Lifecycle::new(config).expect("a valid configuration"),
@@ -366,6 +392,8 @@ impl World {
 
     fn fail(&mut self, check: &str, detail: String) {
         if self.report.failure.is_none() {
+            let detail_at = format!("{detail} (at {} ms)", self.now / MS);
+            self.failed = Some((check.to_string(), detail_at));
             self.report.failure = Some(format!(
                 "invariant {check} broken: {detail} (at {} ms)",
                 self.now / MS
@@ -385,17 +413,22 @@ impl World {
                 self.store_fail = 0;
             }
             let ev = self.events[i].take().expect("each event once");
-            self.report.steps += 1;
-            if self.trace {
-                println!("{:>9} ms {ev:?}", at / MS);
-            }
-            self.step(ev);
-            if let Some(v) = self.backend.violation.take() {
-                self.fail("token-order", v);
-            }
+            self.process(ev);
         }
         if self.report.failure.is_none() {
             self.liveness();
+        }
+    }
+
+    /// One event at `now`, counted, then the backend's `token-order` check.
+    fn process(&mut self, ev: Ev) {
+        self.report.steps += 1;
+        if self.trace {
+            println!("{:>9} ms {ev:?}", self.now / MS);
+        }
+        self.step(ev);
+        if let Some(v) = self.backend.violation.take() {
+            self.fail("token-order", v);
         }
     }
 
@@ -545,6 +578,10 @@ impl World {
                 }
             }
             let inc = self.replicas[r].incarnation;
+            if self.script.is_some() {
+                self.script_store_ordered(r, inc, cmd);
+                continue;
+            }
             let latency = if self.faults && self.rng.chance(50) {
                 self.rng.range(1_000, 6_000)
             } else {
@@ -581,14 +618,22 @@ impl World {
                     self.report.marks.insert("resume-from-record");
                 }
             }
+            if self.script.is_some() {
+                self.script_ordered(r, inc, cmd, seq);
+                continue;
+            }
             let latency = self.rng.range(1, 300);
             self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
         }
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
         }
+        if self.script.is_some() {
+            self.script_drained(r);
+        }
         let lapses = self.replicas[r].core.stats().lease_lapses;
-        if lapses > self.replicas[r].lapses {
+        // A scenario's lapses are its own doing: the check is the random world's.
+        if lapses > self.replicas[r].lapses && self.script.is_none() {
             self.replicas[r].lapses = lapses;
             let lease = self.fleet.lease.as_nanos() as u64;
             let replica = &self.replicas[r];
@@ -604,7 +649,13 @@ impl World {
             }
         }
         if let Some(next) = self.replicas[r].core.poll_timeout() {
-            let at = self.replicas[r].true_of(next.as_nanos()).max(self.now);
+            let at = if self.script.is_some() {
+                // A scenario's `advance 3s` reaches a timer due at 3 s on a replica's clock.
+                self.replicas[r].wake_at(next.as_nanos())
+            } else {
+                self.replicas[r].true_of(next.as_nanos())
+            };
+            let at = at.max(self.now);
             // One wake-up pending per replica: the earliest one.
             if at < self.replicas[r].next_wake {
                 self.replicas[r].next_wake = at;
@@ -685,11 +736,19 @@ impl World {
 
     fn event(&mut self, r: usize, ev: Event) {
         let inc = self.replicas[r].incarnation;
+        if self.script.is_some() {
+            self.script_saw_event(r, &ev);
+        }
+        // A scenario's application does what its steps say, nothing on its own.
+        let scripted = self.script.is_some();
         match ev {
             Event::CallReady { call, .. } => {
                 if let Some((session, phase)) = self.replicas[r].calls.get_mut(&call) {
                     *phase = Phase::Ready;
                     let session = session.clone();
+                    if scripted {
+                        return;
+                    }
                     let flush = self.rng.range(10, 500) * MS;
                     self.push(self.now + flush, Ev::Flush(r, inc, session));
                     let done = flush + self.rng.range(10, 2_000) * MS;
@@ -703,7 +762,9 @@ impl World {
                 self.replicas[r].calls.remove(&call);
             }
             Event::SandboxLost { call, .. } => {
-                self.push(self.now + MS, Ev::Release(r, inc, call));
+                if !scripted {
+                    self.push(self.now + MS, Ev::Release(r, inc, call));
+                }
             }
             Event::Settled {
                 session,
@@ -733,25 +794,39 @@ impl World {
     }
 
     fn apply(&mut self, r: usize, inc: u32, cmd: Command, seq: u64) {
-        let replica = &self.replicas[r];
-        // The driver dropped what its core abandoned, relinquished or cancelled before it ran
-        // (only its own incarnation's: a crashed one's requests in flight still land).
-        if replica.incarnation == inc {
-            let dropped = replica
-                .dropped_before
-                .get(&cmd.sandbox())
-                .is_some_and(|before| seq < *before)
-                && !matches!(cmd, Command::Shutdown { .. } | Command::Upload { .. });
-            let cancelled = matches!(&cmd, Command::Upload { upload, .. } if replica.cancelled.contains(upload));
-            if dropped || cancelled {
-                return;
-            }
+        if self.dropped(r, inc, &cmd, seq) {
+            return;
         }
+        let outcome = self.backend_runs(r, inc, &cmd);
+        self.answer(r, inc, &cmd, outcome);
+    }
+
+    /// Whether the driver of replica `r` dropped `cmd`, ordered as `seq` by incarnation `inc`,
+    /// before it ran: what its core abandoned, relinquished or cancelled meanwhile (only its own
+    /// incarnation's: a crashed one's requests in flight still land).
+    fn dropped(&self, r: usize, inc: u32, cmd: &Command, seq: u64) -> bool {
+        let replica = &self.replicas[r];
+        if replica.incarnation != inc {
+            return false;
+        }
+        let dropped = replica
+            .dropped_before
+            .get(&cmd.sandbox())
+            .is_some_and(|before| seq < *before)
+            && !matches!(cmd, Command::Shutdown { .. } | Command::Upload { .. });
+        let cancelled =
+            matches!(cmd, Command::Upload { upload, .. } if replica.cancelled.contains(upload));
+        dropped || cancelled
+    }
+
+    /// The backend runs `cmd`, which incarnation `inc` of replica `r` ordered, with the checks
+    /// and marks that go with it: what it did.
+    fn backend_runs(&mut self, r: usize, inc: u32, cmd: &Command) -> Outcome {
         // `record-shut-down`: a released key's durable record that names this sandbox warm (an
         // owned key's record names the sandbox its owner runs, which the owner may shut down
         // before it writes the record again: a next owner after a crash finds it gone and
         // starts afresh).
-        let named = match &cmd {
+        let named = match cmd {
             Command::Shutdown { sandbox, .. } => self
                 .store
                 .keys
@@ -763,7 +838,7 @@ impl World {
         if let Command::Start {
             resume_from: Some(snapshot),
             ..
-        } = &cmd
+        } = cmd
         {
             if self.swept_snapshots.contains(snapshot.as_str()) && self.owner_live(r, inc) {
                 self.fail(
@@ -776,7 +851,7 @@ impl World {
                 );
             }
         }
-        let outcome = self.backend.apply(&cmd);
+        let outcome = self.backend.apply(cmd);
         if let (
             Command::Persist {
                 snapshot: Some(snapshot),
@@ -784,7 +859,7 @@ impl World {
                 ..
             },
             Outcome::Ok(_),
-        ) = (&cmd, &outcome)
+        ) = (cmd, &outcome)
         {
             let until = self.replicas[r].true_of(until.as_nanos());
             if let Some(kept) = self.backend.snapshots.get_mut(snapshot.as_str()) {
@@ -806,16 +881,24 @@ impl World {
         if outcome == Outcome::Fenced {
             self.report.marks.insert("backend-refused");
         }
-        self.answer(r, inc, &cmd, outcome);
+        outcome
     }
 
     fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
-        let Some(deadline) = cmd.deadline() else {
+        let Some((input, deadline)) = Self::answer_of(cmd, outcome) else {
             return;
         };
+        let latency = self.rng.range(1, 200);
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    /// What the driver answers its core once the backend ran `cmd` (`outcome`), with the
+    /// command's deadline; `None` for a command that wants no answer.
+    fn answer_of(cmd: &Command, outcome: Outcome) -> Option<(Input, Instant)> {
+        let deadline = cmd.deadline()?;
         let sandbox = cmd.sandbox();
         let input = match (cmd, outcome) {
-            (_, Outcome::Silent) => return,
+            (_, Outcome::Silent) => return None,
             (_, Outcome::Fenced) => Input::Fenced { sandbox },
             (Command::Start { .. } | Command::Adopt { .. }, Outcome::Ok(_)) => {
                 Input::StartOk { sandbox }
@@ -837,11 +920,33 @@ impl World {
             (Command::Hook { .. }, _) => Input::HookFailed { sandbox },
             (other, outcome) => unreachable!("{other:?} answered {outcome:?}"),
         };
-        let latency = self.rng.range(1, 200);
-        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+        Some((input, deadline))
     }
 
     fn store_apply(&mut self, r: usize, inc: u32, cmd: StoreCommand) {
+        let fails = self.rng.chance(self.store_fail);
+        let (input, deadline) = self.store_runs(r, inc, cmd, fails);
+        if inc != self.replicas[r].incarnation {
+            return; // the process that asked crashed; the write (if any) stays
+        }
+        let latency = if self.faults && self.rng.chance(50) {
+            self.rng.range(1_000, 6_000)
+        } else {
+            self.rng.range(1, 50)
+        };
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    /// The store takes `cmd`, which incarnation `inc` of replica `r` ordered (or errs, when
+    /// `fails`), with the checks and marks that go with it: the answer and its deadline (for
+    /// nobody when that incarnation crashed since; the write, if any, stays).
+    fn store_runs(
+        &mut self,
+        r: usize,
+        inc: u32,
+        cmd: StoreCommand,
+        fails: bool,
+    ) -> (Input, Instant) {
         let deadline = cmd.deadline();
         let written = match &cmd {
             StoreCommand::Record { key, .. } | StoreCommand::Release { key, .. } => {
@@ -849,7 +954,6 @@ impl World {
             }
             _ => None,
         };
-        let fails = self.rng.chance(self.store_fail);
         let input = match cmd {
             StoreCommand::Renew { renewal, epoch, .. } => {
                 match (!fails)
@@ -958,15 +1062,7 @@ impl World {
         if written.is_some() {
             self.records_name_nothing_swept(written.as_ref());
         }
-        if inc != self.replicas[r].incarnation {
-            return; // the process that asked crashed; the write (if any) stays
-        }
-        let latency = if self.faults && self.rng.chance(50) {
-            self.rng.range(1_000, 6_000)
-        } else {
-            self.rng.range(1, 50)
-        };
-        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+        (input, deadline)
     }
 
     /// A claim took a key from `before`'s owner: mark what made that possible.
@@ -1031,6 +1127,11 @@ impl World {
             return;
         }
         let sweeper = up[self.rng.index(up.len())];
+        self.sweep_on(sweeper);
+    }
+
+    /// The sweep of [`sweep`](Self::sweep), on the clock of replica `sweeper`.
+    fn sweep_on(&mut self, sweeper: usize) {
         let lease = self.fleet.lease.as_nanos() as u64;
         let clock = self.replicas[sweeper].local(self.now);
         let judged = clock.saturating_sub(lease);
