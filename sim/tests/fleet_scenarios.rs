@@ -3,11 +3,34 @@
 //! the world cannot take as written are errors of the scenario at their line; expectations are
 //! checked, not assumed; steps print back as the lines they came from.
 
+use std::path::Path;
+
 use sim::scenario::{config_line, fleet_line_text, parse, run_scenario, Verdict};
 
 fn run_text(text: &str) -> Verdict {
     let scenario = parse(text).expect("parses");
     run_scenario(&scenario, None)
+}
+
+#[test]
+fn the_fleet_behaviours_have_scenarios() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("scenarios dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    for pinned in [
+        "fleet-handoff-warm.scn",
+        "fleet-crash-adopt.scn",
+        "fleet-crash-resume.scn",
+        "fleet-lapse-fences.scn",
+        "fleet-backend-refuses-old-token.scn",
+    ] {
+        assert!(names.iter().any(|n| n == pinned), "no {pinned}");
+        let text = std::fs::read_to_string(dir.join(pinned)).expect("readable");
+        let scenario = parse(&text).expect("parses");
+        assert!(scenario.fleet.is_some(), "{pinned} declares no fleet");
+    }
 }
 
 #[test]
