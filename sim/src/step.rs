@@ -247,6 +247,10 @@ pub const STATES: [sandkeeper::SandboxState; 9] = [
 
 /// Writes a duration the way scenario files spell it.
 pub fn fmt_duration(d: Duration) -> String {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        // Finer than a millisecond: only a fleet's `advance` takes it.
+        return format!("{}ns", d.as_nanos());
+    }
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)

@@ -145,6 +145,19 @@ fn malformed_fleet_lines_are_named() {
             2,
             "whole fleet",
         ),
+        ("fleet replicas=2 events=sometimes\n", 1, "on-advance"),
+        ("fleet replicas=2 backend-fencing=maybe\n", 1, "on or off"),
+        ("fleet replicas=2 calm-after=soon\n", 1, "duration"),
+        ("fleet replicas=2\n[r0] renewed run=first\n", 2, "integer"),
+        (
+            "fleet replicas=2\n[r0] fenced @a sideways\n",
+            2,
+            "refused command",
+        ),
+        ("fleet replicas=2\nadvance 5ps\n", 2, "duration"),
+        ("fleet replicas=2\nadvance 5s at-target=all\n", 2, "integer"),
+        // Finer than a millisecond only in a fleet.
+        ("advance 5ns\n", 1, "duration"),
     ];
     for (text, line, needle) in cases {
         let err = parse(text).expect_err(text);
@@ -203,6 +216,12 @@ fn impossible_steps_are_errors_of_the_scenario() {
         ("[r0] crash\n[r0] acquire a session=s1\n", 4, "crashed"),
         ("[r0] restart\n", 3, "did not crash"),
         ("[r0] pause 5s\n[r0] flush s1\n", 4, "paused"),
+        // r0 started once: there is no third run of it.
+        (
+            "[r0] acquire a session=s1\n[r0] start-ok @a run=2\n",
+            4,
+            "run=0 is its first",
+        ),
         // With the store link `auto`, nothing waits for a store answer.
         (
             "[r0] acquire a session=s1\n[r0] claimed session:s1\n",
@@ -301,11 +320,13 @@ fn held_store_work_is_answered_by_its_steps() {
 #[test]
 fn fleet_steps_print_back_as_the_lines_they_came_from() {
     let text = "config scope=session release=keep-warm:30s\n\
-                fleet replicas=3 lease=12s renew-every=4s margin=3s claim-retry=250ms drift=0,+20000,-300 store=hold\n\
+                fleet replicas=3 lease=12s renew-every=4s margin=3s claim-retry=250ms drift=0,+20000,-300 store=hold calm-after=60s events=on-advance backend-fencing=off\n\
                 [r0] acquire a session=s1 user=u1\n[r0] flush s1 path=p bytes=3\n\
                 [r0] start-ok @a after=15ms\n[r0] stop-ok @a snapshot=x after=1s\n\
-                [r0] upload-fail @a gone\n[r1] fenced @a\n[r2] die @a\n\
+                [r0] upload-fail @a gone\n[r1] fenced @a\n[r1] fenced @a stop run=0 after=3ms\n[r2] die @a\n\
+                [r0] start-ok @a run=2\nadvance 1500ns at-target=2\nadvance 2s at-target=0\nadvance 1500us\n\
                 [r0] renewed id=4 after=30ms\n[r1] claimed session:s1\n[r1] claim-busy user:u1 id=2\n\
+                [r1] record-failed session:s1 id=3 run=1 after=12ms\n\
                 [r2] record-fenced agent\n[r2] released global after=2s\n\
                 [r0] store down\n[r1] pause 12s\n[r2] crash\n[r2] restart drift=-5\n[r2] restart\n\
                 [r1] sweep\n[r1] settle\n[r1] settle @a\nsettle\nadvance 3s\n\

@@ -12,7 +12,8 @@
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
 //! A fleet scenario (a `.scn` file with a `fleet` line) drives the same world instead of a
-//! seed: `script` takes every choice the seed would make from the scenario's steps.
+//! seed: `script` takes every choice the seed would make from the scenario's steps. A seed's run
+//! can be written out as such a scenario (`transcript`), which the shrinker reduces.
 //!
 //! Checked after every step:
 //!
@@ -34,9 +35,13 @@
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod names;
 mod retired;
 pub(crate) mod script;
 mod store;
+mod transcript;
+
+pub use transcript::FleetTranscript;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -50,6 +55,8 @@ use sandkeeper::{
 use sandkeeper_check::Versions;
 
 use crate::rng::Rng;
+use crate::step::fleet::{FleetSpec, FleetStep, Link};
+use crate::step::Step;
 use backend::{Backend, Outcome};
 use store::{ClaimAnswer, Store};
 
@@ -87,6 +94,10 @@ pub struct FleetReport {
     pub marks: BTreeSet<&'static str>,
     /// The first broken invariant.
     pub failure: Option<String>,
+    /// Its name.
+    pub invariant: Option<String>,
+    /// The run as a fleet scenario, when asked for (`FleetOptions::transcript`).
+    pub transcript: Option<FleetTranscript>,
 }
 
 /// Switches for the canaries: a check of the world's own that a canary turns off.
@@ -98,6 +109,9 @@ pub struct FleetOptions {
     pub backend_fencing: bool,
     /// Print every step to standard output.
     pub trace: bool,
+    /// Write the run out as a fleet scenario (`FleetReport::transcript`), for the shrinker.
+    /// The run itself is the same.
+    pub transcript: bool,
 }
 
 impl FleetOptions {
@@ -107,6 +121,7 @@ impl FleetOptions {
             replicas,
             backend_fencing: true,
             trace: false,
+            transcript: false,
         }
     }
 }
@@ -226,12 +241,37 @@ struct World {
     failed: Option<(String, String)>,
     /// A scenario drives this world (`script`); `None` for a seed's world.
     script: Option<Box<script::Script>>,
+    /// What `@call` names, when a scenario drives or a transcript is written.
+    names: Option<names::Names>,
+    /// The instant faults stopped, after which `lapse-without-fault` holds (`None`: never).
+    calm_from: Option<u64>,
+    /// The run written out as a scenario, when asked for.
+    recorder: Option<Box<transcript::Recorder>>,
 }
 
 /// Runs one fleet seed.
 pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
     let mut w = World::new(seed, opts);
+    let spec = opts.transcript.then(|| FleetSpec {
+        replicas: w.replicas.len(),
+        drift_ppm: w.replicas.iter().map(|r| r.drift_ppm).collect(),
+        link: Link::Hold,
+        calm_after: Some(Duration::from_nanos(FAULTS_NS)),
+        on_advance: true,
+        backend_fencing: opts.backend_fencing,
+    });
     w.run();
+    w.report.invariant = w.failed.as_ref().map(|(check, _)| check.clone());
+    if let (Some(spec), Some(rec)) = (spec, w.recorder.take()) {
+        w.report.transcript = Some(FleetTranscript {
+            config: Config {
+                fleet: Some(w.fleet),
+                ..w.config.clone()
+            },
+            spec,
+            steps: rec.steps,
+        });
+    }
     w.report
 }
 
@@ -297,9 +337,15 @@ impl World {
             trace: opts.trace,
             failed: None,
             script: None,
+            names: opts.transcript.then(names::Names::default),
+            calm_from: Some(FAULTS_NS),
+            recorder: opts.transcript.then(Default::default),
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
+            if let Some(rec) = w.recorder.as_mut() {
+                rec.booted(r, replica.incarnation);
+            }
             w.replicas.push(replica);
             w.push(0, Ev::Wake(r));
         }
@@ -422,6 +468,11 @@ impl World {
 
     /// One event at `now`, counted, then the backend's `token-order` check.
     fn process(&mut self, ev: Ev) {
+        if matches!(ev, Ev::Wake(_) | Ev::Resume(_) | Ev::Answer(..)) {
+            if let Some(rec) = self.recorder.as_mut() {
+                rec.came_due(self.now);
+            }
+        }
         self.report.steps += 1;
         if self.trace {
             println!("{:>9} ms {ev:?}", self.now / MS);
@@ -475,6 +526,9 @@ impl World {
                 if let Some((_, phase)) = self.replicas[r].calls.get_mut(&call) {
                     if *phase == Phase::Ready {
                         *phase = Phase::Released;
+                        if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
+                            self.record(Some(r), Step::Release(call.clone()));
+                        }
                         self.input(r, |core, t| core.release(t, &call));
                     }
                 }
@@ -501,6 +555,10 @@ impl World {
             }
             Ev::Pause(r, ns) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    if self.recorder.is_some() {
+                        let pause = FleetStep::Pause(Duration::from_nanos(ns));
+                        self.record(Some(r), Step::Fleet(pause));
+                    }
                     let until = self.now + ns;
                     self.replicas[r].run = Run::Paused { until };
                     self.push(until, Ev::Resume(r));
@@ -515,6 +573,9 @@ impl World {
             }
             Ev::Crash(r) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    if self.recorder.is_some() {
+                        self.record(Some(r), Step::Fleet(FleetStep::Crash));
+                    }
                     self.replicas[r].run = Run::Crashed;
                     self.crashed.insert(self.replicas[r].incarnation);
                     let back = self.rng.range(1_000, 20_000) * MS;
@@ -523,11 +584,25 @@ impl World {
             }
             Ev::Restart(r) => {
                 let replica = self.boot(self.now);
+                if let Some(rec) = self.recorder.as_mut() {
+                    rec.booted(r, replica.incarnation);
+                }
+                if self.recorder.is_some() {
+                    let restart = FleetStep::Restart {
+                        drift_ppm: Some(replica.drift_ppm),
+                    };
+                    self.record(Some(r), Step::Fleet(restart));
+                }
                 self.replicas[r] = replica;
                 self.push(self.now, Ev::Wake(r));
             }
             Ev::Close(r) => {
-                self.input(r, |core, t| core.close(t, Duration::from_secs(5)));
+                let deadline = Duration::from_secs(5);
+                if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
+                    let close = Step::Close(Some(deadline));
+                    self.record(Some(r), close);
+                }
+                self.input(r, |core, t| core.close(t, deadline));
             }
         }
     }
@@ -628,16 +703,20 @@ impl World {
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
         }
+        if let Some(names) = self.names.as_mut() {
+            let replica = &self.replicas[r];
+            names.learn(r, &replica.core, replica.calls.keys());
+        }
         if self.script.is_some() {
             self.script_drained(r);
         }
         let lapses = self.replicas[r].core.stats().lease_lapses;
-        // A scenario's lapses are its own doing: the check is the random world's.
-        if lapses > self.replicas[r].lapses && self.script.is_none() {
+        // A scenario's lapses are its own doing, unless it says when faults stop.
+        if let (true, Some(calm_from)) = (lapses > self.replicas[r].lapses, self.calm_from) {
             self.replicas[r].lapses = lapses;
             let lease = self.fleet.lease.as_nanos() as u64;
             let replica = &self.replicas[r];
-            let calm_since = replica.disturbed.max(FAULTS_NS + 6_000 * MS);
+            let calm_since = replica.disturbed.max(calm_from + 6_000 * MS);
             if replica.drift_ppm.abs() <= 20_000 && self.now > calm_since + lease {
                 self.fail(
                     "lapse-without-fault",
@@ -649,8 +728,9 @@ impl World {
             }
         }
         if let Some(next) = self.replicas[r].core.poll_timeout() {
-            let at = if self.script.is_some() {
-                // A scenario's `advance 3s` reaches a timer due at 3 s on a replica's clock.
+            let at = if self.script.as_ref().is_some_and(|s| !s.on_advance) {
+                // A scenario's `advance 3s` reaches a timer due at 3 s on a replica's clock
+                // (with `events=on-advance`, a transcript's, the seed's instant instead).
                 self.replicas[r].wake_at(next.as_nanos())
             } else {
                 self.replicas[r].true_of(next.as_nanos())
@@ -702,9 +782,23 @@ impl World {
         self.replicas[r]
             .calls
             .insert(call.clone(), (session.clone(), Phase::Waiting));
+        if self.recorder.is_some() {
+            let step = Step::Acquire {
+                call: call.clone(),
+                session: session.clone(),
+                user: None,
+                external: None,
+            };
+            self.record(Some(r), step);
+        }
         let spec = CallSpec::new(call.clone(), session);
         match self.apply_input(r, |core, t| core.acquire(t, spec)) {
-            Ok(((), local)) => self.drain(r, local),
+            Ok(((), local)) => {
+                if let Some(names) = self.names.as_mut() {
+                    names.acquired(&call, r);
+                }
+                self.drain(r, local)
+            }
             // Too many calls wait for the key already: the application hears it at once.
             Err(sandkeeper::Error::QueueFull { .. }) => {
                 self.replicas[r].calls.remove(&call);
@@ -719,6 +813,14 @@ impl World {
         }
         let path = PathName::session_log();
         let payload = Payload::new(format!("{}", self.now).into_bytes());
+        if self.recorder.is_some() {
+            let step = Step::Flush {
+                session: session.clone(),
+                path: None,
+                bytes: payload.len(),
+            };
+            self.record(Some(r), step);
+        }
         match self.apply_input(r, |core, t| core.flush(t, &session, &path, payload)) {
             Ok((version, local)) => {
                 // Recorded before the drain, whose events may settle it.
@@ -889,6 +991,9 @@ impl World {
             return;
         };
         let latency = self.rng.range(1, 200);
+        if self.recorder.is_some() {
+            self.record_backend(r, inc, cmd, &input, latency * MS);
+        }
         self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
     }
 
@@ -927,6 +1032,9 @@ impl World {
         let fails = self.rng.chance(self.store_fail);
         let (input, deadline) = self.store_runs(r, inc, cmd, fails);
         if inc != self.replicas[r].incarnation {
+            if self.recorder.is_some() {
+                self.record_store(r, inc, &input, None);
+            }
             return; // the process that asked crashed; the write (if any) stays
         }
         let latency = if self.faults && self.rng.chance(50) {
@@ -934,6 +1042,9 @@ impl World {
         } else {
             self.rng.range(1, 50)
         };
+        if self.recorder.is_some() {
+            self.record_store(r, inc, &input, Some(latency * MS));
+        }
         self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
     }
 
@@ -1127,6 +1238,9 @@ impl World {
             return;
         }
         let sweeper = up[self.rng.index(up.len())];
+        if self.recorder.is_some() {
+            self.record(Some(sweeper), Step::Fleet(FleetStep::Sweep));
+        }
         self.sweep_on(sweeper);
     }
 

@@ -28,8 +28,8 @@ pub(super) struct Retired {
     claims: BTreeMap<ClaimId, u64>,
     /// Tokens granted by claims, with the epoch of the claim that got each.
     held: BTreeMap<(Key, Token), u64>,
-    /// Tokens the process may no longer order anything under.
-    retired: BTreeMap<(Key, Token), Why>,
+    /// Tokens the process may no longer order anything under, by key.
+    retired: BTreeMap<Key, BTreeMap<Token, Why>>,
     /// The key of every sandbox the process started or adopted.
     keys: BTreeMap<SandboxId, Key>,
 }
@@ -45,7 +45,10 @@ impl Retired {
     /// The core reported `key`, owned under `token`, fenced.
     pub(super) fn fenced(&mut self, key: Key, token: Token) {
         self.held.remove(&(key.clone(), token));
-        self.retired.insert((key, token), Why::Fenced);
+        self.retired
+            .entry(key)
+            .or_default()
+            .insert(token, Why::Fenced);
     }
 
     /// The process renews under `epoch` now: every token claimed under an older one is dead.
@@ -56,9 +59,10 @@ impl Retired {
             .filter(|(_, claimed)| **claimed < epoch)
             .map(|(k, _)| k.clone())
             .collect();
-        for k in old {
-            self.held.remove(&k);
-            self.retired.entry(k).or_insert(Why::Lapsed);
+        for (key, token) in old {
+            self.held.remove(&(key.clone(), token));
+            let tokens = self.retired.entry(key).or_default();
+            tokens.entry(token).or_insert(Why::Lapsed);
         }
     }
 
@@ -70,7 +74,7 @@ impl Retired {
                 Ok(())
             }
             StoreCommand::Record { key, token, .. } | StoreCommand::Release { key, token, .. } => {
-                self.judge(key, *token, &format!("{cmd:?}"))
+                self.judge(key, *token, || format!("{cmd:?}"))
             }
             StoreCommand::Renew { .. } => Ok(()),
         }
@@ -84,18 +88,19 @@ impl Retired {
         let (Some(token), Some(key)) = (cmd.token(), self.keys.get(&cmd.sandbox())) else {
             return Ok(());
         };
-        let key = key.clone();
-        self.judge(&key, token, &format!("{cmd:?}"))
+        self.judge(key, token, || format!("{cmd:?}"))
     }
 
-    fn judge(&self, key: &Key, token: Token, what: &str) -> Result<(), String> {
-        match self.retired.get(&(key.clone(), token)) {
+    fn judge(&self, key: &Key, token: Token, what: impl Fn() -> String) -> Result<(), String> {
+        match self.retired.get(key).and_then(|tokens| tokens.get(&token)) {
             None => Ok(()),
             Some(Why::Fenced) => Err(format!(
-                "ordered {what} under {token} of {key}, after it reported the key fenced"
+                "ordered {} under {token} of {key}, after it reported the key fenced",
+                what()
             )),
             Some(Why::Lapsed) => Err(format!(
-                "ordered {what} under {token} of {key}, claimed under a lease epoch that lapsed"
+                "ordered {} under {token} of {key}, claimed under a lease epoch that lapsed",
+                what()
             )),
         }
     }

@@ -50,6 +50,33 @@ const BACKEND: [&str; 14] = [
 /// What happens to one replica itself.
 const REPLICA: [&str; 5] = ["store", "pause", "crash", "restart", "sweep"];
 
+/// The commands carrying a token, which the backend may refuse.
+const FENCEABLE: [&str; 7] = [
+    "start", "adopt", "upload", "stop", "persist", "shutdown", "hook",
+];
+
+/// A duration to the nanosecond, for a fleet's `advance`: an integer with `ns`, `us`, `ms` or
+/// `s` (a seed's transcript reaches each instant exactly).
+fn fine_duration(line: &Line, text: &str) -> Result<Duration, ParseError> {
+    let (digits, nanos) = if let Some(d) = text.strip_suffix("ns") {
+        (d, 1)
+    } else if let Some(d) = text.strip_suffix("us") {
+        (d, 1_000)
+    } else {
+        return duration(line, text);
+    };
+    let n = (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse::<u64>().ok())
+        .flatten()
+        .and_then(|n| n.checked_mul(nanos));
+    match n {
+        Some(n) => Ok(Duration::from_nanos(n)),
+        None => line.err(format!(
+            "invalid duration `{text}`: expected an integer with ns, us, ms or s"
+        )),
+    }
+}
+
 /// `fleet replicas=<n> [lease=<d>] [renew-every=<d>] [margin=<d>] [claim-retry=<d>]
 /// [drift=<ppm>,...] [store=auto|down|hold]`: sets `config.fleet` (the timing) and answers the
 /// rest.
@@ -62,6 +89,9 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         "claim-retry",
         "drift",
         "store",
+        "calm-after",
+        "events",
+        "backend-fencing",
     ])?;
     let Some(n) = get(&keys, "replicas") else {
         return line.err("fleet needs replicas=<n> (at least 1)");
@@ -100,6 +130,27 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         None => Link::Auto,
         Some(v) => link(line, v)?,
     };
+    let on_advance = match get(&keys, "events") {
+        None | Some("before-steps") => false,
+        Some("on-advance") => true,
+        Some(other) => {
+            return line.err(format!(
+                "invalid events `{other}`: expected before-steps or on-advance"
+            ))
+        }
+    };
+    let backend_fencing = match get(&keys, "backend-fencing") {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => {
+            return line.err(format!(
+                "invalid backend-fencing `{other}`: expected on or off"
+            ))
+        }
+    };
+    let calm_after = get(&keys, "calm-after")
+        .map(|d| duration(line, d))
+        .transpose()?;
     config.fleet = Some(timing);
     if let Err(e) = config.validate() {
         return line.err(format!("invalid fleet timing: {e}"));
@@ -108,6 +159,9 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         replicas,
         drift_ppm,
         link,
+        calm_after,
+        on_advance,
+        backend_fencing,
     })
 }
 
@@ -127,6 +181,15 @@ pub fn fleet_line_text(spec: &FleetSpec, timing: &Fleet) -> String {
     }
     if spec.link != Link::Auto {
         text.push_str(&format!(" store={}", spec.link));
+    }
+    if let Some(d) = spec.calm_after {
+        text.push_str(&format!(" calm-after={}", fmt_duration(d)));
+    }
+    if spec.on_advance {
+        text.push_str(" events=on-advance");
+    }
+    if !spec.backend_fencing {
+        text.push_str(" backend-fencing=off");
     }
     text
 }
@@ -251,7 +314,19 @@ pub(super) fn fleet_wide(
     spec: &FleetSpec,
 ) -> Result<Step, ParseError> {
     match verb {
-        "advance" | "settle" => parse_step(line, verb),
+        "advance" => {
+            let d = line.positional("a duration (250ms, 5s; in a fleet also 1500us, 1500000ns)")?;
+            let by = fine_duration(line, d)?;
+            let keys = line.keys(&["at-target"])?;
+            Ok(match get(&keys, "at-target") {
+                None => Step::Advance(by),
+                Some(k) => Step::Fleet(FleetStep::Advance {
+                    by,
+                    at_target: number(line, "at-target", k)? as usize,
+                }),
+            })
+        }
+        "settle" => parse_step(line, verb),
         "expect" => {
             let what = line.words.get(1).copied().unwrap_or("");
             if matches!(what, "owner" | "record") {
@@ -279,27 +354,50 @@ pub(super) fn fleet_wide(
     }
 }
 
-/// Takes a trailing-or-anywhere `after=<d>` word off the line: the delivery delay.
-fn take_after(line: &mut Line) -> Result<Option<Duration>, ParseError> {
-    let Some(i) = line.words.iter().position(|w| w.starts_with("after=")) else {
+/// Takes the `<key>=<value>` word off the line, wherever it is: its value.
+fn take_key<'a>(line: &mut Line<'a>, key: &str) -> Result<Option<&'a str>, ParseError> {
+    let prefix = format!("{key}=");
+    let Some(i) = line.words.iter().position(|w| w.starts_with(&prefix)) else {
         return Ok(None);
     };
     let word = line.words.remove(i);
-    let text = &word["after=".len()..];
-    if line.words.iter().any(|w| w.starts_with("after=")) {
-        return line.err("key `after` given twice");
+    if line.words.iter().any(|w| w.starts_with(&prefix)) {
+        return line.err(format!("key `{key}` given twice"));
     }
-    duration(line, text).map(Some)
+    Ok(Some(&word[prefix.len()..]))
+}
+
+/// The delivery delay and the run (`after=<d>`, `run=<k>`) of an answer, taken off the line.
+fn take_after_run(line: &mut Line) -> Result<(Option<Duration>, Option<usize>), ParseError> {
+    let after = take_key(line, "after")?
+        .map(|d| duration(line, d))
+        .transpose()?;
+    let run = take_key(line, "run")?
+        .map(|k| number(line, "run", k).map(|k| k as usize))
+        .transpose()?;
+    Ok((after, run))
 }
 
 fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
-    let after = take_after(line)?;
+    let (after, run) = take_after_run(line)?;
     if verb == "fenced" {
         let c = line.positional("@<call>")?;
+        let call = at_call(line, c)?;
+        let command = match line.optional_positional() {
+            None => None,
+            Some(w) if FENCEABLE.contains(&w) => Some(w.to_string()),
+            Some(w) => {
+                return line.err(format!(
+                    "unexpected word `{w}`; expected the refused command ({}) or nothing",
+                    FENCEABLE.join(", ")
+                ))
+            }
+        };
         line.done()?;
         return Ok(FleetStep::Backend {
-            answer: BackendAnswer::Fenced,
-            call: at_call(line, c)?,
+            answer: BackendAnswer::Fenced(command),
+            call,
+            run,
             after,
         });
     }
@@ -307,6 +405,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
         Step::Answer(answer, call) => Ok(FleetStep::Backend {
             answer: BackendAnswer::Plain(answer),
             call,
+            run,
             after,
         }),
         other => unreachable!("a backend verb parses to an answer, not {other:?}"),
@@ -314,7 +413,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
 }
 
 fn store(line: &mut Line, answer: StoreAnswer) -> Result<FleetStep, ParseError> {
-    let after = take_after(line)?;
+    let (after, run) = take_after_run(line)?;
     let key = if answer.is_renewal() {
         None
     } else {
@@ -329,6 +428,7 @@ fn store(line: &mut Line, answer: StoreAnswer) -> Result<FleetStep, ParseError> 
         answer,
         key,
         id,
+        run,
         after,
     })
 }

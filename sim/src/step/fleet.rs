@@ -60,6 +60,18 @@ pub struct FleetSpec {
     pub drift_ppm: Vec<i64>,
     /// How every replica's store work is answered at the start.
     pub link: Link,
+    /// From this instant on the scenario injects no fault, and the seed world's
+    /// `lapse-without-fault` check runs (a replica whose clock drifts within the margin and
+    /// that ran a lease and more undisturbed never lapses); `None`: never (`calm-after=`).
+    pub calm_after: Option<Duration>,
+    /// What comes due (a timer, a delayed answer, the end of a pause) happens only on
+    /// `advance`, not before every step (`events=on-advance`; default `events=before-steps`):
+    /// a transcript's exact order at one instant.
+    pub on_advance: bool,
+    /// The simulated backend refuses a change under a token older than one it has seen
+    /// (`backend-fencing=on`, the default); `off` is the hand-made canary of that check,
+    /// whose breaks `token-order` catches.
+    pub backend_fencing: bool,
 }
 
 /// A store answer, to a replica's oldest held piece of store work of its kind (for that key,
@@ -148,9 +160,10 @@ pub enum BackendAnswer {
     /// success is what the simulated backend must then do (it refuses an old token: answer
     /// `fenced`); a failure is the backend's, and changes nothing in it.
     Plain(Answer),
-    /// `fenced`: the backend refuses the oldest outstanding command to the sandbox that carries
-    /// a token, for it has seen a newer token for the sandbox or its key.
-    Fenced,
+    /// `fenced [<command>]`: the backend refuses the oldest outstanding command to the sandbox
+    /// that carries a token (of that name: `start`, `adopt`, `upload`, `stop`, `persist`,
+    /// `shutdown`, `hook`), for it has seen a newer token for the sandbox or its key.
+    Fenced(Option<String>),
 }
 
 /// What happens in a fleet and has no one-process word.
@@ -163,6 +176,9 @@ pub enum FleetStep {
         answer: BackendAnswer,
         /// The call whose sandbox it names.
         call: CallId,
+        /// Which of the replica's runs ordered the command (0: its first start); default: its
+        /// current run's, then its earlier runs'.
+        run: Option<usize>,
         /// The delivery delay.
         after: Option<Duration>,
     },
@@ -175,6 +191,9 @@ pub enum FleetStep {
         key: Option<Key>,
         /// The number the core gave the work (its renewal, claim, recording or release).
         id: Option<u64>,
+        /// Which of the replica's runs ordered the work (0: its first start); default: its
+        /// current run's, then its earlier runs'.
+        run: Option<usize>,
         /// The delivery delay.
         after: Option<Duration>,
     },
@@ -195,6 +214,14 @@ pub enum FleetStep {
     Sweep,
     /// `[rN] expect ...` (ownership) and `expect owner|record ...` (the store).
     Expect(FleetExpect),
+    /// `advance <d> at-target=<k>`: time moves on by `by`; what comes due before then happens,
+    /// and of what comes due exactly then only the first `at_target` (a transcript's order).
+    Advance {
+        /// How far.
+        by: Duration,
+        /// How many of the events due exactly at the target happen.
+        at_target: usize,
+    },
 }
 
 /// Expectations about ownership: on a replica, or (`owner`, `record`) about the store.
@@ -264,13 +291,18 @@ impl fmt::Display for FleetStep {
             FleetStep::Backend {
                 answer,
                 call,
+                run,
                 after,
             } => {
                 match answer {
-                    BackendAnswer::Fenced => write!(f, "fenced @{call}")?,
+                    BackendAnswer::Fenced(None) => write!(f, "fenced @{call}")?,
+                    BackendAnswer::Fenced(Some(command)) => write!(f, "fenced @{call} {command}")?,
                     BackendAnswer::Plain(a) => {
                         write!(f, "{}", super::Step::Answer(a.clone(), call.clone()))?
                     }
+                }
+                if let Some(k) = run {
+                    write!(f, " run={k}")?;
                 }
                 f.write_str(&after_word(after))
             }
@@ -278,6 +310,7 @@ impl fmt::Display for FleetStep {
                 answer,
                 key,
                 id,
+                run,
                 after,
             } => {
                 f.write_str(answer.verb())?;
@@ -286,6 +319,9 @@ impl fmt::Display for FleetStep {
                 }
                 if let Some(n) = id {
                     write!(f, " id={n}")?;
+                }
+                if let Some(k) = run {
+                    write!(f, " run={k}")?;
                 }
                 f.write_str(&after_word(after))
             }
@@ -297,6 +333,9 @@ impl fmt::Display for FleetStep {
                 drift_ppm: Some(ppm),
             } => write!(f, "restart drift={}", fmt_ppm(*ppm)),
             FleetStep::Sweep => f.write_str("sweep"),
+            FleetStep::Advance { by, at_target } => {
+                write!(f, "advance {} at-target={at_target}", fmt_duration(*by))
+            }
             FleetStep::Expect(e) => write!(f, "{e}"),
         }
     }

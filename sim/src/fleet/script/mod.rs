@@ -29,9 +29,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use sandkeeper::{
-    CallId, CallStatus, Command, Config, Event, Input, Instant, SandboxId, StoreCommand,
-};
+use sandkeeper::{Command, Config, Event, Input, Instant, StoreCommand};
 
 use super::{backend::Backend, store::Store, Ev, FleetReport, World};
 use crate::rng::Rng;
@@ -64,10 +62,10 @@ pub(crate) struct Script {
     outstanding: Vec<Outstanding>,
     /// What each replica's current incarnation ordered and reported.
     seen: Vec<Seen>,
-    /// Every call ever acquired: its replica and the sandbox it is (or was last) bound to.
-    calls: BTreeMap<CallId, (usize, Option<SandboxId>)>,
     /// The replica of every incarnation.
     incarnations: BTreeMap<u32, usize>,
+    /// Each replica's incarnations, in the order they started.
+    runs: Vec<Vec<u32>>,
     /// What happened since the last look, for the run's log.
     log: Vec<String>,
     /// The deadline of a `close` step that gives none.
@@ -78,6 +76,8 @@ pub(crate) struct Script {
     quiet_renewals: bool,
     /// The step being taken (1-based), for failures.
     step: usize,
+    /// What comes due happens only on `advance` (`events=on-advance`), not before every step.
+    pub(super) on_advance: bool,
 }
 
 impl World {
@@ -95,7 +95,7 @@ impl World {
             events: Vec::new(),
             replicas: Vec::new(),
             store: Store::new(fleet.lease.as_nanos() as u64),
-            backend: Backend::new(true),
+            backend: Backend::new(spec.backend_fencing),
             config,
             fleet,
             next_incarnation: 1,
@@ -108,25 +108,31 @@ impl World {
             resumable: BTreeSet::new(),
             swept_sandboxes: BTreeSet::new(),
             swept_snapshots: BTreeSet::new(),
-            trace: false,
+            // As for a seed: every event printed as it happens.
+            trace: std::env::var_os("SIM_FLEET_TRACE").is_some(),
             failed: None,
+            names: Some(super::names::Names::default()),
+            calm_from: spec.calm_after.map(ns),
+            recorder: None,
             script: Some(Box::new(Script {
                 links: vec![spec.link; spec.replicas],
                 held: Vec::new(),
                 due: VecDeque::new(),
                 outstanding: Vec::new(),
                 seen: vec![Seen::default(); spec.replicas],
-                calls: BTreeMap::new(),
                 incarnations: BTreeMap::new(),
+                runs: vec![Vec::new(); spec.replicas],
                 log: Vec::new(),
                 close_deadline: Duration::from_secs(10),
                 noted_at: None,
                 quiet_renewals: false,
                 step: 0,
+                on_advance: spec.on_advance,
             })),
         };
         for r in 0..spec.replicas {
-            let replica = w.start_incarnation(r, spec.drift_ppm[r]);
+            let drift_ppm = spec.drift_ppm.get(r).copied().unwrap_or(0);
+            let replica = w.start_incarnation(r, drift_ppm);
             w.replicas.push(replica);
             w.push(0, Ev::Wake(r));
         }
@@ -137,7 +143,9 @@ impl World {
     fn start_incarnation(&mut self, r: usize, drift_ppm: i64) -> super::Replica {
         let inc = self.next_incarnation;
         self.next_incarnation += 1;
-        self.script_mut().incarnations.insert(inc, r);
+        let s = self.script_mut();
+        s.incarnations.insert(inc, r);
+        s.runs[r].push(inc);
         self.boot_as(inc, self.now, drift_ppm)
     }
 
@@ -147,6 +155,12 @@ impl World {
 
     fn script_ref(&self) -> &Script {
         self.script.as_ref().expect("a scenario drives this world")
+    }
+
+    fn names(&self) -> &super::names::Names {
+        self.names
+            .as_ref()
+            .expect("a scenario's world names its calls")
     }
 
     /// A line for the run's log, after the time when it moved since the last one.
@@ -189,6 +203,20 @@ impl World {
             if !self.dropped(r, inc, &cmd, seq) {
                 self.backend_runs(r, inc, &cmd);
             }
+            if matches!(
+                cmd,
+                Command::Abandon { .. } | Command::Relinquish { .. } | Command::CancelUpload { .. }
+            ) {
+                // What the driver drops now is gone for good, whatever befalls the process.
+                let s = self.script.as_ref().expect("a scenario drives this world");
+                let kept: Vec<Outstanding> = s
+                    .outstanding
+                    .iter()
+                    .filter(|o| !self.dropped(o.r, o.inc, &o.cmd, o.seq))
+                    .cloned()
+                    .collect();
+                self.script_mut().outstanding = kept;
+            }
             return;
         }
         self.script_mut()
@@ -202,26 +230,10 @@ impl World {
         self.script_mut().seen[r].event(ev);
     }
 
-    /// Replica `r` took an input and its output was drained: every live call's binding is
-    /// learned (`@call` names it), and the core checks its own invariants.
+    /// Replica `r` took an input and its output was drained: the core checks its own
+    /// invariants.
     pub(super) fn script_drained(&mut self, r: usize) {
-        let core = &self.replicas[r].core;
-        let bindings: Vec<(CallId, SandboxId)> = self.replicas[r]
-            .calls
-            .keys()
-            .filter_map(|c| match core.call_status(c) {
-                Some(CallStatus::Starting(x) | CallStatus::Ready(x) | CallStatus::Lost(x)) => {
-                    Some((c.clone(), x))
-                }
-                _ => None,
-            })
-            .collect();
-        let checked = core.check_invariants();
-        let s = self.script_mut();
-        for (c, x) in bindings {
-            s.calls.insert(c, (r, Some(x)));
-        }
-        if let Err(v) = checked {
+        if let Err(v) = self.replicas[r].core.check_invariants() {
             self.fail(
                 &format!("core:{}", v.invariant),
                 format!("replica {r}: {}", v.detail),
@@ -236,13 +248,21 @@ impl World {
     /// of a pause, a delayed answer) happens at its instant, in order, with the store work it
     /// causes.
     fn run_until(&mut self, target: u64) {
+        self.run_to(target, None);
+    }
+
+    /// Time runs to `target`: every queued event due before it happens, and of those due at
+    /// `target` exactly, the first `at_target` (all, when `None`), in order.
+    fn run_to(&mut self, target: u64, at_target: Option<usize>) {
+        let mut left = at_target.unwrap_or(usize::MAX);
         loop {
             self.pump();
             if self.report.failure.is_some() {
                 return;
             }
             match self.queue.peek() {
-                Some(Reverse((at, _, _))) if *at <= target => {}
+                Some(Reverse((at, _, _))) if *at < target => {}
+                Some(Reverse((at, _, _))) if *at == target && left > 0 => left -= 1,
                 _ => break,
             }
             let Some(Reverse((at, _, i))) = self.queue.pop() else {

@@ -127,6 +127,7 @@ impl World {
     /// world's liveness checks.
     fn script_end(&mut self) -> Result<(), Stop> {
         self.script_mut().quiet_renewals = true;
+        self.lose_stale_requests();
         for r in 0..self.replicas.len() {
             self.link(r, Link::Auto);
         }
@@ -149,6 +150,33 @@ impl World {
             self.liveness();
         }
         Ok(())
+    }
+
+    /// What no step answered and its driver gave up on (past its deadline, or ordered by a
+    /// process that crashed since) never reached the store or the backend: lost in transit,
+    /// as a request that lands no later than the seed world's latencies allow.
+    fn lose_stale_requests(&mut self) {
+        let stale = |w: &World, r: usize, inc: u32, deadline: Option<sandkeeper::Instant>| {
+            let replica = &w.replicas[r];
+            replica.incarnation != inc
+                || deadline.is_some_and(|d| replica.local(w.now) > d.as_nanos())
+        };
+        let s = self.script_ref();
+        let held: Vec<_> = s
+            .held
+            .iter()
+            .filter(|(r, inc, cmd)| !stale(self, *r, *inc, Some(cmd.deadline())))
+            .cloned()
+            .collect();
+        let outstanding: Vec<_> = s
+            .outstanding
+            .iter()
+            .filter(|o| !stale(self, o.r, o.inc, o.cmd.deadline()))
+            .cloned()
+            .collect();
+        let s = self.script_mut();
+        s.held = held;
+        s.outstanding = outstanding;
     }
 
     /// Time runs to `end` with every outstanding command answered at once, as the backend

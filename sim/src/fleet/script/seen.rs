@@ -1,7 +1,8 @@
 //! What one replica's process ordered and reported, kept for a fleet scenario's expectations,
 //! and the lanes of its sandboxes: the order of the commands on each sandbox, by
-//! `sandkeeper_check`'s rules, in this process. A sandbox handed back to a process that let it
-//! go starts a new lane there with its Adopt.
+//! `sandkeeper_check`'s rules, in this process. An Adopt starts a new lane: a key's record may
+//! hand a process a sandbox it let go, or one it shut down since (the backend then answers the
+//! Adopt that it is gone, and the process starts afresh).
 //!
 //! One record per incarnation: a restart starts an empty one.
 
@@ -59,11 +60,9 @@ impl Seen {
         let x = cmd.sandbox();
         let ordered = self.sandboxes.entry(x).or_default();
         if let Command::Adopt { .. } = cmd {
-            if ordered.has("relinquish") {
-                // Handed back to this process: a new lane here.
-                self.lanes.remove(&x);
-                ordered.commands.clear();
-            }
+            // Taken over (perhaps again): a new lane here.
+            self.lanes.remove(&x);
+            ordered.commands.clear();
         }
         ordered.commands.push(cmd.name());
         match cmd {

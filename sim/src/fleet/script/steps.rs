@@ -21,14 +21,26 @@ use crate::step::{Answer, OpKind, ResolveExpect, Step};
 impl World {
     /// Applies one step of a fleet scenario, after whatever was due by now happened.
     pub(super) fn script_step(&mut self, step: &Step) -> Result<(), Stop> {
-        self.run_until(self.now);
+        if !self.script_ref().on_advance {
+            self.run_until(self.now);
+        }
         match step {
             Step::Advance(d) => self.run_until(self.now + ns(bounded("advance", *d)?)),
+            Step::Fleet(FleetStep::Advance { by, at_target }) => {
+                let target = self.now + ns(bounded("advance", *by)?);
+                self.run_to(target, Some(*at_target));
+            }
             Step::Settle(only) => {
                 let x = only.as_ref().map(|c| self.sandbox_of(c)).transpose()?;
                 self.settle(None, x)?;
             }
             Step::Fleet(FleetStep::Expect(e)) => self.expect_fleet(None, e)?,
+            Step::On(r, _) if r.0 >= self.replicas.len() => {
+                return Err(Stop::Misuse(format!(
+                    "unknown replica {r}: the fleet has {}",
+                    self.replicas.len()
+                )))
+            }
             Step::On(r, inner) => self.on_replica(r.0, inner)?,
             other => {
                 return Err(Stop::Misuse(format!(
@@ -115,19 +127,21 @@ impl World {
             FleetStep::Backend {
                 answer,
                 call,
+                run,
                 after,
             } => {
                 let after = after.map(|d| bounded("after", d)).transpose()?;
-                self.backend_answers(r, answer, call, after)
+                self.backend_answers(r, answer, call, *run, after)
             }
             FleetStep::Store {
                 answer,
                 key,
                 id,
+                run,
                 after,
             } => {
                 let after = after.map(|d| bounded("after", d)).transpose()?;
-                self.store_answers(r, *answer, key.as_ref(), *id, after)
+                self.store_answers(r, *answer, key.as_ref(), *id, *run, after)
             }
             FleetStep::Link(link) => {
                 self.link(r, *link);
@@ -168,6 +182,9 @@ impl World {
                 Ok(())
             }
             FleetStep::Expect(e) => self.expect_fleet(Some(r), e),
+            FleetStep::Advance { .. } => Err(Stop::Misuse(
+                "advance moves the whole fleet's time: write it without a replica".into(),
+            )),
         }
     }
 
@@ -218,8 +235,8 @@ impl World {
     }
 
     fn acquire(&mut self, r: usize, call: &CallId, spec: CallSpec) -> Result<(), Stop> {
-        if let Some((other, _)) = self.script_ref().calls.get(call) {
-            if *other != r {
+        if let Some((other, _)) = self.names().get(call) {
+            if other != r {
                 return Err(Stop::Misuse(format!(
                     "call {call} was acquired on r{other}: a call's name names one call in the whole fleet"
                 )));
@@ -235,10 +252,9 @@ impl World {
         let done = self.app(r, |core, t| core.acquire(t, spec))?;
         match done {
             Some(()) => {
-                self.script_mut()
-                    .calls
-                    .entry(call.clone())
-                    .or_insert((r, None));
+                if let Some(names) = self.names.as_mut() {
+                    names.acquired(call, r);
+                }
             }
             None if fresh => {
                 self.replicas[r].calls.remove(call);
@@ -296,8 +312,8 @@ impl World {
     /// The sandbox `@call` names: the one the call is, or was last, bound to, on whichever
     /// replica.
     pub(super) fn sandbox_of(&self, call: &CallId) -> Result<SandboxId, Stop> {
-        match self.script_ref().calls.get(call) {
-            Some((_, Some(x))) => Ok(*x),
+        match self.names().get(call) {
+            Some((_, Some(x))) => Ok(x),
             Some((r, None)) => Err(Stop::Misuse(format!(
                 "@{call} names no sandbox: {call} (on r{r}) was never bound"
             ))),
@@ -310,21 +326,47 @@ impl World {
     // ------------------------------------------------------------------------------------------
     // The backend
 
-    /// The oldest command replica `r` ordered to `x` that its driver still holds and `fits`.
-    fn outstanding_for(
-        &mut self,
+    /// The incarnations of replica `r` whose work a step may answer, in the order it looks:
+    /// its `run`-th (counting from 0, its first start) when given, else its current one, then
+    /// its earlier ones, oldest first.
+    fn runs_of(&self, r: usize, run: Option<usize>) -> Result<Vec<u32>, Stop> {
+        let runs = &self.script_ref().runs[r];
+        match run {
+            Some(k) => match runs.get(k) {
+                Some(inc) => Ok(vec![*inc]),
+                None => Err(Stop::Misuse(format!(
+                    "run={k}: r{r} started {} times so far (run=0 is its first)",
+                    runs.len()
+                ))),
+            },
+            None => {
+                let current = self.replicas[r].incarnation;
+                let mut order = vec![current];
+                order.extend(runs.iter().copied().filter(|inc| *inc != current));
+                Ok(order)
+            }
+        }
+    }
+
+    /// The oldest command to `x` that `fits`, of the incarnations `runs` in that order, that
+    /// its driver still holds: its place among the outstanding commands.
+    fn outstanding_at(
+        &self,
         r: usize,
+        runs: &[u32],
         x: SandboxId,
         fits: impl Fn(&Command) -> bool,
-    ) -> Option<super::Outstanding> {
+    ) -> Option<usize> {
         let s = self.script_ref();
-        let i = s.outstanding.iter().position(|o| {
-            o.r == r
-                && o.cmd.sandbox() == x
-                && fits(&o.cmd)
-                && !self.dropped(o.r, o.inc, &o.cmd, o.seq)
-        })?;
-        Some(self.script_mut().outstanding.remove(i))
+        runs.iter().find_map(|inc| {
+            s.outstanding.iter().position(|o| {
+                o.r == r
+                    && o.inc == *inc
+                    && o.cmd.sandbox() == x
+                    && fits(&o.cmd)
+                    && !self.dropped(o.r, o.inc, &o.cmd, o.seq)
+            })
+        })
     }
 
     fn backend_answers(
@@ -332,11 +374,15 @@ impl World {
         r: usize,
         answer: &BackendAnswer,
         call: &CallId,
+        run: Option<usize>,
         after: Option<std::time::Duration>,
     ) -> Result<(), Stop> {
         let x = self.sandbox_of(call)?;
+        let runs = self.runs_of(r, run)?;
         let answer = match answer {
-            BackendAnswer::Fenced => return self.refused(r, x, call, after),
+            BackendAnswer::Fenced(command) => {
+                return self.refused(r, &runs, x, call, command.as_deref(), after)
+            }
             BackendAnswer::Plain(a) => a,
         };
         let Some(kind) = answer.op() else {
@@ -364,26 +410,21 @@ impl World {
                 | Answer::PersistOk
                 | Answer::ShutdownOk
         );
+        let Some(i) = self.outstanding_at(r, &runs, x, fits) else {
+            return Err(Stop::Misuse(format!(
+                "{answer} @{call}: r{r} ordered no {kind:?} for {x} that is still unanswered"
+            )));
+        };
         if success {
             // What the backend would do, asked first: a wrong answer changes nothing.
-            let probe = self
-                .script_ref()
-                .outstanding
-                .iter()
-                .find(|o| {
-                    o.r == r
-                        && o.cmd.sandbox() == x
-                        && fits(&o.cmd)
-                        && !self.dropped(o.r, o.inc, &o.cmd, o.seq)
-                })
-                .map(|o| self.backend.clone().apply(&o.cmd));
-            match probe {
-                Some(Outcome::Fenced) => {
+            let cmd = &self.script_ref().outstanding[i].cmd;
+            match self.backend.clone().apply(cmd) {
+                Outcome::Fenced => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
                     )))
                 }
-                Some(Outcome::Gone) if kind != OpKind::Shutdown => {
+                Outcome::Gone if kind != OpKind::Shutdown => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend has no {x} up to do it to: answer with the failure"
                     )))
@@ -391,11 +432,7 @@ impl World {
                 _ => {}
             }
         }
-        let Some(o) = self.outstanding_for(r, x, fits) else {
-            return Err(Stop::Misuse(format!(
-                "{answer} @{call}: r{r} ordered no {kind:?} for {x} that is still unanswered"
-            )));
-        };
+        let o = self.script_mut().outstanding.remove(i);
         let sandbox = x;
         let input = match answer {
             Answer::StartOk
@@ -440,32 +477,25 @@ impl World {
         Ok(())
     }
 
-    /// `fenced @call`: the backend refuses the oldest outstanding command to `x` that carries
-    /// a token.
+    /// `fenced @call [<command>]`: the backend refuses the oldest outstanding command to `x`
+    /// that carries a token (of that name, when given).
     fn refused(
         &mut self,
         r: usize,
+        runs: &[u32],
         x: SandboxId,
         call: &CallId,
+        command: Option<&str>,
         after: Option<std::time::Duration>,
     ) -> Result<(), Stop> {
-        let tokened = |cmd: &Command| cmd.token().is_some();
-        let Some(cmd) = self
-            .script_ref()
-            .outstanding
-            .iter()
-            .find(|o| {
-                o.r == r
-                    && o.cmd.sandbox() == x
-                    && tokened(&o.cmd)
-                    && !self.dropped(o.r, o.inc, &o.cmd, o.seq)
-            })
-            .map(|o| o.cmd.clone())
-        else {
+        let tokened =
+            |cmd: &Command| cmd.token().is_some() && command.is_none_or(|c| c == cmd.name());
+        let Some(i) = self.outstanding_at(r, runs, x, tokened) else {
             return Err(Stop::Misuse(format!(
                 "fenced @{call}: r{r} ordered nothing for {x} under a token that is still unanswered"
             )));
         };
+        let cmd = self.script_ref().outstanding[i].cmd.clone();
         // What the backend would do, asked first. A backend that takes the old token breaks
         // `token-order` (the run's failure, not the scenario's error); one that takes it
         // rightly makes the answer wrong.
@@ -477,7 +507,7 @@ impl World {
                 cmd.token()
             )));
         }
-        let o = self.outstanding_for(r, x, tokened).expect("probed");
+        let o = self.script_mut().outstanding.remove(i);
         let outcome = self.backend_runs(o.r, o.inc, &o.cmd);
         if self.token_order_broken() {
             return Ok(());
@@ -582,14 +612,17 @@ impl World {
         answer: StoreAnswer,
         key: Option<&Key>,
         id: Option<u64>,
+        run: Option<usize>,
         after: Option<std::time::Duration>,
     ) -> Result<(), Stop> {
+        let runs = self.runs_of(r, run)?;
         let s = self.script_ref();
-        let Some(i) = s
-            .held
-            .iter()
-            .position(|(hr, _, cmd)| *hr == r && answers(answer, key, id, cmd))
-        else {
+        let found = runs.iter().find_map(|inc| {
+            s.held.iter().position(|(hr, held_inc, cmd)| {
+                *hr == r && held_inc == inc && answers(answer, key, id, cmd)
+            })
+        });
+        let Some(i) = found else {
             let link = s.links[r];
             let what = match key {
                 Some(k) => format!("{} of {k}", kind_word(answer)),
