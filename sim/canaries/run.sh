@@ -56,9 +56,10 @@ for patch in "${patches[@]}"; do
             if "$sim" shrink --seed "$seed" --out "$scn" "${options[@]}" > "$scratch/$name.shrink.log" 2>&1; then
                 "$sim" run --quiet "$scn" > /dev/null 2>&1
                 rc=$?
-                lines="$(grep -vc '^#' "$scn")"
+                # The steps: every line but comments and the header (config, and a fleet's line).
+                lines="$(grep -vcE '^(#|config |fleet )' "$scn")"
                 if [ "$rc" = 1 ]; then
-                    shrunk="shrunk to $((lines - 1)) steps, fails when run"
+                    shrunk="shrunk to $lines steps, fails when run"
                 else
                     shrunk="shrunk scenario exits $rc (expected 1)"
                 fi

@@ -374,6 +374,11 @@ impl Harness {
                 }
             }
             Step::Unspellable(_) => {}
+            Step::On(..) | Step::Fleet(_) => {
+                return Err(Stop::Misuse(format!(
+                    "`{step}` is a fleet step: a one-process run has no replicas"
+                )))
+            }
         }
         Ok(())
     }

@@ -20,7 +20,9 @@
 //!   every call ready or failed, every release complete, every version settled, the core quiet,
 //!   close complete).
 //! - [`scenario`]: scenario files (`.scn`, see `../shared/SCENARIOS.md`): parser with
-//!   line-numbered errors, runner, expectations.
+//!   line-numbered errors, runner, expectations; a file with a `fleet` line runs on the fleet
+//!   world (`fleet::script`), its steps naming their replica (`[r1] acquire ...`).
+//! - [`fleet`]: `--replicas N`, several real cores over one simulated store and backend.
 //! - [`shrink`]: reduces a failing seed to a short scenario failing the same invariant.
 //!
 //! The command line is `cargo run --release -p sim -- explore|replay|shrink|run`. The public

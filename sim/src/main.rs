@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sim::batch::run_batch;
 use sim::run::{run_seed, RunOptions};
 use sim::scenario::{parse, run_scenario, Verdict};
-use sim::shrink::shrink_seed;
+use sim::shrink::{shrink_fleet_seed, shrink_seed};
 use sim::swarm::Swarm;
 
 /// The deterministic simulator of sandkeeper.
@@ -78,6 +78,10 @@ enum Cmd {
         /// The seed was run with `--operations`.
         #[arg(long)]
         operations: bool,
+        /// The seed was run with `--replicas N` (N ≥ 2): shrink its fleet run to a fleet
+        /// scenario.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
     },
     /// Runs a scenario file: exit 0 on pass, 1 on failure, 2 when malformed.
     Run {
@@ -123,7 +127,8 @@ fn main() -> ExitCode {
             seed,
             out,
             operations,
-        } => shrink(seed, out, operations),
+            replicas,
+        } => shrink(seed, out, operations, replicas),
         Cmd::Run { file, quiet } => run_file(file, quiet),
     }
 }
@@ -293,9 +298,18 @@ fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
     }
 }
 
-fn shrink(seed: u64, out: Option<PathBuf>, operations: bool) -> ExitCode {
-    println!("seed {seed}: {}", Swarm::new(seed));
-    match shrink_seed(seed, operations) {
+fn shrink(seed: u64, out: Option<PathBuf>, operations: bool, replicas: usize) -> ExitCode {
+    let shrunk = if replicas > 1 {
+        println!("seed {seed}: a fleet of {replicas} replicas");
+        let mut opts = sim::fleet::FleetOptions::new(replicas);
+        // As `explore` ran it.
+        opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
+        shrink_fleet_seed(seed, opts)
+    } else {
+        println!("seed {seed}: {}", Swarm::new(seed));
+        shrink_seed(seed, operations)
+    };
+    match shrunk {
         Ok(s) => {
             println!(
                 "shrunk {} steps to {} (invariant {})",

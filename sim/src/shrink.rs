@@ -1,8 +1,13 @@
 //! Shrinking: a failing seed's transcript becomes a scenario, then steps are removed (delta
-//! debugging: chunks, halving) while the scenario still fails the same invariant.
+//! debugging: chunks, halving) while the scenario still fails the same invariant. A fleet
+//! seed's transcript (`--replicas N`) becomes a fleet scenario the same way.
 
+use std::time::Duration;
+
+use crate::fleet::{run_fleet_seed, FleetOptions};
 use crate::run::{run_seed, RunOptions};
-use crate::scenario::{config_line, run_steps, RunMode, Scenario, Verdict};
+use crate::scenario::{config_line, fleet_line_text, run_steps, RunMode, Scenario, Verdict};
+use crate::step::fleet::FleetStep;
 use crate::step::Step;
 
 /// A shrunk failure.
@@ -42,15 +47,74 @@ fn fails_same(scenario: &Scenario, invariant: &str) -> Option<Vec<usize>> {
 }
 
 fn with_steps(base: &Scenario, steps: Vec<Step>) -> Scenario {
+    // The steps' lines, after the header (a config line, and a fleet's fleet line).
+    let header = 1 + usize::from(base.fleet.is_some());
     Scenario {
         config: base.config.clone(),
         close_deadline: base.close_deadline,
         steps: steps
             .into_iter()
             .enumerate()
-            .map(|(i, s)| (i + 2, s))
+            .map(|(i, s)| (i + header + 1, s))
             .collect(),
+        fleet: base.fleet.clone(),
     }
+}
+
+/// Removes steps of `current` (which fails `invariant` on `base`) while the scenario still
+/// fails it: chunks, halving down to single steps, then neighbouring advances merged.
+fn reduce(base: &Scenario, mut current: Vec<Step>, invariant: &str) -> Vec<Step> {
+    let mut chunk = current.len().div_ceil(2).max(1);
+    loop {
+        let mut i = 0;
+        let mut changed = false;
+        while i < current.len() {
+            let end = (i + chunk).min(current.len());
+            let mut candidate = current[..i].to_vec();
+            candidate.extend_from_slice(&current[end..]);
+            let sc = with_steps(base, candidate.clone());
+            if let Some(effective) = fails_same(&sc, invariant) {
+                current = effective.iter().map(|k| candidate[*k].clone()).collect();
+                changed = true;
+            } else {
+                i += chunk;
+            }
+        }
+        if chunk == 1 && !changed {
+            break;
+        }
+        if !changed {
+            chunk = chunk.div_ceil(2);
+        }
+    }
+    // Merge neighbouring advances, and keep the merge only if it still fails the same way.
+    let mut merged: Vec<Step> = Vec::new();
+    for s in &current {
+        match (merged.last_mut(), s) {
+            (Some(Step::Advance(a)), Step::Advance(b)) => *a += *b,
+            (
+                Some(Step::Fleet(FleetStep::Advance {
+                    by: a,
+                    at_target: first,
+                })),
+                Step::Fleet(FleetStep::Advance {
+                    by: b,
+                    at_target: then,
+                }),
+            ) => {
+                // At one instant both counts add up; later, the earlier instant's all happen.
+                *first = if b.is_zero() { *first + *then } else { *then };
+                *a += *b;
+            }
+            _ => merged.push(s.clone()),
+        }
+    }
+    if merged.len() < current.len()
+        && fails_same(&with_steps(base, merged.clone()), invariant).is_some()
+    {
+        current = merged;
+    }
+    current
 }
 
 /// Shrinks the failing run of `seed` (run with the application's work in its sandboxes when
@@ -82,6 +146,7 @@ pub fn shrink_seed(seed: u64, operations: bool) -> Result<Shrunk, ShrinkError> {
         config: report.config.clone(),
         close_deadline: report.close_deadline,
         steps: Vec::new(),
+        fleet: None,
     };
     let mut current = steps;
     let first = with_steps(&base, current.clone());
@@ -94,42 +159,7 @@ pub fn shrink_seed(seed: u64, operations: bool) -> Result<Shrunk, ShrinkError> {
         });
     };
     current = effective.iter().map(|i| current[*i].clone()).collect();
-    let mut chunk = current.len().div_ceil(2).max(1);
-    loop {
-        let mut i = 0;
-        let mut changed = false;
-        while i < current.len() {
-            let end = (i + chunk).min(current.len());
-            let mut candidate = current[..i].to_vec();
-            candidate.extend_from_slice(&current[end..]);
-            let sc = with_steps(&base, candidate.clone());
-            if let Some(effective) = fails_same(&sc, &invariant) {
-                current = effective.iter().map(|k| candidate[*k].clone()).collect();
-                changed = true;
-            } else {
-                i += chunk;
-            }
-        }
-        if chunk == 1 && !changed {
-            break;
-        }
-        if !changed {
-            chunk = chunk.div_ceil(2);
-        }
-    }
-    // Merge neighbouring advances, and keep the merge only if it still fails the same way.
-    let mut merged: Vec<Step> = Vec::new();
-    for s in &current {
-        match (merged.last_mut(), s) {
-            (Some(Step::Advance(a)), Step::Advance(b)) => *a += *b,
-            _ => merged.push(s.clone()),
-        }
-    }
-    if merged.len() < current.len()
-        && fails_same(&with_steps(&base, merged.clone()), &invariant).is_some()
-    {
-        current = merged;
-    }
+    current = reduce(&base, current, &invariant);
     // The result must fail strictly, too.
     let strict = with_steps(&base, current.clone());
     let verdict = run_steps(&strict, RunMode::Strict, None).0;
@@ -146,6 +176,95 @@ pub fn shrink_seed(seed: u64, operations: bool) -> Result<Shrunk, ShrinkError> {
         failure.detail.replace('\n', " ")
     );
     text.push_str(&config_line(&report.config, report.close_deadline));
+    text.push('\n');
+    for s in &current {
+        text.push_str(&s.to_string());
+        text.push('\n');
+    }
+    Ok(Shrunk {
+        invariant,
+        original_steps,
+        steps: current.len(),
+        text,
+    })
+}
+
+/// Shrinks the failing run of fleet seed `seed` run with `opts` (`explore --replicas N`): its
+/// transcript becomes a fleet scenario (every store link `hold`, each answer at the instant the
+/// seed had it, what came due in the seed's order), reduced the same way.
+pub fn shrink_fleet_seed(seed: u64, opts: FleetOptions) -> Result<Shrunk, ShrinkError> {
+    let replicas = opts.replicas;
+    let opts = FleetOptions {
+        transcript: true,
+        trace: false,
+        ..opts
+    };
+    let report = run_fleet_seed(seed, opts);
+    let (Some(detail), Some(invariant), Some(transcript)) =
+        (report.failure, report.invariant, report.transcript)
+    else {
+        return Err(ShrinkError::Passes(seed));
+    };
+    let steps: Vec<Step> = transcript
+        .steps
+        .into_iter()
+        .filter(|s| !matches!(s, Step::Unspellable(_)))
+        .collect();
+    let original_steps = steps.len();
+    let close_deadline = Duration::from_secs(10);
+    let base = Scenario {
+        config: transcript.config.clone(),
+        close_deadline,
+        steps: Vec::new(),
+        fleet: Some(transcript.spec.clone()),
+    };
+    let first = with_steps(&base, steps.clone());
+    let Some(effective) = fails_same(&first, &invariant) else {
+        let got = run_steps(&first, RunMode::Lenient, None).0;
+        return Err(ShrinkError::NotReproduced {
+            seed,
+            invariant,
+            got: format!("{got:?}"),
+        });
+    };
+    let mut current: Vec<Step> = effective.iter().map(|i| steps[*i].clone()).collect();
+    // Merged advances may let more steps go: again, while it shrinks.
+    loop {
+        let before = current.len();
+        current = reduce(&base, current, &invariant);
+        if current.len() >= before {
+            break;
+        }
+    }
+    // Plain advances read better: kept if every event due at each target may happen.
+    let plain: Vec<Step> = current
+        .iter()
+        .map(|s| match s {
+            Step::Fleet(FleetStep::Advance { by, .. }) => Step::Advance(*by),
+            other => other.clone(),
+        })
+        .collect();
+    if plain != current && fails_same(&with_steps(&base, plain.clone()), &invariant).is_some() {
+        current = plain;
+    }
+    let strict = with_steps(&base, current.clone());
+    let verdict = run_steps(&strict, RunMode::Strict, None).0;
+    if verdict.invariant() != Some(invariant.as_str()) {
+        return Err(ShrinkError::NotReproduced {
+            seed,
+            invariant,
+            got: format!("strict run of the shrunk scenario: {verdict:?}"),
+        });
+    }
+    let timing = transcript.config.fleet.expect("a fleet's configuration");
+    let mut text = format!(
+        "# Shrunk from fleet seed {seed} ({replicas} replicas, {original_steps} steps): fails invariant {invariant}.\n\
+         # {}\n",
+        detail.replace('\n', " ")
+    );
+    text.push_str(&config_line(&transcript.config, close_deadline));
+    text.push('\n');
+    text.push_str(&fleet_line_text(&transcript.spec, &timing));
     text.push('\n');
     for s in &current {
         text.push_str(&s.to_string());

@@ -1,6 +1,10 @@
 //! Steps: one thing the application or the backend does, or one expectation. The random world
 //! makes them, scenario files spell them, the harness applies them, the shrinker writes them back
-//! out as scenario lines (their `Display` is the scenario syntax).
+//! out as scenario lines (their `Display` is the scenario syntax). A fleet scenario's steps add
+//! [`fleet`]'s: a step on one replica ([`Step::On`]) and what only a fleet has
+//! ([`Step::Fleet`]).
+
+pub mod fleet;
 
 use std::fmt;
 use std::time::Duration;
@@ -205,6 +209,11 @@ pub enum Step {
     /// A random-world step a scenario cannot spell (a duplicate answer, a late answer to a
     /// cancelled upload): written out as a comment.
     Unspellable(String),
+    /// `[rN] <step>`: a step that happens on one replica of a fleet (an application step, a
+    /// backend or store answer, an expectation, the replica's pause, crash or restart).
+    On(fleet::ReplicaNo, Box<Step>),
+    /// A step only a fleet has (inside [`Step::On`] when it happens on one replica).
+    Fleet(fleet::FleetStep),
 }
 
 /// The scenario word of a sandbox state (kebab case, as it serialises).
@@ -238,6 +247,10 @@ pub const STATES: [sandkeeper::SandboxState; 9] = [
 
 /// Writes a duration the way scenario files spell it.
 pub fn fmt_duration(d: Duration) -> String {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        // Finer than a millisecond: only a fleet's `advance` takes it.
+        return format!("{}ns", d.as_nanos());
+    }
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)
@@ -371,6 +384,8 @@ impl fmt::Display for Step {
             Step::Expect(e) => write!(f, "{e}"),
             Step::Refused { text, .. } => f.write_str(text),
             Step::Unspellable(text) => write!(f, "# not expressible in a scenario: {text}"),
+            Step::On(r, step) => write!(f, "[{r}] {step}"),
+            Step::Fleet(step) => write!(f, "{step}"),
         }
     }
 }

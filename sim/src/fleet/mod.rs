@@ -11,6 +11,10 @@
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
+//! A fleet scenario (a `.scn` file with a `fleet` line) drives the same world instead of a
+//! seed: `script` takes every choice the seed would make from the scenario's steps. A seed's run
+//! can be written out as such a scenario (`transcript`), which the shrinker reduces.
+//!
 //! Checked after every step:
 //!
 //! | check | what must hold |
@@ -22,6 +26,7 @@
 //! | `sweep-live` | the sweep (every few seconds, by [`sandkeeper::sweep_verdict`] on the clock of a replica that is up) removes no sandbox that a replica with a live lease drives, and no snapshot such a replica then resumes |
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
+//! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //!
@@ -30,7 +35,13 @@
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod names;
+mod retired;
+pub(crate) mod script;
 mod store;
+mod transcript;
+
+pub use transcript::FleetTranscript;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -44,6 +55,8 @@ use sandkeeper::{
 use sandkeeper_check::Versions;
 
 use crate::rng::Rng;
+use crate::step::fleet::{FleetSpec, FleetStep, Link};
+use crate::step::Step;
 use backend::{Backend, Outcome};
 use store::{ClaimAnswer, Store};
 
@@ -81,6 +94,10 @@ pub struct FleetReport {
     pub marks: BTreeSet<&'static str>,
     /// The first broken invariant.
     pub failure: Option<String>,
+    /// Its name.
+    pub invariant: Option<String>,
+    /// The run as a fleet scenario, when asked for (`FleetOptions::transcript`).
+    pub transcript: Option<FleetTranscript>,
 }
 
 /// Switches for the canaries: a check of the world's own that a canary turns off.
@@ -92,6 +109,9 @@ pub struct FleetOptions {
     pub backend_fencing: bool,
     /// Print every step to standard output.
     pub trace: bool,
+    /// Write the run out as a fleet scenario (`FleetReport::transcript`), for the shrinker.
+    /// The run itself is the same.
+    pub transcript: bool,
 }
 
 impl FleetOptions {
@@ -101,6 +121,7 @@ impl FleetOptions {
             replicas,
             backend_fencing: true,
             trace: false,
+            transcript: false,
         }
     }
 }
@@ -144,6 +165,8 @@ struct Replica {
     disturbed: u64,
     /// Lease lapses seen so far.
     lapses: u64,
+    /// The tokens it held and may no longer order anything under (`fenced-token-retired`).
+    retired: retired::Retired,
 }
 
 impl Replica {
@@ -157,6 +180,16 @@ impl Replica {
         let elapsed = local.saturating_sub(self.base_local);
         let t = i128::from(elapsed) * 1_000_000 / i128::from(1_000_000 + self.drift_ppm);
         self.base_true + t as u64 + 1
+    }
+
+    /// The earliest true time at which its clock reads `local` or later.
+    fn wake_at(&self, local: u64) -> u64 {
+        let t = self.true_of(local);
+        if t > self.base_true && self.local(t - 1) >= local {
+            t - 1
+        } else {
+            t
+        }
     }
 }
 
@@ -204,12 +237,41 @@ struct World {
     swept_snapshots: BTreeSet<String>,
     /// Print every step (`FleetOptions::trace`).
     trace: bool,
+    /// The first check that broke and what it saw, beside `report.failure`.
+    failed: Option<(String, String)>,
+    /// A scenario drives this world (`script`); `None` for a seed's world.
+    script: Option<Box<script::Script>>,
+    /// What `@call` names, when a scenario drives or a transcript is written.
+    names: Option<names::Names>,
+    /// The instant faults stopped, after which `lapse-without-fault` holds (`None`: never).
+    calm_from: Option<u64>,
+    /// The run written out as a scenario, when asked for.
+    recorder: Option<Box<transcript::Recorder>>,
 }
 
 /// Runs one fleet seed.
 pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
     let mut w = World::new(seed, opts);
+    let spec = opts.transcript.then(|| FleetSpec {
+        replicas: w.replicas.len(),
+        drift_ppm: w.replicas.iter().map(|r| r.drift_ppm).collect(),
+        link: Link::Hold,
+        calm_after: Some(Duration::from_nanos(FAULTS_NS)),
+        on_advance: true,
+        backend_fencing: opts.backend_fencing,
+    });
     w.run();
+    w.report.invariant = w.failed.as_ref().map(|(check, _)| check.clone());
+    if let (Some(spec), Some(rec)) = (spec, w.recorder.take()) {
+        w.report.transcript = Some(FleetTranscript {
+            config: Config {
+                fleet: Some(w.fleet),
+                ..w.config.clone()
+            },
+            spec,
+            steps: rec.steps,
+        });
+    }
     w.report
 }
 
@@ -273,9 +335,17 @@ impl World {
             swept_sandboxes: BTreeSet::new(),
             swept_snapshots: BTreeSet::new(),
             trace: opts.trace,
+            failed: None,
+            script: None,
+            names: opts.transcript.then(names::Names::default),
+            calm_from: Some(FAULTS_NS),
+            recorder: opts.transcript.then(Default::default),
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
+            if let Some(rec) = w.recorder.as_mut() {
+                rec.booted(r, replica.incarnation);
+            }
             w.replicas.push(replica);
             w.push(0, Ev::Wake(r));
         }
@@ -318,18 +388,24 @@ impl World {
     fn boot(&mut self, now: u64) -> Replica {
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
+        // Most clocks drift within the margin (2 s over a 10 s lease); one in ten beyond it.
+        let drift_ppm = if self.rng.chance(100) {
+            self.rng.range(0, 600_000) as i64 - 300_000
+        } else {
+            self.rng.range(0, 40_000) as i64 - 20_000
+        };
+        self.boot_as(incarnation, now, drift_ppm)
+    }
+
+    /// A new process, incarnation `incarnation`, started at `now` with a clock that drifts by
+    /// `drift_ppm` parts per million against true time.
+    fn boot_as(&mut self, incarnation: u32, now: u64, drift_ppm: i64) -> Replica {
         let config = Config {
             fleet: Some(Fleet {
                 incarnation,
                 ..self.fleet
             }),
             ..self.config.clone()
-        };
-        // Most clocks drift within the margin (2 s over a 10 s lease); one in ten beyond it.
-        let drift_ppm = if self.rng.chance(100) {
-            self.rng.range(0, 600_000) as i64 - 300_000
-        } else {
-            self.rng.range(0, 40_000) as i64 - 20_000
         };
         Replica {
             core: Lifecycle::new(config).expect("a valid configuration"),
@@ -349,6 +425,7 @@ impl World {
             next_wake: u64::MAX,
             disturbed: now,
             lapses: 0,
+            retired: retired::Retired::default(),
         }
     }
 
@@ -361,6 +438,8 @@ impl World {
 
     fn fail(&mut self, check: &str, detail: String) {
         if self.report.failure.is_none() {
+            let detail_at = format!("{detail} (at {} ms)", self.now / MS);
+            self.failed = Some((check.to_string(), detail_at));
             self.report.failure = Some(format!(
                 "invariant {check} broken: {detail} (at {} ms)",
                 self.now / MS
@@ -380,17 +459,27 @@ impl World {
                 self.store_fail = 0;
             }
             let ev = self.events[i].take().expect("each event once");
-            self.report.steps += 1;
-            if self.trace {
-                println!("{:>9} ms {ev:?}", at / MS);
-            }
-            self.step(ev);
-            if let Some(v) = self.backend.violation.take() {
-                self.fail("token-order", v);
-            }
+            self.process(ev);
         }
         if self.report.failure.is_none() {
             self.liveness();
+        }
+    }
+
+    /// One event at `now`, counted, then the backend's `token-order` check.
+    fn process(&mut self, ev: Ev) {
+        if matches!(ev, Ev::Wake(_) | Ev::Resume(_) | Ev::Answer(..)) {
+            if let Some(rec) = self.recorder.as_mut() {
+                rec.came_due(self.now);
+            }
+        }
+        self.report.steps += 1;
+        if self.trace {
+            println!("{:>9} ms {ev:?}", self.now / MS);
+        }
+        self.step(ev);
+        if let Some(v) = self.backend.violation.take() {
+            self.fail("token-order", v);
         }
     }
 
@@ -437,6 +526,9 @@ impl World {
                 if let Some((_, phase)) = self.replicas[r].calls.get_mut(&call) {
                     if *phase == Phase::Ready {
                         *phase = Phase::Released;
+                        if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
+                            self.record(Some(r), Step::Release(call.clone()));
+                        }
                         self.input(r, |core, t| core.release(t, &call));
                     }
                 }
@@ -453,10 +545,20 @@ impl World {
                 if let Input::Renewed { renewal, .. } = &input {
                     self.confirmed(r, *renewal);
                 }
+                if let Input::Claimed {
+                    claim, key, token, ..
+                } = &input
+                {
+                    self.replicas[r].retired.claimed(*claim, key, *token);
+                }
                 self.input(r, move |core, t| core.handle(t, input).map(|_| ()));
             }
             Ev::Pause(r, ns) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    if self.recorder.is_some() {
+                        let pause = FleetStep::Pause(Duration::from_nanos(ns));
+                        self.record(Some(r), Step::Fleet(pause));
+                    }
                     let until = self.now + ns;
                     self.replicas[r].run = Run::Paused { until };
                     self.push(until, Ev::Resume(r));
@@ -471,6 +573,9 @@ impl World {
             }
             Ev::Crash(r) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
+                    if self.recorder.is_some() {
+                        self.record(Some(r), Step::Fleet(FleetStep::Crash));
+                    }
                     self.replicas[r].run = Run::Crashed;
                     self.crashed.insert(self.replicas[r].incarnation);
                     let back = self.rng.range(1_000, 20_000) * MS;
@@ -479,11 +584,25 @@ impl World {
             }
             Ev::Restart(r) => {
                 let replica = self.boot(self.now);
+                if let Some(rec) = self.recorder.as_mut() {
+                    rec.booted(r, replica.incarnation);
+                }
+                if self.recorder.is_some() {
+                    let restart = FleetStep::Restart {
+                        drift_ppm: Some(replica.drift_ppm),
+                    };
+                    self.record(Some(r), Step::Fleet(restart));
+                }
                 self.replicas[r] = replica;
                 self.push(self.now, Ev::Wake(r));
             }
             Ev::Close(r) => {
-                self.input(r, |core, t| core.close(t, Duration::from_secs(5)));
+                let deadline = Duration::from_secs(5);
+                if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
+                    let close = Step::Close(Some(deadline));
+                    self.record(Some(r), close);
+                }
+                self.input(r, |core, t| core.close(t, deadline));
             }
         }
     }
@@ -524,12 +643,20 @@ impl World {
                 if *epoch != replica.epoch {
                     replica.epoch = *epoch;
                     replica.valid_until = None;
+                    replica.retired.epoch_moved(*epoch);
                 }
                 replica.renewals.insert(*renewal, (local, *epoch));
             } else {
                 self.lease_valid(r, local, &format!("{cmd:?}"));
+                if let Err(detail) = self.replicas[r].retired.store_ordered(&cmd) {
+                    self.fail("fenced-token-retired", format!("replica {r} {detail}"));
+                }
             }
             let inc = self.replicas[r].incarnation;
+            if self.script.is_some() {
+                self.script_store_ordered(r, inc, cmd);
+                continue;
+            }
             let latency = if self.faults && self.rng.chance(50) {
                 self.rng.range(1_000, 6_000)
             } else {
@@ -540,6 +667,9 @@ impl World {
         while let Some(cmd) = self.replicas[r].core.poll_command() {
             if cmd.token().is_some() {
                 self.lease_valid(r, local, &format!("{cmd:?}"));
+            }
+            if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
+                self.fail("fenced-token-retired", format!("replica {r} {detail}"));
             }
             self.seq += 1;
             let seq = self.seq;
@@ -563,18 +693,30 @@ impl World {
                     self.report.marks.insert("resume-from-record");
                 }
             }
+            if self.script.is_some() {
+                self.script_ordered(r, inc, cmd, seq);
+                continue;
+            }
             let latency = self.rng.range(1, 300);
             self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
         }
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
         }
+        if let Some(names) = self.names.as_mut() {
+            let replica = &self.replicas[r];
+            names.learn(r, &replica.core, replica.calls.keys());
+        }
+        if self.script.is_some() {
+            self.script_drained(r);
+        }
         let lapses = self.replicas[r].core.stats().lease_lapses;
-        if lapses > self.replicas[r].lapses {
+        // A scenario's lapses are its own doing, unless it says when faults stop.
+        if let (true, Some(calm_from)) = (lapses > self.replicas[r].lapses, self.calm_from) {
             self.replicas[r].lapses = lapses;
             let lease = self.fleet.lease.as_nanos() as u64;
             let replica = &self.replicas[r];
-            let calm_since = replica.disturbed.max(FAULTS_NS + 6_000 * MS);
+            let calm_since = replica.disturbed.max(calm_from + 6_000 * MS);
             if replica.drift_ppm.abs() <= 20_000 && self.now > calm_since + lease {
                 self.fail(
                     "lapse-without-fault",
@@ -586,7 +728,14 @@ impl World {
             }
         }
         if let Some(next) = self.replicas[r].core.poll_timeout() {
-            let at = self.replicas[r].true_of(next.as_nanos()).max(self.now);
+            let at = if self.script.as_ref().is_some_and(|s| !s.on_advance) {
+                // A scenario's `advance 3s` reaches a timer due at 3 s on a replica's clock
+                // (with `events=on-advance`, a transcript's, the seed's instant instead).
+                self.replicas[r].wake_at(next.as_nanos())
+            } else {
+                self.replicas[r].true_of(next.as_nanos())
+            };
+            let at = at.max(self.now);
             // One wake-up pending per replica: the earliest one.
             if at < self.replicas[r].next_wake {
                 self.replicas[r].next_wake = at;
@@ -633,9 +782,23 @@ impl World {
         self.replicas[r]
             .calls
             .insert(call.clone(), (session.clone(), Phase::Waiting));
+        if self.recorder.is_some() {
+            let step = Step::Acquire {
+                call: call.clone(),
+                session: session.clone(),
+                user: None,
+                external: None,
+            };
+            self.record(Some(r), step);
+        }
         let spec = CallSpec::new(call.clone(), session);
         match self.apply_input(r, |core, t| core.acquire(t, spec)) {
-            Ok(((), local)) => self.drain(r, local),
+            Ok(((), local)) => {
+                if let Some(names) = self.names.as_mut() {
+                    names.acquired(&call, r);
+                }
+                self.drain(r, local)
+            }
             // Too many calls wait for the key already: the application hears it at once.
             Err(sandkeeper::Error::QueueFull { .. }) => {
                 self.replicas[r].calls.remove(&call);
@@ -650,6 +813,14 @@ impl World {
         }
         let path = PathName::session_log();
         let payload = Payload::new(format!("{}", self.now).into_bytes());
+        if self.recorder.is_some() {
+            let step = Step::Flush {
+                session: session.clone(),
+                path: None,
+                bytes: payload.len(),
+            };
+            self.record(Some(r), step);
+        }
         match self.apply_input(r, |core, t| core.flush(t, &session, &path, payload)) {
             Ok((version, local)) => {
                 // Recorded before the drain, whose events may settle it.
@@ -667,11 +838,19 @@ impl World {
 
     fn event(&mut self, r: usize, ev: Event) {
         let inc = self.replicas[r].incarnation;
+        if self.script.is_some() {
+            self.script_saw_event(r, &ev);
+        }
+        // A scenario's application does what its steps say, nothing on its own.
+        let scripted = self.script.is_some();
         match ev {
             Event::CallReady { call, .. } => {
                 if let Some((session, phase)) = self.replicas[r].calls.get_mut(&call) {
                     *phase = Phase::Ready;
                     let session = session.clone();
+                    if scripted {
+                        return;
+                    }
                     let flush = self.rng.range(10, 500) * MS;
                     self.push(self.now + flush, Ev::Flush(r, inc, session));
                     let done = flush + self.rng.range(10, 2_000) * MS;
@@ -685,7 +864,9 @@ impl World {
                 self.replicas[r].calls.remove(&call);
             }
             Event::SandboxLost { call, .. } => {
-                self.push(self.now + MS, Ev::Release(r, inc, call));
+                if !scripted {
+                    self.push(self.now + MS, Ev::Release(r, inc, call));
+                }
             }
             Event::Settled {
                 session,
@@ -700,7 +881,8 @@ impl World {
                     self.fail(v.check, v.detail);
                 }
             }
-            Event::KeyFenced { reason, .. } => {
+            Event::KeyFenced { key, token, reason } => {
+                self.replicas[r].retired.fenced(key, token);
                 self.report.marks.insert(match reason {
                     FenceReason::LeaseLapsed => "fence-lapse",
                     FenceReason::Refused => "fence-refused",
@@ -714,25 +896,39 @@ impl World {
     }
 
     fn apply(&mut self, r: usize, inc: u32, cmd: Command, seq: u64) {
-        let replica = &self.replicas[r];
-        // The driver dropped what its core abandoned, relinquished or cancelled before it ran
-        // (only its own incarnation's: a crashed one's requests in flight still land).
-        if replica.incarnation == inc {
-            let dropped = replica
-                .dropped_before
-                .get(&cmd.sandbox())
-                .is_some_and(|before| seq < *before)
-                && !matches!(cmd, Command::Shutdown { .. } | Command::Upload { .. });
-            let cancelled = matches!(&cmd, Command::Upload { upload, .. } if replica.cancelled.contains(upload));
-            if dropped || cancelled {
-                return;
-            }
+        if self.dropped(r, inc, &cmd, seq) {
+            return;
         }
+        let outcome = self.backend_runs(r, inc, &cmd);
+        self.answer(r, inc, &cmd, outcome);
+    }
+
+    /// Whether the driver of replica `r` dropped `cmd`, ordered as `seq` by incarnation `inc`,
+    /// before it ran: what its core abandoned, relinquished or cancelled meanwhile (only its own
+    /// incarnation's: a crashed one's requests in flight still land).
+    fn dropped(&self, r: usize, inc: u32, cmd: &Command, seq: u64) -> bool {
+        let replica = &self.replicas[r];
+        if replica.incarnation != inc {
+            return false;
+        }
+        let dropped = replica
+            .dropped_before
+            .get(&cmd.sandbox())
+            .is_some_and(|before| seq < *before)
+            && !matches!(cmd, Command::Shutdown { .. } | Command::Upload { .. });
+        let cancelled =
+            matches!(cmd, Command::Upload { upload, .. } if replica.cancelled.contains(upload));
+        dropped || cancelled
+    }
+
+    /// The backend runs `cmd`, which incarnation `inc` of replica `r` ordered, with the checks
+    /// and marks that go with it: what it did.
+    fn backend_runs(&mut self, r: usize, inc: u32, cmd: &Command) -> Outcome {
         // `record-shut-down`: a released key's durable record that names this sandbox warm (an
         // owned key's record names the sandbox its owner runs, which the owner may shut down
         // before it writes the record again: a next owner after a crash finds it gone and
         // starts afresh).
-        let named = match &cmd {
+        let named = match cmd {
             Command::Shutdown { sandbox, .. } => self
                 .store
                 .keys
@@ -744,7 +940,7 @@ impl World {
         if let Command::Start {
             resume_from: Some(snapshot),
             ..
-        } = &cmd
+        } = cmd
         {
             if self.swept_snapshots.contains(snapshot.as_str()) && self.owner_live(r, inc) {
                 self.fail(
@@ -757,7 +953,7 @@ impl World {
                 );
             }
         }
-        let outcome = self.backend.apply(&cmd);
+        let outcome = self.backend.apply(cmd);
         if let (
             Command::Persist {
                 snapshot: Some(snapshot),
@@ -765,7 +961,7 @@ impl World {
                 ..
             },
             Outcome::Ok(_),
-        ) = (&cmd, &outcome)
+        ) = (cmd, &outcome)
         {
             let until = self.replicas[r].true_of(until.as_nanos());
             if let Some(kept) = self.backend.snapshots.get_mut(snapshot.as_str()) {
@@ -787,16 +983,27 @@ impl World {
         if outcome == Outcome::Fenced {
             self.report.marks.insert("backend-refused");
         }
-        self.answer(r, inc, &cmd, outcome);
+        outcome
     }
 
     fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
-        let Some(deadline) = cmd.deadline() else {
+        let Some((input, deadline)) = Self::answer_of(cmd, outcome) else {
             return;
         };
+        let latency = self.rng.range(1, 200);
+        if self.recorder.is_some() {
+            self.record_backend(r, inc, cmd, &input, latency * MS);
+        }
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    /// What the driver answers its core once the backend ran `cmd` (`outcome`), with the
+    /// command's deadline; `None` for a command that wants no answer.
+    fn answer_of(cmd: &Command, outcome: Outcome) -> Option<(Input, Instant)> {
+        let deadline = cmd.deadline()?;
         let sandbox = cmd.sandbox();
         let input = match (cmd, outcome) {
-            (_, Outcome::Silent) => return,
+            (_, Outcome::Silent) => return None,
             (_, Outcome::Fenced) => Input::Fenced { sandbox },
             (Command::Start { .. } | Command::Adopt { .. }, Outcome::Ok(_)) => {
                 Input::StartOk { sandbox }
@@ -818,11 +1025,39 @@ impl World {
             (Command::Hook { .. }, _) => Input::HookFailed { sandbox },
             (other, outcome) => unreachable!("{other:?} answered {outcome:?}"),
         };
-        let latency = self.rng.range(1, 200);
-        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+        Some((input, deadline))
     }
 
     fn store_apply(&mut self, r: usize, inc: u32, cmd: StoreCommand) {
+        let fails = self.rng.chance(self.store_fail);
+        let (input, deadline) = self.store_runs(r, inc, cmd, fails);
+        if inc != self.replicas[r].incarnation {
+            if self.recorder.is_some() {
+                self.record_store(r, inc, &input, None);
+            }
+            return; // the process that asked crashed; the write (if any) stays
+        }
+        let latency = if self.faults && self.rng.chance(50) {
+            self.rng.range(1_000, 6_000)
+        } else {
+            self.rng.range(1, 50)
+        };
+        if self.recorder.is_some() {
+            self.record_store(r, inc, &input, Some(latency * MS));
+        }
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+    }
+
+    /// The store takes `cmd`, which incarnation `inc` of replica `r` ordered (or errs, when
+    /// `fails`), with the checks and marks that go with it: the answer and its deadline (for
+    /// nobody when that incarnation crashed since; the write, if any, stays).
+    fn store_runs(
+        &mut self,
+        r: usize,
+        inc: u32,
+        cmd: StoreCommand,
+        fails: bool,
+    ) -> (Input, Instant) {
         let deadline = cmd.deadline();
         let written = match &cmd {
             StoreCommand::Record { key, .. } | StoreCommand::Release { key, .. } => {
@@ -830,7 +1065,6 @@ impl World {
             }
             _ => None,
         };
-        let fails = self.rng.chance(self.store_fail);
         let input = match cmd {
             StoreCommand::Renew { renewal, epoch, .. } => {
                 match (!fails)
@@ -939,15 +1173,7 @@ impl World {
         if written.is_some() {
             self.records_name_nothing_swept(written.as_ref());
         }
-        if inc != self.replicas[r].incarnation {
-            return; // the process that asked crashed; the write (if any) stays
-        }
-        let latency = if self.faults && self.rng.chance(50) {
-            self.rng.range(1_000, 6_000)
-        } else {
-            self.rng.range(1, 50)
-        };
-        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
+        (input, deadline)
     }
 
     /// A claim took a key from `before`'s owner: mark what made that possible.
@@ -1012,6 +1238,14 @@ impl World {
             return;
         }
         let sweeper = up[self.rng.index(up.len())];
+        if self.recorder.is_some() {
+            self.record(Some(sweeper), Step::Fleet(FleetStep::Sweep));
+        }
+        self.sweep_on(sweeper);
+    }
+
+    /// The sweep of [`sweep`](Self::sweep), on the clock of replica `sweeper`.
+    fn sweep_on(&mut self, sweeper: usize) {
         let lease = self.fleet.lease.as_nanos() as u64;
         let clock = self.replicas[sweeper].local(self.now);
         let judged = clock.saturating_sub(lease);

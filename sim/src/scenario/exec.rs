@@ -61,6 +61,9 @@ pub fn run_steps(
     mode: RunMode,
     mut log: Option<&mut dyn FnMut(&str)>,
 ) -> (Verdict, Vec<usize>) {
+    if let Some(spec) = &scenario.fleet {
+        return crate::fleet::script::run_fleet_scenario(scenario, spec, mode, log);
+    }
     let opts = HarnessOptions {
         keep_settlements: true,
         trace: log.is_some(),

@@ -12,9 +12,17 @@
 //!
 //! Names must also be accepted by the core (not `.`/`..`, not starting with `-`, at most 128
 //! bytes); a name it would refuse is a parse error.
+//!
+//! Fleet scenarios (`fleet.rs`): a `fleet replicas=<n> ...` line before the first step makes
+//! the file a fleet's, run by the fleet world (`crate::fleet::script`); a step that happens on
+//! one replica is written after the replica's name in brackets, `[r1] acquire a session=s1`.
+//! Brackets are no part of any one-process line (a name is `[A-Za-z0-9_.-]+`, a sandbox is
+//! `@<call>`), so a file without a `fleet` line parses exactly as before.
 
 mod exec;
+mod fleet;
 mod parse;
 
 pub use exec::{run_scenario, run_steps, RunMode, Verdict};
+pub use fleet::{fleet_line_text, DEFAULT_TIMING};
 pub use parse::{config_line, parse, ParseError, Scenario, KINDS};

@@ -7,10 +7,11 @@ use sandkeeper::{
     SuspendHookFailure, Tiers, UserId, WayDown,
 };
 
+use crate::step::fleet::FleetSpec;
 use crate::step::{fmt_duration, Answer, Expect, ResolveExpect, Step};
 
 /// Error and reason kinds a scenario may name (kebab case).
-pub const KINDS: [&str; 23] = [
+pub const KINDS: [&str; 24] = [
     "closed",
     "unknown-call",
     "duplicate-call",
@@ -34,6 +35,7 @@ pub const KINDS: [&str; 23] = [
     "unknown-upload",
     "missing-user",
     "limit-exceeded",
+    "fenced",
 ];
 
 /// A malformed scenario: the line (1-based) and what was expected there.
@@ -55,23 +57,30 @@ pub struct Scenario {
     pub close_deadline: Duration,
     /// The steps, each with its line number.
     pub steps: Vec<(usize, Step)>,
+    /// A fleet scenario's `fleet` line (its lease timing is `config.fleet`); `None` for one
+    /// process.
+    pub fleet: Option<FleetSpec>,
 }
 
-struct Line<'a> {
-    no: usize,
-    words: Vec<&'a str>,
-    pos: usize,
+/// One line's words, read left to right.
+pub(super) struct Line<'a> {
+    /// The line number, 1-based.
+    pub(super) no: usize,
+    /// Its words, the verb first.
+    pub(super) words: Vec<&'a str>,
+    /// The next word to read.
+    pub(super) pos: usize,
 }
 
 impl<'a> Line<'a> {
-    fn err<T>(&self, message: impl Into<String>) -> Result<T, ParseError> {
+    pub(super) fn err<T>(&self, message: impl Into<String>) -> Result<T, ParseError> {
         Err(ParseError {
             line: self.no,
             message: message.into(),
         })
     }
 
-    fn positional(&mut self, what: &str) -> Result<&'a str, ParseError> {
+    pub(super) fn positional(&mut self, what: &str) -> Result<&'a str, ParseError> {
         match self.words.get(self.pos) {
             Some(w) if !w.contains('=') => {
                 self.pos += 1;
@@ -82,7 +91,7 @@ impl<'a> Line<'a> {
         }
     }
 
-    fn optional_positional(&mut self) -> Option<&'a str> {
+    pub(super) fn optional_positional(&mut self) -> Option<&'a str> {
         match self.words.get(self.pos) {
             Some(w) if !w.contains('=') => {
                 self.pos += 1;
@@ -93,7 +102,7 @@ impl<'a> Line<'a> {
     }
 
     /// The remaining `key=value` words, each key allowed once and only from `allowed`.
-    fn keys(&mut self, allowed: &[&str]) -> Result<Vec<(&'a str, &'a str)>, ParseError> {
+    pub(super) fn keys(&mut self, allowed: &[&str]) -> Result<Vec<(&'a str, &'a str)>, ParseError> {
         let mut out: Vec<(&str, &str)> = Vec::new();
         while let Some(w) = self.words.get(self.pos) {
             self.pos += 1;
@@ -120,7 +129,7 @@ impl<'a> Line<'a> {
         Ok(out)
     }
 
-    fn done(&self) -> Result<(), ParseError> {
+    pub(super) fn done(&self) -> Result<(), ParseError> {
         match self.words.get(self.pos) {
             None => Ok(()),
             Some(w) => self.err(format!("unexpected word `{w}` at the end of the line")),
@@ -128,11 +137,11 @@ impl<'a> Line<'a> {
     }
 }
 
-fn get<'a>(keys: &[(&'a str, &'a str)], k: &str) -> Option<&'a str> {
+pub(super) fn get<'a>(keys: &[(&'a str, &'a str)], k: &str) -> Option<&'a str> {
     keys.iter().find(|(key, _)| *key == k).map(|(_, v)| *v)
 }
 
-fn check_name(line: &Line, what: &str, text: &str) -> Result<(), ParseError> {
+pub(super) fn check_name(line: &Line, what: &str, text: &str) -> Result<(), ParseError> {
     if text.is_empty()
         || !text
             .bytes()
@@ -147,7 +156,7 @@ fn check_name(line: &Line, what: &str, text: &str) -> Result<(), ParseError> {
 
 macro_rules! named {
     ($fn:ident, $ty:ty, $what:literal) => {
-        fn $fn(line: &Line, text: &str) -> Result<$ty, ParseError> {
+        pub(super) fn $fn(line: &Line, text: &str) -> Result<$ty, ParseError> {
             check_name(line, $what, text)?;
             <$ty>::new(text).or_else(|e| line.err(format!("invalid {} name: {}", $what, e.why)))
         }
@@ -160,14 +169,14 @@ named!(user_name, UserId, "user");
 named!(external_name, ExternalId, "external");
 named!(path_name, PathName, "path");
 
-fn at_call(line: &Line, text: &str) -> Result<CallId, ParseError> {
+pub(super) fn at_call(line: &Line, text: &str) -> Result<CallId, ParseError> {
     match text.strip_prefix('@') {
         Some(c) => call_name(line, c),
         None => line.err(format!("expected @<call>, found `{text}`")),
     }
 }
 
-fn duration(line: &Line, text: &str) -> Result<Duration, ParseError> {
+pub(super) fn duration(line: &Line, text: &str) -> Result<Duration, ParseError> {
     let (digits, unit) = if let Some(d) = text.strip_suffix("ms") {
         (d, 1)
     } else if let Some(d) = text.strip_suffix('s') {
@@ -190,7 +199,7 @@ fn duration(line: &Line, text: &str) -> Result<Duration, ParseError> {
     }
 }
 
-fn number(line: &Line, key: &str, text: &str) -> Result<u64, ParseError> {
+pub(super) fn number(line: &Line, key: &str, text: &str) -> Result<u64, ParseError> {
     if !text.bytes().all(|b| b.is_ascii_digit()) {
         return line.err(format!(
             "`{key}` expects a non-negative integer, found `{text}`"
@@ -220,6 +229,7 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
     let mut close_deadline = Duration::from_secs(10);
     let mut steps = Vec::new();
     let mut seen_config_keys: Vec<String> = Vec::new();
+    let mut fleet: Option<FleetSpec> = None;
     for (i, raw) in text.lines().enumerate() {
         let no = i + 1;
         let content = raw.split('#').next().unwrap_or("");
@@ -229,6 +239,26 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
         }
         let mut line = Line { no, words, pos: 1 };
         let verb = line.words[0];
+        if verb == "fleet" {
+            if !steps.is_empty() {
+                return line.err("`fleet` must come before the first step");
+            }
+            if fleet.is_some() {
+                return line.err("`fleet` given twice");
+            }
+            fleet = Some(super::fleet::fleet_line(&mut line, &mut config)?);
+            continue;
+        }
+        if verb.starts_with('[') {
+            let Some(spec) = &fleet else {
+                return line.err(format!(
+                    "`{verb}` names a replica, but there is no fleet: a `fleet replicas=<n>` line must come before the first step"
+                ));
+            };
+            let step = super::fleet::on_replica(&line, spec)?;
+            steps.push((no, step));
+            continue;
+        }
         if verb == "config" {
             if !steps.is_empty() {
                 return line.err("`config` must come before the first step");
@@ -339,13 +369,17 @@ pub fn parse(text: &str) -> Result<Scenario, ParseError> {
             }
             continue;
         }
-        let step = parse_step(&mut line, verb)?;
+        let step = match &fleet {
+            Some(spec) => super::fleet::fleet_wide(&mut line, verb, spec)?,
+            None => parse_step(&mut line, verb)?,
+        };
         steps.push((no, step));
     }
     Ok(Scenario {
         config,
         close_deadline,
         steps,
+        fleet,
     })
 }
 
@@ -393,7 +427,7 @@ fn refused_name(line: &Line, verb: &str) -> Result<Option<(Option<String>, Strin
     Ok(None)
 }
 
-fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
+pub(super) fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError> {
     if let Some((call, why)) = refused_name(line, verb)? {
         return Ok(Step::Refused {
             text: line.words.join(" "),
@@ -552,7 +586,7 @@ impl<'a> Line<'a> {
     }
 }
 
-fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
+pub(super) fn parse_expect(line: &mut Line) -> Result<Expect, ParseError> {
     let what = line.positional(
         "what to expect: ready, waiting, failed, uploaded, dropped, running, state, stop, no-stop, shutdown, no-shutdown, resumed, discarded, no-discard, closed or error",
     )?;
