@@ -36,10 +36,10 @@ use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::Timer;
 
-/// How a key's release ended.
+/// How the store answered a write of a key's entry (a release, or a record write).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Released {
-    /// Written: the key is no longer this process's.
+enum Written {
+    /// Written (a release: the key is no longer this process's).
     Done,
     /// A store error or no answer in time: the key is still this process's; try again later.
     Failed,
@@ -143,7 +143,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.release_answered(now, release, key, Released::Done)
+        self.release_answered(now, release, key, Written::Done)
     }
 
     /// The store could not write the release. The key is still this process's (under the same
@@ -157,7 +157,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.release_answered(now, release, key, Released::Failed)
+        self.release_answered(now, release, key, Written::Failed)
     }
 
     /// The store refused the release: a newer token owns the key (this process's lease expired
@@ -171,7 +171,7 @@ impl Lifecycle {
         release: ReleaseId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.release_answered(now, release, key, Released::Fenced)
+        self.release_answered(now, release, key, Written::Fenced)
     }
 
     /// The store wrote the owned key's durable record (or a newer write had landed first).
@@ -183,7 +183,7 @@ impl Lifecycle {
         recording: RecordingId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.record_answered(now, recording, key, Released::Done)
+        self.record_answered(now, recording, key, Written::Done)
     }
 
     /// The store could not write the record: the key is still this process's, and the record
@@ -196,7 +196,7 @@ impl Lifecycle {
         recording: RecordingId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.record_answered(now, recording, key, Released::Failed)
+        self.record_answered(now, recording, key, Written::Failed)
     }
 
     /// The store refused the record: a newer token owns the key. The key is fenced
@@ -209,7 +209,7 @@ impl Lifecycle {
         recording: RecordingId,
         key: &Key,
     ) -> Result<(), Error> {
-        self.record_answered(now, recording, key, Released::Fenced)
+        self.record_answered(now, recording, key, Written::Fenced)
     }
 
     /// The backend refused a command on `sandbox`: it has seen a newer fencing token for it, so
@@ -550,7 +550,7 @@ impl Lifecycle {
         now: Instant,
         release: ReleaseId,
         key: &Key,
-        how: Released,
+        how: Written,
     ) -> Result<(), Error> {
         self.time_passes(now);
         self.check_not_closed("release answer")?;
@@ -578,7 +578,7 @@ impl Lifecycle {
         Ok(())
     }
 
-    fn release_ended(&mut self, k: KeyIx, how: Released) {
+    fn release_ended(&mut self, k: KeyIx, how: Written) {
         let Own::Releasing(release, token) = self.keys[k].own else {
             unreachable!("an awaited release")
         };
@@ -587,7 +587,7 @@ impl Lifecycle {
             .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
-            Released::Failed => {
+            Written::Failed => {
                 self.stats.releases_failed += 1;
                 self.keys[k].own = Own::Owned(token);
                 self.retry_later(k);
@@ -602,8 +602,8 @@ impl Lifecycle {
                     self.admit(k);
                 }
             }
-            Released::Done | Released::Fenced => {
-                if how == Released::Done {
+            Written::Done | Written::Fenced => {
+                if how == Written::Done {
                     self.stats.keys_released += 1;
                 } else {
                     self.stats.releases_fenced += 1;
@@ -856,7 +856,7 @@ impl Lifecycle {
         now: Instant,
         recording: RecordingId,
         key: &Key,
-        how: Released,
+        how: Written,
     ) -> Result<(), Error> {
         self.time_passes(now);
         self.check_not_closed("record answer")?;
@@ -880,17 +880,17 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let (_, record) = self.keys[k].recording.take().expect("awaited");
         match how {
-            Released::Done => {
+            Written::Done => {
                 self.stats.records_ok += 1;
                 self.keys[k].recorded = record;
                 self.key_settles(k);
             }
-            Released::Failed => {
+            Written::Failed => {
                 tracing::warn!(%recording, key = %key, "record failed");
                 self.stats.records_failed += 1;
                 self.retry_later(k);
             }
-            Released::Fenced => {
+            Written::Fenced => {
                 self.stats.records_fenced += 1;
                 self.fence_key(k, FenceReason::Refused);
             }

@@ -163,14 +163,14 @@ impl K8sStore {
                         ..Entry::default()
                     };
                     return self
-                        .claim_entry(key, &name, None, fresh, incarnation, epoch, false)
+                        .claim_entry(&name, None, fresh, incarnation, epoch, false)
                         .await;
                 };
                 let busy = match current.owner.filter(|o| o.0 != incarnation) {
                     Some(owner) => self.is_live(owner, now).await?,
                     None => false,
                 };
-                self.claim_entry(key, &name, Some(lease), current, incarnation, epoch, busy)
+                self.claim_entry(&name, Some(lease), current, incarnation, epoch, busy)
                     .await
             })
             .await
@@ -181,7 +181,6 @@ impl K8sStore {
     #[allow(clippy::too_many_arguments)]
     async fn claim_entry(
         &self,
-        key: &Key,
         name: &str,
         lease: Option<Lease>,
         mut entry: Entry,
@@ -202,7 +201,6 @@ impl K8sStore {
             let record = std::mem::take(&mut entry.record);
             Claim::Claimed(Token(entry.token), record)
         };
-        let _ = key;
         self.write(name, lease, &entry).await?;
         Ok(answer)
     }

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use sandkeeper::{Config, ReleasePolicy, Scope, SessionId};
+use sandkeeper::{Config, SessionId};
 use sandkeeper_k8s::{Cluster, K8sBackend, K8sConfig, K8sStore, Mode};
 use sandkeeper_tokio::workload;
 use sandkeeper_tokio::{Keeper, KeeperConfig};
@@ -79,14 +79,7 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let store = K8sStore::new(cluster, lease);
-    let core = Config {
-        scope: Scope::Session,
-        release: ReleasePolicy::KeepWarm {
-            idle: Duration::from_secs(3_600),
-        },
-        fleet: Some(workload::fleet_timing(lease)),
-        ..Config::default()
-    };
+    let core = workload::turn_config(lease, Config::default().wait_timeout);
     let keeper = Keeper::fleet(KeeperConfig::with_core(core), backend, store)
         .await
         .map_err(|e| e.to_string())?;

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use sandkeeper::{Config, ReleasePolicy, Scope, SessionId};
+use sandkeeper::SessionId;
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::workload;
@@ -58,15 +58,7 @@ async fn main() {
 async fn run(args: Args) -> Result<(), String> {
     let session = SessionId::new(&args.session).map_err(|e| e.to_string())?;
     let lease = Duration::from_millis(args.lease_ms);
-    let core = Config {
-        scope: Scope::Session,
-        release: ReleasePolicy::KeepWarm {
-            idle: Duration::from_secs(3_600),
-        },
-        wait_timeout: Duration::from_secs(args.wait_secs),
-        fleet: Some(workload::fleet_timing(lease)),
-        ..Config::default()
-    };
+    let core = workload::turn_config(lease, Duration::from_secs(args.wait_secs));
     let backend = LocalBackend::new(LocalConfig::new(&args.root))
         .map_err(|e| format!("{}: {e}", args.root.display()))?;
     let store = LocalStore::open(&args.root, lease).map_err(|e| e.to_string())?;

@@ -110,6 +110,18 @@ struct LocalSandbox {
     reported: std::sync::atomic::AtomicBool,
 }
 
+impl LocalSandbox {
+    /// A sandbox up in `dir`: open to writes, its processes running.
+    fn running(dir: PathBuf) -> Self {
+        LocalSandbox {
+            dir,
+            gate: RwLock::new(false),
+            stopped: watch::channel(false).0,
+            reported: false.into(),
+        }
+    }
+}
+
 /// Sandboxes as local directories. See the module docs.
 pub struct LocalBackend {
     config: LocalConfig,
@@ -410,16 +422,8 @@ impl Backend for LocalBackend {
         .await;
         self.fences().remove(&sandbox);
         work?;
-        let (stopped, _) = watch::channel(false);
-        self.table().insert(
-            request.sandbox,
-            Arc::new(LocalSandbox {
-                dir,
-                gate: RwLock::new(false),
-                stopped,
-                reported: false.into(),
-            }),
-        );
+        self.table()
+            .insert(request.sandbox, Arc::new(LocalSandbox::running(dir)));
         Ok(())
     }
 
@@ -444,15 +448,9 @@ impl Backend for LocalBackend {
             Ok(())
         })
         .await?;
-        let (stopped, _) = watch::channel(false);
-        self.table().entry(sandbox).or_insert_with(|| {
-            Arc::new(LocalSandbox {
-                dir,
-                gate: RwLock::new(false),
-                stopped,
-                reported: false.into(),
-            })
-        });
+        self.table()
+            .entry(sandbox)
+            .or_insert_with(|| Arc::new(LocalSandbox::running(dir)));
         Ok(())
     }
 

@@ -48,7 +48,7 @@ use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 pub use options::WorkloadOptions;
 pub use summary::Summary;
 pub use target::WorkloadTarget;
-pub use turn::{fleet_timing, run_turn, TurnReport};
+pub use turn::{fleet_timing, run_turn, turn_config, TurnReport};
 
 /// Why a workload could not run (failed checks are not errors: they are in the [`Summary`]).
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use sandkeeper::{CallId, CallSpec, Fleet, PathName, SessionId};
+use sandkeeper::{CallId, CallSpec, Config, Fleet, PathName, ReleasePolicy, Scope, SessionId};
 use serde::Serialize;
 
 use crate::ops::{OpError, SandboxOps};
@@ -38,6 +38,21 @@ pub fn fleet_timing(lease: Duration) -> Fleet {
         renew_every: lease / 3,
         margin: lease / 5,
         claim_retry: lease / 10,
+    }
+}
+
+/// The core's configuration of a turn's process: one sandbox per session, kept warm between
+/// turns (an hour), calls waiting at most `wait` for the session's key, the fleet's timing for
+/// `lease` ([`fleet_timing`]).
+pub fn turn_config(lease: Duration, wait: Duration) -> Config {
+    Config {
+        scope: Scope::Session,
+        release: ReleasePolicy::KeepWarm {
+            idle: Duration::from_secs(3_600),
+        },
+        wait_timeout: wait,
+        fleet: Some(fleet_timing(lease)),
+        ..Config::default()
     }
 }
 
