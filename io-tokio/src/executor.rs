@@ -152,6 +152,11 @@ impl<B: Backend> TokioExecutor<B> {
         &self.notices
     }
 
+    /// The incarnation the fleet's store handed this process (fleet mode only).
+    pub(crate) fn incarnation(&self) -> Option<u32> {
+        self.fleet.as_ref().map(|f| f.incarnation)
+    }
+
     /// What the fleet sweeps removed so far.
     pub(crate) fn swept(&self) -> Swept {
         *lock_std(&self.swept)

@@ -378,6 +378,13 @@ impl<B: Backend> Keeper<B> {
         self.shared.executor().notices().subscribe()
     }
 
+    /// In fleet mode, the incarnation the fleet's store handed this process at
+    /// [`fleet`](Self::fleet) (the owner its keys' entries and its sandboxes' ids name);
+    /// `None` for a single keeper.
+    pub fn incarnation(&self) -> Option<u32> {
+        self.shared.executor().incarnation()
+    }
+
     /// The core's counters.
     pub fn stats(&self) -> Stats {
         self.shared.stats()

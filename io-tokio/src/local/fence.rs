@@ -8,6 +8,7 @@
 //! | `sandboxes/<id>` | `<key>` and the newest token the sandbox accepted |
 //! | `keys/<key>` | the newest token any sandbox of the key accepted |
 //! | `keys/<key>.lock` | the key's lock (`flock`) |
+//! | `accepted.log` | with [`LocalConfig::token_log`](super::LocalConfig::token_log): every admitted change, `<sandbox> <key> <token>` |
 //!
 //! A command without a token (a key no process owns: one call's, an external sandbox, a single
 //! keeper) is not checked. The key's newest token is what refuses a stale owner's Start of a
@@ -25,15 +26,18 @@ use crate::backend::{BackendError, FailureClass};
 #[derive(Clone, Debug)]
 pub(crate) struct Ledger {
     dir: PathBuf,
+    /// Append every admitted token to `accepted.log`.
+    log: bool,
 }
 
 /// The key's lock, held while the admitted change is made. `None`: no token to check.
 pub(crate) type Admitted = Option<File>;
 
 impl Ledger {
-    pub(crate) fn new(root: &Path) -> Self {
+    pub(crate) fn new(root: &Path, log: bool) -> Self {
         Ledger {
             dir: root.join(".tokens"),
+            log,
         }
     }
 
@@ -99,8 +103,76 @@ impl Ledger {
             .map_err(|e| io("write", e))?;
         write_whole(&sandbox_file, format!("{key}\n{token}\n").as_bytes())
             .map_err(|e| io("write", e))?;
+        if self.log {
+            // One write of one line with O_APPEND: whole, and in the order the key's lock
+            // admitted the changes of the key's sandboxes.
+            let line = format!("{} {key} {token}\n", sandbox.0);
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(ACCEPTED_LOG))
+                .and_then(|mut f| io::Write::write_all(&mut f, line.as_bytes()))
+                .map_err(|e| io("log", e))?;
+        }
         Ok(Some(lock))
     }
+}
+
+/// The token log's file name, under `<root>/.tokens/`.
+const ACCEPTED_LOG: &str = "accepted.log";
+
+/// What the token log of a root shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenLog {
+    /// Changes admitted.
+    pub changes: u64,
+    /// Sandboxes changed.
+    pub sandboxes: u64,
+    /// Sandboxes changed under more than one token (adopted, or fenced and handed on).
+    pub changed_by_several: u64,
+    /// Each change admitted under a token older than one the same sandbox accepted before
+    /// it, as `(sandbox, older, newer)`. Empty when fencing held.
+    pub out_of_order: Vec<(SandboxId, u64, u64)>,
+}
+
+/// Reads the token log of the local root `root` (written with
+/// [`LocalConfig::token_log`](super::LocalConfig::token_log)) and checks that no sandbox was
+/// changed by two tokens out of order. A missing log reads as empty; a malformed line is an
+/// error naming it.
+pub fn token_log_in_order(root: &Path) -> io::Result<TokenLog> {
+    let path = root.join(".tokens").join(ACCEPTED_LOG);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let mut newest: std::collections::HashMap<u64, (u64, bool)> = Default::default();
+    let mut log = TokenLog::default();
+    for (n, line) in text.lines().enumerate() {
+        let mut words = line.split(' ');
+        let parsed = (|| {
+            let sandbox = words.next()?.parse::<u64>().ok()?;
+            let _key = words.next()?;
+            let token = words.next()?.parse::<u64>().ok()?;
+            words.next().is_none().then_some((sandbox, token))
+        })();
+        let Some((sandbox, token)) = parsed else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} line {}: {line:?}", path.display(), n + 1),
+            ));
+        };
+        log.changes += 1;
+        let seen = newest.entry(sandbox).or_insert((token, false));
+        if token < seen.0 {
+            log.out_of_order.push((SandboxId(sandbox), token, seen.0));
+        } else if token > seen.0 {
+            *seen = (token, true);
+        }
+    }
+    log.sandboxes = newest.len() as u64;
+    log.changed_by_several = newest.values().filter(|(_, several)| *several).count() as u64;
+    Ok(log)
 }
 
 fn parse_sandbox(text: &str) -> Option<(String, u64)> {
@@ -127,7 +199,7 @@ mod tests {
     fn an_older_token_is_refused_for_the_sandbox_and_for_any_sandbox_of_its_key() {
         let root = std::env::temp_dir().join(format!("sk-fence-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        let ledger = Ledger::new(&root);
+        let ledger = Ledger::new(&root, true);
         let (a, b) = (SandboxId(1 << 32), SandboxId(2 << 32));
         // No token: not checked.
         assert!(ledger.admit(a, Some(&key("s")), None).unwrap().is_none());
@@ -146,6 +218,19 @@ mod tests {
                 .admit(SandboxId(9), Some(&key("t")), Some(Token(1)))
                 .unwrap(),
         );
+        // The log holds the four admitted changes, none out of order (refusals are not in it).
+        let log = token_log_in_order(&root).unwrap();
+        assert_eq!((log.changes, log.sandboxes), (4, 3));
+        assert!(log.out_of_order.is_empty(), "{log:?}");
+        // A change under an older token, had one been admitted, is found.
+        let path = root.join(".tokens").join(ACCEPTED_LOG);
+        let mut text = fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("{} session:s 4\n{} session:s 3\n", b.0, b.0));
+        fs::write(&path, text).unwrap();
+        let log = token_log_in_order(&root).unwrap();
+        assert_eq!(log.out_of_order, vec![(b, 3, 4)]);
+        fs::write(&path, "1 session:s x\n").unwrap();
+        assert!(token_log_in_order(&root).is_err());
         let _ = fs::remove_dir_all(&root);
     }
 }

@@ -27,6 +27,38 @@ pub(crate) fn sandbox_dir(root: &Path, sandbox: SandboxId) -> PathBuf {
     root.join(format!("sbx-{}", sandbox.0))
 }
 
+/// The sandbox directories under `root` (`sbx-<n>`), in name order.
+pub(crate) fn sandbox_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() && entry.file_name().to_string_lossy().starts_with("sbx-") {
+            dirs.push(entry.path());
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}
+
+/// The snapshot directories under `root`, in name order (none when there is no snapshot
+/// directory).
+pub(crate) fn snapshot_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    let entries = match std::fs::read_dir(root.join(SNAPSHOTS_DIR)) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(dirs),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            dirs.push(entry.path());
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}
+
 /// A session's mirrored file in a sandbox.
 pub(crate) fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
     dir.join(META_DIR)

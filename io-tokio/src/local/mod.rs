@@ -28,9 +28,11 @@
 mod exec;
 mod fence;
 mod isolation;
-mod layout;
+pub(crate) mod layout;
 mod ops;
 pub mod store;
+
+pub use fence::{token_log_in_order, TokenLog};
 
 use std::collections::HashMap;
 use std::io;
@@ -75,6 +77,12 @@ pub struct LocalConfig {
     /// Whether those commands reach the network (under bubblewrap; without it they always
     /// do).
     pub network: bool,
+    /// Fleet mode: append every fencing token a change was admitted under to
+    /// `<root>/.tokens/accepted.log` (`<sandbox> <key> <token>`, one line per change, in the
+    /// order the key's lock admitted them), for audits and the fleet tests
+    /// ([`token_log_in_order`](crate::local::token_log_in_order)). Off by default: it grows
+    /// with every upload.
+    pub token_log: bool,
 }
 
 impl LocalConfig {
@@ -87,6 +95,7 @@ impl LocalConfig {
             run_timeout: Duration::from_secs(30),
             isolation: Isolation::Auto,
             network: false,
+            token_log: false,
         }
     }
 
@@ -162,7 +171,7 @@ impl LocalBackend {
         let backend = LocalBackend {
             isolated,
             instance: format!("{:x}", started.as_micros()),
-            ledger: fence::Ledger::new(&config.root),
+            ledger: fence::Ledger::new(&config.root, config.token_log),
             config,
             sandboxes: Mutex::new(HashMap::new()),
             fences: Mutex::new(HashMap::new()),
@@ -256,35 +265,12 @@ impl LocalBackend {
 
     /// Snapshot directories present now (kept for their key, in name order).
     pub fn snapshot_dirs_present(&self) -> io::Result<Vec<PathBuf>> {
-        let mut dirs = Vec::new();
-        let entries = match std::fs::read_dir(self.snapshots_dir()) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(dirs),
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                dirs.push(entry.path());
-            }
-        }
-        dirs.sort();
-        Ok(dirs)
+        layout::snapshot_dirs(&self.config.root)
     }
 
     /// Sandbox directories present under the root now (started and not yet removed).
     pub fn sandbox_dirs_present(&self) -> io::Result<Vec<PathBuf>> {
-        let mut dirs = Vec::new();
-        for entry in std::fs::read_dir(&self.config.root)? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir()
-                && entry.file_name().to_string_lossy().starts_with("sbx-")
-            {
-                dirs.push(entry.path());
-            }
-        }
-        dirs.sort();
-        Ok(dirs)
+        layout::sandbox_dirs(&self.config.root)
     }
 
     /// Sandboxes the backend runs now.
@@ -325,7 +311,7 @@ impl LocalBackend {
 
 /// The expiry a Persist recorded in a snapshot directory, if any (an unreadable one counts as
 /// none: the snapshot is kept, never removed on a guess).
-fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
+pub(crate) fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
     let text = std::fs::read_to_string(snapshot.join(META_DIR).join(EXPIRES)).ok()?;
     let secs: u64 = text.trim().parse().ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
