@@ -4,14 +4,21 @@
 //! `sandkeeper-k8s`, which runs it on Kubernetes); this binary runs it on [`LocalBackend`],
 //! where it also checks the snapshot files and that every sandbox directory was removed.
 //!
+//! With `--fleet-root DIR` the process is one replica of a fleet on the shared root `DIR`
+//! (`workload::run_fleet`): run several at once, each with its own `--replica` name, and they
+//! contend for the same users' keys; then `harness --fleet-root DIR --verify LEDGER...` checks
+//! what only the whole fleet shows (`workload::verify_local_fleet`). The README's "Fleet"
+//! section shows two terminals doing it.
+//!
 //! `cargo run --release -p sandkeeper-tokio --bin harness -- --help`
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 
 use clap::Parser;
+use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
-use sandkeeper_tokio::workload::{self, WorkloadOptions};
+use sandkeeper_tokio::workload::{self, FleetOptions, WorkloadOptions};
 use sandkeeper_tokio::LocalBackend;
 
 /// A harness workload on LocalBackend.
@@ -21,8 +28,19 @@ struct Args {
     #[command(flatten)]
     workload: WorkloadOptions,
     /// Where sandboxes live (default: a fresh directory in the OS temporary directory).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet_root")]
     root: Option<PathBuf>,
+    /// Fleet mode: run as one process of a fleet sharing this root (sandboxes, snapshots, the
+    /// fleet's store under `.fleet/`, the token log under `.tokens/`).
+    #[arg(long, value_name = "DIR")]
+    fleet_root: Option<PathBuf>,
+    #[command(flatten)]
+    fleet: FleetOptions,
+    /// With `--fleet-root`: run no workload; check the root once every process of the fleet
+    /// ended, with the ledgers the processes wrote (`--ledger`), and exit non-zero if a check
+    /// fails.
+    #[arg(long, value_name = "LEDGER", num_args = 0.., requires = "fleet_root")]
+    verify: Option<Vec<PathBuf>>,
     /// Log level for tracing output on stderr (off, error, warn, info, debug, trace).
     #[arg(long, default_value = "off")]
     log: String,
@@ -50,6 +68,9 @@ async fn run(args: Args) -> Result<(), String> {
     }
     let w = &args.workload;
     w.check().map_err(|e| e.to_string())?;
+    if let Some(root) = &args.fleet_root {
+        return fleet(&args, root).await;
+    }
     let local = match &args.root {
         Some(root) => LocalConfig::new(root),
         None => LocalConfig::temp(),
@@ -57,6 +78,37 @@ async fn run(args: Args) -> Result<(), String> {
     let root = local.root.clone();
     let backend = LocalBackend::new(local).map_err(|e| format!("{}: {e}", root.display()))?;
     let summary = workload::run(backend, w).await.map_err(|e| e.to_string())?;
+    verdict(&summary)
+}
+
+/// Fleet mode: one replica's run, or the check of the whole fleet's root.
+async fn fleet(args: &Args, root: &std::path::Path) -> Result<(), String> {
+    args.fleet.check().map_err(|e| e.to_string())?;
+    if let Some(ledgers) = &args.verify {
+        let checks = workload::verify_local_fleet(root, args.fleet.lease(), ledgers)
+            .map_err(|e| e.to_string())?;
+        let failed = checks.iter().filter(|(ok, _)| !ok).count();
+        for (ok, what) in &checks {
+            println!("{} {what}", if *ok { "ok    " } else { "FAILED" });
+        }
+        return match failed {
+            0 => Ok(()),
+            n => Err(format!("{n} fleet checks failed")),
+        };
+    }
+    let local = LocalConfig {
+        token_log: true,
+        ..LocalConfig::new(root)
+    };
+    let backend = LocalBackend::new(local).map_err(|e| format!("{}: {e}", root.display()))?;
+    let store = LocalStore::open(root, args.fleet.lease()).map_err(|e| e.to_string())?;
+    let summary = workload::run_fleet(backend, store, &args.workload, &args.fleet)
+        .await
+        .map_err(|e| e.to_string())?;
+    verdict(&summary)
+}
+
+fn verdict(summary: &workload::Summary) -> Result<(), String> {
     summary.print();
     if summary.ok() {
         Ok(())

@@ -24,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+mod fleet;
 mod options;
 mod summary;
 mod target;
@@ -43,9 +44,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::rng::SplitMix64;
+use crate::store::FleetStore;
 use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 
-pub use options::WorkloadOptions;
+pub use fleet::{verify_local_fleet, Acknowledged};
+pub use options::{FleetOptions, WorkloadOptions};
 pub use summary::Summary;
 pub use target::WorkloadTarget;
 pub use turn::{fleet_timing, run_turn, turn_config, TurnReport};
@@ -65,6 +68,9 @@ pub enum WorkloadError {
     /// The local backend's directories could not be read.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// A fleet option is wrong, or the fleet's store or ledger could not be read or written.
+    #[error("fleet: {0}")]
+    Fleet(String),
 }
 
 /// What one session's task saw.
@@ -97,6 +103,37 @@ struct Timeline {
     settled_twice: u64,
     drains: u64,
     lagged: u64,
+    /// Fleet mode with a ledger: each flushed session-log version's user and contents, and
+    /// the file each acknowledged one is appended to.
+    logs: HashMap<(SessionId, Version), (UserId, String)>,
+    ledger: Option<std::fs::File>,
+    ledger_error: Option<String>,
+}
+
+impl Timeline {
+    /// Appends an acknowledged session-log version to the ledger, if there is one.
+    fn acknowledge(&mut self, session: &SessionId, version: Version, sandbox: SandboxId) {
+        let Some((user, log)) = self.logs.remove(&(session.clone(), version)) else {
+            return;
+        };
+        let Some(file) = self.ledger.as_mut() else {
+            return;
+        };
+        let line = Acknowledged {
+            session: session.clone(),
+            user,
+            version,
+            sandbox,
+            log,
+        };
+        let mut text = serde_json::to_string(&line).expect("serialisable");
+        text.push('\n');
+        // One write per line (the file is opened for appending): a process killed mid-run
+        // leaves whole lines.
+        if let Err(e) = std::io::Write::write_all(file, text.as_bytes()) {
+            self.ledger_error.get_or_insert(e.to_string());
+        }
+    }
 }
 
 /// Runs the workload on `backend` and closes the keeper; returns what was measured and
@@ -105,16 +142,53 @@ pub async fn run<B: WorkloadTarget>(
     backend: B,
     options: &WorkloadOptions,
 ) -> Result<Summary, WorkloadError> {
-    let args = options;
-    args.check()?;
-    let core = Config {
+    options.check()?;
+    let config = keeper_config(options);
+    let checkpoints = Arc::new(AtomicU64::new(0));
+    let keeper = Keeper::with_hooks(config, backend, {
+        let checkpoints = checkpoints.clone();
+        move |point, work| demo_hook(point, work, checkpoints.clone())
+    })?;
+    drive(keeper, options, None, checkpoints).await
+}
+
+/// Runs the workload as one process of a fleet (see the README's "Fleet"): the keeper joins
+/// the fleet on `store` (`Keeper::fleet_with_hooks`), its sessions are named after
+/// `fleet.replica` while its users are every process's, so other processes running the same
+/// workload on the same backend and store contend for the same keys. The checks are this
+/// process's own (calls, settlements, invariants, tools, credentials); what only the whole
+/// fleet shows (snapshots on a shared root, token order, nothing leaked) is checked after
+/// every process ended ([`verify_local_fleet`]). With `fleet.ledger`, each acknowledged
+/// session-log version is appended there as it is acknowledged.
+pub async fn run_fleet<B: WorkloadTarget>(
+    backend: B,
+    store: impl FleetStore,
+    options: &WorkloadOptions,
+    fleet: &FleetOptions,
+) -> Result<Summary, WorkloadError> {
+    options.check()?;
+    fleet.check()?;
+    let mut config = keeper_config(options);
+    config.core.fleet = Some(turn::fleet_timing(fleet.lease()));
+    let checkpoints = Arc::new(AtomicU64::new(0));
+    let keeper = Keeper::fleet_with_hooks(config, backend, store, {
+        let checkpoints = checkpoints.clone();
+        move |point, work| demo_hook(point, work, checkpoints.clone())
+    })
+    .await?;
+    drive(keeper, options, Some(fleet), checkpoints).await
+}
+
+/// The keeper's configuration of a workload run: one sandbox per user, shared by its calls,
+/// the options' release policy, and the demonstration hooks' timeouts.
+fn keeper_config(args: &WorkloadOptions) -> KeeperConfig {
+    let mut core = Config {
         scope: Scope::User,
         same_key: SameKey::Share,
         release: args.release_policy(),
         drain_deadline: Duration::from_secs(3),
         ..Config::default()
     };
-    let mut core = core;
     // The demonstration hooks: after a start or a resume the sandbox gets a short-lived
     // credential naming it (a suspension drops what the application put in; this puts it
     // back), and before a suspension a checkpoint marker, which the next resume finds.
@@ -125,17 +199,34 @@ pub async fn run<B: WorkloadTarget>(
         before_suspend: core.release.suspends().then_some(Duration::from_secs(10)),
         ..Hooks::default()
     };
-    let config = KeeperConfig {
+    KeeperConfig {
         notice_capacity: 1 << 16,
         ..KeeperConfig::with_core(core)
-    };
-    let checkpoints = Arc::new(AtomicU64::new(0));
-    let keeper = Keeper::with_hooks(config, backend, {
-        let checkpoints = checkpoints.clone();
-        move |point, work| demo_hook(point, work, checkpoints.clone())
-    })?;
+    }
+}
 
-    let timeline = Arc::new(Mutex::new(Timeline::default()));
+/// Runs the sessions on `keeper`, closes it, checks and summarises.
+async fn drive<B: WorkloadTarget>(
+    keeper: Keeper<B>,
+    args: &WorkloadOptions,
+    fleet: Option<&FleetOptions>,
+    checkpoints: Arc<AtomicU64>,
+) -> Result<Summary, WorkloadError> {
+    let replica = fleet.map(|f| f.replica.clone());
+    if let (Some(replica), Some(incarnation)) = (&replica, keeper.incarnation()) {
+        // Printed at once, for whoever watches the fleet's processes (the tests kill one).
+        println!("fleet replica {replica}: incarnation {incarnation}");
+    }
+    let mut timeline = Timeline::default();
+    if let Some(path) = fleet.and_then(|f| f.ledger.as_ref()) {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| WorkloadError::Fleet(format!("ledger {}: {e}", path.display())))?;
+        timeline.ledger = Some(file);
+    }
+    let timeline = Arc::new(Mutex::new(timeline));
     let watcher = tokio::spawn(watch(keeper.subscribe(), timeline.clone()));
     let checks = Arc::new(AtomicU64::new(0));
 
@@ -162,9 +253,10 @@ pub async fn run<B: WorkloadTarget>(
         let bar = bar.clone();
         let timeline = timeline.clone();
         let checks = checks.clone();
+        let session = sid(replica.as_deref(), s);
         tasks.push(tokio::spawn(async move {
             let _slot = gate.acquire_owned().await.expect("open");
-            session_task(s, &args, &keeper, &bar, &timeline, &checks).await
+            session_task(s, session, &args, &keeper, &bar, &timeline, &checks).await
         }));
     }
     let mut records = BTreeMap::new();
@@ -172,7 +264,7 @@ pub async fn run<B: WorkloadTarget>(
         let record = task
             .await
             .map_err(|e| WorkloadError::Internal(e.to_string()))?;
-        records.insert(sid(s), record);
+        records.insert(sid(replica.as_deref(), s), record);
     }
     let workload = started.elapsed();
     bar.set_message("closing");
@@ -226,7 +318,9 @@ pub async fn run<B: WorkloadTarget>(
             stats.versions_flushed
         ),
     );
-    let local = keeper.backend().as_local();
+    // On a shared root, what is left and the snapshots are the whole fleet's: checked once
+    // every process ended (`verify_local_fleet`).
+    let local = keeper.backend().as_local().filter(|_| fleet.is_none());
     if let Some(local) = local {
         let left = local.sandbox_dirs_present()?;
         // A stopped sandbox's workspace became its snapshot (a rename), a suspended one's too:
@@ -276,6 +370,9 @@ pub async fn run<B: WorkloadTarget>(
         timeline.settled_twice == 0,
         "no version settled twice".into(),
     );
+    if let Some(e) = &timeline.ledger_error {
+        check(false, format!("the ledger was written: {e}"));
+    }
     let mut logs_verified = 0u64;
     let mut snapshots_left = 0u64;
     if let Some(local) = local {
@@ -373,10 +470,15 @@ pub async fn run<B: WorkloadTarget>(
         .collect::<Vec<_>>()
         .join(", ");
 
-    let header = format!(
+    let mut header = format!(
         "sandkeeper harness: {} sessions, {} users, {} calls each, {} turns per call, seed {}",
         args.sessions, args.users, args.calls, args.turns, args.seed
     );
+    if let (Some(replica), Some(incarnation)) = (&replica, keeper.incarnation()) {
+        header.push_str(&format!(
+            ", fleet replica {replica} (incarnation {incarnation})"
+        ));
+    }
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut row = |name: &str, value: String| rows.push((name.to_string(), value));
     if local.is_none() {
@@ -436,6 +538,24 @@ pub async fn run<B: WorkloadTarget>(
             .join(", ")
     };
     row("drops by reason", reasons);
+    if fleet.is_some() {
+        row(
+            "fleet",
+            format!(
+                "{} keys claimed ({} waits for another owner), {} adopted, {} resumed, {} handed \
+                 over, {} released, {} fenced, {} lease lapses, {} records written",
+                stats.claims_ok,
+                stats.claims_busy,
+                stats.adoptions_ordered,
+                stats.resumes_ordered,
+                stats.handovers,
+                stats.keys_released,
+                stats.fences,
+                stats.lease_lapses,
+                stats.records_ok
+            ),
+        );
+    }
     row(
         "hooks",
         format!(
@@ -558,13 +678,20 @@ fn percentiles(xs: &mut [Duration]) -> String {
     )
 }
 
-fn sid(s: usize) -> SessionId {
-    SessionId::new(format!("session-{s:03}")).expect("a valid name")
+/// Session `s`'s name: `session-<s>`, or `<replica>-session-<s>` for a fleet's replica
+/// (checked valid by [`FleetOptions::check`]).
+fn sid(replica: Option<&str>, s: usize) -> SessionId {
+    let name = match replica {
+        None => format!("session-{s:03}"),
+        Some(r) => format!("{r}-session-{s:03}"),
+    };
+    SessionId::new(name).expect("a valid name")
 }
 
 /// One session: its calls one after another.
 async fn session_task<B: WorkloadTarget>(
     s: usize,
+    session: SessionId,
     args: &WorkloadOptions,
     keeper: &Keeper<B>,
     bar: &ProgressBar,
@@ -572,7 +699,6 @@ async fn session_task<B: WorkloadTarget>(
     checks: &Arc<AtomicU64>,
 ) -> SessionRecord {
     let mut rng = SplitMix64::new(args.seed.wrapping_mul(0x9E37_79B9).wrapping_add(s as u64));
-    let session = sid(s);
     let user = UserId::new(format!("user-{:02}", s % args.users)).expect("a valid name");
     let log_path = PathName::session_log();
     let memory = PathName::new("memory.md").expect("a valid name");
@@ -623,6 +749,10 @@ async fn session_task<B: WorkloadTarget>(
                 if let Ok(mut tl) = timeline.lock() {
                     tl.flushed_at
                         .insert((session.clone(), log_path.clone(), v), flushed);
+                    if tl.ledger.is_some() {
+                        tl.logs
+                            .insert((session.clone(), v), (user.clone(), log.clone()));
+                    }
                 }
             }
             // The call's tool runs a command and reads back what it wrote, in the call's own
@@ -735,6 +865,11 @@ async fn watch(
                 version,
                 outcome,
             }) => {
+                if let Settlement::Uploaded { sandbox } = &outcome {
+                    if path == PathName::session_log() {
+                        tl.acknowledge(&session, version, *sandbox);
+                    }
+                }
                 let key = (session, path, version);
                 if let Some(at) = tl.flushed_at.remove(&key) {
                     tl.settle_latencies.push(at.elapsed());

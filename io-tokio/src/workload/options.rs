@@ -1,8 +1,9 @@
 //! [`WorkloadOptions`]: the shape of a workload run (also the harness binaries' flags).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use sandkeeper::{ReleasePolicy, Tiers, WayDown};
+use sandkeeper::{ReleasePolicy, SessionId, Tiers, WayDown};
 
 /// The shape of a harness workload run. With clap, `#[command(flatten)]` it into a binary's
 /// arguments.
@@ -82,6 +83,57 @@ impl WorkloadOptions {
     }
 }
 
+/// What one process of a fleet adds to a workload run ([`run_fleet`](super::run_fleet)). With
+/// clap, `#[command(flatten)]` it beside [`WorkloadOptions`]; the harness binaries use it only
+/// in fleet mode.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct FleetOptions {
+    /// This process's name in the fleet: its sessions are `<replica>-session-<n>`, while the
+    /// users (whose keys the processes share) are the same in every process.
+    #[arg(long, default_value = "r0")]
+    pub replica: String,
+    /// The process lease, in milliseconds (renewals every third of it, a fifth as margin).
+    #[arg(long, default_value_t = 3_000)]
+    pub lease_ms: u64,
+    /// Append each session-log version the backend acknowledged to this file, one JSON line
+    /// each (`session`, `user`, `version`, `sandbox`, `log`), as it is acknowledged, so that
+    /// what a process killed mid-run was told is known afterwards (`harness --verify`).
+    #[arg(long, value_name = "FILE")]
+    pub ledger: Option<PathBuf>,
+}
+
+impl FleetOptions {
+    /// The process lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+
+    /// Checks that the replica's name makes valid session names and the lease is at least
+    /// 100 ms.
+    pub fn check(&self) -> Result<(), super::WorkloadError> {
+        SessionId::new(format!("{}-session-0", self.replica))
+            .map_err(|e| super::WorkloadError::Fleet(format!("--replica: {e}")))?;
+        if self.lease_ms < 100 {
+            return Err(super::WorkloadError::Fleet(format!(
+                "--lease-ms {} is below 100",
+                self.lease_ms
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for FleetOptions {
+    /// The binaries' defaults.
+    fn default() -> Self {
+        FleetOptions {
+            replica: "r0".to_string(),
+            lease_ms: 3_000,
+            ledger: None,
+        }
+    }
+}
+
 impl Default for WorkloadOptions {
     /// The binaries' defaults.
     fn default() -> Self {
@@ -117,6 +169,27 @@ mod tests {
     fn default_is_the_flags_defaults() {
         let parsed = Wrap::parse_from(["harness"]).options;
         assert_eq!(parsed, WorkloadOptions::default());
+        let fleet = WrapFleet::parse_from(["harness"]).fleet;
+        assert_eq!(fleet, FleetOptions::default());
+        assert!(fleet.check().is_ok());
+    }
+
+    #[derive(Parser)]
+    struct WrapFleet {
+        #[command(flatten)]
+        fleet: FleetOptions,
+    }
+
+    #[test]
+    fn a_fleet_replica_needs_a_valid_name_and_a_real_lease() {
+        let parse = |args: &[&str]| WrapFleet::parse_from(args).fleet;
+        let bad_name = parse(&["harness", "--replica", "a/b"]).check().unwrap_err();
+        assert!(bad_name.to_string().contains("--replica"), "{bad_name}");
+        let short = parse(&["harness", "--lease-ms", "50"]).check().unwrap_err();
+        assert!(short.to_string().contains("--lease-ms 50"), "{short}");
+        assert!(parse(&["harness", "--replica", "b", "--lease-ms", "1500"])
+            .check()
+            .is_ok());
     }
 
     #[test]

@@ -1,0 +1,205 @@
+//! The fleet's own checks of a workload run on one local root, once every process ended:
+//! what no single process can see. [`verify_local_fleet`] reads the root's store, its token
+//! log and the processes' ledgers of acknowledged session-log versions
+//! ([`FleetOptions::ledger`](super::FleetOptions::ledger)), sweeps the root as any process
+//! would, and checks:
+//!
+//! - no key is held by a live process (every process ended);
+//! - no sandbox was changed by two tokens out of order (the token log, which the processes'
+//!   backends kept with [`LocalConfig::token_log`](crate::local::LocalConfig::token_log));
+//! - every object a key's record references is there (the sweep removed nothing referenced);
+//! - nothing is leaked: every sandbox directory and snapshot left is one a record references,
+//!   or a snapshot whose own retention has not ended;
+//! - every session's last acknowledged session-log version is in its user's recorded sandbox
+//!   or snapshot (or a later version of the same log, flushed after it, whose acknowledgement
+//!   a killed process never saw).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use sandkeeper::{Key, PathName, SandboxId, SessionId, UserId, Version};
+use serde::{Deserialize, Serialize};
+
+use super::WorkloadError;
+use crate::local::layout::{self, sandbox_dirs, snapshot_dirs, META_DIR};
+use crate::local::store::LocalStore;
+use crate::local::{snapshot_expiry, token_log_in_order};
+
+/// One line of a fleet process's ledger: a session-log version the backend acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acknowledged {
+    /// The session.
+    pub session: SessionId,
+    /// The session's user (whose key's sandbox holds the log).
+    pub user: UserId,
+    /// The version.
+    pub version: Version,
+    /// The sandbox it was uploaded into.
+    pub sandbox: SandboxId,
+    /// The log's contents at that version.
+    pub log: String,
+}
+
+/// The fleet's checks of the local root `root` whose processes ran with the process lease
+/// `lease` and wrote the ledgers `ledgers`, as `(passed, what)`, with a last line of figures
+/// (passed). Run it once every process ended; it sweeps the root first (judged as of `now -
+/// lease`, as every sweep), which is what any process of the fleet would do next.
+///
+/// Errors: the store, the token log or a ledger could not be read (a malformed line names its
+/// file and line).
+pub fn verify_local_fleet(
+    root: &Path,
+    lease: Duration,
+    ledgers: &[PathBuf],
+) -> Result<Vec<(bool, String)>, WorkloadError> {
+    let fail = |what: String| WorkloadError::Fleet(what);
+    let store = LocalStore::open(root, lease).map_err(|e| fail(e.to_string()))?;
+    // The one clock the processes share, as every store operation reads it.
+    #[allow(clippy::disallowed_methods)]
+    let now = SystemTime::now();
+    let swept = store.sweep(now).map_err(|e| fail(e.to_string()))?;
+    let mut checks = Vec::new();
+    let mut check = |ok: bool, what: String| checks.push((ok, what));
+
+    let entries = store.entries().map_err(|e| fail(e.to_string()))?;
+    let mut warm: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut snapshots: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut by_key = BTreeMap::new();
+    for entry in &entries {
+        if let Some(owner) = entry.owner {
+            let live = store.is_live(owner, now).map_err(|e| fail(e.to_string()))?;
+            check(
+                !live,
+                format!("{} is held by no live process (owner {owner:?})", entry.key),
+            );
+        }
+        if let Some(sandbox) = entry.record.warm {
+            let dir = layout::sandbox_dir(root, sandbox);
+            check(
+                dir.is_dir(),
+                format!(
+                    "{}'s recorded sandbox {} is there",
+                    entry.key,
+                    dir.display()
+                ),
+            );
+            warm.insert(dir.clone(), entry.key.clone());
+            by_key.insert(entry.key.clone(), dir);
+        } else if let Some(s) = &entry.record.snapshot {
+            let dir = layout::snapshot_dir(root, &s.snapshot)
+                .map_err(|e| fail(format!("{}: {e}", entry.key)))?;
+            check(
+                dir.is_dir(),
+                format!(
+                    "{}'s recorded snapshot {} is there",
+                    entry.key,
+                    dir.display()
+                ),
+            );
+            snapshots.insert(dir.clone(), entry.key.clone());
+            by_key.insert(entry.key.clone(), dir);
+        }
+        if let (Some(_), Some(s)) = (entry.record.warm, &entry.record.snapshot) {
+            // A record naming both: the snapshot is kept too.
+            if let Ok(dir) = layout::snapshot_dir(root, &s.snapshot) {
+                snapshots.insert(dir, entry.key.clone());
+            }
+        }
+    }
+
+    let log = token_log_in_order(root)?;
+    check(
+        log.out_of_order.is_empty(),
+        format!(
+            "no sandbox was changed by two tokens out of order ({} changes of {} sandboxes; out \
+             of order: {:?})",
+            log.changes, log.sandboxes, log.out_of_order
+        ),
+    );
+
+    // Nothing leaked.
+    let mut leaked = Vec::new();
+    for dir in sandbox_dirs(root)? {
+        if !warm.contains_key(&dir) {
+            leaked.push(dir);
+        }
+    }
+    for dir in snapshot_dirs(root)? {
+        let retained = snapshot_expiry(&dir).is_some_and(|until| until > now);
+        if !snapshots.contains_key(&dir) && !retained {
+            leaked.push(dir);
+        }
+    }
+    check(
+        leaked.is_empty(),
+        format!("nothing is leaked: every object left is referenced ({leaked:?} are not)"),
+    );
+
+    // Every session's last acknowledged version is where its user's key continues from.
+    let mut last: BTreeMap<SessionId, Acknowledged> = BTreeMap::new();
+    let mut lines = 0u64;
+    for path in ledgers {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| fail(format!("ledger {}: {e}", path.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let ack: Acknowledged = serde_json::from_str(line)
+                .map_err(|e| fail(format!("ledger {} line {}: {e}", path.display(), n + 1)))?;
+            lines += 1;
+            let newer = last
+                .get(&ack.session)
+                .is_none_or(|seen| seen.version < ack.version);
+            if newer {
+                last.insert(ack.session.clone(), ack);
+            }
+        }
+    }
+    let mut users = BTreeSet::new();
+    for (session, ack) in &last {
+        let key = Key::User(ack.user.clone()).to_string();
+        users.insert(key.clone());
+        let Some(dir) = by_key.get(&key) else {
+            check(
+                false,
+                format!(
+                    "{session}'s version {} (acknowledged in {}) is in {key}'s sandbox or \
+                     snapshot: the key's record names neither",
+                    ack.version, ack.sandbox
+                ),
+            );
+            continue;
+        };
+        let file = dir
+            .join(META_DIR)
+            .join(session.as_str())
+            .join(PathName::session_log().as_str());
+        let on_disk = std::fs::read_to_string(&file).unwrap_or_default();
+        check(
+            on_disk.starts_with(&ack.log),
+            format!(
+                "{session}'s last acknowledged version {} (uploaded into {}) is in {}",
+                ack.version,
+                ack.sandbox,
+                file.display()
+            ),
+        );
+    }
+    check(
+        true,
+        format!(
+            "figures: {} keys in the store, {} sessions' last acknowledged versions ({} ledger \
+             lines) over {} users; token log: {} changes, {} sandboxes, {} changed under \
+             several tokens; this sweep removed {} sandboxes and {} snapshots",
+            entries.len(),
+            last.len(),
+            lines,
+            users.len(),
+            log.changes,
+            log.sandboxes,
+            log.changed_by_several,
+            swept.sandboxes,
+            swept.snapshots
+        ),
+    );
+    Ok(checks)
+}

@@ -1,0 +1,202 @@
+//! The main job as a fleet of real processes on one local root: two `harness --fleet-root`
+//! processes with overlapping users and `--suspend`, one killed with SIGKILL mid-run. The
+//! survivor takes over the killed one's keys once its lease expired, and finishes with every
+//! check passed; a restart of the killed replica continues from the keys' records; then
+//! `harness --verify` checks the whole root: no sandbox changed by two tokens out of order
+//! (the backends' token log), every session's last acknowledged log version in its user's
+//! recorded snapshot (the killed process's too, from its ledger), nothing leaked, nothing
+//! referenced swept. Real time (the lease is 1.5 s): the waits are bounded polls for what the
+//! processes write, never fixed sleeps.
+#![cfg(not(loom))]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::Duration;
+
+use sandkeeper_tokio::local::store::LocalStore;
+
+const LEASE_MS: &str = "1500";
+
+fn harness(root: &Path, replica: &str, calls: usize, ledger: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_harness"));
+    cmd.arg("--fleet-root")
+        .arg(root)
+        .args(["--replica", replica, "--lease-ms", LEASE_MS])
+        .args(["--suspend", "--death-rate", "0", "--quiet"])
+        .args(["--sessions", "8", "--users", "4", "--concurrency", "8"])
+        .args(["--calls", &calls.to_string(), "--turns", "3"])
+        .arg("--ledger")
+        .arg(ledger)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// A harness process, its standard output read through one buffer.
+struct Proc {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+fn spawn(mut cmd: Command) -> Proc {
+    let mut child = cmd.spawn().expect("harness runs");
+    let out = BufReader::new(child.stdout.take().expect("piped"));
+    Proc { child, out }
+}
+
+impl Proc {
+    /// The incarnation the process prints first.
+    fn incarnation(&mut self) -> u32 {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim()
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no incarnation line: {line:?}"))
+    }
+
+    /// The rest of its output, once it exited successfully.
+    fn succeeded(mut self) -> String {
+        let mut stdout = String::new();
+        self.out.read_to_string(&mut stdout).unwrap();
+        let Output { status, stderr, .. } = self.child.wait_with_output().unwrap();
+        assert!(
+            status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&stderr)
+        );
+        stdout
+    }
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// The numbers of the summary's "fleet" row, by the word after each.
+fn fleet_row(summary: &str) -> BTreeMap<String, u64> {
+    let row = summary
+        .lines()
+        .find(|l| l.starts_with("fleet "))
+        .unwrap_or_else(|| panic!("no fleet row: {summary}"));
+    let words: Vec<&str> = row.split_whitespace().collect();
+    let mut out = BTreeMap::new();
+    for pair in words.windows(2) {
+        if let Ok(n) = pair[0].trim_start_matches('(').parse::<u64>() {
+            out.insert(pair[1].trim_end_matches(',').to_string(), n);
+        }
+    }
+    out
+}
+
+fn calls_failed(summary: &str) -> u64 {
+    let row = summary.lines().find(|l| l.starts_with("calls ")).unwrap();
+    let words: Vec<&str> = row.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "failed,").unwrap();
+    words[at - 1].parse().unwrap()
+}
+
+#[test]
+fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
+    let root = std::env::temp_dir().join(format!("sk-fleet-harness-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let ledger = |name: &str| -> PathBuf { root.join(format!("ledger-{name}.jsonl")) };
+    let (la, lb, la2) = (ledger("a"), ledger("b"), ledger("a2"));
+
+    // `a` runs alone until it has been told of 24 uploads: it holds its users' keys. Then `b`
+    // joins, wanting the same users' keys, and `a` is killed at once (no close, no release,
+    // no last renewal): `b` gets the keys `a` held only when `a`'s lease expires.
+    let mut a = spawn(harness(&root, "a", 60, &la));
+    let ia = a.incarnation();
+    // Bounded: at most 24,000 polls 5 ms apart (two minutes).
+    for polls in 0.. {
+        if lines(&la) >= 24 {
+            break;
+        }
+        assert!(polls < 24_000, "a made no progress");
+        assert!(
+            a.child.try_wait().unwrap().is_none(),
+            "a ended before the kill"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut b = spawn(harness(&root, "b", 20, &lb));
+    let ib = b.incarnation();
+    assert_ne!(ia, ib);
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    let store = LocalStore::open(&root, Duration::from_millis(1500)).unwrap();
+    let held: BTreeMap<String, u64> = store
+        .entries()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.owner.is_some_and(|(i, _)| i == ia))
+        .map(|e| (e.key, e.token))
+        .collect();
+
+    // The survivor finishes with every check passed and no call failed: its calls on the
+    // killed one's keys waited for the lease to expire, then took the keys over.
+    let survivor = b.succeeded();
+    assert!(survivor.contains("all checks passed"), "{survivor}");
+    assert_eq!(calls_failed(&survivor), 0, "{survivor}");
+    let row = fleet_row(&survivor);
+    assert!(
+        row["waits"] > 0,
+        "b's claims found the killed process's keys held: {row:?}"
+    );
+    assert!(row["adopted"] + row["resumed"] > 0, "{row:?}");
+    assert!(!held.is_empty(), "the killed process held keys");
+    let after: BTreeMap<String, (Option<(u32, u64)>, u64)> = store
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.key, (e.owner, e.token)))
+        .collect();
+    for (key, token) in &held {
+        let (owner, now) = after[key];
+        assert!(
+            now > *token && owner.is_none_or(|(i, _)| i != ia),
+            "{key}, held by the killed process under token {token}, was taken over: {:?}\n\
+             {survivor}",
+            after[key]
+        );
+    }
+
+    // The killed replica restarts (a new incarnation) and continues its users' keys from
+    // their records: what the survivor suspended, it resumes.
+    let mut a2 = spawn(harness(&root, "a2", 3, &la2));
+    let ia2 = a2.incarnation();
+    assert!(ia2 > ia.max(ib));
+    let restarted = a2.succeeded();
+    assert!(restarted.contains("all checks passed"), "{restarted}");
+    let row = fleet_row(&restarted);
+    assert!(row["resumed"] + row["adopted"] > 0, "{row:?}");
+
+    // The whole root, once every process ended.
+    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("--fleet-root")
+        .arg(&root)
+        .args(["--lease-ms", LEASE_MS, "--verify"])
+        .args([&la, &lb, &la2])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    // The killed process's sessions were checked from its ledger, and some sandbox was changed
+    // under more than one token (the takeover).
+    assert!(
+        report.contains("a-session-000's last acknowledged"),
+        "{report}"
+    );
+    let figures = report.lines().last().unwrap();
+    assert!(!figures.contains(" 0 changed under several"), "{figures}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
