@@ -13,6 +13,7 @@
 //! | any | the process that made it holds a live lease (it may be using it, or on its way down) | - |
 //! | any | its key has a live owner (the owner may adopt or resume it) | - |
 //! | sandbox | its key's record names it (handed over, or left by a crashed owner) | otherwise |
+//! | snapshot | made by the sandbox its key's record names (its owner stopped it and crashed before recording the stop; adopting the sandbox takes it back) | - |
 //! | snapshot | its key's record names it, until the record's retention ends | the record's retention ended: swept, and the record no longer names it |
 //! | snapshot | no record names it, and its own recorded expiry is ahead | no record names it, and it has no expiry or the expiry passed |
 //!
@@ -105,8 +106,16 @@ pub fn sweep_verdict(
             }
         }
         SweepObject::Snapshot {
-            snapshot, expires, ..
+            snapshot,
+            by,
+            expires,
+            ..
         } => {
+            if record.is_some_and(|r| r.warm == Some(*by)) {
+                // Made by the sandbox the record names: its owner stopped it and crashed before
+                // the record said so. The next owner's adoption takes it back.
+                return SweepVerdict::Keep;
+            }
             let recorded = record
                 .and_then(|r| r.snapshot.as_ref())
                 .filter(|r| &r.snapshot == snapshot);
@@ -228,6 +237,25 @@ mod tests {
             sweep_verdict(&object, &recorded(Some(at(50))), dead, at(50)),
             SweepVerdict::SweepAndUnrecord
         );
+    }
+
+    #[test]
+    fn a_snapshot_made_by_the_recorded_sandbox_is_kept_for_its_adoption() {
+        // The record names sandbox 2<<32 (running when its owner crashed); the owner had
+        // stopped it into this snapshot without recording so.
+        let record = KeyRecord {
+            snapshot: None,
+            warm: Some(SandboxId(2 << 32)),
+        };
+        let v = sweep_verdict(&snapshot(None), &keys(false, record), dead, at(10));
+        assert_eq!(v, SweepVerdict::Keep);
+        // Made by another sandbox: no record names it, so it goes.
+        let other = KeyRecord {
+            snapshot: None,
+            warm: Some(SandboxId(3 << 32)),
+        };
+        let v = sweep_verdict(&snapshot(None), &keys(false, other), dead, at(10));
+        assert_eq!(v, SweepVerdict::Sweep);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Fleet mode's fencing at the local backend: a change under a token older than the newest its
 //! sandbox, or any sandbox of its key, has seen is refused with `FailureClass::Fenced`, and
-//! nothing changes (the directory and its files stay as they were).
+//! nothing changes (the directory and its files stay as they were). And the adoption of a
+//! sandbox whose owner stopped it and crashed before its key's record said so.
 #![cfg(not(loom))]
 
 use std::path::PathBuf;
@@ -8,7 +9,8 @@ use std::path::PathBuf;
 use sandkeeper::{Key, PathName, Payload, SandboxId, SessionId, Spec, Token, UploadId, Version};
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{
-    Backend, FailureClass, LocalBackend, StartRequest, StopRequest, UploadRequest,
+    AdoptRequest, Backend, FailureClass, LocalBackend, PersistRequest, StartRequest, StopRequest,
+    UploadRequest,
 };
 
 fn root(name: &str) -> PathBuf {
@@ -106,5 +108,72 @@ async fn a_stale_owner_is_refused_on_its_own_sandbox_and_on_a_new_one_of_the_key
     unfenced.token = None;
     backend.start(unfenced).await.unwrap();
     backend.upload(free).await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// An owner stopped its sandbox (suspending it: the workspace renamed to its snapshot,
+/// persisted) and crashed before the key's record said so: the record still names the
+/// sandbox. The next owner's adoption takes the workspace back, whole, as a live sandbox; a
+/// sandbox with neither a directory nor a snapshot of its own is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopting_a_sandbox_its_crashed_owner_had_stopped_takes_its_workspace_back() {
+    let root = root("stopped-adopt");
+    let key = Key::Session(SessionId::new("s").unwrap());
+    let x = SandboxId(1 << 32 | 1);
+    let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    first.start(start(x, &key, 1)).await.unwrap();
+    first.upload(upload(x, 1, 1)).await.unwrap();
+    let snapshot = first
+        .stop(StopRequest {
+            sandbox: x,
+            suspend: true,
+            token: Some(Token(1)),
+        })
+        .await
+        .unwrap()
+        .expect("a suspension keeps a snapshot");
+    first
+        .persist(PersistRequest {
+            sandbox: x,
+            snapshot: Some(snapshot),
+            suspend: true,
+            retain_until: Some(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(4_000_000_000),
+            ),
+            token: Some(Token(1)),
+        })
+        .await
+        .unwrap();
+    assert!(!first.sandbox_dir(x).exists());
+    assert_eq!(first.snapshot_dirs_present().unwrap().len(), 1);
+    drop(first); // crashed before writing the record
+
+    let second = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    second
+        .adopt(AdoptRequest {
+            sandbox: x,
+            key: key.clone(),
+            token: Token(2),
+        })
+        .await
+        .unwrap();
+    let log = second.session_file(x, &SessionId::new("s").unwrap(), &PathName::session_log());
+    assert_eq!(std::fs::read(&log).unwrap(), b"v1");
+    assert!(second.snapshot_dirs_present().unwrap().is_empty());
+    let meta = second.sandbox_dir(x).join(".sandkeeper");
+    assert!(!meta.join("persisted").exists() && !meta.join("expires").exists());
+    // It is live again: the new owner uploads into it.
+    second.upload(upload(x, 2, 2)).await.unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), b"v2");
+
+    let e = second
+        .adopt(AdoptRequest {
+            sandbox: SandboxId(1 << 32 | 2),
+            key,
+            token: Token(3),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, FailureClass::Gone, "{e}");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -300,6 +300,16 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     make(snapshot(id(dead, 7)), "i", None);
     release("i", recorded(id(dead, 7), now + Duration::from_secs(3_600)));
     make(root.join("sbx-5"), "z", None); // a single keeper's (incarnation 0)
+                                         // Made by the sandbox `k`'s record names: its owner stopped it and crashed before
+                                         // recording the stop; the next owner's adoption takes it back.
+    make(snapshot(id(dead, 9)), "k", None);
+    release(
+        "k",
+        StoredRecord {
+            snapshot: None,
+            warm: Some(id(dead, 9)),
+        },
+    );
 
     let swept = store.sweep(now).unwrap();
     assert_eq!(
@@ -325,6 +335,7 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
         snapshot(id(dead, 4)),
         snapshot(id(dead, 7)),
         snapshot(id(dead, 8)),
+        snapshot(id(dead, 9)),
         root.join("sbx-5"),
     ];
     for path in &kept {

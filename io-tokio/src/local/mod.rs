@@ -317,6 +317,39 @@ pub(crate) fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
+/// Removes what marked a workspace as a kept snapshot (persisted, its expiry): it is a live
+/// sandbox's again.
+fn live_again(meta: &Path) -> Result<(), BackendError> {
+    for marker in [PERSISTED, EXPIRES] {
+        match std::fs::remove_file(meta.join(marker)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("revive", e)),
+        }
+    }
+    Ok(())
+}
+
+/// The snapshot `sandbox`'s own Stop made of its workspace (`sbx-<n>-<instance>`, its
+/// `sandbox.json` naming it), if one is under `root`.
+fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>, BackendError> {
+    let prefix = format!("sbx-{}-", sandbox.0);
+    let dirs = layout::snapshot_dirs(root).map_err(|e| io_error("snapshots", e))?;
+    for dir in dirs {
+        let named = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
+        let info = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        let by = info.as_ref().and_then(|i| i["sandbox"].as_u64());
+        if named && by == Some(sandbox.0) {
+            return Ok(Some(dir));
+        }
+    }
+    Ok(None)
+}
+
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
@@ -382,14 +415,7 @@ impl Backend for LocalBackend {
             }
             let meta = made.join(META_DIR);
             std::fs::create_dir_all(&meta).map_err(|e| io_error("mkdir", e))?;
-            // What marked it a kept snapshot is no longer so: it is a live workspace again.
-            for marker in [PERSISTED, EXPIRES] {
-                match std::fs::remove_file(meta.join(marker)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error("resume", e)),
-                }
-            }
+            live_again(&meta)?;
             let info = serde_json::json!({
                 "sandbox": request.sandbox.0,
                 "key": request.key.to_string(),
@@ -422,14 +448,23 @@ impl Backend for LocalBackend {
         let dir = self.sandbox_dir(sandbox);
         let ledger = self.ledger.clone();
         let there = dir.clone();
+        let root = self.config.root.clone();
         blocking(move || {
             let _admitted = ledger.admit(sandbox, Some(&key), Some(token))?;
-            // Up means its workspace is there as its first owner's Start left it.
+            // Up means its workspace is there as its first owner's Start left it; or its owner
+            // stopped it (its workspace renamed to its snapshot) and crashed before the key's
+            // record said so: the record still names the sandbox, and the stop is undone.
             if !there.join(META_DIR).join("sandbox.json").is_file() {
-                return Err(BackendError::gone(format!(
-                    "{} is gone: nothing to adopt",
-                    there.display()
-                )));
+                let Some(stopped) = stopped_workspace(&root, sandbox)? else {
+                    return Err(BackendError::gone(format!(
+                        "{} is gone: nothing to adopt",
+                        there.display()
+                    )));
+                };
+                tracing::warn!(%sandbox, snapshot = %stopped.display(),
+                    "adopting a sandbox its crashed owner had stopped: its workspace is taken back");
+                std::fs::rename(&stopped, &there).map_err(|e| io_error("adopt", e))?;
+                live_again(&there.join(META_DIR))?;
             }
             Ok(())
         })
