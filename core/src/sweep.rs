@@ -12,7 +12,8 @@
 //! | any | it belongs to no fleet process (incarnation 0: a single keeper's) | - |
 //! | any | the process that made it holds a live lease (it may be using it, or on its way down) | - |
 //! | any | its key has a live owner (the owner may adopt or resume it) | - |
-//! | sandbox | its key's record names it (handed over, or left by a crashed owner) | otherwise |
+//! | sandbox | its key's record names it (handed over, or left by a crashed owner) | - |
+//! | sandbox | it took the snapshot its key's record names as its workspace (its owner crashed while starting it from the snapshot, before the record named it) | otherwise |
 //! | snapshot | made by the sandbox its key's record names (its owner stopped it and crashed before recording the stop; adopting the sandbox takes it back) | - |
 //! | snapshot | its key's record names it, until the record's retention ends | the record's retention ended: swept, and the record no longer names it |
 //! | snapshot | no record names it, and its own recorded expiry is ahead | no record names it, and it has no expiry or the expiry passed |
@@ -41,6 +42,10 @@ pub enum SweepObject {
         /// Its key, as the backend recorded it (`None`: unknown, e.g. a start that never got as
         /// far as recording it).
         key: Option<Key>,
+        /// The snapshot its Start took as its workspace, where the backend records it (a start
+        /// that *moves* the snapshot, as the local root's rename does; `None` where resuming
+        /// leaves the snapshot where it was, or the backend does not say).
+        resumed_from: Option<Snapshot>,
     },
     /// A kept snapshot.
     Snapshot {
@@ -85,7 +90,7 @@ pub fn sweep_verdict(
     now: Instant,
 ) -> SweepVerdict {
     let (maker, key) = match object {
-        SweepObject::Sandbox { id, key } => (id, key),
+        SweepObject::Sandbox { id, key, .. } => (id, key),
         SweepObject::Snapshot { by, key, .. } => (by, key),
     };
     let incarnation = u32::try_from(maker.0 >> 32).unwrap_or(u32::MAX);
@@ -98,8 +103,19 @@ pub fn sweep_verdict(
     }
     let record = entry.map(|e| &e.record);
     match object {
-        SweepObject::Sandbox { id, .. } => {
-            if record.is_some_and(|r| r.warm == Some(*id)) {
+        SweepObject::Sandbox {
+            id, resumed_from, ..
+        } => {
+            let named = record.is_some_and(|r| r.warm == Some(*id));
+            // Started from the snapshot its key's record names, by an owner that crashed before
+            // the record named the new sandbox: the snapshot *is* this workspace now, and the
+            // next owner's start of the key takes it from here.
+            let took_recorded = resumed_from.as_ref().is_some_and(|from| {
+                record
+                    .and_then(|r| r.snapshot.as_ref())
+                    .is_some_and(|r| &r.snapshot == from)
+            });
+            if named || took_recorded {
                 SweepVerdict::Keep
             } else {
                 SweepVerdict::Sweep
@@ -151,6 +167,7 @@ mod tests {
         SweepObject::Sandbox {
             id: SandboxId(incarnation << 32 | 7),
             key: Some(key()),
+            resumed_from: None,
         }
     }
 
@@ -236,6 +253,37 @@ mod tests {
         assert_eq!(
             sweep_verdict(&object, &recorded(Some(at(50))), dead, at(50)),
             SweepVerdict::SweepAndUnrecord
+        );
+    }
+
+    #[test]
+    fn a_sandbox_that_took_the_recorded_snapshot_is_kept_for_the_next_start() {
+        let took = |from: &str| SweepObject::Sandbox {
+            id: SandboxId(2 << 32 | 9),
+            key: Some(key()),
+            resumed_from: Some(Snapshot::new(from)),
+        };
+        let record = KeyRecord {
+            snapshot: Some(RecordedSnapshot {
+                snapshot: Snapshot::new("snap"),
+                by: SandboxId(1 << 32),
+                retain_until: None,
+            }),
+            warm: None,
+        };
+        let keys = keys(false, record);
+        assert_eq!(
+            sweep_verdict(&took("snap"), &keys, dead, at(10)),
+            SweepVerdict::Keep
+        );
+        // Another snapshot's, or none: nothing names it.
+        assert_eq!(
+            sweep_verdict(&took("older"), &keys, dead, at(10)),
+            SweepVerdict::Sweep
+        );
+        assert_eq!(
+            sweep_verdict(&sandbox(2), &keys, dead, at(10)),
+            SweepVerdict::Sweep
         );
     }
 

@@ -68,9 +68,11 @@ impl K8sStore {
         for object in cluster.fleet_objects().await? {
             let key = object.hash.as_ref().and_then(|h| by_hash.get(h)).cloned();
             let id = SandboxId(object.sandbox);
+            // Resuming a suspended claim leaves it where it is: nothing moves.
             let as_sandbox = SweepObject::Sandbox {
                 id,
                 key: key.clone(),
+                resumed_from: None,
             };
             let mut verdicts = vec![sweep_verdict(&as_sandbox, &keys, live, now)];
             let named = key

@@ -1,7 +1,8 @@
 //! Fleet mode's fencing at the local backend: a change under a token older than the newest its
 //! sandbox, or any sandbox of its key, has seen is refused with `FailureClass::Fenced`, and
 //! nothing changes (the directory and its files stay as they were). And the adoption of a
-//! sandbox whose owner stopped it and crashed before its key's record said so.
+//! sandbox whose owner stopped it and crashed before its key's record said so, and the start
+//! from a snapshot that a crashed owner's start had already taken.
 #![cfg(not(loom))]
 
 use std::path::PathBuf;
@@ -175,5 +176,58 @@ async fn adopting_a_sandbox_its_crashed_owner_had_stopped_takes_its_workspace_ba
         .await
         .unwrap_err();
     assert_eq!(e.class, FailureClass::Gone, "{e}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// An owner started a sandbox from the key's snapshot (the start takes it: a rename), uploaded
+/// into it, and crashed before the key's record named the new sandbox: the record still names
+/// the snapshot. The next owner's start from that snapshot continues the workspace the crashed
+/// start took, with what was uploaded there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_from_a_snapshot_a_crashed_start_took_continues_its_workspace() {
+    let root = root("taken-resume");
+    let key = Key::Session(SessionId::new("s").unwrap());
+    let (x, y, z) = (
+        SandboxId(1 << 32 | 1),
+        SandboxId(2 << 32 | 1),
+        SandboxId(3 << 32 | 1),
+    );
+    let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    first.start(start(x, &key, 1)).await.unwrap();
+    first.upload(upload(x, 1, 1)).await.unwrap();
+    let snapshot = first
+        .stop(StopRequest {
+            sandbox: x,
+            suspend: true,
+            token: Some(Token(1)),
+        })
+        .await
+        .unwrap()
+        .expect("a snapshot");
+    let resuming = |sandbox, token| StartRequest {
+        resume_from: Some(snapshot.clone()),
+        resumes: Some(x),
+        ..start(sandbox, &key, token)
+    };
+    let second = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    second.start(resuming(y, 2)).await.unwrap();
+    second.upload(upload(y, 2, 2)).await.unwrap();
+    drop(second); // crashed before the record named `y`
+
+    let third = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    third.start(resuming(z, 3)).await.unwrap();
+    let log = third.session_file(z, &SessionId::new("s").unwrap(), &PathName::session_log());
+    assert_eq!(std::fs::read(&log).unwrap(), b"v2");
+    assert!(!third.sandbox_dir(y).exists());
+    let info =
+        std::fs::read_to_string(third.sandbox_dir(z).join(".sandkeeper/sandbox.json")).unwrap();
+    assert!(info.contains(&format!("\"sandbox\":{}", z.0)), "{info}");
+    // A sandbox this backend runs is never taken: with nothing else left of the snapshot, a
+    // start from it begins afresh.
+    let w = SandboxId(3 << 32 | 2);
+    third.start(resuming(w, 3)).await.unwrap();
+    assert!(!third
+        .session_file(w, &SessionId::new("s").unwrap(), &PathName::session_log())
+        .exists());
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -243,16 +243,21 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     store.renew(live, 1, now).unwrap();
     let key = |s: &str| Key::Session(SessionId::new(s).unwrap());
     let id = |inc: u32, n: u64| SandboxId(u64::from(inc) << 32 | n);
-    let make = |dir: PathBuf, key: &str, expires: Option<SystemTime>| {
+    let make_from = |dir: PathBuf, key: &str, expires: Option<SystemTime>, from: Option<&str>| {
         let meta = dir.join(".sandkeeper");
         std::fs::create_dir_all(&meta).unwrap();
-        let info = format!(r#"{{"key":"session:{key}"}}"#);
+        let info = match from {
+            None => format!(r#"{{"key":"session:{key}"}}"#),
+            Some(from) => format!(r#"{{"key":"session:{key}","resumed_from":"{from}"}}"#),
+        };
         std::fs::write(meta.join("sandbox.json"), info).unwrap();
         if let Some(at) = expires {
             let secs = at.duration_since(UNIX_EPOCH).unwrap().as_secs();
             std::fs::write(meta.join("expires"), format!("{secs}\n")).unwrap();
         }
     };
+    let make =
+        |dir: PathBuf, key: &str, expires: Option<SystemTime>| make_from(dir, key, expires, None);
     let sandbox = |x: SandboxId| root.join(format!("sbx-{}", x.0));
     let snapshot = |x: SandboxId| root.join(".snapshots").join(format!("sbx-{}-old", x.0));
     // The dead process owned `a` and `h`, `i`; it released them with their records.
@@ -299,9 +304,19 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     release("j", recorded(id(dead, 8), now - Duration::from_secs(5)));
     make(snapshot(id(dead, 7)), "i", None);
     release("i", recorded(id(dead, 7), now + Duration::from_secs(3_600)));
-    make(root.join("sbx-5"), "z", None); // a single keeper's (incarnation 0)
-                                         // Made by the sandbox `k`'s record names: its owner stopped it and crashed before
-                                         // recording the stop; the next owner's adoption takes it back.
+    // A single keeper's (incarnation 0).
+    make(root.join("sbx-5"), "z", None);
+    // Started from `i`'s recorded snapshot by an owner that crashed before the record named
+    // it: kept for the key's next start. One started from a snapshot no record names goes.
+    make_from(
+        sandbox(id(dead, 10)),
+        "i",
+        None,
+        Some(&format!("sbx-{}-old", id(dead, 7).0)),
+    );
+    make_from(sandbox(id(dead, 11)), "i", None, Some("sbx-1-gone"));
+    // Made by the sandbox `k`'s record names: its owner stopped it and crashed before
+    // recording the stop; the next owner's adoption takes it back.
     make(snapshot(id(dead, 9)), "k", None);
     release(
         "k",
@@ -315,13 +330,14 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     assert_eq!(
         swept,
         Swept {
-            sandboxes: 1,
+            sandboxes: 2,
             snapshots: 2,
             unrecorded: 1
         }
     );
     let gone = [
         sandbox(id(dead, 2)),
+        sandbox(id(dead, 11)),
         snapshot(id(dead, 5)),
         snapshot(id(dead, 6)),
     ];
@@ -336,6 +352,7 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
         snapshot(id(dead, 7)),
         snapshot(id(dead, 8)),
         snapshot(id(dead, 9)),
+        sandbox(id(dead, 10)),
         root.join("sbx-5"),
     ];
     for path in &kept {

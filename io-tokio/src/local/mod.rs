@@ -350,6 +350,28 @@ fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>,
     Ok(None)
 }
 
+/// The sandbox directory under `root` whose start took `snapshot` as its workspace (its
+/// `sandbox.json` names it as `resumed_from`), if one is there and not among `running`.
+fn took_snapshot(
+    root: &Path,
+    snapshot: &Snapshot,
+    running: &[PathBuf],
+) -> Result<Option<PathBuf>, BackendError> {
+    for dir in layout::sandbox_dirs(root).map_err(|e| io_error("sandboxes", e))? {
+        if running.contains(&dir) {
+            continue;
+        }
+        let from = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|i| i["resumed_from"].as_str().map(str::to_string));
+        if from.as_deref() == Some(snapshot.as_str()) {
+            return Ok(Some(dir));
+        }
+    }
+    Ok(None)
+}
+
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
@@ -381,6 +403,8 @@ impl Backend for LocalBackend {
         let fence = self.fences().entry(request.sandbox).or_default().clone();
         let sandbox = request.sandbox;
         let ledger = self.ledger.clone();
+        // What this backend runs is never another start's to take.
+        let running: Vec<PathBuf> = self.table().values().map(|s| s.dir.clone()).collect();
         let work = blocking(move || {
             let _admitted = ledger.admit(sandbox, Some(&request.key), request.token)?;
             let shut_down = fence.lock().unwrap_or_else(|p| p.into_inner());
@@ -393,19 +417,51 @@ impl Backend for LocalBackend {
                     made.display()
                 )));
             }
-            // The start takes the snapshot: a rename, so the workspace exists once.
+            // The start takes the snapshot: a rename, so the workspace exists once. The new
+            // sandbox's identity goes in first (its `sandbox.json`, naming the snapshot it
+            // takes), so that the workspace says what it is wherever a crash leaves it: a
+            // key's record names the snapshot until the sandbox is up, and the sweep keeps a
+            // sandbox that took the recorded snapshot for the key's next start.
+            let info = serde_json::json!({
+                "sandbox": request.sandbox.0,
+                "key": request.key.to_string(),
+                "spec": request.spec.as_str(),
+                "resumed_from": request.resume_from.as_ref().map(|s| s.as_str().to_string()),
+            });
+            let write_info = |dir: &Path| -> io::Result<()> {
+                if !dir.is_dir() {
+                    return Err(io::ErrorKind::NotFound.into());
+                }
+                std::fs::create_dir_all(dir.join(META_DIR))?;
+                write_atomically(
+                    &dir.join(META_DIR).join("sandbox.json"),
+                    sandkeeper::UploadId(u64::MAX),
+                    info.to_string().as_bytes(),
+                )
+            };
+            let gone = |from: &Path| {
+                tracing::warn!(%sandbox, snapshot = %from.display(),
+                    "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
+                false
+            };
             let resumed = match &request.resume_from {
                 Some(snapshot) => {
                     let from =
                         snapshot_dir(&root, snapshot).map_err(|e| io_error("snapshot", e))?;
-                    match std::fs::rename(&from, &made) {
-                        Ok(()) => true,
+                    // Where the snapshot is: kept, or already taken by a start of an owner that
+                    // crashed before its key's record named that sandbox.
+                    let taken = match write_info(&from) {
+                        Ok(()) => Some(from.clone()),
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                            tracing::warn!(%sandbox, snapshot = %from.display(),
-                                "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
-                            false
+                            took_snapshot(&root, snapshot, &running)?
                         }
                         Err(e) => return Err(io_error("resume", e)),
+                    };
+                    match taken.map(|dir| std::fs::rename(dir, &made)) {
+                        None => gone(&from),
+                        Some(Ok(())) => true,
+                        Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => gone(&from),
+                        Some(Err(e)) => return Err(io_error("resume", e)),
                     }
                 }
                 None => false,
@@ -416,18 +472,7 @@ impl Backend for LocalBackend {
             let meta = made.join(META_DIR);
             std::fs::create_dir_all(&meta).map_err(|e| io_error("mkdir", e))?;
             live_again(&meta)?;
-            let info = serde_json::json!({
-                "sandbox": request.sandbox.0,
-                "key": request.key.to_string(),
-                "spec": request.spec.as_str(),
-                "resumed_from": request.resume_from.as_ref().map(|s| s.as_str().to_string()),
-            });
-            write_atomically(
-                &meta.join("sandbox.json"),
-                sandkeeper::UploadId(u64::MAX),
-                info.to_string().as_bytes(),
-            )
-            .map_err(|e| io_error("sandbox.json", e))?;
+            write_info(&made).map_err(|e| io_error("sandbox.json", e))?;
             drop(shut_down);
             Ok(())
         })

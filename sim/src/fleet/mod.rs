@@ -1269,9 +1269,11 @@ impl World {
             if x.life == backend::Life::Gone {
                 continue;
             }
+            // The simulated backend's start does not move the snapshot it resumes.
             let object = sandkeeper::SweepObject::Sandbox {
                 id: *id,
                 key: Some(x.key.clone()),
+                resumed_from: None,
             };
             let verdict = sandkeeper::sweep_verdict(&object, &keys, live, now);
             if verdict != sandkeeper::SweepVerdict::Keep {

@@ -155,7 +155,7 @@ impl LocalStore {
                     continue;
                 }
                 let path = item.path();
-                let key = read_key(&path);
+                let (key, resumed_from) = read_info(&path);
                 let object = if snapshots {
                     SweepObject::Snapshot {
                         snapshot: Snapshot::new(name.clone()),
@@ -167,6 +167,7 @@ impl LocalStore {
                     SweepObject::Sandbox {
                         id: SandboxId(id),
                         key,
+                        resumed_from,
                     }
                 };
                 out.push((path, object));
@@ -177,12 +178,25 @@ impl LocalStore {
     }
 }
 
-/// The key a sandbox (or the snapshot of one) was started for, from its `sandbox.json`; `None`
-/// when it cannot be read.
-fn read_key(dir: &Path) -> Option<sandkeeper::Key> {
-    let text = fs::read_to_string(dir.join(".sandkeeper").join("sandbox.json")).ok()?;
-    let info: serde_json::Value = serde_json::from_str(&text).ok()?;
-    parse_key(info.get("key")?.as_str()?).ok()
+/// The key a sandbox (or the snapshot of one) was started for, and the snapshot its start
+/// took, from its `sandbox.json`; `None` for what cannot be read.
+fn read_info(dir: &Path) -> (Option<sandkeeper::Key>, Option<Snapshot>) {
+    let info: Option<serde_json::Value> =
+        fs::read_to_string(dir.join(".sandkeeper").join("sandbox.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok());
+    let Some(info) = info else {
+        return (None, None);
+    };
+    let key = info
+        .get("key")
+        .and_then(|k| k.as_str())
+        .and_then(|k| parse_key(k).ok());
+    let from = info
+        .get("resumed_from")
+        .and_then(|s| s.as_str())
+        .map(Snapshot::new);
+    (key, from)
 }
 
 /// The expiry a Persist recorded in a snapshot (unix seconds), as the sweep's instant.
