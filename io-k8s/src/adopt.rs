@@ -3,7 +3,9 @@
 //! token admitted (`fence.rs`), its objects relabelled with this owner (so this owner's death
 //! watch sees them, and its close or an owner-Lease sweep treats them as its own), and checked
 //! up: its claim Ready with a running pod, or its pod running. A sandbox that is not there, or
-//! not up, is `Gone`: the core then starts the key afresh.
+//! not up, is `Gone`: the core then starts the key afresh. A claim whose Sandbox is suspended
+//! (its owner suspended it and crashed before the key's record said so) is set running again
+//! under the same number, its retention backstop pushed out, and then adopted as up.
 //!
 //! Not verified against a real agent-sandbox controller: whether it keeps a pod label that was
 //! patched on the pod (the claim's `additionalPodMetadata` is patched too, so a controller that
@@ -39,13 +41,31 @@ impl Cluster {
                 let [claim] = claims.as_slice() else {
                     return Err(gone(&format!("{} claims carry its label", claims.len())));
                 };
+                let suspended = match claim.status.as_ref().and_then(|s| s.sandbox.as_ref()) {
+                    Some(sb) if !sb.name.is_empty() => {
+                        self.is_suspended(&sb.name).await?.then(|| sb.name.clone())
+                    }
+                    _ => None,
+                };
                 let claim = claim.name_any();
                 self.admit(&claim, Some(token)).await?;
-                let patch = json!({
+                let mut patch = json!({
                     "metadata": {"labels": owner},
                     "spec": {"additionalPodMetadata": {"labels": owner}},
                 });
+                if suspended.is_some() {
+                    // Its owner suspended it and crashed before the key's record said so: the
+                    // record still names the sandbox. It runs again, under the same number;
+                    // the retention backstop its suspension set is pushed out first.
+                    patch["spec"]["lifecycle"] =
+                        json!({"shutdownTime": self.claim_shutdown_time()});
+                }
                 self.merge_patch_claim(&claim, &patch).await?;
+                if let Some(sb) = &suspended {
+                    tracing::warn!(sandbox, %claim,
+                        "adopting a sandbox its crashed owner had suspended: it runs again");
+                    self.set_operating_mode(sb, false).await?;
+                }
                 let sandbox_name = self.wait_claim_ready(&claim).await?;
                 let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
                 self.patch_pod_labels(&pod, &owner).await?;
@@ -75,6 +95,21 @@ impl Cluster {
                 })
             }
         }
+    }
+
+    /// Whether a Sandbox is suspended (`spec.operatingMode: Suspended`).
+    async fn is_suspended(&self, sandbox_name: &str) -> Result<bool, K8sError> {
+        let what = format!("sandbox {sandbox_name}");
+        let sb = self
+            .retry
+            .run(|| async {
+                self.sandboxes()
+                    .get_opt(sandbox_name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
+            })
+            .await?;
+        Ok(sb.is_some_and(|sb| sb.spec.operating_mode.as_deref() == Some("Suspended")))
     }
 
     async fn patch_pod_labels(
