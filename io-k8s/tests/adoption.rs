@@ -19,6 +19,18 @@ fn key() -> Key {
     Key::Session(SessionId::new("s1").unwrap())
 }
 
+/// A fresh start of `sandbox` under token 1.
+fn start(sandbox: SandboxId) -> StartRequest {
+    StartRequest {
+        sandbox,
+        key: key(),
+        spec: Spec::new(""),
+        resume_from: None,
+        resumes: None,
+        token: Some(Token(1)),
+    }
+}
+
 fn upload(sandbox: SandboxId, version: u64, token: u64) -> UploadRequest {
     UploadRequest {
         upload: UploadId(version),
@@ -45,16 +57,7 @@ async fn adopts_on(
     let a = connect(&server, first).await;
     let b = connect(&server, second).await;
     let x = SandboxId((1 << 32) | 7);
-    a.start(StartRequest {
-        sandbox: x,
-        key: key(),
-        spec: Spec::new(""),
-        resume_from: None,
-        resumes: None,
-        token: Some(Token(1)),
-    })
-    .await
-    .unwrap();
+    a.start(start(x)).await.unwrap();
     a.upload(upload(x, 1, 1)).await.unwrap();
     let object = a.handle(x).unwrap().object;
     a.relinquish(x).await;
@@ -121,16 +124,7 @@ async fn a_claim_its_crashed_owner_had_suspended_runs_again_for_the_adopter() {
     let server = server().await;
     let a = connect(&server, claim_config("first")).await;
     let x = SandboxId((1 << 32) | 8);
-    a.start(StartRequest {
-        sandbox: x,
-        key: key(),
-        spec: Spec::new(""),
-        resume_from: None,
-        resumes: None,
-        token: Some(Token(1)),
-    })
-    .await
-    .unwrap();
+    a.start(start(x)).await.unwrap();
     a.upload(upload(x, 1, 1)).await.unwrap();
     let claim = a.handle(x).unwrap().object;
     // `a` suspends it (with a retention) and crashes before the key's record says so.

@@ -7,7 +7,9 @@
 
 use std::path::PathBuf;
 
-use sandkeeper::{Key, PathName, Payload, SandboxId, SessionId, Spec, Token, UploadId, Version};
+use sandkeeper::{
+    Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, Token, UploadId, Version,
+};
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{
     AdoptRequest, Backend, FailureClass, LocalBackend, PersistRequest, StartRequest, StopRequest,
@@ -112,6 +114,21 @@ async fn a_stale_owner_is_refused_on_its_own_sandbox_and_on_a_new_one_of_the_key
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Starts `x` under token 1, uploads version 1 and suspends it: its snapshot.
+async fn started_and_suspended(backend: &LocalBackend, x: SandboxId, key: &Key) -> Snapshot {
+    backend.start(start(x, key, 1)).await.unwrap();
+    backend.upload(upload(x, 1, 1)).await.unwrap();
+    backend
+        .stop(StopRequest {
+            sandbox: x,
+            suspend: true,
+            token: Some(Token(1)),
+        })
+        .await
+        .unwrap()
+        .expect("a suspension keeps a snapshot")
+}
+
 /// An owner stopped its sandbox (suspending it: the workspace renamed to its snapshot,
 /// persisted) and crashed before the key's record said so: the record still names the
 /// sandbox. The next owner's adoption takes the workspace back, whole, as a live sandbox; a
@@ -122,17 +139,7 @@ async fn adopting_a_sandbox_its_crashed_owner_had_stopped_takes_its_workspace_ba
     let key = Key::Session(SessionId::new("s").unwrap());
     let x = SandboxId(1 << 32 | 1);
     let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
-    first.start(start(x, &key, 1)).await.unwrap();
-    first.upload(upload(x, 1, 1)).await.unwrap();
-    let snapshot = first
-        .stop(StopRequest {
-            sandbox: x,
-            suspend: true,
-            token: Some(Token(1)),
-        })
-        .await
-        .unwrap()
-        .expect("a suspension keeps a snapshot");
+    let snapshot = started_and_suspended(&first, x, &key).await;
     first
         .persist(PersistRequest {
             sandbox: x,
@@ -193,17 +200,7 @@ async fn a_start_from_a_snapshot_a_crashed_start_took_continues_its_workspace() 
         SandboxId(3 << 32 | 1),
     );
     let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
-    first.start(start(x, &key, 1)).await.unwrap();
-    first.upload(upload(x, 1, 1)).await.unwrap();
-    let snapshot = first
-        .stop(StopRequest {
-            sandbox: x,
-            suspend: true,
-            token: Some(Token(1)),
-        })
-        .await
-        .unwrap()
-        .expect("a snapshot");
+    let snapshot = started_and_suspended(&first, x, &key).await;
     let resuming = |sandbox, token| StartRequest {
         resume_from: Some(snapshot.clone()),
         resumes: Some(x),
