@@ -5,8 +5,10 @@
 //! `harness --verify` checks the whole root: no sandbox changed by two tokens out of order
 //! (the backends' token log), every session's last acknowledged log version in its user's
 //! recorded snapshot (the killed process's too, from its ledger), nothing leaked, nothing
-//! referenced swept. Real time (the lease is 1.5 s): the waits are bounded polls for what the
-//! processes write, never fixed sleeps.
+//! referenced swept. And one paused (SIGSTOP) past its lease while its peer takes its keys:
+//! woken, it finds its lease lapsed and fences itself, what it had in flight under the old
+//! tokens is refused or dropped, and both finish with every check passed. Real time (the lease
+//! is 1.5 s): the waits are bounded polls for what the processes write, never fixed sleeps.
 #![cfg(not(loom))]
 
 use std::collections::BTreeMap;
@@ -198,5 +200,89 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     );
     let figures = report.lines().last().unwrap();
     assert!(!figures.contains(" 0 changed under several"), "{figures}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process, by the `kill` program (argv only).
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The keys `incarnation` owns in the store now.
+fn owned_by(store: &LocalStore, incarnation: u32) -> Vec<String> {
+    store
+        .entries()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
+        .map(|e| e.key)
+        .collect()
+}
+
+#[test]
+fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
+    let root = std::env::temp_dir().join(format!("sk-fleet-pause-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let (la, lb) = (root.join("ledger-a.jsonl"), root.join("ledger-b.jsonl"));
+    let store = LocalStore::open(&root, Duration::from_millis(1500)).unwrap();
+
+    // `a` runs alone until it holds its users' keys, and is stopped (SIGSTOP) mid-run: a pause
+    // longer than its lease, with its work in flight.
+    let mut a = spawn(harness(&root, "a", 40, &la));
+    let ia = a.incarnation();
+    for polls in 0.. {
+        if lines(&la) >= 24 {
+            break;
+        }
+        assert!(polls < 24_000, "a made no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&a.child, "STOP");
+    let held = owned_by(&store, ia);
+    assert!(!held.is_empty(), "the paused process holds keys");
+    // `b` joins and, once the paused lease expired, takes every key `a` held.
+    let mut b = spawn(harness(&root, "b", 20, &lb));
+    let ib = b.incarnation();
+    for polls in 0.. {
+        let taken = owned_by(&store, ib);
+        if held.iter().all(|k| taken.contains(k)) {
+            break;
+        }
+        assert!(polls < 24_000, "b never took the paused process's keys");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // `a` wakes up after its keys went to `b`: its lease lapsed by its own clock, so it
+    // fences itself (fail closed) and any change it still had in flight under its old tokens
+    // is refused by the backend; then it claims again and finishes.
+    signal(&a.child, "CONT");
+    let woken = a.succeeded();
+    assert!(woken.contains("all checks passed"), "{woken}");
+    let row = fleet_row(&woken);
+    assert!(
+        row["lease"] >= 1,
+        "the paused process saw its lease lapse: {row:?}"
+    );
+    let survivor = b.succeeded();
+    assert!(survivor.contains("all checks passed"), "{survivor}");
+
+    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("--fleet-root")
+        .arg(&root)
+        .args(["--lease-ms", LEASE_MS, "--verify"])
+        .args([&la, &lb])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -112,9 +112,12 @@ pub fn verify_local_fleet(
     check(
         log.out_of_order.is_empty(),
         format!(
-            "no sandbox was changed by two tokens out of order ({} changes of {} sandboxes; out \
-             of order: {:?})",
-            log.changes, log.sandboxes, log.out_of_order
+            "no sandbox was changed by two tokens out of order ({} changes of {} sandboxes; {} \
+             out of order, the first: {:?})",
+            log.changes,
+            log.sandboxes,
+            log.out_of_order.len(),
+            &log.out_of_order[..log.out_of_order.len().min(5)]
         ),
     );
 
