@@ -1,18 +1,20 @@
 //! What the scenario tests share: running a scenario's text, the files of one of the crate's
 //! folders, and the checks of a line-numbered error, a failed expectation and steps that print
-//! back as their lines.
+//! back as their lines. A failed check names the test's line (`track_caller`).
 
 use std::path::Path;
 
 use sim::scenario::{parse, run_scenario, ParseError, Scenario, Verdict};
 
 /// Parses `text`, which must parse, and runs it.
+#[track_caller]
 pub fn run_text(text: &str) -> Verdict {
     let scenario = parse(text).expect("parses");
     run_scenario(&scenario, None)
 }
 
 /// The names of the files in the crate's folder `dir` (`scenarios`, `canaries`).
+#[track_caller]
 pub fn file_names(dir: &str) -> Vec<String> {
     std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(dir))
         .unwrap_or_else(|e| panic!("{dir} dir: {e}"))
@@ -21,6 +23,7 @@ pub fn file_names(dir: &str) -> Vec<String> {
 }
 
 /// The error `text` gave, at `got` with `message`, is at `line` and mentions `needle`.
+#[track_caller]
 pub fn assert_error_at(text: &str, got: usize, message: &str, line: usize, needle: &str) {
     assert_eq!(got, line, "{text:?}: {message}");
     assert!(
@@ -30,6 +33,7 @@ pub fn assert_error_at(text: &str, got: usize, message: &str, line: usize, needl
 }
 
 /// `text` does not parse: the error is at `line` and mentions `needle`. Returns it.
+#[track_caller]
 pub fn assert_malformed(text: &str, line: usize, needle: &str) -> ParseError {
     let err = parse(text).expect_err(text);
     assert_error_at(text, err.line, &err.message, line, needle);
@@ -37,6 +41,7 @@ pub fn assert_malformed(text: &str, line: usize, needle: &str) -> ParseError {
 }
 
 /// `text` runs to a failed expectation at `line`.
+#[track_caller]
 pub fn assert_expectation_fails_at(text: &str, line: usize) {
     match run_text(text) {
         Verdict::Fail { line: got, failure } => {
@@ -49,6 +54,7 @@ pub fn assert_expectation_fails_at(text: &str, line: usize) {
 
 /// The lines `head` (a header, or nothing) and `s`'s steps as they print parse again to the same
 /// steps. Returns what they parse to, for the caller to compare the header.
+#[track_caller]
 pub fn assert_prints_back(s: &Scenario, head: Vec<String>) -> Scenario {
     let mut back = head;
     back.extend(s.steps.iter().map(|(_, st)| st.to_string()));
