@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, CallSpec, CallStatus, Command, Config, Error, ErrorKind, Event, Instant, Lifecycle,
-    PathName, Payload, SessionId, Settlement, Stats, UploadFailure,
+    PathName, Payload, SandboxId, SessionId, Settlement, Stats, UploadFailure,
 };
 
 use crate::backend::{Ledger, Op};
@@ -659,52 +659,24 @@ impl Harness {
     fn expect(&mut self, e: &Expect) -> Result<(), Stop> {
         let sandbox = |h: &Harness, c: &CallId| h.history.sandbox_of(c);
         let ok = match e {
-            Expect::Ready(c) => matches!(self.core.call_status(c), Some(CallStatus::Ready(_))),
-            Expect::Waiting(c) => matches!(
-                self.core.call_status(c),
-                Some(CallStatus::Waiting | CallStatus::Starting(_))
-            ),
-            Expect::Failed(c, kind) => match self.failure_of(c) {
-                Some(k) => kind.as_deref().is_none_or(|want| want == k.as_str()),
-                None => false,
-            },
+            Expect::Ready(c) => is_ready(self.core.call_status(c)),
+            Expect::Waiting(c) => is_waiting(self.core.call_status(c)),
+            Expect::Failed(c, kind) => failed_as(self.failure_of(c), kind.as_deref()),
             Expect::Uploaded {
                 session,
                 path,
                 version,
                 into,
             } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                let x = sandbox(self, into);
-                let got = self
-                    .history
-                    .settlements
-                    .as_ref()
-                    .and_then(|s| s.get(&(session.clone(), path, *version)));
-                matches!(got, Some(Settlement::Uploaded { sandbox }) if Some(*sandbox) == x)
+                let got = self.settled(session, path, *version);
+                sandbox(self, into).is_some_and(|x| uploaded_into(got, x))
             }
             Expect::Dropped {
                 session,
                 path,
                 version,
                 reason,
-            } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                let got = self
-                    .history
-                    .settlements
-                    .as_ref()
-                    .and_then(|s| s.get(&(session.clone(), path, *version)));
-                match got {
-                    Some(Settlement::Superseded { .. }) => {
-                        reason.as_deref().is_none_or(|r| r == "superseded")
-                    }
-                    Some(Settlement::Dropped { reason: why }) => {
-                        reason.as_deref().is_none_or(|r| r == why.as_str())
-                    }
-                    _ => false,
-                }
-            }
+            } => dropped_as(self.settled(session, path, *version), reason.as_deref()),
             Expect::Running(c) => sandbox(self, c).is_some_and(|x| {
                 let up = self
                     .core
@@ -748,12 +720,22 @@ impl Harness {
 
     /// How the call named `c` (as written) ended without becoming ready, if it did.
     fn failure_of(&self, c: &str) -> Option<ErrorKind> {
-        if self.refused_calls.iter().any(|r| r == c) {
-            return Some(ErrorKind::InvalidName);
-        }
-        CallId::new(c)
-            .ok()
-            .and_then(|c| self.history.failed.get(&c).copied())
+        failure_of(
+            &self.refused_calls,
+            |c| self.history.failed.get(c).copied(),
+            c,
+        )
+    }
+
+    /// How the version `expect uploaded|dropped` names settled, if it did.
+    fn settled(
+        &self,
+        session: &SessionId,
+        path: &Option<PathName>,
+        version: u64,
+    ) -> Option<&Settlement> {
+        let key = settlement_key(session, path, version);
+        self.history.settlements.as_ref()?.get(&key)
     }
 
     fn explain(&self, e: &Expect) -> String {
@@ -774,15 +756,7 @@ impl Harness {
                 path,
                 version,
                 ..
-            } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                let got = self
-                    .history
-                    .settlements
-                    .as_ref()
-                    .and_then(|s| s.get(&(session.clone(), path, *version)));
-                format!("it settled as {got:?}")
-            }
+            } => format!("it settled as {:?}", self.settled(session, path, *version)),
             Expect::Running(c)
             | Expect::State(c, _)
             | Expect::Stop(c)
@@ -802,5 +776,63 @@ impl Harness {
                 format!("discarded so far: {:?}", self.history.discarded)
             }
         }
+    }
+}
+
+// What an expectation asks of what one process reported, the same in one process and on one
+// replica of a fleet (`fleet/script/expect.rs`).
+
+/// Whether `expect ready` holds of a call's status.
+pub(crate) fn is_ready(status: Option<CallStatus>) -> bool {
+    matches!(status, Some(CallStatus::Ready(_)))
+}
+
+/// Whether `expect waiting` holds of a call's status: queued, or its sandbox starting.
+pub(crate) fn is_waiting(status: Option<CallStatus>) -> bool {
+    matches!(status, Some(CallStatus::Waiting | CallStatus::Starting(_)))
+}
+
+/// How the call named `c` (as written) ended without becoming ready, if it did: refused by name
+/// (`refused`, the calls as written whose acquire the core refused), else as `failed` says.
+pub(crate) fn failure_of(
+    refused: &[String],
+    failed: impl FnOnce(&CallId) -> Option<ErrorKind>,
+    c: &str,
+) -> Option<ErrorKind> {
+    if refused.iter().any(|r| r == c) {
+        return Some(ErrorKind::InvalidName);
+    }
+    CallId::new(c).ok().and_then(|c| failed(&c))
+}
+
+/// Whether `expect failed <call> [error=<kind>]` holds of how the call ended.
+pub(crate) fn failed_as(got: Option<ErrorKind>, kind: Option<&str>) -> bool {
+    got.is_some_and(|k| kind.is_none_or(|want| want == k.as_str()))
+}
+
+/// The settlement `expect uploaded|dropped <session> [path=<path>] version=<n>` asks about (the
+/// session log when no path is given).
+pub(crate) fn settlement_key(
+    session: &SessionId,
+    path: &Option<PathName>,
+    version: u64,
+) -> (SessionId, PathName, u64) {
+    let path = path.clone().unwrap_or_else(PathName::session_log);
+    (session.clone(), path, version)
+}
+
+/// Whether `expect uploaded ... into=@<call>` holds of how the version settled, `x` being the
+/// sandbox the call names.
+pub(crate) fn uploaded_into(got: Option<&Settlement>, x: SandboxId) -> bool {
+    matches!(got, Some(Settlement::Uploaded { sandbox }) if *sandbox == x)
+}
+
+/// Whether `expect dropped ... [reason=<why>]` holds of how the version settled: superseded,
+/// or dropped for that reason.
+pub(crate) fn dropped_as(got: Option<&Settlement>, reason: Option<&str>) -> bool {
+    match got {
+        Some(Settlement::Superseded { .. }) => reason.is_none_or(|r| r == "superseded"),
+        Some(Settlement::Dropped { reason: why }) => reason.is_none_or(|r| r == why.as_str()),
+        _ => false,
     }
 }

@@ -7,18 +7,16 @@ use std::path::Path;
 
 use sim::scenario::{config_line, fleet_line_text, parse, run_scenario, Verdict};
 
-fn run_text(text: &str) -> Verdict {
-    let scenario = parse(text).expect("parses");
-    run_scenario(&scenario, None)
-}
+mod common;
+use common::{
+    assert_error_at, assert_expectation_fails_at, assert_malformed, assert_prints_back, file_names,
+    run_text,
+};
 
 #[test]
 fn the_fleet_behaviours_have_scenarios() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("scenarios dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
+    let names = file_names("scenarios");
     for pinned in [
         "fleet-handoff-warm.scn",
         "fleet-crash-adopt.scn",
@@ -160,13 +158,7 @@ fn malformed_fleet_lines_are_named() {
         ("advance 5ns\n", 1, "duration"),
     ];
     for (text, line, needle) in cases {
-        let err = parse(text).expect_err(text);
-        assert_eq!(err.line, *line, "{text:?}: {err}");
-        assert!(
-            err.message.contains(needle),
-            "{text:?}: `{}` does not mention `{needle}`",
-            err.message
-        );
+        assert_malformed(text, *line, needle);
     }
 }
 
@@ -235,14 +227,10 @@ fn impossible_steps_are_errors_of_the_scenario() {
     for (steps, line, needle) in cases {
         let text = format!("{head}{steps}");
         match parse(&text) {
-            Err(e) => {
-                assert_eq!(e.line, *line, "{text:?}: {e}");
-                assert!(e.message.contains(needle), "{text:?}: {e}");
-            }
+            Err(e) => assert_error_at(&text, e.line, &e.message, *line, needle),
             Ok(s) => match run_scenario(&s, None) {
                 Verdict::Misuse { line: l, message } => {
-                    assert_eq!(l, *line, "{text:?}: {message}");
-                    assert!(message.contains(needle), "{text:?}: `{message}`");
+                    assert_error_at(&text, l, &message, *line, needle)
                 }
                 other => panic!("{text:?}: expected an error of the scenario, got {other:?}"),
             },
@@ -254,13 +242,7 @@ fn impossible_steps_are_errors_of_the_scenario() {
 fn a_wrong_fleet_expectation_fails_at_its_line() {
     let text = "config scope=session\nfleet replicas=2\n[r0] acquire a session=s1\n\
                 [r0] start-ok @a\nexpect owner session:s1 r1\n";
-    match run_text(text) {
-        Verdict::Fail { line, failure } => {
-            assert_eq!(line, 5);
-            assert_eq!(failure.invariant, "expectation");
-        }
-        other => panic!("expected a failure, got {other:?}"),
-    }
+    assert_expectation_fails_at(text, 5);
     let text = "config scope=session\nfleet replicas=2\n[r0] acquire a session=s1\n\
                 [r0] start-ok @a\n[r1] expect ready a\n";
     assert!(matches!(run_text(text), Verdict::Fail { line: 5, .. }));
@@ -338,16 +320,11 @@ fn fleet_steps_print_back_as_the_lines_they_came_from() {
                 [r1] expect ready a\n[r0] expect uploaded s1 version=1 into=@a\n";
     let s = parse(text).expect("parses");
     let spec = s.fleet.clone().expect("a fleet");
-    let mut back = vec![
+    let head = vec![
         config_line(&s.config, s.close_deadline),
         fleet_line_text(&spec, &s.config.fleet.expect("timing")),
     ];
-    back.extend(s.steps.iter().map(|(_, st)| st.to_string()));
-    let again = parse(&back.join("\n")).expect("reparses");
+    let again = assert_prints_back(&s, head);
     assert_eq!(again.fleet, s.fleet);
     assert_eq!(again.config.fleet, s.config.fleet);
-    assert_eq!(
-        s.steps.iter().map(|(_, s)| s).collect::<Vec<_>>(),
-        again.steps.iter().map(|(_, s)| s).collect::<Vec<_>>()
-    );
 }

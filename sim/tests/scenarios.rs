@@ -5,10 +5,10 @@ use std::path::Path;
 
 use sim::scenario::{parse, run_scenario, Verdict};
 
-fn run_text(text: &str) -> Verdict {
-    let scenario = parse(text).expect("parses");
-    run_scenario(&scenario, None)
-}
+mod common;
+use common::{
+    assert_expectation_fails_at, assert_malformed, assert_prints_back, file_names, run_text,
+};
 
 #[test]
 fn every_scenario_in_the_corpus_passes() {
@@ -43,11 +43,7 @@ fn every_scenario_in_the_corpus_passes() {
 
 #[test]
 fn every_race_has_a_scenario() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("scenarios dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
+    let names = file_names("scenarios");
     for n in 1..=13 {
         let prefix = format!("r{n:02}-");
         assert!(
@@ -60,13 +56,7 @@ fn every_race_has_a_scenario() {
 #[test]
 fn a_wrong_expectation_fails_at_its_line() {
     let text = "config scope=session\nacquire a session=s1\nstart-ok @a\nexpect waiting a\n";
-    match run_text(text) {
-        Verdict::Fail { line, failure } => {
-            assert_eq!(line, 4);
-            assert_eq!(failure.invariant, "expectation");
-        }
-        other => panic!("expected a failure, got {other:?}"),
-    }
+    assert_expectation_fails_at(text, 4);
 }
 
 #[test]
@@ -123,13 +113,7 @@ fn malformed_lines_are_named() {
         ("flush s1 bytes=lots\n", 1, "integer"),
     ];
     for (text, line, needle) in cases {
-        let err = parse(text).expect_err(text);
-        assert_eq!(err.line, *line, "{text:?}: {err}");
-        assert!(
-            err.message.contains(needle),
-            "{text:?}: `{}` does not mention `{needle}`",
-            err.message
-        );
+        let err = assert_malformed(text, *line, needle);
         assert!(err.to_string().starts_with(&format!("line {line}:")));
     }
 }
@@ -171,22 +155,12 @@ fn steps_print_back_as_the_lines_they_came_from() {
     let text = "config scope=session\nacquire a session=s1 user=u1 external=e1\nrelease a\nflush s1 path=p bytes=3\n\
 resolve s1 expect=@a\nhold s1\nunhold s1\nclose deadline=2s\nadvance 250ms\nstop-ok @a snapshot=x\nupload-fail @a gone\n\
 settle @a\nexpect uploaded s1 path=p version=2 into=@a\nexpect dropped s1 version=1 reason=superseded\nexpect resumed @a from=x\n";
-    let s = parse(text).expect("parses");
-    let back: Vec<String> = s.steps.iter().map(|(_, st)| st.to_string()).collect();
-    let again = parse(&back.join("\n")).expect("reparses");
-    assert_eq!(
-        s.steps.iter().map(|(_, s)| s).collect::<Vec<_>>(),
-        again.steps.iter().map(|(_, s)| s).collect::<Vec<_>>()
-    );
+    assert_prints_back(&parse(text).expect("parses"), Vec::new());
 }
 
 #[test]
 fn every_race_has_a_canary_patch() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("canaries");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("canaries dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
+    let names = file_names("canaries");
     assert!(names.iter().any(|n| n == "run.sh"));
     for n in 1..=13 {
         let prefix = format!("r{n:02}-");

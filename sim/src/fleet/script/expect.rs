@@ -2,12 +2,14 @@
 //! what its current incarnation ordered and reported), and the fleet's own about ownership and
 //! the store. An expectation checks what has happened so far; it changes nothing.
 
-use sandkeeper::{CallStatus, ErrorKind, PathName, SandboxState, Settlement};
+use sandkeeper::{CallStatus, SandboxState};
 
 use crate::failure::Failure;
 use crate::fleet::backend::Life;
 use crate::fleet::World;
-use crate::harness::Stop;
+use crate::harness::{
+    dropped_as, failed_as, failure_of, is_ready, is_waiting, settlement_key, uploaded_into, Stop,
+};
 use crate::step::fleet::FleetExpect;
 use crate::step::Expect;
 
@@ -25,22 +27,14 @@ impl World {
     pub(super) fn expect_on(&mut self, r: usize, e: &Expect) -> Result<(), Stop> {
         let core = &self.replicas[r].core;
         let seen = &self.script_ref().seen[r];
+        // Unlike one process, an `@call` never bound is an error of the scenario, not a failure.
         let sandbox = |c| self.sandbox_of(c);
         let ok = match e {
-            Expect::Ready(c) => matches!(core.call_status(c), Some(CallStatus::Ready(_))),
-            Expect::Waiting(c) => matches!(
-                core.call_status(c),
-                Some(CallStatus::Waiting | CallStatus::Starting(_))
-            ),
+            Expect::Ready(c) => is_ready(core.call_status(c)),
+            Expect::Waiting(c) => is_waiting(core.call_status(c)),
             Expect::Failed(c, kind) => {
-                let failed = if seen.refused_calls.iter().any(|r| r == c) {
-                    Some(ErrorKind::InvalidName)
-                } else {
-                    sandkeeper::CallId::new(c)
-                        .ok()
-                        .and_then(|c| seen.failed.get(&c).copied())
-                };
-                failed.is_some_and(|k| kind.as_deref().is_none_or(|want| want == k.as_str()))
+                let got = failure_of(&seen.refused_calls, |c| seen.failed.get(c).copied(), c);
+                failed_as(got, kind.as_deref())
             }
             Expect::Uploaded {
                 session,
@@ -49,10 +43,9 @@ impl World {
                 into,
             } => {
                 let x = sandbox(into)?;
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                matches!(
-                    seen.settled.get(&(session.clone(), path, *version)),
-                    Some(Settlement::Uploaded { sandbox }) if *sandbox == x
+                uploaded_into(
+                    seen.settled.get(&settlement_key(session, path, *version)),
+                    x,
                 )
             }
             Expect::Dropped {
@@ -60,18 +53,11 @@ impl World {
                 path,
                 version,
                 reason,
-            } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                match seen.settled.get(&(session.clone(), path, *version)) {
-                    Some(Settlement::Superseded { .. }) => {
-                        reason.as_deref().is_none_or(|r| r == "superseded")
-                    }
-                    Some(Settlement::Dropped { reason: why }) => {
-                        reason.as_deref().is_none_or(|r| r == why.as_str())
-                    }
-                    _ => false,
-                }
-            }
+            } => dropped_as(
+                seen.settled.get(&settlement_key(session, path, *version)),
+                reason.as_deref(),
+            ),
+            // Unlike one process: also not relinquished here, and up in the shared backend.
             Expect::Running(c) => {
                 let x = sandbox(c)?;
                 core.sandbox_state(x)
@@ -84,6 +70,7 @@ impl World {
                         .is_some_and(|s| s.life == Life::Up)
             }
             Expect::State(c, want) => core.sandbox_state(sandbox(c)?) == Some(*want),
+            // Unlike one process: what this incarnation ordered since its last Adopt.
             Expect::Stop(c) | Expect::NoStop(c) => {
                 let ordered = seen.sandboxes.get(&sandbox(c)?);
                 ordered.is_some_and(|o| o.has("stop")) == matches!(e, Expect::Stop(_))
@@ -135,13 +122,10 @@ impl World {
                 path,
                 version,
                 ..
-            } => {
-                let path = path.clone().unwrap_or_else(PathName::session_log);
-                format!(
-                    "it settled as {:?}",
-                    seen.settled.get(&(session.clone(), path, *version))
-                )
-            }
+            } => format!(
+                "it settled as {:?}",
+                seen.settled.get(&settlement_key(session, path, *version))
+            ),
             Expect::Running(c)
             | Expect::State(c, _)
             | Expect::Stop(c)
