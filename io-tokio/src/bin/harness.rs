@@ -85,12 +85,13 @@ async fn run(args: Args) -> Result<(), String> {
 async fn fleet(args: &Args, root: &std::path::Path) -> Result<(), String> {
     args.fleet.check().map_err(|e| e.to_string())?;
     if let Some(ledgers) = &args.verify {
-        let checks = workload::verify_local_fleet(root, args.fleet.lease(), ledgers)
+        let verdict = workload::verify_local_fleet(root, args.fleet.lease(), ledgers)
             .map_err(|e| e.to_string())?;
-        let failed = checks.iter().filter(|(ok, _)| !ok).count();
-        for (ok, what) in &checks {
+        let failed = verdict.checks.iter().filter(|(ok, _)| !ok).count();
+        for (ok, what) in &verdict.checks {
             println!("{} {what}", if *ok { "ok    " } else { "FAILED" });
         }
+        println!("figures: {}", verdict.figures);
         return match failed {
             0 => Ok(()),
             n => Err(format!("{n} fleet checks failed")),

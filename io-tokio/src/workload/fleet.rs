@@ -41,9 +41,24 @@ pub struct Acknowledged {
     pub log: String,
 }
 
+/// What [`verify_local_fleet`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetVerdict {
+    /// Each check, as `(passed, what)`.
+    pub checks: Vec<(bool, String)>,
+    /// What was looked at: keys, sessions, ledger lines, the token log, what the sweep removed.
+    pub figures: String,
+}
+
+impl FleetVerdict {
+    /// Every check passed.
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|(ok, _)| *ok)
+    }
+}
+
 /// The fleet's checks of the local root `root` whose processes ran with the process lease
-/// `lease` and wrote the ledgers `ledgers`, as `(passed, what)`, with a last line of figures
-/// (passed). Run it once every process ended; it sweeps the root first (judged as of `now -
+/// `lease` and wrote the ledgers `ledgers`. Run it once every process ended; it sweeps the root first (judged as of `now -
 /// lease`, as every sweep), which is what any process of the fleet would do next.
 ///
 /// Errors: the store, the token log or a ledger could not be read (a malformed line names its
@@ -52,7 +67,7 @@ pub fn verify_local_fleet(
     root: &Path,
     lease: Duration,
     ledgers: &[PathBuf],
-) -> Result<Vec<(bool, String)>, WorkloadError> {
+) -> Result<FleetVerdict, WorkloadError> {
     let fail = |what: String| WorkloadError::Fleet(what);
     let store = LocalStore::open(root, lease).map_err(|e| fail(e.to_string()))?;
     // The one clock the processes share, as every store operation reads it.
@@ -187,22 +202,19 @@ pub fn verify_local_fleet(
             ),
         );
     }
-    check(
-        true,
-        format!(
-            "figures: {} keys in the store, {} sessions' last acknowledged versions ({} ledger \
-             lines) over {} users; token log: {} changes, {} sandboxes, {} changed under \
-             several tokens; this sweep removed {} sandboxes and {} snapshots",
-            entries.len(),
-            last.len(),
-            lines,
-            users.len(),
-            log.changes,
-            log.sandboxes,
-            log.changed_by_several,
-            swept.sandboxes,
-            swept.snapshots
-        ),
+    let figures = format!(
+        "{} keys in the store, {} sessions' last acknowledged versions ({} ledger lines) over {} \
+         users; token log: {} changes, {} sandboxes, {} changed under several tokens; this \
+         sweep removed {} sandboxes and {} snapshots",
+        entries.len(),
+        last.len(),
+        lines,
+        users.len(),
+        log.changes,
+        log.sandboxes,
+        log.changed_by_several,
+        swept.sandboxes,
+        swept.snapshots
     );
-    Ok(checks)
+    Ok(FleetVerdict { checks, figures })
 }

@@ -47,7 +47,7 @@ use crate::rng::SplitMix64;
 use crate::store::FleetStore;
 use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 
-pub use fleet::{verify_local_fleet, Acknowledged};
+pub use fleet::{verify_local_fleet, Acknowledged, FleetVerdict};
 pub use options::{FleetOptions, WorkloadOptions};
 pub use summary::Summary;
 pub use target::WorkloadTarget;
