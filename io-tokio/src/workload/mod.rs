@@ -91,6 +91,9 @@ struct SessionRecord {
     /// after-resume hook; and those that found none, or one of another incarnation.
     credentials_current: u64,
     credentials_wrong: u64,
+    /// Sandboxes whose credential was not there: wrong unless the sandbox was killed (its
+    /// directory being removed, file by file, while the call read it).
+    credentials_missing: Vec<SandboxId>,
     killed: BTreeSet<SandboxId>,
 }
 
@@ -168,6 +171,7 @@ pub async fn run_fleet<B: WorkloadTarget>(
 ) -> Result<Summary, WorkloadError> {
     options.check()?;
     fleet.check()?;
+    fleet.check_ledger(options)?;
     let mut config = keeper_config(options);
     config.core.fleet = Some(turn::fleet_timing(fleet.lease()));
     let checkpoints = Arc::new(AtomicU64::new(0));
@@ -345,7 +349,10 @@ async fn drive<B: WorkloadTarget>(
         format!("context-free writes landed in their own session's sandbox ({misroutes} did not)"),
     );
     let credentials: u64 = records.values().map(|r| r.credentials_current).sum();
-    let wrong: u64 = records.values().map(|r| r.credentials_wrong).sum();
+    let killed: BTreeSet<SandboxId> = records.values().flat_map(|r| r.killed.clone()).collect();
+    let missing = records.values().flat_map(|r| r.credentials_missing.iter());
+    let wrong: u64 = records.values().map(|r| r.credentials_wrong).sum::<u64>()
+        + missing.filter(|x| !killed.contains(x)).count() as u64;
     check(
         wrong == 0 && credentials > 0,
         format!(
@@ -728,6 +735,7 @@ async fn session_task<B: WorkloadTarget>(
                 }
             }
             Err(e) if e.kind() == "sandbox-gone" => {}
+            Err(e) if e.kind() == "not-found" => record.credentials_missing.push(guard.sandbox()),
             Err(_) => record.credentials_wrong += 1,
         }
         let dies_at = rng

@@ -123,6 +123,22 @@ impl FleetOptions {
     }
 }
 
+impl FleetOptions {
+    /// Checks that a ledger is asked for only without deaths: a death loses what its sandbox
+    /// held, acknowledged versions included, so the fleet's check of the ledgers could not
+    /// hold.
+    pub fn check_ledger(&self, workload: &WorkloadOptions) -> Result<(), super::WorkloadError> {
+        match &self.ledger {
+            Some(_) if workload.death_rate > 0.0 => Err(super::WorkloadError::Fleet(format!(
+                "--ledger needs --death-rate 0 (it is {}): a death loses its sandbox's workspace, \
+                 acknowledged versions included",
+                workload.death_rate
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Default for FleetOptions {
     /// The binaries' defaults.
     fn default() -> Self {
@@ -190,6 +206,16 @@ mod tests {
         assert!(parse(&["harness", "--replica", "b", "--lease-ms", "1500"])
             .check()
             .is_ok());
+        let ledger = parse(&["harness", "--ledger", "/tmp/l.jsonl"]);
+        let deaths = WorkloadOptions::default();
+        let refused = ledger.check_ledger(&deaths).unwrap_err();
+        assert!(refused.to_string().contains("--death-rate 0"), "{refused}");
+        let none = WorkloadOptions {
+            death_rate: 0.0,
+            ..deaths.clone()
+        };
+        assert!(ledger.check_ledger(&none).is_ok());
+        assert!(parse(&["harness"]).check_ledger(&deaths).is_ok());
     }
 
     #[test]
