@@ -302,9 +302,18 @@ impl Cluster {
         sandbox_name: &str,
         sandbox: u64,
     ) -> Result<(), K8sError> {
-        let patch = json!({
-            "spec": {"podTemplate": {"metadata": {"labels": {SANDBOX: sandbox.to_string()}}}},
-        });
+        let labels = json!({SANDBOX: sandbox.to_string()});
+        self.label_pod_template_with(sandbox_name, labels).await
+    }
+
+    /// Merges `labels` into a Sandbox's pod template's labels: what the Sandbox keeps on its
+    /// pod (a pod label patched against the template is set back).
+    pub(crate) async fn label_pod_template_with(
+        &self,
+        sandbox_name: &str,
+        labels: serde_json::Value,
+    ) -> Result<(), K8sError> {
+        let patch = json!({"spec": {"podTemplate": {"metadata": {"labels": labels}}}});
         self.patch_sandbox(sandbox_name, patch).await
     }
 }
