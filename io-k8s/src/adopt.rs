@@ -7,9 +7,15 @@
 //! (its owner suspended it and crashed before the key's record said so) is set running again
 //! under the same number, its retention backstop pushed out, and then adopted as up.
 //!
+//! The new owner label goes on the claim (and its `additionalPodMetadata`), then on the
+//! Sandbox's pod template, then on the pod: the controllers set a pod's labels back to its
+//! Sandbox's template and the template's back to the claim's, so each is patched after what it
+//! follows, and the pod never flips back to the last owner (which would take it out of this
+//! owner's death watch: a false death, found by `io-k8s/tests/fleet_harness.rs`).
+//!
 //! Not verified against a real agent-sandbox controller: whether it keeps a pod label that was
-//! patched on the pod (the claim's `additionalPodMetadata` is patched too, so a controller that
-//! reconciles pod labels from it keeps the new owner).
+//! patched on the pod (the claim's `additionalPodMetadata` and the Sandbox's template are
+//! patched too, so a controller that reconciles pod labels from either keeps the new owner).
 
 use kube::api::{Patch, PatchParams};
 use kube::ResourceExt;
@@ -67,6 +73,13 @@ impl Cluster {
                     self.set_operating_mode(sb, false).await?;
                 }
                 let sandbox_name = self.wait_claim_ready(&claim).await?;
+                // The Sandbox's pod template before the pod: the Sandbox sets a pod label
+                // patched against its template back, and the claim controller may not have
+                // carried the claim's new `additionalPodMetadata` to the template yet. A pod
+                // set back to the last owner leaves this owner's death watch (its selector):
+                // a false death of the sandbox just adopted.
+                self.label_pod_template_with(&sandbox_name, owner.clone())
+                    .await?;
                 let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
                 self.patch_pod_labels(&pod, &owner).await?;
                 Ok(SandboxHandle {

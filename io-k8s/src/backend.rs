@@ -153,6 +153,16 @@ impl K8sBackend {
         }
     }
 
+    /// The claim a snapshot names: one this owner handed out, or in a fleet one any of its
+    /// processes did (the key's last owner suspended it).
+    fn claim_of(&self, snapshot: &Snapshot) -> Result<String, K8sError> {
+        if self.fleet {
+            self.cluster.claim_of_fleet_snapshot(snapshot.as_str())
+        } else {
+            self.cluster.claim_of_snapshot(snapshot.as_str())
+        }
+    }
+
     /// Resumes the claim `snapshot` names as `request.sandbox`, or starts fresh when it is
     /// lost. `Ok(None)`: lost, start fresh.
     async fn resume(
@@ -161,9 +171,14 @@ impl K8sBackend {
         snapshot: &Snapshot,
     ) -> Result<Option<SandboxHandle>, K8sError> {
         let sandbox = request.sandbox;
-        let claim = self.cluster.claim_of_snapshot(snapshot.as_str())?;
+        let claim = self.claim_of(snapshot)?;
         locked(&self.resuming).insert(sandbox, claim.clone());
-        let found = match self.cluster.find_suspended(&claim).await? {
+        let looked_up = if self.fleet {
+            self.cluster.find_fleet_suspended(&claim).await?
+        } else {
+            self.cluster.find_suspended(&claim).await?
+        };
+        let found = match looked_up {
             Resumable::Claim(found) => found,
             Resumable::Lost(why) => {
                 tracing::warn!(%sandbox, snapshot = %snapshot.as_str(), %why,
@@ -367,10 +382,7 @@ impl Backend for K8sBackend {
                 "{sandbox}: suspend without a snapshot"
             )));
         };
-        let claim = self
-            .cluster
-            .claim_of_snapshot(snapshot.as_str())
-            .map_err(failure)?;
+        let claim = self.claim_of(&snapshot).map_err(failure)?;
         if claim != h.object {
             return Err(failure(K8sError::BadSnapshot {
                 snapshot: snapshot.as_str().to_string(),
@@ -422,10 +434,7 @@ impl Backend for K8sBackend {
     }
 
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
-        let claim = self
-            .cluster
-            .claim_of_snapshot(request.snapshot.as_str())
-            .map_err(failure)?;
+        let claim = self.claim_of(&request.snapshot).map_err(failure)?;
         self.cluster
             .admit(&claim, request.token)
             .await

@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{ListParams, PostParams};
 use kube::ResourceExt;
 use sandkeeper::{Key, Token};
-use sandkeeper_tokio::local::store::{unix_ms, Swept};
+use sandkeeper_tokio::local::store::{unix_ms, KeyEntry, Swept};
 use sandkeeper_tokio::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
 
 use crate::cluster::{calls, err, Cluster};
@@ -246,6 +246,41 @@ impl K8sStore {
         .await
     }
 
+    /// Every key's entry (owner, newest token, record, wants), ordered by key: what the
+    /// fleet's checks read once its processes ended, and what `kubectl get leases` shows in
+    /// annotations.
+    pub async fn entries(&self) -> Result<Vec<KeyEntry>, K8sError> {
+        let mut out = vec![];
+        for lease in self.list(&format!("{L_FLEET}=key")).await? {
+            let entry = self.entry_of(&lease)?;
+            out.push(KeyEntry {
+                key: entry.key,
+                owner: entry.owner,
+                token: entry.token,
+                record: entry.record,
+                wants: entry.wants,
+                recording: entry.recording,
+            });
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// The keys `incarnation` owns under its current lease epoch (keys it owned under an
+    /// earlier epoch were fenced when that lease lapsed, and are not its own any more).
+    pub async fn held_by(&self, incarnation: u32) -> Result<Vec<String>, K8sError> {
+        let Some((epoch, _)) = self.process(incarnation).await? else {
+            return Ok(vec![]);
+        };
+        Ok(self
+            .entries()
+            .await?
+            .into_iter()
+            .filter(|e| e.owner == Some((incarnation, epoch)))
+            .map(|e| e.key)
+            .collect())
+    }
+
     // ------------------------------------------------------------------------------------------
     // For the sweep (`fleet_sweep.rs`)
 
@@ -355,7 +390,7 @@ impl K8sStore {
     }
 
     /// Whether `(incarnation, epoch)` holds a live lease at `now`.
-    async fn is_live(&self, owner: (u32, u64), now: SystemTime) -> Result<bool, K8sError> {
+    pub async fn is_live(&self, owner: (u32, u64), now: SystemTime) -> Result<bool, K8sError> {
         Ok(self
             .process(owner.0)
             .await?

@@ -28,6 +28,7 @@ use sandkeeper_tokio::local::store::{unix_ms, Swept};
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;
+use crate::crd::POD_NAME_ANNOTATION;
 use crate::error::K8sError;
 use crate::fleet_store::K8sStore;
 use crate::names::{self, SANDBOX, SESSION_HASH};
@@ -113,24 +114,29 @@ impl K8sStore {
     }
 }
 
-/// One object the sweep looks at.
+/// One object the sweep looks at (and the fleet's verification, `fleet_verify.rs`).
 pub(crate) struct FleetObject {
-    name: String,
+    pub(crate) name: String,
     resource_version: Option<String>,
     /// A claim (agent-sandbox mode) rather than a pod.
-    claim: bool,
-    sandbox: u64,
+    pub(crate) claim: bool,
+    /// The number of its sandbox (its `.../sandbox` label).
+    pub(crate) sandbox: u64,
     hash: Option<String>,
     /// Its Sandbox is suspended (claims only).
-    suspended: bool,
+    pub(crate) suspended: bool,
     /// Its `shutdownTime`, for a suspended claim: its retention.
     expires: Option<Instant>,
+    /// The pod whose workspace is the sandbox's: the pod itself, or the pod of a claim's
+    /// Sandbox (its `agents.x-k8s.io/pod-name` annotation, else the Sandbox's name, which a
+    /// suspended Sandbox's pod comes back under); `None` for a claim without a Sandbox yet.
+    pub(crate) pod: Option<String>,
 }
 
 impl Cluster {
     /// The objects of sandboxes in the namespace: claims in agent-sandbox mode, pods in pod
     /// mode (a claim's pod goes with its claim).
-    async fn fleet_objects(&self) -> Result<Vec<FleetObject>, K8sError> {
+    pub(crate) async fn fleet_objects(&self) -> Result<Vec<FleetObject>, K8sError> {
         let number = |labels: &BTreeMap<String, String>| {
             labels.get(SANDBOX).and_then(|n| n.parse::<u64>().ok())
         };
@@ -138,7 +144,7 @@ impl Cluster {
         match &self.config.mode {
             Mode::AgentSandbox { .. } => {
                 let claims = self.list_claims(SANDBOX).await?;
-                let suspended: BTreeSet<String> = self
+                let sandboxes = self
                     .retry
                     .run(|| async {
                         self.sandboxes()
@@ -147,20 +153,26 @@ impl Cluster {
                             .map(|l| l.items)
                             .map_err(|e| err(e, calls::LIST_SANDBOXES, "sandboxes"))
                     })
-                    .await?
-                    .into_iter()
+                    .await?;
+                let suspended: BTreeSet<String> = sandboxes
+                    .iter()
                     .filter(|s| s.spec.operating_mode.as_deref() == Some("Suspended"))
                     .map(|s| s.name_any())
+                    .collect();
+                let pods: BTreeMap<String, String> = sandboxes
+                    .iter()
+                    .map(|s| {
+                        let pod = s.annotations().get(POD_NAME_ANNOTATION).cloned();
+                        (s.name_any(), pod.unwrap_or_else(|| s.name_any()))
+                    })
                     .collect();
                 for c in claims {
                     let Some(sandbox) = number(c.labels()) else {
                         continue;
                     };
-                    let is_suspended = c
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.sandbox.as_ref())
-                        .is_some_and(|s| suspended.contains(&s.name));
+                    let of = c.status.as_ref().and_then(|s| s.sandbox.as_ref());
+                    let is_suspended = of.is_some_and(|s| suspended.contains(&s.name));
+                    let pod = of.and_then(|s| pods.get(&s.name)).cloned();
                     let expires = c
                         .spec
                         .lifecycle
@@ -178,6 +190,7 @@ impl Cluster {
                         hash: c.labels().get(SESSION_HASH).cloned(),
                         suspended: is_suspended,
                         expires: expires.filter(|_| is_suspended),
+                        pod,
                     });
                 }
             }
@@ -188,6 +201,7 @@ impl Cluster {
                         continue;
                     };
                     out.push(FleetObject {
+                        pod: Some(p.name_any()),
                         name: p.name_any(),
                         resource_version: p.resource_version(),
                         claim: false,

@@ -59,7 +59,9 @@
 //! [`workload::run_workload`] runs the io-tokio harness workload on a [`K8sBackend`]; the
 //! `harness-k8s` binary wraps it:
 //! `cargo run --release -p sandkeeper-k8s --bin harness-k8s -- --namespace NS --warm-pool POOL`
-//! (or `--pod-template FILE`; `--kubeconfig FILE`, `--server URL`).
+//! (or `--pod-template FILE`; `--kubeconfig FILE`, `--server URL`). With `--fleet` it runs as
+//! one process of a fleet ([`run_fleet_workload`]); [`verify_fleet`] checks the fleet's
+//! namespace once every process ended.
 //!
 //! ## Kubernetes version
 //!
@@ -88,6 +90,7 @@ mod error;
 mod fence;
 mod fleet_store;
 mod fleet_sweep;
+mod fleet_verify;
 mod install;
 mod lease;
 pub mod names;
@@ -106,9 +109,10 @@ pub use config::{ConfigError, K8sConfig, Mode};
 pub use deaths::{Death, DeathWatch, LossCounts};
 pub use error::{Call, ErrorClass, K8sError};
 pub use fleet_store::K8sStore;
+pub use fleet_verify::verify_fleet;
 pub use install::{Install, API_VERSION};
 pub use lease::{LeaseRenewal, SweepReport};
 pub use sandbox::SandboxHandle;
 pub use suspend::{Resumable, SuspendedClaim, SUSPENDED_REASON};
 pub use upload::{Captured, UploadFile, EXEC_GRACE};
-pub use workload::{run_workload, HarnessError};
+pub use workload::{run_fleet_workload, run_workload, HarnessError};

@@ -84,6 +84,33 @@ impl Cluster {
         Ok(name)
     }
 
+    /// The claim a snapshot of a fleet names: `sk-<owner>-<number>` of any valid owner, as
+    /// every process of a fleet hands out its own claims' names and the key's next owner
+    /// resumes (or discards) what the last one suspended. Anything else is
+    /// [`K8sError::BadSnapshot`].
+    pub fn claim_of_fleet_snapshot(&self, snapshot: &str) -> Result<String, K8sError> {
+        let bad = |why: &str| K8sError::BadSnapshot {
+            snapshot: snapshot.to_string(),
+            why: why.to_string(),
+        };
+        if !matches!(self.config.mode, Mode::AgentSandbox { .. }) {
+            return Err(bad("snapshots are claims, and this backend is in pod mode"));
+        }
+        let (owner, number) = snapshot
+            .strip_prefix("sk-")
+            .and_then(|rest| rest.rsplit_once('-'))
+            .ok_or_else(|| bad("expected sk-<owner>-<number>"))?;
+        names::check_owner(owner).map_err(|e| bad(&e.to_string()))?;
+        let n: u64 = number
+            .parse()
+            .map_err(|_| bad("expected a sandbox number after the owner"))?;
+        let name = names::object_name(owner, n);
+        if name != snapshot {
+            return Err(bad("not in canonical form"));
+        }
+        Ok(name)
+    }
+
     /// Suspends a started claim: patches its Sandbox to `Suspended`, then waits (under the
     /// ready timeout) until the Sandbox reports it is no longer ready and the pod is gone.
     /// Fails fast when the Sandbox reaches a terminal reason (`SandboxExpired`, ...).
@@ -142,6 +169,17 @@ impl Cluster {
     /// Looks up the claim a snapshot names for a resume: [`Resumable::Lost`] when it is gone,
     /// not ours, failed (it is deleted then), or never got a Sandbox.
     pub async fn find_suspended(&self, claim: &str) -> Result<Resumable, K8sError> {
+        self.find_suspended_of(claim, true).await
+    }
+
+    /// [`find_suspended`](Self::find_suspended) in a fleet: the claim may be any process's
+    /// (the key's last owner suspended it, and the key's record names it), so its owner label
+    /// is not checked; the resume relabels it with this owner.
+    pub async fn find_fleet_suspended(&self, claim: &str) -> Result<Resumable, K8sError> {
+        self.find_suspended_of(claim, false).await
+    }
+
+    async fn find_suspended_of(&self, claim: &str, owned: bool) -> Result<Resumable, K8sError> {
         let what = format!("claim {claim}");
         let found = self
             .retry
@@ -156,7 +194,7 @@ impl Cluster {
             return Ok(Resumable::Lost(format!("{what} is gone")));
         };
         let labels = c.metadata.labels.clone().unwrap_or_default();
-        if labels.get(OWNER).map(String::as_str) != Some(self.config.owner.as_str()) {
+        if owned && labels.get(OWNER).map(String::as_str) != Some(self.config.owner.as_str()) {
             return Ok(Resumable::Lost(format!("{what} belongs to another owner")));
         }
         let sandbox_name = c
@@ -253,12 +291,15 @@ impl Cluster {
         let sb = &found.sandbox_name;
         let number = sandbox.to_string();
         // The claim first: the claim controller keeps the Sandbox's pod template labels in
-        // line with `additionalPodMetadata`, so the Sandbox's label must not be reverted.
+        // line with `additionalPodMetadata`, so the Sandbox's label must not be reverted. The
+        // owner label too: in a fleet the claim may be another process's (the key's last
+        // owner suspended it), and this owner's death watch selects by it.
+        let labels = json!({SANDBOX: number, OWNER: self.config.owner});
         let patch = json!({
-            "metadata": {"labels": {SANDBOX: number}},
+            "metadata": {"labels": labels},
             "spec": {
                 "lifecycle": {"shutdownTime": self.claim_shutdown_time()},
-                "additionalPodMetadata": {"labels": {SANDBOX: number}},
+                "additionalPodMetadata": {"labels": labels},
             },
         });
         self.merge_patch_claim(claim, &patch).await?;
@@ -296,15 +337,26 @@ impl Cluster {
         })
     }
 
-    /// Sets the `sandkeeper.sandbox.users.io/sandbox` label of a Sandbox's pod template (its next pod's).
+    /// Sets the `sandkeeper.sandbox.users.io/sandbox` label of a Sandbox's pod template (its
+    /// next pod's), and its owner label to this owner (a fleet's process resumes what another
+    /// suspended).
     pub async fn label_pod_template(
         &self,
         sandbox_name: &str,
         sandbox: u64,
     ) -> Result<(), K8sError> {
-        let patch = json!({
-            "spec": {"podTemplate": {"metadata": {"labels": {SANDBOX: sandbox.to_string()}}}},
-        });
+        let labels = json!({SANDBOX: sandbox.to_string(), OWNER: self.config.owner});
+        self.label_pod_template_with(sandbox_name, labels).await
+    }
+
+    /// Merges `labels` into a Sandbox's pod template's labels: what the Sandbox keeps on its
+    /// pod (a pod label patched against the template is set back).
+    pub(crate) async fn label_pod_template_with(
+        &self,
+        sandbox_name: &str,
+        labels: serde_json::Value,
+    ) -> Result<(), K8sError> {
+        let patch = json!({"spec": {"podTemplate": {"metadata": {"labels": labels}}}});
         self.patch_sandbox(sandbox_name, patch).await
     }
 }
@@ -340,5 +392,38 @@ mod tests {
             assert!(matches!(e, K8sError::BadSnapshot { .. }), "{bad:?}: {e}");
             assert_eq!(e.class(), crate::error::ErrorClass::Fatal);
         }
+    }
+
+    #[tokio::test]
+    async fn a_fleet_takes_any_owners_claim_names_as_snapshots() {
+        let k = cluster(Mode::AgentSandbox {
+            warm_pool: "pool".into(),
+        });
+        for good in ["sk-me-12", "sk-other-1", "sk-a-b-4294967296"] {
+            assert_eq!(k.claim_of_fleet_snapshot(good).unwrap(), good);
+        }
+        for bad in [
+            "",
+            "sk-",
+            "sk-me-",
+            "sk--1",
+            "sk-Me-1",
+            "sk-me-x",
+            "sk-me-012",
+            "sk-me-99999999999999999999999",
+            "/etc/passwd",
+            "sk-../x-1",
+        ] {
+            let e = k.claim_of_fleet_snapshot(bad).unwrap_err();
+            assert!(matches!(e, K8sError::BadSnapshot { .. }), "{bad:?}: {e}");
+        }
+        let template = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+        }))
+        .unwrap();
+        let pods = cluster(Mode::Pod {
+            template: Box::new(template),
+        });
+        assert!(pods.claim_of_fleet_snapshot("sk-me-1").is_err());
     }
 }

@@ -6,13 +6,25 @@
 //! - after the keeper closed, no pod of this owner may run and every claim left must be a
 //!   suspended one; the final sweep must delete exactly those (every shutdown deleted its
 //!   object), and the owner's Lease is released.
+//!
+//! As one process of a fleet ([`run_fleet_workload`]: `harness-k8s --fleet`) none of that
+//! holds: other processes own the users' keys in turn, a sandbox handed over keeps running
+//! for its next owner, and the backend's close deletes nothing. After close the process checks
+//! what it alone decides ([`WorkloadTarget::after_fleet_close`]): it owns no key any more (its
+//! close released each) and its close deleted nothing. What only the whole fleet shows is
+//! checked once every process ended, by [`verify_fleet`](crate::verify_fleet).
+
+use std::time::Duration;
 
 use sandkeeper::SandboxId;
-use sandkeeper_tokio::workload::{self, Summary, WorkloadError, WorkloadOptions, WorkloadTarget};
+use sandkeeper_tokio::workload::{
+    self, FleetOptions, Summary, WorkloadError, WorkloadOptions, WorkloadTarget,
+};
 
 use crate::backend::K8sBackend;
 use crate::cluster::Cluster;
 use crate::error::K8sError;
+use crate::fleet_store::K8sStore;
 
 impl WorkloadTarget for K8sBackend {
     fn kind(&self) -> &'static str {
@@ -82,6 +94,31 @@ impl WorkloadTarget for K8sBackend {
         }
         checks
     }
+
+    async fn after_fleet_close(&self, incarnation: u32) -> Vec<(bool, String)> {
+        let mut checks = Vec::new();
+        match self.close().await {
+            Ok(n) => checks.push((
+                n == 0,
+                format!("the fleet backend's close deleted nothing ({n} deleted)"),
+            )),
+            Err(e) => checks.push((false, format!("the fleet backend's close failed: {e}"))),
+        }
+        // Reads only: the store's lease duration plays no part.
+        let store = K8sStore::new(self.cluster().clone(), Duration::ZERO);
+        match store.held_by(incarnation).await {
+            Ok(keys) => checks.push((
+                keys.is_empty(),
+                format!(
+                    "incarnation {incarnation} owns no key after close: its close released \
+                     every key it held ({} still owned: {keys:?})",
+                    keys.len()
+                ),
+            )),
+            Err(e) => checks.push((false, format!("reading the fleet's keys failed: {e}"))),
+        }
+        checks
+    }
 }
 
 /// Why the workload did not run on the cluster.
@@ -93,6 +130,9 @@ pub enum HarnessError {
     /// The workload could not run.
     #[error(transparent)]
     Workload(#[from] WorkloadError),
+    /// The fleet's verification could not read the cluster or sweep it.
+    #[error("verifying the fleet: {0}")]
+    Verify(K8sError),
 }
 
 /// Connects a [`K8sBackend`] on `cluster` (takes the owner's Lease, sweeps orphans of dead
@@ -106,4 +146,23 @@ pub async fn run_workload(
     options.check()?;
     let (backend, _sweep) = K8sBackend::connect(cluster).await?;
     Ok(workload::run(backend, options).await?)
+}
+
+/// Runs the harness workload as one process of a fleet on `cluster`'s namespace
+/// (`sandkeeper_tokio::workload::run_fleet`): the backend is
+/// [`K8sBackend::connect_fleet`], the store [`K8sStore`] with the process lease
+/// `fleet.lease_ms`. Its sessions are named after `fleet.replica`; its users are every
+/// process's, so several processes running it on one namespace contend for the same keys.
+/// The checks are this process's (see the module docs); with `fleet.ledger` it appends every
+/// acknowledged session-log version there, for [`verify_fleet`](crate::verify_fleet).
+pub async fn run_fleet_workload(
+    cluster: Cluster,
+    options: &WorkloadOptions,
+    fleet: &FleetOptions,
+) -> Result<Summary, HarnessError> {
+    options.check()?;
+    fleet.check()?;
+    let backend = K8sBackend::connect_fleet(cluster.clone()).await?;
+    let store = K8sStore::new(cluster, fleet.lease());
+    Ok(workload::run_fleet(backend, store, options, fleet).await?)
 }

@@ -21,7 +21,11 @@
 //!   local process in the pod's directory (see [`exec`]);
 //! - scripted controllers: a kubelet and agent-sandbox (see [`controller`]);
 //! - fault switches ([`faults`]) and optional RBAC enforcement ([`PolicyRule`]); every request's
-//!   (verb, group, resource, subresource) is logged for RBAC coverage checks.
+//!   (verb, group, resource, subresource) is logged for RBAC coverage checks;
+//! - an audit log of chosen annotations (the analog of the real API server's audit log, read in
+//!   process): [`Store::audit_annotation`] names one, [`Store::annotation_audit`] lists every
+//!   accepted write that changed it, in resourceVersion order (the fleet tests audit the
+//!   fencing-token annotation this way).
 //!
 //! Simplifications (documented, not hidden): one process, no authentication, no admission; the
 //! garbage collector and the kubelet act at once (the collector also deletes Sandboxes and Pods
@@ -61,7 +65,7 @@ use tokio::task::JoinHandle;
 
 pub use faults::{Fault, Faults, Matcher, RequestInfo, Verb};
 pub use server::PolicyRule;
-pub use store::Store;
+pub use store::{AnnotationWrite, Store};
 
 use controller::{Controller, ControllerSwitches};
 use server::Shared;

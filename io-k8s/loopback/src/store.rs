@@ -69,6 +69,29 @@ pub enum Propagation {
 
 type Key = (String, String, String);
 
+/// One accepted write that set an audited annotation ([`Store::audit_annotation`]) to a new
+/// value: the loopback's analog of an entry of the real API server's audit log, read in
+/// process by the tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnotationWrite {
+    /// The resourceVersion the write produced (the log is in this order).
+    pub rv: u64,
+    /// The object's resource (plural, e.g. `sandboxclaims`).
+    pub resource: &'static str,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The object's UID (a name used again by a new object has another).
+    pub uid: String,
+    /// The annotation.
+    pub annotation: String,
+    /// Its value before the write (`None`: the object is new, or did not carry it).
+    pub previous: Option<String>,
+    /// Its value after the write.
+    pub value: String,
+}
+
 struct Inner {
     objects: BTreeMap<Key, Value>,
     rv: u64,
@@ -78,6 +101,9 @@ struct Inner {
     /// Watches from a resourceVersion below this answer 410 Gone.
     compacted_through: u64,
     clock_offset: Duration,
+    /// Annotations whose changes are logged in `audit`.
+    audited: Vec<String>,
+    audit: Vec<AnnotationWrite>,
 }
 
 /// The shared object store.
@@ -239,6 +265,8 @@ impl Store {
                 history_limit: 4096,
                 compacted_through: 0,
                 clock_offset: Duration::ZERO,
+                audited: Vec::new(),
+                audit: Vec::new(),
             }),
             events: broadcast::channel(4096).0,
             base,
@@ -297,6 +325,7 @@ impl Store {
         g.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(g.rv.to_string());
         g.objects.insert(k, obj.clone());
+        self.audit(g, rt, ns, &obj, previous.as_ref());
         let ev = Event {
             rv: g.rv,
             kind: if previous.is_some() {
@@ -311,6 +340,61 @@ impl Store {
         };
         self.record(g, ev);
         obj
+    }
+
+    /// Logs the audited annotations this version of `obj` changed (under the store's lock,
+    /// so the log is in resourceVersion order).
+    fn audit(
+        &self,
+        g: &mut Inner,
+        rt: &ResourceType,
+        ns: &str,
+        obj: &Value,
+        previous: Option<&Value>,
+    ) {
+        if g.audited.is_empty() {
+            return;
+        }
+        let annotation = |o: &Value, name: &str| {
+            o.pointer("/metadata/annotations")
+                .and_then(|a| a.get(name))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let mut writes = Vec::new();
+        for name in &g.audited {
+            let before = previous.and_then(|p| annotation(p, name));
+            match annotation(obj, name) {
+                Some(value) if before.as_ref() != Some(&value) => writes.push(AnnotationWrite {
+                    rv: g.rv,
+                    resource: rt.plural,
+                    namespace: ns.to_string(),
+                    name: name_of(obj).to_string(),
+                    uid: uid_of(obj).to_string(),
+                    annotation: name.clone(),
+                    previous: before,
+                    value,
+                }),
+                _ => {}
+            }
+        }
+        g.audit.extend(writes);
+    }
+
+    /// From now on, logs every accepted write (create, replace, patch; by clients or the
+    /// controllers) that sets the annotation `name` of any object to a new value
+    /// ([`Store::annotation_audit`]).
+    pub fn audit_annotation(&self, name: &str) {
+        let mut g = self.lock();
+        if !g.audited.iter().any(|a| a == name) {
+            g.audited.push(name.to_string());
+        }
+    }
+
+    /// The audit log of the annotations [`Store::audit_annotation`] named, in resourceVersion
+    /// order. It is never trimmed: meant for tests.
+    pub fn annotation_audit(&self) -> Vec<AnnotationWrite> {
+        self.lock().audit.clone()
     }
 
     fn record(&self, g: &mut Inner, ev: Event) {
@@ -737,6 +821,39 @@ mod tests {
 
     fn pod(name: &str) -> Value {
         json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    }
+
+    #[test]
+    fn the_audit_logs_each_change_of_an_audited_annotation_in_order() {
+        let s = Store::new();
+        let annotated = |name: &str, v: &str| {
+            let mut p = pod(name);
+            p["metadata"]["annotations"] = json!({"t": v, "other": v});
+            p
+        };
+        s.create(&PODS, "ns", annotated("before", "1")).unwrap();
+        s.audit_annotation("t");
+        s.audit_annotation("t");
+        s.create(&PODS, "ns", annotated("p", "5")).unwrap();
+        let merge = |v: &str| json!({"metadata": {"annotations": {"t": v}}});
+        s.patch(&PODS, "ns", "p", PatchKind::Merge, &merge("5"), None)
+            .unwrap();
+        s.patch(&PODS, "ns", "p", PatchKind::Merge, &merge("4"), None)
+            .unwrap();
+        s.modify(&PODS, "ns", "p", |p| {
+            p["metadata"]["labels"] = json!({"l": "x"})
+        })
+        .unwrap();
+        let log = s.annotation_audit();
+        let seen: Vec<(&str, Option<&str>, &str)> = log
+            .iter()
+            .map(|w| (w.name.as_str(), w.previous.as_deref(), w.value.as_str()))
+            .collect();
+        // Not the write before the audit began, not the unchanged value, not other annotations.
+        assert_eq!(seen, vec![("p", None, "5"), ("p", Some("5"), "4")]);
+        assert!(log[0].rv < log[1].rv);
+        assert_eq!(log[0].resource, "pods");
+        assert_eq!(log[0].uid, log[1].uid);
     }
 
     #[test]

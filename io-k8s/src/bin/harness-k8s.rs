@@ -10,15 +10,23 @@
 //! (`KUBECONFIG`, `~/.kube/config`, in-cluster service account); `--server URL` talks plain
 //! HTTP without credentials (the loopback API of the tests, or `kubectl proxy`). Exits
 //! non-zero when a check fails; the last check is that no claim or pod of this owner is left.
+//!
+//! With `--fleet` the process is one replica of a fleet on the namespace
+//! (`sandkeeper_k8s::run_fleet_workload`: `K8sBackend::connect_fleet`, the store `K8sStore` on
+//! Leases): run several at once, each with its own `--replica` (and `--owner`), and they
+//! contend for the same users' keys; `--ledger FILE` keeps what each was told. There is no
+//! `--verify`: the fleet's check of the whole namespace needs the workspaces' files, which the
+//! API does not give for a suspended claim (see `sandkeeper_k8s::verify_fleet`, which the
+//! tests call against the loopback API). The README's "Fleet" section shows two terminals.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
-use sandkeeper_k8s::run_workload;
+use sandkeeper_k8s::{run_fleet_workload, run_workload};
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode};
-use sandkeeper_tokio::workload::WorkloadOptions;
+use sandkeeper_tokio::workload::{FleetOptions, WorkloadOptions};
 
 /// The sandkeeper harness workload on a Kubernetes cluster.
 #[derive(Parser, Debug)]
@@ -48,6 +56,12 @@ struct Args {
     owner: Option<String>,
     #[command(flatten)]
     workload: WorkloadOptions,
+    /// Fleet mode: run as one process of a fleet sharing the namespace (its store on Leases,
+    /// tokens on claims or pods); `--replica`, `--lease-ms` and `--ledger` apply.
+    #[arg(long)]
+    fleet: bool,
+    #[command(flatten)]
+    fleet_options: FleetOptions,
     /// Log level for tracing output on stderr (off, error, warn, info, debug, trace).
     #[arg(long, default_value = "off")]
     log: String,
@@ -115,9 +129,12 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or_else(|| format!("harness-{}", std::process::id()));
     let config = K8sConfig::new(args.namespace.clone(), owner, mode);
     let cluster = Cluster::new(client(&args).await?, config).map_err(|e| e.to_string())?;
-    let summary = run_workload(cluster, &args.workload)
-        .await
-        .map_err(|e| e.to_string())?;
+    let summary = if args.fleet {
+        run_fleet_workload(cluster, &args.workload, &args.fleet_options).await
+    } else {
+        run_workload(cluster, &args.workload).await
+    }
+    .map_err(|e| e.to_string())?;
     summary.print();
     if summary.ok() {
         Ok(())

@@ -57,6 +57,42 @@ impl FleetVerdict {
     }
 }
 
+/// What the fleet's ledgers say: each session's last acknowledged session-log version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LastAcknowledged {
+    /// Each session's acknowledged version with the highest number, over every ledger.
+    pub last: BTreeMap<SessionId, Acknowledged>,
+    /// The lines read, over every ledger.
+    pub lines: u64,
+}
+
+/// Reads the ledgers of a fleet's processes ([`FleetOptions::ledger`](super::FleetOptions::ledger))
+/// and keeps each session's last acknowledged version.
+///
+/// Errors: a ledger could not be read, or a line is not an [`Acknowledged`] (the error names
+/// the file and the line).
+pub fn last_acknowledged(ledgers: &[PathBuf]) -> Result<LastAcknowledged, WorkloadError> {
+    let mut out = LastAcknowledged::default();
+    for path in ledgers {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| WorkloadError::Fleet(format!("ledger {}: {e}", path.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let ack: Acknowledged = serde_json::from_str(line).map_err(|e| {
+                WorkloadError::Fleet(format!("ledger {} line {}: {e}", path.display(), n + 1))
+            })?;
+            out.lines += 1;
+            let newer = out
+                .last
+                .get(&ack.session)
+                .is_none_or(|seen| seen.version < ack.version);
+            if newer {
+                out.last.insert(ack.session.clone(), ack);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The fleet's checks of the local root `root` whose processes ran with the process lease
 /// `lease` and wrote the ledgers `ledgers`. Run it once every process ended; it sweeps the root first (judged as of `now -
 /// lease`, as every sweep), which is what any process of the fleet would do next.
@@ -155,23 +191,7 @@ pub fn verify_local_fleet(
     );
 
     // Every session's last acknowledged version is where its user's key continues from.
-    let mut last: BTreeMap<SessionId, Acknowledged> = BTreeMap::new();
-    let mut lines = 0u64;
-    for path in ledgers {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| fail(format!("ledger {}: {e}", path.display())))?;
-        for (n, line) in text.lines().enumerate() {
-            let ack: Acknowledged = serde_json::from_str(line)
-                .map_err(|e| fail(format!("ledger {} line {}: {e}", path.display(), n + 1)))?;
-            lines += 1;
-            let newer = last
-                .get(&ack.session)
-                .is_none_or(|seen| seen.version < ack.version);
-            if newer {
-                last.insert(ack.session.clone(), ack);
-            }
-        }
-    }
+    let LastAcknowledged { last, lines } = last_acknowledged(ledgers)?;
     let mut users = BTreeSet::new();
     for (session, ack) in &last {
         let key = Key::User(ack.user.clone()).to_string();
@@ -217,4 +237,42 @@ pub fn verify_local_fleet(
         swept.snapshots
     );
     Ok(FleetVerdict { checks, figures })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(session: &str, version: u64, log: &str) -> String {
+        let ack = Acknowledged {
+            session: SessionId::new(session).unwrap(),
+            user: UserId::new("user-00").unwrap(),
+            version: Version(version),
+            sandbox: SandboxId(1),
+            log: log.to_string(),
+        };
+        serde_json::to_string(&ack).unwrap() + "\n"
+    }
+
+    #[test]
+    fn the_ledgers_give_each_sessions_highest_version_and_name_a_bad_line() {
+        let dir = std::env::temp_dir().join(format!("sk-ledgers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+        let text = line("s1", 2, "two") + &line("s1", 1, "one") + &line("s2", 1, "x");
+        std::fs::write(&a, text).unwrap();
+        std::fs::write(&b, line("s1", 3, "three")).unwrap();
+        let read = last_acknowledged(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(read.lines, 4);
+        let s1 = &read.last[&SessionId::new("s1").unwrap()];
+        assert_eq!((s1.version, s1.log.as_str()), (Version(3), "three"));
+        assert_eq!(read.last.len(), 2);
+
+        std::fs::write(&b, line("s1", 3, "three") + "{not json\n").unwrap();
+        let e = last_acknowledged(&[a, b.clone()]).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} line 2", b.display())), "{e}");
+        let missing = last_acknowledged(&[dir.join("none")]).unwrap_err();
+        assert!(missing.to_string().contains("none"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

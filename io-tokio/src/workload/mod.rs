@@ -8,7 +8,8 @@
 //! keeper closes and [`run`] checks what it can see: every call ended once, every flushed
 //! version settled once, every shutdown confirmed, bus writes in the right sandbox; on
 //! [`LocalBackend`](crate::LocalBackend) also the snapshot files and that no sandbox
-//! directory remains; and whatever the backend adds ([`WorkloadTarget::after_close`]).
+//! directory remains; and whatever the backend adds ([`WorkloadTarget::after_close`], or in
+//! fleet mode [`WorkloadTarget::after_fleet_close`]).
 //!
 //! Binaries: `harness` in this crate (local), `harness-k8s` in `sandkeeper-k8s`.
 //!
@@ -47,7 +48,9 @@ use crate::rng::SplitMix64;
 use crate::store::FleetStore;
 use crate::{ExecOptions, Keeper, KeeperConfig, KeeperError, Notice, Released};
 
-pub use fleet::{verify_local_fleet, Acknowledged, FleetVerdict};
+pub use fleet::{
+    last_acknowledged, verify_local_fleet, Acknowledged, FleetVerdict, LastAcknowledged,
+};
 pub use options::{FleetOptions, WorkloadOptions};
 pub use summary::Summary;
 pub use target::WorkloadTarget;
@@ -362,7 +365,13 @@ async fn drive<B: WorkloadTarget>(
     );
     let checkpoints = checkpoints.load(Ordering::Relaxed);
 
-    for (ok, what) in keeper.backend().after_close().await {
+    // A fleet's process owns its keys only for a while, and its backend's close deletes
+    // nothing: the single-owner checks do not hold there, the fleet's own do.
+    let backend_checks = match (fleet, keeper.incarnation()) {
+        (Some(_), Some(incarnation)) => keeper.backend().after_fleet_close(incarnation).await,
+        _ => keeper.backend().after_close().await,
+    };
+    for (ok, what) in backend_checks {
         check(ok, what);
     }
 

@@ -27,8 +27,23 @@ pub trait WorkloadTarget: SandboxOps {
     }
 
     /// Checks of the backend's own after the keeper closed, as `(passed, what)`; for example
-    /// "no object of this owner remains". The default has none.
+    /// "no object of this owner remains". The default has none. Not run in fleet mode, where
+    /// such checks of single ownership do not hold (see [`after_fleet_close`](Self::after_fleet_close)).
     fn after_close(&self) -> impl Future<Output = Vec<(bool, String)>> + Send {
+        async { Vec::new() }
+    }
+
+    /// In fleet mode, instead of [`after_close`](Self::after_close): checks of the backend's
+    /// own after the keeper of the fleet's process `incarnation` closed, as `(passed, what)`.
+    /// Only what this process alone decides may be checked here (for example "this process
+    /// owns no key any more": its close released every key it held); what is left in the
+    /// shared backend is the fleet's, and other processes may still be changing it. The
+    /// default has none.
+    fn after_fleet_close(
+        &self,
+        incarnation: u32,
+    ) -> impl Future<Output = Vec<(bool, String)>> + Send {
+        let _ = incarnation;
         async { Vec::new() }
     }
 }
