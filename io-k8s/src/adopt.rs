@@ -24,6 +24,7 @@ use serde_json::json;
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;
+use crate::crd::POD_NAME_ANNOTATION;
 use crate::error::K8sError;
 use crate::names::{OWNER, SANDBOX};
 use crate::sandbox::SandboxHandle;
@@ -48,13 +49,21 @@ impl Cluster {
                     return Err(gone(&format!("{} claims carry its label", claims.len())));
                 };
                 let suspended = match claim.status.as_ref().and_then(|s| s.sandbox.as_ref()) {
-                    Some(sb) if !sb.name.is_empty() => {
-                        self.is_suspended(&sb.name).await?.then(|| sb.name.clone())
-                    }
+                    Some(sb) if !sb.name.is_empty() => self
+                        .suspended_pod(&sb.name)
+                        .await?
+                        .map(|pod| (sb.name.clone(), pod)),
                     _ => None,
                 };
                 let claim = claim.name_any();
                 self.admit(&claim, Some(token)).await?;
+                if let Some((_, pod)) = &suspended {
+                    // Its suspension's pod goes first, still labelled with the last owner:
+                    // were it relabelled while it terminates (the controllers carry the new
+                    // owner from the claim to the pod), this owner's death watch would see
+                    // it go and report the sandbox just adopted as dead.
+                    self.wait_pod_gone(pod, self.config.ready_timeout()).await?;
+                }
                 let mut patch = json!({
                     "metadata": {"labels": owner},
                     "spec": {"additionalPodMetadata": {"labels": owner}},
@@ -67,7 +76,7 @@ impl Cluster {
                         json!({"shutdownTime": self.claim_shutdown_time()});
                 }
                 self.merge_patch_claim(&claim, &patch).await?;
-                if let Some(sb) = &suspended {
+                if let Some((sb, _)) = &suspended {
                     tracing::warn!(sandbox, %claim,
                         "adopting a sandbox its crashed owner had suspended: it runs again");
                     self.set_operating_mode(sb, false).await?;
@@ -111,7 +120,9 @@ impl Cluster {
     }
 
     /// Whether a Sandbox is suspended (`spec.operatingMode: Suspended`).
-    async fn is_suspended(&self, sandbox_name: &str) -> Result<bool, K8sError> {
+    /// When a Sandbox is suspended (`spec.operatingMode: Suspended`), the name of its pod
+    /// (which may still be terminating, or gone).
+    async fn suspended_pod(&self, sandbox_name: &str) -> Result<Option<String>, K8sError> {
         let what = format!("sandbox {sandbox_name}");
         let sb = self
             .retry
@@ -122,7 +133,16 @@ impl Cluster {
                     .map_err(|e| err(e, calls::GET_SANDBOX, &what))
             })
             .await?;
-        Ok(sb.is_some_and(|sb| sb.spec.operating_mode.as_deref() == Some("Suspended")))
+        Ok(sb
+            .filter(|sb| sb.spec.operating_mode.as_deref() == Some("Suspended"))
+            .map(|sb| {
+                sb.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(POD_NAME_ANNOTATION))
+                    .cloned()
+                    .unwrap_or_else(|| sandbox_name.to_string())
+            }))
     }
 
     async fn patch_pod_labels(

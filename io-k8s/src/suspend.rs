@@ -149,11 +149,20 @@ impl Cluster {
         )
         .await?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.wait_pod_gone(&handle.pod, left).await
+    }
+
+    /// Waits (at most `within`) until the pod `pod` is gone; at once when it is already.
+    pub(crate) async fn wait_pod_gone(
+        &self,
+        pod: &str,
+        within: std::time::Duration,
+    ) -> Result<(), K8sError> {
         let gone = wait_for(
             self.pods(),
-            &handle.pod,
-            &format!("pod {} to go", handle.pod),
-            left,
+            pod,
+            &format!("pod {pod} to go"),
+            within,
             calls::WATCH_PODS,
             self.retry,
             |_: &k8s_openapi::api::core::v1::Pod| Step::<()>::Wait,
