@@ -32,15 +32,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandkeeper::{Key, PathName};
 use sandkeeper_tokio::local::store::unix_ms;
-use sandkeeper_tokio::workload::{last_acknowledged, LastAcknowledged};
+use sandkeeper_tokio::workload::{last_acknowledged, FleetVerdict, LastAcknowledged};
 
 use crate::fleet_store::K8sStore;
 use crate::fleet_sweep::FleetObject;
 use crate::workload::HarnessError;
 
 /// The fleet's checks of the namespace of `store`, whose processes ran with `store`'s process
-/// lease and wrote the ledgers `ledgers`, as `(passed, what)`, with a last line of figures
-/// (passed). `read_file(pod, path)` reads a file of a pod's container by its absolute path (see
+/// lease and wrote the ledgers `ledgers`: the checks, and the figures apart.
+/// `read_file(pod, path)` reads a file of a pod's container by its absolute path (see
 /// the module docs for why the caller reads it); `None`: not there. Run it once every process
 /// ended: it sweeps the namespace first (judged as of now minus the lease, as every sweep),
 /// which is what any process of the fleet would do next.
@@ -51,7 +51,7 @@ pub async fn verify_fleet(
     store: &K8sStore,
     ledgers: &[PathBuf],
     read_file: impl Fn(&str, &str) -> Option<String>,
-) -> Result<Vec<(bool, String)>, HarnessError> {
+) -> Result<FleetVerdict, HarnessError> {
     let LastAcknowledged { last, lines } = last_acknowledged(ledgers)?;
     // The one clock the processes share, as every store operation reads it.
     #[allow(clippy::disallowed_methods)]
@@ -173,20 +173,17 @@ pub async fn verify_fleet(
             ),
         );
     }
-    check(
-        true,
-        format!(
-            "figures: {} keys in the store, {} claims or pods left ({} suspended), {} sessions' \
-             last acknowledged versions ({lines} ledger lines) over {} users; this sweep \
-             removed {} sandboxes and {} snapshots",
-            entries.len(),
-            objects.len(),
-            objects.iter().filter(|o| o.suspended).count(),
-            last.len(),
-            users.len(),
-            swept.sandboxes,
-            swept.snapshots
-        ),
+    let figures = format!(
+        "{} keys in the store, {} claims or pods left ({} suspended), {} sessions' last \
+         acknowledged versions ({lines} ledger lines) over {} users; this sweep removed {} \
+         sandboxes and {} snapshots",
+        entries.len(),
+        objects.len(),
+        objects.iter().filter(|o| o.suspended).count(),
+        last.len(),
+        users.len(),
+        swept.sandboxes,
+        swept.snapshots
     );
-    Ok(checks)
+    Ok(FleetVerdict { checks, figures })
 }

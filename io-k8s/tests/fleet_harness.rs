@@ -276,17 +276,14 @@ async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restar
     assert!(row["resumed"] + row["adopted"] > 0, "{row:?}");
 
     // The whole namespace, once every process ended.
-    let checks = verify_fleet(&store, &[la, lb, la2], |pod, path| {
+    let verdict = verify_fleet(&store, &[la, lb, la2], |pod, path| {
         std::fs::read_to_string(server.pod_path(NS, pod, path)).ok()
     })
     .await
     .expect("the fleet's namespace can be verified");
-    let report: String = checks
-        .iter()
-        .map(|(ok, what)| format!("{} {what}\n", if *ok { "ok    " } else { "FAILED" }))
-        .collect();
+    let report = verdict.report();
     println!("{report}");
-    assert!(checks.iter().all(|(ok, _)| *ok), "{report}");
+    assert!(verdict.ok(), "{report}");
     // The killed process's sessions were checked from its ledger.
     assert!(
         report.contains("a-session-000's last acknowledged"),

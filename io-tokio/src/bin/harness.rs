@@ -88,10 +88,7 @@ async fn fleet(args: &Args, root: &std::path::Path) -> Result<(), String> {
         let verdict = workload::verify_local_fleet(root, args.fleet.lease(), ledgers)
             .map_err(|e| e.to_string())?;
         let failed = verdict.checks.iter().filter(|(ok, _)| !ok).count();
-        for (ok, what) in &verdict.checks {
-            println!("{} {what}", if *ok { "ok    " } else { "FAILED" });
-        }
-        println!("figures: {}", verdict.figures);
+        print!("{}", verdict.report());
         return match failed {
             0 => Ok(()),
             n => Err(format!("{n} fleet checks failed")),

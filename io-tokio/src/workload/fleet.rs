@@ -55,6 +55,17 @@ impl FleetVerdict {
     pub fn ok(&self) -> bool {
         self.checks.iter().all(|(ok, _)| *ok)
     }
+
+    /// One line per check (`ok` or `FAILED`, then what it checked), and the figures last.
+    pub fn report(&self) -> String {
+        let mut out: String = self
+            .checks
+            .iter()
+            .map(|(ok, what)| format!("{} {what}\n", if *ok { "ok    " } else { "FAILED" }))
+            .collect();
+        out.push_str(&format!("figures: {}\n", self.figures));
+        out
+    }
 }
 
 /// What the fleet's ledgers say: each session's last acknowledged session-log version.
