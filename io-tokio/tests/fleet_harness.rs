@@ -78,6 +78,38 @@ fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
+/// Polls `done` every 5 ms, at most 24,000 times (two minutes), failing with `what`. The
+/// processes run on the wall clock, so waiting for what they write takes wall time; the poll
+/// is bounded and never a fixed sleep standing in for an event.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..24_000 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("{what}");
+}
+
+/// `harness --verify` over the root and the ledgers, once every process ended: its report,
+/// after it succeeded.
+fn verified(root: &Path, ledgers: &[&Path]) -> String {
+    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("--fleet-root")
+        .arg(root)
+        .args(["--lease-ms", LEASE_MS, "--verify"])
+        .args(ledgers)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&verify.stdout).into_owned();
+    assert!(
+        verify.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    report
+}
+
 /// The numbers of the summary's "fleet" row, by the word after each.
 fn fleet_row(summary: &str) -> BTreeMap<String, u64> {
     let row = summary
@@ -114,18 +146,13 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     // no last renewal): `b` gets the keys `a` held only when `a`'s lease expires.
     let mut a = spawn(harness(&root, "a", 60, &la));
     let ia = a.incarnation();
-    // Bounded: at most 24,000 polls 5 ms apart (two minutes).
-    for polls in 0.. {
-        if lines(&la) >= 24 {
-            break;
-        }
-        assert!(polls < 24_000, "a made no progress");
+    until("a made no progress", || {
         assert!(
             a.child.try_wait().unwrap().is_none(),
             "a ended before the kill"
         );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        lines(&la) >= 24
+    });
     let mut b = spawn(harness(&root, "b", 20, &lb));
     let ib = b.incarnation();
     assert_ne!(ia, ib);
@@ -179,19 +206,7 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     assert!(row["resumed"] + row["adopted"] > 0, "{row:?}");
 
     // The whole root, once every process ended.
-    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
-        .arg("--fleet-root")
-        .arg(&root)
-        .args(["--lease-ms", LEASE_MS, "--verify"])
-        .args([&la, &lb, &la2])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&verify.stdout);
-    assert!(
-        verify.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    let report = verified(&root, &[&la, &lb, &la2]);
     // The killed process's sessions were checked from its ledger, and some sandbox was changed
     // under more than one token (the takeover).
     assert!(
@@ -236,27 +251,17 @@ fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
     // longer than its lease, with its work in flight.
     let mut a = spawn(harness(&root, "a", 40, &la));
     let ia = a.incarnation();
-    for polls in 0.. {
-        if lines(&la) >= 24 {
-            break;
-        }
-        assert!(polls < 24_000, "a made no progress");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until("a made no progress", || lines(&la) >= 24);
     signal(&a.child, "STOP");
     let held = owned_by(&store, ia);
     assert!(!held.is_empty(), "the paused process holds keys");
     // `b` joins and, once the paused lease expired, takes every key `a` held.
     let mut b = spawn(harness(&root, "b", 20, &lb));
     let ib = b.incarnation();
-    for polls in 0.. {
+    until("b never took the paused process's keys", || {
         let taken = owned_by(&store, ib);
-        if held.iter().all(|k| taken.contains(k)) {
-            break;
-        }
-        assert!(polls < 24_000, "b never took the paused process's keys");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        held.iter().all(|k| taken.contains(k))
+    });
     // `a` wakes up after its keys went to `b`: its lease lapsed by its own clock, so it
     // fences itself (fail closed) and any change it still had in flight under its old tokens
     // is refused by the backend; then it claims again and finishes.
@@ -271,18 +276,6 @@ fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
     let survivor = b.succeeded();
     assert!(survivor.contains("all checks passed"), "{survivor}");
 
-    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
-        .arg("--fleet-root")
-        .arg(&root)
-        .args(["--lease-ms", LEASE_MS, "--verify"])
-        .args([&la, &lb])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&verify.stdout);
-    assert!(
-        verify.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    verified(&root, &[&la, &lb]);
     std::fs::remove_dir_all(&root).unwrap();
 }
