@@ -24,6 +24,7 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::{AnnotationWrite, Loopback};
 use sandkeeper_k8s::{verify_fleet, K8sStore};
+use sandkeeper_tokio::workload::Summary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -106,27 +107,13 @@ fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
-/// The numbers of the summary's "fleet" row, by the word after each.
+/// The numbers of the printed summary's "fleet" row.
 fn fleet_row(summary: &str) -> BTreeMap<String, u64> {
-    let row = summary
-        .lines()
-        .find(|l| l.starts_with("fleet "))
-        .unwrap_or_else(|| panic!("no fleet row: {summary}"));
-    let words: Vec<&str> = row.split_whitespace().collect();
-    let mut out = BTreeMap::new();
-    for pair in words.windows(2) {
-        if let Ok(n) = pair[0].trim_start_matches('(').parse::<u64>() {
-            out.insert(pair[1].trim_end_matches(',').to_string(), n);
-        }
-    }
-    out
+    Summary::figures_of(summary, "fleet").unwrap_or_else(|| panic!("no fleet row: {summary}"))
 }
 
 fn calls_failed(summary: &str) -> u64 {
-    let row = summary.lines().find(|l| l.starts_with("calls ")).unwrap();
-    let words: Vec<&str> = row.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "failed,").unwrap();
-    words[at - 1].parse().unwrap()
+    Summary::figures_of(summary, "calls").expect("a calls row")["failed"]
 }
 
 /// What the audit log of the token annotation says of the sandboxes' objects (claims and

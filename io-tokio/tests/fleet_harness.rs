@@ -18,6 +18,7 @@ use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::Duration;
 
 use sandkeeper_tokio::local::store::LocalStore;
+use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";
 
@@ -110,27 +111,13 @@ fn verified(root: &Path, ledgers: &[&Path]) -> String {
     report
 }
 
-/// The numbers of the summary's "fleet" row, by the word after each.
+/// The numbers of the printed summary's "fleet" row.
 fn fleet_row(summary: &str) -> BTreeMap<String, u64> {
-    let row = summary
-        .lines()
-        .find(|l| l.starts_with("fleet "))
-        .unwrap_or_else(|| panic!("no fleet row: {summary}"));
-    let words: Vec<&str> = row.split_whitespace().collect();
-    let mut out = BTreeMap::new();
-    for pair in words.windows(2) {
-        if let Ok(n) = pair[0].trim_start_matches('(').parse::<u64>() {
-            out.insert(pair[1].trim_end_matches(',').to_string(), n);
-        }
-    }
-    out
+    Summary::figures_of(summary, "fleet").unwrap_or_else(|| panic!("no fleet row: {summary}"))
 }
 
 fn calls_failed(summary: &str) -> u64 {
-    let row = summary.lines().find(|l| l.starts_with("calls ")).unwrap();
-    let words: Vec<&str> = row.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "failed,").unwrap();
-    words[at - 1].parse().unwrap()
+    Summary::figures_of(summary, "calls").expect("a calls row")["failed"]
 }
 
 #[test]

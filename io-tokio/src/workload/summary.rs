@@ -1,5 +1,7 @@
 //! [`Summary`]: what a workload run measured and checked, and how it is printed.
 
+use std::collections::BTreeMap;
+
 use sandkeeper::{CloseReport, Stats};
 
 use crate::Tally;
@@ -40,6 +42,23 @@ impl Summary {
         self.tally.settled_total() == self.stats.versions_flushed
     }
 
+    /// The numbers of row `row` of a printed summary ([`print`](Self::print)), each by the word
+    /// after it: `0 failed,` is `("failed", 0)`, `(12 waits` is `("waits", 12)`. For what runs
+    /// a harness binary and reads its output (the fleet tests). `None`: no such row.
+    pub fn figures_of(printed: &str, row: &str) -> Option<BTreeMap<String, u64>> {
+        let line = printed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(row))?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut out = BTreeMap::new();
+        for pair in words.windows(2) {
+            if let Ok(n) = pair[0].trim_start_matches('(').parse::<u64>() {
+                out.insert(pair[1].trim_end_matches(',').to_string(), n);
+            }
+        }
+        Some(out)
+    }
+
     /// Prints the summary table and the verdict on standard output.
     pub fn print(&self) {
         println!();
@@ -56,5 +75,24 @@ impl Summary {
                 println!("FAILED: {f}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_printed_row_gives_its_numbers_by_the_word_after_each() {
+        let printed = "calls                    48 acquired, 48 ready, 0 failed, 48 released\n\
+                       fleet                    4 keys claimed (20 waits for another owner), 2 adopted\n";
+        let calls = Summary::figures_of(printed, "calls").unwrap();
+        assert_eq!((calls["acquired"], calls["failed"]), (48, 0));
+        let fleet = Summary::figures_of(printed, "fleet").unwrap();
+        assert_eq!(
+            (fleet["keys"], fleet["waits"], fleet["adopted"]),
+            (4, 20, 2)
+        );
+        assert!(Summary::figures_of(printed, "mirror").is_none());
     }
 }
