@@ -59,6 +59,30 @@ pub(crate) fn snapshot_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
+/// What a workspace's `.sandkeeper/sandbox.json` says, as the start that made it wrote it.
+#[derive(Debug, Default)]
+pub(crate) struct SandboxInfo {
+    /// The sandbox whose start wrote it.
+    pub(crate) sandbox: Option<u64>,
+    /// Its key, as it displays.
+    pub(crate) key: Option<String>,
+    /// The snapshot that start took as the workspace.
+    pub(crate) resumed_from: Option<String>,
+}
+
+/// Reads the `sandbox.json` of the workspace (sandbox or snapshot directory) `dir`; `None`
+/// when it is missing or not JSON.
+pub(crate) fn read_sandbox_info(dir: &Path) -> Option<SandboxInfo> {
+    let text = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json")).ok()?;
+    let info: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let text_of = |field: &str| info.get(field).and_then(|v| v.as_str()).map(str::to_string);
+    Some(SandboxInfo {
+        sandbox: info.get("sandbox").and_then(|v| v.as_u64()),
+        key: text_of("key"),
+        resumed_from: text_of("resumed_from"),
+    })
+}
+
 /// A session's mirrored file in a sandbox.
 pub(crate) fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
     dir.join(META_DIR)

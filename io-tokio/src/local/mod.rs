@@ -339,10 +339,7 @@ fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>,
         let named = dir
             .file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
-        let info = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-        let by = info.as_ref().and_then(|i| i["sandbox"].as_u64());
+        let by = layout::read_sandbox_info(&dir).and_then(|i| i.sandbox);
         if named && by == Some(sandbox.0) {
             return Ok(Some(dir));
         }
@@ -361,10 +358,7 @@ fn took_snapshot(
         if running.contains(&dir) {
             continue;
         }
-        let from = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|i| i["resumed_from"].as_str().map(str::to_string));
+        let from = layout::read_sandbox_info(&dir).and_then(|i| i.resumed_from);
         if from.as_deref() == Some(snapshot.as_str()) {
             return Ok(Some(dir));
         }

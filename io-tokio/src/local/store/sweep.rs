@@ -181,22 +181,9 @@ impl LocalStore {
 /// The key a sandbox (or the snapshot of one) was started for, and the snapshot its start
 /// took, from its `sandbox.json`; `None` for what cannot be read.
 fn read_info(dir: &Path) -> (Option<sandkeeper::Key>, Option<Snapshot>) {
-    let info: Option<serde_json::Value> =
-        fs::read_to_string(dir.join(".sandkeeper").join("sandbox.json"))
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok());
-    let Some(info) = info else {
-        return (None, None);
-    };
-    let key = info
-        .get("key")
-        .and_then(|k| k.as_str())
-        .and_then(|k| parse_key(k).ok());
-    let from = info
-        .get("resumed_from")
-        .and_then(|s| s.as_str())
-        .map(Snapshot::new);
-    (key, from)
+    let info = crate::local::layout::read_sandbox_info(dir).unwrap_or_default();
+    let key = info.key.and_then(|k| parse_key(&k).ok());
+    (key, info.resumed_from.map(Snapshot::new))
 }
 
 /// The expiry a Persist recorded in a snapshot (unix seconds), as the sweep's instant.
