@@ -10,8 +10,10 @@
 //! The new owner label goes on the claim (and its `additionalPodMetadata`), then on the
 //! Sandbox's pod template, then on the pod: the controllers set a pod's labels back to its
 //! Sandbox's template and the template's back to the claim's, so each is patched after what it
-//! follows, and the pod never flips back to the last owner (which would take it out of this
-//! owner's death watch: a false death, found by `io-k8s/tests/fleet_harness.rs`).
+//! follows, and controllers working from current objects never set the pod back to the last
+//! owner (which takes it out of this owner's death watch). A controller pass from a stale cache
+//! may still set it back for one pass; the death watch tells that from a death
+//! ([`crate::deaths`]). Both were false deaths found by `io-k8s/tests/fleet_harness.rs`.
 //!
 //! Not verified against a real agent-sandbox controller: whether it keeps a pod label that was
 //! patched on the pod (the claim's `additionalPodMetadata` and the Sandbox's template are

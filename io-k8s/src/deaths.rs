@@ -16,7 +16,9 @@
 //! report about a sandbox the core no longer tracks (suspended, or an earlier incarnation of a
 //! resumed one) is stale and ignored. Each object is reported once ([`Reported`]: a deleted pod
 //! shows its loss while `Terminating` and again when removed); a report repeated after a
-//! re-list is harmless for the same reason.
+//! re-list is harmless for the same reason. A DELETED event is checked against the object as it
+//! is now ([`removed_or_left`]): an object that only left the owner's selector (relabelled, in
+//! a fleet) is not a loss.
 
 use std::sync::Arc;
 
@@ -176,10 +178,61 @@ impl Reported {
     }
 }
 
+/// What a DELETED event means. The API server sends DELETED both when an object is removed and
+/// when it stops matching the watch's selector, and in both cases with the content the object
+/// had while it matched (`cacheWatcher.convertToWatchEvent`), so the event alone cannot tell
+/// them apart. In a fleet an object leaves an owner's selector without dying: a controller
+/// working from a stale cache sets an adopted pod's owner label back to its last owner's for
+/// one pass (the loopback's controllers do the same), or the key is handed over. So the object
+/// is looked up again: the same object (UID) still there is seen as it is now (an `Apply`: a
+/// loss only if it is terminating or finished); one that is not there (or is another object
+/// under the same name) was removed.
+///
+/// While an object is outside the selector its losses are not seen. A relabel by a stale
+/// controller is undone on its next pass, and the object comes back into the selector; a pod
+/// deleted in that window (a second fault within one controller pass) comes back as a new pod
+/// that is not reported. A lookup that keeps failing is taken as a removal, as before.
+async fn removed_or_left<K>(
+    api: &kube::Api<K>,
+    gone: K,
+    call: Call,
+    retry: &crate::retry::RetryPolicy,
+) -> Event<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let name = gone.name_any();
+    let what = format!("{} {name}", call.resource);
+    let now = retry
+        .run(|| async {
+            api.get_opt(&name)
+                .await
+                .map_err(|e| crate::cluster::err(e, call, &what))
+        })
+        .await;
+    match now {
+        Ok(now) => still_there(gone, now),
+        Err(e) => {
+            tracing::warn!(error = %e, object = %name,
+                "death watch: a deleted object could not be looked up; taken as removed");
+            Event::Delete(gone)
+        }
+    }
+}
+
+/// The event a DELETED event stands for once the object was looked up again (`now`): see
+/// [`removed_or_left`].
+fn still_there<K: Resource>(gone: K, now: Option<K>) -> Event<K> {
+    match now {
+        Some(now) if now.uid().is_some() && now.uid() == gone.uid() => Event::Apply(now),
+        _ => Event::Delete(gone),
+    }
+}
+
 async fn run<K, F>(
     api: kube::Api<K>,
     selector: String,
-    call: Call,
+    (call, lookup): (Call, Call),
     retry: crate::retry::RetryPolicy,
     death: impl Fn(Event<K>) -> Option<Death> + Send + 'static,
     report: Arc<F>,
@@ -187,13 +240,18 @@ async fn run<K, F>(
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     F: Fn(Death) -> bool + Send + Sync + 'static,
 {
-    let mut stream = watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
+    let mut stream =
+        watcher::watcher(api.clone(), watcher::Config::default().labels(&selector)).boxed();
     let mut failures = 0;
     let mut reported = Reported::default();
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => {
                 failures = 0;
+                let ev = match ev {
+                    Event::Delete(gone) => removed_or_left(&api, gone, lookup, &retry).await,
+                    ev => ev,
+                };
                 let seen = Seen::of(&ev);
                 let d = death(ev);
                 if reported.first(seen, d.is_some()) {
@@ -233,7 +291,7 @@ impl Cluster {
         let mut tasks = vec![tokio::spawn(run(
             self.pods(),
             selector.clone(),
-            calls::WATCH_PODS,
+            (calls::WATCH_PODS, calls::GET_POD),
             self.retry,
             move |ev| pod_death(ev, &mode),
             report.clone(),
@@ -242,7 +300,7 @@ impl Cluster {
             tasks.push(tokio::spawn(run(
                 self.claims(),
                 selector,
-                calls::WATCH_CLAIMS,
+                (calls::WATCH_CLAIMS, calls::GET_CLAIM),
                 self.retry,
                 claim_death,
                 report,
@@ -301,6 +359,50 @@ mod tests {
         assert!(r.first(live("a2"), true), "after a re-list, reported again");
         assert!(!r.first(Seen::Other, true));
         assert!(r.0.len() == 1, "removed objects are forgotten");
+    }
+
+    /// A DELETED event of an object that is still there under the same UID (it left the
+    /// selector: a stale controller set its owner label back, found by the Kubernetes fleet
+    /// harness test) is seen as the object is now: no loss while it runs, its loss once it
+    /// terminates. One that is gone, or replaced by another object under the same name, was
+    /// removed.
+    #[test]
+    fn a_deleted_object_still_there_left_the_selector() {
+        let mode = Mode::AgentSandbox {
+            warm_pool: "pool".into(),
+        };
+        let running = pod(Some(7), "Running");
+        let left = still_there(running.clone(), Some(running.clone()));
+        assert!(matches!(left, Event::Apply(_)));
+        assert_eq!(pod_death(left, &mode), None, "relabelled, not dead");
+
+        let mut terminating = running.clone();
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-12-04T00:00:00Z".parse().unwrap(),
+            ));
+        let d = pod_death(still_there(running.clone(), Some(terminating)), &mode);
+        assert_eq!(loss(d), Some((7, Loss::Instance)), "terminating: a loss");
+
+        let removed = still_there(running.clone(), None);
+        assert!(matches!(removed, Event::Delete(_)));
+        assert_eq!(loss(pod_death(removed, &mode)), Some((7, Loss::Instance)));
+
+        let mut successor = running.clone();
+        successor.metadata.uid = Some("u2".into());
+        let replaced = still_there(running.clone(), Some(successor));
+        assert!(
+            matches!(replaced, Event::Delete(_)),
+            "another object: removed"
+        );
+
+        let mut no_uid = running.clone();
+        no_uid.metadata.uid = None;
+        let unknown = still_there(no_uid.clone(), Some(no_uid));
+        assert!(
+            matches!(unknown, Event::Delete(_)),
+            "no UID to compare: removed"
+        );
     }
 
     fn loss(d: Option<Death>) -> Option<(u64, Loss)> {

@@ -564,6 +564,16 @@ async fn h_a_suspend_waits_out_a_pod_that_terminates_for_its_grace_period() {
     );
 }
 
+/// The death watch's next report (bounded: 10 s).
+async fn next_death(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<sandkeeper_k8s::Death>,
+) -> sandkeeper_k8s::Death {
+    tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a death within 10 s")
+        .expect("watch alive")
+}
+
 /// Row H, deaths: a pod deleted by hand stays `Terminating` for its grace period, and the
 /// death watch reports its loss at once (the sandbox is doomed), then not again when the pod
 /// is removed: one object, one report.
@@ -577,20 +587,12 @@ async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
     let _watch = k.spawn_death_watch(move |d| tx.send(d).is_ok());
     let a = k.start_sandbox(1, "s").await.unwrap();
     let b = k.start_sandbox(2, "s").await.unwrap();
-    async fn next(
-        rx: &mut mpsc::UnboundedReceiver<sandkeeper_k8s::Death>,
-    ) -> sandkeeper_k8s::Death {
-        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
-            .await
-            .expect("a death within 10 s")
-            .expect("watch alive")
-    }
 
     server
         .store()
         .delete(&PODS, NS, &a.pod, Propagation::Background, None)
         .unwrap();
-    let d = next(&mut rx).await;
+    let d = next_death(&mut rx).await;
     assert_eq!(d.sandbox, 1, "{d:?}");
     assert!(d.reason.contains("being deleted"), "{}", d.reason);
     assert!(
@@ -613,11 +615,92 @@ async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
         .store()
         .delete(&PODS, NS, &b.pod, Propagation::Background, None)
         .unwrap();
-    let d = next(&mut rx).await;
+    let d = next_death(&mut rx).await;
     assert_eq!(
         d.sandbox, 2,
         "sandbox 1's removal was not reported again: {d:?}"
     );
+}
+
+/// Row H, deaths in a fleet: an object that leaves the owner's selector is not dead. The API
+/// server sends DELETED for it, with the content it had while it matched (the loopback does the
+/// same); in a fleet a controller working from a stale cache sets an adopted pod's owner label
+/// back to its last owner's for one pass, and the Kubernetes fleet harness test saw the death
+/// watch report that pod's sandbox dead (the key continued from a fresh claim, acknowledged
+/// logs lost). The watch now looks the object up: still there, it is not a loss.
+#[tokio::test]
+async fn h_a_pod_relabelled_out_of_the_owners_selector_is_not_reported_dead() {
+    use futures_util::StreamExt;
+    use kube::api::{Api, WatchEvent, WatchParams};
+    use tokio::sync::mpsc;
+    const OWNER: &str = "sandkeeper.sandbox.users.io/owner";
+    let server = server().await;
+    let k = cluster(&server, claim_config("owner-h4"));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _watch = k.spawn_death_watch(move |d| tx.send(d).is_ok());
+    let a = k.start_sandbox(1, "s").await.unwrap();
+    let b = k.start_sandbox(2, "s").await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client(&server), NS);
+    let from = server.store().get(&PODS, NS, &a.pod).unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut raw = pods
+        .watch(
+            &WatchParams::default().labels(&format!("{OWNER}=owner-h4")),
+            &from,
+        )
+        .await
+        .unwrap()
+        .boxed();
+
+    // Another owner's label on sandbox 1's pod, as a stale controller pass writes it; the
+    // loopback's controller sets it back from the Sandbox's pod template at once.
+    server
+        .store()
+        .modify(&PODS, NS, &a.pod, |p| {
+            p["metadata"]["labels"][OWNER] = json!("owner-stale");
+        })
+        .unwrap();
+    // What a watcher of this owner's pods is sent: DELETED with the content the pod had while
+    // it matched (this owner's label), then ADDED when it is set back.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(10), raw.next())
+            .await
+            .expect("watch events within 10 s")
+            .expect("watch open")
+            .unwrap();
+        match ev {
+            WatchEvent::Deleted(p) if p.metadata.name.as_deref() == Some(&*a.pod) => {
+                assert_eq!(p.metadata.labels.unwrap()[OWNER], "owner-h4");
+                seen.push("DELETED");
+            }
+            WatchEvent::Added(p) if p.metadata.name.as_deref() == Some(&*a.pod) => {
+                assert!(seen == ["DELETED"], "{seen:?}");
+                seen.push("ADDED");
+            }
+            _ => {}
+        }
+    }
+    until(&server, "the pod is set back to its owner", || {
+        server.store().get(&PODS, NS, &a.pod).unwrap()["metadata"]["labels"][OWNER] == "owner-h4"
+    })
+    .await;
+
+    // Sandbox 2's pod, deleted after, is the first report: sandbox 1 was not reported (one
+    // watch, events in order). Then sandbox 1's pod, deleted for real, is reported.
+    server
+        .store()
+        .delete(&PODS, NS, &b.pod, Propagation::Background, None)
+        .unwrap();
+    let d = next_death(&mut rx).await;
+    assert_eq!(d.sandbox, 2, "sandbox 1 was reported dead: {d:?}");
+    server
+        .store()
+        .delete(&PODS, NS, &a.pod, Propagation::Background, None)
+        .unwrap();
+    assert_eq!(next_death(&mut rx).await.sandbox, 1);
 }
 
 /// Row H, the grace period at connect: a suspend waits for the pod to go, which takes the

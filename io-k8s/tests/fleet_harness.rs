@@ -175,12 +175,6 @@ fn the_token_order_check_finds_a_token_lowered() {
     );
 }
 
-// Ignored until a known bug is fixed: in about one run of 20 to 40 the survivor adopts a claim
-// the killed process was running and its death watch then reports that sandbox dead
-// ("sandbox died ... state=Running"), so the key continues from a fresh claim and the users'
-// logs acknowledged in the adopted one are lost (the verification finds it). Run it by hand:
-// `cargo test -p sandkeeper-k8s --test fleet_harness -- --ignored`.
-#[ignore = "a known intermittent false death of an adopted claim (about 1 run in 20 to 40)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     let server = server().await;

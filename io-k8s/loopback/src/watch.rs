@@ -1,5 +1,6 @@
 //! Watch streams: newline-delimited `{"type", "object"}` events over a chunked response, with
-//! selector transitions (an object that stops matching is sent as DELETED), 410 Gone as an ERROR
+//! selector transitions (an object that stops matching is sent as DELETED, with its previous
+//! content), 410 Gone as an ERROR
 //! event for expired resourceVersions, `timeoutSeconds`, the watch-drop fault switch, and the
 //! held-events fault (`Fault::HoldEvents`).
 
@@ -38,7 +39,11 @@ impl Filter {
         self.labels.matches(o) && self.fields.matches(o)
     }
 
-    /// The event a watcher with this filter sees for a change, if any.
+    /// The event a watcher with this filter sees for a change, if any. An object that stops
+    /// matching is sent as DELETED with its *previous* content (which matched) at the change's
+    /// resourceVersion, as the API server's watch cache does (`cacheWatcher.convertToWatchEvent`):
+    /// a watcher cannot tell from the event alone whether the object was removed or only
+    /// relabelled.
     fn translate(&self, ev: &Event) -> Option<Bytes> {
         if ev.resource != self.rt || self.namespace.as_deref().is_some_and(|n| n != ev.namespace) {
             return None;
@@ -48,7 +53,11 @@ impl Filter {
             (EventType::Modified, Some(prev)) => match (self.matches(prev), now) {
                 (true, true) => "MODIFIED",
                 (false, true) => "ADDED",
-                (true, false) => "DELETED",
+                (true, false) => {
+                    let mut left = prev.clone();
+                    left["metadata"]["resourceVersion"] = json!(ev.rv.to_string());
+                    return Some(line("DELETED", &left));
+                }
                 (false, false) => return None,
             },
             (k, _) if now => k.as_str(),
