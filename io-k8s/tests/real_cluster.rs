@@ -8,7 +8,8 @@
 //! default allowlist (row A), uploads a file into the named container beside a sidecar (row E),
 //! and suspends and resumes the claim, the file surviving on the template's claim volume
 //! (row B). A second test makes a warm pool after its claim (row D): it needs rights to
-//! create and delete SandboxWarmPools (the admin kubeconfig of kind has them).
+//! create and delete SandboxWarmPools (the admin kubeconfig of kind has them). A third hands a
+//! claim from one owner to another as a fleet does (adoption under a higher token).
 //! io-k8s/README.md gives the commands for kind.
 
 use sandkeeper::{PathName, SessionId};
@@ -18,13 +19,14 @@ fn namespace() -> String {
     std::env::var("SANDKEEPER_NAMESPACE").unwrap_or_else(|_| "default".into())
 }
 
-async fn run(mode: Mode) {
+/// A cluster of owner `owner` in `mode` on the cluster `KUBECONFIG` names.
+async fn cluster(mode: Mode, owner: &str) -> Cluster {
     let kube_config = kube::Config::infer()
         .await
         .expect("KUBECONFIG points at a cluster");
     let client = Cluster::make_client(kube_config).unwrap();
     let agent_sandbox = matches!(mode, Mode::AgentSandbox { .. });
-    let mut config = K8sConfig::new(namespace(), "real-test", mode);
+    let mut config = K8sConfig::new(namespace(), owner, mode);
     config.workdir = if agent_sandbox {
         "/workspace".into()
     } else {
@@ -34,8 +36,18 @@ async fn run(mode: Mode) {
         config.container =
             Some(std::env::var("SANDKEEPER_CONTAINER").unwrap_or_else(|_| "sandbox".into()));
     }
-    let workdir = config.workdir.clone();
-    let k = Cluster::new(client, config).unwrap();
+    Cluster::new(client, config).unwrap()
+}
+
+fn warm_pool() -> Mode {
+    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
+    Mode::AgentSandbox { warm_pool: pool }
+}
+
+async fn run(mode: Mode) {
+    let agent_sandbox = matches!(mode, Mode::AgentSandbox { .. });
+    let k = cluster(mode, "real-test").await;
+    let workdir = k.config().workdir.clone();
     let install = k
         .check_install()
         .await
@@ -111,8 +123,102 @@ async fn pod_mode_on_a_real_cluster() {
 #[tokio::test]
 #[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
 async fn agent_sandbox_mode_on_a_real_cluster() {
-    let pool = std::env::var("SANDKEEPER_WARM_POOL").unwrap_or_else(|_| "python-sandboxes".into());
-    run(Mode::AgentSandbox { warm_pool: pool }).await;
+    run(warm_pool()).await;
+}
+
+/// Fleet adoption against the real agent-sandbox controllers (what the loopback's controllers
+/// imitate, `io-k8s/tests/adoption.rs`): a claim one owner started and handed over is adopted
+/// by another under a higher token; the controllers keep the new owner's label on the claim
+/// and the pod (the adoption patches the claim, the Sandbox's pod template, then the pod),
+/// so the new owner's death watch reports nothing; the new owner's uploads land and the old
+/// token is refused (`Fenced`).
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
+async fn a_handed_over_claim_is_adopted_on_a_real_cluster() {
+    use k8s_openapi::api::core::v1::Pod;
+    use sandkeeper::{Key, Payload, SandboxId, Spec, Token, UploadId, Version};
+    use sandkeeper_k8s::{crd::SandboxClaim, K8sBackend};
+    use sandkeeper_tokio::{AdoptRequest, Backend, FailureClass, StartRequest, UploadRequest};
+    const OWNER: &str = "sandkeeper.sandbox.users.io/owner";
+    let session = SessionId::new("real-fleet").unwrap();
+    let upload = |version: u64, token: u64| UploadRequest {
+        upload: UploadId(version),
+        sandbox: X,
+        session: session.clone(),
+        path: PathName::session_log(),
+        version: Version(version),
+        payload: Payload::new(format!("v{version}\n").into_bytes()),
+        token: Some(Token(token)),
+    };
+    const X: SandboxId = SandboxId((1 << 32) | 7);
+    let (first, _) = K8sBackend::connect(cluster(warm_pool(), "real-fleet-a").await)
+        .await
+        .expect("connects");
+    let (second, _) = K8sBackend::connect(cluster(warm_pool(), "real-fleet-b").await)
+        .await
+        .expect("connects");
+    let (tx, mut deaths) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = second
+        .cluster()
+        .spawn_death_watch(move |d| tx.send(d).is_ok());
+
+    first
+        .start(StartRequest {
+            sandbox: X,
+            key: Key::Session(session.clone()),
+            spec: Spec::new(""),
+            resume_from: None,
+            resumes: None,
+            token: Some(Token(1)),
+        })
+        .await
+        .expect("started");
+    first.upload(upload(1, 1)).await.unwrap();
+    let claim = first.handle(X).unwrap().object;
+    first.relinquish(X).await;
+
+    second
+        .adopt(AdoptRequest {
+            sandbox: X,
+            key: Key::Session(session.clone()),
+            token: Token(2),
+        })
+        .await
+        .expect("adopted");
+    let h = second.handle(X).expect("the second owner drives it");
+    assert_eq!(h.object, claim);
+    second.upload(upload(2, 2)).await.unwrap();
+    let refused = second.upload(upload(3, 1)).await.unwrap_err();
+    assert_eq!(refused.class, FailureClass::Fenced, "{refused}");
+    let k = second.cluster();
+    let log = format!("{}/real-fleet/session.log", k.config().workdir);
+    k.exec_with_stdin(
+        &h.pod,
+        vec!["grep".into(), "-q".into(), "v2".into(), log],
+        Vec::new(),
+    )
+    .await
+    .expect("the new owner's upload landed in the adopted claim");
+
+    // After that work, the controllers have had their passes: the labels are still the new
+    // owner's, and nothing was reported dead.
+    let client = Cluster::make_client(kube::Config::infer().await.unwrap()).unwrap();
+    let ns = namespace();
+    let pod = kube::Api::<Pod>::namespaced(client.clone(), &ns)
+        .get(&h.pod)
+        .await
+        .unwrap();
+    let c = kube::Api::<SandboxClaim>::namespaced(client, &ns)
+        .get(&claim)
+        .await
+        .unwrap();
+    for labels in [pod.metadata.labels, c.metadata.labels] {
+        assert_eq!(labels.unwrap_or_default()[OWNER], "real-fleet-b");
+    }
+    assert!(deaths.try_recv().is_err(), "an adopted claim reported dead");
+    second.shutdown(X, Some(Token(2))).await.unwrap();
+    first.close().await.unwrap();
+    second.close().await.unwrap();
 }
 
 /// Row D on a real cluster: a claim whose warm pool does not exist yet waits (the controller
