@@ -8,6 +8,9 @@
 //! pods' host directories) and the test checks the loopback's audit log of the token
 //! annotation: no claim or pod was changed by two tokens out of order.
 //!
+//! A second test pauses one process (SIGSTOP) past its lease while its peer takes its keys, then
+//! wakes it: it fences itself and both finish with every check passed.
+//!
 //! The order of events makes the takeover deterministic (as in io-tokio's
 //! `tests/fleet_harness.rs`): `a` runs alone until its ledger shows it holds its users' keys,
 //! `b` joins and registers (it prints its incarnation), and only then is `a` killed, so `b`'s
@@ -103,6 +106,23 @@ impl Proc {
     }
 }
 
+/// Polls `done` every 5 ms until it holds, panicking with `what` after two minutes (24,000
+/// polls): real processes, real time, so a bounded poll for what they write, never a fixed
+/// sleep.
+async fn poll<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..24_000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never: {what}");
+}
+
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
@@ -192,19 +212,15 @@ async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restar
     // no last renewal): `b` gets the keys `a` held only when `a`'s lease expires.
     let mut a = spawn(harness(&server, "a", 60, &la));
     let ia = a.incarnation().await;
-    // Bounded: at most 24,000 polls 5 ms apart (two minutes).
-    for polls in 0.. {
-        if lines(&la) >= 24 {
-            break;
-        }
-        assert!(polls < 24_000, "a made no progress");
+    poll("a made progress", || {
         assert!(
             a.child.try_wait().unwrap().is_none(),
             "a ended before the kill"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut b = spawn(harness(&server, "b", 10, &lb));
+        std::future::ready(lines(&la) >= 24)
+    })
+    .await;
+    let mut b = spawn(harness(&server, "b", 6, &lb));
     let ib = b.incarnation().await;
     assert_ne!(ia, ib);
     a.child.kill().await.unwrap(); // SIGKILL, and waited for
@@ -272,6 +288,99 @@ async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restar
     );
     // No claim or pod was changed by two tokens out of order, and some were changed under
     // more than one (the takeover and the restart).
+    let (out_of_order, several) = token_order(&server.store().annotation_audit());
+    assert!(
+        out_of_order.is_empty(),
+        "{} changes out of token order, the first: {:?}",
+        out_of_order.len(),
+        &out_of_order[..out_of_order.len().min(5)]
+    );
+    assert!(several > 0, "some sandbox changed under several tokens");
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process, by the `kill` program (argv only).
+fn signal(child: &Child, signal: &str) {
+    let pid = child.id().expect("the process runs");
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The keys `incarnation` owns in the store now.
+async fn owned_by(store: &K8sStore, incarnation: u32) -> Vec<String> {
+    store
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
+        .map(|e| e.key)
+        .collect()
+}
+
+/// One process paused (SIGSTOP) past its lease while its peer takes its keys, as
+/// `io-tokio/tests/fleet_harness.rs` does on a local root: woken, it finds its lease lapsed by
+/// its own clock and fences itself (fail closed); what it still had in flight under its old
+/// tokens is refused by the claims' token annotations or dropped; both finish with every check
+/// passed, the namespace verifies, and no claim or pod was changed by two tokens out of order.
+/// With both the core's fail-closed fence (canary f02's patch) and the backend's token check
+/// (`fence.rs`) removed, the verification finds the peer's acknowledged logs lost; with either
+/// one alone it passes (two lines of defence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
+    let server = server().await;
+    server.store().audit_annotation(TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let (la, lb) = (
+        dir.path().join("ledger-a.jsonl"),
+        dir.path().join("ledger-b.jsonl"),
+    );
+    let store = K8sStore::new(
+        cluster(&server, claim_config("verifier")),
+        Duration::from_millis(LEASE_MS),
+    );
+
+    // `a` runs alone until it holds its users' keys, and is stopped mid-run: a pause longer
+    // than its lease, with its work in flight.
+    let mut a = spawn(harness(&server, "a", 10, &la));
+    let ia = a.incarnation().await;
+    poll("a made progress", || std::future::ready(lines(&la) >= 24)).await;
+    signal(&a.child, "STOP");
+    let held = owned_by(&store, ia).await;
+    assert!(!held.is_empty(), "the paused process holds keys");
+    // `b` joins and, once the paused lease expired, takes every key `a` held.
+    let mut b = spawn(harness(&server, "b", 6, &lb));
+    let ib = b.incarnation().await;
+    poll("b took every key the paused process held", || async {
+        let taken = owned_by(&store, ib).await;
+        held.iter().all(|k| taken.contains(k))
+    })
+    .await;
+    // `a` wakes after its keys went to `b`: it fences itself, claims again and finishes.
+    signal(&a.child, "CONT");
+    let woken = a.succeeded().await;
+    assert!(woken.contains("all checks passed"), "{woken}");
+    assert_eq!(calls_failed(&woken), 0, "{woken}");
+    let row = fleet_row(&woken);
+    assert!(
+        row["lease"] >= 1,
+        "the paused process saw its lease lapse: {row:?}"
+    );
+    assert!(row["fenced"] >= 1, "it fenced the keys it held: {row:?}");
+    let survivor = b.succeeded().await;
+    assert!(survivor.contains("all checks passed"), "{survivor}");
+    assert_eq!(calls_failed(&survivor), 0, "{survivor}");
+
+    let verdict = verify_fleet(&store, &[la, lb], |pod, path| {
+        std::fs::read_to_string(server.pod_path(NS, pod, path)).ok()
+    })
+    .await
+    .expect("the fleet's namespace can be verified");
+    let report = verdict.report();
+    assert!(verdict.ok(), "{report}");
     let (out_of_order, several) = token_order(&server.store().annotation_audit());
     assert!(
         out_of_order.is_empty(),
