@@ -105,17 +105,20 @@ impl Lifecycle {
         if until <= self.now {
             tracing::debug!(%renewal, "renewal confirmed too late to count");
             self.stats.stale_answers += 1;
-        } else if live.valid_until.is_none_or(|valid| valid < until) {
-            self.stats.renewals_ok += 1;
-            live.valid_until = Some(until);
-            if let Some(old) = live.lapse.take() {
-                self.timers.cancel(old);
-            }
-            let at = self.timers.set(until, Timer::Lapse);
-            self.liveness.as_mut().expect("fleet").lapse = Some(at);
-            tracing::trace!(%renewal, until = %until, "lease renewed");
         } else {
             self.stats.renewals_ok += 1;
+            // Renewals are answered in the order they were sent (an older one answered after a
+            // newer is stale), so a confirmed one extends the lease unless both were sent at
+            // the same instant.
+            if live.valid_until.is_none_or(|valid| valid < until) {
+                live.valid_until = Some(until);
+                if let Some(old) = live.lapse.take() {
+                    self.timers.cancel(old);
+                }
+                let at = self.timers.set(until, Timer::Lapse);
+                self.liveness.as_mut().expect("fleet").lapse = Some(at);
+                tracing::trace!(%renewal, until = %until, "lease renewed");
+            }
         }
         if self.liveness.as_ref().expect("fleet").is_valid(self.now) {
             if !was_valid {

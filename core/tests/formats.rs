@@ -23,6 +23,31 @@ fn ids_and_values_display_and_debug_as_documented() {
         Key::Session(SessionId::new("s1").unwrap()).to_string(),
         "session:s1"
     );
+    // Fleet mode's ids, as logs and the store's answers name them.
+    assert_eq!(Token(4).to_string(), "token-4");
+    assert_eq!(RenewalId(1).to_string(), "renewal-1");
+    assert_eq!(ClaimId(2).to_string(), "claim-2");
+    assert_eq!(ReleaseId(3).to_string(), "release-3");
+    assert_eq!(RecordingId(5).to_string(), "recording-5");
+}
+
+#[test]
+fn a_key_record_is_empty_only_when_it_keeps_nothing() {
+    assert!(KeyRecord::default().is_empty());
+    let warm = KeyRecord {
+        warm: Some(SandboxId(7)),
+        ..KeyRecord::default()
+    };
+    assert!(!warm.is_empty());
+    let snapshot = KeyRecord {
+        snapshot: Some(RecordedSnapshot {
+            snapshot: Snapshot::new("snap-1"),
+            by: SandboxId(7),
+            retain_until: None,
+        }),
+        ..KeyRecord::default()
+    };
+    assert!(!snapshot.is_empty());
 }
 
 #[test]

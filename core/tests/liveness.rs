@@ -38,7 +38,10 @@ fn tick(core: &mut Lifecycle, t: Instant) -> Vec<(RenewalId, u64, Instant)> {
                 renewal,
                 epoch,
                 deadline,
-            } => (renewal, epoch, deadline),
+            } => {
+                assert_eq!(c.deadline(), deadline);
+                (renewal, epoch, deadline)
+            }
             other => panic!("only renewals here: {other:?}"),
         })
         .collect()
@@ -134,6 +137,7 @@ fn a_confirmation_too_late_to_count_is_stale() {
     core.handle_renewed(at(8), RenewalId(0), &[]).unwrap();
     assert_eq!(core.lease_valid_until(), None);
     assert_eq!(core.stats().renewals_ok, 0);
+    assert_eq!(core.stats().stale_answers, 1);
 }
 
 #[test]
