@@ -106,6 +106,7 @@ fn a_lease_not_confirmed_in_time_lapses_and_the_next_renewal_opens_a_new_epoch()
             "a failure keeps what was confirmed"
         );
     }
+    assert_eq!(core.stats().renewals_failed, 2);
     assert_eq!(
         core.poll_timeout(),
         Some(at(8)),
@@ -127,6 +128,20 @@ fn a_lease_not_confirmed_in_time_lapses_and_the_next_renewal_opens_a_new_epoch()
     assert_eq!(core.lease_valid_until(), None);
     core.handle_renewed(at(9), RenewalId(3), &[]).unwrap();
     assert_eq!(core.lease_valid_until(), Some(at(16)));
+}
+
+/// A renewal answered after the next one was ordered still counts, while its confirmation can
+/// extend the lease.
+#[test]
+fn a_renewal_answered_after_the_next_was_ordered_still_counts() {
+    let mut core = core();
+    tick(&mut core, at(0));
+    assert_eq!(tick(&mut core, at(3)), vec![(RenewalId(1), 1, at(11))]);
+    core.handle_renewed(at(4), RenewalId(0), &[]).unwrap();
+    assert_eq!(core.lease_valid_until(), Some(at(8)));
+    assert_eq!(core.stats().renewals_ok, 1);
+    core.handle_renewed(at(4), RenewalId(1), &[]).unwrap();
+    assert_eq!(core.lease_valid_until(), Some(at(11)));
 }
 
 #[test]

@@ -267,11 +267,27 @@ fn a_busy_key_is_claimed_again_while_its_call_waits_and_the_wait_is_bounded() {
     acquire(&mut core, ms(0), "c1", "s1");
     let (claim, k) = claim_of(&mut core);
     core.handle_claim_busy(ms(0), claim, &k).unwrap();
+    let stale = core.stats().stale_answers;
+    core.handle_claim_busy(ms(0), claim, &k).unwrap();
+    assert_eq!(
+        core.stats().stale_answers,
+        stale + 1,
+        "a claim answered twice: the second is stale"
+    );
     assert_eq!(core.poll_timeout(), Some(ms(500)), "the retry");
     core.handle_timeout(ms(500)).unwrap();
     let (again, _) = claim_of(&mut core);
     assert_ne!(again, claim);
     core.handle_claim_failed(ms(600), again, &k).unwrap();
+    assert_eq!(
+        (core.stats().claims_busy, core.stats().claims_failed),
+        (1, 1)
+    );
+    assert_eq!(
+        core.poll_timeout(),
+        Some(ms(1_100)),
+        "a failed claim is retried as a busy one"
+    );
     // The call's wait timeout (2 s) ends it; no start was ever ordered.
     let mut t = 600;
     while t < 2_000 {
@@ -658,6 +674,37 @@ fn a_claim_confirmed_after_the_lease_lapsed_is_not_taken() {
         .all(|c| !matches!(c, Command::Start { .. })));
 }
 
+/// A claim made under an epoch that lapsed is not taken even once the next epoch's lease is
+/// valid: the lease it was made under is gone. And the new lease claims only the keys that
+/// wait unclaimed, not the one whose old claim is still out.
+#[test]
+fn a_claim_of_a_lapsed_epoch_is_not_taken_under_the_next_one() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (old, k1) = claim_of(&mut core);
+    // Nothing is answered, no timer is fired, until the lease ran out (8 s): the next input
+    // lets it lapse first, and a call of another key waits for a lease.
+    acquire(&mut core, ms(8_001), "c2", "s2");
+    assert_eq!(core.lease_epoch(), Some(2));
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew {
+            renewal, epoch: 2, ..
+        }] => *renewal,
+        other => panic!("only the new epoch's renewal: {other:?}"),
+    };
+    core.handle_renewed(ms(8_002), renewal, &[]).unwrap();
+    let (fresh, k2) = claim_of(&mut core);
+    assert_eq!(k2, key("s2"), "only the key that waits unclaimed");
+    assert_ne!(fresh, old);
+    // The old epoch's claim is confirmed now: stale, and tried again later.
+    let stale = core.stats().stale_answers;
+    core.handle_claimed(ms(8_003), old, &k1, Token(1), KeyRecord::default())
+        .unwrap();
+    assert_eq!(core.key_token(&k1), None);
+    assert_eq!(core.stats().stale_answers, stale + 1);
+    assert!(commands(&mut core).is_empty(), "nothing started");
+}
+
 /// Lets the lease lapse: no renewal is confirmed until 8 s.
 fn lapse(core: &mut Lifecycle) -> Vec<Command> {
     let mut seen = vec![];
@@ -789,6 +836,63 @@ fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
         Err(Error::UnknownSandbox {
             sandbox: SandboxId(3 << 32 | 77)
         })
+    );
+}
+
+/// The write of an owned key's record: one the store could not make is made again after
+/// `claim_retry` (the key stays this process's); one the store refused (a newer token owns the
+/// key) fences the key and lets its sandbox go without a Stop or Shutdown.
+#[test]
+fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claimed(ms(0), claim, &k, Token(4), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox: x, .. }) = commands(&mut core).pop() else {
+        panic!("a start")
+    };
+    core.handle_start_ok(ms(1), x).unwrap();
+    let record = KeyRecord {
+        snapshot: None,
+        warm: Some(x),
+    };
+    let write = |core: &mut Lifecycle| match store(core).as_slice() {
+        [StoreCommand::Record {
+            recording,
+            key,
+            token,
+            record: written,
+            ..
+        }] => {
+            assert_eq!((key, *token, written), (&k, Token(4), &record));
+            *recording
+        }
+        other => panic!("one record write expected, got {other:?}"),
+    };
+    let first = write(&mut core);
+    core.handle_record_failed(ms(2), first, &k).unwrap();
+    assert_eq!(core.key_token(&k), Some(Token(4)), "still this process's");
+    assert_eq!(
+        core.poll_timeout(),
+        Some(ms(502)),
+        "written again after claim_retry"
+    );
+    core.handle_timeout(ms(502)).unwrap();
+    let second = write(&mut core);
+    assert_ne!(second, first);
+    events(&mut core);
+    core.handle_record_fenced(ms(503), second, &k).unwrap();
+    assert!(events(&mut core).contains(&Event::KeyFenced {
+        key: k.clone(),
+        token: Token(4),
+        reason: FenceReason::Refused
+    }));
+    assert_eq!(core.key_token(&k), None);
+    assert_eq!(
+        commands(&mut core),
+        vec![Command::Relinquish { sandbox: x }],
+        "no Stop or Shutdown under the old token"
     );
 }
 

@@ -15,9 +15,10 @@
 //! may still set it back for one pass; the death watch tells that from a death
 //! ([`crate::deaths`]). Both were false deaths found by `io-k8s/tests/fleet_harness.rs`.
 //!
-//! Not verified against a real agent-sandbox controller: whether it keeps a pod label that was
-//! patched on the pod (the claim's `additionalPodMetadata` and the Sandbox's template are
-//! patched too, so a controller that reconciles pod labels from either keeps the new owner).
+//! The real controller, by its source (`updatePodMetadata`), copies the Sandbox's pod-template
+//! labels onto the pod, so the template patched first keeps the new owner on the pod; that a
+//! real install keeps it is checked by the ignored `real_cluster.rs`
+//! `a_handed_over_claim_is_adopted_on_a_real_cluster`, which has not been run on one here.
 
 use kube::api::{Patch, PatchParams};
 use kube::ResourceExt;

@@ -1,8 +1,7 @@
 //! Watch streams: newline-delimited `{"type", "object"}` events over a chunked response, with
 //! selector transitions (an object that stops matching is sent as DELETED, with its previous
-//! content), 410 Gone as an ERROR
-//! event for expired resourceVersions, `timeoutSeconds`, the watch-drop fault switch, and the
-//! held-events fault (`Fault::HoldEvents`).
+//! content), 410 Gone as an ERROR event for expired resourceVersions, `timeoutSeconds`, the
+//! watch-drop fault switch, and the held-events fault (`Fault::HoldEvents`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
