@@ -479,7 +479,14 @@ fn a_failed_release_keeps_the_key_and_the_sandbox_warm_and_is_tried_again() {
     events(&mut core);
     core.handle_release_failed(ms(3_002), ReleaseId(0), &key("s1"))
         .unwrap();
+    assert_eq!(core.stats().releases_failed, 1);
     assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+    // Its answer again is stale: the release is no longer awaited.
+    let stale = core.stats().stale_answers;
+    core.handle_key_released(ms(3_002), ReleaseId(0), &key("s1"))
+        .unwrap();
+    assert_eq!(core.stats().stale_answers, stale + 1);
+    assert_eq!(core.key_token(&key("s1")), Some(Token(6)), "still owned");
     // A call now binds to it at once: the key is still this process's.
     acquire(&mut core, ms(3_003), "c2", "s1");
     assert_eq!(
@@ -584,34 +591,48 @@ fn a_key_owned_here_unknowingly_is_claimed_and_released_when_wanted() {
 #[test]
 fn close_releases_every_owned_key_with_its_record() {
     let mut core = leased(ReleasePolicy::Suspend);
-    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
-    release(&mut core, ms(10), "c1");
-    way_down(&mut core, ms(10), x, Some("snap-1"), 2);
-    assert_eq!(store(&mut core), vec![]);
-    core.close(ms(20), Duration::from_secs(1)).unwrap();
-    match store(&mut core).as_slice() {
-        [StoreCommand::Release { record, .. }] => {
-            assert!(record.snapshot.is_some(), "{record:?}")
-        }
-        other => panic!("{other:?}"),
+    for (call, s, token) in [("c1", "s1", 2), ("c2", "s2", 3)] {
+        let x = owned_and_ready(&mut core, ms(0), call, s, token);
+        release(&mut core, ms(10), call);
+        let snapshot = format!("snap-{s}");
+        way_down(&mut core, ms(10), x, Some(&snapshot), token);
     }
-    assert!(!core.is_closed(), "close waits for the release");
-    core.handle_key_released(ms(21), ReleaseId(0), &key("s1"))
-        .unwrap();
+    assert_eq!(store(&mut core), vec![]);
+    let ordered = core.stats().releases_ordered;
+    core.close(ms(20), Duration::from_secs(1)).unwrap();
+    let releases: Vec<(ReleaseId, Key)> = store(&mut core)
+        .into_iter()
+        .map(|c| match c {
+            StoreCommand::Release {
+                release,
+                key,
+                record,
+                ..
+            } => {
+                assert!(record.snapshot.is_some(), "{record:?}");
+                (release, key)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(releases.len(), 2, "{releases:?}");
+    assert_eq!(core.stats().releases_ordered, ordered + 2);
+    for (release, k) in &releases {
+        assert!(!core.is_closed(), "close waits for every release");
+        core.handle_key_released(ms(21), *release, k).unwrap();
+    }
     assert!(core.is_closed());
-    // The report names the snapshot the key's record carries on.
+    // The report names the snapshot each key's record carries on.
     let retained = events(&mut core).into_iter().find_map(|e| match e {
         Event::Closed { report } => Some(report.retained),
         _ => None,
     });
-    assert_eq!(
-        retained,
-        Some(vec![Retained {
-            key: key("s1"),
-            snapshot: Snapshot::new("snap-1"),
-            until: None,
-        }])
-    );
+    let kept = |s: &str| Retained {
+        key: key(s),
+        snapshot: Snapshot::new(format!("snap-{s}")),
+        until: None,
+    };
+    assert_eq!(retained, Some(vec![kept("s1"), kept("s2")]));
 }
 
 #[test]
@@ -805,6 +826,8 @@ fn a_call_still_starting_when_its_key_is_fenced_fails_with_fenced() {
 fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
     let mut core = leased(ReleasePolicy::Shutdown);
     let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    // Another key of this process, under its own token, is not touched by the fence.
+    let other = owned_and_ready(&mut core, ms(0), "c9", "s9", 5);
     events(&mut core);
     // Another process took the key (its token is newer): the backend refused an upload.
     core.flush(
@@ -821,7 +844,19 @@ fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
         token: Token(4),
         reason: FenceReason::Refused
     }));
-    assert!(commands(&mut core).contains(&Command::Relinquish { sandbox: x }));
+    assert_eq!(
+        commands(&mut core),
+        vec![
+            Command::CancelUpload {
+                upload: UploadId(0),
+                sandbox: x
+            },
+            Command::Relinquish { sandbox: x }
+        ],
+        "only the fenced key's sandbox: its upload in flight cancelled, then let go"
+    );
+    assert_eq!(core.key_token(&key("s9")), Some(Token(5)));
+    assert_eq!(core.sandbox_state(other), Some(SandboxState::Running));
     // A second refusal about it is stale.
     let stale = core.stats().stale_answers;
     core.handle_fenced(ms(3), x).unwrap();
@@ -873,6 +908,10 @@ fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
     let first = write(&mut core);
     core.handle_record_failed(ms(2), first, &k).unwrap();
     assert_eq!(core.key_token(&k), Some(Token(4)), "still this process's");
+    assert_eq!(core.stats().records_failed, 1);
+    let stale = core.stats().stale_answers;
+    core.handle_recorded(ms(2), first, &k).unwrap();
+    assert_eq!(core.stats().stale_answers, stale + 1, "no longer awaited");
     assert_eq!(
         core.poll_timeout(),
         Some(ms(502)),
@@ -894,6 +933,94 @@ fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
         vec![Command::Relinquish { sandbox: x }],
         "no Stop or Shutdown under the old token"
     );
+    assert_eq!(
+        (
+            core.stats().records_ordered,
+            core.stats().records_fenced,
+            core.stats().records_ok
+        ),
+        (2, 1, 0)
+    );
+}
+
+/// A record write answered after its key was fenced is stale (the key is no longer this
+/// process's); close waits for a record write in flight before it releases the key; and a
+/// key another process wants is noted only if it is a fleet key.
+#[test]
+fn record_writes_in_flight_meet_a_fence_and_a_close() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    acquire(&mut core, ms(0), "c1", "s1");
+    let (claim, k) = claim_of(&mut core);
+    core.handle_claimed(ms(0), claim, &k, Token(4), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox: x, .. }) = commands(&mut core).pop() else {
+        panic!("a start")
+    };
+    core.handle_start_ok(ms(1), x).unwrap();
+    let [StoreCommand::Record { recording, .. }] = store(&mut core).as_slice().to_owned()[..]
+    else {
+        panic!("one record write")
+    };
+    core.handle_fenced(ms(2), x).unwrap();
+    let stale = core.stats().stale_answers;
+    core.handle_recorded(ms(3), recording, &k).unwrap();
+    assert_eq!(core.stats().stale_answers, stale + 1, "the key was fenced");
+    assert_eq!(core.stats().records_ok, 0);
+
+    // A second key, its record write in flight when close comes: the release waits for it.
+    acquire(&mut core, ms(4), "c2", "s2");
+    let (claim, k2) = claim_of(&mut core);
+    core.handle_claimed(ms(4), claim, &k2, Token(7), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox: y, .. }) = commands(&mut core).pop() else {
+        panic!("a start")
+    };
+    core.handle_start_ok(ms(5), y).unwrap();
+    let [StoreCommand::Record { recording, .. }] = store(&mut core).as_slice().to_owned()[..]
+    else {
+        panic!("one record write")
+    };
+    // Other processes want a per-call key (never a fleet key) and this one: only this one is
+    // noted, and close comes before anything else.
+    let tracked = core.tracked_keys();
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("only the renewal: {other:?}"),
+    };
+    let per_call = Key::Call(CallId::new("elsewhere").unwrap());
+    core.handle_renewed(ms(3_001), renewal, &[per_call, k2.clone()])
+        .unwrap();
+    assert_eq!(
+        core.tracked_keys(),
+        tracked,
+        "a per-call key is not tracked"
+    );
+    core.close(ms(3_002), Duration::from_secs(1)).unwrap();
+    let before: Vec<StoreCommand> = store(&mut core)
+        .into_iter()
+        .filter(|c| matches!(c, StoreCommand::Release { .. }))
+        .collect();
+    assert_eq!(before, vec![], "no release while the record write is out");
+    core.handle_recorded(ms(3_003), recording, &k2).unwrap();
+    release(&mut core, ms(3_003), "c2");
+    for c in commands(&mut core) {
+        match c {
+            Command::Drain { .. } => {}
+            Command::Shutdown { sandbox, .. } => {
+                core.handle_shutdown_ok(ms(3_004), sandbox).unwrap()
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let released: Vec<Key> = store(&mut core)
+        .into_iter()
+        .filter_map(|c| match c {
+            StoreCommand::Release { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, vec![k2], "released once the write was answered");
 }
 
 /// Found by the fleet simulator: after a pause, an answer (or a timer due before the lapse)
@@ -965,6 +1092,11 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
     // The second attempt fails outright: still in doubt, the sandbox is not taken back.
     core.handle_release_failed(ms(t), again, &key("s1"))
         .unwrap();
+    assert_eq!(
+        core.stats().releases_failed,
+        2,
+        "one unanswered in time, one failed"
+    );
     assert_eq!(core.sandbox_state(x), Some(SandboxState::HandingOver));
     assert!(events(&mut core).is_empty());
     // The next attempt is refused: the first had landed. The sandbox is the next owner's.
@@ -980,6 +1112,7 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
     };
     core.handle_release_fenced(next.1, next.0, &key("s1"))
         .unwrap();
+    assert_eq!(core.stats().releases_fenced, 1);
     assert!(commands(&mut core).contains(&Command::Relinquish { sandbox: x }));
     let (_, k) = claim_of(&mut core);
     assert_eq!(k, key("s1"), "the waiting call claims the key anew");
