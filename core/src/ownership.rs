@@ -255,12 +255,13 @@ impl Lifecycle {
         self.liveness.is_some() && !matches!(key, Key::Call(_) | Key::External(_))
     }
 
-    /// Whether calls of the key may bind now: a local key, or one this process owns whose
-    /// sandbox is not being handed over.
+    /// Whether calls of the fleet key may bind now: only when this process owns it, is not in
+    /// doubt about a release, and its sandbox is not being handed over. A fleet key's slot is
+    /// `Local` only within the input that made it, before its first claim: not bindable (fail
+    /// closed; a non-fleet key never asks).
     pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         match slot.own {
-            Own::Local => true,
             Own::Owned(_) => {
                 !slot.doubtful
                     && !slot

@@ -690,6 +690,7 @@ fn a_claim_confirmed_after_the_lease_lapsed_is_not_taken() {
     core.handle_claimed(ms(8_001), claim, &k, Token(1), KeyRecord::default())
         .unwrap();
     assert_eq!(core.key_token(&k), None);
+    assert_eq!(core.stats().claims_failed, 1, "unanswered by its deadline");
     assert!(commands(&mut core)
         .iter()
         .all(|c| !matches!(c, Command::Start { .. })));
@@ -912,6 +913,13 @@ fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
     let stale = core.stats().stale_answers;
     core.handle_recorded(ms(2), first, &k).unwrap();
     assert_eq!(core.stats().stale_answers, stale + 1, "no longer awaited");
+    // A second call of the key binds meanwhile: the write still waits for its retry.
+    acquire(&mut core, ms(3), "c2", "s1");
+    assert_eq!(
+        store(&mut core),
+        vec![],
+        "not written again before claim_retry"
+    );
     assert_eq!(
         core.poll_timeout(),
         Some(ms(502)),
@@ -943,11 +951,10 @@ fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
     );
 }
 
-/// A record write answered after its key was fenced is stale (the key is no longer this
-/// process's); close waits for a record write in flight before it releases the key; and a
-/// key another process wants is noted only if it is a fleet key.
+/// A record write answered after its key was fenced is stale: the key is no longer this
+/// process's.
 #[test]
-fn record_writes_in_flight_meet_a_fence_and_a_close() {
+fn a_record_write_answered_after_the_fence_is_stale() {
     let mut core = leased(ReleasePolicy::Shutdown);
     acquire(&mut core, ms(0), "c1", "s1");
     let (claim, k) = claim_of(&mut core);
@@ -966,61 +973,6 @@ fn record_writes_in_flight_meet_a_fence_and_a_close() {
     core.handle_recorded(ms(3), recording, &k).unwrap();
     assert_eq!(core.stats().stale_answers, stale + 1, "the key was fenced");
     assert_eq!(core.stats().records_ok, 0);
-
-    // A second key, its record write in flight when close comes: the release waits for it.
-    acquire(&mut core, ms(4), "c2", "s2");
-    let (claim, k2) = claim_of(&mut core);
-    core.handle_claimed(ms(4), claim, &k2, Token(7), KeyRecord::default())
-        .unwrap();
-    let Some(Command::Start { sandbox: y, .. }) = commands(&mut core).pop() else {
-        panic!("a start")
-    };
-    core.handle_start_ok(ms(5), y).unwrap();
-    let [StoreCommand::Record { recording, .. }] = store(&mut core).as_slice().to_owned()[..]
-    else {
-        panic!("one record write")
-    };
-    // Other processes want a per-call key (never a fleet key) and this one: only this one is
-    // noted, and close comes before anything else.
-    let tracked = core.tracked_keys();
-    core.handle_timeout(ms(3_000)).unwrap();
-    let renewal = match store(&mut core).as_slice() {
-        [StoreCommand::Renew { renewal, .. }] => *renewal,
-        other => panic!("only the renewal: {other:?}"),
-    };
-    let per_call = Key::Call(CallId::new("elsewhere").unwrap());
-    core.handle_renewed(ms(3_001), renewal, &[per_call, k2.clone()])
-        .unwrap();
-    assert_eq!(
-        core.tracked_keys(),
-        tracked,
-        "a per-call key is not tracked"
-    );
-    core.close(ms(3_002), Duration::from_secs(1)).unwrap();
-    let before: Vec<StoreCommand> = store(&mut core)
-        .into_iter()
-        .filter(|c| matches!(c, StoreCommand::Release { .. }))
-        .collect();
-    assert_eq!(before, vec![], "no release while the record write is out");
-    core.handle_recorded(ms(3_003), recording, &k2).unwrap();
-    release(&mut core, ms(3_003), "c2");
-    for c in commands(&mut core) {
-        match c {
-            Command::Drain { .. } => {}
-            Command::Shutdown { sandbox, .. } => {
-                core.handle_shutdown_ok(ms(3_004), sandbox).unwrap()
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-    let released: Vec<Key> = store(&mut core)
-        .into_iter()
-        .filter_map(|c| match c {
-            StoreCommand::Release { key, .. } => Some(key),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(released, vec![k2], "released once the write was answered");
 }
 
 /// Found by the fleet simulator: after a pause, an answer (or a timer due before the lapse)
@@ -1051,6 +1003,28 @@ fn an_answer_that_comes_after_the_lease_ran_out_orders_nothing_under_the_old_tok
     assert_eq!(core.lease_epoch(), Some(2));
 }
 
+/// Fires timers, confirming every renewal, until a release that went unanswered is asked again:
+/// that release, and when (ms).
+fn release_asked_again(core: &mut Lifecycle) -> (ReleaseId, u64) {
+    loop {
+        let t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
+        core.handle_timeout(ms(t)).unwrap();
+        let mut released = None;
+        for c in store(core) {
+            match c {
+                StoreCommand::Renew { renewal, .. } => {
+                    core.handle_renewed(ms(t), renewal, &[]).unwrap()
+                }
+                StoreCommand::Release { release, .. } => released = Some(release),
+                other => panic!("{other:?}"),
+            }
+        }
+        if let Some(r) = released {
+            return (r, t);
+        }
+    }
+}
+
 /// Found by the fleet simulator: a release that timed out was taken as not written, and the
 /// sandbox being handed over went back into use although the release had landed. Now the key is
 /// in doubt until a definite answer.
@@ -1065,24 +1039,7 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
     commands(&mut core);
     store(&mut core);
     // No answer by the release's deadline (the command timeout, 30 s): asked again.
-    let mut t;
-    let again = loop {
-        t = core.poll_timeout().unwrap().as_nanos() / 1_000_000;
-        core.handle_timeout(ms(t)).unwrap();
-        let mut released = None;
-        for c in store(&mut core) {
-            match c {
-                StoreCommand::Renew { renewal, .. } => {
-                    core.handle_renewed(ms(t), renewal, &[]).unwrap()
-                }
-                StoreCommand::Release { release, .. } => released = Some(release),
-                other => panic!("{other:?}"),
-            }
-        }
-        if let Some(r) = released {
-            break r;
-        }
-    };
+    let (again, t) = release_asked_again(&mut core);
     assert_eq!(core.sandbox_state(x), Some(SandboxState::HandingOver));
     events(&mut core);
     // A call meanwhile waits: the key may no longer be this process's.
@@ -1103,10 +1060,17 @@ fn a_release_that_went_unanswered_leaves_the_key_in_doubt_until_a_definite_answe
     let next = loop {
         let at = core.poll_timeout().unwrap();
         core.handle_timeout(at).unwrap();
-        if let Some(StoreCommand::Release { release, .. }) = store(&mut core)
+        if let Some(StoreCommand::Release {
+            release, record, ..
+        }) = store(&mut core)
             .into_iter()
             .find(|c| matches!(c, StoreCommand::Release { .. }))
         {
+            assert_eq!(
+                record.warm,
+                Some(x),
+                "asked again with the sandbox handed over"
+            );
             break (release, at);
         }
     };
@@ -1141,4 +1105,293 @@ fn calls_of_a_failed_adoption_keep_the_key_and_bind_to_a_fresh_start() {
         call: CallId::new("c1").unwrap(),
         sandbox
     }));
+}
+
+/// A call that comes while its key's sandbox goes down waits; the key stays this process's (no
+/// release while a call waits for it) and the call binds to a fresh start under the same token.
+#[test]
+fn a_call_waiting_for_its_keys_way_down_keeps_the_key() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    release(&mut core, ms(10), "c1");
+    acquire(&mut core, ms(11), "c2", "s1");
+    let mut started = None;
+    for _ in 0..10 {
+        for c in commands(&mut core) {
+            match c {
+                Command::Drain { .. } => {}
+                Command::Stop { sandbox, .. } => {
+                    core.handle_stop_ok(ms(12), sandbox, None).unwrap()
+                }
+                Command::Persist { sandbox, .. } => {
+                    core.handle_persist_ok(ms(12), sandbox).unwrap()
+                }
+                Command::Shutdown { sandbox, .. } => {
+                    assert_eq!(sandbox, x);
+                    core.handle_shutdown_ok(ms(12), sandbox).unwrap();
+                }
+                Command::Start { sandbox, token, .. } => {
+                    assert_eq!(token, Some(Token(4)), "under the same token");
+                    started = Some(sandbox);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        for c in store(&mut core) {
+            match c {
+                StoreCommand::Record { recording, key, .. } => {
+                    core.handle_recorded(ms(12), recording, &key).unwrap()
+                }
+                other => panic!("no release while a call waits for the key: {other:?}"),
+            }
+        }
+        if started.is_some() {
+            break;
+        }
+    }
+    let y = started.expect("the waiting call's start");
+    assert_ne!(y, x);
+    assert_eq!(core.key_token(&key("s1")), Some(Token(4)));
+}
+
+/// A release whose outcome is in doubt (unanswered in time, then failed) of a key with no
+/// sandbox to hand over: a call that comes meanwhile waits (the key may be another process's
+/// already); nothing starts under the old token.
+#[test]
+fn a_key_in_doubt_without_a_sandbox_binds_nothing() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
+    release(&mut core, ms(10), "c1");
+    way_down(&mut core, ms(10), x, Some("snap-1"), 2);
+    // Wanted elsewhere: released with its snapshot; the store does not answer in time.
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
+    let first = match store(&mut core).as_slice() {
+        [StoreCommand::Release {
+            release, record, ..
+        }] => {
+            assert_eq!(record.warm, None);
+            *release
+        }
+        other => panic!("{other:?}"),
+    };
+    let (again, t) = release_asked_again(&mut core);
+    assert_ne!(again, first);
+    core.handle_release_failed(ms(t), again, &key("s1"))
+        .unwrap();
+    events(&mut core);
+    acquire(&mut core, ms(t), "c2", "s1");
+    assert_eq!(commands(&mut core), vec![], "nothing starts while in doubt");
+    assert!(events(&mut core)
+        .iter()
+        .all(|e| !matches!(e, Event::CallReady { .. })));
+}
+
+/// A fence lets go the key's sandboxes whose last command is not out yet; one whose Shutdown is
+/// out keeps it (no Relinquish for it).
+#[test]
+fn a_fence_leaves_a_sandbox_whose_shutdown_is_out() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    release(&mut core, ms(10), "c1");
+    // The way down answered up to its Shutdown, which stays out.
+    let mut shutdown_out = false;
+    while !shutdown_out {
+        let cmds = commands(&mut core);
+        assert!(!cmds.is_empty(), "the way down goes on");
+        for c in cmds {
+            match c {
+                Command::Drain { .. } => {}
+                Command::Stop { sandbox, .. } => {
+                    core.handle_stop_ok(ms(10), sandbox, None).unwrap()
+                }
+                Command::Persist { sandbox, .. } => {
+                    core.handle_persist_ok(ms(10), sandbox).unwrap()
+                }
+                Command::Shutdown { sandbox, .. } => shutdown_out = sandbox == x,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    events(&mut core);
+    core.handle_fenced(ms(11), x).unwrap();
+    assert!(events(&mut core).iter().any(|e| matches!(
+        e,
+        Event::KeyFenced {
+            reason: FenceReason::Refused,
+            ..
+        }
+    )));
+    assert_eq!(commands(&mut core), vec![], "its Shutdown is out already");
+}
+
+/// Close waits for a record write in flight before it releases the key (the store keeps one
+/// write per key at a time); a record write unanswered in time is written again; a key other
+/// processes want is noted only if it is a fleet key.
+#[test]
+fn close_waits_for_a_record_write_in_flight_before_releasing_the_key() {
+    let mut core = leased(ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    });
+    acquire(&mut core, ms(0), "c2", "s2");
+    let (claim, k2) = claim_of(&mut core);
+    core.handle_claimed(ms(0), claim, &k2, Token(7), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox, .. }) = commands(&mut core).pop() else {
+        panic!("a start")
+    };
+    core.handle_start_ok(ms(1), sandbox).unwrap();
+    let record_write = |core: &mut Lifecycle| -> RecordingId {
+        let writes: Vec<RecordingId> = store(core)
+            .into_iter()
+            .filter_map(|c| match c {
+                StoreCommand::Record { recording, .. } => Some(recording),
+                StoreCommand::Renew { .. } => None,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        match writes.as_slice() {
+            [w] => *w,
+            other => panic!("one record write expected: {other:?}"),
+        }
+    };
+    let first = record_write(&mut core);
+    // Unanswered by its deadline (the lease's end, 8 s, before the command timeout): written
+    // again, under a new number. The renewal at 3 s is confirmed meanwhile, naming a per-call
+    // key (never a fleet key: not tracked) as wanted.
+    core.handle_timeout(ms(3_000)).unwrap();
+    let renewal = match store(&mut core).as_slice() {
+        [StoreCommand::Renew { renewal, .. }] => *renewal,
+        other => panic!("only the renewal: {other:?}"),
+    };
+    let tracked = core.tracked_keys();
+    let per_call = Key::Call(CallId::new("elsewhere").unwrap());
+    core.handle_renewed(ms(3_001), renewal, &[per_call])
+        .unwrap();
+    assert_eq!(
+        core.tracked_keys(),
+        tracked,
+        "a per-call key is not tracked"
+    );
+    // Timers fire (renewals confirmed) until the write's deadline passed.
+    let mut rewrites = vec![];
+    let mut t = ms(3_001);
+    while core.stats().records_failed == 0 {
+        t = core.poll_timeout().unwrap();
+        assert!(
+            t <= ms(8_000),
+            "the write's deadline is the lease's end then"
+        );
+        core.handle_timeout(t).unwrap();
+        for c in store(&mut core) {
+            match c {
+                StoreCommand::Renew { renewal, .. } => {
+                    core.handle_renewed(t, renewal, &[]).unwrap()
+                }
+                StoreCommand::Record { recording, .. } => rewrites.push(recording),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(t, ms(8_000));
+    let [second] = rewrites[..] else {
+        panic!("written again once: {rewrites:?}")
+    };
+    assert_ne!(second, first);
+
+    // The call ends (the sandbox stays warm, the key quiet) and close comes while the second
+    // write is out: no release until it is answered.
+    release(&mut core, ms(8_001), "c2");
+    core.close(ms(8_002), Duration::from_secs(1)).unwrap();
+    let early: Vec<StoreCommand> = store(&mut core)
+        .into_iter()
+        .filter(|c| matches!(c, StoreCommand::Release { .. }))
+        .collect();
+    assert_eq!(early, vec![], "no release while the record write is out");
+    core.handle_recorded(ms(8_003), second, &k2).unwrap();
+    let mut released = vec![];
+    for _ in 0..10 {
+        for c in commands(&mut core) {
+            match c {
+                Command::Drain { .. } => {}
+                Command::Stop { sandbox, .. } => {
+                    core.handle_stop_ok(ms(8_004), sandbox, None).unwrap()
+                }
+                Command::Persist { sandbox, .. } => {
+                    core.handle_persist_ok(ms(8_004), sandbox).unwrap()
+                }
+                Command::Shutdown { sandbox, .. } => {
+                    core.handle_shutdown_ok(ms(8_004), sandbox).unwrap()
+                }
+                Command::Relinquish { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        for c in store(&mut core) {
+            match c {
+                StoreCommand::Release { key, .. } => released.push(key),
+                StoreCommand::Record { recording, key, .. } => {
+                    core.handle_recorded(ms(8_004), recording, &key).unwrap()
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(released, vec![k2], "released once the write was answered");
+}
+
+/// Close lets go an owned key with no sandbox (only its snapshot) only once the record write
+/// in flight for it is answered.
+#[test]
+fn close_lets_go_a_key_with_only_its_snapshot_after_its_record_write() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
+    release(&mut core, ms(10), "c1");
+    // The way down, answered; the record write it leads to (the snapshot) stays out.
+    let mut writes = vec![];
+    for _ in 0..10 {
+        for c in commands(&mut core) {
+            match c {
+                Command::Drain { .. } => {}
+                Command::Stop { sandbox, .. } => core
+                    .handle_stop_ok(ms(10), sandbox, Some(Snapshot::new("snap-1")))
+                    .unwrap(),
+                Command::Persist { sandbox, .. } => {
+                    core.handle_persist_ok(ms(10), sandbox).unwrap()
+                }
+                Command::Shutdown { sandbox, .. } => {
+                    core.handle_shutdown_ok(ms(10), sandbox).unwrap()
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        for c in store(&mut core) {
+            match c {
+                StoreCommand::Record {
+                    recording, record, ..
+                } => writes.push((recording, record)),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(core.sandbox_state(x), None, "down");
+    let [(recording, ref record)] = writes[..] else {
+        panic!("one record write: {writes:?}")
+    };
+    assert_eq!((record.warm, record.snapshot.is_some()), (None, true));
+    core.close(ms(20), Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        store(&mut core),
+        vec![],
+        "no release while the write is out"
+    );
+    core.handle_recorded(ms(21), recording, &key("s1")).unwrap();
+    assert_eq!(
+        core.stats().records_ok,
+        2,
+        "the sandbox's, then the snapshot's"
+    );
+    assert!(matches!(
+        store(&mut core).as_slice(),
+        [StoreCommand::Release { key: k, .. }] if *k == key("s1")
+    ));
 }
