@@ -153,6 +153,47 @@ fn owned_and_ready(core: &mut Lifecycle, t: Instant, call: &str, s: &str, token:
     sandbox
 }
 
+/// Claims the key of `s` for call `call` under `token` and starts its sandbox at `t`, leaving
+/// the write of the key's record that follows unanswered in the store queue: the sandbox and
+/// the key.
+fn started_with_record_out(
+    core: &mut Lifecycle,
+    t: Instant,
+    call: &str,
+    s: &str,
+    token: u64,
+) -> (SandboxId, Key) {
+    acquire(core, t, call, s);
+    let (claim, k) = claim_of(core);
+    core.handle_claimed(t, claim, &k, Token(token), KeyRecord::default())
+        .unwrap();
+    let Some(Command::Start { sandbox, .. }) = commands(core).pop() else {
+        panic!("a start")
+    };
+    core.handle_start_ok(t, sandbox).unwrap();
+    (sandbox, k)
+}
+
+/// Answers one command of a way down at `t` (a Drain needs no answer; a Stop answered with
+/// `snapshot`; a Persist; a Shutdown): `None`, or the command back when it is not one of them.
+fn answer_way_down(
+    core: &mut Lifecycle,
+    t: Instant,
+    c: Command,
+    snapshot: Option<&str>,
+) -> Option<Command> {
+    match c {
+        Command::Drain { .. } => {}
+        Command::Stop { sandbox, .. } => core
+            .handle_stop_ok(t, sandbox, snapshot.map(Snapshot::new))
+            .unwrap(),
+        Command::Persist { sandbox, .. } => core.handle_persist_ok(t, sandbox).unwrap(),
+        Command::Shutdown { sandbox, .. } => core.handle_shutdown_ok(t, sandbox).unwrap(),
+        other => return Some(other),
+    }
+    None
+}
+
 /// Answers the way down of `x` (Stop, Persist, Shutdown) at `t`, with `snapshot` from the Stop,
 /// and the record writes ordered meanwhile: the records written, and the other store work.
 fn way_down(
@@ -881,14 +922,7 @@ fn a_backend_refusal_fences_the_key_and_a_waiting_call_claims_it_again() {
 #[test]
 fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
     let mut core = leased(ReleasePolicy::Shutdown);
-    acquire(&mut core, ms(0), "c1", "s1");
-    let (claim, k) = claim_of(&mut core);
-    core.handle_claimed(ms(0), claim, &k, Token(4), KeyRecord::default())
-        .unwrap();
-    let Some(Command::Start { sandbox: x, .. }) = commands(&mut core).pop() else {
-        panic!("a start")
-    };
-    core.handle_start_ok(ms(1), x).unwrap();
+    let (x, k) = started_with_record_out(&mut core, ms(1), "c1", "s1", 4);
     let record = KeyRecord {
         snapshot: None,
         warm: Some(x),
@@ -956,14 +990,7 @@ fn a_failed_record_write_is_made_again_and_a_refused_one_fences_the_key() {
 #[test]
 fn a_record_write_answered_after_the_fence_is_stale() {
     let mut core = leased(ReleasePolicy::Shutdown);
-    acquire(&mut core, ms(0), "c1", "s1");
-    let (claim, k) = claim_of(&mut core);
-    core.handle_claimed(ms(0), claim, &k, Token(4), KeyRecord::default())
-        .unwrap();
-    let Some(Command::Start { sandbox: x, .. }) = commands(&mut core).pop() else {
-        panic!("a start")
-    };
-    core.handle_start_ok(ms(1), x).unwrap();
+    let (x, k) = started_with_record_out(&mut core, ms(1), "c1", "s1", 4);
     let [StoreCommand::Record { recording, .. }] = store(&mut core).as_slice().to_owned()[..]
     else {
         panic!("one record write")
@@ -1118,23 +1145,13 @@ fn a_call_waiting_for_its_keys_way_down_keeps_the_key() {
     let mut started = None;
     for _ in 0..10 {
         for c in commands(&mut core) {
-            match c {
-                Command::Drain { .. } => {}
-                Command::Stop { sandbox, .. } => {
-                    core.handle_stop_ok(ms(12), sandbox, None).unwrap()
-                }
-                Command::Persist { sandbox, .. } => {
-                    core.handle_persist_ok(ms(12), sandbox).unwrap()
-                }
-                Command::Shutdown { sandbox, .. } => {
-                    assert_eq!(sandbox, x);
-                    core.handle_shutdown_ok(ms(12), sandbox).unwrap();
-                }
-                Command::Start { sandbox, token, .. } => {
+            match answer_way_down(&mut core, ms(12), c, None) {
+                None => {}
+                Some(Command::Start { sandbox, token, .. }) => {
                     assert_eq!(token, Some(Token(4)), "under the same token");
                     started = Some(sandbox);
                 }
-                other => panic!("{other:?}"),
+                Some(other) => panic!("{other:?}"),
             }
         }
         for c in store(&mut core) {
@@ -1200,15 +1217,8 @@ fn a_fence_leaves_a_sandbox_whose_shutdown_is_out() {
         assert!(!cmds.is_empty(), "the way down goes on");
         for c in cmds {
             match c {
-                Command::Drain { .. } => {}
-                Command::Stop { sandbox, .. } => {
-                    core.handle_stop_ok(ms(10), sandbox, None).unwrap()
-                }
-                Command::Persist { sandbox, .. } => {
-                    core.handle_persist_ok(ms(10), sandbox).unwrap()
-                }
                 Command::Shutdown { sandbox, .. } => shutdown_out = sandbox == x,
-                other => panic!("{other:?}"),
+                c => assert_eq!(answer_way_down(&mut core, ms(10), c, None), None),
             }
         }
     }
@@ -1232,14 +1242,7 @@ fn close_waits_for_a_record_write_in_flight_before_releasing_the_key() {
     let mut core = leased(ReleasePolicy::KeepWarm {
         idle: Duration::from_secs(60),
     });
-    acquire(&mut core, ms(0), "c2", "s2");
-    let (claim, k2) = claim_of(&mut core);
-    core.handle_claimed(ms(0), claim, &k2, Token(7), KeyRecord::default())
-        .unwrap();
-    let Some(Command::Start { sandbox, .. }) = commands(&mut core).pop() else {
-        panic!("a start")
-    };
-    core.handle_start_ok(ms(1), sandbox).unwrap();
+    let (_, k2) = started_with_record_out(&mut core, ms(1), "c2", "s2", 7);
     let record_write = |core: &mut Lifecycle| -> RecordingId {
         let writes: Vec<RecordingId> = store(core)
             .into_iter()
@@ -1311,19 +1314,9 @@ fn close_waits_for_a_record_write_in_flight_before_releasing_the_key() {
     let mut released = vec![];
     for _ in 0..10 {
         for c in commands(&mut core) {
-            match c {
-                Command::Drain { .. } => {}
-                Command::Stop { sandbox, .. } => {
-                    core.handle_stop_ok(ms(8_004), sandbox, None).unwrap()
-                }
-                Command::Persist { sandbox, .. } => {
-                    core.handle_persist_ok(ms(8_004), sandbox).unwrap()
-                }
-                Command::Shutdown { sandbox, .. } => {
-                    core.handle_shutdown_ok(ms(8_004), sandbox).unwrap()
-                }
-                Command::Relinquish { .. } => {}
-                other => panic!("{other:?}"),
+            match answer_way_down(&mut core, ms(8_004), c, None) {
+                None | Some(Command::Relinquish { .. }) => {}
+                Some(other) => panic!("{other:?}"),
             }
         }
         for c in store(&mut core) {
@@ -1350,19 +1343,7 @@ fn close_lets_go_a_key_with_only_its_snapshot_after_its_record_write() {
     let mut writes = vec![];
     for _ in 0..10 {
         for c in commands(&mut core) {
-            match c {
-                Command::Drain { .. } => {}
-                Command::Stop { sandbox, .. } => core
-                    .handle_stop_ok(ms(10), sandbox, Some(Snapshot::new("snap-1")))
-                    .unwrap(),
-                Command::Persist { sandbox, .. } => {
-                    core.handle_persist_ok(ms(10), sandbox).unwrap()
-                }
-                Command::Shutdown { sandbox, .. } => {
-                    core.handle_shutdown_ok(ms(10), sandbox).unwrap()
-                }
-                other => panic!("{other:?}"),
-            }
+            assert_eq!(answer_way_down(&mut core, ms(10), c, Some("snap-1")), None);
         }
         for c in store(&mut core) {
             match c {
