@@ -27,6 +27,7 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::{AnnotationWrite, Loopback};
 use sandkeeper_k8s::{verify_fleet, K8sStore};
+use sandkeeper_tokio::local::store::{held_by, not_taken_over};
 use sandkeeper_tokio::workload::Summary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -224,14 +225,7 @@ async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restar
     let ib = b.incarnation().await;
     assert_ne!(ia, ib);
     a.child.kill().await.unwrap(); // SIGKILL, and waited for
-    let held: BTreeMap<String, u64> = store
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.owner.is_some_and(|(i, _)| i == ia))
-        .map(|e| (e.key, e.token))
-        .collect();
+    let held = held_by(&store.entries().await.unwrap(), ia);
 
     // The survivor finishes with every check passed and no call failed: its calls on the
     // killed one's keys waited for the lease to expire, then took the keys over.
@@ -245,22 +239,11 @@ async fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restar
     );
     assert!(row["adopted"] + row["resumed"] > 0, "{row:?}");
     assert!(!held.is_empty(), "the killed process held keys");
-    let after: BTreeMap<String, (Option<(u32, u64)>, u64)> = store
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.key, (e.owner, e.token)))
-        .collect();
-    for (key, token) in &held {
-        let (owner, now) = after[key];
-        assert!(
-            now > *token && owner.is_none_or(|(i, _)| i != ia),
-            "{key}, held by the killed process under token {token}, was taken over: {:?}\n\
-             {survivor}",
-            after[key]
-        );
-    }
+    let kept = not_taken_over(&held, &store.entries().await.unwrap(), ia);
+    assert!(
+        kept.is_empty(),
+        "every key the killed process held ({held:?}) was taken over; not: {kept:?}\n{survivor}"
+    );
 
     // The killed replica restarts (a new incarnation, a new replica name) and continues its
     // users' keys from their records: what the survivor suspended, it resumes.
@@ -317,18 +300,6 @@ fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal}");
 }
 
-/// The keys `incarnation` owns in the store now.
-async fn owned_by(store: &K8sStore, incarnation: u32) -> Vec<String> {
-    store
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
-        .map(|e| e.key)
-        .collect()
-}
-
 /// One process paused (SIGSTOP) past its lease while its peer takes its keys, as
 /// `io-tokio/tests/fleet_harness.rs` does on a local root: woken, it finds its lease lapsed by
 /// its own clock and fences itself (fail closed); what it still had in flight under its old
@@ -357,14 +328,14 @@ async fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys()
     let ia = a.incarnation().await;
     poll("a made progress", || std::future::ready(lines(&la) >= 24)).await;
     signal(&a.child, "STOP");
-    let held = owned_by(&store, ia).await;
+    let held = held_by(&store.entries().await.unwrap(), ia);
     assert!(!held.is_empty(), "the paused process holds keys");
     // `b` joins and, once the paused lease expired, takes every key `a` held.
     let mut b = spawn(harness(&server, "b", 6, &lb));
     let ib = b.incarnation().await;
     poll("b took every key the paused process held", || async {
-        let taken = owned_by(&store, ib).await;
-        held.iter().all(|k| taken.contains(k))
+        let taken = held_by(&store.entries().await.unwrap(), ib);
+        held.keys().all(|k| taken.contains_key(k))
     })
     .await;
     // `a` wakes after its keys went to `b`: it fences itself, claims again and finishes.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::Duration;
 
-use sandkeeper_tokio::local::store::LocalStore;
+use sandkeeper_tokio::local::store::{held_by, not_taken_over, LocalStore};
 use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";
@@ -146,13 +146,7 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     a.child.kill().unwrap(); // SIGKILL
     a.child.wait().unwrap();
     let store = LocalStore::open(&root, Duration::from_millis(1500)).unwrap();
-    let held: BTreeMap<String, u64> = store
-        .entries()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.owner.is_some_and(|(i, _)| i == ia))
-        .map(|e| (e.key, e.token))
-        .collect();
+    let held = held_by(&store.entries().unwrap(), ia);
 
     // The survivor finishes with every check passed and no call failed: its calls on the
     // killed one's keys waited for the lease to expire, then took the keys over.
@@ -166,21 +160,11 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     );
     assert!(row["adopted"] + row["resumed"] > 0, "{row:?}");
     assert!(!held.is_empty(), "the killed process held keys");
-    let after: BTreeMap<String, (Option<(u32, u64)>, u64)> = store
-        .entries()
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.key, (e.owner, e.token)))
-        .collect();
-    for (key, token) in &held {
-        let (owner, now) = after[key];
-        assert!(
-            now > *token && owner.is_none_or(|(i, _)| i != ia),
-            "{key}, held by the killed process under token {token}, was taken over: {:?}\n\
-             {survivor}",
-            after[key]
-        );
-    }
+    let kept = not_taken_over(&held, &store.entries().unwrap(), ia);
+    assert!(
+        kept.is_empty(),
+        "every key the killed process held ({held:?}) was taken over; not: {kept:?}\n{survivor}"
+    );
 
     // The killed replica restarts (a new incarnation) and continues its users' keys from
     // their records: what the survivor suspended, it resumes.
@@ -215,17 +199,6 @@ fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal}");
 }
 
-/// The keys `incarnation` owns in the store now.
-fn owned_by(store: &LocalStore, incarnation: u32) -> Vec<String> {
-    store
-        .entries()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
-        .map(|e| e.key)
-        .collect()
-}
-
 #[test]
 fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
     let root = std::env::temp_dir().join(format!("sk-fleet-pause-{}", std::process::id()));
@@ -240,14 +213,14 @@ fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
     let ia = a.incarnation();
     until("a made no progress", || lines(&la) >= 24);
     signal(&a.child, "STOP");
-    let held = owned_by(&store, ia);
+    let held = held_by(&store.entries().unwrap(), ia);
     assert!(!held.is_empty(), "the paused process holds keys");
     // `b` joins and, once the paused lease expired, takes every key `a` held.
     let mut b = spawn(harness(&root, "b", 20, &lb));
     let ib = b.incarnation();
     until("b never took the paused process's keys", || {
-        let taken = owned_by(&store, ib);
-        held.iter().all(|k| taken.contains(k))
+        let taken = held_by(&store.entries().unwrap(), ib);
+        held.keys().all(|k| taken.contains_key(k))
     });
     // `a` wakes up after its keys went to `b`: its lease lapsed by its own clock, so it
     // fences itself (fail closed) and any change it still had in flight under its old tokens

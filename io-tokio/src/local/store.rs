@@ -14,7 +14,7 @@
 //! wall clock ([`SystemTime`]), the one clock the processes share; the protocol assumes their
 //! clocks agree within the fleet's margin (see [`sandkeeper::Fleet`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -405,6 +405,33 @@ pub fn unix_ms(t: SystemTime) -> u64 {
 /// A key from its display form (`session:s1`, `user:u`, `agent`, `global`).
 fn parse_key(text: &str) -> Result<Key, String> {
     Key::try_from(text.to_string()).map_err(|e| format!("key {text:?}: {e}"))
+}
+
+/// The keys `incarnation` owns among `entries` (a store's [`LocalStore::entries`], or the
+/// Kubernetes store's), with the token each is held under.
+pub fn held_by(entries: &[KeyEntry], incarnation: u32) -> BTreeMap<String, u64> {
+    entries
+        .iter()
+        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
+        .map(|e| (e.key.clone(), e.token))
+        .collect()
+}
+
+/// Of the keys `incarnation` held (`held`, as [`held_by`] gave them), those `entries` show not
+/// taken over: still its own, or under no newer token.
+pub fn not_taken_over(
+    held: &BTreeMap<String, u64>,
+    entries: &[KeyEntry],
+    incarnation: u32,
+) -> Vec<String> {
+    held.iter()
+        .filter(|(key, token)| {
+            !entries.iter().any(|e| {
+                &e.key == *key && e.token > **token && e.owner.is_none_or(|(i, _)| i != incarnation)
+            })
+        })
+        .map(|(key, _)| key.clone())
+        .collect()
 }
 
 #[cfg(test)]
