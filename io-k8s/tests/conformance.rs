@@ -6,7 +6,6 @@ mod common;
 use common::*;
 
 use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
-use k8s_loopback::store::Propagation;
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::{ErrorClass, K8sError, Mode, UploadFile};
 use serde_json::json;
@@ -588,10 +587,7 @@ async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
     let a = k.start_sandbox(1, "s").await.unwrap();
     let b = k.start_sandbox(2, "s").await.unwrap();
 
-    server
-        .store()
-        .delete(&PODS, NS, &a.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &a.pod);
     let d = next_death(&mut rx).await;
     assert_eq!(d.sandbox, 1, "{d:?}");
     assert!(d.reason.contains("being deleted"), "{}", d.reason);
@@ -611,10 +607,7 @@ async fn h_a_pod_deleted_by_hand_is_reported_once_while_it_terminates() {
             .map_or(true, |p| p["metadata"]["uid"] != a.pod_uid.as_str())
     })
     .await;
-    server
-        .store()
-        .delete(&PODS, NS, &b.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &b.pod);
     let d = next_death(&mut rx).await;
     assert_eq!(
         d.sandbox, 2,
@@ -690,16 +683,10 @@ async fn h_a_pod_relabelled_out_of_the_owners_selector_is_not_reported_dead() {
 
     // Sandbox 2's pod, deleted after, is the first report: sandbox 1 was not reported (one
     // watch, events in order). Then sandbox 1's pod, deleted for real, is reported.
-    server
-        .store()
-        .delete(&PODS, NS, &b.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &b.pod);
     let d = next_death(&mut rx).await;
     assert_eq!(d.sandbox, 2, "sandbox 1 was reported dead: {d:?}");
-    server
-        .store()
-        .delete(&PODS, NS, &a.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &a.pod);
     assert_eq!(next_death(&mut rx).await.sandbox, 1);
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use common::*;
 use k8s_loopback::resources::PODS;
-use k8s_loopback::store::Propagation;
 use sandkeeper::{CallId, CallSpec, Config, PathName, SessionId};
 use sandkeeper_k8s::K8sBackend;
 use sandkeeper_tokio::{Keeper, KeeperConfig};
@@ -71,10 +70,7 @@ async fn r6_an_upload_into_a_deleted_pod_becomes_sandbox_gone() {
     // The pod is deleted under the live call (evicted, or a human with kubectl).
     for p in server.store().all(&PODS) {
         let name = p["metadata"]["name"].as_str().unwrap().to_string();
-        server
-            .store()
-            .delete(&PODS, NS, &name, Propagation::Background, None)
-            .unwrap();
+        delete_pod(&server, &name);
     }
     // A late mirror write: no crash, no success; the sandbox is reported dead.
     let _ = keeper.flush(&session, &PathName::session_log(), b"late\n".to_vec());

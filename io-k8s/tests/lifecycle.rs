@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_loopback::resources::{PODS, SANDBOXES, SANDBOX_CLAIMS};
-use k8s_loopback::store::{Event, EventType, Propagation};
+use k8s_loopback::store::{Event, EventType};
 use sandkeeper::{PathName, SessionId};
 use sandkeeper_k8s::names::session_hash;
 use sandkeeper_k8s::{ErrorClass, K8sError, UploadFile};
@@ -325,10 +325,7 @@ async fn an_upload_pinned_to_an_instance_fails_gone_once_the_pod_was_recreated()
     k.upload_into(&h.pod, &h.pod_uid, &[file(&s, &p, b"one")])
         .await
         .unwrap();
-    server
-        .store()
-        .delete(&PODS, NS, &h.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &h.pod);
     let running_again = || {
         server.store().get(&PODS, NS, &h.pod).is_ok_and(|p| {
             p["metadata"]["uid"] != h.pod_uid.as_str() && p["status"]["phase"] == "Running"

@@ -142,10 +142,7 @@ async fn deaths_come_from_watches_deleted_pods_and_expiry_backstops() {
     let c = kp.start_sandbox(3, "s").await.unwrap();
 
     // Someone deletes sandbox 1's pod.
-    server
-        .store()
-        .delete(&PODS, NS, &a.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &a.pod);
     let d = next_death(&mut rx).await;
     assert_eq!(d.sandbox, 1, "{d:?}");
 

@@ -269,10 +269,7 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
 
     // A death of the resumed sandbox is reported as the new sandbox's: the core loses it and
     // orders its Shutdown, which deletes the resumed claim as usual.
-    server
-        .store()
-        .delete(&PODS, NS, &h2.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &h2.pod);
     counts_until(&keeper, |c| c.instances >= 2).await;
     until(&server, "the resumed claim is deleted", |s| {
         !exists(s, &SANDBOX_CLAIMS, &h2.object)
@@ -313,10 +310,7 @@ async fn a_pod_deleted_while_suspending_is_no_death() {
         operating_mode(s, &sandbox_name).as_deref() == Some("Suspended")
     })
     .await;
-    server
-        .store()
-        .delete(&PODS, NS, &h1.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &h1.pod);
     counts_until(&keeper, |c| c.instances >= 1).await;
     let stats = keeper.stats();
     assert_eq!(
@@ -446,10 +440,7 @@ async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox()
 
     // A death of the resumed pod itself is still reported, as the resumed sandbox's: the core
     // loses it and orders its Shutdown, which deletes the claim.
-    server
-        .store()
-        .delete(&PODS, NS, &h2.pod, Propagation::Background, None)
-        .unwrap();
+    delete_pod(&server, &h2.pod);
     until(&server, "the resumed claim is deleted", |s| {
         !exists(s, &SANDBOX_CLAIMS, &h2.object)
     })

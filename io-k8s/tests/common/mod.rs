@@ -129,3 +129,18 @@ pub async fn until(server: &k8s_loopback::Loopback, what: &str, done: impl Fn() 
     .await
     .unwrap_or_else(|_| panic!("never: {what}"));
 }
+
+/// Deletes a pod by hand, as `kubectl delete pod` does: gracefully (it may stay `Terminating`
+/// for its grace period), its dependents in the background.
+pub fn delete_pod(server: &Loopback, pod: &str) {
+    server
+        .store()
+        .delete(
+            &k8s_loopback::resources::PODS,
+            NS,
+            pod,
+            k8s_loopback::store::Propagation::Background,
+            None,
+        )
+        .unwrap();
+}
