@@ -30,9 +30,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sandkeeper::{Key, PathName};
+use sandkeeper::PathName;
 use sandkeeper_tokio::local::store::unix_ms;
-use sandkeeper_tokio::workload::{last_acknowledged, FleetVerdict, LastAcknowledged};
+use sandkeeper_tokio::workload::{last_acknowledged, FleetVerdict};
 
 use crate::fleet_store::K8sStore;
 use crate::fleet_sweep::FleetObject;
@@ -52,7 +52,7 @@ pub async fn verify_fleet(
     ledgers: &[PathBuf],
     read_file: impl Fn(&str, &str) -> Option<String>,
 ) -> Result<FleetVerdict, HarnessError> {
-    let LastAcknowledged { last, lines } = last_acknowledged(ledgers)?;
+    let acknowledged = last_acknowledged(ledgers)?;
     // The one clock the processes share, as every store operation reads it.
     #[allow(clippy::disallowed_methods)]
     let now = SystemTime::now();
@@ -142,46 +142,29 @@ pub async fn verify_fleet(
 
     // Every session's last acknowledged version is where its user's key continues from.
     let workdir = &cluster.config().workdir;
-    let mut users = BTreeSet::new();
-    for (session, ack) in &last {
-        let key = Key::User(ack.user.clone()).to_string();
-        users.insert(key.clone());
-        let Some(object) = by_key.get(&key) else {
-            check(
-                false,
-                format!(
-                    "{session}'s version {} (acknowledged in {}) is in {key}'s recorded \
-                     sandbox: the key's record names none that is there",
-                    ack.version, ack.sandbox
-                ),
-            );
-            continue;
-        };
-        let path = format!("{workdir}/{session}/{}", PathName::session_log().as_str());
-        let found = object.pod.as_deref().and_then(|pod| read_file(pod, &path));
-        check(
-            found
-                .as_deref()
-                .is_some_and(|log| log.starts_with(&ack.log)),
-            format!(
-                "{session}'s last acknowledged version {} (uploaded into {}) is in {path} of \
-                 {} (pod {})",
-                ack.version,
-                ack.sandbox,
+    let users = acknowledged.check_logs(
+        |key, session| {
+            let object = by_key.get(key)?;
+            let path = format!("{workdir}/{session}/{}", PathName::session_log().as_str());
+            let log = object.pod.as_deref().and_then(|pod| read_file(pod, &path));
+            let place = format!(
+                "{path} of {} (pod {})",
                 object.name,
                 object.pod.as_deref().unwrap_or("none")
-            ),
-        );
-    }
+            );
+            Some((place, log))
+        },
+        &mut check,
+    );
     let figures = format!(
         "{} keys in the store, {} claims or pods left ({} suspended), {} sessions' last \
-         acknowledged versions ({lines} ledger lines) over {} users; this sweep removed {} \
+         acknowledged versions ({} ledger lines) over {users} users; this sweep removed {} \
          sandboxes and {} snapshots",
         entries.len(),
         objects.len(),
         objects.iter().filter(|o| o.suspended).count(),
-        last.len(),
-        users.len(),
+        acknowledged.last.len(),
+        acknowledged.lines,
         swept.sandboxes,
         swept.snapshots
     );

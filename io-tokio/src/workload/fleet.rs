@@ -77,6 +77,46 @@ pub struct LastAcknowledged {
     pub lines: u64,
 }
 
+impl LastAcknowledged {
+    /// The check each fleet's verification makes of every session: its last acknowledged
+    /// session-log version is where its user's key continues from (the log there starts with
+    /// it: a later version, whose acknowledgement a killed process never saw, may have landed
+    /// after it). `session_log(key, session)` looks in what the key's record names: `None` when
+    /// it names nothing that is there, else where it looked (for the report) and the log found
+    /// there. Each check goes to `check`; returns how many users the sessions span.
+    pub fn check_logs(
+        &self,
+        mut session_log: impl FnMut(&str, &SessionId) -> Option<(String, Option<String>)>,
+        check: &mut impl FnMut(bool, String),
+    ) -> usize {
+        let mut users = BTreeSet::new();
+        for (session, ack) in &self.last {
+            let key = Key::User(ack.user.clone()).to_string();
+            let Some((place, log)) = session_log(&key, session) else {
+                check(
+                    false,
+                    format!(
+                        "{session}'s version {} (acknowledged in {}) is in {key}'s recorded \
+                         sandbox or snapshot: the key's record names none that is there",
+                        ack.version, ack.sandbox
+                    ),
+                );
+                users.insert(key);
+                continue;
+            };
+            check(
+                log.is_some_and(|log| log.starts_with(&ack.log)),
+                format!(
+                    "{session}'s last acknowledged version {} (uploaded into {}) is in {place}",
+                    ack.version, ack.sandbox
+                ),
+            );
+            users.insert(key);
+        }
+        users.len()
+    }
+}
+
 /// Reads the ledgers of a fleet's processes ([`FleetOptions::ledger`](super::FleetOptions::ledger))
 /// and keeps each session's last acknowledged version.
 ///
@@ -202,45 +242,27 @@ pub fn verify_local_fleet(
     );
 
     // Every session's last acknowledged version is where its user's key continues from.
-    let LastAcknowledged { last, lines } = last_acknowledged(ledgers)?;
-    let mut users = BTreeSet::new();
-    for (session, ack) in &last {
-        let key = Key::User(ack.user.clone()).to_string();
-        users.insert(key.clone());
-        let Some(dir) = by_key.get(&key) else {
-            check(
-                false,
-                format!(
-                    "{session}'s version {} (acknowledged in {}) is in {key}'s sandbox or \
-                     snapshot: the key's record names neither",
-                    ack.version, ack.sandbox
-                ),
-            );
-            continue;
-        };
-        let file = dir
-            .join(META_DIR)
-            .join(session.as_str())
-            .join(PathName::session_log().as_str());
-        let on_disk = std::fs::read_to_string(&file).unwrap_or_default();
-        check(
-            on_disk.starts_with(&ack.log),
-            format!(
-                "{session}'s last acknowledged version {} (uploaded into {}) is in {}",
-                ack.version,
-                ack.sandbox,
-                file.display()
-            ),
-        );
-    }
+    let acknowledged = last_acknowledged(ledgers)?;
+    let users = acknowledged.check_logs(
+        |key, session| {
+            let dir = by_key.get(key)?;
+            let file = dir
+                .join(META_DIR)
+                .join(session.as_str())
+                .join(PathName::session_log().as_str());
+            let log = std::fs::read_to_string(&file).unwrap_or_default();
+            Some((file.display().to_string(), Some(log)))
+        },
+        &mut check,
+    );
     let figures = format!(
         "{} keys in the store, {} sessions' last acknowledged versions ({} ledger lines) over {} \
          users; token log: {} changes, {} sandboxes, {} changed under several tokens; this \
          sweep removed {} sandboxes and {} snapshots",
         entries.len(),
-        last.len(),
-        lines,
-        users.len(),
+        acknowledged.last.len(),
+        acknowledged.lines,
+        users,
         log.changes,
         log.sandboxes,
         log.changed_by_several,
