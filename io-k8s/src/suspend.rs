@@ -59,27 +59,23 @@ fn ready_of(s: &Sandbox) -> Option<(&str, &str)> {
     })
 }
 
+fn bad_snapshot(snapshot: &str, why: &str) -> K8sError {
+    K8sError::BadSnapshot {
+        snapshot: snapshot.to_string(),
+        why: why.to_string(),
+    }
+}
+
 impl Cluster {
     /// The claim a snapshot names. Only `sk-<this owner>-<number>` is accepted (the references
     /// this backend hands out); anything else is [`K8sError::BadSnapshot`].
     pub fn claim_of_snapshot(&self, snapshot: &str) -> Result<String, K8sError> {
-        let bad = |why: &str| K8sError::BadSnapshot {
-            snapshot: snapshot.to_string(),
-            why: why.to_string(),
-        };
-        if !matches!(self.config.mode, Mode::AgentSandbox { .. }) {
-            return Err(bad("snapshots are claims, and this backend is in pod mode"));
-        }
-        let prefix = format!("sk-{}-", self.config.owner);
-        let number = snapshot
-            .strip_prefix(&prefix)
-            .ok_or_else(|| bad(&format!("expected a name starting with {prefix:?}")))?;
-        let n: u64 = number
-            .parse()
-            .map_err(|_| bad("expected a sandbox number after the owner"))?;
-        let name = names::object_name(&self.config.owner, n);
-        if name != snapshot {
-            return Err(bad("not in canonical form"));
+        let (owner, name) = self.claim_name(snapshot)?;
+        if owner != self.config.owner {
+            return Err(bad_snapshot(
+                snapshot,
+                &format!("expected a claim of owner {:?}", self.config.owner),
+            ));
         }
         Ok(name)
     }
@@ -89,10 +85,13 @@ impl Cluster {
     /// resumes (or discards) what the last one suspended. Anything else is
     /// [`K8sError::BadSnapshot`].
     pub fn claim_of_fleet_snapshot(&self, snapshot: &str) -> Result<String, K8sError> {
-        let bad = |why: &str| K8sError::BadSnapshot {
-            snapshot: snapshot.to_string(),
-            why: why.to_string(),
-        };
+        self.claim_name(snapshot).map(|(_, name)| name)
+    }
+
+    /// A snapshot read as the claim name `sk-<owner>-<number>` in canonical form, in
+    /// agent-sandbox mode: its owner and the name.
+    fn claim_name<'s>(&self, snapshot: &'s str) -> Result<(&'s str, String), K8sError> {
+        let bad = |why: &str| bad_snapshot(snapshot, why);
         if !matches!(self.config.mode, Mode::AgentSandbox { .. }) {
             return Err(bad("snapshots are claims, and this backend is in pod mode"));
         }
@@ -108,7 +107,7 @@ impl Cluster {
         if name != snapshot {
             return Err(bad("not in canonical form"));
         }
-        Ok(name)
+        Ok((owner, name))
     }
 
     /// Suspends a started claim: patches its Sandbox to `Suspended`, then waits (under the
