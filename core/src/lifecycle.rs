@@ -477,8 +477,9 @@ impl Lifecycle {
         loop {
             if !self.touched.is_empty() {
                 let touched = std::mem::take(&mut self.touched);
+                let mut mirror = self.mirror();
                 for &session in &touched {
-                    self.mirror().reconcile_session(session);
+                    mirror.reconcile_session(session);
                 }
                 // Keep the buffer: a reconciled session touches no other session.
                 debug_assert!(self.touched.is_empty());

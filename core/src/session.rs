@@ -65,6 +65,18 @@ pub(crate) struct Live {
     pub(crate) unsettled: bool,
 }
 
+impl Live {
+    /// Whether nothing here is live (the paths' unsettled versions aside).
+    fn is_idle(&self) -> bool {
+        self.ready.is_empty()
+            && self.coming == 0
+            && self.holds == 0
+            && self.target.is_none()
+            && self.linger.is_none()
+            && self.releasing.is_empty()
+    }
+}
+
 static NOT_LIVE: Live = Live {
     ready: Few::new_const(),
     coming: 0,
@@ -136,16 +148,7 @@ impl Session {
 
     /// [`is_idle`](Self::is_idle), with `has_unsettled` already known.
     fn is_idle_given(&self, unsettled: bool) -> bool {
-        let Some(live) = self.live.as_deref() else {
-            return !unsettled;
-        };
-        live.ready.is_empty()
-            && live.coming == 0
-            && live.holds == 0
-            && live.target.is_none()
-            && live.linger.is_none()
-            && live.releasing.is_empty()
-            && !unsettled
+        self.live.as_deref().is_none_or(Live::is_idle) && !unsettled
     }
 
     /// Whether some path has a version pending, and whether some path has one pending or in
@@ -339,6 +342,10 @@ impl Sessions {
 
     /// The names of `sessions`, sorted.
     pub(crate) fn names(&self, sessions: &[SessionIx]) -> SessionList {
+        if let [one] = sessions {
+            // The usual drain: one session, no collecting or sorting.
+            return SessionList(smallvec::smallvec![self[*one].id.clone()]);
+        }
         let mut names: SessionList = sessions.iter().map(|s| self[*s].id.clone()).collect();
         names.0.sort_unstable();
         names
@@ -389,46 +396,55 @@ impl Mirror<'_> {
         }
         let (s, spares) = self.sessions.with_spares(session);
         let (pending, unsettled) = s.pending_and_unsettled();
-        let busy = s.holds > 0 || pending;
-        let busy_on = if busy { s.target } else { None };
-        if busy_on != s.busy_on {
-            if let Some(old) = s.busy_on {
-                if let Some(x) = self.sandboxes.get_mut(old) {
-                    x.busy_sessions -= 1;
+        // The live part is looked at once, not through `Deref` field by field. A record with no
+        // live part is neither busy nor releasing, and was settled when last looked at.
+        if s.live.is_none() && unsettled {
+            s.revive(spares);
+        }
+        let idle = match s.live.as_deref_mut() {
+            None => true,
+            Some(live) => {
+                let busy = live.holds > 0 || pending;
+                let busy_on = if busy { live.target } else { None };
+                if busy_on != live.busy_on {
+                    if let Some(old) = live.busy_on {
+                        if let Some(x) = self.sandboxes.get_mut(old) {
+                            x.busy_sessions -= 1;
+                        }
+                        self.dirty.push(old);
+                    }
+                    if let Some(new) = busy_on {
+                        self.sandboxes.get_mut(new).expect("target").busy_sessions += 1;
+                    }
+                    live.busy_on = busy_on;
                 }
-                self.dirty.push(old);
-            }
-            if let Some(new) = busy_on {
-                self.sandboxes.get_mut(new).expect("target").busy_sessions += 1;
-            }
-            s.busy_on = busy_on;
-        }
-        if !s.releasing.is_empty() {
-            let uploads = &self.uploads;
-            let events = &mut self.events;
-            let releasing = std::mem::take(&mut s.releasing);
-            for (call, x) in releasing {
-                let in_flight = s
-                    .paths
-                    .iter()
-                    .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == x));
-                if busy_on != Some(x) && !in_flight {
-                    tracing::debug!(call = %call, "release completed");
-                    events.push_back(Event::CallReleased { call });
-                } else {
-                    s.releasing.push((call, x));
+                if !live.releasing.is_empty() {
+                    let uploads = &self.uploads;
+                    let events = &mut self.events;
+                    let paths = &s.paths;
+                    let releasing = std::mem::take(&mut live.releasing);
+                    for (call, x) in releasing {
+                        let in_flight = paths
+                            .iter()
+                            .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == x));
+                        if busy_on != Some(x) && !in_flight {
+                            tracing::debug!(call = %call, "release completed");
+                            events.push_back(Event::CallReleased { call });
+                        } else {
+                            live.releasing.push((call, x));
+                        }
+                    }
                 }
+                if live.unsettled && !unsettled {
+                    self.events.push_back(Event::MirrorSettled {
+                        session: s.id.clone(),
+                    });
+                }
+                live.unsettled = unsettled;
+                live.is_idle()
             }
-        }
-        if s.unsettled && !unsettled {
-            self.events.push_back(Event::MirrorSettled {
-                session: s.id.clone(),
-            });
-        }
-        if s.unsettled != unsettled {
-            s.unsettled = unsettled;
-        }
-        let idle = s.is_idle_given(unsettled);
+        };
+        let idle = idle && !unsettled;
         // An idle record comes back to life only through `Sessions::take_up` (a call or
         // a flush for it), which takes its stamp: a live record here has none.
         debug_assert!(idle || s.idle_stamp.is_none(), "a live record stamped idle");
