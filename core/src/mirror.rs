@@ -485,18 +485,22 @@ impl Mirror<'_> {
         let mut expired = Few::<(usize, Version)>::new();
         let s = &mut self.sessions[session];
         for (i, slot) in s.paths.iter_mut().enumerate() {
-            if slot.inflight.is_some() || slot.retry_at.is_some() || slot.pending.is_none() {
+            // A slot with no work box has nothing pending (its box is looked at once).
+            let Some(work) = slot.work.as_deref_mut() else {
+                continue;
+            };
+            if work.inflight.is_some() || work.retry_at.is_some() {
                 continue;
             }
-            let Some((version, payload)) = slot.pending.take() else {
+            let Some((version, payload)) = work.pending.take() else {
                 continue;
             };
             // Every attempt of a version ends within the upload timeout of its first attempt. A
             // version whose window closed while it waited for a sandbox (a retry due while its
             // sandbox was gone) is dropped, never ordered with a deadline already past.
-            let since = slot.since.take().unwrap_or(self.now);
+            let since = work.since.take().unwrap_or(self.now);
             if since + self.config.upload_timeout <= self.now {
-                slot.attempts = 0;
+                work.attempts = 0;
                 expired.push((i, version));
                 continue;
             }
@@ -510,12 +514,12 @@ impl Mirror<'_> {
                 sandbox: target,
                 payload: payload.clone(),
                 deadline: TimerRef::UNSET,
-                attempts: slot.attempts,
+                attempts: work.attempts,
                 since,
             });
             let deadline = self.timers.set(until, Timer::Upload(ix));
             self.uploads[ix].deadline = deadline;
-            slot.inflight = Some(ix);
+            work.inflight = Some(ix);
             x.uploads.insert(ix);
             self.stats.uploads_ordered += 1;
             tracing::trace!(upload = %upload, session = %s.id, sandbox = %x_id, version = %version, "upload");
@@ -694,6 +698,11 @@ impl Slot {
             last: 0,
             work: None,
         }
+    }
+
+    /// Its work in progress, when it has a box for some (read once, not through `Deref`).
+    pub(crate) fn work(&self) -> Option<&SlotWork> {
+        self.work.as_deref()
     }
 
     /// Whether nothing is in progress: no pending version, no upload, no retry.

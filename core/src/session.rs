@@ -155,9 +155,9 @@ impl Session {
     /// flight: one pass over the paths.
     fn pending_and_unsettled(&self) -> (bool, bool) {
         let (mut pending, mut unsettled) = (false, false);
-        for slot in self.paths.iter() {
-            pending |= slot.pending.is_some();
-            unsettled |= slot.pending.is_some() || slot.inflight.is_some();
+        for work in self.paths.iter().filter_map(Slot::work) {
+            pending |= work.pending.is_some();
+            unsettled |= work.pending.is_some() || work.inflight.is_some();
         }
         (pending, unsettled)
     }
