@@ -487,11 +487,7 @@ impl Lifecycle {
                 s.ready.retain(|r| *r != ix);
                 // The session's mirror lingers on this sandbox unless another of its ready calls
                 // has a sandbox that is up (a call whose sandbox died does not count).
-                let other_up = s.ready.iter().any(|r| {
-                    self.calls[*r]
-                        .sandbox()
-                        .is_some_and(|y| self.sandboxes[y].state.accepts_uploads())
-                });
+                let other_up = s.first_up(&self.calls, &self.sandboxes).is_some();
                 if !other_up && self.sandboxes[x].state.accepts_uploads() {
                     s.linger = Some(x);
                 }

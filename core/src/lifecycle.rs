@@ -129,18 +129,14 @@ impl Lifecycle {
             session: session.clone(),
         };
         let s = &self.sessions[self.sessions.find(session).ok_or_else(no_sandbox)?];
-        let mut dead = None;
-        for call in &s.ready {
-            let x = &self.sandboxes[self.calls[*call].sandbox().expect("a ready call is bound")];
-            if x.state.accepts_uploads() {
-                return Ok(x.id);
-            }
-            dead.get_or_insert(x.id);
+        if let Some(x) = s.first_up(&self.calls, &self.sandboxes) {
+            return Ok(self.sid(x));
         }
-        match dead {
-            Some(sandbox) => Err(Error::SandboxGone {
+        // None is up: the earliest ready call's sandbox died, or there is no ready call.
+        match s.ready.first() {
+            Some(call) => Err(Error::SandboxGone {
                 session: session.clone(),
-                sandbox,
+                sandbox: self.sid(self.calls[*call].sandbox().expect("a ready call is bound")),
             }),
             None => Err(no_sandbox()),
         }

@@ -556,14 +556,7 @@ impl Mirror<'_> {
         let Some(s) = self.sessions.get(session) else {
             return;
         };
-        let mut target = None;
-        for call in &s.ready {
-            let x = self.calls[*call].sandbox().expect("ready call is bound");
-            if self.sandboxes[x].state.accepts_uploads() {
-                target = Some(x);
-                break;
-            }
-        }
+        let mut target = s.first_up(self.calls, self.sandboxes);
         let s = &mut self.sessions[session];
         if target.is_none() {
             if let Some(linger) = s.linger {

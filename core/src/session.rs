@@ -10,14 +10,14 @@
 //! kept for the next records that go live ([`Spares`], a bounded few), so the commonest cycle,
 //! a session going live and idle again, allocates nothing.
 
-use crate::call::CallIx;
+use crate::call::{CallIx, Calls};
 use crate::command::SessionList;
 use crate::event::Event;
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::mirror::{Mirror, Slot, SlotWork};
 use crate::name::{CallId, PathName, SessionId};
-use crate::sandbox::SandboxIx;
+use crate::sandbox::{SandboxIx, Sandboxes};
 use crate::small_set::Few;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -66,6 +66,17 @@ pub(crate) struct Live {
 }
 
 impl Live {
+    /// The sandbox of its earliest ready call that accepts uploads: where its mirror goes, and
+    /// what [`Lifecycle::resolve`] answers. The one statement of the rule (the linger sandbox
+    /// comes after it, in [`Mirror::retarget`]).
+    #[inline]
+    pub(crate) fn first_up(&self, calls: &Calls, sandboxes: &Sandboxes) -> Option<SandboxIx> {
+        self.ready
+            .iter()
+            .map(|call| calls[*call].sandbox().expect("a ready call is bound"))
+            .find(|x| sandboxes[*x].state.accepts_uploads())
+    }
+
     /// Whether nothing here is live (the paths' unsettled versions aside).
     fn is_idle(&self) -> bool {
         self.ready.is_empty()
