@@ -119,6 +119,10 @@ impl Call {
 pub(crate) struct Calls {
     records: slotmap::SlotMap<CallIx, Call>,
     by_name: Map<CallId, CallIx>,
+    /// The names of the calls that ended last, for `AlreadyReleased`.
+    pub(crate) ended: EndedCalls,
+    /// Calls queued behind their keys, over all keys.
+    pub(crate) waiting: usize,
 }
 
 impl Calls {
@@ -290,7 +294,7 @@ impl Lifecycle {
             ..
         } = spec;
         tracing::debug!(call = %call, session = %session, key = %key, "acquire");
-        self.stats.calls_acquired += 1;
+        self.out.stats.calls_acquired += 1;
         let session = self.sessions.take_up(found, &session);
         let key = match slot {
             Some(slot) => slot,
@@ -308,7 +312,7 @@ impl Lifecycle {
         self.sessions[session].coming += 1;
         if must_wait {
             let at = self.now + self.config.wait_timeout;
-            self.waiting += 1;
+            self.calls.waiting += 1;
             let deadline = self.timers.set(at, Timer::Wait(ix));
             self.calls[ix].state = CallState::Waiting { deadline };
             self.keys[key].waiters.push_back(ix);
@@ -336,6 +340,7 @@ impl Lifecycle {
         let Some(ix) = self.calls.find(call) else {
             return Err(
                 if self
+                    .calls
                     .ended
                     .contains(call, self.config.limits.remembered_ended_calls)
                 {
@@ -347,7 +352,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(call = %call, "release");
-        self.stats.calls_released += 1;
+        self.out.stats.calls_released += 1;
         self.end_call(ix, EndHow::Released);
         self.finish_input();
         Ok(())
@@ -406,7 +411,7 @@ impl Lifecycle {
                     // churn, the workspace stays.
                     tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
                     x.state = SandboxState::Running;
-                    self.stats.revivals += 1;
+                    self.out.stats.revivals += 1;
                     self.way().cancel_sandbox_timer(sandbox);
                 }
                 self.make_ready(call, sandbox);
@@ -425,10 +430,10 @@ impl Lifecycle {
         s.coming -= 1;
         s.ready.push(call);
         s.linger = None;
-        self.stats.calls_ready += 1;
+        self.out.stats.calls_ready += 1;
         let name = self.calls[call].id.clone();
         tracing::debug!(call = %name, sandbox = %self.sid(sandbox), "call ready");
-        self.events.push_back(Event::CallReady {
+        self.out.events.push_back(Event::CallReady {
             call: name,
             sandbox: self.sid(sandbox),
         });
@@ -446,17 +451,18 @@ impl Lifecycle {
         match how {
             EndHow::Released => {}
             EndHow::Failed(error) => {
-                self.stats.calls_failed += 1;
+                self.out.stats.calls_failed += 1;
                 tracing::debug!(call = %call, error = %error, "call failed");
-                self.events.push_back(Event::CallFailed {
+                self.out.events.push_back(Event::CallFailed {
                     call: call.clone(),
                     error,
                 });
             }
             EndHow::Revoked => {
-                self.stats.calls_revoked += 1;
+                self.out.stats.calls_revoked += 1;
                 tracing::debug!(call = %call, "call revoked");
-                self.events
+                self.out
+                    .events
                     .push_back(Event::CallRevoked { call: call.clone() });
             }
         }
@@ -464,13 +470,14 @@ impl Lifecycle {
         match c.state {
             CallState::Waiting { deadline } => {
                 self.timers.cancel(deadline);
-                self.waiting -= 1;
+                self.calls.waiting -= 1;
                 if let Some(slot) = self.keys.get_mut(c.key) {
                     slot.waiters.retain(|w| *w != ix);
                 }
                 self.sessions[session].coming -= 1;
                 if released {
-                    self.events
+                    self.out
+                        .events
                         .push_back(Event::CallReleased { call: call.clone() });
                 }
             }
@@ -478,7 +485,8 @@ impl Lifecycle {
                 self.sessions[session].coming -= 1;
                 self.unbind(ix, c.key, x);
                 if released {
-                    self.events
+                    self.out
+                        .events
                         .push_back(Event::CallReleased { call: call.clone() });
                 }
             }
@@ -505,7 +513,8 @@ impl Lifecycle {
         };
         self.mirror().retarget(session, reason);
         self.after_unbind_key(c.key);
-        self.ended
+        self.calls
+            .ended
             .remember(c.id, self.config.limits.remembered_ended_calls);
     }
 

@@ -256,7 +256,7 @@ impl Lifecycle {
             live.valid_until = None;
             live.in_flight.clear();
         }
-        self.events.push_back(Event::Closed {
+        self.out.events.push_back(Event::Closed {
             report: Box::new(report),
         });
     }

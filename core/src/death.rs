@@ -26,7 +26,7 @@ impl Lifecycle {
         self.check_not_closed("died")?;
         self.check_sandbox_id(sandbox)?;
         let Some(sandbox) = self.sandboxes.find(sandbox) else {
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return Ok(());
         };
         if self.sandboxes[sandbox].state == SandboxState::Dead {
@@ -54,7 +54,7 @@ impl Lifecycle {
         self.check_not_closed("instance-gone")?;
         self.check_sandbox_id(sandbox)?;
         let Some(sandbox) = self.sandboxes.find(sandbox) else {
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return Ok(());
         };
         let x = &self.sandboxes[sandbox];
@@ -65,7 +65,7 @@ impl Lifecycle {
         self.advance(now);
         if suspending {
             tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
-            self.stats.instance_losses_suspending += 1;
+            self.out.stats.instance_losses_suspending += 1;
         } else {
             self.died(sandbox);
         }
@@ -81,7 +81,7 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         let previous = x.state;
         tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
-        self.stats.deaths += 1;
+        self.out.stats.deaths += 1;
         if previous == SandboxState::Starting {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
             return;
@@ -97,7 +97,7 @@ impl Lifecycle {
             self.way().cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
-            self.events.push_back(Event::SandboxLost {
+            self.out.events.push_back(Event::SandboxLost {
                 call: self.calls[call].id.clone(),
                 sandbox: self.sid(sandbox),
             });

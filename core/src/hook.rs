@@ -27,7 +27,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "hook ok");
-        self.stats.hooks_ok += 1;
+        self.out.stats.hooks_ok += 1;
         self.hook_ended(sandbox, HookEnd::Ok);
         self.finish_input();
         Ok(())
@@ -60,9 +60,9 @@ impl Lifecycle {
         x.awaiting = Awaiting::Hook;
         x.hook = Some(point);
         let deadline = self.set_sandbox_timer(sandbox, timeout);
-        self.stats.hooks_ordered += 1;
+        self.out.stats.hooks_ordered += 1;
         tracing::debug!(sandbox = %self.sid(sandbox), hook = point.as_str(), "hook");
-        self.commands.push_back(Command::Hook {
+        self.out.commands.push_back(Command::Hook {
             sandbox: self.sid(sandbox),
             hook: point,
             deadline,
@@ -79,11 +79,11 @@ impl Lifecycle {
         if end != HookEnd::Ok {
             let late = end == HookEnd::Late;
             if late {
-                self.stats.hooks_late += 1;
+                self.out.stats.hooks_late += 1;
             } else {
-                self.stats.hooks_failed += 1;
+                self.out.stats.hooks_failed += 1;
             }
-            self.events.push_back(Event::HookFailed {
+            self.out.events.push_back(Event::HookFailed {
                 sandbox: self.sid(sandbox),
                 hook: point,
                 late,

@@ -137,10 +137,10 @@ impl Lifecycle {
             .filter(|(_, c)| matches!(c.state, CallState::Waiting { .. }))
             .count();
         ensure!(
-            waiting == self.waiting,
+            waiting == self.calls.waiting,
             "key-counts",
             "{} calls counted waiting, {waiting} are",
-            self.waiting
+            self.calls.waiting
         );
 
         // Sandboxes.

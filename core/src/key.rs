@@ -232,7 +232,7 @@ impl Lifecycle {
 
     /// Admits queued calls of `key` while the policy lets them in.
     pub(crate) fn admit(&mut self, key: KeyIx) {
-        if self.waiting == 0 {
+        if self.calls.waiting == 0 {
             return;
         }
         loop {
@@ -252,7 +252,7 @@ impl Lifecycle {
             if let CallState::Waiting { deadline } = self.calls[call].state {
                 self.timers.cancel(deadline);
             }
-            self.waiting -= 1;
+            self.calls.waiting -= 1;
             tracing::debug!(call = %self.calls[call].id, key = %slot.key, "admitted");
             self.bind(call);
         }

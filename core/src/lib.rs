@@ -207,7 +207,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `lifecycle.rs` | [`Lifecycle`]: its state, getters and outputs, the timer dispatch, the checks every input makes, the per-input bookkeeping (touched sessions, dirty sandboxes) |
-//! | `call.rs` | call records and their table, the memory of ended calls; acquire, release, binding, becoming ready, ending |
+//! | `call.rs` | call records and their table, with the memory of ended calls and the count of queued ones; acquire, release, binding, becoming ready, ending |
 //! | `key.rs` | isolation-key slots and their table; queueing, admitting waiters, letting go of a sandbox |
 //! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |
 //! | `start.rs` | Start and its answers; a sandbox coming up; a start that failed, timed out or died |
@@ -224,6 +224,7 @@
 //! | `liveness.rs` | this process's lease: renewals on their own timer, validity with the margin, lapse and the next epoch |
 //! | `sweep.rs` | fleet mode's sweep, as a pure decision: which objects left in a shared backend may go ([`sweep_verdict`]) |
 //! | `timer.rs` | the one timer table (a heap with lazy deletion) |
+//! | `output.rs` | [`Lifecycle`]'s outputs waiting to be drained (commands, store work, events) and its counters |
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
 //! | `invariants.rs` | [`Lifecycle::check_invariants`] |
@@ -235,8 +236,8 @@
 //!
 //! Two parts run on views that borrow only what they may change, so that the compiler, not a
 //! convention, keeps them in their lane: mirror work on `Mirror` (session records, uploads, the
-//! sandboxes' upload bookkeeping, timers, outputs; calls read-only; keys and ended calls out of
-//! reach), a sandbox's own transitions on the way down on `Way` (sandbox records, timers,
+//! sandboxes' upload bookkeeping, timers, outputs; calls read-only; keys out of reach), a
+//! sandbox's own transitions on the way down on `Way` (sandbox records, timers,
 //! outputs, the close report; no call, key, session or upload). The inputs themselves, and
 //! what crosses parts (a release, a death, close), stay on [`Lifecycle`], which checks and
 //! hands on.
@@ -263,6 +264,7 @@ mod map;
 mod mirror;
 mod name;
 mod operation;
+mod output;
 mod ownership;
 mod sandbox;
 mod session;

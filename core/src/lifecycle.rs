@@ -4,7 +4,7 @@
 //! `death.rs`, the mirror in `mirror.rs`, session records in `session.rs`, close in
 //! `close.rs`.
 
-use crate::call::{CallState, CallStatus, Calls, EndHow, EndedCalls};
+use crate::call::{CallState, CallStatus, Calls, EndHow};
 use crate::close::CloseState;
 use crate::command::Command;
 use crate::config::Config;
@@ -16,6 +16,7 @@ use crate::ids::SandboxId;
 use crate::key::Keys;
 use crate::liveness::Liveness;
 use crate::name::{CallId, SessionId};
+use crate::output::Outputs;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::session::{SessionIx, Sessions};
 use crate::stats::Stats;
@@ -23,7 +24,6 @@ use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
 use crate::upload::Uploads;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 
 /// The sans-IO lifecycle and mirror state machine of one agent's sandboxes.
 ///
@@ -52,17 +52,12 @@ pub struct Lifecycle {
     pub(crate) keys: Keys,
     pub(crate) uploads: Uploads,
     pub(crate) timers: Timers,
-    pub(crate) commands: VecDeque<Command>,
-    /// Fleet mode: work for the store, drained with `poll_store`.
-    pub(crate) store: VecDeque<StoreCommand>,
+    /// What it hands out (commands, store work, events) and its counters.
+    #[serde(flatten)]
+    pub(crate) out: Outputs,
     /// Fleet mode: this process's lease.
     pub(crate) liveness: Option<Liveness>,
-    pub(crate) events: VecDeque<Event>,
-    pub(crate) ended: EndedCalls,
-    /// Calls queued behind their keys, over all keys.
-    pub(crate) waiting: usize,
     pub(crate) close: CloseState,
-    pub(crate) stats: Stats,
     /// Sandboxes to look at once the current input is done (drain finished? record forgettable?).
     /// Always empty between inputs.
     #[serde(skip)]
@@ -88,14 +83,9 @@ impl Lifecycle {
             keys: Keys::default(),
             uploads: Uploads::default(),
             timers: Timers::default(),
-            commands: VecDeque::new(),
-            store: VecDeque::new(),
+            out: Outputs::default(),
             liveness,
-            events: VecDeque::new(),
-            ended: EndedCalls::default(),
-            waiting: 0,
             close: CloseState::Open,
-            stats: Stats::default(),
             dirty: Vec::new(),
             touched: Vec::new(),
         };
@@ -187,7 +177,7 @@ impl Lifecycle {
 
     /// Counters of everything the core has done.
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.out.stats
     }
 
     /// Live calls (waiting, starting or bound).
@@ -226,9 +216,7 @@ impl Lifecycle {
             && self.sandboxes.is_empty()
             && self.uploads.is_empty()
             && self.timers.len() == 0
-            && self.commands.is_empty()
-            && self.store.is_empty()
-            && self.events.is_empty()
+            && self.out.is_drained()
     }
 
     // ------------------------------------------------------------------------------------------
@@ -236,18 +224,18 @@ impl Lifecycle {
 
     /// The next command for the driver. Drain until `None` after every input.
     pub fn poll_command(&mut self) -> Option<Command> {
-        self.commands.pop_front()
+        self.out.commands.pop_front()
     }
 
     /// The next piece of work for the store, in fleet mode. Drain until `None` after every
     /// input, beside [`poll_command`](Self::poll_command).
     pub fn poll_store(&mut self) -> Option<StoreCommand> {
-        self.store.pop_front()
+        self.out.store.pop_front()
     }
 
     /// The next event for the application. Drain until `None` after every input.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        self.out.events.pop_front()
     }
 
     /// The earliest deadline: call [`handle_timeout`](Self::handle_timeout) when it has passed.
@@ -294,7 +282,7 @@ impl Lifecycle {
                 match (x.state, x.awaiting) {
                     (SandboxState::Starting, Awaiting::Start) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "start timed out");
-                        self.stats.starts_timed_out += 1;
+                        self.out.stats.starts_timed_out += 1;
                         self.fail_start(sandbox, ErrorKind::StartTimeout);
                     }
                     (SandboxState::Idle, _) => {
@@ -303,7 +291,7 @@ impl Lifecycle {
                     }
                     (SandboxState::Draining, _) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "drain deadline");
-                        self.stats.drain_deadlines += 1;
+                        self.out.stats.drain_deadlines += 1;
                         self.end_drain(sandbox, DropReason::DrainDeadline);
                     }
                     (_, Awaiting::Hook) => {
@@ -452,7 +440,7 @@ impl Lifecycle {
             .filter(|x| self.sandboxes[*x].awaiting == answer);
         if awaited.is_none() {
             tracing::debug!(sandbox = %sandbox, answer = ?answer, "stale answer ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
         }
         Ok(awaited)
     }

@@ -104,9 +104,9 @@ impl Lifecycle {
         let until = sent + live.fleet.valid_for();
         if until <= self.now {
             tracing::debug!(%renewal, "renewal confirmed too late to count");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
         } else {
-            self.stats.renewals_ok += 1;
+            self.out.stats.renewals_ok += 1;
             // Renewals are answered in the order they were sent (an older one answered after a
             // newer is stale), so a confirmed one extends the lease unless both were sent at
             // the same instant.
@@ -140,7 +140,7 @@ impl Lifecycle {
         self.advance(now);
         if self.renewal_answered(renewal).is_some() {
             tracing::warn!(%renewal, "lease renewal failed");
-            self.stats.renewals_failed += 1;
+            self.out.stats.renewals_failed += 1;
         }
         self.finish_input();
         Ok(())
@@ -195,8 +195,8 @@ impl Lifecycle {
         );
         let epoch = live.epoch;
         let next = now + live.fleet.renew_every;
-        self.stats.renewals_ordered += 1;
-        self.store.push_back(StoreCommand::Renew {
+        self.out.stats.renewals_ordered += 1;
+        self.out.store.push_back(StoreCommand::Renew {
             renewal,
             epoch,
             deadline: now + valid_for,
@@ -214,7 +214,7 @@ impl Lifecycle {
         live.valid_until = None;
         live.epoch += 1;
         live.in_flight.clear();
-        self.stats.lease_lapses += 1;
+        self.out.stats.lease_lapses += 1;
         if let Some(old) = live.renew.take() {
             self.timers.cancel(old);
         }
@@ -243,7 +243,7 @@ impl Lifecycle {
         let live = self.liveness.as_mut().expect("checked");
         let Some(at) = live.in_flight.iter().position(|(r, _)| *r == renewal) else {
             tracing::debug!(%renewal, "stale renewal answer ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return None;
         };
         let sent = live.in_flight[at].1;

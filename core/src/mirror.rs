@@ -20,15 +20,14 @@ use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::input::UploadFailure;
 use crate::lifecycle::Lifecycle;
 use crate::name::{PathName, SessionId};
+use crate::output::Outputs;
 use crate::sandbox::{SandboxIx, SandboxState, Sandboxes};
 use crate::session::{Session, SessionIx, Sessions, Spare};
 use crate::small_set::Few;
-use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerRef, Timers};
 use crate::upload::{Upload, UploadIx, Uploads};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 
 impl Lifecycle {
@@ -162,7 +161,7 @@ impl Lifecycle {
         };
         self.advance(now);
         let mut m = self.mirror();
-        m.stats.versions_uploaded += 1;
+        m.out.stats.versions_uploaded += 1;
         let sandbox = up.sandbox;
         m.settle(
             up.session,
@@ -226,7 +225,7 @@ impl Lifecycle {
         let Some(ix) = self.uploads.find(upload) else {
             if self.uploads.was_handed_out(upload) {
                 tracing::debug!(upload = %upload, "stale upload answer ignored");
-                self.stats.stale_answers += 1;
+                self.out.stats.stale_answers += 1;
                 return Ok(None);
             }
             return Err(Error::UnknownUpload { upload });
@@ -234,9 +233,9 @@ impl Lifecycle {
         Ok(Some(self.mirror().take_upload(ix)))
     }
 
-    /// The mirror's view of the lifecycle: what mirror work may change. It reads the calls and
-    /// the configuration, and cannot reach the keys, the ended calls or the waiting count at
-    /// all, so no change to the mirror can touch a call or a key.
+    /// The mirror's view of the lifecycle: what mirror work may change. It reads the calls
+    /// (their records, the memory of ended calls, the waiting count) and the configuration, and
+    /// cannot reach the keys at all, so no change to the mirror can touch a call or a key.
     pub(crate) fn mirror(&mut self) -> Mirror<'_> {
         Mirror {
             config: &self.config,
@@ -246,9 +245,7 @@ impl Lifecycle {
             uploads: &mut self.uploads,
             sandboxes: &mut self.sandboxes,
             timers: &mut self.timers,
-            commands: &mut self.commands,
-            events: &mut self.events,
-            stats: &mut self.stats,
+            out: &mut self.out,
             close: &mut self.close,
             dirty: &mut self.dirty,
             touched: &mut self.touched,
@@ -269,9 +266,7 @@ pub(crate) struct Mirror<'a> {
     pub(crate) uploads: &'a mut Uploads,
     pub(crate) sandboxes: &'a mut Sandboxes,
     pub(crate) timers: &'a mut Timers,
-    pub(crate) commands: &'a mut VecDeque<Command>,
-    pub(crate) events: &'a mut VecDeque<Event>,
-    pub(crate) stats: &'a mut Stats,
+    pub(crate) out: &'a mut Outputs,
     pub(crate) close: &'a mut CloseState,
     pub(crate) dirty: &'a mut Vec<SandboxIx>,
     pub(crate) touched: &'a mut Vec<SessionIx>,
@@ -290,7 +285,7 @@ impl Mirror<'_> {
         path: &PathName,
         payload: Payload,
     ) -> Version {
-        self.stats.versions_flushed += 1;
+        self.out.stats.versions_flushed += 1;
         let ix = self.sessions.take_up(found, session);
         let (s, spares) = self.sessions.with_spares(ix);
         debug_assert_eq!(slot, s.slot(path), "found in this very input");
@@ -355,7 +350,7 @@ impl Mirror<'_> {
             slot.attempts = attempts + 1;
             slot.since = Some(since);
             slot.retry_at = Some(self.timers.set(at, Timer::Retry(session, i)));
-            self.stats.upload_retries += 1;
+            self.out.stats.upload_retries += 1;
         } else {
             self.settle(
                 session,
@@ -412,7 +407,7 @@ impl Mirror<'_> {
         let upload = up.id;
         debug_assert!(deadline.at <= self.now);
         tracing::debug!(upload = %upload, session = %self.sessions[up.session].id, "upload timed out");
-        self.commands.push_back(Command::CancelUpload {
+        self.out.commands.push_back(Command::CancelUpload {
             upload,
             sandbox: self.sid(up.sandbox),
         });
@@ -445,9 +440,9 @@ impl Mirror<'_> {
         let (session, path) = (s.id.clone(), s.paths[slot].path.clone());
         match &outcome {
             Settlement::Uploaded { .. } => {}
-            Settlement::Superseded { .. } => self.stats.versions_superseded += 1,
+            Settlement::Superseded { .. } => self.out.stats.versions_superseded += 1,
             Settlement::Dropped { reason } => {
-                self.stats.versions_dropped += 1;
+                self.out.stats.versions_dropped += 1;
                 if *reason == DropReason::Closed {
                     if let Some(report) = self.close.report_mut() {
                         report
@@ -458,7 +453,7 @@ impl Mirror<'_> {
             }
         }
         tracing::debug!(session = %session, path = %path, version = %version, outcome = ?outcome, "settled");
-        self.events.push_back(Event::Settled {
+        self.out.events.push_back(Event::Settled {
             session,
             path,
             version,
@@ -521,9 +516,9 @@ impl Mirror<'_> {
             self.uploads[ix].deadline = deadline;
             work.inflight = Some(ix);
             x.uploads.insert(ix);
-            self.stats.uploads_ordered += 1;
+            self.out.stats.uploads_ordered += 1;
             tracing::trace!(upload = %upload, session = %s.id, sandbox = %x_id, version = %version, "upload");
-            self.commands.push_back(Command::Upload {
+            self.out.commands.push_back(Command::Upload {
                 upload,
                 sandbox: x_id,
                 session: s.id.clone(),
@@ -629,7 +624,7 @@ impl Mirror<'_> {
             let slot = &mut self.sessions[up.session].paths[up.slot];
             slot.inflight = None;
             slot.attempts = 0;
-            self.commands.push_back(Command::CancelUpload {
+            self.out.commands.push_back(Command::CancelUpload {
                 upload,
                 sandbox: self.sid(sandbox),
             });

@@ -80,13 +80,13 @@ impl Lifecycle {
             // The lease it was made under is no longer valid: owning the key now would break
             // the rule that nothing is ordered for a key without a valid lease.
             tracing::debug!(%claim, key = %key, "claim confirmed after its lease lapsed");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             self.claim_again_later(k);
             self.finish_input();
             return Ok(());
         }
         tracing::debug!(%claim, key = %key, %token, ?record, "key claimed");
-        self.stats.claims_ok += 1;
+        self.out.stats.claims_ok += 1;
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Owned(token);
@@ -228,7 +228,7 @@ impl Lifecycle {
         });
         let Some(x) = found else {
             tracing::debug!(%sandbox, "stale refusal ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return Ok(());
         };
         self.advance(now);
@@ -296,11 +296,11 @@ impl Lifecycle {
         let epoch = live.epoch;
         // The claim's answer is no use once the lease it is made under could have lapsed.
         let deadline = (now + timeout).min(live.valid_until.expect("valid"));
-        self.stats.claims_ordered += 1;
+        self.out.stats.claims_ordered += 1;
         let slot = &mut self.keys[k];
         slot.own = Own::Claiming(claim, epoch);
         tracing::debug!(%claim, key = %slot.key, "claim");
-        self.store.push_back(StoreCommand::Claim {
+        self.out.store.push_back(StoreCommand::Claim {
             claim,
             key: slot.key.clone(),
             epoch,
@@ -311,7 +311,7 @@ impl Lifecycle {
 
     /// The lease became valid: claim every key a call waits for, in key order.
     pub(crate) fn claim_waiting_keys(&mut self) {
-        if self.waiting == 0 {
+        if self.calls.waiting == 0 {
             return;
         }
         let mut keys: Vec<(Key, KeyIx)> = self
@@ -341,10 +341,10 @@ impl Lifecycle {
         self.advance(now);
         if failed {
             tracing::warn!(%claim, key = %key, "claim failed");
-            self.stats.claims_failed += 1;
+            self.out.stats.claims_failed += 1;
         } else {
             tracing::debug!(%claim, key = %key, "key busy");
-            self.stats.claims_busy += 1;
+            self.out.stats.claims_busy += 1;
         }
         self.claim_again_later(k);
         self.finish_input();
@@ -382,7 +382,7 @@ impl Lifecycle {
             .filter(|k| matches!(self.keys[*k].own, Own::Claiming(c, _) if c == claim));
         if awaited.is_none() {
             tracing::debug!(%claim, key = %key, "stale claim answer ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
         }
         Ok(awaited)
     }
@@ -414,7 +414,7 @@ impl Lifecycle {
             self.admit(k);
             return;
         };
-        self.stats.adoptions_ordered += 1;
+        self.out.stats.adoptions_ordered += 1;
         let sandbox = &mut self.sandboxes[x];
         sandbox.adopted = true;
         sandbox.token = Some(token);
@@ -422,7 +422,7 @@ impl Lifecycle {
         self.keys[k].current = Some(x);
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt");
-        self.commands.push_back(Command::Adopt {
+        self.out.commands.push_back(Command::Adopt {
             sandbox: id,
             key: self.keys[k].key.clone(),
             token,
@@ -441,7 +441,7 @@ impl Lifecycle {
             let at = self.now + self.config.wait_timeout;
             let deadline = self.timers.set(at, Timer::Wait(call));
             self.calls[call].state = crate::call::CallState::Waiting { deadline };
-            self.waiting += 1;
+            self.calls.waiting += 1;
             self.keys[k].waiters.push_front(call);
         }
     }
@@ -534,8 +534,8 @@ impl Lifecycle {
                 until: recorded.retain_until,
             });
         }
-        self.stats.releases_ordered += 1;
-        self.store.push_back(StoreCommand::Release {
+        self.out.stats.releases_ordered += 1;
+        self.out.store.push_back(StoreCommand::Release {
             release,
             key: slot.key.clone(),
             token,
@@ -569,7 +569,7 @@ impl Lifecycle {
             .filter(|k| matches!(self.keys[*k].own, Own::Releasing(r, _) if r == release))
         else {
             tracing::debug!(%release, key = %key, "stale release answer ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return Ok(());
         };
         self.advance(now);
@@ -589,7 +589,7 @@ impl Lifecycle {
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
             Written::Failed => {
-                self.stats.releases_failed += 1;
+                self.out.stats.releases_failed += 1;
                 self.keys[k].own = Own::Owned(token);
                 self.retry_later(k);
                 // In doubt (an earlier attempt may have landed), nothing is taken back.
@@ -605,9 +605,9 @@ impl Lifecycle {
             }
             Written::Done | Written::Fenced => {
                 if how == Written::Done {
-                    self.stats.keys_released += 1;
+                    self.out.stats.keys_released += 1;
                 } else {
-                    self.stats.releases_fenced += 1;
+                    self.out.stats.releases_fenced += 1;
                 }
                 let slot = &mut self.keys[k];
                 slot.own = Own::Unclaimed;
@@ -644,7 +644,9 @@ impl Lifecycle {
         self.way().cancel_sandbox_timer(x);
         self.mirror().leave_uploads(x, reason);
         tracing::debug!(sandbox = %id, "relinquish");
-        self.commands.push_back(Command::Relinquish { sandbox: id });
+        self.out
+            .commands
+            .push_back(Command::Relinquish { sandbox: id });
         self.dirty.push(x);
     }
 
@@ -661,7 +663,7 @@ impl Lifecycle {
             return;
         };
         tracing::warn!(key = %self.keys[k].key, %token, ?reason, "key fenced");
-        self.stats.fences += 1;
+        self.out.stats.fences += 1;
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Unclaimed;
@@ -675,7 +677,8 @@ impl Lifecycle {
             self.timers.cancel(at);
         }
         let key = slot.key.clone();
-        self.events
+        self.out
+            .events
             .push_back(Event::KeyFenced { key, token, reason });
         // Every sandbox of the key driven under this token whose last command is not ordered
         // yet, in id order (rare: a scan). One whose Shutdown is out already keeps it.
@@ -692,7 +695,7 @@ impl Lifecycle {
                 }
             } else {
                 for call in self.calls.by_name_order(bound) {
-                    self.events.push_back(Event::SandboxLost {
+                    self.out.events.push_back(Event::SandboxLost {
                         call: self.calls[call].id.clone(),
                         sandbox: self.sid(x),
                     });
@@ -837,11 +840,11 @@ impl Lifecycle {
         let recording = RecordingId(live.next_recording);
         live.next_recording += 1;
         let deadline = (now + timeout).min(live.valid_until.expect("valid"));
-        self.stats.records_ordered += 1;
+        self.out.stats.records_ordered += 1;
         let slot = &mut self.keys[k];
         tracing::debug!(%recording, key = %slot.key, ?record, "record key");
         slot.recording = Some((recording, record.clone()));
-        self.store.push_back(StoreCommand::Record {
+        self.out.store.push_back(StoreCommand::Record {
             recording,
             key: slot.key.clone(),
             token,
@@ -874,7 +877,7 @@ impl Lifecycle {
                 && matches!(self.keys[*k].own, Own::Owned(_))
         }) else {
             tracing::debug!(%recording, key = %key, "stale record answer ignored");
-            self.stats.stale_answers += 1;
+            self.out.stats.stale_answers += 1;
             return Ok(());
         };
         self.advance(now);
@@ -882,17 +885,17 @@ impl Lifecycle {
         let (_, record) = self.keys[k].recording.take().expect("awaited");
         match how {
             Written::Done => {
-                self.stats.records_ok += 1;
+                self.out.stats.records_ok += 1;
                 self.keys[k].recorded = record;
                 self.key_settles(k);
             }
             Written::Failed => {
                 tracing::warn!(%recording, key = %key, "record failed");
-                self.stats.records_failed += 1;
+                self.out.stats.records_failed += 1;
                 self.retry_later(k);
             }
             Written::Fenced => {
-                self.stats.records_fenced += 1;
+                self.out.stats.records_fenced += 1;
                 self.fence_key(k, FenceReason::Refused);
             }
         }
@@ -909,7 +912,7 @@ impl Lifecycle {
         match self.keys[k].own {
             Own::Claiming(claim, _) => {
                 tracing::debug!(%claim, "claim unanswered in time");
-                self.stats.claims_failed += 1;
+                self.out.stats.claims_failed += 1;
                 self.claim_again_later(k);
             }
             Own::Busy => {
@@ -925,7 +928,7 @@ impl Lifecycle {
                 // no longer this process's) and the answer says fenced; a sandbox being handed
                 // over stays so meanwhile, and nothing binds to the key.
                 tracing::debug!(%release, "release unanswered in time: asked again");
-                self.stats.releases_failed += 1;
+                self.out.stats.releases_failed += 1;
                 self.keys[k].doubtful = true;
                 self.keys[k].own = Own::Owned(token);
                 self.release_again(k);
@@ -936,7 +939,7 @@ impl Lifecycle {
                     // No answer in time. Written again with a newer number: if this one lands
                     // late, the store keeps the newer.
                     tracing::debug!(%recording, "record unanswered in time");
-                    self.stats.records_failed += 1;
+                    self.out.stats.records_failed += 1;
                 }
                 self.key_settles(k);
             }

@@ -431,7 +431,7 @@ impl Mirror<'_> {
                 }
                 if !live.releasing.is_empty() {
                     let uploads = &self.uploads;
-                    let events = &mut self.events;
+                    let events = &mut self.out.events;
                     let paths = &s.paths;
                     let releasing = std::mem::take(&mut live.releasing);
                     for (call, x) in releasing {
@@ -447,7 +447,7 @@ impl Mirror<'_> {
                     }
                 }
                 if live.unsettled && !unsettled {
-                    self.events.push_back(Event::MirrorSettled {
+                    self.out.events.push_back(Event::MirrorSettled {
                         session: s.id.clone(),
                     });
                 }
@@ -486,7 +486,7 @@ impl Mirror<'_> {
                 let s = self.sessions.remove(session);
                 tracing::debug!(session = %s.id, "idle session forgotten");
                 self.sessions.idle.count -= 1;
-                self.stats.sessions_forgotten += 1;
+                self.out.stats.sessions_forgotten += 1;
             }
         }
         if self.sessions.idle.compaction_due() {

@@ -25,7 +25,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "start ok");
-        self.stats.starts_ok += 1;
+        self.out.stats.starts_ok += 1;
         self.way().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
@@ -68,7 +68,7 @@ impl Lifecycle {
                 return;
             }
             // Every call it was started for ended while it started.
-            self.stats.orphan_starts += 1;
+            self.out.stats.orphan_starts += 1;
             self.shutdown(sandbox);
         }
     }
@@ -84,7 +84,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "start failed");
-        self.stats.starts_failed += 1;
+        self.out.stats.starts_failed += 1;
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.fail_start(sandbox, ErrorKind::StartFailed);
         self.finish_input();
@@ -119,12 +119,12 @@ impl Lifecycle {
             Some((snapshot, by)) => (Some(snapshot), Some(by)),
             None => (None, None),
         };
-        self.stats.resumes_ordered += u64::from(resume_from.is_some());
+        self.out.stats.resumes_ordered += u64::from(resume_from.is_some());
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
-        self.stats.starts_ordered += 1;
+        self.out.stats.starts_ordered += 1;
         let id = self.sid(x);
         tracing::debug!(sandbox = %id, key = %key, resume_from = ?resume_from, "start");
-        self.commands.push_back(Command::Start {
+        self.out.commands.push_back(Command::Start {
             sandbox: id,
             key,
             spec,

@@ -13,11 +13,10 @@ use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::key::KeyIx;
 use crate::lifecycle::Lifecycle;
+use crate::output::Outputs;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
-use crate::stats::Stats;
 use crate::time::Instant;
 use crate::timer::{Timer, Timers};
-use std::collections::VecDeque;
 use std::time::Duration;
 
 impl Lifecycle {
@@ -64,7 +63,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
-        self.stats.stops_failed += 1;
+        self.out.stats.stops_failed += 1;
         self.way().cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
@@ -110,7 +109,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
-        self.stats.persists_failed += 1;
+        self.out.stats.persists_failed += 1;
         self.way().cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
         self.shutdown(sandbox);
@@ -128,7 +127,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "shutdown ok");
-        self.stats.shutdowns_ok += 1;
+        self.out.stats.shutdowns_ok += 1;
         self.way().note_shut_down();
         self.way().shutdown_answered(sandbox);
         self.finish_input();
@@ -225,8 +224,8 @@ impl Lifecycle {
 
     /// Orders a snapshot the key no longer references deleted.
     fn discard(&mut self, key: KeyIx, snapshot: Snapshot, by: SandboxId, reason: DiscardReason) {
-        self.stats.discards += 1;
-        self.commands.push_back(Command::Discard {
+        self.out.stats.discards += 1;
+        self.out.commands.push_back(Command::Discard {
             sandbox: by,
             key: self.keys[key].key.clone(),
             snapshot,
@@ -244,7 +243,7 @@ impl Lifecycle {
         let sessions = self.sessions.names(&x.targeting.to_few());
         tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
-        self.commands.push_back(Command::Drain {
+        self.out.commands.push_back(Command::Drain {
             sandbox: self.sid(sandbox),
             sessions,
         });
@@ -269,7 +268,7 @@ impl Lifecycle {
         let key = self.sandboxes[sandbox].key;
         if hand_over {
             // Fleet: another process wants the key; the drained sandbox goes to it, warm.
-            self.stats.handovers += 1;
+            self.out.stats.handovers += 1;
             self.release_key(key, Some(sandbox));
             return;
         }
@@ -306,7 +305,7 @@ impl Lifecycle {
         let suspend = x.suspend;
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         tracing::debug!(sandbox = %self.sid(sandbox), "stop");
-        self.commands.push_back(Command::Stop {
+        self.out.commands.push_back(Command::Stop {
             sandbox: self.sid(sandbox),
             suspend,
             deadline,
@@ -337,9 +336,9 @@ impl Lifecycle {
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
-        self.stats.shutdowns_ordered += 1;
+        self.out.stats.shutdowns_ordered += 1;
         tracing::debug!(sandbox = %self.sid(sandbox), "shutdown");
-        self.commands.push_back(Command::Shutdown {
+        self.out.commands.push_back(Command::Shutdown {
             sandbox: self.sid(sandbox),
             deadline,
             token: self.sandboxes[sandbox].token,
@@ -350,7 +349,7 @@ impl Lifecycle {
     /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.
     pub(crate) fn suspended(&mut self, sandbox: SandboxIx) {
         tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
-        self.stats.suspended += 1;
+        self.out.stats.suspended += 1;
         self.way().note_suspended(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Dead;
@@ -375,9 +374,7 @@ impl Lifecycle {
             now: self.now,
             sandboxes: &mut self.sandboxes,
             timers: &mut self.timers,
-            commands: &mut self.commands,
-            events: &mut self.events,
-            stats: &mut self.stats,
+            out: &mut self.out,
             close: &mut self.close,
             dirty: &mut self.dirty,
         }
@@ -391,9 +388,7 @@ pub(crate) struct Way<'a> {
     pub(crate) now: Instant,
     pub(crate) sandboxes: &'a mut Sandboxes,
     pub(crate) timers: &'a mut Timers,
-    pub(crate) commands: &'a mut VecDeque<Command>,
-    pub(crate) events: &'a mut VecDeque<Event>,
-    pub(crate) stats: &'a mut Stats,
+    pub(crate) out: &'a mut Outputs,
     pub(crate) close: &'a mut CloseState,
     pub(crate) dirty: &'a mut Vec<SandboxIx>,
 }
@@ -431,7 +426,7 @@ impl Way<'_> {
         // core's, so a keeper that restarts finds nothing deleted before its time.
         let retain_until = self.config.release.tiers().retain.map(|r| deadline + r);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "persist");
-        self.commands.push_back(Command::Persist {
+        self.out.commands.push_back(Command::Persist {
             sandbox: self.sid(sandbox),
             snapshot,
             suspend,
@@ -466,9 +461,9 @@ impl Way<'_> {
     }
 
     pub(crate) fn order_abandon(&mut self, sandbox: SandboxIx) {
-        self.stats.abandoned += 1;
+        self.out.stats.abandoned += 1;
         tracing::debug!(sandbox = %self.sid(sandbox), "abandon");
-        self.commands.push_back(Command::Abandon {
+        self.out.commands.push_back(Command::Abandon {
             sandbox: self.sid(sandbox),
         });
     }
@@ -480,11 +475,11 @@ impl Way<'_> {
     }
 
     pub(crate) fn unconfirmed(&mut self, sandbox: SandboxIx) {
-        self.stats.shutdowns_unconfirmed += 1;
+        self.out.stats.shutdowns_unconfirmed += 1;
         if let Some(report) = self.close.report_mut() {
             report.unconfirmed.push(self.sandboxes[sandbox].id);
         }
-        self.events.push_back(Event::ShutdownUnconfirmed {
+        self.out.events.push_back(Event::ShutdownUnconfirmed {
             sandbox: self.sid(sandbox),
         });
     }

@@ -126,7 +126,7 @@ fn ended_calls_are_remembered_exactly_as_long_as_configured() {
         let (c, _) = ids(&format!("h{i}"), "s");
         call_cycle(&mut core, &c, &s, t);
     }
-    let kept = serde_json::to_value(&core).unwrap()["ended"]["index"]
+    let kept = serde_json::to_value(&core).unwrap()["calls"]["ended"]["index"]
         .as_object()
         .unwrap()
         .len();

@@ -148,7 +148,7 @@ fn the_memory_of_one_ended_call_never_holds_two_names() {
                 core.handle_start_ok(t, sandbox).unwrap();
             }
         }
-        let kept = serde_json::to_value(&core).unwrap()["ended"]["index"]
+        let kept = serde_json::to_value(&core).unwrap()["calls"]["ended"]["index"]
             .as_object()
             .unwrap()
             .len();
