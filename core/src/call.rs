@@ -543,7 +543,7 @@ impl Lifecycle {
                 // Its start answers later: a queued call takes it over, or it shuts down then.
                 self.admit(key);
             }
-            SandboxState::Dead => self.dirty.push(sandbox),
+            SandboxState::Dead => self.reconcile.sandbox(sandbox),
             other => unreachable!("a sandbox with calls is never {other:?}"),
         }
     }

@@ -248,7 +248,7 @@ impl Lifecycle {
         self.sandboxes.clear();
         self.keys.clear();
         self.sessions.clear();
-        self.dirty.clear();
+        self.reconcile.forget_sandboxes();
         if let Some(live) = self.liveness.as_mut() {
             // No renewal after close: the store lets the lease expire.
             live.renew = None;

@@ -113,6 +113,6 @@ impl Lifecycle {
         } else {
             self.key_lets_go(key, sandbox);
         }
-        self.dirty.push(sandbox);
+        self.reconcile.sandbox(sandbox);
     }
 }

@@ -206,7 +206,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `lifecycle.rs` | [`Lifecycle`]: its state, getters and outputs, the timer dispatch, the checks every input makes, the per-input bookkeeping (touched sessions, dirty sandboxes) |
+//! | `lifecycle.rs` | [`Lifecycle`]: its state, getters and outputs, the timer dispatch, the checks every input makes, the per-input bookkeeping (`Reconcile`: the sessions and sandboxes an input changed, brought up to date once when it is done) |
 //! | `call.rs` | call records and their table, with the memory of ended calls and the count of queued ones; acquire, release, binding, becoming ready, ending |
 //! | `key.rs` | isolation-key slots and their table; queueing, admitting waiters, letting go of a sandbox |
 //! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |

@@ -58,14 +58,38 @@ pub struct Lifecycle {
     /// Fleet mode: this process's lease.
     pub(crate) liveness: Option<Liveness>,
     pub(crate) close: CloseState,
-    /// Sandboxes to look at once the current input is done (drain finished? record forgettable?).
-    /// Always empty between inputs.
+    /// What the current input left to reconcile once it is done. Always empty between inputs.
     #[serde(skip)]
-    pub(crate) dirty: Vec<SandboxIx>,
-    /// Sessions whose derived bookkeeping is brought up to date once the current input is done.
-    /// Always empty between inputs.
-    #[serde(skip)]
-    pub(crate) touched: Vec<SessionIx>,
+    pub(crate) reconcile: Reconcile,
+}
+
+/// The sessions and sandboxes an input changed, whose derived state is brought up to date once,
+/// when the input is done ([`Lifecycle::finish_input`]), however often each changed: a session's
+/// bookkeeping (where its release stands, whether its mirror settled, whether it is idle), a
+/// sandbox's (has its drain finished, may it be forgotten, does its key's record change).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Reconcile {
+    sessions: Vec<SessionIx>,
+    sandboxes: Vec<SandboxIx>,
+}
+
+impl Reconcile {
+    /// Notes that the session changed (once for a run of changes to the same session).
+    pub(crate) fn session(&mut self, session: SessionIx) {
+        if self.sessions.last() != Some(&session) {
+            self.sessions.push(session);
+        }
+    }
+
+    /// Notes that the sandbox changed.
+    pub(crate) fn sandbox(&mut self, sandbox: SandboxIx) {
+        self.sandboxes.push(sandbox);
+    }
+
+    /// Forgets every noted sandbox (close forgot them all).
+    pub(crate) fn forget_sandboxes(&mut self) {
+        self.sandboxes.clear();
+    }
 }
 
 impl Lifecycle {
@@ -86,8 +110,7 @@ impl Lifecycle {
             out: Outputs::default(),
             liveness,
             close: CloseState::Open,
-            dirty: Vec::new(),
-            touched: Vec::new(),
+            reconcile: Reconcile::default(),
         };
         core.begin_liveness();
         Ok(core)
@@ -459,18 +482,18 @@ impl Lifecycle {
     /// close progress. Every input ends here.
     pub(crate) fn finish_input(&mut self) {
         loop {
-            if !self.touched.is_empty() {
-                let touched = std::mem::take(&mut self.touched);
+            if !self.reconcile.sessions.is_empty() {
+                let mut sessions = std::mem::take(&mut self.reconcile.sessions);
                 let mut mirror = self.mirror();
-                for &session in &touched {
+                for &session in &sessions {
                     mirror.reconcile_session(session);
                 }
                 // Keep the buffer: a reconciled session touches no other session.
-                debug_assert!(self.touched.is_empty());
-                self.touched = touched;
-                self.touched.clear();
+                debug_assert!(self.reconcile.sessions.is_empty());
+                sessions.clear();
+                self.reconcile.sessions = sessions;
             }
-            let Some(sandbox) = self.dirty.pop() else {
+            let Some(sandbox) = self.reconcile.sandboxes.pop() else {
                 break;
             };
             let Some(x) = self.sandboxes.get(sandbox) else {

@@ -18,7 +18,7 @@ use crate::error::{DropReason, Error};
 use crate::event::{Event, Settlement};
 use crate::ids::{Payload, SandboxId, UploadId, Version};
 use crate::input::UploadFailure;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, Reconcile};
 use crate::name::{PathName, SessionId};
 use crate::output::Outputs;
 use crate::sandbox::{SandboxIx, SandboxState, Sandboxes};
@@ -247,8 +247,7 @@ impl Lifecycle {
             timers: &mut self.timers,
             out: &mut self.out,
             close: &mut self.close,
-            dirty: &mut self.dirty,
-            touched: &mut self.touched,
+            reconcile: &mut self.reconcile,
         }
     }
 }
@@ -268,8 +267,7 @@ pub(crate) struct Mirror<'a> {
     pub(crate) timers: &'a mut Timers,
     pub(crate) out: &'a mut Outputs,
     pub(crate) close: &'a mut CloseState,
-    pub(crate) dirty: &'a mut Vec<SandboxIx>,
-    pub(crate) touched: &'a mut Vec<SessionIx>,
+    pub(crate) reconcile: &'a mut Reconcile,
 }
 
 impl Mirror<'_> {
@@ -370,9 +368,7 @@ impl Mirror<'_> {
 
     /// Notes that the session's derived bookkeeping needs reconciling once the input is done.
     pub(crate) fn session_changed(&mut self, session: SessionIx) {
-        if self.touched.last() != Some(&session) {
-            self.touched.push(session);
-        }
+        self.reconcile.session(session);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -393,7 +389,7 @@ impl Mirror<'_> {
             .get_mut(up.sandbox)
             .expect("sandbox of an upload");
         x.uploads.remove(&ix);
-        self.dirty.push(up.sandbox);
+        self.reconcile.sandbox(up.sandbox);
         let slot = &mut self.sessions[up.session].paths[up.slot];
         slot.inflight = None;
         slot.attempts = 0;

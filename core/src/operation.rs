@@ -76,7 +76,7 @@ impl Lifecycle {
         self.advance(now);
         self.sandboxes.get_mut(x).expect("found above").operations -= 1;
         tracing::debug!(sandbox = %sandbox, "leave");
-        self.dirty.push(x);
+        self.reconcile.sandbox(x);
         self.finish_input();
         Ok(())
     }

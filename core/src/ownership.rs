@@ -647,7 +647,7 @@ impl Lifecycle {
         self.out
             .commands
             .push_back(Command::Relinquish { sandbox: id });
-        self.dirty.push(x);
+        self.reconcile.sandbox(x);
     }
 
     // ------------------------------------------------------------------------------------------

@@ -391,9 +391,7 @@ impl Lifecycle {
     /// Notes that the session changed: its derived bookkeeping is brought up to date once, when
     /// the input is done ([`Lifecycle::finish_input`]), however often it changed.
     pub(crate) fn session_changed(&mut self, session: SessionIx) {
-        if self.touched.last() != Some(&session) {
-            self.touched.push(session);
-        }
+        self.reconcile.session(session);
     }
 }
 
@@ -422,7 +420,7 @@ impl Mirror<'_> {
                         if let Some(x) = self.sandboxes.get_mut(old) {
                             x.busy_sessions -= 1;
                         }
-                        self.dirty.push(old);
+                        self.reconcile.sandbox(old);
                     }
                     if let Some(new) = busy_on {
                         self.sandboxes.get_mut(new).expect("target").busy_sessions += 1;

@@ -12,7 +12,7 @@ use crate::error::{DropReason, Error};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::key::KeyIx;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, Reconcile};
 use crate::output::Outputs;
 use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
 use crate::time::Instant;
@@ -247,7 +247,7 @@ impl Lifecycle {
             sandbox: self.sid(sandbox),
             sessions,
         });
-        self.dirty.push(sandbox);
+        self.reconcile.sandbox(sandbox);
     }
 
     /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
@@ -292,7 +292,7 @@ impl Lifecycle {
             }
         } else {
             tracing::debug!(sandbox = %self.sid(sandbox), "external sandbox unbound");
-            self.dirty.push(sandbox);
+            self.reconcile.sandbox(sandbox);
         }
         self.admit(key);
     }
@@ -356,7 +356,7 @@ impl Lifecycle {
         x.awaiting = Awaiting::Nothing;
         let key = x.key;
         self.key_lets_go(key, sandbox);
-        self.dirty.push(sandbox);
+        self.reconcile.sandbox(sandbox);
     }
 
     /// Sets the sandbox's one timer `after` from now (see [`Way::set_sandbox_timer`]).
@@ -376,7 +376,7 @@ impl Lifecycle {
             timers: &mut self.timers,
             out: &mut self.out,
             close: &mut self.close,
-            dirty: &mut self.dirty,
+            reconcile: &mut self.reconcile,
         }
     }
 }
@@ -390,7 +390,7 @@ pub(crate) struct Way<'a> {
     pub(crate) timers: &'a mut Timers,
     pub(crate) out: &'a mut Outputs,
     pub(crate) close: &'a mut CloseState,
-    pub(crate) dirty: &'a mut Vec<SandboxIx>,
+    pub(crate) reconcile: &'a mut Reconcile,
 }
 
 impl Way<'_> {
@@ -471,7 +471,7 @@ impl Way<'_> {
     pub(crate) fn shutdown_answered(&mut self, sandbox: SandboxIx) {
         self.cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
-        self.dirty.push(sandbox);
+        self.reconcile.sandbox(sandbox);
     }
 
     pub(crate) fn unconfirmed(&mut self, sandbox: SandboxIx) {
