@@ -44,19 +44,31 @@ use serde::{Deserialize, Serialize};
 /// as the latest one seen). An input that returns `Err` changed nothing.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Lifecycle {
+    // Its state is a set of parts, each a type owned by the file of its name: the crate docs'
+    // table of files says what each holds. What crosses parts (an input, a release, a death,
+    // close) is done here, on the whole; mirror work and a sandbox's own way down run on
+    // views that borrow only the parts they may change (`Mirror`, `Way`).
     pub(crate) config: Config,
+    /// Virtual time: the latest `now` an input brought.
     pub(crate) now: Instant,
+    /// Live calls, with the memory of ended ones and the count of queued ones (`call.rs`).
     pub(crate) calls: Calls,
+    /// Session records and their idle queue (`session.rs`).
     pub(crate) sessions: Sessions,
+    /// Tracked sandboxes (`sandbox.rs`).
     pub(crate) sandboxes: Sandboxes,
+    /// Isolation-key slots (`key.rs`).
     pub(crate) keys: Keys,
+    /// Uploads in flight (`upload.rs`).
     pub(crate) uploads: Uploads,
+    /// Every deadline (`timer.rs`).
     pub(crate) timers: Timers,
-    /// What it hands out (commands, store work, events) and its counters.
+    /// What it hands out (commands, store work, events) and its counters (`output.rs`).
     #[serde(flatten)]
     pub(crate) out: Outputs,
-    /// Fleet mode: this process's lease.
+    /// Fleet mode: this process's lease (`liveness.rs`).
     pub(crate) liveness: Option<Liveness>,
+    /// Close's phase and report (`close.rs`).
     pub(crate) close: CloseState,
     /// What the current input left to reconcile once it is done. Always empty between inputs.
     #[serde(skip)]
