@@ -407,7 +407,8 @@ impl Mirror<'_> {
         let (pending, unsettled) = s.pending_and_unsettled();
         // The live part is looked at once, not through `Deref` field by field. A record with no
         // live part is neither busy nor releasing, and was settled when last looked at.
-        if s.live.is_none() && unsettled {
+        // One with unsettled versions gets its live part (`revive` keeps one that exists).
+        if unsettled {
             s.revive(spares);
         }
         let idle = match s.live.as_deref_mut() {

@@ -230,3 +230,50 @@ fn close_forgets_keys_and_session_records() {
     assert_eq!((core.tracked_keys(), core.session_records()), (0, 0));
     core.check_invariants().unwrap();
 }
+
+/// Cancelling a timer takes it out of the heap only when it is the very earliest entry: an
+/// answered upload whose deadline equals another upload's leaves the other's timer in place,
+/// and that upload still times out. Pins `Timers::cancel`'s test of the entry's sequence.
+#[test]
+fn an_answer_cancels_only_its_own_timer_among_equal_deadlines() {
+    let mut core = Lifecycle::new(Config::default()).unwrap();
+    let t = Instant::ZERO;
+    let log = PathName::session_log();
+    ready_call(&mut core, "a", "s1");
+    ready_call(&mut core, "b", "s2");
+    core.flush(t, &sid("s1"), &log, Payload::default()).unwrap();
+    core.flush(t, &sid("s2"), &log, Payload::default()).unwrap();
+    let uploads: Vec<(UploadId, Instant)> = commands(&mut core)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Upload {
+                upload, deadline, ..
+            } => Some((upload, deadline)),
+            _ => None,
+        })
+        .collect();
+    let [(first, due), (second, due_too)] = uploads[..] else {
+        panic!("two uploads ordered: {uploads:?}")
+    };
+    assert_eq!(due, due_too, "both bounded by the same instant");
+    // The second answers: its timer goes; the first's, at the same instant and set earlier,
+    // is the heap's top and must stay.
+    core.handle_upload_ok(t, second).unwrap();
+    events(&mut core);
+    assert_eq!(core.poll_timeout(), Some(due));
+    core.handle_timeout(due).unwrap();
+    assert!(commands(&mut core).contains(&Command::CancelUpload {
+        upload: first,
+        sandbox: core.resolve(&sid("s1")).unwrap(),
+    }));
+    assert!(events(&mut core).iter().any(|e| matches!(
+        e,
+        Event::Settled {
+            session,
+            outcome: Settlement::Dropped {
+                reason: DropReason::UploadTimeout
+            },
+            ..
+        } if *session == sid("s1")
+    )));
+}
