@@ -58,9 +58,9 @@ impl TimerRef {
 /// pure function of the inputs. Whoever sets a timer keeps its [`TimerRef`]; the timer is live
 /// exactly while its owner still holds that reference.
 ///
-/// A binary heap with lazy deletion: cancelling is forgetting the reference (no heap operation),
-/// and an entry whose owner no longer holds it is *stale*. The lifecycle drops stale entries
-/// when they reach the top (after every input, so [`Timers::next`] is always a live deadline)
+/// A binary heap with lazy deletion: cancelling is forgetting the reference, and an entry whose
+/// owner no longer holds it is *stale* (one cancelled while it is the earliest entry leaves at
+/// once, see [`Timers::cancel`]). The lifecycle drops stale entries when they reach the top (after every input, so [`Timers::next`] is always a live deadline)
 /// and rebuilds the heap from its live entries whenever it has doubled since the last rebuild,
 /// so stale entries never outnumber live ones by more than a constant factor.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
