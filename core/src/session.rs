@@ -154,12 +154,7 @@ impl Session {
 
     /// Whether nothing about it is live: the record only remembers versions.
     pub(crate) fn is_idle(&self) -> bool {
-        self.is_idle_given(self.has_unsettled())
-    }
-
-    /// [`is_idle`](Self::is_idle), with `has_unsettled` already known.
-    fn is_idle_given(&self, unsettled: bool) -> bool {
-        self.live.as_deref().is_none_or(Live::is_idle) && !unsettled
+        self.live.as_deref().is_none_or(Live::is_idle) && !self.has_unsettled()
     }
 
     /// Whether some path has a version pending, and whether some path has one pending or in

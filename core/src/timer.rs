@@ -98,13 +98,13 @@ impl Timers {
     /// The entry leaves the heap at once only when it is the earliest one (a timer cancelled
     /// soon after it was set, the common case: a start or an upload answered in time), which
     /// spares the lifecycle's pruning a look at its owner; anywhere else it stays until it
-    /// reaches the top. O(log n).
+    /// reaches the top. The sequence alone names an entry: no two share one. O(log n).
     #[inline]
     pub(crate) fn cancel(&mut self, timer: TimerRef) {
         if self
             .heap
             .peek()
-            .is_some_and(|Reverse(e)| e.seq == timer.seq && e.at == timer.at)
+            .is_some_and(|Reverse(e)| e.seq == timer.seq)
         {
             self.heap.pop();
         }
