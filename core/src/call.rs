@@ -100,7 +100,9 @@ pub(crate) struct Call {
     pub(crate) id: CallId,
     pub(crate) session: SessionIx,
     pub(crate) key: KeyIx,
-    pub(crate) spec: Spec,
+    /// What it asks of its sandbox, until the Start it orders takes it (a call orders at most
+    /// one Start; moving the spec there saves a reference count on the way in and out).
+    pub(crate) spec: Option<Spec>,
     pub(crate) state: CallState,
 }
 
@@ -304,7 +306,7 @@ impl Lifecycle {
             id: call,
             session,
             key,
-            spec: start_spec,
+            spec: Some(start_spec),
             state: CallState::Waiting {
                 deadline: TimerRef::UNSET,
             },

@@ -157,11 +157,18 @@ impl Keys {
     }
 
     /// Forgets the slot at `ix` if it is tracked and empty.
+    #[inline]
     pub(crate) fn forget_if_empty(&mut self, ix: KeyIx) {
         if self.records.get(ix).is_some_and(KeySlot::is_empty) {
-            let slot = self.records.remove(ix).expect("checked");
-            self.by_key.remove(&slot.key);
+            self.forget(ix);
         }
+    }
+
+    /// Forgets the tracked, empty slot at `ix`.
+    pub(crate) fn forget(&mut self, ix: KeyIx) {
+        let slot = self.records.remove(ix).expect("a tracked key");
+        debug_assert!(slot.is_empty(), "forgot a key in use");
+        self.by_key.remove(&slot.key);
     }
 
     /// Keys tracked.
@@ -230,11 +237,18 @@ impl Lifecycle {
         })
     }
 
-    /// Admits queued calls of `key` while the policy lets them in.
+    /// Admits queued calls of `key` while the policy lets them in. Called after every change
+    /// that may let one in; with no call queued anywhere (the usual case) it is one test, kept
+    /// inline, and the work is out of line in `admit_queued`.
+    #[inline]
     pub(crate) fn admit(&mut self, key: KeyIx) {
-        if self.calls.waiting == 0 {
-            return;
+        if self.calls.waiting != 0 {
+            self.admit_queued(key);
         }
+    }
+
+    /// [`admit`](Self::admit)'s work, when some call is queued.
+    fn admit_queued(&mut self, key: KeyIx) {
         loop {
             let serialize = self.config.same_key == SameKey::Serialize;
             if self.keys.get(key).is_some_and(|k| k.own != Own::Local) && !self.may_bind(key) {

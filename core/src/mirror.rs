@@ -457,7 +457,10 @@ impl Mirror<'_> {
         });
     }
 
-    /// Orders the uploads the session's target can take now.
+    /// Orders the uploads the session's target can take now. Most calls find nothing to order
+    /// (no target, or no version waiting): that test is kept inline, and the ordering is out of
+    /// line in `pump_slots`.
+    #[inline]
     pub(crate) fn pump(&mut self, session: SessionIx) {
         let Some(s) = self.sessions.get(session) else {
             return;
@@ -465,6 +468,13 @@ impl Mirror<'_> {
         let Some(target) = s.target else {
             return;
         };
+        if s.paths.iter().any(Slot::may_order) {
+            self.pump_slots(session, target);
+        }
+    }
+
+    /// [`pump`](Self::pump)'s ordering, for a session with a target and a slot that may order.
+    fn pump_slots(&mut self, session: SessionIx, target: SandboxIx) {
         let x = self.sandboxes.get_mut(target).expect("target sandbox");
         debug_assert!(
             x.state.accepts_uploads(),
@@ -687,6 +697,15 @@ impl Slot {
     /// Its work in progress, when it has a box for some (read once, not through `Deref`).
     pub(crate) fn work(&self) -> Option<&SlotWork> {
         self.work.as_deref()
+    }
+
+    /// Whether a version waits to be ordered: pending, with no upload in flight and no retry
+    /// due later (what [`Mirror::pump`] orders).
+    #[inline]
+    pub(crate) fn may_order(&self) -> bool {
+        self.work
+            .as_deref()
+            .is_some_and(|w| w.pending.is_some() && w.inflight.is_none() && w.retry_at.is_none())
     }
 
     /// Whether nothing is in progress: no pending version, no upload, no retry.

@@ -451,35 +451,43 @@ impl Lifecycle {
 
     /// The key's state changed: forget it when nothing is left of it; release it when this
     /// process owns it and is done with it (see the module's rules).
+    ///
+    /// Outside fleet mode this is a test or two, kept inline: a key owned here is settled out
+    /// of line in `owned_key_settles`.
+    #[inline]
     pub(crate) fn key_settles(&mut self, k: KeyIx) {
         let Some(slot) = self.keys.get(k) else {
             return;
         };
         if let Own::Owned(_) = slot.own {
-            let quiet = slot.bound == 0 && slot.waiters.is_empty() && slot.retiring.is_none();
-            if slot.store_at.is_some() {
-                return;
-            }
-            if !quiet {
-                self.record_if_changed(k);
-                return;
-            }
-            let closing = self.is_closing();
-            match slot.current {
-                None if slot.wanted || slot.snapshot.is_none() || closing => {
-                    self.release_key(k, None)
-                }
-                Some(x) if slot.wanted && self.sandboxes[x].state == SandboxState::Idle => {
-                    // Handed over warm: drained first, like any way down; `end_drain` hands it
-                    // over rather than stopping it.
-                    tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
-                    self.begin_drain(x);
-                }
-                _ => self.record_if_changed(k),
-            }
+            self.owned_key_settles(k);
+        } else if slot.is_empty() {
+            self.keys.forget(k);
+        }
+    }
+
+    /// [`key_settles`](Self::key_settles) for a key this process owns.
+    fn owned_key_settles(&mut self, k: KeyIx) {
+        let slot = &self.keys[k];
+        let quiet = slot.bound == 0 && slot.waiters.is_empty() && slot.retiring.is_none();
+        if slot.store_at.is_some() {
             return;
         }
-        self.keys.forget_if_empty(k);
+        if !quiet {
+            self.record_if_changed(k);
+            return;
+        }
+        let closing = self.is_closing();
+        match slot.current {
+            None if slot.wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
+            Some(x) if slot.wanted && self.sandboxes[x].state == SandboxState::Idle => {
+                // Handed over warm: drained first, like any way down; `end_drain` hands it
+                // over rather than stopping it.
+                tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
+                self.begin_drain(x);
+            }
+            _ => self.record_if_changed(k),
+        }
     }
 
     /// Whether the drained sandbox `x` goes to another process rather than down: its key is
@@ -813,7 +821,18 @@ impl Lifecycle {
     /// key again, which comes back here). Not while a sandbox of the key is on its way down: its
     /// end settles the key, which then releases it (the record goes with the release) or writes
     /// the record once, with the snapshot the way down kept.
+    ///
+    /// Outside fleet mode no key is owned: one test, kept inline; the work is out of line in
+    /// `record_owned_if_changed`.
+    #[inline]
     pub(crate) fn record_if_changed(&mut self, k: KeyIx) {
+        if self.liveness.is_some() {
+            self.record_owned_if_changed(k);
+        }
+    }
+
+    /// [`record_if_changed`](Self::record_if_changed)'s work, in fleet mode.
+    fn record_owned_if_changed(&mut self, k: KeyIx) {
         let Some(slot) = self.keys.get(k) else {
             return;
         };

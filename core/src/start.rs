@@ -96,9 +96,9 @@ impl Lifecycle {
 
     /// Orders a Start for `call`'s key.
     pub(crate) fn start_sandbox(&mut self, call: CallIx) -> SandboxIx {
-        let c = &self.calls[call];
+        let c = &mut self.calls[call];
         let key = c.key;
-        let spec = c.spec.clone();
+        let spec = c.spec.take().expect("a call orders at most one Start");
         let slot_has_snapshot = self.keys[key].snapshot.is_some();
         let x = self
             .sandboxes
