@@ -135,26 +135,40 @@ impl fmt::Debug for Snapshot {
 }
 
 /// What a call asks of its sandbox (image, workspace options), passed through to Start untouched.
-/// Opaque to the core; a driver defines its format.
+/// Opaque to the core; a driver defines its format. The empty spec, the default, asks for the
+/// driver's own choice; it holds no text, so passing it along costs no reference count.
 #[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Spec(pub Arc<str>);
+#[serde(from = "String", into = "String")]
+pub struct Spec(Option<Arc<str>>);
 
 impl Spec {
-    /// A spec from the driver's text.
+    /// A spec from the driver's text (empty: the default).
     pub fn new(spec: impl AsRef<str>) -> Self {
-        Spec(Arc::from(spec.as_ref()))
+        let spec = spec.as_ref();
+        Spec((!spec.is_empty()).then(|| Arc::from(spec)))
     }
 
-    /// The spec as text.
+    /// The spec as text (empty for the default).
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_deref().unwrap_or("")
+    }
+}
+
+impl From<String> for Spec {
+    fn from(spec: String) -> Self {
+        Spec::new(spec)
+    }
+}
+
+impl From<Spec> for String {
+    fn from(spec: Spec) -> String {
+        spec.as_str().to_string()
     }
 }
 
 impl fmt::Debug for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", &*self.0)
+        write!(f, "{:?}", self.as_str())
     }
 }
 

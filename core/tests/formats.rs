@@ -32,6 +32,25 @@ fn ids_and_values_display_and_debug_as_documented() {
 }
 
 #[test]
+fn the_empty_spec_is_the_default_and_every_spec_serialises_as_its_text() {
+    assert_eq!(Spec::new(""), Spec::default());
+    assert_eq!(Spec::default().as_str(), "");
+    assert_eq!(format!("{:?}", Spec::default()), "\"\"");
+    assert_ne!(Spec::new("python"), Spec::default());
+    for text in [
+        "",
+        "python",
+        "{\"image\":\"ghcr.io/acme/agent-sandbox:v1.2.3\"}",
+    ] {
+        let json = serde_json::to_string(&Spec::new(text)).unwrap();
+        assert_eq!(json, serde_json::to_string(text).unwrap());
+        let back: Spec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.as_str(), text);
+        assert_eq!(back, Spec::new(text));
+    }
+}
+
+#[test]
 fn a_key_record_is_empty_only_when_it_keeps_nothing() {
     assert!(KeyRecord::default().is_empty());
     let warm = KeyRecord {
