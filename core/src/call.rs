@@ -129,11 +129,13 @@ pub(crate) struct Calls {
 
 impl Calls {
     /// The place of the live call named `call`. The one hash of a call's name per input.
+    #[inline(always)]
     pub(crate) fn find(&self, call: &CallId) -> Option<CallIx> {
         self.by_name.get(call).copied()
     }
 
     /// Adds a call whose name is not live.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, call: Call) -> CallIx {
         let id = call.id.clone();
         let ix = self.records.insert(call);
@@ -143,6 +145,7 @@ impl Calls {
     }
 
     /// Removes a live call.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, ix: CallIx) -> Call {
         let call = self.records.remove(ix).expect("a live call");
         self.by_name.remove(&call.id);
@@ -215,6 +218,7 @@ pub(crate) struct EndedCalls {
 
 impl EndedCalls {
     /// Notes that `call` ended.
+    #[inline(always)]
     pub(crate) fn remember(&mut self, call: CallId, capacity: usize) {
         if capacity == 0 {
             return;
@@ -424,6 +428,7 @@ impl Lifecycle {
     }
 
     /// A bound call becomes ready on an up sandbox.
+    #[inline(always)]
     pub(crate) fn make_ready(&mut self, call: CallIx, sandbox: SandboxIx) {
         let c = &mut self.calls[call];
         c.state = CallState::Ready(sandbox);
@@ -521,6 +526,7 @@ impl Lifecycle {
     }
 
     /// Takes a call off its sandbox and key.
+    #[inline(always)]
     pub(crate) fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxIx) {
         let slot = &mut self.keys[key];
         slot.bound -= 1;

@@ -137,6 +137,7 @@ impl Keys {
     }
 
     /// The place of `key`'s slot, made empty if there is none.
+    #[inline(always)]
     pub(crate) fn find_or_insert(&mut self, key: Key) -> KeyIx {
         if let Some(ix) = self.by_key.get(&key) {
             return *ix;
@@ -165,6 +166,7 @@ impl Keys {
     }
 
     /// Forgets the tracked, empty slot at `ix`.
+    #[inline(always)]
     pub(crate) fn forget(&mut self, ix: KeyIx) {
         let slot = self.records.remove(ix).expect("a tracked key");
         debug_assert!(slot.is_empty(), "forgot a key in use");

@@ -241,6 +241,21 @@
 //! outputs, the close report; no call, key, session or upload). The inputs themselves, and
 //! what crosses parts (a release, a death, close), stay on [`Lifecycle`], which checks and
 //! hands on.
+//!
+//! ## What is inlined, and why
+//!
+//! A call cycle (acquire to shutdown, `core.call_cycle_vs_hashmap` in the perf report) made
+//! about 150 function calls, and their entries and exits (registers saved and restored) were
+//! about a tenth of its instructions. Two rules, measured on that cycle:
+//!
+//! - A step with one caller on the cycle's path (`unbind`, `begin_drain`, `make_ready`, a
+//!   table's `insert`, `remove` and `find`, a session's reconciliation, the timer pruning) is
+//!   `#[inline(always)]`: one copy of its code either way.
+//! - A step that usually finds nothing to do (`admit` with no call queued, `pump` with no
+//!   version to order, `record_if_changed` outside fleet mode, `key_settles` for a key not
+//!   owned here) keeps its test inline and its work out of line.
+//!
+//! Together: 10,109 → 8,894 instructions and about 80 calls a cycle instead of 154.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

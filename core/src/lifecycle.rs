@@ -258,6 +258,7 @@ impl Lifecycle {
     // Outputs
 
     /// The next command for the driver. Drain until `None` after every input.
+    #[inline]
     pub fn poll_command(&mut self) -> Option<Command> {
         self.out.commands.pop_front()
     }
@@ -269,6 +270,7 @@ impl Lifecycle {
     }
 
     /// The next event for the application. Drain until `None` after every input.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.out.events.pop_front()
     }
@@ -363,6 +365,7 @@ impl Lifecycle {
     }
 
     /// Whether the timer set as `at` is live: its owner still holds this very reference. O(1).
+    #[inline(always)]
     pub(crate) fn timer_is_live(&self, at: TimerRef, timer: &Timer) -> bool {
         match timer {
             Timer::Sandbox(x) => self
@@ -394,6 +397,7 @@ impl Lifecycle {
     ///
     /// The table stays in place (moving it out and back for the borrow cost more than the rest
     /// of this function): only the rare rebuild takes it out.
+    #[inline(always)]
     pub(crate) fn prune_timers(&mut self) {
         if self.timers.rebuild_due() {
             let mut timers = std::mem::take(&mut self.timers);
@@ -462,6 +466,7 @@ impl Lifecycle {
 
     /// The place of `sandbox` when it awaits this answer; `None` for a known sandbox that does
     /// not (a stale answer, counted and ignored).
+    #[inline(always)]
     pub(crate) fn awaits(
         &mut self,
         sandbox: SandboxId,

@@ -220,6 +220,7 @@ impl Lifecycle {
 
     /// Checks an upload answer and removes the upload it answers from every record; `None` for
     /// a stale answer (the upload timed out or was cancelled).
+    #[inline(always)]
     fn answered_upload(&mut self, upload: UploadId) -> Result<Option<Upload>, Error> {
         self.check_not_closed("answer")?;
         let Some(ix) = self.uploads.find(upload) else {
@@ -275,6 +276,7 @@ impl Mirror<'_> {
     /// has nowhere to go and nothing coming, else pending (superseding the one pending before)
     /// and pumped. `found` and `slot` are the session's record and the path's slot in it, as
     /// [`Lifecycle::flush`] found them in this input (`None`: there is none yet).
+    #[inline(always)]
     fn record_flush(
         &mut self,
         found: Option<SessionIx>,
@@ -381,6 +383,7 @@ impl Mirror<'_> {
     }
 
     /// Removes an awaited upload from every record.
+    #[inline(always)]
     fn take_upload(&mut self, ix: UploadIx) -> Upload {
         let up = self.uploads.remove(ix);
         self.timers.cancel(up.deadline);

@@ -454,7 +454,7 @@ impl Lifecycle {
     ///
     /// Outside fleet mode this is a test or two, kept inline: a key owned here is settled out
     /// of line in `owned_key_settles`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn key_settles(&mut self, k: KeyIx) {
         let Some(slot) = self.keys.get(k) else {
             return;

@@ -229,6 +229,7 @@ impl Sandboxes {
     }
 
     /// Forgets a sandbox.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, ix: SandboxIx) -> Sandbox {
         let x = self.records.remove(ix).expect("a tracked sandbox");
         self.by_id.remove(&x.id);

@@ -133,6 +133,7 @@ impl Session {
         self.paths = paths.into_boxed_slice();
     }
 
+    #[inline(always)]
     pub(crate) fn slot(&self, path: &PathName) -> Option<usize> {
         self.paths.iter().position(|s| &s.path == path)
     }
@@ -169,6 +170,7 @@ impl Session {
     }
 
     /// Gives back the boxes of an idle record to `spares`, keeping only its versions.
+    #[inline(always)]
     pub(crate) fn compact(&mut self, spares: &mut Spares) {
         debug_assert!(self.is_idle());
         if let Some(live) = self.live.take() {
@@ -268,12 +270,14 @@ pub(crate) struct Sessions {
 
 impl Sessions {
     /// The place of the record of `session`. The one hash of a session's name per input.
+    #[inline(always)]
     pub(crate) fn find(&self, session: &SessionId) -> Option<SessionIx> {
         self.by_name.get(session).copied()
     }
 
     /// The record `found` by [`find`](Self::find) earlier in the same input (so the name is not
     /// hashed again), or a new one for `session` when none was: no longer idle either way.
+    #[inline(always)]
     pub(crate) fn take_up(&mut self, found: Option<SessionIx>, session: &SessionId) -> SessionIx {
         debug_assert_eq!(found, self.find(session), "found in this very input");
         let ix = match found {
@@ -394,6 +398,7 @@ impl Mirror<'_> {
     /// Brings a session's derived bookkeeping up to date: which sandbox its busyness keeps
     /// draining, which releases have completed, whether its mirror settled, whether it is idle.
     /// Runs once per changed session per input, from [`Lifecycle::finish_input`].
+    #[inline(always)]
     pub(crate) fn reconcile_session(&mut self, session: SessionIx) {
         if self.sessions.get(session).is_none() {
             return;

@@ -28,6 +28,7 @@ pub(crate) enum SmallSet<T: Ord> {
 
 impl<T: Ord + Clone> SmallSet<T> {
     /// Adds `item`; false when it was there already.
+    #[inline]
     pub(crate) fn insert(&mut self, item: T) -> bool {
         match self {
             SmallSet::Empty => {
@@ -49,6 +50,7 @@ impl<T: Ord + Clone> SmallSet<T> {
     }
 
     /// Removes `item`; false when it was not there.
+    #[inline]
     pub(crate) fn remove(&mut self, item: &T) -> bool {
         match self {
             SmallSet::Empty => false,

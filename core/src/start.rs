@@ -48,6 +48,7 @@ impl Lifecycle {
 
     /// The sandbox is up (its Start succeeded, and its hook, if any): its starting calls are
     /// ready.
+    #[inline(always)]
     pub(crate) fn up(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Running;

@@ -50,6 +50,7 @@ impl Uploads {
     }
 
     /// Tracks an upload under the next id (`upload.id` must be [`Uploads::next_id`]).
+    #[inline(always)]
     pub(crate) fn insert(&mut self, upload: Upload) -> UploadIx {
         debug_assert_eq!(upload.id, self.next_id());
         self.next_id += 1;
@@ -76,6 +77,7 @@ impl Uploads {
     }
 
     /// Ends an upload.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, ix: UploadIx) -> Upload {
         let up = self.records.remove(ix).expect("an upload in flight");
         self.by_id.remove(&up.id);

@@ -160,6 +160,7 @@ impl Lifecycle {
 
     /// The release policy, applied when a running sandbox's last call has gone: its warm tier
     /// (when the policy has one and close has not begun), else the way down.
+    #[inline(always)]
     pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
         let idle = self.config.release.tiers().idle;
         let x = &self.sandboxes[sandbox];
@@ -236,6 +237,7 @@ impl Lifecycle {
 
     /// The sandbox drains: its sessions' mirror work and holds finish before Stop, up to the
     /// drain deadline.
+    #[inline(always)]
     pub(crate) fn begin_drain(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(x.bound.is_empty());
@@ -298,6 +300,7 @@ impl Lifecycle {
     }
 
     /// Orders the sandbox's Stop (its drain and its before-hook, if any, ended).
+    #[inline(always)]
     pub(crate) fn order_stop(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert_eq!(x.state, SandboxState::Stopping);
@@ -360,6 +363,7 @@ impl Lifecycle {
     }
 
     /// Sets the sandbox's one timer `after` from now (see [`Way::set_sandbox_timer`]).
+    #[inline(always)]
     pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
         self.way().set_sandbox_timer(sandbox, after)
     }
@@ -468,6 +472,7 @@ impl Way<'_> {
         });
     }
 
+    #[inline(always)]
     pub(crate) fn shutdown_answered(&mut self, sandbox: SandboxIx) {
         self.cancel_sandbox_timer(sandbox);
         self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
@@ -486,6 +491,7 @@ impl Way<'_> {
 
     /// Sets the sandbox's one timer `after` from now, replacing the one it had; returns its
     /// instant.
+    #[inline(always)]
     pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
         self.cancel_sandbox_timer(sandbox);
         let at = self.timers.set(self.now + after, Timer::Sandbox(sandbox));
@@ -493,6 +499,7 @@ impl Way<'_> {
         at.at
     }
 
+    #[inline(always)]
     pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxIx) {
         if let Some(x) = self.sandboxes.get_mut(sandbox) {
             if let Some(at) = x.deadline.take() {
