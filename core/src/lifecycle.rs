@@ -500,15 +500,7 @@ impl Lifecycle {
     pub(crate) fn finish_input(&mut self) {
         loop {
             if !self.reconcile.sessions.is_empty() {
-                let mut sessions = std::mem::take(&mut self.reconcile.sessions);
-                let mut mirror = self.mirror();
-                for &session in &sessions {
-                    mirror.reconcile_session(session);
-                }
-                // Keep the buffer: a reconciled session touches no other session.
-                debug_assert!(self.reconcile.sessions.is_empty());
-                sessions.clear();
-                self.reconcile.sessions = sessions;
+                self.reconcile_sessions();
             }
             let Some(sandbox) = self.reconcile.sandboxes.pop() else {
                 break;
@@ -540,6 +532,21 @@ impl Lifecycle {
         self.prune_timers();
         #[cfg(debug_assertions)]
         self.debug_check_invariants();
+    }
+
+    /// Reconciles the sessions the input changed, once each. Out of line: the mirror's view
+    /// takes many registers, which every input would otherwise set up at its end.
+    #[inline(never)]
+    fn reconcile_sessions(&mut self) {
+        let mut sessions = std::mem::take(&mut self.reconcile.sessions);
+        let mut mirror = self.mirror();
+        for &session in &sessions {
+            mirror.reconcile_session(session);
+        }
+        // Keep the buffer: a reconciled session touches no other session.
+        debug_assert!(self.reconcile.sessions.is_empty());
+        sessions.clear();
+        self.reconcile.sessions = sessions;
     }
 
     /// In debug builds, checks every state invariant after every input while the state is small

@@ -617,12 +617,19 @@ impl Mirror<'_> {
 
     /// The sandbox no longer accepts uploads (its state already says so): uploads in flight into
     /// it are cancelled and dropped with `reason`, and the sessions that targeted it move on.
+    /// Often none did: that test is kept inline, the leaving out of line in `leave_sandbox`.
+    #[inline(always)]
     pub(crate) fn leave_uploads(&mut self, sandbox: SandboxIx, reason: DropReason) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let x = &self.sandboxes[sandbox];
         debug_assert!(!x.state.accepts_uploads());
-        if x.uploads.is_empty() && x.targeting.is_empty() {
-            return;
+        if !(x.uploads.is_empty() && x.targeting.is_empty()) {
+            self.leave_sandbox(sandbox, reason);
         }
+    }
+
+    /// [`leave_uploads`](Self::leave_uploads)' work, for a sandbox some upload or session is on.
+    fn leave_sandbox(&mut self, sandbox: SandboxIx, reason: DropReason) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         let uploads = self.uploads.in_id_order(x.uploads.take());
         let sessions = self.sessions.by_name_order(x.targeting.to_few());
         let mut touched = Few::<SessionIx>::new();
