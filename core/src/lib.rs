@@ -228,7 +228,7 @@
 //! | `command.rs`, `event.rs`, `input.rs` | the values that go out and come in |
 //! | `config.rs`, `error.rs`, `ids.rs`, `name.rs`, `time.rs`, `stats.rs` | configuration, typed errors, ids and opaque values, validated names, virtual time, counters |
 //! | `invariants.rs` | [`Lifecycle::check_invariants`] |
-//! | `map.rs`, `small_set.rs` | the fixed-hasher maps; the inline ordered set and short inline lists |
+//! | `map.rs`, `id_index.rs`, `small_set.rs` | the fixed-hasher maps; the index from the ids the core hands out to places; the inline ordered set and short inline lists |
 //!
 //! Every table (calls, keys, sessions, sandboxes, uploads) is a generational slab with an index
 //! from names or ids to places: a name or id is looked up once, where it comes in, and records
@@ -269,6 +269,7 @@ mod error;
 mod event;
 mod fleet;
 mod hook;
+mod id_index;
 mod ids;
 mod input;
 mod invariants;

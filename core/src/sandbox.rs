@@ -3,9 +3,9 @@
 use crate::call::CallIx;
 use crate::command::HookPoint;
 use crate::fleet::Token;
+use crate::id_index::IdIndex;
 use crate::ids::{SandboxId, Snapshot};
 use crate::key::KeyIx;
-use crate::map::Map;
 use crate::name::ExternalId;
 use crate::session::SessionIx;
 use crate::small_set::SmallSet;
@@ -152,7 +152,7 @@ impl Sandbox {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Sandboxes {
     records: slotmap::SlotMap<SandboxIx, Sandbox>,
-    by_id: Map<SandboxId, SandboxIx>,
+    by_id: IdIndex<SandboxId, SandboxIx>,
     /// The first id this core handed out: 0, or in fleet mode its incarnation's first.
     first_id: u64,
     next_id: u64,
@@ -188,7 +188,7 @@ impl Sandboxes {
     /// contract), so no answer of the earlier tracking can reach the new one. `None` when that
     /// id is tracked already.
     pub(crate) fn adopt(&mut self, id: SandboxId, key: KeyIx) -> Option<SandboxIx> {
-        if self.by_id.contains_key(&id) {
+        if self.by_id.contains_key(id) {
             return None;
         }
         let ix = self.records.insert(Sandbox::new(
@@ -210,7 +210,7 @@ impl Sandboxes {
 
     /// The place of the tracked sandbox `id`. The one lookup of a sandbox id per input.
     pub(crate) fn find(&self, id: SandboxId) -> Option<SandboxIx> {
-        self.by_id.get(&id).copied()
+        self.by_id.get(id)
     }
 
     /// Whether `id` was ever handed out.
@@ -232,7 +232,7 @@ impl Sandboxes {
     #[inline(always)]
     pub(crate) fn remove(&mut self, ix: SandboxIx) -> Sandbox {
         let x = self.records.remove(ix).expect("a tracked sandbox");
-        self.by_id.remove(&x.id);
+        self.by_id.remove(x.id);
         x
     }
 
@@ -270,7 +270,7 @@ impl Sandboxes {
             && self
                 .by_id
                 .iter()
-                .all(|(id, ix)| self.records.get(*ix).is_some_and(|x| x.id == *id))
+                .all(|(id, ix)| self.records.get(ix).is_some_and(|x| x.id == id))
     }
 
     /// Forgets every sandbox (close finished); ids keep counting.

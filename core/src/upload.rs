@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::id_index::IdIndex;
 use crate::ids::{Payload, UploadId, Version};
-use crate::map::Map;
 use crate::sandbox::SandboxIx;
 use crate::session::SessionIx;
 use crate::small_set::Few;
@@ -39,7 +39,7 @@ pub(crate) struct Upload {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Uploads {
     records: slotmap::SlotMap<UploadIx, Upload>,
-    by_id: Map<UploadId, UploadIx>,
+    by_id: IdIndex<UploadId, UploadIx>,
     next_id: u64,
 }
 
@@ -63,7 +63,7 @@ impl Uploads {
     /// The place of the upload `id`, if it is in flight. The one lookup of an upload id per
     /// answer.
     pub(crate) fn find(&self, id: UploadId) -> Option<UploadIx> {
-        self.by_id.get(&id).copied()
+        self.by_id.get(id)
     }
 
     /// Whether `id` was ever handed out.
@@ -80,7 +80,7 @@ impl Uploads {
     #[inline(always)]
     pub(crate) fn remove(&mut self, ix: UploadIx) -> Upload {
         let up = self.records.remove(ix).expect("an upload in flight");
-        self.by_id.remove(&up.id);
+        self.by_id.remove(up.id);
         up
     }
 
@@ -111,7 +111,7 @@ impl Uploads {
             && self
                 .by_id
                 .iter()
-                .all(|(id, ix)| self.records.get(*ix).is_some_and(|u| u.id == *id))
+                .all(|(id, ix)| self.records.get(ix).is_some_and(|u| u.id == id))
     }
 }
 
