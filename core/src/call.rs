@@ -326,7 +326,10 @@ impl Lifecycle {
         } else {
             self.bind(ix);
         }
-        self.session_changed(session);
+        // A call waiting or starting changes nothing a session's reconciliation derives (its
+        // busyness, its releases, its settling, whether it is idle: `take_up` took it out of
+        // the idle queue); a call that became ready at once retargeted its session, which
+        // reconciles it.
         self.finish_input();
         Ok(())
     }
@@ -403,7 +406,6 @@ impl Lifecycle {
                 _ => self.start_sandbox(call),
             },
         };
-        let session = self.calls[call].session;
         self.keys[key].bound += 1;
         let x = self.sandboxes.get_mut(sandbox).expect("current sandbox");
         x.bound.insert(call);
@@ -424,7 +426,6 @@ impl Lifecycle {
             }
             other => unreachable!("a key's current sandbox is never {other:?}"),
         }
-        self.session_changed(session);
     }
 
     /// A bound call becomes ready on an up sandbox.

@@ -168,9 +168,10 @@ impl Keys {
     /// Forgets the tracked, empty slot at `ix`.
     #[inline(always)]
     pub(crate) fn forget(&mut self, ix: KeyIx) {
-        let slot = self.records.remove(ix).expect("a tracked key");
+        let slot = &self.records[ix];
         debug_assert!(slot.is_empty(), "forgot a key in use");
         self.by_key.remove(&slot.key);
+        self.records.remove(ix);
     }
 
     /// Keys tracked.

@@ -230,10 +230,11 @@ impl Sandboxes {
 
     /// Forgets a sandbox.
     #[inline(always)]
-    pub(crate) fn remove(&mut self, ix: SandboxIx) -> Sandbox {
-        let x = self.records.remove(ix).expect("a tracked sandbox");
-        self.by_id.remove(x.id);
-        x
+    pub(crate) fn remove(&mut self, ix: SandboxIx) {
+        let id = self.records[ix].id;
+        self.by_id.remove(id);
+        // Dropped where it lies: nothing of it is needed any more.
+        self.records.remove(ix);
     }
 
     /// Sandboxes tracked.
