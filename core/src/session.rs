@@ -350,6 +350,35 @@ impl Sessions {
         sessions
     }
 
+    /// Forgets the oldest idle records beyond `max`, and compacts the idle queue. Returns how
+    /// many were forgotten.
+    pub(crate) fn forget_idle(&mut self, max: usize) -> u64 {
+        let mut forgotten = 0;
+        while self.idle.count > max {
+            let Some((session, stamp)) = self.idle.queue.pop_front() else {
+                break;
+            };
+            if self
+                .get(session)
+                .is_some_and(|s| s.idle_stamp == Some(stamp))
+            {
+                let s = self.remove(session);
+                tracing::debug!(session = %s.id, "idle session forgotten");
+                self.idle.count -= 1;
+                forgotten += 1;
+            }
+        }
+        if self.idle.compaction_due() {
+            let mut queue = std::mem::take(&mut self.idle.queue);
+            queue.retain(|(session, stamp)| {
+                self.get(*session)
+                    .is_some_and(|s| s.idle_stamp == Some(*stamp))
+            });
+            self.idle.queue = queue;
+        }
+        forgotten
+    }
+
     /// The names of `sessions`, sorted.
     pub(crate) fn names(&self, sessions: &[SessionIx]) -> SessionList {
         if let [one] = sessions {
@@ -466,36 +495,10 @@ impl Mirror<'_> {
             idle.queue.push_back((session, stamp));
             idle.count += 1;
             self.sessions[session].idle_stamp = Some(stamp);
-            self.forget_idle_sessions();
-        }
-    }
-
-    /// Forgets the oldest idle session records beyond the limit, and compacts the idle queue.
-    pub(crate) fn forget_idle_sessions(&mut self) {
-        let max = self.config.limits.max_idle_sessions;
-        while self.sessions.idle.count > max {
-            let Some((session, stamp)) = self.sessions.idle.queue.pop_front() else {
-                break;
-            };
-            if self
-                .sessions
-                .get(session)
-                .is_some_and(|s| s.idle_stamp == Some(stamp))
-            {
-                let s = self.sessions.remove(session);
-                tracing::debug!(session = %s.id, "idle session forgotten");
-                self.sessions.idle.count -= 1;
-                self.out.stats.sessions_forgotten += 1;
-            }
-        }
-        if self.sessions.idle.compaction_due() {
-            let mut queue = std::mem::take(&mut self.sessions.idle.queue);
-            queue.retain(|(session, stamp)| {
-                self.sessions
-                    .get(*session)
-                    .is_some_and(|s| s.idle_stamp == Some(*stamp))
-            });
-            self.sessions.idle.queue = queue;
+            // On the sessions alone: the mirror's view stays in registers (a call taking the
+            // view would set it up in memory for every reconciliation).
+            let max = self.config.limits.max_idle_sessions;
+            self.out.stats.sessions_forgotten += self.sessions.forget_idle(max);
         }
     }
 }
