@@ -113,6 +113,8 @@ impl<K: Id, V: Copy> IdIndex<K, V> {
     }
 
     /// Doubles the table (or makes the first one) and places every entry again.
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self) {
         let size = (2 * self.slots.len()).max(MIN_SLOTS);
         let old = std::mem::replace(&mut self.slots, vec![None; size]);

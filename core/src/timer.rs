@@ -84,6 +84,7 @@ const REBUILD_FLOOR: usize = 64;
 
 impl Timers {
     /// Sets `timer` at `at`. O(log n).
+    #[inline]
     pub(crate) fn set(&mut self, at: Instant, timer: Timer) -> TimerRef {
         let seq = self.next_seq;
         self.next_seq += 1;
