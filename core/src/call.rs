@@ -304,7 +304,7 @@ impl Lifecycle {
         let session = self.sessions.take_up(found, &session);
         let key = match slot {
             Some(slot) => slot,
-            None => self.keys.find_or_insert(key),
+            None => self.keys.insert_new(key),
         };
         let ix = self.calls.insert(Call {
             id: call,

@@ -137,11 +137,17 @@ impl Keys {
     }
 
     /// The place of `key`'s slot, made empty if there is none.
-    #[inline(always)]
     pub(crate) fn find_or_insert(&mut self, key: Key) -> KeyIx {
-        if let Some(ix) = self.by_key.get(&key) {
-            return *ix;
+        match self.by_key.get(&key) {
+            Some(ix) => *ix,
+            None => self.insert_new(key),
         }
+    }
+
+    /// A new, empty slot for `key`, which has none (the caller just looked).
+    #[inline(always)]
+    pub(crate) fn insert_new(&mut self, key: Key) -> KeyIx {
+        debug_assert!(!self.by_key.contains_key(&key), "a key has one slot");
         let ix = self.records.insert(KeySlot::new(key.clone()));
         self.by_key.insert(key, ix);
         ix
