@@ -227,6 +227,38 @@ mod tests {
         }
     }
 
+    /// Ids handed out one after another spread over the table: no probe run is long, as the
+    /// module's doc promises (every id hashed to one slot would still be correct, and slow).
+    #[test]
+    fn consecutive_ids_spread_over_the_table() {
+        for first in [0, 1 << 32, u64::MAX - 5000] {
+            let mut index: IdIndex<SandboxId, u32> = IdIndex::default();
+            for n in 0..3000u64 {
+                index.insert(SandboxId(first.wrapping_add(n)), n as u32);
+            }
+            let mask = index.slots.len() - 1;
+            let longest = index
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, slot)| slot.map(|(id, _)| i.wrapping_sub(index.home(id)) & mask))
+                .max()
+                .unwrap();
+            assert!(longest <= 4, "an entry {longest} slots from its home");
+            // Removing every other one keeps the rest reachable.
+            for n in (0..3000u64).step_by(2) {
+                assert_eq!(
+                    index.remove(SandboxId(first.wrapping_add(n))),
+                    Some(n as u32)
+                );
+            }
+            for n in 0..3000u64 {
+                let expected = (n % 2 == 1).then_some(n as u32);
+                assert_eq!(index.get(SandboxId(first.wrapping_add(n))), expected);
+            }
+        }
+    }
+
     #[test]
     fn it_serialises_as_a_map_in_id_order_and_back() {
         let mut index: IdIndex<UploadId, u32> = IdIndex::default();
