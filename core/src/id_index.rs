@@ -218,6 +218,7 @@ mod tests {
                 for k in 0..48 {
                     let id = SandboxId(k * 8);
                     proptest::prop_assert_eq!(index.get(id), model.get(&id.0).copied());
+                    proptest::prop_assert_eq!(index.contains_key(id), model.contains_key(&id.0));
                 }
                 let mut held: Vec<(u64, u32)> = index.iter().map(|(k, v)| (k.0, v)).collect();
                 held.sort_unstable();
