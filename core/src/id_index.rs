@@ -236,6 +236,7 @@ mod tests {
             let mut index: IdIndex<SandboxId, u32> = IdIndex::default();
             for n in 0..3000u64 {
                 index.insert(SandboxId(first.wrapping_add(n)), n as u32);
+                assert!(index.slots.len() >= 2 * index.len(), "at most half full");
             }
             let mask = index.slots.len() - 1;
             let longest = index
