@@ -87,6 +87,14 @@ fn text_hash(text: &str) -> u64 {
     h.finish()
 }
 
+/// Whether two names' texts are equal: the text comparison behind a name's `eq`, out of line
+/// (a name's `eq` inlines into every scan and map probe; the text comparison, with its two
+/// representations and `memcmp`, would make each copy long).
+#[inline(never)]
+fn same_text(a: &SmolStr, b: &SmolStr) -> bool {
+    a == b
+}
+
 macro_rules! name_type {
     ($(#[$meta:meta])* $ty:ident, $what:literal) => {
         $(#[$meta])*
@@ -102,9 +110,11 @@ macro_rules! name_type {
         }
 
         impl PartialEq for $ty {
+            /// Inline, so that names that differ (which mostly differ in hash) cost one word
+            /// compared and no call; the text is compared out of line, in [`same_text`].
+            #[inline]
             fn eq(&self, other: &Self) -> bool {
-                // Names that differ mostly differ in hash: one word compared instead of text.
-                self.hash == other.hash && self.text == other.text
+                self.hash == other.hash && same_text(&self.text, &other.text)
             }
         }
 
