@@ -106,6 +106,8 @@ impl Calls {
         let key = external.is_none().then(|| self.key_of(session, call, user));
         let rec = CallRecord {
             call: call.clone(),
+            session_no: self.live.number_session(session),
+            key_no: self.live.number_key(key.as_ref()),
             session: session.clone(),
             key,
             phase: Phase::Pending,
@@ -340,6 +342,9 @@ impl Calls {
         dead: impl Fn(SandboxId) -> bool,
         torn: impl Fn(SandboxId) -> bool,
     ) -> Result<(), Violation> {
+        if self.live.is_empty() {
+            return Ok(());
+        }
         let mut pick = std::mem::take(&mut self.pick);
         pick.clear();
         pick.extend(
@@ -366,20 +371,19 @@ impl Calls {
         if serialize && !full {
             // A call's key partners are checked with it (two bound under one key).
             for i in 0..pick.len() {
-                if pick[i] == SKIP {
+                let key_no = self.live.at(i).key_no;
+                if pick[i] == SKIP || key_no == 0 {
                     continue;
                 }
-                let Some(key) = &self.live.at(i).key else {
-                    continue;
-                };
                 for (j, r) in self.live.iter().enumerate() {
-                    if pick[j] == SKIP && r.key.as_ref() == Some(key) {
+                    if pick[j] == SKIP && r.key_no == key_no {
                         pick[j] = CHECK;
                     }
                 }
             }
         }
         let mut broken: Option<Violation> = None;
+        let mut holders = 0;
         for (i, rec) in self.live.iter().enumerate() {
             if pick[i] == SKIP {
                 continue;
@@ -418,25 +422,23 @@ impl Calls {
                 }
             }
             if serialize
-                && rec.key.is_some()
+                && rec.key_no != 0
                 && bound.or(rec.sandbox).is_some()
                 && status.is_some()
                 && !matches!(status, Some(CallStatus::Waiting))
             {
                 pick[i] = HOLDS_KEY;
+                holders += 1;
             }
         }
-        if serialize && broken.is_none() {
-            let holders = || {
-                self.live
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| pick[*i] == HOLDS_KEY)
-            };
-            let dup = holders().find_map(|(i, a)| {
-                holders()
-                    .find(|(j, b)| *j > i && a.key == b.key)
-                    .and(a.key.clone())
+        if holders > 1 && broken.is_none() {
+            let holds = |i: usize| pick[i] == HOLDS_KEY;
+            let dup = (0..pick.len()).filter(|i| holds(*i)).find_map(|i| {
+                let key_no = self.live.at(i).key_no;
+                (i + 1..pick.len())
+                    .any(|j| holds(j) && self.live.at(j).key_no == key_no)
+                    .then(|| self.live.at(i).key.clone())
+                    .flatten()
             });
             if let Some(key) = dup {
                 broken = Some(Violation::new(
@@ -461,12 +463,13 @@ impl Calls {
                 continue;
             }
             // Once per session.
+            let session_no = rec.session_no;
             let seen = self
                 .live
                 .iter()
+                .zip(pick)
                 .take(i)
-                .enumerate()
-                .any(|(j, o)| pick[j] != SKIP && o.session == rec.session);
+                .any(|(o, p)| *p != SKIP && o.session_no == session_no);
             if seen {
                 continue;
             }
@@ -474,7 +477,7 @@ impl Calls {
             let mut up = false;
             let mut lost = false;
             let mut ok_here = false;
-            for o in self.live.iter().filter(|o| o.session == rec.session) {
+            for o in self.live.iter().filter(|o| o.session_no == session_no) {
                 match o.phase {
                     Phase::Ready if !o.sandbox.is_some_and(dead) => {
                         up = true;

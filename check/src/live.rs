@@ -29,12 +29,20 @@ pub struct CallRecord {
     pub phase: Phase,
     /// Its sandbox, once known.
     pub sandbox: Option<SandboxId>,
+    /// A number for its session: two live calls have the same number exactly when they have
+    /// the same session (see [`LiveCalls::number_session`]), so the after-input checks compare
+    /// a word instead of a name.
+    pub(crate) session_no: u32,
+    /// A number for its key, the same way; 0 when it has none.
+    pub(crate) key_no: u32,
 }
 
 /// The live calls, oldest first.
 #[derive(Clone, Debug, Default)]
 pub struct LiveCalls {
     calls: Vec<CallRecord>,
+    /// The last number given to a session or key (numbers are never reused).
+    numbered: u32,
 }
 
 impl LiveCalls {
@@ -55,6 +63,30 @@ impl LiveCalls {
     /// Whether `call` is live.
     pub fn contains(&self, call: &CallId) -> bool {
         self.position(call).is_some()
+    }
+
+    /// The number for `session` (see [`CallRecord`]'s `session_no`): a live call's number when
+    /// one has this session, else a number no call had before.
+    pub(crate) fn number_session(&mut self, session: &SessionId) -> u32 {
+        match self.calls.iter().find(|c| &c.session == session) {
+            Some(c) => c.session_no,
+            None => self.fresh_number(),
+        }
+    }
+
+    /// The number for `key` (see [`CallRecord`]'s `key_no`), the same way; 0 for none.
+    pub(crate) fn number_key(&mut self, key: Option<&Key>) -> u32 {
+        let Some(key) = key else { return 0 };
+        match self.calls.iter().find(|c| c.key.as_ref() == Some(key)) {
+            Some(c) => c.key_no,
+            None => self.fresh_number(),
+        }
+    }
+
+    fn fresh_number(&mut self) -> u32 {
+        // Four billion distinct sessions and keys in one checker's life would wrap it.
+        self.numbered = self.numbered.checked_add(1).expect("numbers exhausted");
+        self.numbered
     }
 
     /// Adds a live call (the newest).
