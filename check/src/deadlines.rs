@@ -268,18 +268,22 @@ impl Deadlines {
 
 /// The earliest entry of `heap` still `current` (its subject has not moved on since the entry was
 /// made) whose deadline is before `now`; entries no longer current are dropped on the way
-/// (lazy deletion).
+/// (lazy deletion), once their deadline has passed: while the earliest deadline is still ahead,
+/// no entry can be overdue and none is looked at (the usual case, one comparison per input).
 fn overdue<T: Ord + Clone>(
     heap: &mut BinaryHeap<Reverse<(Instant, T)>>,
     now: Instant,
     current: impl Fn(&T, Instant) -> bool,
 ) -> Option<(Instant, T)> {
     while let Some(Reverse((due, subject))) = heap.peek() {
+        if *due >= now {
+            return None;
+        }
         if !current(subject, *due) {
             heap.pop();
             continue;
         }
-        return (*due < now).then(|| (*due, subject.clone()));
+        return Some((*due, subject.clone()));
     }
     None
 }
