@@ -51,23 +51,22 @@ fn name<T>(make: impl Fn(String) -> Result<T, sandkeeper::InvalidName>, text: St
     make(text).expect("simulator names are valid")
 }
 
-/// `prefix` followed by `n` in decimal (a call name; `format!` costs more per acquire).
-fn numbered(prefix: char, n: u64) -> String {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
+/// `prefix` followed by `n` in decimal (a call name), written into `buf`: no allocation per
+/// acquire (a call's name is kept inline in the name itself).
+fn numbered(prefix: u8, n: u64, buf: &mut [u8; 21]) -> &str {
+    let mut i = buf.len();
     let mut n = n;
     loop {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    let mut s = String::with_capacity(1 + digits.len() - i);
-    s.push(prefix);
-    s.extend(digits[i..].iter().map(|d| char::from(*d)));
-    s
+    i -= 1;
+    buf[i] = prefix;
+    std::str::from_utf8(&buf[i..]).expect("ASCII")
 }
 
 impl World {
@@ -218,7 +217,8 @@ impl World {
         if h.history.calls.live().len() >= self.swarm.max_live && !h.history.closed() {
             return None;
         }
-        let call = name(CallId::new, numbered('c', self.next_call));
+        let call = CallId::new(numbered(b'c', self.next_call, &mut [0; 21]))
+            .expect("simulator names are valid");
         self.next_call += 1;
         let si = self.session();
         let session = self.sessions[si].clone();
@@ -553,7 +553,7 @@ mod tests {
     #[test]
     fn numbered_writes_decimal() {
         for n in [0u64, 7, 10, 1234, u64::MAX] {
-            assert_eq!(numbered('c', n), format!("c{n}"));
+            assert_eq!(numbered(b'c', n, &mut [0; 21]), format!("c{n}"));
         }
     }
 }
