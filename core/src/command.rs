@@ -414,4 +414,42 @@ mod tests {
         let owned: Vec<SessionId> = collected.into_iter().collect();
         assert_eq!(owned, names);
     }
+
+    /// A command that carries a fencing token tells it; one that carries none tells none.
+    #[test]
+    fn a_command_tells_the_token_it_carries() {
+        let start = |token| Command::Start {
+            sandbox: SandboxId(1),
+            key: Key::Agent,
+            spec: Spec::default(),
+            resume_from: None,
+            resumes: None,
+            token,
+            deadline: Instant::from_millis(5),
+        };
+        assert_eq!(start(Some(Token(7))).token(), Some(Token(7)));
+        assert_eq!(start(None).token(), None);
+        let drain = Command::Drain {
+            sandbox: SandboxId(1),
+            sessions: SessionList::default(),
+        };
+        assert_eq!(drain.token(), None);
+    }
+
+    /// A hook point's name is the one it serialises as (drivers and logs read it).
+    #[test]
+    fn a_hook_point_is_named_as_it_serialises() {
+        for (point, name) in [
+            (HookPoint::AfterStart, "after-start"),
+            (HookPoint::AfterResume, "after-resume"),
+            (HookPoint::BeforeSuspend, "before-suspend"),
+            (HookPoint::BeforeStop, "before-stop"),
+        ] {
+            assert_eq!(point.as_str(), name);
+            assert_eq!(
+                serde_json::to_string(&point).unwrap(),
+                format!("\"{name}\"")
+            );
+        }
+    }
 }

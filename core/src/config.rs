@@ -199,7 +199,8 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     /// Holds per session.
     pub max_holds_per_session: u32,
-    /// Work entered into one sandbox at once ([`Lifecycle::enter`](crate::Lifecycle::enter)).
+    /// Work entered into one sandbox at once ([`Lifecycle::enter`](crate::Lifecycle::enter));
+    /// 1,024 by default, and when a serialised configuration leaves it out.
     #[serde(default = "default_max_operations_per_sandbox")]
     pub max_operations_per_sandbox: u32,
     /// Ended call names remembered, so that a second release says `AlreadyReleased` rather than

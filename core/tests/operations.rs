@@ -182,3 +182,18 @@ fn entering_and_leaving_at_once_changes_no_output() {
         .any(|(c, _)| c.iter().any(|c| matches!(c, Command::Stop { .. }))));
     assert_eq!(run(true), plain);
 }
+
+/// The limit on entered work is 1,024 by default, and a serialised configuration written before
+/// the limit existed (without the field) reads with that default.
+#[test]
+fn the_limit_on_entered_work_defaults_to_1024() {
+    let limits = sandkeeper::Limits::default();
+    assert_eq!(limits.max_operations_per_sandbox, 1024);
+    let mut older = serde_json::to_value(&limits).unwrap();
+    older
+        .as_object_mut()
+        .unwrap()
+        .remove("max_operations_per_sandbox");
+    let read: sandkeeper::Limits = serde_json::from_value(older).unwrap();
+    assert_eq!(read.max_operations_per_sandbox, 1024);
+}
