@@ -38,9 +38,11 @@ fn calls_are_ready_only_after_the_after_start_hook() {
         h.core.call_status(&call("a")),
         Some(CallStatus::Starting(x))
     );
+    assert_eq!(h.core.stats().hooks_ordered, 1);
     h.input(Input::HookOk { sandbox: x }).unwrap();
     h.expect_events(&[ready("a", x)]);
     assert_eq!(h.core.stats().hooks_ok, 1);
+    assert_eq!(h.core.stats().hooks_ordered, 1);
 }
 
 /// A failed after-start hook fails the call and takes the sandbox down unused; a late one too,
