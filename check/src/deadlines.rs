@@ -50,6 +50,9 @@ pub struct Deadlines {
     close_by: Option<Instant>,
     /// The hooks' timeouts.
     hooks: Hooks,
+    /// How long a call may stay neither ready nor ended (see [`Deadlines::bound`]), computed
+    /// once: it is read after every input.
+    pending_bound: Duration,
 }
 
 impl Deadlines {
@@ -70,7 +73,19 @@ impl Deadlines {
             pending_heap: BinaryHeap::new(),
             close_by: None,
             hooks: config.hooks,
+            pending_bound: Duration::ZERO,
         }
+        .with_pending_bound()
+    }
+
+    fn with_pending_bound(mut self) -> Self {
+        let hook = self
+            .hooks
+            .after_start
+            .max(self.hooks.after_resume)
+            .unwrap_or_default();
+        self.pending_bound = self.wait + self.start + hook;
+        self
     }
 
     /// A call's acquire was accepted at `now`.
@@ -83,12 +98,7 @@ impl Deadlines {
     /// How long a call may stay neither ready nor ended: its wait, its start and its sandbox's
     /// hook on the way up.
     fn bound(&self) -> Duration {
-        let hook = self
-            .hooks
-            .after_start
-            .max(self.hooks.after_resume)
-            .unwrap_or_default();
-        self.wait + self.start + hook
+        self.pending_bound
     }
 
     /// A call is ready or ended: no longer pending.

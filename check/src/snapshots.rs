@@ -130,7 +130,8 @@ impl Snapshots {
             self.superseded.clear();
             return Ok(());
         }
-        if let Some((key, snapshot)) = self.superseded.drain(..).next() {
+        if let Some((key, snapshot)) = self.superseded.first().cloned() {
+            self.superseded.clear();
             return Err(Violation::new(
                 "snapshot-released",
                 format!("{snapshot:?} of key {key} was superseded and not discarded"),
