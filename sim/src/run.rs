@@ -156,17 +156,18 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<
     while !w.done(h) {
         match w.next(h) {
             Move::Step(step) => {
-                let (hold, enter) = match &step {
-                    Step::Hold(s) => (Some(s.clone()), None),
-                    Step::Enter(s) => (None, Some(s.clone())),
-                    _ => (None, None),
+                // A hold or an enter the core refuses is taken back from the world's count.
+                let counted = match &step {
+                    Step::Hold(s) => Some((true, s.clone())),
+                    Step::Enter(s) => Some((false, s.clone())),
+                    _ => None,
                 };
                 apply(h, transcript, step)?;
-                if let (Some(s), Some(_)) = (hold, h.last_error) {
-                    w.hold_refused(&s);
-                }
-                if let (Some(s), Some(_)) = (enter, h.last_error) {
-                    w.enter_refused(&s);
+                if let (Some((hold, s)), Some(_)) = (counted, h.last_error) {
+                    match hold {
+                        true => w.hold_refused(&s),
+                        false => w.enter_refused(&s),
+                    }
                 }
             }
             Move::Raw(answer, op, what) => {
