@@ -1376,3 +1376,21 @@ fn close_lets_go_a_key_with_only_its_snapshot_after_its_record_write() {
         [StoreCommand::Release { key: k, .. }] if *k == key("s1")
     ));
 }
+
+/// The checker is checked: a fleet key whose sandbox runs and that this process does not own
+/// (here edited to `Local`, as if never claimed) is reported under `ownership`.
+#[test]
+fn a_running_fleet_key_not_owned_is_reported() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    core.check_invariants().unwrap();
+    let mut state = serde_json::to_value(&core).unwrap();
+    let slot = &mut state["keys"]["records"][1]["value"];
+    assert_ne!(slot["own"], serde_json::Value::Null, "the key slot: {slot}");
+    slot["own"] = serde_json::json!("Local");
+    let broken: Lifecycle = serde_json::from_value(state).unwrap();
+    assert_eq!(
+        broken.check_invariants().unwrap_err().invariant,
+        "ownership"
+    );
+}
