@@ -1394,3 +1394,31 @@ fn a_running_fleet_key_not_owned_is_reported() {
         "ownership"
     );
 }
+
+/// Close lets go of a key whose claim was busy (another process has it) at once: its waiting
+/// call was revoked, so nothing is left to remember of it, while the owned key is still being
+/// released with its record. The busy key's slot is forgotten then, not kept empty until close
+/// ends.
+#[test]
+fn close_forgets_a_busy_key_while_the_owned_one_is_released() {
+    let mut core = leased(ReleasePolicy::Suspend);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 2);
+    release(&mut core, ms(10), "c1");
+    way_down(&mut core, ms(10), x, Some("snap-s1"), 2);
+    acquire(&mut core, ms(11), "c2", "s2");
+    let (claim, k2) = claim_of(&mut core);
+    core.handle_claim_busy(ms(11), claim, &k2).unwrap();
+    assert_eq!(core.tracked_keys(), 2);
+    core.close(ms(20), Duration::from_secs(1)).unwrap();
+    let released: Vec<Key> = store(&mut core)
+        .into_iter()
+        .filter_map(|c| match c {
+            StoreCommand::Release { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, vec![key("s1")]);
+    assert!(!core.is_closed(), "close waits for the release");
+    assert_eq!(core.tracked_keys(), 1, "the busy key is forgotten");
+    core.check_invariants().unwrap();
+}
