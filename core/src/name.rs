@@ -385,6 +385,23 @@ mod tests {
         }
     }
 
+    /// A text compares by its bytes alone (a name compares its hash first, so two names that
+    /// differ are almost never told apart by their texts: this checks the texts directly).
+    #[test]
+    fn texts_are_equal_exactly_when_their_bytes_are() {
+        let short = |s: &str| Text::new(s);
+        let long = |s: &str| Text::new(&format!("{s}{}", "x".repeat(INLINE_LEN)));
+        assert!(short("ab") == short("ab"));
+        assert!(short("ab") != short("ac"));
+        assert!(short("ab") != short("abc"));
+        assert!(long("ab") == long("ab"));
+        assert!(long("ab") != long("ac"));
+        assert!(short("ab") != long("ab"));
+        assert!(long("ab") != short("ab"));
+        let shared = long("ab");
+        assert!(shared == shared.clone());
+    }
+
     proptest::proptest! {
         /// A name's equality and order are its text's, across inline and shared texts.
         #[test]
