@@ -217,3 +217,19 @@ fn a_zero_hook_timeout_is_refused() {
         })
     ));
 }
+
+/// A sandbox whose every call ended while it started goes down when its start answers, with no
+/// after-start hook: there is no call for the hook to prepare.
+#[test]
+fn a_sandbox_whose_calls_ended_while_it_started_is_not_hooked() {
+    let mut h = hooks(ReleasePolicy::Shutdown, |k| k.after_start = Some(secs(5)));
+    h.acquire("a", "s");
+    let x = h.started();
+    h.release("a");
+    h.take_commands();
+    h.take_events();
+    h.start_ok(x);
+    h.expect_commands(&[shutdown(x)]);
+    assert_eq!(h.core.stats().hooks_ordered, 0);
+    assert_eq!(h.core.stats().orphan_starts, 1);
+}
