@@ -22,8 +22,6 @@ work="$scratch/work"
 mkdir -p "$work"
 (cd "$root" && tar --exclude=./target --exclude=./.git -cf - .) | (cd "$work" && tar -xf -)
 export CARGO_TARGET_DIR="${CANARY_TARGET_DIR:-$scratch/target}"
-# A canary needs a failing seed, not speed: no LTO, so each patched build links quickly.
-export CARGO_PROFILE_RELEASE_LTO=false
 sim="$CARGO_TARGET_DIR/release/sim"
 failed=0
 summary=()
