@@ -433,14 +433,11 @@ impl Calls {
         }
         if holders > 1 && broken.is_none() {
             let holds = |i: usize| pick[i] == HOLDS_KEY;
-            let dup = (0..pick.len()).filter(|i| holds(*i)).find_map(|i| {
-                let key_no = self.live.at(i).key_no;
-                (i + 1..pick.len())
-                    .any(|j| holds(j) && self.live.at(j).key_no == key_no)
-                    .then(|| self.live.at(i).key.clone())
-                    .flatten()
+            let key_no = |i: usize| self.live.at(i).key_no;
+            let dup = (0..pick.len()).find(|&i| {
+                holds(i) && (i + 1..pick.len()).any(|j| holds(j) && key_no(j) == key_no(i))
             });
-            if let Some(key) = dup {
+            if let Some(key) = dup.and_then(|i| self.live.at(i).key.clone()) {
                 broken = Some(Violation::new(
                     "serialize-one-per-key",
                     format!("two live calls bound under key {key} with same-key=serialize"),

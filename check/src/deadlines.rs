@@ -50,8 +50,8 @@ pub struct Deadlines {
     close_by: Option<Instant>,
     /// The hooks' timeouts.
     hooks: Hooks,
-    /// How long a call may stay neither ready nor ended (see [`Deadlines::bound`]), computed
-    /// once: it is read after every input.
+    /// How long a call may stay neither ready nor ended ([`pending_bound`]), computed once: it
+    /// is read after every input.
     pending_bound: Duration,
 }
 
@@ -73,32 +73,15 @@ impl Deadlines {
             pending_heap: BinaryHeap::new(),
             close_by: None,
             hooks: config.hooks,
-            pending_bound: Duration::ZERO,
+            pending_bound: pending_bound(config),
         }
-        .with_pending_bound()
-    }
-
-    fn with_pending_bound(mut self) -> Self {
-        let hook = self
-            .hooks
-            .after_start
-            .max(self.hooks.after_resume)
-            .unwrap_or_default();
-        self.pending_bound = self.wait + self.start + hook;
-        self
     }
 
     /// A call's acquire was accepted at `now`.
     pub fn acquired(&mut self, call: &CallId, now: Instant) {
         self.pending.insert(call.clone(), now);
         self.pending_heap
-            .push(Reverse((now + self.bound(), call.clone())));
-    }
-
-    /// How long a call may stay neither ready nor ended: its wait, its start and its sandbox's
-    /// hook on the way up.
-    fn bound(&self) -> Duration {
-        self.pending_bound
+            .push(Reverse((now + self.pending_bound, call.clone())));
     }
 
     /// A call is ready or ended: no longer pending.
@@ -245,7 +228,7 @@ impl Deadlines {
         draining: impl Fn(SandboxId) -> bool,
     ) -> Result<(), Violation> {
         let (drains, pending) = (&self.drains, &self.pending);
-        let bound = self.bound();
+        let bound = self.pending_bound;
         if let Some((due, upload)) = overdue(&mut self.upload_heap, now, |u, _| awaited(*u)) {
             return Err(Violation::new(
                 "upload-within-timeout",
@@ -274,6 +257,17 @@ impl Deadlines {
             _ => Ok(()),
         }
     }
+}
+
+/// How long a call may stay neither ready nor ended: its wait, its start and its sandbox's hook
+/// on the way up.
+fn pending_bound(config: &Config) -> Duration {
+    let hook = config
+        .hooks
+        .after_start
+        .max(config.hooks.after_resume)
+        .unwrap_or_default();
+    config.wait_timeout + config.start_timeout + hook
 }
 
 /// The earliest entry of `heap` still `current` (its subject has not moved on since the entry was

@@ -68,22 +68,22 @@ impl LiveCalls {
     /// The number for `session` (see [`CallRecord`]'s `session_no`): a live call's number when
     /// one has this session, else a number no call had before.
     pub(crate) fn number_session(&mut self, session: &SessionId) -> u32 {
-        match self.calls.iter().find(|c| &c.session == session) {
-            Some(c) => c.session_no,
-            None => self.fresh_number(),
-        }
+        self.number(|c| (&c.session == session).then_some(c.session_no))
     }
 
     /// The number for `key` (see [`CallRecord`]'s `key_no`), the same way; 0 for none.
     pub(crate) fn number_key(&mut self, key: Option<&Key>) -> u32 {
-        let Some(key) = key else { return 0 };
-        match self.calls.iter().find(|c| c.key.as_ref() == Some(key)) {
-            Some(c) => c.key_no,
-            None => self.fresh_number(),
+        match key {
+            Some(key) => self.number(|c| (c.key.as_ref() == Some(key)).then_some(c.key_no)),
+            None => 0,
         }
     }
 
-    fn fresh_number(&mut self) -> u32 {
+    /// The number the first live call `same` answers for, else a fresh one.
+    fn number(&mut self, same: impl Fn(&CallRecord) -> Option<u32>) -> u32 {
+        if let Some(n) = self.calls.iter().find_map(same) {
+            return n;
+        }
         // Four billion distinct sessions and keys in one checker's life would wrap it.
         self.numbered = self.numbered.checked_add(1).expect("numbers exhausted");
         self.numbered

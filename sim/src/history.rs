@@ -170,6 +170,16 @@ macro_rules! check {
     };
 }
 
+/// The core's counters the history counts too, as `Stats` names them.
+const COUNTERS: [&str; 6] = [
+    "starts_ordered",
+    "shutdowns_ordered",
+    "uploads_ordered",
+    "versions_flushed",
+    "calls_acquired",
+    "calls_released",
+];
+
 impl History {
     /// An empty history for a core with this configuration.
     pub fn new(config: &Config, keep_settlements: bool) -> Self {
@@ -921,16 +931,9 @@ impl History {
         if let Err(v) = self.mirror.input_done(&self.paths) {
             self.fail(v.check, v.detail);
         }
-        let stats = core.stats();
-        // The usual case, every counter as seen, in one test; the names only when one is not.
-        let agree = stats.starts_ordered == self.starts
-            && stats.shutdowns_ordered == self.shutdowns
-            && stats.uploads_ordered == self.uploads_ordered
-            && stats.versions_flushed == self.flushes
-            && stats.calls_acquired == self.acquires
-            && stats.calls_released == self.releases;
-        if !agree {
-            self.counters_disagree(stats);
+        let counted = self.counted(core.stats());
+        if counted.iter().any(|(core_count, seen)| core_count != seen) {
+            self.counters_disagree(counted);
         }
         self.inputs += 1;
         if self.closed() {
@@ -941,22 +944,22 @@ impl History {
         self.check_calls(core, full);
     }
 
-    /// Names the counters of the core's stats that disagree with what was seen.
+    /// The core's counters beside what the history saw, in [`COUNTERS`]' order.
+    fn counted(&self, stats: &sandkeeper::Stats) -> [(u64, u64); 6] {
+        [
+            (stats.starts_ordered, self.starts),
+            (stats.shutdowns_ordered, self.shutdowns),
+            (stats.uploads_ordered, self.uploads_ordered),
+            (stats.versions_flushed, self.flushes),
+            (stats.calls_acquired, self.acquires),
+            (stats.calls_released, self.releases),
+        ]
+    }
+
+    /// Names the counters that disagree with what was seen.
     #[cold]
-    fn counters_disagree(&mut self, stats: &sandkeeper::Stats) {
-        let counters = [
-            ("starts_ordered", stats.starts_ordered, self.starts),
-            ("shutdowns_ordered", stats.shutdowns_ordered, self.shutdowns),
-            (
-                "uploads_ordered",
-                stats.uploads_ordered,
-                self.uploads_ordered,
-            ),
-            ("versions_flushed", stats.versions_flushed, self.flushes),
-            ("calls_acquired", stats.calls_acquired, self.acquires),
-            ("calls_released", stats.calls_released, self.releases),
-        ];
-        for (name, core_count, seen) in counters {
+    fn counters_disagree(&mut self, counted: [(u64, u64); 6]) {
+        for (name, (core_count, seen)) in COUNTERS.into_iter().zip(counted) {
             check!(
                 self,
                 core_count == seen,

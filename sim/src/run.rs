@@ -164,9 +164,10 @@ fn drive(h: &mut Harness, w: &mut World, transcript: &mut Transcript) -> Result<
                 };
                 apply(h, transcript, step)?;
                 if let (Some((hold, s)), Some(_)) = (counted, h.last_error) {
-                    match hold {
-                        true => w.hold_refused(&s),
-                        false => w.enter_refused(&s),
+                    if hold {
+                        w.hold_refused(&s);
+                    } else {
+                        w.enter_refused(&s);
                     }
                 }
             }
