@@ -4,15 +4,15 @@
 //! [`Lifecycle::check_invariants`] after every step, and checks the invariants about histories
 //! (no command after Shutdown, versions settle once, ...) on the commands and events it drains.
 
-use crate::call::{CallIx, CallState};
+use crate::call::CallState;
 use crate::close::CloseState;
 use crate::config::SameKey;
 use crate::ids::Key;
-use crate::key::{KeyIx, Own};
+use crate::key::Own;
 use crate::lifecycle::Lifecycle;
-use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
-use crate::timer::Timer;
-use std::collections::BTreeMap;
+use crate::sandbox::{Awaiting, SandboxState};
+use crate::time::Instant;
+use smallvec::SmallVec;
 use std::fmt;
 
 /// A broken invariant: which one, and what was seen.
@@ -84,16 +84,16 @@ impl Lifecycle {
         }
 
         let mut expected_timers = 0usize;
-        // The timer table, live and cancelled entries alike (cancelled ones are dropped lazily).
-        let table: crate::map::Map<crate::timer::TimerRef, &Timer> = self.timers.iter().collect();
-        // Calls, seen from the calls.
+        // Calls, seen from the calls. Counts that records keep of other records (a key's bound
+        // calls, a session's coming calls) are tallied here and compared below.
         ensure!(
             self.calls.index_agrees(),
             "call-index",
             "the call name index and the call records disagree"
         );
-        let mut bound_by_sandbox: BTreeMap<SandboxIx, Vec<CallIx>> = BTreeMap::new();
-        let mut bound_by_key: BTreeMap<KeyIx, u32> = BTreeMap::new();
+        let mut bound_by_key = Tally::default();
+        let mut coming_by_session = Tally::default();
+        let mut waiting = 0usize;
         for (ix, call) in self.calls.iter() {
             let id = &call.id;
             let session = self.sessions.get(call.session);
@@ -104,13 +104,11 @@ impl Lifecycle {
             );
             let session = session.expect("checked");
             match call.state {
-                CallState::Waiting { deadline } => {
+                CallState::Waiting { .. } => {
+                    // Its deadline is checked against the table with the others, below.
+                    waiting += 1;
                     expected_timers += 1;
-                    ensure!(
-                        table.get(&deadline) == Some(&&Timer::Wait(ix)),
-                        "timers",
-                        "waiting call {id} has no wait timer"
-                    );
+                    coming_by_session.add(call.session);
                     let queued = self
                         .keys
                         .get(call.key)
@@ -118,8 +116,20 @@ impl Lifecycle {
                     ensure!(queued, "key-counts", "waiting call {id} is not queued");
                 }
                 CallState::Starting(x) | CallState::Ready(x) => {
-                    bound_by_sandbox.entry(x).or_default().push(ix);
-                    *bound_by_key.entry(call.key).or_default() += 1;
+                    ensure!(
+                        self.sandboxes.get(x).is_some_and(|x| x.bound.contains(&ix)),
+                        "bound-calls",
+                        "call {id} is bound to {x:?}, which does not list it"
+                    );
+                    ensure!(
+                        self.keys.get(call.key).is_some(),
+                        "key-counts",
+                        "call {id} is bound under an untracked key"
+                    );
+                    bound_by_key.add(call.key);
+                    if matches!(call.state, CallState::Starting(_)) {
+                        coming_by_session.add(call.session);
+                    }
                     let ready = session.ready.contains(&ix);
                     ensure!(
                         ready == matches!(call.state, CallState::Ready(_)),
@@ -130,12 +140,8 @@ impl Lifecycle {
                 }
             }
         }
-
-        let waiting = self
-            .calls
-            .iter()
-            .filter(|(_, c)| matches!(c.state, CallState::Waiting { .. }))
-            .count();
+        bound_by_key.sort();
+        coming_by_session.sort();
         ensure!(
             waiting == self.calls.waiting,
             "key-counts",
@@ -149,17 +155,16 @@ impl Lifecycle {
             "sandbox-index",
             "the sandbox id index and the sandbox records disagree"
         );
-        let mut busy_by_sandbox: BTreeMap<SandboxIx, u32> = BTreeMap::new();
         for (ix, x) in self.sandboxes.iter() {
             let id = &x.id;
-            let calls = bound_by_sandbox.remove(&ix).unwrap_or_default();
-            ensure!(
-                calls.len() == x.bound.len() && calls.iter().all(|c| x.bound.contains(c)),
-                "bound-calls",
-                "sandbox {id} counts {} bound calls, {} calls are bound to it",
-                x.bound.len(),
-                calls.len()
-            );
+            // With the calls' side above: the sandbox lists exactly the calls bound to it.
+            for call in x.bound.iter() {
+                ensure!(
+                    self.calls.get(*call).and_then(|c| c.sandbox()) == Some(ix),
+                    "bound-calls",
+                    "sandbox {id} lists {call:?}, which is not bound to it"
+                );
+            }
             if !x.bound.is_empty() {
                 ensure!(
                     matches!(
@@ -221,13 +226,8 @@ impl Lifecycle {
                 x.state,
                 x.awaiting
             );
-            if let Some(at) = x.deadline {
+            if x.deadline.is_some() {
                 expected_timers += 1;
-                ensure!(
-                    table.get(&at) == Some(&&Timer::Sandbox(ix)),
-                    "timers",
-                    "sandbox {id} deadline is not in the table"
-                );
             }
             if !x.state.accepts_uploads() {
                 ensure!(
@@ -248,12 +248,6 @@ impl Lifecycle {
                 );
             }
         }
-        ensure!(
-            bound_by_sandbox.is_empty(),
-            "bound-calls",
-            "calls bound to untracked sandboxes: {:?}",
-            bound_by_sandbox
-        );
 
         // Keys.
         ensure!(
@@ -268,9 +262,9 @@ impl Lifecycle {
                 "key-forgotten",
                 "key {key} is kept with nothing to remember (no sandbox, call, waiter or snapshot)"
             );
-            let bound = bound_by_key.remove(&ix).unwrap_or(0);
+            let bound = bound_by_key.count(ix);
             ensure!(
-                slot.bound == bound,
+                slot.bound as usize == bound,
                 "key-counts",
                 "key {key} counts {} bound calls, {bound} are bound",
                 slot.bound
@@ -300,13 +294,8 @@ impl Lifecycle {
                 slot.own,
                 slot.store_at
             );
-            if let Some(at) = slot.store_at {
+            if slot.store_at.is_some() {
                 expected_timers += 1;
-                ensure!(
-                    table.get(&at) == Some(&&Timer::KeyStore(ix)),
-                    "timers",
-                    "key {key}'s store deadline is not in the table"
-                );
             }
             if fleet_key
                 && slot
@@ -339,13 +328,8 @@ impl Lifecycle {
                 slot.snapshot,
                 slot.retain
             );
-            if let Some(at) = slot.retain {
+            if slot.retain.is_some() {
                 expected_timers += 1;
-                ensure!(
-                    table.get(&at) == Some(&&Timer::Retain(ix)),
-                    "timers",
-                    "key {key}'s retention deadline is not in the table"
-                );
             }
             ensure!(
                 slot.snapshot.is_none() || slot.current.is_none() || {
@@ -402,12 +386,6 @@ impl Lifecycle {
                 );
             }
         }
-        ensure!(
-            bound_by_key.is_empty(),
-            "key-counts",
-            "calls bound under untracked keys: {:?}",
-            bound_by_key
-        );
 
         // Sessions and the mirror.
         let mut idle = 0usize;
@@ -417,16 +395,10 @@ impl Lifecycle {
             "session-index",
             "the session name index and the session records disagree"
         );
+        let mut busy_by_sandbox = Tally::default();
         for (ix, s) in self.sessions.iter() {
             let id = &s.id;
-            let coming = self
-                .calls
-                .iter()
-                .filter(|(_, c)| {
-                    c.session == ix
-                        && matches!(c.state, CallState::Waiting { .. } | CallState::Starting(_))
-                })
-                .count();
+            let coming = coming_by_session.count(ix);
             ensure!(
                 s.coming as usize == coming,
                 "session-calls",
@@ -473,9 +445,14 @@ impl Lifecycle {
                 s.busy_on
             );
             if let Some(b) = busy_on {
-                *busy_by_sandbox.entry(b).or_default() += 1;
+                ensure!(
+                    self.sandboxes.get(b).is_some(),
+                    "busy-count",
+                    "session {id} is busy on untracked {b:?}"
+                );
+                busy_by_sandbox.add(b);
             }
-            for (i, slot) in s.paths.iter().enumerate() {
+            for slot in s.paths.iter() {
                 if let Some(u) = slot.inflight {
                     uploads_seen += 1;
                     let up = self.uploads.get(u);
@@ -496,12 +473,12 @@ impl Lifecycle {
                     );
                     expected_timers += 1;
                 }
-                if let Some(at) = slot.retry_at {
+                if slot.retry_at.is_some() {
                     expected_timers += 1;
                     ensure!(
-                        slot.pending.is_some() && table.get(&at) == Some(&&Timer::Retry(ix, i)),
+                        slot.pending.is_some(),
                         "timers",
-                        "session {id} path {} has a retry without a timer or a version",
+                        "session {id} path {} has a retry without a version",
                         slot.path
                     );
                 }
@@ -521,11 +498,12 @@ impl Lifecycle {
             "{} uploads in flight, {uploads_seen} referenced by sessions",
             self.uploads.len()
         );
+        busy_by_sandbox.sort();
         for (ix, x) in self.sandboxes.iter() {
             let id = &x.id;
-            let busy = busy_by_sandbox.remove(&ix).unwrap_or(0);
+            let busy = busy_by_sandbox.count(ix);
             ensure!(
-                x.busy_sessions == busy,
+                x.busy_sessions as usize == busy,
                 "busy-count",
                 "sandbox {id} counts {} busy sessions, {busy} are busy on it",
                 x.busy_sessions
@@ -538,11 +516,6 @@ impl Lifecycle {
                 );
             }
         }
-        ensure!(
-            busy_by_sandbox.is_empty(),
-            "busy-count",
-            "sessions busy on untracked sandboxes: {busy_by_sandbox:?}"
-        );
         ensure!(
             idle == self.sessions.idle.count,
             "idle-count",
@@ -583,34 +556,34 @@ impl Lifecycle {
                 live.lapse,
                 live.valid_until
             );
-            for (at, timer) in [(live.renew, Timer::Renew), (live.lapse, Timer::Lapse)] {
-                if let Some(at) = at {
-                    expected_timers += 1;
-                    ensure!(
-                        table.get(&at) == Some(&&timer),
-                        "timers",
-                        "the lease's {timer:?} deadline is not in the table"
-                    );
-                }
+            expected_timers +=
+                usize::from(live.renew.is_some()) + usize::from(live.lapse.is_some());
+        }
+        // Every deadline a record keeps is in the table: each live entry of the table is one
+        // record's deadline (its owner keeps that very entry, and entries are told apart by
+        // their sequence number, checked distinct), so as many live entries as deadlines known
+        // means every deadline has its entry.
+        let mut live = Tally::default();
+        let mut earliest_live = None;
+        for (at, timer) in self.timers.iter() {
+            if self.timer_is_live(at, timer) {
+                live.add(at);
+                earliest_live = Some(earliest_live.map_or(at.at, |e: Instant| e.min(at.at)));
             }
         }
-        let live = self
-            .timers
-            .iter()
-            .filter(|(at, timer)| self.timer_is_live(*at, timer))
-            .count();
+        live.sort();
         ensure!(
-            expected_timers == live,
+            expected_timers == live.len(),
             "timers",
-            "{live} live timers in the table, {expected_timers} deadlines known"
+            "{} live timers in the table, {expected_timers} deadlines known",
+            live.len()
+        );
+        ensure!(
+            live.distinct(),
+            "timers",
+            "a deadline is in the table twice"
         );
         if let Some(next) = self.timers.next() {
-            let earliest_live = self
-                .timers
-                .iter()
-                .filter(|(at, timer)| self.timer_is_live(*at, timer))
-                .map(|(at, _)| at.at)
-                .min();
             ensure!(
                 earliest_live == Some(next),
                 "timers",
@@ -618,5 +591,41 @@ impl Lifecycle {
             );
         }
         Ok(())
+    }
+}
+
+/// Records counted by what they name (a key, a session, a sandbox), for the checks that compare
+/// a count a record keeps with the records that make it up: a sorted list, inline while short,
+/// so that checking a small state allocates nothing. Add every record, sort once, then count.
+struct Tally<K>(SmallVec<[K; 16]>);
+
+impl<K> Default for Tally<K> {
+    fn default() -> Self {
+        Tally(SmallVec::new())
+    }
+}
+
+impl<K: Ord + Copy> Tally<K> {
+    fn add(&mut self, k: K) {
+        self.0.push(k);
+    }
+
+    fn sort(&mut self) {
+        self.0.sort_unstable();
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// How many times `k` was added (after [`sort`](Self::sort)).
+    fn count(&self, k: K) -> usize {
+        let from = self.0.partition_point(|x| *x < k);
+        self.0[from..].partition_point(|x| *x == k)
+    }
+
+    /// Whether nothing was added twice (after [`sort`](Self::sort)).
+    fn distinct(&self) -> bool {
+        self.0.windows(2).all(|w| w[0] != w[1])
     }
 }

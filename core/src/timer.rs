@@ -35,7 +35,7 @@ pub(crate) enum Timer {
 }
 
 /// A set timer, as its owner remembers it in order to cancel it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub(crate) struct TimerRef {
     /// When it is due.
     pub(crate) at: Instant,

@@ -222,3 +222,30 @@ fn a_live_session_stamped_idle_is_reported() {
     });
     assert_eq!(broken(&core), "idle-count");
 }
+
+/// Two uploads in flight, each with its deadline in the table. The table is edited to hold the
+/// first deadline twice and the second not at all: as many live entries as deadlines, so only
+/// telling the entries apart can see that a deadline has none.
+#[test]
+fn a_deadline_in_the_table_twice_in_place_of_another_is_reported() {
+    let mut core = uploading();
+    let s = SessionId::new("s").unwrap();
+    let notes = PathName::new("notes.md").unwrap();
+    core.flush(Instant::ZERO, &s, &notes, Payload::default())
+        .unwrap();
+    core.check_invariants().unwrap();
+    let core = corrupt(&core, |v| {
+        let heap = &mut v["timers"]["heap"];
+        assert_eq!(heap.as_array().unwrap().len(), 2, "two upload deadlines");
+        heap[1] = heap[0].clone();
+    });
+    assert_eq!(broken(&core), "timers");
+}
+
+#[test]
+fn a_bound_call_its_sandbox_does_not_list_is_reported() {
+    let core = corrupt(&running(), |v| {
+        sandbox_0(v)["bound"] = json!("Empty");
+    });
+    assert_eq!(broken(&core), "bound-calls");
+}
