@@ -84,6 +84,9 @@ pub struct Harness {
     /// The default close deadline (`close` without `deadline=`).
     pub close_deadline: Duration,
     opts: HarnessOptions,
+    /// Inputs left until the next periodic full check (`full_check_every`; counted down
+    /// rather than `inputs % full_check_every`, a division on every input).
+    full_check_in: u64,
     stats_before: Stats,
     /// The trace, one JSON line per input, when recorded.
     pub trace: Vec<String>,
@@ -125,6 +128,7 @@ impl Harness {
             last_error: None,
             refused_calls: Vec::new(),
             close_deadline,
+            full_check_in: opts.full_check_every,
             opts,
             stats_before: Stats::default(),
             trace: Vec::new(),
@@ -559,7 +563,14 @@ impl Harness {
         self.stats_marks();
         self.history.after_input(&self.core);
         let small = self.core.live_calls() + self.core.tracked_sandboxes() <= self.opts.small_state;
-        if small || self.inputs.is_multiple_of(self.opts.full_check_every) {
+        // Every `full_check_every`-th input (none when it is 0), as `inputs % full_check_every == 0`.
+        let periodic = self.full_check_in == 1;
+        if self.full_check_in > 1 {
+            self.full_check_in -= 1;
+        } else {
+            self.full_check_in = self.opts.full_check_every;
+        }
+        if small || periodic {
             if let Err(v) = self.core.check_invariants() {
                 let name = format!("core:{}", v.invariant);
                 self.history.fail(&name, v.detail);
