@@ -21,6 +21,7 @@ use sandkeeper_check::{
     Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Snapshots, Uploads, Versions,
 };
 
+use crate::by_sandbox::BySandbox;
 use crate::failure::Failure;
 use crate::fastmap::FastMap;
 use crate::marks::{Mark, Marks};
@@ -87,7 +88,7 @@ pub struct History {
     release: ReleasePolicy,
     hooks: Hooks,
     /// Every sandbox ever named.
-    pub sandboxes: FastMap<SandboxId, SandboxRecord>,
+    pub sandboxes: BySandbox<SandboxRecord>,
     /// The calls (`sandkeeper_check::Calls`): live calls in the order they were acquired, and
     /// the checks of call events and of what the core answers about them.
     pub calls: Calls,
@@ -158,7 +159,7 @@ pub struct History {
 }
 
 /// Whether the core was told `x` died.
-fn dead(sandboxes: &FastMap<SandboxId, SandboxRecord>, x: SandboxId) -> bool {
+fn dead(sandboxes: &BySandbox<SandboxRecord>, x: SandboxId) -> bool {
     sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
 }
 
@@ -186,7 +187,7 @@ impl History {
         History {
             release: config.release,
             hooks: config.hooks,
-            sandboxes: FastMap::default(),
+            sandboxes: BySandbox::default(),
             calls: Calls::new(config),
             touched: Touched::default(),
             inputs: 0,
@@ -240,7 +241,7 @@ impl History {
     }
 
     fn sbx(&mut self, x: SandboxId) -> &mut SandboxRecord {
-        self.sandboxes.entry(x).or_default()
+        self.sandboxes.entry(x)
     }
 
     // ------------------------------------------------------------------------------------------
@@ -1040,7 +1041,7 @@ impl History {
             .sandboxes
             .iter()
             .filter(|(_, s)| s.lane.is_started() && !s.lane.has_ended(suspend))
-            .map(|(x, _)| *x)
+            .map(|(x, _)| x)
             .min();
         if let Some(x) = left {
             self.fail(

@@ -33,6 +33,7 @@
 
 mod backend;
 pub mod batch;
+mod by_sandbox;
 mod failure;
 mod fastmap;
 pub mod fleet;
