@@ -49,21 +49,36 @@ impl Rng {
         self.below(len as u64) as usize
     }
 
-    /// An index chosen with the given weights; `None` when every weight is zero.
-    pub fn weighted(&mut self, weights: &[u32]) -> Option<usize> {
-        let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    /// An index chosen with `weights`; `None` when every weight is zero.
+    pub fn weighted<const N: usize>(&mut self, weights: &Weights<N>) -> Option<usize> {
+        let total = weights.cumulative[N - 1];
         if total == 0 {
             return None;
         }
-        let mut x = self.below(total);
-        for (i, w) in weights.iter().enumerate() {
-            let w = u64::from(*w);
-            if x < w {
-                return Some(i);
-            }
-            x -= w;
+        let x = self.below(total);
+        // The first index whose running sum passes the draw (a zero weight is never passed).
+        weights.cumulative.iter().position(|sum| x < *sum)
+    }
+}
+
+/// Weights for [`Rng::weighted`], kept as running sums: made once, drawn from on every step
+/// (summing the weights on every draw cost as much as the draw).
+#[derive(Clone, Copy, Debug)]
+pub struct Weights<const N: usize> {
+    cumulative: [u64; N],
+}
+
+impl<const N: usize> Weights<N> {
+    /// The running sums of `weights`.
+    pub fn new(weights: [u32; N]) -> Self {
+        const { assert!(N > 0) };
+        let mut cumulative = [0; N];
+        let mut sum = 0;
+        for (c, w) in cumulative.iter_mut().zip(weights) {
+            sum += u64::from(w);
+            *c = sum;
         }
-        None
+        Weights { cumulative }
     }
 }
 
@@ -102,9 +117,17 @@ mod tests {
             assert!(r.below(n) < n);
         }
         for _ in 0..100 {
-            assert_eq!(r.weighted(&[0, 3, 0]), Some(1));
+            assert_eq!(r.weighted(&Weights::new([0, 3, 0])), Some(1));
         }
-        assert_eq!(r.weighted(&[0, 0]), None);
+        assert_eq!(r.weighted(&Weights::new([0, 0])), None);
+        // Each index in proportion to its weight, zero weights never.
+        let w = Weights::new([1, 0, 2, 0]);
+        let mut seen = [0u32; 4];
+        for _ in 0..3000 {
+            seen[r.weighted(&w).expect("a weight is positive")] += 1;
+        }
+        assert_eq!((seen[1], seen[3]), (0, 0));
+        assert!((800..1200).contains(&seen[0]) && (1800..2200).contains(&seen[2]));
     }
 }
 

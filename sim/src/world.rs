@@ -8,7 +8,7 @@ use sandkeeper::{CallId, ExternalId, PathName, SessionId, UserId};
 
 use crate::backend::{Fate, Op};
 use crate::harness::Harness;
-use crate::rng::Rng;
+use crate::rng::{Rng, Weights};
 use crate::step::{Answer, OpKind, Step};
 use crate::swarm::Swarm;
 
@@ -25,8 +25,10 @@ pub enum Move {
 /// The random application and backend.
 pub struct World {
     rng: Rng,
-    /// The swarm configuration.
+    /// The swarm configuration (its step weights are read once, when the world is made).
     pub swarm: Swarm,
+    /// `swarm.weights`, ready to draw from.
+    weights: Weights<10>,
     sessions: Vec<SessionId>,
     users: Vec<UserId>,
     externals: Vec<ExternalId>,
@@ -91,6 +93,7 @@ impl World {
             operations: false,
             entered,
             rng: Rng::new(seed),
+            weights: Weights::new(swarm.weights),
             swarm,
             sessions,
             users,
@@ -161,8 +164,7 @@ impl World {
             return Move::Step(Step::Close(Some(self.swarm.close_deadline)));
         }
         for _ in 0..8 {
-            let w = self.swarm.weights;
-            let Some(i) = self.rng.weighted(&w) else {
+            let Some(i) = self.rng.weighted(&self.weights) else {
                 break;
             };
             let m = match i {
