@@ -98,8 +98,6 @@ pub struct Harness {
     was_closed: bool,
     /// The session log's name, made once (flushes without a path name it).
     session_log: PathName,
-    /// Flush payloads by size (`x` repeated), made once each and shared.
-    payloads: Vec<Option<Payload>>,
     /// The sandboxes each session's entered work is in, oldest first (`leave` takes the
     /// oldest).
     entered_by:
@@ -138,23 +136,31 @@ impl Harness {
             out_events: Vec::new(),
             was_closed: false,
             session_log: PathName::session_log(),
-            payloads: Vec::new(),
         })
     }
 
-    /// A payload of `bytes` bytes, shared between the flushes of that size (small sizes; a
-    /// large one is made afresh).
-    fn payload(&mut self, bytes: usize) -> Payload {
+    /// A payload of `bytes` bytes (`x` repeated), shared between the flushes of that size on
+    /// this thread, whatever harness makes them (small sizes; a large one is made afresh). Kept
+    /// per thread rather than per harness: each seed's harness made its own, two allocations
+    /// and a copy for every size a seed flushed; and not shared between threads, whose
+    /// reference counts would then contend.
+    fn payload(bytes: usize) -> Payload {
         const SHARED_UP_TO: usize = 4096;
+        thread_local! {
+            static PAYLOADS: std::cell::RefCell<Vec<Option<Payload>>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
         if bytes > SHARED_UP_TO {
             return Payload::new(vec![b'x'; bytes]);
         }
-        if self.payloads.len() <= bytes {
-            self.payloads.resize(bytes + 1, None);
-        }
-        self.payloads[bytes]
-            .get_or_insert_with(|| Payload::new(vec![b'x'; bytes]))
-            .clone()
+        PAYLOADS.with_borrow_mut(|payloads| {
+            if payloads.len() <= bytes {
+                payloads.resize(bytes + 1, None);
+            }
+            payloads[bytes]
+                .get_or_insert_with(|| Payload::new(vec![b'x'; bytes]))
+                .clone()
+        })
     }
 
     fn now(&self) -> Instant {
@@ -211,7 +217,7 @@ impl Harness {
                 bytes,
             } => {
                 let path = path.clone().unwrap_or_else(|| self.session_log.clone());
-                let payload = self.payload(*bytes);
+                let payload = Self::payload(*bytes);
                 let r = self.core.flush(now, session, &path, payload);
                 if let Ok(v) = &r {
                     self.history.flushed(session, &path, v.0);
