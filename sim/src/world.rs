@@ -49,8 +49,9 @@ pub struct World {
     closed_steps: usize,
 }
 
-fn name<T>(make: impl Fn(String) -> Result<T, sandkeeper::InvalidName>, text: String) -> T {
-    make(text).expect("simulator names are valid")
+/// The name `prefix` followed by `n` (`s0`, `u1`, ...), made with `make`.
+fn name<T>(make: impl Fn(&str) -> Result<T, sandkeeper::InvalidName>, prefix: u8, n: u64) -> T {
+    make(numbered(prefix, n, &mut [0; 21])).expect("simulator names are valid")
 }
 
 /// `prefix` followed by `n` in decimal (a call name), written into `buf`: no allocation per
@@ -75,17 +76,17 @@ impl World {
     /// The world of `seed`.
     pub fn new(seed: u64, swarm: Swarm) -> Self {
         let sessions = (0..swarm.sessions)
-            .map(|i| name(SessionId::new, format!("s{i}")))
+            .map(|i| name(|t| SessionId::new(t), b's', i.into()))
             .collect();
         let users = (0..swarm.users)
-            .map(|i| name(UserId::new, format!("u{i}")))
+            .map(|i| name(|t| UserId::new(t), b'u', i.into()))
             .collect();
         let externals = (0..swarm.externals)
-            .map(|i| name(ExternalId::new, format!("e{i}")))
+            .map(|i| name(|t| ExternalId::new(t), b'e', i.into()))
             .collect();
         let mut paths = vec![None];
         for i in 1..swarm.paths {
-            paths.push(Some(name(PathName::new, format!("p{i}"))));
+            paths.push(Some(name(|t| PathName::new(t), b'p', i.into())));
         }
         let holds = vec![0; swarm.sessions as usize];
         let entered = vec![0; swarm.sessions as usize];
