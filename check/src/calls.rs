@@ -66,7 +66,9 @@ impl Calls {
             remembered: config.limits.remembered_ended_calls as u64,
             live: LiveCalls::default(),
             awaiting_release: FxHashMap::default(),
-            ended_at: FxHashMap::default(),
+            // Sized for a run of a few dozen calls (a simulator seed), so it does not grow in
+            // steps from empty, rehashing at each.
+            ended_at: FxHashMap::with_capacity_and_hasher(64, Default::default()),
             ends: 0,
             pick: Vec::new(),
         }

@@ -69,7 +69,8 @@ impl Deadlines {
             upload_heap: BinaryHeap::new(),
             drains: FxHashMap::default(),
             drain_heap: BinaryHeap::new(),
-            pending: FxHashMap::default(),
+            // Sized for the calls a run keeps live at once, so it does not grow in steps.
+            pending: FxHashMap::with_capacity_and_hasher(64, Default::default()),
             pending_heap: BinaryHeap::new(),
             close_by: None,
             hooks: config.hooks,

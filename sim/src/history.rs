@@ -192,8 +192,9 @@ impl History {
             touched: Touched::default(),
             inputs: 0,
             full_every: 1,
-            bound_to: FastMap::default(),
-            failed: FastMap::default(),
+            // Sized for a seed's calls, so they do not grow in steps from empty.
+            bound_to: FastMap::with_capacity_and_hasher(64, Default::default()),
+            failed: FastMap::with_capacity_and_hasher(64, Default::default()),
             paths: Versions::new(),
             uploads: Uploads::new(),
             mirror: Mirror::new(),
