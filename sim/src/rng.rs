@@ -56,10 +56,8 @@ impl Rng {
             return None;
         }
         let x = self.below(total);
-        // The first index whose running sum passes the draw (a zero weight's never does): the
-        // number of sums the draw reaches, counted without a branch per sum (the draw is
-        // random, so such branches are mispredicted).
-        Some(weights.cumulative.iter().filter(|sum| x >= **sum).count())
+        // The first index whose running sum passes the draw (a zero weight is never passed).
+        weights.cumulative.iter().position(|sum| x < *sum)
     }
 }
 
