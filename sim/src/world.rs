@@ -118,7 +118,12 @@ impl World {
     pub fn plan(&mut self, h: &mut Harness) {
         let now = h.now_ms;
         let s = &self.swarm;
-        for op in h.ledger.ops.iter_mut().filter(|o| !o.planned) {
+        // Commands are only appended to the ledger and taken out of it in order, and every
+        // call plans all of them: the unplanned ones are the newest (no need to look at all).
+        let ops = &mut h.ledger.ops;
+        let first = ops.iter().rposition(|o| o.planned).map_or(0, |i| i + 1);
+        debug_assert!(ops[..first].iter().all(|o| o.planned));
+        for op in &mut ops[first..] {
             op.planned = true;
             let r = &mut self.rng;
             let (fail, hang, gone) = match op.kind {
@@ -146,11 +151,13 @@ impl World {
             };
         }
         // Cancelled uploads the driver abandons rather than answering late.
-        let late = self.swarm.late_answer;
-        let rng = &mut self.rng;
-        h.ledger.zombies.retain(|_| rng.chance(late));
-        if h.ledger.zombies.len() > 8 {
-            h.ledger.zombies.remove(0);
+        if !h.ledger.zombies.is_empty() {
+            let late = self.swarm.late_answer;
+            let rng = &mut self.rng;
+            h.ledger.zombies.retain(|_| rng.chance(late));
+            if h.ledger.zombies.len() > 8 {
+                h.ledger.zombies.remove(0);
+            }
         }
     }
 
