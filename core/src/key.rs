@@ -50,11 +50,21 @@ pub(crate) struct KeySlot {
     /// answer (released, or fenced).
     pub(crate) doubtful: bool,
     /// Fleet mode: the write of the key's durable record under way, with what it writes.
-    pub(crate) recording: Option<(RecordingId, KeyRecord)>,
+    /// Boxed, as `recorded` is: only fleet keys write records, and a slot is moved whole when
+    /// it is made and when it is forgotten (each call cycle on a fresh key does both).
+    pub(crate) recording: Option<Box<(RecordingId, KeyRecord)>>,
     /// Fleet mode: what the store's record of this owned key says (as last confirmed; empty
-    /// once claimed: the claim took the record).
-    pub(crate) recorded: KeyRecord,
+    /// once claimed: the claim took the record). `None` is the empty record (see
+    /// [`recorded`](Self::recorded)).
+    #[serde(default)]
+    pub(crate) recorded: Option<Box<KeyRecord>>,
 }
+
+/// The empty record, which a key's `recorded` of `None` stands for.
+static NO_RECORD: KeyRecord = KeyRecord {
+    snapshot: None,
+    warm: None,
+};
 
 /// Fleet mode: a key's ownership, as this process knows it.
 ///
@@ -98,8 +108,13 @@ impl KeySlot {
             wanted: false,
             doubtful: false,
             recording: None,
-            recorded: KeyRecord::default(),
+            recorded: None,
         }
+    }
+
+    /// What the store's record of this owned key says, as last confirmed.
+    pub(crate) fn recorded(&self) -> &KeyRecord {
+        self.recorded.as_deref().unwrap_or(&NO_RECORD)
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -92,7 +92,7 @@ impl Lifecycle {
         slot.own = Own::Owned(token);
         // The claim took the record: the store keeps none for the key until this process
         // writes one.
-        slot.recorded = KeyRecord::default();
+        slot.recorded = None;
         slot.recording = None;
         if let Some(recorded) = record.snapshot {
             self.take_recorded_snapshot(k, recorded);
@@ -847,7 +847,7 @@ impl Lifecycle {
             return;
         }
         let record = self.durable_record(k);
-        if record == self.keys[k].recorded {
+        if record == *self.keys[k].recorded() {
             return;
         }
         let now = self.now;
@@ -862,7 +862,7 @@ impl Lifecycle {
         self.out.stats.records_ordered += 1;
         let slot = &mut self.keys[k];
         tracing::debug!(%recording, key = %slot.key, ?record, "record key");
-        slot.recording = Some((recording, record.clone()));
+        slot.recording = Some(Box::new((recording, record.clone())));
         self.out.store.push_back(StoreCommand::Record {
             recording,
             key: slot.key.clone(),
@@ -892,7 +892,7 @@ impl Lifecycle {
             return Err(unknown);
         }
         let Some(k) = self.keys.find(key).filter(|k| {
-            matches!(&self.keys[*k].recording, Some((r, _)) if *r == recording)
+            matches!(&self.keys[*k].recording, Some(w) if w.0 == recording)
                 && matches!(self.keys[*k].own, Own::Owned(_))
         }) else {
             tracing::debug!(%recording, key = %key, "stale record answer ignored");
@@ -901,11 +901,11 @@ impl Lifecycle {
         };
         self.advance(now);
         self.cancel_key_store_timer(k);
-        let (_, record) = self.keys[k].recording.take().expect("awaited");
+        let (_, record) = *self.keys[k].recording.take().expect("awaited");
         match how {
             Written::Done => {
                 self.out.stats.records_ok += 1;
-                self.keys[k].recorded = record;
+                self.keys[k].recorded = (!record.is_empty()).then(|| Box::new(record));
                 self.key_settles(k);
             }
             Written::Failed => {
@@ -954,7 +954,7 @@ impl Lifecycle {
             }
             Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
             Own::Owned(_) => {
-                if let Some((recording, _)) = self.keys[k].recording.take() {
+                if let Some(recording) = self.keys[k].recording.take().map(|w| w.0) {
                     // No answer in time. Written again with a newer number: if this one lands
                     // late, the store keeps the newer.
                     tracing::debug!(%recording, "record unanswered in time");
