@@ -56,7 +56,8 @@ impl Rng {
             return None;
         }
         let x = self.below(total);
-        // The first index whose running sum passes the draw (a zero weight is never passed).
+        // The first index whose running sum is past the draw (never a zero weight's: its sum
+        // is its predecessor's, which the draw already reached).
         weights.cumulative.iter().position(|sum| x < *sum)
     }
 }
