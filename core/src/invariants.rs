@@ -11,7 +11,6 @@ use crate::ids::Key;
 use crate::key::Own;
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxState};
-use crate::time::Instant;
 use smallvec::SmallVec;
 use std::fmt;
 
@@ -564,11 +563,9 @@ impl Lifecycle {
         // their sequence number, checked distinct), so as many live entries as deadlines known
         // means every deadline has its entry.
         let mut live = Tally::default();
-        let mut earliest_live = None;
         for (at, timer) in self.timers.iter() {
             if self.timer_is_live(at, timer) {
                 live.add(at);
-                earliest_live = Some(earliest_live.map_or(at.at, |e: Instant| e.min(at.at)));
             }
         }
         live.sort();
@@ -584,6 +581,8 @@ impl Lifecycle {
             "a deadline is in the table twice"
         );
         if let Some(next) = self.timers.next() {
+            // The tally is sorted by deadline: its first entry is the earliest live one.
+            let earliest_live = live.first().map(|at| at.at);
             ensure!(
                 earliest_live == Some(next),
                 "timers",
@@ -622,6 +621,11 @@ impl<K: Ord + Copy> Tally<K> {
     fn count(&self, k: K) -> usize {
         let from = self.0.partition_point(|x| *x < k);
         self.0[from..].partition_point(|x| *x == k)
+    }
+
+    /// The least added (after [`sort`](Self::sort)).
+    fn first(&self) -> Option<&K> {
+        self.0.first()
     }
 
     /// Whether nothing was added twice (after [`sort`](Self::sort)).

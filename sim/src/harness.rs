@@ -265,7 +265,7 @@ impl Harness {
                 self.history.touched.session(session);
                 let r = self.core.enter(now, session);
                 if let Ok(x) = r {
-                    *self.history.entered.entry(x).or_default() += 1;
+                    *self.history.entered.entry(x) += 1;
                     self.entered_by
                         .entry(session.clone())
                         .or_default()
@@ -283,9 +283,8 @@ impl Harness {
                     Some(x) => {
                         let r = self.core.leave(now, x);
                         if r.is_ok() {
-                            if let Some(n) = self.history.entered.get_mut(&x) {
-                                *n = n.saturating_sub(1);
-                            }
+                            let n = self.history.entered.entry(x);
+                            *n = n.saturating_sub(1);
                         }
                         r.map_err(|e| e.kind())
                     }

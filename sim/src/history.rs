@@ -147,7 +147,7 @@ pub struct History {
     /// Holds the application took, per session (for the drain-waits-for-hold mark).
     pub holds: FastMap<SessionId, u32>,
     /// Work entered into each sandbox and not yet left (`drain-waits-for-work`).
-    pub entered: FastMap<SandboxId, u32>,
+    pub entered: BySandbox<u32>,
     /// The first broken invariant.
     pub failure: Option<Failure>,
     /// The current step, for failures.
@@ -217,7 +217,7 @@ impl History {
             acquires: 0,
             releases: 0,
             holds: FastMap::default(),
-            entered: FastMap::default(),
+            entered: BySandbox::default(),
             failure: None,
             step: 0,
             marks: Marks::default(),
