@@ -225,7 +225,8 @@ pub enum StoreCommand {
     /// process holds the key (no owner, the owner released it, or the owner's lease is expired or
     /// of an older epoch), make this process its owner with the next fencing token and answer
     /// [`handle_claimed`](crate::Lifecycle::handle_claimed) with the token and the key's
-    /// record; when another process holds it, record this process's want beside the key (the
+    /// record, which the store **keeps** until the new owner writes a newer one (a claimant that
+    /// ends before its first write leaves the next one what it found); when another process holds it, record this process's want beside the key (the
     /// owner sees it at its next renewal) and answer
     /// [`handle_claim_busy`](crate::Lifecycle::handle_claim_busy). A store error is
     /// [`handle_claim_failed`](crate::Lifecycle::handle_claim_failed). Dropped unanswered at the

@@ -53,8 +53,8 @@ pub(crate) struct KeySlot {
     /// Boxed, as `recorded` is: only fleet keys write records, and a slot is moved whole when
     /// it is made and when it is forgotten (each call cycle on a fresh key does both).
     pub(crate) recording: Option<Box<(RecordingId, KeyRecord)>>,
-    /// Fleet mode: what the store's record of this owned key says (as last confirmed; empty
-    /// once claimed: the claim took the record). `None` is the empty record (see
+    /// Fleet mode: what the store's record of this owned key says (as last confirmed; once
+    /// claimed, the record the claim handed out, which the store keeps). `None` is the empty record (see
     /// [`recorded`](Self::recorded)).
     #[serde(default)]
     pub(crate) recorded: Option<Box<KeyRecord>>,

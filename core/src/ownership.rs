@@ -90,9 +90,9 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Owned(token);
-        // The claim took the record: the store keeps none for the key until this process
-        // writes one.
-        slot.recorded = None;
+        // The store keeps the record it handed out until this process writes a newer one: a
+        // process that ends before its first write leaves the key's next owner what it found.
+        slot.recorded = (!record.is_empty()).then(|| Box::new(record.clone()));
         slot.recording = None;
         if let Some(recorded) = record.snapshot {
             self.take_recorded_snapshot(k, recorded);
@@ -843,7 +843,13 @@ impl Lifecycle {
             || slot.doubtful
             || slot.recording.is_some()
             || slot.retiring.is_some()
+            || slot
+                .current
+                .is_some_and(|x| self.sandboxes[x].state == SandboxState::Starting)
         {
+            // Not while its sandbox is on its way up either: an adoption or a resume continues
+            // from what the record names, which must stay there until the sandbox is up (and
+            // then names it), should this process end meanwhile.
             return;
         }
         let record = self.durable_record(k);

@@ -198,7 +198,8 @@ impl K8sStore {
             entry.token += 1;
             entry.wants.remove(&incarnation);
             entry.recording = None;
-            let record = std::mem::take(&mut entry.record);
+            // The record stays until the new owner writes a newer one (`FleetStore::claim`).
+            let record = entry.record.clone();
             Claim::Claimed(Token(entry.token), record)
         };
         self.write(name, lease, &entry).await?;

@@ -65,7 +65,7 @@ impl StoredRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// This process owns the key under the token, and continues from the record (which the
-    /// claim takes: the store keeps no copy).
+    /// store keeps until this process writes a newer one: ending before that loses nothing).
     Claimed(Token, StoredRecord),
     /// Another process with a live lease holds it; the want is recorded.
     Busy,

@@ -17,16 +17,30 @@ fn root(name: &str) -> PathBuf {
 }
 
 fn turn(root: &Path, session: &str, turn: u32, linger: bool) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet_turn"));
-    cmd.arg("--root")
+    let extra: &[&str] = if linger { &["--linger", "600"] } else { &[] };
+    turn_with(root, session, turn, extra)
+}
+
+fn turn_with(root: &Path, session: &str, turn: u32, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_fleet_turn"))
+        .arg("--root")
         .arg(root)
         .args(["--session", session, "--turn", &turn.to_string()])
+        .args(extra)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if linger {
-        cmd.args(["--linger", "600"]);
-    }
-    cmd.spawn().expect("fleet_turn runs")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fleet_turn runs")
+}
+
+/// A turn that must fail: its exit status and what it said on standard error.
+fn failed(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "expected a failure");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The JSON line a turn prints when it is done.
@@ -82,5 +96,63 @@ fn a_session_survives_a_sigkill_of_the_process_that_held_it() {
     let (a, b) = (turn(&root, "s2", 1, false), turn(&root, "s3", 1, false));
     let (a, b) = (finished(a), finished(b));
     assert_ne!(a["sandbox"], b["sandbox"]);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A turn whose check fails exits non-zero, after closing its keeper: the session's history is
+/// still there for the next turn. (`fleet_turn` used to exit without closing, which, while a
+/// claim took the key's record from the store, left the next turn an empty workspace; the next
+/// test places that crash exactly.)
+#[test]
+fn a_turn_that_fails_its_check_loses_no_earlier_turn() {
+    let root = root("failed-check");
+    finished(turn(&root, "s1", 1, false));
+    finished(turn(&root, "s1", 2, false));
+    let (status, err) = failed(turn(&root, "s1", 2, false));
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("holds \"turn 1\\nturn 2\\n\""), "{err}");
+    let three = finished(turn(&root, "s1", 3, false));
+    assert_eq!(three["turn"], 3, "{three}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A process that dies right after its claim (the key claimed, the snapshot resumed, the
+/// sandbox's hook running: before its first record write) leaves the key's record as it found
+/// it, and the next process continues from the workspace it resumed. Before the fix the claim
+/// had taken the record, so the next process started an empty workspace: the check of the
+/// turn after it failed every time.
+#[test]
+fn a_process_that_dies_right_after_its_claim_loses_nothing() {
+    let root = root("die-claimed");
+    finished(turn(&root, "s1", 1, false));
+    let (status, err) = failed(turn_with(&root, "s1", 2, &["--die-at", "claimed"]));
+    assert!(
+        status.code().is_none(),
+        "killed by a signal: {status:?} {err}"
+    );
+    assert!(err.contains("dies in the after-resume hook"), "{err}");
+    // The dead process's lease (1.5 s) must expire first: the turn waits for it.
+    let two = finished(turn(&root, "s1", 2, false));
+    assert!(
+        two["waited_ms"].as_u64().unwrap() >= 500,
+        "waited for the lease: {two}"
+    );
+    finished(turn(&root, "s1", 3, false));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A write that returned `Ok` is acknowledged: a process that dies right after it (before the
+/// call's release, whatever its record write did) leaves it to the next process.
+#[test]
+fn a_write_acknowledged_before_a_crash_is_kept() {
+    let root = root("die-written");
+    finished(turn(&root, "s1", 1, false));
+    let (status, err) = failed(turn_with(&root, "s1", 2, &["--die-at", "written"]));
+    assert!(
+        status.code().is_none(),
+        "killed by a signal: {status:?} {err}"
+    );
+    let three = finished(turn(&root, "s1", 3, false));
+    assert_eq!(three["turn"], 3, "{three}");
     std::fs::remove_dir_all(&root).unwrap();
 }

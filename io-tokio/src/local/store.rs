@@ -159,7 +159,8 @@ impl LocalStore {
         entry.token += 1;
         entry.wants.remove(&incarnation);
         entry.recording = None;
-        let record = std::mem::take(&mut entry.record);
+        // The record stays until the new owner writes a newer one (see `FleetStore::claim`).
+        let record = entry.record.clone();
         self.write_entry(&entry)?;
         Ok(Claim::Claimed(Token(entry.token), record))
     }

@@ -26,6 +26,8 @@ pub async fn check_all(store: &dyn FleetStore, lease: Duration) -> Result<(), St
     c.a_claim_under_a_left_epoch_takes_nothing().await?;
     c.record_writes_keep_the_newest_and_need_a_live_lease()
         .await?;
+    c.a_claimant_that_ends_before_writing_leaves_the_record()
+        .await?;
     Ok(())
 }
 
@@ -165,14 +167,17 @@ impl Contract<'_> {
         );
         let (t2, record) = self.claimed(&k, two, 1, secs(t, 1)).await?;
         ensure!(t2 > t1, "the next owner's token {t2} is newer than {t1}");
-        ensure!(record == warm(7), "the claim takes the record: {record:?}");
+        ensure!(
+            record == warm(7),
+            "the claim hands out the record: {record:?}"
+        );
         ensure!(
             !self
                 .release(&k, one, t1, StoredRecord::default(), secs(t, 1))
                 .await?,
             "a release under an older token is refused"
         );
-        // The record was taken: a release by the new owner leaves what it says, nothing more.
+        // A release by the new owner leaves what it says, nothing more.
         ensure!(
             self.release(&k, two, t2, StoredRecord::default(), secs(t, 1))
                 .await?,
@@ -181,7 +186,38 @@ impl Contract<'_> {
         let (_, record) = self.claimed(&k, one, 1, secs(t, 1)).await?;
         ensure!(
             record == StoredRecord::default(),
-            "a taken record is not handed out twice"
+            "a release replaces the record"
+        );
+        Ok(())
+    }
+
+    /// A claimant that ends (crashes, exits on an error) before its first record write loses
+    /// nothing: the store kept the record it handed out, and the next owner gets it too.
+    async fn a_claimant_that_ends_before_writing_leaves_the_record(&self) -> Result<(), String> {
+        let t = base(5);
+        let lease = self.lease.as_secs();
+        let (one, two, three) = (
+            self.register().await?,
+            self.register().await?,
+            self.register().await?,
+        );
+        let k = key("contract-kept-record");
+        self.renew(one, 1, t).await?;
+        let (token, _) = self.claimed(&k, one, 1, t).await?;
+        ensure!(
+            self.release(&k, one, token, warm(11), t).await?,
+            "the first owner's release lands"
+        );
+        self.renew(two, 1, t).await?;
+        let (_, record) = self.claimed(&k, two, 1, secs(t, 1)).await?;
+        ensure!(record == warm(11), "handed out: {record:?}");
+        // `two` ends without a write; once its lease expired, `three` claims the key.
+        let later = secs(t, 1 + lease);
+        self.renew(three, 1, later).await?;
+        let (_, record) = self.claimed(&k, three, 1, later).await?;
+        ensure!(
+            record == warm(11),
+            "a claimant that wrote nothing leaves the record it found: {record:?}"
         );
         Ok(())
     }

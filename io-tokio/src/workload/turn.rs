@@ -62,6 +62,17 @@ pub async fn run_turn<B: SandboxOps>(
     session: &SessionId,
     turn: u32,
 ) -> Result<TurnReport, String> {
+    run_turn_then(keeper, session, turn, None).await
+}
+
+/// [`run_turn`], calling `after_write` (when given) once the turn's write returned `Ok` and
+/// before the call is released: a test's way to place a crash between a change and its record.
+pub async fn run_turn_then<B: SandboxOps>(
+    keeper: &Keeper<B>,
+    session: &SessionId,
+    turn: u32,
+    after_write: Option<&(dyn Fn() + Sync)>,
+) -> Result<TurnReport, String> {
     if turn == 0 {
         return Err("turns count from 1".into());
     }
@@ -89,6 +100,9 @@ pub async fn run_turn<B: SandboxOps>(
     work.write("turns.txt", now.clone().into_bytes())
         .await
         .map_err(|e| format!("write turns.txt: {e}"))?;
+    if let Some(after_write) = after_write {
+        after_write();
+    }
     keeper
         .flush(session, &PathName::session_log(), now.into_bytes())
         .map_err(|e| e.to_string())?;

@@ -24,7 +24,7 @@ pub struct Entry {
     pub owner: Option<(u32, u64)>,
     /// The newest token handed out.
     pub token: u64,
-    /// The durable record the last owner left (taken by the next claim).
+    /// The durable record the last owner left (handed to each claim, kept until its owner writes a newer one).
     pub record: KeyRecord,
     /// Incarnations that asked for the key while another held it.
     pub wants: BTreeSet<u32>,
@@ -117,7 +117,7 @@ impl Store {
         e.token += 1;
         e.wants.remove(&incarnation);
         e.recording = None;
-        ClaimAnswer::Claimed(Token(e.token), std::mem::take(&mut e.record))
+        ClaimAnswer::Claimed(Token(e.token), e.record.clone())
     }
 
     /// A write of the owned `key`'s record under `token`: whether the key is still the
