@@ -282,3 +282,96 @@ fn core_instant(t: SystemTime) -> Instant {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandkeeper::{SandboxId, SessionId, Snapshot};
+
+    use super::*;
+    use crate::store::{Claim, StoredRecord, StoredSnapshot};
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    /// A snapshot of key `session:s`, made by a sandbox of incarnation 99 (never live): made
+    /// whole beside the root, then renamed into place, as the backend's Persist renames a
+    /// sandbox's directory (a sweep never sees it without its `sandbox.json`).
+    fn make_snapshot(root: &Path, name: &str) {
+        let staging = root.join(format!("staging-{name}"));
+        fs::create_dir_all(staging.join(".sandkeeper")).unwrap();
+        fs::write(
+            staging.join(".sandkeeper").join("sandbox.json"),
+            r#"{"sandbox": 425201762304, "key": "session:s"}"#,
+        )
+        .unwrap();
+        fs::create_dir_all(root.join(".snapshots")).unwrap();
+        fs::rename(&staging, root.join(".snapshots").join(name)).unwrap();
+    }
+
+    /// Sweeps race claims and releases of a key whose record names a snapshot whose retention
+    /// ended: the sweep removes it and drops it from the record, the claims take the record.
+    /// A claim handed a record naming the snapshot must find it there (and it stays while the
+    /// key is owned): the sweep unrecords by a compare-and-set *before* it renames, so a claim
+    /// that took the record first makes the sweep leave the snapshot.
+    #[test]
+    fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot() {
+        let root = std::env::temp_dir().join(format!("sk-sweep-race-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
+        let key = sandkeeper::Key::Session(SessionId::new("s").unwrap());
+        let by = SandboxId(99 << 32);
+        store.renew(1, 1, at(0)).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (claims_naming, swept) = std::thread::scope(|s| {
+            let sweeper = s.spawn(|| {
+                let mut swept = Swept::default();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    swept += store.sweep(at(1)).unwrap();
+                }
+                swept
+            });
+            // Stops the sweeper however this thread ends (a failed assertion must not leave
+            // the scope waiting for it).
+            struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let _stop = Stop(&stop);
+            let mut claims_naming = 0;
+            for n in 0..200 {
+                let Claim::Claimed(token, taken) = store.claim(&key, 1, 1, at(1)).unwrap() else {
+                    panic!("the key is free")
+                };
+                if let Some(named) = taken.snapshot {
+                    claims_naming += 1;
+                    let named = root.join(".snapshots").join(named.snapshot.as_str());
+                    assert!(named.is_dir(), "handed {named:?}, which a sweep removed");
+                }
+                // A snapshot made while the key is owned (its owner's lease keeps it), then
+                // released with the key, its retention long over.
+                let name = format!("sbx-{}-{n}", by.0);
+                make_snapshot(&root, &name);
+                let record = StoredRecord {
+                    snapshot: Some(StoredSnapshot {
+                        snapshot: Snapshot::new(name),
+                        by,
+                        retain_until_ms: Some(0),
+                    }),
+                    warm: None,
+                };
+                assert!(store.release(&key, 1, token, record, at(1)).unwrap());
+            }
+            drop(_stop);
+            (claims_naming, sweeper.join().unwrap())
+        });
+        // Both sides won sometimes (else the race was not run).
+        assert!(swept.unrecorded > 0, "{swept:?}");
+        assert!(claims_naming > 0);
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
