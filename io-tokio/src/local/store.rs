@@ -3,7 +3,7 @@
 //!
 //! | file | holds |
 //! |---|---|
-//! | `incarnation/<n>` | the incarnation counter, a cell ([`cell`]): its newest version's number is the last incarnation handed out ([`LocalStore::register`]) |
+//! | `incarnation/<n>` | the incarnation counter, a cell (`store/cell.rs`): its newest version's number is the last incarnation handed out ([`LocalStore::register`]) |
 //! | `lease/<incarnation>/<n>` | a process lease, a cell: `<epoch> <expires, unix ms>` |
 //! | `key/<key>/<n>` | a key's entry, a cell: owner (incarnation, epoch), newest token, the durable record, who wants it (JSON) |
 //! | `tmp/` | what a writer stages before it links it into a cell; what a crashed writer left goes at a sweep |
