@@ -12,16 +12,21 @@
 //! **No lock.** Every mutable value is a compare-and-set cell (`store/cell.rs`): an operation
 //! reads what it decides on, decides, and writes the next version of the one cell it changes;
 //! if another write got that version first, it reads again and decides again (a bounded number
-//! of times, then [`StoreError::Contended`]). A process stopped at any instant (SIGSTOP, a long
-//! GC or VM pause) thus holds nothing another process waits for: issue 30 measured 20-40 s
-//! stalls of every process behind one stopped holder of the store's former lock, `lock`.
+//! of times, then [`StoreError::Contended`]; a write whose outcome its writer cannot tell is
+//! [`StoreError::InDoubt`], see the cell's docs). A process stopped at any instant (SIGSTOP, a
+//! long GC or VM pause) thus holds nothing another process waits for: an operation waits only
+//! for its own file system calls, and for its retries when another write to the same cell came
+//! first (each one another operation's success). Issue 30 measured 20-40 s stalls of every
+//! process behind one stopped holder of the store's former lock (`lock`); `tests/store_pause.rs`
+//! stops a process hammering the store and times everything else meanwhile.
 //!
-//! Each operation changes one cell, and reads at most one other (a process lease) after the
-//! cell it changes: the write lands only if that cell is still as read, so the outcome is the
-//! one the lock gave had the operation run whole at the instant it read the lease. What the
-//! lease read cannot see is a renewal landing after it (a process renewing a lease the claimant
-//! judged expired): that is the protocol's clock assumption (README, "Clocks"), which the lock
-//! did not remove either; the backend's token check covers a process past it.
+//! Each operation changes one cell. A claim, a record write and a release read process leases
+//! besides, after the entry they change, which they write only if it is still the version
+//! read: the outcome is the one the lock gave had the operation run whole at the instant it
+//! read the leases. What that read cannot see is a renewal landing after it (a process renewing
+//! a lease the claimant judged expired): that is the protocol's clock assumption (README,
+//! "Clocks"), which the lock did not remove either; the backend's token check covers a process
+//! past it. A renewal writes its lease, then reads the entries for the wants.
 //!
 //! Time is the wall clock ([`SystemTime`]), the one clock the processes share; the protocol
 //! assumes their clocks agree within the fleet's margin (see [`sandkeeper::Fleet`]).
@@ -192,8 +197,8 @@ impl LocalStore {
         if !written {
             return Ok(None);
         }
-        // The wants, read after the lease was written: a want recorded since is one the lock
-        // would have shown to the next renewal, and is shown now (it only hastens a handover).
+        // The wants, read after the lease was written: a want recorded in between is shown now
+        // rather than at the next renewal (it only hastens a handover).
         let mut wanted = vec![];
         for (_, entry, path) in self.versioned_entries()? {
             if entry.owner == Some((incarnation, epoch)) && !entry.wants.is_empty() {
@@ -213,11 +218,13 @@ impl LocalStore {
     ) -> Result<Claim, StoreError> {
         let cell = self.key_cell(key);
         self.change_entry(key, &cell, |mut entry| {
-            // The leases are read after the entry, and the entry is written only if it is
-            // still as read: the claim is decided as of the instant the leases were read.
-            // A renewal of this process under a newer epoch came before that instant if the
-            // process claimed the key under the newer epoch (it renews, then claims), so that
-            // claim is seen here as the newer lease.
+            // No lock: the entry is read, then the leases, and the entry is written only if it
+            // is still the version read. The outcome is the one the lock gave had the claim run
+            // whole when it read the leases. This process's renewal under a newer epoch before
+            // that read makes the claim busy (below); one after it is ordered after the claim,
+            // as the lock could have ordered it. If the process also claimed the key under the
+            // newer epoch (it renews first, then claims), the entry changed: this write loses,
+            // and the claim decides again, reading the newer lease.
             if self
                 .read_lease(incarnation)?
                 .is_some_and(|(current, _)| current > epoch)
@@ -227,8 +234,8 @@ impl LocalStore {
                 return Ok(Step::Answer(Claim::Busy));
             }
             if let Some(owner) = entry.owner.filter(|o| o.0 != incarnation) {
-                // The owner's lease as read now; a renewal after this read of a lease that had
-                // expired by `now` is a clock past the margin (module docs).
+                // The owner's lease as read now. Its renewal landing after this read, of a lease
+                // expired by this `now`, is a clock past the margin (module docs).
                 if self.is_live(owner, now)? {
                     if entry.wants.insert(incarnation) {
                         return Ok(Step::Write(self.entry_bytes(&entry), Claim::Busy));
