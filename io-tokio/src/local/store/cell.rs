@@ -36,6 +36,9 @@
 //! store answer lost at its deadline already is), and an idempotent one simply tries again.
 //! `KEEP` writes to one cell between a writer's link and its next listing take a stopped
 //! writer: the doubt is as rare as that.
+//!
+//! The store's root must be on a file system with hard links (every local Linux one); staged
+//! files and cells must be on the same one (they are: both under `<root>/.fleet/`).
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};

@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sandkeeper::{
@@ -86,7 +87,6 @@ impl LocalStore {
             keys.insert(key, self.sweep_key(&entry, now)?);
         }
         let live = |incarnation| self.lease_live(incarnation, now).unwrap_or(true);
-        let mut trashed = vec![];
         for (path, object) in self.objects(&root)? {
             if sweep_verdict(&object, &keys, live, now_core) == SweepVerdict::Keep {
                 continue;
@@ -127,14 +127,8 @@ impl LocalStore {
                     continue; // the key changed since: the next sweep decides again
                 }
             }
-            let name = path.file_name().expect("a listed directory").to_owned();
-            let mut unique = name.clone();
-            unique.push(format!(".{}-{}", std::process::id(), trashed.len()));
-            let target = trash.join(unique);
-            match fs::rename(&path, &target) {
-                Ok(()) => trashed.push(target),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(self.io(e)),
+            if !self.to_trash(&path, &trash)? {
+                continue; // another sweep took it
             }
             tracing::info!(object = %path.display(), ?verdict, "swept");
             match object {
@@ -159,6 +153,35 @@ impl LocalStore {
         }
         self.clear_staged(wall)?;
         Ok(swept)
+    }
+
+    /// Renames `path` into `trash` under a name of its own (two sweeps, even of processes
+    /// with one process id in different namespaces, never rename onto each other's): whether it
+    /// was there to move.
+    fn to_trash(&self, path: &Path, trash: &Path) -> Result<bool, StoreError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = path.file_name().expect("a listed directory");
+        let mut last = None;
+        for _ in 0..100 {
+            let mut unique = name.to_owned();
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            unique.push(format!(".{}-{n}", std::process::id()));
+            match fs::rename(path, trash.join(unique)) {
+                Ok(()) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                // The name is taken: another one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
+                    ) =>
+                {
+                    last = Some(e)
+                }
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        Err(self.io(last.expect("a hundred tries")))
     }
 
     /// What the sweep decides on of one entry: its owner's liveness at `now` and its record.
