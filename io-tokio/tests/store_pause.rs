@@ -258,13 +258,28 @@ fn a_stopped_process_stalls_no_other_process_s_store_work() {
     );
     drop(child);
 
-    // The store is consistent: every entry reads, and the contract holds on it (through a
-    // handle with the contract's lease; its checks take fresh incarnations and keys).
+    // The store is consistent: every entry reads; the killed child's keys are its own until
+    // its lease ends, then taken over with the record it last wrote (under its token); and
+    // the contract holds on it (through a handle with the contract's lease; its checks take
+    // fresh incarnations and keys).
     let entries = store.entries().unwrap();
     assert!(
         entries.iter().any(|e| e.key == "session:shared"),
         "{entries:?}"
     );
+    let later = wall() + LEASE + Duration::from_secs(1);
+    assert!(store.renew(me, 2, later).unwrap().is_some());
+    for i in 0..3 {
+        let k = key(&format!("child-{i}"));
+        let before = entries.iter().find(|e| e.key == k.to_string()).unwrap();
+        assert_eq!(store.claim(&k, me, 2, wall()).unwrap(), Claim::Busy);
+        let Claim::Claimed(token, taken) = store.claim(&k, me, 2, later).unwrap() else {
+            panic!("{k}: the child's lease ended")
+        };
+        assert_eq!(token.0, before.token + 1, "{k}");
+        assert_eq!(taken, before.record, "{k}");
+        assert!(taken.warm.is_some(), "{k}: the child recorded it");
+    }
     let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
