@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::{kill_process, Pid, Signal};
 use sandkeeper::{Key, SandboxId, SessionId};
-use sandkeeper_tokio::local::store::LocalStore;
+use sandkeeper_tokio::local::store::{LocalStore, StoreError};
 use sandkeeper_tokio::store::{Claim, StoredRecord};
 
 /// The worst latency a store operation may have while another process is stopped. A
@@ -75,23 +75,43 @@ fn child_hammers_the_store() {
     for round in 0u64.. {
         assert!(store.renew(me, 1, wall()).unwrap().is_some());
         for k in own.iter().chain([&shared]) {
-            let Claim::Claimed(token, _) = store.claim(k, me, 1, wall()).unwrap() else {
-                // The shared key, held by the parent: try again next round.
+            // In doubt (stopped between its write and its look while the parent wrote the
+            // shared key many times): as a keeper would, it tries again next round.
+            let Some(Claim::Claimed(token, _)) = settled(store.claim(k, me, 1, wall())) else {
+                // Or the shared key, held by the parent.
                 continue;
             };
             recording += 1;
-            assert!(store
-                .record(k, me, token, recording, record(round), wall())
-                .unwrap());
+            let Some(written) =
+                settled(store.record(k, me, token, recording, record(round), wall()))
+            else {
+                continue;
+            };
+            assert!(written);
             // Its own keys it keeps (a claim of a key it holds takes it again); the shared
             // one it lets go, so the parent can take it.
             if k == &shared {
-                assert!(store.release(k, me, token, record(round), wall()).unwrap());
+                if let Some(released) = settled(store.release(k, me, token, record(round), wall()))
+                {
+                    assert!(released);
+                }
             }
         }
         if round % 5 == 0 {
             println!("round {round}");
         }
+    }
+}
+
+/// An operation's answer; `None` when the store could not tell whether its write landed
+/// ([`StoreError::InDoubt`]: its writer was held up between writing and looking while the
+/// key's cell moved on several versions; a keeper takes it as a failed store operation).
+/// Any other error fails the test.
+fn settled<T>(answer: Result<T, StoreError>) -> Option<T> {
+    match answer {
+        Ok(answer) => Some(answer),
+        Err(StoreError::InDoubt { .. }) => None,
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -278,7 +298,6 @@ fn a_stopped_process_stalls_no_other_process_s_store_work() {
         };
         assert_eq!(token.0, before.token + 1, "{k}");
         assert_eq!(taken, before.record, "{k}");
-        assert!(taken.warm.is_some(), "{k}: the child recorded it");
     }
     let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
     tokio::runtime::Builder::new_current_thread()

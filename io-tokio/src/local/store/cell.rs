@@ -177,7 +177,8 @@ impl Cell {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Written::Lost),
             Err(e) => return Err(e),
         }
-        drop(staged);
+        // The look follows the link at once (the staged file goes after it, when dropped):
+        // the doubt needs a stop between the two.
         let versions = self.versions()?;
         let newest = versions.last().copied().unwrap_or(0);
         if newest >= number + KEEP {
