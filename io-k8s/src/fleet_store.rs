@@ -1,7 +1,8 @@
 //! The fleet store on Kubernetes: what [`StoreCommand`](sandkeeper::StoreCommand)'s docs
 //! promise, in `coordination.k8s.io/v1` Leases of the namespace, each change a read and a
 //! replace under the read's `resourceVersion` (a conflict reads again and decides again), so
-//! every operation is atomic across processes, as the local root's file lock makes it there.
+//! every operation is atomic across processes, as the local root's compare-and-set cells (no
+//! lock) make it there.
 //!
 //! | Lease | holds |
 //! |---|---|

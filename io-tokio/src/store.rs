@@ -2,8 +2,8 @@
 //! of a fleet reaches must do for the core's [`StoreCommand`]s), the records it keeps, and how
 //! the executor turns its answers into the core's inputs.
 //!
-//! [`LocalStore`](crate::local::store::LocalStore) is the store on a local root (lock and record
-//! files). The protocol is the core's ([`sandkeeper::Fleet`], [`StoreCommand`]); a store only
+//! [`LocalStore`](crate::local::store::LocalStore) is the store on a local root (compare-and-set
+//! cells of versioned files, no lock). The protocol is the core's ([`sandkeeper::Fleet`], [`StoreCommand`]); a store only
 //! keeps what the core asked, atomically, on the wall clock every process shares.
 
 use std::future::Future;

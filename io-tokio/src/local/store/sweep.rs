@@ -2,28 +2,53 @@
 //! (sandbox directories, kept snapshots) goes once nothing may need it, by
 //! [`sandkeeper::sweep_verdict`], the decision every fleet sweep and the simulator share.
 //!
-//! It decides and moves under the store's lock, so that no claim, record write or renewal comes
-//! between the two: a doomed directory is *renamed* into `<root>/.fleet/trash/` (O(1)) and a
-//! record's reference to a snapshot whose retention ended is dropped in the same step; the
-//! trash is emptied after the lock is let go, so a large workspace never holds up the store.
-//! What it reads beside each object: `.sandkeeper/sandbox.json` (its key), and for a snapshot
+//! It holds no lock (the store has none: `store.rs`). It decides on one read of the store's
+//! entries and leases; then, for each object it would remove, it reads the object's key entry
+//! and the leases again and decides again, just before it acts. A doomed directory is
+//! *renamed* into `<root>/.fleet/trash/` (O(1)) and deleted once every decision is acted on; a
+//! record's reference to a snapshot whose retention ended is dropped *first*, by a
+//! compare-and-set of the key's entry on the version the second decision read, and the snapshot
+//! is renamed only if that write won (else it is left for the next sweep). What it reads
+//! beside each object: `.sandkeeper/sandbox.json` (its key), and for a snapshot
 //! `.sandkeeper/expires` (the retention its Persist recorded).
 //!
 //! It judges leases and retention one lease later than a claim would (`now - lease`): a claim
 //! made on a clock that runs ahead is fenced at the backend, but a removal cannot be taken back,
 //! so the sweep leaves a process whose clock drifts that much room.
+//!
+//! **Why a claim racing the sweep never adopts what it removes.** An object is doomed only when
+//! the process that made it and its key's owner hold no lease live a lease ago, and its key's
+//! record does not name it (as the second decision read them). A claim adopts or resumes only
+//! what the record it takes names. After the second read, the record changes only by
+//! - a claim, which takes the record as it is (not naming the object), or
+//! - a record write or release of the key's owner, which needs the owner's lease live at the
+//!   owner's `now`: that owner's lease had ended a lease before the sweeper's `now`, so its
+//!   clock would be more than a lease behind, past the protocol's clock assumption (as with the
+//!   former lock, which only ordered such a write after the removal), or
+//! - the sweep's own unrecord (of a snapshot), which it makes before the rename: a claim then
+//!   either took the record first (the unrecord loses, nothing is removed) or reads it without
+//!   the snapshot.
+//!
+//! A claimant that takes the key after the decision becomes a live owner (the next sweep keeps
+//! the key's objects), but the objects this one removes were named by nothing it took. Two
+//! sweeps at once decide alike; the second rename of one object finds it gone, and the trash
+//! names are made unique so that neither ever renames onto the other's.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sandkeeper::{
     sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
 };
 
-use super::{parse_key, unix_ms, LocalStore, StoreError};
+use super::{cell, parse_key, unix_ms, LocalStore, StoreError};
+
+/// How old a staged file must be before a sweep takes it for a dead writer's.
+const STAGED_LEFT: Duration = Duration::from_secs(3_600);
 
 /// What one sweep removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,56 +78,71 @@ impl LocalStore {
         let trash = self.dir.join("trash");
         fs::create_dir_all(&trash).map_err(|e| self.io(e))?;
         let mut swept = Swept::default();
+        let wall = now;
         let now = now.checked_sub(self.lease).unwrap_or(UNIX_EPOCH);
-        {
-            let _lock = self.lock()?;
-            let mut entries = BTreeMap::new();
-            let mut keys = BTreeMap::new();
-            for entry in self.entries()? {
-                let key = parse_key(&entry.key)
-                    .map_err(|why| self.malformed(&self.entry_path(&entry.key), why))?;
-                let owner_live = match entry.owner {
-                    Some(owner) => self.is_live(owner, now)?,
-                    None => false,
-                };
-                let record = entry.record.on_unix_clock();
-                keys.insert(key.clone(), SweepKey { owner_live, record });
-                entries.insert(key, entry);
+        let now_core = core_instant(now);
+        let mut keys = BTreeMap::new();
+        for (_, entry, path) in self.versioned_entries()? {
+            let key = parse_key(&entry.key).map_err(|why| self.malformed(&path, why))?;
+            keys.insert(key, self.sweep_key(&entry, now)?);
+        }
+        let live = |incarnation| self.lease_live(incarnation, now).unwrap_or(true);
+        for (path, object) in self.objects(&root)? {
+            if sweep_verdict(&object, &keys, live, now_core) == SweepVerdict::Keep {
+                continue;
             }
-            let now_core = core_instant(now);
-            for (path, object) in self.objects(&root)? {
-                let verdict = sweep_verdict(
-                    &object,
-                    &keys,
-                    |incarnation| self.lease_live(incarnation, now).unwrap_or(true),
-                    now_core,
-                );
-                if verdict == SweepVerdict::Keep {
+            // Decided again on the key as it is now, just before acting (module docs).
+            let key = match &object {
+                SweepObject::Sandbox { key, .. } | SweepObject::Snapshot { key, .. } => key,
+            };
+            let mut fresh = BTreeMap::new();
+            let mut read = None;
+            if let Some(key) = key {
+                let cell = self.key_cell(key);
+                if let Some(v) = self.read_cell(&cell)? {
+                    let entry = self.parse_entry(&v.bytes, &v.path)?;
+                    fresh.insert(key.clone(), self.sweep_key(&entry, now)?);
+                    read = Some((cell, v.number, entry));
+                } else if self.old_entry_named(&key.to_string(), &cell)? != (0, None) {
+                    // Written just now, or an older root's entry not yet converted: left to
+                    // the next sweep (whose decision reads it).
                     continue;
                 }
-                let name = path.file_name().expect("a listed directory").to_owned();
-                match fs::rename(&path, trash.join(&name)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(self.io(e)),
+            }
+            let verdict = sweep_verdict(&object, &fresh, live, now_core);
+            if verdict == SweepVerdict::Keep {
+                continue;
+            }
+            if verdict == SweepVerdict::SweepAndUnrecord {
+                // Unrecorded first: once the write wins, no claim takes a record naming it.
+                let Some((cell, number, mut entry)) = read else {
+                    continue; // a verdict to unrecord comes only from a record read
+                };
+                entry.record.snapshot = None;
+                if cell
+                    .write(number, &self.entry_bytes(&entry))
+                    .map_err(|e| self.io(e))?
+                    != cell::Written::Won
+                {
+                    continue; // the key changed since: the next sweep decides again
                 }
-                tracing::info!(object = %path.display(), ?verdict, "swept");
-                match object {
-                    SweepObject::Sandbox { .. } => swept.sandboxes += 1,
-                    SweepObject::Snapshot { key, .. } => {
-                        swept.snapshots += 1;
-                        if verdict == SweepVerdict::SweepAndUnrecord {
-                            let key = key.expect("a recorded snapshot's key is known");
-                            let entry = entries.get_mut(&key).expect("a recorded key");
-                            entry.record.snapshot = None;
-                            self.write_entry(entry)?;
-                            swept.unrecorded += 1;
-                        }
+            }
+            if !self.to_trash(&path, &trash)? {
+                continue; // another sweep took it
+            }
+            tracing::info!(object = %path.display(), ?verdict, "swept");
+            match object {
+                SweepObject::Sandbox { .. } => swept.sandboxes += 1,
+                SweepObject::Snapshot { .. } => {
+                    swept.snapshots += 1;
+                    if verdict == SweepVerdict::SweepAndUnrecord {
+                        swept.unrecorded += 1;
                     }
                 }
             }
         }
-        // Outside the lock: a removal takes as long as the workspace is large.
+        // Once every decision is acted on: a removal takes as long as the workspace is large.
+        // Whatever is in the trash goes (another sweep's, or a crashed one's, too).
         for item in fs::read_dir(&trash).map_err(|e| self.io(e))? {
             let path = item.map_err(|e| self.io(e))?.path();
             match fs::remove_dir_all(&path) {
@@ -111,7 +151,74 @@ impl LocalStore {
                 Err(e) => return Err(self.io(e)),
             }
         }
+        self.clear_staged(wall)?;
         Ok(swept)
+    }
+
+    /// Renames `path` into `trash` under a name of its own (two sweeps, even of processes
+    /// with one process id in different namespaces, never rename onto each other's): whether it
+    /// was there to move.
+    fn to_trash(&self, path: &Path, trash: &Path) -> Result<bool, StoreError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = path.file_name().expect("a listed directory");
+        let mut last = None;
+        for _ in 0..100 {
+            let mut unique = name.to_owned();
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            unique.push(format!(".{}-{n}", std::process::id()));
+            match fs::rename(path, trash.join(unique)) {
+                Ok(()) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                // The name is taken: another one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
+                    ) =>
+                {
+                    last = Some(e)
+                }
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        Err(self.io(last.expect("a hundred tries")))
+    }
+
+    /// What the sweep decides on of one entry: its owner's liveness at `now` and its record.
+    fn sweep_key(&self, entry: &super::KeyEntry, now: SystemTime) -> Result<SweepKey, StoreError> {
+        let owner_live = match entry.owner {
+            Some(owner) => self.is_live(owner, now)?,
+            None => false,
+        };
+        Ok(SweepKey {
+            owner_live,
+            record: entry.record.on_unix_clock(),
+        })
+    }
+
+    /// Removes staged files (`tmp/`) older than [`STAGED_LEFT`] at `now`: a writer stages a
+    /// file for the moment of a write, so an older one was left by a process that died
+    /// mid-write. A writer stopped that long finds its file gone, and its write fails.
+    fn clear_staged(&self, now: SystemTime) -> Result<(), StoreError> {
+        let Some(before) = now.checked_sub(STAGED_LEFT) else {
+            return Ok(());
+        };
+        let items = match fs::read_dir(self.dir.join("tmp")) {
+            Ok(items) => items,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.io(e)),
+        };
+        for item in items {
+            let item = item.map_err(|e| self.io(e))?;
+            let old = item
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at < before);
+            if old {
+                let _ = fs::remove_file(item.path());
+            }
+        }
+        Ok(())
     }
 
     /// The root the store is under (`<root>/.fleet`).
@@ -197,4 +304,97 @@ fn read_expiry(dir: &Path) -> Option<Instant> {
 fn core_instant(t: SystemTime) -> Instant {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandkeeper::{SandboxId, SessionId, Snapshot};
+
+    use super::*;
+    use crate::store::{Claim, StoredRecord, StoredSnapshot};
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    /// A snapshot of key `session:s`, made by a sandbox of incarnation 99 (never live): made
+    /// whole beside the root, then renamed into place, as the backend's Persist renames a
+    /// sandbox's directory (a sweep never sees it without its `sandbox.json`).
+    fn make_snapshot(root: &Path, name: &str) {
+        let staging = root.join(format!("staging-{name}"));
+        fs::create_dir_all(staging.join(".sandkeeper")).unwrap();
+        fs::write(
+            staging.join(".sandkeeper").join("sandbox.json"),
+            r#"{"sandbox": 425201762304, "key": "session:s"}"#,
+        )
+        .unwrap();
+        fs::create_dir_all(root.join(".snapshots")).unwrap();
+        fs::rename(&staging, root.join(".snapshots").join(name)).unwrap();
+    }
+
+    /// Sweeps race claims and releases of a key whose record names a snapshot whose retention
+    /// ended: the sweep removes it and drops it from the record, the claims take the record.
+    /// A claim handed a record naming the snapshot must find it there (and it stays while the
+    /// key is owned): the sweep unrecords by a compare-and-set *before* it renames, so a claim
+    /// that took the record first makes the sweep leave the snapshot.
+    #[test]
+    fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot() {
+        let root = std::env::temp_dir().join(format!("sk-sweep-race-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let store = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
+        let key = sandkeeper::Key::Session(SessionId::new("s").unwrap());
+        let by = SandboxId(99 << 32);
+        store.renew(1, 1, at(0)).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (claims_naming, swept) = std::thread::scope(|s| {
+            let sweeper = s.spawn(|| {
+                let mut swept = Swept::default();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    swept += store.sweep(at(1)).unwrap();
+                }
+                swept
+            });
+            // Stops the sweeper however this thread ends (a failed assertion must not leave
+            // the scope waiting for it).
+            struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let _stop = Stop(&stop);
+            let mut claims_naming = 0;
+            for n in 0..200 {
+                let Claim::Claimed(token, taken) = store.claim(&key, 1, 1, at(1)).unwrap() else {
+                    panic!("the key is free")
+                };
+                if let Some(named) = taken.snapshot {
+                    claims_naming += 1;
+                    let named = root.join(".snapshots").join(named.snapshot.as_str());
+                    assert!(named.is_dir(), "handed {named:?}, which a sweep removed");
+                }
+                // A snapshot made while the key is owned (its owner's lease keeps it), then
+                // released with the key, its retention long over.
+                let name = format!("sbx-{}-{n}", by.0);
+                make_snapshot(&root, &name);
+                let record = StoredRecord {
+                    snapshot: Some(StoredSnapshot {
+                        snapshot: Snapshot::new(name),
+                        by,
+                        retain_until_ms: Some(0),
+                    }),
+                    warm: None,
+                };
+                assert!(store.release(&key, 1, token, record, at(1)).unwrap());
+            }
+            drop(_stop);
+            (claims_naming, sweeper.join().unwrap())
+        });
+        // Both sides won sometimes (else the race was not run).
+        assert!(swept.unrecorded > 0, "{swept:?}");
+        assert!(claims_naming > 0);
+        fs::remove_dir_all(&root).unwrap();
+    }
 }
