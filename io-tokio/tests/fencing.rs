@@ -228,3 +228,63 @@ async fn a_start_from_a_snapshot_a_crashed_start_took_continues_its_workspace() 
         .exists());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The application's own work in a sandbox is fenced like the keeper's commands: once another
+/// process (another backend on the same root) adopted the sandbox under a newer token, this
+/// process's write, removal and command are refused (`OpError::Fenced`), even though its
+/// backend still runs the sandbox (it never learnt of the takeover), and the workspace keeps
+/// what the new owner wrote. Reads stay allowed (they change nothing). Without the check the
+/// stale write replaced the new owner's file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_process_s_operations_change_nothing_after_a_takeover() {
+    use sandkeeper_tokio::ops::ExecRequest;
+    use sandkeeper_tokio::{ExecOptions, OpError, SandboxOps, WorkPath};
+    let root = root("stale-ops");
+    let stale = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let next = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let key = Key::Session(SessionId::new("s").unwrap());
+    let x = SandboxId(1 << 32);
+    stale.start(start(x, &key, 3)).await.unwrap();
+    let path = || WorkPath::new("turns.txt").unwrap();
+    stale.write(x, path(), b"turn 1\n".to_vec()).await.unwrap();
+    next.adopt(AdoptRequest {
+        sandbox: x,
+        key: key.clone(),
+        token: Token(4),
+    })
+    .await
+    .unwrap();
+    next.write(x, path(), b"turn 1\nturn 2\n".to_vec())
+        .await
+        .unwrap();
+
+    let refused = stale.write(x, path(), b"stale\n".to_vec()).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let refused = stale.remove(x, path()).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let touch = ExecRequest::new(
+        vec!["touch".into(), "stale-was-here".into()],
+        ExecOptions::default(),
+    )
+    .unwrap();
+    let refused = stale.exec(x, touch).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        stale.read(x, path(), 1 << 10).await.unwrap(),
+        b"turn 1\nturn 2\n"
+    );
+    assert!(!next
+        .exists(x, WorkPath::new("stale-was-here").unwrap())
+        .await
+        .unwrap());
+    std::fs::remove_dir_all(&root).unwrap();
+}

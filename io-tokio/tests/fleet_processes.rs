@@ -156,3 +156,66 @@ fn a_write_acknowledged_before_a_crash_is_kept() {
     assert_eq!(three["turn"], 3, "{three}");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
+fn is_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('T'))
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A process paused past its lease with its call ready (SIGSTOP right before its write) and
+/// continued after two other processes took its session over and acknowledged a newer turn
+/// must not change the workspace: its write is refused (by its core's lapse, or at the backend,
+/// `OpError::Fenced`, checked under the key's token lock), it exits on that error, and the next
+/// turn finds every acknowledged turn. Without the backend's check, the stale write replaced
+/// turn 3's file whenever it ran before the lapse: turn 4 found `turn 1\nturn 2\n`.
+#[test]
+fn a_paused_process_cannot_write_over_its_successors_turns() {
+    let root = root("paused-write");
+    finished(turn(&root, "s1", 1, false));
+    let paused = turn_with(&root, "s1", 2, &["--stop-before-write"]);
+    let pid = paused.id();
+    // Bounded poll (3,000 looks 10 ms apart, 30 s): the turn resumes turn 1's snapshot first,
+    // well under a second here; a real process gives nothing else to wait on.
+    let mut looks = 0;
+    while !is_stopped(pid) {
+        looks += 1;
+        assert!(looks < 3_000, "the turn never stopped itself");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Turn 2 again, by a process that waits out the paused one's lease and adopts its sandbox;
+    // it stays up (warm), then is killed; turn 3 does the same after it.
+    let mut two = turn(&root, "s1", 2, true);
+    done(&mut two);
+    two.kill().unwrap();
+    two.wait().unwrap();
+    let mut three = turn(&root, "s1", 3, true);
+    let three_report = done(&mut three);
+    assert_eq!(three_report["adopted"], true, "{three_report}");
+    // The paused process goes on with its write: refused, by its own core (which lets the
+    // lapsed lease fence the key first, when its timer runs before the write's check) or by
+    // the backend's token check (when the write's check runs first: the race the check is for;
+    // `fencing.rs` pins it without the race).
+    signal(pid, "-CONT");
+    let (status, err) = failed(paused);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("belongs to another process") || err.contains("the keeper knows it dead"),
+        "{err}"
+    );
+    three.kill().unwrap();
+    three.wait().unwrap();
+    let four = finished(turn(&root, "s1", 4, false));
+    assert_eq!(four["turn"], 4, "{four}");
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -16,7 +16,8 @@
 //! renewal: as a SIGKILL there would), so that tests can place a crash exactly: `claimed` after
 //! the claim and the sandbox's start, before the key's first record write (in the after-start
 //! or after-resume hook); `written` after the turn's write returned `Ok`, before the call is
-//! released.
+//! released. `--stop-before-write` stops the process (SIGSTOP) with its call ready, right before
+//! the turn's write: a test continues it once another process took the session over.
 //!
 //! `io-tokio/tests/fleet_processes.rs` runs it as separate processes and kills one with SIGKILL.
 #![forbid(unsafe_code)]
@@ -60,6 +61,26 @@ struct Args {
     /// Die (SIGABRT: no close, no release) at this instant of the turn.
     #[arg(long, value_enum)]
     die_at: Option<DieAt>,
+    /// Stop (SIGSTOP to itself) right before the turn's write, the call ready: a pause a test
+    /// ends with SIGCONT, after another process took the session over.
+    #[arg(long)]
+    stop_before_write: bool,
+}
+
+/// Sends SIGSTOP to this process (with `kill`, as `forbid(unsafe_code)` leaves no syscall);
+/// returns once it was continued.
+fn stop_self() {
+    let pid = std::process::id().to_string();
+    match std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("fleet-turn: could not stop itself: {other:?}");
+            std::process::exit(2);
+        }
+    }
 }
 
 /// Where `--die-at` ends the process.
@@ -119,11 +140,17 @@ async fn run(args: Args) -> Result<(), String> {
         eprintln!("fleet-turn: dies after the write");
         std::process::abort()
     };
-    let after_write: Option<&(dyn Fn() + Sync)> = match args.die_at {
-        Some(DieAt::Written) => Some(&die),
-        _ => None,
+    let stop = || {
+        eprintln!("fleet-turn: stops before the write");
+        stop_self();
     };
-    let turn = workload::run_turn_then(&keeper, &session, args.turn, after_write).await;
+    let points = workload::TurnPoints {
+        before_write: args
+            .stop_before_write
+            .then_some(&stop as &(dyn Fn() + Sync)),
+        after_write: (args.die_at == Some(DieAt::Written)).then_some(&die as &(dyn Fn() + Sync)),
+    };
+    let turn = workload::run_turn_then(&keeper, &session, args.turn, points).await;
     let report = match turn {
         Ok(report) => report,
         Err(e) => {

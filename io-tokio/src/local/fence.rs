@@ -53,6 +53,60 @@ impl Ledger {
         let Some(Token(token)) = token else {
             return Ok(None);
         };
+        let Some(held) = self.hold(sandbox, key, token)? else {
+            return Ok(None);
+        };
+        let io = |what: &str, e: io::Error| BackendError::transient(format!("tokens: {what}: {e}"));
+        let Held {
+            lock,
+            key,
+            key_file,
+            key_newest,
+            sandbox_file,
+        } = held;
+        write_whole(&key_file, format!("{}\n", token.max(key_newest)).as_bytes())
+            .map_err(|e| io("write", e))?;
+        write_whole(&sandbox_file, format!("{key}\n{token}\n").as_bytes())
+            .map_err(|e| io("write", e))?;
+        if self.log {
+            // One write of one line with O_APPEND: whole, and in the order the key's lock
+            // admitted the changes of the key's sandboxes.
+            let line = format!("{} {key} {token}\n", sandbox.0);
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(ACCEPTED_LOG))
+                .and_then(|mut f| io::Write::write_all(&mut f, line.as_bytes()))
+                .map_err(|e| io("log", e))?;
+        }
+        Ok(Some(lock))
+    }
+
+    /// Checks `token` for the application's own work in `sandbox` (a write, a removal, a
+    /// command's start), without recording anything: refused (`Fenced`) when the sandbox or
+    /// its key has seen a newer token, that is, when another process took the key over. The
+    /// key's lock is returned, held while the work makes its change, so that no takeover comes
+    /// between the check and the change: a change either lands before the next owner's first
+    /// command (which then sees it) or is refused.
+    pub(crate) fn check(
+        &self,
+        sandbox: SandboxId,
+        token: Option<Token>,
+    ) -> Result<Admitted, BackendError> {
+        let Some(Token(token)) = token else {
+            return Ok(None);
+        };
+        Ok(self.hold(sandbox, None, token)?.map(|held| held.lock))
+    }
+
+    /// Takes the key's lock and checks `token` against the newest the sandbox and its key have
+    /// seen. `None`: nothing to check it by (a sandbox started without a token).
+    fn hold(
+        &self,
+        sandbox: SandboxId,
+        key: Option<&Key>,
+        token: u64,
+    ) -> Result<Option<Held>, BackendError> {
         let io = |what: &str, e: io::Error| BackendError::transient(format!("tokens: {what}: {e}"));
         let sandbox_file = self.dir.join("sandboxes").join(sandbox.0.to_string());
         let recorded = match fs::read_to_string(&sandbox_file) {
@@ -99,23 +153,23 @@ impl Ledger {
                 format!("{sandbox} of {key}: token {token} is older than {newest}"),
             ));
         }
-        write_whole(&key_file, format!("{}\n", token.max(key_newest)).as_bytes())
-            .map_err(|e| io("write", e))?;
-        write_whole(&sandbox_file, format!("{key}\n{token}\n").as_bytes())
-            .map_err(|e| io("write", e))?;
-        if self.log {
-            // One write of one line with O_APPEND: whole, and in the order the key's lock
-            // admitted the changes of the key's sandboxes.
-            let line = format!("{} {key} {token}\n", sandbox.0);
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.join(ACCEPTED_LOG))
-                .and_then(|mut f| io::Write::write_all(&mut f, line.as_bytes()))
-                .map_err(|e| io("log", e))?;
-        }
-        Ok(Some(lock))
+        Ok(Some(Held {
+            lock,
+            key,
+            key_file,
+            key_newest,
+            sandbox_file,
+        }))
     }
+}
+
+/// A key's lock, taken, with what was read under it.
+struct Held {
+    lock: File,
+    key: String,
+    key_file: PathBuf,
+    key_newest: u64,
+    sandbox_file: PathBuf,
 }
 
 /// The token log's file name, under `<root>/.tokens/`.

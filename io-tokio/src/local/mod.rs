@@ -117,16 +117,22 @@ struct LocalSandbox {
     stopped: watch::Sender<bool>,
     /// Reported dead already.
     reported: std::sync::atomic::AtomicBool,
+    /// Fleet mode: the token this process started or adopted it under. The application's
+    /// own work in it (writes, removals, commands) is checked against the newest token of the
+    /// sandbox and its key at the backend, so a process whose key was taken over changes
+    /// nothing the next owner sees (`ops.rs`).
+    token: Option<Token>,
 }
 
 impl LocalSandbox {
-    /// A sandbox up in `dir`: open to writes, its processes running.
-    fn running(dir: PathBuf) -> Self {
+    /// A sandbox up in `dir` under `token`: open to writes, its processes running.
+    fn running(dir: PathBuf, token: Option<Token>) -> Self {
         LocalSandbox {
             dir,
             gate: RwLock::new(false),
             stopped: watch::channel(false).0,
             reported: false.into(),
+            token,
         }
     }
 }
@@ -473,8 +479,10 @@ impl Backend for LocalBackend {
         .await;
         self.fences().remove(&sandbox);
         work?;
-        self.table()
-            .insert(request.sandbox, Arc::new(LocalSandbox::running(dir)));
+        self.table().insert(
+            request.sandbox,
+            Arc::new(LocalSandbox::running(dir, request.token)),
+        );
         Ok(())
     }
 
@@ -510,7 +518,7 @@ impl Backend for LocalBackend {
         .await?;
         self.table()
             .entry(sandbox)
-            .or_insert_with(|| Arc::new(LocalSandbox::running(dir)));
+            .or_insert_with(|| Arc::new(LocalSandbox::running(dir, Some(token))));
         Ok(())
     }
 

@@ -24,6 +24,7 @@ use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
 use super::{LocalBackend, LocalSandbox};
+use crate::backend::{BackendError, FailureClass};
 use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
 
 /// Names temporary files of concurrent writes apart.
@@ -55,6 +56,27 @@ fn path_error(s: &LocalSandbox, sandbox: SandboxId, path: &WorkPath, e: io::Erro
     }
 }
 
+/// Whether an operation changes the workspace (and is fenced in fleet mode) or only reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Reads,
+    Changes,
+}
+
+/// A refused token check as the operation's error.
+fn fenced(sandbox: SandboxId, e: BackendError) -> OpError {
+    match e.class {
+        FailureClass::Fenced => OpError::Fenced {
+            sandbox,
+            why: e.message,
+        },
+        _ => OpError::Backend {
+            what: "token check",
+            error: e.message,
+        },
+    }
+}
+
 impl LocalBackend {
     /// The sandbox, if the backend runs it and it is not stopped.
     fn for_work(&self, sandbox: SandboxId) -> Result<Arc<LocalSandbox>, OpError> {
@@ -71,22 +93,34 @@ impl LocalBackend {
     }
 
     /// Runs `f` on a blocking thread with the sandbox's directory as a capability, holding its
-    /// gate for reading (so Stop waits for it, and nothing runs once it sealed).
+    /// gate for reading (so Stop waits for it, and nothing runs once it sealed). `Changes`:
+    /// in fleet mode, `f` runs only while this process's token is still the newest the
+    /// sandbox and its key have seen, under the key's token lock (`fence.rs`), so a process
+    /// whose key another took over changes nothing, even through a handle it opened before.
     async fn with_dir<T: Send + 'static>(
         &self,
         sandbox: SandboxId,
         path: WorkPath,
+        access: Access,
         f: impl FnOnce(&Dir, &WorkPath) -> io::Result<T> + Send + 'static,
     ) -> Result<T, OpError> {
         let s = self.for_work(sandbox)?;
+        let ledger = self.ledger.clone();
         tokio::task::spawn_blocking(move || {
             let sealed = s.gate.read().unwrap_or_else(|p| p.into_inner());
             if *sealed {
                 return Err(OpError::Stopped { sandbox });
             }
+            let fence = match access {
+                Access::Reads => None,
+                Access::Changes => ledger
+                    .check(sandbox, s.token)
+                    .map_err(|e| fenced(sandbox, e))?,
+            };
             let dir = Dir::open_ambient_dir(&s.dir, ambient_authority())
                 .map_err(|e| path_error(&s, sandbox, &path, e))?;
             let r = f(&dir, &path).map_err(|e| path_error(&s, sandbox, &path, e));
+            drop(fence);
             drop(sealed);
             r
         })
@@ -175,7 +209,8 @@ impl LocalBackend {
         let s = self.for_work(sandbox)?;
         let cwd = request.options.cwd.clone();
         // The working directory is checked through the capability (no way out), then named.
-        self.with_dir(sandbox, cwd.clone(), |dir, cwd| {
+        // Checked as a change: a command of a process whose key was taken over does not start.
+        self.with_dir(sandbox, cwd.clone(), Access::Changes, |dir, cwd| {
             if !cwd.is_root() {
                 dir.open_dir(cwd.as_str())?;
             }
@@ -224,7 +259,7 @@ impl SandboxOps for LocalBackend {
         bytes: Vec<u8>,
     ) -> Result<(), OpError> {
         path.writable()?;
-        self.with_dir(sandbox, path, move |dir, path| {
+        self.with_dir(sandbox, path, Access::Changes, move |dir, path| {
             write_atomically(dir, path, &bytes)
         })
         .await
@@ -237,7 +272,7 @@ impl SandboxOps for LocalBackend {
         cap: usize,
     ) -> Result<Vec<u8>, OpError> {
         let read = self
-            .with_dir(sandbox, path.clone(), move |dir, path| {
+            .with_dir(sandbox, path.clone(), Access::Reads, move |dir, path| {
                 let file = dir.open(path.as_str())?;
                 let mut out = Vec::new();
                 file.take(cap as u64 + 1).read_to_end(&mut out)?;
@@ -254,7 +289,7 @@ impl SandboxOps for LocalBackend {
     }
 
     async fn list(&self, sandbox: SandboxId, path: WorkPath) -> Result<Vec<Entry>, OpError> {
-        self.with_dir(sandbox, path, |dir, path| {
+        self.with_dir(sandbox, path, Access::Reads, |dir, path| {
             let entries = if path.is_root() {
                 dir.entries()?
             } else {
@@ -278,7 +313,7 @@ impl SandboxOps for LocalBackend {
 
     async fn remove(&self, sandbox: SandboxId, path: WorkPath) -> Result<(), OpError> {
         path.writable()?;
-        self.with_dir(sandbox, path, |dir, path| {
+        self.with_dir(sandbox, path, Access::Changes, |dir, path| {
             if dir.symlink_metadata(path.as_str())?.is_dir() {
                 dir.remove_dir_all(path.as_str())
             } else {
@@ -289,7 +324,7 @@ impl SandboxOps for LocalBackend {
     }
 
     async fn exists(&self, sandbox: SandboxId, path: WorkPath) -> Result<bool, OpError> {
-        self.with_dir(sandbox, path, |dir, path| {
+        self.with_dir(sandbox, path, Access::Reads, |dir, path| {
             if path.is_root() {
                 return Ok(true);
             }

@@ -137,6 +137,16 @@ pub enum OpError {
         /// The sandbox.
         sandbox: SandboxId,
     },
+    /// Fleet mode: another process took the sandbox's key over (the sandbox or its key has seen
+    /// a newer fencing token than this process holds). Nothing was changed; the keeper learnt
+    /// of it (the key is fenced here).
+    #[error("sandbox {sandbox} belongs to another process now: {why}")]
+    Fenced {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// What the backend said.
+        why: String,
+    },
     /// The command ran longer than its timeout; it was killed with everything it started.
     #[error("killed after {after:?}")]
     Timeout {
@@ -210,6 +220,7 @@ impl OpError {
             OpError::NoActiveSandbox { .. } => "no-active-sandbox",
             OpError::SandboxGone { .. } => "sandbox-gone",
             OpError::Stopped { .. } => "stopped",
+            OpError::Fenced { .. } => "fenced",
             OpError::Timeout { .. } => "timeout",
             OpError::InvalidPath { .. } => "invalid-path",
             OpError::Escapes { .. } => "escapes",

@@ -189,16 +189,29 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         self.shared.executor().backend()
     }
 
-    /// Reports a sandbox an operation found gone to the keeper, as a death.
+    /// Reports to the keeper what an operation learnt: a sandbox found gone (a death), a token
+    /// refused (the key is fenced).
     fn seen<T>(&self, r: Result<T, OpError>) -> Result<T, OpError> {
-        if let Err(OpError::SandboxGone { why, .. }) = &r {
-            tracing::info!(sandbox = %self.sandbox, %why, "an operation found its sandbox gone");
-            Shared::answer(
-                &self.shared,
-                sandkeeper::Input::Died {
-                    sandbox: self.sandbox,
-                },
-            );
+        match &r {
+            Err(OpError::SandboxGone { why, .. }) => {
+                tracing::info!(sandbox = %self.sandbox, %why, "an operation found its sandbox gone");
+                Shared::answer(
+                    &self.shared,
+                    sandkeeper::Input::Died {
+                        sandbox: self.sandbox,
+                    },
+                );
+            }
+            Err(OpError::Fenced { why, .. }) => {
+                tracing::warn!(sandbox = %self.sandbox, %why, "an operation was fenced");
+                Shared::answer(
+                    &self.shared,
+                    sandkeeper::Input::Fenced {
+                        sandbox: self.sandbox,
+                    },
+                );
+            }
+            _ => {}
         }
         r
     }

@@ -62,16 +62,25 @@ pub async fn run_turn<B: SandboxOps>(
     session: &SessionId,
     turn: u32,
 ) -> Result<TurnReport, String> {
-    run_turn_then(keeper, session, turn, None).await
+    run_turn_then(keeper, session, turn, TurnPoints::default()).await
 }
 
-/// [`run_turn`], calling `after_write` (when given) once the turn's write returned `Ok` and
-/// before the call is released: a test's way to place a crash between a change and its record.
+/// Where [`run_turn_then`] calls a test's code: to place a crash or a pause at an exact
+/// instant of a turn.
+#[derive(Clone, Copy, Default)]
+pub struct TurnPoints<'a> {
+    /// Once the call is ready and the workspace checked, right before the turn's write.
+    pub before_write: Option<&'a (dyn Fn() + Sync)>,
+    /// Once the turn's write returned `Ok`, before the call is released.
+    pub after_write: Option<&'a (dyn Fn() + Sync)>,
+}
+
+/// [`run_turn`], calling `points` at their instants.
 pub async fn run_turn_then<B: SandboxOps>(
     keeper: &Keeper<B>,
     session: &SessionId,
     turn: u32,
-    after_write: Option<&(dyn Fn() + Sync)>,
+    points: TurnPoints<'_>,
 ) -> Result<TurnReport, String> {
     if turn == 0 {
         return Err("turns count from 1".into());
@@ -97,10 +106,13 @@ pub async fn run_turn_then<B: SandboxOps>(
         ));
     }
     let now = format!("{expected}turn {turn}\n");
+    if let Some(before_write) = points.before_write {
+        before_write();
+    }
     work.write("turns.txt", now.clone().into_bytes())
         .await
         .map_err(|e| format!("write turns.txt: {e}"))?;
-    if let Some(after_write) = after_write {
+    if let Some(after_write) = points.after_write {
         after_write();
     }
     keeper
