@@ -14,11 +14,11 @@
 //! | `no-command-after-shutdown` | no operation names a sandbox after its Shutdown |
 //! | `no-upload-after-stop` | no Upload after the sandbox's Stop, or after the core was told it died |
 //! | `stop-managed-only` | a Stop or Persist names a sandbox that was started (not an external one) |
-//! | `stop-once` | a sandbox is stopped at most once |
-//! | `persist-after-stop` | a Persist comes after its sandbox's Stop, at most once |
+//! | `stop-once` | a sandbox is stopped once, or again right after (the core orders a Stop again when one failed, up to [`WAY_DOWN_ATTEMPTS`] in a row; a lane does not see answers) |
+//! | `persist-after-stop` | a Persist comes after its sandbox's Stop, once or again right after (as a Stop) |
 //! | `no-shutdown-of-external` | a Shutdown names a sandbox that was started, never an external one |
 //! | (fleet) | an Adopt starts the lane like a Start; a Relinquish ends it like a Shutdown, after which nothing may name the sandbox |
-//! | `liveness-shutdown-every-started` | at the end, every started sandbox was ordered to shut down (or, under `Suspend`, persisted: that is its last command) |
+//! | `liveness-shutdown-every-started` | at the end, every started sandbox was ordered to shut down (or, under `Suspend`, persisted: that is its last command; or the core left it to the backend as it was after its way down failed, [`Lane::leave_as_is`]) |
 //!
 //! An Upload into a sandbox never started is an upload into an external sandbox: its lane
 //! becomes external (a Start, Stop, Persist or Shutdown of it then breaks the order). The core
@@ -34,7 +34,7 @@
 //! which core-side users call when they hand the core the death.
 
 use rustc_hash::FxHashMap;
-use sandkeeper::{Command, SandboxId};
+use sandkeeper::{Command, SandboxId, WAY_DOWN_ATTEMPTS};
 
 use crate::violation::Violation;
 
@@ -91,6 +91,10 @@ pub struct Lane {
     shut_down: bool,
     dead: bool,
     relinquished: bool,
+    left: bool,
+    /// The last operation taken, and how many times in a row (a Stop or a Persist ordered
+    /// again after it failed).
+    last: Option<(Op, u8)>,
 }
 
 impl Lane {
@@ -98,6 +102,10 @@ impl Lane {
     /// rule it breaks; the lane moves on either way.
     pub fn take(&mut self, x: SandboxId, op: Op) -> Result<(), Violation> {
         let broken = self.judge(op);
+        self.last = match self.last {
+            Some((last, n)) if last == op => Some((op, n.saturating_add(1))),
+            _ => Some((op, 1)),
+        };
         match op {
             Op::Start => self.started = true,
             Op::Upload => self.bind_external(),
@@ -120,6 +128,9 @@ impl Lane {
         if self.relinquished {
             return Some(("no-command-after-shutdown", "after it was relinquished"));
         }
+        if self.left {
+            return Some(("no-command-after-shutdown", "after it was left as it was"));
+        }
         match op {
             Op::Start if self.started => Some(("start-once", "a second Start")),
             Op::Start if self.external => Some(("start-once", "a Start of an external sandbox")),
@@ -130,10 +141,14 @@ impl Lane {
             Op::Stop | Op::Persist if !self.started => {
                 Some(("stop-managed-only", "a sandbox never started"))
             }
-            Op::Stop if self.stopped => Some(("stop-once", "a second Stop")),
+            Op::Stop if self.stopped && !self.again(Op::Stop) => {
+                Some(("stop-once", "a second Stop"))
+            }
             Op::Stop => None,
             Op::Persist if !self.stopped => Some(("persist-after-stop", "before its Stop")),
-            Op::Persist if self.persisted => Some(("persist-after-stop", "a second Persist")),
+            Op::Persist if self.persisted && !self.again(Op::Persist) => {
+                Some(("persist-after-stop", "a second Persist"))
+            }
             Op::Persist => None,
             Op::Shutdown if !self.started => Some((
                 "no-shutdown-of-external",
@@ -150,6 +165,18 @@ impl Lane {
             )),
             Op::Relinquish => None,
         }
+    }
+
+    /// Whether `op` may come again now: it is the operation taken last, fewer than
+    /// [`WAY_DOWN_ATTEMPTS`] times in a row (the core's retry after a failure).
+    fn again(&self, op: Op) -> bool {
+        matches!(self.last, Some((last, n)) if last == op && n < WAY_DOWN_ATTEMPTS)
+    }
+
+    /// The core left the sandbox to the backend as it was after every Stop or Persist of its
+    /// way down failed (`Event::WayDownFailed`): its lane ends without a Shutdown.
+    pub fn leave_as_is(&mut self) {
+        self.left = true;
     }
 
     /// The sandbox was bound to a call without a Start: the application's own, which may
@@ -186,6 +213,11 @@ impl Lane {
         self.persisted
     }
 
+    /// The core left it to the backend as it was ([`leave_as_is`](Self::leave_as_is)).
+    pub fn is_left(&self) -> bool {
+        self.left
+    }
+
     /// A Shutdown was taken.
     pub fn is_shut_down(&self) -> bool {
         self.shut_down
@@ -206,7 +238,7 @@ impl Lane {
     /// command being Persist) persisted. A started lane that has not ended breaks
     /// `liveness-shutdown-every-started` once nothing more will come.
     pub fn has_ended(&self, suspend: bool) -> bool {
-        self.shut_down || self.relinquished || (suspend && self.persisted)
+        self.shut_down || self.relinquished || self.left || (suspend && self.persisted)
     }
 }
 
@@ -245,6 +277,13 @@ impl Lanes {
     pub fn die(&mut self, x: SandboxId) {
         if let Some(lane) = self.lanes.get_mut(&x) {
             lane.die();
+        }
+    }
+
+    /// The core left `x` to the backend as it was. See [`Lane::leave_as_is`].
+    pub fn leave_as_is(&mut self, x: SandboxId) {
+        if let Some(lane) = self.lanes.get_mut(&x) {
+            lane.leave_as_is();
         }
     }
 

@@ -69,6 +69,21 @@ pub enum Event {
         /// The sandbox.
         sandbox: SandboxId,
     },
+    /// Every Stop or Persist the sandbox's way down ordered failed
+    /// ([`WAY_DOWN_ATTEMPTS`](crate::WAY_DOWN_ATTEMPTS)), and its workspace held its key's
+    /// history: it was not shut down (nothing deleted), and the core forgot it. `kept`: the
+    /// snapshot its Stop took, which the key keeps and its next Start resumes (salvaged);
+    /// `None`: no snapshot could be taken, the workspace stays in the backend as it is (a
+    /// directory, a claim) and the key's next call starts afresh: the application decides what
+    /// to do with it.
+    WayDownFailed {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// Its key.
+        key: Key,
+        /// The snapshot the key keeps of it.
+        kept: Option<Snapshot>,
+    },
     /// A hook failed or outlasted its timeout. After a before-suspend or before-stop hook the
     /// way down goes on (a suspend turns into a shutdown under
     /// [`SuspendHookFailure::Shutdown`](crate::SuspendHookFailure::Shutdown)); after an

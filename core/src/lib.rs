@@ -313,3 +313,4 @@ pub use sandbox::{Ownership, SandboxState};
 pub use stats::Stats;
 pub use sweep::{sweep_verdict, SweepKey, SweepObject, SweepVerdict};
 pub use time::Instant;
+pub use way_down::WAY_DOWN_ATTEMPTS;

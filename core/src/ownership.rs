@@ -711,6 +711,17 @@ impl Lifecycle {
             }
             self.relinquish(x, DropReason::Fenced);
         }
+        if self
+            .keys
+            .get(k)
+            .is_some_and(|slot| !slot.waiters.is_empty())
+            && !self.is_closing()
+        {
+            // Its queued calls claim it again: at once when the lease is still valid (a
+            // refusal; the store records the want, and the new owner hands the key back once
+            // its own calls end), else once it is (a lapse: `claim_waiting_keys`).
+            self.claim(k);
+        }
         self.admit(k);
         self.key_settles(k);
     }
@@ -942,7 +953,11 @@ impl Lifecycle {
             }
             Own::Busy => {
                 self.keys[k].own = Own::Unclaimed;
-                if !self.keys[k].waiters.is_empty() {
+                if self
+                    .keys
+                    .get(k)
+                    .is_some_and(|slot| !slot.waiters.is_empty())
+                {
                     self.claim(k);
                 }
                 self.key_settles(k);

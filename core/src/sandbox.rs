@@ -115,6 +115,9 @@ pub(crate) struct Sandbox {
     pub(crate) token: Option<Token>,
     /// Fleet mode: it was adopted from the key's last owner (its Start is an Adopt).
     pub(crate) adopted: bool,
+    /// How many of its Stops, then (counted afresh once a Stop succeeded) of its Persists,
+    /// failed: each is ordered up to `WAY_DOWN_ATTEMPTS` times (`way_down.rs`).
+    pub(crate) way_down_failures: u8,
 }
 
 impl Sandbox {
@@ -138,6 +141,7 @@ impl Sandbox {
             hook: None,
             token: None,
             adopted: false,
+            way_down_failures: 0,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct Stats {
     pub shutdowns_ok: u64,
     pub shutdowns_unconfirmed: u64,
     pub suspended: u64,
+    /// Sandboxes whose every Stop or Persist failed, left to the backend as they were (their
+    /// key's history; `Event::WayDownFailed`).
+    #[serde(default)]
+    pub left_as_is: u64,
     /// Starts that resume a key's snapshot (`resume_from`).
     #[serde(default)]
     pub resumes_ordered: u64,

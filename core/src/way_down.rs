@@ -19,6 +19,13 @@ use crate::time::Instant;
 use crate::timer::{Timer, Timers};
 use std::time::Duration;
 
+/// How many times a sandbox's Stop, and then its Persist, is ordered (each) before the way
+/// down is taken as failed: a backend's transient failure (an API error, a full disk freed meanwhile)
+/// gets two more tries, a lasting one ends the way down without deleting anything the key
+/// needs (see [`Lifecycle::handle_stop_failed`]). A limit, so a broken backend cannot keep a
+/// sandbox (and close) waiting forever.
+pub const WAY_DOWN_ATTEMPTS: u8 = 3;
+
 impl Lifecycle {
     // ------------------------------------------------------------------------------------------
     // Backend inputs
@@ -43,6 +50,8 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
+        // The Persist gets its own attempts.
+        x.way_down_failures = 0;
         if x.snapshot.is_some() || x.suspend {
             self.way().persist(sandbox);
         } else {
@@ -53,7 +62,11 @@ impl Lifecycle {
     }
 
     /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
-    /// says); nothing is persisted; Shutdown follows.
+    /// says). The Stop is ordered again, up to [`WAY_DOWN_ATTEMPTS`] in all; when every one
+    /// failed, a sandbox that holds its key's history ([`holds_history`](Self::holds_history))
+    /// is left to the backend as it is (never shut down: that would delete the only copy) and
+    /// the application is told ([`Event::WayDownFailed`], nothing kept); any other sandbox is
+    /// shut down, as its policy would have done.
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
@@ -65,8 +78,17 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.out.stats.stops_failed += 1;
         self.way().cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
-        self.shutdown(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.way_down_failures += 1;
+        if x.way_down_failures < WAY_DOWN_ATTEMPTS {
+            tracing::warn!(sandbox = %self.sid(sandbox), "stop failed: ordered again");
+            self.order_stop(sandbox);
+        } else if self.holds_history(sandbox) {
+            self.left_as_it_is(sandbox, None);
+        } else {
+            self.shutdown(sandbox);
+        }
         self.finish_input();
         Ok(())
     }
@@ -98,8 +120,11 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// The sandbox's Persist failed: the key keeps its previous snapshot; Shutdown follows (a
-    /// sandbox that could not be persisted is not kept suspended).
+    /// The sandbox's Persist failed. It is ordered again, up to [`WAY_DOWN_ATTEMPTS`] in all;
+    /// when every one failed, the snapshot its Stop took is salvaged: the key keeps it as if
+    /// the Persist had succeeded (its next Start resumes it), the sandbox is left to the backend
+    /// (no Shutdown, which would delete a snapshot no Persist kept) and the application is told
+    /// ([`Event::WayDownFailed`] naming it). Without a snapshot, as a failed Stop.
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_persist_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
@@ -111,8 +136,21 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.out.stats.persists_failed += 1;
         self.way().cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
-        self.shutdown(sandbox);
+        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+        x.awaiting = Awaiting::Nothing;
+        x.way_down_failures += 1;
+        let (key, id, snapshot) = (x.key, x.id, x.snapshot.clone());
+        if x.way_down_failures < WAY_DOWN_ATTEMPTS {
+            tracing::warn!(sandbox = %self.sid(sandbox), "persist failed: ordered again");
+            self.way().persist(sandbox);
+        } else if let Some(snapshot) = snapshot {
+            self.keep_snapshot(key, sandbox, snapshot.clone(), id);
+            self.left_as_it_is(sandbox, Some(snapshot));
+        } else if self.holds_history(sandbox) {
+            self.left_as_it_is(sandbox, None);
+        } else {
+            self.shutdown(sandbox);
+        }
         self.finish_input();
         Ok(())
     }
@@ -347,6 +385,34 @@ impl Lifecycle {
             token: self.sandboxes[sandbox].token,
         });
         self.key_lets_go(key, sandbox);
+    }
+
+    /// Whether the sandbox's workspace is its key's history, not just its own calls' work: it
+    /// resumed the key's snapshot or was adopted from the key's last owner, or its way down
+    /// is to keep it (a suspension). Its way down never ends in a Shutdown after a failure.
+    pub(crate) fn holds_history(&self, sandbox: SandboxIx) -> bool {
+        let x = &self.sandboxes[sandbox];
+        x.resumed || x.adopted || x.suspend
+    }
+
+    /// Every Stop or Persist of the sandbox failed: it is left to the backend as it is, never
+    /// shut down, and forgotten; `kept` is the snapshot its key keeps of it (salvaged), if any.
+    /// The application is told either way.
+    fn left_as_it_is(&mut self, sandbox: SandboxIx, kept: Option<Snapshot>) {
+        let id = self.sid(sandbox);
+        let key = self.sandboxes[sandbox].key;
+        tracing::warn!(sandbox = %id, ?kept, "way down failed: the workspace is left as it is");
+        self.out.stats.left_as_is += 1;
+        self.out.events.push_back(Event::WayDownFailed {
+            sandbox: id,
+            key: self.keys[key].key.clone(),
+            kept,
+        });
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        x.state = SandboxState::Dead;
+        x.awaiting = Awaiting::Nothing;
+        self.key_lets_go(key, sandbox);
+        self.reconcile.sandbox(sandbox);
     }
 
     /// `Suspend` is done for the sandbox: persisted, kept by the backend, forgotten by the core.

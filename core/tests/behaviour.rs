@@ -563,11 +563,23 @@ fn snapshot_is_kept_per_key_and_resumed() {
     h.expect_commands(&[drain(y, &["s1"]), stop(y)]);
     h.stop_ok(y, Some("s1-snap-2"));
     h.expect_commands(&[persist(y, Some("s1-snap-2"))]);
-    h.persist_failed(y); // not persisted, and y's start took snap-1: the key keeps nothing
-    h.expect_commands(&[shutdown(y)]);
-    h.shutdown_ok(y);
+    // y's start took snap-1, so snap-2 is the key's only copy: a Persist that keeps failing
+    // is ordered again, then salvaged (the key keeps snap-2, nothing is shut down) and the
+    // application is told; the key's next call resumes it.
+    for _ in 1..WAY_DOWN_ATTEMPTS {
+        h.persist_failed(y);
+        h.expect_commands(&[persist(y, Some("s1-snap-2"))]);
+    }
+    h.take_events();
+    h.persist_failed(y);
+    h.expect_commands(&[]);
+    h.expect_events(&[Event::WayDownFailed {
+        sandbox: y,
+        key: Key::Session(session("s1")),
+        kept: Some(snap("s1-snap-2")),
+    }]);
     h.acquire("a3", "s1");
-    assert_eq!(h.take_start().resume_from, None);
+    assert_eq!(h.take_start().resume_from, Some(snap("s1-snap-2")));
 }
 
 /// A call that arrives while its key's previous sandbox is still stopping waits (no Start),

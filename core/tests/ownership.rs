@@ -1422,3 +1422,36 @@ fn close_forgets_a_busy_key_while_the_owned_one_is_released() {
     assert_eq!(core.tracked_keys(), 1, "the busy key is forgotten");
     core.check_invariants().unwrap();
 }
+
+/// A call queued behind its key (the key's sandbox on its way down) when a refusal fences the
+/// key claims it again at once, while the lease is valid: it does not sit out its wait and fail
+/// `wait-timeout` (the simulator's progress check found that, fleet seeds 1329, 1809, 1972).
+#[test]
+fn a_call_queued_when_a_refusal_fences_its_key_claims_it_again_at_once() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 4);
+    release(&mut core, ms(1), "c1");
+    let cmds = commands(&mut core);
+    assert!(
+        cmds.iter().any(|c| matches!(c, Command::Stop { .. })),
+        "{cmds:?}"
+    );
+    // The way down is under way (its Stop ordered): a new call of the key queues.
+    acquire(&mut core, ms(2), "c2", "s1");
+    assert_eq!(
+        core.call_status(&CallId::new("c2").unwrap()),
+        Some(CallStatus::Waiting)
+    );
+    store(&mut core);
+    // The backend refuses the Stop: another process owns the key now.
+    core.handle_fenced(ms(3), x).unwrap();
+    let claims: Vec<StoreCommand> = store(&mut core)
+        .into_iter()
+        .filter(|c| matches!(c, StoreCommand::Claim { .. }))
+        .collect();
+    assert_eq!(
+        claims.len(),
+        1,
+        "the queued call claims its key again: {claims:?}"
+    );
+}

@@ -332,6 +332,12 @@ fn r07_liveness_flag_lies() {
     h.expect_events(&[released("a")]);
     h.expect_commands(&[drain(x, &["s"]), stop(x)]);
     h.stop_failed(x);
+    h.expect_commands(&[stop(x)]); // ordered again, not persisted
+    assert_eq!(h.core.sandbox_state(x), Some(SandboxState::Stopping));
+    h.stop_failed(x);
+    h.expect_commands(&[stop(x)]);
+    h.stop_failed(x);
+    // Every attempt failed: a sandbox that holds only its own call's work is shut down.
     h.expect_commands(&[shutdown(x)]); // no Persist after a failed Stop
     assert_eq!(h.core.sandbox_state(x), Some(SandboxState::ShuttingDown));
     assert_eq!(
@@ -565,13 +571,27 @@ fn r12_persist_before_stop() {
     h.expect_commands(&[]);
     assert_eq!(h.core.sandbox_state(x), None);
 
-    // A failed Stop: nothing is persisted.
+    // A failed Stop: nothing is persisted; ordered again; when every attempt failed, a
+    // sandbox being suspended (its key's history) is left to the backend as it is, never shut
+    // down, and the application is told.
     let mut h = Script::with(|c| c.release = ReleasePolicy::Suspend);
     let x = h.ready_call("a", "s");
     h.release("a");
     h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
+    for _ in 1..WAY_DOWN_ATTEMPTS {
+        h.stop_failed(x);
+        h.expect_commands(&[stop_to_suspend(x)]);
+    }
+    h.take_events();
     h.stop_failed(x);
-    h.expect_commands(&[shutdown(x)]);
+    h.expect_commands(&[]);
+    h.expect_events(&[Event::WayDownFailed {
+        sandbox: x,
+        key: Key::Session(session("s")),
+        kept: None,
+    }]);
+    assert_eq!(h.core.sandbox_state(x), None);
+    assert_eq!(h.core.stats().left_as_is, 1);
 }
 
 /// R13 head-of-line: a hung upload for one session never stalls another session's mirror, its

@@ -76,7 +76,9 @@ fn seen_event(e: &Event) -> Option<String> {
         Event::MirrorSettled { session } => format!("mirror-settled {session}"),
         Event::Closed { report } => format!("closed revoked={:?}", report.revoked_calls),
         Event::KeyFenced { key, .. } => format!("fenced {key}"),
-        Event::ShutdownUnconfirmed { .. } | Event::HookFailed { .. } => return None,
+        Event::ShutdownUnconfirmed { .. }
+        | Event::HookFailed { .. }
+        | Event::WayDownFailed { .. } => return None,
     })
 }
 

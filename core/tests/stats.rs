@@ -41,17 +41,21 @@ fn failures_are_counted_once_each() {
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
 
-    // A stop that fails: shutdown follows at once.
+    // A stop that fails: ordered again; a second one ok, a third one never needed.
     let (b, x1) = start_call(&mut core, "b", "s2");
     core.handle_start_ok(t, x1).unwrap();
     core.release(t, &b).unwrap();
     let stopping = next_matching(&mut core, stop_of);
     core.handle_stop_failed(t, stopping).unwrap();
     assert_eq!(core.stats().stops_failed, 1);
+    let again = next_matching(&mut core, stop_of);
+    assert_eq!(again, stopping);
+    core.handle_stop_ok(t, again, None).unwrap();
+    assert_eq!(core.stats().stops_failed, 1);
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
 
-    // A persist that fails: shutdown follows, the key keeps no snapshot.
+    // A persist that fails: ordered again, and ok.
     let (c, x2) = start_call(&mut core, "c", "s3");
     core.handle_start_ok(t, x2).unwrap();
     core.release(t, &c).unwrap();
@@ -60,6 +64,9 @@ fn failures_are_counted_once_each() {
         .unwrap();
     let persisting = next_matching(&mut core, persist_of);
     core.handle_persist_failed(t, persisting).unwrap();
+    assert_eq!(core.stats().persists_failed, 1);
+    let again = next_matching(&mut core, persist_of);
+    core.handle_persist_ok(t, again).unwrap();
     assert_eq!(core.stats().persists_failed, 1);
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
@@ -77,6 +84,8 @@ fn failures_are_counted_once_each() {
         .unwrap();
     let persisting = next_matching(&mut core, persist_of);
     core.handle_persist_failed(t, persisting).unwrap();
+    let again = next_matching(&mut core, persist_of);
+    core.handle_persist_ok(t, again).unwrap();
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
     let (f, x5) = start_call(&mut core, "f", "s6");
@@ -84,6 +93,8 @@ fn failures_are_counted_once_each() {
     core.release(t, &f).unwrap();
     let stopping = next_matching(&mut core, stop_of);
     core.handle_stop_failed(t, stopping).unwrap();
+    let again = next_matching(&mut core, stop_of);
+    core.handle_stop_ok(t, again, None).unwrap();
     let down = next_matching(&mut core, shutdown_of);
     core.handle_shutdown_ok(t, down).unwrap();
 

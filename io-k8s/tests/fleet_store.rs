@@ -35,8 +35,8 @@ async fn the_kubernetes_store_keeps_the_fleet_store_contract() {
         count.insert(kind, list.items.len());
     }
     assert_eq!(count["counter"], 1, "{count:?}");
-    // Nine incarnations registered, seven of them renewed; five keys.
-    assert_eq!((count["process"], count["key"]), (7, 5), "{count:?}");
+    // Twelve incarnations registered, ten of them renewed; six keys.
+    assert_eq!((count["process"], count["key"]), (10, 6), "{count:?}");
 }
 
 #[tokio::test]

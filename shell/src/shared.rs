@@ -505,6 +505,7 @@ impl State {
             }
             Event::Settled { .. }
             | Event::ShutdownUnconfirmed { .. }
+            | Event::WayDownFailed { .. }
             | Event::HookFailed { .. } => {}
         }
     }

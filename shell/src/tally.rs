@@ -33,6 +33,10 @@ pub struct Tally {
     pub hooks_failed: BTreeMap<String, u64>,
     /// `KeyFenced` events (fleet mode: keys this process lost).
     pub keys_fenced: u64,
+    /// `WayDownFailed` events: sandboxes left to the backend as they were.
+    pub ways_down_failed: u64,
+    /// Of `ways_down_failed`, those whose key keeps their snapshot.
+    pub salvaged: u64,
 }
 
 impl Tally {
@@ -62,6 +66,10 @@ impl Tally {
                     .or_default() += 1
             }
             Event::KeyFenced { .. } => self.keys_fenced += 1,
+            Event::WayDownFailed { kept, .. } => {
+                self.ways_down_failed += 1;
+                self.salvaged += u64::from(kept.is_some());
+            }
             Event::Closed { .. } => {}
         }
     }

@@ -436,12 +436,29 @@ impl Harness {
                 self.history.stop_answered(x, snapshot.as_ref());
                 self.core.handle_stop_ok(now, x, snapshot.clone())
             }
-            (Answer::StopFail, OpKind::Stop) => self.core.handle_stop_failed(now, x),
+            // Counted by the history only when the core took the answer (not a stale or
+            // duplicated one): the core orders a failed Stop or Persist again, and the last
+            // failure ends the way down in this input.
+            (Answer::StopFail, OpKind::Stop) => {
+                let before = self.core.stats().stops_failed;
+                let r = self.core.handle_stop_failed(now, x);
+                if self.core.stats().stops_failed > before {
+                    self.history.stop_failed_answered(x);
+                }
+                r
+            }
             (Answer::PersistOk, OpKind::Persist) => {
                 self.history.persist_answered(x);
                 self.core.handle_persist_ok(now, x)
             }
-            (Answer::PersistFail, OpKind::Persist) => self.core.handle_persist_failed(now, x),
+            (Answer::PersistFail, OpKind::Persist) => {
+                let before = self.core.stats().persists_failed;
+                let r = self.core.handle_persist_failed(now, x);
+                if self.core.stats().persists_failed > before {
+                    self.history.persist_failed_answered(x);
+                }
+                r
+            }
             (Answer::ShutdownOk, OpKind::Shutdown) => self.core.handle_shutdown_ok(now, x),
             (Answer::ShutdownFail, OpKind::Shutdown) => self.core.handle_shutdown_failed(now, x),
             (Answer::HookOk, OpKind::Hook) => {

@@ -38,6 +38,11 @@ pub struct SandboxRecord {
     pub draining: bool,
     /// A Stop answer was accepted while the Stop was outstanding.
     pub stop_ok: bool,
+    /// Its last Stop was answered failed: the core may order it again (up to
+    /// `WAY_DOWN_ATTEMPTS`), without a new Drain.
+    pub stop_failed: bool,
+    /// Its Stops answered failed, then (afresh after a Stop succeeded) its Persists.
+    pub way_down_failures: u8,
     /// The snapshot its Start resumed from.
     pub resume_from: Option<Snapshot>,
     /// The first call bound to it, to name it as `@call`.
@@ -68,6 +73,7 @@ struct Flags {
     lane: Lane,
     draining: bool,
     stop_ok: bool,
+    stop_failed: bool,
     drain_at: u64,
 }
 
@@ -77,6 +83,7 @@ impl Flags {
             lane: s.lane,
             draining: s.draining,
             stop_ok: s.stop_ok,
+            stop_failed: s.stop_failed,
             drain_at: s.drain_at,
         }
     }
@@ -344,10 +351,58 @@ impl History {
     pub fn stop_answered(&mut self, x: SandboxId, snapshot: Option<&Snapshot>) {
         let s = self.sbx(x);
         let l = s.lane;
-        if l.is_stopped() && !l.is_dead() && !l.is_shut_down() && !s.stop_ok && !l.is_persisted() {
+        if l.is_stopped()
+            && !l.is_dead()
+            && !l.is_shut_down()
+            && !l.is_left()
+            && !s.stop_ok
+            && !l.is_persisted()
+        {
             s.stop_ok = true;
+            s.way_down_failures = 0;
             s.snapshot = snapshot.cloned();
         }
+    }
+
+    /// A Stop was answered failed (before the core saw it): the core may order it again.
+    pub fn stop_failed_answered(&mut self, x: SandboxId) {
+        let s = self.sbx(x);
+        let l = s.lane;
+        if l.is_stopped() && !l.is_dead() && !l.is_shut_down() && !s.stop_ok {
+            s.stop_failed = true;
+            self.way_down_failed(x);
+        }
+    }
+
+    /// A Persist was answered failed (before the core saw it): the core may order it again.
+    pub fn persist_failed_answered(&mut self, x: SandboxId) {
+        let s = self.sbx(x);
+        let l = s.lane;
+        let awaited =
+            l.is_persisted() && !l.is_dead() && !l.is_shut_down() && s.stop_ok && !s.persist_ok;
+        if awaited && self.way_down_failed(x) {
+            // The last attempt: the key keeps the snapshot the Stop took (salvaged), as if it
+            // had been persisted, in this input (before its commands are seen).
+            let now = Instant::from_millis(self.now_ms);
+            let s = self.sbx(x);
+            if let (Some(key), Some(snapshot)) = (s.key.clone(), s.snapshot.clone()) {
+                self.snapshots.persisted(&key, snapshot, x, now);
+            }
+        }
+    }
+
+    /// Counts a failed Stop or Persist: once `WAY_DOWN_ATTEMPTS` failed, the core's way down
+    /// ends in this input (a Shutdown, or the sandbox left as it was), and the key no longer
+    /// waits for it (its Start may come before the event that says so).
+    /// Whether it was the last attempt.
+    fn way_down_failed(&mut self, x: SandboxId) -> bool {
+        let s = self.sbx(x);
+        s.way_down_failures += 1;
+        let last = s.way_down_failures >= sandkeeper::WAY_DOWN_ATTEMPTS;
+        if last {
+            self.lets_go(x);
+        }
+        last
     }
 
     /// A Persist was answered `ok` (before the core saw it).
@@ -356,7 +411,8 @@ impl History {
         let now = Instant::from_millis(self.now_ms);
         let s = self.sbx(x);
         let l = s.lane;
-        if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !s.persist_ok {
+        // Not once its way down ended without it (a late answer to a Persist ordered again).
+        if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !l.is_left() && !s.persist_ok {
             s.persist_ok = true;
             let key = s.key.clone();
             let snapshot = s.snapshot.clone();
@@ -631,9 +687,10 @@ impl History {
                 self.sbx(x).stop_suspend = *suspend;
                 // A before hook ended the drain (and cleared `draining`) before this Stop.
                 let hooked = self.sandboxes.get(&x).is_some_and(|s| s.before_hook);
+                // A Stop ordered again after a failed one needs no new Drain.
                 check!(
                     self,
-                    rec.draining || hooked,
+                    rec.draining || hooked || rec.stop_failed,
                     "drain-before-stop",
                     "Stop for {x} without a Drain first"
                 );
@@ -660,7 +717,11 @@ impl History {
                     "hook-before-stop",
                     "Stop for {x} without its before hook"
                 );
-                if !self.closing && !hooked && self.now_ms < rec.drain_at + self.drain_deadline_ms {
+                if !self.closing
+                    && !hooked
+                    && !rec.stop_failed
+                    && self.now_ms < rec.drain_at + self.drain_deadline_ms
+                {
                     // Checked once the input's events are in (a call of the session may have
                     // become ready elsewhere in the same input).
                     self.stopped_now.push(x);
@@ -669,6 +730,7 @@ impl History {
                     self.retiring.insert(key, x);
                 }
                 self.sbx(x).draining = false;
+                self.sbx(x).stop_failed = false;
             }
             Command::Persist { .. } => {
                 check!(
@@ -854,6 +916,12 @@ impl History {
                 }
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
+            Event::WayDownFailed { sandbox, .. } => {
+                // Left to the backend as it was: its lane ends without a Shutdown (a snapshot
+                // its key keeps of it was taken as persisted at the last failed answer).
+                self.sbx(*sandbox).lane.leave_as_is();
+                self.lets_go(*sandbox);
+            }
             Event::HookFailed { hook, .. } => {
                 check!(
                     self,

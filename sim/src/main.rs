@@ -122,7 +122,9 @@ fn main() -> ExitCode {
             };
             explore(seeds, from, jobs, stop_at_first, &opts)
         }
-        Cmd::Replay { seed, trace } => replay(seed, trace),
+        Cmd::Replay { seed, trace } => {
+            replay(seed, trace, std::env::var_os("SIM_OPERATIONS").is_some())
+        }
         Cmd::Shrink {
             seed,
             out,
@@ -255,13 +257,14 @@ fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) ->
     }
 }
 
-fn replay(seed: u64, trace: Option<PathBuf>) -> ExitCode {
+fn replay(seed: u64, trace: Option<PathBuf>, operations: bool) -> ExitCode {
     println!("seed {seed}: {}", Swarm::new(seed));
     let r = run_seed(
         seed,
         &RunOptions {
             trace: true,
             hash: true,
+            operations,
             ..RunOptions::default()
         },
     );

@@ -222,6 +222,9 @@ impl Record {
                 "{sandbox} {} hook failed (late: {late})",
                 hook.as_str()
             )),
+            Event::WayDownFailed { sandbox, kept, .. } => self
+                .calls
+                .push(format!("{sandbox} left as it was (kept: {kept:?})")),
             Event::CallReleased { .. }
             | Event::MirrorSettled { .. }
             | Event::ShutdownUnconfirmed { .. } => {}

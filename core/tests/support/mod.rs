@@ -715,6 +715,7 @@ impl Script {
                     panic!("{v}");
                 }
             }
+            Event::WayDownFailed { sandbox, .. } => h.lanes.leave_as_is(*sandbox),
             Event::ShutdownUnconfirmed { .. }
             | Event::HookFailed { .. }
             | Event::KeyFenced { .. } => {}

@@ -890,6 +890,7 @@ impl World {
             }
             Event::Closed { .. } => self.replicas[r].closed = true,
             Event::MirrorSettled { .. }
+            | Event::WayDownFailed { .. }
             | Event::ShutdownUnconfirmed { .. }
             | Event::HookFailed { .. } => {}
         }
