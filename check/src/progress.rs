@@ -1,0 +1,287 @@
+//! Progress: a queued call waits only while something real holds its key back.
+//!
+//! A call the core queues behind its key (`CallStatus::Waiting`) is admitted as soon as nothing
+//! holds the key back; until then it may fail with `wait-timeout`. A core that forgets to admit
+//! (misses one of the changes that lets a key's waiters in) fails its waiters exactly on time,
+//! which every time bound accepts. This checker asks, after every input, what holds back each
+//! key with a queued call, from what the core was told and ordered and what its getters say
+//! about the key's sandboxes, never from the core's own decision to keep the call queued.
+//!
+//! | check | what must hold |
+//! |---|---|
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it); in fleet mode, the key not this process's (`key_token` none: unclaimed, claiming, busy), or a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `wait-timeout-held` | a call fails with `wait-timeout` only if it was queued at the last look (when its key was held back, by `progress`) |
+//!
+//! What does not hold a key back in this core: a sandbox of the key starting or running (its
+//! waiters bind to it), a hook running on it (its calls are bound, starting), the limit on
+//! sandboxes (`max_sandboxes` refuses an acquire; a queued call, once admitted, starts one
+//! whatever the count).
+//!
+//! A timer that lets the key go and the call's wait timer may fire in one input (at one
+//! instant, or a paused process catching up): the failure is judged by the last look, before
+//! that input.
+
+use std::borrow::Borrow;
+
+use sandkeeper::{
+    CallId, CallStatus, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId, SameKey,
+    SandboxId, SandboxState, StoreCommand,
+};
+
+use crate::violation::Violation;
+
+/// The progress checker. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    serialize: bool,
+    fleet: bool,
+    /// The managed sandboxes the core started or adopted and has not let go (Shutdown,
+    /// Relinquish) or forgotten, with their keys.
+    sandboxes: Vec<(SandboxId, Key)>,
+    /// Fleet mode: releases ordered and not answered, per key (cleared by a claim of the key).
+    releases: Vec<(Key, ReleaseId)>,
+    /// The calls queued at the last look, with their keys.
+    waiting: Vec<(CallId, Key)>,
+    /// Under `Serialize`, the keys a live call holds (a reused buffer).
+    holders: Vec<Key>,
+}
+
+impl Progress {
+    /// A checker for a core with `config`.
+    pub fn new(config: &Config) -> Self {
+        Progress {
+            serialize: config.same_key == SameKey::Serialize,
+            fleet: config.fleet.is_some(),
+            sandboxes: Vec::new(),
+            releases: Vec::new(),
+            waiting: Vec::new(),
+            holders: Vec::new(),
+        }
+    }
+
+    /// A command the core ordered.
+    pub fn command(&mut self, cmd: &Command) {
+        match cmd {
+            Command::Start { sandbox, key, .. } | Command::Adopt { sandbox, key, .. } => {
+                self.sandboxes.push((*sandbox, key.clone()));
+            }
+            Command::Shutdown { sandbox, .. } | Command::Relinquish { sandbox } => {
+                self.sandboxes.retain(|(x, _)| x != sandbox);
+            }
+            _ => {}
+        }
+    }
+
+    /// Store work the core ordered (fleet mode).
+    pub fn store_command(&mut self, cmd: &StoreCommand) {
+        match cmd {
+            StoreCommand::Release { release, key, .. } => {
+                self.releases.push((key.clone(), *release));
+            }
+            // The core claims a key only once it is no longer this process's: whatever it
+            // released of it before is over.
+            StoreCommand::Claim { key, .. } => self.releases.retain(|(k, _)| k != key),
+            StoreCommand::Renew { .. } | StoreCommand::Record { .. } => {}
+        }
+    }
+
+    /// An answer of the store reaches the core (fleet mode): a release answered is no longer
+    /// under way (one that went unanswered before it stays in doubt).
+    pub fn store_answer(&mut self, input: &Input) {
+        if let Input::KeyReleased { release, key }
+        | Input::ReleaseFailed { release, key }
+        | Input::ReleaseFenced { release, key } = input
+        {
+            self.releases.retain(|(k, r)| !(r == release && k == key));
+        }
+    }
+
+    /// `CallFailed { call, error }`.
+    pub fn call_failed(&self, call: &CallId, error: ErrorKind) -> Result<(), Violation> {
+        if error == ErrorKind::WaitTimeout && !self.waiting.iter().any(|(c, _)| c == call) {
+            return Err(Violation::new(
+                "wait-timeout-held",
+                format!("{call} failed with wait-timeout, but it was not queued at the last look"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// After every input: each live call as `(call, pending, key)` (`pending`: neither ready
+    /// nor lost yet; `key`: none for an external sandbox's call). Asks the core where each
+    /// pending call is; for every key with a queued call, what holds it back.
+    pub fn after_input<'a, K: Borrow<Key>>(
+        &mut self,
+        core: &Lifecycle,
+        live: impl IntoIterator<Item = (&'a CallId, bool, Option<K>)>,
+    ) -> Result<(), Violation> {
+        self.waiting.clear();
+        self.holders.clear();
+        for (call, pending, key) in live {
+            let Some(key) = key else {
+                continue;
+            };
+            let status = if pending {
+                core.call_status(call)
+            } else {
+                None
+            };
+            match status {
+                Some(CallStatus::Waiting) => {
+                    self.waiting.push((call.clone(), key.borrow().clone()));
+                }
+                _ if self.serialize => self.holders.push(key.borrow().clone()),
+                _ => {}
+            }
+        }
+        if self.waiting.is_empty() {
+            return Ok(());
+        }
+        // The core forgets a suspended sandbox without a Shutdown.
+        self.sandboxes
+            .retain(|(x, _)| core.sandbox_state(*x).is_some());
+        for (i, (call, key)) in self.waiting.iter().enumerate() {
+            if self.waiting[..i].iter().any(|(_, k)| k == key) || self.held(core, key) {
+                continue;
+            }
+            return Err(Violation::new("progress", self.explain(core, call, key)));
+        }
+        Ok(())
+    }
+
+    /// Whether something real holds `key` back.
+    fn held(&self, core: &Lifecycle, key: &Key) -> bool {
+        let way_down = self.sandboxes.iter().any(|(x, k)| {
+            k == key
+                && matches!(
+                    core.sandbox_state(*x),
+                    Some(
+                        SandboxState::Stopping
+                            | SandboxState::Persisting
+                            | SandboxState::HandingOver
+                    )
+                )
+        });
+        way_down
+            || self.holders.iter().any(|k| k == key)
+            || (self.fleet
+                && !matches!(key, Key::Call(_) | Key::External(_))
+                && (core.key_token(key).is_none() || self.releases.iter().any(|(k, _)| k == key)))
+    }
+
+    #[cold]
+    fn explain(&self, core: &Lifecycle, call: &CallId, key: &Key) -> String {
+        let sandboxes: Vec<String> = self
+            .sandboxes
+            .iter()
+            .filter(|(_, k)| k == key)
+            .map(|(x, _)| format!("{x} {:?}", core.sandbox_state(*x)))
+            .collect();
+        let mut detail = format!(
+            "{call} waits for key {key}, and nothing holds the key back: its sandboxes [{}]",
+            sandboxes.join(", ")
+        );
+        if self.serialize {
+            detail.push_str(", no live call of it bound (same-key=serialize)");
+        }
+        if self.fleet {
+            detail.push_str(&format!(
+                ", owned under {:?}, no release under way",
+                core.key_token(key)
+            ));
+        }
+        detail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::check;
+    use sandkeeper::{CallSpec, Instant, ReleasePolicy, Scope, SessionId};
+
+    fn suspend() -> Config {
+        Config {
+            scope: Scope::Session,
+            release: ReleasePolicy::Suspend,
+            ..Config::default()
+        }
+    }
+
+    /// Drains the core, telling the checkers of its commands; the commands.
+    fn drain(core: &mut Lifecycle, checkers: &mut [&mut Progress]) -> Vec<Command> {
+        let mut cmds = Vec::new();
+        while let Some(c) = core.poll_command() {
+            for p in checkers.iter_mut() {
+                p.command(&c);
+            }
+            cmds.push(c);
+        }
+        while core.poll_event().is_some() {}
+        cmds
+    }
+
+    /// Against a real core: a call queued behind its key's previous sandbox, which is being
+    /// suspended, is held by it while it stops and persists; once it is suspended the call is
+    /// admitted. A checker that was never told of that sandbox sees nothing holding the call
+    /// back: `progress`, as when a core keeps a call queued with nothing in its way.
+    #[test]
+    fn a_queued_call_is_held_by_its_keys_sandbox_on_the_way_down() {
+        let config = suspend();
+        let mut core = Lifecycle::new(config.clone()).unwrap();
+        let (mut p, mut blind) = (Progress::new(&config), Progress::new(&config));
+        let s = SessionId::new("s").unwrap();
+        let key = Key::Session(s.clone());
+        let t = Instant::ZERO;
+        let (a, b) = (CallId::new("a").unwrap(), CallId::new("b").unwrap());
+        core.acquire(t, CallSpec::new(a.clone(), s.clone()))
+            .unwrap();
+        let Some(Command::Start { sandbox: x, .. }) = drain(&mut core, &mut [&mut p]).pop() else {
+            panic!("no Start");
+        };
+        core.handle_start_ok(t, x).unwrap();
+        drain(&mut core, &mut [&mut p, &mut blind]);
+        core.release(t, &a).unwrap();
+        let cmds = drain(&mut core, &mut [&mut p, &mut blind]);
+        assert!(
+            cmds.iter().any(|c| matches!(c, Command::Stop { .. })),
+            "{cmds:?}"
+        );
+        core.acquire(t, CallSpec::new(b.clone(), s.clone()))
+            .unwrap();
+        drain(&mut core, &mut [&mut p, &mut blind]);
+        assert_eq!(core.call_status(&b), Some(CallStatus::Waiting));
+        let live = || [(&b, true, Some(&key))];
+        assert_eq!(
+            check(p.after_input(&core, live())),
+            "ok",
+            "held by {x}, stopping"
+        );
+        assert_eq!(check(blind.after_input(&core, live())), "progress");
+        assert_eq!(
+            check(p.call_failed(&b, ErrorKind::WaitTimeout)),
+            "ok",
+            "queued"
+        );
+        core.handle_stop_ok(t, x, None).unwrap();
+        drain(&mut core, &mut [&mut p]);
+        assert_eq!(
+            check(p.after_input(&core, live())),
+            "ok",
+            "held by {x}, persisting"
+        );
+        core.handle_persist_ok(t, x).unwrap();
+        let cmds = drain(&mut core, &mut [&mut p]);
+        assert!(
+            cmds.iter().any(|c| matches!(c, Command::Start { .. })),
+            "b admitted: {cmds:?}"
+        );
+        assert_eq!(check(p.after_input(&core, live())), "ok");
+        assert_eq!(
+            check(p.call_failed(&b, ErrorKind::WaitTimeout)),
+            "wait-timeout-held",
+            "b is starting, no longer queued"
+        );
+        assert_eq!(check(p.call_failed(&b, ErrorKind::StartTimeout)), "ok");
+    }
+}
