@@ -220,6 +220,11 @@ impl Lifecycle {
         self.calls.len()
     }
 
+    /// Live calls queued behind their keys (each one's [`CallStatus`] is `Waiting`). O(1).
+    pub fn queued_calls(&self) -> usize {
+        self.calls.waiting
+    }
+
     /// Sandboxes the core tracks, in any state.
     pub fn tracked_sandboxes(&self) -> usize {
         self.sandboxes.len()
