@@ -11,7 +11,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it); in fleet mode, the key not this process's (`key_token` none: unclaimed, claiming, busy), or a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
 //! | `wait-timeout-held` | a call fails with `wait-timeout` only if it was queued at the last look (when its key was held back, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
@@ -26,8 +26,8 @@
 use std::borrow::Borrow;
 
 use sandkeeper::{
-    CallId, CallStatus, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId, SameKey,
-    SandboxId, SandboxState, StoreCommand,
+    CallId, CallStatus, ClaimId, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId,
+    SameKey, SandboxId, SandboxState, StoreCommand,
 };
 
 use crate::violation::Violation;
@@ -42,6 +42,10 @@ pub struct Progress {
     sandboxes: Vec<(SandboxId, Key)>,
     /// Fleet mode: releases ordered and not answered, per key (cleared by a claim of the key).
     releases: Vec<(Key, ReleaseId)>,
+    /// Fleet mode: claims ordered and not answered, per key (cleared by the next claim).
+    claims: Vec<(Key, ClaimId)>,
+    /// Fleet mode: keys whose last claim was answered busy or failed: it is made again later.
+    busy: Vec<Key>,
     /// The calls queued at the last look, with their keys.
     waiting: Vec<(CallId, Key)>,
     /// Under `Serialize`, the keys a live call holds (a reused buffer).
@@ -56,6 +60,8 @@ impl Progress {
             fleet: config.fleet.is_some(),
             sandboxes: Vec::new(),
             releases: Vec::new(),
+            claims: Vec::new(),
+            busy: Vec::new(),
             waiting: Vec::new(),
             holders: Vec::new(),
         }
@@ -81,20 +87,38 @@ impl Progress {
                 self.releases.push((key.clone(), *release));
             }
             // The core claims a key only once it is no longer this process's: whatever it
-            // released of it before is over.
-            StoreCommand::Claim { key, .. } => self.releases.retain(|(k, _)| k != key),
+            // released of it before is over, and so is an earlier claim.
+            StoreCommand::Claim { claim, key, .. } => {
+                self.releases.retain(|(k, _)| k != key);
+                self.claims.retain(|(k, _)| k != key);
+                self.busy.retain(|k| k != key);
+                self.claims.push((key.clone(), *claim));
+            }
             StoreCommand::Renew { .. } | StoreCommand::Record { .. } => {}
         }
     }
 
     /// An answer of the store reaches the core (fleet mode): a release answered is no longer
-    /// under way (one that went unanswered before it stays in doubt).
+    /// under way (one that went unanswered before it stays in doubt); a claim answered is not
+    /// either, and one answered busy or failed is made again later.
     pub fn store_answer(&mut self, input: &Input) {
-        if let Input::KeyReleased { release, key }
-        | Input::ReleaseFailed { release, key }
-        | Input::ReleaseFenced { release, key } = input
-        {
-            self.releases.retain(|(k, r)| !(r == release && k == key));
+        match input {
+            Input::KeyReleased { release, key }
+            | Input::ReleaseFailed { release, key }
+            | Input::ReleaseFenced { release, key } => {
+                self.releases.retain(|(k, r)| !(r == release && k == key));
+            }
+            Input::Claimed { claim, key, .. } => {
+                self.claims.retain(|(k, c)| !(c == claim && k == key));
+            }
+            Input::ClaimBusy { claim, key } | Input::ClaimFailed { claim, key } => {
+                let before = self.claims.len();
+                self.claims.retain(|(k, c)| !(c == claim && k == key));
+                if self.claims.len() < before {
+                    self.busy.push(key.clone());
+                }
+            }
+            _ => {}
         }
     }
 
@@ -168,11 +192,25 @@ impl Progress {
                     )
                 )
         });
-        way_down
-            || self.holders.iter().any(|k| k == key)
-            || (self.fleet
-                && !matches!(key, Key::Call(_) | Key::External(_))
-                && (core.key_token(key).is_none() || self.releases.iter().any(|(k, _)| k == key)))
+        way_down || self.holders.iter().any(|k| k == key) || self.not_ours(core, key)
+    }
+
+    /// Fleet mode: whether `key` is not this process's to bind: not owned, and a claim of it
+    /// under way, made again later, or waiting for the lease to be valid; or owned, with a
+    /// release of it under way or in doubt.
+    fn not_ours(&self, core: &Lifecycle, key: &Key) -> bool {
+        if !self.fleet || matches!(key, Key::Call(_) | Key::External(_)) {
+            return false;
+        }
+        match core.key_token(key) {
+            Some(_) => self.releases.iter().any(|(k, _)| k == key),
+            None => {
+                let lease_valid = core.lease_valid_until().is_some_and(|t| core.now() < t);
+                !lease_valid
+                    || self.claims.iter().any(|(k, _)| k == key)
+                    || self.busy.iter().any(|k| k == key)
+            }
+        }
     }
 
     #[cold]
@@ -192,8 +230,10 @@ impl Progress {
         }
         if self.fleet {
             detail.push_str(&format!(
-                ", owned under {:?}, no release under way",
-                core.key_token(key)
+                ", owned under {:?}, no claim or release under way, the lease valid until {:?} (now {:?})",
+                core.key_token(key),
+                core.lease_valid_until(),
+                core.now()
             ));
         }
         detail
@@ -289,5 +329,79 @@ mod tests {
             "b is starting, no longer queued"
         );
         assert_eq!(check(p.call_failed(&b, ErrorKind::StartTimeout)), "ok");
+    }
+
+    /// Fleet mode: a call of a key this process does not own is held while the lease is not
+    /// valid (the claim waits for it), then by its claim, then by the claim answered busy (made
+    /// again later). A checker that was never told of the claim sees nothing holding the call
+    /// back once the lease is valid: `progress`, as when a core leaves a key's waiters
+    /// unclaimed.
+    #[test]
+    fn a_queued_call_of_a_fleet_key_is_held_by_its_claim() {
+        use sandkeeper::Fleet;
+        use std::time::Duration;
+        let config = Config {
+            scope: Scope::Session,
+            fleet: Some(Fleet {
+                incarnation: 1,
+                lease: Duration::from_secs(10),
+                renew_every: Duration::from_secs(3),
+                margin: Duration::from_secs(2),
+                claim_retry: Duration::from_millis(500),
+            }),
+            ..Config::default()
+        };
+        let mut core = Lifecycle::new(config.clone()).unwrap();
+        let (mut p, mut blind) = (Progress::new(&config), Progress::new(&config));
+        let store = |core: &mut Lifecycle, p: &mut Progress| {
+            let mut work = Vec::new();
+            while let Some(w) = core.poll_store() {
+                p.store_command(&w);
+                work.push(w);
+            }
+            while core.poll_command().is_some() {}
+            while core.poll_event().is_some() {}
+            work
+        };
+        let s = SessionId::new("s").unwrap();
+        let key = Key::Session(s.clone());
+        let a = CallId::new("a").unwrap();
+        let t = Instant::ZERO;
+        core.handle_timeout(t).unwrap();
+        let work = store(&mut core, &mut p);
+        let Some(StoreCommand::Renew { renewal, .. }) = work.first().cloned() else {
+            panic!("no renewal: {work:?}");
+        };
+        core.acquire(t, CallSpec::new(a.clone(), s.clone()))
+            .unwrap();
+        assert!(
+            store(&mut core, &mut p).is_empty(),
+            "no claim before the lease"
+        );
+        let live = || [(&a, true, Some(&key))];
+        assert_eq!(
+            check(p.after_input(&core, live())),
+            "ok",
+            "the lease is not valid"
+        );
+        core.handle_renewed(t, renewal, &[]).unwrap();
+        let work = store(&mut core, &mut p);
+        let Some(StoreCommand::Claim { claim, .. }) = work.first().cloned() else {
+            panic!("no claim: {work:?}");
+        };
+        assert_eq!(check(p.after_input(&core, live())), "ok", "claiming");
+        assert_eq!(check(blind.after_input(&core, live())), "progress");
+        let busy = Input::ClaimBusy {
+            claim,
+            key: key.clone(),
+        };
+        p.store_answer(&busy);
+        core.handle(t, busy).unwrap();
+        store(&mut core, &mut p);
+        assert_eq!(
+            check(p.after_input(&core, live())),
+            "ok",
+            "busy: claimed again later"
+        );
     }
 }
