@@ -133,25 +133,28 @@ impl Progress {
         Ok(())
     }
 
-    /// After every input: each live call as `(call, pending, key)` (`pending`: neither ready
-    /// nor lost yet; `key`: none for an external sandbox's call). Asks the core where each
-    /// pending call is; for every key with a queued call, what holds it back.
+    /// After every input: each live call as `(call, may_queue, key)` (`may_queue`: neither
+    /// ready nor lost, and not known to be bound to a sandbox; a fleet passes every call not
+    /// ready yet, as a failed adoption queues its calls again; `key`: none for an external
+    /// sandbox's call). Asks the core where each call that may be queued is; for every key with
+    /// a queued call, what holds it back.
     pub fn after_input<'a, K: Borrow<Key>>(
         &mut self,
         core: &Lifecycle,
         live: impl IntoIterator<Item = (&'a CallId, bool, Option<K>)>,
     ) -> Result<(), Violation> {
         self.waiting.clear();
-        if core.queued_calls() == 0 {
+        let queued = core.queued_calls();
+        if queued == 0 {
             // The usual case, at the cost of one load: no call to look for.
             return Ok(());
         }
         self.holders.clear();
-        for (call, pending, key) in live {
+        for (call, may_queue, key) in live {
             let Some(key) = key else {
                 continue;
             };
-            let status = if pending {
+            let status = if may_queue {
                 core.call_status(call)
             } else {
                 None
@@ -159,6 +162,11 @@ impl Progress {
             match status {
                 Some(CallStatus::Waiting) => {
                     self.waiting.push((call.clone(), key.borrow().clone()));
+                    if !self.serialize && self.waiting.len() == queued {
+                        // Every queued call found (the rest are not holders but under
+                        // `Serialize`).
+                        break;
+                    }
                 }
                 _ if self.serialize => self.holders.push(key.borrow().clone()),
                 _ => {}

@@ -950,8 +950,12 @@ impl History {
             self.touched.clear();
             return;
         }
+        // A call of one process once bound (its sandbox learned) is never queued again.
         let live = self.calls.live().iter();
-        let live = live.map(|r| (&r.call, r.phase == Phase::Pending, r.key.as_ref()));
+        let live = live.map(|r| {
+            let may_queue = r.phase == Phase::Pending && r.sandbox.is_none();
+            (&r.call, may_queue, r.key.as_ref())
+        });
         if let Err(v) = self.progress.after_input(core, live) {
             self.fail(v.check, v.detail);
         }
