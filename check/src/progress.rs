@@ -5,14 +5,14 @@
 //! (misses one of the changes that lets a key's waiters in) fails its waiters exactly on time,
 //! which every time bound accepts. This checker asks, after every input, what holds back each
 //! key with a queued call, from what the core was told and ordered and what its getters say
-//! about the key's sandboxes, never from the core's own decision to keep the call queued. (It
-//! looks only while `queued_calls` counts a queued call, a count the core's own invariants
-//! check against its calls.)
+//! about the key's sandboxes, never from the core's own decision to keep the calls queued. The
+//! core says only how many calls are queued (`queued_calls`, then `queued_on` for the key of
+//! each call that may be queued: counts its own invariants check against its calls).
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
-//! | `wait-timeout-held` | a call fails with `wait-timeout` only if it was queued at the last look (when its key was held back, by `progress`) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `wait-timeout-held` | a call fails with `wait-timeout` only if its key had queued calls at the last look (held back then, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
 //! waiters bind to it), a hook running on it (its calls are bound, starting), the limit on
@@ -23,11 +23,9 @@
 //! instant, or a paused process catching up): the failure is judged by the last look, before
 //! that input.
 
-use std::borrow::Borrow;
-
 use sandkeeper::{
-    CallId, CallStatus, ClaimId, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId,
-    SameKey, SandboxId, SandboxState, StoreCommand,
+    CallId, ClaimId, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId, SameKey,
+    SandboxId, SandboxState, StoreCommand,
 };
 
 use crate::violation::Violation;
@@ -46,10 +44,8 @@ pub struct Progress {
     claims: Vec<(Key, ClaimId)>,
     /// Fleet mode: keys whose last claim was answered busy or failed: it is made again later.
     busy: Vec<Key>,
-    /// The calls queued at the last look, with their keys.
-    waiting: Vec<(CallId, Key)>,
-    /// Under `Serialize`, the keys a live call holds (a reused buffer).
-    holders: Vec<Key>,
+    /// The keys with queued calls at the last look (each held back then).
+    queued: Vec<Key>,
 }
 
 impl Progress {
@@ -62,8 +58,7 @@ impl Progress {
             releases: Vec::new(),
             claims: Vec::new(),
             busy: Vec::new(),
-            waiting: Vec::new(),
-            holders: Vec::new(),
+            queued: Vec::new(),
         }
     }
 
@@ -122,74 +117,123 @@ impl Progress {
         }
     }
 
-    /// `CallFailed { call, error }`.
-    pub fn call_failed(&self, call: &CallId, error: ErrorKind) -> Result<(), Violation> {
-        if error == ErrorKind::WaitTimeout && !self.waiting.iter().any(|(c, _)| c == call) {
+    /// `CallFailed { call, error }` of a call of `key` (none: an external sandbox's).
+    pub fn call_failed(
+        &self,
+        call: &CallId,
+        key: Option<&Key>,
+        error: ErrorKind,
+    ) -> Result<(), Violation> {
+        let queued = key.is_some_and(|key| self.queued.iter().any(|k| k == key));
+        if error == ErrorKind::WaitTimeout && !queued {
             return Err(Violation::new(
                 "wait-timeout-held",
-                format!("{call} failed with wait-timeout, but it was not queued at the last look"),
+                format!(
+                    "{call} failed with wait-timeout, but no call of its key {key:?} was queued at the last look"
+                ),
             ));
         }
         Ok(())
     }
 
-    /// After every input: each live call as `(call, may_queue, key)` (`may_queue`: neither
-    /// ready nor lost, and not known to be bound to a sandbox; a fleet passes every call not
-    /// ready yet, as a failed adoption queues its calls again; `key`: none for an external
-    /// sandbox's call). Asks the core where each call that may be queued is; for every key with
-    /// a queued call, what holds it back.
-    pub fn after_input<'a, K: Borrow<Key>>(
+    /// After every input: each live call as `(may_queue, key)` (`may_queue`: neither ready nor
+    /// lost, and not known to be bound to a sandbox; a fleet passes every call not ready yet,
+    /// as a failed adoption queues its calls again; `key`: none for an external sandbox's
+    /// call). Asks the core how many calls each key with a call that may be queued has queued;
+    /// for every such key, what holds it back.
+    pub fn after_input<'a>(
         &mut self,
         core: &Lifecycle,
-        live: impl IntoIterator<Item = (&'a CallId, bool, Option<K>)>,
+        live: impl IntoIterator<Item = (bool, Option<&'a Key>)>,
     ) -> Result<(), Violation> {
-        self.waiting.clear();
         let queued = core.queued_calls();
         if queued == 0 {
             // The usual case, at the cost of one load: no call to look for.
+            self.queued.clear();
             return Ok(());
         }
-        self.holders.clear();
-        for (call, may_queue, key) in live {
+        // The core forgets a suspended sandbox without a Shutdown: what it forgot goes, once
+        // more are listed than it tracks (a forgotten one listed holds nothing back; it only
+        // costs a look).
+        if self.sandboxes.len() > core.tracked_sandboxes() {
+            self.sandboxes
+                .retain(|(x, _)| core.sandbox_state(*x).is_some());
+        }
+        // The keys of the calls that may be queued (under `Serialize`, of every live call),
+        // each with its live calls and whether one of them may be queued: borrowed, not copied
+        // (a fleet has calls queued after most of its inputs). Without `Serialize` each key is
+        // judged when first seen, and the look ends once every queued call is accounted for.
+        let mut keys: Vec<(&Key, usize, bool)> = Vec::new();
+        let (mut found, mut listed) = (0, 0);
+        for (may_queue, key) in live {
+            if !may_queue && !self.serialize {
+                continue;
+            }
             let Some(key) = key else {
                 continue;
             };
-            let status = if may_queue {
-                core.call_status(call)
-            } else {
-                None
-            };
-            match status {
-                Some(CallStatus::Waiting) => {
-                    self.waiting.push((call.clone(), key.borrow().clone()));
-                    if !self.serialize && self.waiting.len() == queued {
-                        // Every queued call found (the rest are not holders but under
-                        // `Serialize`).
+            if let Some((_, calls, may)) = keys.iter_mut().find(|(k, _, _)| *k == key) {
+                *calls += 1;
+                *may |= may_queue;
+                continue;
+            }
+            keys.push((key, 1, may_queue));
+            if !self.serialize {
+                found += self.judge(core, key, false, &mut listed)?;
+                if found == queued {
+                    break;
+                }
+            }
+        }
+        if self.serialize {
+            for (key, calls, may_queue) in keys {
+                if may_queue {
+                    // A live call of the key not queued is bound: it holds the key.
+                    let waiting = core.queued_on(key);
+                    found += self.judge(core, key, calls > waiting, &mut listed)?;
+                    if found == queued {
                         break;
                     }
                 }
-                _ if self.serialize => self.holders.push(key.borrow().clone()),
-                _ => {}
             }
         }
-        if self.waiting.is_empty() {
-            return Ok(());
-        }
-        // The core forgets a suspended sandbox without a Shutdown.
-        self.sandboxes
-            .retain(|(x, _)| core.sandbox_state(*x).is_some());
-        for (i, (call, key)) in self.waiting.iter().enumerate() {
-            if self.waiting[..i].iter().any(|(_, k)| k == key) || self.held(core, key) {
-                continue;
-            }
-            return Err(Violation::new("progress", self.explain(core, call, key)));
-        }
+        self.queued.truncate(listed);
         Ok(())
+    }
+
+    /// Judges `key`, which a call that may be queued has: how many calls it has queued, each
+    /// held back by something real (`holder`: a live call of the key is bound, under
+    /// `Serialize`). A key with queued calls is listed at `listed` in `queued`.
+    fn judge(
+        &mut self,
+        core: &Lifecycle,
+        key: &Key,
+        holder: bool,
+        listed: &mut usize,
+    ) -> Result<usize, Violation> {
+        let waiting = core.queued_on(key);
+        if waiting == 0 {
+            return Ok(0);
+        }
+        if !holder && !self.held(core, key) {
+            self.queued.truncate(*listed);
+            return Err(Violation::new("progress", self.explain(core, key, waiting)));
+        }
+        if self.queued.get(*listed) != Some(key) {
+            self.queued.truncate(*listed);
+            self.queued.push(key.clone());
+        }
+        *listed += 1;
+        Ok(waiting)
     }
 
     /// Whether something real holds `key` back.
     fn held(&self, core: &Lifecycle, key: &Key) -> bool {
-        let way_down = self.sandboxes.iter().any(|(x, k)| {
+        // The store's reasons first: in a fleet most queued calls wait for their key's claim.
+        if self.not_ours(core, key) {
+            return true;
+        }
+        self.sandboxes.iter().any(|(x, k)| {
             k == key
                 && matches!(
                     core.sandbox_state(*x),
@@ -199,8 +243,7 @@ impl Progress {
                             | SandboxState::HandingOver
                     )
                 )
-        });
-        way_down || self.holders.iter().any(|k| k == key) || self.not_ours(core, key)
+        })
     }
 
     /// Fleet mode: whether `key` is not this process's to bind: not owned, and a claim of it
@@ -222,7 +265,7 @@ impl Progress {
     }
 
     #[cold]
-    fn explain(&self, core: &Lifecycle, call: &CallId, key: &Key) -> String {
+    fn explain(&self, core: &Lifecycle, key: &Key, waiting: usize) -> String {
         let sandboxes: Vec<String> = self
             .sandboxes
             .iter()
@@ -230,7 +273,7 @@ impl Progress {
             .map(|(x, _)| format!("{x} {:?}", core.sandbox_state(*x)))
             .collect();
         let mut detail = format!(
-            "{call} waits for key {key}, and nothing holds the key back: its sandboxes [{}]",
+            "{waiting} call(s) wait for key {key}, and nothing holds the key back: its sandboxes [{}]",
             sandboxes.join(", ")
         );
         if self.serialize {
@@ -252,7 +295,7 @@ impl Progress {
 mod tests {
     use super::*;
     use crate::fixtures::check;
-    use sandkeeper::{CallSpec, Instant, ReleasePolicy, Scope, SessionId};
+    use sandkeeper::{CallSpec, CallStatus, Instant, ReleasePolicy, Scope, SessionId};
 
     fn suspend() -> Config {
         Config {
@@ -305,7 +348,7 @@ mod tests {
             .unwrap();
         drain(&mut core, &mut [&mut p, &mut blind]);
         assert_eq!(core.call_status(&b), Some(CallStatus::Waiting));
-        let live = || [(&b, true, Some(&key))];
+        let live = || [(true, Some(&key))];
         assert_eq!(
             check(p.after_input(&core, live())),
             "ok",
@@ -313,7 +356,7 @@ mod tests {
         );
         assert_eq!(check(blind.after_input(&core, live())), "progress");
         assert_eq!(
-            check(p.call_failed(&b, ErrorKind::WaitTimeout)),
+            check(p.call_failed(&b, Some(&key), ErrorKind::WaitTimeout)),
             "ok",
             "queued"
         );
@@ -332,11 +375,14 @@ mod tests {
         );
         assert_eq!(check(p.after_input(&core, live())), "ok");
         assert_eq!(
-            check(p.call_failed(&b, ErrorKind::WaitTimeout)),
+            check(p.call_failed(&b, Some(&key), ErrorKind::WaitTimeout)),
             "wait-timeout-held",
             "b is starting, no longer queued"
         );
-        assert_eq!(check(p.call_failed(&b, ErrorKind::StartTimeout)), "ok");
+        assert_eq!(
+            check(p.call_failed(&b, Some(&key), ErrorKind::StartTimeout)),
+            "ok"
+        );
     }
 
     /// Fleet mode: a call of a key this process does not own is held while the lease is not
@@ -386,7 +432,7 @@ mod tests {
             store(&mut core, &mut p).is_empty(),
             "no claim before the lease"
         );
-        let live = || [(&a, true, Some(&key))];
+        let live = || [(true, Some(&key))];
         assert_eq!(
             check(p.after_input(&core, live())),
             "ok",

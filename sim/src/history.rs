@@ -767,7 +767,8 @@ impl History {
                 if let Err(v) = self.bounds.call_failed(call, *error, now) {
                     self.fail(v.check, v.detail);
                 }
-                if let Err(v) = self.progress.call_failed(call, *error) {
+                let key = self.calls.live().get(call).and_then(|r| r.key.as_ref());
+                if let Err(v) = self.progress.call_failed(call, key, *error) {
                     self.fail(v.check, v.detail);
                 }
                 match error {
@@ -954,7 +955,7 @@ impl History {
         let live = self.calls.live().iter();
         let live = live.map(|r| {
             let may_queue = r.phase == Phase::Pending && r.sandbox.is_none();
-            (&r.call, may_queue, r.key.as_ref())
+            (may_queue, r.key.as_ref())
         });
         if let Err(v) = self.progress.after_input(core, live) {
             self.fail(v.check, v.detail);

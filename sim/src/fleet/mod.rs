@@ -27,7 +27,7 @@
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
 //! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
-//! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if it was queued at the last look |
+//! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
@@ -156,7 +156,8 @@ struct Replica {
     epoch: u64,
     valid_until: Option<u64>,
     versions: Versions,
-    calls: BTreeMap<CallId, (SessionId, Phase)>,
+    /// The application's calls: session, phase, and key (`progress` looks at it).
+    calls: BTreeMap<CallId, (SessionId, Phase, Option<Key>)>,
     /// Sandbox commands ordered before this sequence number were dropped by the driver
     /// (Abandon, Relinquish).
     dropped_before: BTreeMap<SandboxId, u64>,
@@ -255,7 +256,7 @@ struct World {
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
 /// no users; a scenario's calls under scope `user` are not looked at by `progress`).
-fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option<Key> {
+pub(crate) fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option<Key> {
     match scope {
         Scope::Session => Some(Key::Session(session.clone())),
         Scope::Call => Some(Key::Call(call.clone())),
@@ -544,7 +545,7 @@ impl World {
             }
             Ev::Arrive(r, session) => self.arrive(r, session),
             Ev::Release(r, _, call) => {
-                if let Some((_, phase)) = self.replicas[r].calls.get_mut(&call) {
+                if let Some((_, phase, _)) = self.replicas[r].calls.get_mut(&call) {
                     if *phase == Phase::Ready {
                         *phase = Phase::Released;
                         if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
@@ -727,11 +728,9 @@ impl World {
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
         }
-        let scope = self.config.scope;
         let replica = &mut self.replicas[r];
-        let live = replica.calls.iter().map(|(call, (session, phase))| {
-            (call, *phase == Phase::Waiting, key_of(scope, call, session))
-        });
+        let live = (replica.calls.values())
+            .map(|(_, phase, key)| (*phase == Phase::Waiting, key.as_ref()));
         if let Err(v) = replica.progress.after_input(&replica.core, live) {
             self.fail(v.check, format!("replica {r}: {}", v.detail));
         }
@@ -811,9 +810,10 @@ impl World {
         }
         self.next_call += 1;
         let call = CallId::new(format!("c{}", self.next_call)).expect("a valid name");
+        let key = key_of(self.config.scope, &call, &session);
         self.replicas[r]
             .calls
-            .insert(call.clone(), (session.clone(), Phase::Waiting));
+            .insert(call.clone(), (session.clone(), Phase::Waiting, key));
         if self.recorder.is_some() {
             let step = Step::Acquire {
                 call: call.clone(),
@@ -877,7 +877,7 @@ impl World {
         let scripted = self.script.is_some();
         match ev {
             Event::CallReady { call, .. } => {
-                if let Some((session, phase)) = self.replicas[r].calls.get_mut(&call) {
+                if let Some((session, phase, _)) = self.replicas[r].calls.get_mut(&call) {
                     *phase = Phase::Ready;
                     let session = session.clone();
                     if scripted {
@@ -890,7 +890,12 @@ impl World {
                 }
             }
             Event::CallFailed { call, error } => {
-                if let Err(v) = self.replicas[r].progress.call_failed(&call, error) {
+                let replica = &self.replicas[r];
+                let key = replica
+                    .calls
+                    .get(&call)
+                    .and_then(|(_, _, key)| key.as_ref());
+                if let Err(v) = replica.progress.call_failed(&call, key, error) {
                     self.fail(v.check, format!("replica {r}: {}", v.detail));
                 }
                 self.replicas[r].calls.remove(&call);
