@@ -268,7 +268,11 @@ pub(crate) fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option
 
 /// Runs one fleet seed.
 pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
-    let mut w = World::new(seed, opts);
+    run_world(World::new(seed, opts), opts)
+}
+
+/// Runs a seed's world `w`, made with `opts`, to its end: its report.
+fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
     let spec = opts.transcript.then(|| FleetSpec {
         replicas: w.replicas.len(),
         drift_ppm: w.replicas.iter().map(|r| r.drift_ppm).collect(),
@@ -1464,5 +1468,30 @@ impl World {
         {
             self.fail("liveness", format!("{key} still owned by {:?}", e.owner));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in a seed's world (here the world's own, as a core's would be) fails the seed
+    /// with the check `panic`, naming where it happened; the run returns its report.
+    #[test]
+    fn a_panic_fails_the_seed_and_the_run_goes_on() {
+        let opts = FleetOptions::new(3);
+        let mut w = World::new(7, opts);
+        // An event for a replica the fleet does not have: indexing it panics.
+        w.push(1_000 * MS, Ev::Wake(99));
+        let report = run_world(w, opts);
+        assert_eq!(report.invariant.as_deref(), Some("panic"));
+        let failure = report.failure.expect("failed");
+        assert!(failure.starts_with("invariant panic broken: "), "{failure}");
+        assert!(failure.contains("(panicked at sim/src/fleet/"), "{failure}");
+        assert_eq!(
+            run_fleet_seed(7, opts).failure,
+            None,
+            "the seed itself passes"
+        );
     }
 }
