@@ -16,6 +16,7 @@
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
 //! | `mirror.rs` | [`Mirror`]: where and when a session's versions are written | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` |
 //! | `snapshots.rs` | [`Snapshots`]: what a key keeps for its next start, and when the core lets it go | `discard-unreferenced`, `discard-after-retention`, `snapshot-released` |
+//! | `progress.rs` | [`Progress`]: a queued call waits only while something real holds its key back (a sandbox of the key on its way down or handed over, a `Serialize` holder, in fleet mode a key not owned or a release under way) | `progress`, `wait-timeout-held` |
 //! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
@@ -32,6 +33,7 @@
 //! | user | checkers |
 //! |---|---|
 //! | the simulator's history | all, on every input of every seed |
+//! | the simulator's fleet world | [`Lanes`], [`Versions`] and [`Progress`] per replica |
 //! | the core's scripted tests (`core/tests/support`) | all but the after-input time bounds (a script moves its clock freely, so only command deadlines are judged): the getter checks after every input |
 //! | io-tokio's `FaultBackend` | [`Lanes`], on the operations it receives |
 //! | the agreement test | [`Lanes`] on what its scripted backend receives; [`Versions`] and [`Outputs`] on the keeper's versions and events |
@@ -50,6 +52,7 @@ mod lane;
 mod live;
 mod mirror;
 mod outputs;
+mod progress;
 mod snapshots;
 mod uploads;
 mod versions;
@@ -61,6 +64,7 @@ pub use lane::{Lane, Lanes, Op};
 pub use live::{CallRecord, LiveCalls, Phase};
 pub use mirror::Mirror;
 pub use outputs::Outputs;
+pub use progress::Progress;
 pub use snapshots::Snapshots;
 pub use uploads::{Flight, Uploads};
 pub use versions::{PathVersions, Versions};

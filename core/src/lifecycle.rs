@@ -220,6 +220,18 @@ impl Lifecycle {
         self.calls.len()
     }
 
+    /// Live calls queued behind their keys (each one's [`CallStatus`] is `Waiting`). O(1).
+    pub fn queued_calls(&self) -> usize {
+        self.calls.waiting
+    }
+
+    /// Live calls queued behind `key`. O(1).
+    pub fn queued_on(&self, key: &crate::ids::Key) -> usize {
+        self.keys
+            .find(key)
+            .map_or(0, |k| self.keys[k].waiters.len())
+    }
+
     /// Sandboxes the core tracks, in any state.
     pub fn tracked_sandboxes(&self) -> usize {
         self.sandboxes.len()

@@ -3,8 +3,9 @@
 //! check has a name; the first broken one is kept as the run's [`Failure`].
 //!
 //! The rules themselves are `sandkeeper_check`'s, one checker per concern (a sandbox's lane, a
-//! path's versions, deadlines, the stream's shape, calls, uploads in flight, the mirror): the
-//! core's scripted tests, io-tokio's `FaultBackend` and the agreement test judge by the same.
+//! path's versions, deadlines, the stream's shape, calls, uploads in flight, the mirror, what
+//! holds a queued call back): the core's scripted tests, io-tokio's `FaultBackend` and the
+//! agreement test judge by the same.
 //! The history keeps the simulator's record of each sandbox, feeds every checker what it needs,
 //! and adds the checks that need the whole world: intent across a key's sandboxes
 //! (`resume-latest-snapshot`, `start-after-persist`, `suspension-keeps-workspace`),
@@ -18,7 +19,7 @@ use sandkeeper::{
 };
 
 use sandkeeper_check::{
-    Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Snapshots, Uploads, Versions,
+    Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Progress, Snapshots, Uploads, Versions,
 };
 
 use crate::by_sandbox::BySandbox;
@@ -123,6 +124,8 @@ pub struct History {
     /// The shape of the output stream (`sandkeeper_check::Outputs`): nothing after Closed, an
     /// Abandon followed at once by its Shutdown.
     outputs: Outputs,
+    /// What holds back each key with a queued call (`sandkeeper_check::Progress`).
+    progress: Progress,
     /// A sandbox whose lost instance this input reported while it was being suspended: the
     /// core must neither abandon nor shut it down for that.
     spared: Option<SandboxId>,
@@ -216,6 +219,7 @@ impl History {
             stopped_now: Vec::new(),
             bounds: Deadlines::new(config),
             outputs: Outputs::new(),
+            progress: Progress::new(config),
             spared: None,
             starts: 0,
             shutdowns: 0,
@@ -541,6 +545,7 @@ impl History {
         if let Err(v) = self.bounds.command(cmd, Instant::from_millis(self.now_ms)) {
             self.fail(v.check, v.detail);
         }
+        self.progress.command(cmd);
         let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
         if self.spared == Some(x) {
             check!(
@@ -824,6 +829,10 @@ impl History {
                 if let Err(v) = self.bounds.call_failed(call, *error, now) {
                     self.fail(v.check, v.detail);
                 }
+                let key = self.calls.live().get(call).and_then(|r| r.key.as_ref());
+                if let Err(v) = self.progress.call_failed(call, key, *error) {
+                    self.fail(v.check, v.detail);
+                }
                 match error {
                     ErrorKind::WaitTimeout => self.marks.hit(Mark::WaitTimeout),
                     ErrorKind::StartTimeout => self.marks.hit(Mark::StartTimeout),
@@ -1009,6 +1018,15 @@ impl History {
         if self.closed() {
             self.touched.clear();
             return;
+        }
+        // A call of one process once bound (its sandbox learned) is never queued again.
+        let live = self.calls.live().iter();
+        let live = live.map(|r| {
+            let may_queue = r.phase == Phase::Pending && r.sandbox.is_none();
+            (may_queue, r.key.as_ref())
+        });
+        if let Err(v) = self.progress.after_input(core, live) {
+            self.fail(v.check, v.detail);
         }
         let full = self.full_every <= 1 || self.inputs.is_multiple_of(self.full_every);
         self.check_calls(core, full);

@@ -40,6 +40,7 @@ pub mod fleet;
 pub mod harness;
 mod history;
 pub mod marks;
+mod panics;
 mod rng;
 pub mod run;
 pub mod scenario;

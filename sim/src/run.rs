@@ -1,6 +1,5 @@
 //! One seeded run: the random phase, then the liveness phase, with every step checked.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use sandkeeper::Config;
@@ -92,9 +91,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
     let mut harness =
         Harness::new(config.clone(), close_deadline, hopts).expect("swarm configs are valid");
     let mut world = World::new(seed, swarm).with_operations(opts.operations);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        drive(&mut harness, &mut world, &mut transcript)
-    }));
+    let outcome = crate::panics::catch(|| drive(&mut harness, &mut world, &mut transcript));
     let failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(Stop::Failed(f))) => Some(f),
@@ -103,18 +100,11 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> RunReport {
             step: harness.steps,
             detail: m,
         }),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".into());
-            Some(Failure {
-                invariant: "panic".into(),
-                step: harness.steps,
-                detail: msg,
-            })
-        }
+        Err(msg) => Some(Failure {
+            invariant: "panic".into(),
+            step: harness.steps,
+            detail: msg,
+        }),
     };
     RunReport {
         seed,

@@ -27,8 +27,10 @@
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
 //! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
+//! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
+//! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
@@ -52,7 +54,7 @@ use sandkeeper::{
     Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
     StoreCommand, UploadId,
 };
-use sandkeeper_check::Versions;
+use sandkeeper_check::{Progress, Versions};
 
 use crate::rng::Rng;
 use crate::step::fleet::{FleetSpec, FleetStep, Link};
@@ -154,7 +156,8 @@ struct Replica {
     epoch: u64,
     valid_until: Option<u64>,
     versions: Versions,
-    calls: BTreeMap<CallId, (SessionId, Phase)>,
+    /// The application's calls: session, phase, and key (`progress` looks at it).
+    calls: BTreeMap<CallId, (SessionId, Phase, Option<Key>)>,
     /// Sandbox commands ordered before this sequence number were dropped by the driver
     /// (Abandon, Relinquish).
     dropped_before: BTreeMap<SandboxId, u64>,
@@ -167,6 +170,8 @@ struct Replica {
     lapses: u64,
     /// The tokens it held and may no longer order anything under (`fenced-token-retired`).
     retired: retired::Retired,
+    /// What holds back each key with a queued call (`progress`, `wait-timeout-held`).
+    progress: Progress,
 }
 
 impl Replica {
@@ -249,9 +254,25 @@ struct World {
     recorder: Option<Box<transcript::Recorder>>,
 }
 
+/// The key a call of `session` is isolated under, when the world knows it (a seed's world has
+/// no users; a scenario's calls under scope `user` are not looked at by `progress`).
+pub(crate) fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option<Key> {
+    match scope {
+        Scope::Session => Some(Key::Session(session.clone())),
+        Scope::Call => Some(Key::Call(call.clone())),
+        Scope::Agent => Some(Key::Agent),
+        Scope::Global => Some(Key::Global),
+        Scope::User => None,
+    }
+}
+
 /// Runs one fleet seed.
 pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
-    let mut w = World::new(seed, opts);
+    run_world(World::new(seed, opts), opts)
+}
+
+/// Runs a seed's world `w`, made with `opts`, to its end: its report.
+fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
     let spec = opts.transcript.then(|| FleetSpec {
         replicas: w.replicas.len(),
         drift_ppm: w.replicas.iter().map(|r| r.drift_ppm).collect(),
@@ -260,7 +281,11 @@ pub fn run_fleet_seed(seed: u64, opts: FleetOptions) -> FleetReport {
         on_advance: true,
         backend_fencing: opts.backend_fencing,
     });
-    w.run();
+    // A core panic fails the seed (check `panic`), as in one process; the world is not looked
+    // at again but for what it reported and recorded up to the panic.
+    if let Err(msg) = crate::panics::catch(|| w.run()) {
+        w.fail("panic", msg);
+    }
     w.report.invariant = w.failed.as_ref().map(|(check, _)| check.clone());
     if let (Some(spec), Some(rec)) = (spec, w.recorder.take()) {
         w.report.transcript = Some(FleetTranscript {
@@ -408,6 +433,7 @@ impl World {
             ..self.config.clone()
         };
         Replica {
+            progress: Progress::new(&config),
             core: Lifecycle::new(config).expect("a valid configuration"),
             incarnation,
             run: Run::Up,
@@ -523,7 +549,7 @@ impl World {
             }
             Ev::Arrive(r, session) => self.arrive(r, session),
             Ev::Release(r, _, call) => {
-                if let Some((_, phase)) = self.replicas[r].calls.get_mut(&call) {
+                if let Some((_, phase, _)) = self.replicas[r].calls.get_mut(&call) {
                     if *phase == Phase::Ready {
                         *phase = Phase::Released;
                         if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
@@ -545,6 +571,7 @@ impl World {
                 if let Input::Renewed { renewal, .. } = &input {
                     self.confirmed(r, *renewal);
                 }
+                self.replicas[r].progress.store_answer(&input);
                 if let Input::Claimed {
                     claim, key, token, ..
                 } = &input
@@ -638,6 +665,7 @@ impl World {
 
     fn drain(&mut self, r: usize, local: u64) {
         while let Some(cmd) = self.replicas[r].core.poll_store() {
+            self.replicas[r].progress.store_command(&cmd);
             if let StoreCommand::Renew { renewal, epoch, .. } = &cmd {
                 let replica = &mut self.replicas[r];
                 if *epoch != replica.epoch {
@@ -671,6 +699,7 @@ impl World {
             if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
                 self.fail("fenced-token-retired", format!("replica {r} {detail}"));
             }
+            self.replicas[r].progress.command(&cmd);
             self.seq += 1;
             let seq = self.seq;
             let inc = self.replicas[r].incarnation;
@@ -702,6 +731,12 @@ impl World {
         }
         while let Some(ev) = self.replicas[r].core.poll_event() {
             self.event(r, ev);
+        }
+        let replica = &mut self.replicas[r];
+        let live = (replica.calls.values())
+            .map(|(_, phase, key)| (*phase == Phase::Waiting, key.as_ref()));
+        if let Err(v) = replica.progress.after_input(&replica.core, live) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
         }
         if let Some(names) = self.names.as_mut() {
             let replica = &self.replicas[r];
@@ -779,9 +814,10 @@ impl World {
         }
         self.next_call += 1;
         let call = CallId::new(format!("c{}", self.next_call)).expect("a valid name");
+        let key = key_of(self.config.scope, &call, &session);
         self.replicas[r]
             .calls
-            .insert(call.clone(), (session.clone(), Phase::Waiting));
+            .insert(call.clone(), (session.clone(), Phase::Waiting, key));
         if self.recorder.is_some() {
             let step = Step::Acquire {
                 call: call.clone(),
@@ -845,7 +881,7 @@ impl World {
         let scripted = self.script.is_some();
         match ev {
             Event::CallReady { call, .. } => {
-                if let Some((session, phase)) = self.replicas[r].calls.get_mut(&call) {
+                if let Some((session, phase, _)) = self.replicas[r].calls.get_mut(&call) {
                     *phase = Phase::Ready;
                     let session = session.clone();
                     if scripted {
@@ -857,7 +893,18 @@ impl World {
                     self.push(self.now + done, Ev::Release(r, inc, call));
                 }
             }
-            Event::CallFailed { call, .. } | Event::CallRevoked { call } => {
+            Event::CallFailed { call, error } => {
+                let replica = &self.replicas[r];
+                let key = replica
+                    .calls
+                    .get(&call)
+                    .and_then(|(_, _, key)| key.as_ref());
+                if let Err(v) = replica.progress.call_failed(&call, key, error) {
+                    self.fail(v.check, format!("replica {r}: {}", v.detail));
+                }
+                self.replicas[r].calls.remove(&call);
+            }
+            Event::CallRevoked { call } => {
                 self.replicas[r].calls.remove(&call);
             }
             Event::CallReleased { call } => {
@@ -1422,5 +1469,30 @@ impl World {
         {
             self.fail("liveness", format!("{key} still owned by {:?}", e.owner));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in a seed's world (here the world's own, as a core's would be) fails the seed
+    /// with the check `panic`, naming where it happened; the run returns its report.
+    #[test]
+    fn a_panic_fails_the_seed_and_the_run_goes_on() {
+        let opts = FleetOptions::new(3);
+        let mut w = World::new(7, opts);
+        // An event for a replica the fleet does not have: indexing it panics.
+        w.push(1_000 * MS, Ev::Wake(99));
+        let report = run_world(w, opts);
+        assert_eq!(report.invariant.as_deref(), Some("panic"));
+        let failure = report.failure.expect("failed");
+        assert!(failure.starts_with("invariant panic broken: "), "{failure}");
+        assert!(failure.contains("(panicked at sim/src/fleet/"), "{failure}");
+        assert_eq!(
+            run_fleet_seed(7, opts).failure,
+            None,
+            "the seed itself passes"
+        );
     }
 }

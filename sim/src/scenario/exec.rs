@@ -84,7 +84,7 @@ pub fn run_steps(
     let mut effective = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
         let shown = h.trace.len();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.apply(step)));
+        let r = crate::panics::catch(|| h.apply(step));
         if let Some(log) = log.as_mut() {
             log(&format!("{line:>4}  {step}"));
             for t in &h.trace[shown..] {
@@ -127,7 +127,7 @@ pub fn run_steps(
             }
         }
     }
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| end_liveness(&mut h)));
+    let r = crate::panics::catch(|| end_liveness(&mut h));
     let verdict = match r {
         Ok(Ok(())) => Verdict::Pass,
         Ok(Err(Stop::Failed(failure))) => Verdict::Fail { line: 0, failure },
@@ -143,12 +143,7 @@ pub fn run_steps(
     (verdict, effective)
 }
 
-fn panic_failure(panic: Box<dyn std::any::Any + Send>, step: usize) -> Failure {
-    let msg = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into());
+fn panic_failure(msg: String, step: usize) -> Failure {
     Failure {
         invariant: "panic".into(),
         step,

@@ -38,7 +38,7 @@ pub fn run_fleet_scenario(
     let mut effective = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
         w.script_mut().step = i + 1;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.script_step(step)));
+        let r = crate::panics::catch(|| w.script_step(step));
         if let Some(log) = log.as_mut() {
             log(&format!("{line:>4}  {step}"));
             w.flush_log(&mut **log);
@@ -73,7 +73,7 @@ pub fn run_fleet_scenario(
             );
         }
     }
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.script_end()));
+    let r = crate::panics::catch(|| w.script_end());
     if let Some(log) = log.as_mut() {
         log("   -  (liveness: every store answers, every command is answered, a minute of calm, every replica closes)");
         w.flush_log(&mut **log);
@@ -93,12 +93,7 @@ pub fn run_fleet_scenario(
     (verdict, effective)
 }
 
-fn panicked(panic: Box<dyn std::any::Any + Send>, w: &World) -> Failure {
-    let detail = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into());
+fn panicked(detail: String, w: &World) -> Failure {
     Failure {
         invariant: "panic".into(),
         step: w.script_ref().step,

@@ -245,9 +245,10 @@ impl World {
         self.up(r)?;
         let fresh = !self.replicas[r].calls.contains_key(call);
         if fresh {
+            let key = super::super::key_of(self.config.scope, call, &spec.session);
             self.replicas[r]
                 .calls
-                .insert(call.clone(), (spec.session.clone(), Phase::Waiting));
+                .insert(call.clone(), (spec.session.clone(), Phase::Waiting, key));
         }
         let done = self.app(r, |core, t| core.acquire(t, spec))?;
         match done {
