@@ -28,6 +28,13 @@ use crate::error::K8sError;
 /// The annotation of the newest token an object has seen.
 pub(crate) const TOKEN: &str = "sandkeeper.sandbox.users.io/token";
 
+/// Whether a token check records a newer token as the object's newest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Raise {
+    Yes,
+    No,
+}
+
 impl Cluster {
     /// Admits a change of the sandbox whose object is `object` under `token`: refused
     /// ([`K8sError::Fenced`]) when the object has seen a newer one, else recorded as the
@@ -37,14 +44,29 @@ impl Cluster {
         let Some(Token(token)) = token else {
             return Ok(());
         };
+        self.token_of(object, token, Raise::Yes).await
+    }
+
+    /// Checks the application's own change of the sandbox whose object is `object` (a write,
+    /// a removal, a command's start: `work.rs`) under `token`, the token this process holds
+    /// the sandbox under: refused ([`K8sError::Fenced`]) when the object has seen a newer one
+    /// (another process adopted the sandbox). One GET; nothing is recorded. An object that is
+    /// gone passes (the change then finds it gone).
+    pub(crate) async fn check_token(&self, object: &str, token: Token) -> Result<(), K8sError> {
+        self.token_of(object, token.0, Raise::No).await
+    }
+
+    async fn token_of(&self, object: &str, token: u64, raise: Raise) -> Result<(), K8sError> {
         match &self.config.mode {
             Mode::AgentSandbox { .. } => {
                 let calls = (calls::GET_CLAIM, calls::PATCH_CLAIM);
-                self.admit_on(self.claims(), calls, object, token).await
+                self.admit_on(self.claims(), calls, object, token, raise)
+                    .await
             }
             Mode::Pod { .. } => {
                 let calls = (calls::GET_POD, calls::PATCH_POD);
-                self.admit_on(self.pods(), calls, object, token).await
+                self.admit_on(self.pods(), calls, object, token, raise)
+                    .await
             }
         }
     }
@@ -91,6 +113,7 @@ impl Cluster {
         (get, patch): (Call, Call),
         object: &str,
         token: u64,
+        raise: Raise,
     ) -> Result<(), K8sError>
     where
         K: Resource + Clone + Debug + Serialize + DeserializeOwned,
@@ -114,7 +137,7 @@ impl Cluster {
                         newest,
                     });
                 }
-                if token == newest {
+                if token == newest || raise == Raise::No {
                     return Ok(());
                 }
                 // The read's resourceVersion makes the patch conditional on it.

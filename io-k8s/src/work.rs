@@ -17,6 +17,29 @@
 //! - `exec_streaming` forwards each frame of output as the websocket delivers it.
 //!
 //! A pod found gone (404, deleted, finished) is [`OpError::SandboxGone`].
+//!
+//! ## Fleet mode: a stale process changes nothing
+//!
+//! The backend remembers the token it started or adopted each sandbox under (raised by every
+//! command it admits later). Before a change (a write's first step, a removal, a command's
+//! start) of a sandbox it holds under a token, it reads the sandbox's object (the claim; the
+//! pod in pod mode) and refuses the change with [`OpError::Fenced`] when the object's token
+//! annotation is newer (`fence.rs`): another process adopted the sandbox, and adoption raises
+//! that annotation before it reads or changes anything in the pod. `SandboxWork` then fences
+//! the key in the keeper. Reads (`read`, `list`, `exists`) are not checked: they change
+//! nothing. The cost is one GET per change in fleet mode; a single keeper's sandboxes carry no
+//! token and are not checked (no request).
+//!
+//! The key's Lease is not read: a takeover raises it first (the fleet store's claim), but a
+//! change that passes before the adopter raises the object's annotation lands before the
+//! adopter's first look at the workspace, so the adopter continues from it as from anything
+//! its last owner did before the takeover; reading the Lease too would cost a second GET and
+//! close nothing the annotation leaves open.
+//!
+//! What remains: no Kubernetes request makes an exec conditional on another object, so the
+//! check and the change are separate requests, and a process paused after its check passed,
+//! woken after a takeover, still makes that one change. A command already running at the
+//! takeover is not stopped by it.
 
 use std::time::Duration;
 
@@ -63,6 +86,33 @@ impl K8sBackend {
         self.handle(sandbox)
             .map(|h| h.pod)
             .ok_or_else(|| gone(sandbox, "not running here"))
+    }
+
+    /// Fleet mode: refuses ([`OpError::Fenced`]) a change of `sandbox` once its object has
+    /// seen a newer token than the one this process holds it under (another process adopted
+    /// it), one GET of the object; right before the change's first step. Without a token (a
+    /// single keeper): nothing, no request.
+    async fn fence(&self, sandbox: SandboxId) -> Result<(), OpError> {
+        let (handle, token) = self
+            .running(sandbox)
+            .ok_or_else(|| gone(sandbox, "not running here"))?;
+        let Some(token) = token else {
+            return Ok(());
+        };
+        self.cluster()
+            .check_token(&handle.object, token)
+            .await
+            .map_err(|e| match e {
+                K8sError::Fenced { .. } => OpError::Fenced {
+                    sandbox,
+                    why: e.to_string(),
+                },
+                e if e.is_gone() => gone(sandbox, e.to_string()),
+                e => OpError::Backend {
+                    what: "token check",
+                    error: e.to_string(),
+                },
+            })
     }
 
     /// `workdir/path` (the working directory itself for the root).
@@ -228,6 +278,7 @@ impl K8sBackend {
         full.extend(options.env.iter().map(|(k, v)| format!("{k}={v}")));
         full.extend(argv);
         let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        self.fence(sandbox).await?;
         let out = self
             .run(
                 sandbox,
@@ -288,6 +339,7 @@ impl SandboxOps for K8sBackend {
             (&["cp", "--", "/dev/stdin", &tmp], bytes),
             (&["mv", "-f", "-T", "--", &tmp, &full], Vec::new()),
         ];
+        self.fence(sandbox).await?;
         for (argv, stdin) in steps {
             let out = self.step(sandbox, &pod, argv, stdin, 0).await?;
             if out.code != 0 {
@@ -411,6 +463,7 @@ impl SandboxOps for K8sBackend {
                 path: path.to_string(),
             });
         }
+        self.fence(sandbox).await?;
         let out = self
             .step(sandbox, &pod, &["rm", "-rf", "--", &full], Vec::new(), 0)
             .await?;

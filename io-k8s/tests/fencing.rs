@@ -121,3 +121,125 @@ async fn pods_record_the_newest_token_and_refuse_older_ones() {
 async fn claims_record_the_newest_token_and_refuse_older_ones() {
     fences_on(claim_config("fencing"), &SANDBOX_CLAIMS).await;
 }
+
+/// The requests made between `before` and now, `pods/exec` and Leases (the owner Lease's
+/// renewal runs on its own timer) left out.
+fn api_requests_since(
+    server: &k8s_loopback::Loopback,
+    before: &std::collections::BTreeMap<k8s_loopback::RequestInfo, u64>,
+) -> Vec<(k8s_loopback::RequestInfo, u64)> {
+    server
+        .request_counts()
+        .into_iter()
+        .map(|(r, n)| {
+            let was = before.get(&r).copied().unwrap_or(0);
+            (r, n - was)
+        })
+        .filter(|(r, n)| {
+            *n > 0 && r.subresource.as_deref() != Some("exec") && r.resource != "leases"
+        })
+        .collect()
+}
+
+/// The application's own work in a sandbox is fenced like the keeper's commands: once another
+/// backend adopted the sandbox under a newer token, the stale backend's write, removal and
+/// command are refused (`OpError::Fenced`), although it still drives the sandbox as far as it
+/// knows (it never learnt of the takeover), and the pod's workspace keeps what the new owner
+/// wrote. Reads stay allowed (they change nothing). The check costs a fleet sandbox's change
+/// one GET of its object, and a sandbox started without a token (a single keeper) nothing.
+/// Without the check the stale write replaced the new owner's file.
+async fn stale_operations_change_nothing_on(
+    first: sandkeeper_k8s::K8sConfig,
+    second: sandkeeper_k8s::K8sConfig,
+    objects: &k8s_loopback::resources::ResourceType,
+) {
+    use sandkeeper_tokio::ops::ExecRequest;
+    use sandkeeper_tokio::{AdoptRequest, ExecOptions, OpError, SandboxOps, WorkPath};
+    let server = server().await;
+    let stale = connect(&server, first).await;
+    let next = connect(&server, second).await;
+    let k = key("s1");
+    let x = SandboxId((1 << 32) | 3);
+    stale.start(start(x.0, &k, 3)).await.unwrap();
+    let path = || WorkPath::new("turns.txt").unwrap();
+    stale.write(x, path(), b"turn 1\n".to_vec()).await.unwrap();
+    next.adopt(AdoptRequest {
+        sandbox: x,
+        key: k.clone(),
+        token: Token(4),
+    })
+    .await
+    .unwrap();
+    let before = server.request_counts();
+    next.write(x, path(), b"turn 1\nturn 2\n".to_vec())
+        .await
+        .unwrap();
+    let paid = api_requests_since(&server, &before);
+
+    let refused = stale.write(x, path(), b"stale\n".to_vec()).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let refused = stale.remove(x, path()).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let touch = ExecRequest::new(
+        vec!["touch".into(), "stale-was-here".into()],
+        ExecOptions::default(),
+    )
+    .unwrap();
+    let refused = stale.exec(x, touch).await;
+    assert!(
+        matches!(refused, Err(OpError::Fenced { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        stale.read(x, path(), 1 << 10).await.unwrap(),
+        b"turn 1\nturn 2\n",
+        "reads are not fenced"
+    );
+    let pod = next.handle(x).unwrap().pod;
+    assert_eq!(
+        std::fs::read(server.pod_path(NS, &pod, "/workspace/turns.txt")).unwrap(),
+        b"turn 1\nturn 2\n"
+    );
+    assert!(!server
+        .pod_path(NS, &pod, "/workspace/stale-was-here")
+        .exists());
+    assert!(
+        matches!(paid.as_slice(), [(r, 1)] if r.verb == k8s_loopback::Verb::Get
+            && r.resource == objects.plural),
+        "a fleet write costs one GET of its object: {paid:?}"
+    );
+    // The new owner's work goes on.
+    next.remove(x, path()).await.unwrap();
+
+    // A sandbox started without a token (a single keeper) pays nothing for the check.
+    let y = SandboxId((1 << 32) | 4);
+    let mut single = start(y.0, &key("s2"), 0);
+    single.token = None;
+    stale.start(single).await.unwrap();
+    let before = server.request_counts();
+    stale.write(y, path(), b"single\n".to_vec()).await.unwrap();
+    stale.remove(y, path()).await.unwrap();
+    let paid = api_requests_since(&server, &before);
+    assert!(paid.is_empty(), "no request but execs: {paid:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_backend_s_operations_in_an_adopted_pod_change_nothing() {
+    stale_operations_change_nothing_on(pod_config("first"), pod_config("second"), &PODS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_backend_s_operations_in_an_adopted_claim_change_nothing() {
+    stale_operations_change_nothing_on(
+        claim_config("first"),
+        claim_config("second"),
+        &SANDBOX_CLAIMS,
+    )
+    .await;
+}
