@@ -307,6 +307,7 @@ impl Backend for K8sBackend {
             }
             None => None,
         };
+        let resumed_from_claim = resumed.is_some();
         let handle = match resumed {
             Some(h) => h,
             None => self
@@ -316,7 +317,12 @@ impl Backend for K8sBackend {
                 .map_err(failure)?,
         };
         // Fleet mode: the new (or resumed) object records its owner's token.
-        let admitted = self.cluster.admit(&handle.object, request.token).await;
+        let mut admitted = self.cluster.admit(&handle.object, request.token).await;
+        if let (Ok(()), Some(token), true) = (&admitted, request.token, resumed_from_claim) {
+            // The resumed workspace keeps the token file its last adopter wrote: the pod's
+            // guard learns of this owner too (`work.rs`).
+            admitted = self.cluster.raise_pod_token(&handle.pod, token).await;
+        }
         let running = Running {
             handle,
             token: request.token,
