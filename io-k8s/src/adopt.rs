@@ -94,6 +94,7 @@ impl Cluster {
                     .await?;
                 let (pod, pod_uid) = self.find_pod(&sandbox_name).await?;
                 self.patch_pod_labels(&pod, &owner).await?;
+                self.raise_pod_token(&pod, token).await?;
                 Ok(SandboxHandle {
                     sandbox,
                     object: claim,
@@ -111,6 +112,7 @@ impl Cluster {
                 self.admit(&pod, Some(token)).await?;
                 self.patch_pod_labels(&pod, &owner).await?;
                 let pod_uid = self.check_pod_alive(&pod).await?;
+                self.raise_pod_token(&pod, token).await?;
                 Ok(SandboxHandle {
                     sandbox,
                     object: pod.clone(),

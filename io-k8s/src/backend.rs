@@ -38,7 +38,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use sandkeeper::{Config, SandboxId, Snapshot};
+use sandkeeper::{Config, SandboxId, Snapshot, Token};
 use sandkeeper_tokio::{
     AdoptRequest, Backend, BackendError, DeathSink, DiscardRequest, FailureClass, PersistRequest,
     StartRequest, StopRequest, UploadRequest,
@@ -72,8 +72,9 @@ pub struct K8sBackend {
     cluster: Cluster,
     /// What connect learnt of the install (whether the workspace survives a suspension).
     install: Install,
-    /// The objects of the sandboxes started here and not shut down or suspended yet.
-    started: Mutex<HashMap<SandboxId, SandboxHandle>>,
+    /// The sandboxes started (or adopted) here and not shut down, suspended or relinquished
+    /// yet: their objects, and in fleet mode the token this process holds them under.
+    started: Mutex<HashMap<SandboxId, Running>>,
     /// Claims being resumed by a start that has not answered yet: work in progress a shutdown
     /// ordered meanwhile (the start abandoned) must delete, and whose name (the first
     /// incarnation's) the sandbox number does not give.
@@ -85,6 +86,15 @@ pub struct K8sBackend {
     _lease: Option<LeaseRenewal>,
     /// Connected as one process of a fleet ([`K8sBackend::connect_fleet`]).
     fleet: bool,
+}
+
+/// A sandbox this backend drives.
+struct Running {
+    handle: SandboxHandle,
+    /// Fleet mode: the newest token this process started, adopted or changed the sandbox
+    /// under. The application's own changes in it are checked against its object's token
+    /// before they are made (`work.rs`); `None` (a single keeper): nothing is checked.
+    token: Option<Token>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -219,7 +229,25 @@ impl K8sBackend {
 
     /// The objects of a sandbox started here and not shut down (or suspended) yet.
     pub fn handle(&self, sandbox: SandboxId) -> Option<SandboxHandle> {
-        locked(&self.started).get(&sandbox).cloned()
+        locked(&self.started)
+            .get(&sandbox)
+            .map(|r| r.handle.clone())
+    }
+
+    /// The objects of a sandbox started here, with the token this process holds it under
+    /// (fleet mode; `None` otherwise).
+    pub(crate) fn running(&self, sandbox: SandboxId) -> Option<(SandboxHandle, Option<Token>)> {
+        locked(&self.started)
+            .get(&sandbox)
+            .map(|r| (r.handle.clone(), r.token))
+    }
+
+    /// Records that this process drives `sandbox` under `token` now (a command under it was
+    /// admitted): the newest it holds.
+    fn holds(&self, sandbox: SandboxId, token: Option<Token>) {
+        if let (Some(r), Some(t)) = (locked(&self.started).get_mut(&sandbox), token) {
+            r.token = Some(r.token.map_or(t, |held| held.max(t)));
+        }
     }
 }
 
@@ -279,6 +307,7 @@ impl Backend for K8sBackend {
             }
             None => None,
         };
+        let resumed_from_claim = resumed.is_some();
         let handle = match resumed {
             Some(h) => h,
             None => self
@@ -288,8 +317,17 @@ impl Backend for K8sBackend {
                 .map_err(failure)?,
         };
         // Fleet mode: the new (or resumed) object records its owner's token.
-        let admitted = self.cluster.admit(&handle.object, request.token).await;
-        locked(&self.started).insert(request.sandbox, handle);
+        let mut admitted = self.cluster.admit(&handle.object, request.token).await;
+        if let (Ok(()), Some(token), true) = (&admitted, request.token, resumed_from_claim) {
+            // The resumed workspace keeps the token file its last adopter wrote: the pod's
+            // guard learns of this owner too (`work.rs`).
+            admitted = self.cluster.raise_pod_token(&handle.pod, token).await;
+        }
+        let running = Running {
+            handle,
+            token: request.token,
+        };
+        locked(&self.started).insert(request.sandbox, running);
         admitted.map_err(failure)
     }
 
@@ -302,7 +340,11 @@ impl Backend for K8sBackend {
                 tracing::warn!(sandbox = %request.sandbox, error = %e, "adoption failed");
                 failure(e)
             })?;
-        locked(&self.started).insert(request.sandbox, handle);
+        let running = Running {
+            handle,
+            token: Some(request.token),
+        };
+        locked(&self.started).insert(request.sandbox, running);
         Ok(())
     }
 
@@ -324,6 +366,7 @@ impl Backend for K8sBackend {
             .admit(&h.object, request.token)
             .await
             .map_err(failure)?;
+        self.holds(request.sandbox, request.token);
         let file = UploadFile {
             session: &request.session,
             path: &request.path,
@@ -346,6 +389,7 @@ impl Backend for K8sBackend {
                 .admit(&h.object, token)
                 .await
                 .map_err(failure)?;
+            self.holds(sandbox, token);
         }
         if !suspend {
             return Ok(None);

@@ -17,10 +17,55 @@
 //! - `exec_streaming` forwards each frame of output as the websocket delivers it.
 //!
 //! A pod found gone (404, deleted, finished) is [`OpError::SandboxGone`].
+//!
+//! ## Fleet mode: a stale process changes nothing
+//!
+//! The backend remembers the token it started or adopted each sandbox under (raised by every
+//! command it admits later). A change (a write's rename, a removal, a command's start) of a
+//! sandbox it holds under a token is checked twice, and refused with [`OpError::Fenced`]
+//! (`SandboxWork` then fences the key in the keeper) when another process adopted it:
+//!
+//! 1. **At the API**, before its first step: one GET of the sandbox's object (the claim; the
+//!    pod in pod mode) and its token annotation, which adoption raises before it reads or
+//!    changes anything in the pod (`fence.rs`).
+//! 2. **In the pod**, in the exec that makes the change: the step runs as `sh -c GUARD sh
+//!    <workdir>/.sandkeeper/token <token> <argv>`, which compares the pod's token file and
+//!    `exec`s the step only if the file holds no newer token (exit 86 and
+//!    `sandkeeper-fenced: <newest>` otherwise). An adopter writes that file (raised only,
+//!    replaced whole, refused when newer: `Cluster::raise_pod_token`) at the end of its
+//!    adoption, before its first read or change, and so does a start that resumes a suspended
+//!    claim (its workspace keeps the file). A process that passed the API check and paused
+//!    before its exec is refused when the exec runs at last, however long the pause.
+//!
+//! Reads (`read`, `list`, `exists`) are not checked: they change nothing. Cost: one GET per
+//! change and one exec per adoption (or resume), in fleet mode only; the guard rides in the
+//! change's own exec. A single keeper's sandboxes carry no token: no check, no request, no
+//! guard. The image needs a POSIX `sh` (any image with GNU coreutils has one).
+//!
+//! What remains:
+//!
+//! - The guard's read of the file and the step it `exec`s are two instants in the container
+//!   (no lock: `flock` would be one more tool asked of the image, and locks on a network
+//!   volume are unreliable). A step whose check read the old token just before the adopter's
+//!   rename of the file still runs: microseconds of the container's own scheduling, against
+//!   an adopter whose first read of the workspace comes a whole exec later.
+//! - A command already running at the takeover is not stopped by it, and a command may write
+//!   anywhere in the workspace, the token file too (`.sandkeeper/` is refused only to
+//!   `write` and `remove`). A file removed or garbled holds no token, nor does one an
+//!   adopter could not write (logged): the guard then passes and the API check alone fences,
+//!   with its window (a pause between the GET and the exec).
+//!   The application's commands can change the workspace anyway; they gain no power over it
+//!   from the file, only over the fencing of their own key.
+//! - A write's `mkdir -p` of the parent and its temporary copy come before the guarded rename
+//!   (a refused write removes its temporary; a parent directory it made stays).
+//! - The key's Lease is not read: a takeover raises it first (the fleet store's claim), but a
+//!   change that passes before the adopter raises the object's annotation and the pod's file
+//!   lands before the adopter's first look at the workspace, so the adopter continues from it
+//!   as from anything its last owner did before the takeover.
 
 use std::time::Duration;
 
-use sandkeeper::SandboxId;
+use sandkeeper::{SandboxId, Token};
 use sandkeeper_tokio::{
     ops::{ExecRequest, WorkPath},
     Chunk, Entry, EntryKind, ExecOutput, OpError, SandboxOps,
@@ -28,6 +73,7 @@ use sandkeeper_tokio::{
 
 use crate::backend::K8sBackend;
 use crate::error::K8sError;
+use crate::fence::{pod_token_file, refused_newest, FENCED_EXIT, GUARD};
 use crate::upload::{Captured, EXEC_GRACE, KILLED_EXIT};
 
 /// The `PATH` commands get.
@@ -48,6 +94,9 @@ struct Run<'a> {
     timeout: Duration,
     /// Where output goes as it arrives, if anywhere.
     chunks: Option<&'a tokio::sync::mpsc::Sender<Chunk>>,
+    /// Fleet mode: the token this process holds the sandbox under; the command runs under the
+    /// pod's guard (`fence.rs` `GUARD`), which refuses it when the pod's token file is newer.
+    guard: Option<Token>,
 }
 
 fn gone(sandbox: SandboxId, why: impl Into<String>) -> OpError {
@@ -63,6 +112,34 @@ impl K8sBackend {
         self.handle(sandbox)
             .map(|h| h.pod)
             .ok_or_else(|| gone(sandbox, "not running here"))
+    }
+
+    /// Fleet mode: refuses ([`OpError::Fenced`]) a change of `sandbox` once its object has
+    /// seen a newer token than the one this process holds it under (another process adopted
+    /// it), one GET of the object; right before the change's first step. Returns the token
+    /// for the pod's guard. Without a token (a single keeper): nothing, no request.
+    async fn fence(&self, sandbox: SandboxId) -> Result<Option<Token>, OpError> {
+        let (handle, token) = self
+            .running(sandbox)
+            .ok_or_else(|| gone(sandbox, "not running here"))?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        self.cluster()
+            .check_token(&handle.object, token)
+            .await
+            .map(|()| Some(token))
+            .map_err(|e| match e {
+                K8sError::Fenced { .. } => OpError::Fenced {
+                    sandbox,
+                    why: e.to_string(),
+                },
+                e if e.is_gone() => gone(sandbox, e.to_string()),
+                e => OpError::Backend {
+                    what: "token check",
+                    error: e.to_string(),
+                },
+            })
     }
 
     /// `workdir/path` (the working directory itself for the root).
@@ -84,6 +161,7 @@ impl K8sBackend {
             cap,
             timeout,
             chunks,
+            guard,
         } = run;
         let secs = timeout.as_secs().max(1);
         let mut timed = vec![
@@ -92,6 +170,11 @@ impl K8sBackend {
             "KILL".into(),
             secs.to_string(),
         ];
+        if let Some(Token(token)) = guard {
+            let file = pod_token_file(&self.cluster().config().workdir);
+            timed.extend(["sh", "-c", GUARD, "sh"].map(str::to_string));
+            timed.extend([file, token.to_string()]);
+        }
         timed.extend(argv);
         let run = self
             .cluster()
@@ -99,7 +182,17 @@ impl K8sBackend {
         match tokio::time::timeout(Duration::from_secs(secs) + EXEC_GRACE, run).await {
             Err(_) => Err(OpError::Timeout { after: timeout }),
             Ok(Ok(c)) if c.code == KILLED_EXIT => Err(OpError::Timeout { after: timeout }),
-            Ok(Ok(c)) => Ok(c),
+            Ok(Ok(c)) => match (guard, refused_newest(&c.stderr)) {
+                (Some(Token(token)), Some(newest)) if c.code == FENCED_EXIT => {
+                    Err(OpError::Fenced {
+                        sandbox,
+                        why: format!(
+                            "the pod's token file holds {newest}, newer than this process's {token}"
+                        ),
+                    })
+                }
+                _ => Ok(c),
+            },
             Ok(Err(e)) => Err(self.op_error(sandbox, pod, e).await),
         }
     }
@@ -143,6 +236,29 @@ impl K8sBackend {
             cap,
             timeout,
             chunks: None,
+            guard: None,
+        };
+        self.run(sandbox, pod, run).await
+    }
+
+    /// A short step that changes the workspace: run under the pod's guard when this process
+    /// holds the sandbox under a token (`guard`), so the pod itself refuses it once an
+    /// adopter recorded a newer token there.
+    async fn change(
+        &self,
+        sandbox: SandboxId,
+        pod: &str,
+        argv: &[&str],
+        guard: Option<Token>,
+    ) -> Result<Captured, OpError> {
+        let run = Run {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            stdin: Vec::new(),
+            // Room for the guard's refusal on standard error.
+            cap: 4 << 10,
+            timeout: self.cluster().config().upload_timeout(),
+            chunks: None,
+            guard,
         };
         self.run(sandbox, pod, run).await
     }
@@ -228,6 +344,7 @@ impl K8sBackend {
         full.extend(options.env.iter().map(|(k, v)| format!("{k}={v}")));
         full.extend(argv);
         let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let guard = self.fence(sandbox).await?;
         let out = self
             .run(
                 sandbox,
@@ -238,6 +355,7 @@ impl K8sBackend {
                     cap: options.output_cap,
                     timeout,
                     chunks,
+                    guard,
                 },
             )
             .await?;
@@ -283,17 +401,30 @@ impl SandboxOps for K8sBackend {
         let full = self.confined(sandbox, &pod, &path).await?;
         let (parent, name) = full.rsplit_once('/').expect("under the workdir");
         let tmp = format!("{parent}/.{name}.sandkeeper-{}.tmp", std::process::id());
-        let steps: [(&[&str], Vec<u8>); 3] = [
-            (&["mkdir", "-p", "--", parent], Vec::new()),
-            (&["cp", "--", "/dev/stdin", &tmp], bytes),
-            (&["mv", "-f", "-T", "--", &tmp, &full], Vec::new()),
+        // The rename is the change others see: it runs under the pod's guard.
+        let steps: [(&[&str], Vec<u8>, bool); 3] = [
+            (&["mkdir", "-p", "--", parent], Vec::new(), false),
+            (&["cp", "--", "/dev/stdin", &tmp], bytes, false),
+            (&["mv", "-f", "-T", "--", &tmp, &full], Vec::new(), true),
         ];
-        for (argv, stdin) in steps {
-            let out = self.step(sandbox, &pod, argv, stdin, 0).await?;
+        let guard = self.fence(sandbox).await?;
+        let drop_argv = ["rm", "-f", "--", tmp.as_str()];
+        let drop_tmp = || self.step(sandbox, &pod, &drop_argv, Vec::new(), 0);
+        for (argv, stdin, changes) in steps {
+            let out = if changes {
+                self.change(sandbox, &pod, argv, guard).await
+            } else {
+                self.step(sandbox, &pod, argv, stdin, 0).await
+            };
+            let out = match out {
+                Err(e @ OpError::Fenced { .. }) => {
+                    let _ = drop_tmp().await;
+                    return Err(e);
+                }
+                out => out?,
+            };
             if out.code != 0 {
-                let _ = self
-                    .step(sandbox, &pod, &["rm", "-f", "--", &tmp], Vec::new(), 0)
-                    .await;
+                let _ = drop_tmp().await;
                 return Err(OpError::Backend {
                     what: "write",
                     error: format!(
@@ -411,8 +542,9 @@ impl SandboxOps for K8sBackend {
                 path: path.to_string(),
             });
         }
+        let guard = self.fence(sandbox).await?;
         let out = self
-            .step(sandbox, &pod, &["rm", "-rf", "--", &full], Vec::new(), 0)
+            .change(sandbox, &pod, &["rm", "-rf", "--", &full], guard)
             .await?;
         if out.code != 0 {
             return Err(OpError::Backend {

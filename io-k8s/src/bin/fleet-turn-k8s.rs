@@ -5,9 +5,13 @@
 //! with the sandbox warm until it is killed. It prints the turn's report as one JSON line.
 //!
 //!     fleet-turn-k8s --server URL --namespace NS --warm-pool POOL --owner NAME \
-//!         --session S --turn N [--linger SECS] [--lease-ms MS]
+//!         --session S --turn N [--linger SECS] [--lease-ms MS] [--stop-before-write]
 //!
-//! `io-k8s/tests/fleet_processes.rs` runs it against the loopback API and kills one with SIGKILL.
+//! `--stop-before-write` stops the process (SIGSTOP) with its call ready, right before the
+//! turn's write: a test continues it once other processes took the session over.
+//!
+//! `io-k8s/tests/fleet_processes.rs` runs it against the loopback API, kills one with SIGKILL,
+//! and stops one past its lease.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
@@ -46,6 +50,27 @@ struct Args {
     /// The process lease, in milliseconds.
     #[arg(long, default_value_t = 1_500)]
     lease_ms: u64,
+    /// Stop (SIGSTOP to itself) right before the turn's write, the call ready: a pause a test
+    /// ends with SIGCONT, after other processes took the session over.
+    #[arg(long)]
+    stop_before_write: bool,
+}
+
+/// Sends SIGSTOP to this process (with `kill`, as `forbid(unsafe_code)` leaves no syscall);
+/// returns once it was continued.
+fn stop_self() {
+    eprintln!("fleet-turn-k8s: stops before the write");
+    let pid = std::process::id().to_string();
+    match std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("fleet-turn-k8s: could not stop itself: {other:?}");
+            std::process::exit(2);
+        }
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +108,14 @@ async fn run(args: Args) -> Result<(), String> {
     let keeper = Keeper::fleet(KeeperConfig::with_core(core), backend, store)
         .await
         .map_err(|e| e.to_string())?;
-    let report = workload::run_turn(&keeper, &session, args.turn).await?;
+    let stop = stop_self;
+    let points = workload::TurnPoints {
+        before_write: args
+            .stop_before_write
+            .then_some(&stop as &(dyn Fn() + Sync)),
+        after_write: None,
+    };
+    let report = workload::run_turn_then(&keeper, &session, args.turn, points).await?;
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?
