@@ -202,6 +202,43 @@
 //!   `SandboxGone`, its uploads are dropped, outstanding answers become stale, Shutdown is
 //!   ordered once to clean up.
 //!
+//! ## Conservation: nothing acknowledged is lost
+//!
+//! What the application was told is safe must stay where the key's next call continues from.
+//! **Acknowledged** means, for each kind of work:
+//!
+//! | work | acknowledged when |
+//! |---|---|
+//! | a mirror version | it settled [`Settlement::Uploaded`] into a sandbox |
+//! | the application's own operation (a driver's write, removal, command) | it returned `Ok` |
+//! | a hook | it answered ok |
+//! | fleet mode: a key's durable record | its write was confirmed ([`Lifecycle::handle_recorded`]) |
+//!
+//! **The property.** Everything acknowledged for a key is in what the key's next call
+//! continues from: its live sandbox, else its snapshot (the next Start's `resume_from`), else,
+//! in fleet mode, what the key's stored record names (a warm sandbox to adopt, a snapshot). The
+//! exceptions are exactly: the key's retention ended ([`Tiers`]' `retain`), the policy lets the
+//! workspace go (a `Shutdown` way with no snapshot taken), the application discarded it, or the
+//! backend reported the storage itself destroyed (a death, [`Event::SandboxLost`]); and a
+//! sandbox whose every Stop or Persist failed, which the core never deletes but leaves to the
+//! backend as it is ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).
+//! In each case the application is told; never silence.
+//!
+//! **How the core keeps it.** A Stop or Persist that fails is ordered again, and a sandbox that
+//! holds its key's history is never shut down after a failed way down (`way_down.rs`). In fleet
+//! mode a claim hands out the key's record and the store keeps it until the new owner writes a
+//! newer one, and the core writes no record while the key's sandbox is on its way up, so a
+//! process that ends at any instant leaves the next owner what it found (`ownership.rs`); every
+//! change a process makes carries its token, and the drivers check the application's own
+//! operations against it too, so a process whose key was taken over changes nothing the next
+//! owner sees.
+//!
+//! **What checks it.** The drivers' real-process tests (`io-tokio/tests/fleet_processes.rs`: a
+//! process killed right after its claim or after an acknowledged write, a process paused past
+//! its lease that wakes after two takeovers; `fencing.rs` in both drivers) and the simulator's
+//! scenarios (`sim/scenarios/salvage-*.scn`). A simulator checker that follows each key's
+//! acknowledged work through every transition is not built yet.
+//!
 //! ## Files
 //!
 //! | file | owns |

@@ -63,8 +63,8 @@ impl Lifecycle {
 
     /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
     /// says). The Stop is ordered again, up to [`WAY_DOWN_ATTEMPTS`] in all; when every one
-    /// failed, a sandbox that holds its key's history ([`holds_history`](Self::holds_history))
-    /// is left to the backend as it is (never shut down: that would delete the only copy) and
+    /// failed, a sandbox that holds its key's history (it resumed the key's snapshot, was
+    /// adopted, or is being suspended) is left to the backend as it is (never shut down: that would delete the only copy) and
     /// the application is told ([`Event::WayDownFailed`], nothing kept); any other sandbox is
     /// shut down, as its policy would have done.
     ///

@@ -66,6 +66,9 @@ enum Cmd {
         /// Where to write the trace (default: standard output).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// The seed was run with `--operations`.
+        #[arg(long)]
+        operations: bool,
     },
     /// Reduces a failing seed to a short scenario failing the same invariant.
     Shrink {
@@ -122,9 +125,11 @@ fn main() -> ExitCode {
             };
             explore(seeds, from, jobs, stop_at_first, &opts)
         }
-        Cmd::Replay { seed, trace } => {
-            replay(seed, trace, std::env::var_os("SIM_OPERATIONS").is_some())
-        }
+        Cmd::Replay {
+            seed,
+            trace,
+            operations,
+        } => replay(seed, trace, operations),
         Cmd::Shrink {
             seed,
             out,
