@@ -20,10 +20,10 @@ use crate::timer::{Timer, Timers};
 use std::time::Duration;
 
 /// How many times a sandbox's Stop, and then its Persist, is ordered (each) before the way
-/// down is taken as failed: a backend's transient failure (an API error, a full disk freed meanwhile)
-/// gets two more tries, a lasting one ends the way down without deleting anything the key
-/// needs (see [`Lifecycle::handle_stop_failed`]). A limit, so a broken backend cannot keep a
-/// sandbox (and close) waiting forever.
+/// down is taken as failed: a backend's transient failure (an API error, a full disk freed
+/// meanwhile) gets two more tries, a lasting one ends the way down without deleting anything
+/// the key needs (see [`Lifecycle::handle_stop_failed`]). A limit, so a broken backend cannot
+/// keep a sandbox (and close) waiting forever.
 pub const WAY_DOWN_ATTEMPTS: u8 = 3;
 
 impl Lifecycle {
@@ -64,9 +64,9 @@ impl Lifecycle {
     /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
     /// says). The Stop is ordered again, up to [`WAY_DOWN_ATTEMPTS`] in all; when every one
     /// failed, a sandbox that holds its key's history (it resumed the key's snapshot, was
-    /// adopted, or is being suspended) is left to the backend as it is (never shut down: that would delete the only copy) and
-    /// the application is told ([`Event::WayDownFailed`], nothing kept); any other sandbox is
-    /// shut down, as its policy would have done.
+    /// adopted, or is being suspended) is left to the backend as it is (never shut down: that
+    /// would delete the only copy) and the application is told ([`Event::WayDownFailed`],
+    /// nothing kept); any other sandbox is shut down, as its policy would have done.
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
