@@ -56,23 +56,6 @@ struct Args {
     stop_before_write: bool,
 }
 
-/// Sends SIGSTOP to this process (with `kill`, as `forbid(unsafe_code)` leaves no syscall);
-/// returns once it was continued.
-fn stop_self() {
-    eprintln!("fleet-turn-k8s: stops before the write");
-    let pid = std::process::id().to_string();
-    match std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-    {
-        Ok(status) if status.success() => {}
-        other => {
-            eprintln!("fleet-turn-k8s: could not stop itself: {other:?}");
-            std::process::exit(2);
-        }
-    }
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
@@ -108,7 +91,7 @@ async fn run(args: Args) -> Result<(), String> {
     let keeper = Keeper::fleet(KeeperConfig::with_core(core), backend, store)
         .await
         .map_err(|e| e.to_string())?;
-    let stop = stop_self;
+    let stop = || workload::stop_self("fleet-turn-k8s");
     let points = workload::TurnPoints {
         before_write: args
             .stop_before_write

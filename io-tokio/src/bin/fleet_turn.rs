@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use sandkeeper::{HookPoint, Hooks, SessionId};
+use sandkeeper::{Event, HookPoint, Hooks, SessionId};
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::workload;
@@ -65,22 +65,6 @@ struct Args {
     /// ends with SIGCONT, after another process took the session over.
     #[arg(long)]
     stop_before_write: bool,
-}
-
-/// Sends SIGSTOP to this process (with `kill`, as `forbid(unsafe_code)` leaves no syscall);
-/// returns once it was continued.
-fn stop_self() {
-    let pid = std::process::id().to_string();
-    match std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-    {
-        Ok(status) if status.success() => {}
-        other => {
-            eprintln!("fleet-turn: could not stop itself: {other:?}");
-            std::process::exit(2);
-        }
-    }
 }
 
 /// Where `--die-at` ends the process.
@@ -140,10 +124,7 @@ async fn run(args: Args) -> Result<(), String> {
         eprintln!("fleet-turn: dies after the write");
         std::process::abort()
     };
-    let stop = || {
-        eprintln!("fleet-turn: stops before the write");
-        stop_self();
-    };
+    let stop = || workload::stop_self("fleet-turn");
     let points = workload::TurnPoints {
         before_write: args
             .stop_before_write
@@ -174,16 +155,14 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Logs the key events the keeper's core reports, one line each on standard error.
+/// Logs the key events the keeper's core reports (a key fenced: a lapse or a refusal), one
+/// line each on standard error.
 fn log_events(keeper: &Keeper<LocalBackend>) {
     let mut notices = keeper.subscribe();
     tokio::spawn(async move {
         while let Ok(notice) = notices.recv().await {
-            if let Notice::Event(event) = notice {
-                let line = format!("{event:?}");
-                if line.starts_with("Key") || line.starts_with("Lease") {
-                    eprintln!("fleet-turn: event {line}");
-                }
+            if let Notice::Event(event @ Event::KeyFenced { .. }) = notice {
+                eprintln!("fleet-turn: event {event:?}");
             }
         }
     });

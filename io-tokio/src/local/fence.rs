@@ -123,8 +123,12 @@ impl Ledger {
             (None, None) => return Ok(None),
         };
         let keys = self.dir.join("keys");
-        fs::create_dir_all(&keys).map_err(|e| io("mkdir", e))?;
-        fs::create_dir_all(self.dir.join("sandboxes")).map_err(|e| io("mkdir", e))?;
+        if recorded.is_none() {
+            // The sandbox's first admission (its Start or Adopt); once it has a file, both
+            // directories exist, and every later check (each operation's) skips this.
+            fs::create_dir_all(&keys).map_err(|e| io("mkdir", e))?;
+            fs::create_dir_all(self.dir.join("sandboxes")).map_err(|e| io("mkdir", e))?;
+        }
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)

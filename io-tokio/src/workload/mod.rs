@@ -54,7 +54,9 @@ pub use fleet::{
 pub use options::{FleetOptions, WorkloadOptions};
 pub use summary::Summary;
 pub use target::WorkloadTarget;
-pub use turn::{fleet_timing, run_turn, run_turn_then, turn_config, TurnPoints, TurnReport};
+pub use turn::{
+    fleet_timing, run_turn, run_turn_then, stop_self, turn_config, TurnPoints, TurnReport,
+};
 
 /// Why a workload could not run (failed checks are not errors: they are in the [`Summary`]).
 #[derive(Debug, thiserror::Error)]

@@ -129,3 +129,21 @@ pub async fn run_turn_then<B: SandboxOps>(
         waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
     })
 }
+
+/// Sends SIGSTOP to this process (with `kill`: `forbid(unsafe_code)` leaves no direct
+/// syscall) and returns once it was continued: a test's pause at an exact instant of a turn
+/// ([`TurnPoints`]). `who` names the binary in what it prints; a failure to stop exits 2.
+pub fn stop_self(who: &str) {
+    eprintln!("{who}: stops before the write");
+    let pid = std::process::id().to_string();
+    match std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("{who}: could not stop itself: {other:?}");
+            std::process::exit(2);
+        }
+    }
+}
