@@ -408,9 +408,16 @@ impl Lifecycle {
             key: self.keys[key].key.clone(),
             kept,
         });
+        self.kept_by_the_backend(sandbox);
+    }
+
+    /// The sandbox's way down ended with the backend keeping it (suspended, or left as it
+    /// was): the core forgets it, without a Shutdown, and its key lets go of it.
+    fn kept_by_the_backend(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Dead;
         x.awaiting = Awaiting::Nothing;
+        let key = x.key;
         self.key_lets_go(key, sandbox);
         self.reconcile.sandbox(sandbox);
     }
@@ -420,12 +427,7 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
         self.out.stats.suspended += 1;
         self.way().note_suspended(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Dead;
-        x.awaiting = Awaiting::Nothing;
-        let key = x.key;
-        self.key_lets_go(key, sandbox);
-        self.reconcile.sandbox(sandbox);
+        self.kept_by_the_backend(sandbox);
     }
 
     /// Sets the sandbox's one timer `after` from now (see [`Way::set_sandbox_timer`]).
