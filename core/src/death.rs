@@ -107,10 +107,21 @@ impl Lifecycle {
         let previous = x.state;
         tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
         self.out.stats.deaths += 1;
+        let holds_work = previous != SandboxState::Starting || x.resumed.is_some();
+        if x.is_managed() && !x.shutdown_ordered && holds_work {
+            let (id, key) = (x.id, x.key);
+            if let Some(slot) = self.keys.get(key) {
+                self.out.events.push_back(Event::WorkspaceLost {
+                    sandbox: id,
+                    key: slot.key.clone(),
+                });
+            }
+        }
         if previous == SandboxState::Starting {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
             return;
         }
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Dead;
         let key = x.key;
         // Calls told of its lost instance were told already.

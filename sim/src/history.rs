@@ -1145,6 +1145,15 @@ impl History {
                 }
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
+            Event::WorkspaceLost { sandbox, key } => {
+                let rec = self.sandboxes.get(sandbox);
+                check!(
+                    self,
+                    rec.is_some_and(|s| s.lane.is_dead() && s.key.as_ref() == Some(key)),
+                    "workspace-lost-reported",
+                    "WorkspaceLost for {sandbox} of key {key}, which was not reported dead (or is of another key)"
+                );
+            }
             Event::WayDownFailed { sandbox, kept, .. } => {
                 self.conservation.left(*sandbox, kept.as_ref());
                 // Left to the backend as it was: its lane ends without a Shutdown (a snapshot
