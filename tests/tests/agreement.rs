@@ -345,6 +345,30 @@ struct ScriptState {
     deaths: Option<DeathSink>,
 }
 
+impl ScriptState {
+    /// Success, as the simulator's `settle` answers it: a Stop that suspends, or of a sandbox
+    /// that resumed a snapshot, takes one (`kept-<sandbox>`), as a faithful backend would.
+    fn auto_reply(&self, kind: OpKind, sandbox: SandboxId) -> Reply {
+        if kind != OpKind::Stop {
+            return Reply::Ok(None);
+        }
+        let mine = || self.log.iter().filter(|(x, _)| *x == sandbox).map(|(_, c)| c);
+        let suspends = mine()
+            .rev()
+            .find_map(|c| match c {
+                Cmd::Stop { suspend } => Some(*suspend),
+                _ => None,
+            })
+            .unwrap_or(false);
+        let resumed = mine().any(|c| matches!(c, Cmd::Start { resume_from: Some(_), .. }));
+        if suspends || resumed {
+            Reply::Ok(Some(Snapshot::new(format!("kept-{}", sandbox.0))))
+        } else {
+            Reply::Ok(None)
+        }
+    }
+}
+
 /// A backend that answers each command only when the test says how. Its clone shares the
 /// state: the keeper's hooks receive through one (a hook is the application's, not the
 /// backend's, but the scenario answers it like a command).
@@ -367,7 +391,7 @@ impl Script {
             }
             st.log.push((sandbox, cmd));
             if st.auto {
-                return Reply::Ok(None);
+                return st.auto_reply(kind, sandbox);
             }
             let (reply, rx) = oneshot::channel();
             st.outstanding.push(Outstanding {
@@ -410,8 +434,9 @@ impl Script {
     fn go_auto(&self) {
         let mut st = self.lock();
         st.auto = true;
-        for o in st.outstanding.drain(..) {
-            let _ = o.reply.send(Reply::Ok(None));
+        for o in std::mem::take(&mut st.outstanding) {
+            let reply = st.auto_reply(o.kind, o.sandbox);
+            let _ = o.reply.send(reply);
         }
     }
 
