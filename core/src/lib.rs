@@ -245,7 +245,7 @@
 //! after its claim or after an acknowledged write, a process paused past its lease that wakes
 //! after two takeovers; `fencing.rs` in both drivers) and the scenarios
 //! (`sim/scenarios/salvage-*.scn`).
-
+//!
 //! ## Files
 //!
 //! | file | owns |
