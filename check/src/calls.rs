@@ -295,7 +295,8 @@ impl Calls {
         Ok(rec)
     }
 
-    /// `SandboxLost { call, sandbox }`; `dead`: the core was told the sandbox died.
+    /// `SandboxLost { call, sandbox }`; `dead`: the core was told the sandbox died, or lost
+    /// its running instance.
     pub fn lost(&mut self, call: &CallId, sandbox: SandboxId, dead: bool) -> Result<(), Violation> {
         if !dead {
             return fail(

@@ -11,7 +11,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
 //! | `wait-timeout-held` | a call fails with `wait-timeout` only if its key had queued calls at the last look (held back then, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
@@ -46,6 +46,10 @@ pub struct Progress {
     busy: Vec<Key>,
     /// The keys with queued calls at the last look (each held back then).
     queued: Vec<Key>,
+    /// Sandboxes whose running instance was lost while they were up, their workspace kept:
+    /// each holds its key back until it is down (it goes down as a suspension at its last
+    /// release), as a sandbox on its way down does.
+    lost: Vec<SandboxId>,
 }
 
 impl Progress {
@@ -59,6 +63,7 @@ impl Progress {
             claims: Vec::new(),
             busy: Vec::new(),
             queued: Vec::new(),
+            lost: Vec::new(),
         }
     }
 
@@ -70,9 +75,16 @@ impl Progress {
             }
             Command::Shutdown { sandbox, .. } | Command::Relinquish { sandbox } => {
                 self.sandboxes.retain(|(x, _)| x != sandbox);
+                self.lost.retain(|x| x != sandbox);
             }
             _ => {}
         }
+    }
+
+    /// The core was told that `sandbox`'s running instance is lost while it was up and awaited
+    /// nothing: it keeps its workspace and holds its key back until it is down.
+    pub fn instance_lost(&mut self, sandbox: SandboxId) {
+        self.lost.push(sandbox);
     }
 
     /// Store work the core ordered (fleet mode).
@@ -235,14 +247,15 @@ impl Progress {
         }
         self.sandboxes.iter().any(|(x, k)| {
             k == key
-                && matches!(
-                    core.sandbox_state(*x),
+                && match core.sandbox_state(*x) {
                     Some(
                         SandboxState::Stopping
-                            | SandboxState::Persisting
-                            | SandboxState::HandingOver
-                    )
-                )
+                        | SandboxState::Persisting
+                        | SandboxState::HandingOver,
+                    ) => true,
+                    Some(SandboxState::Running) => self.lost.contains(x),
+                    _ => false,
+                }
         })
     }
 

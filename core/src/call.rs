@@ -504,7 +504,7 @@ impl Lifecycle {
                 // The session's mirror lingers on this sandbox unless another of its ready calls
                 // has a sandbox that is up (a call whose sandbox died does not count).
                 let other_up = s.first_up(&self.calls, &self.sandboxes).is_some();
-                if !other_up && self.sandboxes[x].state.accepts_uploads() {
+                if !other_up && self.sandboxes[x].accepts_uploads() {
                     s.linger = Some(x);
                 }
                 if released {

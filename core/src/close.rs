@@ -115,7 +115,7 @@ impl Lifecycle {
                     return;
                 }
                 let up = |x: &crate::sandbox::Sandbox| {
-                    x.state.accepts_uploads() || x.state == SandboxState::Starting
+                    x.accepts_uploads() || x.state == SandboxState::Starting
                 };
                 if let Some(b) = *blocked_by {
                     if self.sandboxes.get(b).is_some_and(up) {

@@ -39,14 +39,24 @@ impl Lifecycle {
     }
 
     /// The backend reports that the sandbox's running instance is gone (its processes; on
-    /// Kubernetes its pod) while its workspace may remain (a claim and its volumes).
+    /// Kubernetes its pod: evicted, drained off its node, killed, or suspended by the
+    /// controller) while its workspace remains (a claim and its volumes; a directory).
     ///
-    /// While the sandbox is being suspended (its `Stop { suspend: true }` or
-    /// `Persist { suspend: true }` outstanding) that is the suspension's own doing: it is
-    /// counted (`instance_losses_suspending`) and changes nothing. In any other state the
-    /// sandbox is dead, exactly as [`handle_died`](Self::handle_died). A report about a sandbox
-    /// the core no longer tracks (a suspended one, an earlier incarnation of a resumed one) is
-    /// stale.
+    /// - While the sandbox is being suspended (its `Stop { suspend: true }` or
+    ///   `Persist { suspend: true }` outstanding) that is the suspension's own doing: it is
+    ///   counted (`instance_losses_suspending`) and changes nothing.
+    /// - A managed sandbox that is up and awaits nothing (running, warm, draining) keeps its
+    ///   workspace: its bound calls are told ([`Event::SandboxLost`]: what they ran is gone),
+    ///   its uploads in flight are dropped (`sandbox-gone`; the mirror sends their versions
+    ///   again), no call binds to it again, and it goes down as a suspension (Stop and Persist
+    ///   with `suspend`, no drain, no before-hook) at once, or at its last call's release. The
+    ///   key's next Start resumes the snapshot that Stop names: the same workspace
+    ///   (`instance_losses_kept`).
+    /// - In any other state (starting, awaiting a hook or a way-down answer, external) the
+    ///   sandbox is dead, exactly as [`handle_died`](Self::handle_died).
+    ///
+    /// A report about a sandbox the core no longer tracks (a suspended one, an earlier
+    /// incarnation of a resumed one) is stale.
     ///
     /// Errors: as [`handle_died`](Self::handle_died).
     pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
@@ -58,14 +68,23 @@ impl Lifecycle {
             return Ok(());
         };
         let x = &self.sandboxes[sandbox];
-        if x.state == SandboxState::Dead {
+        if x.state == SandboxState::Dead || x.instance_lost {
             return Ok(());
         }
         let suspending = matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend;
+        let keeps = x.is_managed()
+            && x.awaiting == Awaiting::Nothing
+            && !x.shutdown_ordered
+            && matches!(
+                x.state,
+                SandboxState::Running | SandboxState::Idle | SandboxState::Draining
+            );
         self.advance(now);
         if suspending {
             tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
             self.out.stats.instance_losses_suspending += 1;
+        } else if keeps {
+            self.instance_lost(sandbox);
         } else {
             self.died(sandbox);
         }
@@ -88,7 +107,12 @@ impl Lifecycle {
         }
         x.state = SandboxState::Dead;
         let key = x.key;
-        let lost: Few<CallIx> = x.bound.to_few();
+        // Calls told of its lost instance were told already.
+        let lost: Few<CallIx> = if x.instance_lost {
+            Few::new()
+        } else {
+            x.bound.to_few()
+        };
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
@@ -114,5 +138,50 @@ impl Lifecycle {
             self.key_lets_go(key, sandbox);
         }
         self.reconcile.sandbox(sandbox);
+    }
+
+    /// The sandbox's instance is gone, its workspace kept (see
+    /// [`handle_instance_gone`](Self::handle_instance_gone)): its calls are told, and the key
+    /// waits on it as on a retiring sandbox, which it now is.
+    fn instance_lost(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        tracing::warn!(sandbox = %x.id, state = ?x.state, "instance lost, workspace kept");
+        self.out.stats.instance_losses_kept += 1;
+        x.instance_lost = true;
+        let key = x.key;
+        let told: Few<CallIx> = x.bound.to_few();
+        for call in self.calls.by_name_order(told) {
+            self.out.events.push_back(Event::SandboxLost {
+                call: self.calls[call].id.clone(),
+                sandbox: self.sid(sandbox),
+            });
+        }
+        // It takes no more uploads (its flag says so now): those in flight are dropped and
+        // the sessions move on.
+        self.mirror()
+            .leave_uploads(sandbox, DropReason::SandboxGone);
+        let slot = &mut self.keys[key];
+        if slot.current == Some(sandbox) {
+            slot.current = None;
+        }
+        slot.retiring = Some(sandbox);
+        if self.sandboxes[sandbox].bound.is_empty() {
+            self.way().cancel_sandbox_timer(sandbox);
+            self.suspend_lost_instance(sandbox);
+        }
+        self.reconcile.sandbox(sandbox);
+    }
+
+    /// A sandbox whose instance was lost, with no calls left, goes down as a suspension:
+    /// Stop and Persist keep its workspace as its key's snapshot. No drain (nothing runs to
+    /// finish) and no before-hook (nothing runs it).
+    pub(crate) fn suspend_lost_instance(&mut self, sandbox: SandboxIx) {
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(x.instance_lost && x.bound.is_empty());
+        x.state = SandboxState::Stopping;
+        x.suspend = true;
+        self.mirror()
+            .leave_uploads(sandbox, DropReason::SandboxGone);
+        self.order_stop(sandbox);
     }
 }

@@ -228,7 +228,7 @@ impl Lifecycle {
             if x.deadline.is_some() {
                 expected_timers += 1;
             }
-            if !x.state.accepts_uploads() {
+            if !x.accepts_uploads() {
                 ensure!(
                     x.uploads.is_empty() && x.targeting.is_empty() && x.busy_sessions == 0,
                     "uploads",
@@ -369,7 +369,7 @@ impl Lifecycle {
                     matches!(
                         state,
                         Some(SandboxState::Stopping | SandboxState::Persisting)
-                    ),
+                    ) || (state == Some(SandboxState::Running) && self.sandboxes[x].instance_lost),
                     "key-counts",
                     "key {key}'s retiring sandbox {x:?} is {state:?}"
                 );
@@ -417,12 +417,10 @@ impl Lifecycle {
                 .ready
                 .iter()
                 .filter_map(|c| self.calls[*c].sandbox())
-                .find(|x| self.sandboxes[*x].state.accepts_uploads());
-            let expected = first_up.or(s.linger.filter(|x| {
-                self.sandboxes
-                    .get(*x)
-                    .is_some_and(|x| x.state.accepts_uploads())
-            }));
+                .find(|x| self.sandboxes[*x].accepts_uploads());
+            let expected = first_up.or(s
+                .linger
+                .filter(|x| self.sandboxes.get(*x).is_some_and(|x| x.accepts_uploads())));
             ensure!(
                 s.target == expected,
                 "session-target",
@@ -531,7 +529,7 @@ impl Lifecycle {
             ensure!(
                 self.sandboxes
                     .get(up.sandbox)
-                    .is_some_and(|x| x.state.accepts_uploads() && x.uploads.contains(&ix)),
+                    .is_some_and(|x| x.accepts_uploads() && x.uploads.contains(&ix)),
                 "uploads",
                 "upload {u} in flight into {:?} which does not accept uploads",
                 up.sandbox

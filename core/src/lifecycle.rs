@@ -173,7 +173,10 @@ impl Lifecycle {
         Some(match c.state {
             CallState::Waiting { .. } => CallStatus::Waiting,
             CallState::Starting(x) => CallStatus::Starting(self.sandboxes[x].id),
-            CallState::Ready(x) if self.sandboxes[x].state == SandboxState::Dead => {
+            CallState::Ready(x)
+                if self.sandboxes[x].state == SandboxState::Dead
+                    || self.sandboxes[x].instance_lost =>
+            {
                 CallStatus::Lost(self.sandboxes[x].id)
             }
             CallState::Ready(x) => CallStatus::Ready(self.sandboxes[x].id),

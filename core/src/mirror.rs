@@ -205,7 +205,10 @@ impl Lifecycle {
                         reason: DropReason::SandboxGone,
                     },
                 );
-                if self.sandboxes[sandbox].state != SandboxState::Dead {
+                // A sandbox whose instance was lost keeps its workspace: an upload that found
+                // no instance says nothing new.
+                let x = &self.sandboxes[sandbox];
+                if x.state != SandboxState::Dead && !x.instance_lost {
                     self.died(sandbox);
                 }
             }
@@ -479,11 +482,7 @@ impl Mirror<'_> {
     /// [`pump`](Self::pump)'s ordering, for a session with a target and a slot that may order.
     fn pump_slots(&mut self, session: SessionIx, target: SandboxIx) {
         let x = self.sandboxes.get_mut(target).expect("target sandbox");
-        debug_assert!(
-            x.state.accepts_uploads(),
-            "target {target:?} is {:?}",
-            x.state
-        );
+        debug_assert!(x.accepts_uploads(), "target {target:?} is {:?}", x.state);
         let x_id = x.id;
         let x_token = x.token;
         let mut expired = Few::<(usize, Version)>::new();
@@ -567,7 +566,7 @@ impl Mirror<'_> {
                 if self
                     .sandboxes
                     .get(linger)
-                    .is_some_and(|x| x.state.accepts_uploads())
+                    .is_some_and(|x| x.accepts_uploads())
                 {
                     target = Some(linger);
                 } else {
@@ -621,7 +620,7 @@ impl Mirror<'_> {
     #[inline(always)]
     pub(crate) fn leave_uploads(&mut self, sandbox: SandboxIx, reason: DropReason) {
         let x = &self.sandboxes[sandbox];
-        debug_assert!(!x.state.accepts_uploads());
+        debug_assert!(!x.accepts_uploads());
         if !(x.uploads.is_empty() && x.targeting.is_empty()) {
             self.leave_sandbox(sandbox, reason);
         }

@@ -39,7 +39,7 @@ impl Lifecycle {
         let s = self.sessions.find(session).ok_or_else(no_sandbox)?;
         let x = self.sessions[s].target.ok_or_else(no_sandbox)?;
         let sandbox = &self.sandboxes[x];
-        debug_assert!(sandbox.state.accepts_uploads(), "a target accepts work");
+        debug_assert!(sandbox.accepts_uploads(), "a target accepts work");
         let max = self.config.limits.max_operations_per_sandbox;
         if sandbox.operations >= max {
             return Err(Error::LimitExceeded {

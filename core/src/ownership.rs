@@ -822,7 +822,7 @@ impl Lifecycle {
                 }),
             warm: slot
                 .current
-                .filter(|x| self.sandboxes[*x].state.accepts_uploads())
+                .filter(|x| self.sandboxes[*x].accepts_uploads())
                 .map(|x| self.sandboxes[x].id),
         }
     }

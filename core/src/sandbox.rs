@@ -118,9 +118,20 @@ pub(crate) struct Sandbox {
     /// How many of its Stops, then (counted afresh once a Stop succeeded) of its Persists,
     /// failed: each is ordered up to `WAY_DOWN_ATTEMPTS` times (`way_down.rs`).
     pub(crate) way_down_failures: u8,
+    /// The backend lost its running instance while it was up, its workspace intact: it goes
+    /// down as a suspension at its last release (or at once, without calls), with no drain
+    /// and no before-hook, and no call binds to it again (`death.rs`).
+    pub(crate) instance_lost: bool,
 }
 
 impl Sandbox {
+    /// Whether uploads (and the application's work) may go into it: its state accepts them
+    /// and its running instance was not lost.
+    #[inline(always)]
+    pub(crate) fn accepts_uploads(&self) -> bool {
+        self.state.accepts_uploads() && !self.instance_lost
+    }
+
     fn new(id: SandboxId, key: KeyIx, owner: Ownership, state: SandboxState) -> Self {
         Sandbox {
             id,
@@ -138,6 +149,7 @@ impl Sandbox {
             snapshot: None,
             resumed: false,
             suspend: false,
+            instance_lost: false,
             hook: None,
             token: None,
             adopted: false,

@@ -74,7 +74,7 @@ impl Live {
         self.ready
             .iter()
             .map(|call| calls[*call].sandbox().expect("a ready call is bound"))
-            .find(|x| sandboxes[*x].state.accepts_uploads())
+            .find(|x| sandboxes[*x].accepts_uploads())
     }
 
     /// Whether nothing here is live (the paths' unsettled versions aside).

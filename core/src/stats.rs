@@ -48,6 +48,10 @@ pub struct Stats {
     /// Losses of a running instance reported while its sandbox was being suspended: the
     /// suspension's own doing, not deaths.
     pub instance_losses_suspending: u64,
+    /// Instances lost while their sandbox was up, its workspace kept: the sandbox was
+    /// suspended in place for its key's next call, not shut down (`death.rs`).
+    #[serde(default)]
+    pub instance_losses_kept: u64,
     /// Outstanding Starts, Stops and Persists the core stopped awaiting (`Abandon` ordered).
     pub abandoned: u64,
     pub drain_deadlines: u64,

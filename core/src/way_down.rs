@@ -202,6 +202,10 @@ impl Lifecycle {
     pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
         let idle = self.config.release.tiers().idle;
         let x = &self.sandboxes[sandbox];
+        if x.instance_lost {
+            self.suspend_lost_instance(sandbox);
+            return;
+        }
         if x.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
             tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
             self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;

@@ -2,7 +2,8 @@
 //! from the order of commands, the core now says. Deadlines in every command that wants an
 //! answer (checked for every drained command by the support's `Script`), `suspend` on Stop and
 //! Persist, `resumes` on a Start, `Abandon` before a Shutdown that cuts an outstanding command,
-//! and the loss of a running instance, which is the suspension's own doing while suspending.
+//! and the loss of a running instance: the suspension's own doing while suspending, and a
+//! suspension of the sandbox in place (its workspace kept) while it is up.
 
 mod support;
 use sandkeeper::*;
@@ -127,10 +128,15 @@ fn a_late_loss_of_the_old_incarnation_is_no_death_of_the_resumed_sandbox() {
     assert_eq!(h.core.call_status(&call("b")), Some(CallStatus::Ready(x1)));
     assert_eq!(h.core.stats().deaths, 0);
     assert_eq!(h.resolve("s"), Ok(x1));
-    // A real loss of the resumed incarnation is a death.
+    // A real loss of the resumed incarnation's instance is no death either: its call is
+    // told, and at its release it is suspended again (its workspace is the key's history).
     h.instance_gone(x1);
     h.expect_events(&[lost("b", x1)]);
-    h.expect_commands(&[shutdown(x1)]);
+    h.quiet();
+    assert_eq!(h.core.stats().deaths, 0);
+    h.release("b");
+    h.take_events();
+    h.expect_commands(&[stop_to_suspend(x1)]);
 }
 
 #[test]
@@ -170,8 +176,8 @@ fn losing_the_instance_while_suspending_is_the_suspensions_doing() {
 }
 
 #[test]
-fn losing_the_instance_outside_a_suspension_is_a_death() {
-    // Not suspending: Shutdown policy, on the way down.
+fn losing_the_instance_outside_an_up_sandbox_is_a_death() {
+    // On the way down (Shutdown policy), its Stop outstanding: the way down decides.
     let mut h = Script::default_config();
     let x = h.ready_call("a", "s");
     h.release("a");
@@ -188,13 +194,60 @@ fn losing_the_instance_outside_a_suspension_is_a_death() {
     h.instance_gone(x);
     h.expect_events(&[failed("a", ErrorKind::SandboxGone)]);
     h.expect_commands(&[abandon(x), shutdown(x)]);
+}
 
-    // Running, under Suspend: a death too (only a suspension explains a lost instance).
-    let mut h = suspending();
+/// An instance lost while its sandbox runs calls (a pod evicted, drained off its node): the
+/// workspace stays. The calls are told, no call binds to it again, and at the last release it
+/// is suspended (no drain, no before-hook: nothing runs), whatever the policy; the key's next
+/// call resumes the same workspace. A second report changes nothing.
+#[test]
+fn losing_the_instance_of_a_running_sandbox_keeps_its_workspace() {
+    let mut h = Script::default_config();
     let x = h.ready_call("a", "s");
     h.instance_gone(x);
     h.expect_events(&[lost("a", x)]);
-    h.expect_commands(&[shutdown(x)]);
+    h.quiet();
+    assert_eq!(h.core.call_status(&call("a")), Some(CallStatus::Lost(x)));
+    assert!(h.resolve("s").is_err(), "no work goes into a lost instance");
+    h.instance_gone(x);
+    h.quiet();
+    // A call of the same key waits for it, as for a sandbox on its way down.
+    h.acquire("b", "s");
+    h.quiet();
+    assert_eq!(h.core.call_status(&call("b")), Some(CallStatus::Waiting));
+    h.release("a");
+    h.take_events();
+    h.expect_commands(&[stop_to_suspend(x)]);
+    h.stop_ok(x, Some("ws"));
+    h.expect_commands(&[persist_to_suspend(x, Some("ws"))]);
+    h.persist_ok(x);
+    let start = h.take_start();
+    assert_eq!(start.resume_from, Some(snap("ws")));
+    assert_eq!(start.resumes, Some(x));
+    assert_eq!(h.core.stats().deaths, 0);
+    assert_eq!(h.core.stats().instance_losses_kept, 1);
+}
+
+/// A warm sandbox's instance lost: suspended at once.
+#[test]
+fn losing_the_instance_of_a_warm_sandbox_suspends_it_at_once() {
+    let mut h = Script::with(|c| {
+        c.release = ReleasePolicy::KeepWarm {
+            idle: std::time::Duration::from_secs(60),
+        }
+    });
+    let x = h.ready_call("a", "s");
+    h.release("a");
+    h.take_events();
+    h.quiet();
+    h.instance_gone(x);
+    h.expect_commands(&[stop_to_suspend(x)]);
+    h.stop_ok(x, Some("ws"));
+    h.expect_commands(&[persist_to_suspend(x, Some("ws"))]);
+    h.persist_ok(x);
+    h.take_events();
+    h.acquire("b", "s");
+    assert_eq!(h.take_start().resume_from, Some(snap("ws")));
 }
 
 #[test]

@@ -340,7 +340,12 @@ impl Harness {
                 match answer.op() {
                     None if *answer == Answer::InstanceGone => {
                         self.history.note_resumed_loss(x);
-                        self.history.instance_gone(x);
+                        let awaiting = self
+                            .ledger
+                            .ops
+                            .iter()
+                            .any(|o| o.sandbox == x && o.kind != OpKind::Upload);
+                        self.history.instance_gone(x, awaiting);
                         let r = self.core.handle_instance_gone(now, x);
                         self.after(r.map_err(|e| e.kind()))?;
                     }

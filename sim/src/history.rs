@@ -66,6 +66,9 @@ pub struct SandboxRecord {
     pub before_hook: bool,
     /// Its Stop said it is being suspended.
     pub stop_suspend: bool,
+    /// Its running instance was lost while it was up and awaited nothing: it keeps its
+    /// workspace and goes down as a suspension, without a drain or a before-hook.
+    pub instance_lost: bool,
 }
 
 /// The flags of a sandbox record, copied out for a check.
@@ -169,8 +172,12 @@ pub struct History {
 }
 
 /// Whether the core was told `x` died.
+/// Whether the core was told `x` died or lost its running instance (either way its calls are
+/// lost and nothing more goes into it).
 fn dead(sandboxes: &BySandbox<SandboxRecord>, x: SandboxId) -> bool {
-    sandboxes.get(&x).is_some_and(|s| s.lane.is_dead())
+    sandboxes
+        .get(&x)
+        .is_some_and(|s| s.lane.is_dead() || s.instance_lost)
 }
 
 macro_rules! check {
@@ -411,9 +418,11 @@ impl History {
 
     /// A Persist was answered `ok` (before the core saw it).
     pub fn persist_answered(&mut self, x: SandboxId) {
-        let suspend = self.release.suspends();
+        let policy = self.release.suspends();
         let now = Instant::from_millis(self.now_ms);
         let s = self.sbx(x);
+        // A sandbox whose instance was lost is suspended whatever the policy.
+        let suspend = policy || s.stop_suspend;
         let l = s.lane;
         // Not once its way down ended without it (a late answer to a Persist ordered again).
         if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !l.is_left() && !s.persist_ok {
@@ -474,7 +483,8 @@ impl History {
         if !ok && !gone {
             self.mirror.upload_failed(f.session, f.path, f.version);
         }
-        if gone {
+        // (An upload into a sandbox whose instance was lost was cancelled then: not awaited.)
+        if gone && !self.sbx(sandbox).instance_lost {
             self.marks.hit(Mark::UploadGone);
             self.sbx(sandbox).lane.die();
             self.lets_go(sandbox);
@@ -489,11 +499,14 @@ impl History {
         }
     }
 
-    /// The backend reported a sandbox's running instance gone (before the core saw it): a
-    /// death, unless the sandbox is being suspended (under `Suspend`, its Stop ordered and
-    /// neither its Shutdown nor a death since) or was suspended (the core forgot it). Returns
-    /// whether it counts as a death.
-    pub fn instance_gone(&mut self, x: SandboxId) -> bool {
+    /// The backend reported a sandbox's running instance gone (before the core saw it); the
+    /// ledger has a Start, Stop, Persist, Hook or Shutdown of it outstanding when `awaiting`.
+    /// While the sandbox is being suspended (its Stop with `suspend` ordered and neither its
+    /// Shutdown nor a death since) that is the suspension's own doing, and so it is for one the
+    /// core forgot. A managed sandbox that is up and awaits nothing keeps its workspace: it goes
+    /// down as a suspension (`instance-loss-suspends`). Otherwise it is a death. Returns whether
+    /// it counts as one.
+    pub fn instance_gone(&mut self, x: SandboxId, awaiting: bool) -> bool {
         let suspend = self.sbx(x).stop_suspend;
         let s = Flags::of(self.sbx(x));
         let suspending =
@@ -501,6 +514,25 @@ impl History {
         if suspending {
             self.marks.hit(Mark::InstanceGoneWhileSuspending);
             self.spared = Some(x);
+            return false;
+        }
+        let l = s.lane;
+        let up = l.is_started()
+            && !l.is_external()
+            && !l.is_stopped()
+            && !l.is_dead()
+            && !l.is_shut_down()
+            && !l.is_left();
+        if up && !awaiting {
+            self.touched.sandbox(x);
+            self.marks.hit(Mark::InstanceLostKept);
+            self.progress.instance_lost(x);
+            self.spared = Some(x);
+            self.sbx(x).instance_lost = true;
+            return false;
+        }
+        if self.sbx(x).instance_lost {
+            // Reported again: the first report decided.
             return false;
         }
         self.died(x);
@@ -552,7 +584,7 @@ impl History {
                 self,
                 !matches!(cmd, Command::Abandon { .. } | Command::Shutdown { .. }),
                 "suspension-keeps-workspace",
-                "{cmd:?}: the loss of {x}'s instance while it was being suspended is the suspension's own doing, not a death"
+                "{cmd:?}: the loss of {x}'s instance, its workspace intact (being suspended, or up and awaiting nothing), is not a death"
             );
         }
         // The order of backend-facing commands is the lane's (sandkeeper_check); the commands a
@@ -693,9 +725,16 @@ impl History {
                 // A before hook ended the drain (and cleared `draining`) before this Stop.
                 let hooked = self.sandboxes.get(&x).is_some_and(|s| s.before_hook);
                 // A Stop ordered again after a failed one needs no new Drain.
+                let lost = self.sandboxes.get(&x).is_some_and(|s| s.instance_lost);
                 check!(
                     self,
-                    rec.draining || hooked || rec.stop_failed,
+                    !lost || *suspend,
+                    "instance-loss-suspends",
+                    "Stop for {x}, whose instance was lost with its workspace intact, does not suspend it"
+                );
+                check!(
+                    self,
+                    rec.draining || hooked || rec.stop_failed || lost,
                     "drain-before-stop",
                     "Stop for {x} without a Drain first"
                 );
@@ -718,13 +757,14 @@ impl History {
                 }
                 check!(
                     self,
-                    before || wanted.is_none(),
+                    before || wanted.is_none() || lost,
                     "hook-before-stop",
                     "Stop for {x} without its before hook"
                 );
                 if !self.closing
                     && !hooked
                     && !rec.stop_failed
+                    && !lost
                     && self.now_ms < rec.drain_at + self.drain_deadline_ms
                 {
                     // Checked once the input's events are in (a call of the session may have
@@ -1127,7 +1167,7 @@ impl History {
         let left = self
             .sandboxes
             .iter()
-            .filter(|(_, s)| s.lane.is_started() && !s.lane.has_ended(suspend))
+            .filter(|(_, s)| s.lane.is_started() && !s.lane.has_ended(suspend || s.instance_lost))
             .map(|(x, _)| x)
             .min();
         if let Some(x) = left {

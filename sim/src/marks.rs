@@ -73,6 +73,8 @@ pub enum Mark {
     DuplicateAnswer,
     /// A sandbox's running instance was reported gone while it was being suspended.
     InstanceGoneWhileSuspending,
+    /// A sandbox's instance was lost while it was up: its workspace kept (a suspension).
+    InstanceLostKept,
     /// A loss was reported for a suspended sandbox after its key had resumed it as another
     /// (the late-Delete race: stale for the core).
     LateLossAfterResume,
@@ -89,7 +91,7 @@ pub enum Mark {
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 40] = [
+pub const ALL: [Mark; 41] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -124,6 +126,7 @@ pub const ALL: [Mark; 40] = [
     Mark::Closed,
     Mark::DuplicateAnswer,
     Mark::InstanceGoneWhileSuspending,
+    Mark::InstanceLostKept,
     Mark::LateLossAfterResume,
     Mark::Abandoned,
     Mark::DiscardRetention,
@@ -170,6 +173,7 @@ impl Mark {
             Mark::Closed => "closed",
             Mark::DuplicateAnswer => "duplicate-answer",
             Mark::InstanceGoneWhileSuspending => "instance-gone-while-suspending",
+            Mark::InstanceLostKept => "instance-lost-kept",
             Mark::LateLossAfterResume => "late-loss-after-resume",
             Mark::Abandoned => "abandoned",
             Mark::DiscardRetention => "discard-retention",
