@@ -7,7 +7,9 @@
 //! wrote, in the pod the controller makes, labelled with the new sandbox. A Sandbox the
 //! controller suspended for inactivity (`spec.autoSuspension`, `operatingMode` left `Running`)
 //! is reported as a lost instance only, and is resumed, or adopted in a fleet, as a suspended
-//! one.
+//! one. Through the keeper: a warm sandbox's pod evicted (`KeepWarm`, `Tiered`) or a pod lost
+//! under a call (told `SandboxLost`) keeps its claim and volume, and the key's next call
+//! continues from the files earlier calls wrote.
 
 mod common;
 
@@ -17,10 +19,14 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::resources::{PODS, SANDBOXES, SANDBOX_CLAIMS};
 use k8s_loopback::Loopback;
-use sandkeeper::{Key, PathName, Payload, SandboxId, SessionId, Snapshot, Spec, Token, Version};
+use sandkeeper::{
+    CallId, CallSpec, Config, Key, PathName, Payload, ReleasePolicy, SandboxId, SessionId,
+    Snapshot, Spec, Tiers, Token, Version, WayDown,
+};
 use sandkeeper_k8s::{Death, K8sBackend};
 use sandkeeper_tokio::{
-    AdoptRequest, Backend, Loss, PersistRequest, StartRequest, StopRequest, UploadRequest,
+    AdoptRequest, Backend, CallGuard, Keeper, KeeperConfig, Loss, PersistRequest, StartRequest,
+    StopRequest, UploadRequest,
 };
 use serde_json::{json, Value};
 
@@ -127,6 +133,22 @@ async fn lose_pod(server: &Loopback, name: &str) {
 /// `--enable-auto-suspend-and-resume` does: a 60 s inactivity timeout set on it, then the
 /// server clock moved past it. Waits until its pod is gone.
 async fn auto_suspend(server: &Loopback, sandbox: &str, pod_name: &str) {
+    outlive_inactivity_timeout(server, sandbox).await;
+    until(server, "the controller suspended the Sandbox", || {
+        ready_reason(server, sandbox).as_deref() == Some("False/SandboxAutoSuspended")
+            && pod(server, pod_name).is_none()
+    })
+    .await;
+    let sb = server.store().get(&SANDBOXES, NS, sandbox).unwrap();
+    assert_eq!(
+        sb["spec"]["operatingMode"], "Running",
+        "the controller suspends without touching operatingMode"
+    );
+}
+
+/// Turns auto-suspension on for the Sandbox `sandbox` (60 s) and moves the server clock past
+/// its inactivity timeout.
+async fn outlive_inactivity_timeout(server: &Loopback, sandbox: &str) {
     server.enable_auto_suspension(true);
     server
         .store()
@@ -142,16 +164,6 @@ async fn auto_suspend(server: &Loopback, sandbox: &str, pod_name: &str) {
     })
     .await;
     server.advance_clock(Duration::from_secs(61));
-    until(server, "the controller suspended the Sandbox", || {
-        ready_reason(server, sandbox).as_deref() == Some("False/SandboxAutoSuspended")
-            && pod(server, pod_name).is_none()
-    })
-    .await;
-    let sb = server.store().get(&SANDBOXES, NS, sandbox).unwrap();
-    assert_eq!(
-        sb["spec"]["operatingMode"], "Running",
-        "the controller suspends without touching operatingMode"
-    );
 }
 
 /// The losses the death watch of `b`'s cluster reports, collected from now on (once its
@@ -399,4 +411,214 @@ async fn a_claim_the_controller_suspended_runs_again_for_the_adopter() {
     b.upload(upload(x, 2, 2)).await.unwrap();
     assert_eq!(session_log(&server, &h2.pod).as_deref(), Some(&b"v2"[..]));
     b.shutdown(x, Some(Token(2))).await.unwrap();
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn keeper(server: &Loopback, owner: &str, release: ReleasePolicy) -> Keeper<K8sBackend> {
+    let backend = connect(server, claim_config(owner)).await;
+    let core = Config {
+        release,
+        ..Config::default()
+    };
+    Keeper::new(KeeperConfig::with_core(core), backend).unwrap()
+}
+
+async fn call(keeper: &Keeper<K8sBackend>, name: &str) -> CallGuard<K8sBackend> {
+    let spec = CallSpec::new(CallId::new(name).unwrap(), SessionId::new("s1").unwrap());
+    tokio::time::timeout(WAIT, keeper.acquire(spec))
+        .await
+        .expect("acquired in time")
+        .expect("acquired")
+}
+
+/// Runs `argv` (no shell) in the pod of the call's sandbox.
+async fn run_in(keeper: &Keeper<K8sBackend>, guard: &CallGuard<K8sBackend>, argv: &[&str]) {
+    let h = keeper.backend().handle(guard.sandbox()).expect("started");
+    let argv = argv.iter().map(|a| a.to_string()).collect();
+    keeper
+        .backend()
+        .cluster()
+        .exec_with_stdin(&h.pod, argv, Vec::new())
+        .await
+        .expect("ran in the pod");
+}
+
+/// The first call's work, acknowledged: a directory made in the pod by the call, and the
+/// session log flushed and mirrored into the sandbox.
+async fn first_calls_work(keeper: &Keeper<K8sBackend>, guard: &CallGuard<K8sBackend>) {
+    run_in(keeper, guard, &["mkdir", "/workspace/made-in-call-1"]).await;
+    let session = SessionId::new("s1").unwrap();
+    keeper
+        .flush(
+            &session,
+            &PathName::session_log(),
+            b"{\"turn\":1}\n".to_vec(),
+        )
+        .unwrap();
+    tokio::time::timeout(WAIT, keeper.mirror_settled(&session))
+        .await
+        .expect("mirrored in time");
+}
+
+/// Polls the keeper's stats (no event marks them) until `done`, bounded.
+async fn stats_until(
+    keeper: &Keeper<K8sBackend>,
+    what: &str,
+    done: impl Fn(&sandkeeper::Stats) -> bool,
+) {
+    tokio::time::timeout(WAIT, async {
+        while !done(&keeper.stats()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never: {what}: {:?}", keeper.stats()));
+}
+
+/// The key's next call after the loss: the same claim resumed, with the first call's work.
+async fn next_call_continues(server: &Loopback, keeper: &Keeper<K8sBackend>, claim: &str) {
+    let second = call(keeper, "c2").await;
+    let h2 = keeper.backend().handle(second.sandbox()).unwrap();
+    assert_eq!(h2.object, claim, "the same claim, resumed");
+    run_in(
+        keeper,
+        &second,
+        &["test", "-d", "/workspace/made-in-call-1"],
+    )
+    .await;
+    assert_eq!(
+        session_log(server, &h2.pod).as_deref(),
+        Some(&b"{\"turn\":1}\n"[..]),
+        "the acknowledged session log"
+    );
+    let p = pod(server, &h2.pod).unwrap();
+    assert_eq!(
+        sandbox_label(&p),
+        Some(second.sandbox().0.to_string().as_str())
+    );
+    second.release().await;
+}
+
+async fn close(keeper: Keeper<K8sBackend>) {
+    tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    keeper.backend().close().await.unwrap();
+}
+
+/// A warm sandbox's pod evicted (deleted from outside; the controller makes it again on the
+/// same volumes): the core suspends it instead of shutting it down, and the key's next call
+/// resumes the same claim with what the first call wrote.
+async fn a_warm_sandboxs_lost_pod_keeps_the_workspace(owner: &str, release: ReleasePolicy) {
+    let server = server().await;
+    let keeper = keeper(&server, owner, release).await;
+    let first = call(&keeper, "c1").await;
+    let h1 = keeper.backend().handle(first.sandbox()).unwrap();
+    first_calls_work(&keeper, &first).await;
+    first.release().await;
+    stats_until(&keeper, "the sandbox is warm", |s| s.calls_released >= 1).await;
+
+    delete_pod(&server, &h1.pod);
+    stats_until(&keeper, "the lost instance was kept", |s| {
+        s.instance_losses_kept >= 1 && s.suspended >= 1
+    })
+    .await;
+    let stats = keeper.stats();
+    assert_eq!(stats.deaths, 0, "{stats:?}");
+    assert_eq!(stats.shutdowns_ordered, 0, "nothing deleted: {stats:?}");
+    assert!(
+        server.store().get(&SANDBOX_CLAIMS, NS, &h1.object).is_ok(),
+        "the claim is kept"
+    );
+    let sb = h1.sandbox_name.clone().unwrap();
+    assert_eq!(
+        server.store().get(&SANDBOXES, NS, &sb).unwrap()["spec"]["operatingMode"],
+        "Suspended"
+    );
+
+    next_call_continues(&server, &keeper, &h1.object).await;
+    close(keeper).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_warm_a_warm_sandboxs_lost_pod_keeps_the_workspace() {
+    let release = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(3_600),
+    };
+    a_warm_sandboxs_lost_pod_keeps_the_workspace("warm", release).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_a_warm_sandboxs_lost_pod_keeps_the_workspace() {
+    let release = ReleasePolicy::Tiered(Tiers {
+        idle: Duration::from_secs(3_600),
+        then: WayDown::Shutdown,
+        retain: None,
+    });
+    a_warm_sandboxs_lost_pod_keeps_the_workspace("tiered", release).await;
+}
+
+/// A pod lost under a call: the call is told (`SandboxLost`), the sandbox is suspended at its
+/// last release, not shut down, and the key's next call continues from the first call's
+/// acknowledged work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_pod_is_lost_is_told_and_the_key_continues() {
+    let server = server().await;
+    let release = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(3_600),
+    };
+    let keeper = keeper(&server, "told", release).await;
+    let first = call(&keeper, "c1").await;
+    let h1 = keeper.backend().handle(first.sandbox()).unwrap();
+    first_calls_work(&keeper, &first).await;
+
+    delete_pod(&server, &h1.pod);
+    tokio::time::timeout(WAIT, async {
+        while !first.is_lost() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("the call is told in time");
+    first.release().await;
+    stats_until(&keeper, "the lost instance was kept", |s| {
+        s.instance_losses_kept >= 1 && s.suspended >= 1
+    })
+    .await;
+    let stats = keeper.stats();
+    assert_eq!((stats.deaths, stats.shutdowns_ordered), (0, 0), "{stats:?}");
+    assert!(server.store().get(&SANDBOX_CLAIMS, NS, &h1.object).is_ok());
+
+    next_call_continues(&server, &keeper, &h1.object).await;
+    close(keeper).await;
+}
+
+/// The controller's own auto-suspension of a warm sandbox: a lost instance, which the core
+/// takes for a suspension; the next call resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_suspended_warm_sandbox_is_resumed_by_the_next_call() {
+    let server = server().await;
+    let release = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(3_600),
+    };
+    let keeper = keeper(&server, "auto", release).await;
+    let first = call(&keeper, "c1").await;
+    let h1 = keeper.backend().handle(first.sandbox()).unwrap();
+    first_calls_work(&keeper, &first).await;
+    first.release().await;
+    stats_until(&keeper, "the sandbox is warm", |s| s.calls_released >= 1).await;
+
+    // The core suspends it by mode as soon as it hears of the pod's loss.
+    outlive_inactivity_timeout(&server, h1.sandbox_name.as_deref().unwrap()).await;
+    stats_until(&keeper, "the lost instance was kept", |s| {
+        s.instance_losses_kept >= 1 && s.suspended >= 1
+    })
+    .await;
+    let stats = keeper.stats();
+    assert_eq!((stats.deaths, stats.shutdowns_ordered), (0, 0), "{stats:?}");
+    assert!(server.store().get(&SANDBOX_CLAIMS, NS, &h1.object).is_ok());
+
+    next_call_continues(&server, &keeper, &h1.object).await;
+    close(keeper).await;
 }
