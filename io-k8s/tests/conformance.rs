@@ -786,12 +786,15 @@ async fn the_controller_suspends_an_inactive_sandbox_by_itself() {
         condition_of(&s, "Suspended"),
         Some(("True".into(), "PodTerminated".into()))
     );
-    let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
-    assert_eq!(
-        condition_of(&claim, "Ready"),
-        Some(("False".into(), "SandboxAutoSuspended".into())),
-        "the claim forwards its Sandbox's Ready condition"
-    );
+    until(
+        &server,
+        "the claim forwards its Sandbox's Ready condition",
+        || {
+            let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
+            condition_of(&claim, "Ready") == Some(("False".into(), "SandboxAutoSuspended".into()))
+        },
+    )
+    .await;
 
     // Traffic: the suspension server sets lastActivityTime to now; the pod comes back on the
     // same volume.
