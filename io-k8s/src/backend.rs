@@ -14,9 +14,12 @@
 //!   [`FailureClass::Gone`] (R6 becomes a typed `SandboxGone` in the core, never a crash), an
 //!   unknown outcome is transient;
 //! - `stop`: nothing to stop before shutdown (the core orders no upload after it). With
-//!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
+//!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none. No
+//!   pod is needed: the core suspends a sandbox whose pod was lost (see the crate docs);
 //! - `persist`: with `suspend`, patch the sandbox's Sandbox `operatingMode: Suspended` and wait
-//!   until its pod is gone; the claim is kept for the start that resumes it, and the sandbox is
+//!   until its pod is gone (the one the controller made again after a loss, too; a Sandbox the
+//!   controller suspended by itself until it shows the keeper's mode); the claim is kept for
+//!   the start that resumes it, and the sandbox is
 //!   never named again but by the discard of its claim. With a retention (`retain_until`), the
 //!   claim's `spec.lifecycle.shutdownTime` becomes the retention's end (policy `Delete`): the
 //!   controller deletes it then even if no keeper is left, and a resume pushes it out again.
