@@ -277,6 +277,16 @@ impl Backend for K8sBackend {
                 self.install.template.as_deref().unwrap_or("?"),
             ));
         }
+        if !pod_mode && !config.release.suspends() && !self.install.workdir_persistent {
+            // Not refused: no policy here deletes the pod on purpose. But a pod lost from
+            // outside (evicted, drained, OOM-killed) is suspended by the core to keep the
+            // workspace, and there is none to keep.
+            tracing::warn!(
+                workdir = %self.cluster.config().workdir,
+                template = self.install.template.as_deref().unwrap_or("?"),
+                "the working directory is not on a volume of the template's volumeClaimTemplates: a pod lost from outside (evicted, drained, OOM-killed) takes its files with it, and the key's next call continues in an empty workspace; mount a volumeClaimTemplates volume there (io-k8s/deploy/warm-pool.example.yaml)"
+            );
+        }
         if !pod_mode && config.release.suspends() {
             let grace = u64::try_from(self.install.termination_grace_secs).unwrap_or(0);
             let bound = config
