@@ -16,6 +16,7 @@
 //! | `deadlines.rs` | [`Deadlines`]: every deadline the core documents holds | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` |
 //! | `mirror.rs` | [`Mirror`]: where and when a session's versions are written | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` |
 //! | `snapshots.rs` | [`Snapshots`]: what a key keeps for its next start, and when the core lets it go | `discard-unreferenced`, `discard-after-retention`, `snapshot-released` |
+//! | `conservation.rs` | [`Conservation`]: nothing acknowledged is lost: each key's acknowledged work is held by a workspace the key may continue from, through every transition, but for the core's documented excuses | `conservation` |
 //! | `progress.rs` | [`Progress`]: a queued call waits only while something real holds its key back (a sandbox of the key on its way down or handed over, a `Serialize` holder, in fleet mode a key not owned or a release under way) | `progress`, `wait-timeout-held` |
 //! | `outputs.rs` | [`Outputs`]: the shape of the stream: nothing after `Closed`, an `Abandon` followed at once by its Shutdown | `nothing-after-closed`, `abandon-then-shutdown` |
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
@@ -45,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod calls;
+mod conservation;
 mod deadlines;
 #[cfg(test)]
 mod fixtures;
@@ -59,6 +61,7 @@ mod versions;
 mod violation;
 
 pub use calls::Calls;
+pub use conservation::{Conservation, Content, Work};
 pub use deadlines::Deadlines;
 pub use lane::{Lane, Lanes, Op};
 pub use live::{CallRecord, LiveCalls, Phase};

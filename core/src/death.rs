@@ -40,23 +40,27 @@ impl Lifecycle {
 
     /// The backend reports that the sandbox's running instance is gone (its processes; on
     /// Kubernetes its pod: evicted, drained off its node, killed, or suspended by the
-    /// controller) while its workspace remains (a claim and its volumes; a directory).
+    /// controller) while its workspace remains (a claim and its volumes; a directory). For a
+    /// managed sandbox that is never a death: the workspace is kept.
     ///
-    /// - While the sandbox is being suspended (its `Stop { suspend: true }` or
-    ///   `Persist { suspend: true }` outstanding) that is the suspension's own doing: it is
-    ///   counted (`instance_losses_suspending`) and changes nothing.
-    /// - A managed sandbox that is up and awaits nothing (running, warm, draining) keeps its
-    ///   workspace: its bound calls are told ([`Event::SandboxLost`]: what they ran is gone),
-    ///   its uploads in flight are dropped (`sandbox-gone`; the mirror sends their versions
-    ///   again), no call binds to it again, and it goes down as a suspension (Stop and Persist
-    ///   with `suspend`, no drain, no before-hook) at once, or at its last call's release. The
-    ///   key's next Start resumes the snapshot that Stop names: the same workspace
-    ///   (`instance_losses_kept`).
-    /// - In any other state (starting, awaiting a hook or a way-down answer, external) the
-    ///   sandbox is dead, exactly as [`handle_died`](Self::handle_died).
+    /// - Being suspended (its `Stop { suspend: true }` or `Persist { suspend: true }`
+    ///   outstanding): the suspension's own doing, counted (`instance_losses_suspending`).
+    /// - Up and awaiting nothing (running, warm, draining): its bound calls are told
+    ///   ([`Event::SandboxLost`]: what they ran is gone), its uploads in flight are dropped
+    ///   (`sandbox-gone`; the mirror sends their versions again), no call binds to it again,
+    ///   and it goes down as a suspension (Stop and Persist with `suspend`, no drain, no
+    ///   before-hook) at once, or at its last call's release, whatever the policy. The key's
+    ///   next Start resumes the snapshot that Stop names: the same workspace.
+    /// - Starting (its Start or after-hook outstanding): its start failed
+    ///   ([`handle_start_failed`](Self::handle_start_failed): a resumed one gives its key's
+    ///   snapshot back).
+    /// - On its way down otherwise (a before-hook, Stop, Persist or Shutdown outstanding, or
+    ///   handed over): the outstanding command acts on the workspace and its answer decides.
     ///
-    /// A report about a sandbox the core no longer tracks (a suspended one, an earlier
-    /// incarnation of a resumed one) is stale.
+    /// The last three count as `instance_losses_kept`. An external sandbox's instance lost is
+    /// its death, as [`handle_died`](Self::handle_died). A report about a sandbox the core no
+    /// longer tracks (a suspended one, an earlier incarnation of a resumed one) is stale; one
+    /// about a sandbox already dead or already lost changes nothing.
     ///
     /// Errors: as [`handle_died`](Self::handle_died).
     pub fn handle_instance_gone(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
@@ -71,22 +75,24 @@ impl Lifecycle {
         if x.state == SandboxState::Dead || x.instance_lost {
             return Ok(());
         }
-        let suspending = matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend;
-        let keeps = x.is_managed()
-            && x.awaiting == Awaiting::Nothing
-            && !x.shutdown_ordered
-            && matches!(
-                x.state,
-                SandboxState::Running | SandboxState::Idle | SandboxState::Draining
-            );
+        let loss = InstanceLoss::of(x);
         self.advance(now);
-        if suspending {
-            tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
-            self.out.stats.instance_losses_suspending += 1;
-        } else if keeps {
-            self.instance_lost(sandbox);
-        } else {
-            self.died(sandbox);
+        match loss {
+            InstanceLoss::Suspending => {
+                tracing::debug!(sandbox = %self.sid(sandbox), "instance gone while suspending");
+                self.out.stats.instance_losses_suspending += 1;
+            }
+            InstanceLoss::Up => self.instance_lost(sandbox),
+            InstanceLoss::Starting => {
+                tracing::warn!(sandbox = %self.sid(sandbox), "instance gone while starting");
+                self.out.stats.instance_losses_kept += 1;
+                self.fail_start(sandbox, ErrorKind::StartFailed);
+            }
+            InstanceLoss::OnTheWayDown => {
+                tracing::debug!(sandbox = %self.sid(sandbox), "instance gone on the way down");
+                self.out.stats.instance_losses_kept += 1;
+            }
+            InstanceLoss::Death => self.died(sandbox),
         }
         self.finish_input();
         Ok(())
@@ -101,10 +107,21 @@ impl Lifecycle {
         let previous = x.state;
         tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
         self.out.stats.deaths += 1;
+        let holds_work = previous != SandboxState::Starting || x.resumed.is_some();
+        if x.is_managed() && !x.shutdown_ordered && holds_work {
+            let (id, key) = (x.id, x.key);
+            if let Some(slot) = self.keys.get(key) {
+                self.out.events.push_back(Event::WorkspaceLost {
+                    sandbox: id,
+                    key: slot.key.clone(),
+                });
+            }
+        }
         if previous == SandboxState::Starting {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
             return;
         }
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Dead;
         let key = x.key;
         // Calls told of its lost instance were told already.
@@ -183,5 +200,37 @@ impl Lifecycle {
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
         self.order_stop(sandbox);
+    }
+}
+
+/// What the loss of a sandbox's running instance means, by where the sandbox is (see
+/// [`Lifecycle::handle_instance_gone`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InstanceLoss {
+    Suspending,
+    Up,
+    Starting,
+    OnTheWayDown,
+    Death,
+}
+
+impl InstanceLoss {
+    fn of(x: &crate::sandbox::Sandbox) -> InstanceLoss {
+        if !x.is_managed() {
+            InstanceLoss::Death
+        } else if matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend {
+            InstanceLoss::Suspending
+        } else if x.state == SandboxState::Starting {
+            InstanceLoss::Starting
+        } else if x.awaiting == Awaiting::Nothing
+            && matches!(
+                x.state,
+                SandboxState::Running | SandboxState::Idle | SandboxState::Draining
+            )
+        {
+            InstanceLoss::Up
+        } else {
+            InstanceLoss::OnTheWayDown
+        }
     }
 }

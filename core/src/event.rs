@@ -48,6 +48,17 @@ pub enum Event {
         /// The dead sandbox.
         sandbox: SandboxId,
     },
+    /// The backend reported a managed sandbox's storage destroyed (a death, not only its
+    /// running instance): whatever of its key's work it alone held is lost. Emitted once per
+    /// death of a sandbox that was up or resumed its key's snapshot, whether or not calls were
+    /// bound to it (they also get `SandboxLost`), so the application hears of a warm sandbox's
+    /// loss too.
+    WorkspaceLost {
+        /// The dead sandbox.
+        sandbox: SandboxId,
+        /// Its key.
+        key: Key,
+    },
     /// A flushed version settled. Every version settles exactly once.
     Settled {
         /// The session.

@@ -218,27 +218,34 @@
 //! continues from: its live sandbox, else its snapshot (the next Start's `resume_from`), else,
 //! in fleet mode, what the key's stored record names (a warm sandbox to adopt, a snapshot). The
 //! exceptions are exactly: the key's retention ended ([`Tiers`]' `retain`), the policy lets the
-//! workspace go (a `Shutdown` way with no snapshot taken), the application discarded it, or the
-//! backend reported the storage itself destroyed (a death, [`Event::SandboxLost`]); and a
-//! sandbox whose every Stop or Persist failed, which the core never deletes but leaves to the
-//! backend as it is ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).
-//! In each case the application is told; never silence.
+//! workspace go (a sandbox that started fresh, shut down on the `Shutdown` way with no snapshot
+//! taken), the application discarded it or closed, or the backend reported the storage itself
+//! destroyed (a death; its calls get [`Event::SandboxLost`]); and a sandbox whose way down
+//! failed, which the core never deletes but leaves to the backend as it is
+//! ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).
 //!
-//! **How the core keeps it.** A Stop or Persist that fails is ordered again, and a sandbox that
-//! holds its key's history is never shut down after a failed way down (`way_down.rs`). In fleet
-//! mode a claim hands out the key's record and the store keeps it until the new owner writes a
-//! newer one, and the core writes no record while the key's sandbox is on its way up, so a
-//! process that ends at any instant leaves the next owner what it found (`ownership.rs`); every
-//! change a process makes carries its token, and the drivers check the application's own
-//! operations against it too, so a process whose key was taken over changes nothing the next
-//! owner sees.
+//! **How the core keeps it.** A Stop or Persist that fails is ordered again; when every attempt
+//! failed, or one went unanswered, a sandbox that holds its key's history (it resumed, was
+//! adopted, or is being suspended) or whose Stop took a snapshot is never shut down: the
+//! snapshot is salvaged as the key's, or the sandbox left as it is (`way_down.rs`). A resumed
+//! Start that fails or times out (or whose after-resume hook fails) gives the snapshot back to
+//! its key and leaves the sandbox as it is; a resumed sandbox whose calls ended while it started
+//! goes down through Stop and Persist (`start.rs`). A lost running instance is never a death of a
+//! managed sandbox: up, it is suspended in place (`death.rs`). In fleet mode a claim hands out
+//! the key's record and the store keeps it until the new owner writes a newer one, and the core
+//! writes no record while the key's sandbox is on its way up, so a process that ends at any
+//! instant leaves the next owner what it found (`ownership.rs`); every change a process makes
+//! carries its token, and the drivers check the application's own operations against it too, so
+//! a process whose key was taken over changes nothing the next owner sees.
 //!
-//! **What checks it.** The drivers' real-process tests (`io-tokio/tests/fleet_processes.rs`: a
-//! process killed right after its claim or after an acknowledged write, a process paused past
-//! its lease that wakes after two takeovers; `fencing.rs` in both drivers) and the simulator's
-//! scenarios (`sim/scenarios/salvage-*.scn`). A simulator checker that follows each key's
-//! acknowledged work through every transition is not built yet.
-//!
+//! **What checks it.** The simulator's `conservation` checker
+//! (`sandkeeper_check::Conservation`) follows each key's acknowledged work through every
+//! transition after every input of every seed, with canaries x13 to x16 in `sim/canaries`; the
+//! drivers' real-process tests (`io-tokio/tests/fleet_processes.rs`: a process killed right
+//! after its claim or after an acknowledged write, a process paused past its lease that wakes
+//! after two takeovers; `fencing.rs` in both drivers) and the scenarios
+//! (`sim/scenarios/salvage-*.scn`).
+
 //! ## Files
 //!
 //! | file | owns |

@@ -352,8 +352,20 @@ impl Lifecycle {
                     }
                     (_, Awaiting::Stop) | (_, Awaiting::Persist) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "stop or persist timed out");
-                        self.way().abandon(sandbox);
-                        self.shutdown(sandbox);
+                        if self.keeps_when_given_up(sandbox) {
+                            // Unanswered, its outcome unknown: given up as if failed, without
+                            // an Abandon (which a Shutdown must follow): its answer, if it
+                            // comes, is stale.
+                            let x = &self.sandboxes[sandbox];
+                            let snapshot = (x.awaiting == Awaiting::Persist)
+                                .then(|| x.snapshot.clone())
+                                .flatten();
+                            self.way().stop_awaiting(sandbox);
+                            self.way_down_gave_up(sandbox, snapshot);
+                        } else {
+                            self.way().abandon(sandbox);
+                            self.shutdown(sandbox);
+                        }
                     }
                     (_, Awaiting::Shutdown) => {
                         tracing::warn!(sandbox = %self.sid(sandbox), "shutdown timed out");

@@ -103,8 +103,10 @@ pub(crate) struct Sandbox {
     pub(crate) shutdown_ordered: bool,
     /// The snapshot its Stop returned.
     pub(crate) snapshot: Option<Snapshot>,
-    /// Its Start resumed a snapshot (its hook on the way up is the after-resume one).
-    pub(crate) resumed: bool,
+    /// The snapshot its Start resumed and the sandbox that persisted it, if it resumed one
+    /// (its hook on the way up is then the after-resume one; a Start that fails gives the
+    /// snapshot back to its key).
+    pub(crate) resumed: Option<(Snapshot, SandboxId)>,
     /// Its way down ends suspended: decided when its drain ends (the policy, unless a failed
     /// before-suspend hook turned it into a shutdown).
     pub(crate) suspend: bool,
@@ -147,7 +149,7 @@ impl Sandbox {
             deadline: None,
             shutdown_ordered: false,
             snapshot: None,
-            resumed: false,
+            resumed: None,
             suspend: false,
             instance_lost: false,
             hook: None,

@@ -29,7 +29,7 @@ impl Lifecycle {
         self.way().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
-        let (point, timeout) = if x.resumed {
+        let (point, timeout) = if x.resumed.is_some() {
             (HookPoint::AfterResume, self.config.hooks.after_resume)
         } else {
             (HookPoint::AfterStart, self.config.hooks.after_start)
@@ -68,6 +68,13 @@ impl Lifecycle {
                 self.last_call_released(sandbox);
                 return;
             }
+            if self.holds_history(sandbox) {
+                // Resumed for calls that ended meanwhile: it holds the key's history, so it
+                // goes down through Stop and Persist, which keep it, never straight to a
+                // Shutdown (and never warm: its after-resume hook did not run).
+                self.begin_drain(sandbox);
+                return;
+            }
             // Every call it was started for ended while it started.
             self.out.stats.orphan_starts += 1;
             self.shutdown(sandbox);
@@ -100,12 +107,10 @@ impl Lifecycle {
         let c = &mut self.calls[call];
         let key = c.key;
         let spec = c.spec.take().expect("a call orders at most one Start");
-        let slot_has_snapshot = self.keys[key].snapshot.is_some();
         let x = self
             .sandboxes
             .create(key, Ownership::Managed, SandboxState::Starting);
         self.sandboxes[x].awaiting = Awaiting::Start;
-        self.sandboxes[x].resumed = slot_has_snapshot;
         self.sandboxes[x].token = self.keys[key].token();
         let slot = &mut self.keys[key];
         slot.current = Some(x);
@@ -116,10 +121,12 @@ impl Lifecycle {
         if let Some(at) = slot.retain.take() {
             self.timers.cancel(at);
         }
-        let (resume_from, resumes) = match slot.snapshot.take() {
-            Some((snapshot, by)) => (Some(snapshot), Some(by)),
+        let taken = slot.snapshot.take();
+        let (resume_from, resumes) = match &taken {
+            Some((snapshot, by)) => (Some(snapshot.clone()), Some(*by)),
             None => (None, None),
         };
+        self.sandboxes[x].resumed = taken;
         self.out.stats.resumes_ordered += u64::from(resume_from.is_some());
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         self.out.stats.starts_ordered += 1;
@@ -152,6 +159,18 @@ impl Lifecycle {
         }
         let starters: Few<CallIx> = x.bound.to_few();
         let adopted = x.adopted;
+        // A start that took its key's snapshot and did not come up (but did not die): the
+        // workspace is still the key's history (the snapshot, or this sandbox if the backend
+        // began to resume it). The key keeps the snapshot again, before its calls end (the
+        // key's slot may go with them), and the sandbox is left to the backend below.
+        let give_back = match &x.resumed {
+            Some(resumed) if error != ErrorKind::SandboxGone && !adopted => Some(resumed.clone()),
+            _ => None,
+        };
+        if let Some((snapshot, by)) = give_back.clone() {
+            self.give_back_snapshot(key, snapshot, by);
+        }
+        let x = self.sandboxes.get_mut(sandbox).expect("live");
         if adopted {
             // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:
             // they queue first for the key again, and bind to a new start of it once the
@@ -169,6 +188,14 @@ impl Lifecycle {
         debug_assert!(x.is_managed() && !x.shutdown_ordered);
         if error == ErrorKind::SandboxGone {
             x.state = SandboxState::Dead;
+        } else if let Some((snapshot, _)) = give_back {
+            // Never shut down; no Abandon (a Shutdown must follow one): an answer that comes
+            // later is stale.
+            tracing::warn!(sandbox = %self.sid(sandbox), ?error, "resumed start failed: the key keeps its snapshot");
+            self.left_as_it_is(sandbox, Some(snapshot));
+            self.admit(key);
+            self.key_settles(key);
+            return;
         }
         // Dead or not, one Shutdown frees whatever the backend still holds of it.
         if abandoned {

@@ -84,10 +84,8 @@ impl Lifecycle {
         if x.way_down_failures < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "stop failed: ordered again");
             self.order_stop(sandbox);
-        } else if self.holds_history(sandbox) {
-            self.left_as_it_is(sandbox, None);
         } else {
-            self.shutdown(sandbox);
+            self.way_down_gave_up(sandbox, None);
         }
         self.finish_input();
         Ok(())
@@ -139,17 +137,12 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.way_down_failures += 1;
-        let (key, id, snapshot) = (x.key, x.id, x.snapshot.clone());
         if x.way_down_failures < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "persist failed: ordered again");
             self.way().persist(sandbox);
-        } else if let Some(snapshot) = snapshot {
-            self.keep_snapshot(key, sandbox, snapshot.clone(), id);
-            self.left_as_it_is(sandbox, Some(snapshot));
-        } else if self.holds_history(sandbox) {
-            self.left_as_it_is(sandbox, None);
         } else {
-            self.shutdown(sandbox);
+            let snapshot = x.snapshot.clone();
+            self.way_down_gave_up(sandbox, snapshot);
         }
         self.finish_input();
         Ok(())
@@ -247,6 +240,23 @@ impl Lifecycle {
         }
         if let Some((old, by)) = old {
             self.discard(key, old, by, DiscardReason::Superseded);
+        }
+        self.record_if_changed(key);
+    }
+
+    /// A Start that took the key's snapshot `snapshot` (persisted by `by`) failed: the key
+    /// keeps it again, for the policy's retention from now, for its next Start.
+    pub(crate) fn give_back_snapshot(&mut self, key: KeyIx, snapshot: Snapshot, by: SandboxId) {
+        let retain = self.config.release.tiers().retain;
+        let slot = self
+            .keys
+            .get_mut(key)
+            .expect("the key of a starting sandbox");
+        debug_assert!(slot.snapshot.is_none() && slot.retain.is_none());
+        slot.snapshot = Some((snapshot, by));
+        if let Some(retain) = retain {
+            let at = self.timers.set(self.now + retain, Timer::Retain(key));
+            self.keys[key].retain = Some(at);
         }
         self.record_if_changed(key);
     }
@@ -391,18 +401,44 @@ impl Lifecycle {
         self.key_lets_go(key, sandbox);
     }
 
+    /// The sandbox's way down cannot go on: every Stop (`snapshot` none) or every Persist of
+    /// `snapshot` failed, or one went unanswered. A snapshot its Stop took is salvaged (its
+    /// key keeps it, as a Persist would have made it) and the sandbox left as it is; without
+    /// one, a sandbox that holds its key's history is left as it is; any other is shut down,
+    /// as its policy would have done. Nothing is awaited of it any more.
+    pub(crate) fn way_down_gave_up(&mut self, sandbox: SandboxIx, snapshot: Option<Snapshot>) {
+        let x = &self.sandboxes[sandbox];
+        debug_assert_eq!(x.awaiting, Awaiting::Nothing);
+        let (key, id) = (x.key, x.id);
+        if let Some(snapshot) = snapshot {
+            self.keep_snapshot(key, sandbox, snapshot.clone(), id);
+            self.left_as_it_is(sandbox, Some(snapshot));
+        } else if self.holds_history(sandbox) {
+            self.left_as_it_is(sandbox, None);
+        } else {
+            self.shutdown(sandbox);
+        }
+    }
+
+    /// Whether the way down of `sandbox`, given up now, would keep its workspace (see
+    /// [`way_down_gave_up`](Self::way_down_gave_up)).
+    pub(crate) fn keeps_when_given_up(&self, sandbox: SandboxIx) -> bool {
+        let x = &self.sandboxes[sandbox];
+        (x.awaiting == Awaiting::Persist && x.snapshot.is_some()) || self.holds_history(sandbox)
+    }
+
     /// Whether the sandbox's workspace is its key's history, not just its own calls' work: it
     /// resumed the key's snapshot or was adopted from the key's last owner, or its way down
     /// is to keep it (a suspension). Its way down never ends in a Shutdown after a failure.
     pub(crate) fn holds_history(&self, sandbox: SandboxIx) -> bool {
         let x = &self.sandboxes[sandbox];
-        x.resumed || x.adopted || x.suspend
+        x.resumed.is_some() || x.adopted || x.suspend
     }
 
     /// Every Stop or Persist of the sandbox failed: it is left to the backend as it is, never
     /// shut down, and forgotten; `kept` is the snapshot its key keeps of it (salvaged), if any.
     /// The application is told either way.
-    fn left_as_it_is(&mut self, sandbox: SandboxIx, kept: Option<Snapshot>) {
+    pub(crate) fn left_as_it_is(&mut self, sandbox: SandboxIx, kept: Option<Snapshot>) {
         let id = self.sid(sandbox);
         let key = self.sandboxes[sandbox].key;
         tracing::warn!(sandbox = %id, ?kept, "way down failed: the workspace is left as it is");

@@ -709,6 +709,7 @@ fn death_of_a_running_sandbox() {
     h.flush("sa", &log(), "v2"); // pending
     h.died(x);
     h.expect_events(&[
+        workspace_lost(x, Key::Agent),
         lost("a", x),
         lost("b", x),
         dropped("sa", &log(), 1, DropReason::SandboxGone),
@@ -745,7 +746,7 @@ fn after_a_death_the_next_call_of_the_key_gets_a_new_sandbox() {
     let mut h = Script::default_config();
     let x = h.ready_call("a1", "s");
     h.died(x);
-    h.expect_events(&[lost("a1", x)]);
+    h.expect_events(&[workspace_lost(x, session_key("s")), lost("a1", x)]);
     h.expect_commands(&[shutdown(x)]);
     h.acquire("a2", "s");
     let y = h.started();
@@ -761,7 +762,7 @@ fn after_a_death_the_next_call_of_the_key_gets_a_new_sandbox() {
     let x = h.ready_call("a1", "s");
     h.acquire("a2", "s");
     h.died(x);
-    h.expect_events(&[lost("a1", x)]);
+    h.expect_events(&[workspace_lost(x, session_key("s")), lost("a1", x)]);
     h.expect_commands(&[shutdown(x)]);
     assert_eq!(h.core.call_status(&call("a2")), Some(CallStatus::Waiting));
     h.release("a1");
@@ -791,6 +792,7 @@ fn deaths_in_every_state() {
     h.expect_commands(&[drain(x, &["s"]), stop(x)]);
     h.died(x);
     h.expect_commands(&[abandon(x), shutdown(x)]);
+    h.expect_events(&[workspace_lost(x, session_key("s"))]);
     h.stop_ok(x, Some("snap")); // stale: no Persist after death
     h.quiet();
     h.died(x);
@@ -815,6 +817,7 @@ fn deaths_in_every_state() {
     h.upload_failed(u, UploadFailure::Gone);
     h.expect_events(&[
         dropped("s", &log(), 1, DropReason::SandboxGone),
+        workspace_lost(x, session_key("s")),
         lost("a", x),
         mirror_settled("s"),
     ]);
@@ -836,6 +839,7 @@ fn death_while_draining_or_warm() {
     h.died(x);
     h.expect_commands(&[cancel(u, x), shutdown(x)]);
     h.expect_events(&[
+        workspace_lost(x, session_key("s")),
         dropped("s", &log(), 1, DropReason::SandboxGone),
         released("a"),
         mirror_settled("s"),
@@ -847,7 +851,8 @@ fn death_while_draining_or_warm() {
     h.take_events();
     h.died(x);
     h.expect_commands(&[shutdown(x)]);
-    h.expect_events(&[]);
+    // A warm sandbox's loss is told too: no call would hear of it otherwise.
+    h.expect_events(&[workspace_lost(x, session_key("s"))]);
     assert_eq!(h.next_deadline_in(), Some(secs(5))); // the Shutdown's, not the idle timer
     h.acquire("b", "s");
     let y = h.started();
@@ -883,11 +888,19 @@ fn command_timeouts() {
     h.take_commands();
     h.stop_ok(x, Some("snap"));
     h.expect_commands(&[persist(x, Some("snap"))]);
+    // An unanswered Persist is given up as a failed one: the snapshot the Stop took is
+    // salvaged for the key, the sandbox left as it is (no Abandon, no Shutdown).
     h.advance(secs(5));
-    h.expect_commands(&[abandon(x), shutdown(x)]);
-    h.shutdown_ok(x);
+    h.expect_commands(&[]);
+    h.expect_events(&[Event::WayDownFailed {
+        sandbox: x,
+        key: Key::Session(session("s")),
+        kept: Some(snap("snap")),
+    }]);
+    h.persist_ok(x); // late: stale
+    h.quiet();
     h.acquire("b", "s");
-    assert_eq!(h.take_start().resume_from, None); // never persisted
+    assert_eq!(h.take_start().resume_from, Some(snap("snap")));
 }
 
 /// A draining sandbox is revived by the next call of its key instead of being replaced: no

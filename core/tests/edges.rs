@@ -47,10 +47,16 @@ fn close_waits_for_a_live_call_on_a_dead_sandbox() {
     core.handle_died(t, x).unwrap();
     assert_eq!(
         events(&mut core),
-        vec![Event::SandboxLost {
-            call: id("a"),
-            sandbox: x
-        }]
+        vec![
+            Event::WorkspaceLost {
+                sandbox: x,
+                key: Key::Session(SessionId::new("s").unwrap())
+            },
+            Event::SandboxLost {
+                call: id("a"),
+                sandbox: x
+            }
+        ]
     );
     for command in commands(&mut core) {
         if let Command::Shutdown { sandbox, .. } = command {

@@ -305,7 +305,8 @@ impl World {
                 | Event::SandboxLost { .. }
                 | Event::MirrorSettled { .. }
                 | Event::HookFailed { .. }
-                | Event::ShutdownUnconfirmed { .. } => {}
+                | Event::ShutdownUnconfirmed { .. }
+                | Event::WorkspaceLost { .. } => {}
                 // Left to the backend as it was (its key's history): never shut down.
                 Event::WayDownFailed { sandbox, .. } => {
                     self.suspended.insert(sandbox);

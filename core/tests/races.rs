@@ -295,6 +295,7 @@ fn r06_mirror_into_dead_sandbox() {
     h.died(xa);
     h.expect_commands(&[cancel(u1, xa), shutdown(xa)]);
     h.expect_events(&[
+        workspace_lost(xa, session_key("sa")),
         lost("a", xa),
         dropped("sa", &log(), 1, DropReason::SandboxGone),
         mirror_settled("sa"),

@@ -78,7 +78,8 @@ fn seen_event(e: &Event) -> Option<String> {
         Event::KeyFenced { key, .. } => format!("fenced {key}"),
         Event::ShutdownUnconfirmed { .. }
         | Event::HookFailed { .. }
-        | Event::WayDownFailed { .. } => return None,
+        | Event::WayDownFailed { .. }
+        | Event::WorkspaceLost { .. } => return None,
     })
 }
 

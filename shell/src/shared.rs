@@ -506,6 +506,7 @@ impl State {
             Event::Settled { .. }
             | Event::ShutdownUnconfirmed { .. }
             | Event::WayDownFailed { .. }
+            | Event::WorkspaceLost { .. }
             | Event::HookFailed { .. } => {}
         }
     }

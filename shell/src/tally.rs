@@ -37,6 +37,8 @@ pub struct Tally {
     pub ways_down_failed: u64,
     /// Of `ways_down_failed`, those whose key keeps their snapshot.
     pub salvaged: u64,
+    /// `WorkspaceLost` events: sandboxes whose storage the backend reported destroyed.
+    pub workspaces_lost: u64,
 }
 
 impl Tally {
@@ -70,6 +72,7 @@ impl Tally {
                 self.ways_down_failed += 1;
                 self.salvaged += u64::from(kept.is_some());
             }
+            Event::WorkspaceLost { .. } => self.workspaces_lost += 1,
             Event::Closed { .. } => {}
         }
     }

@@ -285,6 +285,7 @@ impl Harness {
                         if r.is_ok() {
                             let n = self.history.entered.entry(x);
                             *n = n.saturating_sub(1);
+                            self.history.operation_done(x);
                         }
                         r.map_err(|e| e.kind())
                     }
@@ -299,6 +300,7 @@ impl Harness {
                 let r = self.core.close(now, d);
                 if r.is_ok() {
                     self.history.closing = true;
+                    self.history.conservation.closing();
                     self.history
                         .bounds
                         .closing(sandkeeper::Instant::from_millis(self.now_ms), d);
@@ -340,12 +342,10 @@ impl Harness {
                 match answer.op() {
                     None if *answer == Answer::InstanceGone => {
                         self.history.note_resumed_loss(x);
-                        let awaiting = self
-                            .ledger
-                            .ops
-                            .iter()
-                            .any(|o| o.sandbox == x && o.kind != OpKind::Upload);
-                        self.history.instance_gone(x, awaiting);
+                        let ops = || self.ledger.ops.iter().filter(|o| o.sandbox == x);
+                        let starting = ops().any(|o| o.kind == OpKind::Start);
+                        let awaiting = ops().any(|o| o.kind != OpKind::Upload);
+                        self.history.instance_gone(x, starting, awaiting);
                         let r = self.core.handle_instance_gone(now, x);
                         self.after(r.map_err(|e| e.kind()))?;
                     }
@@ -420,8 +420,14 @@ impl Harness {
         let x = op.sandbox;
         self.history.touched.sandbox(x);
         let r = match (answer, op.kind) {
-            (Answer::StartOk, OpKind::Start) => self.core.handle_start_ok(now, x),
-            (Answer::StartFail, OpKind::Start) => self.core.handle_start_failed(now, x),
+            (Answer::StartOk, OpKind::Start) => {
+                self.history.start_answered(x, true);
+                self.core.handle_start_ok(now, x)
+            }
+            (Answer::StartFail, OpKind::Start) => {
+                self.history.start_answered(x, false);
+                self.core.handle_start_failed(now, x)
+            }
             (Answer::UploadOk, OpKind::Upload) => {
                 let u = op.upload.expect("upload op");
                 self.history.upload_answered(u, true, false);
@@ -504,9 +510,27 @@ impl Harness {
                 );
             }
             let op = self.ledger.take(op.kind, op.sandbox).expect("outstanding");
-            self.answer(&Answer::success(op.kind), &op)?;
+            let answer = match op.kind {
+                OpKind::Stop if self.stop_takes_snapshot(op.sandbox) => Answer::StopOk {
+                    snapshot: Some(sandkeeper::Snapshot::new(format!("kept-{}", op.sandbox.0))),
+                },
+                kind => Answer::success(kind),
+            };
+            self.answer(&answer, &op)?;
         }
         Ok(())
+    }
+
+    /// Whether a faithful backend's Stop of `x` must answer a snapshot: it suspends `x`, or
+    /// `x` resumed one (a backend that suspends and resumes takes a snapshot of what it
+    /// suspends; one that resumed a snapshot takes one again). The random world and `settle`
+    /// answer so; only a Stop of a fresh sandbox, not suspended, may come without one (a
+    /// backend that keeps nothing under the `Shutdown` way).
+    pub fn stop_takes_snapshot(&self, x: SandboxId) -> bool {
+        self.history
+            .sandboxes
+            .get(&x)
+            .is_some_and(|s| s.stop_suspend || s.resume_from.is_some())
     }
 
     /// What `resolve(session)` answers, spelled as a scenario expectation; `None` for any other
@@ -558,6 +582,8 @@ impl Harness {
         }
         let mut new_starts = false;
         let mut outputs = false;
+        self.history.way_down_timeouts();
+        self.history.start_give_backs();
         while let Some(cmd) = self.core.poll_command() {
             outputs = true;
             self.history.command(&cmd);

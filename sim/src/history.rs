@@ -19,7 +19,8 @@ use sandkeeper::{
 };
 
 use sandkeeper_check::{
-    Calls, Deadlines, Lane, Mirror, Op, Outputs, Phase, Progress, Snapshots, Uploads, Versions,
+    Calls, Conservation, Deadlines, Lane, Mirror, Op, Outputs, Phase, Progress, Snapshots, Uploads,
+    Versions, Work,
 };
 
 use crate::by_sandbox::BySandbox;
@@ -69,6 +70,8 @@ pub struct SandboxRecord {
     /// Its running instance was lost while it was up and awaited nothing: it keeps its
     /// workspace and goes down as a suspension, without a drain or a before-hook.
     pub instance_lost: bool,
+    /// The deadline (ms) of its Stop or Persist outstanding, if one is.
+    pub way_down_due: Option<u64>,
 }
 
 /// The flags of a sandbox record, copied out for a check.
@@ -149,6 +152,15 @@ pub struct History {
     drain_deadline_ms: u64,
     /// Close was accepted.
     pub closing: bool,
+    /// Each key's acknowledged work and the workspaces that hold it
+    /// (`sandkeeper_check::Conservation`).
+    pub conservation: Conservation,
+    /// Operations acknowledged so far (each one's number).
+    operations_done: u64,
+    /// Starts that resume a snapshot, not answered yet: the sandbox, its deadline (ms; 0 once
+    /// answered failed), its key, the snapshot and the sandbox that persisted it. A failed or
+    /// timed-out one gives the snapshot back to its key.
+    starting_resumed: Vec<(SandboxId, u64, Key, Snapshot, SandboxId)>,
     /// Virtual time of the current input (ms).
     pub now_ms: u64,
     starts: u64,
@@ -222,6 +234,9 @@ impl History {
             last_released: FastMap::default(),
             drain_deadline_ms: config.drain_deadline.as_millis() as u64,
             closing: false,
+            conservation: Conservation::new(),
+            operations_done: 0,
+            starting_resumed: Vec::new(),
             now_ms: 0,
             stopped_now: Vec::new(),
             bounds: Deadlines::new(config),
@@ -370,8 +385,95 @@ impl History {
             && !l.is_persisted()
         {
             s.stop_ok = true;
+            s.way_down_due = None;
             s.way_down_failures = 0;
             s.snapshot = snapshot.cloned();
+            self.conservation.stopped(x, snapshot);
+        }
+    }
+
+    /// Before the outputs of an input are seen: a Stop or Persist of a retiring sandbox whose
+    /// deadline passed was given up by the core in this input. One that keeps the workspace
+    /// (a Persist with the Stop's snapshot: salvaged, as at its last failure) lets its key
+    /// go without a Shutdown, so its key's Start may come in the same input, before the
+    /// `WayDownFailed` that says so.
+    pub fn way_down_timeouts(&mut self) {
+        let now = self.now_ms;
+        let due: Vec<SandboxId> = self
+            .retiring
+            .values()
+            .copied()
+            .filter(|x| {
+                self.sandboxes
+                    .get(x)
+                    .and_then(|s| s.way_down_due)
+                    .is_some_and(|d| d <= now)
+            })
+            .collect();
+        for x in due {
+            let s = self.sbx(x);
+            s.way_down_due = None;
+            let l = s.lane;
+            let persisting =
+                l.is_persisted() && !l.is_dead() && !l.is_shut_down() && s.stop_ok && !s.persist_ok;
+            if let (true, Some(key), Some(snapshot)) =
+                (persisting, s.key.clone(), s.snapshot.clone())
+            {
+                self.snapshots
+                    .persisted(&key, snapshot, x, Instant::from_millis(now));
+                self.conservation.persisted(x);
+            }
+            self.lets_go(x);
+        }
+    }
+
+    /// A Start was answered (before the core saw it): one that resumed a snapshot and failed
+    /// while awaited gives the snapshot back to its key in this input.
+    pub fn start_answered(&mut self, x: SandboxId, ok: bool) {
+        let now = self.now_ms;
+        // Only a Start still awaited (not timed out, not answered: a duplicate answer of a
+        // Start that came up is stale) counts.
+        let awaited = self
+            .sandboxes
+            .get(&x)
+            .is_some_and(|s| s.hook.is_none() && !s.hook_passed);
+        if let Some(i) = self.starting_resumed.iter().position(|s| s.0 == x) {
+            if self.starting_resumed[i].1 <= now
+                || self.starting_resumed[i].1 == u64::MAX
+                || !awaited
+            {
+                return;
+            }
+            if !ok {
+                self.starting_resumed[i].1 = 0;
+            } else if self.hooks.after_resume.is_some() {
+                // Up once its after-resume hook passed (ordered next, if it has calls).
+                self.starting_resumed[i].1 = u64::MAX;
+            } else {
+                self.starting_resumed.remove(i);
+            }
+        }
+    }
+
+    /// Before the outputs of an input are seen: a resumed Start that failed or timed out in
+    /// it (not died) gave its key's snapshot back (`give_back_snapshot` in the core); the key
+    /// may start again from it in the same input, before the `WayDownFailed` that says so.
+    pub fn start_give_backs(&mut self) {
+        let now = self.now_ms;
+        if self.starting_resumed.iter().all(|s| s.1 > now) {
+            return;
+        }
+        let mut i = 0;
+        while i < self.starting_resumed.len() {
+            if self.starting_resumed[i].1 > now {
+                i += 1;
+                continue;
+            }
+            let (x, _, key, snapshot, by) = self.starting_resumed.remove(i);
+            self.snapshots
+                .persisted(&key, snapshot.clone(), by, Instant::from_millis(now));
+            self.conservation.given_back(x, &snapshot);
+            self.lets_go(x);
         }
     }
 
@@ -381,6 +483,7 @@ impl History {
         let l = s.lane;
         if l.is_stopped() && !l.is_dead() && !l.is_shut_down() && !s.stop_ok {
             s.stop_failed = true;
+            s.way_down_due = None;
             self.way_down_failed(x);
         }
     }
@@ -391,6 +494,9 @@ impl History {
         let l = s.lane;
         let awaited =
             l.is_persisted() && !l.is_dead() && !l.is_shut_down() && s.stop_ok && !s.persist_ok;
+        if awaited {
+            self.sbx(x).way_down_due = None;
+        }
         if awaited && self.way_down_failed(x) {
             // The last attempt: the key keeps the snapshot the Stop took (salvaged), as if it
             // had been persisted, in this input (before its commands are seen).
@@ -398,6 +504,7 @@ impl History {
             let s = self.sbx(x);
             if let (Some(key), Some(snapshot)) = (s.key.clone(), s.snapshot.clone()) {
                 self.snapshots.persisted(&key, snapshot, x, now);
+                self.conservation.persisted(x);
             }
         }
     }
@@ -427,6 +534,9 @@ impl History {
         // Not once its way down ended without it (a late answer to a Persist ordered again).
         if l.is_persisted() && !l.is_dead() && !l.is_shut_down() && !l.is_left() && !s.persist_ok {
             s.persist_ok = true;
+            s.way_down_due = None;
+            self.conservation.persisted(x);
+            let s = self.sbx(x);
             let key = s.key.clone();
             let snapshot = s.snapshot.clone();
             if let Some(key) = key {
@@ -462,6 +572,16 @@ impl History {
                 if point.is_after() && ok {
                     s.hook_passed = true;
                 }
+                if point.is_after() {
+                    // A resumed sandbox whose after-resume hook failed gives its snapshot back.
+                    if let Some(i) = self.starting_resumed.iter().position(|s| s.0 == x) {
+                        if ok {
+                            self.starting_resumed.remove(i);
+                        } else {
+                            self.starting_resumed[i].1 = 0;
+                        }
+                    }
+                }
             }
         }
     }
@@ -487,6 +607,7 @@ impl History {
         if gone && !self.sbx(sandbox).instance_lost {
             self.marks.hit(Mark::UploadGone);
             self.sbx(sandbox).lane.die();
+            self.conservation.died(sandbox);
             self.lets_go(sandbox);
         }
     }
@@ -499,14 +620,22 @@ impl History {
         }
     }
 
-    /// The backend reported a sandbox's running instance gone (before the core saw it); the
-    /// ledger has a Start, Stop, Persist, Hook or Shutdown of it outstanding when `awaiting`.
-    /// While the sandbox is being suspended (its Stop with `suspend` ordered and neither its
-    /// Shutdown nor a death since) that is the suspension's own doing, and so it is for one the
-    /// core forgot. A managed sandbox that is up and awaits nothing keeps its workspace: it goes
-    /// down as a suspension (`instance-loss-suspends`). Otherwise it is a death. Returns whether
-    /// it counts as one.
-    pub fn instance_gone(&mut self, x: SandboxId, awaiting: bool) -> bool {
+    /// The backend reported a sandbox's running instance gone (before the core saw it): never
+    /// a death of a managed sandbox, whose workspace remains. The ledger has a Start of it
+    /// outstanding when `starting`, any command but an Upload when `awaiting`.
+    ///
+    /// - Being suspended (its Stop with `suspend` ordered and neither its Shutdown nor a death
+    ///   since): the suspension's own doing (`suspension-keeps-workspace`).
+    /// - Starting (its Start or after-hook outstanding): its start failed; a resumed one gives
+    ///   its key's snapshot back.
+    /// - Up and awaiting nothing: it keeps its workspace and goes down as a suspension
+    ///   (`instance-loss-suspends`).
+    /// - On its way down otherwise: the outstanding command decides (no Abandon, no Shutdown
+    ///   now: `suspension-keeps-workspace`).
+    ///
+    /// An external sandbox's, or one already shut down or dead, counts as a death. Returns
+    /// whether it counts as one.
+    pub fn instance_gone(&mut self, x: SandboxId, starting: bool, awaiting: bool) -> bool {
         let suspend = self.sbx(x).stop_suspend;
         let s = Flags::of(self.sbx(x));
         let suspending =
@@ -517,26 +646,52 @@ impl History {
             return false;
         }
         let l = s.lane;
-        let up = l.is_started()
-            && !l.is_external()
-            && !l.is_stopped()
-            && !l.is_dead()
-            && !l.is_shut_down()
-            && !l.is_left();
-        if up && !awaiting {
-            self.touched.sandbox(x);
-            self.marks.hit(Mark::InstanceLostKept);
-            self.progress.instance_lost(x);
-            self.spared = Some(x);
-            self.sbx(x).instance_lost = true;
-            return false;
-        }
         if self.sbx(x).instance_lost {
             // Reported again: the first report decided.
             return false;
         }
-        self.died(x);
-        true
+        if !l.is_started() || l.is_external() || l.is_dead() || l.is_shut_down() || l.is_left() {
+            self.died(x);
+            return true;
+        }
+        self.touched.sandbox(x);
+        let after_hook = self.sbx(x).hook.is_some_and(|(point, _)| point.is_after());
+        if (starting && !l.is_stopped()) || after_hook {
+            let now = self.now_ms;
+            if let Some(e) = self.starting_resumed.iter_mut().find(|e| e.0 == x) {
+                if e.1 > now {
+                    e.1 = 0;
+                }
+            }
+            return false;
+        }
+        if !l.is_stopped() && !awaiting {
+            self.marks.hit(Mark::InstanceLostKept);
+            self.progress.instance_lost(x);
+            self.conservation.instance_lost(x);
+            self.sbx(x).instance_lost = true;
+        }
+        self.spared = Some(x);
+        false
+    }
+
+    /// The application's work in `x` ended (`leave` accepted): an operation that returned ok,
+    /// which the key owes from now on, if `x` was still up then (work in a sandbox that died,
+    /// lost its instance or stopped under it did not return ok).
+    pub fn operation_done(&mut self, x: SandboxId) {
+        let up = self.sandboxes.get(&x).is_some_and(|s| {
+            let l = s.lane;
+            l.is_started()
+                && !l.is_stopped()
+                && !l.is_dead()
+                && !l.is_shut_down()
+                && !s.instance_lost
+        });
+        if up {
+            self.operations_done += 1;
+            self.conservation
+                .acknowledged(x, Work::Operation(self.operations_done), 1);
+        }
     }
 
     /// The backend reported a sandbox dead (before the core saw it).
@@ -560,6 +715,8 @@ impl History {
             self.marks.hit(Mark::DeathDuringStart);
         }
         self.sbx(x).lane.die();
+        self.starting_resumed.retain(|s| s.0 != x);
+        self.conservation.died(x);
         self.lets_go(x);
     }
 
@@ -578,6 +735,7 @@ impl History {
             self.fail(v.check, v.detail);
         }
         self.progress.command(cmd);
+        self.conservation.command(cmd);
         let rec = self.sandboxes.get(&x).map(Flags::of).unwrap_or_default();
         if self.spared == Some(x) {
             check!(
@@ -613,6 +771,7 @@ impl History {
                 resumes,
                 sandbox,
                 key,
+                deadline,
                 ..
             } => {
                 self.starts += 1;
@@ -652,6 +811,11 @@ impl History {
                     }
                     self.resumed.push(*old);
                 }
+                if let (Some(snapshot), Some(by)) = (resume_from, resumes) {
+                    let due = deadline.as_nanos().div_ceil(1_000_000);
+                    self.starting_resumed
+                        .push((x, due, key.clone(), snapshot.clone(), *by));
+                }
                 let s = self.sbx(x);
                 s.resume_from = resume_from.clone();
                 s.key = Some(key.clone());
@@ -677,6 +841,11 @@ impl History {
                 });
                 // Deadlines in the simulator fall on whole milliseconds, rounded up here anyway.
                 let due = deadline.as_nanos().div_ceil(1_000_000);
+                if hook.is_after() {
+                    if let Some(e) = self.starting_resumed.iter_mut().find(|s| s.0 == x) {
+                        e.1 = due;
+                    }
+                }
                 let s = self.sbx(x);
                 s.hook = Some((*hook, due));
                 if !hook.is_after() {
@@ -720,8 +889,12 @@ impl History {
                 }
                 self.sbx(x).draining = true;
             }
-            Command::Stop { suspend, .. } => {
+            Command::Stop {
+                suspend, deadline, ..
+            } => {
+                self.starting_resumed.retain(|s| s.0 != x);
                 self.sbx(x).stop_suspend = *suspend;
+                self.sbx(x).way_down_due = Some(deadline.as_nanos().div_ceil(1_000_000));
                 // A before hook ended the drain (and cleared `draining`) before this Stop.
                 let hooked = self.sandboxes.get(&x).is_some_and(|s| s.before_hook);
                 // A Stop ordered again after a failed one needs no new Drain.
@@ -777,7 +950,8 @@ impl History {
                 self.sbx(x).draining = false;
                 self.sbx(x).stop_failed = false;
             }
-            Command::Persist { .. } => {
+            Command::Persist { deadline, .. } => {
+                self.sbx(x).way_down_due = Some(deadline.as_nanos().div_ceil(1_000_000));
                 check!(
                     self,
                     rec.stop_ok,
@@ -793,6 +967,7 @@ impl History {
                 format!("{cmd:?} in a one-process run, which has no fleet configured"),
             ),
             Command::Shutdown { .. } => {
+                self.starting_resumed.retain(|s| s.0 != x);
                 self.shutdowns += 1;
                 self.lets_go(x);
                 self.sbx(x).draining = false;
@@ -926,7 +1101,12 @@ impl History {
                     self.fail(v.check, v.detail);
                 }
                 match outcome {
-                    Settlement::Uploaded { .. } => {
+                    Settlement::Uploaded { sandbox } => {
+                        self.conservation.acknowledged(
+                            *sandbox,
+                            Work::Version(session.clone(), path.clone()),
+                            version.0,
+                        );
                         let acknowledged = self.uploads.settled(session, path, version.0, outcome);
                         if let Err(v) = acknowledged {
                             self.fail(v.check, v.detail);
@@ -965,7 +1145,17 @@ impl History {
                 }
             }
             Event::ShutdownUnconfirmed { .. } => self.marks.hit(Mark::ShutdownUnconfirmed),
-            Event::WayDownFailed { sandbox, .. } => {
+            Event::WorkspaceLost { sandbox, key } => {
+                let rec = self.sandboxes.get(sandbox);
+                check!(
+                    self,
+                    rec.is_some_and(|s| s.lane.is_dead() && s.key.as_ref() == Some(key)),
+                    "workspace-lost-reported",
+                    "WorkspaceLost for {sandbox} of key {key}, which was not reported dead (or is of another key)"
+                );
+            }
+            Event::WayDownFailed { sandbox, kept, .. } => {
+                self.conservation.left(*sandbox, kept.as_ref());
                 // Left to the backend as it was: its lane ends without a Shutdown (a snapshot
                 // its key keeps of it was taken as persisted at the last failed answer).
                 self.sbx(*sandbox).lane.leave_as_is();
@@ -1014,6 +1204,9 @@ impl History {
             self.fail(v.check, v.detail);
         }
         if let Err(v) = self.outputs.input_done() {
+            self.fail(v.check, v.detail);
+        }
+        if let Err(v) = self.conservation.after_input() {
             self.fail(v.check, v.detail);
         }
         let closed = self.closed();

@@ -351,7 +351,7 @@ impl World {
         }
         if !h.ledger.answered.is_empty() && self.rng.chance(self.swarm.duplicate) {
             let op = h.ledger.answered[self.rng.index(h.ledger.answered.len())].clone();
-            let a = self.answer_for(&op);
+            let a = self.answer_for(&op, h.stop_takes_snapshot(op.sandbox));
             return Some(Move::Raw(a, op, "duplicate answer".into()));
         }
         // The k-th due command, k drawn among those due (counted, not collected).
@@ -378,7 +378,7 @@ impl World {
                 .cloned()
                 .expect("an upload of that sandbox");
         }
-        let answer = self.answer_for(&op);
+        let answer = self.answer_for(&op, h.stop_takes_snapshot(op.sandbox));
         match h
             .history
             .sandboxes
@@ -394,7 +394,9 @@ impl World {
         }
     }
 
-    fn answer_for(&mut self, op: &Op) -> Answer {
+    /// The answer `op`'s planned fate gives; a Stop that must take a snapshot
+    /// ([`Harness::stop_takes_snapshot`]) takes one.
+    fn answer_for(&mut self, op: &Op, snapshot_needed: bool) -> Answer {
         match (op.kind, op.fate) {
             (OpKind::Start, Fate::Ok) => Answer::StartOk,
             (OpKind::Start, _) => Answer::StartFail,
@@ -402,7 +404,8 @@ impl World {
             (OpKind::Upload, Fate::Fail) => Answer::UploadFail { gone: false },
             (OpKind::Upload, Fate::Gone) => Answer::UploadFail { gone: true },
             (OpKind::Stop, Fate::Ok) => {
-                let snapshot = self.rng.chance(self.swarm.snapshot).then(|| {
+                let taken = self.rng.chance(self.swarm.snapshot) || snapshot_needed;
+                let snapshot = taken.then(|| {
                     self.next_snapshot += 1;
                     sandkeeper::Snapshot::new(format!("snap{}", self.next_snapshot))
                 });

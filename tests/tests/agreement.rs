@@ -225,6 +225,9 @@ impl Record {
             Event::WayDownFailed { sandbox, kept, .. } => self
                 .calls
                 .push(format!("{sandbox} left as it was (kept: {kept:?})")),
+            Event::WorkspaceLost { sandbox, key } => self
+                .calls
+                .push(format!("{sandbox} of {key}: workspace lost")),
             Event::CallReleased { .. }
             | Event::MirrorSettled { .. }
             | Event::ShutdownUnconfirmed { .. } => {}

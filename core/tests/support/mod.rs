@@ -237,6 +237,16 @@ pub fn lost(c: &str, x: SandboxId) -> Event {
     }
 }
 
+/// `WorkspaceLost` of `x`, whose key is `key`.
+pub fn workspace_lost(x: SandboxId, key: Key) -> Event {
+    Event::WorkspaceLost { sandbox: x, key }
+}
+
+/// The key of session `s`'s calls under the default scope.
+pub fn session_key(s: &str) -> Key {
+    Key::Session(session(s))
+}
+
 /// `Settled` as `Uploaded` into `x`.
 pub fn uploaded(s: &str, p: &PathName, v: u64, x: SandboxId) -> Event {
     Event::Settled {
@@ -718,6 +728,7 @@ impl Script {
             Event::WayDownFailed { sandbox, .. } => h.lanes.leave_as_is(*sandbox),
             Event::ShutdownUnconfirmed { .. }
             | Event::HookFailed { .. }
+            | Event::WorkspaceLost { .. }
             | Event::KeyFenced { .. } => {}
         }
     }

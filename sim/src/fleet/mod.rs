@@ -938,6 +938,7 @@ impl World {
             Event::Closed { .. } => self.replicas[r].closed = true,
             Event::MirrorSettled { .. }
             | Event::WayDownFailed { .. }
+            | Event::WorkspaceLost { .. }
             | Event::ShutdownUnconfirmed { .. }
             | Event::HookFailed { .. } => {}
         }

@@ -1,0 +1,424 @@
+//! Conservation: nothing acknowledged is lost. What the application was told is safe for a key
+//! stays in what the key's next call continues from, through every transition, unless one of
+//! the excuses the core documents applies (its crate docs, "Conservation").
+//!
+//! The checker models each workspace's content as the acknowledged work it holds: a live
+//! sandbox's (from its Start: empty, or the content of the snapshot it resumes or the sandbox
+//! it adopts), and a snapshot's (the content of the sandbox whose Stop took it; from then on
+//! the stopped sandbox holds nothing its key continues from). Work is acknowledged into a
+//! sandbox by the caller ([`Conservation::acknowledged`]: a mirror version settled `Uploaded`,
+//! an operation that returned ok); the key owes it from then on.
+//!
+//! | check | what must hold |
+//! |---|---|
+//! | `conservation` | after every input, every piece of work acknowledged for a key (and not excused) is held by a workspace the key may continue from: a live sandbox of the key (not shut down, dead, left, or stopped with a snapshot) or a snapshot of the key (not discarded, not taken by a Start); and a sandbox started (or adopted) in the input continues from all of it |
+//!
+//! Excuses, each the one the core documents (nothing else lets work go):
+//!
+//! - the policy lets a workspace go: a Shutdown of a sandbox that started fresh (it continues
+//!   nothing of its key), was not being suspended and did not lose only its instance lets go
+//!   of the work acknowledged in it (a Stop that took a snapshot moved it there before);
+//! - the backend reported the storage destroyed ([`Conservation::died`]), with a snapshot its
+//!   Stop took that the key does not keep yet (on Kubernetes the same claim);
+//! - the core left the sandbox to the backend as it was after its way down failed and said so
+//!   (`WayDownFailed` with no snapshot kept: [`Conservation::left`]);
+//! - a snapshot's retention ended, or it was of a key nothing continues (`Discard` with reason
+//!   `retention` or `unused`); a `superseded` Discard excuses nothing (the newer one holds it);
+//! - the application closed ([`Conservation::closing`]): what close cuts is its choice.
+//!
+//! Keys of one call (`Key::Call`) and external sandboxes are not followed: nothing continues
+//! them. What the checker does not see: the content itself (a workspace holds a version or not;
+//! a backend that corrupts one is not modelled).
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use sandkeeper::{Command, DiscardReason, Key, PathName, SandboxId, SessionId, Snapshot};
+
+use crate::violation::Violation;
+
+/// One piece of acknowledged work, as a workspace holds it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Work {
+    /// A mirrored path of a session: its value is the version (a newer one holds the older).
+    Version(SessionId, PathName),
+    /// An operation of the application (a write that returned ok), by its number.
+    Operation(u64),
+}
+
+/// What a workspace holds: each piece of work with its version (1 for an operation).
+pub type Content = BTreeMap<Work, u64>;
+
+/// A live sandbox of a followed key (one shut down, dead, left, or stopped with a snapshot
+/// holds nothing its key may continue from, and is forgotten).
+#[derive(Clone, Debug)]
+struct Workspace {
+    key: Key,
+    content: Content,
+    /// It continues its key's history (it resumed a snapshot or was adopted).
+    inherited: bool,
+    /// Its Stop asked for a suspension.
+    suspend: bool,
+    /// Its instance was lost with the workspace intact: the core may not delete it.
+    instance_lost: bool,
+}
+
+/// What a sandbox started in this input starts from, for the report.
+#[derive(Clone, Debug)]
+enum StartedFrom {
+    Snapshot(Option<Snapshot>),
+    Adopted,
+}
+
+/// The conservation checker. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct Conservation {
+    /// Live sandboxes of followed keys.
+    sandboxes: FxHashMap<SandboxId, Workspace>,
+    /// Snapshots taken and not discarded nor resumed: their key and content.
+    snapshots: FxHashMap<Snapshot, (Key, Content)>,
+    /// The snapshot a sandbox's Stop took, until its key keeps it (persisted or salvaged):
+    /// until then it is the sandbox's storage, which a death destroys with it.
+    unpersisted: FxHashMap<SandboxId, Snapshot>,
+    /// Per key, the work acknowledged and not excused.
+    owed: BTreeMap<Key, Content>,
+    /// Keys whose holders changed in this input: checked at its end.
+    dirty: Vec<Key>,
+    /// Close began: the deadlines the application gave may cut work.
+    closing: bool,
+    /// Sandboxes started (or adopted) in this input, and what from.
+    starts: Vec<(SandboxId, StartedFrom)>,
+    /// Work acknowledged so far (for the coverage of a run).
+    pub acknowledged: u64,
+    /// Work excused so far, by a documented excuse.
+    pub excused: u64,
+}
+
+fn followed(key: &Key) -> bool {
+    !matches!(key, Key::Call(_) | Key::External(_))
+}
+
+fn raise(content: &mut Content, work: &Work, version: u64) {
+    match content.get_mut(work) {
+        Some(v) => *v = (*v).max(version),
+        None => {
+            content.insert(work.clone(), version);
+        }
+    }
+}
+
+/// The first piece of `owed` that `content` lacks.
+fn lacks<'a>(owed: &'a Content, content: &Content) -> Option<(&'a Work, u64)> {
+    owed.iter()
+        .find(|(w, v)| content.get(*w).is_none_or(|have| have < *v))
+        .map(|(w, v)| (w, *v))
+}
+
+impl Conservation {
+    /// A checker with nothing followed yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One command the core ordered.
+    pub fn command(&mut self, cmd: &Command) {
+        match cmd {
+            Command::Start {
+                sandbox,
+                key,
+                resume_from,
+                ..
+            } => {
+                // The Start takes the snapshot: from now on the sandbox holds what it held.
+                let content = resume_from
+                    .as_ref()
+                    .and_then(|s| self.snapshots.remove(s))
+                    .map(|(_, c)| c);
+                let from = StartedFrom::Snapshot(resume_from.clone());
+                self.begin(*sandbox, key, content, resume_from.is_some(), from);
+            }
+            // Fleet mode: the sandbox its key's last owner ran (or handed over) goes on here,
+            // with what it holds.
+            Command::Adopt { sandbox, key, .. } => {
+                let content = self.sandboxes.get(sandbox).map(|w| w.content.clone());
+                self.begin(*sandbox, key, content, true, StartedFrom::Adopted);
+            }
+            Command::Stop {
+                sandbox, suspend, ..
+            } => {
+                if let Some(w) = self.sandboxes.get_mut(sandbox) {
+                    w.suspend = *suspend;
+                }
+            }
+            Command::Shutdown { sandbox, .. } => self.shut_down(*sandbox),
+            Command::Discard {
+                snapshot, reason, ..
+            } => {
+                if let Some((key, content)) = self.snapshots.remove(snapshot) {
+                    if matches!(reason, DiscardReason::Retention | DiscardReason::Unused) {
+                        self.excuse(&key, &content);
+                    }
+                    self.dirty.push(key);
+                }
+            }
+            // A Relinquish leaves the sandbox in the backend for the key's next owner, which
+            // adopts it: it still holds what it holds.
+            _ => {}
+        }
+    }
+
+    /// A sandbox of `key` begins with `content` (none: empty). Whether its key owes nothing
+    /// it lacks is judged at the end of the input: an excuse (the previous sandbox left as it
+    /// was, and said so) may come in the same input, after the Start.
+    fn begin(
+        &mut self,
+        sandbox: SandboxId,
+        key: &Key,
+        content: Option<Content>,
+        inherited: bool,
+        from: StartedFrom,
+    ) {
+        if !followed(key) {
+            return;
+        }
+        self.sandboxes.insert(
+            sandbox,
+            Workspace {
+                key: key.clone(),
+                content: content.unwrap_or_default(),
+                inherited,
+                suspend: false,
+                instance_lost: false,
+            },
+        );
+        self.starts.push((sandbox, from));
+    }
+
+    /// Whether the sandboxes started in this input continue from everything their keys owe.
+    fn judge_starts(&mut self) -> Result<(), Violation> {
+        let mut result = Ok(());
+        for (sandbox, from) in std::mem::take(&mut self.starts) {
+            let Some(w) = self.sandboxes.get(&sandbox) else {
+                continue;
+            };
+            let Some(owed) = self.owed.get(&w.key) else {
+                continue;
+            };
+            if let Some((work, version)) = lacks(owed, &w.content) {
+                let from = match from {
+                    StartedFrom::Snapshot(s) => format!("its resume_from {s:?}"),
+                    StartedFrom::Adopted => "the sandbox it adopts".to_string(),
+                };
+                if result.is_ok() {
+                    result = Err(Violation::new(
+                        "conservation",
+                        format!(
+                            "{sandbox} starts key {} from {from}, which lacks {work:?} at {version}, acknowledged for the key",
+                            w.key
+                        ),
+                    ));
+                }
+                // Reported once.
+                let key = w.key.clone();
+                self.owed.remove(&key);
+            }
+        }
+        result
+    }
+
+    /// The core accepted a Stop answer of `sandbox` with `snapshot`: the snapshot holds what
+    /// the sandbox held, and the sandbox (stopped, taking no more work) is no longer what its
+    /// key continues from.
+    pub fn stopped(&mut self, sandbox: SandboxId, snapshot: Option<&Snapshot>) {
+        let Some(s) = snapshot else {
+            return;
+        };
+        if let Some(w) = self.sandboxes.remove(&sandbox) {
+            self.unpersisted.insert(sandbox, s.clone());
+            self.snapshots.insert(s.clone(), (w.key, w.content));
+        }
+    }
+
+    /// The core accepted the Persist of `sandbox`'s snapshot, or salvaged it: its key keeps it
+    /// apart from the sandbox.
+    pub fn persisted(&mut self, sandbox: SandboxId) {
+        self.unpersisted.remove(&sandbox);
+    }
+
+    /// Work acknowledged into `sandbox` (a version settled `Uploaded` into it, an operation in
+    /// it that returned ok): its key owes it from now on.
+    pub fn acknowledged(&mut self, sandbox: SandboxId, work: Work, version: u64) {
+        let Some(w) = self.sandboxes.get_mut(&sandbox) else {
+            return;
+        };
+        raise(&mut w.content, &work, version);
+        if let Some(owed) = self.owed.get_mut(&w.key) {
+            raise(owed, &work, version);
+        } else {
+            self.owed
+                .insert(w.key.clone(), Content::from([(work, version)]));
+        }
+        self.acknowledged += 1;
+    }
+
+    /// The backend reported `sandbox`'s storage destroyed (a death, not only its instance):
+    /// what only it held is lost, and excused; so is a snapshot its Stop took that its key
+    /// does not keep yet (the same storage, on a backend whose snapshot is the sandbox's own).
+    pub fn died(&mut self, sandbox: SandboxId) {
+        if let Some(s) = self.unpersisted.remove(&sandbox) {
+            if let Some((key, content)) = self.snapshots.remove(&s) {
+                self.excuse_unheld(&key, &content);
+                self.dirty.push(key);
+            }
+        }
+        if let Some(w) = self.sandboxes.remove(&sandbox) {
+            self.excuse_unheld(&w.key, &w.content);
+            self.dirty.push(w.key);
+        }
+    }
+
+    /// The backend reported `sandbox`'s running instance lost, its workspace intact, and the
+    /// core took it so (the sandbox was up): it may not delete the workspace.
+    pub fn instance_lost(&mut self, sandbox: SandboxId) {
+        if let Some(w) = self.sandboxes.get_mut(&sandbox) {
+            w.instance_lost = true;
+        }
+    }
+
+    /// The core left `sandbox` to the backend as it was, its way down failed, and said so
+    /// (`WayDownFailed`); `kept` is the snapshot its key keeps of it, if any.
+    pub fn left(&mut self, sandbox: SandboxId, kept: Option<&Snapshot>) {
+        self.unpersisted.remove(&sandbox);
+        if let Some(w) = self.sandboxes.remove(&sandbox) {
+            if kept.is_none() {
+                self.excuse_unheld(&w.key, &w.content);
+            }
+            self.dirty.push(w.key);
+        }
+    }
+
+    /// The Start of `sandbox`, which took `snapshot`, failed: its key keeps the snapshot again,
+    /// holding what the sandbox began with.
+    pub fn given_back(&mut self, sandbox: SandboxId, snapshot: &Snapshot) {
+        if let Some(w) = self.sandboxes.remove(&sandbox) {
+            self.dirty.push(w.key.clone());
+            self.snapshots.insert(snapshot.clone(), (w.key, w.content));
+        }
+    }
+
+    /// Close began: what its deadlines cut is the application's choice.
+    pub fn closing(&mut self) {
+        self.closing = true;
+    }
+
+    /// After every input: the sandboxes started in it continue from everything their keys
+    /// owe, and every key whose holders changed still holds what it owes.
+    pub fn after_input(&mut self) -> Result<(), Violation> {
+        let started = if self.starts.is_empty() {
+            Ok(())
+        } else {
+            self.judge_starts()
+        };
+        if self.dirty.is_empty() {
+            return started;
+        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        let mut result = started;
+        for key in &dirty {
+            if let Err(v) = self.holds(key) {
+                // Reported once: the key owes it no longer.
+                self.owed.remove(key);
+                if result.is_ok() {
+                    result = Err(v);
+                }
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        result
+    }
+
+    /// The most of each piece of work any workspace of `key` holds.
+    fn held(&self, key: &Key) -> Content {
+        let mut held = Content::new();
+        let sandboxes = self
+            .sandboxes
+            .values()
+            .filter(|w| &w.key == key)
+            .map(|w| &w.content);
+        let snapshots = self
+            .snapshots
+            .values()
+            .filter(|(k, _)| k == key)
+            .map(|(_, c)| c);
+        for content in sandboxes.chain(snapshots) {
+            for (work, version) in content {
+                raise(&mut held, work, *version);
+            }
+        }
+        held
+    }
+
+    /// Whether every piece `key` owes is held by a live sandbox of it or a snapshot of it.
+    fn holds(&self, key: &Key) -> Result<(), Violation> {
+        let Some(owed) = self.owed.get(key) else {
+            return Ok(());
+        };
+        match lacks(owed, &self.held(key)) {
+            None => Ok(()),
+            Some((work, version)) => Err(Violation::new(
+                "conservation",
+                format!(
+                    "{work:?} at {version}, acknowledged for key {key}, is in no workspace the key may continue from"
+                ),
+            )),
+        }
+    }
+
+    /// A Shutdown of `sandbox`: it lets go of its workspace. The policy's excuse applies to one
+    /// that started fresh, was not suspended and did not lose only its instance (or to any,
+    /// once close began); one stopped with a snapshot was forgotten then.
+    fn shut_down(&mut self, sandbox: SandboxId) {
+        let Some(w) = self.sandboxes.remove(&sandbox) else {
+            return;
+        };
+        let policy_lets_go = !w.inherited && !w.suspend && !w.instance_lost;
+        if policy_lets_go || self.closing {
+            self.excuse_unheld(&w.key, &w.content);
+        }
+        self.dirty.push(w.key);
+    }
+
+    /// Excuses what `content` (of a workspace of `key` just gone) held that no other workspace
+    /// of the key holds.
+    fn excuse_unheld(&mut self, key: &Key, content: &Content) {
+        if !self.owed.contains_key(key) {
+            return;
+        }
+        let held = self.held(key);
+        let unheld: Content = content
+            .iter()
+            .filter(|(work, version)| held.get(*work).is_none_or(|v| v < *version))
+            .map(|(w, v)| (w.clone(), *v))
+            .collect();
+        self.excuse(key, &unheld);
+    }
+
+    /// The key owes none of `content` any more (at the versions given or older).
+    fn excuse(&mut self, key: &Key, content: &Content) {
+        let Some(owed) = self.owed.get_mut(key) else {
+            return;
+        };
+        for (work, version) in content {
+            if owed.get(work).is_some_and(|v| v <= version) {
+                owed.remove(work);
+                self.excused += 1;
+            }
+        }
+        if owed.is_empty() {
+            self.owed.remove(key);
+        }
+    }
+}
