@@ -4,8 +4,11 @@
 //! watch sees them, and its close or an owner-Lease sweep treats them as its own), and checked
 //! up: its claim Ready with a running pod, or its pod running. A sandbox that is not there, or
 //! not up, is `Gone`: the core then starts the key afresh. A claim whose Sandbox is suspended
-//! (its owner suspended it and crashed before the key's record said so) is set running again
-//! under the same number, its retention backstop pushed out, and then adopted as up.
+//! (its owner suspended it and crashed before the key's record said so, or the controller
+//! suspended it for inactivity, `operatingMode` still `Running`: [`Suspension::ByController`])
+//! is set running again under the same number (`Cluster::run_again`: a suspension by the
+//! controller is taken over by mode first), its retention backstop pushed out, and then
+//! adopted as up, on the same volumes: a pause of the controller's is never read as a death.
 //!
 //! The new owner label goes on the claim (and its `additionalPodMetadata`), then on the
 //! Sandbox's pod template, then on the pod: the controllers set a pod's labels back to its
@@ -27,7 +30,7 @@ use serde_json::json;
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;
-use crate::crd::POD_NAME_ANNOTATION;
+use crate::crd::{Suspension, POD_NAME_ANNOTATION};
 use crate::error::K8sError;
 use crate::names::{OWNER, SANDBOX};
 use crate::sandbox::SandboxHandle;
@@ -82,7 +85,7 @@ impl Cluster {
                 if let Some((sb, _)) = &suspended {
                     tracing::warn!(sandbox, %claim,
                         "adopting a sandbox its crashed owner had suspended: it runs again");
-                    self.set_operating_mode(sb, false).await?;
+                    self.run_again(sb).await?;
                 }
                 let sandbox_name = self.wait_claim_ready(&claim).await?;
                 // The Sandbox's pod template before the pod: the Sandbox sets a pod label
@@ -124,9 +127,9 @@ impl Cluster {
         }
     }
 
-    /// Whether a Sandbox is suspended (`spec.operatingMode: Suspended`).
-    /// When a Sandbox is suspended (`spec.operatingMode: Suspended`), the name of its pod
-    /// (which may still be terminating, or gone).
+    /// When a Sandbox is suspended (`spec.operatingMode: Suspended`, or by the controller for
+    /// inactivity: [`Suspension`]), the name of its pod (which may still be terminating, or
+    /// gone).
     async fn suspended_pod(&self, sandbox_name: &str) -> Result<Option<String>, K8sError> {
         let what = format!("sandbox {sandbox_name}");
         let sb = self
@@ -139,7 +142,7 @@ impl Cluster {
             })
             .await?;
         Ok(sb
-            .filter(|sb| sb.spec.operating_mode.as_deref() == Some("Suspended"))
+            .filter(|sb| sb.suspension() != Suspension::None)
             .map(|sb| {
                 sb.metadata
                     .annotations

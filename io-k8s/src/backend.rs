@@ -14,9 +14,12 @@
 //!   [`FailureClass::Gone`] (R6 becomes a typed `SandboxGone` in the core, never a crash), an
 //!   unknown outcome is transient;
 //! - `stop`: nothing to stop before shutdown (the core orders no upload after it). With
-//!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none;
+//!   `suspend` (agent-sandbox mode only) the snapshot is the claim's name; otherwise none. No
+//!   pod is needed: the core suspends a sandbox whose pod was lost (see the crate docs);
 //! - `persist`: with `suspend`, patch the sandbox's Sandbox `operatingMode: Suspended` and wait
-//!   until its pod is gone; the claim is kept for the start that resumes it, and the sandbox is
+//!   until its pod is gone (the one the controller made again after a loss, too; a Sandbox the
+//!   controller suspended by itself until it shows the keeper's mode); the claim is kept for
+//!   the start that resumes it, and the sandbox is
 //!   never named again but by the discard of its claim. With a retention (`retain_until`), the
 //!   claim's `spec.lifecycle.shutdownTime` becomes the retention's end (policy `Delete`): the
 //!   controller deletes it then even if no keeper is left, and a resume pushes it out again.
@@ -273,6 +276,16 @@ impl Backend for K8sBackend {
                 self.cluster.config().workdir,
                 self.install.template.as_deref().unwrap_or("?"),
             ));
+        }
+        if !pod_mode && !config.release.suspends() && !self.install.workdir_persistent {
+            // Not refused: no policy here deletes the pod on purpose. But a pod lost from
+            // outside (evicted, drained, OOM-killed) is suspended by the core to keep the
+            // workspace, and there is none to keep.
+            tracing::warn!(
+                workdir = %self.cluster.config().workdir,
+                template = self.install.template.as_deref().unwrap_or("?"),
+                "the working directory is not on a volume of the template's volumeClaimTemplates: a pod lost from outside (evicted, drained, OOM-killed) takes its files with it, and the key's next call continues in an empty workspace; mount a volumeClaimTemplates volume there (io-k8s/deploy/warm-pool.example.yaml)"
+            );
         }
         if !pod_mode && config.release.suspends() {
             let grace = u64::try_from(self.install.termination_grace_secs).unwrap_or(0);

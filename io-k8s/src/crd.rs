@@ -5,7 +5,9 @@
 //! - `extensions.agents.x-k8s.io/v1beta1` [`SandboxClaim`]: a request for a sandbox from a warm
 //!   pool. It owns its [`Sandbox`], which owns its Pod: deleting the claim deletes all three.
 //! - `agents.x-k8s.io/v1beta1` [`Sandbox`]: one pod with a stable identity; `operatingMode:
-//!   Suspended` deletes the pod and keeps the rest.
+//!   Suspended` deletes the pod and keeps the rest, and so does the controller by itself after
+//!   `spec.autoSuspension.inactivityTimeoutSeconds` of inactivity where auto-suspension is on
+//!   ([`Suspension`]).
 
 use std::collections::BTreeMap;
 
@@ -157,6 +159,72 @@ pub struct SandboxSpec {
     /// The pod template, untyped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<serde_json::Value>,
+    /// Auto-suspension (upstream pull request 1296, behind the controller flag
+    /// `--enable-auto-suspend-and-resume`): the controller suspends the Sandbox by itself
+    /// after this much inactivity, leaving `operatingMode` as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_suspension: Option<AutoSuspension>,
+}
+
+/// `Sandbox.spec.autoSuspension`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoSuspension {
+    /// Seconds without activity (`status.lastActivityTime`) after which the controller
+    /// suspends the Sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactivity_timeout_seconds: Option<i64>,
+}
+
+/// `Ready=False` reason of a Sandbox suspended by its `operatingMode`, from controllers
+/// before auto-suspension (agent-sandbox v0.5.x).
+pub const SUSPENDED_REASON: &str = "SandboxSuspended";
+
+/// `Ready=False` reason of a Sandbox suspended by its `operatingMode`, from controllers with
+/// auto-suspension (upstream pull request 1296 renames [`SUSPENDED_REASON`] to this).
+pub const USER_SUSPENDED_REASON: &str = "SandboxUserSuspended";
+
+/// `Ready=False` reason of a Sandbox the controller suspended for inactivity
+/// (`spec.autoSuspension`), its `operatingMode` still `Running`.
+pub const AUTO_SUSPENDED_REASON: &str = "SandboxAutoSuspended";
+
+/// Who, if anyone, has a Sandbox suspended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suspension {
+    /// It is meant to run (its pod may still be on its way, or lost and being made again).
+    None,
+    /// `spec.operatingMode: Suspended`: a keeper (or a user) suspended it.
+    ByMode,
+    /// The controller suspended it for inactivity (`spec.autoSuspension`): `operatingMode`
+    /// is still `Running`, the `Ready` condition says `SandboxAutoSuspended`. Its workspace is
+    /// kept as for any suspension; only activity (`status.lastActivityTime`) or a suspension
+    /// by mode followed by `Running` brings it back.
+    ByController,
+}
+
+impl Sandbox {
+    /// Its `Ready` condition, if the controller wrote one.
+    pub fn ready_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+    }
+
+    /// Who has it suspended: its `operatingMode` first (it overrides auto-suspension), then the
+    /// controller's `Ready` reason.
+    pub fn suspension(&self) -> Suspension {
+        if self.spec.operating_mode.as_deref() == Some("Suspended") {
+            return Suspension::ByMode;
+        }
+        match self.ready_condition() {
+            Some(c) if c.status == "False" && c.reason == AUTO_SUSPENDED_REASON => {
+                Suspension::ByController
+            }
+            _ => Suspension::None,
+        }
+    }
 }
 
 /// Status of a [`Sandbox`].
@@ -169,6 +237,10 @@ pub struct SandboxStatus {
     /// Pod IPs (JSON `podIPs`, as [`ClaimedSandbox::pod_ips`]).
     #[serde(default, rename = "podIPs")]
     pub pod_ips: Vec<String>,
+    /// The last activity the controller counts for auto-suspension (RFC 3339); only kept
+    /// where auto-suspension is on. A keeper's execs are not activity to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_time: Option<String>,
 }
 
 /// Names a `SandboxTemplate`.

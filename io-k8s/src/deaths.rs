@@ -4,7 +4,7 @@
 //!
 //! | mode | object | loss |
 //! |---|---|---|
-//! | agent-sandbox | pod | [`Loss::Instance`]: only the running instance; the claim, its Sandbox and their volumes may remain |
+//! | agent-sandbox | pod | [`Loss::Instance`]: only the running instance; the claim, its Sandbox and their volumes remain (an eviction, a node drain, an OOM kill, a pod deleted by hand, the controller's own suspension) |
 //! | agent-sandbox | claim | [`Loss::Sandbox`] |
 //! | pod | pod | [`Loss::Sandbox`]: the pod is all there is |
 //!
@@ -19,6 +19,15 @@
 //! re-list is harmless for the same reason. A DELETED event is checked against the object as it
 //! is now ([`removed_or_left`]): an object that only left the owner's selector (relabelled, in
 //! a fleet) is not a loss.
+//!
+//! A pod's loss is never more than the instance's, whoever deleted it: the controller makes
+//! the pod again on the same volumes (or, for a suspension, keeps the volumes for the next
+//! resume), so the core keeps the workspace (it suspends the sandbox, and the key's next start
+//! resumes the claim). That holds for the controller's own auto-suspension too
+//! ([`crate::crd::Suspension::ByController`]): it deletes the pod and leaves the claim, whose
+//! `Ready` reason (`SandboxAutoSuspended`, forwarded from the Sandbox) is not terminal, so the
+//! claim's watch reports nothing and the pod's watch a lost instance. Only a claim deleted or
+//! failed for good ends the sandbox.
 
 use std::sync::Arc;
 
@@ -448,6 +457,11 @@ mod tests {
             Some(("True", "DependenciesReady")),
             Some(("False", "DependenciesNotReady")),
             Some(("False", "SandboxSuspended")),
+            // Auto-suspension's controllers: a suspension by mode, and the controller's own
+            // suspension for inactivity; the claim forwards its Sandbox's reason. Neither ends
+            // the sandbox: its pod's loss is an instance's.
+            Some(("False", "SandboxUserSuspended")),
+            Some(("False", "SandboxAutoSuspended")),
         ] {
             assert_eq!(
                 claim_death(Event::Apply(claim(3, passing))),

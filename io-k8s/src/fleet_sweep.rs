@@ -10,6 +10,15 @@
 //! retention, which its Persist set); it goes only when every way of seeing it lets it go.
 //! Leases and retention are judged a lease later than a claim would be.
 //!
+//! A claim whose Sandbox the controller suspended by itself for inactivity
+//! ([`Suspension::ByController`](crate::crd::Suspension::ByController): its pod deleted,
+//! `operatingMode` left `Running`) is no snapshot: no keeper suspended it and no retention was
+//! set. It is judged as the sandbox it is, so it stays while its key's owner lives or its
+//! key's record names it (the next owner adopts it and runs it again on the same volumes,
+//! `adopt.rs`), however long the controller keeps it suspended, and goes like any sandbox a
+//! departed process left once nothing names it. Once a keeper took the suspension over (the
+//! core suspends a sandbox whose instance was lost), it is a suspended claim like any other.
+//!
 //! Unlike the local root's, this sweep cannot hold a lock across its decision: each deletion
 //! carries the object's `resourceVersion` as read as a precondition, so an object that changed
 //! since (adopted: its token raised and relabelled) is left for the next sweep; a record's

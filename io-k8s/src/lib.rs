@@ -28,6 +28,28 @@
 //! core no longer tracks and ignores; a pod lost while its sandbox is being suspended is the
 //! suspension's own doing, and the core knows it.
 //!
+//! ## A lost instance keeps its workspace
+//!
+//! A claim's pod lost while the claim and its volumes remain (evicted, drained off its node,
+//! OOM-killed, deleted by hand) is made again by the controller on the same volumes. The core
+//! suspends such a sandbox at once (`Stop` and `Persist` with `suspend`, its calls told
+//! `SandboxLost`), and neither needs the pod: admission is checked on the claim's annotation,
+//! and `operatingMode: Suspended` stops the pod made again. Nothing is deleted; the key's next
+//! `Start` resumes the claim, and a resume that finds the Sandbox running (its pod made again,
+//! never suspended) waits until the controller carried the new sandbox number onto that pod.
+//!
+//! Newer controllers suspend a Sandbox by themselves after
+//! `spec.autoSuspension.inactivityTimeoutSeconds` without activity (upstream pull request 1296,
+//! behind the controller's `--enable-auto-suspend-and-resume`): the pod goes, `operatingMode`
+//! stays `Running`, the `Ready` reason is `SandboxAutoSuspended` ([`crd::Suspension`]). Only
+//! the Sandbox Router's traffic is activity to it, not a keeper's execs. The backend never
+//! takes that for a death: the pod's loss is a lost instance (and the claim's reason is not
+//! terminal), so the core suspends the sandbox as the controller did; a `Persist` that
+//! suspends waits until the controller shows the keeper's mode; a resume or a fleet adoption
+//! that finds a Sandbox the controller suspended takes the suspension over by mode, then sets
+//! `Running` (which the controller counts as activity) and runs it on its volumes; the fleet
+//! sweep judges such a claim as the sandbox it is (`fleet_sweep.rs`).
+//!
 //! Behaviour:
 //! - [`K8sBackend::connect`] first checks the install (`install.rs`): in agent-sandbox mode the
 //!   API is served at `v1beta1` (agent-sandbox v0.5.0 on), the warm pool and its template

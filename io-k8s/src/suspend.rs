@@ -14,19 +14,20 @@
 //! delivers it, carries the old one. The resume then pushes the `shutdownTime` backstop out
 //! again, sets `Running` and waits until the Sandbox is Ready and its pod runs.
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;
-use crate::crd::{ClaimState, Sandbox, READY, TERMINAL_REASONS};
+use crate::crd::{ClaimState, Sandbox, Suspension, AUTO_SUSPENDED_REASON, READY, TERMINAL_REASONS};
 use crate::error::K8sError;
 use crate::names::{self, OWNER, SANDBOX};
+use crate::pod::{pod_state, uid_of, PodState};
 use crate::sandbox::SandboxHandle;
 use crate::wait::{wait_for, Step};
 
-/// Reason of the Sandbox's `Ready=False` condition while suspended (agent-sandbox).
-pub const SUSPENDED_REASON: &str = "SandboxSuspended";
+pub use crate::crd::SUSPENDED_REASON;
 
 /// A suspended claim found again for a resume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +141,10 @@ impl Cluster {
                         message: "while suspending".into(),
                     })
                 }
+                // Suspended by the controller, which has not seen the keeper's mode yet: a
+                // resume that set `Running` before it does would find it still suspended by
+                // the controller, which `Running` does not end.
+                Some((_, AUTO_SUSPENDED_REASON)) => Step::Wait,
                 Some((_, SUSPENDED_REASON)) => Step::Done(()),
                 // Not ready for another reason: the pod is on its way out; its absence decides.
                 Some(_) => Step::Done(()),
@@ -314,7 +319,7 @@ impl Cluster {
         // Then the Sandbox's pod template, which its new pod is made from: still suspended,
         // so no pod exists yet that could carry the old number.
         self.label_pod_template(sb, sandbox).await?;
-        self.set_operating_mode(sb, false).await?;
+        self.run_again(sb).await?;
         wait_for(
             self.sandboxes(),
             sb,
@@ -335,7 +340,12 @@ impl Cluster {
             },
         )
         .await?;
-        let (pod, pod_uid) = self.find_pod(sb).await?;
+        let (pod, _) = self.find_pod(sb).await?;
+        // A Sandbox that was never suspended (its pod lost and made again by the controller
+        // before the suspension) or runs again already keeps the pod it has: the resume goes
+        // on once the controller has carried the new number from the template onto it, so
+        // that its loss names the sandbox it serves now.
+        let pod_uid = self.wait_pod_labelled(&pod, sandbox).await?;
         Ok(SandboxHandle {
             sandbox,
             object: claim.clone(),
@@ -343,6 +353,75 @@ impl Cluster {
             pod,
             pod_uid,
         })
+    }
+
+    /// Sets a suspended Sandbox running again. One the controller suspended by itself
+    /// ([`Suspension::ByController`]: `operatingMode` is still `Running`, so setting it does
+    /// nothing) is first suspended by mode, and set `Running` once the controller says so:
+    /// a controller with auto-suspension counts `Running` after a suspension by mode as
+    /// activity (`status.lastActivityTime`, on its own clock) and makes the pod again.
+    pub(crate) async fn run_again(&self, sandbox_name: &str) -> Result<(), K8sError> {
+        let what = format!("sandbox {sandbox_name}");
+        let sb = self
+            .retry
+            .run(|| async {
+                self.sandboxes()
+                    .get(sandbox_name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
+            })
+            .await?;
+        if sb.suspension() == Suspension::ByController {
+            tracing::info!(sandbox = %sandbox_name,
+                "the controller suspended this Sandbox for inactivity; taking the suspension over");
+            self.set_operating_mode(sandbox_name, true).await?;
+            wait_for(
+                self.sandboxes(),
+                sandbox_name,
+                &format!("sandbox {sandbox_name} to be suspended by its mode"),
+                self.config.ready_timeout(),
+                calls::WATCH_SANDBOXES,
+                self.retry,
+                |s: &Sandbox| match ready_of(s) {
+                    Some(("False", AUTO_SUSPENDED_REASON)) | None => Step::Wait,
+                    Some(_) => Step::Done(()),
+                },
+            )
+            .await?;
+        }
+        self.set_operating_mode(sandbox_name, false).await
+    }
+
+    /// Waits (under the ready timeout) until the pod `pod` carries sandbox number `sandbox`
+    /// and this owner on its labels, as the controller copies them from its Sandbox's
+    /// template; returns its UID. A pod that is gone or finished meanwhile is an error.
+    async fn wait_pod_labelled(&self, pod: &str, sandbox: u64) -> Result<String, K8sError> {
+        let number = sandbox.to_string();
+        let owner = self.config.owner.clone();
+        wait_for(
+            self.pods(),
+            pod,
+            &format!("pod {pod} to carry sandbox {sandbox}"),
+            self.config.ready_timeout(),
+            calls::WATCH_PODS,
+            self.retry,
+            |p: &Pod| {
+                if let PodState::Finished(why) = pod_state(p) {
+                    return Step::Fail(K8sError::Gone {
+                        what: format!("pod {pod}"),
+                        message: why,
+                    });
+                }
+                let labels = p.metadata.labels.as_ref();
+                let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+                if label(SANDBOX) == Some(number.as_str()) && label(OWNER) == Some(owner.as_str()) {
+                    Step::Done(uid_of(p))
+                } else {
+                    Step::Waiting(format!("labelled sandbox {:?}", label(SANDBOX)))
+                }
+            },
+        )
+        .await
     }
 
     /// Sets the `sandkeeper.sandbox.users.io/sandbox` label of a Sandbox's pod template (its

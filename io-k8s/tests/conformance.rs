@@ -730,3 +730,101 @@ async fn h_suspend_is_refused_when_the_pods_grace_period_outlasts_the_timeouts()
     let backend = connect(&server, claim_config("owner-h4")).await;
     backend.check_config(&suspend).expect("5 s fits");
 }
+
+/// Auto-suspension, as upstream's newest source has it (kubernetes-sigs/agent-sandbox pull
+/// request 1296, `shouldSuspend` and `computeReadyCondition` in `sandbox_controller.go`, the
+/// suspension server's `handleResume`), behind `--enable-auto-suspend-and-resume`: a Sandbox
+/// with `spec.autoSuspension.inactivityTimeoutSeconds` gets `status.lastActivityTime` at once;
+/// once the timeout passed on the controller's clock its pod is deleted while `operatingMode`
+/// stays `Running` (`Ready=False`/`SandboxAutoSuspended`, `Suspended=True`/`PodTerminated`,
+/// forwarded to the claim), the volumes stay; a newer `lastActivityTime` (what the suspension
+/// server writes on traffic) makes the pod again; `operatingMode: Suspended` overrides it
+/// (`SandboxUserSuspended`), and `Running` after that counts as activity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_suspends_an_inactive_sandbox_by_itself() {
+    use k8s_loopback::resources::SANDBOXES;
+    let server = server().await;
+    server.enable_auto_suspension(true);
+    let k = cluster(&server, claim_config("owner-auto"));
+    let h = k.start_sandbox(1, "s").await.unwrap();
+    let sb = h.sandbox_name.clone().unwrap();
+    let sandbox = || server.store().get(&SANDBOXES, NS, &sb).unwrap();
+    let file = server.pod_path(NS, &h.pod, "/workspace/kept");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"x").unwrap();
+    server.advance_clock(std::time::Duration::from_secs(120));
+    assert!(
+        server.store().get(&PODS, NS, &h.pod).is_ok(),
+        "without spec.autoSuspension nothing is suspended"
+    );
+
+    server
+        .store()
+        .modify(&SANDBOXES, NS, &sb, |s| {
+            s["spec"]["autoSuspension"] = json!({"inactivityTimeoutSeconds": 60});
+        })
+        .unwrap();
+    until(&server, "the activity is noted", || {
+        sandbox().pointer("/status/lastActivityTime").is_some()
+    })
+    .await;
+    server.advance_clock(std::time::Duration::from_secs(59));
+    assert!(server.store().get(&PODS, NS, &h.pod).is_ok(), "not yet");
+    server.advance_clock(std::time::Duration::from_secs(2));
+    until(&server, "the controller suspends it", || {
+        server.store().get(&PODS, NS, &h.pod).is_err()
+            && condition_of(&sandbox(), "Suspended").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    let s = sandbox();
+    assert_eq!(s["spec"]["operatingMode"], "Running", "left as it was");
+    assert_eq!(
+        condition_of(&s, "Ready"),
+        Some(("False".into(), "SandboxAutoSuspended".into()))
+    );
+    assert_eq!(
+        condition_of(&s, "Suspended"),
+        Some(("True".into(), "PodTerminated".into()))
+    );
+    until(
+        &server,
+        "the claim forwards its Sandbox's Ready condition",
+        || {
+            let claim = server.store().get(&SANDBOX_CLAIMS, NS, &h.object).unwrap();
+            condition_of(&claim, "Ready") == Some(("False".into(), "SandboxAutoSuspended".into()))
+        },
+    )
+    .await;
+
+    // Traffic: the suspension server sets lastActivityTime to now; the pod comes back on the
+    // same volume.
+    let now = server.store().now_rfc3339();
+    server
+        .store()
+        .modify(&SANDBOXES, NS, &sb, |s| {
+            s["status"]["lastActivityTime"] = json!(now)
+        })
+        .unwrap();
+    until(&server, "the pod runs again", || {
+        condition_of(&sandbox(), "Ready").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    assert_eq!(std::fs::read(&file).unwrap(), b"x", "the volume stayed");
+
+    // A suspension by mode overrides auto-suspension; Running after it is activity.
+    k.set_operating_mode(&sb, true).await.unwrap();
+    until(&server, "suspended by mode", || {
+        condition_of(&sandbox(), "Ready") == Some(("False".into(), "SandboxUserSuspended".into()))
+            && server.store().get(&PODS, NS, &h.pod).is_err()
+    })
+    .await;
+    server.advance_clock(std::time::Duration::from_secs(600));
+    let before = sandbox()["status"]["lastActivityTime"].clone();
+    k.set_operating_mode(&sb, false).await.unwrap();
+    until(&server, "running again, its activity noted", || {
+        let s = sandbox();
+        condition_of(&s, "Ready").is_some_and(|(s, _)| s == "True")
+            && s["status"]["lastActivityTime"] != before
+    })
+    .await;
+}

@@ -176,3 +176,104 @@ async fn a_recorded_claim_goes_when_its_retention_ends_and_the_record_lets_go_of
         "the record no longer names it"
     );
 }
+
+/// The controller's own auto-suspension (its pod deleted, `operatingMode` left `Running`)
+/// makes no snapshot of a claim: the sweep judges it as the sandbox it is. A claim whose
+/// crashed owner's key record names it (warm) stays, however long it stays suspended (the
+/// controller set no retention); one nothing names goes like any sandbox a dead process left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_controller_suspended_stays_while_its_keys_record_names_it() {
+    use k8s_loopback::resources::SANDBOXES;
+    let server = server().await;
+    let backend = connect(&server, claim_config("maker")).await;
+    let store = K8sStore::new(
+        cluster(&server, claim_config("sweeper")),
+        Duration::from_secs(10),
+    );
+    let t0 = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    let dead = FleetStore::register(&store).await.unwrap();
+    FleetStore::renew(&store, dead, 1, t0).await.unwrap();
+    let (named, unnamed) = (id(dead, 1), id(dead, 2));
+    let mut claims = vec![];
+    for (x, k) in [(named, "w"), (unnamed, "u")] {
+        backend
+            .start(StartRequest {
+                sandbox: x,
+                key: key(k),
+                spec: Spec::new(""),
+                resume_from: None,
+                resumes: None,
+                token: Some(Token(1)),
+            })
+            .await
+            .unwrap();
+        claims.push(backend.handle(x).unwrap());
+    }
+    let Claim::Claimed(token, _) = FleetStore::claim(&store, key("w"), dead, 1, t0)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    let warm = StoredRecord {
+        snapshot: None,
+        warm: Some(named),
+    };
+    assert!(FleetStore::release(&store, key("w"), dead, token, warm, t0)
+        .await
+        .unwrap());
+
+    server.enable_auto_suspension(true);
+    for h in &claims {
+        let sb = h.sandbox_name.clone().unwrap();
+        server
+            .store()
+            .modify(&SANDBOXES, NS, &sb, |s| {
+                s["spec"]["autoSuspension"] = serde_json::json!({"inactivityTimeoutSeconds": 60});
+            })
+            .unwrap();
+        until(&server, "the activity is noted", || {
+            server
+                .store()
+                .get(&SANDBOXES, NS, &sb)
+                .is_ok_and(|s| s.pointer("/status/lastActivityTime").is_some())
+        })
+        .await;
+    }
+    server.advance_clock(Duration::from_secs(61));
+    until(&server, "the controller suspended both", || {
+        claims
+            .iter()
+            .all(|h| server.store().get(&PODS, NS, &h.pod).is_err())
+    })
+    .await;
+
+    let now = t0 + Duration::from_secs(100);
+    let swept = FleetStore::sweep(&store, now).await.unwrap();
+    assert_eq!(
+        swept,
+        Swept {
+            sandboxes: 1,
+            snapshots: 0,
+            unrecorded: 0
+        }
+    );
+    assert!(server
+        .store()
+        .get(&SANDBOX_CLAIMS, NS, &claims[0].object)
+        .is_ok());
+    assert!(server
+        .store()
+        .get(&SANDBOX_CLAIMS, NS, &claims[1].object)
+        .is_err());
+    let a_year_on = now + Duration::from_secs(365 * 24 * 3600);
+    assert_eq!(
+        FleetStore::sweep(&store, a_year_on).await.unwrap(),
+        Swept::default(),
+        "named by its key's record: kept"
+    );
+    assert!(server
+        .store()
+        .get(&SANDBOX_CLAIMS, NS, &claims[0].object)
+        .is_ok());
+}

@@ -9,7 +9,8 @@
 //! and suspends and resumes the claim, the file surviving on the template's claim volume
 //! (row B). A second test makes a warm pool after its claim (row D): it needs rights to
 //! create and delete SandboxWarmPools (the admin kubeconfig of kind has them). A third hands a
-//! claim from one owner to another as a fleet does (adoption under a higher token).
+//! claim from one owner to another as a fleet does (adoption under a higher token). A fourth
+//! deletes a claim's pod from outside and resumes the claim on its volume (row J).
 //! io-k8s/README.md gives the commands for kind.
 
 use sandkeeper::{PathName, SessionId};
@@ -219,6 +220,98 @@ async fn a_handed_over_claim_is_adopted_on_a_real_cluster() {
     second.shutdown(X, Some(Token(2))).await.unwrap();
     first.close().await.unwrap();
     second.close().await.unwrap();
+}
+
+/// Row J on a real cluster: a claim's pod deleted from outside (as `kubectl delete pod`, an
+/// eviction or a drain does) is reported as a lost instance only; the suspension the core
+/// orders for it works without the pod (the controller may have made it again meanwhile);
+/// the claim is kept, and a resume as a new sandbox finds the file on the claim volume, in a
+/// pod labelled with the new sandbox.
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG=... cargo test -p sandkeeper-k8s -- --ignored"]
+async fn a_claims_lost_pod_keeps_the_workspace_on_a_real_cluster() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::DeleteParams;
+    use sandkeeper::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
+    use sandkeeper_k8s::K8sBackend;
+    use sandkeeper_tokio::{
+        Backend, Loss, PersistRequest, StartRequest, StopRequest, UploadRequest,
+    };
+    const X: SandboxId = SandboxId((1 << 32) | 7);
+    const Y: SandboxId = SandboxId((1 << 32) | 8);
+    let session = SessionId::new("real-lost").unwrap();
+    let start = |sandbox, resume_from: Option<Snapshot>, resumes| StartRequest {
+        sandbox,
+        key: Key::Session(session.clone()),
+        spec: Spec::new(""),
+        resume_from,
+        resumes,
+        token: None,
+    };
+    let (b, _) = K8sBackend::connect(cluster(warm_pool(), "real-lost").await)
+        .await
+        .expect("connects");
+    let (tx, mut deaths) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = b.cluster().spawn_death_watch(move |d| tx.send(d).is_ok());
+    b.start(start(X, None, None)).await.expect("started");
+    b.upload(UploadRequest {
+        upload: UploadId(1),
+        sandbox: X,
+        session: session.clone(),
+        path: PathName::session_log(),
+        version: Version(1),
+        payload: Payload::new(b"v1\n".to_vec()),
+        token: None,
+    })
+    .await
+    .unwrap();
+    let h = b.handle(X).unwrap();
+
+    let client = Cluster::make_client(kube::Config::infer().await.unwrap()).unwrap();
+    kube::Api::<Pod>::namespaced(client, &namespace())
+        .delete(&h.pod, &DeleteParams::default())
+        .await
+        .expect("the pod deleted");
+    let d = tokio::time::timeout(std::time::Duration::from_secs(120), deaths.recv())
+        .await
+        .expect("the loss reported in time")
+        .unwrap();
+    assert_eq!((d.sandbox, d.loss), (X.0, Loss::Instance), "{d:?}");
+
+    let snapshot = b
+        .stop(StopRequest {
+            sandbox: X,
+            suspend: true,
+            token: None,
+        })
+        .await
+        .expect("stopped without its pod");
+    b.persist(PersistRequest {
+        sandbox: X,
+        snapshot: snapshot.clone(),
+        suspend: true,
+        retain_until: None,
+        token: None,
+    })
+    .await
+    .expect("suspended without its pod");
+    b.start(start(Y, snapshot, Some(X))).await.expect("resumed");
+    let h2 = b.handle(Y).unwrap();
+    assert_eq!(h2.object, h.object, "the same claim");
+    let k = b.cluster();
+    let log = format!("{}/real-lost/session.log", k.config().workdir);
+    k.exec_with_stdin(
+        &h2.pod,
+        vec!["grep".into(), "-q".into(), "v1".into(), log],
+        Vec::new(),
+    )
+    .await
+    .expect("the file an earlier call wrote is on the claim volume");
+    while let Ok(d) = deaths.try_recv() {
+        assert_eq!(d.loss, Loss::Instance, "never the sandbox: {d:?}");
+    }
+    b.shutdown(Y, None).await.unwrap();
+    b.close().await.unwrap();
 }
 
 /// Row D on a real cluster: a claim whose warm pool does not exist yet waits (the controller

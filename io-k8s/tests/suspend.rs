@@ -55,6 +55,18 @@ async fn suspended(keeper: &Keeper<K8sBackend>, n: u64) {
     .expect("the core took the suspensions in, in time");
 }
 
+/// Waits until the call is told its sandbox was lost (no event marks it on the guard, so it is
+/// polled until the deadline).
+async fn lost(guard: &CallGuard<K8sBackend>) {
+    tokio::time::timeout(WAIT, async {
+        while !guard.is_lost() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the call is told in time");
+}
+
 /// Waits until the losses the death watch reported satisfy `done` (each counted once the core
 /// took it in).
 async fn counts_until(keeper: &Keeper<K8sBackend>, done: impl Fn(&LossCounts) -> bool) {
@@ -267,24 +279,28 @@ async fn suspend_keeps_the_claim_without_a_pod_and_the_next_call_resumes_it() {
         "the resume pushed the expiry backstop out again: {pushed} < {t0}"
     );
 
-    // A death of the resumed sandbox is reported as the new sandbox's: the core loses it and
-    // orders its Shutdown, which deletes the resumed claim as usual.
+    // A loss of the resumed sandbox's pod is reported as the new sandbox's. Its claim and
+    // volume remain, so the core keeps the workspace (issue 30): the call is told, and the
+    // sandbox is suspended again at its last release, the claim kept for the next call.
     delete_pod(&server, &h2.pod);
     counts_until(&keeper, |c| c.instances >= 2).await;
-    until(&server, "the resumed claim is deleted", |s| {
-        !exists(s, &SANDBOX_CLAIMS, &h2.object)
-    })
-    .await;
+    lost(&second).await;
     assert!(
-        matches!(
-            keeper.resolve(&session),
-            Err(KeeperError::Core(sandkeeper::Error::SandboxGone { .. }))
-        ),
-        "{:?}",
-        keeper.resolve(&session)
+        keeper.resolve(&session).is_err(),
+        "the call's sandbox is lost"
     );
-    assert_eq!(keeper.stats().deaths, 1);
     second.release().await;
+    suspended(&keeper, 2).await;
+    assert!(
+        exists(&server, &SANDBOX_CLAIMS, &h2.object),
+        "the claim is kept"
+    );
+    let stats = keeper.stats();
+    assert_eq!(
+        (stats.deaths, stats.instance_losses_kept),
+        (0, 1),
+        "{stats:?}"
+    );
     close(keeper, &server, "susp").await;
 }
 
@@ -438,15 +454,17 @@ async fn a_late_delete_of_the_suspended_pod_is_no_death_of_the_resumed_sandbox()
         .await
         .expect("an upload reached the resumed pod");
 
-    // A death of the resumed pod itself is still reported, as the resumed sandbox's: the core
-    // loses it and orders its Shutdown, which deletes the claim.
+    // A loss of the resumed pod itself is still reported, as the resumed sandbox's: the call
+    // is told, and the core suspends the sandbox (issue 30: its claim and volume remain).
     delete_pod(&server, &h2.pod);
-    until(&server, "the resumed claim is deleted", |s| {
-        !exists(s, &SANDBOX_CLAIMS, &h2.object)
-    })
-    .await;
-    assert_eq!(keeper.stats().deaths, 1);
+    lost(&second).await;
     second.release().await;
+    suspended(&keeper, 2).await;
+    assert!(
+        exists(&server, &SANDBOX_CLAIMS, &h2.object),
+        "the claim is kept"
+    );
+    assert_eq!(keeper.stats().deaths, 0);
     close(keeper, &server, "susp-l").await;
 }
 

@@ -10,6 +10,24 @@
 //! pod again under the Sandbox's name, and the Sandbox goes Ready once it runs); and a garbage
 //! collector for Sandboxes and Pods whose controlling owner is gone.
 //!
+//! Auto-suspension, as the newest upstream source models it (kubernetes-sigs/agent-sandbox
+//! pull request 1296 at `add2ae38`, not merged into `main` when read; an earlier revision of it
+//! had a separate `auto_suspension_controller.go` that set `operatingMode: Suspended` and read
+//! an `agents.x-k8s.io/idle-timeout-seconds` annotation). Off by default, as upstream's
+//! `--enable-auto-suspend-and-resume` is ([`Loopback::enable_auto_suspension`](crate::Loopback::enable_auto_suspension)).
+//! When on, a Sandbox with `spec.autoSuspension.inactivityTimeoutSeconds` gets
+//! `status.lastActivityTime` set to now when it has none (its creation), and again when it
+//! runs after a suspension by `operatingMode` (`Running` while its `Ready` reason still says
+//! `SandboxUserSuspended`); once the timeout has passed since then (server clock) the
+//! controller suspends it *without touching `operatingMode`*, which stays `Running`: its pod
+//! is deleted, `Ready=False` reason `SandboxAutoSuspended`, `Suspended` as for any
+//! suspension; the volumes stay. `operatingMode: Suspended` overrides it (reason
+//! `SandboxUserSuspended`). Only `lastActivityTime` brings an auto-suspended Sandbox back.
+//! Not modelled: the suspension server (`POST /v1/sandboxes/resume` and `/activity`, which
+//! set `lastActivityTime` for the Sandbox Router on traffic; a test may write the status
+//! itself), the router and gateway, and the requeue timer (a pass runs on every store event
+//! and clock advance instead). As upstream, nothing a client execs in the pod is activity.
+//!
 //! Pod labels flow as in the real agent-sandbox controllers: a claim's
 //! `spec.additionalPodMetadata.labels` are kept on its Sandbox's `spec.podTemplate` (a change
 //! of the claim reaches the Sandbox, and a Sandbox edited against its claim is set back), a
@@ -48,6 +66,13 @@ pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
 /// The node every pod of the loopback runs on.
 pub const NODE_NAME: &str = "loopback-node";
 
+/// `Ready=False` reason of a Sandbox suspended by `operatingMode: Suspended`, by a controller
+/// that runs with auto-suspension (without it the reason is `SandboxSuspended`).
+pub const USER_SUSPENDED: &str = "SandboxUserSuspended";
+
+/// `Ready=False` reason of a Sandbox the controller suspended for inactivity.
+pub const AUTO_SUSPENDED: &str = "SandboxAutoSuspended";
+
 /// Annotation on a claim naming the warm-pool Sandbox it adopted.
 pub const SANDBOX_NAME_ANNOTATION: &str = "agents.x-k8s.io/sandbox-name";
 
@@ -62,6 +87,9 @@ pub struct ControllerSwitches {
     pass: std::sync::Mutex<()>,
     /// While set, containers ignore SIGTERM: a terminating pod stays for its grace period.
     pub ignore_sigterm: AtomicBool,
+    /// While set, the Sandbox controller runs with auto-suspension (the upstream flag
+    /// `--enable-auto-suspend-and-resume=true`; see the module docs).
+    pub auto_suspend: AtomicBool,
     /// The claim controller's label-domain allowlist (empty: the default).
     pub allowed_label_domains: std::sync::Mutex<Vec<String>>,
 }
@@ -425,7 +453,65 @@ impl Controller {
         })
     }
 
+    /// Whether the controller runs with auto-suspension (`--enable-auto-suspend-and-resume`).
+    fn auto_suspension(&self) -> bool {
+        self.switches.auto_suspend.load(Ordering::SeqCst)
+    }
+
+    /// A Sandbox's `spec.autoSuspension.inactivityTimeoutSeconds`, when auto-suspension is on
+    /// and the Sandbox asks for it.
+    fn inactivity_timeout(&self, sb: &Value) -> Option<i64> {
+        if !self.auto_suspension() {
+            return None;
+        }
+        sb.pointer("/spec/autoSuspension/inactivityTimeoutSeconds")
+            .and_then(Value::as_i64)
+            .filter(|secs| *secs > 0)
+    }
+
+    /// The start of `Reconcile` with auto-suspension: `status.lastActivityTime` is set to now
+    /// when it is missing (the Sandbox's creation counts as activity) and when the Sandbox
+    /// runs again after a suspension by `operatingMode` (its `Ready` reason still says so).
+    /// Returns the Sandbox as the rest of the pass sees it.
+    fn note_activity(&self, sb: &Value) -> Value {
+        let mut sb = sb.clone();
+        if self.inactivity_timeout(&sb).is_none() {
+            return sb;
+        }
+        let user_suspended = condition(&sb, "Ready").is_some_and(|(status, reason)| {
+            status == "False" && (reason == USER_SUSPENDED || reason == "SandboxSuspended")
+        });
+        let running = meta_str(&sb, "/spec/operatingMode") != Some("Suspended");
+        if sb.pointer("/status/lastActivityTime").is_none() || (running && user_suspended) {
+            let now = json!(self.store.now_rfc3339());
+            self.set_status(&SANDBOXES, &sb, |s| {
+                if !s.get("status").is_some_and(Value::is_object) {
+                    s["status"] = json!({});
+                }
+                s["status"]["lastActivityTime"] = now.clone();
+            });
+            if !sb.get("status").is_some_and(Value::is_object) {
+                sb["status"] = json!({});
+            }
+            sb["status"]["lastActivityTime"] = now;
+        }
+        sb
+    }
+
+    /// `shouldSuspend` for a Sandbox whose `operatingMode` is `Running`: its inactivity
+    /// timeout has passed since `status.lastActivityTime` (on the server clock).
+    fn inactive(&self, sb: &Value) -> bool {
+        let Some(secs) = self.inactivity_timeout(sb) else {
+            return false;
+        };
+        meta_str(sb, "/status/lastActivityTime")
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .and_then(|at| at.checked_add(jiff::SignedDuration::from_secs(secs)).ok())
+            .is_some_and(|until| until <= self.store.now())
+    }
+
     fn reconcile_sandbox(&self, sb: &Value) {
+        let sb = &self.note_activity(sb);
         let now = self.store.now_rfc3339();
         let namespace = ns(sb);
         let (pod_name, pod) = self.tracked_pod(sb);
@@ -457,10 +543,14 @@ impl Controller {
             }
             return;
         }
+        let mode_suspended = meta_str(sb, "/spec/operatingMode") == Some("Suspended");
+        let auto_suspended = !mode_suspended && self.inactive(sb);
         // `computeSuspendedCondition`, `computeReadyCondition`: `Ready=False` with reason
-        // `SandboxSuspended` from the moment the mode is set; `Suspended` turns True only once
-        // the pod is gone, and is `PodTerminating` while it terminates.
-        if meta_str(sb, "/spec/operatingMode") == Some("Suspended") {
+        // `SandboxSuspended` (with auto-suspension: `SandboxUserSuspended`, or
+        // `SandboxAutoSuspended` when the controller suspended it) from the moment the
+        // Sandbox should be suspended; `Suspended` turns True only once the pod is gone, and
+        // is `PodTerminating` while it terminates.
+        if mode_suspended || auto_suspended {
             let suspended = match &pod {
                 Some(p) => {
                     if meta_str(p, "/metadata/deletionTimestamp").is_none() {
@@ -494,7 +584,12 @@ impl Controller {
                 } else {
                     "Sandbox is suspending"
                 };
-                set_condition(s, "Ready", false, "SandboxSuspended", message, &now)
+                let reason = match (auto_suspended, self.auto_suspension()) {
+                    (true, _) => AUTO_SUSPENDED,
+                    (false, true) => USER_SUSPENDED,
+                    (false, false) => "SandboxSuspended",
+                };
+                set_condition(s, "Ready", false, reason, message, &now)
             });
             return;
         }

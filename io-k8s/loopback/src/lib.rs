@@ -220,6 +220,16 @@ impl Loopback {
         self.wake.notify_one();
     }
 
+    /// Runs the Sandbox controller with auto-suspension, as upstream's
+    /// `--enable-auto-suspend-and-resume=true` does (see [`controller`]): a Sandbox with
+    /// `spec.autoSuspension.inactivityTimeoutSeconds` is suspended (its pod deleted,
+    /// `operatingMode` left `Running`) once that long passed on the server clock since its
+    /// `status.lastActivityTime`.
+    pub fn enable_auto_suspension(&self, on: bool) {
+        self.switches.auto_suspend.store(on, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
     /// Makes new pods fail instead of running.
     pub fn fail_new_pods(&self, fail: bool) {
         self.switches.fail_pods.store(fail, Ordering::SeqCst);
