@@ -4,7 +4,9 @@
 //! unchanged.
 //!
 //! The world: sessions whose calls land on any replica (the load balancer), flushes of each
-//! call's session log, and faults for the first minute: replicas paused (sometimes for longer
+//! call's session log, the application's hooks in two fifths of the seeds (each hook point
+//! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
+//! its own so a seed without hooks runs as it did before), and faults for the first minute: replicas paused (sometimes for longer
 //! than a lease), crashed (memory lost; restarted later as a new incarnation, the store and
 //! backend kept), clocks that drift (mostly within the margin, sometimes beyond it), slow and
 //! failed store writes. Each replica's driver runs its core's commands after a latency, drops
@@ -27,6 +29,10 @@
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
 //! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
+//! | `record-parity` | an owned key's durable record names what its owner would continue from (`parity.rs`). Judged while the owner is quiet about the key: a live incarnation with a live lease in the store holds it under the store's token, no record write or release of it is in flight or in doubt (ordered and its answer not taken by the core; one its driver dropped, until the core's timers next ran; one answered failed, until the core writes again), and no sandbox it started or adopted for the key under that token is starting (its after hook included), stopping, persisting, shutting down, handed over or dead. Then the record's `warm` is the key's sandbox that is up (running, idle or draining; none when none is) and its snapshot is the one the key keeps for its next start (its last persist, or the one its claim was handed), by name and persisting sandbox |
+//! | `resume-latest-snapshot`, `discard-unreferenced`, `discard-after-retention`, `snapshot-released` | per incarnation, `sandkeeper_check::Snapshots` as in one process (`intent.rs`): every Start resumes exactly the snapshot its key keeps, and a Discard names one it keeps, at its retention; a claim hands the key its record's snapshot with the record's retention, and a key the process no longer owns (released, fenced) keeps nothing there. `snapshot-released` is judged at the instant the core's timers last ran (a wake-up runs them; other inputs do not) |
+//! | `hook-before-bind`, `hook-before-stop`, `hook-not-again` | per incarnation (`intent.rs`): a call is ready on a sandbox started here only after its after-start or after-resume hook succeeded; a Stop comes after its before hook, never while it runs; an adopted sandbox gets no after hook again (its first owner ran it) |
+//! | lane checks, `nothing-after-closed`, `abandon-then-shutdown` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane) and `Outputs` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
@@ -37,7 +43,9 @@
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod intent;
 mod names;
+mod parity;
 mod retired;
 pub(crate) mod script;
 mod store;
@@ -50,9 +58,9 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Input, Instant, Key, KeyRecord,
-    Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
-    StoreCommand, UploadId,
+    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Hooks, Input, Instant, Key,
+    KeyRecord, Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
+    StoreCommand, SuspendHookFailure, Token, UploadId,
 };
 use sandkeeper_check::{Progress, Versions};
 
@@ -172,6 +180,13 @@ struct Replica {
     retired: retired::Retired,
     /// What holds back each key with a queued call (`progress`, `wait-timeout-held`).
     progress: Progress,
+    /// What it does with its keys' sandboxes: lanes, outputs, snapshots, hooks (`intent`).
+    intent: intent::Intent,
+    /// Its record writes and releases in flight (`record-parity`).
+    writes: parity::Writes,
+    /// When its core's timers last ran (its clock): a wake-up runs every timer due; other
+    /// inputs run none but the lease's lapse.
+    timers_at: Instant,
 }
 
 impl Replica {
@@ -252,6 +267,12 @@ struct World {
     calm_from: Option<u64>,
     /// The run written out as a scenario, when asked for.
     recorder: Option<Box<transcript::Recorder>>,
+    /// The application's hooks: how they end (a stream of their own, so that a seed without
+    /// hooks draws as it did before there were any).
+    hook_rng: Rng,
+    /// Per mille of hooks that fail, and that hang (never answered: their timeout ends them).
+    hook_fail: u32,
+    hook_hang: u32,
 }
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
@@ -264,6 +285,30 @@ pub(crate) fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option
         Scope::Global => Some(Key::Global),
         Scope::User => None,
     }
+}
+
+/// The hooks of a seed's fleet (in two fifths of the seeds, as in one process: each hook point
+/// configured or not, with its timeout), and the per mille of hooks that fail and that hang.
+fn draw_hooks(rng: &mut Rng) -> (Hooks, u32, u32) {
+    if !rng.chance(400) {
+        return (Hooks::default(), 0, 0);
+    }
+    let mut hook = || {
+        rng.chance(700)
+            .then(|| Duration::from_millis(rng.range(50, 2_000)))
+    };
+    let hooks = Hooks {
+        after_start: hook(),
+        after_resume: hook(),
+        before_suspend: hook(),
+        before_stop: hook(),
+        on_suspend_failure: if rng.chance(500) {
+            SuspendHookFailure::Shutdown
+        } else {
+            SuspendHookFailure::Suspend
+        },
+    };
+    (hooks, rng.range(0, 300) as u32, rng.range(0, 100) as u32)
 }
 
 /// Runs one fleet seed.
@@ -334,6 +379,9 @@ impl World {
             fleet: Some(fleet),
             ..Config::default()
         };
+        let mut hook_rng = Rng::new(seed ^ 0x4006_5eed);
+        let (hooks, hook_fail, hook_hang) = draw_hooks(&mut hook_rng);
+        let config = Config { hooks, ..config };
         let sessions = (0..rng.range(2, 6))
             .map(|i| SessionId::new(format!("s{i}")).expect("a valid name"))
             .collect();
@@ -365,6 +413,9 @@ impl World {
             names: opts.transcript.then(names::Names::default),
             calm_from: Some(FAULTS_NS),
             recorder: opts.transcript.then(Default::default),
+            hook_rng,
+            hook_fail,
+            hook_hang,
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
@@ -434,6 +485,9 @@ impl World {
         };
         Replica {
             progress: Progress::new(&config),
+            intent: intent::Intent::new(&config),
+            writes: parity::Writes::default(),
+            timers_at: Instant::ZERO,
             core: Lifecycle::new(config).expect("a valid configuration"),
             incarnation,
             run: Run::Up,
@@ -545,6 +599,9 @@ impl World {
                 if self.replicas[r].next_wake <= self.now {
                     self.replicas[r].next_wake = u64::MAX;
                 }
+                self.replicas[r].writes.timers_ran();
+                let local = self.replicas[r].local(self.now);
+                self.replicas[r].timers_at = Instant::from_nanos(local);
                 self.input(r, |core, t| core.handle_timeout(t))
             }
             Ev::Arrive(r, session) => self.arrive(r, session),
@@ -566,7 +623,9 @@ impl World {
             Ev::Answer(r, _, input, deadline) => {
                 let local = self.replicas[r].local(self.now);
                 if local > deadline.as_nanos() {
-                    return; // the driver dropped it at its deadline
+                    // The driver dropped it at its deadline.
+                    self.replicas[r].writes.answered(&input, false);
+                    return;
                 }
                 if let Input::Renewed { renewal, .. } = &input {
                     self.confirmed(r, *renewal);
@@ -578,7 +637,7 @@ impl World {
                 {
                     self.replicas[r].retired.claimed(*claim, key, *token);
                 }
-                self.input(r, move |core, t| core.handle(t, input).map(|_| ()));
+                self.answer_in(r, input);
             }
             Ev::Pause(r, ns) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
@@ -651,6 +710,30 @@ impl World {
         }
     }
 
+    /// Hands replica `r` the answer `input`: what it accepted is fed to its intent checks
+    /// before the commands it caused are judged (in [`drain`](Self::drain)).
+    fn answer_in(&mut self, r: usize, input: Input) {
+        let taken = !self.replicas[r].core.is_closed();
+        self.replicas[r].writes.answered(&input, taken);
+        if !taken {
+            return;
+        }
+        let before = intent::Intent::before(&self.replicas[r].core, &input);
+        let kept = (!matches!(before, intent::Before::Nothing)).then(|| input.clone());
+        match self.apply_input(r, move |core, t| core.handle(t, input).map(|_| ())) {
+            Ok(((), local)) => {
+                if let Some(input) = kept {
+                    let replica = &mut self.replicas[r];
+                    let now = Instant::from_nanos(local);
+                    replica.intent.answered(&replica.core, &input, before, now);
+                }
+                self.drain(r, local)
+            }
+            Err(sandkeeper::Error::Closed { .. }) => {}
+            Err(e) => self.fail("refused", format!("replica {r}: {e}")),
+        }
+    }
+
     /// Applies one input to replica `r` at its local time, counted; the caller drains (after
     /// noting what the answer says, before the events that follow from it).
     fn apply_input<R>(
@@ -666,6 +749,7 @@ impl World {
     fn drain(&mut self, r: usize, local: u64) {
         while let Some(cmd) = self.replicas[r].core.poll_store() {
             self.replicas[r].progress.store_command(&cmd);
+            self.replicas[r].writes.ordered(&cmd);
             if let StoreCommand::Renew { renewal, epoch, .. } = &cmd {
                 let replica = &mut self.replicas[r];
                 if *epoch != replica.epoch {
@@ -692,9 +776,18 @@ impl World {
             };
             self.push(self.now + latency * MS, Ev::StoreApply(r, inc, cmd));
         }
+        // The input's events, taken first: a salvaged snapshot is the key's before the commands
+        // that follow from it are judged (they are handled after the commands, as before).
+        let events: Vec<Event> =
+            std::iter::from_fn(|| self.replicas[r].core.poll_event()).collect();
+        let at = Instant::from_nanos(local);
+        self.replicas[r].intent.events_first(&events, at);
         while let Some(cmd) = self.replicas[r].core.poll_command() {
             if cmd.token().is_some() {
                 self.lease_valid(r, local, &format!("{cmd:?}"));
+            }
+            if let Err(v) = self.replicas[r].intent.command(&cmd, at) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
             }
             if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
                 self.fail("fenced-token-retired", format!("replica {r} {detail}"));
@@ -729,9 +822,17 @@ impl World {
             let latency = self.rng.range(1, 300);
             self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
         }
-        while let Some(ev) = self.replicas[r].core.poll_event() {
+        for ev in events {
+            if let Err(v) = self.replicas[r].intent.event(&ev) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
+            }
             self.event(r, ev);
         }
+        let replica = &mut self.replicas[r];
+        if let Err(v) = replica.intent.input_done(&replica.core, replica.timers_at) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
+        }
+        self.record_parity(Some(r), None);
         let replica = &mut self.replicas[r];
         let live = (replica.calls.values())
             .map(|(_, phase, key)| (*phase == Phase::Waiting, key.as_ref()));
@@ -776,6 +877,32 @@ impl World {
                 self.replicas[r].next_wake = at;
                 self.push(at, Ev::Wake(r));
             }
+        }
+    }
+
+    /// `record-parity` (see `parity.rs`) for the keys replica `r` owns (every replica's, when
+    /// `None`), of `only` when given.
+    fn record_parity(&mut self, r: Option<usize>, only: Option<&Key>) {
+        let broken = self.store.keys.iter().find_map(|(key, e)| {
+            if only.is_some_and(|only| only != key) {
+                return None;
+            }
+            let (inc, epoch) = e.owner?;
+            let owner = (0..self.replicas.len()).find(|r| self.replicas[*r].incarnation == inc)?;
+            let replica = &self.replicas[owner];
+            if r.is_some_and(|r| r != owner)
+                || replica.run == Run::Crashed
+                || !self.store.is_live((inc, epoch), self.now)
+            {
+                return None;
+            }
+            let (core, intent, writes) = (&replica.core, &replica.intent, &replica.writes);
+            parity::check(key, Token(e.token), &e.record, core, intent, writes)
+                .err()
+                .map(|detail| format!("replica {owner}: {detail}"))
+        });
+        if let Some(detail) = broken {
+            self.fail("record-parity", detail);
         }
     }
 
@@ -947,6 +1074,9 @@ impl World {
         if self.dropped(r, inc, &cmd, seq) {
             return;
         }
+        if let Command::Hook { .. } = cmd {
+            return self.hook_runs(r, inc, &cmd);
+        }
         let outcome = self.backend_runs(r, inc, &cmd);
         self.answer(r, inc, &cmd, outcome);
     }
@@ -1032,6 +1162,29 @@ impl World {
             self.report.marks.insert("backend-refused");
         }
         outcome
+    }
+
+    /// The application's hook `cmd` runs in its sandbox: it fails where the backend has the
+    /// sandbox no longer up; else it succeeds, fails or hangs (never answered: the core's
+    /// timeout ends it) as the seed's hook draws say.
+    fn hook_runs(&mut self, r: usize, inc: u32, cmd: &Command) {
+        let up = (self.backend.sandboxes.get(&cmd.sandbox()))
+            .is_some_and(|x| x.life == backend::Life::Up);
+        if up && self.hook_rng.chance(self.hook_hang) {
+            return;
+        }
+        let sandbox = cmd.sandbox();
+        let input = if up && !self.hook_rng.chance(self.hook_fail) {
+            Input::HookOk { sandbox }
+        } else {
+            Input::HookFailed { sandbox }
+        };
+        let deadline = cmd.deadline().expect("a hook has a deadline");
+        let latency = self.hook_rng.range(1, 200);
+        if self.recorder.is_some() {
+            self.record_backend(r, inc, cmd, &input, latency * MS);
+        }
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
     }
 
     fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
@@ -1220,6 +1373,9 @@ impl World {
         };
         if written.is_some() {
             self.records_name_nothing_swept(written.as_ref());
+        }
+        if let Some(key) = &written {
+            self.record_parity(None, Some(key));
         }
         (input, deadline)
     }
