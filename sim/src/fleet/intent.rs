@@ -327,6 +327,12 @@ impl Intent {
         for key in gone {
             self.snapshots.let_go(&key);
         }
+        // What the core forgot is no key's any more (kept short for `record-parity`).
+        for of_key in self.of_key.values_mut() {
+            if of_key.len() > 2 {
+                of_key.retain(|x| core.sandbox_state(*x).is_some());
+            }
+        }
         self.snapshots.input_done(timers_at, core.is_closed())
     }
 
