@@ -1,6 +1,9 @@
 //! What one process (one incarnation of a replica) does with its keys' sandboxes, judged by the
 //! one-process world's rules: the order of each sandbox's commands (`sandkeeper_check::Lane`),
-//! the shape of its output stream (`Outputs`), what each key keeps for its next start and when
+//! the shape of its output stream (`Outputs`), its uploads in flight (`Uploads`: one per path,
+//! none at a Stop, Shutdown or Relinquish, `Uploaded` only for the upload just acknowledged; an
+//! answer its driver dropped past its deadline ends the upload here too, leniently, though the
+//! core awaits it until its upload timeout), what each key keeps for its next start and when
 //! it lets it go (`Snapshots`, with `resume-latest-snapshot` on every Start), and its hooks
 //! (`hook-before-bind`, `hook-before-stop`, and the fleet's own `hook-not-again`).
 //!
@@ -26,7 +29,7 @@ use sandkeeper::{
     Command, Config, Event, HookPoint, Hooks, Input, Instant, Key, Lifecycle, ReleasePolicy,
     SandboxId, SandboxState, Snapshot, Token,
 };
-use sandkeeper_check::{Lane, Op, Outputs, Snapshots, Violation};
+use sandkeeper_check::{Lane, Op, Outputs, Snapshots, Uploads, Violation};
 
 /// What this process ordered for one sandbox, as the checks need it.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +71,9 @@ pub(super) struct Intent {
     /// Per key, the sandboxes started or adopted for it, oldest first (for record parity).
     pub(super) of_key: BTreeMap<Key, Vec<SandboxId>>,
     outputs: Outputs,
+    /// Uploads in flight (`one-upload-per-path`, `no-upload-after-stop`,
+    /// `uploaded-is-acknowledged`).
+    uploads: Uploads,
     /// What each key keeps for its next start.
     pub(super) snapshots: Snapshots,
 }
@@ -81,6 +87,7 @@ impl Intent {
             sandboxes: BTreeMap::new(),
             of_key: BTreeMap::new(),
             outputs: Outputs::new(),
+            uploads: Uploads::new(),
             snapshots: Snapshots::new(config.release.tiers().retain),
         }
     }
@@ -194,6 +201,7 @@ impl Intent {
                 verdict = r;
             }
         };
+        also(self.uploads.command(cmd));
         if let Some((x, op)) = Op::of(cmd) {
             let s = self.sandboxes.entry(x).or_default();
             also(s.lane.take(x, op));
@@ -287,9 +295,34 @@ impl Intent {
         verdict
     }
 
+    /// An upload's answer reaches the core (`taken`), or its driver dropped it past its
+    /// deadline: it is no longer awaited here either way (a dropped one, awaited by the core
+    /// until its upload timeout, is let go leniently).
+    pub(super) fn upload_answered(&mut self, input: &Input, taken: bool) {
+        match input {
+            Input::UploadOk { upload } => {
+                self.uploads.answered(*upload, taken);
+            }
+            Input::UploadFailed { upload, .. } => {
+                self.uploads.answered(*upload, false);
+            }
+            _ => {}
+        }
+    }
+
     /// One event.
     pub(super) fn event(&mut self, ev: &Event) -> Result<(), Violation> {
         self.outputs.event(ev)?;
+        match ev {
+            Event::Settled {
+                session,
+                path,
+                version,
+                outcome,
+            } => self.uploads.settled(session, path, version.0, outcome)?,
+            Event::Closed { .. } => self.uploads.closed(),
+            _ => {}
+        }
         if let Event::CallReady { call, sandbox } = ev {
             if let Some(s) = self.sandboxes.get(sandbox) {
                 let wanted = if s.resume_from.is_some() {

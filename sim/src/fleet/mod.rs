@@ -32,7 +32,7 @@
 //! | `record-parity` | an owned key's durable record names what its owner would continue from (`parity.rs`). Judged while the owner is quiet about the key: a live incarnation with a live lease in the store holds it under the store's token, no record write or release of it is in flight or in doubt (ordered and its answer not taken by the core; one its driver dropped, until the core's timers next ran; one answered failed, until the core writes again), and no sandbox it started or adopted for the key under that token is starting (its after hook included), stopping, persisting, shutting down, handed over or dead. Then the record's `warm` is the key's sandbox that is up (running, idle or draining; none when none is) and its snapshot is the one the key keeps for its next start (its last persist, or the one its claim was handed), by name and persisting sandbox |
 //! | `resume-latest-snapshot`, `discard-unreferenced`, `discard-after-retention`, `snapshot-released` | per incarnation, `sandkeeper_check::Snapshots` as in one process (`intent.rs`): every Start resumes exactly the snapshot its key keeps, and a Discard names one it keeps, at its retention; a claim hands the key its record's snapshot with the record's retention, and a key the process no longer owns (released, fenced) keeps nothing there. `snapshot-released` is judged at the instant the core's timers last ran (a wake-up runs them; other inputs do not) |
 //! | `hook-before-bind`, `hook-before-stop`, `hook-not-again` | per incarnation (`intent.rs`): a call is ready on a sandbox started here only after its after-start or after-resume hook succeeded; a Stop comes after its before hook, never while it runs; an adopted sandbox gets no after hook again (its first owner ran it) |
-//! | lane checks, `nothing-after-closed`, `abandon-then-shutdown` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane) and `Outputs` (`intent.rs`) |
+//! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
@@ -625,6 +625,7 @@ impl World {
                 if local > deadline.as_nanos() {
                     // The driver dropped it at its deadline.
                     self.replicas[r].writes.answered(&input, false);
+                    self.replicas[r].intent.upload_answered(&input, false);
                     return;
                 }
                 if let Input::Renewed { renewal, .. } = &input {
@@ -718,6 +719,7 @@ impl World {
         if !taken {
             return;
         }
+        self.replicas[r].intent.upload_answered(&input, true);
         let before = intent::Intent::before(&self.replicas[r].core, &input);
         let kept = (!matches!(before, intent::Before::Nothing)).then(|| input.clone());
         match self.apply_input(r, move |core, t| core.handle(t, input).map(|_| ())) {
