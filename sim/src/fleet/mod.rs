@@ -332,6 +332,9 @@ fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
         w.fail("panic", msg);
     }
     w.report.invariant = w.failed.as_ref().map(|(check, _)| check.clone());
+    if w.failed.is_some() {
+        w.record_time();
+    }
     if let (Some(spec), Some(rec)) = (spec, w.recorder.take()) {
         w.report.transcript = Some(FleetTranscript {
             config: Config {
