@@ -5,7 +5,11 @@
 //! answer its driver dropped past its deadline ends the upload here too, leniently, though the
 //! core awaits it until its upload timeout), what each key keeps for its next start and when
 //! it lets it go (`Snapshots`, with `resume-latest-snapshot` on every Start), and its hooks
-//! (`hook-before-bind`, `hook-before-stop`, and the fleet's own `hook-not-again`).
+//! (`hook-before-bind`, `hook-before-stop`, and the fleet's own `hook-not-again`). Three checks
+//! of the one-process history are kept here as it keeps them (`sim/src/history.rs`, which this
+//! world does not run): `drain-before-stop` (a first Stop comes after a Drain or a before hook),
+//! `persist-after-stop` (a Persist only once its Stop was answered ok) and `start-after-persist`
+//! (no Start for a key while its previous sandbox still stops or persists).
 //!
 //! The rules are `sandkeeper_check`'s; this file feeds them what a fleet adds:
 //!
@@ -49,6 +53,12 @@ struct Sbx {
     hook_passed: bool,
     /// A before hook was ordered for it.
     before_hook: bool,
+    /// A Drain was ordered for it.
+    drained: bool,
+    /// Stops ordered for it.
+    stops: u8,
+    /// Its Stop was answered ok while awaited.
+    stop_ok: bool,
 }
 
 /// What an answer found before the core took it (see [`Intent::before`]).
@@ -68,6 +78,9 @@ pub(super) struct Intent {
     release: ReleasePolicy,
     hooks: Hooks,
     sandboxes: BTreeMap<SandboxId, Sbx>,
+    /// Per key, its sandbox stopping or persisting (its snapshot not in yet), until its
+    /// Shutdown, Relinquish, suspension or the end of its failed way down.
+    retiring: BTreeMap<Key, SandboxId>,
     /// Per key, the sandboxes started or adopted for it, oldest first (for record parity).
     pub(super) of_key: BTreeMap<Key, Vec<SandboxId>>,
     outputs: Outputs,
@@ -85,6 +98,7 @@ impl Intent {
             release: config.release,
             hooks: config.hooks,
             sandboxes: BTreeMap::new(),
+            retiring: BTreeMap::new(),
             of_key: BTreeMap::new(),
             outputs: Outputs::new(),
             uploads: Uploads::new(),
@@ -144,6 +158,18 @@ impl Intent {
                         if let (Some((key, _)), Some(snapshot)) = (&s.key, s.persisting.clone()) {
                             self.snapshots.persisted(key, snapshot, x, now);
                         }
+                        if self.release.suspends() {
+                            // Kept suspended: its way down ended.
+                            let key = s.key.as_ref().map(|(k, _)| k);
+                            if let Some(key) = key.filter(|k| self.retiring.get(*k) == Some(&x)) {
+                                self.retiring.remove(key);
+                            }
+                        }
+                    }
+                    Input::StopOk { .. }
+                        if was == Some(SandboxState::Stopping) && core.sandbox_state(x) != was =>
+                    {
+                        s.stop_ok = true;
                     }
                     // Taken while awaited: by its deadline (the driver drops a later one), the
                     // sandbox still starting (an after hook) or stopping (a before hook), not
@@ -183,6 +209,7 @@ impl Intent {
                 if let Some(s) = self.sandboxes.get_mut(sandbox) {
                     s.lane.leave_as_is();
                 }
+                self.lets_go(*sandbox);
             }
         }
     }
@@ -215,6 +242,12 @@ impl Intent {
                 token,
                 ..
             } => {
+                if let Some(old) = self.retiring.get(key) {
+                    also(Err(Violation::new(
+                        "start-after-persist",
+                        format!("Start {sandbox} for key {key} while its previous sandbox {old} still stops or persists"),
+                    )));
+                }
                 let expected = self.snapshots.kept(key).map(|(s, by)| (s.clone(), by));
                 if resume_from.as_ref() != expected.as_ref().map(|(s, _)| s)
                     || *resumes != expected.as_ref().map(|(_, by)| *by)
@@ -247,8 +280,16 @@ impl Intent {
             Command::Persist { snapshot, .. } => {
                 if let Some(s) = self.sandboxes.get_mut(&x) {
                     s.persisting = snapshot.clone();
+                    if !s.stop_ok {
+                        also(Err(Violation::new(
+                            "persist-after-stop",
+                            format!("Persist for {x} before its Stop succeeded"),
+                        )));
+                    }
                 }
             }
+            Command::Drain { .. } => self.sandboxes.entry(x).or_default().drained = true,
+            Command::Shutdown { .. } | Command::Relinquish { .. } => self.lets_go(x),
             Command::Hook { hook, deadline, .. } => {
                 let s = self.sandboxes.entry(x).or_default();
                 if hook.is_after() && s.adopted {
@@ -271,6 +312,18 @@ impl Intent {
                 } else {
                     self.hooks.before_stop
                 };
+                let s = self.sandboxes.entry(x).or_default();
+                // A Stop ordered again after a failed one needs no new Drain.
+                if !s.drained && !s.before_hook && s.stops == 0 {
+                    also(Err(Violation::new(
+                        "drain-before-stop",
+                        format!("Stop for {x} without a Drain first"),
+                    )));
+                }
+                s.stops = s.stops.saturating_add(1);
+                if let Some((key, _)) = &s.key {
+                    self.retiring.insert(key.clone(), x);
+                }
                 let s = self.sandboxes.entry(x).or_default();
                 if let Some((point, due)) = s.hook.take() {
                     if now < due {
@@ -367,6 +420,16 @@ impl Intent {
             }
         }
         self.snapshots.input_done(timers_at, core.is_closed())
+    }
+
+    /// `x`'s way down ended (shut down, relinquished, suspended, left as it was): its key no
+    /// longer waits for it.
+    fn lets_go(&mut self, x: SandboxId) {
+        if let Some((key, _)) = self.sandboxes.get(&x).and_then(|s| s.key.as_ref()) {
+            if self.retiring.get(key) == Some(&x) {
+                self.retiring.remove(key);
+            }
+        }
     }
 
     /// The token `x` was started or adopted under, and its key.
