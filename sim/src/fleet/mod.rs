@@ -6,10 +6,10 @@
 //! The world: sessions whose calls land on any replica (the load balancer), flushes of each
 //! call's session log, the application's hooks in two fifths of the seeds (each hook point
 //! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
-//! its own so a seed without hooks runs as it did before), and faults for the first minute: replicas paused (sometimes for longer
-//! than a lease), crashed (memory lost; restarted later as a new incarnation, the store and
-//! backend kept), clocks that drift (mostly within the margin, sometimes beyond it), slow and
-//! failed store writes. Each replica's driver runs its core's commands after a latency, drops
+//! its own so a seed without hooks runs as it did before), and faults for the first minute:
+//! replicas paused (sometimes for longer than a lease), crashed (memory lost; restarted later
+//! as a new incarnation, the store and backend kept), clocks that drift (mostly within the
+//! margin, sometimes beyond it), slow and failed store writes. Each replica's driver runs its core's commands after a latency, drops
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
@@ -38,6 +38,10 @@
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
+//!
+//! Not run here: the one-process world's `Calls`, `Deadlines` and `Mirror` checkers,
+//! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
+//! counters.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
