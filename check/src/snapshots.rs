@@ -12,6 +12,11 @@
 //! retention passes, or a newer one supersedes it; the checker models exactly that, so a
 //! snapshot discarded while referenced and one kept after the core should have let it go are
 //! both seen. Keys of one call never keep a snapshot (nothing resumes them).
+//!
+//! In fleet mode a key also keeps the snapshot its claim's record handed over, until the
+//! retention that record carries ([`Snapshots::handed`]), and lets go of what it keeps, without
+//! a Discard, when the process no longer owns the key (released with its record, fenced:
+//! [`Snapshots::let_go`]); the record holds the snapshot then.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,8 +29,9 @@ use crate::violation::Violation;
 #[derive(Clone, Debug, Default)]
 pub struct Snapshots {
     retain: Option<Duration>,
-    /// Per key, the snapshot it keeps, the sandbox that persisted it and when.
-    kept: BTreeMap<Key, (Snapshot, SandboxId, Instant)>,
+    /// Per key, the snapshot it keeps, the sandbox that persisted it, when it became the key's
+    /// and when its retention ends (`None`: never).
+    kept: BTreeMap<Key, (Snapshot, SandboxId, Instant, Option<Instant>)>,
     /// Snapshots superseded in this input, still to be discarded before it ends.
     superseded: Vec<(Key, Snapshot)>,
 }
@@ -45,14 +51,41 @@ impl Snapshots {
         if matches!(key, Key::Call(_)) {
             return;
         }
-        if let Some((old, _, _)) = self.kept.insert(key.clone(), (snapshot, by, now)) {
+        let due = self.retain.map(|r| now + r);
+        if let Some((old, _, _, _)) = self.kept.insert(key.clone(), (snapshot, by, now, due)) {
             self.superseded.push((key.clone(), old));
         }
     }
 
+    /// Fleet mode: the core accepted, at `now`, a claim of `key` whose record hands over
+    /// `snapshot` (persisted by `by`), retained until `until` (the record's retention, on the
+    /// core's clock; `None`: the policy's retention from now, as the core counts it).
+    pub fn handed(
+        &mut self,
+        key: &Key,
+        snapshot: Snapshot,
+        by: SandboxId,
+        until: Option<Instant>,
+        now: Instant,
+    ) {
+        let due = self.retain.map(|r| until.unwrap_or(now + r).max(now));
+        self.kept.insert(key.clone(), (snapshot, by, now, due));
+    }
+
+    /// Fleet mode: the process no longer owns `key` (released with its record, fenced): it
+    /// keeps nothing of it here from now on, and discards nothing of it.
+    pub fn let_go(&mut self, key: &Key) {
+        self.kept.remove(key);
+    }
+
     /// What the key keeps now, if anything (for the Start checks of a caller).
     pub fn kept(&self, key: &Key) -> Option<(&Snapshot, SandboxId)> {
-        self.kept.get(key).map(|(s, by, _)| (s, *by))
+        self.kept.get(key).map(|(s, by, _, _)| (s, *by))
+    }
+
+    /// The keys that keep a snapshot now, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.kept.keys()
     }
 
     /// One command, ordered at `now`.
@@ -95,7 +128,7 @@ impl Snapshots {
                     )),
                 },
                 DiscardReason::Retention => {
-                    let Some((kept, by, at)) = self.kept.get(key) else {
+                    let Some((kept, by, at, due)) = self.kept.get(key) else {
                         return Err(Violation::new(
                             "discard-unreferenced",
                             format!("Discard of {snapshot:?} of key {key}, which keeps no snapshot (a Start took it, or it went already)"),
@@ -107,11 +140,10 @@ impl Snapshots {
                             format!("Discard of {snapshot:?} by {sandbox} of key {key}, which keeps {kept:?} by {by}"),
                         ));
                     }
-                    let due = self.retain.map(|r| *at + r);
                     if due.is_none_or(|due| now < due) {
                         return Err(Violation::new(
                             "discard-after-retention",
-                            format!("Discard of {snapshot:?} of key {key} at {now:?}, persisted at {at:?}, retention {:?}", self.retain),
+                            format!("Discard of {snapshot:?} of key {key} at {now:?}, kept since {at:?}, retained until {due:?}"),
                         ));
                     }
                     self.kept.remove(key);
@@ -137,18 +169,64 @@ impl Snapshots {
                 format!("{snapshot:?} of key {key} was superseded and not discarded"),
             ));
         }
-        let Some(retain) = self.retain else {
+        if self.retain.is_none() {
             return Ok(());
-        };
+        }
         // A scan of the kept keys: a simulation keeps a few dozen keys at most.
-        if let Some((key, (snapshot, _, at))) =
-            self.kept.iter().find(|(_, (_, _, at))| now > *at + retain)
+        if let Some((key, (snapshot, _, at, due))) = self
+            .kept
+            .iter()
+            .find(|(_, (_, _, _, due))| due.is_some_and(|due| now > due))
         {
             return Err(Violation::new(
                 "snapshot-released",
-                format!("key {key} still keeps {snapshot:?} at {now:?}, persisted at {at:?} with retention {retain:?}"),
+                format!("key {key} still keeps {snapshot:?} at {now:?}, kept since {at:?}, retained until {due:?}"),
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::check;
+
+    fn discard(key: &Key, snapshot: &Snapshot, by: SandboxId) -> Command {
+        Command::Discard {
+            sandbox: by,
+            key: key.clone(),
+            snapshot: snapshot.clone(),
+            reason: DiscardReason::Retention,
+            token: None,
+        }
+    }
+
+    /// A snapshot a claim handed over is retained until its record says, not the policy's
+    /// retention from the claim; once the key is let go, a Discard of it is unreferenced.
+    #[test]
+    fn a_handed_snapshot_keeps_its_records_retention_until_let_go() {
+        let s = sandkeeper::SessionId::new("s").unwrap();
+        let key = Key::Session(s);
+        let (snap, by) = (Snapshot::new("snap-1"), SandboxId(1));
+        let at = |ms| Instant::from_millis(ms);
+        let mut c = Snapshots::new(Some(Duration::from_secs(10)));
+        c.handed(&key, snap.clone(), by, Some(at(3_000)), at(1_000));
+        assert_eq!(c.input_done(at(2_000), false), Ok(()));
+        assert_eq!(
+            check(c.command(&discard(&key, &snap, by), at(2_999))),
+            "discard-after-retention"
+        );
+        assert_eq!(check(c.input_done(at(3_001), false)), "snapshot-released");
+        assert_eq!(check(c.command(&discard(&key, &snap, by), at(3_001))), "ok");
+
+        c.handed(&key, snap.clone(), by, None, at(5_000));
+        c.let_go(&key);
+        assert_eq!(c.keys().count(), 0);
+        assert_eq!(c.input_done(at(60_000), false), Ok(()));
+        assert_eq!(
+            check(c.command(&discard(&key, &snap, by), at(60_000))),
+            "discard-unreferenced"
+        );
     }
 }

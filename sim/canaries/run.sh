@@ -21,6 +21,11 @@ trap 'rm -rf "$scratch/work"' EXIT
 work="$scratch/work"
 mkdir -p "$work"
 (cd "$root" && tar --exclude=./target --exclude=./.git -cf - .) | (cd "$work" && tar -xf -)
+# A target directory kept from an earlier run (CANARY_TARGET_DIR) may hold a build of the last
+# patch it applied, newer than these copies (tar keeps their times): touched, they are rebuilt,
+# never taken for that build (a patch of the simulator alone, f01, ran on the last run's
+# patched core).
+find "$work" -name '*.rs' -exec touch {} +
 export CARGO_TARGET_DIR="${CANARY_TARGET_DIR:-$scratch/target}"
 sim="$CARGO_TARGET_DIR/release/sim"
 failed=0

@@ -7,7 +7,8 @@
 //! change from a token older than one it had seen.
 //!
 //! Not modelled: start and stop latency inside the backend (the world's schedule gives each
-//! command its latency), deaths (the one-process world covers them), hooks.
+//! command its latency), deaths (the one-process world covers them), hooks (the application's
+//! work, which the world runs itself: `World::hook_runs`).
 
 use std::collections::BTreeMap;
 

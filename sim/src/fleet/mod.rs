@@ -4,10 +4,12 @@
 //! unchanged.
 //!
 //! The world: sessions whose calls land on any replica (the load balancer), flushes of each
-//! call's session log, and faults for the first minute: replicas paused (sometimes for longer
-//! than a lease), crashed (memory lost; restarted later as a new incarnation, the store and
-//! backend kept), clocks that drift (mostly within the margin, sometimes beyond it), slow and
-//! failed store writes. Each replica's driver runs its core's commands after a latency, drops
+//! call's session log, the application's hooks in two fifths of the seeds (each hook point
+//! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
+//! its own so a seed without hooks runs as it did before), and faults for the first minute:
+//! replicas paused (sometimes for longer than a lease), crashed (memory lost; restarted later
+//! as a new incarnation, the store and backend kept), clocks that drift (mostly within the
+//! margin, sometimes beyond it), slow and failed store writes. Each replica's driver runs its core's commands after a latency, drops
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
@@ -27,17 +29,28 @@
 //! | `record-swept` | no key's durable record names a sandbox or snapshot the sweep removed (checked after every sweep and every record write) |
 //! | `retention` | no snapshot is swept before its retention ends: the one its key's record gives it, else the one its Persist recorded |
 //! | `fenced-token-retired` | once a replica reported a key fenced, or its lease epoch moved on (the lease lapsed), it orders nothing more under the token it held for that key: no sandbox command, no record write, no release |
+//! | `record-parity` | an owned key's durable record names what its owner would continue from (`parity.rs`). Judged while the owner is quiet about the key: a live incarnation with a live lease in the store holds it under the store's token, no record write or release of it is in flight or in doubt (ordered and its answer not taken by the core; one its driver dropped, until the core's timers next ran; one answered failed, until the core writes again), and no sandbox it started or adopted for the key under that token is starting (its after hook included), stopping, persisting, shutting down, handed over or dead. Then the record's `warm` is the key's sandbox that is up (running, idle or draining; none when none is) and its snapshot is the one the key keeps for its next start (its last persist, or the one its claim was handed), by name and persisting sandbox |
+//! | `resume-latest-snapshot`, `discard-unreferenced`, `discard-after-retention`, `snapshot-released` | per incarnation, `sandkeeper_check::Snapshots` as in one process (`intent.rs`): every Start resumes exactly the snapshot its key keeps, and a Discard names one it keeps, at its retention; a claim hands the key its record's snapshot with the record's retention, and a key the process no longer owns (released, fenced) keeps nothing there. `snapshot-released` is judged at the instant the core's timers last ran (a wake-up runs them; other inputs do not) |
+//! | `hook-before-bind`, `hook-before-stop`, `hook-not-again` | per incarnation (`intent.rs`): a call is ready on a sandbox started here only after its after-start or after-resume hook succeeded; a Stop comes after its before hook, never while it runs; an adopted sandbox gets no after hook again (its first owner ran it) |
+//! | `drain-before-stop`, `persist-after-stop`, `start-after-persist` | per incarnation, as the one-process history judges them (`intent.rs`): a first Stop after a Drain or a before hook, a Persist only once its Stop was answered ok, no Start for a key while its previous sandbox stops or persists |
+//! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
+//!
+//! Not run here: the one-process world's `Calls`, `Deadlines` and `Mirror` checkers,
+//! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
+//! counters.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod intent;
 mod names;
+mod parity;
 mod retired;
 pub(crate) mod script;
 mod store;
@@ -50,9 +63,9 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Input, Instant, Key, KeyRecord,
-    Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
-    StoreCommand, UploadId,
+    CallId, CallSpec, Command, Config, Event, FenceReason, Fleet, Hooks, Input, Instant, Key,
+    KeyRecord, Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
+    StoreCommand, SuspendHookFailure, Token, UploadId,
 };
 use sandkeeper_check::{Progress, Versions};
 
@@ -172,6 +185,13 @@ struct Replica {
     retired: retired::Retired,
     /// What holds back each key with a queued call (`progress`, `wait-timeout-held`).
     progress: Progress,
+    /// What it does with its keys' sandboxes: lanes, outputs, snapshots, hooks (`intent`).
+    intent: intent::Intent,
+    /// Its record writes and releases in flight (`record-parity`).
+    writes: parity::Writes,
+    /// When its core's timers last ran (its clock): a wake-up runs every timer due; other
+    /// inputs run none but the lease's lapse.
+    timers_at: Instant,
 }
 
 impl Replica {
@@ -252,6 +272,12 @@ struct World {
     calm_from: Option<u64>,
     /// The run written out as a scenario, when asked for.
     recorder: Option<Box<transcript::Recorder>>,
+    /// The application's hooks: how they end (a stream of their own, so that a seed without
+    /// hooks draws as it did before there were any).
+    hook_rng: Rng,
+    /// Per mille of hooks that fail, and that hang (never answered: their timeout ends them).
+    hook_fail: u32,
+    hook_hang: u32,
 }
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
@@ -264,6 +290,30 @@ pub(crate) fn key_of(scope: Scope, call: &CallId, session: &SessionId) -> Option
         Scope::Global => Some(Key::Global),
         Scope::User => None,
     }
+}
+
+/// The hooks of a seed's fleet (in two fifths of the seeds, as in one process: each hook point
+/// configured or not, with its timeout), and the per mille of hooks that fail and that hang.
+fn draw_hooks(rng: &mut Rng) -> (Hooks, u32, u32) {
+    if !rng.chance(400) {
+        return (Hooks::default(), 0, 0);
+    }
+    let mut hook = || {
+        rng.chance(700)
+            .then(|| Duration::from_millis(rng.range(50, 2_000)))
+    };
+    let hooks = Hooks {
+        after_start: hook(),
+        after_resume: hook(),
+        before_suspend: hook(),
+        before_stop: hook(),
+        on_suspend_failure: if rng.chance(500) {
+            SuspendHookFailure::Shutdown
+        } else {
+            SuspendHookFailure::Suspend
+        },
+    };
+    (hooks, rng.range(0, 300) as u32, rng.range(0, 100) as u32)
 }
 
 /// Runs one fleet seed.
@@ -287,6 +337,9 @@ fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
         w.fail("panic", msg);
     }
     w.report.invariant = w.failed.as_ref().map(|(check, _)| check.clone());
+    if w.failed.is_some() {
+        w.record_time();
+    }
     if let (Some(spec), Some(rec)) = (spec, w.recorder.take()) {
         w.report.transcript = Some(FleetTranscript {
             config: Config {
@@ -334,6 +387,9 @@ impl World {
             fleet: Some(fleet),
             ..Config::default()
         };
+        let mut hook_rng = Rng::new(seed ^ 0x4006_5eed);
+        let (hooks, hook_fail, hook_hang) = draw_hooks(&mut hook_rng);
+        let config = Config { hooks, ..config };
         let sessions = (0..rng.range(2, 6))
             .map(|i| SessionId::new(format!("s{i}")).expect("a valid name"))
             .collect();
@@ -365,6 +421,9 @@ impl World {
             names: opts.transcript.then(names::Names::default),
             calm_from: Some(FAULTS_NS),
             recorder: opts.transcript.then(Default::default),
+            hook_rng,
+            hook_fail,
+            hook_hang,
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
@@ -434,6 +493,9 @@ impl World {
         };
         Replica {
             progress: Progress::new(&config),
+            intent: intent::Intent::new(&config),
+            writes: parity::Writes::default(),
+            timers_at: Instant::ZERO,
             core: Lifecycle::new(config).expect("a valid configuration"),
             incarnation,
             run: Run::Up,
@@ -545,6 +607,9 @@ impl World {
                 if self.replicas[r].next_wake <= self.now {
                     self.replicas[r].next_wake = u64::MAX;
                 }
+                self.replicas[r].writes.timers_ran();
+                let local = self.replicas[r].local(self.now);
+                self.replicas[r].timers_at = Instant::from_nanos(local);
                 self.input(r, |core, t| core.handle_timeout(t))
             }
             Ev::Arrive(r, session) => self.arrive(r, session),
@@ -566,7 +631,10 @@ impl World {
             Ev::Answer(r, _, input, deadline) => {
                 let local = self.replicas[r].local(self.now);
                 if local > deadline.as_nanos() {
-                    return; // the driver dropped it at its deadline
+                    // The driver dropped it at its deadline.
+                    self.replicas[r].writes.answered(&input, false);
+                    self.replicas[r].intent.upload_answered(&input, false);
+                    return;
                 }
                 if let Input::Renewed { renewal, .. } = &input {
                     self.confirmed(r, *renewal);
@@ -578,7 +646,7 @@ impl World {
                 {
                     self.replicas[r].retired.claimed(*claim, key, *token);
                 }
-                self.input(r, move |core, t| core.handle(t, input).map(|_| ()));
+                self.answer_in(r, input);
             }
             Ev::Pause(r, ns) => {
                 if self.replicas[r].run == Run::Up && !self.replicas[r].closed {
@@ -651,6 +719,31 @@ impl World {
         }
     }
 
+    /// Hands replica `r` the answer `input`: what it accepted is fed to its intent checks
+    /// before the commands it caused are judged (in [`drain`](Self::drain)).
+    fn answer_in(&mut self, r: usize, input: Input) {
+        let taken = !self.replicas[r].core.is_closed();
+        self.replicas[r].writes.answered(&input, taken);
+        if !taken {
+            return;
+        }
+        self.replicas[r].intent.upload_answered(&input, true);
+        let before = intent::Intent::before(&self.replicas[r].core, &input);
+        let kept = (!matches!(before, intent::Before::Nothing)).then(|| input.clone());
+        match self.apply_input(r, move |core, t| core.handle(t, input).map(|_| ())) {
+            Ok(((), local)) => {
+                if let Some(input) = kept {
+                    let replica = &mut self.replicas[r];
+                    let now = Instant::from_nanos(local);
+                    replica.intent.answered(&replica.core, &input, before, now);
+                }
+                self.drain(r, local)
+            }
+            Err(sandkeeper::Error::Closed { .. }) => {}
+            Err(e) => self.fail("refused", format!("replica {r}: {e}")),
+        }
+    }
+
     /// Applies one input to replica `r` at its local time, counted; the caller drains (after
     /// noting what the answer says, before the events that follow from it).
     fn apply_input<R>(
@@ -666,6 +759,7 @@ impl World {
     fn drain(&mut self, r: usize, local: u64) {
         while let Some(cmd) = self.replicas[r].core.poll_store() {
             self.replicas[r].progress.store_command(&cmd);
+            self.replicas[r].writes.ordered(&cmd);
             if let StoreCommand::Renew { renewal, epoch, .. } = &cmd {
                 let replica = &mut self.replicas[r];
                 if *epoch != replica.epoch {
@@ -675,7 +769,7 @@ impl World {
                 }
                 replica.renewals.insert(*renewal, (local, *epoch));
             } else {
-                self.lease_valid(r, local, &format!("{cmd:?}"));
+                self.lease_valid(r, local, &cmd);
                 if let Err(detail) = self.replicas[r].retired.store_ordered(&cmd) {
                     self.fail("fenced-token-retired", format!("replica {r} {detail}"));
                 }
@@ -692,9 +786,18 @@ impl World {
             };
             self.push(self.now + latency * MS, Ev::StoreApply(r, inc, cmd));
         }
+        // The input's events, taken first: a salvaged snapshot is the key's before the commands
+        // that follow from it are judged (they are handled after the commands, as before).
+        let events: Vec<Event> =
+            std::iter::from_fn(|| self.replicas[r].core.poll_event()).collect();
+        let at = Instant::from_nanos(local);
+        self.replicas[r].intent.events_first(&events, at);
         while let Some(cmd) = self.replicas[r].core.poll_command() {
             if cmd.token().is_some() {
-                self.lease_valid(r, local, &format!("{cmd:?}"));
+                self.lease_valid(r, local, &cmd);
+            }
+            if let Err(v) = self.replicas[r].intent.command(&cmd, at) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
             }
             if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
                 self.fail("fenced-token-retired", format!("replica {r} {detail}"));
@@ -729,9 +832,17 @@ impl World {
             let latency = self.rng.range(1, 300);
             self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
         }
-        while let Some(ev) = self.replicas[r].core.poll_event() {
+        for ev in events {
+            if let Err(v) = self.replicas[r].intent.event(&ev) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
+            }
             self.event(r, ev);
         }
+        let replica = &mut self.replicas[r];
+        if let Err(v) = replica.intent.input_done(&replica.core, replica.timers_at) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
+        }
+        self.record_parity(Some(r), None);
         let replica = &mut self.replicas[r];
         let live = (replica.calls.values())
             .map(|(_, phase, key)| (*phase == Phase::Waiting, key.as_ref()));
@@ -779,14 +890,53 @@ impl World {
         }
     }
 
-    /// `lease-valid`: replica `r` may order this only under a lease valid by its own clock.
-    fn lease_valid(&mut self, r: usize, local: u64, what: &str) {
+    /// `record-parity` (see `parity.rs`) for the keys replica `r` owns (every replica's, when
+    /// `None`), of `only` when given.
+    fn record_parity(&mut self, r: Option<usize>, only: Option<&Key>) {
+        let mut broken = None;
+        for (key, e) in &self.store.keys {
+            if only.is_some_and(|only| only != key) {
+                continue;
+            }
+            let Some((inc, epoch)) = e.owner else {
+                continue;
+            };
+            let owner = match r {
+                Some(r) if self.replicas[r].incarnation == inc => r,
+                Some(_) => continue,
+                None => {
+                    match (0..self.replicas.len()).find(|r| self.replicas[*r].incarnation == inc) {
+                        Some(owner) => owner,
+                        None => continue,
+                    }
+                }
+            };
+            let replica = &self.replicas[owner];
+            if replica.run == Run::Crashed || !self.store.is_live((inc, epoch), self.now) {
+                continue;
+            }
+            let (core, intent, writes) = (&replica.core, &replica.intent, &replica.writes);
+            if let Err(detail) = parity::check(key, Token(e.token), &e.record, core, intent, writes)
+            {
+                broken = Some(format!("replica {owner}: {detail}"));
+                break;
+            }
+        }
+        if let Some(detail) = broken {
+            self.fail("record-parity", detail);
+        }
+    }
+
+    /// `lease-valid`: replica `r` may order `what` only under a lease valid by its own clock.
+    /// (`what` is printed only when the check breaks: formatting every command cost a tenth of
+    /// a seed's time.)
+    fn lease_valid(&mut self, r: usize, local: u64, what: &dyn std::fmt::Debug) {
         let valid = self.replicas[r].valid_until;
         if valid.is_none_or(|until| local >= until) {
             self.fail(
                 "lease-valid",
                 format!(
-                    "replica {r} ordered {what} at {} ms (its clock) with its lease valid until {:?}",
+                    "replica {r} ordered {what:?} at {} ms (its clock) with its lease valid until {:?}",
                     local / MS,
                     valid.map(|v| v / MS)
                 ),
@@ -948,6 +1098,9 @@ impl World {
         if self.dropped(r, inc, &cmd, seq) {
             return;
         }
+        if let Command::Hook { .. } = cmd {
+            return self.hook_runs(r, inc, &cmd);
+        }
         let outcome = self.backend_runs(r, inc, &cmd);
         self.answer(r, inc, &cmd, outcome);
     }
@@ -1033,6 +1186,29 @@ impl World {
             self.report.marks.insert("backend-refused");
         }
         outcome
+    }
+
+    /// The application's hook `cmd` runs in its sandbox: it fails where the backend has the
+    /// sandbox no longer up; else it succeeds, fails or hangs (never answered: the core's
+    /// timeout ends it) as the seed's hook draws say.
+    fn hook_runs(&mut self, r: usize, inc: u32, cmd: &Command) {
+        let up = (self.backend.sandboxes.get(&cmd.sandbox()))
+            .is_some_and(|x| x.life == backend::Life::Up);
+        if up && self.hook_rng.chance(self.hook_hang) {
+            return;
+        }
+        let sandbox = cmd.sandbox();
+        let input = if up && !self.hook_rng.chance(self.hook_fail) {
+            Input::HookOk { sandbox }
+        } else {
+            Input::HookFailed { sandbox }
+        };
+        let deadline = cmd.deadline().expect("a hook has a deadline");
+        let latency = self.hook_rng.range(1, 200);
+        if self.recorder.is_some() {
+            self.record_backend(r, inc, cmd, &input, latency * MS);
+        }
+        self.push(self.now + latency * MS, Ev::Answer(r, inc, input, deadline));
     }
 
     fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
@@ -1221,6 +1397,9 @@ impl World {
         };
         if written.is_some() {
             self.records_name_nothing_swept(written.as_ref());
+        }
+        if let Some(key) = &written {
+            self.record_parity(None, Some(key));
         }
         (input, deadline)
     }

@@ -89,6 +89,25 @@ impl World {
         });
     }
 
+    /// Writes the time that passed up to now, and what came due at now, with no step after it:
+    /// the end of a failing run, so that its replay reaches the event that broke the check
+    /// before the scenario's end changes the world (every store link `auto`).
+    pub(super) fn record_time(&mut self) {
+        let now = self.now;
+        let Some(rec) = self.recorder.as_mut() else {
+            return;
+        };
+        let at_target = if rec.due_at == now { rec.due } else { 0 };
+        if now > rec.at || at_target > 0 {
+            rec.steps.push(Step::Fleet(FleetStep::Advance {
+                by: Duration::from_nanos(now - rec.at),
+                at_target,
+            }));
+            rec.at = now;
+            rec.due = 0;
+        }
+    }
+
     /// Which run of replica `r` incarnation `inc` is, when it is not the current one.
     fn run_of(&self, r: usize, inc: u32) -> Option<usize> {
         if inc == self.replicas[r].incarnation {

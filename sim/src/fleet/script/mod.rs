@@ -114,6 +114,10 @@ impl World {
             names: Some(super::names::Names::default()),
             calm_from: spec.calm_after.map(ns),
             recorder: None,
+            // A scenario's steps answer its hooks.
+            hook_rng: Rng::new(0),
+            hook_fail: 0,
+            hook_hang: 0,
             script: Some(Box::new(Script {
                 links: vec![spec.link; spec.replicas],
                 held: Vec::new(),
