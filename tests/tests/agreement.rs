@@ -352,7 +352,12 @@ impl ScriptState {
         if kind != OpKind::Stop {
             return Reply::Ok(None);
         }
-        let mine = || self.log.iter().filter(|(x, _)| *x == sandbox).map(|(_, c)| c);
+        let mine = || {
+            self.log
+                .iter()
+                .filter(|(x, _)| *x == sandbox)
+                .map(|(_, c)| c)
+        };
         let suspends = mine()
             .rev()
             .find_map(|c| match c {
@@ -360,7 +365,15 @@ impl ScriptState {
                 _ => None,
             })
             .unwrap_or(false);
-        let resumed = mine().any(|c| matches!(c, Cmd::Start { resume_from: Some(_), .. }));
+        let resumed = mine().any(|c| {
+            matches!(
+                c,
+                Cmd::Start {
+                    resume_from: Some(_),
+                    ..
+                }
+            )
+        });
         if suspends || resumed {
             Reply::Ok(Some(Snapshot::new(format!("kept-{}", sandbox.0))))
         } else {

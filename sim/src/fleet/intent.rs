@@ -45,6 +45,8 @@ struct Sbx {
     adopted: bool,
     /// The snapshot its Start resumed.
     resume_from: Option<Snapshot>,
+    /// The sandbox that persisted it (the Start's `resumes`).
+    resumes: Option<SandboxId>,
     /// The snapshot its Persist keeps.
     persisting: Option<Snapshot>,
     /// Its hook outstanding: which, and its deadline.
@@ -193,7 +195,8 @@ impl Intent {
 
     /// The events of an input, before its commands are judged: a way down that failed with a
     /// snapshot salvaged leaves the key that snapshot (a superseded one's Discard comes among
-    /// the commands).
+    /// the commands); a resumed start that failed gives its key back the snapshot it took,
+    /// persisted by the sandbox it continued.
     pub(super) fn events_first(&mut self, events: &[Event], now: Instant) {
         for ev in events {
             if let Event::WayDownFailed {
@@ -202,8 +205,13 @@ impl Intent {
                 kept: Some(snapshot),
             } = ev
             {
-                self.snapshots
-                    .persisted(key, snapshot.clone(), *sandbox, now);
+                let given_back = self
+                    .sandboxes
+                    .get(sandbox)
+                    .filter(|s| s.resume_from.as_ref() == Some(snapshot))
+                    .and_then(|s| s.resumes);
+                let by = given_back.unwrap_or(*sandbox);
+                self.snapshots.persisted(key, snapshot.clone(), by, now);
             }
             if let Event::WayDownFailed { sandbox, .. } = ev {
                 if let Some(s) = self.sandboxes.get_mut(sandbox) {
@@ -261,6 +269,7 @@ impl Intent {
                 let s = self.sandboxes.entry(*sandbox).or_default();
                 s.key = Some((key.clone(), *token));
                 s.resume_from = resume_from.clone();
+                s.resumes = *resumes;
                 self.of_key.entry(key.clone()).or_default().push(*sandbox);
             }
             Command::Adopt {
