@@ -88,6 +88,13 @@ pub struct Conservation {
     closing: bool,
     /// Sandboxes started (or adopted) in this input, and what from.
     starts: Vec<(SandboxId, StartedFrom)>,
+    /// The snapshot each sandbox's Stop took.
+    stopped_into: FxHashMap<SandboxId, Snapshot>,
+    /// The sandbox each resumed snapshot went into (the last Start that took it).
+    taken: FxHashMap<Snapshot, SandboxId>,
+    /// The key of every sandbox of a followed key seen, live or not (an acknowledgement may
+    /// come after its sandbox stopped).
+    key_of: FxHashMap<SandboxId, Key>,
     /// Work acknowledged so far (for the coverage of a run).
     pub acknowledged: u64,
     /// Work excused so far, by a documented excuse.
@@ -129,18 +136,38 @@ impl Conservation {
                 resume_from,
                 ..
             } => {
-                // The Start takes the snapshot: from now on the sandbox holds what it held.
-                let content = resume_from
-                    .as_ref()
-                    .and_then(|s| self.snapshots.remove(s))
-                    .map(|(_, c)| c);
+                // The Start takes the snapshot: from now on the sandbox holds what it held. A
+                // snapshot an earlier Start took already (its process ended before any record
+                // named that sandbox) is found where that Start put it, as the backends do (the
+                // local backend's `took_snapshot`; on Kubernetes it is the same claim), and
+                // moves on from there.
+                let content = resume_from.as_ref().and_then(|s| {
+                    let kept = self.snapshots.remove(s).map(|(_, c)| c);
+                    kept.or_else(|| {
+                        let by = self.taken.get(s)?;
+                        self.sandboxes.remove(by).map(|w| w.content)
+                    })
+                });
+                if let Some(s) = resume_from {
+                    self.taken.insert(s.clone(), *sandbox);
+                }
                 let from = StartedFrom::Snapshot(resume_from.clone());
                 self.begin(*sandbox, key, content, resume_from.is_some(), from);
             }
             // Fleet mode: the sandbox its key's last owner ran (or handed over) goes on here,
             // with what it holds.
             Command::Adopt { sandbox, key, .. } => {
-                let content = self.sandboxes.get(sandbox).map(|w| w.content.clone());
+                // Up as its last owner left it, or stopped by it (and taken back, from the
+                // snapshot its Stop took, as the backends do).
+                let content = match self.sandboxes.get(sandbox) {
+                    Some(w) => Some(w.content.clone()),
+                    None => {
+                        let snapshot = self.stopped_into.get(sandbox).cloned();
+                        snapshot
+                            .and_then(|s| self.snapshots.remove(&s))
+                            .map(|(_, c)| c)
+                    }
+                };
                 self.begin(*sandbox, key, content, true, StartedFrom::Adopted);
             }
             Command::Stop {
@@ -181,6 +208,7 @@ impl Conservation {
         if !followed(key) {
             return;
         }
+        self.key_of.insert(sandbox, key.clone());
         self.sandboxes.insert(
             sandbox,
             Workspace {
@@ -235,6 +263,7 @@ impl Conservation {
         };
         if let Some(w) = self.sandboxes.remove(&sandbox) {
             self.unpersisted.insert(sandbox, s.clone());
+            self.stopped_into.insert(sandbox, s.clone());
             self.snapshots.insert(s.clone(), (w.key, w.content));
         }
     }
@@ -245,20 +274,53 @@ impl Conservation {
         self.unpersisted.remove(&sandbox);
     }
 
-    /// Work acknowledged into `sandbox` (a version settled `Uploaded` into it, an operation in
-    /// it that returned ok): its key owes it from now on.
-    pub fn acknowledged(&mut self, sandbox: SandboxId, work: Work, version: u64) {
+    /// `sandbox` took a write of `work` at `version` (a version's upload landed, an operation
+    /// wrote): what it holds of that work is that version now, older or newer (a write
+    /// replaces the file). Whether anything was acknowledged is [`acknowledged`]'s.
+    ///
+    /// [`acknowledged`]: Conservation::acknowledged
+    pub fn written(&mut self, sandbox: SandboxId, work: Work, version: u64) {
         let Some(w) = self.sandboxes.get_mut(&sandbox) else {
             return;
         };
-        raise(&mut w.content, &work, version);
-        if let Some(owed) = self.owed.get_mut(&w.key) {
+        w.content.insert(work, version);
+        self.dirty.push(w.key.clone());
+    }
+
+    /// Work acknowledged into `sandbox` (a version settled `Uploaded` into it, an operation in
+    /// it that returned ok): its key owes it from now on. What the sandbox holds is
+    /// [`written`](Conservation::written)'s.
+    pub fn acknowledged(&mut self, sandbox: SandboxId, work: Work, version: u64) {
+        let Some(key) = self.key_of.get(&sandbox) else {
+            return;
+        };
+        if let Some(owed) = self.owed.get_mut(key) {
             raise(owed, &work, version);
         } else {
             self.owed
-                .insert(w.key.clone(), Content::from([(work, version)]));
+                .insert(key.clone(), Content::from([(work, version)]));
         }
+        self.dirty.push(key.clone());
         self.acknowledged += 1;
+    }
+
+    /// Fleet mode: the sweep removed `sandbox` (nothing of a live owner, nothing a record
+    /// names): it holds nothing any more, and nothing is excused.
+    pub fn swept_sandbox(&mut self, sandbox: SandboxId) {
+        if let Some(w) = self.sandboxes.remove(&sandbox) {
+            self.dirty.push(w.key);
+        }
+    }
+
+    /// Fleet mode: the sweep removed `snapshot`; `retention_over`: its retention had ended
+    /// (which excuses what only it held).
+    pub fn swept_snapshot(&mut self, snapshot: &Snapshot, retention_over: bool) {
+        if let Some((key, content)) = self.snapshots.remove(snapshot) {
+            if retention_over {
+                self.excuse_unheld(&key, &content);
+            }
+            self.dirty.push(key);
+        }
     }
 
     /// The backend reported `sandbox`'s storage destroyed (a death, not only its instance):
@@ -287,11 +349,19 @@ impl Conservation {
 
     /// The core left `sandbox` to the backend as it was, its way down failed, and said so
     /// (`WayDownFailed`); `kept` is the snapshot its key keeps of it, if any.
+    ///
+    /// A kept snapshot this checker no longer has is the one the sandbox's own Start took and
+    /// its key got back (a resumed start that failed): it holds what the sandbox held.
     pub fn left(&mut self, sandbox: SandboxId, kept: Option<&Snapshot>) {
         self.unpersisted.remove(&sandbox);
         if let Some(w) = self.sandboxes.remove(&sandbox) {
-            if kept.is_none() {
-                self.excuse_unheld(&w.key, &w.content);
+            match kept {
+                None => self.excuse_unheld(&w.key, &w.content),
+                Some(s) if !self.snapshots.contains_key(s) => {
+                    let key = w.key.clone();
+                    self.snapshots.insert(s.clone(), (key, w.content));
+                }
+                Some(_) => {}
             }
             self.dirty.push(w.key);
         }

@@ -689,8 +689,9 @@ impl History {
         });
         if up {
             self.operations_done += 1;
-            self.conservation
-                .acknowledged(x, Work::Operation(self.operations_done), 1);
+            let work = Work::Operation(self.operations_done);
+            self.conservation.written(x, work.clone(), 1);
+            self.conservation.acknowledged(x, work, 1);
         }
     }
 
@@ -1102,11 +1103,11 @@ impl History {
                 }
                 match outcome {
                     Settlement::Uploaded { sandbox } => {
-                        self.conservation.acknowledged(
-                            *sandbox,
-                            Work::Version(session.clone(), path.clone()),
-                            version.0,
-                        );
+                        // The one-process world keeps no backend content: what settled
+                        // `Uploaded` is what landed.
+                        let work = Work::Version(session.clone(), path.clone());
+                        self.conservation.written(*sandbox, work.clone(), version.0);
+                        self.conservation.acknowledged(*sandbox, work, version.0);
                         let acknowledged = self.uploads.settled(session, path, version.0, outcome);
                         if let Err(v) = acknowledged {
                             self.fail(v.check, v.detail);

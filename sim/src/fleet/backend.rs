@@ -6,6 +6,9 @@
 //! backend; the sandbox's own list is what the simulator checks: no sandbox ever accepted a
 //! change from a token older than one it had seen.
 //!
+//! An Adopt of a sandbox whose owner stopped it (and crashed before its record said so) takes
+//! the workspace back, as the local backend does.
+//!
 //! Not modelled: start and stop latency inside the backend (the world's schedule gives each
 //! command its latency), deaths (the one-process world covers them), hooks (the application's
 //! work, which the world runs itself: `World::hook_runs`).
@@ -69,6 +72,8 @@ pub struct Backend {
     pub snapshots: BTreeMap<String, Kept>,
     /// The newest token seen for each key.
     pub keys: BTreeMap<Key, u64>,
+    /// Snapshots a Start took (their workspace moved into its sandbox).
+    pub taken: std::collections::BTreeSet<String>,
     /// The fencing check (off only in the canary that shows the simulator needs it).
     pub fencing: bool,
     /// Commands refused for an old token.
@@ -84,6 +89,7 @@ impl Backend {
             sandboxes: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             keys: BTreeMap::new(),
+            taken: Default::default(),
             fencing,
             refusals: 0,
             violation: None,
@@ -116,6 +122,7 @@ impl Backend {
                 if let Some(snapshot) = resume_from {
                     // The start takes the snapshot (gone already: a fresh workspace).
                     self.snapshots.remove(snapshot.as_str());
+                    self.taken.insert(snapshot.as_str().to_string());
                 }
                 self.sandboxes.insert(
                     *sandbox,
@@ -127,9 +134,28 @@ impl Backend {
                 );
                 Outcome::Ok(None)
             }
-            Command::Adopt { sandbox, .. } | Command::Upload { sandbox, .. } => {
+            Command::Upload { sandbox, .. } => match self.sandboxes.get(sandbox).map(|x| &x.life) {
+                Some(Life::Up) => self.change(*sandbox, token, None),
+                _ => Outcome::Gone,
+            },
+            // An adoption of a sandbox its crashed owner had stopped takes its workspace back
+            // (the local backend renames the stopped workspace back; on Kubernetes a Stop
+            // leaves the claim): it is up again, its snapshot no longer kept.
+            Command::Adopt { sandbox, .. } => {
                 match self.sandboxes.get(sandbox).map(|x| &x.life) {
                     Some(Life::Up) => self.change(*sandbox, token, None),
+                    // Unless a Start took that snapshot since (renamed into another sandbox):
+                    // nothing is left here to take back.
+                    Some(Life::Stopped) if self.taken.contains(&format!("snap-{sandbox}")) => {
+                        Outcome::Gone
+                    }
+                    Some(Life::Stopped) => {
+                        let done = self.change(*sandbox, token, Some(Life::Up));
+                        if done == Outcome::Ok(None) {
+                            self.snapshots.retain(|_, kept| kept.by != *sandbox);
+                        }
+                        done
+                    }
                     _ => Outcome::Gone,
                 }
             }

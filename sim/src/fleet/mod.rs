@@ -36,12 +36,24 @@
 //! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
+//! | `conservation` (opt-in: `SIM_FLEET_CONSERVATION=1`) | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
 //! Not run here: the one-process world's `Calls`, `Deadlines` and `Mirror` checkers,
 //! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
 //! counters.
+//!
+//! `conservation` is not in the default batch yet: with it, 1,534 of 10,000 seeds of three
+//! replicas fail (1,207 by a start with no `resume_from` while the key owes work, 154 by a
+//! resume of a snapshot that lacks it, 173 by a loss between starts). The first it found were
+//! the simulated backend's, not the core's, and are fixed here (a start resumes a snapshot an
+//! earlier start took from where that start put it; an adoption takes back the workspace its
+//! crashed owner stopped, as the local backend does). The one remaining failure examined in full
+//! (seed 3) is a real loss the local driver shares: the key's record still names a warm sandbox
+//! its owner has since suspended and resumed as another (the core writes no record while the
+//! key's sandbox starts), the owner pauses past its lease in that window, and the next owner's
+//! adoption finds nothing to take back and starts afresh. The others are not examined yet.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
@@ -67,7 +79,7 @@ use sandkeeper::{
     KeyRecord, Lifecycle, PathName, Payload, ReleasePolicy, RenewalId, SandboxId, Scope, SessionId,
     StoreCommand, SuspendHookFailure, Token, UploadId,
 };
-use sandkeeper_check::{Progress, Versions};
+use sandkeeper_check::{Conservation, Progress, Versions, Work};
 
 use crate::rng::Rng;
 use crate::step::fleet::{FleetSpec, FleetStep, Link};
@@ -122,6 +134,8 @@ pub struct FleetOptions {
     pub replicas: usize,
     /// The backend refuses old tokens (off: the `token-order` check must catch what follows).
     pub backend_fencing: bool,
+    /// Run the `conservation` check (off by default: see the module docs for what it finds).
+    pub conservation: bool,
     /// Print every step to standard output.
     pub trace: bool,
     /// Write the run out as a fleet scenario (`FleetReport::transcript`), for the shrinker.
@@ -135,6 +149,7 @@ impl FleetOptions {
         FleetOptions {
             replicas,
             backend_fencing: true,
+            conservation: false,
             trace: false,
             transcript: false,
         }
@@ -260,6 +275,16 @@ struct World {
     /// Sandboxes and snapshots the sweep removed.
     swept_sandboxes: BTreeSet<SandboxId>,
     swept_snapshots: BTreeSet<String>,
+    /// `conservation`: each key's acknowledged work and the backend's workspaces that hold it
+    /// (`sandkeeper_check::Conservation`, fed what the backend did, not what was ordered).
+    conservation: Conservation,
+    /// Whether `conservation` is judged (it is always fed).
+    check_conservation: bool,
+    /// Each version a replica flushed, by (replica, incarnation, session, its version), as the
+    /// world's flush order: a process numbers its own versions, but every flush writes the
+    /// session's whole log as it was then, so a later flush holds every earlier one, whichever
+    /// process made it.
+    flush_order: std::collections::HashMap<(usize, u32, SessionId, u64), u64>,
     /// Print every step (`FleetOptions::trace`).
     trace: bool,
     /// The first check that broke and what it saw, beside `report.failure`.
@@ -415,6 +440,9 @@ impl World {
             resumable: BTreeSet::new(),
             swept_sandboxes: BTreeSet::new(),
             swept_snapshots: BTreeSet::new(),
+            conservation: Conservation::new(),
+            check_conservation: opts.conservation,
+            flush_order: Default::default(),
             trace: opts.trace,
             failed: None,
             script: None,
@@ -569,6 +597,10 @@ impl World {
         if let Some(v) = self.backend.violation.take() {
             self.fail("token-order", v);
         }
+        let judged = self.conservation.after_input();
+        if let (true, Err(v)) = (self.check_conservation, judged) {
+            self.fail(v.check, v.detail);
+        }
     }
 
     fn step(&mut self, ev: Ev) {
@@ -692,6 +724,8 @@ impl World {
                 self.push(self.now, Ev::Wake(r));
             }
             Ev::Close(r) => {
+                // What close cuts is the application's choice.
+                self.conservation.closing();
                 let deadline = Duration::from_secs(5);
                 if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
                     let close = Step::Close(Some(deadline));
@@ -1010,6 +1044,10 @@ impl World {
         match self.apply_input(r, |core, t| core.flush(t, &session, &path, payload)) {
             Ok((version, local)) => {
                 // Recorded before the drain, whose events may settle it.
+                let order = self.flush_order.len() as u64 + 1;
+                let inc = self.replicas[r].incarnation;
+                self.flush_order
+                    .insert((r, inc, session.clone(), version.0), order);
                 let flushed = self.replicas[r]
                     .versions
                     .flushed(&session, &path, version.0);
@@ -1077,6 +1115,16 @@ impl World {
                 {
                     self.fail(v.check, v.detail);
                 }
+                if let sandkeeper::Settlement::Uploaded { sandbox } = outcome {
+                    let order = self.flush_order.get(&(r, inc, session.clone(), version.0));
+                    if let Some(order) = order.copied() {
+                        let work = Work::Version(session, path);
+                        self.conservation.acknowledged(sandbox, work, order);
+                    }
+                }
+            }
+            Event::WayDownFailed { sandbox, kept, .. } => {
+                self.conservation.left(sandbox, kept.as_ref());
             }
             Event::KeyFenced { key, token, reason } => {
                 self.replicas[r].retired.fenced(key, token);
@@ -1087,7 +1135,6 @@ impl World {
             }
             Event::Closed { .. } => self.replicas[r].closed = true,
             Event::MirrorSettled { .. }
-            | Event::WayDownFailed { .. }
             | Event::WorkspaceLost { .. }
             | Event::ShutdownUnconfirmed { .. }
             | Event::HookFailed { .. } => {}
@@ -1156,6 +1203,7 @@ impl World {
             }
         }
         let outcome = self.backend.apply(cmd);
+        self.conserve(r, inc, cmd, &outcome);
         if let (
             Command::Persist {
                 snapshot: Some(snapshot),
@@ -1186,6 +1234,44 @@ impl World {
             self.report.marks.insert("backend-refused");
         }
         outcome
+    }
+
+    /// What the backend did with `cmd` (`outcome`), as `conservation` follows it: a start, an
+    /// adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard. A refused
+    /// command changed nothing.
+    fn conserve(&mut self, r: usize, inc: u32, cmd: &Command, outcome: &Outcome) {
+        let done = match outcome {
+            Outcome::Ok(_) => true,
+            Outcome::Silent => matches!(cmd, Command::Discard { .. }),
+            Outcome::Gone | Outcome::Fenced => false,
+        };
+        if !done {
+            return;
+        }
+        self.conservation.command(cmd);
+        match (cmd, outcome) {
+            (
+                Command::Upload {
+                    sandbox,
+                    session,
+                    path,
+                    version,
+                    ..
+                },
+                _,
+            ) => {
+                let flushed = (r, inc, session.clone(), version.0);
+                if let Some(order) = self.flush_order.get(&flushed).copied() {
+                    let work = Work::Version(session.clone(), path.clone());
+                    self.conservation.written(*sandbox, work, order);
+                }
+            }
+            (Command::Stop { sandbox, .. }, Outcome::Ok(snapshot)) => {
+                self.conservation.stopped(*sandbox, snapshot.as_ref());
+            }
+            (Command::Persist { sandbox, .. }, _) => self.conservation.persisted(*sandbox),
+            _ => {}
+        }
     }
 
     /// The application's hook `cmd` runs in its sandbox: it fails where the backend has the
@@ -1537,6 +1623,7 @@ impl World {
                     if let Some(x) = self.backend.sandboxes.get_mut(&id) {
                         x.life = backend::Life::Gone;
                     }
+                    self.conservation.swept_sandbox(id);
                     self.swept_sandboxes.insert(id);
                     let holder = (0..self.replicas.len()).find(|r| {
                         let replica = &self.replicas[*r];
@@ -1564,6 +1651,9 @@ impl World {
                 }
                 sandkeeper::SweepObject::Snapshot { snapshot, key, .. } => {
                     self.backend.snapshots.remove(snapshot.as_str());
+                    let expires = retention.get(snapshot.as_str()).copied().flatten();
+                    let over = expires.is_some_and(|e| e <= self.now);
+                    self.conservation.swept_snapshot(&snapshot, over);
                     self.swept_snapshots.insert(snapshot.as_str().to_string());
                     if verdict == sandkeeper::SweepVerdict::SweepAndUnrecord {
                         self.report.marks.insert("swept-recorded");
