@@ -811,6 +811,23 @@ impl Lifecycle {
     /// sandbox once that sandbox is up (and until it goes down).
     fn durable_record(&self, k: KeyIx) -> KeyRecord {
         let slot = &self.keys[k];
+        // A resume under way continues from the snapshot it took: the record names it (the
+        // backends find it where the start put it), so a process that ends meanwhile leaves
+        // the next owner the key's history, not a sandbox it suspended since.
+        let resuming = slot
+            .current
+            .filter(|x| self.sandboxes[*x].state == SandboxState::Starting)
+            .and_then(|x| self.sandboxes[x].resumed.as_ref());
+        if let Some((snapshot, by)) = resuming {
+            return KeyRecord {
+                snapshot: Some(RecordedSnapshot {
+                    snapshot: snapshot.clone(),
+                    by: *by,
+                    retain_until: None,
+                }),
+                warm: None,
+            };
+        }
         KeyRecord {
             snapshot: slot
                 .snapshot
@@ -854,13 +871,15 @@ impl Lifecycle {
             || slot.doubtful
             || slot.recording.is_some()
             || slot.retiring.is_some()
-            || slot
-                .current
-                .is_some_and(|x| self.sandboxes[x].state == SandboxState::Starting)
+            || slot.current.is_some_and(|x| {
+                let x = &self.sandboxes[x];
+                x.state == SandboxState::Starting && x.resumed.is_none()
+            })
         {
-            // Not while its sandbox is on its way up either: an adoption or a resume continues
-            // from what the record names, which must stay there until the sandbox is up (and
-            // then names it), should this process end meanwhile.
+            // Not while its sandbox is on its way up either, unless it resumes: an adoption (or
+            // a fresh start) continues from what the record names, which must stay there until
+            // the sandbox is up (and then names it), should this process end meanwhile. A
+            // resume names the snapshot it took (`durable_record`).
             return;
         }
         let record = self.durable_record(k);

@@ -44,16 +44,20 @@
 //! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
 //! counters.
 //!
-//! `conservation` is not in the default batch yet: with it, 1,534 of 10,000 seeds of three
-//! replicas fail (1,207 by a start with no `resume_from` while the key owes work, 154 by a
-//! resume of a snapshot that lacks it, 173 by a loss between starts). The first it found were
+//! `conservation` is not in the default batch yet: with it, 1,457 of 10,000 seeds of three
+//! replicas fail (997 by a start with no `resume_from` while the key owes work, 257 by a
+//! resume of a snapshot that lacks it, 203 by a loss between starts). The first it found were
 //! the simulated backend's, not the core's, and are fixed here (a start resumes a snapshot an
 //! earlier start took from where that start put it; an adoption takes back the workspace its
-//! crashed owner stopped, as the local backend does). The one remaining failure examined in full
-//! (seed 3) is a real loss the local driver shares: the key's record still names a warm sandbox
-//! its owner has since suspended and resumed as another (the core writes no record while the
-//! key's sandbox starts), the owner pauses past its lease in that window, and the next owner's
-//! adoption finds nothing to take back and starts afresh. The others are not examined yet.
+//! crashed owner stopped, as the local backend does); one was the core's (a resume under way
+//! left the record naming the warm sandbox it had suspended: the record now names the snapshot
+//! the resume took). The one remaining failure examined in full (seed 0) is a real loss the
+//! local driver shares: an owner suspends its key's sandbox and resumes it as another while
+//! its record write (naming the snapshot) is still out; it acknowledges work in the new
+//! sandbox, pauses past its lease, the write fails, and the next owner is handed the record
+//! naming the old warm sandbox, whose adoption finds nothing to take back: it starts afresh.
+//! Closing it means acknowledging work in a resumed sandbox only once the key's record names
+//! what it continues from. The others are not examined yet.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
