@@ -48,6 +48,8 @@ pub struct Sandbox {
     pub life: Life,
     /// Every token it accepted a change under, in order.
     pub accepted: Vec<u64>,
+    /// The snapshot its Start took (moved into it), as the local backend records it.
+    pub resumed_from: Option<Snapshot>,
 }
 
 /// What a command did.
@@ -130,6 +132,7 @@ impl Backend {
                         key: key.clone(),
                         life: Life::Up,
                         accepted: token.map(|t| t.0).into_iter().collect(),
+                        resumed_from: resume_from.clone(),
                     },
                 );
                 Outcome::Ok(None)
