@@ -492,3 +492,127 @@ impl Conservation {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sandkeeper::{Instant, Spec};
+
+    use super::*;
+    use crate::fixtures::{check, names};
+
+    fn key() -> Key {
+        Key::Session(SessionId::new("s").unwrap())
+    }
+
+    fn start(x: u64, resume_from: Option<&str>) -> Command {
+        Command::Start {
+            sandbox: SandboxId(x),
+            key: key(),
+            spec: Spec::default(),
+            resume_from: resume_from.map(Snapshot::new),
+            resumes: resume_from.map(|_| SandboxId(0)),
+            deadline: Instant::ZERO,
+            token: None,
+        }
+    }
+
+    fn stop(x: u64, suspend: bool) -> Command {
+        Command::Stop {
+            sandbox: SandboxId(x),
+            suspend,
+            deadline: Instant::ZERO,
+            token: None,
+        }
+    }
+
+    fn shutdown(x: u64) -> Command {
+        Command::Shutdown {
+            sandbox: SandboxId(x),
+            token: None,
+            deadline: Instant::ZERO,
+        }
+    }
+
+    /// Work `version` of `s`/`log` written into `x` and acknowledged.
+    fn acknowledge(c: &mut Conservation, x: u64, version: u64) {
+        let (session, path) = names();
+        let work = Work::Version(session, path);
+        c.written(SandboxId(x), work.clone(), version);
+        c.acknowledged(SandboxId(x), work, version);
+    }
+
+    /// Sandbox 0 with version 1 acknowledged, stopped into snapshot `ws`, its Persist taken;
+    /// sandbox 1 resumed from it.
+    fn resumed() -> Conservation {
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, false));
+        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        c.persisted(SandboxId(0));
+        c.command(&shutdown(0));
+        assert_eq!(check(c.after_input()), "ok");
+        c.command(&start(1, Some("ws")));
+        assert_eq!(check(c.after_input()), "ok");
+        c
+    }
+
+    #[test]
+    fn a_resumed_sandbox_shut_down_without_a_snapshot_loses_its_keys_history() {
+        let mut c = resumed();
+        c.command(&stop(1, false));
+        c.command(&shutdown(1));
+        assert_eq!(check(c.after_input()), "conservation");
+    }
+
+    #[test]
+    fn a_fresh_sandbox_shut_down_on_the_shutdown_way_is_excused() {
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, false));
+        c.command(&shutdown(0));
+        assert_eq!(check(c.after_input()), "ok");
+        assert_eq!(c.excused, 1);
+        c.command(&start(1, None));
+        assert_eq!(check(c.after_input()), "ok");
+    }
+
+    #[test]
+    fn a_start_that_does_not_resume_the_snapshot_holding_the_work_fails() {
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, true));
+        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        c.persisted(SandboxId(0));
+        assert_eq!(check(c.after_input()), "ok");
+        c.command(&start(1, None));
+        assert_eq!(check(c.after_input()), "conservation");
+    }
+
+    #[test]
+    fn a_stale_write_over_newer_work_fails() {
+        let mut c = resumed();
+        acknowledge(&mut c, 1, 2);
+        assert_eq!(check(c.after_input()), "ok");
+        let (session, path) = names();
+        c.written(SandboxId(1), Work::Version(session, path), 1);
+        assert_eq!(check(c.after_input()), "conservation");
+    }
+
+    #[test]
+    fn a_failed_way_down_left_as_it_is_is_excused_and_a_death_too() {
+        let mut c = resumed();
+        c.left(SandboxId(1), None);
+        assert_eq!(check(c.after_input()), "ok");
+        let mut c = resumed();
+        c.died(SandboxId(1));
+        assert_eq!(check(c.after_input()), "ok");
+        // A lost instance is no excuse: its Shutdown loses the work.
+        let mut c = resumed();
+        c.instance_lost(SandboxId(1));
+        c.command(&shutdown(1));
+        assert_eq!(check(c.after_input()), "conservation");
+    }
+}
