@@ -131,16 +131,7 @@ impl Cluster {
     /// inactivity: [`Suspension`]), the name of its pod (which may still be terminating, or
     /// gone).
     async fn suspended_pod(&self, sandbox_name: &str) -> Result<Option<String>, K8sError> {
-        let what = format!("sandbox {sandbox_name}");
-        let sb = self
-            .retry
-            .run(|| async {
-                self.sandboxes()
-                    .get_opt(sandbox_name)
-                    .await
-                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
-            })
-            .await?;
+        let sb = self.sandbox_opt(sandbox_name).await?;
         Ok(sb
             .filter(|sb| sb.suspension() != Suspension::None)
             .map(|sb| {

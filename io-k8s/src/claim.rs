@@ -127,16 +127,7 @@ impl Cluster {
     /// The pod of a Sandbox: its `agents.x-k8s.io/pod-name` annotation, else its own name;
     /// checked to exist and run. Returns its name and UID.
     pub async fn find_pod(&self, sandbox_name: &str) -> Result<(String, String), K8sError> {
-        let what = format!("sandbox {sandbox_name}");
-        let sb = self
-            .retry
-            .run(|| async {
-                self.sandboxes()
-                    .get(sandbox_name)
-                    .await
-                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
-            })
-            .await?;
+        let sb = self.sandbox(sandbox_name).await?;
         let pod = sb
             .metadata
             .annotations

@@ -153,6 +153,35 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.config.namespace)
     }
 
+    /// The Sandbox `name`, if there is one, read under the retry policy.
+    pub(crate) async fn sandbox_opt(
+        &self,
+        name: &str,
+    ) -> Result<Option<Sandbox>, crate::error::K8sError> {
+        let what = format!("sandbox {name}");
+        self.retry
+            .run(|| async {
+                self.sandboxes()
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
+            })
+            .await
+    }
+
+    /// The Sandbox `name`, read under the retry policy (its absence is an error).
+    pub(crate) async fn sandbox(&self, name: &str) -> Result<Sandbox, crate::error::K8sError> {
+        let what = format!("sandbox {name}");
+        self.retry
+            .run(|| async {
+                self.sandboxes()
+                    .get(name)
+                    .await
+                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
+            })
+            .await
+    }
+
     pub(crate) fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.config.namespace)
     }

@@ -306,16 +306,7 @@ impl Cluster {
             let Some(sb) = c.status.as_ref().and_then(|s| s.sandbox.as_ref()) else {
                 continue;
             };
-            let what = format!("sandbox {}", sb.name);
-            let found = self
-                .retry
-                .run(|| async {
-                    self.sandboxes()
-                        .get_opt(&sb.name)
-                        .await
-                        .map_err(|e| err(e, calls::GET_SANDBOX, &what))
-                })
-                .await?;
+            let found = self.sandbox_opt(&sb.name).await?;
             let mode = found.and_then(|s| s.spec.operating_mode);
             suspended += usize::from(mode.as_deref() == Some("Suspended"));
         }

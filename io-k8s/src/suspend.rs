@@ -361,16 +361,7 @@ impl Cluster {
     /// a controller with auto-suspension counts `Running` after a suspension by mode as
     /// activity (`status.lastActivityTime`, on its own clock) and makes the pod again.
     pub(crate) async fn run_again(&self, sandbox_name: &str) -> Result<(), K8sError> {
-        let what = format!("sandbox {sandbox_name}");
-        let sb = self
-            .retry
-            .run(|| async {
-                self.sandboxes()
-                    .get(sandbox_name)
-                    .await
-                    .map_err(|e| err(e, calls::GET_SANDBOX, &what))
-            })
-            .await?;
+        let sb = self.sandbox(sandbox_name).await?;
         if sb.suspension() == Suspension::ByController {
             tracing::info!(sandbox = %sandbox_name,
                 "the controller suspended this Sandbox for inactivity; taking the suspension over");
