@@ -191,14 +191,14 @@ impl Lifecycle {
 
     /// A sandbox whose instance was lost, with no calls left, goes down as a suspension:
     /// Stop and Persist keep its workspace as its key's snapshot. No drain (nothing runs to
-    /// finish) and no before-hook (nothing runs it).
+    /// finish; its uploads were left when the instance was lost) and no before-hook (nothing
+    /// runs it).
     pub(crate) fn suspend_lost_instance(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(x.instance_lost && x.bound.is_empty());
+        debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
         x.state = SandboxState::Stopping;
         x.suspend = true;
-        self.mirror()
-            .leave_uploads(sandbox, DropReason::SandboxGone);
         self.order_stop(sandbox);
     }
 }
