@@ -96,6 +96,19 @@ impl Flags {
     }
 }
 
+/// A Start that resumes a snapshot, until its sandbox is up (or its start failed).
+#[derive(Clone, Debug)]
+struct Resuming {
+    sandbox: SandboxId,
+    /// When it fails if not up (ms): the Start's deadline, then its after-resume hook's;
+    /// `u64::MAX` answered and awaiting its hook; 0 failed in this input.
+    due: u64,
+    key: Key,
+    snapshot: Snapshot,
+    /// The sandbox that persisted `snapshot`.
+    by: SandboxId,
+}
+
 /// The history of one run and its checks.
 #[derive(Debug)]
 pub struct History {
@@ -157,10 +170,9 @@ pub struct History {
     pub conservation: Conservation,
     /// Operations acknowledged so far (each one's number).
     operations_done: u64,
-    /// Starts that resume a snapshot, not answered yet: the sandbox, its deadline (ms; 0 once
-    /// answered failed), its key, the snapshot and the sandbox that persisted it. A failed or
-    /// timed-out one gives the snapshot back to its key.
-    starting_resumed: Vec<(SandboxId, u64, Key, Snapshot, SandboxId)>,
+    /// Starts that resume a snapshot, until their sandbox is up: a failed or timed-out one
+    /// gives the snapshot back to its key.
+    starting_resumed: Vec<Resuming>,
     /// Virtual time of the current input (ms).
     pub now_ms: u64,
     starts: u64,
@@ -437,18 +449,18 @@ impl History {
             .sandboxes
             .get(&x)
             .is_some_and(|s| s.hook.is_none() && !s.hook_passed);
-        if let Some(i) = self.starting_resumed.iter().position(|s| s.0 == x) {
-            if self.starting_resumed[i].1 <= now
-                || self.starting_resumed[i].1 == u64::MAX
+        if let Some(i) = self.starting_resumed.iter().position(|s| s.sandbox == x) {
+            if self.starting_resumed[i].due <= now
+                || self.starting_resumed[i].due == u64::MAX
                 || !awaited
             {
                 return;
             }
             if !ok {
-                self.starting_resumed[i].1 = 0;
+                self.starting_resumed[i].due = 0;
             } else if self.hooks.after_resume.is_some() {
                 // Up once its after-resume hook passed (ordered next, if it has calls).
-                self.starting_resumed[i].1 = u64::MAX;
+                self.starting_resumed[i].due = u64::MAX;
             } else {
                 self.starting_resumed.remove(i);
             }
@@ -460,16 +472,22 @@ impl History {
     /// may start again from it in the same input, before the `WayDownFailed` that says so.
     pub fn start_give_backs(&mut self) {
         let now = self.now_ms;
-        if self.starting_resumed.iter().all(|s| s.1 > now) {
+        if self.starting_resumed.iter().all(|s| s.due > now) {
             return;
         }
         let mut i = 0;
         while i < self.starting_resumed.len() {
-            if self.starting_resumed[i].1 > now {
+            if self.starting_resumed[i].due > now {
                 i += 1;
                 continue;
             }
-            let (x, _, key, snapshot, by) = self.starting_resumed.remove(i);
+            let Resuming {
+                sandbox: x,
+                key,
+                snapshot,
+                by,
+                ..
+            } = self.starting_resumed.remove(i);
             self.snapshots
                 .persisted(&key, snapshot.clone(), by, Instant::from_millis(now));
             self.conservation.given_back(x, &snapshot);
@@ -574,11 +592,11 @@ impl History {
                 }
                 if point.is_after() {
                     // A resumed sandbox whose after-resume hook failed gives its snapshot back.
-                    if let Some(i) = self.starting_resumed.iter().position(|s| s.0 == x) {
+                    if let Some(i) = self.starting_resumed.iter().position(|s| s.sandbox == x) {
                         if ok {
                             self.starting_resumed.remove(i);
                         } else {
-                            self.starting_resumed[i].1 = 0;
+                            self.starting_resumed[i].due = 0;
                         }
                     }
                 }
@@ -658,9 +676,9 @@ impl History {
         let after_hook = self.sbx(x).hook.is_some_and(|(point, _)| point.is_after());
         if (starting && !l.is_stopped()) || after_hook {
             let now = self.now_ms;
-            if let Some(e) = self.starting_resumed.iter_mut().find(|e| e.0 == x) {
-                if e.1 > now {
-                    e.1 = 0;
+            if let Some(e) = self.starting_resumed.iter_mut().find(|e| e.sandbox == x) {
+                if e.due > now {
+                    e.due = 0;
                 }
             }
             return false;
@@ -716,7 +734,7 @@ impl History {
             self.marks.hit(Mark::DeathDuringStart);
         }
         self.sbx(x).lane.die();
-        self.starting_resumed.retain(|s| s.0 != x);
+        self.starting_resumed.retain(|s| s.sandbox != x);
         self.conservation.died(x);
         self.lets_go(x);
     }
@@ -814,8 +832,13 @@ impl History {
                 }
                 if let (Some(snapshot), Some(by)) = (resume_from, resumes) {
                     let due = deadline.as_nanos().div_ceil(1_000_000);
-                    self.starting_resumed
-                        .push((x, due, key.clone(), snapshot.clone(), *by));
+                    self.starting_resumed.push(Resuming {
+                        sandbox: x,
+                        due,
+                        key: key.clone(),
+                        snapshot: snapshot.clone(),
+                        by: *by,
+                    });
                 }
                 let s = self.sbx(x);
                 s.resume_from = resume_from.clone();
@@ -843,8 +866,8 @@ impl History {
                 // Deadlines in the simulator fall on whole milliseconds, rounded up here anyway.
                 let due = deadline.as_nanos().div_ceil(1_000_000);
                 if hook.is_after() {
-                    if let Some(e) = self.starting_resumed.iter_mut().find(|s| s.0 == x) {
-                        e.1 = due;
+                    if let Some(e) = self.starting_resumed.iter_mut().find(|s| s.sandbox == x) {
+                        e.due = due;
                     }
                 }
                 let s = self.sbx(x);
@@ -893,7 +916,7 @@ impl History {
             Command::Stop {
                 suspend, deadline, ..
             } => {
-                self.starting_resumed.retain(|s| s.0 != x);
+                self.starting_resumed.retain(|s| s.sandbox != x);
                 self.sbx(x).stop_suspend = *suspend;
                 self.sbx(x).way_down_due = Some(deadline.as_nanos().div_ceil(1_000_000));
                 // A before hook ended the drain (and cleared `draining`) before this Stop.
@@ -968,7 +991,7 @@ impl History {
                 format!("{cmd:?} in a one-process run, which has no fleet configured"),
             ),
             Command::Shutdown { .. } => {
-                self.starting_resumed.retain(|s| s.0 != x);
+                self.starting_resumed.retain(|s| s.sandbox != x);
                 self.shutdowns += 1;
                 self.lets_go(x);
                 self.sbx(x).draining = false;
