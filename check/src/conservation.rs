@@ -181,11 +181,14 @@ impl Conservation {
             Command::Discard {
                 snapshot, reason, ..
             } => {
+                let expired = matches!(reason, DiscardReason::Retention | DiscardReason::Unused);
                 if let Some((key, content)) = self.snapshots.remove(snapshot) {
-                    if matches!(reason, DiscardReason::Retention | DiscardReason::Unused) {
+                    if expired {
                         self.excuse(&key, &content);
                     }
                     self.dirty.push(key);
+                } else if expired {
+                    self.taken_snapshot_expired(snapshot);
                 }
             }
             // A Relinquish leaves the sandbox in the backend for the key's next owner, which
@@ -365,6 +368,39 @@ impl Conservation {
             }
             self.dirty.push(w.key);
         }
+    }
+
+    /// The core ordered `snapshot` discarded for `reason` (a world whose backend runs the
+    /// Discard later, as the fleet's does): from the order on, a retention that ended or a
+    /// snapshot of a key nothing continues excuses what it holds, as the Discard itself does.
+    pub fn discard_ordered(&mut self, snapshot: &Snapshot, reason: DiscardReason) {
+        if !matches!(reason, DiscardReason::Retention | DiscardReason::Unused) {
+            return;
+        }
+        if let Some((key, content)) = self.snapshots.get(snapshot) {
+            let (key, content) = (key.clone(), content.clone());
+            self.excuse(&key, &content);
+            self.dirty.push(key);
+        } else {
+            self.taken_snapshot_expired(snapshot);
+        }
+    }
+
+    /// A snapshot a Start took (its process ended, or lost the key, before a record named the
+    /// new sandbox) is discarded for its retention or as unused: the record its key continues
+    /// from still named the snapshot, whose retention decides; what the taking sandbox holds
+    /// (the snapshot's content: no call was ready in it before a record named it) is excused.
+    fn taken_snapshot_expired(&mut self, snapshot: &Snapshot) {
+        let Some(w) = self
+            .taken
+            .get(snapshot)
+            .and_then(|by| self.sandboxes.get(by))
+        else {
+            return;
+        };
+        let (key, content) = (w.key.clone(), w.content.clone());
+        self.excuse(&key, &content);
+        self.dirty.push(key);
     }
 
     /// The Start of `sandbox`, which took `snapshot`, failed: its key keeps the snapshot again,

@@ -11,7 +11,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); in fleet mode, a sandbox of the key `persisted` while a record write of the key is not answered or was answered failed, or follows a failed release (its Shutdown waits for the record to stop naming it); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
 //! | `wait-timeout-held` | a call fails with `wait-timeout` only if its key had queued calls at the last look (held back then, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
@@ -24,8 +24,8 @@
 //! that input.
 
 use sandkeeper::{
-    CallId, ClaimId, Command, Config, ErrorKind, Input, Key, Lifecycle, ReleaseId, SameKey,
-    SandboxId, SandboxState, StoreCommand,
+    CallId, ClaimId, Command, Config, ErrorKind, Input, Key, Lifecycle, RecordingId, ReleaseId,
+    SameKey, SandboxId, SandboxState, StoreCommand,
 };
 
 use crate::violation::Violation;
@@ -44,6 +44,11 @@ pub struct Progress {
     claims: Vec<(Key, ClaimId)>,
     /// Fleet mode: keys whose last claim was answered busy or failed: it is made again later.
     busy: Vec<Key>,
+    /// Fleet mode: per key, a record write due: its last one (`Some`), while it is not
+    /// answered or was answered failed (it is written again later), or one that follows the
+    /// store's retry after a failed release (`None`). A newer write replaces it, a confirmed or
+    /// refused one clears it.
+    records: Vec<(Key, Option<RecordingId>)>,
     /// The keys with queued calls at the last look (each held back then).
     queued: Vec<Key>,
     /// Sandboxes whose running instance was lost while they were up, their workspace kept:
@@ -62,6 +67,7 @@ impl Progress {
             releases: Vec::new(),
             claims: Vec::new(),
             busy: Vec::new(),
+            records: Vec::new(),
             queued: Vec::new(),
             lost: Vec::new(),
         }
@@ -101,7 +107,11 @@ impl Progress {
                 self.busy.retain(|k| k != key);
                 self.claims.push((key.clone(), *claim));
             }
-            StoreCommand::Renew { .. } | StoreCommand::Record { .. } => {}
+            StoreCommand::Record { key, recording, .. } => {
+                self.records.retain(|(k, _)| k != key);
+                self.records.push((key.clone(), Some(*recording)));
+            }
+            StoreCommand::Renew { .. } => {}
         }
     }
 
@@ -110,13 +120,24 @@ impl Progress {
     /// either, and one answered busy or failed is made again later.
     pub fn store_answer(&mut self, input: &Input) {
         match input {
-            Input::KeyReleased { release, key }
-            | Input::ReleaseFailed { release, key }
-            | Input::ReleaseFenced { release, key } => {
+            Input::KeyReleased { release, key } | Input::ReleaseFenced { release, key } => {
                 self.releases.retain(|(k, r)| !(r == release && k == key));
+            }
+            Input::ReleaseFailed { release, key } => {
+                let before = self.releases.len();
+                self.releases.retain(|(k, r)| !(r == release && k == key));
+                if self.releases.len() < before && !self.records.iter().any(|(k, _)| k == key) {
+                    self.records.push((key.clone(), None));
+                }
             }
             Input::Claimed { claim, key, .. } => {
                 self.claims.retain(|(k, c)| !(c == claim && k == key));
+            }
+            // Written, or refused (the key is fenced): no record write of the key is due. A
+            // failed one is written again later.
+            Input::Recorded { key, recording } | Input::RecordFenced { key, recording } => {
+                self.records
+                    .retain(|(k, r)| !(k == key && *r == Some(*recording)));
             }
             Input::ClaimBusy { claim, key } | Input::ClaimFailed { claim, key } => {
                 let before = self.claims.len();
@@ -254,6 +275,7 @@ impl Progress {
                         | SandboxState::HandingOver,
                     ) => true,
                     Some(SandboxState::Running) => self.lost.contains(x),
+                    Some(SandboxState::Persisted) => self.records.iter().any(|(k, _)| k == key),
                     _ => false,
                 }
         })

@@ -316,6 +316,11 @@ impl Lifecycle {
             },
         });
         self.sessions[session].coming += 1;
+        if self.liveness.is_some() && self.keys[key].token().is_none() {
+            // Fleet: the key is not this process's yet. What the application writes for the
+            // session before a call of it is ready was not made after the owner's last write.
+            self.sessions[session].stale |= self.is_fleet_key(&self.keys[key].key);
+        }
         if must_wait {
             let at = self.now + self.config.wait_timeout;
             self.calls.waiting += 1;
@@ -403,7 +408,10 @@ impl Lifecycle {
                     tracing::debug!(sandbox = %self.sid(x), external = %name, "external sandbox bound");
                     x
                 }
-                _ => self.start_sandbox(call),
+                _ => match self.adopt_left(key) {
+                    Some(x) => x,
+                    None => self.start_sandbox(call),
+                },
             },
         };
         self.keys[key].bound += 1;
@@ -438,6 +446,7 @@ impl Lifecycle {
         s.coming -= 1;
         s.ready.push(call);
         s.linger = None;
+        s.stale = false;
         self.out.stats.calls_ready += 1;
         let name = self.calls[call].id.clone();
         tracing::debug!(call = %name, sandbox = %self.sid(sandbox), "call ready");

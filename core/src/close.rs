@@ -206,6 +206,13 @@ impl Lifecycle {
         tracing::warn!(sandboxes = left.len(), "close: second deadline passed");
         for sandbox in left {
             let x = &self.sandboxes[sandbox];
+            if x.awaiting == Awaiting::Record {
+                // Persisted, its key's record may still name it: left as it is (the next
+                // owner adopts it, or the sweep removes it once nothing names it).
+                let kept = self.keys[x.key].snapshot.as_ref().map(|(s, _)| s.clone());
+                self.left_as_it_is(sandbox, kept);
+                continue;
+            }
             if x.is_managed() && !x.shutdown_ordered {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
                 self.way().abandon(sandbox);

@@ -240,7 +240,10 @@ pub enum DropReason {
     /// An attempt took longer than `upload_timeout`.
     UploadTimeout,
     /// Fleet mode: this process lost its session's key (its lease lapsed, or the backend
-    /// refused its token): the version was not written by this process, and is not its to write.
+    /// refused its token): the version was not written by this process, and is not its to write;
+    /// so with a version flushed after the loss, or while the key is being claimed, until a call
+    /// of the session is ready (what the application wrote then was not made after the owner's
+    /// last write).
     Fenced,
 }
 

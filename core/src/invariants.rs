@@ -211,6 +211,17 @@ impl Lifecycle {
                 Awaiting::Start => x.state == SandboxState::Starting,
                 Awaiting::Stop => x.state == SandboxState::Stopping,
                 Awaiting::Persist => x.state == SandboxState::Persisting,
+                Awaiting::Record => {
+                    x.deadline.is_none()
+                        && self.keys.get(x.key).is_some_and(|slot| {
+                            matches!(slot.own, Own::Owned(_))
+                                && match x.state {
+                                    SandboxState::Persisted => slot.retiring == Some(ix),
+                                    SandboxState::Starting => slot.current == Some(ix),
+                                    _ => false,
+                                }
+                        })
+                }
                 Awaiting::Hook => match x.hook {
                     Some(h) if h.is_after() => x.state == SandboxState::Starting,
                     Some(_) => x.state == SandboxState::Stopping,
@@ -368,7 +379,11 @@ impl Lifecycle {
                 ensure!(
                     matches!(
                         state,
-                        Some(SandboxState::Stopping | SandboxState::Persisting)
+                        Some(
+                            SandboxState::Stopping
+                                | SandboxState::Persisting
+                                | SandboxState::Persisted
+                        )
                     ) || (state == Some(SandboxState::Running) && self.sandboxes[x].instance_lost),
                     "key-counts",
                     "key {key}'s retiring sandbox {x:?} is {state:?}"

@@ -58,6 +58,12 @@ pub(crate) struct KeySlot {
     /// [`recorded`](Self::recorded)).
     #[serde(default)]
     pub(crate) recorded: Option<Box<KeyRecord>>,
+    /// Fleet mode: the key's sandbox left as it is after its way down failed with nothing
+    /// salvaged (its Stop unanswered or failed): it still holds the key's history. The key's
+    /// record names it warm, so that whoever continues the key next adopts it (the next owner,
+    /// or this process's next call of the key) rather than starting afresh.
+    #[serde(default)]
+    pub(crate) left: Option<crate::ids::SandboxId>,
 }
 
 /// The empty record, which a key's `recorded` of `None` stands for.
@@ -109,6 +115,7 @@ impl KeySlot {
             doubtful: false,
             recording: None,
             recorded: None,
+            left: None,
         }
     }
 

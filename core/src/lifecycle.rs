@@ -335,7 +335,9 @@ impl Lifecycle {
                     (SandboxState::Starting, Awaiting::Start) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "start timed out");
                         self.out.stats.starts_timed_out += 1;
-                        self.fail_start(sandbox, ErrorKind::StartTimeout);
+                        if !self.adopt_again(sandbox) {
+                            self.fail_start(sandbox, ErrorKind::StartTimeout);
+                        }
                     }
                     (SandboxState::Idle, _) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "idle timeout");

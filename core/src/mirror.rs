@@ -39,7 +39,10 @@ impl Lifecycle {
     /// The version is uploaded to the session's sandbox when the path has no upload in flight,
     /// else it waits and is superseded by any newer flush. A session with no sandbox, none
     /// coming and none to linger on settles the version at once as `Dropped(no-sandbox)`
-    /// (`sandbox-gone` when its calls' sandboxes died). O(log n + paths of the session).
+    /// (`sandbox-gone` when its calls' sandboxes died). In fleet mode, a session one of whose
+    /// calls lost its key to a fence, or came while its key was not this process's, settles it
+    /// `Dropped(fenced)` until a call of it is ready: what this process writes before it owns
+    /// the key is not written over the owner's. O(log n + paths of the session).
     ///
     /// Errors: `Closed` after close finished, or during close for a session with no live call
     /// and no sandbox to drain into; `LimitExceeded` (payload size, paths per session, sessions).
@@ -299,14 +302,17 @@ impl Mirror<'_> {
                 s.paths.len() - 1
             }
         };
-        let nowhere = s.target.is_none() && s.coming == 0;
+        let stale = s.stale;
+        let nowhere = stale || (s.target.is_none() && s.coming == 0);
         let none_ready = s.ready.is_empty();
         let slot = &mut s.paths[i];
         slot.last += 1;
         let version = Version(slot.last);
         tracing::trace!(session = %session, path = %path, version = %version, "flush");
         if nowhere {
-            let reason = if none_ready {
+            let reason = if stale {
+                DropReason::Fenced
+            } else if none_ready {
                 DropReason::NoSandbox
             } else {
                 DropReason::SandboxGone

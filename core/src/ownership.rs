@@ -407,12 +407,65 @@ impl Lifecycle {
     /// Adopts the warm sandbox `id` the key's last owner handed over: tracked as starting, its
     /// Adopt ordered; the key's calls bind to it as to a start.
     fn adopt(&mut self, k: KeyIx, id: SandboxId, token: Token) {
+        self.adopt_sandbox(k, id, token);
+        self.admit(k);
+    }
+
+    /// Fleet mode: the owned key's sandbox left as it is (`KeySlot::left`) is adopted for the
+    /// call binding now, as its next owner would adopt it: the sandbox it binds to, if it could
+    /// be tracked again.
+    pub(crate) fn adopt_left(&mut self, k: KeyIx) -> Option<SandboxIx> {
+        let Own::Owned(token) = self.keys[k].own else {
+            return None;
+        };
+        let id = self.keys[k].left.take()?;
+        tracing::debug!(sandbox = %id, "adopting the key's sandbox left as it was");
+        // Left in this very input, its record is still here, done with (the input's end would
+        // forget it): forgotten now, so that it can be tracked anew.
+        if let Some(x) = self.sandboxes.find(id) {
+            let old = &self.sandboxes[x];
+            if old.state == SandboxState::Dead
+                && old.bound.is_empty()
+                && old.awaiting == Awaiting::Nothing
+            {
+                self.sandboxes.remove(x);
+            }
+        }
+        self.adopt_sandbox(k, id, token)
+    }
+
+    /// An Adopt went unanswered in time: the sandbox still holds its key's history (the answer
+    /// may only be late: this process paused, or the backend is slow), so the Adopt is ordered
+    /// again, its calls still bound, up to [`WAY_DOWN_ATTEMPTS`](crate::WAY_DOWN_ATTEMPTS) in
+    /// all. Whether it was (the driver dropped the first at its deadline).
+    pub(crate) fn adopt_again(&mut self, x: SandboxIx) -> bool {
+        let sandbox = &mut self.sandboxes[x];
+        let Some(token) = sandbox.token.filter(|_| sandbox.adopted) else {
+            return false;
+        };
+        if sandbox.adopt_timeouts + 1 >= crate::WAY_DOWN_ATTEMPTS {
+            return false;
+        }
+        sandbox.adopt_timeouts += 1;
+        let (id, k) = (sandbox.id, sandbox.key);
+        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        tracing::debug!(sandbox = %id, %token, "adopt unanswered: ordered again");
+        self.out.commands.push_back(Command::Adopt {
+            sandbox: id,
+            key: self.keys[k].key.clone(),
+            token,
+            deadline,
+        });
+        true
+    }
+
+    /// [`adopt`](Self::adopt)'s work, without admitting the key's waiters: the sandbox, or
+    /// none when this process still tracks that id (it handed the sandbox over and still has
+    /// it on its way out: not adoptable twice; the key starts afresh).
+    fn adopt_sandbox(&mut self, k: KeyIx, id: SandboxId, token: Token) -> Option<SandboxIx> {
         let Some(x) = self.sandboxes.adopt(id, k) else {
-            // This process tracks that id already (it handed the sandbox over and still has it
-            // on its way out): not adoptable twice; start afresh.
             tracing::warn!(sandbox = %id, "handed-over sandbox still tracked here: not adopted");
-            self.admit(k);
-            return;
+            return None;
         };
         self.out.stats.adoptions_ordered += 1;
         let sandbox = &mut self.sandboxes[x];
@@ -428,7 +481,7 @@ impl Lifecycle {
             token,
             deadline,
         });
-        self.admit(k);
+        Some(x)
     }
 
     /// An adopted sandbox could not be taken over (gone, failed, late): its calls, taken off
@@ -529,7 +582,7 @@ impl Lifecycle {
                     by: *by,
                     retain_until: slot.retain.map(|at| at.at),
                 }),
-            warm: warm.map(|x| self.sandboxes[x].id),
+            warm: warm.map(|x| self.sandboxes[x].id).or(slot.left),
         };
         slot.own = Own::Releasing(release, token);
         tracing::debug!(%release, key = %slot.key, ?record, "release key");
@@ -623,8 +676,9 @@ impl Lifecycle {
                 slot.doubtful = false;
                 slot.recording = None;
                 // The record holds the snapshot now (or the new owner's record does): the key
-                // here no longer references it, and never discards it.
+                // here no longer references it, and never discards it. So with a sandbox left.
                 slot.snapshot = None;
+                slot.left = None;
                 if let Some(at) = slot.retain.take() {
                     self.timers.cancel(at);
                 }
@@ -681,6 +735,7 @@ impl Lifecycle {
         slot.current = None;
         slot.retiring = None;
         slot.snapshot = None;
+        slot.left = None;
         if let Some(at) = slot.retain.take() {
             self.timers.cancel(at);
         }
@@ -696,6 +751,10 @@ impl Lifecycle {
         for x in fenced {
             let starting = self.sandboxes[x].state == SandboxState::Starting;
             let bound: Few<CallIx> = self.sandboxes[x].bound.to_few();
+            for call in bound.iter() {
+                let session = self.calls[*call].session;
+                self.sessions[session].stale = true;
+            }
             if starting {
                 // Its calls fail: the sandbox is no longer this process's to start.
                 for call in self.calls.by_name_order(bound) {
@@ -816,7 +875,10 @@ impl Lifecycle {
         // the next owner the key's history, not a sandbox it suspended since.
         let resuming = slot
             .current
-            .filter(|x| self.sandboxes[*x].state == SandboxState::Starting)
+            .filter(|x| {
+                let x = &self.sandboxes[*x];
+                x.state == SandboxState::Starting && x.awaiting != Awaiting::Record
+            })
             .and_then(|x| self.sandboxes[x].resumed.as_ref());
         if let Some((snapshot, by)) = resuming {
             return KeyRecord {
@@ -837,10 +899,15 @@ impl Lifecycle {
                     by: *by,
                     retain_until: slot.retain.map(|at| at.at),
                 }),
+            // Up, or up and waiting for this record before its calls are ready.
             warm: slot
                 .current
-                .filter(|x| self.sandboxes[*x].accepts_uploads())
-                .map(|x| self.sandboxes[x].id),
+                .filter(|x| {
+                    let x = &self.sandboxes[*x];
+                    x.accepts_uploads() || x.awaiting == Awaiting::Record
+                })
+                .map(|x| self.sandboxes[x].id)
+                .or(slot.left),
         }
     }
 
@@ -870,10 +937,14 @@ impl Lifecycle {
         if slot.store_at.is_some()
             || slot.doubtful
             || slot.recording.is_some()
-            || slot.retiring.is_some()
+            || slot
+                .retiring
+                .is_some_and(|x| self.sandboxes[x].awaiting != Awaiting::Record)
             || slot.current.is_some_and(|x| {
                 let x = &self.sandboxes[x];
-                x.state == SandboxState::Starting && x.resumed.is_none()
+                x.state == SandboxState::Starting
+                    && x.resumed.is_none()
+                    && x.awaiting != Awaiting::Record
             })
         {
             // Not while its sandbox is on its way up either, unless it resumes: an adoption (or
@@ -909,6 +980,61 @@ impl Lifecycle {
         self.set_key_store_timer(k, deadline);
     }
 
+    /// Whether the store's record of the owned key `k` may name `sandbox` warm: the record it
+    /// confirmed does, or a write of it under way does. A sandbox so named is not shut down
+    /// before a write that no longer names it is confirmed (`Awaiting::Record`).
+    pub(crate) fn record_may_name(&self, k: KeyIx, sandbox: SandboxId) -> bool {
+        let slot = &self.keys[k];
+        matches!(slot.own, Own::Owned(_))
+            && (slot.recorded().warm == Some(sandbox)
+                || matches!(&slot.recording, Some(w) if w.1.warm == Some(sandbox)))
+    }
+
+    /// Fleet mode: whether the sandbox, up for calls of an owned key whose confirmed record
+    /// does not name it, waits for the record write that does (`Awaiting::Record`, still
+    /// starting) before its calls are ready. What those calls do is acknowledged only once the
+    /// key's next owner, should this process end, would continue from this sandbox: before,
+    /// a process that ended left a record naming the key's last sandbox or snapshot, and the
+    /// next owner started from there without the acknowledged work.
+    pub(crate) fn waits_for_record(&mut self, x: SandboxIx) -> bool {
+        let sandbox = &self.sandboxes[x];
+        let (k, id) = (sandbox.key, sandbox.id);
+        if sandbox.bound.is_empty()
+            || !matches!(self.keys[k].own, Own::Owned(_))
+            || self.keys[k].recorded().warm == Some(id)
+        {
+            return false;
+        }
+        tracing::debug!(sandbox = %id, "up: its calls wait for the key's record to name it");
+        self.sandboxes[x].awaiting = Awaiting::Record;
+        self.record_if_changed(k);
+        true
+    }
+
+    /// A record write of `k` was confirmed. The key's sandbox waiting for it on the way up
+    /// comes up once the record names it; its retiring sandbox, persisted and held back while
+    /// the record named it, is shut down (or left suspended, for the key's next start to take)
+    /// once no record may name it any more.
+    fn record_confirmed(&mut self, k: KeyIx) {
+        let slot = &self.keys[k];
+        if let Some(x) = slot.current.filter(|x| {
+            self.sandboxes[*x].awaiting == Awaiting::Record
+                && slot.recorded().warm == Some(self.sandboxes[*x].id)
+        }) {
+            self.sandboxes[x].awaiting = Awaiting::Nothing;
+            self.up(x);
+        }
+        let Some(x) = self.keys.get(k).and_then(|slot| slot.retiring) else {
+            return;
+        };
+        if self.sandboxes[x].awaiting == Awaiting::Record
+            && !self.record_may_name(k, self.sandboxes[x].id)
+        {
+            self.sandboxes[x].awaiting = Awaiting::Nothing;
+            self.persisted(x);
+        }
+    }
+
     /// A record write was answered.
     fn record_answered(
         &mut self,
@@ -942,6 +1068,7 @@ impl Lifecycle {
             Written::Done => {
                 self.out.stats.records_ok += 1;
                 self.keys[k].recorded = (!record.is_empty()).then(|| Box::new(record));
+                self.record_confirmed(k);
                 self.key_settles(k);
             }
             Written::Failed => {

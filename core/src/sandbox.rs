@@ -33,6 +33,10 @@ pub enum SandboxState {
     Stopping,
     /// Persist ordered.
     Persisting,
+    /// Fleet mode: persisted, its Shutdown (or its suspension) held back until its key's
+    /// durable record no longer names it warm (a record write naming the snapshot instead is
+    /// confirmed).
+    Persisted,
     /// Shutdown ordered.
     ShuttingDown,
     /// Fleet mode: drained, handed over warm to the key's next owner: the release of its key
@@ -70,6 +74,15 @@ pub(crate) enum Awaiting {
     Stop,
     Persist,
     Hook,
+    /// Fleet mode: a write of its key's durable record, before the sandbox goes on. Up
+    /// (state `Starting`), its calls are made ready once the record names it, so that what
+    /// they do is acknowledged only where the key's next owner would continue. Persisted
+    /// (state `Persisted`), its Shutdown (or its suspension, whose snapshot the key's next
+    /// start takes) waits until the record no longer names it warm: a process that ends
+    /// meanwhile leaves the next owner the sandbox or the snapshot, never a record naming a
+    /// sandbox already deleted or emptied. No sandbox timer (the record's store timer
+    /// runs; a lapse of the lease fences the key).
+    Record,
     Shutdown,
 }
 
@@ -120,6 +133,10 @@ pub(crate) struct Sandbox {
     /// How many of its Stops, then (counted afresh once a Stop succeeded) of its Persists,
     /// failed: each is ordered up to `WAY_DOWN_ATTEMPTS` times (`way_down.rs`).
     pub(crate) way_down_failures: u8,
+    /// Fleet mode, adopted: how many of its Adopts went unanswered in time. Each is ordered
+    /// again, up to `WAY_DOWN_ATTEMPTS` in all (`ownership.rs`): the sandbox holds its key's
+    /// history, and a late answer (this process paused) is no reason to lose it.
+    pub(crate) adopt_timeouts: u8,
     /// The backend lost its running instance while it was up, its workspace intact: it goes
     /// down as a suspension at its last release (or at once, without calls), with no drain
     /// and no before-hook, and no call binds to it again (`death.rs`).
@@ -156,6 +173,7 @@ impl Sandbox {
             token: None,
             adopted: false,
             way_down_failures: 0,
+            adopt_timeouts: 0,
         }
     }
 

@@ -63,6 +63,12 @@ pub(crate) struct Live {
     pub(crate) releasing: smallvec::SmallVec<[(CallId, SandboxIx); 1]>,
     /// Whether it had unsettled versions when last looked at (for `MirrorSettled`).
     pub(crate) unsettled: bool,
+    /// Fleet mode: a call of it lost its key to a fence, or came while its key was not this
+    /// process's. What the application writes for the session is stale until a call of it is
+    /// ready again (another process may have continued it meanwhile, or may yet): its flushes
+    /// are dropped at once (`fenced`), never uploaded over the owner's work once this process
+    /// owns the key.
+    pub(crate) stale: bool,
 }
 
 impl Live {
@@ -89,6 +95,7 @@ impl Live {
 }
 
 static NOT_LIVE: Live = Live {
+    stale: false,
     ready: Few::new_const(),
     coming: 0,
     linger: None,

@@ -50,6 +50,9 @@ impl Lifecycle {
     /// ready.
     #[inline(always)]
     pub(crate) fn up(&mut self, sandbox: SandboxIx) {
+        if self.liveness.is_some() && self.waits_for_record(sandbox) {
+            return;
+        }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         x.state = SandboxState::Running;
         let starters = self.calls.by_name_order(x.bound.to_few());
@@ -171,6 +174,28 @@ impl Lifecycle {
             self.give_back_snapshot(key, snapshot, by);
         }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
+        if adopted && error == ErrorKind::StartTimeout {
+            // Fleet: every Adopt went unanswered: the sandbox may well hold the key's history
+            // still. Its calls fail; it is relinquished, never shut down, and the key's record
+            // keeps naming it for whoever continues the key next.
+            let id = x.id;
+            for call in self.calls.by_name_order(starters) {
+                self.end_call(call, EndHow::Failed(error));
+            }
+            if self
+                .keys
+                .get(key)
+                .is_some_and(|slot| slot.token().is_some())
+            {
+                self.keys[key].left = Some(id);
+            }
+            self.relinquish(sandbox, crate::error::DropReason::SandboxGone);
+            if self.keys.get(key).is_some() {
+                self.admit(key);
+                self.key_settles(key);
+            }
+            return;
+        }
         if adopted {
             // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:
             // they queue first for the key again, and bind to a new start of it once the

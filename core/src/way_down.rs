@@ -109,10 +109,15 @@ impl Lifecycle {
         if let Some(snapshot) = x.snapshot.clone() {
             self.keep_snapshot(key, sandbox, snapshot, id);
         }
-        if self.sandboxes[sandbox].suspend {
-            self.suspended(sandbox);
+        if self.record_may_name(key, id) {
+            // Fleet: shut down, or suspended for the key's next start to take its workspace,
+            // only once the record names the snapshot instead.
+            let x = &mut self.sandboxes[sandbox];
+            x.state = SandboxState::Persisted;
+            x.awaiting = Awaiting::Record;
+            self.record_if_changed(key);
         } else {
-            self.shutdown(sandbox);
+            self.persisted(sandbox);
         }
         self.finish_input();
         Ok(())
@@ -368,6 +373,16 @@ impl Lifecycle {
         });
     }
 
+    /// The sandbox's Persist is done and its key's record does not name it: suspended, or shut
+    /// down, as its way down says.
+    pub(crate) fn persisted(&mut self, sandbox: SandboxIx) {
+        if self.sandboxes[sandbox].suspend {
+            self.suspended(sandbox);
+        } else {
+            self.shutdown(sandbox);
+        }
+    }
+
     /// Orders the sandbox's one Shutdown.
     pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
@@ -443,6 +458,9 @@ impl Lifecycle {
         let key = self.sandboxes[sandbox].key;
         tracing::warn!(sandbox = %id, ?kept, "way down failed: the workspace is left as it is");
         self.out.stats.left_as_is += 1;
+        if kept.is_none() && self.keys[key].token().is_some() {
+            self.keys[key].left = Some(id);
+        }
         self.out.events.push_back(Event::WayDownFailed {
             sandbox: id,
             key: self.keys[key].key.clone(),
@@ -558,8 +576,14 @@ impl Way<'_> {
 
     /// Stops awaiting the sandbox's outstanding Start, Stop or Persist, without ordering
     /// `Abandon` yet; whether there was one. The caller orders it right before the Shutdown.
+    /// A sandbox held back for its key's record (`Awaiting::Record`) has nothing outstanding
+    /// at the backend: it stops waiting, and the answer is no.
     pub(crate) fn stop_awaiting(&mut self, sandbox: SandboxIx) -> bool {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
+        if x.awaiting == Awaiting::Record {
+            x.awaiting = Awaiting::Nothing;
+            return false;
+        }
         if !matches!(
             x.awaiting,
             Awaiting::Start | Awaiting::Stop | Awaiting::Persist | Awaiting::Hook

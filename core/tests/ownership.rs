@@ -1128,10 +1128,105 @@ fn calls_of_a_failed_adoption_keep_the_key_and_bind_to_a_fresh_start() {
         panic!("a fresh start")
     };
     core.handle_start_ok(ms(3), sandbox).unwrap();
+    assert_eq!(
+        records_written(&mut core, ms(4)),
+        vec![KeyRecord {
+            snapshot: None,
+            warm: Some(sandbox)
+        }]
+    );
     assert!(events(&mut core).contains(&Event::CallReady {
         call: CallId::new("c1").unwrap(),
         sandbox
     }));
+}
+
+/// Found by the conservation check of the fleet simulator: calls made ready in a sandbox the
+/// key's record did not name yet acknowledged work (mirror versions) that a process ending
+/// before the record write landed lost: the next owner started from the older record. The
+/// calls are now ready only once the record naming the sandbox is confirmed; a failed write is
+/// made again, the calls still waiting.
+#[test]
+fn calls_are_ready_only_once_the_record_names_their_sandbox() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let (sandbox, k) = started_with_record_out(&mut core, ms(1), "c1", "s1", 3);
+    assert_eq!(
+        core.sandbox_state(sandbox),
+        Some(SandboxState::Starting),
+        "up, waiting for its record"
+    );
+    assert!(events(&mut core).is_empty(), "no call ready yet");
+    let Some(StoreCommand::Record {
+        recording, record, ..
+    }) = core.poll_store()
+    else {
+        panic!("the record write naming the sandbox")
+    };
+    assert_eq!(record.warm, Some(sandbox));
+    core.handle_record_failed(ms(2), recording, &k).unwrap();
+    assert!(events(&mut core).is_empty(), "still not ready");
+    // Written again once the store's retry is due.
+    let again = loop {
+        let at = core.poll_timeout().expect("a retry is due");
+        core.handle_timeout(at).unwrap();
+        if let Some(StoreCommand::Record { recording, .. }) = core.poll_store() {
+            break (recording, at);
+        }
+    };
+    core.handle_recorded(again.1, again.0, &k).unwrap();
+    assert_eq!(core.sandbox_state(sandbox), Some(SandboxState::Running));
+    assert!(events(&mut core).contains(&Event::CallReady {
+        call: CallId::new("c1").unwrap(),
+        sandbox
+    }));
+}
+
+/// Found by the conservation check of the fleet simulator: a persisted sandbox was shut down
+/// while the write of the record naming its snapshot was still out; the write failed, the
+/// process ended, and the next owner found a record naming the deleted sandbox and started
+/// afresh. The Shutdown now waits until the record no longer names the sandbox.
+#[test]
+fn a_persisted_sandbox_is_shut_down_only_once_the_record_names_its_snapshot() {
+    let mut core = leased(ReleasePolicy::Shutdown);
+    let x = owned_and_ready(&mut core, ms(1), "c1", "s1", 3);
+    release(&mut core, ms(2), "c1");
+    events(&mut core);
+    loop {
+        let cmds = commands(&mut core);
+        assert!(!cmds.is_empty(), "the way down goes on to its Persist");
+        let persisted = cmds.iter().any(|c| matches!(c, Command::Persist { .. }));
+        for c in cmds {
+            assert_eq!(answer_way_down(&mut core, ms(3), c, Some("ws1")), None);
+        }
+        if persisted {
+            break;
+        }
+    }
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Persisted));
+    assert_eq!(
+        commands(&mut core),
+        vec![],
+        "no Shutdown while the record names it"
+    );
+    let Some(StoreCommand::Record {
+        recording,
+        key: k,
+        record,
+        ..
+    }) = core.poll_store()
+    else {
+        panic!("the record write naming the snapshot")
+    };
+    assert_eq!(record.warm, None);
+    assert_eq!(
+        record.snapshot.map(|s| s.snapshot),
+        Some(Snapshot::new("ws1"))
+    );
+    core.handle_recorded(ms(4), recording, &k).unwrap();
+    assert!(matches!(
+        commands(&mut core).as_slice(),
+        [Command::Shutdown { sandbox, .. }] if *sandbox == x
+    ));
 }
 
 /// A call that comes while its key's sandbox goes down waits; the key stays this process's (no
@@ -1354,7 +1449,11 @@ fn close_lets_go_a_key_with_only_its_snapshot_after_its_record_write() {
             }
         }
     }
-    assert_eq!(core.sandbox_state(x), None, "down");
+    assert_eq!(
+        core.sandbox_state(x),
+        Some(SandboxState::Persisted),
+        "persisted, suspended only once the record no longer names it"
+    );
     let [(recording, ref record)] = writes[..] else {
         panic!("one record write: {writes:?}")
     };
@@ -1366,6 +1465,7 @@ fn close_lets_go_a_key_with_only_its_snapshot_after_its_record_write() {
         "no release while the write is out"
     );
     core.handle_recorded(ms(21), recording, &key("s1")).unwrap();
+    assert_eq!(core.sandbox_state(x), None, "suspended");
     assert_eq!(
         core.stats().records_ok,
         2,

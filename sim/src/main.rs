@@ -314,6 +314,7 @@ fn shrink(seed: u64, out: Option<PathBuf>, operations: bool, replicas: usize) ->
         let mut opts = sim::fleet::FleetOptions::new(replicas);
         // As `explore` ran it.
         opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
+        opts.conservation = std::env::var_os("SIM_FLEET_CONSERVATION").is_some();
         shrink_fleet_seed(seed, opts)
     } else {
         println!("seed {seed}: {}", Swarm::new(seed));

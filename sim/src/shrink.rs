@@ -219,6 +219,15 @@ pub fn shrink_fleet_seed(seed: u64, opts: FleetOptions) -> Result<Shrunk, Shrink
         fleet: Some(transcript.spec.clone()),
     };
     let first = with_steps(&base, steps.clone());
+    if let Some(path) = std::env::var_os("SIM_DUMP_TRANSCRIPT") {
+        let timing = transcript.config.fleet.expect("a fleet's configuration");
+        let mut text = config_line(&transcript.config, close_deadline) + "\n";
+        text.push_str(&(fleet_line_text(&transcript.spec, &timing) + "\n"));
+        for s in &steps {
+            text.push_str(&format!("{s}\n"));
+        }
+        let _ = std::fs::write(path, text);
+    }
     let Some(effective) = fails_same(&first, &invariant) else {
         let got = run_steps(&first, RunMode::Lenient, None).0;
         return Err(ShrinkError::NotReproduced {

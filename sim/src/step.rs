@@ -226,6 +226,7 @@ pub fn state_word(state: sandkeeper::SandboxState) -> &'static str {
         S::Draining => "draining",
         S::Stopping => "stopping",
         S::Persisting => "persisting",
+        S::Persisted => "persisted",
         S::ShuttingDown => "shutting-down",
         S::Dead => "dead",
         S::HandingOver => "handing-over",
@@ -233,13 +234,14 @@ pub fn state_word(state: sandkeeper::SandboxState) -> &'static str {
 }
 
 /// Every sandbox state, for parsing.
-pub const STATES: [sandkeeper::SandboxState; 9] = [
+pub const STATES: [sandkeeper::SandboxState; 10] = [
     sandkeeper::SandboxState::Starting,
     sandkeeper::SandboxState::Running,
     sandkeeper::SandboxState::Idle,
     sandkeeper::SandboxState::Draining,
     sandkeeper::SandboxState::Stopping,
     sandkeeper::SandboxState::Persisting,
+    sandkeeper::SandboxState::Persisted,
     sandkeeper::SandboxState::ShuttingDown,
     sandkeeper::SandboxState::Dead,
     sandkeeper::SandboxState::HandingOver,

@@ -262,24 +262,25 @@ fn held_store_work_is_answered_by_its_steps() {
                 [r0] expect waiting a\n\
                 advance 20ms\n\
                 [r0] start-ok @a\n\
-                [r0] expect ready a\n\
+                [r0] expect waiting a\n\
                 [r0] recorded session:s1\n\
+                [r0] expect ready a\n\
                 expect record session:s1 warm=@a\n\
                 [r1] acquire b session=s1\n\
                 [r1] claim-busy session:s1\n\
                 [r0] release a\n\
                 [r0] stop-ok @a snapshot=snap1\n\
                 [r0] persist-ok @a\n\
-                [r0] shutdown-ok @a\n\
                 expect record session:s1 warm=@a\n\
                 [r0] recorded session:s1\n\
                 expect record session:s1 warm=none snapshot=snap1\n\
+                [r0] shutdown-ok @a\n\
                 expect owner session:s1 r0 token=1\n\
                 [r0] expect relinquish @a\n";
     let verdict = run_text(text);
     // The sandbox went down, shut down: nothing was relinquished.
     assert!(
-        matches!(&verdict, Verdict::Fail { line: 24, .. }),
+        matches!(&verdict, Verdict::Fail { line: 25, .. }),
         "{verdict:?}"
     );
     let text = text.replace("[r0] expect relinquish @a\n", "[r0] expect shutdown @a\n");

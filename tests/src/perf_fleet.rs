@@ -39,11 +39,10 @@ fn idle_minute_writes(keys: usize) -> Result<u64, String> {
         let session = SessionId::new(format!("s{i}")).map_err(|e| e.to_string())?;
         core.acquire(t, CallSpec::new(call.clone(), session))
             .map_err(e)?;
-        answer_store(&mut core, t)?;
-        answer_commands(&mut core, t)?;
+        // Claimed, started, recorded (the call is ready once the record names its sandbox).
+        settle(&mut core, t)?;
         core.release(t, &call).map_err(e)?;
-        answer_commands(&mut core, t)?;
-        answer_store(&mut core, t)?;
+        settle(&mut core, t)?;
     }
     if core.stats().suspended != keys as u64 || core.tracked_keys() != keys {
         return Err(format!(
@@ -70,6 +69,17 @@ fn idle_minute_writes(keys: usize) -> Result<u64, String> {
     Ok(writes)
 }
 
+/// Answers store and sandbox commands at `t` until the core orders nothing more.
+fn settle(core: &mut Lifecycle, t: Instant) -> Result<(), String> {
+    loop {
+        let store = answer_store(core, t)?;
+        let commands = answer_commands(core, t)?;
+        if store == 0 && commands == 0 {
+            return Ok(());
+        }
+    }
+}
+
 /// Answers every store command as a store that grants everything would; how many there were.
 fn answer_store(core: &mut Lifecycle, t: Instant) -> Result<u64, String> {
     let mut n = 0;
@@ -92,9 +102,11 @@ fn answer_store(core: &mut Lifecycle, t: Instant) -> Result<u64, String> {
     Ok(n)
 }
 
-/// Answers every sandbox command successfully (a Stop with a snapshot).
-fn answer_commands(core: &mut Lifecycle, t: Instant) -> Result<(), String> {
+/// Answers every sandbox command successfully (a Stop with a snapshot); how many there were.
+fn answer_commands(core: &mut Lifecycle, t: Instant) -> Result<u64, String> {
+    let mut n = 0;
     while let Some(cmd) = core.poll_command() {
+        n += 1;
         let r = match cmd {
             Command::Start { sandbox, .. } | Command::Adopt { sandbox, .. } => {
                 core.handle_start_ok(t, sandbox)
@@ -117,7 +129,7 @@ fn answer_commands(core: &mut Lifecycle, t: Instant) -> Result<(), String> {
         r.map_err(|e| e.to_string())?;
     }
     while core.poll_event().is_some() {}
-    Ok(())
+    Ok(n)
 }
 
 /// The fleet figures.

@@ -364,6 +364,7 @@ fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
         calm_after: Some(Duration::from_nanos(FAULTS_NS)),
         on_advance: true,
         backend_fencing: opts.backend_fencing,
+        conservation: opts.conservation,
     });
     // A core panic fails the seed (check `panic`), as in one process; the world is not looked
     // at again but for what it reported and recorded up to the panic.
@@ -846,6 +847,12 @@ impl World {
                 self.fail("fenced-token-retired", format!("replica {r} {detail}"));
             }
             self.replicas[r].progress.command(&cmd);
+            if let Command::Discard {
+                snapshot, reason, ..
+            } = &cmd
+            {
+                self.conservation.discard_ordered(snapshot, *reason);
+            }
             self.seq += 1;
             let seq = self.seq;
             let inc = self.replicas[r].incarnation;

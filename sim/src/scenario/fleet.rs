@@ -92,6 +92,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         "calm-after",
         "events",
         "backend-fencing",
+        "conservation",
     ])?;
     let Some(n) = get(&keys, "replicas") else {
         return line.err("fleet needs replicas=<n> (at least 1)");
@@ -148,6 +149,15 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
             ))
         }
     };
+    let conservation = match get(&keys, "conservation") {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => {
+            return line.err(format!(
+                "invalid conservation `{other}`: expected on or off"
+            ))
+        }
+    };
     let calm_after = get(&keys, "calm-after")
         .map(|d| duration(line, d))
         .transpose()?;
@@ -162,6 +172,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         calm_after,
         on_advance,
         backend_fencing,
+        conservation,
     })
 }
 
@@ -190,6 +201,9 @@ pub fn fleet_line_text(spec: &FleetSpec, timing: &Fleet) -> String {
     }
     if !spec.backend_fencing {
         text.push_str(" backend-fencing=off");
+    }
+    if !spec.conservation {
+        text.push_str(" conservation=off");
     }
     text
 }

@@ -72,6 +72,9 @@ pub struct FleetSpec {
     /// (`backend-fencing=on`, the default); `off` is the hand-made canary of that check,
     /// whose breaks `token-order` catches.
     pub backend_fencing: bool,
+    /// The `conservation` check judges the run (`conservation=on`, the default); `off` runs
+    /// a scenario written before the check, or one that shows what it would miss.
+    pub conservation: bool,
 }
 
 /// A store answer, to a replica's oldest held piece of store work of its kind (for that key,

@@ -109,7 +109,7 @@ impl World {
             swept_sandboxes: BTreeSet::new(),
             swept_snapshots: BTreeSet::new(),
             conservation: sandkeeper_check::Conservation::new(),
-            check_conservation: false,
+            check_conservation: spec.conservation,
             flush_order: Default::default(),
             // As for a seed: every event printed as it happens.
             trace: std::env::var_os("SIM_FLEET_TRACE").is_some(),
