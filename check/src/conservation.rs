@@ -271,6 +271,22 @@ impl Conservation {
         }
     }
 
+    /// The snapshot `sandbox`'s Stop took goes by `name` from now on, not by the name this
+    /// checker was given (a scenario answers the Stop with a name of its own, which the core
+    /// then uses).
+    pub fn renamed(&mut self, sandbox: SandboxId, name: &Snapshot) {
+        let Some(old) = self.stopped_into.get(&sandbox).cloned() else {
+            return;
+        };
+        if let Some(held) = self.snapshots.remove(&old) {
+            self.snapshots.insert(name.clone(), held);
+        }
+        if self.unpersisted.contains_key(&sandbox) {
+            self.unpersisted.insert(sandbox, name.clone());
+        }
+        self.stopped_into.insert(sandbox, name.clone());
+    }
+
     /// The core accepted the Persist of `sandbox`'s snapshot, or salvaged it: its key keeps it
     /// apart from the sandbox.
     pub fn persisted(&mut self, sandbox: SandboxId) {
@@ -650,5 +666,58 @@ mod tests {
         c.instance_lost(SandboxId(1));
         c.command(&shutdown(1));
         assert_eq!(check(c.after_input()), "conservation");
+    }
+    /// A snapshot the core was told by another name (a scenario's answer) is followed by that
+    /// name: a start resuming it continues the key's work.
+    #[test]
+    fn a_renamed_snapshot_is_resumed_by_its_new_name() {
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, true));
+        c.stopped(SandboxId(0), Some(&Snapshot::new("snap-0")));
+        c.renamed(SandboxId(0), &Snapshot::new("snap1"));
+        c.persisted(SandboxId(0));
+        assert_eq!(check(c.after_input()), "ok");
+        c.command(&start(1, Some("snap1")));
+        assert_eq!(check(c.after_input()), "ok");
+        // By the name it had before, the key's work is not found.
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, true));
+        c.stopped(SandboxId(0), Some(&Snapshot::new("snap-0")));
+        c.renamed(SandboxId(0), &Snapshot::new("snap1"));
+        c.command(&start(1, Some("snap-0")));
+        assert_eq!(check(c.after_input()), "conservation");
+    }
+
+    /// A retention discard ordered (the backend runs it later) excuses the snapshot's work at
+    /// once; a superseded one does not. A discard of a snapshot a start took excuses what the
+    /// taking sandbox holds.
+    #[test]
+    fn an_ordered_retention_discard_excuses_its_snapshot() {
+        let discard = |c: &mut Conservation, reason| {
+            c.discard_ordered(&Snapshot::new("ws"), reason);
+            c.command(&start(2, None));
+            check(c.after_input())
+        };
+        let mut c = Conservation::new();
+        c.command(&start(0, None));
+        acknowledge(&mut c, 0, 1);
+        c.command(&stop(0, false));
+        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        c.persisted(SandboxId(0));
+        c.command(&shutdown(0));
+        let mut superseded = c.clone();
+        assert_eq!(discard(&mut c, DiscardReason::Retention), "ok");
+        assert_eq!(
+            discard(&mut superseded, DiscardReason::Superseded),
+            "conservation"
+        );
+        let mut taken = resumed();
+        taken.discard_ordered(&Snapshot::new("ws"), DiscardReason::Retention);
+        taken.command(&shutdown(1));
+        assert_eq!(check(taken.after_input()), "ok");
     }
 }

@@ -231,16 +231,33 @@
 //! Start that fails or times out (or whose after-resume hook fails) gives the snapshot back to
 //! its key and leaves the sandbox as it is; a resumed sandbox whose calls ended while it started
 //! goes down through Stop and Persist (`start.rs`). A lost running instance is never a death of a
-//! managed sandbox: up, it is suspended in place (`death.rs`). In fleet mode a claim hands out
-//! the key's record and the store keeps it until the new owner writes a newer one, and the core
-//! writes no record while the key's sandbox is on its way up, so a process that ends at any
-//! instant leaves the next owner what it found (`ownership.rs`); every change a process makes
-//! carries its token, and the drivers check the application's own operations against it too, so
-//! a process whose key was taken over changes nothing the next owner sees.
+//! managed sandbox: up, it is suspended in place (`death.rs`).
+//!
+//! In fleet mode the key's stored record is what a next owner continues from, so the core keeps
+//! it ahead of every acknowledgement and behind every deletion (`ownership.rs`):
+//! - a claim hands out the key's record and the store keeps it until the new owner writes a
+//!   newer one;
+//! - a sandbox that comes up makes its calls ready only once a record naming it is confirmed
+//!   ([`SandboxState::Starting`] meanwhile): nothing is acknowledged in a sandbox no record
+//!   names;
+//! - a persisted sandbox the record names is shut down, or left suspended for the next start
+//!   to take, only once a record naming its snapshot is confirmed ([`SandboxState::Persisted`]
+//!   meanwhile);
+//! - a sandbox left as it is with nothing salvaged stays named in the record, and the key's next
+//!   call (here, or at the next owner) adopts it; an Adopt unanswered in time is asked again,
+//!   and after every attempt its calls fail and it is relinquished, never shut down;
+//! - a session one of whose calls lost its key to a fence, or came while its key was another
+//!   process's, drops its flushes ([`DropReason::Fenced`]) until a call of it is ready: what
+//!   the application wrote then is not written over the owner's newer work.
+//!
+//! Every change a process makes carries its token, and the drivers check the application's own
+//! operations against it too, so a process whose key was taken over changes nothing the next
+//! owner sees.
 //!
 //! **What checks it.** The simulator's `conservation` checker
 //! (`sandkeeper_check::Conservation`) follows each key's acknowledged work through every
-//! transition after every input of every seed, with canaries x13 to x16 in `sim/canaries`; the
+//! transition after every input of every seed, one process and fleets alike, with canaries x13
+//! to x16 and f08 to f13 in `sim/canaries`; the
 //! drivers' real-process tests (`io-tokio/tests/fleet_processes.rs`: a process killed right
 //! after its claim or after an acknowledged write, a process paused past its lease that wakes
 //! after two takeovers; `fencing.rs` in both drivers) and the scenarios

@@ -222,8 +222,8 @@ fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) ->
         opts.trace = std::env::var_os("SIM_FLEET_TRACE").is_some();
         // The canary of the backend's fencing, by hand.
         opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
-        // The conservation check, not yet in the default batch (see `sim/src/fleet/mod.rs`).
-        opts.conservation = std::env::var_os("SIM_FLEET_CONSERVATION").is_some();
+        // The conservation check, on unless turned off by hand.
+        opts.conservation = std::env::var_os("SIM_FLEET_NO_CONSERVATION").is_none();
         let report = sim::fleet::run_fleet_seed(seed, opts);
         inputs += report.inputs;
         steps += report.steps;
@@ -314,7 +314,7 @@ fn shrink(seed: u64, out: Option<PathBuf>, operations: bool, replicas: usize) ->
         let mut opts = sim::fleet::FleetOptions::new(replicas);
         // As `explore` ran it.
         opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
-        opts.conservation = std::env::var_os("SIM_FLEET_CONSERVATION").is_some();
+        opts.conservation = std::env::var_os("SIM_FLEET_NO_CONSERVATION").is_none();
         shrink_fleet_seed(seed, opts)
     } else {
         println!("seed {seed}: {}", Swarm::new(seed));

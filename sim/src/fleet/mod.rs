@@ -36,7 +36,7 @@
 //! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
-//! | `conservation` (opt-in: `SIM_FLEET_CONSERVATION=1`) | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
+//! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
@@ -44,25 +44,15 @@
 //! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
 //! counters.
 //!
-//! `conservation` is not in the default batch yet: with it, 1,361 of 10,000 seeds of three
-//! replicas fail (997 by a start with no `resume_from` while the key owes work, 257 by a
-//! resume of a snapshot that lacks it, 107 by a loss between starts). The first it found were
-//! the simulated backend's, not the core's, and are fixed here (a start resumes a snapshot an
-//! earlier start took from where that start put it; an adoption takes back the workspace its
-//! crashed owner stopped, as the local backend does; the sweep is told which snapshot a
-//! sandbox's start took, as the local backend records it); one was the core's (a resume under
-//! way left the record naming the warm sandbox it had suspended: the record now names the
-//! snapshot the resume took). Two remaining failures examined in full are real losses the local
-//! driver shares, both an owner ending before its record names where the key's workspace went:
-//! seed 0, an owner resumes its key's snapshot as a new sandbox while its record write naming
-//! that snapshot is still out, acknowledges work there, pauses past its lease, and the write
-//! fails, so the next owner is handed a record naming the old warm sandbox and starts afresh;
-//! seed 163, an owner resumes the recorded snapshot, acknowledges work, suspends the new sandbox
-//! as a second snapshot and crashes before recording it, so the next owner resumes the first,
-//! which a start took and a stop then moved on (the local backend's `took_snapshot` looks in
-//! sandboxes, not in snapshots), and starts afresh. Closing both means acknowledging work in a
-//! fleet key's sandbox only once the key's durable record names what it continues from. The
-//! others are not examined yet.
+//! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
+//! in what the key's next owner continues from, through crashes, pauses past the lease, failed
+//! and late store writes and adoptions. What it found, each fixed in the core: calls made ready
+//! (and work acknowledged) in a sandbox no record named yet; a persisted sandbox shut down, or
+//! its suspension taken by a resume, while the record still named it; a sandbox left as it was
+//! (its Stop unanswered) dropped from the record; an adoption that timed out shut down with the
+//! key's history; a stale flush of a fenced process written over the next owner's newer log; and
+//! in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
+//! sandbox its crashed owner stopped, the sweep told which snapshot a start took.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
 //! released, or failed), every version settled, every replica closed, and every key with one
@@ -143,7 +133,8 @@ pub struct FleetOptions {
     pub replicas: usize,
     /// The backend refuses old tokens (off: the `token-order` check must catch what follows).
     pub backend_fencing: bool,
-    /// Run the `conservation` check (off by default: see the module docs for what it finds).
+    /// Run the `conservation` check (on by default; `SIM_FLEET_NO_CONSERVATION` turns it off,
+    /// to show what it alone catches).
     pub conservation: bool,
     /// Print every step to standard output.
     pub trace: bool,
@@ -158,7 +149,7 @@ impl FleetOptions {
         FleetOptions {
             replicas,
             backend_fencing: true,
-            conservation: false,
+            conservation: true,
             trace: false,
             transcript: false,
         }
@@ -260,6 +251,10 @@ enum Ev {
     Sweep,
 }
 
+/// A version one incarnation of a replica flushed: (replica, incarnation, session, path,
+/// version).
+type FlushedVersion = (usize, u32, SessionId, PathName, u64);
+
 struct World {
     rng: Rng,
     now: u64,
@@ -289,11 +284,11 @@ struct World {
     conservation: Conservation,
     /// Whether `conservation` is judged (it is always fed).
     check_conservation: bool,
-    /// Each version a replica flushed, by (replica, incarnation, session, its version), as the
-    /// world's flush order: a process numbers its own versions, but every flush writes the
-    /// session's whole log as it was then, so a later flush holds every earlier one, whichever
-    /// process made it.
-    flush_order: std::collections::HashMap<(usize, u32, SessionId, u64), u64>,
+    /// Each version a replica flushed, by (replica, incarnation, session, path, its version),
+    /// as the world's flush order: a process numbers its own versions, but every flush writes
+    /// the path's whole content as it was then, so a later flush holds every earlier one,
+    /// whichever process made it.
+    flush_order: std::collections::HashMap<FlushedVersion, u64>,
     /// Print every step (`FleetOptions::trace`).
     trace: bool,
     /// The first check that broke and what it saw, beside `report.failure`.
@@ -607,6 +602,12 @@ impl World {
         if let Some(v) = self.backend.violation.take() {
             self.fail("token-order", v);
         }
+        self.judge_conservation();
+    }
+
+    /// `conservation` after a step: the starts of the step continue from what their keys owe,
+    /// and every key whose holders changed still holds it.
+    pub(super) fn judge_conservation(&mut self) {
         let judged = self.conservation.after_input();
         if let (true, Err(v)) = (self.check_conservation, judged) {
             self.fail(v.check, v.detail);
@@ -1043,6 +1044,15 @@ impl World {
         }
     }
 
+    /// Numbers the version replica `r` just flushed in the world's flush order
+    /// (`flush_order`), for `conservation`.
+    pub(super) fn note_flush(&mut self, r: usize, session: &SessionId, path: &PathName, v: u64) {
+        let order = self.flush_order.len() as u64 + 1;
+        let inc = self.replicas[r].incarnation;
+        self.flush_order
+            .insert((r, inc, session.clone(), path.clone(), v), order);
+    }
+
     fn flush(&mut self, r: usize, session: SessionId) {
         if self.replicas[r].core.is_closing() {
             return;
@@ -1060,10 +1070,7 @@ impl World {
         match self.apply_input(r, |core, t| core.flush(t, &session, &path, payload)) {
             Ok((version, local)) => {
                 // Recorded before the drain, whose events may settle it.
-                let order = self.flush_order.len() as u64 + 1;
-                let inc = self.replicas[r].incarnation;
-                self.flush_order
-                    .insert((r, inc, session.clone(), version.0), order);
+                self.note_flush(r, &session, &path, version.0);
                 let flushed = self.replicas[r]
                     .versions
                     .flushed(&session, &path, version.0);
@@ -1132,7 +1139,8 @@ impl World {
                     self.fail(v.check, v.detail);
                 }
                 if let sandkeeper::Settlement::Uploaded { sandbox } = outcome {
-                    let order = self.flush_order.get(&(r, inc, session.clone(), version.0));
+                    let flushed = (r, inc, session.clone(), path.clone(), version.0);
+                    let order = self.flush_order.get(&flushed);
                     if let Some(order) = order.copied() {
                         let work = Work::Version(session, path);
                         self.conservation.acknowledged(sandbox, work, order);
@@ -1276,7 +1284,7 @@ impl World {
                 },
                 _,
             ) => {
-                let flushed = (r, inc, session.clone(), version.0);
+                let flushed = (r, inc, session.clone(), path.clone(), version.0);
                 if let Some(order) = self.flush_order.get(&flushed).copied() {
                     let work = Work::Version(session.clone(), path.clone());
                     self.conservation.written(*sandbox, work, order);

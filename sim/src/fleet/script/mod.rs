@@ -281,6 +281,7 @@ impl World {
                 self.note(format!("r{r} resumes"));
             }
             self.process(ev);
+            self.judge_conservation();
         }
         self.now = self.now.max(target);
     }
@@ -291,6 +292,7 @@ impl World {
         while let Some((r, inc, cmd, fails)) = self.script_mut().due.pop_front() {
             let (input, deadline) = self.store_runs(r, inc, cmd, fails);
             self.deliver(r, inc, input, deadline, None);
+            self.judge_conservation();
         }
     }
 

@@ -38,7 +38,11 @@ pub fn run_fleet_scenario(
     let mut effective = Vec::new();
     for (i, (line, step)) in scenario.steps.iter().enumerate() {
         w.script_mut().step = i + 1;
-        let r = crate::panics::catch(|| w.script_step(step));
+        let r = crate::panics::catch(|| {
+            let done = w.script_step(step);
+            w.judge_conservation();
+            done
+        });
         if let Some(log) = log.as_mut() {
             log(&format!("{line:>4}  {step}"));
             w.flush_log(&mut **log);

@@ -279,6 +279,7 @@ impl World {
             Ok((version, local)) => {
                 self.script_mut().seen[r].last_error = None;
                 // Recorded before the drain, whose events may settle it.
+                self.note_flush(r, session, &path, version.0);
                 if let Err(v) = self.replicas[r].versions.flushed(session, &path, version.0) {
                     self.fail(v.check, format!("replica {r}: {}", v.detail));
                 }
@@ -444,6 +445,7 @@ impl World {
                 let outcome = self.backend_runs(o.r, o.inc, &o.cmd);
                 let outcome = match (answer, outcome) {
                     (Answer::StopOk { snapshot: Some(s) }, Outcome::Ok(_)) => {
+                        self.conservation.renamed(sandbox, s);
                         Outcome::Ok(Some(s.clone()))
                     }
                     (_, outcome) => outcome,
