@@ -11,7 +11,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); in fleet mode, a sandbox of the key `persisted` while a record write of the key is not answered or was answered failed, or follows a failed release (its Shutdown waits for the record to stop naming it); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); in fleet mode, a sandbox of the key `persisted` while a record write of the key is not answered or was answered failed, or follows a failed release (its Shutdown waits for the record to stop naming it); in fleet mode, a sandbox of the key this process relinquished and still tracks (its lost calls not released: the record may name it for adoption, which waits for it); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
 //! | `wait-timeout-held` | a call fails with `wait-timeout` only if its key had queued calls at the last look (held back then, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
@@ -51,6 +51,10 @@ pub struct Progress {
     records: Vec<(Key, Option<RecordingId>)>,
     /// The keys with queued calls at the last look (each held back then).
     queued: Vec<Key>,
+    /// Fleet mode: sandboxes relinquished (the key was lost, or handed over) with their keys,
+    /// while the core still tracks them (lost calls not released yet): the key's record may
+    /// name one for adoption, which waits until the core forgot it.
+    relinquished: Vec<(SandboxId, Key)>,
     /// Sandboxes whose running instance was lost while they were up, their workspace kept:
     /// each holds its key back until it is down (it goes down as a suspension at its last
     /// release), as a sandbox on its way down does.
@@ -68,6 +72,7 @@ impl Progress {
             claims: Vec::new(),
             busy: Vec::new(),
             records: Vec::new(),
+            relinquished: Vec::new(),
             queued: Vec::new(),
             lost: Vec::new(),
         }
@@ -80,6 +85,12 @@ impl Progress {
                 self.sandboxes.push((*sandbox, key.clone()));
             }
             Command::Shutdown { sandbox, .. } | Command::Relinquish { sandbox } => {
+                if let Command::Relinquish { .. } = cmd {
+                    let key = self.sandboxes.iter().find(|(x, _)| x == sandbox);
+                    if let Some((x, key)) = key.cloned() {
+                        self.relinquished.push((x, key));
+                    }
+                }
                 self.sandboxes.retain(|(x, _)| x != sandbox);
                 self.lost.retain(|x| x != sandbox);
             }
@@ -192,6 +203,10 @@ impl Progress {
             self.sandboxes
                 .retain(|(x, _)| core.sandbox_state(*x).is_some());
         }
+        if !self.relinquished.is_empty() {
+            self.relinquished
+                .retain(|(x, _)| core.sandbox_state(*x).is_some());
+        }
         // The keys of the calls that may be queued (under `Serialize`, of every live call),
         // each with its live calls and whether one of them may be queued: borrowed, not copied
         // (a fleet has calls queued after most of its inputs). Without `Serialize` each key is
@@ -264,6 +279,11 @@ impl Progress {
     fn held(&self, core: &Lifecycle, key: &Key) -> bool {
         // The store's reasons first: in a fleet most queued calls wait for their key's claim.
         if self.not_ours(core, key) {
+            return true;
+        }
+        // Fleet: a sandbox of the key this process relinquished and still tracks (its lost
+        // calls not released): the key's record may name it, and its adoption waits for it.
+        if self.relinquished.iter().any(|(_, k)| k == key) {
             return true;
         }
         self.sandboxes.iter().any(|(x, k)| {

@@ -256,9 +256,11 @@ impl Lifecycle {
     }
 
     /// Whether calls of the fleet key may bind now: only when this process owns it, is not in
-    /// doubt about a release, and its sandbox is not being handed over. A fleet key's slot is
-    /// `Local` only within the input that made it, before its first claim: not bindable (fail
-    /// closed; a non-fleet key never asks).
+    /// doubt about a release, its sandbox is not being handed over, and the sandbox its record
+    /// names for adoption is not one this process still tracks (relinquished when it lost the
+    /// key, its lost calls not released yet: adopted once it is forgotten, never replaced by a
+    /// fresh start). A fleet key's slot is `Local` only within the input that made it, before
+    /// its first claim: not bindable (fail closed; a non-fleet key never asks).
     pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         match slot.own {
@@ -267,6 +269,9 @@ impl Lifecycle {
                     && !slot
                         .current
                         .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
+                    && !slot
+                        .left
+                        .is_some_and(|id| self.sandboxes.find(id).is_some())
             }
             _ => false,
         }
@@ -407,7 +412,10 @@ impl Lifecycle {
     /// Adopts the warm sandbox `id` the key's last owner handed over: tracked as starting, its
     /// Adopt ordered; the key's calls bind to it as to a start.
     fn adopt(&mut self, k: KeyIx, id: SandboxId, token: Token) {
-        self.adopt_sandbox(k, id, token);
+        if self.adopt_sandbox(k, id, token).is_none() {
+            // Still tracked here: adopted once forgotten (`may_bind`, `adopt_left`).
+            self.keys[k].left = Some(id);
+        }
         self.admit(k);
     }
 
@@ -461,7 +469,8 @@ impl Lifecycle {
 
     /// [`adopt`](Self::adopt)'s work, without admitting the key's waiters: the sandbox, or
     /// none when this process still tracks that id (it handed the sandbox over and still has
-    /// it on its way out: not adoptable twice; the key starts afresh).
+    /// it on its way out, or relinquished it when it lost the key and its lost calls are not
+    /// released yet: not adoptable twice).
     fn adopt_sandbox(&mut self, k: KeyIx, id: SandboxId, token: Token) -> Option<SandboxIx> {
         let Some(x) = self.sandboxes.adopt(id, k) else {
             tracing::warn!(sandbox = %id, "handed-over sandbox still tracked here: not adopted");

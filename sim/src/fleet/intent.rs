@@ -91,6 +91,11 @@ pub(super) struct Intent {
     uploads: Uploads,
     /// What each key keeps for its next start.
     pub(super) snapshots: Snapshots,
+    /// Per owned key, the sandbox its next call adopts though it is not up here (for record
+    /// parity): one left as it was after its way down failed with nothing salvaged, or the one
+    /// a claim's record named while this process still tracked it (relinquished, its lost
+    /// calls not released). Until the key's next Adopt or Start, or the key is no longer held.
+    pub(super) left: BTreeMap<Key, SandboxId>,
 }
 
 impl Intent {
@@ -105,6 +110,7 @@ impl Intent {
             outputs: Outputs::new(),
             uploads: Uploads::new(),
             snapshots: Snapshots::new(config.release.tiers().retain),
+            left: BTreeMap::new(),
         }
     }
 
@@ -140,6 +146,10 @@ impl Intent {
             ) => {
                 let now_held = core.key_token(key);
                 if now_held == Some(*token) && was != now_held {
+                    // Adopted by this input's commands, or later (`command` clears it).
+                    if let Some(x) = record.warm {
+                        self.left.insert(key.clone(), x);
+                    }
                     if let Some(s) = &record.snapshot {
                         let (snapshot, by) = (s.snapshot.clone(), s.by);
                         self.snapshots
@@ -213,6 +223,14 @@ impl Intent {
                 let by = given_back.unwrap_or(*sandbox);
                 self.snapshots.persisted(key, snapshot.clone(), by, now);
             }
+            if let Event::WayDownFailed {
+                sandbox,
+                key,
+                kept: None,
+            } = ev
+            {
+                self.left.insert(key.clone(), *sandbox);
+            }
             if let Event::WayDownFailed { sandbox, .. } = ev {
                 if let Some(s) = self.sandboxes.get_mut(sandbox) {
                     s.lane.leave_as_is();
@@ -228,6 +246,9 @@ impl Intent {
         if let Command::Adopt { .. } = cmd {
             // Taken over (perhaps again): a new lane here.
             self.sandboxes.remove(&x);
+        }
+        if let Command::Adopt { key, .. } | Command::Start { key, .. } = cmd {
+            self.left.remove(key);
         }
         let lane = self.sandboxes.get(&x).map(|s| s.lane);
         let mut verdict = self.outputs.command(cmd, lane.as_ref());
@@ -421,6 +442,9 @@ impl Intent {
             .collect();
         for key in gone {
             self.snapshots.let_go(&key);
+        }
+        if !self.left.is_empty() {
+            self.left.retain(|k, _| core.key_token(k).is_some());
         }
         // What the core forgot is no key's any more (kept short for `record-parity`).
         for of_key in self.of_key.values_mut() {

@@ -18,7 +18,9 @@
 //!   stopping, persisting, shutting down, handed over or dead.
 //!
 //! Then the record must name exactly what the core would continue from: as `warm`, the key's
-//! sandbox that is up (none when none is), and as its snapshot the one the key keeps for its
+//! sandbox that is up, else the one its next call adopts though it is not up here (left as it
+//! was after a failed way down, or named by the claim's record while this process still
+//! tracked it: [`Intent::left`]), else none, and as its snapshot the one the key keeps for its
 //! next start (`sandkeeper_check::Snapshots`, fed by [`super::intent`]: its last persist, or
 //! the snapshot its claim was handed), by name and by the sandbox that persisted it (the
 //! retention's instant is carried across clocks and not compared).
@@ -125,6 +127,8 @@ pub(super) fn check(
         }
         warm = Some(*x);
     }
+    // Nothing up: the sandbox the key's next call adopts, if one was left to it.
+    let warm = warm.or_else(|| intent.left.get(key).copied());
     let kept = intent.snapshots.kept(key);
     let recorded = stored.snapshot.as_ref().map(|s| (&s.snapshot, s.by));
     if stored.warm == warm && recorded == kept {
