@@ -107,7 +107,10 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl K8sBackend {
     /// Takes this owner's Lease, sweeps objects of owners whose Lease is gone, and keeps the
     /// Lease renewed while the backend lives. Whether this mode can serve the keeper's release
-    /// policy is checked when the keeper is made ([`Backend::check_config`]).
+    /// policy is checked when the keeper is made ([`Backend::check_config`]). The report says
+    /// what the sweep deleted, and how many claims of a dead owner or of this owner it found
+    /// suspended by the controller for inactivity ([`SweepReport::auto_suspended`]: judged as
+    /// claims their keeper suspended, each named in a warning; see the crate docs).
     pub async fn connect(cluster: Cluster) -> Result<(Self, SweepReport), K8sError> {
         let install = cluster.check_install().await?;
         cluster.acquire_lease().await?;

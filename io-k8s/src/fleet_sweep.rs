@@ -7,17 +7,20 @@
 //! is live), and the objects with their `.../sandbox` label (the maker's incarnation is the
 //! number's upper half). A claim is seen as a sandbox, and also as a snapshot when its Sandbox
 //! is suspended or a record names it as one (a suspended claim's `shutdownTime` is its
-//! retention, which its Persist set); it goes only when every way of seeing it lets it go.
-//! Leases and retention are judged a lease later than a claim would be.
+//! retention: what its Persist set, or else the backstop it was made or last resumed with); it
+//! goes only when every way of seeing it lets it go. Leases and retention are judged a lease
+//! later than a claim would be.
 //!
 //! A claim whose Sandbox the controller suspended by itself for inactivity
-//! ([`Suspension::ByController`](crate::crd::Suspension::ByController): its pod deleted,
-//! `operatingMode` left `Running`) is no snapshot: no keeper suspended it and no retention was
-//! set. It is judged as the sandbox it is, so it stays while its key's owner lives or its
-//! key's record names it (the next owner adopts it and runs it again on the same volumes,
-//! `adopt.rs`), however long the controller keeps it suspended, and goes like any sandbox a
-//! departed process left once nothing names it. Once a keeper took the suspension over (the
-//! core suspends a sandbox whose instance was lost), it is a suspended claim like any other.
+//! ([`Suspension::ByController`]: its pod deleted, `operatingMode` left `Running`) is judged
+//! exactly as a claim its keeper suspended in the same place, never as a running sandbox whose
+//! pod is gone: a keeper alive when the controller suspended it would have suspended it by mode
+//! (the core suspends a sandbox whose instance was lost), and the claim it leaves is the one
+//! that keeper's suspension without a retention leaves, its `shutdownTime` the backstop. So it
+//! stays while its key's owner lives or its key's record names it (warm: the next owner adopts
+//! it and runs it again on the same volumes, `adopt.rs`), however long the controller keeps it
+//! suspended; named by nothing, it stays until its `shutdownTime`, when the claim controller
+//! deletes it anyway.
 //!
 //! Unlike the local root's, this sweep cannot hold a lock across its decision: each deletion
 //! carries the object's `resourceVersion` as read as a precondition, so an object that changed
@@ -25,7 +28,7 @@
 //! snapshot is dropped by a replace under the key Lease's `resourceVersion` as read, skipped
 //! when the key changed meanwhile.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kube::api::{DeleteParams, ListParams, Preconditions};
@@ -37,7 +40,7 @@ use sandkeeper_tokio::local::store::{unix_ms, Swept};
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;
-use crate::crd::POD_NAME_ANNOTATION;
+use crate::crd::{Suspension, POD_NAME_ANNOTATION};
 use crate::error::K8sError;
 use crate::fleet_store::K8sStore;
 use crate::names::{self, SANDBOX, SESSION_HASH};
@@ -111,7 +114,7 @@ impl K8sStore {
                 swept.unrecorded += 1;
             }
             if cluster.delete_as_read(&object).await? {
-                tracing::info!(object = %object.name, "swept");
+                tracing::info!(object = %object.name, by_controller = object.by_controller, "swept");
                 if object.claim && object.suspended {
                     swept.snapshots += 1;
                 } else {
@@ -132,8 +135,10 @@ pub(crate) struct FleetObject {
     /// The number of its sandbox (its `.../sandbox` label).
     pub(crate) sandbox: u64,
     hash: Option<String>,
-    /// Its Sandbox is suspended (claims only).
+    /// Its Sandbox is suspended, by a keeper or by the controller (claims only).
     pub(crate) suspended: bool,
+    /// By the controller, for inactivity ([`Suspension::ByController`]).
+    by_controller: bool,
     /// Its `shutdownTime`, for a suspended claim: its retention.
     expires: Option<Instant>,
     /// The pod whose workspace is the sandbox's: the pod itself, or the pod of a claim's
@@ -163,10 +168,10 @@ impl Cluster {
                             .map_err(|e| err(e, calls::LIST_SANDBOXES, "sandboxes"))
                     })
                     .await?;
-                let suspended: BTreeSet<String> = sandboxes
+                let suspended: BTreeMap<String, Suspension> = sandboxes
                     .iter()
-                    .filter(|s| s.spec.operating_mode.as_deref() == Some("Suspended"))
-                    .map(|s| s.name_any())
+                    .map(|s| (s.name_any(), s.suspension()))
+                    .filter(|(_, by)| *by != Suspension::None)
                     .collect();
                 let pods: BTreeMap<String, String> = sandboxes
                     .iter()
@@ -180,7 +185,8 @@ impl Cluster {
                         continue;
                     };
                     let of = c.status.as_ref().and_then(|s| s.sandbox.as_ref());
-                    let is_suspended = of.is_some_and(|s| suspended.contains(&s.name));
+                    let by = of.and_then(|s| suspended.get(&s.name)).copied();
+                    let is_suspended = by.is_some();
                     let pod = of.and_then(|s| pods.get(&s.name)).cloned();
                     let expires = c
                         .spec
@@ -198,6 +204,7 @@ impl Cluster {
                         sandbox,
                         hash: c.labels().get(SESSION_HASH).cloned(),
                         suspended: is_suspended,
+                        by_controller: by == Some(Suspension::ByController),
                         expires: expires.filter(|_| is_suspended),
                         pod,
                     });
@@ -217,6 +224,7 @@ impl Cluster {
                         sandbox,
                         hash: p.labels().get(SESSION_HASH).cloned(),
                         suspended: false,
+                        by_controller: false,
                         expires: None,
                     });
                 }

@@ -1,6 +1,14 @@
 //! Owner liveness: one `coordination.k8s.io/v1` Lease per owner instance, renewed while the
 //! instance lives; at start-up, objects of owners whose Lease is gone or expired are swept. At
 //! close, an owner deletes everything it labelled.
+//!
+//! The start-up sweep judges a claim by its owner alone, whatever its Sandbox is doing: a dead
+//! owner's claims go (running, suspended by a keeper, or suspended by the controller for
+//! inactivity, [`Suspension::ByController`]), a live owner's and this owner's own stay. So a
+//! claim the controller suspended is never deleted because its pod is gone, and goes exactly
+//! where and when one its keeper suspended goes. The sweep still tells it apart, as the
+//! operator may not expect it (a keeper ended with the sandbox running, and the controller
+//! paused it since): it is counted in [`SweepReport::auto_suspended`] and named in a warning.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,10 +19,11 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::ResourceExt;
 
 use crate::cluster::{calls, err, wall_clock, Cluster};
+use crate::crd::{SandboxClaim, Suspension};
 use crate::error::K8sError;
 use crate::names::{self, MANAGED_BY, MANAGER, OWNER};
 
-/// What a sweep removed.
+/// What a sweep removed, and the claims it found suspended by the controller.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepReport {
     /// Owners found dead (no Lease, or an expired one), in name order.
@@ -25,6 +34,13 @@ pub struct SweepReport {
     pub pods: usize,
     /// Leases deleted.
     pub leases: usize,
+    /// Claims whose Sandbox the controller had suspended for inactivity
+    /// ([`Suspension::ByController`]: its pod deleted, `operatingMode` left `Running`), each
+    /// named in a warning: a dead owner's, deleted with its owner's other claims (and counted
+    /// in [`claims`](Self::claims) too), and this owner's own, left by an earlier run under the
+    /// same name and kept. Either is judged as a claim its keeper suspended would be; a live
+    /// owner's is that owner's to handle, and not counted.
+    pub auto_suspended: usize,
 }
 
 /// Renews the Lease in the background until dropped.
@@ -205,8 +221,10 @@ impl Cluster {
     }
 
     /// Deletes every claim and pod of owners other than this one whose Lease is gone or
-    /// expired, then their Leases. Owners with a live Lease are left alone. Claims are looked
-    /// for only in agent-sandbox mode (a cluster without the CRD answers 404 to the list).
+    /// expired, then their Leases. Owners with a live Lease are left alone. A cluster without
+    /// the claims' CRD (pod mode) answers 404 to their list: no claims. A claim whose Sandbox
+    /// the controller suspended is judged by its owner as any other (see the module docs), and
+    /// reported: [`SweepReport::auto_suspended`], and a warning naming it.
     pub async fn sweep_orphans(&self) -> Result<SweepReport, K8sError> {
         let sel = names::managed_selector();
         let claims = match self.list_claims(&sel).await {
@@ -256,8 +274,16 @@ impl Cluster {
                 .iter()
                 .filter(|c| owner_of(c.metadata.labels.as_ref()).as_deref() == Some(owner.as_str()))
             {
-                if self.delete_claim(&c.name_any()).await? {
+                // Read before the deletion, which takes the Sandbox with the claim.
+                let paused = self.paused_by_controller(c).await;
+                let claim = c.name_any();
+                if self.delete_claim(&claim).await? {
                     report.claims += 1;
+                }
+                if let Some(sandbox) = paused {
+                    report.auto_suspended += 1;
+                    tracing::warn!(%claim, %sandbox, %owner,
+                        "a claim of an owner whose lease is gone, its Sandbox suspended by the controller for inactivity (its pod deleted, not dead); swept with its owner's other objects, as a claim its keeper suspended is");
                 }
             }
             for p in pods
@@ -275,7 +301,39 @@ impl Cluster {
             }
             report.dead_owners.push(owner);
         }
+        let own = self.config.owner.as_str();
+        for c in claims
+            .iter()
+            .filter(|c| owner_of(c.metadata.labels.as_ref()).as_deref() == Some(own))
+        {
+            if let Some(sandbox) = self.paused_by_controller(c).await {
+                report.auto_suspended += 1;
+                tracing::warn!(claim = %c.name_any(), %sandbox,
+                    "a claim this owner left in an earlier run, its Sandbox suspended by the controller for inactivity (its pod deleted, not dead); kept, as a claim this owner suspended is");
+            }
+        }
         Ok(report)
+    }
+
+    /// The name of the claim's Sandbox when the controller suspended it for inactivity
+    /// ([`Suspension::ByController`]). A Sandbox that cannot be read is not taken for one
+    /// (with a warning): nothing the sweep does depends on it.
+    async fn paused_by_controller(&self, claim: &SandboxClaim) -> Option<String> {
+        let name = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox.as_ref())
+            .map(|s| s.name.clone())
+            .filter(|n| !n.is_empty())?;
+        match self.sandbox_opt(&name).await {
+            Ok(Some(sb)) if sb.suspension() == Suspension::ByController => Some(name),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, claim = %claim.name_any(), sandbox = %name,
+                    "the sweep could not read a claim's Sandbox to tell whether the controller suspended it");
+                None
+            }
+        }
     }
 
     /// How many pods labelled with this owner exist now and are not being deleted. A pod that

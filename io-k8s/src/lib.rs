@@ -47,8 +47,24 @@
 //! terminal), so the core suspends the sandbox as the controller did; a `Persist` that
 //! suspends waits until the controller shows the keeper's mode; a resume or a fleet adoption
 //! that finds a Sandbox the controller suspended takes the suspension over by mode, then sets
-//! `Running` (which the controller counts as activity) and runs it on its volumes; the fleet
-//! sweep judges such a claim as the sandbox it is (`fleet_sweep.rs`).
+//! `Running` (which the controller counts as activity) and runs it on its volumes.
+//!
+//! A keeper that ends (crashes, or is killed) leaves its warm sandboxes running, and the
+//! controller may suspend them after it. At connect, and in a fleet's sweeps, such a claim is
+//! judged exactly as a claim its keeper suspended is in the same place, and never as dead
+//! because its pod is gone: a keeper alive when the controller suspended it would have
+//! suspended it by mode (the core suspends a sandbox whose instance was lost), so the claim
+//! the controller leaves is judged as the one that keeper would have left.
+//! - [`K8sBackend::connect`]'s orphan sweep judges every claim by its owner alone (`lease.rs`):
+//!   a dead owner's claims go, suspended or not, and a live owner's and this owner's own stay.
+//!   Each claim it finds the controller suspended, a dead owner's (swept) or this owner's own
+//!   from an earlier run (kept), is counted in [`SweepReport::auto_suspended`] and named in a
+//!   warning: its keeper ended with it running, and the controller paused it since.
+//! - A fleet's sweep ([`K8sStore::sweep`], the first at once when its keeper starts; its
+//!   backend's [`K8sBackend::connect_fleet`] sweeps nothing) sees such a claim as a sandbox and
+//!   as a suspended claim whose retention is its `shutdownTime` (`fleet_sweep.rs`): it stays
+//!   while its key's owner lives or its key's record names it, and, named by nothing, until its
+//!   `shutdownTime`, as a claim its keeper suspended without a retention does.
 //!
 //! Behaviour:
 //! - [`K8sBackend::connect`] first checks the install (`install.rs`): in agent-sandbox mode the
@@ -63,7 +79,8 @@
 //! - every object carries owner, session-hash and sandbox labels ([`names`]) and a server-side
 //!   expiry backstop (claim `shutdownTime`, pod `activeDeadlineSeconds`);
 //! - each owner keeps a `Lease`; [`Cluster::sweep_orphans`] deletes objects of owners whose
-//!   Lease is gone (`lease.rs`);
+//!   Lease is gone (`lease.rs`), and reports the claims among them and among this owner's own
+//!   whose Sandbox the controller suspended (see above);
 //! - fleet mode's store ([`K8sStore`], `fleet_store.rs`): process leases, key entries with
 //!   fencing tokens and durable records, in Leases changed under their `resourceVersion`
 //!   and the backend's token checks (`fence.rs`: the newest token a sandbox has seen, on its

@@ -1,7 +1,8 @@
 //! Fleet mode's sweep on Kubernetes (`K8sStore::sweep`), against the loopback API: what a live
 //! process made, what a live owner's key holds and what a record names stay; what a dead
 //! process left that nothing names goes; a claim a record names as its snapshot goes when the
-//! record's retention ended, and the record stops naming it.
+//! record's retention ended, and the record stops naming it; a claim the controller suspended
+//! for inactivity is judged as one its keeper suspended.
 
 mod common;
 
@@ -177,25 +178,38 @@ async fn a_recorded_claim_goes_when_its_retention_ends_and_the_record_lets_go_of
     );
 }
 
-/// The controller's own auto-suspension (its pod deleted, `operatingMode` left `Running`)
-/// makes no snapshot of a claim: the sweep judges it as the sandbox it is. A claim whose
-/// crashed owner's key record names it (warm) stays, however long it stays suspended (the
-/// controller set no retention); one nothing names goes like any sandbox a dead process left.
+/// A claim the controller suspended for inactivity (its pod deleted, `operatingMode` left
+/// `Running`) is judged as a claim its keeper suspended (by mode, without a retention, as the
+/// core suspends a sandbox whose instance was lost) is in the same place, never as a running
+/// sandbox whose pod is gone. Of a dead process, with its key's owner gone too: both stay while
+/// the key's record names their sandbox (warm: the next owner adopts it), however long; both
+/// stay, named by nothing, until their `shutdownTime`, which the sweep reads as their
+/// retention; and both go at the same sweep once it passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_the_controller_suspended_stays_while_its_keys_record_names_it() {
-    use k8s_loopback::resources::SANDBOXES;
+async fn a_claim_the_controller_suspended_is_swept_as_one_its_keeper_suspended() {
     let server = server().await;
     let backend = connect(&server, claim_config("maker")).await;
     let store = K8sStore::new(
         cluster(&server, claim_config("sweeper")),
         Duration::from_secs(10),
     );
-    let t0 = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    // The wall clock, on which the backend sets a claim's `shutdownTime`.
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    let t0 = now - Duration::from_secs(100);
     let dead = FleetStore::register(&store).await.unwrap();
     FleetStore::renew(&store, dead, 1, t0).await.unwrap();
-    let (named, unnamed) = (id(dead, 1), id(dead, 2));
-    let mut claims = vec![];
-    for (x, k) in [(named, "w"), (unnamed, "u")] {
+    // Each key's sandbox: suspended by the controller (or by its keeper), named by the key's
+    // record (or not).
+    let cases = [
+        ("keeper-named", false, true),
+        ("controller-named", true, true),
+        ("keeper-unnamed", false, false),
+        ("controller-unnamed", true, false),
+    ];
+    let mut claims = std::collections::BTreeMap::new();
+    for (n, (k, by_controller, named)) in (1..).zip(cases) {
+        let x = id(dead, n);
         backend
             .start(StartRequest {
                 sandbox: x,
@@ -207,73 +221,53 @@ async fn a_claim_the_controller_suspended_stays_while_its_keys_record_names_it()
             })
             .await
             .unwrap();
-        claims.push(backend.handle(x).unwrap());
-    }
-    let Claim::Claimed(token, _) = FleetStore::claim(&store, key("w"), dead, 1, t0)
-        .await
-        .unwrap()
-    else {
-        panic!("claimed")
-    };
-    let warm = StoredRecord {
-        snapshot: None,
-        warm: Some(named),
-    };
-    assert!(FleetStore::release(&store, key("w"), dead, token, warm, t0)
-        .await
-        .unwrap());
-
-    server.enable_auto_suspension(true);
-    for h in &claims {
-        let sb = h.sandbox_name.clone().unwrap();
-        server
-            .store()
-            .modify(&SANDBOXES, NS, &sb, |s| {
-                s["spec"]["autoSuspension"] = serde_json::json!({"inactivityTimeoutSeconds": 60});
-            })
-            .unwrap();
-        until(&server, "the activity is noted", || {
-            server
-                .store()
-                .get(&SANDBOXES, NS, &sb)
-                .is_ok_and(|s| s.pointer("/status/lastActivityTime").is_some())
-        })
-        .await;
-    }
-    server.advance_clock(Duration::from_secs(61));
-    until(&server, "the controller suspended both", || {
-        claims
-            .iter()
-            .all(|h| server.store().get(&PODS, NS, &h.pod).is_err())
-    })
-    .await;
-
-    let now = t0 + Duration::from_secs(100);
-    let swept = FleetStore::sweep(&store, now).await.unwrap();
-    assert_eq!(
-        swept,
-        Swept {
-            sandboxes: 1,
-            snapshots: 0,
-            unrecorded: 0
+        let h = backend.handle(x).unwrap();
+        if named {
+            let Claim::Claimed(token, _) = FleetStore::claim(&store, key(k), dead, 1, t0)
+                .await
+                .unwrap()
+            else {
+                panic!("claimed")
+            };
+            let warm = StoredRecord {
+                snapshot: None,
+                warm: Some(x),
+            };
+            assert!(FleetStore::release(&store, key(k), dead, token, warm, t0)
+                .await
+                .unwrap());
         }
-    );
-    assert!(server
-        .store()
-        .get(&SANDBOX_CLAIMS, NS, &claims[0].object)
-        .is_ok());
-    assert!(server
-        .store()
-        .get(&SANDBOX_CLAIMS, NS, &claims[1].object)
-        .is_err());
-    let a_year_on = now + Duration::from_secs(365 * 24 * 3600);
+        if by_controller {
+            auto_suspend(&server, h.sandbox_name.as_deref().unwrap(), &h.pod).await;
+        } else {
+            // What a Persist that suspends does (its retention unset: the claim keeps the
+            // `shutdownTime` backstop it was made with).
+            backend.cluster().suspend_sandbox(&h).await.unwrap();
+        }
+        claims.insert(k, h.object);
+    }
+    let there = |k: &str| server.store().get(&SANDBOX_CLAIMS, NS, &claims[k]).is_ok();
+
     assert_eq!(
-        FleetStore::sweep(&store, a_year_on).await.unwrap(),
+        FleetStore::sweep(&store, now).await.unwrap(),
         Swept::default(),
-        "named by its key's record: kept"
+        "all four kept"
     );
-    assert!(server
-        .store()
-        .get(&SANDBOX_CLAIMS, NS, &claims[0].object)
-        .is_ok());
+    for (k, ..) in cases {
+        assert!(there(k), "{k} kept");
+    }
+    // Past their `shutdownTime` (made a day on, `maxLifetimeSecs`; judged a lease later).
+    let past = now + Duration::from_secs(24 * 3600 + 600);
+    assert_eq!(
+        FleetStore::sweep(&store, past).await.unwrap(),
+        Swept {
+            sandboxes: 0,
+            snapshots: 2,
+            unrecorded: 0
+        },
+        "the two suspended claims nothing names, as snapshots"
+    );
+    for (k, _, named) in cases {
+        assert_eq!(there(k), named, "{k}");
+    }
 }

@@ -28,7 +28,7 @@ use sandkeeper_tokio::{
     AdoptRequest, Backend, CallGuard, Keeper, KeeperConfig, Loss, PersistRequest, StartRequest,
     StopRequest, UploadRequest,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn key() -> Key {
     Key::Session(SessionId::new("s1").unwrap())
@@ -72,21 +72,6 @@ fn sandbox_label(o: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-fn ready_reason(server: &Loopback, sandbox: &str) -> Option<String> {
-    let sb = server.store().get(&SANDBOXES, NS, sandbox).ok()?;
-    sb.pointer("/status/conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .and_then(|c| {
-            Some(format!(
-                "{}/{}",
-                c["status"].as_str()?,
-                c["reason"].as_str()?
-            ))
-        })
-}
-
 fn pod(server: &Loopback, name: &str) -> Option<Value> {
     server.store().get(&PODS, NS, name).ok()
 }
@@ -127,43 +112,6 @@ async fn lose_pod(server: &Loopback, name: &str) {
         pod(server, name).is_some_and(|p| p["metadata"]["uid"] != uid && running(&p))
     })
     .await;
-}
-
-/// Has the controller suspend the Sandbox `sandbox` for inactivity, as upstream's
-/// `--enable-auto-suspend-and-resume` does: a 60 s inactivity timeout set on it, then the
-/// server clock moved past it. Waits until its pod is gone.
-async fn auto_suspend(server: &Loopback, sandbox: &str, pod_name: &str) {
-    outlive_inactivity_timeout(server, sandbox).await;
-    until(server, "the controller suspended the Sandbox", || {
-        ready_reason(server, sandbox).as_deref() == Some("False/SandboxAutoSuspended")
-            && pod(server, pod_name).is_none()
-    })
-    .await;
-    let sb = server.store().get(&SANDBOXES, NS, sandbox).unwrap();
-    assert_eq!(
-        sb["spec"]["operatingMode"], "Running",
-        "the controller suspends without touching operatingMode"
-    );
-}
-
-/// Turns auto-suspension on for the Sandbox `sandbox` (60 s) and moves the server clock past
-/// its inactivity timeout.
-async fn outlive_inactivity_timeout(server: &Loopback, sandbox: &str) {
-    server.enable_auto_suspension(true);
-    server
-        .store()
-        .modify(&SANDBOXES, NS, sandbox, |sb| {
-            sb["spec"]["autoSuspension"] = json!({"inactivityTimeoutSeconds": 60});
-        })
-        .unwrap();
-    until(server, "the controller noted the activity", || {
-        server
-            .store()
-            .get(&SANDBOXES, NS, sandbox)
-            .is_ok_and(|sb| sb.pointer("/status/lastActivityTime").is_some())
-    })
-    .await;
-    server.advance_clock(Duration::from_secs(61));
 }
 
 /// The losses the death watch of `b`'s cluster reports, collected from now on (once its

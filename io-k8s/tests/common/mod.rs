@@ -144,3 +144,68 @@ pub fn delete_pod(server: &Loopback, pod: &str) {
         )
         .unwrap();
 }
+
+/// The `Ready` condition of the Sandbox `sandbox` as `status/reason`, if it has one.
+pub fn ready_reason(server: &Loopback, sandbox: &str) -> Option<String> {
+    let sb = server
+        .store()
+        .get(&k8s_loopback::resources::SANDBOXES, NS, sandbox)
+        .ok()?;
+    sb.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| {
+            Some(format!(
+                "{}/{}",
+                c["status"].as_str()?,
+                c["reason"].as_str()?
+            ))
+        })
+}
+
+/// Has the controller suspend the Sandbox `sandbox` for inactivity, as upstream's
+/// `--enable-auto-suspend-and-resume` does: a 60 s inactivity timeout set on it, then the
+/// server clock moved past it. Waits until its pod `pod_name` is gone.
+pub async fn auto_suspend(server: &Loopback, sandbox: &str, pod_name: &str) {
+    outlive_inactivity_timeout(server, sandbox).await;
+    let pod_gone = || {
+        server
+            .store()
+            .get(&k8s_loopback::resources::PODS, NS, pod_name)
+            .is_err()
+    };
+    until(server, "the controller suspended the Sandbox", || {
+        ready_reason(server, sandbox).as_deref() == Some("False/SandboxAutoSuspended") && pod_gone()
+    })
+    .await;
+    let sb = server
+        .store()
+        .get(&k8s_loopback::resources::SANDBOXES, NS, sandbox)
+        .unwrap();
+    assert_eq!(
+        sb["spec"]["operatingMode"], "Running",
+        "the controller suspends without touching operatingMode"
+    );
+}
+
+/// Turns auto-suspension on for the Sandbox `sandbox` (60 s) and moves the server clock past
+/// its inactivity timeout.
+pub async fn outlive_inactivity_timeout(server: &Loopback, sandbox: &str) {
+    use k8s_loopback::resources::SANDBOXES;
+    server.enable_auto_suspension(true);
+    server
+        .store()
+        .modify(&SANDBOXES, NS, sandbox, |sb| {
+            sb["spec"]["autoSuspension"] = json!({"inactivityTimeoutSeconds": 60});
+        })
+        .unwrap();
+    until(server, "the controller noted the activity", || {
+        server
+            .store()
+            .get(&SANDBOXES, NS, sandbox)
+            .is_ok_and(|sb| sb.pointer("/status/lastActivityTime").is_some())
+    })
+    .await;
+    server.advance_clock(std::time::Duration::from_secs(61));
+}
