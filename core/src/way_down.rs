@@ -64,9 +64,10 @@ impl Lifecycle {
     /// The sandbox's Stop failed: it is not running for the core (whatever a backend flag
     /// says). The Stop is ordered again, up to [`WAY_DOWN_ATTEMPTS`] in all; when every one
     /// failed, a sandbox that holds its key's history (it resumed the key's snapshot, was
-    /// adopted, or is being suspended) is left to the backend as it is (never shut down: that
-    /// would delete the only copy) and the application is told ([`Event::WayDownFailed`],
-    /// nothing kept); any other sandbox is shut down, as its policy would have done.
+    /// adopted, or is being suspended), or in fleet mode any sandbox of an owned key, is left
+    /// to the backend as it is (never shut down: that would delete the only copy) and the
+    /// application is told ([`Event::WayDownFailed`], nothing kept); any other sandbox is shut
+    /// down, as its policy would have done.
     ///
     /// Errors: as [`handle_start_ok`](Self::handle_start_ok).
     pub fn handle_stop_failed(&mut self, now: Instant, sandbox: SandboxId) -> Result<(), Error> {
@@ -373,10 +374,15 @@ impl Lifecycle {
         });
     }
 
-    /// The sandbox's Persist is done and its key's record does not name it: suspended, or shut
-    /// down, as its way down says.
+    /// The sandbox's Persist is done, or its snapshot salvaged (its way down given up), and its
+    /// key's record does not name it: suspended, shut down, or left as it is, as its way down
+    /// says.
     pub(crate) fn persisted(&mut self, sandbox: SandboxIx) {
-        if self.sandboxes[sandbox].suspend {
+        let x = &self.sandboxes[sandbox];
+        if x.way_down_failures >= WAY_DOWN_ATTEMPTS {
+            let kept = x.snapshot.clone();
+            self.left_as_it_is(sandbox, kept);
+        } else if self.sandboxes[sandbox].suspend {
             self.suspended(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -419,16 +425,27 @@ impl Lifecycle {
     /// The sandbox's way down cannot go on: every Stop (`snapshot` none) or every Persist of
     /// `snapshot` failed, or one went unanswered. A snapshot its Stop took is salvaged (its
     /// key keeps it, as a Persist would have made it) and the sandbox left as it is; without
-    /// one, a sandbox that holds its key's history is left as it is; any other is shut down,
-    /// as its policy would have done. Nothing is awaited of it any more.
+    /// one, a sandbox kept on failure ([`keeps_on_failure`](Self::keeps_on_failure)) is left as
+    /// it is; any other is shut down, as its policy would have done. Nothing is awaited of it
+    /// any more.
     pub(crate) fn way_down_gave_up(&mut self, sandbox: SandboxIx, snapshot: Option<Snapshot>) {
         let x = &self.sandboxes[sandbox];
         debug_assert_eq!(x.awaiting, Awaiting::Nothing);
         let (key, id) = (x.key, x.id);
         if let Some(snapshot) = snapshot {
             self.keep_snapshot(key, sandbox, snapshot.clone(), id);
+            if self.record_may_name(key, id) {
+                // Fleet: left as it is, and the key's next start free to take the snapshot,
+                // only once the record names the snapshot instead (`persisted`).
+                let x = &mut self.sandboxes[sandbox];
+                x.way_down_failures = WAY_DOWN_ATTEMPTS;
+                x.state = SandboxState::Persisted;
+                x.awaiting = Awaiting::Record;
+                self.record_if_changed(key);
+                return;
+            }
             self.left_as_it_is(sandbox, Some(snapshot));
-        } else if self.holds_history(sandbox) {
+        } else if self.keeps_on_failure(sandbox) {
             self.left_as_it_is(sandbox, None);
         } else {
             self.shutdown(sandbox);
@@ -439,7 +456,17 @@ impl Lifecycle {
     /// [`way_down_gave_up`](Self::way_down_gave_up)).
     pub(crate) fn keeps_when_given_up(&self, sandbox: SandboxIx) -> bool {
         let x = &self.sandboxes[sandbox];
-        (x.awaiting == Awaiting::Persist && x.snapshot.is_some()) || self.holds_history(sandbox)
+        (x.awaiting == Awaiting::Persist && x.snapshot.is_some()) || self.keeps_on_failure(sandbox)
+    }
+
+    /// Whether a failed or unanswered way down leaves the sandbox as it is rather than shutting
+    /// it down: it holds its key's history ([`holds_history`](Self::holds_history)), or, in
+    /// fleet mode, its key is owned here. A fleet key's record then keeps naming it and the
+    /// key's next call adopts it: a Stop whose answer never came may have moved the workspace
+    /// into a snapshot the core never learned of, and a Shutdown would lose work the calls were
+    /// told is safe (the backend takes the workspace back on adoption).
+    pub(crate) fn keeps_on_failure(&self, sandbox: SandboxIx) -> bool {
+        self.holds_history(sandbox) || self.keys[self.sandboxes[sandbox].key].token().is_some()
     }
 
     /// Whether the sandbox's workspace is its key's history, not just its own calls' work: it
