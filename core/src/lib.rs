@@ -243,9 +243,13 @@
 //! - a persisted sandbox the record names is shut down, or left suspended for the next start
 //!   to take, only once a record naming its snapshot is confirmed ([`SandboxState::Persisted`]
 //!   meanwhile);
-//! - a sandbox left as it is with nothing salvaged stays named in the record, and the key's next
-//!   call (here, or at the next owner) adopts it; an Adopt unanswered in time is asked again,
-//!   and after every attempt its calls fail and it is relinquished, never shut down;
+//! - a sandbox whose way down failed is left as it is, never shut down (a Stop unanswered may
+//!   have moved its workspace into a snapshot the core never learned of); with nothing
+//!   salvaged it stays named in the record, and the key's next call (here, or at the next
+//!   owner) adopts it; a salvaged snapshot is the key's to resume once the record names it; an
+//!   Adopt unanswered in time is asked again, and after every attempt its calls fail and it is
+//!   relinquished, never shut down; a key claimed back while this process still tracks the
+//!   sandbox its record names waits to adopt it;
 //! - a session one of whose calls lost its key to a fence, or came while its key was another
 //!   process's, drops its flushes ([`DropReason::Fenced`]) until a call of it is ready: what
 //!   the application wrote then is not written over the owner's newer work.
