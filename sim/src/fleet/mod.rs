@@ -38,15 +38,15 @@
 //! | `call-events`, `ready-on-live-sandbox`, `binding-stable`, `no-teardown-under-live-call`, `resolve-own-sandbox`, `release-live`, `release-completes-once`, `typed-errors` (and the other `Calls` checks) | per incarnation, `sandkeeper_check::Calls` as in one process (`process.rs`), the getter checks over every live call after every input: a sandbox is dead once an upload the core awaited in it was answered `gone` or its key was fenced under the token it was started or adopted with (its ready calls then get `SandboxLost`); torn down once draining (until a Stop, a before hook, or a handover of its key ends the drain), stopped, shut down or relinquished. An application input whose own input lapsed the lease first is fed after the lapse's events |
 //! | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` | per incarnation, `sandkeeper_check::Deadlines` (`process.rs`) on the replica's clock, the bounds after an input judged at the instant its core's timers last ran; in fleet mode a `wait-timeout` comes at or after its deadline (at the replica's first timer run), a call queued again after a failed adoption waits afresh, one bound after its wait deadline (an input before the wake-up, after a pause) is held to its start from then, and one whose sandbox waits for its key's record to name it leaves the bound (no call timer runs then) |
 //! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::Mirror` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush is judged without that flush's version |
+//! | `counters` | per incarnation, as in one process (`process.rs`): the core's `Stats` count the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and released that were seen (an Adopt is no Start, a Relinquish no Shutdown) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
-//! Not run here: the one-process history's `drain-waits-for-holds`, `drain-waits-for-work`,
-//! `suspension-keeps-workspace` and the counters (the core's `Stats` against what was seen),
-//! and `Calls`' `liveness-release-completes` (the fleet's own liveness checks that every call
-//! ended).
+//! Not run here: the one-process history's `drain-waits-for-holds`, `drain-waits-for-work` and
+//! `suspension-keeps-workspace`, and `Calls`' `liveness-release-completes` (close forgets the
+//! releases in flight; the fleet's own liveness checks that every call ended).
 //!
 //! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
 //! in what the key's next owner continues from, through crashes, pauses past the lease, failed

@@ -36,6 +36,10 @@
 //! - **Relinquish** ends a sandbox as a Shutdown does (torn down); an **Adopt** starts it as a
 //!   Start does (the lanes are `intent.rs`'s).
 //!
+//! With them, the one-process history's `counters`: after every input, the core's `Stats` count
+//! the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and
+//! released that were seen (an Adopt is no Start, a Relinquish no Shutdown).
+//!
 //! A crash drops the incarnation's checkers with it; a restart is a new incarnation, with fresh
 //! ones.
 
@@ -64,7 +68,17 @@ struct Sx {
     relinquished: bool,
 }
 
-/// One incarnation's `Calls`, `Deadlines` and `Mirror`. See the module docs.
+/// The core's counters these checks count too, as `Stats` names them.
+const COUNTERS: [&str; 6] = [
+    "starts_ordered",
+    "shutdowns_ordered",
+    "uploads_ordered",
+    "versions_flushed",
+    "calls_acquired",
+    "calls_released",
+];
+
+/// One incarnation's `Calls`, `Deadlines` and `Mirror`, and its counters. See the module docs.
 #[derive(Debug)]
 pub(super) struct Process {
     calls: Calls,
@@ -90,6 +104,8 @@ pub(super) struct Process {
     handed: Vec<SandboxId>,
     /// `Closed` came.
     closed: bool,
+    /// What was seen of each of [`COUNTERS`].
+    seen: [u64; 6],
 }
 
 /// An application input, kept until its input's events are seen.
@@ -142,6 +158,7 @@ impl Process {
             lapse_end: 0,
             flushed_now: None,
             closed: false,
+            seen: [0; 6],
         }
     }
 
@@ -183,6 +200,7 @@ impl Process {
         };
         match (given, result) {
             (Given::Acquire(call, session, user, external), Ok(())) => {
+                self.seen[4] += 1;
                 let (call, user, external) = (&call, user.as_ref(), external.as_ref());
                 let broken = self.calls.acquired(call, &session, user, external);
                 self.starting.remove(call);
@@ -191,6 +209,7 @@ impl Process {
             }
             (Given::Acquire(call, ..), Err(kind)) => self.calls.acquire_rejected(&call, kind),
             (Given::Release(call), Ok(())) => {
+                self.seen[5] += 1;
                 let c = self.calls.released(&call)?;
                 self.starting.remove(&call);
                 self.bounds.call_settled(&call);
@@ -218,6 +237,7 @@ impl Process {
                 },
                 _,
             ) => {
+                self.seen[3] += 1;
                 let (calls, sandboxes) = (&self.calls, &self.sandboxes);
                 let dead = |x| sandboxes.get(&x).is_some_and(|s: &Sx| s.dead);
                 let up = || calls.has_up_call(&session, dead);
@@ -365,7 +385,9 @@ impl Process {
         self.mirror.command(cmd);
         let x = cmd.sandbox();
         match cmd {
+            Command::Upload { .. } => self.seen[2] += 1,
             Command::Start { key, token, .. } => {
+                self.seen[0] += 1;
                 self.recorded.remove(&x);
                 self.sandboxes.insert(
                     x,
@@ -391,7 +413,9 @@ impl Process {
             Command::Hook { hook, .. } if !hook.is_after() => {
                 self.sandboxes.entry(x).or_default().draining = false
             }
-            Command::Stop { .. } | Command::Shutdown { .. } => {
+            Command::Stop { .. } => self.sandboxes.entry(x).or_default().draining = false,
+            Command::Shutdown { .. } => {
+                self.seen[1] += 1;
                 self.sandboxes.entry(x).or_default().draining = false
             }
             Command::Relinquish { .. } => {
@@ -483,6 +507,29 @@ impl Process {
         }
     }
 
+    /// `counters`: the core's counters agree with what was seen of them.
+    fn counters(&self, core: &Lifecycle) -> Result<(), Violation> {
+        let stats = core.stats();
+        let counted = [
+            stats.starts_ordered,
+            stats.shutdowns_ordered,
+            stats.uploads_ordered,
+            stats.versions_flushed,
+            stats.calls_acquired,
+            stats.calls_released,
+        ];
+        match (0..COUNTERS.len()).find(|i| counted[*i] != self.seen[*i]) {
+            None => Ok(()),
+            Some(i) => Err(Violation::new(
+                "counters",
+                format!(
+                    "stats.{} is {}, {} were seen",
+                    COUNTERS[i], counted[i], self.seen[i]
+                ),
+            )),
+        }
+    }
+
     /// An input at `now` ended, the core's timers having last run at `timers_at`: the bounds,
     /// the mirror, then the getter checks over every live call.
     pub(super) fn input_done(
@@ -505,6 +552,7 @@ impl Process {
         self.bounds
             .after_input(timers_at, closed, |u| uploads.is_awaited(u), draining)?;
         self.mirror.input_done(versions)?;
+        self.counters(core)?;
         if closed || self.calls.live().is_empty() {
             return Ok(());
         }
@@ -674,5 +722,28 @@ mod tests {
         p.told(Told::Release(&c), Ok(()), Instant::ZERO).unwrap();
         let broken = input(&mut p, &events).unwrap_err();
         assert_eq!(broken.check, "call-events");
+    }
+
+    /// A counter of the core's that disagrees with what was seen fails by name: here an acquire
+    /// the checks were told of and the core never took.
+    #[test]
+    fn a_counter_the_core_did_not_count_fails_by_name() {
+        let config = fleet_config();
+        let core = Lifecycle::new(config.clone()).unwrap();
+        let mut p = Process::new(&config);
+        let (versions, uploads) = (Versions::new(), Uploads::new());
+        let at = Instant::ZERO;
+        p.input_done(&core, at, at, &versions, &uploads, up)
+            .unwrap();
+        let (c, s) = (CallId::new("c").unwrap(), SessionId::new("s").unwrap());
+        p.told(Told::Acquire(&c, &s, None, None), Ok(()), at)
+            .unwrap();
+        let broken = (p.input_done(&core, at, at, &versions, &uploads, up)).unwrap_err();
+        assert_eq!(broken.check, "counters");
+        assert!(
+            broken.detail.contains("calls_acquired"),
+            "{}",
+            broken.detail
+        );
     }
 }
