@@ -9,6 +9,20 @@
 //! | `wait-within-timeout` | a call that fails with `wait-timeout` fails exactly at its acquire plus the wait timeout; after every input, no call is still neither ready nor ended past its acquire plus the wait and start timeouts |
 //! | `close-within-deadlines` | after every input, `Closed` has come if the close deadline and the grace have both passed since `close` |
 //!
+//! In fleet mode (`config.fleet` set) a call's wait is measured from its acquire or from when
+//! the core queued it again after an adoption that failed ([`Deadlines::waiting_again`]: the
+//! core gives such a call its wait timeout afresh), and `wait-timeout` fails it at or after
+//! that plus the wait timeout, not exactly then: a replica's timers run when its driver wakes
+//! it, at the first instant of its own clock at or past the deadline, and a paused replica's
+//! clock jumps past it. The caller judges [`Deadlines::after_input`] at the instant the core's
+//! timers last ran. A fleet call whose sandbox is up and waits for its key's durable record to
+//! name it (the core makes it ready only then) has left its call's timeouts behind: no timer of
+//! the call bounds that wait (the record write's own deadline and the lease do), so it leaves
+//! the bound ([`Deadlines::awaits_record`]). And a replica's inputs other than a wake-up run no
+//! timer: one that comes after a pause, its clock past a call's wait deadline before the wait's
+//! timer ran, may still bind the call to a start, whose start timeout (and hook) bound it from
+//! there ([`Deadlines::bound`]).
+//!
 //! Each bound is a min-heap of (deadline, subject) with lazy deletion: an entry whose subject
 //! has moved on is dropped when it reaches the top, so a bound costs O(log n) per entry over its
 //! life. Whether an upload attempt is still awaited and whether a sandbox still drains is the
@@ -53,6 +67,8 @@ pub struct Deadlines {
     /// How long a call may stay neither ready nor ended ([`pending_bound`]), computed once: it
     /// is read after every input.
     pending_bound: Duration,
+    /// Fleet mode: a `wait-timeout` may come later than its deadline (see the module docs).
+    fleet: bool,
 }
 
 impl Deadlines {
@@ -75,6 +91,7 @@ impl Deadlines {
             close_by: None,
             hooks: config.hooks,
             pending_bound: pending_bound(config),
+            fleet: config.fleet.is_some(),
         }
     }
 
@@ -83,6 +100,30 @@ impl Deadlines {
         self.pending.insert(call.clone(), now);
         self.pending_heap
             .push(Reverse((now + self.pending_bound, call.clone())));
+    }
+
+    /// Fleet mode: an adoption `call` was bound to failed, and the core queued the call again at
+    /// `now` with its wait timeout afresh: its wait (and its bound) start over.
+    pub fn waiting_again(&mut self, call: &CallId, now: Instant) {
+        self.acquired(call, now);
+    }
+
+    /// Fleet mode: the core bound `call` to a starting sandbox at `now`. Bound past its wait
+    /// deadline (its wait's timer not yet run), it is held to its start and hook from `now`.
+    pub fn bound(&mut self, call: &CallId, now: Instant) {
+        let Some(t) = self.pending.get(call).copied() else {
+            return;
+        };
+        if self.fleet && now > t + self.wait {
+            let since = Instant::from_nanos(now.as_nanos() - self.wait.as_nanos() as u64);
+            self.acquired(call, since);
+        }
+    }
+
+    /// Fleet mode: `call`'s sandbox is up and waits for its key's record to name it: no longer
+    /// under the bound of its wait and start (see the module docs).
+    pub fn awaits_record(&mut self, call: &CallId) {
+        self.pending.remove(call);
     }
 
     /// A call is ready or ended: no longer pending.
@@ -206,8 +247,16 @@ impl Deadlines {
         now: Instant,
     ) -> Result<(), Violation> {
         let acquired = self.pending.remove(call);
+        // In one process exactly at its deadline; in a fleet at its first timer run from then.
+        let timely = |t: Instant| {
+            if self.fleet {
+                now >= t + self.wait
+            } else {
+                now == t + self.wait
+            }
+        };
         match (error, acquired) {
-            (ErrorKind::WaitTimeout, Some(t)) if now != t + self.wait => Err(Violation::new(
+            (ErrorKind::WaitTimeout, Some(t)) if !timely(t) => Err(Violation::new(
                 "wait-within-timeout",
                 format!(
                     "{call}, acquired at {t:?}, failed with wait-timeout at {now:?}, not at {:?}",
@@ -416,5 +465,78 @@ mod tests {
             "close-within-deadlines"
         );
         assert_eq!(check(d.after_input(s(48), true, never, never)), "ok");
+    }
+
+    /// In a fleet a `wait-timeout` comes at the replica's first timer run from its deadline,
+    /// a call queued again after a failed adoption waits afresh, one bound late is held to its
+    /// start from then, and one waiting for its key's record leaves the bound; in one process
+    /// none of that holds.
+    #[test]
+    fn a_fleet_call_is_bound_from_where_its_replica_put_it() {
+        let fleet = Config {
+            fleet: Some(sandkeeper::Fleet {
+                incarnation: 1,
+                lease: Duration::from_secs(10),
+                renew_every: Duration::from_secs(3),
+                margin: Duration::from_secs(2),
+                claim_retry: Duration::from_secs(1),
+            }),
+            ..config()
+        };
+        let a = CallId::new("a").unwrap();
+        // Wait 4 s, start 1 s: the bound is 5 s.
+        let mut one = Deadlines::new(&config());
+        one.acquired(&a, s(0));
+        assert_eq!(
+            check(one.call_failed(&a, ErrorKind::WaitTimeout, s(5))),
+            "wait-within-timeout",
+            "late in one process"
+        );
+        let mut d = Deadlines::new(&fleet);
+        d.acquired(&a, s(0));
+        assert_eq!(check(d.call_failed(&a, ErrorKind::WaitTimeout, s(5))), "ok");
+        d.acquired(&a, s(0));
+        assert_eq!(
+            check(d.call_failed(&a, ErrorKind::WaitTimeout, s(3))),
+            "wait-within-timeout",
+            "early in a fleet"
+        );
+
+        d.acquired(&a, s(0));
+        d.waiting_again(&a, s(10));
+        assert_eq!(check(d.after_input(s(15), false, never, never)), "ok");
+        assert_eq!(
+            check(d.after_input(s(16), false, never, never)),
+            "wait-within-timeout"
+        );
+        assert_eq!(
+            check(d.call_failed(&a, ErrorKind::WaitTimeout, s(13))),
+            "wait-within-timeout",
+            "its wait started over"
+        );
+
+        let b = CallId::new("b").unwrap();
+        d.acquired(&b, s(20));
+        d.bound(&b, s(27));
+        assert_eq!(check(d.after_input(s(28), false, never, never)), "ok");
+        assert_eq!(
+            check(d.after_input(s(29), false, never, never)),
+            "wait-within-timeout",
+            "held to its start from its binding"
+        );
+        let mut one = Deadlines::new(&config());
+        one.acquired(&b, s(20));
+        one.bound(&b, s(27));
+        assert_eq!(
+            check(one.after_input(s(26), false, never, never)),
+            "wait-within-timeout",
+            "bound late in one process"
+        );
+
+        let c = CallId::new("c").unwrap();
+        d.call_settled(&b);
+        d.acquired(&c, s(30));
+        d.awaits_record(&c);
+        assert_eq!(check(d.after_input(s(100), false, never, never)), "ok");
     }
 }

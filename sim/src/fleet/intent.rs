@@ -33,7 +33,7 @@ use sandkeeper::{
     Command, Config, Event, HookPoint, Hooks, Input, Instant, Key, Lifecycle, ReleasePolicy,
     SandboxId, SandboxState, Snapshot, Token,
 };
-use sandkeeper_check::{Lane, Op, Outputs, Snapshots, Uploads, Violation};
+use sandkeeper_check::{Flight, Lane, Op, Outputs, Snapshots, Uploads, Violation};
 
 /// What this process ordered for one sandbox, as the checks need it.
 #[derive(Clone, Debug, Default)]
@@ -381,16 +381,23 @@ impl Intent {
     /// An upload's answer reaches the core (`taken`), or its driver dropped it past its
     /// deadline: it is no longer awaited here either way (a dropped one, awaited by the core
     /// until its upload timeout, is let go leniently).
-    pub(super) fn upload_answered(&mut self, input: &Input, taken: bool) {
+    /// The upload it ends, if it was awaited here.
+    pub(super) fn upload_answered(&mut self, input: &Input, taken: bool) -> Option<Flight> {
         match input {
-            Input::UploadOk { upload } => {
-                self.uploads.answered(*upload, taken);
-            }
-            Input::UploadFailed { upload, .. } => {
-                self.uploads.answered(*upload, false);
-            }
-            _ => {}
+            Input::UploadOk { upload } => self.uploads.answered(*upload, taken),
+            Input::UploadFailed { upload, .. } => self.uploads.answered(*upload, false),
+            _ => None,
         }
+    }
+
+    /// The uploads in flight.
+    pub(super) fn uploads(&self) -> &Uploads {
+        &self.uploads
+    }
+
+    /// `x`'s lane here, if this process ordered anything for it.
+    pub(super) fn lane(&self, x: SandboxId) -> Option<Lane> {
+        self.sandboxes.get(&x).map(|s| s.lane)
     }
 
     /// One event.

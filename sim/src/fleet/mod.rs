@@ -35,14 +35,18 @@
 //! | `drain-before-stop`, `persist-after-stop`, `start-after-persist` | per incarnation, as the one-process history judges them (`intent.rs`): a first Stop after a Drain or a before hook, a Persist only once its Stop was answered ok, no Start for a key while its previous sandbox stops or persists |
 //! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
+//! | `call-events`, `ready-on-live-sandbox`, `binding-stable`, `no-teardown-under-live-call`, `resolve-own-sandbox`, `release-live`, `release-completes-once`, `typed-errors` (and the other `Calls` checks) | per incarnation, `sandkeeper_check::Calls` as in one process (`process.rs`), the getter checks over every live call after every input: a sandbox is dead once an upload the core awaited in it was answered `gone` or its key was fenced under the token it was started or adopted with (its ready calls then get `SandboxLost`); torn down once draining (until a Stop, a before hook, or a handover of its key ends the drain), stopped, shut down or relinquished. An application input whose own input lapsed the lease first is fed after the lapse's events |
+//! | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` | per incarnation, `sandkeeper_check::Deadlines` (`process.rs`) on the replica's clock, the bounds after an input judged at the instant its core's timers last ran; in fleet mode a `wait-timeout` comes at or after its deadline (at the replica's first timer run), a call queued again after a failed adoption waits afresh, one bound after its wait deadline (an input before the wake-up, after a pause) is held to its start from then, and one whose sandbox waits for its key's record to name it leaves the bound (no call timer runs then) |
+//! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::Mirror` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush is judged without that flush's version |
+//! | `counters` | per incarnation, as in one process (`process.rs`): the core's `Stats` count the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and released that were seen (an Adopt is no Start, a Relinquish no Shutdown) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
-//! Not run here: the one-process world's `Calls`, `Deadlines` and `Mirror` checkers,
-//! `drain-waits-for-holds`, `drain-waits-for-work`, `suspension-keeps-workspace` and the
-//! counters.
+//! Not run here: the one-process history's `drain-waits-for-holds`, `drain-waits-for-work` and
+//! `suspension-keeps-workspace`, and `Calls`' `liveness-release-completes` (close forgets the
+//! releases in flight; the fleet's own liveness checks that every call ended).
 //!
 //! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
 //! in what the key's next owner continues from, through crashes, pauses past the lease, failed
@@ -62,6 +66,7 @@ mod backend;
 mod intent;
 mod names;
 mod parity;
+mod process;
 mod retired;
 pub(crate) mod script;
 mod store;
@@ -84,6 +89,7 @@ use crate::rng::Rng;
 use crate::step::fleet::{FleetSpec, FleetStep, Link};
 use crate::step::Step;
 use backend::{Backend, Outcome};
+use process::Told;
 use store::{ClaimAnswer, Store};
 
 const MS: u64 = 1_000_000;
@@ -204,6 +210,8 @@ struct Replica {
     intent: intent::Intent,
     /// Its record writes and releases in flight (`record-parity`).
     writes: parity::Writes,
+    /// The one-process world's `Calls`, `Deadlines` and `Mirror` (`process.rs`).
+    process: process::Process,
     /// When its core's timers last ran (its clock): a wake-up runs every timer due; other
     /// inputs run none but the lease's lapse.
     timers_at: Instant,
@@ -528,6 +536,7 @@ impl World {
             progress: Progress::new(&config),
             intent: intent::Intent::new(&config),
             writes: parity::Writes::default(),
+            process: process::Process::new(&config),
             timers_at: Instant::ZERO,
             core: Lifecycle::new(config).expect("a valid configuration"),
             incarnation,
@@ -651,9 +660,10 @@ impl World {
                     self.replicas[r].next_wake = u64::MAX;
                 }
                 self.replicas[r].writes.timers_ran();
+                self.replicas[r].process.timers_run();
                 let local = self.replicas[r].local(self.now);
                 self.replicas[r].timers_at = Instant::from_nanos(local);
-                self.input(r, |core, t| core.handle_timeout(t))
+                self.input(r, Told::Nothing, |core, t| core.handle_timeout(t))
             }
             Ev::Arrive(r, session) => self.arrive(r, session),
             Ev::Release(r, _, call) => {
@@ -663,7 +673,8 @@ impl World {
                         if self.recorder.is_some() && !self.replicas[r].core.is_closed() {
                             self.record(Some(r), Step::Release(call.clone()));
                         }
-                        self.input(r, |core, t| core.release(t, &call));
+                        let told = Told::Release(&call);
+                        self.input(r, told, |core, t| core.release(t, &call));
                     }
                 }
             }
@@ -676,7 +687,10 @@ impl World {
                 if local > deadline.as_nanos() {
                     // The driver dropped it at its deadline.
                     self.replicas[r].writes.answered(&input, false);
-                    self.replicas[r].intent.upload_answered(&input, false);
+                    let dropped = self.replicas[r].intent.upload_answered(&input, false);
+                    if let Some(flight) = dropped {
+                        self.replicas[r].process.upload_dropped(flight);
+                    }
                     return;
                 }
                 if let Input::Renewed { renewal, .. } = &input {
@@ -742,25 +756,48 @@ impl World {
                     let close = Step::Close(Some(deadline));
                     self.record(Some(r), close);
                 }
-                self.input(r, |core, t| core.close(t, deadline));
+                self.input(r, Told::Close(deadline), |core, t| core.close(t, deadline));
             }
         }
     }
 
     /// Feeds one input to replica `r` at its local time, then drains and schedules its output.
+    /// `told`: what the application gave it, for `process.rs`.
     fn input(
         &mut self,
         r: usize,
+        told: Told<'_>,
         f: impl FnOnce(&mut Lifecycle, Instant) -> Result<(), sandkeeper::Error>,
     ) {
         if self.replicas[r].core.is_closed() {
             return;
         }
         match self.apply_input(r, f) {
-            Ok(((), local)) => self.drain(r, local),
+            Ok(((), local)) => {
+                self.told(r, told, Ok(()), local);
+                self.drain(r, local)
+            }
             // The world only sends what the core asked for; a refusal is the core's to explain.
-            Err(sandkeeper::Error::Closed { .. }) => {}
+            Err(sandkeeper::Error::Closed { .. }) => {
+                let local = self.replicas[r].local(self.now);
+                self.told(r, told, Err(sandkeeper::ErrorKind::Closed), local);
+            }
             Err(e) => self.fail("refused", format!("replica {r}: {e}")),
+        }
+    }
+
+    /// What the application gave replica `r` at `local` (its clock), accepted or refused, fed
+    /// to its `process.rs` checks before the input's outputs.
+    pub(super) fn told(
+        &mut self,
+        r: usize,
+        told: Told<'_>,
+        result: Result<(), sandkeeper::ErrorKind>,
+        local: u64,
+    ) {
+        let at = Instant::from_nanos(local);
+        if let Err(v) = self.replicas[r].process.told(told, result, at) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
         }
     }
 
@@ -772,7 +809,11 @@ impl World {
         if !taken {
             return;
         }
-        self.replicas[r].intent.upload_answered(&input, true);
+        let flight = self.replicas[r].intent.upload_answered(&input, true);
+        if let (Input::UploadFailed { failure, .. }, Some(flight)) = (&input, flight) {
+            let gone = *failure == sandkeeper::UploadFailure::Gone;
+            self.replicas[r].process.upload_failed(flight, gone);
+        }
         let before = intent::Intent::before(&self.replicas[r].core, &input);
         let kept = (!matches!(before, intent::Before::Nothing)).then(|| input.clone());
         match self.apply_input(r, move |core, t| core.handle(t, input).map(|_| ())) {
@@ -804,6 +845,7 @@ impl World {
     fn drain(&mut self, r: usize, local: u64) {
         while let Some(cmd) = self.replicas[r].core.poll_store() {
             self.replicas[r].progress.store_command(&cmd);
+            self.replicas[r].process.store_command(&cmd);
             self.replicas[r].writes.ordered(&cmd);
             if let StoreCommand::Renew { renewal, epoch, .. } = &cmd {
                 let replica = &mut self.replicas[r];
@@ -837,11 +879,17 @@ impl World {
             std::iter::from_fn(|| self.replicas[r].core.poll_event()).collect();
         let at = Instant::from_nanos(local);
         self.replicas[r].intent.events_first(&events, at);
+        if let Err(v) = self.replicas[r].process.events_first(&events) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
+        }
         while let Some(cmd) = self.replicas[r].core.poll_command() {
             if cmd.token().is_some() {
                 self.lease_valid(r, local, &cmd);
             }
             if let Err(v) = self.replicas[r].intent.command(&cmd, at) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
+            }
+            if let Err(v) = self.replicas[r].process.command(&cmd, at) {
                 self.fail(v.check, format!("replica {r}: {}", v.detail));
             }
             if let Err(detail) = self.replicas[r].retired.ordered(&cmd) {
@@ -883,14 +931,35 @@ impl World {
             let latency = self.rng.range(1, 300);
             self.push(self.now + latency * MS, Ev::Apply(r, inc, cmd, seq));
         }
+        self.replicas[r].process.commands_done();
         for ev in events {
             if let Err(v) = self.replicas[r].intent.event(&ev) {
+                self.fail(v.check, format!("replica {r}: {}", v.detail));
+            }
+            let replica = &mut self.replicas[r];
+            let (intent, versions) = (&replica.intent, &replica.versions);
+            // Before the world's own handling, which settles `Settled` in `versions`: what
+            // `MirrorSettled` reads is every earlier event's.
+            if let Err(v) = (replica.process).event(&ev, at, versions, |x| intent.lane(x)) {
                 self.fail(v.check, format!("replica {r}: {}", v.detail));
             }
             self.event(r, ev);
         }
         let replica = &mut self.replicas[r];
         if let Err(v) = replica.intent.input_done(&replica.core, replica.timers_at) {
+            self.fail(v.check, format!("replica {r}: {}", v.detail));
+        }
+        let replica = &mut self.replicas[r];
+        let (intent, versions) = (&replica.intent, &replica.versions);
+        let done = replica.process.input_done(
+            &replica.core,
+            at,
+            replica.timers_at,
+            versions,
+            intent.uploads(),
+            |x| intent.lane(x),
+        );
+        if let Err(v) = done {
             self.fail(v.check, format!("replica {r}: {}", v.detail));
         }
         self.record_parity(Some(r), None);
@@ -1028,16 +1097,20 @@ impl World {
             };
             self.record(Some(r), step);
         }
-        let spec = CallSpec::new(call.clone(), session);
+        let spec = CallSpec::new(call.clone(), session.clone());
+        let told = Told::Acquire(&call, &session, None, None);
         match self.apply_input(r, |core, t| core.acquire(t, spec)) {
             Ok(((), local)) => {
                 if let Some(names) = self.names.as_mut() {
                     names.acquired(&call, r);
                 }
+                self.told(r, told, Ok(()), local);
                 self.drain(r, local)
             }
             // Too many calls wait for the key already: the application hears it at once.
             Err(sandkeeper::Error::QueueFull { .. }) => {
+                let local = self.replicas[r].local(self.now);
+                self.told(r, told, Err(sandkeeper::ErrorKind::QueueFull), local);
                 self.replicas[r].calls.remove(&call);
             }
             Err(e) => self.fail("refused", format!("replica {r}: acquire: {e}")),
@@ -1077,6 +1150,8 @@ impl World {
                 if let Err(v) = flushed {
                     self.fail(v.check, v.detail);
                 }
+                let replica = &mut self.replicas[r];
+                (replica.process).flushed(&session, &path, version.0, replica.intent.uploads());
                 self.drain(r, local);
             }
             Err(e) => self.fail("refused", format!("replica {r}: flush: {e}")),

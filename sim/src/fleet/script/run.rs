@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::failure::Failure;
+use crate::fleet::process::Told;
 use crate::fleet::{Ev, Run, World};
 use crate::harness::Stop;
 use crate::scenario::{RunMode, Scenario, Verdict};
@@ -139,7 +140,7 @@ impl World {
             match self.replicas[r].run {
                 Run::Crashed => {}
                 _ if self.replicas[r].core.is_closing() => {}
-                Run::Up => self.input(r, |core, t| core.close(t, deadline)),
+                Run::Up => self.input(r, Told::Close(deadline), |core, t| core.close(t, deadline)),
                 // Its driver closes it when it comes back.
                 Run::Paused { .. } => self.push(self.now, Ev::Close(r)),
             }

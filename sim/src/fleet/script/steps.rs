@@ -13,6 +13,7 @@ use sandkeeper::{
 
 use super::{bounded, ns};
 use crate::fleet::backend::{Life, Outcome};
+use crate::fleet::process::Told;
 use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
 use crate::step::fleet::{BackendAnswer, FleetStep, Link, StoreAnswer};
@@ -65,17 +66,23 @@ impl World {
                 spec.external = external.clone();
                 self.acquire(r, call, spec)
             }
-            Step::Release(call) => self.app(r, |core, t| core.release(t, call)).map(drop),
+            Step::Release(call) => self
+                .app(r, Told::Release(call), |core, t| core.release(t, call))
+                .map(drop),
             Step::Flush {
                 session,
                 path,
                 bytes,
             } => self.flush_on(r, session, path.clone(), *bytes),
             Step::Resolve(session, expect) => self.resolve_on(r, session, expect),
-            Step::Hold(session) => self.app(r, |core, t| core.hold(t, session)).map(drop),
-            Step::Unhold(session) => self.app(r, |core, t| core.unhold(t, session)).map(drop),
+            Step::Hold(session) => self
+                .app(r, Told::Nothing, |core, t| core.hold(t, session))
+                .map(drop),
+            Step::Unhold(session) => self
+                .app(r, Told::Nothing, |core, t| core.unhold(t, session))
+                .map(drop),
             Step::Enter(session) => {
-                if let Some(x) = self.app(r, |core, t| core.enter(t, session))? {
+                if let Some(x) = self.app(r, Told::Nothing, |core, t| core.enter(t, session))? {
                     let seen = &mut self.script_mut().seen[r];
                     seen.entered
                         .entry(session.clone())
@@ -91,7 +98,9 @@ impl World {
                     .get_mut(session)
                     .and_then(std::collections::VecDeque::pop_front);
                 match entered {
-                    Some(x) => self.app(r, |core, t| core.leave(t, x)).map(drop),
+                    Some(x) => self
+                        .app(r, Told::Nothing, |core, t| core.leave(t, x))
+                        .map(drop),
                     None => {
                         self.script_mut().seen[r].last_error = Some(ErrorKind::NotEntered);
                         Ok(())
@@ -100,7 +109,8 @@ impl World {
             }
             Step::Close(deadline) => {
                 let d = deadline.unwrap_or(self.script_ref().close_deadline);
-                self.app(r, |core, t| core.close(t, d)).map(drop)
+                self.app(r, Told::Close(d), |core, t| core.close(t, d))
+                    .map(drop)
             }
             Step::Refused { call, .. } => {
                 let seen = &mut self.script_mut().seen[r];
@@ -218,16 +228,20 @@ impl World {
     fn app<R>(
         &mut self,
         r: usize,
+        told: Told<'_>,
         f: impl FnOnce(&mut Lifecycle, Instant) -> Result<R, sandkeeper::Error>,
     ) -> Result<Option<R>, Stop> {
         self.up(r)?;
         match self.apply_input(r, f) {
             Ok((answer, local)) => {
                 self.script_mut().seen[r].last_error = None;
+                self.told(r, told, Ok(()), local);
                 self.drain(r, local);
                 Ok(Some(answer))
             }
             Err(e) => {
+                let local = self.replicas[r].local(self.now);
+                self.told(r, told, Err(e.kind()), local);
                 self.script_mut().seen[r].last_error = Some(e.kind());
                 Ok(None)
             }
@@ -250,7 +264,13 @@ impl World {
                 .calls
                 .insert(call.clone(), (spec.session.clone(), Phase::Waiting, key));
         }
-        let done = self.app(r, |core, t| core.acquire(t, spec))?;
+        let (session, user, external) = (
+            spec.session.clone(),
+            spec.user.clone(),
+            spec.external.clone(),
+        );
+        let told = Told::Acquire(call, &session, user.as_ref(), external.as_ref());
+        let done = self.app(r, told, |core, t| core.acquire(t, spec))?;
         match done {
             Some(()) => {
                 if let Some(names) = self.names.as_mut() {
@@ -283,6 +303,8 @@ impl World {
                 if let Err(v) = self.replicas[r].versions.flushed(session, &path, version.0) {
                     self.fail(v.check, format!("replica {r}: {}", v.detail));
                 }
+                let replica = &mut self.replicas[r];
+                (replica.process).flushed(session, &path, version.0, replica.intent.uploads());
                 self.drain(r, local);
             }
             Err(e) => self.script_mut().seen[r].last_error = Some(e.kind()),
