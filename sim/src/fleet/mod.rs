@@ -53,9 +53,12 @@
 //! and late store writes and adoptions. What it found, each fixed in the core: calls made ready
 //! (and work acknowledged) in a sandbox no record named yet; a persisted sandbox shut down, or
 //! its suspension taken by a resume, while the record still named it; a sandbox left as it was
-//! (its Stop unanswered) dropped from the record; an adoption that timed out shut down with the
-//! key's history; a stale flush of a fenced process written over the next owner's newer log; and
-//! in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
+//! (its Stop unanswered) dropped from the record; a fresh sandbox shut down after its Stop went
+//! unanswered, the workspace already moved into a snapshot nobody learned of; a salvaged
+//! snapshot resumed while the record still named its sandbox; an adoption that timed out shut
+//! down with the key's history; a key claimed back while its own relinquished sandbox was still
+//! tracked, started afresh beside it; a stale flush of a fenced process written over the next
+//! owner's newer log; and in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
 //! sandbox its crashed owner stopped, the sweep told which snapshot a start took.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
