@@ -269,9 +269,7 @@ impl Lifecycle {
                     && !slot
                         .current
                         .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
-                    && !slot
-                        .left
-                        .is_some_and(|id| self.sandboxes.find(id).is_some())
+                    && slot.left.is_none_or(|id| self.sandboxes.find(id).is_none())
             }
             _ => false,
         }
