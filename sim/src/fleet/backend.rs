@@ -99,6 +99,16 @@ impl Backend {
     }
 
     /// Applies one command a replica ordered.
+    /// The application's own write into `x` (an operation of a call ready on it), under the
+    /// token the process holds the sandbox's key by: taken as an upload is, refused under an
+    /// older token than the sandbox or its key has seen, gone when `x` is not up.
+    pub fn write(&mut self, x: SandboxId, token: Option<Token>) -> Outcome {
+        match self.sandboxes.get(&x).map(|s| &s.life) {
+            Some(Life::Up) => self.change(x, token, None),
+            _ => Outcome::Gone,
+        }
+    }
+
     pub fn apply(&mut self, cmd: &Command) -> Outcome {
         let token = cmd.token();
         match cmd {

@@ -4,7 +4,9 @@
 //! unchanged.
 //!
 //! The world: sessions whose calls land on any replica (the load balancer), flushes of each
-//! call's session log, the application's hooks in two fifths of the seeds (each hook point
+//! call's session log, the application's operations (a quarter of the calls that become ready
+//! enter their sandbox, write their session's file under the token their process holds the key
+//! by, and leave; one at a time per session in a process; drawn from a stream of their own), the application's hooks in two fifths of the seeds (each hook point
 //! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
 //! its own so a seed without hooks runs as it did before), and faults for the first minute:
 //! replicas paused (sometimes for longer than a lease), crashed (memory lost; restarted later
@@ -40,13 +42,15 @@
 //! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::Mirror` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush is judged without that flush's version |
 //! | `counters` | per incarnation, as in one process (`process.rs`): the core's `Stats` count the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and released that were seen (an Adopt is no Start, a Relinquish no Shutdown) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
-//! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), and each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was) |
+//! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was), and each operation's file as acknowledged once the backend took its write and the core its `leave`, numbered when the operation entered (a write replaces the file whole: a stale one lands over newer work unless the backend refuses its token) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
 //! Not run here: the one-process history's `drain-waits-for-holds`, `drain-waits-for-work` and
-//! `suspension-keeps-workspace`, and `Calls`' `liveness-release-completes` (close forgets the
-//! releases in flight; the fleet's own liveness checks that every call ended).
+//! `suspension-keeps-workspace` (the seeds hold nothing and lose no instance; their operations
+//! are entered work, which no check here yet holds a drain to), and `Calls`'
+//! `liveness-release-completes` (close forgets the releases in flight; the fleet's own liveness
+//! checks that every call ended).
 //!
 //! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
 //! in what the key's next owner continues from, through crashes, pauses past the lease, failed
@@ -250,6 +254,11 @@ enum Ev {
     Arrive(usize, SessionId),
     Release(usize, u32, CallId),
     Flush(usize, u32, SessionId),
+    /// The application enters its session's sandbox for an operation (a write of its file).
+    Enter(usize, u32, SessionId),
+    /// The operation entered into `SandboxId` writes its file, made at the world's flush order
+    /// `u64`, and leaves.
+    Leave(usize, u32, SessionId, SandboxId, u64),
     Apply(usize, u32, Command, u64),
     StoreApply(usize, u32, StoreCommand),
     Answer(usize, u32, Input, Instant),
@@ -260,6 +269,15 @@ enum Ev {
     Close(usize),
     /// A sweep of the backend, on the clock of a replica that is up (drift included).
     Sweep,
+}
+
+/// How often a call that became ready also runs an operation in its sandbox (a write of its
+/// session's file, entered and left), per mille.
+const OPERATIONS_IN: u32 = 250;
+
+/// The file an operation writes: each write replaces it whole, as a session log's flush does.
+pub(super) fn work_file() -> PathName {
+    PathName::new("work.md").expect("a valid name")
 }
 
 /// A version one incarnation of a replica flushed: (replica, incarnation, session, path,
@@ -315,6 +333,15 @@ struct World {
     /// The application's hooks: how they end (a stream of their own, so that a seed without
     /// hooks draws as it did before there were any).
     hook_rng: Rng,
+    /// The application's operations (`enter`, a write, `leave`): a stream of their own, so
+    /// that the other draws of a seed stay as they were.
+    work_rng: Rng,
+    /// Operation files made so far (each write replaces the file: a later one holds more).
+    operations: u64,
+    /// The sessions with an operation entered and not left, per incarnation: one at a time per
+    /// session in a process (two at once would race each other's writes, which is the
+    /// application's race, not a loss).
+    in_work: BTreeSet<(u32, SessionId)>,
     /// Per mille of hooks that fail, and that hang (never answered: their timeout ends them).
     hook_fail: u32,
     hook_hang: u32,
@@ -466,6 +493,9 @@ impl World {
             calm_from: Some(FAULTS_NS),
             recorder: opts.transcript.then(Default::default),
             hook_rng,
+            work_rng: Rng::new(seed ^ 0x0e4a_7e0b),
+            operations: 0,
+            in_work: BTreeSet::new(),
             hook_fail,
             hook_hang,
         };
@@ -630,9 +660,11 @@ impl World {
         // Work for a paused replica waits for it; for a crashed incarnation it is lost.
         let target = match &ev {
             Ev::Wake(r) | Ev::Arrive(r, _) | Ev::Close(r) => Some((*r, None)),
-            Ev::Release(r, inc, _) | Ev::Flush(r, inc, _) | Ev::Answer(r, inc, _, _) => {
-                Some((*r, Some(*inc)))
-            }
+            Ev::Release(r, inc, _)
+            | Ev::Flush(r, inc, _)
+            | Ev::Enter(r, inc, _)
+            | Ev::Leave(r, inc, ..)
+            | Ev::Answer(r, inc, _, _) => Some((*r, Some(*inc))),
             _ => None,
         };
         if let Some((r, inc)) = target {
@@ -682,6 +714,8 @@ impl World {
                 }
             }
             Ev::Flush(r, _, session) => self.flush(r, session),
+            Ev::Enter(r, inc, session) => self.enter(r, inc, session),
+            Ev::Leave(r, _, session, x, order) => self.leave(r, &session, x, order),
             Ev::Apply(r, inc, cmd, seq) => self.apply(r, inc, cmd, seq),
             Ev::StoreApply(r, inc, cmd) => self.store_apply(r, inc, cmd),
             Ev::Sweep => self.sweep(),
@@ -1161,6 +1195,77 @@ impl World {
         }
     }
 
+    /// The application of replica `r` enters its session's sandbox for an operation: if the
+    /// core lets it in, the operation's file is made now (numbered in the world's flush order)
+    /// and written into the sandbox later, under the token the replica holds its key by.
+    fn enter(&mut self, r: usize, inc: u32, session: SessionId) {
+        if self.replicas[r].core.is_closing() || self.in_work.contains(&(inc, session.clone())) {
+            return;
+        }
+        if self.recorder.is_some() {
+            self.record(Some(r), Step::Enter(session.clone()));
+        }
+        let entered = self.apply_input(r, |core, t| core.enter(t, &session));
+        let local = self.replicas[r].local(self.now);
+        let result = entered.as_ref().map(drop).map_err(sandkeeper::Error::kind);
+        self.told(r, Told::Nothing, result, local);
+        if let Ok((x, local)) = entered {
+            self.in_work.insert((inc, session.clone()));
+            let order = self.operation_made();
+            self.drain(r, local);
+            let write = self.work_rng.range(5, 300) * MS;
+            self.push(self.now + write, Ev::Leave(r, inc, session, x, order));
+        }
+    }
+
+    /// An operation's file is made now: its number in the order of every operation's file.
+    pub(super) fn operation_made(&mut self) -> u64 {
+        self.operations += 1;
+        self.operations
+    }
+
+    /// The operation entered into `x` writes its file (made at `order`) and leaves: the write is
+    /// acknowledged (the operation returned ok) when the backend took it and the core took the
+    /// leave. A process that lost the key meanwhile writes under its old token, which the
+    /// backend refuses.
+    fn leave(&mut self, r: usize, session: &SessionId, x: SandboxId, order: u64) {
+        let inc = self.replicas[r].incarnation;
+        self.in_work.remove(&(inc, session.clone()));
+        if self.recorder.is_some() {
+            self.record(Some(r), Step::Leave(session.clone()));
+        }
+        let wrote = self.operation_writes(r, session, x, order);
+        let left = self.apply_input(r, |core, t| core.leave(t, x));
+        let local = self.replicas[r].local(self.now);
+        let result = left.as_ref().map(drop).map_err(sandkeeper::Error::kind);
+        self.told(r, Told::Nothing, result, local);
+        if let Ok(((), local)) = left {
+            if wrote {
+                let work = Work::Version(session.clone(), work_file());
+                self.conservation.acknowledged(x, work, order);
+            }
+            self.drain(r, local);
+        }
+    }
+
+    /// The backend takes (or refuses) replica `r`'s write of `session`'s file, made at `order`,
+    /// into `x`: whether it landed.
+    pub(super) fn operation_writes(
+        &mut self,
+        r: usize,
+        session: &SessionId,
+        x: SandboxId,
+        order: u64,
+    ) -> bool {
+        let token = self.replicas[r].intent.key_of(x).and_then(|(_, t)| *t);
+        let landed = self.backend.write(x, token) == Outcome::Ok(None);
+        if landed {
+            let work = Work::Version(session.clone(), work_file());
+            self.conservation.written(x, work, order);
+        }
+        landed
+    }
+
     fn event(&mut self, r: usize, ev: Event) {
         let inc = self.replicas[r].incarnation;
         if self.script.is_some() {
@@ -1177,6 +1282,10 @@ impl World {
                         return;
                     }
                     let flush = self.rng.range(10, 500) * MS;
+                    if self.work_rng.chance(OPERATIONS_IN) {
+                        let enter = self.work_rng.range(10, 400) * MS;
+                        self.push(self.now + enter, Ev::Enter(r, inc, session.clone()));
+                    }
                     self.push(self.now + flush, Ev::Flush(r, inc, session));
                     let done = flush + self.rng.range(10, 2_000) * MS;
                     self.push(self.now + done, Ev::Release(r, inc, call));

@@ -119,6 +119,10 @@ impl World {
             recorder: None,
             // A scenario's steps answer its hooks.
             hook_rng: Rng::new(0),
+            // A scenario's steps enter and leave.
+            work_rng: Rng::new(0),
+            operations: 0,
+            in_work: BTreeSet::new(),
             hook_fail: 0,
             hook_hang: 0,
             script: Some(Box::new(Script {

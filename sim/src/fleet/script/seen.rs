@@ -49,8 +49,9 @@ pub(super) struct Seen {
     pub(super) fenced: Vec<(Key, FenceReason)>,
     /// The error of the last application step, if the core refused it.
     pub(super) last_error: Option<ErrorKind>,
-    /// The sandboxes each session's entered work is in, oldest first.
-    pub(super) entered: BTreeMap<SessionId, VecDeque<SandboxId>>,
+    /// The sandboxes each session's entered work is in, oldest first, each with the number of
+    /// the file the operation made when it entered.
+    pub(super) entered: BTreeMap<SessionId, VecDeque<(SandboxId, u64)>>,
     lanes: BTreeMap<SandboxId, Lane>,
 }
 

@@ -18,6 +18,7 @@ use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
 use crate::step::fleet::{BackendAnswer, FleetStep, Link, StoreAnswer};
 use crate::step::{Answer, OpKind, ResolveExpect, Step};
+use sandkeeper_check::Work;
 
 impl World {
     /// Applies one step of a fleet scenario, after whatever was due by now happened.
@@ -83,11 +84,12 @@ impl World {
                 .map(drop),
             Step::Enter(session) => {
                 if let Some(x) = self.app(r, Told::Nothing, |core, t| core.enter(t, session))? {
+                    let order = self.operation_made();
                     let seen = &mut self.script_mut().seen[r];
                     seen.entered
                         .entry(session.clone())
                         .or_default()
-                        .push_back(x);
+                        .push_back((x, order));
                 }
                 Ok(())
             }
@@ -98,9 +100,16 @@ impl World {
                     .get_mut(session)
                     .and_then(std::collections::VecDeque::pop_front);
                 match entered {
-                    Some(x) => self
-                        .app(r, Told::Nothing, |core, t| core.leave(t, x))
-                        .map(drop),
+                    Some((x, order)) => {
+                        // Its file is written first, under the token the replica holds.
+                        let wrote = self.operation_writes(r, session, x, order);
+                        let left = self.app(r, Told::Nothing, |core, t| core.leave(t, x))?;
+                        if left.is_some() && wrote {
+                            let work = Work::Version(session.clone(), crate::fleet::work_file());
+                            self.conservation.acknowledged(x, work, order);
+                        }
+                        Ok(())
+                    }
                     None => {
                         self.script_mut().seen[r].last_error = Some(ErrorKind::NotEntered);
                         Ok(())
