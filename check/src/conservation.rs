@@ -593,14 +593,20 @@ mod tests {
         c.acknowledged(SandboxId(x), work, version);
     }
 
-    /// Sandbox 0 with version 1 acknowledged, stopped into snapshot `ws`, its Persist taken;
-    /// sandbox 1 resumed from it.
-    fn resumed() -> Conservation {
+    /// Sandbox 0 with version 1 acknowledged, stopped (`suspend` or not) into `snapshot`.
+    fn stopped_into(snapshot: &str, suspend: bool) -> Conservation {
         let mut c = Conservation::new();
         c.command(&start(0, None));
         acknowledge(&mut c, 0, 1);
-        c.command(&stop(0, false));
-        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        c.command(&stop(0, suspend));
+        c.stopped(SandboxId(0), Some(&Snapshot::new(snapshot)));
+        c
+    }
+
+    /// Sandbox 0 with version 1 acknowledged, stopped into snapshot `ws`, its Persist taken;
+    /// sandbox 1 resumed from it.
+    fn resumed() -> Conservation {
+        let mut c = stopped_into("ws", false);
         c.persisted(SandboxId(0));
         c.command(&shutdown(0));
         assert_eq!(check(c.after_input()), "ok");
@@ -632,11 +638,7 @@ mod tests {
 
     #[test]
     fn a_start_that_does_not_resume_the_snapshot_holding_the_work_fails() {
-        let mut c = Conservation::new();
-        c.command(&start(0, None));
-        acknowledge(&mut c, 0, 1);
-        c.command(&stop(0, true));
-        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        let mut c = stopped_into("ws", true);
         c.persisted(SandboxId(0));
         assert_eq!(check(c.after_input()), "ok");
         c.command(&start(1, None));
@@ -667,26 +669,19 @@ mod tests {
         c.command(&shutdown(1));
         assert_eq!(check(c.after_input()), "conservation");
     }
+
     /// A snapshot the core was told by another name (a scenario's answer) is followed by that
     /// name: a start resuming it continues the key's work.
     #[test]
     fn a_renamed_snapshot_is_resumed_by_its_new_name() {
-        let mut c = Conservation::new();
-        c.command(&start(0, None));
-        acknowledge(&mut c, 0, 1);
-        c.command(&stop(0, true));
-        c.stopped(SandboxId(0), Some(&Snapshot::new("snap-0")));
+        let mut c = stopped_into("snap-0", true);
         c.renamed(SandboxId(0), &Snapshot::new("snap1"));
         c.persisted(SandboxId(0));
         assert_eq!(check(c.after_input()), "ok");
         c.command(&start(1, Some("snap1")));
         assert_eq!(check(c.after_input()), "ok");
         // By the name it had before, the key's work is not found.
-        let mut c = Conservation::new();
-        c.command(&start(0, None));
-        acknowledge(&mut c, 0, 1);
-        c.command(&stop(0, true));
-        c.stopped(SandboxId(0), Some(&Snapshot::new("snap-0")));
+        let mut c = stopped_into("snap-0", true);
         c.renamed(SandboxId(0), &Snapshot::new("snap1"));
         c.command(&start(1, Some("snap-0")));
         assert_eq!(check(c.after_input()), "conservation");
@@ -702,11 +697,7 @@ mod tests {
             c.command(&start(2, None));
             check(c.after_input())
         };
-        let mut c = Conservation::new();
-        c.command(&start(0, None));
-        acknowledge(&mut c, 0, 1);
-        c.command(&stop(0, false));
-        c.stopped(SandboxId(0), Some(&Snapshot::new("ws")));
+        let mut c = stopped_into("ws", false);
         c.persisted(SandboxId(0));
         c.command(&shutdown(0));
         let mut superseded = c.clone();

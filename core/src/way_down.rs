@@ -113,10 +113,7 @@ impl Lifecycle {
         if self.record_may_name(key, id) {
             // Fleet: shut down, or suspended for the key's next start to take its workspace,
             // only once the record names the snapshot instead.
-            let x = &mut self.sandboxes[sandbox];
-            x.state = SandboxState::Persisted;
-            x.awaiting = Awaiting::Record;
-            self.record_if_changed(key);
+            self.hold_for_record(sandbox);
         } else {
             self.persisted(sandbox);
         }
@@ -374,6 +371,17 @@ impl Lifecycle {
         });
     }
 
+    /// Fleet mode: the sandbox, its snapshot the key's now, is held `Persisted` until a record
+    /// no longer naming it is confirmed (`Awaiting::Record`; then [`persisted`](Self::persisted)),
+    /// and that record is written.
+    fn hold_for_record(&mut self, sandbox: SandboxIx) {
+        let x = &mut self.sandboxes[sandbox];
+        x.state = SandboxState::Persisted;
+        x.awaiting = Awaiting::Record;
+        let key = x.key;
+        self.record_if_changed(key);
+    }
+
     /// The sandbox's Persist is done, or its snapshot salvaged (its way down given up), and its
     /// key's record does not name it: suspended, shut down, or left as it is, as its way down
     /// says.
@@ -437,11 +445,8 @@ impl Lifecycle {
             if self.record_may_name(key, id) {
                 // Fleet: left as it is, and the key's next start free to take the snapshot,
                 // only once the record names the snapshot instead (`persisted`).
-                let x = &mut self.sandboxes[sandbox];
-                x.way_down_failures = WAY_DOWN_ATTEMPTS;
-                x.state = SandboxState::Persisted;
-                x.awaiting = Awaiting::Record;
-                self.record_if_changed(key);
+                self.sandboxes[sandbox].way_down_failures = WAY_DOWN_ATTEMPTS;
+                self.hold_for_record(sandbox);
                 return;
             }
             self.left_as_it_is(sandbox, Some(snapshot));

@@ -195,7 +195,18 @@ pub struct History {
     pub settlements: Option<FastMap<(SessionId, PathName, u64), Settlement>>,
 }
 
-/// Whether the core was told `x` died.
+/// The core's counters of [`COUNTERS`], in that order.
+pub(crate) fn core_counts(stats: &sandkeeper::Stats) -> [u64; 6] {
+    [
+        stats.starts_ordered,
+        stats.shutdowns_ordered,
+        stats.uploads_ordered,
+        stats.versions_flushed,
+        stats.calls_acquired,
+        stats.calls_released,
+    ]
+}
+
 /// Whether the core was told `x` died or lost its running instance (either way its calls are
 /// lost and nothing more goes into it).
 fn dead(sandboxes: &BySandbox<SandboxRecord>, x: SandboxId) -> bool {
@@ -212,8 +223,9 @@ macro_rules! check {
     };
 }
 
-/// The core's counters the history counts too, as `Stats` names them.
-const COUNTERS: [&str; 6] = [
+/// The core's counters the history (and each fleet process, `fleet/process.rs`) counts too, as
+/// `Stats` names them; [`core_counts`] reads them in this order.
+pub(crate) const COUNTERS: [&str; 6] = [
     "starts_ordered",
     "shutdowns_ordered",
     "uploads_ordered",
@@ -1291,14 +1303,16 @@ impl History {
 
     /// The core's counters beside what the history saw, in [`COUNTERS`]' order.
     fn counted(&self, stats: &sandkeeper::Stats) -> [(u64, u64); 6] {
-        [
-            (stats.starts_ordered, self.starts),
-            (stats.shutdowns_ordered, self.shutdowns),
-            (stats.uploads_ordered, self.uploads_ordered),
-            (stats.versions_flushed, self.flushes),
-            (stats.calls_acquired, self.acquires),
-            (stats.calls_released, self.releases),
-        ]
+        let seen = [
+            self.starts,
+            self.shutdowns,
+            self.uploads_ordered,
+            self.flushes,
+            self.acquires,
+            self.releases,
+        ];
+        let core = core_counts(stats);
+        std::array::from_fn(|i| (core[i], seen[i]))
     }
 
     /// Names the counters that disagree with what was seen.

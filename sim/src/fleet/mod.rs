@@ -275,9 +275,11 @@ enum Ev {
 /// session's file, entered and left), per mille.
 const OPERATIONS_IN: u32 = 250;
 
-/// The file an operation writes: each write replaces it whole, as a session log's flush does.
-pub(super) fn work_file() -> PathName {
-    PathName::new("work.md").expect("a valid name")
+/// What an operation of `session` writes, as `conservation` follows it: the session's file
+/// `work.md`, which each write replaces whole, as a session log's flush does.
+pub(super) fn operation_work(session: &SessionId) -> Work {
+    let path = PathName::new("work.md").expect("a valid name");
+    Work::Version(session.clone(), path)
 }
 
 /// A version one incarnation of a replica flushed: (replica, incarnation, session, path,
@@ -1241,7 +1243,7 @@ impl World {
         self.told(r, Told::Nothing, result, local);
         if let Ok(((), local)) = left {
             if wrote {
-                let work = Work::Version(session.clone(), work_file());
+                let work = operation_work(session);
                 self.conservation.acknowledged(x, work, order);
             }
             self.drain(r, local);
@@ -1260,7 +1262,7 @@ impl World {
         let token = self.replicas[r].intent.key_of(x).and_then(|(_, t)| *t);
         let landed = self.backend.write(x, token) == Outcome::Ok(None);
         if landed {
-            let work = Work::Version(session.clone(), work_file());
+            let work = operation_work(session);
             self.conservation.written(x, work, order);
         }
         landed

@@ -46,6 +46,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::history::{core_counts, COUNTERS};
+
 use sandkeeper::{
     CallId, CallStatus, Command, Config, DropReason, ErrorKind, Event, ExternalId, FenceReason,
     Instant, Key, KeyRecord, Lifecycle, PathName, SandboxId, SessionId, Settlement, StoreCommand,
@@ -67,16 +69,6 @@ struct Sx {
     /// Relinquished.
     relinquished: bool,
 }
-
-/// The core's counters these checks count too, as `Stats` names them.
-const COUNTERS: [&str; 6] = [
-    "starts_ordered",
-    "shutdowns_ordered",
-    "uploads_ordered",
-    "versions_flushed",
-    "calls_acquired",
-    "calls_released",
-];
 
 /// One incarnation's `Calls`, `Deadlines` and `Mirror`, and its counters. See the module docs.
 #[derive(Debug)]
@@ -509,15 +501,7 @@ impl Process {
 
     /// `counters`: the core's counters agree with what was seen of them.
     fn counters(&self, core: &Lifecycle) -> Result<(), Violation> {
-        let stats = core.stats();
-        let counted = [
-            stats.starts_ordered,
-            stats.shutdowns_ordered,
-            stats.uploads_ordered,
-            stats.versions_flushed,
-            stats.calls_acquired,
-            stats.calls_released,
-        ];
+        let counted = core_counts(core.stats());
         match (0..COUNTERS.len()).find(|i| counted[*i] != self.seen[*i]) {
             None => Ok(()),
             Some(i) => Err(Violation::new(

@@ -18,7 +18,6 @@ use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
 use crate::step::fleet::{BackendAnswer, FleetStep, Link, StoreAnswer};
 use crate::step::{Answer, OpKind, ResolveExpect, Step};
-use sandkeeper_check::Work;
 
 impl World {
     /// Applies one step of a fleet scenario, after whatever was due by now happened.
@@ -105,7 +104,7 @@ impl World {
                         let wrote = self.operation_writes(r, session, x, order);
                         let left = self.app(r, Told::Nothing, |core, t| core.leave(t, x))?;
                         if left.is_some() && wrote {
-                            let work = Work::Version(session.clone(), crate::fleet::work_file());
+                            let work = crate::fleet::operation_work(session);
                             self.conservation.acknowledged(x, work, order);
                         }
                         Ok(())
