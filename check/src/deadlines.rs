@@ -120,6 +120,15 @@ impl Deadlines {
         }
     }
 
+    /// Fleet mode: the Adopt of the sandbox `call` is bound to went unanswered and the core
+    /// ordered it again at `now` (up to its attempts): its start is bounded afresh from `now`.
+    pub fn adopting_again(&mut self, call: &CallId, now: Instant) {
+        if self.fleet && self.pending.contains_key(call) {
+            let since = now.as_nanos().saturating_sub(self.wait.as_nanos() as u64);
+            self.acquired(call, Instant::from_nanos(since));
+        }
+    }
+
     /// Fleet mode: `call`'s sandbox is up and waits for its key's record to name it: no longer
     /// under the bound of its wait and start (see the module docs).
     pub fn awaits_record(&mut self, call: &CallId) {

@@ -6,7 +6,7 @@ use crate::config::Scope;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Spec};
-use crate::key::KeyIx;
+use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
@@ -316,9 +316,11 @@ impl Lifecycle {
             },
         });
         self.sessions[session].coming += 1;
-        if self.liveness.is_some() && self.keys[key].token().is_none() {
-            // Fleet: the key is not this process's yet. What the application writes for the
-            // session before a call of it is ready was not made after the owner's last write.
+        if self.liveness.is_some() && !matches!(self.keys[key].own, Own::Owned(_)) {
+            // Fleet: the key is not this process's yet (or no longer: its release is under
+            // way, and another process may own it before this one claims it back). What the
+            // application writes for the session before a call of it is ready was not made
+            // after the owner's last write.
             self.sessions[session].stale |= self.is_fleet_key(&self.keys[key].key);
         }
         if must_wait {

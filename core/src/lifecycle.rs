@@ -189,6 +189,16 @@ impl Lifecycle {
         Some(self.sandboxes[x].state)
     }
 
+    /// Fleet mode: whether the sandbox is up (started, its after hook passed) and its calls wait
+    /// for the key's record to name it before they are ready (it stays `Starting` meanwhile;
+    /// see [`Lifecycle::handle_recorded`]). `false` for a sandbox the core does not track. O(1).
+    pub fn awaits_record(&self, sandbox: SandboxId) -> bool {
+        self.sandboxes.find(sandbox).is_some_and(|x| {
+            let x = &self.sandboxes[x];
+            x.state == SandboxState::Starting && x.awaiting == crate::sandbox::Awaiting::Record
+        })
+    }
+
     /// The ownership of a sandbox the core still tracks. O(1).
     pub fn sandbox_ownership(&self, sandbox: SandboxId) -> Option<&Ownership> {
         let x = self.sandboxes.find(sandbox)?;

@@ -40,7 +40,8 @@ impl Lifecycle {
     /// else it waits and is superseded by any newer flush. A session with no sandbox, none
     /// coming and none to linger on settles the version at once as `Dropped(no-sandbox)`
     /// (`sandbox-gone` when its calls' sandboxes died). In fleet mode, a session one of whose
-    /// calls lost its key to a fence, or came while its key was not this process's, settles it
+    /// calls lost its key to a fence (bound or waiting), or came while its key was not this
+    /// process's (unclaimed, claimed elsewhere, or its release under way), settles it
     /// `Dropped(fenced)` until a call of it is ready: what this process writes before it owns
     /// the key is not written over the owner's. O(log n + paths of the session).
     ///
@@ -597,6 +598,20 @@ impl Mirror<'_> {
         }
         self.pump(session);
         self.session_changed(session);
+    }
+
+    /// Fleet mode: a call of `session` waits for a key this process was just fenced from. What
+    /// the session flushed so far and flushes until a call of it is ready was not made after
+    /// the key's next owner's writes: it is stale, and with no sandbox to go to, what waits is
+    /// dropped (`fenced`) rather than written over the owner's newer log once the key is
+    /// claimed back.
+    pub(crate) fn fenced_waiting(&mut self, session: SessionIx) {
+        let s = &mut self.sessions[session];
+        s.stale = true;
+        if s.target.is_none() {
+            self.drop_pending(session, DropReason::Fenced);
+            self.session_changed(session);
+        }
     }
 
     fn drop_pending(&mut self, session: SessionIx, reason: DropReason) {

@@ -32,6 +32,7 @@ use crate::ids::SandboxId;
 use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
+use crate::session::SessionIx;
 use crate::small_set::Few;
 use crate::time::Instant;
 use crate::timer::Timer;
@@ -776,6 +777,18 @@ impl Lifecycle {
                 }
             }
             self.relinquish(x, DropReason::Fenced);
+        }
+        if let Some(slot) = self.keys.get(k) {
+            let mut waiting = Few::<SessionIx>::new();
+            for call in &slot.waiters {
+                let session = self.calls[*call].session;
+                if !waiting.contains(&session) {
+                    waiting.push(session);
+                }
+            }
+            for session in self.sessions.by_name_order(waiting) {
+                self.mirror().fenced_waiting(session);
+            }
         }
         if self
             .keys

@@ -6,7 +6,9 @@
 //! The world: sessions whose calls land on any replica (the load balancer), flushes of each
 //! call's session log, the application's operations (a quarter of the calls that become ready
 //! enter their sandbox, write their session's file under the token their process holds the key
-//! by, and leave; one at a time per session in a process; drawn from a stream of their own), the application's hooks in two fifths of the seeds (each hook point
+//! by, and leave; one at a time per session in a process; drawn from a stream of their own),
+//! background writers (a fifth of the calls that become ready start one: it holds the session,
+//! flushes its log later and lets go; a stream of their own; `background.rs`), the application's hooks in two fifths of the seeds (each hook point
 //! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
 //! its own so a seed without hooks runs as it did before), and faults for the first minute:
 //! replicas paused (sometimes for longer than a lease), crashed (memory lost; restarted later
@@ -34,23 +36,23 @@
 //! | `record-parity` | an owned key's durable record names what its owner would continue from (`parity.rs`). Judged while the owner is quiet about the key: a live incarnation with a live lease in the store holds it under the store's token, no record write or release of it is in flight or in doubt (ordered and its answer not taken by the core; one its driver dropped, until the core's timers next ran; one answered failed, until the core writes again), and no sandbox it started or adopted for the key under that token is starting (its after hook included), stopping, persisting, shutting down, handed over or dead. Then the record's `warm` is the key's sandbox that is up (running, idle or draining; none when none is) and its snapshot is the one the key keeps for its next start (its last persist, or the one its claim was handed), by name and persisting sandbox |
 //! | `resume-latest-snapshot`, `discard-unreferenced`, `discard-after-retention`, `snapshot-released` | per incarnation, `sandkeeper_check::Snapshots` as in one process (`intent.rs`): every Start resumes exactly the snapshot its key keeps, and a Discard names one it keeps, at its retention; a claim hands the key its record's snapshot with the record's retention, and a key the process no longer owns (released, fenced) keeps nothing there. `snapshot-released` is judged at the instant the core's timers last ran (a wake-up runs them; other inputs do not) |
 //! | `hook-before-bind`, `hook-before-stop`, `hook-not-again` | per incarnation (`intent.rs`): a call is ready on a sandbox started here only after its after-start or after-resume hook succeeded; a Stop comes after its before hook, never while it runs; an adopted sandbox gets no after hook again (its first owner ran it) |
+//! | `drain-waits-for-holds`, `drain-waits-for-work` | per incarnation, as the one-process history judges them (`drains.rs`): a drain that ends with its sandbox's way down (its before hook or first Stop) before its deadline, the replica not closing, left no hold of a session whose mirror lingers there, and no operation entered into it |
 //! | `drain-before-stop`, `persist-after-stop`, `start-after-persist` | per incarnation, as the one-process history judges them (`intent.rs`): a first Stop after a Drain or a before hook, a Persist only once its Stop was answered ok, no Start for a key while its previous sandbox stops or persists |
 //! | lane checks, `nothing-after-closed`, `abandon-then-shutdown`, `one-upload-per-path`, `uploaded-is-acknowledged` | per incarnation, `sandkeeper_check::Lane` (an Adopt starts a new lane), `Outputs` and `Uploads` (`intent.rs`) |
 //! | `progress`, `wait-timeout-held` | per replica, `sandkeeper_check::Progress`: every key with a queued call is held back by something real (a sandbox of the key stopping, persisting or handed over; under `Serialize` a live call of it bound; the key not the replica's while a claim of it is under way or made again later or the lease is not valid; a release of it under way or in doubt), and a call fails `wait-timeout` only if its key had queued calls, held back, at the last look |
 //! | `call-events`, `ready-on-live-sandbox`, `binding-stable`, `no-teardown-under-live-call`, `resolve-own-sandbox`, `release-live`, `release-completes-once`, `typed-errors` (and the other `Calls` checks) | per incarnation, `sandkeeper_check::Calls` as in one process (`process.rs`), the getter checks over every live call after every input: a sandbox is dead once an upload the core awaited in it was answered `gone` or its key was fenced under the token it was started or adopted with (its ready calls then get `SandboxLost`); torn down once draining (until a Stop, a before hook, or a handover of its key ends the drain), stopped, shut down or relinquished. An application input whose own input lapsed the lease first is fed after the lapse's events |
-//! | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` | per incarnation, `sandkeeper_check::Deadlines` (`process.rs`) on the replica's clock, the bounds after an input judged at the instant its core's timers last ran; in fleet mode a `wait-timeout` comes at or after its deadline (at the replica's first timer run), a call queued again after a failed adoption waits afresh, one bound after its wait deadline (an input before the wake-up, after a pause) is held to its start from then, and one whose sandbox waits for its key's record to name it leaves the bound (no call timer runs then) |
-//! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::Mirror` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush is judged without that flush's version |
+//! | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` | per incarnation, `sandkeeper_check::Deadlines` (`process.rs`) on the replica's clock, the bounds after an input judged at the instant its core's timers last ran; in fleet mode a `wait-timeout` comes at or after its deadline (at the replica's first timer run), a call queued again after a failed adoption waits afresh, one whose Adopt went unanswered and was ordered again starts afresh, one bound after its wait deadline (an input before the wake-up, after a pause) is held to its start from then, and one whose sandbox waits for its key's record to name it leaves the bound (no call timer runs then) |
+//! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::Mirror` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush (before the flush's own version settled) is judged without that version |
 //! | `counters` | per incarnation, as in one process (`process.rs`): the core's `Stats` count the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and released that were seen (an Adopt is no Start, a Relinquish no Shutdown) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was), and each operation's file as acknowledged once the backend took its write and the core its `leave`, numbered when the operation entered (a write replaces the file whole: a stale one lands over newer work unless the backend refuses its token) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
 //!
-//! Not run here: the one-process history's `drain-waits-for-holds`, `drain-waits-for-work` and
-//! `suspension-keeps-workspace` (the seeds hold nothing and lose no instance; their operations
-//! are entered work, which no check here yet holds a drain to), and `Calls`'
-//! `liveness-release-completes` (close forgets the releases in flight; the fleet's own liveness
-//! checks that every call ended).
+//! Not run here: the one-process history's `suspension-keeps-workspace` and
+//! `instance-loss-suspends` (the fleet's backend loses no instance with its workspace intact),
+//! and `Calls`' `liveness-release-completes` (close forgets the releases in flight; the fleet's
+//! own liveness checks that every call ended).
 //!
 //! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
 //! in what the key's next owner continues from, through crashes, pauses past the lease, failed
@@ -62,7 +64,10 @@
 //! snapshot resumed while the record still named its sandbox; an adoption that timed out shut
 //! down with the key's history; a key claimed back while its own relinquished sandbox was still
 //! tracked, started afresh beside it; a stale flush of a fenced process written over the next
-//! owner's newer log; and in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
+//! owner's newer log; with the background writers, a version flushed by a session whose call
+//! came while its key's release was under way, and one of a session whose call waited for a key
+//! that was then fenced, each kept and written over the next owner's newer log once the key was
+//! claimed back; and in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
 //! sandbox its crashed owner stopped, the sweep told which snapshot a start took.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
@@ -70,6 +75,8 @@
 //! owner or none (none once the leases ran out).
 
 mod backend;
+mod background;
+mod drains;
 mod intent;
 mod names;
 mod parity;
@@ -80,6 +87,8 @@ mod store;
 mod transcript;
 
 pub use transcript::FleetTranscript;
+
+use background::operation_work;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -259,6 +268,10 @@ enum Ev {
     /// The operation entered into `SandboxId` writes its file, made at the world's flush order
     /// `u64`, and leaves.
     Leave(usize, u32, SessionId, SandboxId, u64),
+    /// A background writer of the session holds it.
+    Hold(usize, u32, SessionId),
+    /// The background writer of the session flushes and lets its hold go.
+    Unhold(usize, u32, SessionId),
     Apply(usize, u32, Command, u64),
     StoreApply(usize, u32, StoreCommand),
     Answer(usize, u32, Input, Instant),
@@ -269,17 +282,6 @@ enum Ev {
     Close(usize),
     /// A sweep of the backend, on the clock of a replica that is up (drift included).
     Sweep,
-}
-
-/// How often a call that became ready also runs an operation in its sandbox (a write of its
-/// session's file, entered and left), per mille.
-const OPERATIONS_IN: u32 = 250;
-
-/// What an operation of `session` writes, as `conservation` follows it: the session's file
-/// `work.md`, which each write replaces whole, as a session log's flush does.
-pub(super) fn operation_work(session: &SessionId) -> Work {
-    let path = PathName::new("work.md").expect("a valid name");
-    Work::Version(session.clone(), path)
 }
 
 /// A version one incarnation of a replica flushed: (replica, incarnation, session, path,
@@ -338,6 +340,9 @@ struct World {
     /// The application's operations (`enter`, a write, `leave`): a stream of their own, so
     /// that the other draws of a seed stay as they were.
     work_rng: Rng,
+    /// The application's holds (a background writer's hold, flush and unhold): a stream of
+    /// their own.
+    hold_rng: Rng,
     /// Operation files made so far (each write replaces the file: a later one holds more).
     operations: u64,
     /// The sessions with an operation entered and not left, per incarnation: one at a time per
@@ -496,6 +501,7 @@ impl World {
             recorder: opts.transcript.then(Default::default),
             hook_rng,
             work_rng: Rng::new(seed ^ 0x0e4a_7e0b),
+            hold_rng: Rng::new(seed ^ 0x401d_5eed),
             operations: 0,
             in_work: BTreeSet::new(),
             hook_fail,
@@ -666,6 +672,8 @@ impl World {
             | Ev::Flush(r, inc, _)
             | Ev::Enter(r, inc, _)
             | Ev::Leave(r, inc, ..)
+            | Ev::Hold(r, inc, _)
+            | Ev::Unhold(r, inc, _)
             | Ev::Answer(r, inc, _, _) => Some((*r, Some(*inc))),
             _ => None,
         };
@@ -718,6 +726,8 @@ impl World {
             Ev::Flush(r, _, session) => self.flush(r, session),
             Ev::Enter(r, inc, session) => self.enter(r, inc, session),
             Ev::Leave(r, _, session, x, order) => self.leave(r, &session, x, order),
+            Ev::Hold(r, inc, session) => self.hold(r, inc, session),
+            Ev::Unhold(r, _, session) => self.unhold(r, session),
             Ev::Apply(r, inc, cmd, seq) => self.apply(r, inc, cmd, seq),
             Ev::StoreApply(r, inc, cmd) => self.store_apply(r, inc, cmd),
             Ev::Sweep => self.sweep(),
@@ -1197,77 +1207,6 @@ impl World {
         }
     }
 
-    /// The application of replica `r` enters its session's sandbox for an operation: if the
-    /// core lets it in, the operation's file is made now (numbered in the world's flush order)
-    /// and written into the sandbox later, under the token the replica holds its key by.
-    fn enter(&mut self, r: usize, inc: u32, session: SessionId) {
-        if self.replicas[r].core.is_closing() || self.in_work.contains(&(inc, session.clone())) {
-            return;
-        }
-        if self.recorder.is_some() {
-            self.record(Some(r), Step::Enter(session.clone()));
-        }
-        let entered = self.apply_input(r, |core, t| core.enter(t, &session));
-        let local = self.replicas[r].local(self.now);
-        let result = entered.as_ref().map(drop).map_err(sandkeeper::Error::kind);
-        self.told(r, Told::Nothing, result, local);
-        if let Ok((x, local)) = entered {
-            self.in_work.insert((inc, session.clone()));
-            let order = self.operation_made();
-            self.drain(r, local);
-            let write = self.work_rng.range(5, 300) * MS;
-            self.push(self.now + write, Ev::Leave(r, inc, session, x, order));
-        }
-    }
-
-    /// An operation's file is made now: its number in the order of every operation's file.
-    pub(super) fn operation_made(&mut self) -> u64 {
-        self.operations += 1;
-        self.operations
-    }
-
-    /// The operation entered into `x` writes its file (made at `order`) and leaves: the write is
-    /// acknowledged (the operation returned ok) when the backend took it and the core took the
-    /// leave. A process that lost the key meanwhile writes under its old token, which the
-    /// backend refuses.
-    fn leave(&mut self, r: usize, session: &SessionId, x: SandboxId, order: u64) {
-        let inc = self.replicas[r].incarnation;
-        self.in_work.remove(&(inc, session.clone()));
-        if self.recorder.is_some() {
-            self.record(Some(r), Step::Leave(session.clone()));
-        }
-        let wrote = self.operation_writes(r, session, x, order);
-        let left = self.apply_input(r, |core, t| core.leave(t, x));
-        let local = self.replicas[r].local(self.now);
-        let result = left.as_ref().map(drop).map_err(sandkeeper::Error::kind);
-        self.told(r, Told::Nothing, result, local);
-        if let Ok(((), local)) = left {
-            if wrote {
-                let work = operation_work(session);
-                self.conservation.acknowledged(x, work, order);
-            }
-            self.drain(r, local);
-        }
-    }
-
-    /// The backend takes (or refuses) replica `r`'s write of `session`'s file, made at `order`,
-    /// into `x`: whether it landed.
-    pub(super) fn operation_writes(
-        &mut self,
-        r: usize,
-        session: &SessionId,
-        x: SandboxId,
-        order: u64,
-    ) -> bool {
-        let token = self.replicas[r].intent.key_of(x).and_then(|(_, t)| *t);
-        let landed = self.backend.write(x, token) == Outcome::Ok(None);
-        if landed {
-            let work = operation_work(session);
-            self.conservation.written(x, work, order);
-        }
-        landed
-    }
-
     fn event(&mut self, r: usize, ev: Event) {
         let inc = self.replicas[r].incarnation;
         if self.script.is_some() {
@@ -1284,10 +1223,7 @@ impl World {
                         return;
                     }
                     let flush = self.rng.range(10, 500) * MS;
-                    if self.work_rng.chance(OPERATIONS_IN) {
-                        let enter = self.work_rng.range(10, 400) * MS;
-                        self.push(self.now + enter, Ev::Enter(r, inc, session.clone()));
-                    }
+                    self.work_beside(r, inc, &session);
                     self.push(self.now + flush, Ev::Flush(r, inc, session));
                     let done = flush + self.rng.range(10, 2_000) * MS;
                     self.push(self.now + done, Ev::Release(r, inc, call));

@@ -20,8 +20,9 @@
 //!   clock jumps, and the inputs queued for it while it was paused come before its wake-up.
 //! - **Calls waiting for the record.** A fleet call is made ready once its key's durable record
 //!   names its sandbox (the sandbox stays `Starting` until then): a live call the core places
-//!   `Starting` on a sandbox a record write named warm leaves the bound of its wait and start
-//!   (`Deadlines::awaits_record`).
+//!   `Starting` on a sandbox that is up and waits for that record (`Lifecycle::awaits_record`:
+//!   its start and after hook are over; the write naming it may wait for an earlier write of
+//!   the key) leaves the bound of its wait and start (`Deadlines::awaits_record`).
 //! - **Calls bound late.** A replica's inputs other than a wake-up run no timer: after a pause,
 //!   one may bind a call whose wait deadline its clock passed before the wait's timer ran; its
 //!   start and hook bound it from there (`Deadlines::bound`, told when a binding is learned).
@@ -43,9 +44,10 @@
 //! A crash drops the incarnation's checkers with it; a restart is a new incarnation, with fresh
 //! ones.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::drains::Drains;
 use crate::history::{core_counts, COUNTERS};
 
 use sandkeeper::{
@@ -76,6 +78,8 @@ pub(super) struct Process {
     calls: Calls,
     bounds: Deadlines,
     mirror: Mirror,
+    /// What each drain waits for (`drain-waits-for-holds`, `drain-waits-for-work`).
+    drains: Drains,
     sandboxes: BTreeMap<SandboxId, Sx>,
     /// Live calls the core last placed `Starting`, and where (to see one queued again).
     starting: BTreeMap<CallId, SandboxId>,
@@ -88,10 +92,10 @@ pub(super) struct Process {
     lapse_end: usize,
     /// The version this input flushed.
     flushed_now: Option<(SessionId, PathName, u64)>,
+    /// That version's `Settled` came among this input's events so far.
+    flush_settled: bool,
     /// Paths whose upload's answer the driver dropped, since the core's timers last ran.
     late: Vec<(SessionId, PathName)>,
-    /// Sandboxes a record write named warm since their Start or Adopt.
-    recorded: BTreeSet<SandboxId>,
     /// Sandboxes handed over by this input's store commands.
     handed: Vec<SandboxId>,
     /// `Closed` came.
@@ -130,6 +134,12 @@ pub(super) enum Told<'a> {
     Release(&'a CallId),
     /// `close(deadline)`.
     Close(Duration),
+    /// `hold(session)`.
+    Hold(&'a SessionId),
+    /// `unhold(session)`.
+    Unhold(&'a SessionId),
+    /// `leave(sandbox)`: the operation in it is over, whatever the core answers.
+    Leave(SandboxId),
 }
 
 impl Process {
@@ -139,16 +149,17 @@ impl Process {
             calls: Calls::new(config),
             bounds: Deadlines::new(config),
             mirror: Mirror::new(),
+            drains: Drains::new(config.drain_deadline),
             sandboxes: BTreeMap::new(),
             starting: BTreeMap::new(),
             handed: Vec::new(),
-            recorded: BTreeSet::new(),
             late: Vec::new(),
             given: None,
             event_no: 0,
             feed_at: 0,
             lapse_end: 0,
             flushed_now: None,
+            flush_settled: false,
             closed: false,
             seen: [0; 6],
         }
@@ -177,6 +188,22 @@ impl Process {
             ),
             Told::Release(call) => Given::Release(call.clone()),
             Told::Close(deadline) => Given::Close(deadline),
+            Told::Hold(session) => {
+                if result.is_ok() {
+                    self.drains.held(session);
+                }
+                return Ok(());
+            }
+            Told::Unhold(session) => {
+                if result.is_ok() {
+                    self.drains.unheld(session);
+                }
+                return Ok(());
+            }
+            Told::Leave(x) => {
+                self.drains.left(x);
+                return Ok(());
+            }
         };
         self.given = Some((given, result, now));
         if result.is_err() {
@@ -208,6 +235,13 @@ impl Process {
                 if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
                     if !self.dead(x) {
                         self.mirror.released_up(&c.session);
+                        // The mirror lingers on the released sandbox unless another call of
+                        // the session has an up sandbox (then the mirror goes there).
+                        let sandboxes = &self.sandboxes;
+                        let dead = |x| sandboxes.get(&x).is_some_and(|s: &Sx| s.dead);
+                        if !self.calls.has_up_call(&c.session, dead) {
+                            self.drains.released(&c.session, x);
+                        }
                     }
                 }
                 Ok(())
@@ -217,6 +251,7 @@ impl Process {
             }
             (Given::Close(deadline), Ok(())) => {
                 self.bounds.closing(now, deadline);
+                self.drains.closing();
                 Ok(())
             }
             (Given::Close(_), Err(_)) => Ok(()),
@@ -299,6 +334,7 @@ impl Process {
         });
         self.lapse_end = 0;
         self.flushed_now = None;
+        self.flush_settled = false;
         if lapsed {
             let fence = events.iter().rposition(|ev| match ev {
                 Event::KeyFenced { .. } | Event::SandboxLost { .. } => true,
@@ -347,24 +383,24 @@ impl Process {
     /// in ([`commands_done`](Self::commands_done): an input's store commands are taken before
     /// its commands, and the Drain it ended may be among them).
     pub(super) fn store_command(&mut self, cmd: &StoreCommand) {
-        match cmd {
-            StoreCommand::Release {
-                record: KeyRecord { warm: Some(x), .. },
-                ..
-            } => self.handed.push(*x),
-            StoreCommand::Record {
-                record: KeyRecord { warm: Some(x), .. },
-                ..
-            } => {
-                self.recorded.insert(*x);
-            }
-            _ => {}
+        if let StoreCommand::Release {
+            record: KeyRecord { warm: Some(x), .. },
+            ..
+        } = cmd
+        {
+            self.handed.push(*x);
         }
+    }
+
+    /// `enter` let an operation into `x`.
+    pub(super) fn entered(&mut self, x: SandboxId) {
+        self.drains.entered(x);
     }
 
     /// The input's commands are in: the drains its handovers ended are over.
     pub(super) fn commands_done(&mut self) {
         for x in self.handed.drain(..) {
+            self.drains.revived(x);
             if let Some(s) = self.sandboxes.get_mut(&x) {
                 s.draining = false;
             }
@@ -375,12 +411,12 @@ impl Process {
     pub(super) fn command(&mut self, cmd: &Command, now: Instant) -> Result<(), Violation> {
         let broken = self.bounds.command(cmd, now);
         self.mirror.command(cmd);
+        self.drains.command(cmd, now);
         let x = cmd.sandbox();
         match cmd {
             Command::Upload { .. } => self.seen[2] += 1,
             Command::Start { key, token, .. } => {
                 self.seen[0] += 1;
-                self.recorded.remove(&x);
                 self.sandboxes.insert(
                     x,
                     Sx {
@@ -390,7 +426,14 @@ impl Process {
                 );
             }
             Command::Adopt { key, token, .. } => {
-                self.recorded.remove(&x);
+                // Ordered again (its first went unanswered): its calls' start begins afresh.
+                let again: Vec<CallId> = (self.starting.iter())
+                    .filter(|(_, y)| **y == x)
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                for call in &again {
+                    self.bounds.adopting_again(call, now);
+                }
                 // Taken over (perhaps again): what an earlier tenure here said no longer holds.
                 self.sandboxes.insert(
                     x,
@@ -445,6 +488,7 @@ impl Process {
                     self.mirror.ready(&session, x);
                 }
                 self.sandboxes.entry(x).or_default().draining = false;
+                self.drains.revived(x);
                 broken
             }
             Event::CallFailed { call, error } => {
@@ -469,12 +513,16 @@ impl Process {
                 version,
                 outcome,
             } => {
+                if self.flushed_now.as_ref() == Some(&(session.clone(), path.clone(), version.0)) {
+                    self.flush_settled = true;
+                }
                 self.bounds.version_settled(session, path, version.0);
                 self.mirror.settled(session, path, version.0, outcome)
             }
-            // A lapse before a flush settled the session's mirror as it was before the flush.
+            // A lapse before a flush settled the session's mirror as it was before the flush:
+            // a `MirrorSettled` before the flush's own version settled is judged without it.
             Event::MirrorSettled { session } => match &self.flushed_now {
-                Some((s, path, version)) if s == session && self.event_no <= self.lapse_end => {
+                Some((s, path, version)) if s == session && !self.flush_settled => {
                     let mut before = versions.clone();
                     let dropped = Settlement::Dropped {
                         reason: DropReason::Fenced,
@@ -526,7 +574,10 @@ impl Process {
         lane: impl Fn(SandboxId) -> Option<Lane>,
     ) -> Result<(), Violation> {
         self.feed_given()?;
-        let sandboxes = &self.sandboxes;
+        let (calls, sandboxes) = (&self.calls, &self.sandboxes);
+        let dead = |x| sandboxes.get(&x).is_some_and(|s: &Sx| s.dead);
+        self.drains
+            .input_done(|session| calls.has_up_call(session, dead))?;
         let draining = |x: SandboxId| {
             let s = sandboxes.get(&x);
             s.is_some_and(|s| s.draining && !s.dead)
@@ -550,7 +601,7 @@ impl Process {
             }
             match core.call_status(&rec.call) {
                 Some(CallStatus::Starting(x)) => {
-                    if self.recorded.contains(&x) {
+                    if core.awaits_record(x) {
                         recording.push(rec.call.clone());
                     }
                     learned.push((rec.call.clone(), x))

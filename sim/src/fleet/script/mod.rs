@@ -121,6 +121,7 @@ impl World {
             hook_rng: Rng::new(0),
             // A scenario's steps enter and leave.
             work_rng: Rng::new(0),
+            hold_rng: Rng::new(0),
             operations: 0,
             in_work: BTreeSet::new(),
             hook_fail: 0,

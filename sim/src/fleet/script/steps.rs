@@ -76,13 +76,14 @@ impl World {
             } => self.flush_on(r, session, path.clone(), *bytes),
             Step::Resolve(session, expect) => self.resolve_on(r, session, expect),
             Step::Hold(session) => self
-                .app(r, Told::Nothing, |core, t| core.hold(t, session))
+                .app(r, Told::Hold(session), |core, t| core.hold(t, session))
                 .map(drop),
             Step::Unhold(session) => self
-                .app(r, Told::Nothing, |core, t| core.unhold(t, session))
+                .app(r, Told::Unhold(session), |core, t| core.unhold(t, session))
                 .map(drop),
             Step::Enter(session) => {
                 if let Some(x) = self.app(r, Told::Nothing, |core, t| core.enter(t, session))? {
+                    self.replicas[r].process.entered(x);
                     let order = self.operation_made();
                     let seen = &mut self.script_mut().seen[r];
                     seen.entered
@@ -102,7 +103,7 @@ impl World {
                     Some((x, order)) => {
                         // Its file is written first, under the token the replica holds.
                         let wrote = self.operation_writes(r, session, x, order);
-                        let left = self.app(r, Told::Nothing, |core, t| core.leave(t, x))?;
+                        let left = self.app(r, Told::Leave(x), |core, t| core.leave(t, x))?;
                         if left.is_some() && wrote {
                             let work = crate::fleet::operation_work(session);
                             self.conservation.acknowledged(x, work, order);
