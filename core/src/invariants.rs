@@ -1,4 +1,5 @@
-//! The invariants (`docs/design.md`, numbered 1–9) that can be read off the core's state, checked in one pass.
+//! The invariants (`docs/design.md`, numbered 1–9) that can be read off the core's state,
+//! checked in one pass.
 //!
 //! The core `debug_assert`s them after every input while it is small; the simulator calls
 //! [`Lifecycle::check_invariants`] after every step, and checks the invariants about histories

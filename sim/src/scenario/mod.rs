@@ -1,9 +1,10 @@
 //! Scenario files (`.scn`): one interleaving written by hand, run against the real core with
 //! every invariant checked after every step, then the `expect` lines and liveness.
 //!
-//! The format is a public interface, documented in `docs/scenarios.md` and implemented here: one step per line, `#` comments, `config` keys before the first step, application
-//! steps, backend steps (`@call` names the sandbox a call is or was bound to), `settle`, and
-//! `expect` lines. Malformed lines are [`ParseError`]s naming the line and what was expected.
+//! The format is a public interface, documented in `docs/scenarios.md` and implemented here:
+//! one step per line, `#` comments, `config` keys before the first step, application steps,
+//! backend steps (`@call` names the sandbox a call is or was bound to), `settle`, and `expect`
+//! lines. Malformed lines are [`ParseError`]s naming the line and what was expected.
 //!
 //! Extensions (optional `config` keys, so every file of the base format still parses the same):
 //! `command-timeout=<d>`, `close-grace=<d>`, `upload-retries=<n>`, `retry-backoff=<d>` set the
