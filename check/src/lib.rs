@@ -22,7 +22,7 @@
 //! | `violation.rs` | [`Violation`]: a broken check, by its stable name | |
 //!
 //! The names are stable: the simulator reports them (`FAIL seed N: invariant <name>`), its
-//! canaries and `sim/README.md` refer to them.
+//! canaries and `docs/scenarios.md` refer to them.
 //!
 //! The lane and the versions come in two forms: a per-record state with a pure transition
 //! ([`Lane`], [`PathVersions`]) for a user that keeps its own record per sandbox or path (the

@@ -2,9 +2,9 @@
 //!
 //! An open-addressing table with linear probing, written here rather than a `HashMap` because
 //! these keys need no hashing of text and are looked up on every answer: a lookup is a
-//! multiply, a shift and, almost always, one compare. In place of the two `HashMap`s it took
-//! the call cycle (one sandbox: an insert, three finds, a remove; one upload: an insert, a
-//! find, a remove) from 8,592 to 8,404 instructions. Deletion shifts the probe run back (no
+//! multiply, a shift and, almost always, one compare (a call cycle makes an insert, three
+//! finds and a remove for its sandbox, and an insert, a find and a remove per upload). Deletion
+//! shifts the probe run back (no
 //! tombstones), and the table stays at most half full, so a probe run is short whatever the
 //! ids.
 

@@ -7,21 +7,17 @@
 //! to use as one path component.
 //!
 //! A name's text is a [`Text`]: up to 22 bytes are kept inline, so cloning one is a copy of
-//! three words; a longer name (a UUID, say) is shared behind an `Arc`, as every name was before.
-//! Names are cloned into every command and event that carries them, and an `Arc`'s atomic
-//! reference count was, by sampling, a fifth of the time of a call cycle. `Text` is written here
-//! rather than taken from `smol_str` (which the core used before; 24 bytes either way) for one
-//! reason, measured: two inline texts compare as two fixed-size byte arrays, inline, where
-//! `SmolStr` decodes both representations and calls `memcmp` out of line. Names are compared
-//! wherever a record is found by name (every map probe that matches, and the checkers' scans):
-//! 1,000 simulator seeds took 1,221.9 M instructions with `SmolStr` and 1,183.8 M with `Text`,
-//! the call cycle 7,896 and 7,766. Its layout is chosen for the processor, not for the count of
-//! instructions: the inline form is 24 bytes aligned to 8, the bytes then the length, and a
-//! shared text is told by a length no inline text has, with no tag byte in front. With a tag
-//! byte in front (the first `Text`), a copy moved bytes 1 to 8 as two overlapping 4-byte
-//! pieces, and reading the copy back stalled on store forwarding at every clone of a name:
-//! the call cycle took 2.95 x the `HashMap` baseline's time with it and 2.71 x without, for
-//! 39 more instructions.
+//! three words; a longer name (a UUID, say) is shared behind an `Arc`. Names are cloned into
+//! every command and event that carries them, where an atomic reference count costs more than
+//! the copy. `Text` is written here rather than taken from `smol_str` because two inline texts
+//! compare as two fixed-size byte arrays, inline, where `SmolStr` decodes both representations
+//! and calls `memcmp` out of line; names are compared wherever a record is found by name.
+//!
+//! Its layout is chosen for the processor: the inline form is 24 bytes aligned to 8, the bytes
+//! then the length, and a shared text is told by a length no inline text has, with no tag byte
+//! in front. A tag byte in front makes a copy move the bytes in odd pieces, and reading the copy
+//! back then stalls on store forwarding at every clone of a name. The measurements behind both
+//! choices are in `docs/performance.md`.
 //!
 //! A name also carries the hash of its text, computed when it is made: a name is hashed once in
 //! its life, not at every map it passes through (about five per call). A name therefore hashes

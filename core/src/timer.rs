@@ -192,9 +192,9 @@ impl Timers {
 ///
 /// Written here rather than `BinaryHeap<Reverse<Entry>>` for the common sizes: the table
 /// usually holds no entry, one or two (a start or an upload answered in time), and std's heap
-/// went through its general sift on every push and pop of those, about 65 instructions a timer
-/// set and cancelled; here a push onto an empty heap and the pop of its only entry are a
-/// vector's push and pop. Ordered by (instant, sequence) only: the sequence is unique.
+/// goes through its general sift on every push and pop of those; here a push onto an empty heap
+/// and the pop of its only entry are a vector's push and pop. Ordered by (instant, sequence)
+/// only: the sequence is unique.
 #[derive(Clone, Debug, Default)]
 struct Heap(Vec<Entry>);
 

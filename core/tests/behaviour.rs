@@ -391,8 +391,8 @@ fn external_sandboxes_are_never_stopped_or_shut_down() {
 
 /// Calls naming one external sandbox share it even under `Serialize`: the application owns the
 /// sandbox (and its concurrency), and no release of it can tear anything down (R10 cannot
-/// happen). Documented as it is; see the report (DESIGN's invariant 8 reads "never two live
-/// calls on one key", and the core exempts external keys on purpose).
+/// happen). Documented as it is (`docs/design.md`'s invariant 8 reads "never two live calls on
+/// one key", and the core exempts external keys on purpose).
 #[test]
 fn external_sandboxes_are_shared_even_under_serialize() {
     let mut h = Script::with(|c| c.same_key = SameKey::Serialize);

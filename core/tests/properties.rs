@@ -1,5 +1,5 @@
 //! Property tests over random input sequences, valid and invalid: no panic; the state invariants
-//! and the history invariants of DESIGN.md hold after every step; every flushed version settles
+//! and the history invariants (docs/design.md) hold after every step; every flushed version settles
 //! exactly once; a rejected input changes nothing; after a final close and its answers nothing is
 //! left running and no timer is set.
 

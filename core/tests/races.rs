@@ -1,4 +1,4 @@
-//! The races of DESIGN.md ("The races this project exists to make impossible"), one named test
+//! The races R1–R13 (`docs/design.md`, "The races"), one named test
 //! each, written as the interleaving that produced the production failure and asserting the
 //! correct outcome: the exact commands, events, `resolve` answers and settlements.
 //!

@@ -4,7 +4,7 @@
 //!
 //! The model covers scopes `Session` and `Call` under `Share` and the `Shutdown` policy, with a
 //! backend that answers every command at once (starts fail when the step says so): there, the
-//! spec reduces to a few maps, written here from DESIGN.md without looking at the core.
+//! spec reduces to a few maps, written here from docs/design.md without looking at the core.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //! sandboxes killed on purpose ([`FaultBackend::kill`]).
 //!
 //! It also watches the driver from the backend's side and records a *violation* for every
-//! order the races of DESIGN.md would produce, by `sandkeeper_check`'s lane rules (the ones the
+//! order the races (docs/design.md) would produce, by `sandkeeper_check`'s lane rules (the ones the
 //! core's tests and the simulator apply to the core's commands): an upload received after the
 //! sandbox's Stop or Shutdown, any operation after Shutdown, Persist before Stop, a second Stop
 //! or Start; and, this world having no external sandboxes, an upload into a sandbox it never
@@ -243,7 +243,7 @@ impl FaultBackend {
             .collect()
     }
 
-    /// Orders that the races of DESIGN.md would produce, seen from the backend.
+    /// Orders that the races of `docs/design.md` would produce, seen from the backend.
     pub fn violations(&self) -> Vec<String> {
         self.world().violations.clone()
     }

@@ -102,7 +102,7 @@ impl<B: Backend> Keeper<B> {
         Self::build(config, backend, None, None)
     }
 
-    /// A keeper that is one process of a fleet (see the README's "Fleet"): several processes
+    /// A keeper that is one process of a fleet (see `docs/fleet.md`): several processes
     /// share `backend` and `store`, and for every key other than a call's own they behave as one
     /// keeper would. `config.core.fleet` gives the lease timing; its `incarnation` is replaced
     /// by the one `store` hands this process now (no other process, and no earlier run of this

@@ -1,4 +1,4 @@
-//! The driver under tokio's paused clock, on the seeded fault backend: the races of DESIGN.md
+//! The driver under tokio's paused clock, on the seeded fault backend: the races (docs/design.md)
 //! through the real keeper, cancellation, guard drops, head-of-line independence, and seeded
 //! storms with every invariant checked.
 #![cfg(not(loom))]

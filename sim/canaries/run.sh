@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Canaries: each patch here removes or breaks one guard of the core (one race of DESIGN.md). For
+# Canaries: each patch here removes or breaks one guard of the core (see docs/canaries.md). For
 # each, this script applies it to a scratch copy of the workspace, builds the simulator in
 # release, runs a bounded seed batch, and requires a failing seed; it then shrinks that seed to
 # a scenario and requires the scenario to fail too. A patch that no longer applies fails.

@@ -1,4 +1,4 @@
-//! History invariants: DESIGN.md's invariants 1–9, checked from outside the core over what it
+//! History invariants (docs/design.md, 1–9), checked from outside the core over what it
 //! was given (inputs) and what it said (commands, events), plus what its getters answer. Each
 //! check has a name; the first broken one is kept as the run's [`Failure`].
 //!

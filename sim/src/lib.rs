@@ -19,7 +19,7 @@
 //! - [`run`]: one seed, then the liveness phase (faults off, everything answered, time runs;
 //!   every call ready or failed, every release complete, every version settled, the core quiet,
 //!   close complete).
-//! - [`scenario`]: scenario files (`.scn`, see `../shared/SCENARIOS.md`): parser with
+//! - [`scenario`]: scenario files (`.scn`, see `docs/scenarios.md`): parser with
 //!   line-numbered errors, runner, expectations; a file with a `fleet` line runs on the fleet
 //!   world (`fleet::script`), its steps naming their replica (`[r1] acquire ...`).
 //! - [`fleet`]: `--replicas N`, several real cores over one simulated store and backend.

@@ -62,10 +62,10 @@ pub struct RunReport {
 const LIVENESS_ROUNDS: usize = 2_000;
 
 /// Random runs ask the core about every live call every this many inputs, and in between about
-/// the calls each input touched. 1 (every call after every input) by default: with 8, a core
-/// whose `resolve` answers another session's sandbox (canary r01) failed 519 of 1,000 seeds
-/// instead of 532, for 3.7% fewer instructions per input; `explore --getter-check-every N` trades
-/// that way when asked.
+/// the calls each input touched. 1 (every call after every input) by default: a larger value
+/// costs fewer instructions per input but misses transient breaks between full looks (canary
+/// r01 fails fewer seeds; the figures are in `docs/performance.md`); `explore
+/// --getter-check-every N` trades that way when asked.
 pub const GETTER_CHECK_EVERY: u64 = 1;
 
 /// Runs one seed.

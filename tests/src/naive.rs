@@ -1,5 +1,5 @@
 //! A baseline driver built the naive way, to measure sandkeeper's driver against: the shape of
-//! the production harness of DESIGN.md's R13.
+//! the production harness of `docs/design.md`'s R13.
 //!
 //! - One process-wide FIFO mirror queue with one worker: every session's uploads go through it,
 //!   one at a time, each bounded by an upload timeout (the only defence it has against a hung

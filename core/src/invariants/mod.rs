@@ -1,5 +1,6 @@
-//! The invariants that can be read off the core's state: one check per table (calls, sandboxes,
-//! keys, sessions and the mirror, timers), each in its own file, run in one pass.
+//! The invariants (`docs/design.md`, numbered 1–9) that can be read off the core's state: one
+//! check per table (calls, sandboxes, keys, sessions and the mirror, timers), each in its own
+//! file, run in one pass.
 //!
 //! The core `debug_assert`s them after every input while it is small; the simulator calls
 //! [`Lifecycle::check_invariants`] after every step, and checks the invariants about histories

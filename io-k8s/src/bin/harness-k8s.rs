@@ -17,7 +17,7 @@
 //! contend for the same users' keys; `--ledger FILE` keeps what each was told. There is no
 //! `--verify`: the fleet's check of the whole namespace needs the workspaces' files, which the
 //! API does not give for a suspended claim (see `sandkeeper_k8s::verify_fleet`, which the
-//! tests call against the loopback API). The README's "Fleet" section shows two terminals.
+//! tests call against the loopback API). `docs/fleet.md` shows two terminals.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;

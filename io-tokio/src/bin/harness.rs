@@ -7,8 +7,8 @@
 //! With `--fleet-root DIR` the process is one replica of a fleet on the shared root `DIR`
 //! (`workload::run_fleet`): run several at once, each with its own `--replica` name, and they
 //! contend for the same users' keys; then `harness --fleet-root DIR --verify LEDGER...` checks
-//! what only the whole fleet shows (`workload::verify_local_fleet`). The README's "Fleet"
-//! section shows two terminals doing it.
+//! what only the whole fleet shows (`workload::verify_local_fleet`). `docs/fleet.md`
+//! shows two terminals doing it.
 //!
 //! `cargo run --release -p sandkeeper-tokio --bin harness -- --help`
 #![forbid(unsafe_code)]

@@ -24,7 +24,7 @@
 //! besides, after the entry they change, which they write only if it is still the version
 //! read: the outcome is the one the lock gave had the operation run whole at the instant it
 //! read the leases. What that read cannot see is a renewal landing after it (a process renewing
-//! a lease the claimant judged expired): that is the protocol's clock assumption (README,
+//! a lease the claimant judged expired): that is the protocol's clock assumption (`docs/fleet.md`,
 //! "Clocks"), which the lock did not remove either; the backend's token check covers a process
 //! past it. A renewal writes its lease, then reads the entries for the wants.
 //!

@@ -160,7 +160,7 @@ pub async fn run<B: WorkloadTarget>(
     drive(keeper, options, None, checkpoints).await
 }
 
-/// Runs the workload as one process of a fleet (see the README's "Fleet"): the keeper joins
+/// Runs the workload as one process of a fleet (see `docs/fleet.md`): the keeper joins
 /// the fleet on `store` (`Keeper::fleet_with_hooks`), its sessions are named after
 /// `fleet.replica` while its users are every process's, so other processes running the same
 /// workload on the same backend and store contend for the same keys. The checks are this

@@ -1,17 +1,20 @@
 //! Scenario files (`.scn`): one interleaving written by hand, run against the real core with
 //! every invariant checked after every step, then the `expect` lines and liveness.
 //!
-//! The format is a public interface, specified in `../shared/SCENARIOS.md` and implemented here
-//! exactly: one step per line, `#` comments, `config` keys before the first step, application
-//! steps, backend steps (`@call` names the sandbox a call is or was bound to), `settle`, and
-//! `expect` lines. Malformed lines are [`ParseError`]s naming the line and what was expected.
+//! The format is a public interface, documented in `docs/scenarios.md` and implemented here:
+//! one step per line, `#` comments, `config` keys before the first step, application steps,
+//! backend steps (`@call` names the sandbox a call is or was bound to), `settle`, and `expect`
+//! lines. Malformed lines are [`ParseError`]s naming the line and what was expected.
 //!
 //! Extensions (optional `config` keys, so every file of the base format still parses the same):
 //! `command-timeout=<d>`, `close-grace=<d>`, `upload-retries=<n>`, `retry-backoff=<d>` set the
 //! core's remaining deadlines, so that a shrunk simulator run can spell its whole configuration.
 //!
-//! Names must also be accepted by the core (not `.`/`..`, not starting with `-`, at most 128
-//! bytes); a name it would refuse is a parse error.
+//! A name outside `[A-Za-z0-9_.-]+` is a parse error. A name that fits the grammar but that the
+//! core's name types refuse (`.`, `..`, too long) is, in an application step, an input the core
+//! rejects (`Step::Refused`: an `acquire` fails its call with `invalid-name`, any other step
+//! sets the last error); elsewhere (a backend step's `@call`, an expectation) it is a parse
+//! error.
 //!
 //! Fleet scenarios (`fleet.rs`): a `fleet replicas=<n> ...` line before the first step makes
 //! the file a fleet's, run by the fleet world (`crate::fleet::script`); a step that happens on
