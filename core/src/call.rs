@@ -430,7 +430,7 @@ impl Lifecycle {
                     tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
                     x.state = SandboxState::Running;
                     self.out.stats.revivals += 1;
-                    self.way().cancel_sandbox_timer(sandbox);
+                    self.way_down().cancel_sandbox_timer(sandbox);
                 }
                 self.make_ready(call, sandbox);
             }

@@ -87,7 +87,7 @@ impl Lifecycle {
             .sandboxes
             .in_id_order(|x| x.state == SandboxState::Idle);
         for sandbox in warm {
-            self.way().cancel_sandbox_timer(sandbox);
+            self.way_down().cancel_sandbox_timer(sandbox);
             self.begin_drain(sandbox);
         }
         self.finish_input();
@@ -191,7 +191,7 @@ impl Lifecycle {
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
                     // close, so it is shut down now and the start's answer will be stale.
-                    self.way().abandon(sandbox);
+                    self.way_down().abandon(sandbox);
                     self.shutdown(sandbox);
                 }
                 _ => {}
@@ -215,11 +215,11 @@ impl Lifecycle {
             }
             if x.is_managed() && !x.shutdown_ordered {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
-                self.way().abandon(sandbox);
+                self.way_down().abandon(sandbox);
                 self.shutdown(sandbox);
             }
             if self.sandboxes[sandbox].awaiting == Awaiting::Shutdown {
-                self.way().unconfirmed(sandbox);
+                self.way_down().unconfirmed(sandbox);
             }
         }
         self.finish_close();

@@ -133,9 +133,9 @@ impl Lifecycle {
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
-        let abandoned = self.way().stop_awaiting(sandbox);
+        let abandoned = self.way_down().stop_awaiting(sandbox);
         if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
-            self.way().cancel_sandbox_timer(sandbox);
+            self.way_down().cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
             self.out.events.push_back(Event::SandboxLost {
@@ -148,7 +148,7 @@ impl Lifecycle {
         let x = &self.sandboxes[sandbox];
         if x.is_managed() && !x.shutdown_ordered {
             if abandoned {
-                self.way().order_abandon(sandbox);
+                self.way_down().order_abandon(sandbox);
             }
             self.shutdown(sandbox);
         } else {
@@ -183,7 +183,7 @@ impl Lifecycle {
         }
         slot.retiring = Some(sandbox);
         if self.sandboxes[sandbox].bound.is_empty() {
-            self.way().cancel_sandbox_timer(sandbox);
+            self.way_down().cancel_sandbox_timer(sandbox);
             self.suspend_lost_instance(sandbox);
         }
         self.reconcile.sandbox(sandbox);

@@ -72,7 +72,7 @@ impl Lifecycle {
 
     /// The outstanding hook ended (answered, or its timeout passed): what follows it.
     pub(crate) fn hook_ended(&mut self, sandbox: SandboxIx, end: HookEnd) {
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         let point = x.hook.take().expect("a hook is outstanding");
         x.awaiting = Awaiting::Nothing;

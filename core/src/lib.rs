@@ -277,7 +277,7 @@
 //! | `sandbox.rs` | sandbox records, their table and [`SandboxState`] |
 //! | `start.rs` | Start and its answers; a sandbox coming up; a start that failed, timed out or died |
 //! | `hook.rs` | the application's hooks: ordering one at its place, its answers, what follows it |
-//! | `way_down.rs` | the release tiers; drain → Stop → Persist → Shutdown or suspended; their answers; a key's snapshot, its retention and Discard; abandoning; the sandbox's timer; `Way`, the view a sandbox's own transitions run on |
+//! | `way_down.rs` | the release tiers; drain → Stop → Persist → Shutdown or suspended; their answers; a key's snapshot, its retention and Discard; abandoning; the sandbox's timer; `WayDown`, the view a sandbox's own transitions run on |
 //! | `death.rs` | deaths and lost instances |
 //! | `operation.rs` | the application's own work in a session's sandbox: enter, leave, and the per-sandbox count that keeps a drain from ending under it |
 //! | `mirror.rs` | the mirror: flush, hold, upload answers and retries, pump, retarget, settle, leaving a sandbox; the per-path mirror slots; `Mirror`, the mirror's view of the lifecycle |
@@ -302,7 +302,7 @@
 //! Two parts run on views that borrow only what they may change, so that the compiler, not a
 //! convention, keeps them in their lane: mirror work on `Mirror` (session records, uploads, the
 //! sandboxes' upload bookkeeping, timers, outputs; calls read-only; keys out of reach), a
-//! sandbox's own transitions on the way down on `Way` (sandbox records, timers,
+//! sandbox's own transitions on the way down on `WayDown` (sandbox records, timers,
 //! outputs, the close report; no call, key, session or upload). The inputs themselves, and
 //! what crosses parts (a release, a death, close), stay on [`Lifecycle`], which checks and
 //! hands on.

@@ -47,7 +47,7 @@ pub struct Lifecycle {
     // Its state is a set of parts, each a type owned by the file of its name: the crate docs'
     // table of files says what each holds. What crosses parts (an input, a release, a death,
     // close) is done here, on the whole; mirror work and a sandbox's own way down run on
-    // views that borrow only the parts they may change (`Mirror`, `Way`).
+    // views that borrow only the parts they may change (`Mirror`, `WayDown`).
     pub(crate) config: Config,
     /// Virtual time: the latest `now` an input brought.
     pub(crate) now: Instant,
@@ -372,17 +372,17 @@ impl Lifecycle {
                             let snapshot = (x.awaiting == Awaiting::Persist)
                                 .then(|| x.snapshot.clone())
                                 .flatten();
-                            self.way().stop_awaiting(sandbox);
+                            self.way_down().stop_awaiting(sandbox);
                             self.way_down_gave_up(sandbox, snapshot);
                         } else {
-                            self.way().abandon(sandbox);
+                            self.way_down().abandon(sandbox);
                             self.shutdown(sandbox);
                         }
                     }
                     (_, Awaiting::Shutdown) => {
                         tracing::warn!(sandbox = %self.sid(sandbox), "shutdown timed out");
-                        self.way().unconfirmed(sandbox);
-                        self.way().shutdown_answered(sandbox);
+                        self.way_down().unconfirmed(sandbox);
+                        self.way_down().shutdown_answered(sandbox);
                     }
                     (state, awaiting) => {
                         unreachable!("sandbox timer in {state:?} awaiting {awaiting:?}")

@@ -4,7 +4,7 @@
 //! emits (ordered things live in `BTreeSet`s and queues). The hasher is fixed anyway, so a
 //! serialised state, a debug dump and a test failure read the same on every run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// The hasher: rustc's FxHash from the `rustc-hash` crate (2.x, whose `finish` spreads the well
 /// mixed bits into both ends of the word: hashbrown takes the bucket from the low bits and a
@@ -14,9 +14,6 @@ pub(crate) type FixedState = rustc_hash::FxBuildHasher;
 
 /// A `HashMap` with the fixed hasher.
 pub(crate) type Map<K, V> = HashMap<K, V, FixedState>;
-/// A `HashSet` with the fixed hasher.
-#[allow(dead_code)]
-pub(crate) type Set<K> = HashSet<K, FixedState>;
 
 #[cfg(test)]
 mod tests {

@@ -578,7 +578,7 @@ impl Lifecycle {
         if let Some(x) = warm {
             let sandbox = &mut self.sandboxes[x];
             debug_assert_eq!(sandbox.state, SandboxState::HandingOver);
-            self.way().cancel_sandbox_timer(x);
+            self.way_down().cancel_sandbox_timer(x);
         }
         let slot = &mut self.keys[k];
         let record = KeyRecord {
@@ -711,7 +711,7 @@ impl Lifecycle {
         sandbox.hook = None;
         sandbox.shutdown_ordered = true; // its last command is the Relinquish
         let id = sandbox.id;
-        self.way().cancel_sandbox_timer(x);
+        self.way_down().cancel_sandbox_timer(x);
         self.mirror().leave_uploads(x, reason);
         tracing::debug!(sandbox = %id, "relinquish");
         self.out

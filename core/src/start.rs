@@ -26,7 +26,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "start ok");
         self.out.stats.starts_ok += 1;
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         let (point, timeout) = if x.resumed.is_some() {
@@ -151,8 +151,8 @@ impl Lifecycle {
     pub(crate) fn fail_start(&mut self, sandbox: SandboxIx, error: ErrorKind) {
         // A start that failed was answered; one that timed out or died is abandoned (ordered
         // right before its Shutdown, after the calls' ends, which may start other sandboxes).
-        let abandoned = self.way().stop_awaiting(sandbox);
-        self.way().cancel_sandbox_timer(sandbox);
+        let abandoned = self.way_down().stop_awaiting(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         let key = x.key;
         if let Some(slot) = self.keys.get_mut(key) {
@@ -224,7 +224,7 @@ impl Lifecycle {
         }
         // Dead or not, one Shutdown frees whatever the backend still holds of it.
         if abandoned {
-            self.way().order_abandon(sandbox);
+            self.way_down().order_abandon(sandbox);
         }
         self.shutdown(sandbox);
         self.admit(key);

@@ -1,7 +1,7 @@
 //! The way down: the release policy, then drain → Stop → Persist → Shutdown (or suspended), the
 //! answers to those commands, abandoning what is no longer awaited, and the sandbox's one timer.
 //!
-//! A sandbox's own transitions (its state, its timer, the commands about it) run on [`Way`], a
+//! A sandbox's own transitions (its state, its timer, the commands about it) run on [`WayDown`], a
 //! view that cannot reach calls, keys, sessions or uploads; what a transition means for those
 //! (a key letting go, uploads leaving, waiters admitted) is done on the lifecycle, here.
 
@@ -46,14 +46,14 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.snapshot = snapshot;
         // The Persist gets its own attempts.
         x.way_down_failures = 0;
         if x.snapshot.is_some() || x.suspend {
-            self.way().persist(sandbox);
+            self.way_down().persist(sandbox);
         } else {
             self.shutdown(sandbox);
         }
@@ -78,7 +78,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.out.stats.stops_failed += 1;
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.way_down_failures += 1;
@@ -103,7 +103,7 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         let (key, id) = (x.key, x.id);
@@ -136,13 +136,13 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.out.stats.persists_failed += 1;
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
         x.awaiting = Awaiting::Nothing;
         x.way_down_failures += 1;
         if x.way_down_failures < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "persist failed: ordered again");
-            self.way().persist(sandbox);
+            self.way_down().persist(sandbox);
         } else {
             let snapshot = x.snapshot.clone();
             self.way_down_gave_up(sandbox, snapshot);
@@ -162,8 +162,8 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "shutdown ok");
         self.out.stats.shutdowns_ok += 1;
-        self.way().note_shut_down();
-        self.way().shutdown_answered(sandbox);
+        self.way_down().note_shut_down();
+        self.way_down().shutdown_answered(sandbox);
         self.finish_input();
         Ok(())
     }
@@ -183,8 +183,8 @@ impl Lifecycle {
         };
         self.advance(now);
         tracing::warn!(sandbox = %self.sid(sandbox), "shutdown failed");
-        self.way().unconfirmed(sandbox);
-        self.way().shutdown_answered(sandbox);
+        self.way_down().unconfirmed(sandbox);
+        self.way_down().shutdown_answered(sandbox);
         self.finish_input();
         Ok(())
     }
@@ -310,7 +310,7 @@ impl Lifecycle {
     /// Ends a drain, cleanly or at a deadline: what is still in flight or pending for it is
     /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
     pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
-        self.way().cancel_sandbox_timer(sandbox);
+        self.way_down().cancel_sandbox_timer(sandbox);
         let hand_over = self.hands_over(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = x.is_managed();
@@ -516,22 +516,22 @@ impl Lifecycle {
     pub(crate) fn suspended(&mut self, sandbox: SandboxIx) {
         tracing::debug!(sandbox = %self.sid(sandbox), "suspended");
         self.out.stats.suspended += 1;
-        self.way().note_suspended(sandbox);
+        self.way_down().note_suspended(sandbox);
         self.kept_by_the_backend(sandbox);
     }
 
-    /// Sets the sandbox's one timer `after` from now (see [`Way::set_sandbox_timer`]).
+    /// Sets the sandbox's one timer `after` from now (see [`WayDown::set_sandbox_timer`]).
     #[inline(always)]
     pub(crate) fn set_sandbox_timer(&mut self, sandbox: SandboxIx, after: Duration) -> Instant {
-        self.way().set_sandbox_timer(sandbox, after)
+        self.way_down().set_sandbox_timer(sandbox, after)
     }
 
     /// The way down's view of the lifecycle: what a sandbox's own transitions may change (its
     /// record, its timer, the commands and events about it, the counters and the close
     /// report). Calls, keys, sessions and uploads are out of its reach: what a transition means
     /// for them is done by the caller, on the lifecycle.
-    pub(crate) fn way(&mut self) -> Way<'_> {
-        Way {
+    pub(crate) fn way_down(&mut self) -> WayDown<'_> {
+        WayDown {
             config: &self.config,
             now: self.now,
             sandboxes: &mut self.sandboxes,
@@ -545,7 +545,7 @@ impl Lifecycle {
 
 /// A sandbox's own transitions on the way down, borrowed for one step of an input
 /// ([`Lifecycle::way`]).
-pub(crate) struct Way<'a> {
+pub(crate) struct WayDown<'a> {
     pub(crate) config: &'a Config,
     pub(crate) now: Instant,
     pub(crate) sandboxes: &'a mut Sandboxes,
@@ -555,7 +555,7 @@ pub(crate) struct Way<'a> {
     pub(crate) reconcile: &'a mut Reconcile,
 }
 
-impl Way<'_> {
+impl WayDown<'_> {
     /// The id of a tracked sandbox, as outputs and logs name it.
     pub(crate) fn sid(&self, sandbox: SandboxIx) -> SandboxId {
         self.sandboxes[sandbox].id

@@ -33,6 +33,10 @@ use crate::cluster::{calls, err, Cluster};
 use crate::error::K8sError;
 use crate::names::{self, MANAGED_BY, MANAGER};
 
+/// A key's Lease as [`K8sStore::keys`] reads it: the Lease, its key, its owner (incarnation and
+/// lease epoch) if any, and its record.
+pub(crate) type KeyLease = (Lease, Key, Option<(u32, u64)>, StoredRecord);
+
 const COUNTER: &str = "sandkeeper-fleet";
 const A_LAST: &str = "sandkeeper.sandbox.users.io/last-incarnation";
 const A_EPOCH: &str = "sandkeeper.sandbox.users.io/epoch";
@@ -179,7 +183,6 @@ impl K8sStore {
 
     /// One attempt at a claim decided on `entry` as read (in `lease`, `None`: it does not
     /// exist yet): a conflict if it changed since.
-    #[allow(clippy::too_many_arguments)]
     async fn claim_entry(
         &self,
         name: &str,
@@ -324,10 +327,7 @@ impl K8sStore {
     }
 
     /// Every key's Lease, key, owner and record.
-    #[allow(clippy::type_complexity)]
-    pub(crate) async fn keys(
-        &self,
-    ) -> Result<Vec<(Lease, Key, Option<(u32, u64)>, StoredRecord)>, K8sError> {
+    pub(crate) async fn keys(&self) -> Result<Vec<KeyLease>, K8sError> {
         let mut out = vec![];
         for lease in self.list(&format!("{L_FLEET}=key")).await? {
             let entry = self.entry_of(&lease)?;

@@ -276,6 +276,12 @@ impl<B: Backend> TokioExecutor<B> {
             let permits = this.lifecycle_permits.clone();
             let backend = this.backend.clone();
             let name = command.name();
+            // A sandbox's last command (its Shutdown, or letting it go) leaves nothing
+            // outstanding to forget: its lane ends with it.
+            let last = matches!(
+                command,
+                Command::Shutdown { .. } | Command::Relinquish { .. }
+            );
             tracing::debug!(command = name, "run");
             let run = async {
                 let _permit = permits.acquire_owned().await.ok()?;
@@ -369,7 +375,7 @@ impl<B: Backend> TokioExecutor<B> {
                 () = abandoned(abandon) => None,
                 result = until(deadline, run) => result.flatten(),
             };
-            if name != "shutdown" && name != "relinquish" {
+            if !last {
                 lock_std(&this.outstanding).remove(&sandbox);
             }
             let Some(input) = result else {

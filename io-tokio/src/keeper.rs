@@ -395,9 +395,9 @@ impl<B: Backend> Keeper<B> {
         self.shared.tally()
     }
 
-    /// Checks the core's invariants and the driver's own (no command after close): `Err` says
-    /// which broke.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// Checks the core's invariants and the driver's own (`no-command-after-closed`): `Err`
+    /// says which broke, by name.
+    pub fn check_invariants(&self) -> Result<(), sandkeeper::Violation> {
         self.shared.check_invariants()
     }
 

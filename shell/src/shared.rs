@@ -371,18 +371,19 @@ impl<E: Executor> Shared<E> {
         lock(&self.state).tally.clone()
     }
 
-    /// Checks the core's invariants and the shell's own (no command executed after `Closed`):
-    /// `Err` says which broke.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// Checks the core's invariants and the shell's own (`no-command-after-closed`: no command
+    /// executed after `Closed`): `Err` says which broke, by name.
+    pub fn check_invariants(&self) -> Result<(), Violation> {
         let st = lock(&self.state);
-        st.core
-            .check_invariants()
-            .map_err(|v: Violation| v.to_string())?;
+        st.core.check_invariants()?;
         if st.commands_after_closed > 0 {
-            return Err(format!(
-                "{} commands executed after Closed",
-                st.commands_after_closed
-            ));
+            return Err(Violation {
+                invariant: "no-command-after-closed",
+                detail: format!(
+                    "{} commands executed after Closed",
+                    st.commands_after_closed
+                ),
+            });
         }
         Ok(())
     }
