@@ -355,6 +355,27 @@ impl SandboxOps for LocalBackend {
         })
         .await
     }
+
+    async fn went_away(&self, sandbox: SandboxId) -> Option<OpError> {
+        let Some(s) = self.get(sandbox) else {
+            return Some(OpError::SandboxGone {
+                sandbox,
+                why: "not running here".into(),
+            });
+        };
+        if *s.gate.read().unwrap_or_else(|p| p.into_inner()) {
+            return Some(OpError::Stopped { sandbox });
+        }
+        let dir = s.dir.clone();
+        // A stat: on a blocking thread, as every file call here.
+        let there = tokio::task::spawn_blocking(move || dir.exists())
+            .await
+            .unwrap_or(true);
+        (!there).then(|| OpError::SandboxGone {
+            sandbox,
+            why: format!("{} is gone", s.dir.display()),
+        })
+    }
 }
 
 #[cfg(loom)]

@@ -354,8 +354,8 @@ pub struct ExecRequest {
 /// A backend that runs the application's own work in its sandboxes. Every method names the
 /// sandbox; the keeper calls them only for a sandbox that it knows up and that may take the
 /// work, and a backend refuses a sandbox it has stopped ([`OpError::Stopped`]) or finds gone
-/// ([`OpError::SandboxGone`]). A dropped future stops its work (a command is killed with
-/// everything it started).
+/// ([`OpError::SandboxGone`]); [`SandboxWork`] answers both as `SandboxGone`. A dropped future
+/// stops its work (a command is killed with everything it started).
 pub trait SandboxOps: Backend {
     /// Runs a command in the sandbox.
     fn exec(
@@ -417,13 +417,24 @@ pub trait SandboxOps: Backend {
         path: WorkPath,
     ) -> impl Future<Output = Result<(), OpError>> + Send;
 
-    /// Whether something exists at the path (a symlink leading outside is an error, not a
-    /// `false`).
+    /// Whether something exists at the path (a symlink in the path's directory part is an
+    /// error, not a `false`).
     fn exists(
         &self,
         sandbox: SandboxId,
         path: WorkPath,
     ) -> impl Future<Output = Result<bool, OpError>> + Send;
+
+    /// Whether the sandbox went away, asked after an operation failed in a way its going away
+    /// may explain (a program that could not start in a removed directory, a file missing from
+    /// a removed workspace): `Some` with the answer for it — [`OpError::SandboxGone`] when the
+    /// backend finds it dead, [`OpError::Stopped`] when it stopped it — or `None` while it is
+    /// there. [`SandboxWork`] asks it so that the sandbox's going away has one answer whatever
+    /// the moment it happens. The default knows nothing (`None`): the backend's errors stand.
+    fn went_away(&self, sandbox: SandboxId) -> impl Future<Output = Option<OpError>> + Send {
+        let _ = sandbox;
+        async { None }
+    }
 }
 
 impl ExecRequest {
