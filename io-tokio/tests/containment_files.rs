@@ -627,3 +627,70 @@ async fn the_keepers_own_files_keep_their_places() {
     );
     assert_eq!(std::fs::read(meta.join("sa/session.log")).unwrap(), b"v2\n");
 }
+
+/// The keeper's own reads of a workspace's metadata never wait: FIFOs a command made at
+/// `.sandkeeper/expires` and `.sandkeeper/sandbox.json` of a kept snapshot neither hold up the
+/// sweep a new backend runs on the root nor a resume of that snapshot, and the snapshot is
+/// kept (an unreadable expiry is no expiry).
+///
+/// Bound: 10 s for what takes milliseconds, on a thread of its own so that a hang fails the
+/// test; then the test opens each FIFO for writing, which frees a reader stuck in it.
+#[test]
+fn the_keepers_own_reads_never_wait_on_a_planted_fifo() {
+    let root = fresh("meta-fifo");
+    let snapshot = {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let b = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+        rt.block_on(async {
+            b.start(start(1, "a", None)).await.unwrap();
+            let snapshot = b.stop(stop(1)).await.unwrap().unwrap();
+            b.persist(persist(1, snapshot.clone())).await.unwrap();
+            snapshot
+        })
+    };
+    let meta = root
+        .join(".snapshots")
+        .join(snapshot.as_str())
+        .join(".sandkeeper");
+    let fifos = [meta.join("expires"), meta.join("sandbox.json")];
+    for fifo in &fifos {
+        std::fs::remove_file(fifo).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker_root = root.clone();
+    let taken = snapshot.clone();
+    std::thread::spawn(move || {
+        // A new backend sweeps the root at construction; then the key's next start resumes.
+        let b = LocalBackend::new(LocalConfig::new(&worker_root)).map_err(|e| e.to_string());
+        let resumed = b.map(|b| {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(b.start(start(2, "a", Some(taken))))
+                .map_err(|e| e.to_string())
+        });
+        let _ = tx.send(resumed);
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(10));
+    for fifo in &fifos {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags_nonblocking()
+            .open(fifo);
+    }
+    let resumed = answered.expect("the sweep and the resume answer within the bound");
+    resumed.unwrap().unwrap();
+    let info = root.join("sbx-2/.sandkeeper/sandbox.json");
+    assert!(info.symlink_metadata().unwrap().file_type().is_file());
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(info).unwrap()).unwrap();
+    assert_eq!(
+        info["resumed_from"],
+        snapshot.as_str(),
+        "the sweep kept the snapshot, and the start took it"
+    );
+}
