@@ -7,6 +7,12 @@
 //!   (deleted by hand, expired) means a fresh workspace and a warning, as a lost claim does on
 //!   Kubernetes.
 //! - Upload writes `.sandkeeper/<session>/<path>` atomically (temporary file, then rename).
+//! - The keeper never acts through a command's files: a workspace, `.sandkeeper/` included, is
+//!   its commands' to change, so every read, write, rename and remove the keeper (uploads,
+//!   `sandbox.json`, the persist markers) or an operation does in it goes through directory
+//!   handles that never follow a link, writes a new temporary (`O_EXCL`) and renames it within
+//!   the handle, and reads only regular files without waiting (`nofollow.rs`;
+//!   `docs/operations-errors.md`).
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
 //!   on or it suspends, *renames* the workspace to `<root>/.snapshots/sbx-<n>-<instance>` and
