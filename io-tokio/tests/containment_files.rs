@@ -694,3 +694,39 @@ fn the_keepers_own_reads_never_wait_on_a_planted_fifo() {
         "the sweep kept the snapshot, and the start took it"
     );
 }
+
+/// A command can write its own workspace's `sandbox.json`. Forging there that its sandbox took
+/// another key's snapshot (`resumed_from`) does not hand its workspace to that key's next start
+/// when the snapshot is missing (expired, removed): the start that looks for a crashed start's
+/// taking checks the key too, and starts fresh; the forger's workspace stays where it was.
+/// (Two backends on one root, as two processes of a fleet: the forger's sandbox is not among
+/// the second one's own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_sandbox_json_does_not_hand_a_workspace_to_another_key() {
+    let root = fresh("forged-info");
+    let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    first.start(start(5, "evil", None)).await.unwrap();
+    let evil = first.sandbox_dir(SandboxId(5));
+    std::fs::write(evil.join("planted"), b"for the victim").unwrap();
+    let missing = Snapshot::new("sbx-1-0");
+    let forged = serde_json::json!({
+        "sandbox": 5,
+        "key": "session:evil",
+        "spec": "",
+        "resumed_from": missing.as_str(),
+    });
+    std::fs::write(evil.join(".sandkeeper/sandbox.json"), forged.to_string()).unwrap();
+
+    let second = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    second
+        .start(start(6, "victim", Some(missing)))
+        .await
+        .unwrap();
+    let victim = second.sandbox_dir(SandboxId(6));
+    assert!(!victim.join("planted").exists(), "a fresh workspace");
+    assert_eq!(
+        std::fs::read(evil.join("planted")).unwrap(),
+        b"for the victim",
+        "the forger's workspace stays its own"
+    );
+}

@@ -365,19 +365,27 @@ fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>,
     Ok(None)
 }
 
-/// The sandbox directory under `root` whose start took `snapshot` as its workspace (its
-/// `sandbox.json` names it as `resumed_from`), if one is there and not among `running`.
+/// The sandbox directory under `root` whose start took `snapshot` as its workspace for `key`
+/// (its `sandbox.json` names it as `resumed_from`, and the key), if one is there and not among
+/// `running`. The key is checked too: a `sandbox.json` is in a workspace, which its commands
+/// may write, and one forged to name another key's snapshot must not hand its workspace to
+/// that key (a start of the key takes only what a start of the same key wrote it took).
 fn took_snapshot(
     root: &Path,
     snapshot: &Snapshot,
+    key: &str,
     running: &[PathBuf],
 ) -> Result<Option<PathBuf>, BackendError> {
     for dir in layout::sandbox_dirs(root).map_err(|e| io_error("sandboxes", e))? {
         if running.contains(&dir) {
             continue;
         }
-        let from = layout::read_sandbox_info(&dir).and_then(|i| i.resumed_from);
-        if from.as_deref() == Some(snapshot.as_str()) {
+        let Some(info) = layout::read_sandbox_info(&dir) else {
+            continue;
+        };
+        if info.resumed_from.as_deref() == Some(snapshot.as_str())
+            && info.key.as_deref() == Some(key)
+        {
             return Ok(Some(dir));
         }
     }
@@ -464,7 +472,7 @@ impl Backend for LocalBackend {
                     let taken = match write_info(&from) {
                         Ok(()) => Some(from.clone()),
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                            took_snapshot(&root, snapshot, &running)?
+                            took_snapshot(&root, snapshot, &request.key.to_string(), &running)?
                         }
                         Err(e) => return Err(io_error("resume", e)),
                     };
