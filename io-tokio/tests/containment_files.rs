@@ -730,3 +730,32 @@ async fn a_forged_sandbox_json_does_not_hand_a_workspace_to_another_key() {
         "the forger's workspace stays its own"
     );
 }
+
+/// `SandboxOps::went_away`, which `SandboxWork` asks after a failure the sandbox's going away
+/// may explain (a program that could not start in a removed directory): nothing while the
+/// sandbox is there, `SandboxGone` once its workspace was removed or for a sandbox the backend
+/// does not run, `Stopped` once stopped (which `SandboxWork` answers as `SandboxGone`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn went_away_tells_a_sandbox_there_from_one_gone() {
+    use sandkeeper_tokio::SandboxOps;
+    let b = backend("went-away");
+    b.start(start(1, "a", None)).await.unwrap();
+    b.start(start(2, "b", None)).await.unwrap();
+    assert_eq!(b.went_away(SandboxId(1)).await, None);
+    std::fs::remove_dir_all(b.sandbox_dir(SandboxId(1))).unwrap();
+    assert!(matches!(
+        b.went_away(SandboxId(1)).await,
+        Some(OpError::SandboxGone { .. })
+    ));
+    b.stop(stop(2)).await.unwrap();
+    assert_eq!(
+        b.went_away(SandboxId(2)).await,
+        Some(OpError::Stopped {
+            sandbox: SandboxId(2)
+        })
+    );
+    assert!(matches!(
+        b.went_away(SandboxId(99)).await,
+        Some(OpError::SandboxGone { .. })
+    ));
+}
