@@ -759,3 +759,35 @@ async fn went_away_tells_a_sandbox_there_from_one_gone() {
         Some(OpError::SandboxGone { .. })
     ));
 }
+
+/// Markers a command wrote in its live workspace do not decide what is kept: a forged
+/// `persisted` does not keep a snapshot no Persist kept (Shutdown removes it), and a forged,
+/// early `expires` does not get a snapshot Persist kept without a retention swept. Stop clears
+/// both before the workspace becomes the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_a_command_forged_decide_nothing() {
+    let root = fresh("forged-markers");
+    let b = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    // A forged `persisted`, no Persist: the snapshot goes with the sandbox.
+    b.start(start(1, "a", None)).await.unwrap();
+    let meta = b.sandbox_dir(SandboxId(1)).join(".sandkeeper");
+    std::fs::write(meta.join("persisted"), b"persisted\n").unwrap();
+    let unkept = b.stop(stop(1)).await.unwrap().unwrap();
+    b.shutdown(SandboxId(1), None).await.unwrap();
+    assert!(
+        !b.snapshots_dir().join(unkept.as_str()).exists(),
+        "no Persist kept it"
+    );
+
+    // A forged expiry in the past, then a Persist without retention: kept by the next sweep.
+    b.start(start(2, "b", None)).await.unwrap();
+    let meta = b.sandbox_dir(SandboxId(2)).join(".sandkeeper");
+    std::fs::write(meta.join("expires"), b"0\n").unwrap();
+    let kept = b.stop(stop(2)).await.unwrap().unwrap();
+    let mut request = persist(2, kept.clone());
+    request.retain_until = None;
+    b.persist(request).await.unwrap();
+    let swept = b.sweep_expired(SystemTime::UNIX_EPOCH + Duration::from_secs(1));
+    assert_eq!(swept.unwrap(), 0);
+    assert!(b.snapshots_dir().join(kept.as_str()).exists());
+}
