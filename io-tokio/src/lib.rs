@@ -73,7 +73,7 @@ pub use keeper::{Keeper, KeeperConfig, Load};
 pub use local::LocalBackend;
 pub use notice::Notice;
 pub use ops::{
-    Chunk, Entry, EntryKind, ExecOptions, ExecOutput, OpError, SandboxOps, SandboxWork,
-    SessionWork, WorkPath,
+    Chunk, Entry, EntryKind, ExecOptions, ExecOutput, OpError, OpErrorClass, SandboxOps,
+    SandboxWork, SessionWork, WorkPath,
 };
 pub use sandkeeper_shell::{KeeperError, Released, Tally};

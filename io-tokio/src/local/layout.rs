@@ -10,6 +10,10 @@
 //! `<n>` is the core's sandbox number; `<session>` and `<path>` are [`SessionId`] and
 //! [`PathName`] values, which the core validated as single safe path components; a snapshot
 //! name is checked the same way before it is used.
+//!
+//! Everything under `<root>/sbx-<n>/` and `<root>/.snapshots/<snapshot>/` is a workspace, its
+//! commands' to change, `.sandkeeper/` included: the keeper reads and writes there only through
+//! directory handles that never follow a link (`nofollow.rs`).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -18,6 +22,9 @@ use sandkeeper::{PathName, SandboxId, SessionId, Snapshot, UploadId};
 
 /// The directory of sandbox metadata inside a sandbox.
 pub(crate) const META_DIR: &str = ".sandkeeper";
+
+/// The file in [`META_DIR`] that says what a workspace was started for.
+pub(crate) const SANDBOX_INFO: &str = "sandbox.json";
 
 /// The directory of snapshots under the root.
 pub(crate) const SNAPSHOTS_DIR: &str = ".snapshots";
@@ -73,8 +80,9 @@ pub(crate) struct SandboxInfo {
 /// Reads the `sandbox.json` of the workspace (sandbox or snapshot directory) `dir`; `None`
 /// when it is missing or not JSON.
 pub(crate) fn read_sandbox_info(dir: &Path) -> Option<SandboxInfo> {
-    let text = std::fs::read_to_string(dir.join(META_DIR).join("sandbox.json")).ok()?;
-    let info: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // Read without following a link a command planted, and never waiting on a FIFO.
+    let bytes = super::nofollow::read_meta(dir, META_DIR, SANDBOX_INFO, 64 << 10)?;
+    let info: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let text_of = |field: &str| info.get(field).and_then(|v| v.as_str()).map(str::to_string);
     Some(SandboxInfo {
         sandbox: info.get("sandbox").and_then(|v| v.as_u64()),
@@ -99,7 +107,9 @@ pub(crate) fn snapshot_dir(root: &Path, snapshot: &Snapshot) -> io::Result<PathB
 
 /// Writes `bytes` to `target` atomically: a temporary file beside it (named after the upload,
 /// so concurrent writers never share one), flushed, then renamed over the target. A reader sees
-/// the old file or the new one, never a part.
+/// the old file or the new one, never a part. Only for the keeper's files outside every
+/// workspace (the token files under `<root>/.tokens/`): a path in a workspace may go through a
+/// link a command planted, and is written through handles instead (`nofollow.rs`).
 pub(crate) fn write_atomically(target: &Path, upload: UploadId, bytes: &[u8]) -> io::Result<()> {
     let parent = target
         .parent()

@@ -7,6 +7,12 @@
 //!   (deleted by hand, expired) means a fresh workspace and a warning, as a lost claim does on
 //!   Kubernetes.
 //! - Upload writes `.sandkeeper/<session>/<path>` atomically (temporary file, then rename).
+//! - The keeper never acts through a command's files: a workspace, `.sandkeeper/` included, is
+//!   its commands' to change, so every read, write, rename and remove the keeper (uploads,
+//!   `sandbox.json`, the persist markers) or an operation does in it goes through directory
+//!   handles that never follow a link, writes a new temporary (`O_EXCL`) and renames it within
+//!   the handle, and reads only regular files without waiting (`nofollow.rs`;
+//!   `docs/operations-errors.md`).
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
 //!   on or it suspends, *renames* the workspace to `<root>/.snapshots/sbx-<n>-<instance>` and
@@ -29,6 +35,7 @@ mod exec;
 mod fence;
 mod isolation;
 pub(crate) mod layout;
+mod nofollow;
 mod ops;
 pub mod store;
 
@@ -51,7 +58,7 @@ use crate::backend::{
 
 pub use exec::{RunError, RunOutput};
 pub use isolation::{Isolated, Isolation};
-use layout::{sandbox_dir, session_file, snapshot_dir, write_atomically, META_DIR};
+use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
 
 /// The marker a Persist writes into a snapshot it keeps.
 const PERSISTED: &str = "persisted";
@@ -318,22 +325,27 @@ impl LocalBackend {
 /// The expiry a Persist recorded in a snapshot directory, if any (an unreadable one counts as
 /// none: the snapshot is kept, never removed on a guess).
 pub(crate) fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
-    let text = std::fs::read_to_string(snapshot.join(META_DIR).join(EXPIRES)).ok()?;
-    let secs: u64 = text.trim().parse().ok()?;
+    // Read without following a link a command planted, and never waiting on a FIFO.
+    let bytes = nofollow::read_meta(snapshot, META_DIR, EXPIRES, 64)?;
+    let secs: u64 = std::str::from_utf8(&bytes).ok()?.trim().parse().ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
-/// Removes what marked a workspace as a kept snapshot (persisted, its expiry): it is a live
-/// sandbox's again.
-fn live_again(meta: &Path) -> Result<(), BackendError> {
+/// Removes what marked a workspace as a kept snapshot (persisted, its expiry) from its
+/// keeper's directory `meta` (a handle): it is a live sandbox's again. (A link at a marker's
+/// name is removed itself, never followed.)
+fn live_again(meta: &std::os::fd::OwnedFd) -> Result<(), BackendError> {
     for marker in [PERSISTED, EXPIRES] {
-        match std::fs::remove_file(meta.join(marker)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error("revive", e)),
-        }
+        nofollow::remove_file(meta, marker).map_err(|e| io_error("revive", e))?;
     }
     Ok(())
+}
+
+/// The keeper's directory of the workspace `dir`, as a handle: made if missing, and whatever a
+/// command put at its name instead (a link, a file) taken away, never followed.
+fn claim_meta(dir: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    let ws = nofollow::open_dir(dir)?;
+    nofollow::claim_dir(&ws, META_DIR)
 }
 
 /// The snapshot `sandbox`'s own Stop made of its workspace (`sbx-<n>-<instance>`, its
@@ -353,19 +365,27 @@ fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>,
     Ok(None)
 }
 
-/// The sandbox directory under `root` whose start took `snapshot` as its workspace (its
-/// `sandbox.json` names it as `resumed_from`), if one is there and not among `running`.
+/// The sandbox directory under `root` whose start took `snapshot` as its workspace for `key`
+/// (its `sandbox.json` names it as `resumed_from`, and the key), if one is there and not among
+/// `running`. The key is checked too: a `sandbox.json` is in a workspace, which its commands
+/// may write, and one forged to name another key's snapshot must not hand its workspace to
+/// that key (a start of the key takes only what a start of the same key wrote it took).
 fn took_snapshot(
     root: &Path,
     snapshot: &Snapshot,
+    key: &str,
     running: &[PathBuf],
 ) -> Result<Option<PathBuf>, BackendError> {
     for dir in layout::sandbox_dirs(root).map_err(|e| io_error("sandboxes", e))? {
         if running.contains(&dir) {
             continue;
         }
-        let from = layout::read_sandbox_info(&dir).and_then(|i| i.resumed_from);
-        if from.as_deref() == Some(snapshot.as_str()) {
+        let Some(info) = layout::read_sandbox_info(&dir) else {
+            continue;
+        };
+        if info.resumed_from.as_deref() == Some(snapshot.as_str())
+            && info.key.as_deref() == Some(key)
+        {
             return Ok(Some(dir));
         }
     }
@@ -382,6 +402,10 @@ async fn blocking<T: Send + 'static>(
 }
 
 fn io_error(what: &str, e: io::Error) -> BackendError {
+    if nofollow::refusal(&e).is_some() {
+        // What a command put in its workspace: the same work would meet it again.
+        return BackendError::fatal(format!("{what}: {e}"));
+    }
     match e.kind() {
         io::ErrorKind::NotFound => BackendError::gone(format!("{what}: {e}")),
         io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput => {
@@ -428,16 +452,11 @@ impl Backend for LocalBackend {
                 "spec": request.spec.as_str(),
                 "resumed_from": request.resume_from.as_ref().map(|s| s.as_str().to_string()),
             });
+            // Through handles, never following a link a command planted in the workspace
+            // (`nofollow.rs`); a missing workspace is `NotFound`.
             let write_info = |dir: &Path| -> io::Result<()> {
-                if !dir.is_dir() {
-                    return Err(io::ErrorKind::NotFound.into());
-                }
-                std::fs::create_dir_all(dir.join(META_DIR))?;
-                write_atomically(
-                    &dir.join(META_DIR).join("sandbox.json"),
-                    sandkeeper::UploadId(u64::MAX),
-                    info.to_string().as_bytes(),
-                )
+                let meta = claim_meta(dir)?;
+                nofollow::write_file(&meta, layout::SANDBOX_INFO, info.to_string().as_bytes())
             };
             let gone = |from: &Path| {
                 tracing::warn!(%sandbox, snapshot = %from.display(),
@@ -453,7 +472,7 @@ impl Backend for LocalBackend {
                     let taken = match write_info(&from) {
                         Ok(()) => Some(from.clone()),
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                            took_snapshot(&root, snapshot, &running)?
+                            took_snapshot(&root, snapshot, &request.key.to_string(), &running)?
                         }
                         Err(e) => return Err(io_error("resume", e)),
                     };
@@ -469,10 +488,10 @@ impl Backend for LocalBackend {
             if !resumed {
                 std::fs::create_dir_all(&made).map_err(|e| io_error("mkdir", e))?;
             }
-            let meta = made.join(META_DIR);
-            std::fs::create_dir_all(&meta).map_err(|e| io_error("mkdir", e))?;
+            let meta = claim_meta(&made).map_err(|e| io_error("mkdir", e))?;
             live_again(&meta)?;
-            write_info(&made).map_err(|e| io_error("sandbox.json", e))?;
+            nofollow::write_file(&meta, layout::SANDBOX_INFO, info.to_string().as_bytes())
+                .map_err(|e| io_error("sandbox.json", e))?;
             drop(shut_down);
             Ok(())
         })
@@ -501,7 +520,7 @@ impl Backend for LocalBackend {
             // Up means its workspace is there as its first owner's Start left it; or its owner
             // stopped it (its workspace renamed to its snapshot) and crashed before the key's
             // record said so: the record still names the sandbox, and the stop is undone.
-            if !there.join(META_DIR).join("sandbox.json").is_file() {
+            if !nofollow::has_meta_file(&there, META_DIR, layout::SANDBOX_INFO) {
                 let Some(stopped) = stopped_workspace(&root, sandbox)? else {
                     return Err(BackendError::gone(format!(
                         "{} is gone: nothing to adopt",
@@ -511,7 +530,7 @@ impl Backend for LocalBackend {
                 tracing::warn!(%sandbox, snapshot = %stopped.display(),
                     "adopting a sandbox its crashed owner had stopped: its workspace is taken back");
                 std::fs::rename(&stopped, &there).map_err(|e| io_error("adopt", e))?;
-                live_again(&there.join(META_DIR))?;
+                live_again(&claim_meta(&there).map_err(|e| io_error("adopt", e))?)?;
             }
             Ok(())
         })
@@ -547,18 +566,17 @@ impl Backend for LocalBackend {
             if !s.dir.exists() {
                 return Err(BackendError::gone(format!("{} is gone", s.dir.display())));
             }
-            let target = session_file(&s.dir, &request.session, &request.path);
-            if let Some(parent) = target.parent() {
-                // Only the session's own directory is made here, never its parents: a sandbox
-                // directory removed from outside is not brought back by a write (it stays gone,
-                // and the death check sees it).
-                match std::fs::create_dir(parent) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io_error("mkdir", e)),
-                }
-            }
-            write_atomically(&target, request.upload, request.payload.as_bytes())
+            // Through handles from the sandbox directory down, never following a link a
+            // command planted (`nofollow.rs`): `.sandkeeper` and the session's directory are
+            // the keeper's, and what is at their names instead is taken away. A sandbox
+            // directory removed from outside is not brought back by a write: its handle is
+            // opened first, and nothing can be made in a removed directory (it stays gone,
+            // and the death check sees it).
+            let ws = nofollow::open_dir(&s.dir).map_err(|e| io_error("open", e))?;
+            let meta = nofollow::claim_dir(&ws, META_DIR).map_err(|e| io_error("mkdir", e))?;
+            let session = nofollow::claim_dir(&meta, request.session.as_str())
+                .map_err(|e| io_error("mkdir", e))?;
+            nofollow::write_file(&session, request.path.as_str(), request.payload.as_bytes())
                 .map_err(|e| io_error("write", e))?;
             drop(sealed);
             Ok(())
@@ -584,6 +602,15 @@ impl Backend for LocalBackend {
             }
             if !snapshots && !request.suspend {
                 return Ok(None);
+            }
+            // Sealed, its processes told to stop: markers a command wrote in the workspace
+            // (a forged `persisted`, an early `expires`) go before it becomes a snapshot, so
+            // that only a Persist's own say what is kept. (Through handles: a link at a
+            // marker's name is removed itself.)
+            if let Ok(meta) =
+                nofollow::open_dir(&s.dir).and_then(|ws| nofollow::open_subdir(&ws, META_DIR))
+            {
+                live_again(&meta)?;
             }
             let to = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
             std::fs::create_dir_all(root.join(layout::SNAPSHOTS_DIR))
@@ -617,27 +644,19 @@ impl Backend for LocalBackend {
                     dir.display()
                 )));
             }
-            let meta = dir.join(META_DIR);
-            std::fs::create_dir_all(&meta).map_err(|e| io_error("persist", e))?;
+            // Through handles, never following a link a command planted (`nofollow.rs`).
+            let meta = claim_meta(&dir).map_err(|e| io_error("persist", e))?;
             if let Some(until) = retain_until {
                 // Rounded up: the snapshot never goes before its retention ends.
                 let until = until
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .unwrap_or_default();
                 let secs = until.as_secs() + u64::from(until.subsec_nanos() > 0);
-                write_atomically(
-                    &meta.join(EXPIRES),
-                    sandkeeper::UploadId(u64::MAX),
-                    format!("{secs}\n").as_bytes(),
-                )
-                .map_err(|e| io_error("persist", e))?;
+                nofollow::write_file(&meta, EXPIRES, format!("{secs}\n").as_bytes())
+                    .map_err(|e| io_error("persist", e))?;
             }
-            write_atomically(
-                &meta.join(PERSISTED),
-                sandkeeper::UploadId(u64::MAX),
-                b"persisted\n",
-            )
-            .map_err(|e| io_error("persist", e))
+            nofollow::write_file(&meta, PERSISTED, b"persisted\n")
+                .map_err(|e| io_error("persist", e))
         })
         .await;
         if persisted.is_ok() && suspend {
@@ -687,7 +706,7 @@ impl Backend for LocalBackend {
             remove(&dir)?;
             // A snapshot its Stop took that no Persist kept (the persist failed or timed out)
             // is no key's: it goes with the sandbox.
-            if own.exists() && !own.join(META_DIR).join(PERSISTED).exists() {
+            if own.exists() && !nofollow::has_meta_file(&own, META_DIR, PERSISTED) {
                 remove(&own)?;
             }
             Ok(())

@@ -1,10 +1,12 @@
 //! Operations in a local sandbox ([`SandboxOps`] for [`LocalBackend`]).
 //!
-//! - **Files** go through a capability handle on the sandbox's directory (`cap-std`): every
-//!   path is resolved inside it, and one that leads out — through `..` or a symlink, however
-//!   deep — is refused ([`OpError::Escapes`]), not followed. Writes are atomic (a temporary
-//!   file beside the target, then a rename) and, like uploads, hold the sandbox's gate: none
-//!   lands after Stop.
+//! - **Files** go through directory handles from the sandbox's directory down, one component
+//!   at a time, never following a link (`nofollow.rs`): a path through a link — wherever it
+//!   leads: out of the workspace, into the keeper's `.sandkeeper`, or elsewhere inside — is
+//!   refused ([`OpError::Escapes`]). A read opens without waiting and reads only a regular
+//!   file ([`OpError::NotAFile`] for a directory or a FIFO), up to its cap. Writes are atomic
+//!   (a new temporary `.sk-<16 hex>` in the target's directory, then a rename within it) and,
+//!   like uploads, hold the sandbox's gate: none lands after Stop.
 //! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
 //!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
 //!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs in a
@@ -14,8 +16,8 @@
 //! What this does not isolate: a command runs as the keeper's user, sees the host's file
 //! system and network, and may write wherever that user may.
 
-use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,12 +25,10 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
+use super::nofollow::{self, Refused};
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
 use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
-
-/// Names temporary files of concurrent writes apart.
-static WRITES: AtomicU64 = AtomicU64::new(0);
 
 /// Maps an IO error on `path` in sandbox `s`: a missing workspace is the sandbox gone, a path
 /// that led outside is refused as such.
@@ -38,6 +38,24 @@ fn path_error(s: &LocalSandbox, sandbox: SandboxId, path: &WorkPath, e: io::Erro
             sandbox,
             why: format!("{} is gone", s.dir.display()),
         };
+    }
+    let path_s = || path.to_string();
+    match nofollow::refusal(&e) {
+        Some(Refused::Link) => return OpError::Escapes { path: path_s() },
+        Some(Refused::NotAFile) => return OpError::NotAFile { path: path_s() },
+        Some(Refused::NotADirectory) => return OpError::NotADirectory { path: path_s() },
+        Some(Refused::TooLarge(cap)) => {
+            return OpError::TooLarge {
+                path: path_s(),
+                cap,
+            }
+        }
+        None => {}
+    }
+    match rustix::io::Errno::from_io_error(&e) {
+        Some(rustix::io::Errno::NOTDIR) => return OpError::NotADirectory { path: path_s() },
+        Some(rustix::io::Errno::ISDIR) => return OpError::NotAFile { path: path_s() },
+        _ => {}
     }
     match e.kind() {
         io::ErrorKind::NotFound => OpError::NotFound {
@@ -134,38 +152,38 @@ impl LocalBackend {
     }
 }
 
-fn write_atomically(dir: &Dir, path: &WorkPath, bytes: &[u8]) -> io::Result<()> {
-    let (parent, name) = match path.as_str().rsplit_once('/') {
-        Some((parent, name)) => (Some(parent), name),
-        None => (None, path.as_str()),
-    };
-    let tmp = format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    );
-    let tmp = match parent {
-        Some(p) => {
-            // Opened first: a symlink out is refused as such, not taken for a file in the way.
-            match dir.open_dir(p) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => dir.create_dir_all(p)?,
-                Err(e) => return Err(e),
-            }
-            format!("{p}/{tmp}")
-        }
-        None => tmp,
-    };
-    let written = (|| {
-        let mut file = dir.create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        dir.rename(&tmp, dir, path.as_str())
-    })();
-    if written.is_err() {
-        let _ = dir.remove_file(&tmp);
+/// The directory part and the last component of a path that is not the root.
+fn split(path: &WorkPath) -> (&str, &str) {
+    match path.as_str().rsplit_once('/') {
+        Some((parent, name)) => (parent, name),
+        None => (".", path.as_str()),
     }
-    written
+}
+
+/// Writes `path` atomically, making its parent directories; never through a link
+/// (`nofollow.rs`): a link in the directory part is refused, a link at the last component is
+/// replaced (the rename replaces the name, never what it pointed to).
+fn write_atomically(dir: &Dir, path: &WorkPath, bytes: &[u8]) -> io::Result<()> {
+    let (parent, name) = split(path);
+    let parent = nofollow::open_beneath(dir.as_fd(), parent, true)?;
+    nofollow::write_file(&parent, name, bytes)
+}
+
+/// Reads `path`, at most `cap` bytes, never through a link and never waiting (a FIFO is
+/// refused at once): only a regular file is read.
+fn read_capped(dir: &Dir, path: &WorkPath, cap: usize) -> io::Result<Vec<u8>> {
+    if path.is_root() {
+        return nofollow::read_opened(nofollow::open_beneath(dir.as_fd(), ".", false)?, cap);
+    }
+    let (parent, name) = split(path);
+    let parent = nofollow::open_beneath(dir.as_fd(), parent, false)?;
+    nofollow::read_file(&parent, name, cap)
+}
+
+/// The directory `path` as a handle, never through a link.
+fn open_listed(dir: &Dir, path: &WorkPath) -> io::Result<Dir> {
+    let fd = nofollow::open_beneath(dir.as_fd(), path.as_str(), false)?;
+    Ok(Dir::from_std_file(std::fs::File::from(fd)))
 }
 
 /// The `PATH` commands get.
@@ -273,28 +291,17 @@ impl SandboxOps for LocalBackend {
     ) -> Result<Vec<u8>, OpError> {
         let read = self
             .with_dir(sandbox, path.clone(), Access::Reads, move |dir, path| {
-                let file = dir.open(path.as_str())?;
-                let mut out = Vec::new();
-                file.take(cap as u64 + 1).read_to_end(&mut out)?;
-                Ok(out)
+                read_capped(dir, path, cap)
             })
             .await?;
-        if read.len() > cap {
-            return Err(OpError::TooLarge {
-                path: path.to_string(),
-                cap,
-            });
-        }
         Ok(read)
     }
 
     async fn list(&self, sandbox: SandboxId, path: WorkPath) -> Result<Vec<Entry>, OpError> {
         self.with_dir(sandbox, path, Access::Reads, |dir, path| {
-            let entries = if path.is_root() {
-                dir.entries()?
-            } else {
-                dir.read_dir(path.as_str())?
-            };
+            // Every component opened without following a link; entries' metadata is read
+            // without following theirs.
+            let entries = open_listed(dir, path)?.entries()?;
             let mut out = Vec::new();
             for entry in entries {
                 let entry = entry?;
@@ -314,10 +321,15 @@ impl SandboxOps for LocalBackend {
     async fn remove(&self, sandbox: SandboxId, path: WorkPath) -> Result<(), OpError> {
         path.writable()?;
         self.with_dir(sandbox, path, Access::Changes, |dir, path| {
-            if dir.symlink_metadata(path.as_str())?.is_dir() {
-                dir.remove_dir_all(path.as_str())
+            // The directory part never through a link; the last component not followed: a
+            // link is removed itself, a directory with what is in it (cap-std removes a tree
+            // without following the links in it).
+            let (parent, name) = split(path);
+            let parent = open_listed(dir, &WorkPath::new(parent).map_err(io::Error::other)?)?;
+            if parent.symlink_metadata(name)?.is_dir() {
+                parent.remove_dir_all(name)
             } else {
-                dir.remove_file(path.as_str())
+                parent.remove_file(name)
             }
         })
         .await
@@ -328,9 +340,41 @@ impl SandboxOps for LocalBackend {
             if path.is_root() {
                 return Ok(true);
             }
-            dir.try_exists(path.as_str())
+            // The last component not followed (a link exists as itself); a link in the
+            // directory part is an error, not a `false`.
+            let (parent, name) = split(path);
+            let parent = match nofollow::open_beneath(dir.as_fd(), parent, false) {
+                Ok(parent) => parent,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) if nofollow::refusal(&e) == Some(Refused::NotADirectory) => {
+                    return Ok(false)
+                }
+                Err(e) => return Err(e),
+            };
+            Ok(nofollow::kind_at(&parent, name)?.is_some())
         })
         .await
+    }
+
+    async fn went_away(&self, sandbox: SandboxId) -> Option<OpError> {
+        let Some(s) = self.get(sandbox) else {
+            return Some(OpError::SandboxGone {
+                sandbox,
+                why: "not running here".into(),
+            });
+        };
+        if *s.gate.read().unwrap_or_else(|p| p.into_inner()) {
+            return Some(OpError::Stopped { sandbox });
+        }
+        let dir = s.dir.clone();
+        // A stat: on a blocking thread, as every file call here.
+        let there = tokio::task::spawn_blocking(move || dir.exists())
+            .await
+            .unwrap_or(true);
+        (!there).then(|| OpError::SandboxGone {
+            sandbox,
+            why: format!("{} is gone", s.dir.display()),
+        })
     }
 }
 

@@ -111,18 +111,50 @@ pub struct Entry {
     pub size: u64,
 }
 
+/// What a caller can do about an [`OpError`]: every error is of exactly one class
+/// ([`OpError::class`]). See `docs/operations-errors.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpErrorClass {
+    /// The sandbox this work ran in is gone for good, for this work: it died, was stopped or
+    /// shut down, the keeper closed, or another process took its key over. No retry through
+    /// the same handle can succeed; new work needs a new call (which gets a sandbox).
+    Gone,
+    /// Nothing is bound to run the work yet, or any more: the session has no sandbox its work
+    /// may use, or a hook's work ran past its hook. Acquire a call first.
+    Unbound,
+    /// A failure of the backend that may not happen again (an IO error, an API error): the
+    /// same operation may succeed when retried.
+    Retryable,
+    /// The request itself is refused (a path, a link, a missing file, a directory where a file
+    /// was meant, an argv, a variable, a program that cannot start): the same request fails
+    /// the same way until the caller changes it or the workspace.
+    Refused,
+    /// A limit was reached (a read's cap, a command's timeout, the keeper's own limits).
+    Limit,
+}
+
 /// Why an operation did not do its work. Nothing ran, or what ran was stopped, in every case:
 /// an operation never runs in another sandbox than the one it names.
+///
+/// One situation has one answer: the sandbox going away under the work (it died, was removed
+/// from outside, was stopped, the keeper closed) is [`OpError::SandboxGone`] through
+/// [`SandboxWork`] whatever the moment it happens (before the operation, or while it runs).
+/// [`OpError::class`] groups the answers by what a caller can do.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
-    /// The session has no sandbox its work may use (no live call, and no warm or draining
-    /// sandbox of its last call; or that sandbox was ordered to stop).
+    /// Entering a session's work ([`Keeper::session_work`](crate::Keeper::session_work)): the
+    /// session has no sandbox its work may use (no live call, and no warm or draining sandbox
+    /// of its last call). Class [`OpErrorClass::Unbound`]. An operation of a work handle
+    /// already entered never answers it: its sandbox going away is [`OpError::SandboxGone`].
     #[error("session {session} has no active sandbox")]
     NoActiveSandbox {
         /// The session.
         session: SessionId,
     },
-    /// The sandbox died, before or during the operation; the keeper learnt of it.
+    /// The sandbox went away before or during the operation: it died (its workspace removed,
+    /// its pod deleted), was stopped or shut down (a session's sandbox past its drain
+    /// deadline), or the keeper closed. Class [`OpErrorClass::Gone`]. When the backend found it
+    /// dead, the keeper learnt of the death.
     #[error("sandbox {sandbox} is gone: {why}")]
     SandboxGone {
         /// The sandbox.
@@ -130,8 +162,9 @@ pub enum OpError {
         /// What showed it.
         why: String,
     },
-    /// The sandbox was stopped (the keeper ordered it) before or during the operation; a
-    /// command running then was killed.
+    /// A backend's answer ([`SandboxOps`]) for a sandbox it has stopped (the keeper ordered
+    /// it) before or during the operation; a command running then was killed. Class
+    /// [`OpErrorClass::Gone`]. [`SandboxWork`] answers [`OpError::SandboxGone`] for it.
     #[error("sandbox {sandbox} was stopped")]
     Stopped {
         /// The sandbox.
@@ -139,7 +172,7 @@ pub enum OpError {
     },
     /// Fleet mode: another process took the sandbox's key over (the sandbox or its key has seen
     /// a newer fencing token than this process holds). Nothing was changed; the keeper learnt
-    /// of it (the key is fenced here).
+    /// of it (the key is fenced here). Class [`OpErrorClass::Gone`].
     #[error("sandbox {sandbox} belongs to another process now: {why}")]
     Fenced {
         /// The sandbox.
@@ -147,13 +180,24 @@ pub enum OpError {
         /// What the backend said.
         why: String,
     },
+    /// A hook's work used outside its hook (the sandbox moved on from the place the hook
+    /// ran at). Class [`OpErrorClass::Unbound`].
+    #[error("work in {sandbox} is not bound to it now: {why}")]
+    Unbound {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// Why.
+        why: String,
+    },
     /// The command ran longer than its timeout; it was killed with everything it started.
+    /// Class [`OpErrorClass::Limit`].
     #[error("killed after {after:?}")]
     Timeout {
         /// The timeout.
         after: Duration,
     },
-    /// A path that is not a path inside the workspace.
+    /// A path that is not a path inside the workspace, or one work may not change (the
+    /// workspace itself, the keeper's own directory). Class [`OpErrorClass::Refused`].
     #[error("invalid path {path:?}: {why}")]
     InvalidPath {
         /// The path as given.
@@ -161,19 +205,38 @@ pub enum OpError {
         /// What is wrong with it.
         why: &'static str,
     },
-    /// A path that leads out of the workspace (through a symlink).
-    #[error("path {path:?} leads outside the workspace")]
+    /// A path through a symbolic link the operation would have to follow. File operations
+    /// never follow a link, wherever it leads (outside the workspace, into the keeper's own
+    /// directory, or elsewhere inside): a link in a directory component is refused, and so is
+    /// reading one; `write` replaces a link at the path's last component, `remove` removes
+    /// it, `exists` sees it, `list` lists it as a link. Class [`OpErrorClass::Refused`].
+    #[error("path {path:?} goes through a symbolic link (never followed)")]
     Escapes {
         /// The path.
         path: String,
     },
-    /// No such file or directory.
+    /// No such file or directory. Class [`OpErrorClass::Refused`].
     #[error("{path:?} does not exist")]
     NotFound {
         /// The path.
         path: String,
     },
-    /// A read over its cap.
+    /// A read of something that is not a regular file: a directory (the workspace itself
+    /// included), a FIFO, a socket, a device. Nothing was read (a FIFO is never waited on).
+    /// Class [`OpErrorClass::Refused`].
+    #[error("{path:?} is not a regular file")]
+    NotAFile {
+        /// The path.
+        path: String,
+    },
+    /// A path whose directory part is not a directory (a file where a directory was meant),
+    /// or a list of something that is not a directory. Class [`OpErrorClass::Refused`].
+    #[error("{path:?} is not a directory, or goes through something that is not")]
+    NotADirectory {
+        /// The path.
+        path: String,
+    },
+    /// A read over its cap. Class [`OpErrorClass::Limit`].
     #[error("{path:?} is larger than the cap of {cap} bytes")]
     TooLarge {
         /// The path.
@@ -181,10 +244,10 @@ pub enum OpError {
         /// The cap.
         cap: usize,
     },
-    /// An empty argv.
+    /// An empty argv. Class [`OpErrorClass::Refused`].
     #[error("empty argv")]
     EmptyArgv,
-    /// An environment variable the command cannot be given.
+    /// An environment variable the command cannot be given. Class [`OpErrorClass::Refused`].
     #[error("invalid environment variable {name:?}: {why}")]
     InvalidEnv {
         /// Its name.
@@ -192,7 +255,9 @@ pub enum OpError {
         /// What is wrong with it.
         why: &'static str,
     },
-    /// The program could not be started.
+    /// The program could not be started (not found, not executable). Class
+    /// [`OpErrorClass::Refused`]. (A start that failed because the sandbox went away is
+    /// [`OpError::SandboxGone`] through [`SandboxWork`].)
     #[error("could not start {program:?}: {error}")]
     Spawn {
         /// The program.
@@ -200,7 +265,8 @@ pub enum OpError {
         /// Why.
         error: String,
     },
-    /// Any other failure of the backend, with what it said.
+    /// Any other failure of the backend, with what it said. Class
+    /// [`OpErrorClass::Retryable`].
     #[error("{what}: {error}")]
     Backend {
         /// What was being done.
@@ -208,7 +274,9 @@ pub enum OpError {
         /// What went wrong.
         error: String,
     },
-    /// The keeper refused the work (closed, a limit).
+    /// The keeper refused the work. Class: [`OpErrorClass::Gone`] once it closed,
+    /// [`OpErrorClass::Limit`] for a limit or a full queue, [`OpErrorClass::Unbound`] for a
+    /// session without a sandbox, [`OpErrorClass::Refused`] otherwise.
     #[error(transparent)]
     Keeper(#[from] crate::KeeperError),
 }
@@ -221,10 +289,13 @@ impl OpError {
             OpError::SandboxGone { .. } => "sandbox-gone",
             OpError::Stopped { .. } => "stopped",
             OpError::Fenced { .. } => "fenced",
+            OpError::Unbound { .. } => "unbound",
             OpError::Timeout { .. } => "timeout",
             OpError::InvalidPath { .. } => "invalid-path",
             OpError::Escapes { .. } => "escapes",
             OpError::NotFound { .. } => "not-found",
+            OpError::NotAFile { .. } => "not-a-file",
+            OpError::NotADirectory { .. } => "not-a-directory",
             OpError::TooLarge { .. } => "too-large",
             OpError::EmptyArgv => "empty-argv",
             OpError::InvalidEnv { .. } => "invalid-env",
@@ -232,6 +303,41 @@ impl OpError {
             OpError::Backend { .. } => "backend",
             OpError::Keeper(_) => "keeper",
         }
+    }
+
+    /// What a caller can do about it (see [`OpErrorClass`]).
+    pub fn class(&self) -> OpErrorClass {
+        use crate::KeeperError as K;
+        use sandkeeper::Error as C;
+        match self {
+            OpError::SandboxGone { .. } | OpError::Stopped { .. } | OpError::Fenced { .. } => {
+                OpErrorClass::Gone
+            }
+            OpError::NoActiveSandbox { .. } | OpError::Unbound { .. } => OpErrorClass::Unbound,
+            OpError::Backend { .. } => OpErrorClass::Retryable,
+            OpError::InvalidPath { .. }
+            | OpError::Escapes { .. }
+            | OpError::NotFound { .. }
+            | OpError::NotAFile { .. }
+            | OpError::NotADirectory { .. }
+            | OpError::EmptyArgv
+            | OpError::InvalidEnv { .. }
+            | OpError::Spawn { .. } => OpErrorClass::Refused,
+            OpError::Timeout { .. } | OpError::TooLarge { .. } => OpErrorClass::Limit,
+            OpError::Keeper(e) => match e {
+                K::Closed | K::Revoked { .. } | K::Core(C::Closed { .. }) => OpErrorClass::Gone,
+                K::Core(C::SandboxGone { .. }) => OpErrorClass::Gone,
+                K::Core(C::NoActiveSandbox { .. }) => OpErrorClass::Unbound,
+                K::Core(C::QueueFull { .. } | C::LimitExceeded { .. }) => OpErrorClass::Limit,
+                _ => OpErrorClass::Refused,
+            },
+        }
+    }
+
+    /// Whether the same operation may succeed when retried as it is: only for
+    /// [`OpErrorClass::Retryable`].
+    pub fn is_retryable(&self) -> bool {
+        self.class() == OpErrorClass::Retryable
     }
 }
 
@@ -248,8 +354,8 @@ pub struct ExecRequest {
 /// A backend that runs the application's own work in its sandboxes. Every method names the
 /// sandbox; the keeper calls them only for a sandbox that it knows up and that may take the
 /// work, and a backend refuses a sandbox it has stopped ([`OpError::Stopped`]) or finds gone
-/// ([`OpError::SandboxGone`]). A dropped future stops its work (a command is killed with
-/// everything it started).
+/// ([`OpError::SandboxGone`]); [`SandboxWork`] answers both as `SandboxGone`. A dropped future
+/// stops its work (a command is killed with everything it started).
 pub trait SandboxOps: Backend {
     /// Runs a command in the sandbox.
     fn exec(
@@ -311,13 +417,24 @@ pub trait SandboxOps: Backend {
         path: WorkPath,
     ) -> impl Future<Output = Result<(), OpError>> + Send;
 
-    /// Whether something exists at the path (a symlink leading outside is an error, not a
-    /// `false`).
+    /// Whether something exists at the path (a symlink in the path's directory part is an
+    /// error, not a `false`).
     fn exists(
         &self,
         sandbox: SandboxId,
         path: WorkPath,
     ) -> impl Future<Output = Result<bool, OpError>> + Send;
+
+    /// Whether the sandbox went away, asked after an operation failed in a way its going away
+    /// may explain (a program that could not start in a removed directory, a file missing from
+    /// a removed workspace): `Some` with the answer for it — [`OpError::SandboxGone`] when the
+    /// backend finds it dead, [`OpError::Stopped`] when it stopped it — or `None` while it is
+    /// there. [`SandboxWork`] asks it so that the sandbox's going away has one answer whatever
+    /// the moment it happens. The default knows nothing (`None`): the backend's errors stand.
+    fn went_away(&self, sandbox: SandboxId) -> impl Future<Output = Option<OpError>> + Send {
+        let _ = sandbox;
+        async { None }
+    }
 }
 
 impl ExecRequest {

@@ -6,13 +6,14 @@ use super::OpError;
 pub const MAX_PATH_LEN: usize = 4096;
 
 /// The keeper's own directory in a workspace (the mirror's files); the application may read
-/// it, never write or remove in it.
+/// it, never write or remove in it: by name ([`WorkPath::writable`]), nor through a link to it
+/// (a backend never follows a link in a path: [`OpError::Escapes`]).
 pub const KEEPER_DIR: &str = ".sandkeeper";
 
 /// A path relative to a sandbox's workspace: components separated by `/`, none empty, `.`,
 /// `..`, or holding a NUL; never absolute. `.` alone (or [`WorkPath::root`]) is the workspace
 /// itself. Built only by [`WorkPath::new`], so a held value is always valid. Symlinks are the
-/// backend's to refuse when they lead out.
+/// backend's to refuse: the local backend never goes through one ([`OpError::Escapes`]).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WorkPath(String);
 

@@ -31,6 +31,17 @@ enum Owner {
 /// session ([`SessionWork`]). Every operation first checks, in the keeper, that the sandbox
 /// may still take the work, and runs only there; a sandbox found gone is reported to the
 /// keeper as a death.
+///
+/// Errors, by [`OpError::class`]: the sandbox going away — it died, was removed from outside,
+/// was stopped or ordered to stop, or the keeper closed — is [`OpError::SandboxGone`], whether
+/// it happened before the operation or while it ran (a failure its going away explains is
+/// answered as such, [`SandboxOps::went_away`]); [`OpError::Fenced`] in fleet mode once another
+/// process owns the key; [`OpError::Unbound`] for a hook's work used past its hook; refused
+/// input ([`OpError::InvalidPath`], [`OpError::Escapes`], [`OpError::NotFound`],
+/// [`OpError::NotAFile`], [`OpError::NotADirectory`], [`OpError::EmptyArgv`],
+/// [`OpError::InvalidEnv`], [`OpError::Spawn`]); limits ([`OpError::TooLarge`],
+/// [`OpError::Timeout`]); [`OpError::Backend`] for a failure a retry may not meet.
+/// [`OpError::NoActiveSandbox`] and [`OpError::Stopped`] never come from it.
 pub struct SandboxWork<'a, B: SandboxOps> {
     shared: Arc<Shared<TokioExecutor<B>>>,
     sandbox: SandboxId,
@@ -78,7 +89,7 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
     ) -> Result<ExecOutput, OpError> {
         let request = ExecRequest::new(argv.into_iter().map(Into::into).collect(), options)?;
         let x = self.check()?;
-        self.seen(self.backend().exec(x, request).await)
+        self.settle(self.backend().exec(x, request).await).await
     }
 
     /// Runs a command like [`exec`](Self::exec), sending its output to `chunks` as it comes
@@ -91,7 +102,8 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
     ) -> Result<ExecOutput, OpError> {
         let request = ExecRequest::new(argv.into_iter().map(Into::into).collect(), options)?;
         let x = self.check()?;
-        self.seen(self.backend().exec_streaming(x, request, chunks).await)
+        self.settle(self.backend().exec_streaming(x, request, chunks).await)
+            .await
     }
 
     /// Writes a file atomically, making its parent directories.
@@ -100,7 +112,8 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         path.writable()?;
         let bytes = bytes.into();
         let x = self.check()?;
-        self.seen(self.backend().write(x, path, bytes).await)
+        self.settle(self.backend().write(x, path, bytes).await)
+            .await
     }
 
     /// Reads a file of at most [`DEFAULT_READ_CAP`] bytes.
@@ -112,14 +125,14 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
     pub async fn read_capped(&self, path: &str, cap: usize) -> Result<Vec<u8>, OpError> {
         let path = WorkPath::new(path)?;
         let x = self.check()?;
-        self.seen(self.backend().read(x, path, cap).await)
+        self.settle(self.backend().read(x, path, cap).await).await
     }
 
     /// Lists a directory (`"."`: the workspace), by name.
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>, OpError> {
         let dir = WorkPath::new(dir)?;
         let x = self.check()?;
-        self.seen(self.backend().list(x, dir).await)
+        self.settle(self.backend().list(x, dir).await).await
     }
 
     /// Removes a file, or a directory with everything in it.
@@ -127,14 +140,14 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         let path = WorkPath::new(path)?;
         path.writable()?;
         let x = self.check()?;
-        self.seen(self.backend().remove(x, path).await)
+        self.settle(self.backend().remove(x, path).await).await
     }
 
     /// Whether something exists at the path.
     pub async fn exists(&self, path: &str) -> Result<bool, OpError> {
         let path = WorkPath::new(path)?;
         let x = self.check()?;
-        self.seen(self.backend().exists(x, path).await)
+        self.settle(self.backend().exists(x, path).await).await
     }
 
     /// The sandbox, if it may take work now by the keeper's state.
@@ -148,19 +161,20 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
             Owner::Call(call) => match self.shared.with_core(|c| c.call_status(call)) {
                 Some(CallStatus::Ready(x)) if x == sandbox => Ok(sandbox),
                 Some(CallStatus::Lost(_)) => Err(gone("the keeper knows it dead")),
-                other => Err(OpError::Backend {
-                    what: "call",
-                    error: format!("call {call} is not ready in {sandbox}: {other:?}"),
-                }),
+                // The guard lives, so the call ended only by the keeper's doing: close revoked
+                // it, and its sandbox went with it.
+                other => Err(gone(&format!(
+                    "call {call} is no longer bound to it ({other:?}): the keeper closed"
+                ))),
             },
             Owner::Session(session) => match self.shared.with_core(|c| c.sandbox_state(sandbox)) {
                 Some(SandboxState::Running | SandboxState::Idle | SandboxState::Draining) => {
                     Ok(sandbox)
                 }
                 Some(SandboxState::Dead) | None => Err(gone("the keeper knows it dead or gone")),
-                Some(_) => Err(OpError::NoActiveSandbox {
-                    session: session.clone(),
-                }),
+                Some(state) => Err(gone(&format!(
+                    "session {session}'s sandbox was ordered to stop (it is {state:?})"
+                ))),
             },
             Owner::Hook(point) => {
                 let want = if point.is_after() {
@@ -173,9 +187,9 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
                     Some(SandboxState::Dead) | None => {
                         Err(gone("the keeper knows it dead or gone"))
                     }
-                    Some(state) => Err(OpError::Backend {
-                        what: "hook",
-                        error: format!(
+                    Some(state) => Err(OpError::Unbound {
+                        sandbox,
+                        why: format!(
                             "the {} hook of {sandbox} runs past its place (the sandbox is {state:?})",
                             point.as_str()
                         ),
@@ -187,6 +201,30 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
 
     fn backend(&self) -> &B {
         self.shared.executor().backend()
+    }
+
+    /// The backend's answer as the caller gets it: a failure the sandbox's going away explains
+    /// is answered as that ([`SandboxOps::went_away`]), what the operation learnt is reported
+    /// ([`seen`](Self::seen)), and a backend's `Stopped` is `SandboxGone` (one answer for the
+    /// sandbox going away, whatever the moment).
+    async fn settle<T>(&self, r: Result<T, OpError>) -> Result<T, OpError> {
+        let r = match r {
+            Err(
+                e @ (OpError::Spawn { .. }
+                | OpError::Backend { .. }
+                | OpError::NotFound { .. }
+                | OpError::NotADirectory { .. }),
+            ) => Err(self.backend().went_away(self.sandbox).await.unwrap_or(e)),
+            r => r,
+        };
+        self.seen(r).map_err(|e| match e {
+            // The keeper ordered it: no death to report.
+            OpError::Stopped { sandbox } => OpError::SandboxGone {
+                sandbox,
+                why: "stopped by the keeper".into(),
+            },
+            e => e,
+        })
     }
 
     /// Reports to the keeper what an operation learnt: a sandbox found gone (a death), a token
@@ -229,9 +267,12 @@ impl<B: SandboxOps> std::fmt::Debug for SandboxWork<'_, B> {
 /// A session's work in its sandbox, for code that acts for a session without its call
 /// ([`Keeper::session_work`](crate::Keeper::session_work)): resolving the session's sandbox
 /// and entering it happen in one step, so a draining sandbox waits for this work (up to the
-/// drain deadline) instead of being stopped under it. Dropping it lets the sandbox go. Once
-/// the sandbox was ordered to stop, every operation is refused with
-/// [`OpError::NoActiveSandbox`] before anything runs.
+/// drain deadline) instead of being stopped under it. Dropping it lets the sandbox go.
+/// Entering a session without a sandbox its work may use is [`OpError::NoActiveSandbox`]
+/// ([`Keeper::session_work`](crate::Keeper::session_work)). Once entered, the sandbox going
+/// away (it died, or was ordered to stop past the drain deadline) is [`OpError::SandboxGone`]
+/// for every operation, before anything runs or while it runs, whatever the moment; see
+/// [`SandboxWork`] for every error.
 pub struct SessionWork<B: SandboxOps> {
     work: SandboxWork<'static, B>,
     /// Left already ([`SessionWork::leave`]): the drop has nothing to do.

@@ -295,8 +295,11 @@ fn read_info(dir: &Path) -> (Option<sandkeeper::Key>, Option<Snapshot>) {
 
 /// The expiry a Persist recorded in a snapshot (unix seconds), as the sweep's instant.
 fn read_expiry(dir: &Path) -> Option<Instant> {
-    let text = fs::read_to_string(dir.join(".sandkeeper").join("expires")).ok()?;
-    let secs: u64 = text.trim().parse().ok()?;
+    // As the backend's own sweep reads it: never through a link, never waiting on a FIFO.
+    let secs = crate::local::snapshot_expiry(dir)?
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_secs();
     Some(Instant::from_nanos(secs.saturating_mul(1_000_000_000)))
 }
 
