@@ -42,16 +42,20 @@ for patch in "${patches[@]}"; do
     # A patch may name simulator options its race needs, on a line `sim-options: ...` before
     # its diff (e.g. `--operations`: the application also enters sandboxes for work).
     read -r -a options <<< "$(sed -n 's/^sim-options: //p' "$patch" | head -1)"
+    # And how many seeds its race needs at least (`sim-seeds: N`), when rarer than the batch.
+    need="$(sed -n 's/^sim-seeds: //p' "$patch" | head -1)"
+    run_seeds="$seeds"
+    if [ -n "$need" ] && [ "$need" -gt "$seeds" ]; then run_seeds="$need"; fi
     if ! cargo build --quiet --release -p sim --manifest-path "$work/Cargo.toml"; then
         echo "FAIL $name: the patched workspace does not build"
         summary+=("$name: does not build")
         failed=1
     else
-        out="$("$sim" explore --seeds "$seeds" --jobs "$jobs" --stop-at-first "${options[@]}" 2>&1)"
+        out="$("$sim" explore --seeds "$run_seeds" --jobs "$jobs" --stop-at-first "${options[@]}" 2>&1)"
         first="$(grep -m1 '^FAIL seed' <<< "$out" || true)"
         if [ -z "$first" ]; then
-            echo "FAIL $name: no failing seed in $seeds seeds"
-            summary+=("$name: NOT FOUND in $seeds seeds")
+            echo "FAIL $name: no failing seed in $run_seeds seeds"
+            summary+=("$name: NOT FOUND in $run_seeds seeds")
             failed=1
         else
             seed="$(sed -E 's/^FAIL seed ([0-9]+):.*/\1/' <<< "$first")"
