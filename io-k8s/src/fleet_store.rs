@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{ListParams, PostParams};
 use kube::ResourceExt;
 use sandkeeper::{Key, Token};
-use sandkeeper_tokio::local::store::{unix_ms, KeyEntry, Swept};
+use sandkeeper_tokio::store::{unix_ms, KeyEntry, Swept};
 use sandkeeper_tokio::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
 
 use crate::cluster::{calls, err, Cluster};

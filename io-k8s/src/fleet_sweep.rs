@@ -36,7 +36,7 @@ use kube::ResourceExt;
 use sandkeeper::{
     sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
 };
-use sandkeeper_tokio::local::store::{unix_ms, Swept};
+use sandkeeper_tokio::store::{unix_ms, Swept};
 
 use crate::cluster::{calls, err, Cluster};
 use crate::config::Mode;

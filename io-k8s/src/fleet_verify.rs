@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandkeeper::PathName;
-use sandkeeper_tokio::local::store::unix_ms;
+use sandkeeper_tokio::store::unix_ms;
 use sandkeeper_tokio::workload::{last_acknowledged, FleetVerdict};
 
 use crate::fleet_store::K8sStore;

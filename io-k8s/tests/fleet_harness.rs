@@ -27,7 +27,7 @@ use std::time::Duration;
 use common::*;
 use k8s_loopback::{AnnotationWrite, Loopback};
 use sandkeeper_k8s::{verify_fleet, K8sStore};
-use sandkeeper_tokio::local::store::{held_by, not_taken_over};
+use sandkeeper_tokio::store::{held_by, not_taken_over};
 use sandkeeper_tokio::workload::Summary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};

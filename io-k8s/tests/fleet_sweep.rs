@@ -12,7 +12,7 @@ use common::*;
 use k8s_loopback::resources::{PODS, SANDBOX_CLAIMS};
 use sandkeeper::{Key, SandboxId, SessionId, Snapshot, Spec, Token};
 use sandkeeper_k8s::K8sStore;
-use sandkeeper_tokio::local::store::Swept;
+use sandkeeper_tokio::store::Swept;
 use sandkeeper_tokio::store::{Claim, FleetStore, StoredRecord, StoredSnapshot};
 use sandkeeper_tokio::{Backend, StartRequest};
 

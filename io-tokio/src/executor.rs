@@ -55,9 +55,9 @@ use crate::backend::{
 };
 use crate::classify;
 use crate::clock::WallClock;
-use crate::local::store::Swept;
 use crate::notice::Notice;
 use crate::store::FleetRun;
+use crate::store::Swept;
 
 /// The application's hooks, as the executor runs them: the keeper made it from the
 /// application's closure ([`Keeper::with_hooks`](crate::Keeper::with_hooks)), where the

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::clock::WallClock;
 
 pub mod contract;
-use crate::local::store::Swept;
+mod kept;
+
+pub use kept::{held_by, not_taken_over, unix_ms, KeyEntry, Swept};
 
 /// A snapshot in a key's durable record, as the store keeps it (wall-clock retention).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

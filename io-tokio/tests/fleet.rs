@@ -228,7 +228,7 @@ async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
 #[test]
 fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     use sandkeeper::{Key, SandboxId, Snapshot, Token};
-    use sandkeeper_tokio::local::store::Swept;
+    use sandkeeper_tokio::store::Swept;
     use sandkeeper_tokio::store::{Claim, StoredRecord, StoredSnapshot};
     use std::time::{SystemTime, UNIX_EPOCH};
 

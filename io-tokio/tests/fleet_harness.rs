@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::Duration;
 
-use sandkeeper_tokio::local::store::{held_by, not_taken_over, LocalStore};
+use sandkeeper_tokio::local::store::LocalStore;
+use sandkeeper_tokio::store::{held_by, not_taken_over};
 use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";

@@ -38,44 +38,25 @@
 //! another converts sees the one entry). Every process of a fleet must run this layout: one
 //! still taking the old lock would not see the cells.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use sandkeeper::{Key, Token};
-use serde::{Deserialize, Serialize};
 
-use crate::store::{Claim, FleetStore, StoreFailure, StoreFuture, StoredRecord};
+use crate::store::{
+    unix_ms, Claim, FleetStore, KeyEntry, StoreFailure, StoreFuture, StoredRecord, Swept,
+};
 
 mod cell;
 mod sweep;
 use cell::{Cell, CellError, Written};
-pub use sweep::Swept;
 
 /// How many times an operation decides again after another write to its cell came first.
 /// Each conflict is another operation's success, so this only runs out under a storm of
 /// writes to one cell.
 const ATTEMPTS: u32 = 64;
-
-/// One key's entry.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyEntry {
-    /// The key, as it displays.
-    pub key: String,
-    /// Its owner: (incarnation, lease epoch), while one holds it.
-    pub owner: Option<(u32, u64)>,
-    /// The newest token handed out for it.
-    pub token: u64,
-    /// What its last owner left.
-    pub record: StoredRecord,
-    /// Incarnations that asked for it while another held it.
-    pub wants: BTreeSet<u32>,
-    /// The newest record write of its current owner applied (none since the key was claimed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recording: Option<u64>,
-}
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -671,47 +652,16 @@ fn blocking<T: Send + 'static>(
     })
 }
 
-/// Milliseconds since the unix epoch (0 before it).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// A key from its display form (`session:s1`, `user:u`, `agent`, `global`).
 fn parse_key(text: &str) -> Result<Key, String> {
     Key::try_from(text.to_string()).map_err(|e| format!("key {text:?}: {e}"))
 }
 
-/// The keys `incarnation` owns among `entries` (a store's [`LocalStore::entries`], or the
-/// Kubernetes store's), with the token each is held under.
-pub fn held_by(entries: &[KeyEntry], incarnation: u32) -> BTreeMap<String, u64> {
-    entries
-        .iter()
-        .filter(|e| e.owner.is_some_and(|(i, _)| i == incarnation))
-        .map(|e| (e.key.clone(), e.token))
-        .collect()
-}
-
-/// Of the keys `incarnation` held (`held`, as [`held_by`] gave them), those `entries` show not
-/// taken over: still its own, or under no newer token.
-pub fn not_taken_over(
-    held: &BTreeMap<String, u64>,
-    entries: &[KeyEntry],
-    incarnation: u32,
-) -> Vec<String> {
-    held.iter()
-        .filter(|(key, token)| {
-            !entries.iter().any(|e| {
-                &e.key == *key && e.token > **token && e.owner.is_none_or(|(i, _)| i != incarnation)
-            })
-        })
-        .map(|(key, _)| key.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+    use std::time::UNIX_EPOCH;
 
     fn key(s: &str) -> Key {
         Key::Session(sandkeeper::SessionId::new(s).unwrap())

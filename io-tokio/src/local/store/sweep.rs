@@ -45,30 +45,11 @@ use sandkeeper::{
     sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
 };
 
-use super::{cell, parse_key, unix_ms, LocalStore, StoreError};
+use super::{cell, parse_key, LocalStore, StoreError};
+use crate::store::{unix_ms, Swept};
 
 /// How old a staged file must be before a sweep takes it for a dead writer's.
 const STAGED_LEFT: Duration = Duration::from_secs(3_600);
-
-/// What one sweep removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Swept {
-    /// Sandbox directories removed.
-    pub sandboxes: u64,
-    /// Snapshots removed.
-    pub snapshots: u64,
-    /// Of those snapshots, ones a key's record named until its retention ended (the record no
-    /// longer names them).
-    pub unrecorded: u64,
-}
-
-impl std::ops::AddAssign for Swept {
-    fn add_assign(&mut self, other: Swept) {
-        self.sandboxes += other.sandboxes;
-        self.snapshots += other.snapshots;
-        self.unrecorded += other.unrecorded;
-    }
-}
 
 impl LocalStore {
     /// Sweeps the root this store is under, at `now` (the caller's wall clock, as every store
