@@ -36,7 +36,7 @@
 //!   core's deadlines.
 //! - `keeper.rs`, `guard.rs`: the application's API; `ops/`: the application's own work in its
 //!   sandbox ([`SandboxOps`], [`SandboxWork`], [`SessionWork`]).
-//! - `local/`: [`LocalBackend`]; `fault.rs`: [`FaultBackend`].
+//! - `local/`: [`LocalBackend`]; `fault/`: [`FaultBackend`].
 //! - `workload/`: the main job's workload on any backend ([`workload::run`]); the `harness`
 //!   binary runs it on [`LocalBackend`].
 //!

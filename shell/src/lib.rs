@@ -38,7 +38,7 @@
 //! ## Files
 //!
 //! - `executor.rs`: the [`Executor`] trait, the contract between the shell and a runtime.
-//! - `shared.rs`: [`Shared`] (the core and its waiters under one lock, the drain, the close
+//! - `shared/`: [`Shared`] (the core and its waiters under one lock, the drain, the close
 //!   handshake), [`PendingCall`] and [`CallTicket`] (release exactly once, on drop too);
 //!   `shared/models.rs`: the loom models of all of it.
 //! - `signal.rs`: the one-shot signal behind every [`Wait`].

@@ -2,7 +2,7 @@
 //! (sandbox directories, kept snapshots) goes once nothing may need it, by
 //! [`sandkeeper::sweep_verdict`], the decision every fleet sweep and the simulator share.
 //!
-//! It holds no lock (the store has none: `store.rs`). It decides on one read of the store's
+//! It holds no lock (the store has none: `mod.rs`). It decides on one read of the store's
 //! entries and leases; then, for each object it would remove, it reads the object's key entry
 //! and the leases again and decides again, just before it acts. A doomed directory is
 //! *renamed* into `<root>/.fleet/trash/` (O(1)) and deleted once every decision is acted on; a
