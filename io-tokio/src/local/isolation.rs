@@ -409,7 +409,7 @@ impl Isolated {
             .iter()
             .flat_map(|c| c.procs.iter().map(AsRawFd::as_raw_fd))
             .collect();
-        before_exec(&mut command, keep, procs);
+        before_exec(&mut command, keep, procs, limits.rlimits());
         Ok(Prepared {
             command,
             fds,
@@ -428,7 +428,7 @@ fn seccomp_program() -> &'static [u8] {
 }
 
 /// Sets what the spawned process does between fork and exec: joins the command's cgroups
-/// (writes `0` into each `cgroup.procs` in `procs`), makes every descriptor from 3 up
+/// (writes `0` into each `cgroup.procs` in `procs`), sets the `rlimits`, makes every descriptor from 3 up
 /// close-on-exec (so nothing the keeper holds reaches the command, whether or not it was opened
 /// close-on-exec), then clears close-on-exec on `keep` alone (the filter's pipe, which
 /// bubblewrap reads), and starts a session of its own (which also leaves it a process group of
@@ -436,12 +436,17 @@ fn seccomp_program() -> &'static [u8] {
 ///
 /// The one `unsafe` of the crate: `pre_exec` is unsafe because the closure runs in the child
 /// of a `fork` of a multi-threaded process, where only async-signal-safe calls are allowed. This
-/// one makes only raw system calls (`write`, `close_range`, `fcntl`, `setsid`) on values
+/// one makes only raw system calls (`write`, `setrlimit`, `close_range`, `fcntl`, `setsid`) on values
 /// computed before the fork, allocates nothing and takes no lock. Doing it before exec is the
 /// only way: descriptors and cgroup membership must be right before bubblewrap runs anything,
 /// and a leaked descriptor can only be closed in the process that has it.
 #[allow(unsafe_code)]
-fn before_exec(command: &mut std::process::Command, keep: Option<RawFd>, procs: Vec<RawFd>) {
+fn before_exec(
+    command: &mut std::process::Command,
+    keep: Option<RawFd>,
+    procs: Vec<RawFd>,
+    rlimits: Vec<(super::limits::Resource, u64)>,
+) {
     use std::os::unix::process::CommandExt;
     let hook = move || -> io::Result<()> {
         let check = |r: libc::c_long| {
@@ -456,6 +461,13 @@ fn before_exec(command: &mut std::process::Command, keep: Option<RawFd>, procs: 
         unsafe {
             for &fd in &procs {
                 check(libc::write(fd, b"0".as_ptr().cast(), 1) as libc::c_long)?;
+            }
+            for &(resource, n) in &rlimits {
+                let limit = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                check(libc::setrlimit(resource, &limit) as libc::c_long)?;
             }
             check(libc::setsid() as libc::c_long)?;
             let all = libc::syscall(

@@ -11,14 +11,18 @@
 //!   allocation past the memory limit wakes the OOM killer *in that cgroup* only. When the
 //!   command ends, every process still in its cgroup is killed, however it left its process
 //!   group or session, and the cgroup is removed.
-//! - **rlimits**, set inside the sandbox by util-linux `prlimit` (the command runs as
-//!   `prlimit --…=N -- argv`): `RLIMIT_CPU` (CPU seconds, then SIGKILL), `RLIMIT_FSIZE` (one
-//!   file's size: the write fails with `EFBIG`, after `SIGXFSZ`), `RLIMIT_NOFILE`, and,
-//!   without a memory cgroup, `RLIMIT_AS` (an allocation past it fails with `ENOMEM`).
-//!   `RLIMIT_NPROC` counts processes per user *and user namespace* (Linux ≥ 5.14): set inside a
-//!   sandbox's own user namespace by an unprivileged keeper, it holds per command. It does
-//!   nothing for a root keeper (the kernel exempts processes whose real user is the initial
-//!   root, which an unprivileged user namespace maps its root to), nor under
+//! - **rlimits**, set in the spawned process before bubblewrap (or the command) runs, and so
+//!   inherited by everything the command starts: `RLIMIT_CPU` (CPU seconds of each process,
+//!   then `SIGKILL`), `RLIMIT_FSIZE` (one file's size: the write fails with `EFBIG`, after
+//!   `SIGXFSZ`), `RLIMIT_NOFILE`, and, without a memory cgroup, `RLIMIT_AS` (an allocation past
+//!   it fails with `ENOMEM`).
+//! - `RLIMIT_NPROC` counts processes per user *and user namespace* (Linux ≥ 5.14), and a user
+//!   namespace records the limit its creator had as a cap on everything under it: set on
+//!   bubblewrap it would cap all of the keeper's user's processes. So it is set *inside* the
+//!   sandbox's own user namespace, by util-linux `prlimit` (the command runs as
+//!   `prlimit --nproc=N -- argv`), where an unprivileged keeper's command counts alone: it holds
+//!   per command. It does nothing for a root keeper (the kernel exempts processes whose real
+//!   user is the initial root, which the sandbox's root maps to), nor under
 //!   [`Isolation::Off`](super::Isolation::Off) (it would count every process of the keeper's
 //!   user): there only the pids cgroup holds processes in.
 //! - `/tmp` is a `tmpfs` of [`Limits::tmp_bytes`] (bubblewrap only): writes past it fail with
@@ -99,7 +103,7 @@ pub struct Enforcement {
     /// The cgroup v1 directories (pids, memory) each command's own cgroup is made under, if
     /// the keeper may make cgroups here.
     pub cgroups: Option<Arc<CgroupV1>>,
-    /// util-linux `prlimit`, which sets the rlimits inside the sandbox, if present.
+    /// util-linux `prlimit`, which sets `RLIMIT_NPROC` inside the sandbox, if present.
     pub prlimit: Option<PathBuf>,
     /// Whether commands run in a user namespace of their own, unprivileged (so `RLIMIT_NPROC`
     /// counts per command).
@@ -107,6 +111,13 @@ pub struct Enforcement {
     /// Whether `/tmp` is the sandbox's own `tmpfs` (bubblewrap).
     pub tmp_is_tmpfs: bool,
 }
+
+/// A resource of `setrlimit`.
+#[cfg(target_env = "gnu")]
+pub(crate) type Resource = libc::__rlimit_resource_t;
+/// A resource of `setrlimit`.
+#[cfg(not(target_env = "gnu"))]
+pub(crate) type Resource = libc::c_int;
 
 /// Where each command's cgroup is made (cgroup v1): `sandkeeper-<pid>-<n>` under the keeper's
 /// own cgroup of each controller, removed when the backend is dropped.
@@ -131,8 +142,8 @@ impl Enforcement {
             .iter()
             .map(PathBuf::from)
             .find(|p| p.is_file());
-        if prlimit.is_none() {
-            tracing::warn!("util-linux prlimit is missing: no rlimits on commands");
+        if prlimit.is_none() && bubblewrap && !root {
+            tracing::warn!("util-linux prlimit is missing: no process limit on commands");
         }
         Enforcement {
             limits,
@@ -143,35 +154,41 @@ impl Enforcement {
         }
     }
 
-    /// `prlimit` and its options, to run before the command's argv (empty when there is no
-    /// rlimit to set or no `prlimit`).
+    /// `prlimit --nproc=N --` to run before the command's argv where that limit holds (see
+    /// the module docs), else nothing.
     pub(crate) fn prlimit_argv(&self) -> Vec<String> {
-        let Some(prlimit) = &self.prlimit else {
-            return Vec::new();
-        };
-        let l = &self.limits;
-        let mut args = Vec::new();
-        if let (Some(n), true) = (l.processes, self.nproc_rlimit_holds) {
-            args.push(format!("--nproc={n}"));
+        match (
+            &self.prlimit,
+            self.limits.processes,
+            self.nproc_rlimit_holds,
+        ) {
+            (Some(prlimit), Some(n), true) => vec![
+                prlimit.display().to_string(),
+                format!("--nproc={n}"),
+                "--".into(),
+            ],
+            _ => Vec::new(),
         }
+    }
+
+    /// The rlimits the spawned process sets on itself before it runs bubblewrap or the
+    /// command, as `(resource, limit)`, soft and hard alike.
+    pub(crate) fn rlimits(&self) -> Vec<(Resource, u64)> {
+        let l = &self.limits;
+        let mut out = Vec::new();
         if let (Some(n), None) = (l.memory_bytes, &self.cgroups) {
-            args.push(format!("--as={n}"));
+            out.push((libc::RLIMIT_AS, n));
         }
         if let Some(n) = l.cpu_seconds {
-            args.push(format!("--cpu={n}"));
+            out.push((libc::RLIMIT_CPU, n));
         }
         if let Some(n) = l.file_size_bytes {
-            args.push(format!("--fsize={n}"));
+            out.push((libc::RLIMIT_FSIZE, n));
         }
         if let Some(n) = l.open_files {
-            args.push(format!("--nofile={n}"));
+            out.push((libc::RLIMIT_NOFILE, n));
         }
-        if args.is_empty() {
-            return args;
-        }
-        args.insert(0, prlimit.display().to_string());
-        args.push("--".into());
-        args
+        out
     }
 
     /// A cgroup of its own for one command, limits written, or `None` without cgroups.
@@ -294,7 +311,7 @@ pub(crate) struct CommandCgroup {
 
 impl CommandCgroup {
     /// Sends `SIGKILL` to every process in it; how many there were.
-    fn kill_all(&self) -> usize {
+    pub(crate) fn kill_all(&self) -> usize {
         let mut left = 0;
         for dir in &self.dirs {
             let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
@@ -356,7 +373,7 @@ impl CommandCgroup {
 impl fmt::Display for Enforcement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = &self.limits;
-        let rl = self.prlimit.is_some();
+        let rl = true;
         let mut parts: Vec<String> = Vec::new();
         let mut part = |name: &str, value: Option<String>, how: Option<&str>| {
             parts.push(match (value, how) {
@@ -370,7 +387,7 @@ impl fmt::Display for Enforcement {
             l.processes.map(|n| n.to_string()),
             if self.cgroups.is_some() {
                 Some("pids cgroup")
-            } else if self.nproc_rlimit_holds {
+            } else if self.nproc_rlimit_holds && self.prlimit.is_some() {
                 Some("RLIMIT_NPROC in the sandbox's user namespace")
             } else {
                 None

@@ -397,15 +397,19 @@ mod process {
     }
 
     impl Group {
-        /// Kills everything the command started, and waits until nothing of it is alive.
+        /// Kills everything the command started: its group and its cgroup's processes at once
+        /// (the cgroup is removed on a task of its own, once they are reaped: the exec does
+        /// not wait for that), and, without either, waits until nothing carrying its mark is
+        /// alive.
         async fn end(mut self) {
             self.kill_group();
-            if let Some(cgroup) = self.cgroup.take() {
-                cgroup.end().await;
+            if let Some(cgroup) = &self.cgroup {
+                cgroup.kill_all();
             }
             if let Some(mark) = self.mark.take() {
                 crate::local::isolation::kill_marked(&mark).await;
             }
+            // Drop: the cgroup's removal on a task of its own.
         }
 
         fn kill_group(&mut self) {
