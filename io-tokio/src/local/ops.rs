@@ -7,12 +7,14 @@
 //!   lands after Stop.
 //! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
 //!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
-//!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs in a
-//!   process group of its own, killed as a whole when it ends, times out, the sandbox stops,
-//!   or the caller drops the future: nothing it started outlives it.
+//!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs under
+//!   the backend's isolation and limits (`isolation.rs`, `limits.rs`; the threat model is
+//!   `docs/threat-model.md`), leading a session and process group of its own, killed with
+//!   everything it started (its group, its PID namespace, its cgroup, or what carries its
+//!   mark) when it ends, times out, the sandbox stops, or the caller drops the future.
 //!
-//! What this does not isolate: a command runs as the keeper's user, sees the host's file
-//! system and network, and may write wherever that user may.
+//! Without bubblewrap, a command runs as the keeper's user, sees the host's file system and
+//! network, and may write wherever that user may.
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
