@@ -255,9 +255,9 @@ impl CgroupV1 {
             if !mount.join("cgroup.procs").is_file() {
                 return None;
             }
-            let dir = mount
-                .join(path)
-                .join(format!("sandkeeper-{}-{n}", std::process::id()));
+            let parent = mount.join(path);
+            sweep_stale(&parent);
+            let dir = parent.join(format!("sandkeeper-{}-{n}", std::process::id()));
             match std::fs::create_dir(&dir) {
                 Ok(()) => Some(dir),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Some(dir),
@@ -273,6 +273,44 @@ impl CgroupV1 {
             return None;
         };
         Some(CgroupV1 { pids, memory })
+    }
+}
+
+/// Removes what keepers that are gone left under `parent` (a keeper that exits without
+/// dropping its backend leaves its `sandkeeper-<pid>-<n>`), killing anything still in it.
+fn sweep_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("sandkeeper-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        let stayed: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|e| {
+                e.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !stayed.is_empty() {
+            CommandCgroup {
+                dirs: stayed,
+                procs: Vec::new(),
+            }
+            .end_now();
+        }
+        let _ = std::fs::remove_dir(&dir);
     }
 }
 
