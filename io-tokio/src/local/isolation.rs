@@ -204,7 +204,13 @@ fn probe(
             String::from_utf8_lossy(&out.stderr).trim().to_string(),
         ));
     }
-    let status = String::from_utf8_lossy(&out.stdout);
+    contained(&String::from_utf8_lossy(&out.stdout))?;
+    Ok(isolated)
+}
+
+/// Checks a `/proc/self/status` read inside the sandbox: every capability set empty,
+/// `NoNewPrivs: 1`, `Seccomp: 2` (a filter), each line present.
+fn contained(status: &str) -> Result<(), IsolationError> {
     let wrong: Vec<&str> = status
         .lines()
         .filter(|l| match l.split_once(':') {
@@ -217,7 +223,7 @@ fn probe(
     let seen = status
         .lines()
         .filter(|l| {
-            l.starts_with("Cap") || l.starts_with("NoNewPrivs") || l.starts_with("Seccomp:")
+            l.starts_with("Cap") || l.starts_with("NoNewPrivs:") || l.starts_with("Seccomp:")
         })
         .count();
     if !wrong.is_empty() || seen < 7 {
@@ -229,7 +235,7 @@ fn probe(
             },
         });
     }
-    Ok(isolated)
+    Ok(())
 }
 
 /// The `--ro-bind`s and `--symlink`s of the minimal root, found once: `/usr`, the top-level
@@ -534,5 +540,29 @@ pub(crate) async fn kill_marked(mark: &str) {
             // Reaping is the parents' and init's: a short bounded wait for it.
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELD: &str = "Name:\tcat\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
+        CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n\
+        NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+
+    #[test]
+    fn the_probe_accepts_only_a_contained_status() {
+        assert!(contained(HELD).is_ok());
+        // What a root command had before issue 31: every capability.
+        let root = HELD.replace("CapEff:\t0000000000000000", "CapEff:\t000001fffeffffff");
+        assert!(
+            matches!(contained(&root), Err(IsolationError::Leaky { status }) if status.contains("CapEff"))
+        );
+        let no_filter = HELD.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert!(contained(&no_filter).is_err());
+        let privs = HELD.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert!(contained(&privs).is_err());
+        assert!(contained("Name:\tcat\n").is_err(), "lines missing");
     }
 }
