@@ -172,21 +172,27 @@ impl Enforcement {
     }
 
     /// The rlimits the spawned process sets on itself before it runs bubblewrap or the
-    /// command, as `(resource, limit)`, soft and hard alike.
+    /// command, as `(resource, limit)`, soft and hard alike; never above the keeper's own hard
+    /// limit (which an unprivileged keeper could not raise: the spawn would fail).
     pub(crate) fn rlimits(&self) -> Vec<(Resource, u64)> {
+        use rustix::process::{getrlimit, Resource as R};
         let l = &self.limits;
         let mut out = Vec::new();
+        let mut push = |resource: Resource, ours: R, n: u64| {
+            let n = getrlimit(ours).maximum.map_or(n, |hard| n.min(hard));
+            out.push((resource, n));
+        };
         if let (Some(n), None) = (l.memory_bytes, &self.cgroups) {
-            out.push((libc::RLIMIT_AS, n));
+            push(libc::RLIMIT_AS, R::As, n);
         }
         if let Some(n) = l.cpu_seconds {
-            out.push((libc::RLIMIT_CPU, n));
+            push(libc::RLIMIT_CPU, R::Cpu, n);
         }
         if let Some(n) = l.file_size_bytes {
-            out.push((libc::RLIMIT_FSIZE, n));
+            push(libc::RLIMIT_FSIZE, R::Fsize, n);
         }
         if let Some(n) = l.open_files {
-            out.push((libc::RLIMIT_NOFILE, n));
+            push(libc::RLIMIT_NOFILE, R::Nofile, n);
         }
         out
     }
