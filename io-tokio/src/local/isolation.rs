@@ -351,6 +351,13 @@ impl Isolated {
                 network,
             } => {
                 let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                // A keeper that closed its standard input or output would get 0, 1 or 2 here,
+                // which the child's standard streams replace: moved to 3 or above.
+                let read = if read.as_raw_fd() < 3 {
+                    rustix::io::fcntl_dupfd_cloexec(&read, 3)?
+                } else {
+                    read
+                };
                 // The filter is far smaller than a pipe's buffer: this does not block.
                 std::fs::File::from(write).write_all(seccomp_program())?;
                 let keep = read.as_raw_fd();
