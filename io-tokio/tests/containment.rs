@@ -537,17 +537,17 @@ async fn a_fork_bomb_stays_inside_and_the_keeper_still_answers() {
         .unwrap();
     let forked: u32 = text(&out.stdout).trim().parse().expect("a count");
     assert!(forked > 0 && forked < 32, "forked {forked}");
-    // The real thing, for a second: it ends by its timeout, with everything it made.
-    let bomb = g
-        .work()
-        .exec(
-            ["sh", "-c", "b() { b | b & }; b; sleep 100"],
-            ExecOptions {
-                timeout: Some(Duration::from_secs(1)),
-                ..ExecOptions::default()
-            },
-        )
-        .await;
+    // The real thing, for two seconds: while it runs, another sandbox's command runs to its
+    // end; then it ends by its timeout, with everything it made.
+    let work = g.work();
+    let bomb = work.exec(
+        ["sh", "-c", "b() { b | b & }; b; sleep 100"],
+        ExecOptions {
+            timeout: Some(Duration::from_secs(2)),
+            ..ExecOptions::default()
+        },
+    );
+    let (bomb, ()) = tokio::join!(bomb, keeper_answers(&k, "c"));
     assert!(
         matches!(bomb, Err(OpError::Timeout { .. }) | Ok(_)),
         "{bomb:?}"
