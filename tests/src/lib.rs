@@ -11,6 +11,7 @@ pub mod naive;
 pub mod perf_core;
 pub mod perf_fleet;
 pub mod perf_k8s;
+pub mod perf_local;
 pub mod perf_sim;
 pub mod perf_tiers;
 pub mod perf_tokio;

@@ -1,5 +1,6 @@
 //! Running real processes in a local sandbox: argv only (never a shell string), in the
-//! sandbox's directory, with a timeout, stopped when the sandbox stops.
+//! sandbox's directory, with a timeout, stopped when the sandbox stops. The same path as the
+//! operations' exec (`ops.rs`): the same isolation, limits and clean environment.
 
 use std::ffi::OsStr;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use sandkeeper::SandboxId;
 
 use super::LocalBackend;
+use crate::ops::{ExecOptions, ExecRequest, OpError};
 
 /// What a finished process left.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,9 +49,13 @@ pub enum RunError {
 impl LocalBackend {
     /// Runs `argv[0]` with the arguments `argv[1..]` in the sandbox's directory, with standard
     /// input closed, and returns its exit code and output. No shell is involved: every element
-    /// reaches the program as one argument, whatever it contains. Killed after `timeout` (or
-    /// [`LocalConfig::run_timeout`](super::LocalConfig::run_timeout) when `None`), or when the
-    /// sandbox stops; killed too if the returned future is dropped.
+    /// reaches the program as one argument, whatever it contains. It runs exactly as an exec
+    /// of [`SandboxOps`](crate::SandboxOps) does: under the backend's isolation and limits,
+    /// with a cleared environment (`PATH`, `HOME`, `PWD`, `LANG`, `SANDKEEPER_SANDBOX`; never
+    /// the host's), and its output is not capped. Killed, with everything it started, after
+    /// `timeout` (or [`LocalConfig::run_timeout`](super::LocalConfig::run_timeout) when
+    /// `None`), or when the sandbox stops; killed too if the returned future is dropped.
+    /// Arguments must be UTF-8 (a [`RunError::Spawn`] otherwise).
     pub async fn run<S: AsRef<OsStr>>(
         &self,
         sandbox: SandboxId,
@@ -62,51 +68,50 @@ impl LocalBackend {
         if *s.gate.read().unwrap_or_else(|p| p.into_inner()) {
             return Err(RunError::NoSandbox(sandbox));
         }
-        let (program, args) = argv.split_first().ok_or(RunError::EmptyArgv)?;
-        let timeout = timeout.unwrap_or(self.config.run_timeout);
-        #[cfg(loom)]
-        {
-            // tokio leaves out its process module under `--cfg loom`; loom builds only check
-            // the shared-state layer and never run processes.
-            let _ = (args, timeout, &s);
-            Err(RunError::Spawn {
-                program: program.as_ref().to_string_lossy().into_owned(),
-                error: std::io::Error::other("no processes in a --cfg loom build"),
+        let program = argv
+            .first()
+            .ok_or(RunError::EmptyArgv)?
+            .as_ref()
+            .to_string_lossy()
+            .into_owned();
+        let spawn = |error: std::io::Error| RunError::Spawn {
+            program: program.clone(),
+            error,
+        };
+        let argv = argv
+            .iter()
+            .map(|a| {
+                a.as_ref().to_str().map(str::to_owned).ok_or_else(|| {
+                    spawn(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "an argument is not UTF-8",
+                    ))
+                })
             })
-        }
-        #[cfg(not(loom))]
-        {
-            let mut stopped = s.stopped.subscribe();
-            let child = tokio::process::Command::new(program)
-                .args(args)
-                .current_dir(&s.dir)
-                .env("SANDKEEPER_SANDBOX", sandbox.to_string())
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|error| RunError::Spawn {
-                    program: program.as_ref().to_string_lossy().into_owned(),
-                    error,
-                })?;
-            tracing::debug!(sandbox = %sandbox, program = ?program.as_ref(), "run");
-            // Dropping the output future drops the child, which kills it (kill_on_drop).
-            tokio::select! {
-                output = child.wait_with_output() => {
-                    let output = output.map_err(|error| RunError::Spawn {
-                        program: program.as_ref().to_string_lossy().into_owned(),
-                        error,
-                    })?;
-                    Ok(RunOutput {
-                        code: output.status.code(),
-                        stdout: output.stdout,
-                        stderr: output.stderr,
-                    })
-                }
-                () = tokio::time::sleep(timeout) => Err(RunError::Timeout(timeout)),
-                _ = stopped.wait_for(|stopped| *stopped) => Err(RunError::Stopped(sandbox)),
+            .collect::<Result<Vec<String>, RunError>>()?;
+        let request = ExecRequest {
+            argv,
+            options: ExecOptions {
+                timeout: Some(timeout.unwrap_or(self.config.run_timeout)),
+                output_cap: usize::MAX,
+                ..ExecOptions::default()
+            },
+        };
+        tracing::debug!(sandbox = %sandbox, program = %program, "run");
+        match self.exec_with(sandbox, request, None).await {
+            Ok(out) => Ok(RunOutput {
+                code: out.code,
+                stdout: out.stdout,
+                stderr: out.stderr,
+            }),
+            Err(OpError::EmptyArgv) => Err(RunError::EmptyArgv),
+            Err(OpError::Timeout { after }) => Err(RunError::Timeout(after)),
+            Err(OpError::Stopped { .. }) => Err(RunError::Stopped(sandbox)),
+            Err(OpError::SandboxGone { .. }) | Err(OpError::NoActiveSandbox { .. }) => {
+                Err(RunError::NoSandbox(sandbox))
             }
+            Err(OpError::Spawn { error, .. }) => Err(spawn(std::io::Error::other(error))),
+            Err(e) => Err(spawn(std::io::Error::other(e.to_string()))),
         }
     }
 }

@@ -1,19 +1,48 @@
-//! How far a local sandbox's commands are kept apart from the host.
+//! How far a local sandbox's commands are kept apart from the host, the keeper and each other
+//! (the threat model: `docs/threat-model.md`).
 //!
-//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, a command
-//! runs in new PID, IPC, UTS and (unless the network is enabled) network namespaces; the whole
-//! host file system is mounted read-only, the keeper's root directory is hidden under an empty
-//! `tmpfs` (no other sandbox and no snapshot is visible), and only the sandbox's own directory
-//! is mounted back, writable; `/tmp` is a fresh `tmpfs`, `/dev` and `/proc` are minimal. The
-//! namespace dies with bubblewrap (`--die-with-parent`), so killing its process group kills
-//! everything the command started.
+//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, each command
+//! runs:
 //!
-//! Without it, a command still gets a cleared environment and its own process group, but runs
-//! as the keeper's user with the host's file system and network: the keeper says so at start
-//! (a warning) and in [`Isolated`].
+//! - in new user, PID, IPC, UTS, cgroup and (unless the network is enabled) network namespaces,
+//!   with **no capabilities** in any set (`--cap-drop ALL`; as root too), `no_new_privs`, and no
+//!   further user namespaces (`--disable-userns`);
+//! - under a **seccomp filter** ([`seccomp`](super::seccomp)) against mounts, namespaces,
+//!   `ptrace`, keyrings, `bpf` and the like;
+//! - on a **minimal root**: a read-only `/`, with only `/usr` (and the `/bin`, `/sbin`, `/lib*`
+//!   that lead into it), a short list of `/etc` files (users and groups, name resolution, the
+//!   dynamic linker's cache, certificates, `alternatives`), a minimal `/dev`, its own `/proc`
+//!   and a `/tmp` of its own (a size-limited `tmpfs`); no `/root`, `/home`, `/run`, `/var`,
+//!   `/sys`, no host socket; the keeper's root hidden under an empty `tmpfs`, and only the
+//!   sandbox's own directory mounted back, writable;
+//! - with a **clean environment**: bubblewrap itself starts with none (nothing of a request
+//!   can load code into it on the host side), and the command's variables are set inside
+//!   (`--clearenv`, `--setenv`);
+//! - with **no descriptor but 0, 1 and 2**: every other descriptor of the keeper is made
+//!   close-on-exec in the spawned process before bubblewrap runs (and bubblewrap's own
+//!   descriptor for the filter is closed once read);
+//! - in a session of its own (`--new-session`: no terminal injection), dying with bubblewrap
+//!   (`--die-with-parent`), under the [limits](super::limits) of the configuration.
+//!
+//! At start ([`detect`]) one command runs in exactly such a sandbox and must find every
+//! capability set empty, `no_new_privs` set and the filter on; otherwise bubblewrap counts as not
+//! working here ([`IsolationError`]).
+//!
+//! Without it ([`Isolation::Off`], or [`Isolation::Auto`] where it does not work), a command
+//! still gets a cleared environment, the rlimits, no inherited descriptor and its own process
+//! group and session, and everything it started is killed when it ends (its cgroup's processes
+//! where the keeper may make cgroups, else every process carrying its exec's mark in its
+//! environment, besides its process group); but it runs as the keeper's user with the host's
+//! file system and network: the keeper says so at start (a warning) and in [`Isolated`].
 
 use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use super::limits::{CommandCgroup, Enforcement};
 
 /// What isolation a [`LocalConfig`](super::LocalConfig) asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +73,30 @@ pub enum Isolated {
     },
 }
 
+/// Why bubblewrap cannot isolate commands here (under [`Isolation::Require`],
+/// [`LocalBackend::new`](super::LocalBackend::new) fails with it, inside its `io::Error`).
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    /// No `bwrap` on `PATH`.
+    #[error("bwrap is not installed (Debian: apt-get install bubblewrap)")]
+    Missing,
+    /// `bwrap` did not run a command.
+    #[error("{program} does not work here: {why}")]
+    Broken {
+        /// The `bwrap` program.
+        program: PathBuf,
+        /// What it said, or why it did not start.
+        why: String,
+    },
+    /// A command in the sandbox still had capabilities, or lacked `no_new_privs` or the
+    /// seccomp filter.
+    #[error("a command in the sandbox is not contained: {status}")]
+    Leaky {
+        /// The lines of its `/proc/self/status` that were wrong.
+        status: String,
+    },
+}
+
 impl Isolated {
     /// Whether commands run inside bubblewrap.
     pub fn is_bubblewrap(&self) -> bool {
@@ -56,8 +109,10 @@ impl std::fmt::Display for Isolated {
         match self {
             Isolated::Bubblewrap { program, network } => write!(
                 f,
-                "bubblewrap ({}): namespaces, read-only host, only the sandbox writable, network {}",
+                "bubblewrap ({}): user, pid, ipc, uts, cgroup{} namespaces, no capabilities, \
+                 seccomp filter, minimal read-only root, only the sandbox writable, network {}",
                 program.display(),
+                if *network { "" } else { ", net" },
                 if *network { "on" } else { "off" }
             ),
             Isolated::ProcessGroup { why } => write!(
@@ -76,110 +131,445 @@ fn find_bwrap() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Finds what `wanted` can have here: bubblewrap is tried once (a command that must run) so a
-/// machine where it is installed but cannot make namespaces falls back, or fails under
-/// [`Isolation::Require`].
-pub(crate) fn detect(wanted: Isolation, network: bool) -> std::io::Result<Isolated> {
+/// Finds what `wanted` can have here: bubblewrap is tried once, with every protection and
+/// limit on, on a command that reads its own `/proc/self/status`, which must show no capability,
+/// `no_new_privs` and the seccomp filter. A machine where it is missing, cannot make namespaces
+/// or leaves the command capabilities falls back (a warning), or fails under
+/// [`Isolation::Require`] with an [`IsolationError`].
+pub(crate) fn detect(
+    wanted: Isolation,
+    network: bool,
+    root: &Path,
+    limits: &Enforcement,
+) -> io::Result<Isolated> {
     if wanted == Isolation::Off {
         return Ok(Isolated::ProcessGroup {
             why: "isolation is off in the configuration".into(),
         });
     }
     let found = match find_bwrap() {
-        None => Err("bwrap is not installed (Debian: apt-get install bubblewrap)".to_string()),
-        Some(program) => {
-            let probe = std::process::Command::new(&program)
-                .args(["--ro-bind", "/", "/", "--unshare-pid", "--die-with-parent"])
-                .args((!network).then_some("--unshare-net"))
-                .arg("true")
-                .env_clear()
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .output();
-            match probe {
-                Ok(out) if out.status.success() => Ok(Isolated::Bubblewrap { program, network }),
-                Ok(out) => Err(format!(
-                    "{} does not work here: {}",
-                    program.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )),
-                Err(e) => Err(format!("{} does not run: {e}", program.display())),
-            }
-        }
+        None => Err(IsolationError::Missing),
+        Some(program) => probe(Isolated::Bubblewrap { program, network }, root, limits),
     };
     match (found, wanted) {
         (Ok(isolated), _) => Ok(isolated),
-        (Err(why), Isolation::Require) => Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("isolation Require: {why}"),
-        )),
+        (Err(why), Isolation::Require) => Err(io::Error::new(io::ErrorKind::NotFound, why)),
         (Err(why), _) => {
             tracing::warn!(%why, "local sandboxes run without bubblewrap: commands see the host's file system and network");
-            Ok(Isolated::ProcessGroup { why })
+            Ok(Isolated::ProcessGroup {
+                why: why.to_string(),
+            })
         }
     }
 }
 
+/// Runs `cat /proc/self/status` under `isolated` (the keeper's root as its workspace) and checks
+/// that it is contained.
+fn probe(
+    isolated: Isolated,
+    root: &Path,
+    limits: &Enforcement,
+) -> Result<Isolated, IsolationError> {
+    let Isolated::Bubblewrap { program, .. } = &isolated else {
+        return Ok(isolated);
+    };
+    let broken = |why: String| IsolationError::Broken {
+        program: program.clone(),
+        why,
+    };
+    let argv = ["cat".to_string(), "/proc/self/status".to_string()];
+    let mut prepared = isolated
+        .command(
+            limits,
+            root,
+            root,
+            root,
+            &argv,
+            &[("PATH".into(), "/usr/bin:/bin".into())],
+        )
+        .map_err(|e| broken(e.to_string()))?;
+    prepared
+        .command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = prepared.command.output().map_err(|e| broken(e.to_string()));
+    drop(prepared.fds);
+    if let Some(cgroup) = prepared.cgroup {
+        cgroup.end_now();
+    }
+    let out = out?;
+    if !out.status.success() {
+        return Err(broken(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    contained(&String::from_utf8_lossy(&out.stdout))?;
+    Ok(isolated)
+}
+
+/// Checks a `/proc/self/status` read inside the sandbox: every capability set empty,
+/// `NoNewPrivs: 1`, `Seccomp: 2` (a filter), each line present.
+fn contained(status: &str) -> Result<(), IsolationError> {
+    let wrong: Vec<&str> = status
+        .lines()
+        .filter(|l| match l.split_once(':') {
+            Some((k, v)) if k.starts_with("Cap") => v.trim() != "0000000000000000",
+            Some(("NoNewPrivs", v)) => v.trim() != "1",
+            Some(("Seccomp", v)) => v.trim() != "2",
+            _ => false,
+        })
+        .collect();
+    let seen = status
+        .lines()
+        .filter(|l| {
+            l.starts_with("Cap") || l.starts_with("NoNewPrivs:") || l.starts_with("Seccomp:")
+        })
+        .count();
+    if !wrong.is_empty() || seen < 7 {
+        return Err(IsolationError::Leaky {
+            status: if wrong.is_empty() {
+                format!("its status lacks lines: {status}")
+            } else {
+                wrong.join("; ")
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The `--ro-bind`s and `--symlink`s of the minimal root, found once: `/usr`, the top-level
+/// directories that lead into it (a symlink where the host has one, else a bind), and the few
+/// `/etc` files commands need.
+fn system_binds() -> &'static [OsString] {
+    static BINDS: OnceLock<Vec<OsString>> = OnceLock::new();
+    BINDS.get_or_init(|| {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: &[&str]| a.extend(s.iter().map(OsString::from));
+        push(&["--ro-bind", "/usr", "/usr"]);
+        for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+            match std::fs::symlink_metadata(top) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(top) {
+                        a.push("--symlink".into());
+                        a.push(target.into_os_string());
+                        a.push(top.into());
+                    }
+                }
+                Ok(_) => {
+                    a.push("--ro-bind".into());
+                    a.push(top.into());
+                    a.push(top.into());
+                }
+                Err(_) => {}
+            }
+        }
+        for etc in ETC {
+            a.push("--ro-bind-try".into());
+            a.push(etc.into());
+            a.push(etc.into());
+        }
+        a
+    })
+}
+
+/// The `/etc` files and directories a sandbox sees (where the host has them).
+const ETC: &[&str] = &[
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+    "/etc/alternatives",
+];
+
+/// A command ready to spawn, with what must live until it was spawned and ended.
+pub(crate) struct Prepared {
+    /// The command (bubblewrap, or the program itself), environment and descriptors set.
+    pub(crate) command: std::process::Command,
+    /// Descriptors the spawned process takes (the filter's pipe): dropped after spawning.
+    pub(crate) fds: Vec<OwnedFd>,
+    /// The command's own cgroup, where the keeper makes them: ended after the command.
+    pub(crate) cgroup: Option<CommandCgroup>,
+    /// Without bubblewrap and without a cgroup: the mark in its processes' environment that
+    /// finds whatever it started (see [`kill_marked`]).
+    pub(crate) mark: Option<String>,
+}
+
+/// The variable that marks an exec's processes when nothing else can find them.
+const MARK: &str = "SANDKEEPER_EXEC";
+
 impl Isolated {
-    /// The program and arguments that run `argv` in `cwd` of the sandbox at `dir` under the
-    /// keeper's `root`.
-    pub(crate) fn argv(
+    /// The command that runs `argv` in `cwd` of the sandbox at `dir` under the keeper's `root`,
+    /// with exactly the variables `env` (the host's never reach it, nor bubblewrap).
+    pub(crate) fn command(
         &self,
+        limits: &Enforcement,
         root: &Path,
         dir: &Path,
         cwd: &Path,
         argv: &[String],
-    ) -> (OsString, Vec<OsString>) {
-        let (program, args) = argv.split_first().expect("checked non-empty");
-        match self {
+        env: &[(String, String)],
+    ) -> io::Result<Prepared> {
+        let cgroup = limits.cgroup()?;
+        let mut wrapped: Vec<String> = limits.prlimit_argv();
+        wrapped.extend(argv.iter().cloned());
+        let mut fds = Vec::new();
+        let mut mark = None;
+        let (mut command, keep) = match self {
             Isolated::ProcessGroup { .. } => {
-                (program.into(), args.iter().map(OsString::from).collect())
+                let (program, args) = wrapped.split_first().expect("checked non-empty");
+                let mut c = std::process::Command::new(program);
+                c.args(args).env_clear().current_dir(cwd);
+                c.envs(env.iter().map(|(k, v)| (k, v)));
+                if cgroup.is_none() {
+                    static NEXT: AtomicU64 = AtomicU64::new(0);
+                    let m = format!(
+                        "{}-{}",
+                        std::process::id(),
+                        NEXT.fetch_add(1, Ordering::Relaxed)
+                    );
+                    c.env(MARK, &m);
+                    mark = Some(m);
+                }
+                (c, None)
             }
             Isolated::Bubblewrap {
                 program: bwrap,
                 network,
             } => {
-                let mut a: Vec<OsString> = Vec::new();
+                let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                // A keeper that closed its standard input or output would get 0, 1 or 2 here,
+                // which the child's standard streams replace: moved to 3 or above.
+                let read = if read.as_raw_fd() < 3 {
+                    rustix::io::fcntl_dupfd_cloexec(&read, 3)?
+                } else {
+                    read
+                };
+                // The filter is far smaller than a pipe's buffer: this does not block.
+                std::fs::File::from(write).write_all(seccomp_program())?;
+                let keep = read.as_raw_fd();
+                fds.push(read);
+                let mut a: Vec<OsString> = system_binds().to_vec();
                 let mut push = |s: &dyn AsRef<std::ffi::OsStr>| a.push(s.as_ref().to_owned());
-                for s in [
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "--tmpfs",
-                    "/tmp",
-                ] {
+                for s in ["--dev", "/dev", "--proc", "/proc"] {
                     push(&s);
                 }
-                push(&"--tmpfs");
+                if let Some(n) = limits.limits.tmp_bytes {
+                    push(&"--size");
+                    push(&n.to_string());
+                }
+                for s in ["--tmpfs", "/tmp", "--tmpfs"] {
+                    push(&s);
+                }
                 push(&root);
                 push(&"--bind");
                 push(&dir);
                 push(&dir);
                 for s in [
+                    "--remount-ro",
+                    "/",
+                    "--unshare-user",
+                    "--disable-userns",
                     "--unshare-pid",
                     "--unshare-ipc",
                     "--unshare-uts",
+                    "--unshare-cgroup-try",
+                    "--cap-drop",
+                    "ALL",
+                    "--new-session",
                     "--die-with-parent",
+                    "--clearenv",
                 ] {
                     push(&s);
                 }
                 if !network {
                     push(&"--unshare-net");
                 }
+                for (k, v) in env {
+                    push(&"--setenv");
+                    push(k);
+                    push(v);
+                }
+                push(&"--seccomp");
+                push(&keep.to_string());
                 push(&"--chdir");
                 push(&cwd);
                 push(&"--");
-                push(program);
-                for s in args {
+                for s in &wrapped {
                     push(s);
                 }
-                (bwrap.clone().into_os_string(), a)
+                let mut c = std::process::Command::new(bwrap);
+                // Nothing of the keeper's or the request's environment reaches bubblewrap,
+                // which runs on the host side before any namespace exists.
+                c.args(a).env_clear().current_dir("/");
+                (c, Some(keep))
+            }
+        };
+        let procs: Vec<RawFd> = cgroup
+            .iter()
+            .flat_map(|c| c.procs.iter().map(AsRawFd::as_raw_fd))
+            .collect();
+        before_exec(&mut command, keep, procs, limits.rlimits());
+        Ok(Prepared {
+            command,
+            fds,
+            cgroup,
+            mark,
+        })
+    }
+}
+
+use std::io::Write as _;
+
+/// The seccomp filter's bytes, made once.
+fn seccomp_program() -> &'static [u8] {
+    static PROGRAM: OnceLock<Vec<u8>> = OnceLock::new();
+    PROGRAM.get_or_init(super::seccomp::program)
+}
+
+/// Sets what the spawned process does between fork and exec: joins the command's cgroups
+/// (writes `0` into each `cgroup.procs` in `procs`), sets the `rlimits`, makes every descriptor from 3 up
+/// close-on-exec (so nothing the keeper holds reaches the command, whether or not it was opened
+/// close-on-exec), then clears close-on-exec on `keep` alone (the filter's pipe, which
+/// bubblewrap reads), and starts a session of its own (which also leaves it a process group of
+/// its own).
+///
+/// The one `unsafe` of the crate: `pre_exec` is unsafe because the closure runs in the child
+/// of a `fork` of a multi-threaded process, where only async-signal-safe calls are allowed. This
+/// one makes only raw system calls (`write`, `setrlimit`, `close_range`, `fcntl`, `setsid`) on values
+/// computed before the fork, allocates nothing and takes no lock. Doing it before exec is the
+/// only way: descriptors and cgroup membership must be right before bubblewrap runs anything,
+/// and a leaked descriptor can only be closed in the process that has it.
+#[allow(unsafe_code)]
+fn before_exec(
+    command: &mut std::process::Command,
+    keep: Option<RawFd>,
+    procs: Vec<RawFd>,
+    rlimits: Vec<(super::limits::Resource, u64)>,
+) {
+    use std::os::unix::process::CommandExt;
+    let hook = move || -> io::Result<()> {
+        let check = |r: libc::c_long| {
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
+        // SAFETY: plain system calls on descriptors this closure owns copies of (valid until
+        // the parent drops them after spawning) and on a static buffer.
+        unsafe {
+            for &fd in &procs {
+                check(libc::write(fd, b"0".as_ptr().cast(), 1) as libc::c_long)?;
+            }
+            for &(resource, n) in &rlimits {
+                let limit = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                check(libc::setrlimit(resource, &limit) as libc::c_long)?;
+            }
+            check(libc::setsid() as libc::c_long)?;
+            let all = libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if all != 0 {
+                // Before Linux 5.11: one by one, up to the descriptor limit's usual size.
+                for fd in 3..65536 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            if let Some(fd) = keep {
+                check(libc::fcntl(fd, libc::F_SETFD, 0) as libc::c_long)?;
             }
         }
+        Ok(())
+    };
+    // SAFETY: see above; the hook is async-signal-safe.
+    unsafe {
+        command.pre_exec(hook);
+    }
+}
+
+/// Kills every process whose environment carries `mark` (an exec's processes without a cgroup
+/// or namespace to find them by, however they left its process group and session), in bounded
+/// rounds. A process that cleared its environment is not found: without bubblewrap or cgroups
+/// nothing else names it.
+pub(crate) async fn kill_marked(mark: &str) {
+    let needle = format!("{MARK}={mark}\0");
+    for round in 0..50 {
+        let mut found = 0;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            if environ
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+            {
+                // A zombie keeps its environment readable only while it lives; one that is
+                // dying already counts once more, harmlessly.
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
+                        found += 1;
+                    }
+                }
+            }
+        }
+        if found == 0 {
+            return;
+        }
+        if round < 10 {
+            tokio::task::yield_now().await;
+        } else {
+            // Reaping is the parents' and init's: a short bounded wait for it.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELD: &str = "Name:\tcat\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
+        CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n\
+        NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+
+    #[test]
+    fn the_probe_accepts_only_a_contained_status() {
+        assert!(contained(HELD).is_ok());
+        // What a root command had before issue 31: every capability.
+        let root = HELD.replace("CapEff:\t0000000000000000", "CapEff:\t000001fffeffffff");
+        assert!(
+            matches!(contained(&root), Err(IsolationError::Leaky { status }) if status.contains("CapEff"))
+        );
+        let no_filter = HELD.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert!(contained(&no_filter).is_err());
+        let privs = HELD.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert!(contained(&privs).is_err());
+        assert!(contained("Name:\tcat\n").is_err(), "lines missing");
     }
 }

@@ -35,8 +35,10 @@ mod exec;
 mod fence;
 mod isolation;
 pub(crate) mod layout;
+mod limits;
 mod nofollow;
 mod ops;
+mod seccomp;
 pub mod store;
 
 pub use fence::{token_log_in_order, TokenLog};
@@ -57,8 +59,9 @@ use crate::backend::{
 };
 
 pub use exec::{RunError, RunOutput};
-pub use isolation::{Isolated, Isolation};
+pub use isolation::{Isolated, Isolation, IsolationError};
 use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
+pub use limits::{CgroupV1, Enforcement, Limits};
 
 /// The marker a Persist writes into a snapshot it keeps.
 const PERSISTED: &str = "persisted";
@@ -84,6 +87,9 @@ pub struct LocalConfig {
     /// Whether those commands reach the network (under bubblewrap; without it they always
     /// do).
     pub network: bool,
+    /// What each command may use (processes, memory, CPU, file size, `/tmp`), and
+    /// [`LocalBackend::limits`] says how that is enforced here.
+    pub limits: Limits,
     /// Fleet mode: append every fencing token a change was admitted under to
     /// `<root>/.tokens/accepted.log` (`<sandbox> <key> <token>`, one line per change, in the
     /// order the key's lock admitted them), for audits and the fleet tests
@@ -102,6 +108,7 @@ impl LocalConfig {
             run_timeout: Duration::from_secs(30),
             isolation: Isolation::Auto,
             network: false,
+            limits: Limits::default(),
             token_log: false,
         }
     }
@@ -156,6 +163,8 @@ pub struct LocalBackend {
     fences: Mutex<HashMap<SandboxId, Fence>>,
     /// The isolation found at start.
     isolated: Isolated,
+    /// How the limits are enforced here, found at start.
+    limits: Enforcement,
     /// This backend's own mark in snapshot names (from its start time): snapshots that an
     /// earlier keeper on the same root kept for their retention are never overwritten by a
     /// sandbox of this one that happens to have the same number.
@@ -173,7 +182,14 @@ impl LocalBackend {
     /// missing under [`Isolation::Auto`]; an error under [`Isolation::Require`]).
     pub fn new(config: LocalConfig) -> io::Result<Self> {
         std::fs::create_dir_all(&config.root)?;
-        let isolated = isolation::detect(config.isolation, config.network)?;
+        let wanted = config.isolation != Isolation::Off;
+        let limits = Enforcement::find(config.limits.clone(), wanted);
+        let isolated = isolation::detect(config.isolation, config.network, &config.root, &limits)?;
+        let limits = if isolated.is_bubblewrap() == wanted {
+            limits
+        } else {
+            Enforcement::find(config.limits.clone(), false)
+        };
         // A driver may read the clock: the wall clock names this instance's snapshots apart
         // from an earlier keeper's on the same root, and judges the expiries they recorded.
         #[allow(clippy::disallowed_methods)]
@@ -183,6 +199,7 @@ impl LocalBackend {
             .unwrap_or_default();
         let backend = LocalBackend {
             isolated,
+            limits,
             instance: format!("{:x}", started.as_micros()),
             ledger: fence::Ledger::new(&config.root, config.token_log),
             config,
@@ -249,6 +266,11 @@ impl LocalBackend {
     /// The isolation the application's commands run under.
     pub fn isolation(&self) -> &Isolated {
         &self.isolated
+    }
+
+    /// The limits on each command, and how they are enforced here.
+    pub fn limits(&self) -> &Enforcement {
+        &self.limits
     }
 
     /// The root directory.

@@ -9,12 +9,14 @@
 //!   like uploads, hold the sandbox's gate: none lands after Stop.
 //! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
 //!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
-//!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs in a
-//!   process group of its own, killed as a whole when it ends, times out, the sandbox stops,
-//!   or the caller drops the future: nothing it started outlives it.
+//!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs under
+//!   the backend's isolation and limits (`isolation.rs`, `limits.rs`; the threat model is
+//!   `docs/threat-model.md`), leading a session and process group of its own, killed with
+//!   everything it started (its group, its PID namespace, its cgroup, or what carries its
+//!   mark) when it ends, times out, the sandbox stops, or the caller drops the future.
 //!
-//! What this does not isolate: a command runs as the keeper's user, sees the host's file
-//! system and network, and may write wherever that user may.
+//! Without bubblewrap, a command runs as the keeper's user, sees the host's file system and
+//! network, and may write wherever that user may.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -25,6 +27,7 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
+use super::isolation::Prepared;
 use super::nofollow::{self, Refused};
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
@@ -216,8 +219,9 @@ fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
 }
 
 impl LocalBackend {
-    /// An exec, streaming its output to `chunks` when given.
-    async fn exec_with(
+    /// An exec, streaming its output to `chunks` when given (also what
+    /// [`LocalBackend::run`] runs through).
+    pub(super) async fn exec_with(
         &self,
         sandbox: SandboxId,
         request: ExecRequest,
@@ -249,10 +253,30 @@ impl LocalBackend {
             });
         }
         let timeout = request.options.timeout.unwrap_or(self.config.run_timeout);
-        let (program, args) = self
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), PATH.into()),
+            ("HOME".into(), path(&s.dir)),
+            ("PWD".into(), path(&dir)),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("SANDKEEPER_SANDBOX".into(), sandbox.to_string()),
+        ];
+        env.extend(request.options.env.iter().cloned());
+        let prepared = self
             .isolated
-            .argv(&self.config.root, &s.dir, &dir, &request.argv);
-        process::run(&s, sandbox, (program, args), dir, request, timeout, chunks).await
+            .command(
+                &self.limits,
+                &self.config.root,
+                &s.dir,
+                &dir,
+                &request.argv,
+                &env,
+            )
+            .map_err(|e| OpError::Backend {
+                what: "sandbox",
+                error: e.to_string(),
+            })?;
+        process::run(&s, sandbox, prepared, request, timeout, chunks).await
     }
 }
 
@@ -387,8 +411,7 @@ mod process {
     pub(super) async fn run(
         _: &LocalSandbox,
         _: SandboxId,
-        _: (std::ffi::OsString, Vec<std::ffi::OsString>),
-        _: std::path::PathBuf,
+        _: Prepared,
         request: ExecRequest,
         _: Duration,
         _: Option<tokio::sync::mpsc::Sender<Chunk>>,
@@ -409,14 +432,56 @@ mod process {
     /// How long an exec waits, after its group was killed, for its output pipes to close.
     const REAP: Duration = Duration::from_secs(5);
 
-    /// Kills a process group when dropped: whatever path the exec leaves by.
-    struct Group(Option<rustix::process::Pid>);
+    /// Kills a command's processes when dropped, whatever path the exec leaves by: its
+    /// process group (and session: the command leads both) at once, and, on a task of its own,
+    /// its cgroup's processes or those carrying its mark ([`Group::end`] does the same, waited
+    /// for).
+    struct Group {
+        pid: Option<rustix::process::Pid>,
+        cgroup: Option<crate::local::limits::CommandCgroup>,
+        mark: Option<String>,
+    }
+
+    impl Group {
+        /// Kills everything the command started: its group and its cgroup's processes at once
+        /// (the cgroup is removed on a task of its own, once they are reaped: the exec does
+        /// not wait for that), and, without either, waits until nothing carrying its mark is
+        /// alive.
+        async fn end(mut self) {
+            self.kill_group();
+            if let Some(cgroup) = &self.cgroup {
+                cgroup.kill_all();
+            }
+            if let Some(mark) = self.mark.take() {
+                crate::local::isolation::kill_marked(&mark).await;
+            }
+            // Drop: the cgroup's removal on a task of its own.
+        }
+
+        fn kill_group(&mut self) {
+            if let Some(pid) = self.pid.take() {
+                // ESRCH (already gone) is fine.
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
 
     impl Drop for Group {
         fn drop(&mut self) {
-            if let Some(pid) = self.0 {
-                // ESRCH (already gone) is fine.
-                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            self.kill_group();
+            let (cgroup, mark) = (self.cgroup.take(), self.mark.take());
+            if cgroup.is_none() && mark.is_none() {
+                return;
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Some(cgroup) = cgroup {
+                        cgroup.end().await;
+                    }
+                    if let Some(mark) = mark {
+                        crate::local::isolation::kill_marked(&mark).await;
+                    }
+                });
             }
         }
     }
@@ -449,29 +514,32 @@ mod process {
     pub(super) async fn run(
         s: &LocalSandbox,
         sandbox: SandboxId,
-        (run, args): (std::ffi::OsString, Vec<std::ffi::OsString>),
-        dir: std::path::PathBuf,
+        prepared: Prepared,
         request: ExecRequest,
         timeout: Duration,
         chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
         let ExecRequest { argv, options } = request;
         let program = argv.first().ok_or(OpError::EmptyArgv)?;
+        let Prepared {
+            command,
+            fds,
+            cgroup,
+            mark,
+        } = prepared;
+        let mut group = Group {
+            pid: None,
+            cgroup,
+            mark,
+        };
         let mut stopped = s.stopped.subscribe();
         if *stopped.borrow() {
             return Err(OpError::Stopped { sandbox });
         }
-        let mut command = tokio::process::Command::new(run);
+        // The environment, working directory, session and descriptors are set
+        // (`isolation.rs`); the command leads a session and process group of its own.
+        let mut command = tokio::process::Command::from(command);
         command
-            .args(args)
-            .current_dir(&dir)
-            .env_clear()
-            .env("PATH", PATH)
-            .env("HOME", &s.dir)
-            .env("PWD", &dir)
-            .env("LANG", "C.UTF-8")
-            .env("SANDKEEPER_SANDBOX", sandbox.to_string())
-            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(if options.stdin.is_empty() {
                 std::process::Stdio::null()
             } else {
@@ -479,17 +547,17 @@ mod process {
             })
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|e| OpError::Spawn {
+        let spawned = command.spawn();
+        // The filter's pipe is the spawned process's now.
+        drop(fds);
+        let mut child = spawned.map_err(|e| OpError::Spawn {
             program: program.clone(),
             error: e.to_string(),
         })?;
-        let group = Group(
-            child
-                .id()
-                .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
-        );
+        group.pid = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
         tracing::debug!(sandbox = %sandbox, program = %program, "exec");
         let cap = options.output_cap;
         let stdout = tokio::spawn(collect(
@@ -518,9 +586,10 @@ mod process {
             () = tokio::time::sleep(timeout) => Err(OpError::Timeout { after: timeout }),
             _ = stopped.wait_for(|stopped| *stopped) => Err(OpError::Stopped { sandbox }),
         };
-        // Whatever ended it, the group goes with it; its pipes close once every process of it
-        // is dead, so the exec returns only then (bounded, for a process that left the group).
-        drop(group);
+        // Whatever ended it, everything it started goes with it; its pipes close once every
+        // process of it is dead, so the exec returns only then (bounded, for a process that
+        // escaped: none can under bubblewrap or a cgroup).
+        group.end().await;
         let outputs = async { (stdout.await, stderr.await) };
         let outputs = tokio::time::timeout(REAP, outputs).await;
         let status = ended?;

@@ -503,6 +503,9 @@ async fn drive<B: WorkloadTarget>(
         row("backend", keeper.backend().kind().to_string());
     }
     row("isolation", keeper.backend().isolation());
+    if let Some(limits) = keeper.backend().limits() {
+        row("limits", limits);
+    }
     row(
         "workload time",
         format!("{:.2?} (close {:.2?})", workload, close_took),

@@ -16,6 +16,12 @@ pub trait WorkloadTarget: SandboxOps {
     /// How the tools' commands are isolated, for the summary.
     fn isolation(&self) -> String;
 
+    /// What each command may use and how that is enforced, for the summary (`None` where the
+    /// backend has no such limits of its own).
+    fn limits(&self) -> Option<String> {
+        None
+    }
+
     /// Kills the sandbox from outside, as an operator or the platform would; the keeper must
     /// learn of it through its death watch.
     fn kill(&self, sandbox: SandboxId) -> impl Future<Output = ()> + Send;
@@ -55,6 +61,10 @@ impl WorkloadTarget for LocalBackend {
 
     fn isolation(&self) -> String {
         LocalBackend::isolation(self).to_string()
+    }
+
+    fn limits(&self) -> Option<String> {
+        Some(LocalBackend::limits(self).to_string())
     }
 
     async fn kill(&self, sandbox: SandboxId) {

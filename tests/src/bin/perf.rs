@@ -5,9 +5,9 @@
 //! Criterion benches (`cargo bench -p tests`) measure the same code in detail.
 //!
 //! Run: `cargo run --release -p tests --bin perf [-- --json FILE]
-//! [--only core|tokio|sim|k8s|tiers|fleet|loom]`.
+//! [--only core|tokio|sim|k8s|tiers|fleet|local|loom]`.
 
-use tests::{perf_core, perf_fleet, perf_k8s, perf_sim, perf_tiers, perf_tokio};
+use tests::{perf_core, perf_fleet, perf_k8s, perf_local, perf_sim, perf_tiers, perf_tokio};
 
 struct Report {
     figures: Vec<(String, f64, String)>,
@@ -36,6 +36,7 @@ impl Goal {
             "k8s.requests_per_warm_hit_claims" => Goal::AtMost(0.0),
             "tiers.local_suspend_resume_100mb_vs_1mb" => Goal::AtMost(1.5),
             "fleet.store_writes_1000_vs_10_keys" => Goal::AtMost(1.0),
+            "local.exec_vs_bare_spawn" => Goal::AtMost(3.0),
             _ => return None,
         })
     }
@@ -129,9 +130,13 @@ fn main() {
         .position(|a| a == "--only")
         .map(|i| args.get(i + 1).cloned().unwrap_or_default());
     if let Some(part) = &only {
-        if !["core", "tokio", "sim", "k8s", "tiers", "fleet", "loom"].contains(&part.as_str()) {
+        if ![
+            "core", "tokio", "sim", "k8s", "tiers", "fleet", "local", "loom",
+        ]
+        .contains(&part.as_str())
+        {
             eprintln!(
-                "perf --only: unknown part {part:?}: core, tokio, sim, k8s, tiers, fleet or loom"
+                "perf --only: unknown part {part:?}: core, tokio, sim, k8s, tiers, fleet, local or loom"
             );
             std::process::exit(2);
         }
@@ -155,6 +160,9 @@ fn main() {
     }
     if wanted("fleet") {
         perf_fleet::fleet_figures(&mut add);
+    }
+    if wanted("local") {
+        perf_local::local_figures(&mut add);
     }
     if wanted("loom") {
         loom_figures(&mut report);

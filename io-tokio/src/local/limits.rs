@@ -1,0 +1,473 @@
+//! What one command of a sandbox may use: processes, memory, CPU time, file size, open files
+//! and `/tmp`.
+//!
+//! How each is enforced depends on the machine, and is found at start ([`Enforcement`]):
+//!
+//! - **cgroup v1** (a keeper that may make cgroups, i.e. root, where the `pids` and `memory`
+//!   controllers are mounted under `/sys/fs/cgroup/<controller>`): each command gets a cgroup
+//!   of its own under the keeper's own, joined by the spawned process before it runs anything
+//!   (so nothing it starts is outside), with `pids.max` and `memory.limit_in_bytes` (and
+//!   `memory.memsw.limit_in_bytes` where swap is accounted). A fork bomb stops at the limit; an
+//!   allocation past the memory limit wakes the OOM killer *in that cgroup* only. When the
+//!   command ends, every process still in its cgroup is killed, however it left its process
+//!   group or session, and the cgroup is removed.
+//! - **rlimits**, set in the spawned process before bubblewrap (or the command) runs, and so
+//!   inherited by everything the command starts: `RLIMIT_CPU` (CPU seconds of each process,
+//!   then `SIGKILL`), `RLIMIT_FSIZE` (one file's size: the write fails with `EFBIG`, after
+//!   `SIGXFSZ`), `RLIMIT_NOFILE`, and, without a memory cgroup, `RLIMIT_AS` (an allocation past
+//!   it fails with `ENOMEM`).
+//! - `RLIMIT_NPROC` counts processes per user *and user namespace* (Linux ≥ 5.14), and a user
+//!   namespace records the limit its creator had as a cap on everything under it: set on
+//!   bubblewrap it would cap all of the keeper's user's processes. So it is set *inside* the
+//!   sandbox's own user namespace, by util-linux `prlimit` (the command runs as
+//!   `prlimit --nproc=N -- argv`), where an unprivileged keeper's command counts alone: it holds
+//!   per command. It does nothing for a root keeper (the kernel exempts processes whose real
+//!   user is the initial root, which the sandbox's root maps to), nor under
+//!   [`Isolation::Off`](super::Isolation::Off) (it would count every process of the keeper's
+//!   user): there only the pids cgroup holds processes in.
+//! - `/tmp` is a `tmpfs` of [`Limits::tmp_bytes`] (bubblewrap only): writes past it fail with
+//!   `ENOSPC`.
+//!
+//! Limits hold per command, not per sandbox: each command runs in its own namespaces and cgroup,
+//! so a sandbox running k commands at once may use k times as much. The workspace's total size
+//! is not limited (a per-sandbox file system or project quotas would be needed).
+
+use std::fmt;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What one command may use; `None` leaves a resource unlimited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Processes and threads at once (pids cgroup, or `RLIMIT_NPROC` where it holds).
+    pub processes: Option<u64>,
+    /// Memory, in bytes (memory cgroup, else address space, `RLIMIT_AS`).
+    pub memory_bytes: Option<u64>,
+    /// CPU time, in seconds, of each process (`RLIMIT_CPU`).
+    pub cpu_seconds: Option<u64>,
+    /// The largest file a command may write, in bytes (`RLIMIT_FSIZE`).
+    pub file_size_bytes: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    pub open_files: Option<u64>,
+    /// The size of the sandbox's `/tmp`, in bytes (a size-limited `tmpfs`; bubblewrap only).
+    pub tmp_bytes: Option<u64>,
+}
+
+impl Default for Limits {
+    /// 512 processes, 2 GiB of memory, 10 minutes of CPU, 1 GiB files, 4,096 open files,
+    /// 512 MiB of `/tmp`.
+    fn default() -> Self {
+        Limits {
+            processes: Some(512),
+            memory_bytes: Some(2 << 30),
+            cpu_seconds: Some(600),
+            file_size_bytes: Some(1 << 30),
+            open_files: Some(4096),
+            tmp_bytes: Some(512 << 20),
+        }
+    }
+}
+
+impl Limits {
+    /// No limit at all.
+    pub fn none() -> Self {
+        Limits {
+            processes: None,
+            memory_bytes: None,
+            cpu_seconds: None,
+            file_size_bytes: None,
+            open_files: None,
+            tmp_bytes: None,
+        }
+    }
+}
+
+/// Bytes, shortly.
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// How the limits are enforced on this machine, found at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enforcement {
+    /// The limits asked for.
+    pub limits: Limits,
+    /// The cgroup v1 directories (pids, memory) each command's own cgroup is made under, if
+    /// the keeper may make cgroups here.
+    pub cgroups: Option<Arc<CgroupV1>>,
+    /// util-linux `prlimit`, which sets `RLIMIT_NPROC` inside the sandbox, if present.
+    pub prlimit: Option<PathBuf>,
+    /// Whether commands run in a user namespace of their own, unprivileged (so `RLIMIT_NPROC`
+    /// counts per command).
+    pub nproc_rlimit_holds: bool,
+    /// Whether `/tmp` is the sandbox's own `tmpfs` (bubblewrap).
+    pub tmp_is_tmpfs: bool,
+}
+
+/// A resource of `setrlimit`.
+#[cfg(target_env = "gnu")]
+pub(crate) type Resource = libc::__rlimit_resource_t;
+/// A resource of `setrlimit`.
+#[cfg(not(target_env = "gnu"))]
+pub(crate) type Resource = libc::c_int;
+
+/// Where each command's cgroup is made (cgroup v1): `sandkeeper-<pid>-<n>` under the keeper's
+/// own cgroup of each controller, removed when the backend is dropped.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CgroupV1 {
+    /// Under the `pids` controller.
+    pub pids: PathBuf,
+    /// Under the `memory` controller.
+    pub memory: PathBuf,
+}
+
+impl Enforcement {
+    /// What holds here for `limits`, with or without bubblewrap's user namespace.
+    pub(crate) fn find(limits: Limits, bubblewrap: bool) -> Self {
+        let root = rustix::process::geteuid().is_root();
+        let cgroups = if root {
+            CgroupV1::make().map(Arc::new)
+        } else {
+            None
+        };
+        let prlimit = ["/usr/bin/prlimit", "/bin/prlimit"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file());
+        if prlimit.is_none() && bubblewrap && !root {
+            tracing::warn!("util-linux prlimit is missing: no process limit on commands");
+        }
+        Enforcement {
+            limits,
+            cgroups,
+            nproc_rlimit_holds: bubblewrap && !root && prlimit.is_some(),
+            prlimit,
+            tmp_is_tmpfs: bubblewrap,
+        }
+    }
+
+    /// `prlimit --nproc=N --` to run before the command's argv where that limit holds (see
+    /// the module docs), else nothing.
+    pub(crate) fn prlimit_argv(&self) -> Vec<String> {
+        match (
+            &self.prlimit,
+            self.limits.processes,
+            self.nproc_rlimit_holds,
+        ) {
+            (Some(prlimit), Some(n), true) => vec![
+                prlimit.display().to_string(),
+                format!("--nproc={n}"),
+                "--".into(),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The rlimits the spawned process sets on itself before it runs bubblewrap or the
+    /// command, as `(resource, limit)`, soft and hard alike; never above the keeper's own hard
+    /// limit (which an unprivileged keeper could not raise: the spawn would fail).
+    pub(crate) fn rlimits(&self) -> Vec<(Resource, u64)> {
+        use rustix::process::{getrlimit, Resource as R};
+        let l = &self.limits;
+        let mut out = Vec::new();
+        let mut push = |resource: Resource, ours: R, n: u64| {
+            let n = getrlimit(ours).maximum.map_or(n, |hard| n.min(hard));
+            out.push((resource, n));
+        };
+        if let (Some(n), None) = (l.memory_bytes, &self.cgroups) {
+            push(libc::RLIMIT_AS, R::As, n);
+        }
+        if let Some(n) = l.cpu_seconds {
+            push(libc::RLIMIT_CPU, R::Cpu, n);
+        }
+        if let Some(n) = l.file_size_bytes {
+            push(libc::RLIMIT_FSIZE, R::Fsize, n);
+        }
+        if let Some(n) = l.open_files {
+            push(libc::RLIMIT_NOFILE, R::Nofile, n);
+        }
+        out
+    }
+
+    /// A cgroup of its own for one command, limits written, or `None` without cgroups.
+    pub(crate) fn cgroup(&self) -> io::Result<Option<CommandCgroup>> {
+        let Some(base) = &self.cgroups else {
+            return Ok(None);
+        };
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!("x{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let group = CommandCgroup {
+            dirs: vec![base.pids.join(&name), base.memory.join(&name)],
+            procs: Vec::new(),
+        };
+        let mut group = group;
+        for dir in &group.dirs {
+            std::fs::create_dir(dir)?;
+        }
+        let l = &self.limits;
+        if let Some(n) = l.processes {
+            write_value(&group.dirs[0].join("pids.max"), n)?;
+        }
+        if let Some(n) = l.memory_bytes {
+            write_value(&group.dirs[1].join("memory.limit_in_bytes"), n)?;
+            let memsw = group.dirs[1].join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write_value(&memsw, n)?;
+            }
+        }
+        for dir in &group.dirs {
+            group.procs.push(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))?
+                    .into(),
+            );
+        }
+        Ok(Some(group))
+    }
+}
+
+fn write_value(path: &Path, n: u64) -> io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all(n.to_string().as_bytes())
+}
+
+impl CgroupV1 {
+    /// `sandkeeper-<pid>-<n>` under the keeper's own cgroup of each controller (so commands stay
+    /// inside whatever limits the keeper itself is under), made now; `None` where either
+    /// controller is missing or the keeper may not make cgroups.
+    fn make() -> Option<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let under = |controller: &str| -> Option<PathBuf> {
+            let line = own.lines().find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == controller))
+            })?;
+            let path = line.split(':').nth(2)?.trim_start_matches('/');
+            let mount = Path::new("/sys/fs/cgroup").join(controller);
+            if !mount.join("cgroup.procs").is_file() {
+                return None;
+            }
+            let parent = mount.join(path);
+            sweep_stale(&parent);
+            let dir = parent.join(format!("sandkeeper-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => Some(dir),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Some(dir),
+                Err(e) => {
+                    tracing::info!(dir = %dir.display(), error = %e, "no cgroup for commands");
+                    None
+                }
+            }
+        };
+        let pids = under("pids")?;
+        let Some(memory) = under("memory") else {
+            let _ = std::fs::remove_dir(&pids);
+            return None;
+        };
+        Some(CgroupV1 { pids, memory })
+    }
+}
+
+/// Removes what keepers that are gone left under `parent` (a keeper that exits without
+/// dropping its backend leaves its `sandkeeper-<pid>-<n>`), killing anything still in it.
+fn sweep_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("sandkeeper-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        let stayed: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|e| {
+                e.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !stayed.is_empty() {
+            CommandCgroup {
+                dirs: stayed,
+                procs: Vec::new(),
+            }
+            .end_now();
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
+impl Drop for CgroupV1 {
+    /// Removes the directories, and any command's cgroup that stayed in them (one whose
+    /// command's future was dropped while the runtime shut down), killing what is left in it.
+    fn drop(&mut self) {
+        for dir in [&self.pids, &self.memory] {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                let stayed: Vec<PathBuf> = entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect();
+                if !stayed.is_empty() {
+                    CommandCgroup {
+                        dirs: stayed,
+                        procs: Vec::new(),
+                    }
+                    .end_now();
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// One command's cgroup: joined by the spawned process (`procs`, written `0` before it runs
+/// anything); its processes killed and the directories removed when the command ends
+/// ([`CommandCgroup::end`]).
+pub(crate) struct CommandCgroup {
+    dirs: Vec<PathBuf>,
+    /// `cgroup.procs` of each, open for the spawned process to write itself into.
+    pub(crate) procs: Vec<OwnedFd>,
+}
+
+impl CommandCgroup {
+    /// Sends `SIGKILL` to every process in it; how many there were.
+    pub(crate) fn kill_all(&self) -> usize {
+        let mut left = 0;
+        for dir in &self.dirs {
+            let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+                continue;
+            };
+            for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                left += 1;
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        left
+    }
+
+    fn remove(&self) {
+        for dir in &self.dirs {
+            if let Err(e) = std::fs::remove_dir(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "a command's cgroup stays");
+            }
+        }
+    }
+
+    /// Kills every process in it and removes it. A process that is dying still counts until
+    /// it is reaped, so this tries a bounded number of rounds (each a `SIGKILL` of whoever is
+    /// left, then a yield, later a 5 ms pause: about a second in all); a directory still busy
+    /// after them stays, and is said so.
+    pub(crate) async fn end(self) {
+        for round in 0..220 {
+            if self.kill_all() == 0 {
+                break;
+            }
+            if round < 20 {
+                tokio::task::yield_now().await;
+            } else {
+                // Reaping is the kernel's and the parents' work; a short bounded wait for it.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        self.remove();
+    }
+
+    /// [`end`](Self::end), blocking (for the probe at start, outside any runtime).
+    pub(crate) fn end_now(self) {
+        for round in 0..220 {
+            if self.kill_all() == 0 {
+                break;
+            }
+            if round < 20 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        self.remove();
+    }
+}
+
+impl fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &self.limits;
+        let rl = true;
+        let mut parts: Vec<String> = Vec::new();
+        let mut part = |name: &str, value: Option<String>, how: Option<&str>| {
+            parts.push(match (value, how) {
+                (None, _) => format!("{name} unlimited"),
+                (Some(v), Some(how)) => format!("{name} {v} ({how})"),
+                (Some(v), None) => format!("{name} {v} (NOT ENFORCED here)"),
+            })
+        };
+        part(
+            "processes",
+            l.processes.map(|n| n.to_string()),
+            if self.cgroups.is_some() {
+                Some("pids cgroup")
+            } else if self.nproc_rlimit_holds && self.prlimit.is_some() {
+                Some("RLIMIT_NPROC in the sandbox's user namespace")
+            } else {
+                None
+            },
+        );
+        part(
+            "memory",
+            l.memory_bytes.map(bytes),
+            if self.cgroups.is_some() {
+                Some("memory cgroup")
+            } else if rl {
+                Some("RLIMIT_AS")
+            } else {
+                None
+            },
+        );
+        part(
+            "cpu",
+            l.cpu_seconds.map(|n| format!("{n} s")),
+            rl.then_some("RLIMIT_CPU"),
+        );
+        part(
+            "file size",
+            l.file_size_bytes.map(bytes),
+            rl.then_some("RLIMIT_FSIZE"),
+        );
+        part(
+            "open files",
+            l.open_files.map(|n| n.to_string()),
+            rl.then_some("RLIMIT_NOFILE"),
+        );
+        part(
+            "/tmp",
+            l.tmp_bytes.map(bytes),
+            self.tmp_is_tmpfs.then_some("tmpfs"),
+        );
+        write!(f, "per command: {}", parts.join(", "))
+    }
+}
