@@ -7,7 +7,12 @@
 //! Shutdown or death, Persist only after Stop, one Shutdown per sandbox and none for an external
 //! one, every version settled exactly once). A test then takes what it expects off the queues
 //! with the `expect_*` and `take_*` helpers; [`Script::quiet`] asserts nothing is left unread.
+//!
+//! Tests that drive a bare [`Lifecycle`] without a script, and tests that suspend a session's
+//! sandbox, share the helpers at the end of this file; fleet-mode set-up is [`fleet`].
 #![allow(dead_code)] // each test file uses its own part of the harness
+
+pub mod fleet;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -1099,4 +1104,63 @@ impl Script {
     pub fn snapshot_json(&self) -> String {
         serde_json::to_string(&self.core).unwrap()
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// A bare core, without a script
+
+pub fn id(c: &str) -> CallId {
+    CallId::new(c).unwrap()
+}
+
+pub fn sid(s: &str) -> SessionId {
+    SessionId::new(s).unwrap()
+}
+
+pub fn commands(core: &mut Lifecycle) -> Vec<Command> {
+    std::iter::from_fn(|| core.poll_command()).collect()
+}
+
+pub fn events(core: &mut Lifecycle) -> Vec<Event> {
+    std::iter::from_fn(|| core.poll_event()).collect()
+}
+
+/// Acquires `c` for `s` and answers its Start: the call is ready on the returned sandbox.
+pub fn ready_call(core: &mut Lifecycle, c: &str, s: &str) -> SandboxId {
+    core.acquire(Instant::ZERO, CallSpec::new(id(c), sid(s)))
+        .unwrap();
+    let Some(Command::Start { sandbox, .. }) = core.poll_command() else {
+        panic!("no start for {c}")
+    };
+    core.handle_start_ok(Instant::ZERO, sandbox).unwrap();
+    assert!(events(core).contains(&Event::CallReady {
+        call: id(c),
+        sandbox
+    }));
+    sandbox
+}
+
+// ----------------------------------------------------------------------------------------------
+// Suspension
+
+pub fn suspending() -> Script {
+    Script::with(|c| c.release = ReleasePolicy::Suspend)
+}
+
+/// Suspends the session `s`'s sandbox (call `c`) with snapshot `snapshot`; returns it.
+pub fn suspend(h: &mut Script, c: &str, snapshot: &str) -> SandboxId {
+    let x = h.ready_call(c, "s");
+    h.release(c);
+    h.expect_commands(&[drain(x, &["s"]), stop_to_suspend(x)]);
+    h.stop_ok(x, Some(snapshot));
+    h.expect_commands(&[persist_to_suspend(x, Some(snapshot))]);
+    h.persist_ok(x);
+    h.take_events();
+    h.quiet();
+    assert_eq!(
+        h.core.sandbox_state(x),
+        None,
+        "a suspended sandbox is forgotten"
+    );
+    x
 }
