@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod after_close;
 mod fleet;
 mod options;
 mod summary;
@@ -38,8 +39,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sandkeeper::{
-    CallId, CallSpec, Config, Event, HookPoint, Hooks, PathName, SameKey, SandboxId, Scope,
-    SessionId, Settlement, UserId, Version,
+    CallId, CallSpec, CloseReport, Config, Event, HookPoint, Hooks, PathName, SameKey, SandboxId,
+    Scope, SessionId, Settlement, UserId, Version,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -213,7 +214,6 @@ fn keeper_config(args: &WorkloadOptions) -> KeeperConfig {
         ..KeeperConfig::with_core(core)
     }
 }
-
 /// Runs the sessions on `keeper`, closes it, checks and summarises.
 async fn drive<B: WorkloadTarget>(
     keeper: Keeper<B>,
@@ -226,6 +226,39 @@ async fn drive<B: WorkloadTarget>(
         // Printed at once, for whoever watches the fleet's processes (the tests kill one).
         println!("fleet replica {replica}: incarnation {incarnation}");
     }
+    let ran = run_sessions(&keeper, args, fleet, replica.as_deref()).await?;
+    let checked = after_close::check(&keeper, fleet, &ran, &checkpoints).await?;
+    Ok(summary::summarize(
+        &keeper,
+        args,
+        fleet,
+        replica.as_deref(),
+        &ran,
+        checked,
+    ))
+}
+
+/// What running the sessions left, once the keeper closed.
+struct Ran {
+    /// What each session's task saw.
+    records: BTreeMap<SessionId, SessionRecord>,
+    /// The notices seen.
+    timeline: Timeline,
+    /// Checks the sessions passed as they ran.
+    passed: u64,
+    workload: Duration,
+    close_took: Duration,
+    report: CloseReport,
+}
+
+/// Runs the sessions on `keeper` (as fleet `replica`, if any), closes it, and waits (bounded)
+/// for the watcher to see the last notices.
+async fn run_sessions<B: WorkloadTarget>(
+    keeper: &Keeper<B>,
+    args: &WorkloadOptions,
+    fleet: Option<&FleetOptions>,
+    replica: Option<&str>,
+) -> Result<Ran, WorkloadError> {
     let mut timeline = Timeline::default();
     if let Some(path) = fleet.and_then(|f| f.ledger.as_ref()) {
         let file = std::fs::OpenOptions::new()
@@ -262,7 +295,7 @@ async fn drive<B: WorkloadTarget>(
         let bar = bar.clone();
         let timeline = timeline.clone();
         let checks = checks.clone();
-        let session = sid(replica.as_deref(), s);
+        let session = sid(replica, s);
         tasks.push(tokio::spawn(async move {
             let _slot = gate.acquire_owned().await.expect("open");
             session_task(s, session, &args, &keeper, &bar, &timeline, &checks).await
@@ -273,7 +306,7 @@ async fn drive<B: WorkloadTarget>(
         let record = task
             .await
             .map_err(|e| WorkloadError::Internal(e.to_string()))?;
-        records.insert(sid(replica.as_deref(), s), record);
+        records.insert(sid(replica, s), record);
     }
     let workload = started.elapsed();
     bar.set_message("closing");
@@ -294,351 +327,18 @@ async fn drive<B: WorkloadTarget>(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     watcher.abort();
-
-    // ---------------------------------------------------------------------------------------
-    // Checks after close.
-    let mut failures: Vec<String> = Vec::new();
-    let mut passed = checks.load(Ordering::SeqCst);
-    let mut check = |ok: bool, what: String| {
-        if ok {
-            passed += 1;
-        } else {
-            failures.push(what);
-        }
-    };
-    check(
-        keeper.check_invariants().is_ok(),
-        format!(
-            "core invariants after close: {:?}",
-            keeper.check_invariants()
-        ),
+    let timeline = std::mem::take(
+        &mut *timeline
+            .lock()
+            .map_err(|e| WorkloadError::Internal(e.to_string()))?,
     );
-    let stats = keeper.stats();
-    let tally = keeper.tally();
-    check(
-        stats.calls_acquired == stats.calls_released + stats.calls_failed + stats.calls_revoked,
-        "every call ended exactly once".into(),
-    );
-    check(
-        tally.settled_total() == stats.versions_flushed,
-        format!(
-            "every flushed version settled exactly once ({} of {})",
-            tally.settled_total(),
-            stats.versions_flushed
-        ),
-    );
-    // On a shared root, what is left and the snapshots are the whole fleet's: checked once
-    // every process ended (`verify_local_fleet`).
-    let local = keeper.backend().as_local().filter(|_| fleet.is_none());
-    if let Some(local) = local {
-        let left = local.sandbox_dirs_present()?;
-        // A stopped sandbox's workspace became its snapshot (a rename), a suspended one's too:
-        // no sandbox directory remains.
-        check(
-            left.is_empty(),
-            format!("no sandbox directory remains ({} left)", left.len()),
-        );
-    }
-    check(
-        report.unconfirmed.is_empty(),
-        format!("every shutdown confirmed ({:?})", report.unconfirmed),
-    );
-    let mismatches: u64 = records.values().map(|r| r.tool_mismatches).sum();
-    check(
-        mismatches == 0,
-        format!("every tool file read back holds its own session's name ({mismatches} did not)"),
-    );
-    let misroutes: u64 = records.values().map(|r| r.bus_misroutes).sum();
-    check(
-        misroutes == 0,
-        format!("context-free writes landed in their own session's sandbox ({misroutes} did not)"),
-    );
-    let credentials: u64 = records.values().map(|r| r.credentials_current).sum();
-    let killed: BTreeSet<SandboxId> = records.values().flat_map(|r| r.killed.clone()).collect();
-    let missing = records.values().flat_map(|r| r.credentials_missing.iter());
-    let wrong: u64 = records.values().map(|r| r.credentials_wrong).sum::<u64>()
-        + missing.filter(|x| !killed.contains(x)).count() as u64;
-    check(
-        wrong == 0 && credentials > 0,
-        format!(
-            "every call found the credential its own sandbox's after-start or after-resume hook \
-             wrote ({credentials} did, {wrong} did not)"
-        ),
-    );
-    let checkpoints = checkpoints.load(Ordering::Relaxed);
-
-    // A fleet's process owns its keys only for a while, and its backend's close deletes
-    // nothing: the single-owner checks do not hold there, the fleet's own do.
-    let backend_checks = match (fleet, keeper.incarnation()) {
-        (Some(_), Some(incarnation)) => keeper.backend().after_fleet_close(incarnation).await,
-        _ => keeper.backend().after_close().await,
-    };
-    for (ok, what) in backend_checks {
-        check(ok, what);
-    }
-
-    // Only the latest snapshot of each key remains (a start takes its key's snapshot, a
-    // retention that ends discards it), and each holds, for every session log in it, the last
-    // version uploaded into the sandbox that left it (or, for a session that wrote nothing
-    // into that one, a version uploaded earlier along the key's sandboxes).
-    let timeline = timeline
-        .lock()
-        .map_err(|e| WorkloadError::Internal(e.to_string()))?;
-    check(
-        timeline.settled_twice == 0,
-        "no version settled twice".into(),
-    );
-    if let Some(e) = &timeline.ledger_error {
-        check(false, format!("the ledger was written: {e}"));
-    }
-    let mut logs_verified = 0u64;
-    let mut snapshots_left = 0u64;
-    if let Some(local) = local {
-        let mut last_into: BTreeMap<(SandboxId, SessionId), Version> = BTreeMap::new();
-        let mut uploaded: BTreeSet<(SessionId, Version)> = BTreeSet::new();
-        for ((session, path, version), outcome) in &timeline.settled {
-            if let Settlement::Uploaded { sandbox } = outcome {
-                if *path == PathName::session_log() {
-                    let slot = last_into
-                        .entry((*sandbox, session.clone()))
-                        .or_insert(*version);
-                    *slot = (*slot).max(*version);
-                    uploaded.insert((session.clone(), *version));
-                }
-            }
-        }
-        let content = |session: &SessionId, version: &Version| {
-            records
-                .get(session)
-                .and_then(|r| r.versions.get(version))
-                .cloned()
-        };
-        let mut keys = BTreeSet::new();
-        for snapshot in local.snapshot_dirs_present()? {
-            snapshots_left += 1;
-            let meta = snapshot.join(".sandkeeper");
-            let info: serde_json::Value = std::fs::read_to_string(meta.join("sandbox.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
-            let (Some(key), Some(by)) = (info["key"].as_str(), info["sandbox"].as_u64()) else {
-                check(false, format!("{} says whose it is", snapshot.display()));
-                continue;
-            };
-            check(
-                keys.insert(key.to_string()),
-                format!("one snapshot of key {key} ({})", snapshot.display()),
-            );
-            for (session, record) in &records {
-                let file = meta.join(session.as_str()).join("session.log");
-                let Ok(on_disk) = std::fs::read_to_string(&file) else {
-                    continue;
-                };
-                let holds = match last_into.get(&(SandboxId(by), session.clone())) {
-                    Some(version) => content(session, version).as_deref() == Some(&on_disk),
-                    None => record.versions.iter().any(|(v, text)| {
-                        *text == on_disk && uploaded.contains(&(session.clone(), *v))
-                    }),
-                };
-                logs_verified += u64::from(holds);
-                check(
-                    holds,
-                    format!(
-                        "{} holds the last version uploaded into sbx-{by}",
-                        file.display()
-                    ),
-                );
-            }
-        }
-    }
-    for (session, record) in &records {
-        if let Some((last, _)) = record.versions.iter().next_back() {
-            let outcome = timeline
-                .settled
-                .get(&(session.clone(), PathName::session_log(), *last));
-            check(
-                matches!(
-                    outcome,
-                    Some(Settlement::Uploaded { .. } | Settlement::Dropped { .. })
-                ),
-                format!("{session}'s last log version {last} was uploaded or reported dropped ({outcome:?})"),
-            );
-        }
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // The summary.
-    let mut release: Vec<Duration> = records
-        .values()
-        .flat_map(|r| r.release_latencies.clone())
-        .collect();
-    let mut settle = timeline.settle_latencies.clone();
-    let calls_ok: u64 = records.values().map(|r| r.calls_ok).sum();
-    let calls_failed: u64 = records.values().map(|r| r.calls_failed).sum();
-    let bus: u64 = records.values().map(|r| r.bus_writes).sum();
-    let mut operations: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for r in records.values() {
-        for (k, n) in &r.operations {
-            *operations.entry(k).or_default() += n;
-        }
-    }
-    let operations = operations
-        .iter()
-        .map(|(k, n)| format!("{n} {k}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-
-    let mut header = format!(
-        "sandkeeper harness: {} sessions, {} users, {} calls each, {} turns per call, seed {}",
-        args.sessions, args.users, args.calls, args.turns, args.seed
-    );
-    if let (Some(replica), Some(incarnation)) = (&replica, keeper.incarnation()) {
-        header.push_str(&format!(
-            ", fleet replica {replica} (incarnation {incarnation})"
-        ));
-    }
-    let mut rows: Vec<(String, String)> = Vec::new();
-    let mut row = |name: &str, value: String| rows.push((name.to_string(), value));
-    if local.is_none() {
-        row("backend", keeper.backend().kind().to_string());
-    }
-    row("isolation", keeper.backend().isolation());
-    if let Some(limits) = keeper.backend().limits() {
-        row("limits", limits);
-    }
-    row(
-        "workload time",
-        format!("{:.2?} (close {:.2?})", workload, close_took),
-    );
-    row(
-        "calls",
-        format!(
-            "{} acquired, {} ready, {} failed, {} released, {} revoked",
-            stats.calls_acquired, calls_ok, calls_failed, stats.calls_released, stats.calls_revoked
-        ),
-    );
-    row(
-        "sandboxes",
-        format!(
-            "{} started, {} shut down, {} suspended, {} revived (warm or draining), {} died, {} \
-             unconfirmed",
-            stats.starts_ordered,
-            stats.shutdowns_ok,
-            stats.suspended,
-            stats.revivals,
-            stats.deaths,
-            stats.shutdowns_unconfirmed
-        ),
-    );
-    row(
-        "tiers",
-        format!(
-            "{} warm hits, {} suspended, {} resumed, {} snapshots discarded at their retention's end",
-            stats.revivals, stats.suspended, stats.resumes_ordered, stats.discards
-        ),
-    );
-    row(
-        "mirror",
-        format!(
-            "{} versions flushed, {} uploads ordered, {} uploaded, {} superseded, {} dropped",
-            stats.versions_flushed,
-            stats.uploads_ordered,
-            tally.uploaded,
-            tally.superseded,
-            tally.dropped_total()
-        ),
-    );
-    let reasons = if tally.dropped.is_empty() {
-        "none".to_string()
-    } else {
-        tally
-            .dropped
-            .iter()
-            .map(|(r, n)| format!("{r}: {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    row("drops by reason", reasons);
-    if fleet.is_some() {
-        row(
-            "fleet",
-            format!(
-                "{} keys claimed ({} waits for another owner), {} adopted, {} resumed, {} handed \
-                 over, {} released, {} fenced, {} lease lapses, {} records written",
-                stats.claims_ok,
-                stats.claims_busy,
-                stats.adoptions_ordered,
-                stats.resumes_ordered,
-                stats.handovers,
-                stats.keys_released,
-                stats.fences,
-                stats.lease_lapses,
-                stats.records_ok
-            ),
-        );
-    }
-    row(
-        "hooks",
-        format!(
-            "{} ordered: {} ok, {} failed, {} late; {credentials} calls found their sandbox's \
-             own credential; {checkpoints} resumes found their checkpoint",
-            stats.hooks_ordered, stats.hooks_ok, stats.hooks_failed, stats.hooks_late
-        ),
-    );
-    row(
-        "context-free writes",
-        format!("{bus} through session work (in the session's own sandbox)"),
-    );
-    row("operations", operations);
-    row("release latency", percentiles(&mut release));
-    row("drain (flush→settled)", percentiles(&mut settle));
-    row(
-        "drains announced",
-        format!("{} (notices lagged: {})", timeline.drains, timeline.lagged),
-    );
-    row(
-        "close",
-        format!(
-            "{} shut down, {} revoked calls, {} dropped versions, {} snapshots kept ({} until a retention ends)",
-            report.shut_down,
-            report.revoked_calls.len(),
-            report.dropped_versions.len(),
-            report.retained.len(),
-            report.retained.iter().filter(|r| r.until.is_some()).count()
-        ),
-    );
-    row(
-        "invariant checks",
-        format!("{passed} passed, {} failed", failures.len()),
-    );
-    if let Some(local) = local {
-        row(
-            "session logs checked",
-            format!("{logs_verified} session logs in {snapshots_left} snapshots (one per key) hold the last uploaded version"),
-        );
-        row(
-            "files",
-            format!(
-                "{} (a stopped sandbox's workspace is renamed to its snapshot)",
-                local.root().display()
-            ),
-        );
-        row(
-            "snapshots",
-            format!(
-                "{}/sbx-<n>-<instance>/.sandkeeper/<session>/session.log",
-                local.snapshots_dir().display()
-            ),
-        );
-    }
-    Ok(Summary {
-        header,
-        rows,
-        stats,
-        tally,
-        close: report,
-        passed,
-        failures,
+    Ok(Ran {
+        records,
+        timeline,
+        passed: checks.load(Ordering::SeqCst),
+        workload,
+        close_took,
+        report,
     })
 }
 

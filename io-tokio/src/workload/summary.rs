@@ -1,10 +1,13 @@
 //! [`Summary`]: what a workload run measured and checked, and how it is printed.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use sandkeeper::{CloseReport, Stats};
 
-use crate::Tally;
+use super::after_close::Checked;
+use super::{percentiles, FleetOptions, Ran, WorkloadOptions, WorkloadTarget};
+use crate::{Keeper, Tally};
 
 /// The outcome of one workload run.
 #[derive(Clone, Debug)]
@@ -75,6 +78,202 @@ impl Summary {
                 println!("FAILED: {f}");
             }
         }
+    }
+}
+
+/// The summary of the run `ran` on `keeper` (fleet `replica`, if any) and of its checks.
+pub(super) fn summarize<B: WorkloadTarget>(
+    keeper: &Keeper<B>,
+    args: &WorkloadOptions,
+    fleet: Option<&FleetOptions>,
+    replica: Option<&str>,
+    ran: &Ran,
+    checked: Checked,
+) -> Summary {
+    let (records, timeline, report) = (&ran.records, &ran.timeline, &ran.report);
+    let (workload, close_took) = (ran.workload, ran.close_took);
+    let Checked {
+        passed,
+        failures,
+        credentials,
+        checkpoints,
+        logs_verified,
+        snapshots_left,
+    } = checked;
+    let (stats, tally) = (keeper.stats(), keeper.tally());
+    // On a shared root, what is left and the snapshots are the whole fleet's.
+    let local = keeper.backend().as_local().filter(|_| fleet.is_none());
+    let mut release: Vec<Duration> = records
+        .values()
+        .flat_map(|r| r.release_latencies.clone())
+        .collect();
+    let mut settle = timeline.settle_latencies.clone();
+    let calls_ok: u64 = records.values().map(|r| r.calls_ok).sum();
+    let calls_failed: u64 = records.values().map(|r| r.calls_failed).sum();
+    let bus: u64 = records.values().map(|r| r.bus_writes).sum();
+    let mut operations: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for r in records.values() {
+        for (k, n) in &r.operations {
+            *operations.entry(k).or_default() += n;
+        }
+    }
+    let operations = operations
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+
+    let mut header = format!(
+        "sandkeeper harness: {} sessions, {} users, {} calls each, {} turns per call, seed {}",
+        args.sessions, args.users, args.calls, args.turns, args.seed
+    );
+    if let (Some(replica), Some(incarnation)) = (replica, keeper.incarnation()) {
+        header.push_str(&format!(
+            ", fleet replica {replica} (incarnation {incarnation})"
+        ));
+    }
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut row = |name: &str, value: String| rows.push((name.to_string(), value));
+    if local.is_none() {
+        row("backend", keeper.backend().kind().to_string());
+    }
+    row("isolation", keeper.backend().isolation());
+    if let Some(limits) = keeper.backend().limits() {
+        row("limits", limits);
+    }
+    row(
+        "workload time",
+        format!("{:.2?} (close {:.2?})", workload, close_took),
+    );
+    row(
+        "calls",
+        format!(
+            "{} acquired, {} ready, {} failed, {} released, {} revoked",
+            stats.calls_acquired, calls_ok, calls_failed, stats.calls_released, stats.calls_revoked
+        ),
+    );
+    row(
+        "sandboxes",
+        format!(
+            "{} started, {} shut down, {} suspended, {} revived (warm or draining), {} died, {} \
+             unconfirmed",
+            stats.starts_ordered,
+            stats.shutdowns_ok,
+            stats.suspended,
+            stats.revivals,
+            stats.deaths,
+            stats.shutdowns_unconfirmed
+        ),
+    );
+    row(
+        "tiers",
+        format!(
+            "{} warm hits, {} suspended, {} resumed, {} snapshots discarded at their retention's end",
+            stats.revivals, stats.suspended, stats.resumes_ordered, stats.discards
+        ),
+    );
+    row(
+        "mirror",
+        format!(
+            "{} versions flushed, {} uploads ordered, {} uploaded, {} superseded, {} dropped",
+            stats.versions_flushed,
+            stats.uploads_ordered,
+            tally.uploaded,
+            tally.superseded,
+            tally.dropped_total()
+        ),
+    );
+    let reasons = if tally.dropped.is_empty() {
+        "none".to_string()
+    } else {
+        tally
+            .dropped
+            .iter()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    row("drops by reason", reasons);
+    if fleet.is_some() {
+        row(
+            "fleet",
+            format!(
+                "{} keys claimed ({} waits for another owner), {} adopted, {} resumed, {} handed \
+                 over, {} released, {} fenced, {} lease lapses, {} records written",
+                stats.claims_ok,
+                stats.claims_busy,
+                stats.adoptions_ordered,
+                stats.resumes_ordered,
+                stats.handovers,
+                stats.keys_released,
+                stats.fences,
+                stats.lease_lapses,
+                stats.records_ok
+            ),
+        );
+    }
+    row(
+        "hooks",
+        format!(
+            "{} ordered: {} ok, {} failed, {} late; {credentials} calls found their sandbox's \
+             own credential; {checkpoints} resumes found their checkpoint",
+            stats.hooks_ordered, stats.hooks_ok, stats.hooks_failed, stats.hooks_late
+        ),
+    );
+    row(
+        "context-free writes",
+        format!("{bus} through session work (in the session's own sandbox)"),
+    );
+    row("operations", operations);
+    row("release latency", percentiles(&mut release));
+    row("drain (flush→settled)", percentiles(&mut settle));
+    row(
+        "drains announced",
+        format!("{} (notices lagged: {})", timeline.drains, timeline.lagged),
+    );
+    row(
+        "close",
+        format!(
+            "{} shut down, {} revoked calls, {} dropped versions, {} snapshots kept ({} until a retention ends)",
+            report.shut_down,
+            report.revoked_calls.len(),
+            report.dropped_versions.len(),
+            report.retained.len(),
+            report.retained.iter().filter(|r| r.until.is_some()).count()
+        ),
+    );
+    row(
+        "invariant checks",
+        format!("{passed} passed, {} failed", failures.len()),
+    );
+    if let Some(local) = local {
+        row(
+            "session logs checked",
+            format!("{logs_verified} session logs in {snapshots_left} snapshots (one per key) hold the last uploaded version"),
+        );
+        row(
+            "files",
+            format!(
+                "{} (a stopped sandbox's workspace is renamed to its snapshot)",
+                local.root().display()
+            ),
+        );
+        row(
+            "snapshots",
+            format!(
+                "{}/sbx-<n>-<instance>/.sandkeeper/<session>/session.log",
+                local.snapshots_dir().display()
+            ),
+        );
+    }
+    Summary {
+        header,
+        rows,
+        stats,
+        tally,
+        close: report.clone(),
+        passed,
+        failures,
     }
 }
 
