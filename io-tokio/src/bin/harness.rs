@@ -27,9 +27,14 @@ use sandkeeper_tokio::LocalBackend;
 struct Args {
     #[command(flatten)]
     workload: WorkloadOptions,
-    /// Where sandboxes live (default: a fresh directory in the OS temporary directory).
+    /// Where sandboxes live (default: a fresh directory in the OS temporary directory, removed
+    /// after a run whose checks all passed unless `--keep` is given).
     #[arg(long, conflicts_with = "fleet_root")]
     root: Option<PathBuf>,
+    /// Keep the temporary root after a successful run (a run with `--root`, or one whose checks
+    /// failed, always keeps its files).
+    #[arg(long, conflicts_with = "fleet_root")]
+    keep: bool,
     /// Fleet mode: run as one process of a fleet sharing this root (sandboxes, snapshots, the
     /// fleet's store under `.fleet/`, the token log under `.tokens/`).
     #[arg(long, value_name = "DIR")]
@@ -78,7 +83,20 @@ async fn run(args: Args) -> Result<(), String> {
     let root = local.root.clone();
     let backend = LocalBackend::new(local).map_err(|e| format!("{}: {e}", root.display()))?;
     let summary = workload::run(backend, w).await.map_err(|e| e.to_string())?;
-    verdict(&summary)
+    let verdict = verdict(&summary);
+    if args.root.is_none() {
+        if verdict.is_ok() && !args.keep {
+            std::fs::remove_dir_all(&root)
+                .map_err(|e| format!("removing {}: {e}", root.display()))?;
+            println!(
+                "removed {} (--keep keeps it; --root DIR runs there)",
+                root.display()
+            );
+        } else {
+            println!("files kept in {}", root.display());
+        }
+    }
+    verdict
 }
 
 /// Fleet mode: one replica's run, or the check of the whole fleet's root.
