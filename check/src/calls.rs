@@ -32,7 +32,7 @@ use crate::violation::Violation;
 
 /// The call checker. See the module docs.
 #[derive(Clone, Debug)]
-pub struct Calls {
+pub struct CallChecker {
     scope: Scope,
     same_key: SameKey,
     /// How many ended calls the core remembers (for `already-released` against
@@ -57,10 +57,10 @@ fn fail<T>(check: &'static str, detail: String) -> Result<T, Violation> {
     Err(Violation::new(check, detail))
 }
 
-impl Calls {
+impl CallChecker {
     /// A checker for a core with `config`.
     pub fn new(config: &Config) -> Self {
-        Calls {
+        CallChecker {
             scope: config.scope,
             same_key: config.same_key,
             remembered: config.limits.remembered_ended_calls as u64,
@@ -556,7 +556,7 @@ mod tests {
 
     #[test]
     fn call_events_must_fit_the_live_calls() {
-        let mut c = Calls::new(&Config::default());
+        let mut c = CallChecker::new(&Config::default());
         let (a, b, s) = (call("a"), call("b"), session("s"));
         let x = SandboxId(1);
         assert_eq!(check(c.ready(&a, x, true)), "call-events", "never acquired");
@@ -594,7 +594,7 @@ mod tests {
     fn refusals_must_name_the_right_error() {
         let config = Config::default();
         let remembered = config.limits.remembered_ended_calls;
-        let mut c = Calls::new(&config);
+        let mut c = CallChecker::new(&config);
         let (a, s) = (call("a"), session("s"));
         c.acquired(&a, &s, None, None).unwrap();
         assert_eq!(
@@ -632,7 +632,7 @@ mod tests {
 
     #[test]
     fn serialized_waiters_are_admitted_first_in_first_out() {
-        let mut c = Calls::new(&serialize());
+        let mut c = CallChecker::new(&serialize());
         let s = session("s");
         for n in ["a", "b", "c"] {
             c.acquired(&call(n), &s, None, None).unwrap();
@@ -641,7 +641,7 @@ mod tests {
             check(c.ready(&call("b"), SandboxId(1), true)),
             "serialize-fifo"
         );
-        let mut c = Calls::new(&serialize());
+        let mut c = CallChecker::new(&serialize());
         for n in ["a", "b"] {
             c.acquired(&call(n), &s, None, None).unwrap();
         }
@@ -660,7 +660,7 @@ mod tests {
         let Some(Command::Start { sandbox: x, .. }) = core.poll_command() else {
             panic!("no Start");
         };
-        let mut c = Calls::new(core.config());
+        let mut c = CallChecker::new(core.config());
         c.acquired(&a, &s, None, None).unwrap();
         let no = |_| false;
         assert_eq!(check(c.check_core(&core, true, |_| true, no, no)), "ok");

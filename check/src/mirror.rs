@@ -8,8 +8,8 @@
 //! | `mirror-settled-true` | `MirrorSettled` for a session comes only when none of its versions is unsettled |
 //!
 //! What the caller knows and this checker does not: whether a path has an upload in flight
-//! ([`Uploads`](crate::Uploads)), whether a session has a call ready on an up sandbox
-//! ([`Calls`](crate::Calls) and the lanes), and which versions are unsettled
+//! ([`UploadChecker`](crate::UploadChecker)), whether a session has a call ready on an up sandbox
+//! ([`CallChecker`](crate::CallChecker) and the lanes), and which versions are unsettled
 //! ([`Versions`](crate::Versions)); it hands them in.
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -20,7 +20,7 @@ use crate::violation::Violation;
 
 /// The mirror checker. See the module docs.
 #[derive(Clone, Debug, Default)]
-pub struct Mirror {
+pub struct MirrorChecker {
     /// Per session, the sandboxes a call of it was ready on.
     ready_on: FxHashMap<SessionId, Vec<SandboxId>>,
     /// Paths whose version waits for a retry after a transient failure.
@@ -35,10 +35,10 @@ pub struct Mirror {
     releasing: Option<SessionId>,
 }
 
-impl Mirror {
+impl MirrorChecker {
     /// An empty checker.
     pub fn new() -> Self {
-        Mirror::default()
+        MirrorChecker::default()
     }
 
     /// Whether `session`'s `path` waits for a retry (a transient failure left its version).
@@ -186,7 +186,7 @@ mod tests {
 
     #[test]
     fn uploads_go_where_a_call_of_the_session_was_ready() {
-        let mut m = Mirror::new();
+        let mut m = MirrorChecker::new();
         let v = Versions::new();
         let (s, _) = names();
         m.command(&upload(1, 1, 7));
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_free_path_with_an_up_sandbox_is_uploaded_at_once() {
-        let mut m = Mirror::new();
+        let mut m = MirrorChecker::new();
         let mut v = Versions::new();
         let (s, p) = names();
         v.flushed(&s, &p, 1).unwrap();
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn a_release_on_an_up_sandbox_drains_and_settled_means_settled() {
-        let mut m = Mirror::new();
+        let mut m = MirrorChecker::new();
         let mut v = Versions::new();
         let (s, p) = names();
         let dropped = Settlement::Dropped {

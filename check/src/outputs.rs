@@ -17,17 +17,17 @@ use crate::violation::Violation;
 
 /// The output-stream checker. See the module docs.
 #[derive(Clone, Debug, Default)]
-pub struct Outputs {
+pub struct OutputChecker {
     /// A sandbox abandoned by the last command: its Shutdown must come next.
     abandoned: Option<SandboxId>,
     /// `Closed` came.
     closed: bool,
 }
 
-impl Outputs {
+impl OutputChecker {
     /// An empty checker.
     pub fn new() -> Self {
-        Outputs::default()
+        OutputChecker::default()
     }
 
     /// One command; `lane` is its sandbox's lane before the command.
@@ -124,7 +124,7 @@ mod tests {
         let mut lanes = Lanes::new();
         lanes.take(SandboxId(1), Op::Start).unwrap();
         lanes.take(SandboxId(2), Op::Start).unwrap();
-        let mut o = Outputs::new();
+        let mut o = OutputChecker::new();
         let lane = |x| lanes.get(SandboxId(x)).copied();
         assert_eq!(check(o.command(&abandon(1), lane(1).as_ref())), "ok");
         let cancel = Command::CancelUpload {
@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn nothing_comes_after_closed() {
-        let mut o = Outputs::new();
+        let mut o = OutputChecker::new();
         let closed = Event::Closed {
             report: Default::default(),
         };

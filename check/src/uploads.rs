@@ -8,7 +8,7 @@
 //! | `uploaded-is-acknowledged` | a version settles `Uploaded { into }` only in the input that acknowledged that very upload (same session, path, version and sandbox) |
 //!
 //! An upload is awaited from its Upload command until the core is handed its answer (fed with
-//! [`Uploads::answered`] before the core sees it), its CancelUpload, or `Closed`.
+//! [`UploadChecker::answered`] before the core sees it), its CancelUpload, or `Closed`.
 
 use sandkeeper::{Command, PathName, SandboxId, SessionId, Settlement, UploadId};
 
@@ -33,17 +33,17 @@ pub struct Flight {
 /// comparing ids (and, for a path, names that compare inline) costs less than keeping maps by
 /// path and by sandbox in step.
 #[derive(Clone, Debug, Default)]
-pub struct Uploads {
+pub struct UploadChecker {
     /// Awaited uploads, oldest first.
     awaited: Vec<(UploadId, Flight)>,
     /// The upload whose ok is the current input.
     acked: Option<Flight>,
 }
 
-impl Uploads {
+impl UploadChecker {
     /// An empty checker.
     pub fn new() -> Self {
-        Uploads::default()
+        UploadChecker::default()
     }
 
     /// One command.
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn one_upload_per_path_and_none_awaited_at_stop() {
-        let mut u = Uploads::new();
+        let mut u = UploadChecker::new();
         let (s, p) = names();
         assert_eq!(check(u.command(&upload(1, 1, 7))), "ok");
         assert!(u.in_flight(&s, &p));
@@ -217,7 +217,7 @@ mod tests {
 
     #[test]
     fn uploaded_names_the_upload_just_acknowledged() {
-        let mut u = Uploads::new();
+        let mut u = UploadChecker::new();
         let (s, p) = names();
         let into = |x| Settlement::Uploaded {
             sandbox: SandboxId(x),

@@ -19,8 +19,8 @@ use sandkeeper::{
 };
 
 use sandkeeper_check::{
-    Calls, Conservation, Deadlines, Lane, Mirror, Op, Outputs, Phase, Progress, Snapshots, Uploads,
-    Versions, Work,
+    CallChecker, Conservation, Deadlines, Lane, MirrorChecker, Op, OutputChecker, Phase, Progress,
+    Snapshots, UploadChecker, Versions, Work,
 };
 
 use crate::by_sandbox::BySandbox;
@@ -116,9 +116,9 @@ pub struct History {
     hooks: Hooks,
     /// Every sandbox ever named.
     pub sandboxes: BySandbox<SandboxRecord>,
-    /// The calls (`sandkeeper_check::Calls`): live calls in the order they were acquired, and
+    /// The calls (`sandkeeper_check::CallChecker`): live calls in the order they were acquired, and
     /// the checks of call events and of what the core answers about them.
-    pub calls: Calls,
+    pub calls: CallChecker,
     /// What the current input touched (see `touched.rs`).
     pub touched: Touched,
     /// Inputs checked so far (for the cadence of the full getter checks).
@@ -132,17 +132,17 @@ pub struct History {
     pub failed: FastMap<CallId, ErrorKind>,
     /// Per path, its versions (numbering, settlement) and its upload in flight.
     paths: Versions,
-    /// Uploads in flight (`sandkeeper_check::Uploads`).
-    uploads: Uploads,
-    /// Where and when versions are written (`sandkeeper_check::Mirror`).
-    mirror: Mirror,
+    /// Uploads in flight (`sandkeeper_check::UploadChecker`).
+    uploads: UploadChecker,
+    /// Where and when versions are written (`sandkeeper_check::MirrorChecker`).
+    mirror: MirrorChecker,
     /// Sandboxes stopped in this input before their drain deadline.
     stopped_now: Vec<SandboxId>,
     /// The time-bound checks (`sandkeeper_check::Deadlines`).
     pub bounds: Deadlines,
-    /// The shape of the output stream (`sandkeeper_check::Outputs`): nothing after Closed, an
+    /// The shape of the output stream (`sandkeeper_check::OutputChecker`): nothing after Closed, an
     /// Abandon followed at once by its Shutdown.
-    outputs: Outputs,
+    outputs: OutputChecker,
     /// What holds back each key with a queued call (`sandkeeper_check::Progress`).
     progress: Progress,
     /// A sandbox whose lost instance this input reported while it was being suspended: the
@@ -241,7 +241,7 @@ impl History {
             release: config.release,
             hooks: config.hooks,
             sandboxes: BySandbox::default(),
-            calls: Calls::new(config),
+            calls: CallChecker::new(config),
             touched: Touched::default(),
             inputs: 0,
             full_every: 1,
@@ -249,8 +249,8 @@ impl History {
             bound_to: FastMap::with_capacity_and_hasher(64, Default::default()),
             failed: FastMap::with_capacity_and_hasher(64, Default::default()),
             paths: Versions::new(),
-            uploads: Uploads::new(),
-            mirror: Mirror::new(),
+            uploads: UploadChecker::new(),
+            mirror: MirrorChecker::new(),
             retiring: FastMap::default(),
             snapshots: Snapshots::new(config.release.tiers().retain),
             resumed: Vec::new(),
@@ -264,7 +264,7 @@ impl History {
             now_ms: 0,
             stopped_now: Vec::new(),
             bounds: Deadlines::new(config),
-            outputs: Outputs::new(),
+            outputs: OutputChecker::new(),
             progress: Progress::new(config),
             spared: None,
             starts: 0,
@@ -1336,7 +1336,7 @@ impl History {
         }
     }
 
-    /// The getter checks (`sandkeeper_check::Calls::check_core`), over the live calls the input
+    /// The getter checks (`sandkeeper_check::CallChecker::check_core`), over the live calls the input
     /// touched (every live call when `full`).
     fn check_calls(&mut self, core: &Lifecycle, full: bool) {
         let (touched, sandboxes) = (&self.touched, &self.sandboxes);

@@ -48,7 +48,7 @@ use sandkeeper::{
     CallSpec, Command, DiscardReason, ErrorKind, Event, HookPoint, PathName, SandboxId,
     SandboxState, SessionId, Settlement, Snapshot, Spec,
 };
-use sandkeeper_check::{Lanes, Outputs, Versions};
+use sandkeeper_check::{Lanes, OutputChecker, Versions};
 use sandkeeper_tokio::ops::{ExecRequest, WorkPath};
 use sandkeeper_tokio::{
     Backend, BackendError, CallGuard, DeathSink, DiscardRequest, Entry, ExecOutput, Keeper,
@@ -643,7 +643,7 @@ struct Driver {
     /// The versions the keeper handed out and announced settled, and the shape of its event
     /// stream, judged by `sandkeeper_check`'s rules.
     versions: Versions,
-    outputs: Outputs,
+    outputs: OutputChecker,
     tasks: Vec<JoinHandle<()>>,
     /// Steps skipped as inexpressible, and answers that found the command abandoned.
     skipped: Vec<usize>,
@@ -681,7 +681,7 @@ impl Driver {
             last_error: None,
             record: Record::default(),
             versions: Versions::new(),
-            outputs: Outputs::new(),
+            outputs: OutputChecker::new(),
             tasks: Vec::new(),
             skipped: Vec::new(),
             abandoned: Vec::new(),

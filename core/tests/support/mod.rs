@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use sandkeeper::*;
 use sandkeeper_check::{
-    Calls, Deadlines, Lane, Lanes, Mirror, Op, Outputs, Phase, Uploads, Versions,
+    CallChecker, Deadlines, Lane, Lanes, MirrorChecker, Op, OutputChecker, Phase, UploadChecker,
+    Versions,
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -341,10 +342,10 @@ struct History {
     /// after-input bounds (nothing awaited past its deadline) are the simulator's, which hands
     /// the core a timeout at every deadline's own instant.
     deadlines: Deadlines,
-    outputs: Outputs,
-    calls: Calls,
-    uploads: Uploads,
-    mirror: Mirror,
+    outputs: OutputChecker,
+    calls: CallChecker,
+    uploads: UploadChecker,
+    mirror: MirrorChecker,
     /// Sandboxes whose Drain no call revived since (for `no-teardown-under-live-call`).
     draining: BTreeSet<SandboxId>,
 }
@@ -355,10 +356,10 @@ impl History {
             lanes: Lanes::new(),
             versions: Versions::new(),
             deadlines: Deadlines::new(config),
-            outputs: Outputs::new(),
-            calls: Calls::new(config),
-            uploads: Uploads::new(),
-            mirror: Mirror::new(),
+            outputs: OutputChecker::new(),
+            calls: CallChecker::new(config),
+            uploads: UploadChecker::new(),
+            mirror: MirrorChecker::new(),
             draining: BTreeSet::new(),
         }
     }
@@ -738,7 +739,7 @@ impl Script {
         }
     }
 
-    /// The getter checks of `sandkeeper_check::Calls` over every live call: each is where its
+    /// The getter checks of `sandkeeper_check::CallChecker` over every live call: each is where its
     /// events put it, none is bound to a sandbox being torn down, `resolve` answers each
     /// session's own sandbox (and one call per key under `Serialize`).
     fn check_calls(&mut self) {

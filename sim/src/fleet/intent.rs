@@ -1,6 +1,6 @@
 //! What one process (one incarnation of a replica) does with its keys' sandboxes, judged by the
 //! one-process world's rules: the order of each sandbox's commands (`sandkeeper_check::Lane`),
-//! the shape of its output stream (`Outputs`), its uploads in flight (`Uploads`: one per path,
+//! the shape of its output stream (`OutputChecker`), its uploads in flight (`UploadChecker`: one per path,
 //! none at a Stop, Shutdown or Relinquish, `Uploaded` only for the upload just acknowledged; an
 //! answer its driver dropped past its deadline ends the upload here too, leniently, though the
 //! core awaits it until its upload timeout), what each key keeps for its next start and when
@@ -33,7 +33,7 @@ use sandkeeper::{
     Command, Config, Event, HookPoint, Hooks, Input, Instant, Key, Lifecycle, ReleasePolicy,
     SandboxId, SandboxState, Snapshot, Token,
 };
-use sandkeeper_check::{Flight, Lane, Op, Outputs, Snapshots, Uploads, Violation};
+use sandkeeper_check::{Flight, Lane, Op, OutputChecker, Snapshots, UploadChecker, Violation};
 
 /// What this process ordered for one sandbox, as the checks need it.
 #[derive(Clone, Debug, Default)]
@@ -85,10 +85,10 @@ pub(super) struct Intent {
     retiring: BTreeMap<Key, SandboxId>,
     /// Per key, the sandboxes started or adopted for it, oldest first (for record parity).
     pub(super) of_key: BTreeMap<Key, Vec<SandboxId>>,
-    outputs: Outputs,
+    outputs: OutputChecker,
     /// Uploads in flight (`one-upload-per-path`, `no-upload-after-stop`,
     /// `uploaded-is-acknowledged`).
-    uploads: Uploads,
+    uploads: UploadChecker,
     /// What each key keeps for its next start.
     pub(super) snapshots: Snapshots,
     /// Per owned key, the sandbox its next call adopts though it is not up here (for record
@@ -107,8 +107,8 @@ impl Intent {
             sandboxes: BTreeMap::new(),
             retiring: BTreeMap::new(),
             of_key: BTreeMap::new(),
-            outputs: Outputs::new(),
-            uploads: Uploads::new(),
+            outputs: OutputChecker::new(),
+            uploads: UploadChecker::new(),
             snapshots: Snapshots::new(config.release.tiers().retain),
             left: BTreeMap::new(),
         }
@@ -391,7 +391,7 @@ impl Intent {
     }
 
     /// The uploads in flight.
-    pub(super) fn uploads(&self) -> &Uploads {
+    pub(super) fn uploads(&self) -> &UploadChecker {
         &self.uploads
     }
 

@@ -1,5 +1,5 @@
-//! The one-process world's call, time-bound and mirror checkers (`sandkeeper_check::Calls`,
-//! `Deadlines`, `Mirror`), held per incarnation of a replica and fed as `sim/src/history.rs`
+//! The one-process world's call, time-bound and mirror checkers (`sandkeeper_check::CallChecker`,
+//! `Deadlines`, `MirrorChecker`), held per incarnation of a replica and fed as `sim/src/history.rs`
 //! feeds them in one process: the application's inputs the core accepted or refused (acquire,
 //! release, flush, close), each command and event of an input, then the checks after it (the
 //! getter checks over every live call, every input).
@@ -30,7 +30,7 @@
 //!   key's queue, each with its wait timeout afresh: seen here as a live call the core had
 //!   placed `Starting` and now places `Waiting` (`Deadlines::waiting_again`).
 //! - **Dropped answers.** An upload answer the driver dropped past its deadline is no longer
-//!   awaited by `intent.rs`'s `Uploads`, leniently; the core awaits it until its timers next
+//!   awaited by `intent.rs`'s `UploadChecker`, leniently; the core awaits it until its timers next
 //!   run, so its path is not free for `mirror-independent` until then.
 //! - **Handed over.** A drained sandbox whose key another process wants goes to it warm: the
 //!   release of the key (its record naming the sandbox) ends the drain, without a Stop.
@@ -56,7 +56,7 @@ use sandkeeper::{
     Token, UserId,
 };
 use sandkeeper_check::{
-    Calls, Deadlines, Flight, Lane, Mirror, Phase, Uploads, Versions, Violation,
+    CallChecker, Deadlines, Flight, Lane, MirrorChecker, Phase, UploadChecker, Versions, Violation,
 };
 
 /// What this process did with one sandbox, as these checks need it.
@@ -72,12 +72,12 @@ struct Sx {
     relinquished: bool,
 }
 
-/// One incarnation's `Calls`, `Deadlines` and `Mirror`, and its counters. See the module docs.
+/// One incarnation's `CallChecker`, `Deadlines` and `MirrorChecker`, and its counters. See the module docs.
 #[derive(Debug)]
 pub(super) struct Process {
-    calls: Calls,
+    calls: CallChecker,
     bounds: Deadlines,
-    mirror: Mirror,
+    mirror: MirrorChecker,
     /// What each drain waits for (`drain-waits-for-holds`, `drain-waits-for-work`).
     drains: Drains,
     sandboxes: BTreeMap<SandboxId, Sx>,
@@ -146,9 +146,9 @@ impl Process {
     /// Fresh checkers for a process running `config`.
     pub(super) fn new(config: &Config) -> Self {
         Process {
-            calls: Calls::new(config),
+            calls: CallChecker::new(config),
             bounds: Deadlines::new(config),
-            mirror: Mirror::new(),
+            mirror: MirrorChecker::new(),
             drains: Drains::new(config.drain_deadline),
             sandboxes: BTreeMap::new(),
             starting: BTreeMap::new(),
@@ -281,7 +281,7 @@ impl Process {
         session: &SessionId,
         path: &PathName,
         version: u64,
-        uploads: &Uploads,
+        uploads: &UploadChecker,
     ) {
         let flush = Given::Flush {
             session: session.clone(),
@@ -570,7 +570,7 @@ impl Process {
         now: Instant,
         timers_at: Instant,
         versions: &Versions,
-        uploads: &Uploads,
+        uploads: &UploadChecker,
         lane: impl Fn(SandboxId) -> Option<Lane>,
     ) -> Result<(), Violation> {
         self.feed_given()?;
@@ -766,7 +766,7 @@ mod tests {
         let config = fleet_config();
         let core = Lifecycle::new(config.clone()).unwrap();
         let mut p = Process::new(&config);
-        let (versions, uploads) = (Versions::new(), Uploads::new());
+        let (versions, uploads) = (Versions::new(), UploadChecker::new());
         let at = Instant::ZERO;
         p.input_done(&core, at, at, &versions, &uploads, up)
             .unwrap();
