@@ -18,6 +18,7 @@ use sandkeeper::{
     Spec, UploadId, Version,
 };
 use sandkeeper_tokio::local::{Isolation, LocalConfig};
+use sandkeeper_tokio::ops::WorkPath;
 use sandkeeper_tokio::{
     Backend, CallGuard, ExecOptions, Keeper, KeeperConfig, LocalBackend, OpError, OpErrorClass,
     PersistRequest, StartRequest, StopRequest, UploadRequest,
@@ -263,6 +264,30 @@ async fn an_inner_link_to_the_keepers_directory_is_refused_for_write_and_remove(
     // The link itself is the application's: it may remove it (not what it points to).
     w.remove("k").await.unwrap();
     assert_eq!(names(&meta), before);
+    g.release().await;
+}
+
+/// A command's working directory is checked as every operation's path is: never through a
+/// link, even one that stays inside the workspace (`Escapes`); a real directory is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_never_takes_its_working_directory_through_a_link() {
+    let k = keeper("exec-cwd-link", Config::default());
+    let g = call(&k, "c", "s").await;
+    let w = g.work();
+    w.write("d/file", "x").await.unwrap();
+    let made = w
+        .exec(["ln", "-s", "d", "l"], ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(made.success(), "{made:?}");
+    let through = |cwd: &str| ExecOptions {
+        cwd: WorkPath::new(cwd).unwrap(),
+        ..ExecOptions::default()
+    };
+    let linked = w.exec(["ls"], through("l")).await;
+    assert!(matches!(linked, Err(OpError::Escapes { .. })), "{linked:?}");
+    let real = w.exec(["ls"], through("d")).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&real.stdout).trim(), "file");
     g.release().await;
 }
 

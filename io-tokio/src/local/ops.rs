@@ -230,11 +230,12 @@ impl LocalBackend {
         let program = request.check()?;
         let s = self.for_work(sandbox)?;
         let cwd = request.options.cwd.clone();
-        // The working directory is checked through the capability (no way out), then named.
-        // Checked as a change: a command of a process whose key was taken over does not start.
+        // The working directory is checked as every operation's path is (one component at a
+        // time, never through a link: `Escapes`), then named. Checked as a change: a command
+        // of a process whose key was taken over does not start.
         self.with_dir(sandbox, cwd.clone(), Access::Changes, |dir, cwd| {
             if !cwd.is_root() {
-                dir.open_dir(cwd.as_str())?;
+                nofollow::open_beneath(dir, cwd.as_str(), false)?;
             }
             Ok(())
         })
