@@ -399,8 +399,8 @@ impl SandboxOps for K8sBackend {
         path.writable()?;
         let pod = self.pod_of(sandbox)?;
         let full = self.confined(sandbox, &pod, &path).await?;
-        let (parent, name) = full.rsplit_once('/').expect("under the workdir");
-        let tmp = format!("{parent}/.{name}.sandkeeper-{}.tmp", std::process::id());
+        let (parent, _) = full.rsplit_once('/').expect("under the workdir");
+        let tmp = format!("{parent}/{}", temporary_name());
         // The rename is the change others see: it runs under the pod's guard.
         let steps: [(&[&str], Vec<u8>, bool); 3] = [
             (&["mkdir", "-p", "--", parent], Vec::new(), false),
@@ -564,4 +564,19 @@ impl SandboxOps for K8sBackend {
         let full = self.confined(sandbox, &pod, &path).await?;
         self.test_exists(sandbox, &pod, &full).await
     }
+}
+
+/// A temporary's name for a write: `.sk-` and 16 hex digits, short enough that a target name of
+/// the longest a file system takes (255 bytes) still has its temporary beside it, and distinct
+/// between writes of this process (a counter) and across processes (a key the standard library
+/// draws from the operating system's randomness once per process).
+fn temporary_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static KEY: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = KEY.get_or_init(Default::default).build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    format!(".sk-{:016x}", h.finish())
 }

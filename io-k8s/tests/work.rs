@@ -331,3 +331,21 @@ async fn a_long_commands_output_streams_from_the_pod_while_it_runs() {
     assert_eq!(rest, [sandkeeper_tokio::Chunk::Stderr(b"done\n".to_vec())]);
     g.release().await;
 }
+
+/// A file name of 255 bytes (the longest a file system takes) is written: the write's temporary
+/// beside it has a short name of its own (before, it was the target's name with a suffix, too
+/// long for the file system), and none is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_of_255_bytes_is_written_in_a_pod() {
+    let server = server().await;
+    let k = keeper(&server, "worker").await;
+    let g = call(&k, "a", "sa").await;
+    let w = g.work();
+    let name = "n".repeat(255);
+    w.write(&format!("d/{name}"), "long").await.unwrap();
+    assert_eq!(w.read(&format!("d/{name}")).await.unwrap(), b"long");
+    let listed = w.list("d").await.unwrap();
+    assert_eq!(listed.len(), 1, "no temporary left: {listed:?}");
+    g.release().await;
+    k.close(Duration::from_secs(10)).await;
+}
