@@ -6,13 +6,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sandkeeper::{PathName, SandboxId, SessionId, Settlement, Version};
+use sandkeeper::{PathName, SandboxId, SessionId, Settlement, Stats, Version};
 
 use super::{FleetOptions, Ran, WorkloadError, WorkloadTarget};
-use crate::Keeper;
+use crate::{Keeper, Tally};
 
 /// What the checks after close found, for the summary.
 pub(super) struct Checked {
+    /// The core's counters after close.
+    pub(super) stats: Stats,
+    /// The settlement tally after close.
+    pub(super) tally: Tally,
     /// Checks passed, those of the run included.
     pub(super) passed: u64,
     /// Checks failed, each described.
@@ -202,6 +206,8 @@ pub(super) async fn check<B: WorkloadTarget>(
         }
     }
     Ok(Checked {
+        stats,
+        tally,
         passed,
         failures,
         credentials,

@@ -93,6 +93,8 @@ pub(super) fn summarize<B: WorkloadTarget>(
     let (records, timeline, report) = (&ran.records, &ran.timeline, &ran.report);
     let (workload, close_took) = (ran.workload, ran.close_took);
     let Checked {
+        stats,
+        tally,
         passed,
         failures,
         credentials,
@@ -100,7 +102,6 @@ pub(super) fn summarize<B: WorkloadTarget>(
         logs_verified,
         snapshots_left,
     } = checked;
-    let (stats, tally) = (keeper.stats(), keeper.tally());
     // On a shared root, what is left and the snapshots are the whole fleet's.
     let local = keeper.backend().as_local().filter(|_| fleet.is_none());
     let mut release: Vec<Duration> = records
