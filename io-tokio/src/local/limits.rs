@@ -384,15 +384,13 @@ impl CommandCgroup {
     /// left, then a yield, later a 5 ms pause: about a second in all); a directory still busy
     /// after them stays, and is said so.
     pub(crate) async fn end(self) {
-        for round in 0..220 {
+        for round in 0..KILL_ROUNDS {
             if self.kill_all() == 0 {
                 break;
             }
-            if round < 20 {
-                tokio::task::yield_now().await;
-            } else {
-                // Reaping is the kernel's and the parents' work; a short bounded wait for it.
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            match reap_wait(round) {
+                None => tokio::task::yield_now().await,
+                Some(wait) => tokio::time::sleep(wait).await,
             }
         }
         self.remove();
@@ -400,18 +398,26 @@ impl CommandCgroup {
 
     /// [`end`](Self::end), blocking (for the probe at start, outside any runtime).
     pub(crate) fn end_now(self) {
-        for round in 0..220 {
+        for round in 0..KILL_ROUNDS {
             if self.kill_all() == 0 {
                 break;
             }
-            if round < 20 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(std::time::Duration::from_millis(5));
+            match reap_wait(round) {
+                None => std::thread::yield_now(),
+                Some(wait) => std::thread::sleep(wait),
             }
         }
         self.remove();
     }
+}
+
+/// Rounds of killing a cgroup's processes before it is given up on (about a second).
+const KILL_ROUNDS: u32 = 220;
+
+/// How long to wait after a round of kills that found processes: the first rounds only yield;
+/// then a short bounded wait, reaping being the kernel's and the parents' work.
+fn reap_wait(round: u32) -> Option<std::time::Duration> {
+    (round >= 20).then_some(std::time::Duration::from_millis(5))
 }
 
 impl fmt::Display for Enforcement {
