@@ -30,7 +30,7 @@
 //!
 //! Limits hold per command, not per sandbox: each command runs in its own namespaces and cgroup,
 //! so a sandbox running k commands at once may use k times as much. The workspace's total size
-//! is not limited (a per-sandbox file system or project quotas would be needed).
+//! is the keeper's own count ([`Limits::workspace_bytes`], `quota.rs`): no kernel quota is needed.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -54,11 +54,14 @@ pub struct Limits {
     pub open_files: Option<u64>,
     /// The size of the sandbox's `/tmp`, in bytes (a size-limited `tmpfs`; bubblewrap only).
     pub tmp_bytes: Option<u64>,
+    /// What the sandbox's workspace may take on disk, in bytes: counted by the keeper
+    /// (`quota.rs`); writes and commands past it fail `OpError::QuotaExceeded`.
+    pub workspace_bytes: Option<u64>,
 }
 
 impl Default for Limits {
     /// 512 processes, 2 GiB of memory, 10 minutes of CPU, 1 GiB files, 4,096 open files,
-    /// 512 MiB of `/tmp`.
+    /// 512 MiB of `/tmp`, a workspace of 8 GiB.
     fn default() -> Self {
         Limits {
             processes: Some(512),
@@ -67,6 +70,7 @@ impl Default for Limits {
             file_size_bytes: Some(1 << 30),
             open_files: Some(4096),
             tmp_bytes: Some(512 << 20),
+            workspace_bytes: Some(8 << 30),
         }
     }
 }
@@ -81,6 +85,7 @@ impl Limits {
             file_size_bytes: None,
             open_files: None,
             tmp_bytes: None,
+            workspace_bytes: None,
         }
     }
 }
@@ -474,6 +479,11 @@ impl fmt::Display for Enforcement {
             l.tmp_bytes.map(bytes),
             self.tmp_is_tmpfs.then_some("tmpfs"),
         );
-        write!(f, "per command: {}", parts.join(", "))
+        let commands = parts.join(", ");
+        let workspace = match l.workspace_bytes {
+            Some(n) => format!("{} (counted by the keeper)", bytes(n)),
+            None => "unlimited".into(),
+        };
+        write!(f, "per command: {commands}; workspace: {workspace}")
     }
 }

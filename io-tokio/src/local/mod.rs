@@ -38,6 +38,7 @@ pub(crate) mod layout;
 mod limits;
 mod nofollow;
 mod ops;
+mod quota;
 mod seccomp;
 pub mod store;
 
@@ -136,17 +137,21 @@ struct LocalSandbox {
     /// sandbox and its key at the backend, so a process whose key was taken over changes
     /// nothing the next owner sees (`ops.rs`).
     token: Option<Token>,
+    /// What its workspace may take on disk, and the keeper's count (`quota.rs`).
+    quota: quota::Quota,
 }
 
 impl LocalSandbox {
-    /// A sandbox up in `dir` under `token`: open to writes, its processes running.
-    fn running(dir: PathBuf, token: Option<Token>) -> Self {
+    /// A sandbox up in `dir` under `token`, its workspace within `quota` bytes: open to
+    /// writes, its processes running.
+    fn running(dir: PathBuf, token: Option<Token>, quota: Option<u64>) -> Self {
         LocalSandbox {
             dir,
             gate: RwLock::new(false),
             stopped: watch::channel(false).0,
             reported: false.into(),
             token,
+            quota: quota::Quota::new(quota),
         }
     }
 }
@@ -522,7 +527,11 @@ impl Backend for LocalBackend {
         work?;
         self.table().insert(
             request.sandbox,
-            Arc::new(LocalSandbox::running(dir, request.token)),
+            Arc::new(LocalSandbox::running(
+                dir,
+                request.token,
+                self.config.limits.workspace_bytes,
+            )),
         );
         Ok(())
     }
@@ -557,9 +566,13 @@ impl Backend for LocalBackend {
             Ok(())
         })
         .await?;
-        self.table()
-            .entry(sandbox)
-            .or_insert_with(|| Arc::new(LocalSandbox::running(dir, Some(token))));
+        self.table().entry(sandbox).or_insert_with(|| {
+            Arc::new(LocalSandbox::running(
+                dir,
+                Some(token),
+                self.config.limits.workspace_bytes,
+            ))
+        });
         Ok(())
     }
 
@@ -600,6 +613,8 @@ impl Backend for LocalBackend {
                 .map_err(|e| io_error("mkdir", e))?;
             nofollow::write_file(&session, request.path.as_str(), request.payload.as_bytes())
                 .map_err(|e| io_error("write", e))?;
+            // The keeper's own write is never refused, but counted in the workspace's total.
+            s.quota.forget();
             drop(sealed);
             Ok(())
         })

@@ -29,6 +29,7 @@ use sandkeeper::SandboxId;
 
 use super::isolation::Prepared;
 use super::nofollow::{self, Refused};
+use super::quota;
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
 use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
@@ -43,6 +44,12 @@ fn path_error(s: &LocalSandbox, sandbox: SandboxId, path: &WorkPath, e: io::Erro
         };
     }
     let path_s = || path.to_string();
+    if let Some(q) = quota::exceeded(&e) {
+        return OpError::QuotaExceeded {
+            used: q.used,
+            limit: q.limit,
+        };
+    }
     match nofollow::refusal(&e) {
         Some(Refused::Link) => return OpError::Escapes { path: path_s() },
         Some(Refused::NotAFile) => return OpError::NotAFile { path: path_s() },
@@ -166,10 +173,18 @@ fn split(path: &WorkPath) -> (&str, &str) {
 /// Writes `path` atomically, making its parent directories; never through a link
 /// (`nofollow.rs`): a link in the directory part is refused, a link at the last component is
 /// replaced (the rename replaces the name, never what it pointed to).
-fn write_atomically(dir: &Dir, path: &WorkPath, bytes: &[u8]) -> io::Result<()> {
+/// The write is admitted by the workspace's `quota` first: nothing is written past it.
+fn write_atomically(
+    dir: &Dir,
+    path: &WorkPath,
+    bytes: &[u8],
+    quota: &quota::Quota,
+) -> io::Result<()> {
     let (parent, name) = split(path);
     let parent = nofollow::open_beneath(dir.as_fd(), parent, true)?;
-    nofollow::write_file(&parent, name, bytes)
+    quota.admit_write(dir, &parent, name, bytes.len() as u64, || {
+        nofollow::write_file(&parent, name, bytes)
+    })
 }
 
 /// Reads `path`, at most `cap` bytes, never through a link and never waiting (a FIFO is
@@ -233,11 +248,14 @@ impl LocalBackend {
         // The working directory is checked as every operation's path is (one component at a
         // time, never through a link: `Escapes`), then named. Checked as a change: a command
         // of a process whose key was taken over does not start.
-        self.with_dir(sandbox, cwd.clone(), Access::Changes, |dir, cwd| {
+        // A workspace over its quota (a command wrote past it) runs nothing until the caller
+        // made room.
+        let counted = s.clone();
+        self.with_dir(sandbox, cwd.clone(), Access::Changes, move |dir, cwd| {
             if !cwd.is_root() {
                 nofollow::open_beneath(dir, cwd.as_str(), false)?;
             }
-            Ok(())
+            counted.quota.admit_command(dir)
         })
         .await?;
         let dir = if cwd.is_root() {
@@ -277,7 +295,10 @@ impl LocalBackend {
                 what: "sandbox",
                 error: e.to_string(),
             })?;
-        process::run(&s, sandbox, prepared, request, timeout, chunks).await
+        let ran = process::run(&s, sandbox, prepared, request, timeout, chunks).await;
+        // Whatever it wrote is counted before the next write or command.
+        s.quota.forget();
+        ran
     }
 }
 
@@ -302,8 +323,9 @@ impl SandboxOps for LocalBackend {
         bytes: Vec<u8>,
     ) -> Result<(), OpError> {
         path.writable()?;
+        let s = self.for_work(sandbox)?;
         self.with_dir(sandbox, path, Access::Changes, move |dir, path| {
-            write_atomically(dir, path, &bytes)
+            write_atomically(dir, path, &bytes, &s.quota)
         })
         .await
     }
@@ -345,17 +367,21 @@ impl SandboxOps for LocalBackend {
 
     async fn remove(&self, sandbox: SandboxId, path: WorkPath) -> Result<(), OpError> {
         path.writable()?;
-        self.with_dir(sandbox, path, Access::Changes, |dir, path| {
+        let s = self.for_work(sandbox)?;
+        self.with_dir(sandbox, path, Access::Changes, move |dir, path| {
             // The directory part never through a link; the last component not followed: a
             // link is removed itself, a directory with what is in it (cap-std removes a tree
             // without following the links in it).
             let (parent, name) = split(path);
             let parent = open_listed(dir, &WorkPath::new(parent).map_err(io::Error::other)?)?;
-            if parent.symlink_metadata(name)?.is_dir() {
+            let removed = if parent.symlink_metadata(name)?.is_dir() {
                 parent.remove_dir_all(name)
             } else {
                 parent.remove_file(name)
-            }
+            };
+            // Whatever was removed (a tree may go in part), the count is taken again.
+            s.quota.forget();
+            removed
         })
         .await
     }

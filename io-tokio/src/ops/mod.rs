@@ -244,6 +244,17 @@ pub enum OpError {
         /// The cap.
         cap: usize,
     },
+    /// The workspace is (or with this write would be) over its disk quota: nothing was written,
+    /// or the command did not start. A command that wrote past the quota was not stopped; what
+    /// it wrote is counted once it ended. Remove files to make room. Class
+    /// [`OpErrorClass::Limit`].
+    #[error("the workspace takes (or would take) {used} bytes of its quota of {limit}")]
+    QuotaExceeded {
+        /// Bytes it takes, or would take with the write.
+        used: u64,
+        /// The quota.
+        limit: u64,
+    },
     /// An empty argv. Class [`OpErrorClass::Refused`].
     #[error("empty argv")]
     EmptyArgv,
@@ -297,6 +308,7 @@ impl OpError {
             OpError::NotAFile { .. } => "not-a-file",
             OpError::NotADirectory { .. } => "not-a-directory",
             OpError::TooLarge { .. } => "too-large",
+            OpError::QuotaExceeded { .. } => "quota-exceeded",
             OpError::EmptyArgv => "empty-argv",
             OpError::InvalidEnv { .. } => "invalid-env",
             OpError::Spawn { .. } => "spawn",
@@ -323,7 +335,9 @@ impl OpError {
             | OpError::EmptyArgv
             | OpError::InvalidEnv { .. }
             | OpError::Spawn { .. } => OpErrorClass::Refused,
-            OpError::Timeout { .. } | OpError::TooLarge { .. } => OpErrorClass::Limit,
+            OpError::Timeout { .. } | OpError::TooLarge { .. } | OpError::QuotaExceeded { .. } => {
+                OpErrorClass::Limit
+            }
             OpError::Keeper(e) => match e {
                 K::Closed | K::Revoked { .. } | K::Core(C::Closed { .. }) => OpErrorClass::Gone,
                 K::Core(C::SandboxGone { .. }) => OpErrorClass::Gone,
