@@ -510,44 +510,50 @@ fn before_exec(
 /// Kills every process whose environment carries `mark` (an exec's processes without a cgroup
 /// or namespace to find them by, however they left its process group and session), in bounded
 /// rounds. A process that cleared its environment is not found: without bubblewrap or cgroups
-/// nothing else names it.
+/// nothing else names it. Each round reads `/proc` on a blocking thread, never on the runtime's.
 pub(crate) async fn kill_marked(mark: &str) {
-    let needle = format!("{MARK}={mark}\0");
+    let needle = format!("{MARK}={mark}\0").into_bytes();
+    let needle = std::sync::Arc::new(needle);
     for round in 0..50 {
-        let mut found = 0;
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                continue;
-            };
-            if environ
-                .windows(needle.len())
-                .any(|w| w == needle.as_bytes())
-            {
-                // A zombie keeps its environment readable only while it lives; one that is
-                // dying already counts once more, harmlessly.
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-                        found += 1;
-                    }
-                }
-            }
-        }
+        let n = needle.clone();
+        let found = tokio::task::spawn_blocking(move || kill_round(&n))
+            .await
+            .unwrap_or(0);
         if found == 0 {
             return;
         }
-        if round < 10 {
-            tokio::task::yield_now().await;
-        } else {
+        if round >= 10 {
             // Reaping is the parents' and init's: a short bounded wait for it.
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
+}
+
+/// One round of [`kill_marked`]: kills every process whose environment holds `needle`, and
+/// says how many it signalled. Blocks (reads `/proc`).
+fn kill_round(needle: &[u8]) -> usize {
+    let mut found = 0;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if environ.windows(needle.len()).any(|w| w == needle) {
+            // A zombie keeps its environment readable only while it lives; one that is dying
+            // already counts once more, harmlessly.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
+                    found += 1;
+                }
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]
