@@ -19,7 +19,9 @@
 //!   nothing of its key), was not being suspended and did not lose only its instance lets go
 //!   of the work acknowledged in it (a Stop that took a snapshot moved it there before);
 //! - the backend reported the storage destroyed ([`Conservation::died`]), with a snapshot its
-//!   Stop took that the key does not keep yet (on Kubernetes the same claim);
+//!   Stop took that the key does not keep yet (on Kubernetes the same claim), and work
+//!   acknowledged into it once it was destroyed (the write landed before, its answer came
+//!   after);
 //! - the core left the sandbox to the backend as it was after its way down failed and said so
 //!   (`WayDownFailed` with no snapshot kept: [`Conservation::left`]);
 //! - a snapshot's retention ended, or it was of a key nothing continues (`Discard` with reason
@@ -95,6 +97,10 @@ pub struct Conservation {
     /// The key of every sandbox of a followed key seen, live or not (an acknowledgement may
     /// come after its sandbox stopped).
     key_of: FxHashMap<SandboxId, Key>,
+    /// Sandboxes whose storage the backend destroyed ([`Conservation::died`]): work
+    /// acknowledged into one afterwards (its write landed before the death, its answer came
+    /// after) is lost with it, and excused.
+    destroyed: rustc_hash::FxHashSet<SandboxId>,
     /// Work acknowledged so far (for the coverage of a run).
     pub acknowledged: u64,
     /// Work excused so far, by a documented excuse.
@@ -158,11 +164,17 @@ impl Conservation {
             // with what it holds.
             Command::Adopt { sandbox, key, .. } => {
                 // Up as its last owner left it, or stopped by it (and taken back, from the
-                // snapshot its Stop took, as the backends do).
+                // snapshot its Stop took, as the backends do), or left as it was after its own
+                // resumed start failed (the snapshot that start took, which its key got back,
+                // is this sandbox's workspace).
                 let content = match self.sandboxes.get(sandbox) {
                     Some(w) => Some(w.content.clone()),
                     None => {
-                        let snapshot = self.stopped_into.get(sandbox).cloned();
+                        let took = || {
+                            let mut taken = self.taken.iter();
+                            taken.find(|(_, by)| *by == sandbox).map(|(s, _)| s.clone())
+                        };
+                        let snapshot = self.stopped_into.get(sandbox).cloned().or_else(took);
                         snapshot
                             .and_then(|s| self.snapshots.remove(&s))
                             .map(|(_, c)| c)
@@ -313,6 +325,11 @@ impl Conservation {
         let Some(key) = self.key_of.get(&sandbox) else {
             return;
         };
+        if self.destroyed.contains(&sandbox) {
+            self.acknowledged += 1;
+            self.excused += 1;
+            return;
+        }
         if let Some(owed) = self.owed.get_mut(key) {
             raise(owed, &work, version);
         } else {
@@ -346,6 +363,7 @@ impl Conservation {
     /// what only it held is lost, and excused; so is a snapshot its Stop took that its key
     /// does not keep yet (the same storage, on a backend whose snapshot is the sandbox's own).
     pub fn died(&mut self, sandbox: SandboxId) {
+        self.destroyed.insert(sandbox);
         if let Some(s) = self.unpersisted.remove(&sandbox) {
             if let Some((key, content)) = self.snapshots.remove(&s) {
                 self.excuse_unheld(&key, &content);

@@ -11,7 +11,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); in fleet mode, a sandbox of the key `persisted` while a record write of the key is not answered or was answered failed, or follows a failed release (its Shutdown waits for the record to stop naming it); in fleet mode, a sandbox of the key this process relinquished and still tracks (its lost calls not released: the record may name it for adoption, which waits for it); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
+//! | `progress` | after every input, every key with a queued call is held back by one of: a sandbox of the key on its way down with its snapshot not in yet (`sandbox_state` `stopping` or `persisting`: drained, its before hook, Stop or Persist outstanding); in fleet mode, a sandbox of the key `persisted` while a record write of the key is not answered or was answered failed, or follows a failed release (its Shutdown waits for the record to stop naming it); in fleet mode, a sandbox of the key this process relinquished and still tracks (its lost calls not released: the record may name it for adoption, which waits for it); in fleet mode, a record write of the key in flight (not answered to the core) that names warm a sandbox not up; in fleet mode, the sandbox the key's last claim named warm, still tracked here and dead or shutting down (its adoption waits until the core forgot it); a sandbox of the key whose instance was lost while it ran, still running its calls (it goes down as a suspension at its last release: [`Progress::instance_lost`]); a sandbox of the key being handed over (`handing-over`, fleet mode); under `Serialize`, a live call of the key bound to a sandbox (starting, ready, or lost with it: the key has more live calls than queued ones); in fleet mode, the key not this process's (`key_token` none) and a claim of it ordered and not answered, or answered busy or failed (made again later), or the lease not valid (`lease_valid_until`: the claim waits for it); or the key this process's and a release of it ordered and not answered (under way, or in doubt after one went unanswered; until a claim of the key) |
 //! | `wait-timeout-held` | a call fails with `wait-timeout` only if its key had queued calls at the last look (held back then, by `progress`) |
 //!
 //! What does not hold a key back in this core: a sandbox of the key starting or running (its
@@ -59,6 +59,16 @@ pub struct Progress {
     /// each holds its key back until it is down (it goes down as a suspension at its last
     /// release), as a sandbox on its way down does.
     lost: Vec<SandboxId>,
+    /// Fleet mode: per key, the sandbox its last claim's record named warm. While the core
+    /// still tracks it and it is not up (dead, or its Shutdown not answered), the key's calls
+    /// wait: the core adopts it once it forgot its old record of it.
+    named: Vec<(Key, SandboxId)>,
+    /// Fleet mode: the key's record writes that name a sandbox warm, not answered to the core
+    /// (in flight, or in doubt after their answer was dropped): while such a sandbox is not up,
+    /// the key's calls wait (a new start would take the workspace from under what the write, if
+    /// it lands, names) until a write of the key is confirmed after it, or it is answered
+    /// failed, or the key is claimed anew or fenced.
+    naming: Vec<(Key, RecordingId, SandboxId)>,
 }
 
 impl Progress {
@@ -75,6 +85,8 @@ impl Progress {
             relinquished: Vec::new(),
             queued: Vec::new(),
             lost: Vec::new(),
+            named: Vec::new(),
+            naming: Vec::new(),
         }
     }
 
@@ -116,11 +128,20 @@ impl Progress {
                 self.releases.retain(|(k, _)| k != key);
                 self.claims.retain(|(k, _)| k != key);
                 self.busy.retain(|k| k != key);
+                self.naming.retain(|(k, ..)| k != key);
                 self.claims.push((key.clone(), *claim));
             }
-            StoreCommand::Record { key, recording, .. } => {
+            StoreCommand::Record {
+                key,
+                recording,
+                record,
+                ..
+            } => {
                 self.records.retain(|(k, _)| k != key);
                 self.records.push((key.clone(), Some(*recording)));
+                if let Some(x) = record.warm {
+                    self.naming.push((key.clone(), *recording, x));
+                }
             }
             StoreCommand::Renew { .. } => {}
         }
@@ -141,14 +162,28 @@ impl Progress {
                     self.records.push((key.clone(), None));
                 }
             }
-            Input::Claimed { claim, key, .. } => {
+            Input::Claimed {
+                claim, key, record, ..
+            } => {
                 self.claims.retain(|(k, c)| !(c == claim && k == key));
+                self.named.retain(|(k, _)| k != key);
+                if let Some(x) = record.warm {
+                    self.named.push((key.clone(), x));
+                }
             }
             // Written, or refused (the key is fenced): no record write of the key is due. A
             // failed one is written again later.
             Input::Recorded { key, recording } | Input::RecordFenced { key, recording } => {
                 self.records
                     .retain(|(k, r)| !(k == key && *r == Some(*recording)));
+                // Confirmed: the store keeps it over every older write. Fenced: not ours.
+                let fenced = matches!(input, Input::RecordFenced { .. });
+                self.naming
+                    .retain(|(k, r, ..)| !(k == key && (fenced || r <= recording)));
+            }
+            Input::RecordFailed { key, recording } => {
+                self.naming
+                    .retain(|(k, r, ..)| !(k == key && r == recording));
             }
             Input::ClaimBusy { claim, key } | Input::ClaimFailed { claim, key } => {
                 let before = self.claims.len();
@@ -206,6 +241,9 @@ impl Progress {
         if !self.relinquished.is_empty() {
             self.relinquished
                 .retain(|(x, _)| core.sandbox_state(*x).is_some());
+        }
+        if !self.named.is_empty() {
+            self.named.retain(|(_, x)| core.sandbox_state(*x).is_some());
         }
         // The keys of the calls that may be queued (under `Serialize`, of every live call),
         // each with its live calls and whether one of them may be queued: borrowed, not copied
@@ -284,6 +322,25 @@ impl Progress {
         // Fleet: a sandbox of the key this process relinquished and still tracks (its lost
         // calls not released): the key's record may name it, and its adoption waits for it.
         if self.relinquished.iter().any(|(_, k)| k == key) {
+            return true;
+        }
+        // Fleet: the sandbox the key's claim named warm, still tracked here and not up (dead,
+        // or shutting down): its adoption waits until the core forgot it.
+        let not_up = |x: &SandboxId| {
+            matches!(
+                core.sandbox_state(*x),
+                Some(SandboxState::Dead | SandboxState::ShuttingDown)
+            )
+        };
+        if self.named.iter().any(|(k, x)| k == key && not_up(x)) {
+            return true;
+        }
+        // Fleet: a record write in flight names a sandbox of the key that is not up.
+        let up = |x: &SandboxId| {
+            core.sandbox_state(*x)
+                .is_some_and(SandboxState::accepts_uploads)
+        };
+        if self.naming.iter().any(|(k, _, x)| k == key && !up(x)) {
             return true;
         }
         self.sandboxes.iter().any(|(x, k)| {

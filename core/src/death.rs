@@ -53,7 +53,9 @@ impl Lifecycle {
     ///   next Start resumes the snapshot that Stop names: the same workspace.
     /// - Starting (its Start or after-hook outstanding): its start failed
     ///   ([`handle_start_failed`](Self::handle_start_failed): a resumed one gives its key's
-    ///   snapshot back).
+    ///   snapshot back). Fleet: one being adopted holds its key's history: it is left for the
+    ///   key's next adoption (relinquished, its calls failed, never shut down), as when its
+    ///   Adopts go unanswered.
     /// - On its way down otherwise (a before-hook, Stop, Persist or Shutdown outstanding, or
     ///   handed over): the outstanding command acts on the workspace and its answer decides.
     ///
@@ -86,7 +88,11 @@ impl Lifecycle {
             InstanceLoss::Starting => {
                 tracing::warn!(sandbox = %self.sid(sandbox), "instance gone while starting");
                 self.out.stats.instance_losses_kept += 1;
-                self.fail_start(sandbox, ErrorKind::StartFailed);
+                if self.sandboxes[sandbox].adopted {
+                    self.lose_adoption(sandbox);
+                } else {
+                    self.fail_start(sandbox, ErrorKind::StartFailed);
+                }
             }
             InstanceLoss::OnTheWayDown => {
                 tracing::debug!(sandbox = %self.sid(sandbox), "instance gone on the way down");

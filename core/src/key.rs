@@ -58,6 +58,12 @@ pub(crate) struct KeySlot {
     /// [`recorded`](Self::recorded)).
     #[serde(default)]
     pub(crate) recorded: Option<Box<KeyRecord>>,
+    /// Fleet mode: the record a write carried that went unanswered in time and may still land,
+    /// over what `recorded` says, until a newer write is confirmed (the store keeps the newest).
+    /// Meanwhile the record is written again, even if what it should say is what was last
+    /// confirmed, and no call binds while it names a sandbox other than the key's current one.
+    #[serde(default)]
+    pub(crate) record_in_doubt: Option<Box<KeyRecord>>,
     /// Fleet mode: the key's sandbox left as it is after its way down failed with nothing
     /// salvaged (its Stop unanswered or failed): it still holds the key's history. The key's
     /// record names it warm, so that whoever continues the key next adopts it (the next owner,
@@ -115,6 +121,7 @@ impl KeySlot {
             doubtful: false,
             recording: None,
             recorded: None,
+            record_in_doubt: None,
             left: None,
         }
     }

@@ -95,6 +95,7 @@ impl Lifecycle {
         // process that ends before its first write leaves the key's next owner what it found.
         slot.recorded = (!record.is_empty()).then(|| Box::new(record.clone()));
         slot.recording = None;
+        slot.record_in_doubt = None;
         if let Some(recorded) = record.snapshot {
             self.take_recorded_snapshot(k, recorded);
         }
@@ -260,8 +261,12 @@ impl Lifecycle {
     /// doubt about a release, its sandbox is not being handed over, and the sandbox its record
     /// names for adoption is not one this process still tracks (relinquished when it lost the
     /// key, its lost calls not released yet: adopted once it is forgotten, never replaced by a
-    /// fresh start). A fleet key's slot is `Local` only within the input that made it, before
-    /// its first claim: not bindable (fail closed; a non-fleet key never asks).
+    /// fresh start), and no record write in flight or in doubt names as warm a sandbox that is
+    /// not the key's current one (a start that failed after its record write was ordered: a new
+    /// start would take the workspace from under what that write, if it lands, names; the calls
+    /// wait until a write is confirmed after it, which the store keeps instead). A fleet key's
+    /// slot is `Local` only within the input that made it, before its first claim: not
+    /// bindable (fail closed; a non-fleet key never asks).
     pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         match slot.own {
@@ -271,9 +276,21 @@ impl Lifecycle {
                         .current
                         .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
                     && slot.left.is_none_or(|id| self.sandboxes.find(id).is_none())
+                    && !self.record_names_another(k)
             }
             _ => false,
         }
+    }
+
+    /// Whether the record write of `k` in flight, or one in doubt (unanswered in time, not
+    /// superseded by a confirmed one), names as warm a sandbox other than the key's current
+    /// one.
+    fn record_names_another(&self, k: KeyIx) -> bool {
+        let slot = &self.keys[k];
+        let current = slot.current.map(|x| self.sandboxes[x].id);
+        let another = |r: &KeyRecord| r.warm.is_some_and(|id| Some(id) != current);
+        slot.recording.as_ref().is_some_and(|w| another(&w.1))
+            || slot.record_in_doubt.as_deref().is_some_and(another)
     }
 
     /// A call of `k` queued: claim the key if nobody is claiming it yet and the lease is valid
@@ -412,8 +429,13 @@ impl Lifecycle {
     /// Adopt ordered; the key's calls bind to it as to a start.
     fn adopt(&mut self, k: KeyIx, id: SandboxId, token: Token) {
         if self.adopt_sandbox(k, id, token).is_none() {
-            // Still tracked here: adopted once forgotten (`may_bind`, `adopt_left`).
+            // Still tracked here: adopted once forgotten (`may_bind`, `adopt_left`). Its
+            // record counts as this key slot's from now on (the slot it had may have gone with
+            // the key's last calls): forgetting it admits this slot's calls.
             self.keys[k].left = Some(id);
+            if let Some(x) = self.sandboxes.find(id) {
+                self.sandboxes[x].key = k;
+            }
         }
         self.admit(k);
     }
@@ -683,6 +705,7 @@ impl Lifecycle {
                 slot.wanted = false;
                 slot.doubtful = false;
                 slot.recording = None;
+                slot.record_in_doubt = None;
                 // The record holds the snapshot now (or the new owner's record does): the key
                 // here no longer references it, and never discards it. So with a sandbox left.
                 slot.snapshot = None;
@@ -740,6 +763,7 @@ impl Lifecycle {
         slot.wanted = false;
         slot.doubtful = false;
         slot.recording = None;
+        slot.record_in_doubt = None;
         slot.current = None;
         slot.retiring = None;
         slot.snapshot = None;
@@ -974,7 +998,7 @@ impl Lifecycle {
             return;
         }
         let record = self.durable_record(k);
-        if record == *self.keys[k].recorded() {
+        if record == *self.keys[k].recorded() && self.keys[k].record_in_doubt.is_none() {
             return;
         }
         let now = self.now;
@@ -1088,13 +1112,16 @@ impl Lifecycle {
             Written::Done => {
                 self.out.stats.records_ok += 1;
                 self.keys[k].recorded = (!record.is_empty()).then(|| Box::new(record));
+                self.keys[k].record_in_doubt = None;
                 self.record_confirmed(k);
                 self.key_settles(k);
+                self.admit(k);
             }
             Written::Failed => {
                 tracing::warn!(%recording, key = %key, "record failed");
                 self.out.stats.records_failed += 1;
                 self.retry_later(k);
+                self.admit(k);
             }
             Written::Fenced => {
                 self.out.stats.records_fenced += 1;
@@ -1141,13 +1168,16 @@ impl Lifecycle {
             }
             Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
             Own::Owned(_) => {
-                if let Some(recording) = self.keys[k].recording.take().map(|w| w.0) {
+                if let Some(w) = self.keys[k].recording.take() {
                     // No answer in time. Written again with a newer number: if this one lands
                     // late, the store keeps the newer.
+                    let (recording, record) = *w;
                     tracing::debug!(%recording, "record unanswered in time");
                     self.out.stats.records_failed += 1;
+                    self.keys[k].record_in_doubt = Some(Box::new(record));
                 }
                 self.key_settles(k);
+                self.admit(k);
             }
             Own::Local | Own::Unclaimed => unreachable!("no store timer without store work"),
         }

@@ -147,8 +147,53 @@ impl Lifecycle {
         x
     }
 
+    /// Fleet: an adopted sandbox that did not come up but keeps the key's history (its Adopts
+    /// went unanswered, or its instance was lost while it was taken over, the workspace
+    /// intact). Its `starters` fail with `error`; it is relinquished, never shut down, and the
+    /// key's record keeps naming it for whoever continues the key next (an Adopt brings it up
+    /// again).
+    pub(crate) fn leave_adopted(
+        &mut self,
+        sandbox: SandboxIx,
+        starters: Few<CallIx>,
+        error: ErrorKind,
+    ) {
+        let x = &self.sandboxes[sandbox];
+        debug_assert!(x.adopted);
+        let (id, key) = (x.id, x.key);
+        // Named first: the calls' ends may release the key, whose record must name it.
+        if self
+            .keys
+            .get(key)
+            .is_some_and(|slot| slot.token().is_some())
+        {
+            self.keys[key].left = Some(id);
+        }
+        for call in self.calls.by_name_order(starters) {
+            self.end_call(call, EndHow::Failed(error));
+        }
+        self.relinquish(sandbox, crate::error::DropReason::SandboxGone);
+        if self.keys.get(key).is_some() {
+            self.admit(key);
+            self.key_settles(key);
+        }
+    }
+
     /// A start that failed, timed out or died: its calls fail, it is cleaned up.
     pub(crate) fn fail_start(&mut self, sandbox: SandboxIx, error: ErrorKind) {
+        self.start_failed(sandbox, error, false);
+    }
+
+    /// Fleet: the instance of a sandbox being adopted was lost, its workspace (the key's
+    /// history) intact: it is left to the key's next adoption, never shut down
+    /// ([`leave_adopted`](Self::leave_adopted)); its calls fail `start-failed`.
+    pub(crate) fn lose_adoption(&mut self, sandbox: SandboxIx) {
+        self.start_failed(sandbox, ErrorKind::StartFailed, true);
+    }
+
+    /// [`fail_start`](Self::fail_start); `keeps_history`: an adopted sandbox is left, not
+    /// shut down, whatever the error.
+    fn start_failed(&mut self, sandbox: SandboxIx, error: ErrorKind, keeps_history: bool) {
         // A start that failed was answered; one that timed out or died is abandoned (ordered
         // right before its Shutdown, after the calls' ends, which may start other sandboxes).
         let abandoned = self.way_down().stop_awaiting(sandbox);
@@ -174,27 +219,10 @@ impl Lifecycle {
             self.give_back_snapshot(key, snapshot, by);
         }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
-        if adopted && error == ErrorKind::StartTimeout {
+        if adopted && (error == ErrorKind::StartTimeout || keeps_history) {
             // Fleet: every Adopt went unanswered: the sandbox may well hold the key's history
-            // still. Its calls fail; it is relinquished, never shut down, and the key's record
-            // keeps naming it for whoever continues the key next.
-            let id = x.id;
-            for call in self.calls.by_name_order(starters) {
-                self.end_call(call, EndHow::Failed(error));
-            }
-            if self
-                .keys
-                .get(key)
-                .is_some_and(|slot| slot.token().is_some())
-            {
-                self.keys[key].left = Some(id);
-            }
-            self.relinquish(sandbox, crate::error::DropReason::SandboxGone);
-            if self.keys.get(key).is_some() {
-                self.admit(key);
-                self.key_settles(key);
-            }
-            return;
+            // still.
+            return self.leave_adopted(sandbox, starters, error);
         }
         if adopted {
             // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:

@@ -9,9 +9,17 @@
 //! An Adopt of a sandbox whose owner stopped it (and crashed before its record said so) takes
 //! the workspace back, as the local backend does.
 //!
+//! Losses ([`Backend::lose`]): a sandbox that is up may lose its running instance with its
+//! workspace intact ([`Life::Lost`]: a pod evicted while its claim and volumes stay), or die with
+//! its workspace ([`Life::Gone`]). A lost instance takes no upload or write (answered as a
+//! failure that may pass, `Unavailable`: the driver cannot tell a missing pod from a slow one,
+//! and only the backend's own report says the workspace went), but a Stop still takes its
+//! workspace, and an Adopt brings it back up (the controller makes a new pod for the claim).
+//! A dead one ([`Life::Dead`]) answers everything `Gone`.
+//!
 //! Not modelled: start and stop latency inside the backend (the world's schedule gives each
-//! command its latency), deaths (the one-process world covers them), hooks (the application's
-//! work, which the world runs itself: `World::hook_runs`).
+//! command its latency), hooks (the application's work, which the world runs itself:
+//! `World::hook_runs`).
 
 use std::collections::BTreeMap;
 
@@ -22,10 +30,16 @@ use sandkeeper::{Command, Key, SandboxId, Snapshot, Token};
 pub enum Life {
     /// Up: takes uploads.
     Up,
+    /// Its running instance lost, its workspace intact: takes no upload, but can be stopped,
+    /// persisted, shut down, or adopted (which brings it up again).
+    Lost,
     /// Stopped, or suspended (persisted, kept for its key's next start).
     Stopped,
     /// Shut down.
     Gone,
+    /// Died with its workspace (a claim deleted, a directory removed): nothing is left to act
+    /// on.
+    Dead,
 }
 
 /// A snapshot the backend keeps.
@@ -61,6 +75,8 @@ pub enum Outcome {
     Gone,
     /// Refused: the sandbox has seen a newer token.
     Fenced,
+    /// Failed, and may succeed later: an upload or write into a sandbox whose instance is lost.
+    Unavailable,
     /// Nothing to answer (a command that wants no answer, or one the backend never sees).
     Silent,
 }
@@ -105,7 +121,20 @@ impl Backend {
     pub fn write(&mut self, x: SandboxId, token: Option<Token>) -> Outcome {
         match self.sandboxes.get(&x).map(|s| &s.life) {
             Some(Life::Up) => self.change(x, token, None),
+            Some(Life::Lost) => Outcome::Unavailable,
             _ => Outcome::Gone,
+        }
+    }
+
+    /// `x`, up, loses its running instance (`kept`: its workspace stays, [`Life::Lost`]) or
+    /// dies with its workspace ([`Life::Dead`]). Whether it was up to lose anything.
+    pub fn lose(&mut self, x: SandboxId, kept: bool) -> bool {
+        match self.sandboxes.get_mut(&x) {
+            Some(s) if s.life == Life::Up => {
+                s.life = if kept { Life::Lost } else { Life::Dead };
+                true
+            }
+            _ => false,
         }
     }
 
@@ -149,6 +178,7 @@ impl Backend {
             }
             Command::Upload { sandbox, .. } => match self.sandboxes.get(sandbox).map(|x| &x.life) {
                 Some(Life::Up) => self.change(*sandbox, token, None),
+                Some(Life::Lost) => Outcome::Unavailable,
                 _ => Outcome::Gone,
             },
             // An adoption of a sandbox its crashed owner had stopped takes its workspace back
@@ -157,6 +187,9 @@ impl Backend {
             Command::Adopt { sandbox, .. } => {
                 match self.sandboxes.get(sandbox).map(|x| &x.life) {
                     Some(Life::Up) => self.change(*sandbox, token, None),
+                    // Its instance lost: the adoption brings it up again (a new pod for the
+                    // claim), its workspace as it was.
+                    Some(Life::Lost) => self.change(*sandbox, token, Some(Life::Up)),
                     // Unless a Start took that snapshot since (renamed into another sandbox):
                     // nothing is left here to take back.
                     Some(Life::Stopped) if self.taken.contains(&format!("snap-{sandbox}")) => {
@@ -221,7 +254,7 @@ impl Backend {
         let Some(sandbox) = self.sandboxes.get_mut(&x) else {
             return Outcome::Gone;
         };
-        if sandbox.life == Life::Gone {
+        if matches!(sandbox.life, Life::Gone | Life::Dead) {
             return Outcome::Gone;
         }
         if let Some(Token(t)) = token {

@@ -4,7 +4,7 @@
 //!
 //! A Drain of a sandbox opens a drain; it ends with the sandbox's before hook or its first Stop
 //! (the way down goes on), or without a way down when a call of it becomes ready again, its key
-//! is handed over, or it is shut down or relinquished. A drain that ends with the way down
+//! is handed over, it dies or loses its instance, or it is shut down or relinquished. A drain that ends with the way down
 //! before its deadline (the core's clock: the Drain's instant plus `drain_deadline`), while the
 //! process is not closing, is judged once the input's events are in:
 //!
@@ -98,6 +98,12 @@ impl Drains {
     /// A call became ready on `x`, or its key was handed over: its drain (if any) is over
     /// without a way down.
     pub(super) fn revived(&mut self, x: SandboxId) {
+        self.open.remove(&x);
+    }
+
+    /// `x` died or lost its instance: its drain (if any) is over, with nothing left to wait
+    /// for (what held it back had nothing to finish there).
+    pub(super) fn lost(&mut self, x: SandboxId) {
         self.open.remove(&x);
     }
 

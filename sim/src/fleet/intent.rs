@@ -61,6 +61,13 @@ struct Sbx {
     stops: u8,
     /// Its Stop was answered ok while awaited.
     stop_ok: bool,
+    /// The core was told it died (a death report, or an upload answered `gone` while its
+    /// instance was not lost): a `WorkspaceLost` may name it.
+    reported_dead: bool,
+    /// The core was told its instance was lost while it was up: it goes down as a suspension.
+    instance_lost: bool,
+    /// Its last Stop asked for a suspension (the policy's, or a lost instance's).
+    stop_suspend: bool,
 }
 
 /// What an answer found before the core took it (see [`Intent::before`]).
@@ -96,6 +103,9 @@ pub(super) struct Intent {
     /// a claim's record named while this process still tracked it (relinquished, its lost
     /// calls not released). Until the key's next Adopt or Start, or the key is no longer held.
     pub(super) left: BTreeMap<Key, SandboxId>,
+    /// The sandbox whose instance the current input lost with its workspace intact (not while
+    /// starting): none of the input's commands may abandon or shut it down.
+    spared: Option<SandboxId>,
 }
 
 impl Intent {
@@ -111,6 +121,7 @@ impl Intent {
             uploads: UploadChecker::new(),
             snapshots: Snapshots::new(config.release.tiers().retain),
             left: BTreeMap::new(),
+            spared: None,
         }
     }
 
@@ -170,7 +181,7 @@ impl Intent {
                         if let (Some((key, _)), Some(snapshot)) = (&s.key, s.persisting.clone()) {
                             self.snapshots.persisted(key, snapshot, x, now);
                         }
-                        if self.release.suspends() {
+                        if s.stop_suspend {
                             // Kept suspended: its way down ended.
                             let key = s.key.as_ref().map(|(k, _)| k);
                             if let Some(key) = key.filter(|k| self.retiring.get(*k) == Some(&x)) {
@@ -258,6 +269,17 @@ impl Intent {
             }
         };
         also(self.uploads.command(cmd));
+        if self.spared == Some(x)
+            && matches!(cmd, Command::Abandon { .. } | Command::Shutdown { .. })
+        {
+            also(Err(Violation::new(
+                "suspension-keeps-workspace",
+                format!(
+                    "{}: the loss of {x}'s instance, its workspace intact, is not a death",
+                    cmd.name()
+                ),
+            )));
+        }
         if let Some((x, op)) = Op::of(cmd) {
             let s = self.sandboxes.entry(x).or_default();
             also(s.lane.take(x, op));
@@ -336,21 +358,29 @@ impl Intent {
                     s.before_hook = true;
                 }
             }
-            Command::Stop { .. } => {
+            Command::Stop { suspend, .. } => {
                 let wanted = if self.release.suspends() {
                     self.hooks.before_suspend
                 } else {
                     self.hooks.before_stop
                 };
                 let s = self.sandboxes.entry(x).or_default();
-                // A Stop ordered again after a failed one needs no new Drain.
-                if !s.drained && !s.before_hook && s.stops == 0 {
+                if s.instance_lost && !suspend {
+                    also(Err(Violation::new(
+                        "instance-loss-suspends",
+                        format!("Stop for {x}, whose instance was lost with its workspace intact, does not suspend it"),
+                    )));
+                }
+                // A Stop ordered again after a failed one needs no new Drain; a lost instance
+                // goes down with none (nothing runs in it to finish).
+                if !s.drained && !s.before_hook && s.stops == 0 && !s.instance_lost {
                     also(Err(Violation::new(
                         "drain-before-stop",
                         format!("Stop for {x} without a Drain first"),
                     )));
                 }
                 s.stops = s.stops.saturating_add(1);
+                s.stop_suspend = *suspend;
                 if let Some((key, _)) = &s.key {
                     self.retiring.insert(key.clone(), x);
                 }
@@ -366,7 +396,7 @@ impl Intent {
                         )));
                     }
                 }
-                if wanted.is_some() && !s.before_hook {
+                if wanted.is_some() && !s.before_hook && !s.instance_lost {
                     also(Err(Violation::new(
                         "hook-before-stop",
                         format!("Stop for {x} without its before hook"),
@@ -387,6 +417,51 @@ impl Intent {
             Input::UploadOk { upload } => self.uploads.answered(*upload, taken),
             Input::UploadFailed { upload, .. } => self.uploads.answered(*upload, false),
             _ => None,
+        }
+    }
+
+    /// The core is about to be told that `x`, in `state`, died (`dead`) or lost its running
+    /// instance with its workspace intact, as the one-process history judges it: a death lets
+    /// a `WorkspaceLost` name it; a lost instance spares it in this input (not while starting:
+    /// its start failed), and while it was up (running, idle or draining) it must go down
+    /// as a suspension. Whether the core takes it as an instance lost while up (its calls lost,
+    /// its workspace kept). A second report changes nothing.
+    pub(super) fn told_lost(
+        &mut self,
+        x: SandboxId,
+        dead: bool,
+        state: Option<SandboxState>,
+    ) -> bool {
+        let Some(s) = self.sandboxes.get_mut(&x) else {
+            return false;
+        };
+        if dead {
+            s.lane.die();
+            s.reported_dead = true;
+            self.lets_go(x);
+            return false;
+        }
+        if s.instance_lost || matches!(state, None | Some(SandboxState::Dead)) {
+            return false;
+        }
+        if state != Some(SandboxState::Starting) {
+            self.spared = Some(x);
+        }
+        let up = matches!(
+            state,
+            Some(SandboxState::Running | SandboxState::Idle | SandboxState::Draining)
+        );
+        s.instance_lost = up;
+        up
+    }
+
+    /// An upload into `x` was answered `gone`: the core takes it as `x`'s death unless its
+    /// instance was lost (it keeps its workspace then).
+    pub(super) fn upload_gone(&mut self, x: SandboxId) {
+        if let Some(s) = self.sandboxes.get_mut(&x) {
+            if !s.instance_lost {
+                s.reported_dead = true;
+            }
         }
     }
 
@@ -411,6 +486,17 @@ impl Intent {
                 outcome,
             } => self.uploads.settled(session, path, version.0, outcome)?,
             Event::Closed { .. } => self.uploads.closed(),
+            Event::WorkspaceLost { sandbox, key } => {
+                let reported = self.sandboxes.get(sandbox).is_some_and(|s| {
+                    s.reported_dead && s.key.as_ref().is_some_and(|(k, _)| k == key)
+                });
+                if !reported {
+                    return Err(Violation::new(
+                        "workspace-lost-reported",
+                        format!("WorkspaceLost for {sandbox} of key {key}, which was not reported dead here (or is of another key)"),
+                    ));
+                }
+            }
             _ => {}
         }
         if let Event::CallReady { call, sandbox } = ev {
@@ -441,6 +527,7 @@ impl Intent {
         timers_at: Instant,
     ) -> Result<(), Violation> {
         self.outputs.input_done()?;
+        self.spared = None;
         let gone: Vec<Key> = self
             .snapshots
             .keys()

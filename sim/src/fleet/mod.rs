@@ -10,7 +10,9 @@
 //! background writers (a fifth of the calls that become ready start one: it holds the session,
 //! flushes its log later and lets go; a stream of their own; `background.rs`), the application's hooks in two fifths of the seeds (each hook point
 //! configured or not; a hook succeeds, fails or hangs past its timeout, drawn from a stream of
-//! its own so a seed without hooks runs as it did before), and faults for the first minute:
+//! its own so a seed without hooks runs as it did before), the backend's losses in half the
+//! seeds (a sandbox that is up loses its running instance with its workspace intact, or dies
+//! with it; its driver hears it; `losses.rs`), and faults for the first minute:
 //! replicas paused (sometimes for longer than a lease), crashed (memory lost; restarted later
 //! as a new incarnation, the store and backend kept), clocks that drift (mostly within the
 //! margin, sometimes beyond it), slow and failed store writes. Each replica's driver runs its core's commands after a latency, drops
@@ -43,16 +45,13 @@
 //! | `call-events`, `ready-on-live-sandbox`, `binding-stable`, `no-teardown-under-live-call`, `resolve-own-sandbox`, `release-live`, `release-completes-once`, `typed-errors` (and the other `CallChecker` checks) | per incarnation, `sandkeeper_check::CallChecker` as in one process (`process.rs`), the getter checks over every live call after every input: a sandbox is dead once an upload the core awaited in it was answered `gone` or its key was fenced under the token it was started or adopted with (its ready calls then get `SandboxLost`); torn down once draining (until a Stop, a before hook, or a handover of its key ends the drain), stopped, shut down or relinquished. An application input whose own input lapsed the lease first is fed after the lapse's events |
 //! | `command-deadline`, `upload-within-timeout`, `drain-within-deadline`, `wait-within-timeout`, `close-within-deadlines` | per incarnation, `sandkeeper_check::Deadlines` (`process.rs`) on the replica's clock, the bounds after an input judged at the instant its core's timers last ran; in fleet mode a `wait-timeout` comes at or after its deadline (at the replica's first timer run), a call queued again after a failed adoption waits afresh, one whose Adopt went unanswered and was ordered again starts afresh, one bound after its wait deadline (an input before the wake-up, after a pause) is held to its start from then, and one whose sandbox waits for its key's record to name it leaves the bound (no call timer runs then) |
 //! | `upload-routing`, `mirror-independent`, `release-drains-mirror`, `mirror-settled-true` | per incarnation, `sandkeeper_check::MirrorChecker` (`process.rs`): an upload whose answer the driver dropped past its deadline keeps its path busy until the core's timers next run; a `MirrorSettled` among the events of a lapse that came before a flush (before the flush's own version settled) is judged without that version |
+//! | `workspace-lost-reported`, `instance-loss-suspends`, `suspension-keeps-workspace` | per incarnation (`intent.rs`, fed by `losses.rs`), as the one-process history judges them: a `WorkspaceLost` names a sandbox reported dead to that process (a death report, or an upload answered `gone` while its instance was not lost), of its key; a sandbox whose instance was lost while it was up (running, idle or draining) goes down as a suspension; the input that loses an instance, its workspace intact, abandons and shuts down nothing of it |
+//! | `liveness-release-completes` | per replica, `CallChecker` as in one process, before its close when it ran undisturbed (no pause, crash or restart) for the 30 s before: every release it accepted has completed |
 //! | `counters` | per incarnation, as in one process (`process.rs`): the core's `Stats` count the Starts, Shutdowns and Uploads it ordered, the versions flushed and the calls acquired and released that were seen (an Adopt is no Start, a Relinquish no Shutdown) |
 //! | `lapse-without-fault` | once faults stopped, a replica whose clock drifts within the margin and that ran for a lease and more without a pause, a crash or a slow store never lets its lease lapse: its renewals come on their own, whatever else it does or does not do |
 //! | `conservation` | `sandkeeper_check::Conservation` over the shared backend: fed what the backend did (a start, an adoption, a write, a Stop's snapshot, a Persist, a Shutdown, a Discard, a sweep), each version settled `Uploaded` as acknowledged, numbered by the world's flush order (a process numbers its own versions; every flush writes the session's whole log as it then was), and each operation's file as acknowledged once the backend took its write and the core its `leave`, numbered when the operation entered (a write replaces the file whole: a stale one lands over newer work unless the backend refuses its token) |
 //! | `core:*` | the core's own invariants (debug builds check them after every input) |
 //! | `panic` | the core (or the world) panicked: caught per seed, the seed fails, the batch goes on |
-//!
-//! Not run here: the one-process history's `suspension-keeps-workspace` and
-//! `instance-loss-suspends` (the fleet's backend loses no instance with its workspace intact),
-//! and `CallChecker`' `liveness-release-completes` (close forgets the releases in flight; the fleet's
-//! own liveness checks that every call ended).
 //!
 //! `conservation` holds the fleet to what one process promises: a version settled `Uploaded` is
 //! in what the key's next owner continues from, through crashes, pauses past the lease, failed
@@ -67,7 +66,13 @@
 //! owner's newer log; with the background writers, a version flushed by a session whose call
 //! came while its key's release was under way, and one of a session whose call waited for a key
 //! that was then fenced, each kept and written over the next owner's newer log once the key was
-//! claimed back; and in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
+//! claimed back; with the backend's losses, an adopted sandbox whose instance was lost while it
+//! was taken over shut down with the key's history, a key released with a record that forgot
+//! the sandbox left to its next adoption, a late record write naming a sandbox whose start
+//! failed landing after the core resumed its snapshot elsewhere (and one unanswered in time
+//! never written again when what the record should say came back to what was last confirmed),
+//! and calls of a key claimed back waiting seconds for an adoption that the forgetting of the
+//! sandbox no longer admitted; and in the simulated backend, a start resuming a snapshot an earlier start took, an adoption of a
 //! sandbox its crashed owner stopped, the sweep told which snapshot a start took.
 //!
 //! Liveness, after the faults stopped and every replica closed: every call ended (ready then
@@ -78,6 +83,7 @@ mod backend;
 mod background;
 mod drains;
 mod intent;
+mod losses;
 mod names;
 mod parity;
 mod process;
@@ -113,6 +119,9 @@ const MS: u64 = 1_000_000;
 const FAULTS_NS: u64 = 60_000 * MS;
 /// How long the world runs after the faults before close.
 const SETTLE_NS: u64 = 60_000 * MS;
+/// How long a replica must have run undisturbed before close for its releases to be judged
+/// complete (`liveness-release-completes`).
+const QUIET_NS: u64 = 30_000 * MS;
 
 /// The marks a fleet run can reach: each a situation the world made happen at least once.
 pub const MARKS: &[&str] = &[
@@ -129,6 +138,8 @@ pub const MARKS: &[&str] = &[
     "crash-restart-adoption",
     "swept",
     "swept-recorded",
+    "death",
+    "instance-lost",
 ];
 
 /// What one fleet seed did.
@@ -282,6 +293,9 @@ enum Ev {
     Close(usize),
     /// A sweep of the backend, on the clock of a replica that is up (drift included).
     Sweep,
+    /// The backend loses a sandbox that is up: its instance only, or with its workspace
+    /// (`losses.rs`).
+    Lose,
 }
 
 /// A version one incarnation of a replica flushed: (replica, incarnation, session, path,
@@ -352,6 +366,13 @@ struct World {
     /// Per mille of hooks that fail, and that hang (never answered: their timeout ends them).
     hook_fail: u32,
     hook_hang: u32,
+    /// The backend's losses (which sandbox, instance or workspace, how late the report): a
+    /// stream of their own.
+    loss_rng: Rng,
+    /// Per sandbox, the replica and incarnation whose Start or Adopt the backend last took: the
+    /// one its losses are reported to (a real backend's watch reports to the process that
+    /// runs the sandbox).
+    drivers: BTreeMap<SandboxId, (usize, u32)>,
 }
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
@@ -506,6 +527,8 @@ impl World {
             in_work: BTreeSet::new(),
             hook_fail,
             hook_hang,
+            loss_rng: Rng::new(seed ^ 0x1055_5eed),
+            drivers: BTreeMap::new(),
         };
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
@@ -540,6 +563,7 @@ impl World {
             }
             t += w.rng.range(3_000, 20_000) * MS;
         }
+        w.draw_losses();
         for r in 0..w.replicas.len() {
             w.push(FAULTS_NS + SETTLE_NS, Ev::Close(r));
         }
@@ -731,6 +755,7 @@ impl World {
             Ev::Apply(r, inc, cmd, seq) => self.apply(r, inc, cmd, seq),
             Ev::StoreApply(r, inc, cmd) => self.store_apply(r, inc, cmd),
             Ev::Sweep => self.sweep(),
+            Ev::Lose => self.lose_drawn(),
             Ev::Answer(r, _, input, deadline) => {
                 let local = self.replicas[r].local(self.now);
                 if local > deadline.as_nanos() {
@@ -798,6 +823,14 @@ impl World {
                 self.push(self.now, Ev::Wake(r));
             }
             Ev::Close(r) => {
+                // Undisturbed (no pause, crash or restart) for the settling time: every release
+                // it accepted has completed, as the one-process world checks once quiet.
+                let replica = &self.replicas[r];
+                if !replica.core.is_closed() && self.now >= replica.disturbed + QUIET_NS {
+                    if let Err(v) = replica.process.releases_completed() {
+                        self.fail(v.check, format!("replica {r}: {}", v.detail));
+                    }
+                }
                 // What close cuts is the application's choice.
                 self.conservation.closing();
                 let deadline = Duration::from_secs(5);
@@ -861,8 +894,12 @@ impl World {
         let flight = self.replicas[r].intent.upload_answered(&input, true);
         if let (Input::UploadFailed { failure, .. }, Some(flight)) = (&input, flight) {
             let gone = *failure == sandkeeper::UploadFailure::Gone;
+            if gone {
+                self.replicas[r].intent.upload_gone(flight.sandbox);
+            }
             self.replicas[r].process.upload_failed(flight, gone);
         }
+        self.loss_told(r, &input);
         let before = intent::Intent::before(&self.replicas[r].core, &input);
         let kept = (!matches!(before, intent::Before::Nothing)).then(|| input.clone());
         match self.apply_input(r, move |core, t| core.handle(t, input).map(|_| ())) {
@@ -1352,6 +1389,11 @@ impl World {
             }
         }
         let outcome = self.backend.apply(cmd);
+        if matches!(cmd, Command::Start { .. } | Command::Adopt { .. })
+            && outcome == Outcome::Ok(None)
+        {
+            self.drivers.insert(cmd.sandbox(), (r, inc));
+        }
         self.conserve(r, inc, cmd, &outcome);
         if let (
             Command::Persist {
@@ -1392,7 +1434,7 @@ impl World {
         let done = match outcome {
             Outcome::Ok(_) => true,
             Outcome::Silent => matches!(cmd, Command::Discard { .. }),
-            Outcome::Gone | Outcome::Fenced => false,
+            Outcome::Gone | Outcome::Fenced | Outcome::Unavailable => false,
         };
         if !done {
             return;
@@ -1472,6 +1514,10 @@ impl World {
                 Input::StartFailed { sandbox }
             }
             (Command::Upload { upload, .. }, Outcome::Ok(_)) => Input::UploadOk { upload: *upload },
+            (Command::Upload { upload, .. }, Outcome::Unavailable) => Input::UploadFailed {
+                upload: *upload,
+                failure: sandkeeper::UploadFailure::Transient,
+            },
             (Command::Upload { upload, .. }, Outcome::Gone) => Input::UploadFailed {
                 upload: *upload,
                 failure: sandkeeper::UploadFailure::Gone,
@@ -1729,7 +1775,7 @@ impl World {
         let mut doomed = vec![];
         let mut retention: BTreeMap<String, Option<u64>> = BTreeMap::new();
         for (id, x) in &self.backend.sandboxes {
-            if x.life == backend::Life::Gone {
+            if matches!(x.life, backend::Life::Gone | backend::Life::Dead) {
                 continue;
             }
             // The simulated backend's start moves the snapshot it resumes (as the local root's

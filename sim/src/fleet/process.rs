@@ -304,6 +304,19 @@ impl Process {
         }
     }
 
+    /// `liveness-release-completes`, as in one process: every release the core accepted has
+    /// completed. Asked before close, of a process left undisturbed long enough to be quiet.
+    pub(super) fn releases_completed(&self) -> Result<(), Violation> {
+        self.calls.releases_completed()
+    }
+
+    /// The core is about to be told that `x` died, or lost its instance while up: its calls
+    /// are lost, nothing more goes into it.
+    pub(super) fn lost(&mut self, x: SandboxId) {
+        self.sandboxes.entry(x).or_default().dead = true;
+        self.drains.lost(x);
+    }
+
     /// The driver dropped the answer to an upload (`flight`) past its deadline: the core awaits
     /// it until its timers next run (its upload timeout), the path not free until then.
     pub(super) fn upload_dropped(&mut self, flight: Flight) {

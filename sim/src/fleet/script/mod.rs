@@ -126,6 +126,9 @@ impl World {
             in_work: BTreeSet::new(),
             hook_fail: 0,
             hook_hang: 0,
+            // A scenario's steps lose sandboxes (`die`, `instance-gone`).
+            loss_rng: Rng::new(0),
+            drivers: BTreeMap::new(),
             script: Some(Box::new(Script {
                 links: vec![spec.link; spec.replicas],
                 held: Vec::new(),

@@ -12,7 +12,7 @@ use sandkeeper::{
 };
 
 use super::{bounded, ns};
-use crate::fleet::backend::{Life, Outcome};
+use crate::fleet::backend::Outcome;
 use crate::fleet::process::Told;
 use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
@@ -421,8 +421,12 @@ impl World {
         let Some(kind) = answer.op() else {
             return match answer {
                 Answer::Die => self.died(r, x, after),
+                Answer::InstanceGone => {
+                    self.lose(r, x, true, after);
+                    Ok(())
+                }
                 other => Err(Stop::Misuse(format!(
-                    "{other} is not modelled in a fleet: the backend reports deaths with `die`"
+                    "{other} is not modelled in a fleet: the backend reports losses with `die` and `instance-gone`"
                 ))),
             };
         };
@@ -455,6 +459,11 @@ impl World {
                 Outcome::Fenced => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
+                    )))
+                }
+                Outcome::Unavailable => {
+                    return Err(Stop::Misuse(format!(
+                        "{answer} @{call}: {x}'s instance is lost: answer with the failure"
                     )))
                 }
                 Outcome::Gone if kind != OpKind::Shutdown => {
@@ -563,19 +572,15 @@ impl World {
         }
     }
 
-    /// `die @call`: the backend reports the sandbox gone.
+    /// `die @call`: the sandbox dies with its workspace; the replica hears it.
     fn died(
         &mut self,
         r: usize,
         x: SandboxId,
         after: Option<std::time::Duration>,
     ) -> Result<(), Stop> {
-        if let Some(s) = self.backend.sandboxes.get_mut(&x) {
-            s.life = Life::Gone;
-        }
         self.script_mut().seen[r].died(x);
-        let inc = self.replicas[r].incarnation;
-        self.deliver(r, inc, Input::Died { sandbox: x }, Instant::MAX, after);
+        self.lose(r, x, false, after);
         Ok(())
     }
 
