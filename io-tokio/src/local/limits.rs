@@ -110,6 +110,9 @@ pub struct Enforcement {
     pub nproc_rlimit_holds: bool,
     /// Whether `/tmp` is the sandbox's own `tmpfs` (bubblewrap).
     pub tmp_is_tmpfs: bool,
+    /// Whether the limits hold for each sandbox as a whole (one bubblewrap, cgroup and
+    /// `prlimit` per sandbox), rather than for each command.
+    pub per_sandbox: bool,
 }
 
 /// A resource of `setrlimit`.
@@ -151,6 +154,7 @@ impl Enforcement {
             nproc_rlimit_holds: bubblewrap && !root && prlimit.is_some(),
             prlimit,
             tmp_is_tmpfs: bubblewrap,
+            per_sandbox: false,
         }
     }
 
@@ -474,6 +478,11 @@ impl fmt::Display for Enforcement {
             l.tmp_bytes.map(bytes),
             self.tmp_is_tmpfs.then_some("tmpfs"),
         );
-        write!(f, "per command: {}", parts.join(", "))
+        let per = if self.per_sandbox {
+            "per sandbox (CPU, file size and open files per process)"
+        } else {
+            "per command"
+        };
+        write!(f, "{per}: {}", parts.join(", "))
     }
 }

@@ -33,13 +33,18 @@
 
 mod exec;
 mod fence;
+mod init_exec;
 mod isolation;
 pub(crate) mod layout;
 mod limits;
 mod nofollow;
 mod ops;
+mod sandbox_init;
 mod seccomp;
 pub mod store;
+// Both halves of the frames: the keeper uses its own, the init (`src/bin`) the other.
+#[allow(dead_code)]
+mod wire;
 
 pub use fence::{token_log_in_order, TokenLog};
 
@@ -59,7 +64,7 @@ use crate::backend::{
 };
 
 pub use exec::{RunError, RunOutput};
-pub use isolation::{Isolated, Isolation, IsolationError};
+pub use isolation::{find_init, Isolated, Isolation, IsolationError, Mode, Namespaces, INIT_VAR};
 use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
 
@@ -87,9 +92,17 @@ pub struct LocalConfig {
     /// Whether those commands reach the network (under bubblewrap; without it they always
     /// do).
     pub network: bool,
-    /// What each command may use (processes, memory, CPU, file size, `/tmp`), and
-    /// [`LocalBackend::limits`] says how that is enforced here.
+    /// What each sandbox may use (processes, memory, CPU, file size, `/tmp`), and
+    /// [`LocalBackend::limits`] says how that is enforced here (for the sandbox as a whole with
+    /// one bubblewrap per sandbox, else for each command).
     pub limits: Limits,
+    /// One bubblewrap per sandbox (the default, where the init is found) or per command.
+    pub namespaces: Namespaces,
+    /// The `sandkeeper-init` program a sandbox's bubblewrap runs as its PID 1. `None`: the
+    /// [`SANDKEEPER_INIT`](INIT_VAR) variable, else beside the keeper's program or in its parent
+    /// directory ([`find_init`]); where none is found, one bubblewrap per command, and
+    /// [`LocalBackend::isolation`] says why.
+    pub init: Option<PathBuf>,
     /// Fleet mode: append every fencing token a change was admitted under to
     /// `<root>/.tokens/accepted.log` (`<sandbox> <key> <token>`, one line per change, in the
     /// order the key's lock admitted them), for audits and the fleet tests
@@ -109,6 +122,8 @@ impl LocalConfig {
             isolation: Isolation::Auto,
             network: false,
             limits: Limits::default(),
+            namespaces: Namespaces::default(),
+            init: None,
             token_log: false,
         }
     }
@@ -136,6 +151,9 @@ struct LocalSandbox {
     /// sandbox and its key at the backend, so a process whose key was taken over changes
     /// nothing the next owner sees (`ops.rs`).
     token: Option<Token>,
+    /// Its init, with one bubblewrap per sandbox: started by its first command, again by the
+    /// next after it ended, ended when the sandbox stops (`sandbox_init.rs`).
+    init: tokio::sync::Mutex<Option<Arc<sandbox_init::SandboxInit>>>,
 }
 
 impl LocalSandbox {
@@ -147,6 +165,7 @@ impl LocalSandbox {
             stopped: watch::channel(false).0,
             reported: false.into(),
             token,
+            init: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -184,12 +203,19 @@ impl LocalBackend {
         std::fs::create_dir_all(&config.root)?;
         let wanted = config.isolation != Isolation::Off;
         let limits = Enforcement::find(config.limits.clone(), wanted);
-        let isolated = isolation::detect(config.isolation, config.network, &config.root, &limits)?;
-        let limits = if isolated.is_bubblewrap() == wanted {
+        let isolated = isolation::detect(
+            config.isolation,
+            config.network,
+            (config.namespaces, config.init.as_deref()),
+            &config.root,
+            &limits,
+        )?;
+        let mut limits = if isolated.is_bubblewrap() == wanted {
             limits
         } else {
             Enforcement::find(config.limits.clone(), false)
         };
+        limits.per_sandbox = isolated.init().is_some();
         // A driver may read the clock: the wall clock names this instance's snapshots apart
         // from an earlier keeper's on the same root, and judges the expiries they recorded.
         #[allow(clippy::disallowed_methods)]

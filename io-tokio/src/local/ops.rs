@@ -27,8 +27,11 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
+use super::init_exec::{self, InitExec};
 use super::isolation::Prepared;
 use super::nofollow::{self, Refused};
+use super::sandbox_init::SandboxInit;
+use super::wire::Spawn;
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
 use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
@@ -263,6 +266,21 @@ impl LocalBackend {
             ("SANDKEEPER_SANDBOX".into(), sandbox.to_string()),
         ];
         env.extend(request.options.env.iter().cloned());
+        if self.isolated.init().is_some() {
+            let init = self.sandbox_init(&s).await?;
+            let exec = InitExec {
+                spawn: Spawn {
+                    argv: request.argv,
+                    env,
+                    cwd: path(&dir),
+                    stdin: request.options.stdin,
+                },
+                cap: request.options.output_cap,
+                timeout,
+                chunks,
+            };
+            return init_exec::run(&s, sandbox, init, exec).await;
+        }
         let prepared = self
             .isolated
             .command(
@@ -278,6 +296,27 @@ impl LocalBackend {
                 error: e.to_string(),
             })?;
         process::run(&s, sandbox, prepared, request, timeout, chunks).await
+    }
+}
+
+impl LocalBackend {
+    /// The sandbox's init (one bubblewrap per sandbox), started now if it has none running.
+    async fn sandbox_init(&self, s: &LocalSandbox) -> Result<Arc<SandboxInit>, OpError> {
+        let mut slot = s.init.lock().await;
+        if let Some(init) = slot.as_ref().filter(|i| i.is_running()) {
+            return Ok(init.clone());
+        }
+        let backend = |e: io::Error| OpError::Backend {
+            what: "sandbox init",
+            error: e.to_string(),
+        };
+        let prepared = self
+            .isolated
+            .init_command(&self.limits, &self.config.root, &s.dir)
+            .map_err(backend)?;
+        let init = SandboxInit::start(prepared, s.stopped.subscribe()).map_err(backend)?;
+        *slot = Some(init.clone());
+        Ok(init)
     }
 }
 
