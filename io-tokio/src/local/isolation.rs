@@ -1,8 +1,12 @@
 //! How far a local sandbox's commands are kept apart from the host, the keeper and each other
 //! (the threat model: `docs/threat-model.md`).
 //!
-//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, each command
-//! runs:
+//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, a sandbox's
+//! commands run in one bubblewrap per sandbox, started at its first command, with
+//! `sandkeeper-init` as its PID 1 spawning each command on the keeper's request
+//! ([`Mode::PerSandbox`], `sandbox_init.rs`; the init is found by [`find_init`]), or, without an
+//! init or when the configuration asks ([`Namespaces::PerCommand`]), one bubblewrap per command
+//! ([`Mode::PerCommand`]). Either way each command runs:
 //!
 //! - in new user, PID, IPC, UTS, cgroup and (unless the network is enabled) network namespaces,
 //!   with **no capabilities** in any set (`--cap-drop ALL`; as root too), `no_new_privs`, and no
@@ -16,8 +20,9 @@
 //!   `/sys`, no host socket; the keeper's root hidden under an empty `tmpfs`, and only the
 //!   sandbox's own directory mounted back, writable;
 //! - with a **clean environment**: bubblewrap itself starts with none (nothing of a request
-//!   can load code into it on the host side), and the command's variables are set inside
-//!   (`--clearenv`, `--setenv`);
+//!   can load code into it on the host side), and the command's variables are set inside: by
+//!   the init, from its pipe (one per sandbox), or by `--clearenv`, `--setenv` (one per
+//!   command, where they show on bubblewrap's command line);
 //! - with **no descriptor but 0, 1 and 2**: every other descriptor of the keeper is made
 //!   close-on-exec in the spawned process before bubblewrap runs (and bubblewrap's own
 //!   descriptor for the filter is closed once read);

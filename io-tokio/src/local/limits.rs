@@ -1,5 +1,5 @@
-//! What one command of a sandbox may use: processes, memory, CPU time, file size, open files
-//! and `/tmp`.
+//! What a sandbox (or, with one bubblewrap per command, each of its commands) may use:
+//! processes, memory, CPU time, file size, open files and `/tmp`.
 //!
 //! How each is enforced depends on the machine, and is found at start ([`Enforcement`]):
 //!
@@ -28,9 +28,13 @@
 //! - `/tmp` is a `tmpfs` of [`Limits::tmp_bytes`] (bubblewrap only): writes past it fail with
 //!   `ENOSPC`.
 //!
-//! Limits hold per command, not per sandbox: each command runs in its own namespaces and cgroup,
-//! so a sandbox running k commands at once may use k times as much. The workspace's total size
-//! is not limited (a per-sandbox file system or project quotas would be needed).
+//! With one bubblewrap per sandbox (its init running every command, `sandbox_init.rs`), the
+//! cgroup, the rlimits and `prlimit` are set once, on the sandbox's bubblewrap: the processes and
+//! memory limits hold for the sandbox as a whole (its commands and the init's threads share
+//! them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`) still count per
+//! process. With one bubblewrap per command every limit holds per command, so a sandbox running
+//! k commands at once may use k times as much. The workspace's total size is not limited (a
+//! per-sandbox file system or project quotas would be needed).
 
 use std::fmt;
 use std::io::{self, Write};

@@ -11,9 +11,10 @@
 //!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
 //!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs under
 //!   the backend's isolation and limits (`isolation.rs`, `limits.rs`; the threat model is
-//!   `docs/threat-model.md`), leading a session and process group of its own, killed with
+//!   `docs/threat-model.md`), leading a process group of its own, killed with
 //!   everything it started (its group, its PID namespace, its cgroup, or what carries its
-//!   mark) when it ends, times out, the sandbox stops, or the caller drops the future.
+//!   mark; through the sandbox's init, its group: `init_exec.rs`) when it ends, times out, the
+//!   sandbox stops, or the caller drops the future.
 //!
 //! Without bubblewrap, a command runs as the keeper's user, sees the host's file system and
 //! network, and may write wherever that user may.
