@@ -906,6 +906,20 @@ fn host_processes_with(needles: &[&str]) -> Vec<i32> {
         .collect()
 }
 
+/// The processes whose parent is `pid`, from `/proc`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let child = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?;
+            (ppid.trim().parse::<i32>().ok()? == pid).then_some(child)
+        })
+        .collect()
+}
+
 /// An init killed from the host (`SIGKILL` to its bubblewrap) takes its sandbox's namespace
 /// with it: the next exec answers a typed, retryable error or runs in a fresh init, and the
 /// one after runs in a fresh init.
@@ -928,8 +942,18 @@ async fn an_exec_after_the_init_was_killed_from_the_host_gets_a_fresh_init() {
         1,
         "one bubblewrap for the sandbox: {bwraps:?}"
     );
+    let inits = children_of(bwraps[0]);
+    assert_eq!(inits.len(), 1, "the init under its bubblewrap: {inits:?}");
     let pid = rustix::process::Pid::from_raw(bwraps[0]).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    // A bounded poll of a real process: the init dies with its bubblewrap (its parent-death
+    // signal), asynchronously; the test is about the execs after that.
+    for _ in 0..500 {
+        if !Path::new(&format!("/proc/{}", inits[0])).exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let next = g.work().exec(["true"], ExecOptions::default()).await;
     match &next {
         Ok(out) => assert!(out.success(), "{out:?}"),
@@ -998,4 +1022,76 @@ async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -
     })
     .await;
     outs.into_iter().flatten().collect()
+}
+
+/// A command that allocates past its sandbox's memory limit ends (the OOM killer of the
+/// sandbox's cgroup picks it, the largest process there; or `RLIMIT_AS` refuses it), and the
+/// sandbox's next command runs under the same init: neither the keeper nor the init was chosen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_ends_its_command_not_its_sandboxs_init() {
+    let limits = Limits {
+        memory_bytes: Some(128 << 20),
+        ..Limits::default()
+    };
+    let Some(k) = limited("memory-init", limits) else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let hog = k.backend().sandbox_dir(g.sandbox()).join("hog");
+    let source = "#include <stdlib.h>\n#include <string.h>\n\
+        int main(void) { for (int mib = 16; mib <= 2048; mib += 16) {\n\
+        char *p = malloc(16 << 20); if (!p) return 3; memset(p, 1, 16 << 20); } return 0; }\n";
+    if !cc(source, &hog, &[]) {
+        return;
+    }
+    let before = init_started(&g).await;
+    let out = g
+        .work()
+        .exec(["./hog"], ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(!out.success(), "{out:?}");
+    assert_eq!(init_started(&g).await, before, "the same init");
+    g.release().await;
+}
+
+/// A process that leaves its command's group (`setsid`) and its output is not killed with the
+/// command: under one bubblewrap per sandbox it lives on inside the sandbox (its namespaces and
+/// limits) — but only until the sandbox stops, when the whole PID namespace dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_left_its_group_dies_when_its_sandbox_stops() {
+    let Some(k) = sandboxed("escapee") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let mark = format!("1000.{}", std::process::id());
+    let out = sh(
+        &g,
+        // Waits until the child leads its own session (field 6 of its stat), or the command's
+        // end would kill it still in the group.
+        &format!(
+            "setsid sleep {mark} </dev/null >/dev/null 2>&1 & p=$!; \
+             while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" != \"$p\" ]; do :; done; echo started"
+        ),
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "started\n", "{out:?}");
+    if k.backend().isolation().init().is_some() {
+        assert_eq!(
+            host_processes_with(&["sleep", &mark]).len(),
+            1,
+            "it lives on in its sandbox"
+        );
+    }
+    g.release().await;
+    k.close(Duration::from_secs(10)).await;
+    // A bounded poll of a real process: the kernel kills the PID namespace's processes once
+    // its init died, and they are gone once reaped.
+    for _ in 0..500 {
+        if host_processes_with(&["sleep", &mark]).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the escaped process outlived its sandbox");
 }
