@@ -315,7 +315,7 @@ impl LocalBackend {
             .isolated
             .init_command(&self.limits, &self.config.root, &s.dir)
             .map_err(backend)?;
-        let init = SandboxInit::start(prepared, s.stopped.subscribe()).map_err(backend)?;
+        let init = SandboxInit::start(prepared, s.stopped.subscribe());
         *slot = Some(init.clone());
         Ok(init)
     }

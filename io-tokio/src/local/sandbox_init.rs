@@ -52,49 +52,44 @@ fn lock(w: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
 }
 
 impl SandboxInit {
-    /// Spawns `prepared` (the sandbox's bubblewrap and init, `Isolated::init_command`) and the
-    /// task that owns it, which ends it when `stopped` turns `true`.
-    pub(crate) fn start(
-        prepared: Prepared,
-        stopped: watch::Receiver<bool>,
-    ) -> io::Result<Arc<SandboxInit>> {
-        let Prepared {
-            command,
-            fds,
-            cgroup,
-            ..
-        } = prepared;
-        let mut command = tokio::process::Command::from(command);
-        command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let spawned = command.spawn();
-        // The filter's pipe is the spawned process's now.
-        drop(fds);
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(e) => {
-                if let Some(cgroup) = cgroup {
-                    tokio::spawn(cgroup.end());
-                }
-                return Err(e);
-            }
-        };
+    /// Starts the task that spawns `prepared` (the sandbox's bubblewrap and init,
+    /// `Isolated::init_command`) and owns it, ending it when `stopped` turns `true`. Requests
+    /// sent meanwhile wait in the channel; a spawn that fails ends the init with its error.
+    ///
+    /// The spawn happens on the task, a thread of the runtime, not the caller's: bubblewrap's
+    /// parent-death signal (`--die-with-parent`) follows the *thread* that spawned it, and a
+    /// sandbox's init must live as long as the runtime, not as an exec's caller's thread.
+    pub(crate) fn start(prepared: Prepared, stopped: watch::Receiver<bool>) -> Arc<SandboxInit> {
         let (requests, rx) = mpsc::unbounded_channel();
         let init = Arc::new(SandboxInit {
             requests,
             waiters: Arc::default(),
             next: AtomicU64::new(1),
         });
-        let pipes = (
-            child.stdin.take().expect("piped"),
-            child.stdout.take().expect("piped"),
-            child.stderr.take().expect("piped"),
-        );
-        tokio::spawn(own(child, pipes, rx, init.waiters.clone(), stopped, cgroup));
-        Ok(init)
+        let waiters = init.waiters.clone();
+        tokio::spawn(async move {
+            let Prepared {
+                command,
+                fds,
+                cgroup,
+                ..
+            } = prepared;
+            match spawn(command) {
+                Ok((child, pipes)) => {
+                    // The filter's pipe is the spawned process's now.
+                    drop(fds);
+                    own(child, pipes, rx, waiters, stopped, cgroup).await;
+                }
+                Err(e) => {
+                    drop(fds);
+                    end(&waiters, format!("it did not start: {e}"));
+                    if let Some(cgroup) = cgroup {
+                        cgroup.end().await;
+                    }
+                }
+            }
+        });
+        init
     }
 
     /// Whether the init still runs (as far as its task knows).
@@ -138,6 +133,31 @@ type Pipes = (
     tokio::process::ChildStdout,
     tokio::process::ChildStderr,
 );
+
+/// Spawns the sandbox's bubblewrap, its standard streams piped.
+fn spawn(command: std::process::Command) -> io::Result<(tokio::process::Child, Pipes)> {
+    let mut command = tokio::process::Command::from(command);
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn()?;
+    let missing = || io::Error::other("a standard stream was not piped");
+    let pipes = (
+        child.stdin.take().ok_or_else(missing)?,
+        child.stdout.take().ok_or_else(missing)?,
+        child.stderr.take().ok_or_else(missing)?,
+    );
+    Ok((child, pipes))
+}
+
+/// Marks the init ended (`why`): every waiting exec's channel closes, and they answer with it.
+fn end(waiters: &Mutex<Waiters>, why: String) {
+    let mut w = lock(waiters);
+    w.ended = Some(format!("the sandbox's init: {why}"));
+    w.by_id.clear();
+}
 
 /// The task that owns the init: writes requests, dispatches replies, and ends it (see the
 /// module docs).
@@ -183,12 +203,7 @@ async fn own(
         Ok(Ok(said)) if !said.is_empty() => format!(" ({})", String::from_utf8_lossy(&said).trim()),
         _ => String::new(),
     };
-    {
-        let mut w = lock(&waiters);
-        w.ended = Some(format!("the sandbox's init: {why}{said}"));
-        // Every waiting exec's channel closes: they answer with `why`.
-        w.by_id.clear();
-    }
+    end(&waiters, format!("{why}{said}"));
     tracing::debug!(%why, "a sandbox init ended");
     if let Some(cgroup) = cgroup {
         cgroup.end().await;
