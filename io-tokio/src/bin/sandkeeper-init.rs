@@ -144,7 +144,9 @@ fn serve() -> io::Result<()> {
                 }
             }
             Request::Kill => {
-                if let Some(r) = init.table().running.get(&id) {
+                // Not once its first process was reaped: the reaper killed the group then, and
+                // the number may name another group by now.
+                if let Some(r) = init.table().running.get(&id).filter(|r| r.ended.is_none()) {
                     let _ = rustix::process::kill_process_group(r.pid, Signal::KILL);
                 }
             }

@@ -43,7 +43,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// What one command may use; `None` leaves a resource unlimited.
+/// What a sandbox may use (with one bubblewrap per command: each command); `None` leaves a
+/// resource unlimited. The rlimits among them count per process (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Processes and threads at once (pids cgroup, or `RLIMIT_NPROC` where it holds).

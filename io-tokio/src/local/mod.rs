@@ -30,6 +30,11 @@
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
 //!   with a timeout.
+//! - Commands run under bubblewrap (`isolation.rs`): one per sandbox, started at its first
+//!   command with `sandkeeper-init` as its PID 1 (`sandbox_init.rs` owns it, `init_exec.rs`
+//!   runs an exec through it, `wire.rs` is what they say to each other) and ended when the
+//!   sandbox stops; or one per command where no init is found. The limits (`limits.rs`) hold
+//!   for the sandbox, or for each command.
 
 mod exec;
 mod fence;
