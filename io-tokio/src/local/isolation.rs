@@ -160,16 +160,16 @@ const INIT_NAME: &str = "sandkeeper-init";
 /// [`init`](super::LocalConfig::init)), else [`SANDKEEPER_INIT`](INIT_VAR), else beside the
 /// keeper's own program or in its parent directory (where cargo puts a package's programs
 /// when the keeper is a test in `target/*/deps`). The first that names a file wins; why none
-/// did otherwise.
+/// did otherwise. A path named is made absolute.
 pub fn find_init(configured: Option<&Path>) -> Result<PathBuf, String> {
     let named = configured
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os(INIT_VAR).map(PathBuf::from));
     if let Some(path) = named {
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("the init {} is not a file", path.display()))
+        // Absolute: bubblewrap runs in `/` and binds it from there.
+        return match std::fs::canonicalize(&path) {
+            Ok(path) if path.is_file() => Ok(path),
+            _ => Err(format!("the init {} is not a file", path.display())),
         };
     }
     let exe = std::env::current_exe().map_err(|e| format!("no program path: {e}"))?;
@@ -753,6 +753,24 @@ mod tests {
     const HELD: &str = "Name:\tcat\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
         CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n\
         NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+
+    #[test]
+    fn an_init_named_is_taken_absolute_or_refused() {
+        let file = std::env::temp_dir().join(format!("sk-init-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let found = find_init(Some(
+            &std::env::temp_dir()
+                .join(".")
+                .join(file.file_name().unwrap()),
+        ));
+        assert_eq!(found, Ok(std::fs::canonicalize(&file).unwrap()));
+        std::fs::remove_file(&file).unwrap();
+        assert!(find_init(Some(&file)).is_err(), "gone");
+        assert!(
+            find_init(Some(&std::env::temp_dir())).is_err(),
+            "a directory"
+        );
+    }
 
     #[test]
     fn the_probe_accepts_only_a_contained_status() {
