@@ -1095,3 +1095,29 @@ async fn a_process_that_left_its_group_dies_when_its_sandbox_stops() {
     }
     panic!("the escaped process outlived its sandbox");
 }
+
+/// The init's pipes carry every command's request (variables, input) and answer: a command,
+/// the same user as the init inside the sandbox, could open them through `/proc/1/fd` (a
+/// dumpable process's descriptors are its user's) to read the other commands' requests or
+/// forge frames to the keeper. The init is not dumpable: they stay out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cannot_reach_the_inits_pipes() {
+    let Some(k) = sandboxed("init-fds") else {
+        return;
+    };
+    if k.backend().isolation().init().is_none() {
+        eprintln!("skipped: {}", k.backend().isolation());
+        return;
+    }
+    let g = call(&k, "a").await;
+    let out = sh(
+        &g,
+        "for fd in 0 1 2; do (exec 3</proc/1/fd/$fd) 2>/dev/null && echo read-$fd; \
+         (exec 3>/proc/1/fd/$fd) 2>/dev/null && echo write-$fd; done; \
+         (exec 3</proc/1/mem) 2>/dev/null && echo mem; echo done",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "done\n", "{out:?}");
+    assert_eq!(text(&sh(&g, "echo ok").await.stdout), "ok\n");
+    g.release().await;
+}

@@ -27,7 +27,7 @@ fn init() -> (Child, mpsc::Receiver<(u64, Reply)>) {
     let mut out = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        while let Ok(Some(body)) = wire::read_frame(&mut out) {
+        while let Ok(Some(body)) = wire::read_frame(&mut out, wire::MAX_REPLY) {
             if tx.send(wire::decode_reply(&body).unwrap()).is_err() {
                 return;
             }

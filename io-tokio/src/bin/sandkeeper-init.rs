@@ -20,7 +20,10 @@
 //! for, `SIGKILL` included). When its standard input ends (the keeper is gone) it exits, and the
 //! namespace with it.
 //!
-//! Std and `rustix` only (the safe system calls: wait, kill), no `unsafe`.
+//! It is not dumpable, so that a command — the same user — cannot open its pipes or memory
+//! through `/proc/1`.
+//!
+//! Std and `rustix` only (the safe system calls: wait, kill, prctl), no `unsafe`.
 
 #![forbid(unsafe_code)]
 
@@ -117,6 +120,10 @@ fn main() -> ExitCode {
 
 /// Reads requests until the keeper closes standard input.
 fn serve() -> io::Result<()> {
+    // Not dumpable: its `/proc/1/fd` (the keeper's pipes, which carry every command's request
+    // and answer) and `/proc/1/mem` are then out of reach of the commands, the same user as
+    // it but without capabilities. A command gets its own dumpable flag back at its exec.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
     let out = File::from(io::stdout().as_fd().try_clone_to_owned()?);
     let mut input = BufReader::new(File::from(io::stdin().as_fd().try_clone_to_owned()?));
     let (waiting, waited) = mpsc::channel();
@@ -134,7 +141,7 @@ fn serve() -> io::Result<()> {
         let init = init.clone();
         std::thread::Builder::new().spawn(move || grace(&init, &waited))?;
     }
-    while let Some(body) = wire::read_frame(&mut input)? {
+    while let Some(body) = wire::read_frame(&mut input, wire::MAX_FRAME)? {
         let (id, request) = wire::decode_request(&body)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         match request {

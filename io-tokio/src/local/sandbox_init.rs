@@ -241,7 +241,8 @@ async fn read_frame(r: &mut (impl AsyncRead + Unpin)) -> io::Result<Option<Vec<u
         Err(e) => return Err(e),
     }
     r.read_exact(&mut head[1..]).await?;
-    let n = wire::frame_len(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let n = wire::frame_len(head, wire::MAX_REPLY)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let mut body = vec![0; n];
     r.read_exact(&mut body).await?;
     Ok(Some(body))
@@ -298,7 +299,7 @@ fn exchange(child: &mut std::process::Child, spawn: Spawn) -> io::Result<(Exit, 
         .ok_or_else(|| io::Error::other("no stdout"))?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
     loop {
-        let Some(body) = wire::read_frame(&mut stdout)? else {
+        let Some(body) = wire::read_frame(&mut stdout, wire::MAX_REPLY)? else {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the init ended",

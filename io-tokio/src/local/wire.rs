@@ -10,8 +10,12 @@
 
 use std::io::{self, Read};
 
-/// The largest frame either side accepts (a command's standard input travels in one).
+/// The largest request frame the init accepts (a command's standard input travels in one).
 pub const MAX_FRAME: usize = 1 << 30;
+
+/// The largest reply frame the keeper accepts: the init sends output in pieces of 64 KiB, so a
+/// longer frame is not the init's, and allocates nothing.
+pub const MAX_REPLY: usize = 1 << 20;
 
 /// What the keeper asks the init.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +86,7 @@ impl std::fmt::Display for WireError {
             WireError::Tag(t) => write!(f, "unknown frame tag {t}"),
             WireError::NotUtf8 => write!(f, "a string of a frame is not UTF-8"),
             WireError::Trailing => write!(f, "bytes after a frame's last field"),
-            WireError::TooLong(n) => write!(f, "a frame of {n} bytes (at most {MAX_FRAME})"),
+            WireError::TooLong(n) => write!(f, "a frame or field of {n} bytes, too long"),
         }
     }
 }
@@ -289,17 +293,19 @@ pub fn decode_reply(body: &[u8]) -> Result<(u64, Reply), WireError> {
     Ok((id, reply))
 }
 
-/// The length of a frame from its first four bytes, checked against [`MAX_FRAME`].
-pub fn frame_len(head: [u8; 4]) -> Result<usize, WireError> {
+/// The length of a frame from its first four bytes, checked against `max` ([`MAX_FRAME`] for
+/// requests, [`MAX_REPLY`] for replies).
+pub fn frame_len(head: [u8; 4], max: usize) -> Result<usize, WireError> {
     let n = u32::from_le_bytes(head) as usize;
-    if n > MAX_FRAME {
+    if n > max {
         return Err(WireError::TooLong(n));
     }
     Ok(n)
 }
 
-/// Reads one frame's body from `r`; `None` at a clean end (nothing of a next frame read).
-pub fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+/// Reads one frame's body of at most `max` bytes from `r`; `None` at a clean end (nothing of a
+/// next frame read).
+pub fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Option<Vec<u8>>> {
     let mut head = [0; 4];
     let mut got = 0;
     while got < 4 {
@@ -311,7 +317,7 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
             Err(e) => return Err(e),
         }
     }
-    let n = frame_len(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let n = frame_len(head, max).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let mut body = vec![0; n];
     r.read_exact(&mut body)?;
     Ok(Some(body))
@@ -371,10 +377,11 @@ mod tests {
         forged.extend_from_slice(&1u64.to_le_bytes());
         forged.extend_from_slice(&1_000_000_000u32.to_le_bytes());
         assert_eq!(decode_request(&forged), Err(WireError::Short));
-        assert!(frame_len(u32::MAX.to_le_bytes()).is_err());
+        assert!(frame_len(u32::MAX.to_le_bytes(), MAX_FRAME).is_err());
+        assert!(frame_len((MAX_REPLY as u32 + 1).to_le_bytes(), MAX_REPLY).is_err());
         let mut r: &[u8] = &[1, 0];
-        assert!(read_frame(&mut r).is_err());
+        assert!(read_frame(&mut r, MAX_FRAME).is_err());
         let mut empty: &[u8] = &[];
-        assert!(read_frame(&mut empty).unwrap().is_none());
+        assert!(read_frame(&mut empty, MAX_FRAME).unwrap().is_none());
     }
 }
