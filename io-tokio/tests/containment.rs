@@ -874,9 +874,9 @@ async fn init_started(g: &CallGuard<LocalBackend>) -> String {
     text(&out.stdout)
 }
 
-/// A command cannot end its sandbox's init: `kill -9 1` from inside does nothing (the kernel
-/// drops a signal its namespace's init has no handler for), and the next command runs under
-/// the same init.
+/// A command cannot end or stop its sandbox's init: `kill -9 1` (or `-STOP`) from inside does
+/// nothing (the kernel drops a signal its namespace's init has no handler for), and the next
+/// command runs under the same init.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_pid_1_from_inside_leaves_the_init_running() {
     let Some(k) = sandboxed("kill-init") else {
@@ -884,7 +884,11 @@ async fn kill_9_of_pid_1_from_inside_leaves_the_init_running() {
     };
     let g = call(&k, "a").await;
     let before = init_started(&g).await;
-    let out = sh(&g, "kill -9 1; kill -TERM 1; kill -INT 1; echo sent").await;
+    let out = sh(
+        &g,
+        "kill -9 1; kill -STOP 1; kill -TERM 1; kill -INT 1; echo sent",
+    )
+    .await;
     assert_eq!(text(&out.stdout), "sent\n", "{out:?}");
     assert_eq!(init_started(&g).await, before, "the same init");
     g.release().await;
