@@ -1125,3 +1125,47 @@ async fn a_command_cannot_reach_the_inits_pipes() {
     assert_eq!(text(&sh(&g, "echo ok").await.stdout), "ok\n");
     g.release().await;
 }
+
+/// A streamed command whose reader does not keep up blocks on its output, as on a pipe: the
+/// keeper holds at most a window of it (1 MiB) instead of all it wrote. Without the window a
+/// command could fill the keeper's memory through a slow reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_command_waits_for_a_slow_reader() {
+    let Some(k) = sandboxed("window") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let work = g.work();
+    let running = work.exec_streaming(
+        ["sh", "-c", "head -c 8000000 /dev/zero; touch wrote-all"],
+        ExecOptions::default(),
+        tx,
+    );
+    let read = async {
+        let first = rx.recv().await.expect("a first piece");
+        // A bounded wait on a real process: were its output not held back, it would write
+        // its 8 MB and the marker well within this time.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = !dir.join("wrote-all").exists();
+        let mut total = match first {
+            sandkeeper_tokio::Chunk::Stdout(b) => b.len(),
+            sandkeeper_tokio::Chunk::Stderr(_) => 0,
+        };
+        while let Some(chunk) = rx.recv().await {
+            if let sandkeeper_tokio::Chunk::Stdout(b) = chunk {
+                total += b.len();
+            }
+        }
+        (held, total)
+    };
+    let (out, (held, total)) = tokio::join!(running, read);
+    let out = out.unwrap();
+    assert!(out.success() && out.truncated, "{:?}", out.code);
+    assert_eq!(total, 8_000_000, "every byte streamed");
+    if k.backend().isolation().init().is_some() {
+        assert!(held, "the command wrote everything while its reader slept");
+    }
+    g.release().await;
+}

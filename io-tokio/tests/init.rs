@@ -47,6 +47,7 @@ fn spawn(argv: &[&str], stdin: &[u8]) -> Request {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: "/".into(),
         stdin: stdin.to_vec(),
+        window: 0,
     })
 }
 
@@ -121,4 +122,33 @@ fn a_frame_it_cannot_decode_ends_it() {
         .unwrap();
     drop(child.stdin.take());
     assert!(!child.wait().unwrap().success());
+}
+
+#[test]
+fn output_past_its_window_waits_for_the_keepers_credit() {
+    let (mut child, rx) = init();
+    let Request::Spawn(mut s) = spawn(&["head", "-c", "1000000", "/dev/zero"], b"") else {
+        unreachable!()
+    };
+    s.window = 64 << 10;
+    send(&mut child, 1, Request::Spawn(s));
+    // Takes what comes without credit. A bounded wait on a real process: half a second
+    // without a frame means the init holds the rest back.
+    let mut early = 0;
+    let mut ended = false;
+    while let Ok((_, reply)) = rx.recv_timeout(Duration::from_millis(500)) {
+        match reply {
+            Reply::Stdout(b) => early += b.len(),
+            _ => ended = true,
+        }
+    }
+    assert!(!ended, "it ended without credit");
+    assert!(
+        early > 0 && early <= 2 * (64 << 10),
+        "{early} bytes before any credit"
+    );
+    send(&mut child, 1, Request::Credit(1 << 30));
+    let seen = until_done(&rx, &[1]);
+    assert_eq!(early + seen[&1].stdout.len(), 1_000_000);
+    assert!(matches!(seen[&1].last, Some(Reply::Exit(e)) if e.code == Some(0)));
 }

@@ -38,7 +38,7 @@ use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitCode, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, WaitOptions, WaitStatus};
@@ -48,10 +48,57 @@ use wire::{Exit, Reply, Request, Spawn};
 /// before it is reported anyway (see the module docs).
 const ESCAPE_GRACE: Duration = Duration::from_secs(2);
 
+/// How much more of a command's output the keeper takes (`None`: no bound), and the readers
+/// waiting for more.
+struct Credit {
+    left: Mutex<Option<u64>>,
+    more: Condvar,
+}
+
+impl Credit {
+    fn new(window: u64) -> Arc<Credit> {
+        Arc::new(Credit {
+            left: Mutex::new((window > 0).then_some(window)),
+            more: Condvar::new(),
+        })
+    }
+
+    fn left(&self) -> MutexGuard<'_, Option<u64>> {
+        self.left.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until some is left, then takes `n` (one piece may overdraw it).
+    fn take(&self, n: usize) {
+        let mut left = self.left();
+        while *left == Some(0) {
+            left = self.more.wait(left).unwrap_or_else(|p| p.into_inner());
+        }
+        if let Some(l) = left.as_mut() {
+            *l = l.saturating_sub(n as u64);
+        }
+    }
+
+    /// `n` more (the keeper's [`Request::Credit`]).
+    fn give(&self, n: u64) {
+        if let Some(l) = self.left().as_mut() {
+            *l = l.saturating_add(n);
+        }
+        self.more.notify_all();
+    }
+
+    /// No bound any more: the command ended or is killed, its readers drain its pipes.
+    fn open(&self) {
+        *self.left() = None;
+        self.more.notify_all();
+    }
+}
+
 /// One running command.
 struct Running {
     /// Its first process, which leads its process group.
     pid: Pid,
+    /// How much more output the keeper takes.
+    credit: Arc<Credit>,
     /// Output pipes still open (0 to 2).
     open: u8,
     /// How its first process ended, once it did.
@@ -153,8 +200,16 @@ fn serve() -> io::Result<()> {
             Request::Kill => {
                 // Not once its first process was reaped: the reaper killed the group then, and
                 // the number may name another group by now.
-                if let Some(r) = init.table().running.get(&id).filter(|r| r.ended.is_none()) {
-                    let _ = rustix::process::kill_process_group(r.pid, Signal::KILL);
+                if let Some(r) = init.table().running.get(&id) {
+                    if r.ended.is_none() {
+                        let _ = rustix::process::kill_process_group(r.pid, Signal::KILL);
+                    }
+                    r.credit.open();
+                }
+            }
+            Request::Credit(n) => {
+                if let Some(r) = init.table().running.get(&id) {
+                    r.credit.give(n);
                 }
             }
         }
@@ -196,10 +251,12 @@ fn spawn(init: &Arc<Init>, id: u64, s: Spawn) -> bool {
     let Some(pid) = Pid::from_raw(child.id() as i32) else {
         return false;
     };
+    let credit = Credit::new(s.window);
     table.running.insert(
         id,
         Running {
             pid,
+            credit: credit.clone(),
             open: 2,
             ended: None,
         },
@@ -217,11 +274,11 @@ fn spawn(init: &Arc<Init>, id: u64, s: Spawn) -> bool {
         child
             .stdout
             .take()
-            .map(|r| forward(init, id, r, Reply::Stdout)),
+            .map(|r| forward(init, (id, &credit), r, Reply::Stdout)),
         child
             .stderr
             .take()
-            .map(|r| forward(init, id, r, Reply::Stderr)),
+            .map(|r| forward(init, (id, &credit), r, Reply::Stderr)),
     ];
     if let Some(Err(e)) = threads.into_iter().flatten().find(Result::is_err) {
         // No thread to carry its input or output (the sandbox is at its process limit): it
@@ -243,20 +300,24 @@ fn thread(f: impl FnOnce() + Send + 'static) -> io::Result<()> {
     std::thread::Builder::new().spawn(f).map(drop)
 }
 
-/// Sends what `from` gives as frames made by `wrap`, on a thread of its own, until it ends.
+/// Sends what `from` gives as frames made by `wrap`, on a thread of its own, until it ends,
+/// each piece within command `id`'s `credit`.
 fn forward(
     init: &Arc<Init>,
-    id: u64,
+    (id, credit): (u64, &Arc<Credit>),
     mut from: impl Read + Send + 'static,
     wrap: fn(Vec<u8>) -> Reply,
 ) -> io::Result<()> {
-    let init = init.clone();
+    let (init, credit) = (init.clone(), credit.clone());
     thread(move || {
         let mut buf = vec![0; 64 << 10];
         loop {
             match from.read(&mut buf) {
                 Ok(0) => break,
-                Ok(n) => init.send(id, &wrap(buf[..n].to_vec())),
+                Ok(n) => {
+                    credit.take(n);
+                    init.send(id, &wrap(buf[..n].to_vec()));
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
@@ -294,6 +355,8 @@ fn reap(init: &Arc<Init>, wake: &mpsc::Receiver<()>) {
             let _ = rustix::process::kill_process_group(pid, Signal::KILL);
             if let Some(r) = table.running.get_mut(&id) {
                 r.ended = Some(status);
+                // Its readers drain what is left: its exit waits for its pipes to close.
+                r.credit.open();
                 if r.open > 0 {
                     let waiting = init.waiting.lock().unwrap_or_else(|p| p.into_inner());
                     let _ = waiting.send((now() + ESCAPE_GRACE, id));

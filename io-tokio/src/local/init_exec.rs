@@ -19,6 +19,12 @@ use crate::ops::{Chunk, ExecOutput, OpError};
 /// How long an exec that timed out waits for the init to say its group is dead.
 const REAP: Duration = Duration::from_secs(5);
 
+/// How much of a streamed command's output may be on its way (in the init, the pipe and the
+/// keeper's channels) before its reader takes it: past it, the command blocks on its output,
+/// as on a pipe, instead of the keeper's memory growing. An exec that is not streamed takes
+/// every piece at once, and runs without a window.
+const WINDOW: u64 = 1 << 20;
+
 /// What an exec asks of its sandbox's init.
 pub(crate) struct InitExec {
     /// The command, as the init runs it.
@@ -92,6 +98,10 @@ pub(crate) async fn run(
         chunks,
     } = exec;
     let program = spawn.argv.first().cloned().ok_or(OpError::EmptyArgv)?;
+    let spawn = Spawn {
+        window: if chunks.is_some() { WINDOW } else { 0 },
+        ..spawn
+    };
     let mut stopped = s.stopped.subscribe();
     let stopped_now = *stopped.borrow();
     if stopped_now {
@@ -120,8 +130,8 @@ pub(crate) async fn run(
     let ended: Result<Exit, OpError> = loop {
         tokio::select! {
             reply = replies.recv() => match reply {
-                Some(Reply::Stdout(b)) => output(&mut kept, &chunks, b, false).await,
-                Some(Reply::Stderr(b)) => output(&mut kept, &chunks, b, true).await,
+                Some(Reply::Stdout(b)) => output(&mut kept, (&init, id), &chunks, b, false).await,
+                Some(Reply::Stderr(b)) => output(&mut kept, (&init, id), &chunks, b, true).await,
                 Some(Reply::Exit(exit)) => break Ok(exit),
                 Some(Reply::Failed(error)) => break Err(OpError::Spawn { program, error }),
                 None => break Err(init_ended(init.why())),
@@ -174,21 +184,25 @@ pub(crate) async fn run(
     })
 }
 
-/// Keeps a piece of output and streams it, when streamed.
+/// Keeps a piece of output and streams it, when streamed; then gives the init (`init`, about
+/// command `id`) as much credit as the reader took.
 async fn output(
     kept: &mut Kept,
+    (init, id): (&SandboxInit, u64),
     chunks: &Option<tokio::sync::mpsc::Sender<Chunk>>,
     bytes: Vec<u8>,
     err: bool,
 ) {
     kept.keep(&bytes, err);
     if let Some(tx) = chunks {
+        let n = bytes.len() as u64;
         let chunk = if err {
             Chunk::Stderr(bytes)
         } else {
             Chunk::Stdout(bytes)
         };
         let _ = tx.send(chunk).await;
+        let _ = init.send(id, &Request::Credit(n));
     }
 }
 

@@ -299,6 +299,7 @@ fn probe(
                 env: env.to_vec(),
                 cwd: root.to_string_lossy().into_owned(),
                 stdin: Vec::new(),
+                window: 0,
             };
             let (exit, stdout, stderr) = super::sandbox_init::run_blocking(prepared, spawn)
                 .map_err(|e| broken(e.to_string()))?;

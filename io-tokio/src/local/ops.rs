@@ -275,6 +275,7 @@ impl LocalBackend {
                     env,
                     cwd: path(&dir),
                     stdin: request.options.stdin,
+                    window: 0,
                 },
                 cap: request.options.output_cap,
                 timeout,

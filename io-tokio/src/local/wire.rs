@@ -24,6 +24,8 @@ pub enum Request {
     Spawn(Spawn),
     /// Kill the command's process group.
     Kill,
+    /// The keeper took this many more bytes of the command's output (see [`Spawn::window`]).
+    Credit(u64),
 }
 
 /// A command to run: exactly this argv, environment, working directory and standard input.
@@ -37,6 +39,10 @@ pub struct Spawn {
     pub cwd: String,
     /// Its standard input (closed at once when empty).
     pub stdin: Vec<u8>,
+    /// How many bytes of its output the init may send before the keeper's [`Request::Credit`]
+    /// (0: no bound): the init stops reading its pipes, and the command blocks on them, while
+    /// the keeper's reader of its output is behind by that much.
+    pub window: u64,
 }
 
 /// What the init answers about a command.
@@ -95,6 +101,7 @@ impl std::error::Error for WireError {}
 
 const SPAWN: u8 = 1;
 const KILL: u8 = 2;
+const CREDIT: u8 = 3;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
 const EXIT: u8 = 3;
@@ -198,6 +205,11 @@ impl<'a> In<'a> {
 pub fn encode_request(id: u64, request: &Request) -> Result<Vec<u8>, WireError> {
     match request {
         Request::Kill => Out::new(KILL, id).done(),
+        Request::Credit(n) => {
+            let mut o = Out::new(CREDIT, id);
+            o.0.extend_from_slice(&n.to_le_bytes());
+            o.done()
+        }
         Request::Spawn(s) => {
             let mut o = Out::new(SPAWN, id);
             o.count(s.argv.len())?;
@@ -211,6 +223,7 @@ pub fn encode_request(id: u64, request: &Request) -> Result<Vec<u8>, WireError> 
             }
             o.bytes(s.cwd.as_bytes())?;
             o.bytes(&s.stdin)?;
+            o.0.extend_from_slice(&s.window.to_le_bytes());
             o.done()
         }
     }
@@ -223,6 +236,7 @@ pub fn decode_request(body: &[u8]) -> Result<(u64, Request), WireError> {
     let id = i.u64()?;
     let request = match tag {
         KILL => Request::Kill,
+        CREDIT => Request::Credit(i.u64()?),
         SPAWN => {
             let mut s = Spawn::default();
             for _ in 0..i.count(4)? {
@@ -233,6 +247,7 @@ pub fn decode_request(body: &[u8]) -> Result<(u64, Request), WireError> {
             }
             s.cwd = i.string()?;
             s.stdin = i.bytes()?;
+            s.window = i.u64()?;
             Request::Spawn(s)
         }
         t => return Err(WireError::Tag(t)),
@@ -338,8 +353,9 @@ mod tests {
             env: vec![("PATH".into(), "/usr/bin".into())],
             cwd: "/w".into(),
             stdin: b"in\0put".to_vec(),
+            window: 1 << 20,
         });
-        for r in [spawn, Request::Kill] {
+        for r in [spawn, Request::Kill, Request::Credit(65536)] {
             let f = encode_request(7, &r).unwrap();
             assert_eq!(decode_request(body(&f)), Ok((7, r)));
         }
