@@ -708,3 +708,464 @@ async fn the_keepers_root_and_other_sandboxes_stay_out_of_sight() {
     a.release().await;
     b.release().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// One namespace per sandbox (issue 31: the exec cost, limits per sandbox)
+
+/// Waits until `path` exists: a bounded poll of a real process (a command of the test that
+/// makes it), which no event of the keeper announces. Panics after ten seconds.
+async fn until_exists(path: &Path) {
+    for _ in 0..1000 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+/// The C program that forks as many children as it can (up to 300), each waiting, and prints
+/// how many it made; `None` (skipped) without a C compiler.
+fn forker(at: &Path) -> Option<()> {
+    let source = "#include <unistd.h>\n#include <stdio.h>\nint main(void) { int n = 0;\n\
+        for (int i = 0; i < 300; i++) { pid_t p = fork(); if (p == 0) { pause(); _exit(0); }\n\
+        if (p < 0) break; n++; } printf(\"%d\\n\", n); return 0; }\n";
+    cc(source, at, &[]).then_some(())
+}
+
+/// How many children `./forker` of the sandbox could make.
+async fn forked(g: &CallGuard<LocalBackend>) -> u32 {
+    let out = g
+        .work()
+        .exec(["./forker"], ExecOptions::default())
+        .await
+        .unwrap();
+    text(&out.stdout).trim().parse().expect("a count")
+}
+
+/// Before issue 31's init, each command had the whole process limit of its own: a sandbox
+/// running k commands at once had k times the limit. Now two commands of one sandbox share it:
+/// while one holds 20 processes, the other can make 20 fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_commands_of_one_sandbox_share_its_process_limit() {
+    let limits = Limits {
+        processes: Some(48),
+        ..Limits::default()
+    };
+    let Some(k) = limited("shared-nproc", limits) else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    if forker(&dir.join("forker")).is_none() {
+        return;
+    }
+    let alone = forked(&g).await;
+    let work = g.work();
+    let holder = sh_with(
+        &g,
+        "for i in $(seq 20); do sleep 1000 & done; touch held; \
+         while [ ! -e done ]; do sleep 0.05; done",
+        ExecOptions {
+            timeout: Some(Duration::from_secs(30)),
+            ..ExecOptions::default()
+        },
+    );
+    let beside = async {
+        until_exists(&dir.join("held")).await;
+        let n = forked(&g).await;
+        std::fs::write(dir.join("done"), "").unwrap();
+        n
+    };
+    let (held, beside) = tokio::join!(holder, beside);
+    assert!(held.success(), "{held:?}");
+    assert!(
+        beside + 15 <= alone,
+        "alone a command made {alone} processes, beside one holding 20 it made {beside}: \
+         the limit is not the sandbox's"
+    );
+    drop(work);
+    g.release().await;
+}
+
+/// A fork bomb fills its own sandbox's process limit only: another sandbox's command runs to
+/// its end while it rages, and its own sandbox runs commands again once it was killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_in_one_sandbox_leaves_another_sandboxs_exec_running() {
+    let limits = Limits {
+        processes: Some(64),
+        ..Limits::default()
+    };
+    let Some(k) = limited("bomb-two", limits) else {
+        return;
+    };
+    let a = call(&k, "a").await;
+    let b = call(&k, "b").await;
+    let a_dir = k.backend().sandbox_dir(a.sandbox());
+    let work = a.work();
+    let bomb = work.exec(
+        ["sh", "-c", "touch started; b() { b | b & }; b; sleep 100"],
+        ExecOptions {
+            timeout: Some(Duration::from_secs(3)),
+            ..ExecOptions::default()
+        },
+    );
+    let other = async {
+        until_exists(&a_dir.join("started")).await;
+        sh(&b, "echo ok").await
+    };
+    let (bomb, other) = tokio::join!(bomb, other);
+    assert!(matches!(bomb, Err(OpError::Timeout { .. })), "{bomb:?}");
+    assert_eq!(text(&other.stdout), "ok\n", "{other:?}");
+    let again = a
+        .work()
+        .exec(["sh", "-c", "echo again"], ExecOptions::default())
+        .await;
+    assert!(
+        matches!(&again, Ok(out) if text(&out.stdout) == "again\n"),
+        "{again:?}"
+    );
+    a.release().await;
+    b.release().await;
+}
+
+/// The request's variables were on bubblewrap's command line (`--setenv K V`), which every
+/// user of the host can read in `/proc/<pid>/cmdline` while the command runs. Now they travel
+/// over the sandbox init's pipe: no host process's command line holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_environment_is_on_no_host_command_line() {
+    let Some(k) = sandboxed("env-cmdline") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    let secret = format!("sk-secret-{}", std::process::id());
+    let running = sh_with(
+        &g,
+        "touch running; while [ ! -e done ]; do sleep 0.05; done; printf %s \"$TOKEN\"",
+        ExecOptions {
+            env: vec![("TOKEN".into(), secret.clone())],
+            timeout: Some(Duration::from_secs(30)),
+            ..ExecOptions::default()
+        },
+    );
+    let look = async {
+        until_exists(&dir.join("running")).await;
+        let seen: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| text(&c).replace('\0', " "))
+            .filter(|c| c.contains(&secret))
+            .collect();
+        std::fs::write(dir.join("done"), "").unwrap();
+        seen
+    };
+    let (out, seen) = tokio::join!(running, look);
+    assert_eq!(text(&out.stdout), secret, "the command got its variable");
+    assert!(seen.is_empty(), "on a host command line: {seen:?}");
+    g.release().await;
+}
+
+/// Field 22 of `/proc/1/stat` inside the sandbox: when its PID 1 started.
+async fn init_started(g: &CallGuard<LocalBackend>) -> String {
+    let out = sh(g, "cut -d' ' -f22 /proc/1/stat").await;
+    assert!(out.success(), "{out:?}");
+    text(&out.stdout)
+}
+
+/// A command cannot end or stop its sandbox's init: `kill -9 1` (or `-STOP`) from inside does
+/// nothing (the kernel drops a signal its namespace's init has no handler for), and the next
+/// command runs under the same init.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_pid_1_from_inside_leaves_the_init_running() {
+    let Some(k) = sandboxed("kill-init") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let before = init_started(&g).await;
+    let out = sh(
+        &g,
+        "kill -9 1; kill -STOP 1; kill -TERM 1; kill -INT 1; echo sent",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "sent\n", "{out:?}");
+    assert_eq!(init_started(&g).await, before, "the same init");
+    g.release().await;
+}
+
+/// Host processes whose command line holds every one of `needles`.
+fn host_processes_with(needles: &[&str]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = text(&std::fs::read(e.path().join("cmdline")).ok()?);
+            needles
+                .iter()
+                .all(|n| cmdline.split('\0').any(|a| a == *n))
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// The processes whose parent is `pid`, from `/proc`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let child = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?;
+            (ppid.trim().parse::<i32>().ok()? == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// An init killed from the host (`SIGKILL` to its bubblewrap) takes its sandbox's namespace
+/// with it: the next exec answers a typed, retryable error or runs in a fresh init, and the
+/// one after runs in a fresh init.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_after_the_init_was_killed_from_the_host_gets_a_fresh_init() {
+    let Some(k) = sandboxed("host-kill") else {
+        return;
+    };
+    if k.backend().isolation().init().is_none() {
+        eprintln!("skipped: {}", k.backend().isolation());
+        return;
+    }
+    let g = call(&k, "a").await;
+    let before = init_started(&g).await;
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    let dir = dir.to_string_lossy();
+    let bwraps = host_processes_with(&["--as-pid-1", &dir]);
+    assert_eq!(
+        bwraps.len(),
+        1,
+        "one bubblewrap for the sandbox: {bwraps:?}"
+    );
+    let inits = children_of(bwraps[0]);
+    assert_eq!(inits.len(), 1, "the init under its bubblewrap: {inits:?}");
+    let pid = rustix::process::Pid::from_raw(bwraps[0]).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    // A bounded poll of a real process: the init dies with its bubblewrap (its parent-death
+    // signal), asynchronously; the test is about the execs after that.
+    for _ in 0..500 {
+        if !Path::new(&format!("/proc/{}", inits[0])).exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let next = g.work().exec(["true"], ExecOptions::default()).await;
+    match &next {
+        Ok(out) => assert!(out.success(), "{out:?}"),
+        Err(e @ OpError::Backend { .. }) => {
+            assert_eq!(e.class(), sandkeeper_tokio::OpErrorClass::Retryable)
+        }
+        Err(e) => panic!("neither a fresh init nor a typed error: {e:?}"),
+    }
+    assert_ne!(init_started(&g).await, before, "a fresh init");
+    g.release().await;
+}
+
+/// Sixteen commands of one sandbox at once, each with its own input, output, error and exit
+/// code: each gets exactly its own back (the init tells their frames apart by id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_execs_in_one_sandbox_each_get_their_own_output() {
+    let Some(k) = sandboxed("concurrent") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let script = "i=0; while [ $i -lt 300 ]; do echo \"$ID-$i\"; i=$((i+1)); done; \
+                  cat; echo \"err-$ID\" >&2; exit $ID";
+    let runs = (1..=16).map(|id| {
+        sh_with(
+            &g,
+            script,
+            ExecOptions {
+                env: vec![("ID".into(), id.to_string())],
+                stdin: format!("in-{id}\n").into_bytes(),
+                ..ExecOptions::default()
+            },
+        )
+    });
+    let outs = futures_join_all(runs).await;
+    for (n, out) in outs.iter().enumerate() {
+        let id = n + 1;
+        let mut want: String = (0..300).map(|i| format!("{id}-{i}\n")).collect();
+        want.push_str(&format!("in-{id}\n"));
+        assert_eq!(out.code, Some(id as i32), "{id}");
+        assert_eq!(text(&out.stdout), want, "{id}");
+        assert_eq!(text(&out.stderr), format!("err-{id}\n"), "{id}");
+        assert!(!out.truncated);
+    }
+    g.release().await;
+}
+
+/// Runs every future at once (tasks of the test's runtime would need `'static`).
+async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut fs: Vec<std::pin::Pin<Box<F>>> = fs.map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = fs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in fs.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outs.into_iter().flatten().collect()
+}
+
+/// A command that allocates past its sandbox's memory limit ends (the OOM killer of the
+/// sandbox's cgroup picks it, the largest process there; or `RLIMIT_AS` refuses it), and the
+/// sandbox's next command runs under the same init: neither the keeper nor the init was chosen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_ends_its_command_not_its_sandboxs_init() {
+    let limits = Limits {
+        memory_bytes: Some(128 << 20),
+        ..Limits::default()
+    };
+    let Some(k) = limited("memory-init", limits) else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let hog = k.backend().sandbox_dir(g.sandbox()).join("hog");
+    let source = "#include <stdlib.h>\n#include <string.h>\n\
+        int main(void) { for (int mib = 16; mib <= 2048; mib += 16) {\n\
+        char *p = malloc(16 << 20); if (!p) return 3; memset(p, 1, 16 << 20); } return 0; }\n";
+    if !cc(source, &hog, &[]) {
+        return;
+    }
+    let before = init_started(&g).await;
+    let out = g
+        .work()
+        .exec(["./hog"], ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(!out.success(), "{out:?}");
+    assert_eq!(init_started(&g).await, before, "the same init");
+    g.release().await;
+}
+
+/// A process that leaves its command's group (`setsid`) and its output is not killed with the
+/// command: under one bubblewrap per sandbox it lives on inside the sandbox (its namespaces and
+/// limits) — but only until the sandbox stops, when the whole PID namespace dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_left_its_group_dies_when_its_sandbox_stops() {
+    let Some(k) = sandboxed("escapee") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let mark = format!("1000.{}", std::process::id());
+    let out = sh(
+        &g,
+        // Waits until the child leads its own session (field 6 of its stat), or the command's
+        // end would kill it still in the group.
+        &format!(
+            "setsid sleep {mark} </dev/null >/dev/null 2>&1 & p=$!; \
+             while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" != \"$p\" ]; do :; done; echo started"
+        ),
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "started\n", "{out:?}");
+    if k.backend().isolation().init().is_some() {
+        assert_eq!(
+            host_processes_with(&["sleep", &mark]).len(),
+            1,
+            "it lives on in its sandbox"
+        );
+    }
+    g.release().await;
+    k.close(Duration::from_secs(10)).await;
+    // A bounded poll of a real process: the kernel kills the PID namespace's processes once
+    // its init died, and they are gone once reaped.
+    for _ in 0..500 {
+        if host_processes_with(&["sleep", &mark]).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the escaped process outlived its sandbox");
+}
+
+/// The init's pipes carry every command's request (variables, input) and answer: a command,
+/// the same user as the init inside the sandbox, could open them through `/proc/1/fd` (a
+/// dumpable process's descriptors are its user's) to read the other commands' requests or
+/// forge frames to the keeper. The init is not dumpable: they stay out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cannot_reach_the_inits_pipes() {
+    let Some(k) = sandboxed("init-fds") else {
+        return;
+    };
+    if k.backend().isolation().init().is_none() {
+        eprintln!("skipped: {}", k.backend().isolation());
+        return;
+    }
+    let g = call(&k, "a").await;
+    let out = sh(
+        &g,
+        "for fd in 0 1 2; do (exec 3</proc/1/fd/$fd) 2>/dev/null && echo read-$fd; \
+         (exec 3>/proc/1/fd/$fd) 2>/dev/null && echo write-$fd; done; \
+         (exec 3</proc/1/mem) 2>/dev/null && echo mem; echo done",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "done\n", "{out:?}");
+    assert_eq!(text(&sh(&g, "echo ok").await.stdout), "ok\n");
+    g.release().await;
+}
+
+/// A streamed command whose reader does not keep up blocks on its output, as on a pipe: the
+/// keeper holds at most a window of it (1 MiB) instead of all it wrote. Without the window a
+/// command could fill the keeper's memory through a slow reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_command_waits_for_a_slow_reader() {
+    let Some(k) = sandboxed("window") else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let work = g.work();
+    let running = work.exec_streaming(
+        ["sh", "-c", "head -c 8000000 /dev/zero; touch wrote-all"],
+        ExecOptions::default(),
+        tx,
+    );
+    let read = async {
+        let first = rx.recv().await.expect("a first piece");
+        // A bounded wait on a real process: were its output not held back, it would write
+        // its 8 MB and the marker well within this time.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = !dir.join("wrote-all").exists();
+        let mut total = match first {
+            sandkeeper_tokio::Chunk::Stdout(b) => b.len(),
+            sandkeeper_tokio::Chunk::Stderr(_) => 0,
+        };
+        while let Some(chunk) = rx.recv().await {
+            if let sandkeeper_tokio::Chunk::Stdout(b) = chunk {
+                total += b.len();
+            }
+        }
+        (held, total)
+    };
+    let (out, (held, total)) = tokio::join!(running, read);
+    let out = out.unwrap();
+    assert!(out.success() && out.truncated, "{:?}", out.code);
+    assert_eq!(total, 8_000_000, "every byte streamed");
+    if k.backend().isolation().init().is_some() {
+        assert!(held, "the command wrote everything while its reader slept");
+    }
+    g.release().await;
+}

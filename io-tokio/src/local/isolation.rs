@@ -1,8 +1,12 @@
 //! How far a local sandbox's commands are kept apart from the host, the keeper and each other
 //! (the threat model: `docs/threat-model.md`).
 //!
-//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, each command
-//! runs:
+//! With bubblewrap (`bwrap`, the Debian package `bubblewrap`) present and working, a sandbox's
+//! commands run in one bubblewrap per sandbox, started at its first command, with
+//! `sandkeeper-init` as its PID 1 spawning each command on the keeper's request
+//! ([`Mode::PerSandbox`], `sandbox_init.rs`; the init is found by [`find_init`]), or, without an
+//! init or when the configuration asks ([`Namespaces::PerCommand`]), one bubblewrap per command
+//! ([`Mode::PerCommand`]). Either way each command runs:
 //!
 //! - in new user, PID, IPC, UTS, cgroup and (unless the network is enabled) network namespaces,
 //!   with **no capabilities** in any set (`--cap-drop ALL`; as root too), `no_new_privs`, and no
@@ -16,8 +20,9 @@
 //!   `/sys`, no host socket; the keeper's root hidden under an empty `tmpfs`, and only the
 //!   sandbox's own directory mounted back, writable;
 //! - with a **clean environment**: bubblewrap itself starts with none (nothing of a request
-//!   can load code into it on the host side), and the command's variables are set inside
-//!   (`--clearenv`, `--setenv`);
+//!   can load code into it on the host side), and the command's variables are set inside: by
+//!   the init, from its pipe (one per sandbox), or by `--clearenv`, `--setenv` (one per
+//!   command, where they show on bubblewrap's command line);
 //! - with **no descriptor but 0, 1 and 2**: every other descriptor of the keeper is made
 //!   close-on-exec in the spawned process before bubblewrap runs (and bubblewrap's own
 //!   descriptor for the filter is closed once read);
@@ -56,6 +61,34 @@ pub enum Isolation {
     Off,
 }
 
+/// How many bubblewraps a [`LocalConfig`](super::LocalConfig) asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Namespaces {
+    /// One per sandbox, with `sandkeeper-init` as its PID 1 running each command, where the
+    /// init is found (see [`find_init`]); else one per command.
+    #[default]
+    PerSandbox,
+    /// One per command (each command's own namespaces, cgroup and limits).
+    PerCommand,
+}
+
+/// How bubblewrap runs a sandbox's commands, found at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One bubblewrap per sandbox, started at its first command, with `init` as its PID 1:
+    /// each command is a process the init spawns inside the sandbox's namespaces, and the
+    /// limits hold for the sandbox as a whole.
+    PerSandbox {
+        /// The `sandkeeper-init` program on the host (bound read-only into the sandbox).
+        init: PathBuf,
+    },
+    /// One bubblewrap per command.
+    PerCommand {
+        /// Why not one per sandbox.
+        why: String,
+    },
+}
+
 /// The isolation a [`LocalBackend`](super::LocalBackend) runs commands under, found at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Isolated {
@@ -65,6 +98,8 @@ pub enum Isolated {
         program: PathBuf,
         /// Whether commands reach the network.
         network: bool,
+        /// One bubblewrap per sandbox or per command.
+        mode: Mode,
     },
     /// A cleared environment and a process group; no namespaces.
     ProcessGroup {
@@ -102,16 +137,71 @@ impl Isolated {
     pub fn is_bubblewrap(&self) -> bool {
         matches!(self, Isolated::Bubblewrap { .. })
     }
+
+    /// The `sandkeeper-init` each sandbox's bubblewrap runs, when there is one per sandbox.
+    pub fn init(&self) -> Option<&Path> {
+        match self {
+            Isolated::Bubblewrap {
+                mode: Mode::PerSandbox { init },
+                ..
+            } => Some(init),
+            _ => None,
+        }
+    }
+}
+
+/// The variable that names the `sandkeeper-init` program.
+pub const INIT_VAR: &str = "SANDKEEPER_INIT";
+
+/// The init's name beside the keeper's program.
+const INIT_NAME: &str = "sandkeeper-init";
+
+/// Where the `sandkeeper-init` program is: `configured` (the configuration's
+/// [`init`](super::LocalConfig::init)), else [`SANDKEEPER_INIT`](INIT_VAR), else beside the
+/// keeper's own program or in its parent directory (where cargo puts a package's programs
+/// when the keeper is a test in `target/*/deps`). The first that names a file wins; why none
+/// did otherwise. A path named is made absolute.
+pub fn find_init(configured: Option<&Path>) -> Result<PathBuf, String> {
+    let named = configured
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(INIT_VAR).map(PathBuf::from));
+    if let Some(path) = named {
+        // Absolute: bubblewrap runs in `/` and binds it from there.
+        return match std::fs::canonicalize(&path) {
+            Ok(path) if path.is_file() => Ok(path),
+            _ => Err(format!("the init {} is not a file", path.display())),
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("no program path: {e}"))?;
+    let beside = exe
+        .parent()
+        .into_iter()
+        .flat_map(|dir| [Some(dir), dir.parent()])
+        .flatten()
+        .map(|dir| dir.join(INIT_NAME))
+        .find(|p| p.is_file());
+    beside.ok_or_else(|| format!("no {INIT_NAME} beside {} (nor {INIT_VAR})", exe.display()))
 }
 
 impl std::fmt::Display for Isolated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Isolated::Bubblewrap { program, network } => write!(
+            Isolated::Bubblewrap {
+                program,
+                network,
+                mode,
+            } => write!(
                 f,
-                "bubblewrap ({}): user, pid, ipc, uts, cgroup{} namespaces, no capabilities, \
+                "bubblewrap ({}, {}): user, pid, ipc, uts, cgroup{} namespaces, no capabilities, \
                  seccomp filter, minimal read-only root, only the sandbox writable, network {}",
                 program.display(),
+                match mode {
+                    Mode::PerSandbox { init } => format!(
+                        "one per sandbox, {} its pid 1",
+                        init.display()
+                    ),
+                    Mode::PerCommand { why } => format!("one per command: {why}"),
+                },
                 if *network { "" } else { ", net" },
                 if *network { "on" } else { "off" }
             ),
@@ -135,10 +225,13 @@ fn find_bwrap() -> Option<PathBuf> {
 /// limit on, on a command that reads its own `/proc/self/status`, which must show no capability,
 /// `no_new_privs` and the seccomp filter. A machine where it is missing, cannot make namespaces
 /// or leaves the command capabilities falls back (a warning), or fails under
-/// [`Isolation::Require`] with an [`IsolationError`].
+/// [`Isolation::Require`] with an [`IsolationError`]. One bubblewrap per sandbox when
+/// `namespaces` asks for it and the init is found (`init`, see [`find_init`]) and passes the
+/// same probe, the command run through it; else one per command, saying why.
 pub(crate) fn detect(
     wanted: Isolation,
     network: bool,
+    (namespaces, init): (Namespaces, Option<&Path>),
     root: &Path,
     limits: &Enforcement,
 ) -> io::Result<Isolated> {
@@ -149,7 +242,24 @@ pub(crate) fn detect(
     }
     let found = match find_bwrap() {
         None => Err(IsolationError::Missing),
-        Some(program) => probe(Isolated::Bubblewrap { program, network }, root, limits),
+        Some(program) => {
+            let with = |mode| Isolated::Bubblewrap {
+                program: program.clone(),
+                network,
+                mode,
+            };
+            let init = match namespaces {
+                Namespaces::PerSandbox => find_init(init),
+                Namespaces::PerCommand => Err("one per command in the configuration".into()),
+            };
+            let per_sandbox = init.and_then(|init| {
+                probe(with(Mode::PerSandbox { init }), root, limits).map_err(|e| {
+                    tracing::warn!(%e, "the per-sandbox init does not work here: one bubblewrap per command");
+                    format!("the per-sandbox init does not work here: {e}")
+                })
+            });
+            per_sandbox.or_else(|why| probe(with(Mode::PerCommand { why }), root, limits))
+        }
     };
     match (found, wanted) {
         (Ok(isolated), _) => Ok(isolated),
@@ -163,14 +273,14 @@ pub(crate) fn detect(
     }
 }
 
-/// Runs `cat /proc/self/status` under `isolated` (the keeper's root as its workspace) and checks
-/// that it is contained.
+/// Runs `cat /proc/self/status` under `isolated` (the keeper's root as its workspace; through
+/// a sandbox's init when there is one per sandbox) and checks that it is contained.
 fn probe(
     isolated: Isolated,
     root: &Path,
     limits: &Enforcement,
 ) -> Result<Isolated, IsolationError> {
-    let Isolated::Bubblewrap { program, .. } = &isolated else {
+    let Isolated::Bubblewrap { program, mode, .. } = &isolated else {
         return Ok(isolated);
     };
     let broken = |why: String| IsolationError::Broken {
@@ -178,33 +288,45 @@ fn probe(
         why,
     };
     let argv = ["cat".to_string(), "/proc/self/status".to_string()];
-    let mut prepared = isolated
-        .command(
-            limits,
-            root,
-            root,
-            root,
-            &argv,
-            &[("PATH".into(), "/usr/bin:/bin".into())],
-        )
-        .map_err(|e| broken(e.to_string()))?;
-    prepared
-        .command
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let out = prepared.command.output().map_err(|e| broken(e.to_string()));
-    drop(prepared.fds);
-    if let Some(cgroup) = prepared.cgroup {
-        cgroup.end_now();
+    let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
+    let (ok, stdout, stderr) = match mode {
+        Mode::PerSandbox { .. } => {
+            let prepared = isolated
+                .init_command(limits, root, root)
+                .map_err(|e| broken(e.to_string()))?;
+            let spawn = super::wire::Spawn {
+                argv: argv.to_vec(),
+                env: env.to_vec(),
+                cwd: root.to_string_lossy().into_owned(),
+                stdin: Vec::new(),
+                window: 0,
+            };
+            let (exit, stdout, stderr) = super::sandbox_init::run_blocking(prepared, spawn)
+                .map_err(|e| broken(e.to_string()))?;
+            (exit.code == Some(0), stdout, stderr)
+        }
+        Mode::PerCommand { .. } => {
+            let mut prepared = isolated
+                .command(limits, root, root, root, &argv, &env)
+                .map_err(|e| broken(e.to_string()))?;
+            prepared
+                .command
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let out = prepared.command.output().map_err(|e| broken(e.to_string()));
+            drop(prepared.fds);
+            if let Some(cgroup) = prepared.cgroup {
+                cgroup.end_now();
+            }
+            let out = out?;
+            (out.status.success(), out.stdout, out.stderr)
+        }
+    };
+    if !ok {
+        return Err(broken(String::from_utf8_lossy(&stderr).trim().to_string()));
     }
-    let out = out?;
-    if !out.status.success() {
-        return Err(broken(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ));
-    }
-    contained(&String::from_utf8_lossy(&out.stdout))?;
+    contained(&String::from_utf8_lossy(&stdout))?;
     Ok(isolated)
 }
 
@@ -349,68 +471,22 @@ impl Isolated {
             Isolated::Bubblewrap {
                 program: bwrap,
                 network,
+                ..
             } => {
-                let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-                // A keeper that closed its standard input or output would get 0, 1 or 2 here,
-                // which the child's standard streams replace: moved to 3 or above.
-                let read = if read.as_raw_fd() < 3 {
-                    rustix::io::fcntl_dupfd_cloexec(&read, 3)?
-                } else {
-                    read
-                };
-                // The filter is far smaller than a pipe's buffer: this does not block.
-                std::fs::File::from(write).write_all(seccomp_program())?;
-                let keep = read.as_raw_fd();
+                let (read, keep) = seccomp_fd()?;
                 fds.push(read);
-                let mut a: Vec<OsString> = system_binds().to_vec();
-                let mut push = |s: &dyn AsRef<std::ffi::OsStr>| a.push(s.as_ref().to_owned());
-                for s in ["--dev", "/dev", "--proc", "/proc"] {
-                    push(&s);
-                }
-                if let Some(n) = limits.limits.tmp_bytes {
-                    push(&"--size");
-                    push(&n.to_string());
-                }
-                for s in ["--tmpfs", "/tmp", "--tmpfs"] {
-                    push(&s);
-                }
-                push(&root);
-                push(&"--bind");
-                push(&dir);
-                push(&dir);
-                for s in [
-                    "--remount-ro",
-                    "/",
-                    "--unshare-user",
-                    "--disable-userns",
-                    "--unshare-pid",
-                    "--unshare-ipc",
-                    "--unshare-uts",
-                    "--unshare-cgroup-try",
-                    "--cap-drop",
-                    "ALL",
-                    "--new-session",
-                    "--die-with-parent",
-                    "--clearenv",
-                ] {
-                    push(&s);
-                }
-                if !network {
-                    push(&"--unshare-net");
-                }
+                let mut a = bwrap_args(limits, root, dir, *network, &[]);
                 for (k, v) in env {
-                    push(&"--setenv");
-                    push(k);
-                    push(v);
+                    a.extend(["--setenv".into(), k.into(), v.into()]);
                 }
-                push(&"--seccomp");
-                push(&keep.to_string());
-                push(&"--chdir");
-                push(&cwd);
-                push(&"--");
-                for s in &wrapped {
-                    push(s);
-                }
+                a.extend([
+                    "--seccomp".into(),
+                    keep.to_string().into(),
+                    "--chdir".into(),
+                ]);
+                a.push(cwd.into());
+                a.push("--".into());
+                a.extend(wrapped.iter().map(OsString::from));
                 let mut c = std::process::Command::new(bwrap);
                 // Nothing of the keeper's or the request's environment reaches bubblewrap,
                 // which runs on the host side before any namespace exists.
@@ -430,6 +506,127 @@ impl Isolated {
             mark,
         })
     }
+}
+
+/// Where a sandbox's init is bound, read-only, inside its namespaces.
+const INIT_INSIDE: &str = "/sandkeeper-init";
+
+impl Isolated {
+    /// The bubblewrap of the sandbox at `dir` under the keeper's `root` with its init as PID 1
+    /// (one bubblewrap per sandbox): every protection of [`command`](Self::command), the
+    /// limits (rlimits, `prlimit`, a cgroup) for the whole sandbox, and no variable at all
+    /// (each command's come over the init's pipe, never on a command line). An error unless
+    /// there is one bubblewrap per sandbox.
+    pub(crate) fn init_command(
+        &self,
+        limits: &Enforcement,
+        root: &Path,
+        dir: &Path,
+    ) -> io::Result<Prepared> {
+        let Isolated::Bubblewrap {
+            program: bwrap,
+            network,
+            mode: Mode::PerSandbox { init },
+        } = self
+        else {
+            return Err(io::Error::other("no per-sandbox init here"));
+        };
+        let cgroup = limits.cgroup()?;
+        let (read, keep) = seccomp_fd()?;
+        let bind: [OsString; 3] = ["--ro-bind".into(), init.into(), INIT_INSIDE.into()];
+        let mut a = bwrap_args(limits, root, dir, *network, &bind);
+        a.extend([
+            "--as-pid-1".into(),
+            "--seccomp".into(),
+            keep.to_string().into(),
+        ]);
+        a.extend(["--chdir".into(), dir.into(), "--".into()]);
+        a.extend(limits.prlimit_argv().into_iter().map(OsString::from));
+        a.push(INIT_INSIDE.into());
+        let mut command = std::process::Command::new(bwrap);
+        command.args(a).env_clear().current_dir("/");
+        let procs: Vec<RawFd> = cgroup
+            .iter()
+            .flat_map(|c| c.procs.iter().map(AsRawFd::as_raw_fd))
+            .collect();
+        before_exec(&mut command, Some(keep), procs, limits.rlimits());
+        Ok(Prepared {
+            command,
+            fds: vec![read],
+            cgroup,
+            mark: None,
+        })
+    }
+}
+
+/// A pipe holding the seccomp filter, its read end at 3 or above: the descriptor bubblewrap
+/// reads it from, and its number.
+fn seccomp_fd() -> io::Result<(OwnedFd, RawFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    // A keeper that closed its standard input or output would get 0, 1 or 2 here, which the
+    // child's standard streams replace: moved to 3 or above.
+    let read = if read.as_raw_fd() < 3 {
+        rustix::io::fcntl_dupfd_cloexec(&read, 3)?
+    } else {
+        read
+    };
+    // The filter is far smaller than a pipe's buffer: this does not block.
+    std::fs::File::from(write).write_all(seccomp_program())?;
+    let fd = read.as_raw_fd();
+    Ok((read, fd))
+}
+
+/// Bubblewrap's arguments for the sandbox at `dir` under `root`, up to the variables, the
+/// filter, the working directory and the program: the minimal root, `/dev`, `/proc`, `/tmp`,
+/// `binds` (made before the root turns read-only), the namespaces, no capabilities, a session
+/// of its own, death with its parent, no variable.
+fn bwrap_args(
+    limits: &Enforcement,
+    root: &Path,
+    dir: &Path,
+    network: bool,
+    binds: &[OsString],
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = system_binds().to_vec();
+    let mut push = |s: &dyn AsRef<std::ffi::OsStr>| a.push(s.as_ref().to_owned());
+    for s in ["--dev", "/dev", "--proc", "/proc"] {
+        push(&s);
+    }
+    if let Some(n) = limits.limits.tmp_bytes {
+        push(&"--size");
+        push(&n.to_string());
+    }
+    for s in ["--tmpfs", "/tmp", "--tmpfs"] {
+        push(&s);
+    }
+    push(&root);
+    push(&"--bind");
+    push(&dir);
+    push(&dir);
+    for s in binds {
+        push(s);
+    }
+    for s in [
+        "--remount-ro",
+        "/",
+        "--unshare-user",
+        "--disable-userns",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--cap-drop",
+        "ALL",
+        "--new-session",
+        "--die-with-parent",
+        "--clearenv",
+    ] {
+        push(&s);
+    }
+    if !network {
+        push(&"--unshare-net");
+    }
+    a
 }
 
 use std::io::Write as _;
@@ -563,6 +760,24 @@ mod tests {
     const HELD: &str = "Name:\tcat\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
         CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n\
         NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+
+    #[test]
+    fn an_init_named_is_taken_absolute_or_refused() {
+        let file = std::env::temp_dir().join(format!("sk-init-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let found = find_init(Some(
+            &std::env::temp_dir()
+                .join(".")
+                .join(file.file_name().unwrap()),
+        ));
+        assert_eq!(found, Ok(std::fs::canonicalize(&file).unwrap()));
+        std::fs::remove_file(&file).unwrap();
+        assert!(find_init(Some(&file)).is_err(), "gone");
+        assert!(
+            find_init(Some(&std::env::temp_dir())).is_err(),
+            "a directory"
+        );
+    }
 
     #[test]
     fn the_probe_accepts_only_a_contained_status() {

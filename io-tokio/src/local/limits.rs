@@ -1,5 +1,5 @@
-//! What one command of a sandbox may use: processes, memory, CPU time, file size, open files
-//! and `/tmp`.
+//! What a sandbox (or, with one bubblewrap per command, each of its commands) may use:
+//! processes, memory, CPU time, file size, open files and `/tmp`.
 //!
 //! How each is enforced depends on the machine, and is found at start ([`Enforcement`]):
 //!
@@ -28,9 +28,13 @@
 //! - `/tmp` is a `tmpfs` of [`Limits::tmp_bytes`] (bubblewrap only): writes past it fail with
 //!   `ENOSPC`.
 //!
-//! Limits hold per command, not per sandbox: each command runs in its own namespaces and cgroup,
-//! so a sandbox running k commands at once may use k times as much. The workspace's total size
-//! is the keeper's own count ([`Limits::workspace_bytes`], `quota.rs`): no kernel quota is needed.
+//! With one bubblewrap per sandbox (its init running every command, `sandbox_init.rs`), the
+//! cgroup, the rlimits and `prlimit` are set once, on the sandbox's bubblewrap: the processes and
+//! memory limits hold for the sandbox as a whole (its commands and the init's threads share
+//! them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`) still count per
+//! process. With one bubblewrap per command every limit holds per command, so a sandbox running
+//! k commands at once may use k times as much. The workspace's total size is the keeper's own
+//! count ([`Limits::workspace_bytes`], `quota.rs`): no kernel quota is needed.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -39,7 +43,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// What one command may use; `None` leaves a resource unlimited.
+/// What a sandbox may use (with one bubblewrap per command: each command); `None` leaves a
+/// resource unlimited. The rlimits among them count per process (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Processes and threads at once (pids cgroup, or `RLIMIT_NPROC` where it holds).
@@ -115,6 +120,9 @@ pub struct Enforcement {
     pub nproc_rlimit_holds: bool,
     /// Whether `/tmp` is the sandbox's own `tmpfs` (bubblewrap).
     pub tmp_is_tmpfs: bool,
+    /// Whether the limits hold for each sandbox as a whole (one bubblewrap, cgroup and
+    /// `prlimit` per sandbox), rather than for each command.
+    pub per_sandbox: bool,
 }
 
 /// A resource of `setrlimit`.
@@ -156,6 +164,7 @@ impl Enforcement {
             nproc_rlimit_holds: bubblewrap && !root && prlimit.is_some(),
             prlimit,
             tmp_is_tmpfs: bubblewrap,
+            per_sandbox: false,
         }
     }
 
@@ -479,11 +488,15 @@ impl fmt::Display for Enforcement {
             l.tmp_bytes.map(bytes),
             self.tmp_is_tmpfs.then_some("tmpfs"),
         );
-        let commands = parts.join(", ");
+        let per = if self.per_sandbox {
+            "per sandbox (CPU, file size and open files per process)"
+        } else {
+            "per command"
+        };
         let workspace = match l.workspace_bytes {
             Some(n) => format!("{} (counted by the keeper)", bytes(n)),
             None => "unlimited".into(),
         };
-        write!(f, "per command: {commands}; workspace: {workspace}")
+        write!(f, "{per}: {}; workspace: {workspace}", parts.join(", "))
     }
 }

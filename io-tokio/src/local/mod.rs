@@ -30,17 +30,27 @@
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
 //!   with a timeout.
+//! - Commands run under bubblewrap (`isolation.rs`): one per sandbox, started at its first
+//!   command with `sandkeeper-init` as its PID 1 (`sandbox_init.rs` owns it, `init_exec.rs`
+//!   runs an exec through it, `wire.rs` is what they say to each other) and ended when the
+//!   sandbox stops; or one per command where no init is found. The limits (`limits.rs`) hold
+//!   for the sandbox, or for each command.
 
 mod exec;
 mod fence;
+mod init_exec;
 mod isolation;
 pub(crate) mod layout;
 mod limits;
 mod nofollow;
 mod ops;
 mod quota;
+mod sandbox_init;
 mod seccomp;
 pub mod store;
+// Both halves of the frames: the keeper uses its own, the init (`src/bin`) the other.
+#[allow(dead_code)]
+mod wire;
 
 pub use fence::{token_log_in_order, TokenLog};
 
@@ -60,7 +70,7 @@ use crate::backend::{
 };
 
 pub use exec::{RunError, RunOutput};
-pub use isolation::{Isolated, Isolation, IsolationError};
+pub use isolation::{find_init, Isolated, Isolation, IsolationError, Mode, Namespaces, INIT_VAR};
 use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
 
@@ -88,9 +98,17 @@ pub struct LocalConfig {
     /// Whether those commands reach the network (under bubblewrap; without it they always
     /// do).
     pub network: bool,
-    /// What each command may use (processes, memory, CPU, file size, `/tmp`), and
-    /// [`LocalBackend::limits`] says how that is enforced here.
+    /// What each sandbox may use (processes, memory, CPU, file size, `/tmp`), and
+    /// [`LocalBackend::limits`] says how that is enforced here (for the sandbox as a whole with
+    /// one bubblewrap per sandbox, else for each command).
     pub limits: Limits,
+    /// One bubblewrap per sandbox (the default, where the init is found) or per command.
+    pub namespaces: Namespaces,
+    /// The `sandkeeper-init` program a sandbox's bubblewrap runs as its PID 1. `None`: the
+    /// [`SANDKEEPER_INIT`](INIT_VAR) variable, else beside the keeper's program or in its parent
+    /// directory ([`find_init`]); where none is found, one bubblewrap per command, and
+    /// [`LocalBackend::isolation`] says why.
+    pub init: Option<PathBuf>,
     /// Fleet mode: append every fencing token a change was admitted under to
     /// `<root>/.tokens/accepted.log` (`<sandbox> <key> <token>`, one line per change, in the
     /// order the key's lock admitted them), for audits and the fleet tests
@@ -110,6 +128,8 @@ impl LocalConfig {
             isolation: Isolation::Auto,
             network: false,
             limits: Limits::default(),
+            namespaces: Namespaces::default(),
+            init: None,
             token_log: false,
         }
     }
@@ -139,6 +159,9 @@ struct LocalSandbox {
     token: Option<Token>,
     /// What its workspace may take on disk, and the keeper's count (`quota.rs`).
     quota: quota::Quota,
+    /// Its init, with one bubblewrap per sandbox: started by its first command, again by the
+    /// next after it ended, ended when the sandbox stops (`sandbox_init.rs`).
+    init: tokio::sync::Mutex<Option<Arc<sandbox_init::SandboxInit>>>,
 }
 
 impl LocalSandbox {
@@ -152,6 +175,7 @@ impl LocalSandbox {
             reported: false.into(),
             token,
             quota: quota::Quota::new(quota),
+            init: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -189,12 +213,19 @@ impl LocalBackend {
         std::fs::create_dir_all(&config.root)?;
         let wanted = config.isolation != Isolation::Off;
         let limits = Enforcement::find(config.limits.clone(), wanted);
-        let isolated = isolation::detect(config.isolation, config.network, &config.root, &limits)?;
-        let limits = if isolated.is_bubblewrap() == wanted {
+        let isolated = isolation::detect(
+            config.isolation,
+            config.network,
+            (config.namespaces, config.init.as_deref()),
+            &config.root,
+            &limits,
+        )?;
+        let mut limits = if isolated.is_bubblewrap() == wanted {
             limits
         } else {
             Enforcement::find(config.limits.clone(), false)
         };
+        limits.per_sandbox = isolated.init().is_some();
         // A driver may read the clock: the wall clock names this instance's snapshots apart
         // from an earlier keeper's on the same root, and judges the expiries they recorded.
         #[allow(clippy::disallowed_methods)]

@@ -11,9 +11,10 @@
 //!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
 //!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs under
 //!   the backend's isolation and limits (`isolation.rs`, `limits.rs`; the threat model is
-//!   `docs/threat-model.md`), leading a session and process group of its own, killed with
+//!   `docs/threat-model.md`), leading a process group of its own, killed with
 //!   everything it started (its group, its PID namespace, its cgroup, or what carries its
-//!   mark) when it ends, times out, the sandbox stops, or the caller drops the future.
+//!   mark; through the sandbox's init, its group: `init_exec.rs`) when it ends, times out, the
+//!   sandbox stops, or the caller drops the future.
 //!
 //! Without bubblewrap, a command runs as the keeper's user, sees the host's file system and
 //! network, and may write wherever that user may.
@@ -27,9 +28,12 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
+use super::init_exec::{self, InitExec};
 use super::isolation::Prepared;
 use super::nofollow::{self, Refused};
 use super::quota;
+use super::sandbox_init::SandboxInit;
+use super::wire::Spawn;
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
 use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
@@ -281,6 +285,25 @@ impl LocalBackend {
             ("SANDKEEPER_SANDBOX".into(), sandbox.to_string()),
         ];
         env.extend(request.options.env.iter().cloned());
+        if self.isolated.init().is_some() {
+            let init = self.sandbox_init(&s).await?;
+            let exec = InitExec {
+                spawn: Spawn {
+                    argv: request.argv,
+                    env,
+                    cwd: path(&dir),
+                    stdin: request.options.stdin,
+                    window: 0,
+                },
+                cap: request.options.output_cap,
+                timeout,
+                chunks,
+            };
+            let ran = init_exec::run(&s, sandbox, init, exec).await;
+            // Whatever it wrote is counted before the next write or command.
+            s.quota.forget();
+            return ran;
+        }
         let prepared = self
             .isolated
             .command(
@@ -299,6 +322,27 @@ impl LocalBackend {
         // Whatever it wrote is counted before the next write or command.
         s.quota.forget();
         ran
+    }
+}
+
+impl LocalBackend {
+    /// The sandbox's init (one bubblewrap per sandbox), started now if it has none running.
+    async fn sandbox_init(&self, s: &LocalSandbox) -> Result<Arc<SandboxInit>, OpError> {
+        let mut slot = s.init.lock().await;
+        if let Some(init) = slot.as_ref().filter(|i| i.is_running()) {
+            return Ok(init.clone());
+        }
+        let backend = |e: io::Error| OpError::Backend {
+            what: "sandbox init",
+            error: e.to_string(),
+        };
+        let prepared = self
+            .isolated
+            .init_command(&self.limits, &self.config.root, &s.dir)
+            .map_err(backend)?;
+        let init = SandboxInit::start(prepared, s.stopped.subscribe());
+        *slot = Some(init.clone());
+        Ok(init)
     }
 }
 

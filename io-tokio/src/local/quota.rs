@@ -15,10 +15,12 @@
 //!   next write or command; while it is over the quota, writes and commands fail
 //!   `QuotaExceeded`. Reads, lists and removals still work, so the caller can make room.
 //!
-//! The count is cached per sandbox and forgotten after anything that changes the workspace
-//! behind the keeper's back (a command, a removal, a mirror upload): the next admission walks the
-//! workspace again, which costs one `fstatat` per entry. The keeper's own writes (mirror
-//! uploads, its metadata) are counted in the total but never refused.
+//! Every command's admission counts the workspace afresh (one `fstatat` per entry). A write's
+//! admission uses the count cached since, forgotten after anything that changes the workspace
+//! behind the keeper's back (a command, a removal, a mirror upload); a process a command left
+//! running in the sandbox's namespace writes uncounted until the next command counts again. The
+//! keeper's own writes (mirror uploads, its metadata) are counted in the total but never
+//! refused.
 
 use std::collections::HashSet;
 use std::ffi::CStr;
@@ -87,12 +89,14 @@ impl Quota {
         *self.used.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// A command may start in the workspace `ws`: it is within its quota. Blocks (a walk).
+    /// A command may start in the workspace `ws`: it is within its quota, counted afresh (a
+    /// process a command left running may have written since). Blocks (a walk).
     pub(crate) fn admit_command(&self, ws: impl AsFd) -> io::Result<()> {
         let Some(limit) = self.limit else {
             return Ok(());
         };
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = None;
         let now = current(&mut used, ws)?;
         if now > limit {
             return Err(Exceeded { used: now, limit }.into());

@@ -1,0 +1,212 @@
+//! One exec through its sandbox's init (one bubblewrap per sandbox): the request goes over
+//! the init's pipe (argv, the whole environment, working directory, standard input — none of
+//! it on any command line), its output comes back in pieces, capped and streamed as an exec's
+//! always is, and the command is killed — its process group, by the init — when it times out,
+//! when the sandbox stops, or when the caller drops the exec. It answers what the
+//! per-command path (`ops.rs`) answers, and an [`OpError::Backend`] (`what: "sandbox init"`,
+//! retryable: the next exec starts a fresh init) when the init ended under it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandkeeper::SandboxId;
+
+use super::sandbox_init::SandboxInit;
+use super::wire::{Exit, Reply, Request, Spawn};
+use super::LocalSandbox;
+use crate::ops::{Chunk, ExecOutput, OpError};
+
+/// How long an exec that timed out waits for the init to say its group is dead.
+const REAP: Duration = Duration::from_secs(5);
+
+/// How much of a streamed command's output may be on its way (in the init, the pipe and the
+/// keeper's channels) before its reader takes it: past it, the command blocks on its output,
+/// as on a pipe, instead of the keeper's memory growing. An exec that is not streamed takes
+/// every piece at once, and runs without a window.
+const WINDOW: u64 = 1 << 20;
+
+/// What an exec asks of its sandbox's init.
+pub(crate) struct InitExec {
+    /// The command, as the init runs it.
+    pub(crate) spawn: Spawn,
+    /// The most bytes kept of each output.
+    pub(crate) cap: usize,
+    /// How long it may run.
+    pub(crate) timeout: Duration,
+    /// Where its output goes as it comes, when streamed.
+    pub(crate) chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+}
+
+/// Kills the command (its group, by the init) when dropped before it ended: an exec that times
+/// out, stops, or whose caller drops it.
+struct Running<'a> {
+    init: &'a SandboxInit,
+    id: u64,
+    ended: bool,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.init.send(self.id, &Request::Kill);
+        }
+        self.init.forget(self.id);
+    }
+}
+
+/// Output kept up to a cap, and whether any was cut.
+struct Kept {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    cap: usize,
+    cut: bool,
+}
+
+impl Kept {
+    fn keep(&mut self, bytes: &[u8], err: bool) {
+        let cap = self.cap;
+        let out = if err {
+            &mut self.stderr
+        } else {
+            &mut self.stdout
+        };
+        let room = cap.saturating_sub(out.len());
+        self.cut |= bytes.len() > room;
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+/// The error of an exec whose init ended under it.
+fn init_ended(why: String) -> OpError {
+    OpError::Backend {
+        what: "sandbox init",
+        error: why,
+    }
+}
+
+/// Runs `exec` in sandbox `s` through `init` (see the module docs).
+pub(crate) async fn run(
+    s: &LocalSandbox,
+    sandbox: SandboxId,
+    init: Arc<SandboxInit>,
+    exec: InitExec,
+) -> Result<ExecOutput, OpError> {
+    let InitExec {
+        spawn,
+        cap,
+        timeout,
+        chunks,
+    } = exec;
+    let program = spawn.argv.first().cloned().ok_or(OpError::EmptyArgv)?;
+    let spawn = Spawn {
+        window: if chunks.is_some() { WINDOW } else { 0 },
+        ..spawn
+    };
+    let mut stopped = s.stopped.subscribe();
+    let stopped_now = *stopped.borrow();
+    if stopped_now {
+        return Err(OpError::Stopped { sandbox });
+    }
+    let (id, mut replies) = init.register().map_err(init_ended)?;
+    let mut running = Running {
+        init: &init,
+        id,
+        ended: false,
+    };
+    init.send(id, &Request::Spawn(spawn))
+        .map_err(|e| OpError::Spawn {
+            program: program.clone(),
+            error: e.to_string(),
+        })?;
+    tracing::debug!(sandbox = %sandbox, program = %program, "exec (through the sandbox's init)");
+    let mut kept = Kept {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        cap,
+        cut: false,
+    };
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let ended: Result<Exit, OpError> = loop {
+        tokio::select! {
+            reply = replies.recv() => match reply {
+                Some(Reply::Stdout(b)) => output(&mut kept, (&init, id), &chunks, b, false).await,
+                Some(Reply::Stderr(b)) => output(&mut kept, (&init, id), &chunks, b, true).await,
+                Some(Reply::Exit(exit)) => break Ok(exit),
+                Some(Reply::Failed(error)) => break Err(OpError::Spawn { program, error }),
+                None => break Err(init_ended(init.why())),
+            },
+            () = &mut deadline => break Err(OpError::Timeout { after: timeout }),
+            () = stopping(&mut stopped) => break Err(OpError::Stopped { sandbox }),
+        }
+    };
+    let was_stopped = *stopped.borrow();
+    let exit = match ended {
+        Ok(exit) => exit,
+        // The init ends when the sandbox stops: that is the answer then.
+        Err(OpError::Backend { .. }) if was_stopped => return Err(OpError::Stopped { sandbox }),
+        Err(OpError::Timeout { after }) => {
+            // Everything it started goes with it before the exec answers, as on every path.
+            let _ = init.send(id, &Request::Kill);
+            let _ = tokio::time::timeout(REAP, async {
+                while let Some(reply) = replies.recv().await {
+                    if matches!(reply, Reply::Exit(_) | Reply::Failed(_)) {
+                        return;
+                    }
+                }
+            })
+            .await;
+            running.ended = true;
+            return Err(OpError::Timeout { after });
+        }
+        Err(e) => return Err(e),
+    };
+    running.ended = true;
+    if exit.escaped {
+        return Err(OpError::Backend {
+            what: "exec",
+            error: "its output stayed open after it ended: a process left its group (it lives \
+                    on in the sandbox until the sandbox stops)"
+                .into(),
+        });
+    }
+    if !s.dir.exists() {
+        return Err(OpError::SandboxGone {
+            sandbox,
+            why: format!("{} is gone", s.dir.display()),
+        });
+    }
+    Ok(ExecOutput {
+        code: exit.code,
+        stdout: kept.stdout,
+        stderr: kept.stderr,
+        truncated: kept.cut,
+    })
+}
+
+/// Keeps a piece of output and streams it, when streamed; then gives the init (`init`, about
+/// command `id`) as much credit as the reader took.
+async fn output(
+    kept: &mut Kept,
+    (init, id): (&SandboxInit, u64),
+    chunks: &Option<tokio::sync::mpsc::Sender<Chunk>>,
+    bytes: Vec<u8>,
+    err: bool,
+) {
+    kept.keep(&bytes, err);
+    if let Some(tx) = chunks {
+        let n = bytes.len() as u64;
+        let chunk = if err {
+            Chunk::Stderr(bytes)
+        } else {
+            Chunk::Stdout(bytes)
+        };
+        let _ = tx.send(chunk).await;
+        let _ = init.send(id, &Request::Credit(n));
+    }
+}
+
+/// Waits until the sandbox stops (a value, not a guard: the exec's future stays `Send`).
+async fn stopping(stopped: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
