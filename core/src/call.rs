@@ -10,7 +10,7 @@ use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
-use crate::sandbox::{Ownership, SandboxIx, SandboxState};
+use crate::sandbox::{SandboxIx, SandboxState};
 use crate::session::SessionIx;
 use crate::small_set::Few;
 use crate::time::Instant;
@@ -401,11 +401,7 @@ impl Lifecycle {
             None => match &slot.key {
                 Key::External(name) => {
                     let name = name.clone();
-                    let x = self.sandboxes.create(
-                        key,
-                        Ownership::External(name.clone()),
-                        SandboxState::Running,
-                    );
+                    let x = self.sandboxes.bind_external(key, name.clone());
                     self.keys[key].current = Some(x);
                     tracing::debug!(sandbox = %self.sid(x), external = %name, "external sandbox bound");
                     x
@@ -419,16 +415,16 @@ impl Lifecycle {
         self.keys[key].bound += 1;
         let x = self.sandboxes.get_mut(sandbox).expect("current sandbox");
         x.bound.insert(call);
-        match x.state {
+        match x.state() {
             SandboxState::Starting => {
                 self.calls[call].state = CallState::Starting(sandbox);
             }
             SandboxState::Running | SandboxState::Idle | SandboxState::Draining => {
-                if x.state != SandboxState::Running {
+                if x.state() != SandboxState::Running {
                     // A warm or draining sandbox is revived for the next call of its key: no
                     // churn, the workspace stays.
-                    tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
-                    x.state = SandboxState::Running;
+                    tracing::debug!(sandbox = %x.id, state = ?x.state(), "revived");
+                    x.run();
                     self.out.stats.revivals += 1;
                     self.way_down().cancel_sandbox_timer(sandbox);
                 }
@@ -551,7 +547,7 @@ impl Lifecycle {
         if !x.bound.is_empty() {
             return;
         }
-        match x.state {
+        match x.state() {
             SandboxState::Running => {
                 // Queued calls take the sandbox over before the release policy sees it empty.
                 self.admit(key);

@@ -85,7 +85,7 @@ impl Lifecycle {
 
         let warm = self
             .sandboxes
-            .in_id_order(|x| x.state == SandboxState::Idle);
+            .in_id_order(|x| x.state() == SandboxState::Idle);
         for sandbox in warm {
             self.way_down().cancel_sandbox_timer(sandbox);
             self.begin_drain(sandbox);
@@ -115,7 +115,7 @@ impl Lifecycle {
                     return;
                 }
                 let up = |x: &crate::sandbox::Sandbox| {
-                    x.accepts_uploads() || x.state == SandboxState::Starting
+                    x.accepts_uploads() || x.state() == SandboxState::Starting
                 };
                 if let Some(b) = *blocked_by {
                     if self.sandboxes.get(b).is_some_and(up) {
@@ -183,10 +183,10 @@ impl Lifecycle {
                 continue;
             };
             debug_assert!(
-                !matches!(x.state, SandboxState::Idle | SandboxState::Running),
+                !matches!(x.state(), SandboxState::Idle | SandboxState::Running),
                 "no call is live and warm sandboxes drain at close"
             );
-            match x.state {
+            match x.state() {
                 SandboxState::Draining => self.end_drain(sandbox, DropReason::Closed),
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
@@ -206,19 +206,19 @@ impl Lifecycle {
         tracing::warn!(sandboxes = left.len(), "close: second deadline passed");
         for sandbox in left {
             let x = &self.sandboxes[sandbox];
-            if x.awaiting == Awaiting::Record {
+            if x.awaiting() == Awaiting::Record {
                 // Persisted, its key's record may still name it: left as it is (the next
                 // owner adopts it, or the sweep removes it once nothing names it).
                 let kept = self.keys[x.key].snapshot.as_ref().map(|(s, _)| s.clone());
                 self.left_as_it_is(sandbox, kept);
                 continue;
             }
-            if x.is_managed() && !x.shutdown_ordered {
+            if x.is_managed() && !x.shutdown_ordered() {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
                 self.way_down().abandon(sandbox);
                 self.shutdown(sandbox);
             }
-            if self.sandboxes[sandbox].awaiting == Awaiting::Shutdown {
+            if self.sandboxes[sandbox].awaiting() == Awaiting::Shutdown {
                 self.way_down().unconfirmed(sandbox);
             }
         }

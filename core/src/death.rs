@@ -29,7 +29,7 @@ impl Lifecycle {
             self.out.stats.stale_answers += 1;
             return Ok(());
         };
-        if self.sandboxes[sandbox].state == SandboxState::Dead {
+        if self.sandboxes[sandbox].state() == SandboxState::Dead {
             return Ok(());
         }
         self.advance(now);
@@ -72,7 +72,7 @@ impl Lifecycle {
             return Ok(());
         };
         let x = &self.sandboxes[sandbox];
-        if x.state == SandboxState::Dead || x.instance_lost {
+        if x.state() == SandboxState::Dead || x.instance_lost {
             return Ok(());
         }
         let loss = InstanceLoss::of(x);
@@ -104,11 +104,11 @@ impl Lifecycle {
     /// The backend reported the sandbox gone.
     pub(crate) fn died(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let previous = x.state;
+        let previous = x.state();
         tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
         self.out.stats.deaths += 1;
-        let holds_work = previous != SandboxState::Starting || x.resumed.is_some();
-        if x.is_managed() && !x.shutdown_ordered && holds_work {
+        let holds_work = previous != SandboxState::Starting || x.resumed().is_some();
+        if x.is_managed() && !x.shutdown_ordered() && holds_work {
             let (id, key) = (x.id, x.key);
             if let Some(slot) = self.keys.get(key) {
                 self.out.events.push_back(Event::WorkspaceLost {
@@ -121,8 +121,12 @@ impl Lifecycle {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
             return;
         }
+        // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
+        // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
+        // stays (its answer is still awaited).
+        let abandoned = self.way_down().stop_awaiting(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Dead;
+        x.died();
         let key = x.key;
         // Calls told of its lost instance were told already.
         let lost: Few<CallIx> = if x.instance_lost {
@@ -130,11 +134,7 @@ impl Lifecycle {
         } else {
             x.bound.to_few()
         };
-        // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
-        // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
-        // stays (its answer is still awaited).
-        let abandoned = self.way_down().stop_awaiting(sandbox);
-        if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
+        if self.sandboxes[sandbox].awaiting() != Awaiting::Shutdown {
             self.way_down().cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
@@ -146,7 +146,7 @@ impl Lifecycle {
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
         let x = &self.sandboxes[sandbox];
-        if x.is_managed() && !x.shutdown_ordered {
+        if x.is_managed() && !x.shutdown_ordered() {
             if abandoned {
                 self.way_down().order_abandon(sandbox);
             }
@@ -162,7 +162,7 @@ impl Lifecycle {
     /// waits on it as on a retiring sandbox, which it now is.
     fn instance_lost(&mut self, sandbox: SandboxIx) {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
-        tracing::warn!(sandbox = %x.id, state = ?x.state, "instance lost, workspace kept");
+        tracing::warn!(sandbox = %x.id, state = ?x.state(), "instance lost, workspace kept");
         self.out.stats.instance_losses_kept += 1;
         x.instance_lost = true;
         let key = x.key;
@@ -197,8 +197,7 @@ impl Lifecycle {
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(x.instance_lost && x.bound.is_empty());
         debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
-        x.state = SandboxState::Stopping;
-        x.suspend = true;
+        x.stop(true);
         self.order_stop(sandbox);
     }
 }
@@ -218,13 +217,13 @@ impl InstanceLoss {
     fn of(x: &crate::sandbox::Sandbox) -> InstanceLoss {
         if !x.is_managed() {
             InstanceLoss::Death
-        } else if matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend {
+        } else if matches!(x.awaiting(), Awaiting::Stop | Awaiting::Persist) && x.suspends() {
             InstanceLoss::Suspending
-        } else if x.state == SandboxState::Starting {
+        } else if x.state() == SandboxState::Starting {
             InstanceLoss::Starting
-        } else if x.awaiting == Awaiting::Nothing
+        } else if x.awaiting() == Awaiting::Nothing
             && matches!(
-                x.state,
+                x.state(),
                 SandboxState::Running | SandboxState::Idle | SandboxState::Draining
             )
         {

@@ -174,7 +174,7 @@ impl Lifecycle {
             CallState::Waiting { .. } => CallStatus::Waiting,
             CallState::Starting(x) => CallStatus::Starting(self.sandboxes[x].id),
             CallState::Ready(x)
-                if self.sandboxes[x].state == SandboxState::Dead
+                if self.sandboxes[x].state() == SandboxState::Dead
                     || self.sandboxes[x].instance_lost =>
             {
                 CallStatus::Lost(self.sandboxes[x].id)
@@ -186,17 +186,16 @@ impl Lifecycle {
     /// The state of a sandbox the core still tracks. O(1).
     pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
         let x = self.sandboxes.find(sandbox)?;
-        Some(self.sandboxes[x].state)
+        Some(self.sandboxes[x].state())
     }
 
     /// Fleet mode: whether the sandbox is up (started, its after hook passed) and its calls wait
     /// for the key's record to name it before they are ready (it stays `Starting` meanwhile;
     /// see [`Lifecycle::handle_recorded`]). `false` for a sandbox the core does not track. O(1).
     pub fn awaits_record(&self, sandbox: SandboxId) -> bool {
-        self.sandboxes.find(sandbox).is_some_and(|x| {
-            let x = &self.sandboxes[x];
-            x.state == SandboxState::Starting && x.awaiting == crate::sandbox::Awaiting::Record
-        })
+        self.sandboxes
+            .find(sandbox)
+            .is_some_and(|x| self.sandboxes[x].awaits_record_to_rise())
     }
 
     /// The ownership of a sandbox the core still tracks. O(1).
@@ -341,7 +340,7 @@ impl Lifecycle {
                     .expect("timer of a live sandbox");
                 debug_assert_eq!(x.deadline, Some(at));
                 x.deadline = None;
-                match (x.state, x.awaiting) {
+                match (x.state(), x.awaiting()) {
                     (SandboxState::Starting, Awaiting::Start) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "start timed out");
                         self.out.stats.starts_timed_out += 1;
@@ -369,8 +368,8 @@ impl Lifecycle {
                             // an Abandon (which a Shutdown must follow): its answer, if it
                             // comes, is stale.
                             let x = &self.sandboxes[sandbox];
-                            let snapshot = (x.awaiting == Awaiting::Persist)
-                                .then(|| x.snapshot.clone())
+                            let snapshot = (x.awaiting() == Awaiting::Persist)
+                                .then(|| x.snapshot().cloned())
                                 .flatten();
                             self.way_down().stop_awaiting(sandbox);
                             self.way_down_gave_up(sandbox, snapshot);
@@ -516,7 +515,7 @@ impl Lifecycle {
         let awaited = self
             .sandboxes
             .find(sandbox)
-            .filter(|x| self.sandboxes[*x].awaiting == answer);
+            .filter(|x| self.sandboxes[*x].awaiting() == answer);
         if awaited.is_none() {
             tracing::debug!(sandbox = %sandbox, answer = ?answer, "stale answer ignored");
             self.out.stats.stale_answers += 1;
@@ -548,7 +547,7 @@ impl Lifecycle {
                 continue;
             };
             let key = x.key;
-            match x.state {
+            match x.state() {
                 SandboxState::Draining
                     if x.uploads.is_empty() && x.busy_sessions == 0 && x.operations == 0 =>
                 {
@@ -556,7 +555,7 @@ impl Lifecycle {
                     self.end_drain(sandbox, DropReason::DrainDeadline);
                 }
                 SandboxState::Dead | SandboxState::ShuttingDown
-                    if x.bound.is_empty() && x.awaiting == Awaiting::Nothing =>
+                    if x.bound.is_empty() && x.awaiting() == Awaiting::Nothing =>
                 {
                     debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
                     self.sandboxes.remove(sandbox);

@@ -212,7 +212,7 @@ impl Lifecycle {
                 // A sandbox whose instance was lost keeps its workspace: an upload that found
                 // no instance says nothing new.
                 let x = &self.sandboxes[sandbox];
-                if x.state != SandboxState::Dead && !x.instance_lost {
+                if x.state() != SandboxState::Dead && !x.instance_lost {
                     self.died(sandbox);
                 }
             }
@@ -489,7 +489,7 @@ impl Mirror<'_> {
     /// [`pump`](Self::pump)'s ordering, for a session with a target and a slot that may order.
     fn pump_slots(&mut self, session: SessionIx, target: SandboxIx) {
         let x = self.sandboxes.get_mut(target).expect("target sandbox");
-        debug_assert!(x.accepts_uploads(), "target {target:?} is {:?}", x.state);
+        debug_assert!(x.accepts_uploads(), "target {target:?} is {:?}", x.state());
         let x_id = x.id;
         let x_token = x.token;
         let mut expired = Few::<(usize, Version)>::new();

@@ -269,7 +269,7 @@ impl Lifecycle {
                 !slot.doubtful
                     && !slot
                         .current
-                        .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
+                        .is_some_and(|x| self.sandboxes[x].state() == SandboxState::HandingOver)
                     && slot.left.is_none_or(|id| self.sandboxes.find(id).is_none())
             }
             _ => false,
@@ -431,9 +431,9 @@ impl Lifecycle {
         // forget it): forgotten now, so that it can be tracked anew.
         if let Some(x) = self.sandboxes.find(id) {
             let old = &self.sandboxes[x];
-            if old.state == SandboxState::Dead
+            if old.state() == SandboxState::Dead
                 && old.bound.is_empty()
-                && old.awaiting == Awaiting::Nothing
+                && old.awaiting() == Awaiting::Nothing
             {
                 self.sandboxes.remove(x);
             }
@@ -447,13 +447,12 @@ impl Lifecycle {
     /// all. Whether it was (the driver dropped the first at its deadline).
     pub(crate) fn adopt_again(&mut self, x: SandboxIx) -> bool {
         let sandbox = &mut self.sandboxes[x];
-        let Some(token) = sandbox.token.filter(|_| sandbox.adopted) else {
+        let Some(token) = sandbox.token.filter(|_| sandbox.is_adopted()) else {
             return false;
         };
-        if sandbox.adopt_timeouts + 1 >= crate::WAY_DOWN_ATTEMPTS {
+        if !sandbox.adopt_again(crate::WAY_DOWN_ATTEMPTS) {
             return false;
         }
-        sandbox.adopt_timeouts += 1;
         let (id, k) = (sandbox.id, sandbox.key);
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt unanswered: ordered again");
@@ -476,10 +475,7 @@ impl Lifecycle {
             return None;
         };
         self.out.stats.adoptions_ordered += 1;
-        let sandbox = &mut self.sandboxes[x];
-        sandbox.adopted = true;
-        sandbox.token = Some(token);
-        sandbox.awaiting = Awaiting::Start;
+        self.sandboxes[x].token = Some(token);
         self.keys[k].current = Some(x);
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt");
@@ -541,7 +537,7 @@ impl Lifecycle {
         let closing = self.is_closing();
         match slot.current {
             None if slot.wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
-            Some(x) if slot.wanted && self.sandboxes[x].state == SandboxState::Idle => {
+            Some(x) if slot.wanted && self.sandboxes[x].state() == SandboxState::Idle => {
                 // Handed over warm: drained first, like any way down; `end_drain` hands it
                 // over rather than stopping it.
                 tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
@@ -562,7 +558,7 @@ impl Lifecycle {
             && slot.bound == 0
             && slot.waiters.is_empty()
             && slot.retiring.is_none()
-            && sandbox.state == SandboxState::Draining
+            && sandbox.state() == SandboxState::Draining
     }
 
     /// Orders the release of the owned key `k` with its record: its snapshot, and the drained
@@ -576,8 +572,7 @@ impl Lifecycle {
         live.next_release += 1;
         let deadline = self.now + self.config.command_timeout;
         if let Some(x) = warm {
-            let sandbox = &mut self.sandboxes[x];
-            debug_assert_eq!(sandbox.state, SandboxState::HandingOver);
+            debug_assert_eq!(self.sandboxes[x].state(), SandboxState::HandingOver);
             self.way_down().cancel_sandbox_timer(x);
         }
         let slot = &mut self.keys[k];
@@ -654,7 +649,7 @@ impl Lifecycle {
         };
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
             Written::Failed => {
@@ -665,7 +660,7 @@ impl Lifecycle {
                 if !self.keys[k].doubtful {
                     if let Some(x) = handed {
                         // Warm again: bound at once by a call of the key that came meanwhile.
-                        self.sandboxes[x].state = SandboxState::Idle;
+                        self.sandboxes[x].idle();
                         let idle = self.config.release.tiers().idle;
                         self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
                     }
@@ -706,10 +701,7 @@ impl Lifecycle {
     /// `reason`. Its record goes once no call is bound to it.
     pub(crate) fn relinquish(&mut self, x: SandboxIx, reason: DropReason) {
         let sandbox = &mut self.sandboxes[x];
-        sandbox.state = SandboxState::Dead;
-        sandbox.awaiting = Awaiting::Nothing;
-        sandbox.hook = None;
-        sandbox.shutdown_ordered = true; // its last command is the Relinquish
+        sandbox.relinquished();
         let id = sandbox.id;
         self.way_down().cancel_sandbox_timer(x);
         self.mirror().leave_uploads(x, reason);
@@ -755,9 +747,9 @@ impl Lifecycle {
         // yet, in id order (rare: a scan). One whose Shutdown is out already keeps it.
         let fenced = self
             .sandboxes
-            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered);
+            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered());
         for x in fenced {
-            let starting = self.sandboxes[x].state == SandboxState::Starting;
+            let starting = self.sandboxes[x].state() == SandboxState::Starting;
             let bound: Few<CallIx> = self.sandboxes[x].bound.to_few();
             for call in bound.iter() {
                 let session = self.calls[*call].session;
@@ -897,14 +889,14 @@ impl Lifecycle {
             .current
             .filter(|x| {
                 let x = &self.sandboxes[*x];
-                x.state == SandboxState::Starting && x.awaiting != Awaiting::Record
+                x.state() == SandboxState::Starting && x.awaiting() != Awaiting::Record
             })
-            .and_then(|x| self.sandboxes[x].resumed.as_ref());
+            .and_then(|x| self.sandboxes[x].resumed());
         if let Some((snapshot, by)) = resuming {
             return KeyRecord {
                 snapshot: Some(RecordedSnapshot {
                     snapshot: snapshot.clone(),
-                    by: *by,
+                    by,
                     retain_until: None,
                 }),
                 warm: None,
@@ -924,7 +916,7 @@ impl Lifecycle {
                 .current
                 .filter(|x| {
                     let x = &self.sandboxes[*x];
-                    x.accepts_uploads() || x.awaiting == Awaiting::Record
+                    x.accepts_uploads() || x.awaiting() == Awaiting::Record
                 })
                 .map(|x| self.sandboxes[x].id)
                 .or(slot.left),
@@ -959,12 +951,12 @@ impl Lifecycle {
             || slot.recording.is_some()
             || slot
                 .retiring
-                .is_some_and(|x| self.sandboxes[x].awaiting != Awaiting::Record)
+                .is_some_and(|x| self.sandboxes[x].awaiting() != Awaiting::Record)
             || slot.current.is_some_and(|x| {
                 let x = &self.sandboxes[x];
-                x.state == SandboxState::Starting
-                    && x.resumed.is_none()
-                    && x.awaiting != Awaiting::Record
+                x.state() == SandboxState::Starting
+                    && x.resumed().is_none()
+                    && x.awaiting() != Awaiting::Record
             })
         {
             // Not while its sandbox is on its way up either, unless it resumes: an adoption (or
@@ -1026,7 +1018,7 @@ impl Lifecycle {
             return false;
         }
         tracing::debug!(sandbox = %id, "up: its calls wait for the key's record to name it");
-        self.sandboxes[x].awaiting = Awaiting::Record;
+        self.sandboxes[x].await_record();
         self.record_if_changed(k);
         true
     }
@@ -1038,19 +1030,18 @@ impl Lifecycle {
     fn record_confirmed(&mut self, k: KeyIx) {
         let slot = &self.keys[k];
         if let Some(x) = slot.current.filter(|x| {
-            self.sandboxes[*x].awaiting == Awaiting::Record
+            self.sandboxes[*x].awaiting() == Awaiting::Record
                 && slot.recorded().warm == Some(self.sandboxes[*x].id)
         }) {
-            self.sandboxes[x].awaiting = Awaiting::Nothing;
+            self.sandboxes[x].answered();
             self.up(x);
         }
         let Some(x) = self.keys.get(k).and_then(|slot| slot.retiring) else {
             return;
         };
-        if self.sandboxes[x].awaiting == Awaiting::Record
+        if self.sandboxes[x].awaiting() == Awaiting::Record
             && !self.record_may_name(k, self.sandboxes[x].id)
         {
-            self.sandboxes[x].awaiting = Awaiting::Nothing;
             self.persisted(x);
         }
     }
@@ -1157,7 +1148,7 @@ impl Lifecycle {
     fn release_again(&mut self, k: KeyIx) {
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
         self.release_key(k, handed);
     }
 

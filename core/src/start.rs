@@ -6,7 +6,7 @@ use crate::command::{Command, HookPoint};
 use crate::error::{Error, ErrorKind};
 use crate::ids::SandboxId;
 use crate::lifecycle::Lifecycle;
-use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
+use crate::sandbox::{Awaiting, SandboxIx};
 use crate::small_set::Few;
 use crate::time::Instant;
 
@@ -28,14 +28,14 @@ impl Lifecycle {
         self.out.stats.starts_ok += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
         let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        let (point, timeout) = if x.resumed.is_some() {
-            (HookPoint::AfterResume, self.config.hooks.after_resume)
-        } else {
-            (HookPoint::AfterStart, self.config.hooks.after_start)
+        x.answered();
+        let point = x.after_hook();
+        let timeout = match point {
+            HookPoint::AfterResume => self.config.hooks.after_resume,
+            _ => self.config.hooks.after_start,
         };
         // An adopted sandbox was started, and hooked, by its first owner.
-        let timeout = timeout.filter(|_| !x.adopted);
+        let timeout = timeout.filter(|_| !x.is_adopted());
         match timeout {
             // Its calls wait for the hook (the sandbox stays starting); one whose calls all
             // ended meanwhile goes down at once, hook or not.
@@ -54,7 +54,7 @@ impl Lifecycle {
             return;
         }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Running;
+        x.run();
         let starters = self.calls.by_name_order(x.bound.to_few());
         for call in starters {
             if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
@@ -65,7 +65,7 @@ impl Lifecycle {
         self.admit(key);
         self.record_if_changed(key);
         if self.sandboxes[sandbox].bound.is_empty() {
-            if self.sandboxes[sandbox].adopted {
+            if self.sandboxes[sandbox].is_adopted() {
                 // Adopted for calls that ended meanwhile: it is the key's warm sandbox, as it
                 // was its last owner's.
                 self.last_call_released(sandbox);
@@ -96,7 +96,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "start failed");
         self.out.stats.starts_failed += 1;
-        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").answered();
         self.fail_start(sandbox, ErrorKind::StartFailed);
         self.finish_input();
         Ok(())
@@ -110,14 +110,7 @@ impl Lifecycle {
         let c = &mut self.calls[call];
         let key = c.key;
         let spec = c.spec.take().expect("a call orders at most one Start");
-        let x = self
-            .sandboxes
-            .create(key, Ownership::Managed, SandboxState::Starting);
-        self.sandboxes[x].awaiting = Awaiting::Start;
-        self.sandboxes[x].token = self.keys[key].token();
         let slot = &mut self.keys[key];
-        slot.current = Some(x);
-        let key = slot.key.clone();
         // The start takes the key's snapshot: from now on it is the new sandbox's workspace
         // (a rename on the local backend, the same claim on Kubernetes), never discarded by the
         // key; the sandbox's own way down persists the next one.
@@ -129,7 +122,11 @@ impl Lifecycle {
             Some((snapshot, by)) => (Some(snapshot.clone()), Some(*by)),
             None => (None, None),
         };
-        self.sandboxes[x].resumed = taken;
+        let x = self.sandboxes.start(key, taken);
+        self.sandboxes[x].token = self.keys[key].token();
+        let slot = &mut self.keys[key];
+        slot.current = Some(x);
+        let key = slot.key.clone();
         self.out.stats.resumes_ordered += u64::from(resume_from.is_some());
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         self.out.stats.starts_ordered += 1;
@@ -161,13 +158,13 @@ impl Lifecycle {
             }
         }
         let starters: Few<CallIx> = x.bound.to_few();
-        let adopted = x.adopted;
+        let adopted = x.is_adopted();
         // A start that took its key's snapshot and did not come up (but did not die): the
         // workspace is still the key's history (the snapshot, or this sandbox if the backend
         // began to resume it). The key keeps the snapshot again, before its calls end (the
         // key's slot may go with them), and the sandbox is left to the backend below.
-        let give_back = match &x.resumed {
-            Some(resumed) if error != ErrorKind::SandboxGone && !adopted => Some(resumed.clone()),
+        let give_back = match x.resumed() {
+            Some((snapshot, by)) if error != ErrorKind::SandboxGone => Some((snapshot.clone(), by)),
             _ => None,
         };
         if let Some((snapshot, by)) = give_back.clone() {
@@ -210,9 +207,9 @@ impl Lifecycle {
         }
         let x = self.sandboxes.get_mut(sandbox).expect("live");
         // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
-        debug_assert!(x.is_managed() && !x.shutdown_ordered);
+        debug_assert!(x.is_managed() && !x.shutdown_ordered());
         if error == ErrorKind::SandboxGone {
-            x.state = SandboxState::Dead;
+            x.died();
         } else if let Some((snapshot, _)) = give_back {
             // Never shut down; no Abandon (a Shutdown must follow one): an answer that comes
             // later is stale.

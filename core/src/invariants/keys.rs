@@ -63,7 +63,7 @@ impl Lifecycle {
             if fleet_key
                 && slot
                     .current
-                    .is_some_and(|x| self.sandboxes[x].state != SandboxState::Dead)
+                    .is_some_and(|x| self.sandboxes[x].state() != SandboxState::Dead)
             {
                 ensure!(
                     matches!(slot.own, Own::Owned(_) | Own::Releasing(..)),
@@ -75,7 +75,7 @@ impl Lifecycle {
             if let (Some(token), Some(x)) = (slot.token(), slot.current) {
                 let x = &self.sandboxes[x];
                 ensure!(
-                    x.state == SandboxState::Dead || x.token == Some(token),
+                    x.state() == SandboxState::Dead || x.token == Some(token),
                     "ownership",
                     "key {key} is owned under {token} and its sandbox {} carries {:?}",
                     x.id,
@@ -101,7 +101,7 @@ impl Lifecycle {
                     !matches!(
                         self.sandboxes
                             .get(slot.current.expect("checked"))
-                            .map(|x| x.state),
+                            .map(|x| x.state()),
                         Some(SandboxState::Starting)
                     )
                 },
@@ -109,7 +109,7 @@ impl Lifecycle {
                 "key {key} keeps a snapshot while its sandbox starts (the start takes it)"
             );
             if let Some(x) = slot.current {
-                let state = self.sandboxes.get(x).map(|x| x.state);
+                let state = self.sandboxes.get(x).map(|x| x.state());
                 ensure!(
                     matches!(
                         state,
@@ -121,14 +121,14 @@ impl Lifecycle {
                                 | SandboxState::HandingOver
                         )
                     ) || (state == Some(SandboxState::Dead)
-                        && self.sandboxes[x].shutdown_ordered
+                        && self.sandboxes[x].shutdown_ordered()
                         && slot.own != Own::Local),
                     "key-counts",
                     "key {key}'s current sandbox {x:?} is {state:?}"
                 );
             }
             if let Some(x) = slot.retiring {
-                let state = self.sandboxes.get(x).map(|x| x.state);
+                let state = self.sandboxes.get(x).map(|x| x.state());
                 ensure!(
                     matches!(
                         state,
