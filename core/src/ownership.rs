@@ -29,7 +29,7 @@ use crate::fleet::{
 };
 use crate::ids::Key;
 use crate::ids::SandboxId;
-use crate::key::{KeyIx, Own};
+use crate::key::{Held, KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::session::SessionIx;
@@ -90,7 +90,7 @@ impl Lifecycle {
         self.out.stats.claims_ok += 1;
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
-        slot.own = Own::Owned(token);
+        slot.own = Own::Owned(Held::claimed(token));
         // The store keeps the record it handed out until this process writes a newer one: a
         // process that ends before its first write leaves the key's next owner what it found.
         slot.recorded = (!record.is_empty()).then(|| Box::new(record.clone()));
@@ -265,8 +265,8 @@ impl Lifecycle {
     pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         match slot.own {
-            Own::Owned(_) => {
-                !slot.doubtful
+            Own::Owned(held) => {
+                !held.doubtful
                     && !slot
                         .current
                         .is_some_and(|x| self.sandboxes[x].state() == SandboxState::HandingOver)
@@ -422,7 +422,7 @@ impl Lifecycle {
     /// call binding now, as its next owner would adopt it: the sandbox it binds to, if it could
     /// be tracked again.
     pub(crate) fn adopt_left(&mut self, k: KeyIx) -> Option<SandboxIx> {
-        let Own::Owned(token) = self.keys[k].own else {
+        let Own::Owned(Held { token, .. }) = self.keys[k].own else {
             return None;
         };
         let id = self.keys[k].left.take()?;
@@ -535,9 +535,10 @@ impl Lifecycle {
             return;
         }
         let closing = self.is_closing();
+        let wanted = matches!(slot.own, Own::Owned(Held { wanted: true, .. }));
         match slot.current {
-            None if slot.wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
-            Some(x) if slot.wanted && self.sandboxes[x].state() == SandboxState::Idle => {
+            None if wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
+            Some(x) if wanted && self.sandboxes[x].state() == SandboxState::Idle => {
                 // Handed over warm: drained first, like any way down; `end_drain` hands it
                 // over rather than stopping it.
                 tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
@@ -552,8 +553,7 @@ impl Lifecycle {
     pub(crate) fn hands_over(&self, x: SandboxIx) -> bool {
         let sandbox = &self.sandboxes[x];
         let slot = &self.keys[sandbox.key];
-        slot.wanted
-            && matches!(slot.own, Own::Owned(_))
+        matches!(slot.own, Own::Owned(Held { wanted: true, .. }))
             && slot.store_at.is_none()
             && slot.bound == 0
             && slot.waiters.is_empty()
@@ -564,9 +564,10 @@ impl Lifecycle {
     /// Orders the release of the owned key `k` with its record: its snapshot, and the drained
     /// sandbox `warm` when it is handed over.
     pub(crate) fn release_key(&mut self, k: KeyIx, warm: Option<SandboxIx>) {
-        let Own::Owned(token) = self.keys[k].own else {
+        let Own::Owned(held) = self.keys[k].own else {
             unreachable!("release of a key this process does not own")
         };
+        let token = held.token;
         let live = self.liveness.as_mut().expect("fleet");
         let release = ReleaseId(live.next_release);
         live.next_release += 1;
@@ -587,7 +588,7 @@ impl Lifecycle {
                 }),
             warm: warm.map(|x| self.sandboxes[x].id).or(slot.left),
         };
-        slot.own = Own::Releasing(release, token);
+        slot.own = Own::Releasing(release, held);
         tracing::debug!(%release, key = %slot.key, ?record, "release key");
         if let (Some(recorded), Some(report)) = (&record.snapshot, self.close.report_mut()) {
             // Close lets the key go with its snapshot: reported, with its retention.
@@ -644,7 +645,7 @@ impl Lifecycle {
     }
 
     fn release_ended(&mut self, k: KeyIx, how: Written) {
-        let Own::Releasing(release, token) = self.keys[k].own else {
+        let Own::Releasing(release, held) = self.keys[k].own else {
             unreachable!("an awaited release")
         };
         let handed = self.keys[k]
@@ -654,10 +655,10 @@ impl Lifecycle {
         match how {
             Written::Failed => {
                 self.out.stats.releases_failed += 1;
-                self.keys[k].own = Own::Owned(token);
+                self.keys[k].own = Own::Owned(held);
                 self.retry_later(k);
                 // In doubt (an earlier attempt may have landed), nothing is taken back.
-                if !self.keys[k].doubtful {
+                if !held.doubtful {
                     if let Some(x) = handed {
                         // Warm again: bound at once by a call of the key that came meanwhile.
                         self.sandboxes[x].idle();
@@ -675,8 +676,6 @@ impl Lifecycle {
                 }
                 let slot = &mut self.keys[k];
                 slot.own = Own::Unclaimed;
-                slot.wanted = false;
-                slot.doubtful = false;
                 slot.recording = None;
                 // The record holds the snapshot now (or the new owner's record does): the key
                 // here no longer references it, and never discards it. So with a sandbox left.
@@ -729,8 +728,6 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Unclaimed;
-        slot.wanted = false;
-        slot.doubtful = false;
         slot.recording = None;
         slot.current = None;
         slot.retiring = None;
@@ -857,11 +854,11 @@ impl Lifecycle {
             }
             let k = self.keys.find_or_insert(key.clone());
             let slot = &mut self.keys[k];
-            match slot.own {
-                Own::Owned(_) => {
-                    if !slot.wanted {
+            match &mut slot.own {
+                Own::Owned(held) => {
+                    if !held.wanted {
                         tracing::debug!(key = %key, "wanted by another process");
-                        slot.wanted = true;
+                        held.wanted = true;
                         self.key_settles(k);
                     }
                 }
@@ -943,11 +940,14 @@ impl Lifecycle {
         let Some(slot) = self.keys.get(k) else {
             return;
         };
-        let Own::Owned(token) = slot.own else {
+        let Own::Owned(Held {
+            token, doubtful, ..
+        }) = slot.own
+        else {
             return;
         };
         if slot.store_at.is_some()
-            || slot.doubtful
+            || doubtful
             || slot.recording.is_some()
             || slot
                 .retiring
@@ -1119,18 +1119,20 @@ impl Lifecycle {
                 }
                 self.key_settles(k);
             }
-            Own::Releasing(release, token) => {
+            Own::Releasing(release, held) => {
                 // No answer in time: the release may have landed or not. Ask again, with the same
                 // token and record: if the first landed, the store refuses this one (the key is
                 // no longer this process's) and the answer says fenced; a sandbox being handed
                 // over stays so meanwhile, and nothing binds to the key.
                 tracing::debug!(%release, "release unanswered in time: asked again");
                 self.out.stats.releases_failed += 1;
-                self.keys[k].doubtful = true;
-                self.keys[k].own = Own::Owned(token);
+                self.keys[k].own = Own::Owned(Held {
+                    doubtful: true,
+                    ..held
+                });
                 self.release_again(k);
             }
-            Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
+            Own::Owned(Held { doubtful: true, .. }) => self.release_again(k),
             Own::Owned(_) => {
                 if let Some(recording) = self.keys[k].recording.take().map(|w| w.0) {
                     // No answer in time. Written again with a newer number: if this one lands
