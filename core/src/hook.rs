@@ -71,9 +71,9 @@ impl Lifecycle {
     /// The outstanding hook ended (answered, or its timeout passed): what follows it.
     pub(crate) fn hook_ended(&mut self, sandbox: SandboxIx, end: HookEnd) {
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        let point = x.hook().expect("a hook is outstanding");
-        x.answered();
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        let point = record.hook().expect("a hook is outstanding");
+        record.answered();
         if end != HookEnd::Ok {
             let late = end == HookEnd::Late;
             if late {
@@ -91,13 +91,13 @@ impl Lifecycle {
             (true, HookEnd::Ok) => self.up(sandbox),
             (true, _) => self.fail_start(sandbox, ErrorKind::HookFailed),
             (false, end) => {
-                let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+                let record = self.sandboxes.get_mut(sandbox).expect("awaited");
                 if end != HookEnd::Ok
-                    && x.suspends()
+                    && record.suspends()
                     && self.config.hooks.on_suspend_failure == SuspendHookFailure::Shutdown
                 {
-                    tracing::warn!(sandbox = %x.id, "before-suspend hook failed: shutting down instead");
-                    x.suspend_no_more();
+                    tracing::warn!(sandbox = %record.id, "before-suspend hook failed: shutting down instead");
+                    record.suspend_no_more();
                 }
                 self.order_stop(sandbox);
             }

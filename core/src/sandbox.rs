@@ -741,8 +741,8 @@ impl Sandboxes {
         let mut picked: Vec<(SandboxId, SandboxIx)> = self
             .records
             .iter()
-            .filter(|(_, x)| pick(x))
-            .map(|(ix, x)| (x.id, ix))
+            .filter(|(_, sandbox)| pick(sandbox))
+            .map(|(ix, sandbox)| (sandbox.id, ix))
             .collect();
         picked.sort_unstable();
         picked.into_iter().map(|(_, ix)| ix).collect()
@@ -754,7 +754,7 @@ impl Sandboxes {
             && self
                 .by_id
                 .iter()
-                .all(|(id, ix)| self.records.get(ix).is_some_and(|x| x.id == id))
+                .all(|(id, ix)| self.records.get(ix).is_some_and(|sandbox| sandbox.id == id))
     }
 
     /// Forgets every sandbox (close finished); ids keep counting.

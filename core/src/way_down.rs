@@ -47,10 +47,10 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.answered();
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        record.answered();
         // The Persist gets its own attempts.
-        if x.stopped(snapshot) {
+        if record.stopped(snapshot) {
             self.way_down().persist(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -77,8 +77,8 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.out.stats.stops_failed += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        if x.way_down_failed() < WAY_DOWN_ATTEMPTS {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        if record.way_down_failed() < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "stop failed: ordered again");
             self.order_stop(sandbox);
         } else {
@@ -100,10 +100,10 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.answered();
-        let (key, id) = (x.key, x.id);
-        if let Some(snapshot) = x.snapshot().cloned() {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        record.answered();
+        let (key, id) = (record.key, record.id);
+        if let Some(snapshot) = record.snapshot().cloned() {
             self.keep_snapshot(key, sandbox, snapshot, id);
         }
         if self.record_may_name(key, id) {
@@ -133,12 +133,12 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.out.stats.persists_failed += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        if x.way_down_failed() < WAY_DOWN_ATTEMPTS {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        if record.way_down_failed() < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "persist failed: ordered again");
             self.way_down().persist(sandbox);
         } else {
-            let snapshot = x.snapshot().cloned();
+            let snapshot = record.snapshot().cloned();
             self.way_down_gave_up(sandbox, snapshot);
         }
         self.finish_input();
@@ -191,12 +191,12 @@ impl Lifecycle {
     #[inline(always)]
     pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
         let idle = self.config.release.tiers().idle;
-        let x = &self.sandboxes[sandbox];
-        if x.instance_lost {
+        let record = &self.sandboxes[sandbox];
+        if record.instance_lost {
             self.suspend_lost_instance(sandbox);
             return;
         }
-        if x.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
+        if record.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
             tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
             self.sandboxes.get_mut(sandbox).expect("live").idle();
             self.set_sandbox_timer(sandbox, idle);
@@ -288,10 +288,10 @@ impl Lifecycle {
     /// drain deadline.
     #[inline(always)]
     pub(crate) fn begin_drain(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert!(x.bound.is_empty());
-        x.drain();
-        let sessions = self.sessions.names(&x.targeting.to_few());
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(record.bound.is_empty());
+        record.drain();
+        let sessions = self.sessions.names(&record.targeting.to_few());
         tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
         self.out.commands.push_back(Command::Drain {
@@ -307,14 +307,14 @@ impl Lifecycle {
         self.way_down().cancel_sandbox_timer(sandbox);
         let hand_over = self.hands_over(sandbox);
         let suspend = self.suspends();
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let managed = x.is_managed();
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let managed = record.is_managed();
         if hand_over {
-            x.hand_over();
+            record.hand_over();
         } else if managed {
-            x.stop(suspend);
+            record.stop(suspend);
         } else {
-            x.kept_by_the_backend();
+            record.kept_by_the_backend();
         }
         self.mirror().leave_uploads(sandbox, reason);
         let key = self.sandboxes[sandbox].key;
@@ -366,9 +366,9 @@ impl Lifecycle {
     /// confirmed (`Awaiting::Record`; then [`persisted`](Self::persisted)), and that record is
     /// written.
     fn hold_for_record(&mut self, sandbox: SandboxIx, given_up: bool) {
-        let x = &mut self.sandboxes[sandbox];
-        x.hold_for_record(given_up);
-        let key = x.key;
+        let record = &mut self.sandboxes[sandbox];
+        record.hold_for_record(given_up);
+        let key = record.key;
         self.record_if_changed(key);
     }
 
@@ -385,16 +385,16 @@ impl Lifecycle {
 
     /// Orders the sandbox's one Shutdown.
     pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(
-            matches!(x.awaiting(), Awaiting::Nothing | Awaiting::Record),
+            matches!(record.awaiting(), Awaiting::Nothing | Awaiting::Record),
             "shutdown of {sandbox:?} while awaiting {:?}",
-            x.awaiting()
+            record.awaiting()
         );
-        debug_assert!(x.is_managed());
-        debug_assert!(x.uploads.is_empty());
-        x.await_shutdown();
-        let key = x.key;
+        debug_assert!(record.is_managed());
+        debug_assert!(record.uploads.is_empty());
+        record.await_shutdown();
+        let key = record.key;
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
@@ -415,9 +415,9 @@ impl Lifecycle {
     /// it is; any other is shut down, as its policy would have done. Nothing is awaited of it
     /// any more.
     pub(crate) fn way_down_gave_up(&mut self, sandbox: SandboxIx, snapshot: Option<Snapshot>) {
-        let x = &self.sandboxes[sandbox];
-        debug_assert_eq!(x.awaiting(), Awaiting::Nothing);
-        let (key, id) = (x.key, x.id);
+        let record = &self.sandboxes[sandbox];
+        debug_assert_eq!(record.awaiting(), Awaiting::Nothing);
+        let (key, id) = (record.key, record.id);
         if let Some(snapshot) = snapshot {
             self.keep_snapshot(key, sandbox, snapshot.clone(), id);
             if self.record_may_name(key, id) {
@@ -437,8 +437,8 @@ impl Lifecycle {
     /// Whether the way down of `sandbox`, given up now, would keep its workspace (see
     /// [`way_down_gave_up`](Self::way_down_gave_up)).
     pub(crate) fn keeps_when_given_up(&self, sandbox: SandboxIx) -> bool {
-        let x = &self.sandboxes[sandbox];
-        (x.awaiting() == Awaiting::Persist && x.snapshot().is_some())
+        let record = &self.sandboxes[sandbox];
+        (record.awaiting() == Awaiting::Persist && record.snapshot().is_some())
             || self.keeps_on_failure(sandbox)
     }
 
@@ -456,8 +456,8 @@ impl Lifecycle {
     /// resumed the key's snapshot or was adopted from the key's last owner, or its way down
     /// is to keep it (a suspension). Its way down never ends in a Shutdown after a failure.
     pub(crate) fn holds_history(&self, sandbox: SandboxIx) -> bool {
-        let x = &self.sandboxes[sandbox];
-        x.resumed().is_some() || x.is_adopted() || x.suspends()
+        let record = &self.sandboxes[sandbox];
+        record.resumed().is_some() || record.is_adopted() || record.suspends()
     }
 
     /// Every Stop or Persist of the sandbox failed: it is left to the backend as it is, never
@@ -482,9 +482,9 @@ impl Lifecycle {
     /// The sandbox's way down ended with the backend keeping it (suspended, or left as it
     /// was): the core forgets it, without a Shutdown, and its key lets go of it.
     fn kept_by_the_backend(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.kept_by_the_backend();
-        let key = x.key;
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        record.kept_by_the_backend();
+        let key = record.key;
         self.key_lets_go(key, sandbox);
         self.reconcile.sandbox(sandbox);
     }
@@ -554,8 +554,8 @@ impl WayDown<'_> {
     }
 
     pub(crate) fn persist(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let (snapshot, suspend) = x.await_persist();
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let (snapshot, suspend) = record.await_persist();
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         // The retention counts from the Persist's answer; the backend's own expiry from the
         // Persist's deadline, the latest instant the answer can come: never earlier than the
@@ -585,9 +585,9 @@ impl WayDown<'_> {
     /// A sandbox held back for its key's record (`Awaiting::Record`) has nothing outstanding
     /// at the backend: it stops waiting, and the answer is no.
     pub(crate) fn stop_awaiting(&mut self, sandbox: SandboxIx) -> bool {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         if !matches!(
-            x.awaiting(),
+            record.awaiting(),
             Awaiting::Start
                 | Awaiting::Stop
                 | Awaiting::Persist
@@ -596,7 +596,7 @@ impl WayDown<'_> {
         ) {
             return false;
         }
-        if x.answered() == Awaiting::Record {
+        if record.answered() == Awaiting::Record {
             return false;
         }
         self.cancel_sandbox_timer(sandbox);
@@ -640,8 +640,8 @@ impl WayDown<'_> {
 
     #[inline(always)]
     pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxIx) {
-        if let Some(x) = self.sandboxes.get_mut(sandbox) {
-            if let Some(at) = x.deadline.take() {
+        if let Some(record) = self.sandboxes.get_mut(sandbox) {
+            if let Some(at) = record.deadline.take() {
                 self.timers.cancel(at);
             }
         }

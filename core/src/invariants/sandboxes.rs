@@ -20,18 +20,18 @@ impl Lifecycle {
             "sandbox-index",
             "the sandbox id index and the sandbox records disagree"
         );
-        for (ix, x) in self.sandboxes.iter() {
-            let id = &x.id;
-            let state = x.state();
+        for (ix, sandbox) in self.sandboxes.iter() {
+            let id = &sandbox.id;
+            let state = sandbox.state();
             // With the calls' side above: the sandbox lists exactly the calls bound to it.
-            for call in x.bound.iter() {
+            for call in sandbox.bound.iter() {
                 ensure!(
                     self.calls.get(*call).and_then(|c| c.sandbox()) == Some(ix),
                     "bound-calls",
                     "sandbox {id} lists {call:?}, which is not bound to it"
                 );
             }
-            if !x.bound.is_empty() {
+            if !sandbox.bound.is_empty() {
                 ensure!(
                     matches!(
                         state,
@@ -41,7 +41,7 @@ impl Lifecycle {
                     "sandbox {id} has calls in state {state:?}"
                 );
             }
-            for call in x.bound.iter() {
+            for call in sandbox.bound.iter() {
                 let call_state = &self.calls[*call].state;
                 let call = &self.calls[*call].id;
                 let fits = match state {
@@ -58,21 +58,21 @@ impl Lifecycle {
             // Transitions leave no sandbox starting or stopping with nothing awaited, and only a
             // managed sandbox is shut down.
             ensure!(
-                x.awaits_agree(),
+                sandbox.awaits_agree(),
                 "shutdown-once",
                 "sandbox {id} ({}) in {state:?} awaits {:?}",
-                if x.is_managed() {
+                if sandbox.is_managed() {
                     "managed"
                 } else {
                     "external"
                 },
-                x.awaiting()
+                sandbox.awaiting()
             );
-            if x.awaiting() == Awaiting::Record {
+            if sandbox.awaiting() == Awaiting::Record {
                 // Held for its key's record: no timer of its own, its key owned here, and it is
                 // the key's starting sandbox or its persisted one.
-                let held = x.deadline.is_none()
-                    && self.keys.get(x.key).is_some_and(|slot| {
+                let held = sandbox.deadline.is_none()
+                    && self.keys.get(sandbox.key).is_some_and(|slot| {
                         matches!(slot.own, Own::Owned(_))
                             && match state {
                                 SandboxState::Persisted => slot.retiring == Some(ix),
@@ -86,19 +86,19 @@ impl Lifecycle {
                     "sandbox {id} in {state:?} awaits its key's record out of place"
                 );
             }
-            if x.deadline.is_some() {
+            if sandbox.deadline.is_some() {
                 seen.timers += 1;
             }
-            if !x.accepts_uploads() {
+            if !sandbox.accepts_uploads() {
                 ensure!(
-                    x.uploads.is_empty() && x.targeting.is_empty() && x.busy_sessions == 0,
+                    sandbox.uploads.is_empty() && sandbox.targeting.is_empty() && sandbox.busy_sessions == 0,
                     "uploads",
                     "sandbox {id} in {state:?} has {} uploads in flight and {} sessions targeting it",
-                    x.uploads.len(),
-                    x.targeting.len()
+                    sandbox.uploads.len(),
+                    sandbox.targeting.len()
                 );
             }
-            for upload in x.uploads.iter() {
+            for upload in sandbox.uploads.iter() {
                 let up = self.uploads.get(*upload);
                 ensure!(
                     up.is_some_and(|u| u.sandbox == ix),
