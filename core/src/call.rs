@@ -10,7 +10,7 @@ use crate::key::{KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::name::{CallId, ExternalId, SessionId, UserId};
-use crate::sandbox::{Ownership, SandboxIx, SandboxState};
+use crate::sandbox::{SandboxIx, SandboxState};
 use crate::session::SessionIx;
 use crate::small_set::Few;
 use crate::time::Instant;
@@ -111,7 +111,7 @@ impl Call {
     pub(crate) fn sandbox(&self) -> Option<SandboxIx> {
         match self.state {
             CallState::Waiting { .. } => None,
-            CallState::Starting(x) | CallState::Ready(x) => Some(x),
+            CallState::Starting(sandbox) | CallState::Ready(sandbox) => Some(sandbox),
         }
     }
 }
@@ -397,38 +397,34 @@ impl Lifecycle {
         let key = self.calls[call].key;
         let slot = &self.keys[key];
         let sandbox = match slot.current {
-            Some(x) => x,
+            Some(current) => current,
             None => match &slot.key {
                 Key::External(name) => {
                     let name = name.clone();
-                    let x = self.sandboxes.create(
-                        key,
-                        Ownership::External(name.clone()),
-                        SandboxState::Running,
-                    );
-                    self.keys[key].current = Some(x);
-                    tracing::debug!(sandbox = %self.sid(x), external = %name, "external sandbox bound");
-                    x
+                    let external = self.sandboxes.bind_external(key, name.clone());
+                    self.keys[key].current = Some(external);
+                    tracing::debug!(sandbox = %self.sid(external), external = %name, "external sandbox bound");
+                    external
                 }
                 _ => match self.adopt_left(key) {
-                    Some(x) => x,
+                    Some(adopted) => adopted,
                     None => self.start_sandbox(call),
                 },
             },
         };
         self.keys[key].bound += 1;
-        let x = self.sandboxes.get_mut(sandbox).expect("current sandbox");
-        x.bound.insert(call);
-        match x.state {
+        let record = self.sandboxes.get_mut(sandbox).expect("current sandbox");
+        record.bound.insert(call);
+        match record.state() {
             SandboxState::Starting => {
                 self.calls[call].state = CallState::Starting(sandbox);
             }
             SandboxState::Running | SandboxState::Idle | SandboxState::Draining => {
-                if x.state != SandboxState::Running {
+                if record.state() != SandboxState::Running {
                     // A warm or draining sandbox is revived for the next call of its key: no
                     // churn, the workspace stays.
-                    tracing::debug!(sandbox = %x.id, state = ?x.state, "revived");
-                    x.state = SandboxState::Running;
+                    tracing::debug!(sandbox = %record.id, state = ?record.state(), "revived");
+                    record.run();
                     self.out.stats.revivals += 1;
                     self.way_down().cancel_sandbox_timer(sandbox);
                 }
@@ -500,28 +496,28 @@ impl Lifecycle {
                         .push_back(Event::CallReleased { call: call.clone() });
                 }
             }
-            CallState::Starting(x) => {
+            CallState::Starting(sandbox) => {
                 self.sessions[session].coming -= 1;
-                self.unbind(ix, c.key, x);
+                self.unbind(ix, c.key, sandbox);
                 if released {
                     self.out
                         .events
                         .push_back(Event::CallReleased { call: call.clone() });
                 }
             }
-            CallState::Ready(x) => {
+            CallState::Ready(sandbox) => {
                 let s = &mut self.sessions[session];
                 s.ready.retain(|r| *r != ix);
                 // The session's mirror lingers on this sandbox unless another of its ready calls
                 // has a sandbox that is up (a call whose sandbox died does not count).
                 let other_up = s.first_up(&self.calls, &self.sandboxes).is_some();
-                if !other_up && self.sandboxes[x].accepts_uploads() {
-                    s.linger = Some(x);
+                if !other_up && self.sandboxes[sandbox].accepts_uploads() {
+                    s.linger = Some(sandbox);
                 }
                 if released {
-                    s.releasing.push((call.clone(), x));
+                    s.releasing.push((call.clone(), sandbox));
                 }
-                self.unbind(ix, c.key, x);
+                self.unbind(ix, c.key, sandbox);
             }
         }
         // With no sandbox to go to and none coming, the session's pending versions are dropped.
@@ -542,16 +538,16 @@ impl Lifecycle {
     pub(crate) fn unbind(&mut self, call: CallIx, key: KeyIx, sandbox: SandboxIx) {
         let slot = &mut self.keys[key];
         slot.bound -= 1;
-        let x = self
+        let record = self
             .sandboxes
             .get_mut(sandbox)
             .expect("sandbox of a bound call");
-        let was_bound = x.bound.remove(&call);
+        let was_bound = record.bound.remove(&call);
         debug_assert!(was_bound, "call {call:?} was not bound to {sandbox:?}");
-        if !x.bound.is_empty() {
+        if !record.bound.is_empty() {
             return;
         }
-        match x.state {
+        match record.state() {
             SandboxState::Running => {
                 // Queued calls take the sandbox over before the release policy sees it empty.
                 self.admit(key);

@@ -85,7 +85,7 @@ impl Lifecycle {
 
         let warm = self
             .sandboxes
-            .in_id_order(|x| x.state == SandboxState::Idle);
+            .in_id_order(|sandbox| sandbox.state() == SandboxState::Idle);
         for sandbox in warm {
             self.way_down().cancel_sandbox_timer(sandbox);
             self.begin_drain(sandbox);
@@ -114,15 +114,15 @@ impl Lifecycle {
                 if !self.calls.is_empty() || !self.uploads.is_empty() {
                     return;
                 }
-                let up = |x: &crate::sandbox::Sandbox| {
-                    x.accepts_uploads() || x.state == SandboxState::Starting
+                let up = |sandbox: &crate::sandbox::Sandbox| {
+                    sandbox.accepts_uploads() || sandbox.state() == SandboxState::Starting
                 };
                 if let Some(b) = *blocked_by {
                     if self.sandboxes.get(b).is_some_and(up) {
                         return;
                     }
                 }
-                if let Some((id, _)) = self.sandboxes.iter().find(|(_, x)| up(x)) {
+                if let Some((id, _)) = self.sandboxes.iter().find(|(_, sandbox)| up(sandbox)) {
                     *blocked_by = Some(id);
                     return;
                 }
@@ -179,14 +179,14 @@ impl Lifecycle {
         }
 
         for sandbox in self.sandboxes.in_id_order(|_| true) {
-            let Some(x) = self.sandboxes.get(sandbox) else {
+            let Some(record) = self.sandboxes.get(sandbox) else {
                 continue;
             };
             debug_assert!(
-                !matches!(x.state, SandboxState::Idle | SandboxState::Running),
+                !matches!(record.state(), SandboxState::Idle | SandboxState::Running),
                 "no call is live and warm sandboxes drain at close"
             );
-            match x.state {
+            match record.state() {
                 SandboxState::Draining => self.end_drain(sandbox, DropReason::Closed),
                 SandboxState::Starting => {
                     // Its calls were revoked; waiting for the start to answer could outlast
@@ -205,20 +205,23 @@ impl Lifecycle {
         let left = self.sandboxes.in_id_order(|_| true);
         tracing::warn!(sandboxes = left.len(), "close: second deadline passed");
         for sandbox in left {
-            let x = &self.sandboxes[sandbox];
-            if x.awaiting == Awaiting::Record {
+            let record = &self.sandboxes[sandbox];
+            if record.awaiting() == Awaiting::Record {
                 // Persisted, its key's record may still name it: left as it is (the next
                 // owner adopts it, or the sweep removes it once nothing names it).
-                let kept = self.keys[x.key].snapshot.as_ref().map(|(s, _)| s.clone());
+                let kept = self.keys[record.key]
+                    .snapshot
+                    .as_ref()
+                    .map(|(s, _)| s.clone());
                 self.left_as_it_is(sandbox, kept);
                 continue;
             }
-            if x.is_managed() && !x.shutdown_ordered {
+            if record.is_managed() && !record.shutdown_ordered() {
                 // Still stopping or persisting: it is ordered down now, its one Shutdown.
                 self.way_down().abandon(sandbox);
                 self.shutdown(sandbox);
             }
-            if self.sandboxes[sandbox].awaiting == Awaiting::Shutdown {
+            if self.sandboxes[sandbox].awaiting() == Awaiting::Shutdown {
                 self.way_down().unconfirmed(sandbox);
             }
         }

@@ -29,7 +29,7 @@ impl Lifecycle {
             self.out.stats.stale_answers += 1;
             return Ok(());
         };
-        if self.sandboxes[sandbox].state == SandboxState::Dead {
+        if self.sandboxes[sandbox].state() == SandboxState::Dead {
             return Ok(());
         }
         self.advance(now);
@@ -73,11 +73,11 @@ impl Lifecycle {
             self.out.stats.stale_answers += 1;
             return Ok(());
         };
-        let x = &self.sandboxes[sandbox];
-        if x.state == SandboxState::Dead || x.instance_lost {
+        let record = &self.sandboxes[sandbox];
+        if record.state() == SandboxState::Dead || record.instance_lost {
             return Ok(());
         }
-        let loss = InstanceLoss::of(x);
+        let loss = InstanceLoss::of(record);
         self.advance(now);
         match loss {
             InstanceLoss::Suspending => {
@@ -88,7 +88,7 @@ impl Lifecycle {
             InstanceLoss::Starting => {
                 tracing::warn!(sandbox = %self.sid(sandbox), "instance gone while starting");
                 self.out.stats.instance_losses_kept += 1;
-                if self.sandboxes[sandbox].adopted {
+                if self.sandboxes[sandbox].is_adopted() {
                     self.lose_adoption(sandbox);
                 } else {
                     self.fail_start(sandbox, ErrorKind::StartFailed);
@@ -109,13 +109,13 @@ impl Lifecycle {
 
     /// The backend reported the sandbox gone.
     pub(crate) fn died(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let previous = x.state;
-        tracing::warn!(sandbox = %x.id, state = ?previous, "sandbox died");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let previous = record.state();
+        tracing::warn!(sandbox = %record.id, state = ?previous, "sandbox died");
         self.out.stats.deaths += 1;
-        let holds_work = previous != SandboxState::Starting || x.resumed.is_some();
-        if x.is_managed() && !x.shutdown_ordered && holds_work {
-            let (id, key) = (x.id, x.key);
+        let holds_work = previous != SandboxState::Starting || record.resumed().is_some();
+        if record.is_managed() && !record.shutdown_ordered() && holds_work {
+            let (id, key) = (record.id, record.key);
             if let Some(slot) = self.keys.get(key) {
                 self.out.events.push_back(Event::WorkspaceLost {
                     sandbox: id,
@@ -127,20 +127,20 @@ impl Lifecycle {
             self.fail_start(sandbox, ErrorKind::SandboxGone);
             return;
         }
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Dead;
-        let key = x.key;
-        // Calls told of its lost instance were told already.
-        let lost: Few<CallIx> = if x.instance_lost {
-            Few::new()
-        } else {
-            x.bound.to_few()
-        };
         // A Stop or Persist still outstanding is abandoned: its answer is stale now (Abandon is
         // ordered right before the Shutdown). An idle or drain deadline goes too; a Shutdown's
         // stays (its answer is still awaited).
         let abandoned = self.way_down().stop_awaiting(sandbox);
-        if self.sandboxes[sandbox].awaiting != Awaiting::Shutdown {
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        record.died();
+        let key = record.key;
+        // Calls told of its lost instance were told already.
+        let lost: Few<CallIx> = if record.instance_lost {
+            Few::new()
+        } else {
+            record.bound.to_few()
+        };
+        if self.sandboxes[sandbox].awaiting() != Awaiting::Shutdown {
             self.way_down().cancel_sandbox_timer(sandbox);
         }
         for call in self.calls.by_name_order(lost) {
@@ -151,8 +151,8 @@ impl Lifecycle {
         }
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
-        let x = &self.sandboxes[sandbox];
-        if x.is_managed() && !x.shutdown_ordered {
+        let record = &self.sandboxes[sandbox];
+        if record.is_managed() && !record.shutdown_ordered() {
             if abandoned {
                 self.way_down().order_abandon(sandbox);
             }
@@ -167,12 +167,12 @@ impl Lifecycle {
     /// [`handle_instance_gone`](Self::handle_instance_gone)): its calls are told, and the key
     /// waits on it as on a retiring sandbox, which it now is.
     fn instance_lost(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        tracing::warn!(sandbox = %x.id, state = ?x.state, "instance lost, workspace kept");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        tracing::warn!(sandbox = %record.id, state = ?record.state(), "instance lost, workspace kept");
         self.out.stats.instance_losses_kept += 1;
-        x.instance_lost = true;
-        let key = x.key;
-        let told: Few<CallIx> = x.bound.to_few();
+        record.instance_lost = true;
+        let key = record.key;
+        let told: Few<CallIx> = record.bound.to_few();
         for call in self.calls.by_name_order(told) {
             self.out.events.push_back(Event::SandboxLost {
                 call: self.calls[call].id.clone(),
@@ -200,11 +200,10 @@ impl Lifecycle {
     /// finish; its uploads were left when the instance was lost) and no before-hook (nothing
     /// runs it).
     pub(crate) fn suspend_lost_instance(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert!(x.instance_lost && x.bound.is_empty());
-        debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
-        x.state = SandboxState::Stopping;
-        x.suspend = true;
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(record.instance_lost && record.bound.is_empty());
+        debug_assert!(record.uploads.is_empty() && record.targeting.is_empty());
+        record.stop(true);
         self.order_stop(sandbox);
     }
 }
@@ -221,16 +220,18 @@ enum InstanceLoss {
 }
 
 impl InstanceLoss {
-    fn of(x: &crate::sandbox::Sandbox) -> InstanceLoss {
-        if !x.is_managed() {
+    fn of(record: &crate::sandbox::Sandbox) -> InstanceLoss {
+        if !record.is_managed() {
             InstanceLoss::Death
-        } else if matches!(x.awaiting, Awaiting::Stop | Awaiting::Persist) && x.suspend {
+        } else if matches!(record.awaiting(), Awaiting::Stop | Awaiting::Persist)
+            && record.suspends()
+        {
             InstanceLoss::Suspending
-        } else if x.state == SandboxState::Starting {
+        } else if record.state() == SandboxState::Starting {
             InstanceLoss::Starting
-        } else if x.awaiting == Awaiting::Nothing
+        } else if record.awaiting() == Awaiting::Nothing
             && matches!(
-                x.state,
+                record.state(),
                 SandboxState::Running | SandboxState::Idle | SandboxState::Draining
             )
         {

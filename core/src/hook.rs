@@ -55,10 +55,8 @@ impl Lifecycle {
 
     /// Orders the sandbox's hook at `point`, awaited for `timeout`.
     pub(crate) fn order_hook(&mut self, sandbox: SandboxIx, point: HookPoint, timeout: Duration) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert_eq!(x.awaiting, Awaiting::Nothing);
-        x.awaiting = Awaiting::Hook;
-        x.hook = Some(point);
+        let awaited = self.sandboxes.get_mut(sandbox).expect("live").await_hook();
+        debug_assert_eq!(awaited, point);
         let deadline = self.set_sandbox_timer(sandbox, timeout);
         self.out.stats.hooks_ordered += 1;
         tracing::debug!(sandbox = %self.sid(sandbox), hook = point.as_str(), "hook");
@@ -73,9 +71,9 @@ impl Lifecycle {
     /// The outstanding hook ended (answered, or its timeout passed): what follows it.
     pub(crate) fn hook_ended(&mut self, sandbox: SandboxIx, end: HookEnd) {
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        let point = x.hook.take().expect("a hook is outstanding");
-        x.awaiting = Awaiting::Nothing;
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        let point = record.hook().expect("a hook is outstanding");
+        record.answered();
         if end != HookEnd::Ok {
             let late = end == HookEnd::Late;
             if late {
@@ -93,13 +91,13 @@ impl Lifecycle {
             (true, HookEnd::Ok) => self.up(sandbox),
             (true, _) => self.fail_start(sandbox, ErrorKind::HookFailed),
             (false, end) => {
-                let x = self.sandboxes.get_mut(sandbox).expect("awaited");
+                let record = self.sandboxes.get_mut(sandbox).expect("awaited");
                 if end != HookEnd::Ok
-                    && x.suspend
+                    && record.suspends()
                     && self.config.hooks.on_suspend_failure == SuspendHookFailure::Shutdown
                 {
-                    tracing::warn!(sandbox = %x.id, "before-suspend hook failed: shutting down instead");
-                    x.suspend = false;
+                    tracing::warn!(sandbox = %record.id, "before-suspend hook failed: shutting down instead");
+                    record.suspend_no_more();
                 }
                 self.order_stop(sandbox);
             }

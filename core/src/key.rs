@@ -43,12 +43,6 @@ pub(crate) struct KeySlot {
     /// Fleet mode: the deadline of the claim or release under way, or when a busy claim or a
     /// failed release is tried again (`Timer::KeyStore`).
     pub(crate) store_at: Option<TimerRef>,
-    /// Fleet mode: another process wants the key: hand it over once this one's calls on it end.
-    pub(crate) wanted: bool,
-    /// Fleet mode: a release went unanswered: it may have landed, so the key may no longer be
-    /// this process's. Nothing binds to it, and the release is asked again, until a definite
-    /// answer (released, or fenced).
-    pub(crate) doubtful: bool,
     /// Fleet mode: the write of the key's durable record under way, with what it writes.
     /// Boxed, as `recorded` is: only fleet keys write records, and a slot is moved whole when
     /// it is made and when it is forgotten (each call cycle on a fresh key does both).
@@ -98,10 +92,34 @@ pub(crate) enum Own {
     Claiming(ClaimId, u64),
     /// Another process holds it (or the claim failed): the claim is made again at `store_at`.
     Busy,
-    /// This process owns it under this token.
-    Owned(Token),
-    /// Its release is under way; the token is still this process's.
-    Releasing(ReleaseId, Token),
+    /// This process owns it.
+    Owned(Held),
+    /// Its release is under way; the key is still this process's.
+    Releasing(ReleaseId, Held),
+}
+
+/// Fleet mode: a key this process owns (or is releasing), as far as it knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Held {
+    /// The token it owns the key under.
+    pub(crate) token: Token,
+    /// Another process wants the key: hand it over once this one's calls on it end.
+    pub(crate) wanted: bool,
+    /// A release went unanswered: it may have landed, so the key may no longer be this
+    /// process's. Nothing binds to it, and the release is asked again, until a definite answer
+    /// (released, or fenced).
+    pub(crate) doubtful: bool,
+}
+
+impl Held {
+    /// Just claimed under `token`: wanted by nobody yet, in no doubt.
+    pub(crate) fn claimed(token: Token) -> Self {
+        Held {
+            token,
+            wanted: false,
+            doubtful: false,
+        }
+    }
 }
 
 impl KeySlot {
@@ -117,8 +135,6 @@ impl KeySlot {
             retain: None,
             own: Own::Local,
             store_at: None,
-            wanted: false,
-            doubtful: false,
             recording: None,
             recorded: None,
             record_in_doubt: None,
@@ -144,7 +160,7 @@ impl KeySlot {
     /// The token this process owns the key under, if it does.
     pub(crate) fn token(&self) -> Option<Token> {
         match self.own {
-            Own::Owned(token) | Own::Releasing(_, token) => Some(token),
+            Own::Owned(held) | Own::Releasing(_, held) => Some(held.token),
             _ => None,
         }
     }

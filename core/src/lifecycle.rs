@@ -154,8 +154,8 @@ impl Lifecycle {
             session: session.clone(),
         };
         let s = &self.sessions[self.sessions.find(session).ok_or_else(no_sandbox)?];
-        if let Some(x) = s.first_up(&self.calls, &self.sandboxes) {
-            return Ok(self.sid(x));
+        if let Some(up) = s.first_up(&self.calls, &self.sandboxes) {
+            return Ok(self.sid(up));
         }
         // None is up: the earliest ready call's sandbox died, or there is no ready call.
         match s.ready.first() {
@@ -172,37 +172,36 @@ impl Lifecycle {
         let c = &self.calls[self.calls.find(call)?];
         Some(match c.state {
             CallState::Waiting { .. } => CallStatus::Waiting,
-            CallState::Starting(x) => CallStatus::Starting(self.sandboxes[x].id),
-            CallState::Ready(x)
-                if self.sandboxes[x].state == SandboxState::Dead
-                    || self.sandboxes[x].instance_lost =>
+            CallState::Starting(sandbox) => CallStatus::Starting(self.sandboxes[sandbox].id),
+            CallState::Ready(sandbox)
+                if self.sandboxes[sandbox].state() == SandboxState::Dead
+                    || self.sandboxes[sandbox].instance_lost =>
             {
-                CallStatus::Lost(self.sandboxes[x].id)
+                CallStatus::Lost(self.sandboxes[sandbox].id)
             }
-            CallState::Ready(x) => CallStatus::Ready(self.sandboxes[x].id),
+            CallState::Ready(sandbox) => CallStatus::Ready(self.sandboxes[sandbox].id),
         })
     }
 
     /// The state of a sandbox the core still tracks. O(1).
     pub fn sandbox_state(&self, sandbox: SandboxId) -> Option<SandboxState> {
-        let x = self.sandboxes.find(sandbox)?;
-        Some(self.sandboxes[x].state)
+        let tracked = self.sandboxes.find(sandbox)?;
+        Some(self.sandboxes[tracked].state())
     }
 
     /// Fleet mode: whether the sandbox is up (started, its after hook passed) and its calls wait
     /// for the key's record to name it before they are ready (it stays `Starting` meanwhile;
     /// see [`Lifecycle::handle_recorded`]). `false` for a sandbox the core does not track. O(1).
     pub fn awaits_record(&self, sandbox: SandboxId) -> bool {
-        self.sandboxes.find(sandbox).is_some_and(|x| {
-            let x = &self.sandboxes[x];
-            x.state == SandboxState::Starting && x.awaiting == crate::sandbox::Awaiting::Record
-        })
+        self.sandboxes
+            .find(sandbox)
+            .is_some_and(|tracked| self.sandboxes[tracked].awaits_record_to_rise())
     }
 
     /// The ownership of a sandbox the core still tracks. O(1).
     pub fn sandbox_ownership(&self, sandbox: SandboxId) -> Option<&Ownership> {
-        let x = self.sandboxes.find(sandbox)?;
-        Some(&self.sandboxes[x].owner)
+        let tracked = self.sandboxes.find(sandbox)?;
+        Some(&self.sandboxes[tracked].owner)
     }
 
     /// Whether every version flushed for `session` so far has settled. O(paths of the session).
@@ -335,13 +334,13 @@ impl Lifecycle {
     pub(crate) fn fire(&mut self, at: TimerRef, timer: Timer) {
         match timer {
             Timer::Sandbox(sandbox) => {
-                let x = self
+                let record = self
                     .sandboxes
                     .get_mut(sandbox)
                     .expect("timer of a live sandbox");
-                debug_assert_eq!(x.deadline, Some(at));
-                x.deadline = None;
-                match (x.state, x.awaiting) {
+                debug_assert_eq!(record.deadline, Some(at));
+                record.deadline = None;
+                match (record.state(), record.awaiting()) {
                     (SandboxState::Starting, Awaiting::Start) => {
                         tracing::debug!(sandbox = %self.sid(sandbox), "start timed out");
                         self.out.stats.starts_timed_out += 1;
@@ -368,9 +367,9 @@ impl Lifecycle {
                             // Unanswered, its outcome unknown: given up as if failed, without
                             // an Abandon (which a Shutdown must follow): its answer, if it
                             // comes, is stale.
-                            let x = &self.sandboxes[sandbox];
-                            let snapshot = (x.awaiting == Awaiting::Persist)
-                                .then(|| x.snapshot.clone())
+                            let record = &self.sandboxes[sandbox];
+                            let snapshot = (record.awaiting() == Awaiting::Persist)
+                                .then(|| record.snapshot().cloned())
                                 .flatten();
                             self.way_down().stop_awaiting(sandbox);
                             self.way_down_gave_up(sandbox, snapshot);
@@ -407,10 +406,10 @@ impl Lifecycle {
     #[inline(always)]
     pub(crate) fn timer_is_live(&self, at: TimerRef, timer: &Timer) -> bool {
         match timer {
-            Timer::Sandbox(x) => self
+            Timer::Sandbox(sandbox) => self
                 .sandboxes
-                .get(*x)
-                .is_some_and(|x| x.deadline == Some(at)),
+                .get(*sandbox)
+                .is_some_and(|record| record.deadline == Some(at)),
             Timer::Upload(u) => self.uploads.get(*u).is_some_and(|u| u.deadline == at),
             Timer::Retry(session, slot) => self
                 .sessions
@@ -516,7 +515,7 @@ impl Lifecycle {
         let awaited = self
             .sandboxes
             .find(sandbox)
-            .filter(|x| self.sandboxes[*x].awaiting == answer);
+            .filter(|tracked| self.sandboxes[*tracked].awaiting() == answer);
         if awaited.is_none() {
             tracing::debug!(sandbox = %sandbox, answer = ?answer, "stale answer ignored");
             self.out.stats.stale_answers += 1;
@@ -544,21 +543,23 @@ impl Lifecycle {
             let Some(sandbox) = self.reconcile.sandboxes.pop() else {
                 break;
             };
-            let Some(x) = self.sandboxes.get(sandbox) else {
+            let Some(record) = self.sandboxes.get(sandbox) else {
                 continue;
             };
-            let key = x.key;
-            match x.state {
+            let key = record.key;
+            match record.state() {
                 SandboxState::Draining
-                    if x.uploads.is_empty() && x.busy_sessions == 0 && x.operations == 0 =>
+                    if record.uploads.is_empty()
+                        && record.busy_sessions == 0
+                        && record.operations == 0 =>
                 {
                     tracing::debug!(sandbox = %self.sid(sandbox), "drained");
                     self.end_drain(sandbox, DropReason::DrainDeadline);
                 }
                 SandboxState::Dead | SandboxState::ShuttingDown
-                    if x.bound.is_empty() && x.awaiting == Awaiting::Nothing =>
+                    if record.bound.is_empty() && record.awaiting() == Awaiting::Nothing =>
                 {
-                    debug_assert!(x.uploads.is_empty() && x.targeting.is_empty());
+                    debug_assert!(record.uploads.is_empty() && record.targeting.is_empty());
                     self.sandboxes.remove(sandbox);
                     self.key_lets_go(key, sandbox);
                 }

@@ -211,8 +211,8 @@ impl Lifecycle {
                 );
                 // A sandbox whose instance was lost keeps its workspace: an upload that found
                 // no instance says nothing new.
-                let x = &self.sandboxes[sandbox];
-                if x.state != SandboxState::Dead && !x.instance_lost {
+                let record = &self.sandboxes[sandbox];
+                if record.state() != SandboxState::Dead && !record.instance_lost {
                     self.died(sandbox);
                 }
             }
@@ -397,11 +397,11 @@ impl Mirror<'_> {
     fn take_upload(&mut self, ix: UploadIx) -> Upload {
         let up = self.uploads.remove(ix);
         self.timers.cancel(up.deadline);
-        let x = self
+        let record = self
             .sandboxes
             .get_mut(up.sandbox)
             .expect("sandbox of an upload");
-        x.uploads.remove(&ix);
+        record.uploads.remove(&ix);
         self.reconcile.sandbox(up.sandbox);
         let slot = &mut self.sessions[up.session].paths[up.slot];
         slot.inflight = None;
@@ -488,10 +488,14 @@ impl Mirror<'_> {
 
     /// [`pump`](Self::pump)'s ordering, for a session with a target and a slot that may order.
     fn pump_slots(&mut self, session: SessionIx, target: SandboxIx) {
-        let x = self.sandboxes.get_mut(target).expect("target sandbox");
-        debug_assert!(x.accepts_uploads(), "target {target:?} is {:?}", x.state);
-        let x_id = x.id;
-        let x_token = x.token;
+        let record = self.sandboxes.get_mut(target).expect("target sandbox");
+        debug_assert!(
+            record.accepts_uploads(),
+            "target {target:?} is {:?}",
+            record.state()
+        );
+        let target_id = record.id;
+        let target_token = record.token;
         let mut expired = Few::<(usize, Version)>::new();
         let s = &mut self.sessions[session];
         for (i, slot) in s.paths.iter_mut().enumerate() {
@@ -530,18 +534,18 @@ impl Mirror<'_> {
             let deadline = self.timers.set(until, Timer::Upload(ix));
             self.uploads[ix].deadline = deadline;
             work.inflight = Some(ix);
-            x.uploads.insert(ix);
+            record.uploads.insert(ix);
             self.out.stats.uploads_ordered += 1;
-            tracing::trace!(upload = %upload, session = %s.id, sandbox = %x_id, version = %version, "upload");
+            tracing::trace!(upload = %upload, session = %s.id, sandbox = %target_id, version = %version, "upload");
             self.out.commands.push_back(Command::Upload {
                 upload,
-                sandbox: x_id,
+                sandbox: target_id,
                 session: s.id.clone(),
                 path: slot.path.clone(),
                 version,
                 payload,
                 deadline: until,
-                token: x_token,
+                token: target_token,
             });
         }
         if !expired.is_empty() {
@@ -573,7 +577,7 @@ impl Mirror<'_> {
                 if self
                     .sandboxes
                     .get(linger)
-                    .is_some_and(|x| x.accepts_uploads())
+                    .is_some_and(|record| record.accepts_uploads())
                 {
                     target = Some(linger);
                 } else {
@@ -583,12 +587,12 @@ impl Mirror<'_> {
         }
         if target != s.target {
             if let Some(old) = s.target {
-                let x = self.sandboxes.get_mut(old).expect("old target");
-                x.targeting.remove(&session);
+                let record = self.sandboxes.get_mut(old).expect("old target");
+                record.targeting.remove(&session);
             }
             if let Some(new) = target {
-                let x = self.sandboxes.get_mut(new).expect("new target");
-                x.targeting.insert(session);
+                let record = self.sandboxes.get_mut(new).expect("new target");
+                record.targeting.insert(session);
             }
             tracing::trace!(session = %s.id, target = ?target, "mirror target");
             s.target = target;
@@ -640,18 +644,18 @@ impl Mirror<'_> {
     /// Often none did: that test is kept inline, the leaving out of line in `leave_sandbox`.
     #[inline(always)]
     pub(crate) fn leave_uploads(&mut self, sandbox: SandboxIx, reason: DropReason) {
-        let x = &self.sandboxes[sandbox];
-        debug_assert!(!x.accepts_uploads());
-        if !(x.uploads.is_empty() && x.targeting.is_empty()) {
+        let record = &self.sandboxes[sandbox];
+        debug_assert!(!record.accepts_uploads());
+        if !(record.uploads.is_empty() && record.targeting.is_empty()) {
             self.leave_sandbox(sandbox, reason);
         }
     }
 
     /// [`leave_uploads`](Self::leave_uploads)' work, for a sandbox some upload or session is on.
     fn leave_sandbox(&mut self, sandbox: SandboxIx, reason: DropReason) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let uploads = self.uploads.in_id_order(x.uploads.take());
-        let sessions = self.sessions.by_name_order(x.targeting.to_few());
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let uploads = self.uploads.in_id_order(record.uploads.take());
+        let sessions = self.sessions.by_name_order(record.targeting.to_few());
         let mut touched = Few::<SessionIx>::new();
         for upload in uploads {
             let up = self.uploads.remove(upload);

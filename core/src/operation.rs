@@ -37,8 +37,8 @@ impl Lifecycle {
             session: session.clone(),
         };
         let s = self.sessions.find(session).ok_or_else(no_sandbox)?;
-        let x = self.sessions[s].target.ok_or_else(no_sandbox)?;
-        let sandbox = &self.sandboxes[x];
+        let target = self.sessions[s].target.ok_or_else(no_sandbox)?;
+        let sandbox = &self.sandboxes[target];
         debug_assert!(sandbox.accepts_uploads(), "a target accepts work");
         let max = self.config.limits.max_operations_per_sandbox;
         if sandbox.operations >= max {
@@ -48,7 +48,7 @@ impl Lifecycle {
             });
         }
         self.advance(now);
-        let sandbox = self.sandboxes.get_mut(x).expect("found above");
+        let sandbox = self.sandboxes.get_mut(target).expect("found above");
         sandbox.operations += 1;
         let id = sandbox.id;
         tracing::debug!(session = %session, sandbox = %id, "enter");
@@ -67,23 +67,26 @@ impl Lifecycle {
         self.time_passes(now);
         self.check_not_closed("leave")?;
         self.check_sandbox_id(sandbox)?;
-        let Some(x) = self.sandboxes.find(sandbox) else {
+        let Some(entered) = self.sandboxes.find(sandbox) else {
             return Ok(());
         };
-        if self.sandboxes[x].operations == 0 {
+        if self.sandboxes[entered].operations == 0 {
             return Err(Error::NotEntered { sandbox });
         }
         self.advance(now);
-        self.sandboxes.get_mut(x).expect("found above").operations -= 1;
+        self.sandboxes
+            .get_mut(entered)
+            .expect("found above")
+            .operations -= 1;
         tracing::debug!(sandbox = %sandbox, "leave");
-        self.reconcile.sandbox(x);
+        self.reconcile.sandbox(entered);
         self.finish_input();
         Ok(())
     }
 
     /// How much entered work is in a sandbox the core tracks. O(1).
     pub fn operations_in(&self, sandbox: SandboxId) -> Option<u32> {
-        let x = self.sandboxes.find(sandbox)?;
-        Some(self.sandboxes[x].operations)
+        let entered = self.sandboxes.find(sandbox)?;
+        Some(self.sandboxes[entered].operations)
     }
 }

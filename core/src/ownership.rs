@@ -29,7 +29,7 @@ use crate::fleet::{
 };
 use crate::ids::Key;
 use crate::ids::SandboxId;
-use crate::key::{KeyIx, Own};
+use crate::key::{Held, KeyIx, Own};
 use crate::lifecycle::Lifecycle;
 use crate::sandbox::{Awaiting, SandboxIx, SandboxState};
 use crate::session::SessionIx;
@@ -90,7 +90,7 @@ impl Lifecycle {
         self.out.stats.claims_ok += 1;
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
-        slot.own = Own::Owned(token);
+        slot.own = Own::Owned(Held::claimed(token));
         // The store keeps the record it handed out until this process writes a newer one: a
         // process that ends before its first write leaves the key's next owner what it found.
         slot.recorded = (!record.is_empty()).then(|| Box::new(record.clone()));
@@ -270,11 +270,11 @@ impl Lifecycle {
     pub(crate) fn may_bind(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         match slot.own {
-            Own::Owned(_) => {
-                !slot.doubtful
+            Own::Owned(held) => {
+                !held.doubtful
                     && !slot
                         .current
-                        .is_some_and(|x| self.sandboxes[x].state == SandboxState::HandingOver)
+                        .is_some_and(|x| self.sandboxes[x].state() == SandboxState::HandingOver)
                     && slot.left.is_none_or(|id| self.sandboxes.find(id).is_none())
                     && !self.record_names_another(k)
             }
@@ -444,7 +444,7 @@ impl Lifecycle {
     /// call binding now, as its next owner would adopt it: the sandbox it binds to, if it could
     /// be tracked again.
     pub(crate) fn adopt_left(&mut self, k: KeyIx) -> Option<SandboxIx> {
-        let Own::Owned(token) = self.keys[k].own else {
+        let Own::Owned(Held { token, .. }) = self.keys[k].own else {
             return None;
         };
         let id = self.keys[k].left.take()?;
@@ -453,9 +453,9 @@ impl Lifecycle {
         // forget it): forgotten now, so that it can be tracked anew.
         if let Some(x) = self.sandboxes.find(id) {
             let old = &self.sandboxes[x];
-            if old.state == SandboxState::Dead
+            if old.state() == SandboxState::Dead
                 && old.bound.is_empty()
-                && old.awaiting == Awaiting::Nothing
+                && old.awaiting() == Awaiting::Nothing
             {
                 self.sandboxes.remove(x);
             }
@@ -469,13 +469,12 @@ impl Lifecycle {
     /// all. Whether it was (the driver dropped the first at its deadline).
     pub(crate) fn adopt_again(&mut self, x: SandboxIx) -> bool {
         let sandbox = &mut self.sandboxes[x];
-        let Some(token) = sandbox.token.filter(|_| sandbox.adopted) else {
+        let Some(token) = sandbox.token.filter(|_| sandbox.is_adopted()) else {
             return false;
         };
-        if sandbox.adopt_timeouts + 1 >= crate::WAY_DOWN_ATTEMPTS {
+        if !sandbox.adopt_again(crate::WAY_DOWN_ATTEMPTS) {
             return false;
         }
-        sandbox.adopt_timeouts += 1;
         let (id, k) = (sandbox.id, sandbox.key);
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt unanswered: ordered again");
@@ -498,10 +497,7 @@ impl Lifecycle {
             return None;
         };
         self.out.stats.adoptions_ordered += 1;
-        let sandbox = &mut self.sandboxes[x];
-        sandbox.adopted = true;
-        sandbox.token = Some(token);
-        sandbox.awaiting = Awaiting::Start;
+        self.sandboxes[x].token = Some(token);
         self.keys[k].current = Some(x);
         let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt");
@@ -561,9 +557,10 @@ impl Lifecycle {
             return;
         }
         let closing = self.is_closing();
+        let wanted = matches!(slot.own, Own::Owned(Held { wanted: true, .. }));
         match slot.current {
-            None if slot.wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
-            Some(x) if slot.wanted && self.sandboxes[x].state == SandboxState::Idle => {
+            None if wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
+            Some(x) if wanted && self.sandboxes[x].state() == SandboxState::Idle => {
                 // Handed over warm: drained first, like any way down; `end_drain` hands it
                 // over rather than stopping it.
                 tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
@@ -578,28 +575,27 @@ impl Lifecycle {
     pub(crate) fn hands_over(&self, x: SandboxIx) -> bool {
         let sandbox = &self.sandboxes[x];
         let slot = &self.keys[sandbox.key];
-        slot.wanted
-            && matches!(slot.own, Own::Owned(_))
+        matches!(slot.own, Own::Owned(Held { wanted: true, .. }))
             && slot.store_at.is_none()
             && slot.bound == 0
             && slot.waiters.is_empty()
             && slot.retiring.is_none()
-            && sandbox.state == SandboxState::Draining
+            && sandbox.state() == SandboxState::Draining
     }
 
     /// Orders the release of the owned key `k` with its record: its snapshot, and the drained
     /// sandbox `warm` when it is handed over.
     pub(crate) fn release_key(&mut self, k: KeyIx, warm: Option<SandboxIx>) {
-        let Own::Owned(token) = self.keys[k].own else {
+        let Own::Owned(held) = self.keys[k].own else {
             unreachable!("release of a key this process does not own")
         };
+        let token = held.token;
         let live = self.liveness.as_mut().expect("fleet");
         let release = ReleaseId(live.next_release);
         live.next_release += 1;
         let deadline = self.now + self.config.command_timeout;
         if let Some(x) = warm {
-            let sandbox = &mut self.sandboxes[x];
-            debug_assert_eq!(sandbox.state, SandboxState::HandingOver);
+            debug_assert_eq!(self.sandboxes[x].state(), SandboxState::HandingOver);
             self.way_down().cancel_sandbox_timer(x);
         }
         let slot = &mut self.keys[k];
@@ -614,7 +610,7 @@ impl Lifecycle {
                 }),
             warm: warm.map(|x| self.sandboxes[x].id).or(slot.left),
         };
-        slot.own = Own::Releasing(release, token);
+        slot.own = Own::Releasing(release, held);
         tracing::debug!(%release, key = %slot.key, ?record, "release key");
         if let (Some(recorded), Some(report)) = (&record.snapshot, self.close.report_mut()) {
             // Close lets the key go with its snapshot: reported, with its retention.
@@ -671,23 +667,23 @@ impl Lifecycle {
     }
 
     fn release_ended(&mut self, k: KeyIx, how: Written) {
-        let Own::Releasing(release, token) = self.keys[k].own else {
+        let Own::Releasing(release, held) = self.keys[k].own else {
             unreachable!("an awaited release")
         };
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
             Written::Failed => {
                 self.out.stats.releases_failed += 1;
-                self.keys[k].own = Own::Owned(token);
+                self.keys[k].own = Own::Owned(held);
                 self.retry_later(k);
                 // In doubt (an earlier attempt may have landed), nothing is taken back.
-                if !self.keys[k].doubtful {
+                if !held.doubtful {
                     if let Some(x) = handed {
                         // Warm again: bound at once by a call of the key that came meanwhile.
-                        self.sandboxes[x].state = SandboxState::Idle;
+                        self.sandboxes[x].idle();
                         let idle = self.config.release.tiers().idle;
                         self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
                     }
@@ -702,8 +698,6 @@ impl Lifecycle {
                 }
                 let slot = &mut self.keys[k];
                 slot.own = Own::Unclaimed;
-                slot.wanted = false;
-                slot.doubtful = false;
                 slot.recording = None;
                 slot.record_in_doubt = None;
                 // The record holds the snapshot now (or the new owner's record does): the key
@@ -729,10 +723,7 @@ impl Lifecycle {
     /// `reason`. Its record goes once no call is bound to it.
     pub(crate) fn relinquish(&mut self, x: SandboxIx, reason: DropReason) {
         let sandbox = &mut self.sandboxes[x];
-        sandbox.state = SandboxState::Dead;
-        sandbox.awaiting = Awaiting::Nothing;
-        sandbox.hook = None;
-        sandbox.shutdown_ordered = true; // its last command is the Relinquish
+        sandbox.relinquished();
         let id = sandbox.id;
         self.way_down().cancel_sandbox_timer(x);
         self.mirror().leave_uploads(x, reason);
@@ -760,8 +751,6 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Unclaimed;
-        slot.wanted = false;
-        slot.doubtful = false;
         slot.recording = None;
         slot.record_in_doubt = None;
         slot.current = None;
@@ -779,9 +768,9 @@ impl Lifecycle {
         // yet, in id order (rare: a scan). One whose Shutdown is out already keeps it.
         let fenced = self
             .sandboxes
-            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered);
+            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered());
         for x in fenced {
-            let starting = self.sandboxes[x].state == SandboxState::Starting;
+            let starting = self.sandboxes[x].state() == SandboxState::Starting;
             let bound: Few<CallIx> = self.sandboxes[x].bound.to_few();
             for call in bound.iter() {
                 let session = self.calls[*call].session;
@@ -889,11 +878,11 @@ impl Lifecycle {
             }
             let k = self.keys.find_or_insert(key.clone());
             let slot = &mut self.keys[k];
-            match slot.own {
-                Own::Owned(_) => {
-                    if !slot.wanted {
+            match &mut slot.own {
+                Own::Owned(held) => {
+                    if !held.wanted {
                         tracing::debug!(key = %key, "wanted by another process");
-                        slot.wanted = true;
+                        held.wanted = true;
                         self.key_settles(k);
                     }
                 }
@@ -921,14 +910,14 @@ impl Lifecycle {
             .current
             .filter(|x| {
                 let x = &self.sandboxes[*x];
-                x.state == SandboxState::Starting && x.awaiting != Awaiting::Record
+                x.state() == SandboxState::Starting && x.awaiting() != Awaiting::Record
             })
-            .and_then(|x| self.sandboxes[x].resumed.as_ref());
+            .and_then(|x| self.sandboxes[x].resumed());
         if let Some((snapshot, by)) = resuming {
             return KeyRecord {
                 snapshot: Some(RecordedSnapshot {
                     snapshot: snapshot.clone(),
-                    by: *by,
+                    by,
                     retain_until: None,
                 }),
                 warm: None,
@@ -948,7 +937,7 @@ impl Lifecycle {
                 .current
                 .filter(|x| {
                     let x = &self.sandboxes[*x];
-                    x.accepts_uploads() || x.awaiting == Awaiting::Record
+                    x.accepts_uploads() || x.awaiting() == Awaiting::Record
                 })
                 .map(|x| self.sandboxes[x].id)
                 .or(slot.left),
@@ -975,20 +964,23 @@ impl Lifecycle {
         let Some(slot) = self.keys.get(k) else {
             return;
         };
-        let Own::Owned(token) = slot.own else {
+        let Own::Owned(Held {
+            token, doubtful, ..
+        }) = slot.own
+        else {
             return;
         };
         if slot.store_at.is_some()
-            || slot.doubtful
+            || doubtful
             || slot.recording.is_some()
             || slot
                 .retiring
-                .is_some_and(|x| self.sandboxes[x].awaiting != Awaiting::Record)
+                .is_some_and(|x| self.sandboxes[x].awaiting() != Awaiting::Record)
             || slot.current.is_some_and(|x| {
                 let x = &self.sandboxes[x];
-                x.state == SandboxState::Starting
-                    && x.resumed.is_none()
-                    && x.awaiting != Awaiting::Record
+                x.state() == SandboxState::Starting
+                    && x.resumed().is_none()
+                    && x.awaiting() != Awaiting::Record
             })
         {
             // Not while its sandbox is on its way up either, unless it resumes: an adoption (or
@@ -1050,7 +1042,7 @@ impl Lifecycle {
             return false;
         }
         tracing::debug!(sandbox = %id, "up: its calls wait for the key's record to name it");
-        self.sandboxes[x].awaiting = Awaiting::Record;
+        self.sandboxes[x].await_record();
         self.record_if_changed(k);
         true
     }
@@ -1062,19 +1054,18 @@ impl Lifecycle {
     fn record_confirmed(&mut self, k: KeyIx) {
         let slot = &self.keys[k];
         if let Some(x) = slot.current.filter(|x| {
-            self.sandboxes[*x].awaiting == Awaiting::Record
+            self.sandboxes[*x].awaiting() == Awaiting::Record
                 && slot.recorded().warm == Some(self.sandboxes[*x].id)
         }) {
-            self.sandboxes[x].awaiting = Awaiting::Nothing;
+            self.sandboxes[x].answered();
             self.up(x);
         }
         let Some(x) = self.keys.get(k).and_then(|slot| slot.retiring) else {
             return;
         };
-        if self.sandboxes[x].awaiting == Awaiting::Record
+        if self.sandboxes[x].awaiting() == Awaiting::Record
             && !self.record_may_name(k, self.sandboxes[x].id)
         {
-            self.sandboxes[x].awaiting = Awaiting::Nothing;
             self.persisted(x);
         }
     }
@@ -1155,18 +1146,20 @@ impl Lifecycle {
                 }
                 self.key_settles(k);
             }
-            Own::Releasing(release, token) => {
+            Own::Releasing(release, held) => {
                 // No answer in time: the release may have landed or not. Ask again, with the same
                 // token and record: if the first landed, the store refuses this one (the key is
                 // no longer this process's) and the answer says fenced; a sandbox being handed
                 // over stays so meanwhile, and nothing binds to the key.
                 tracing::debug!(%release, "release unanswered in time: asked again");
                 self.out.stats.releases_failed += 1;
-                self.keys[k].doubtful = true;
-                self.keys[k].own = Own::Owned(token);
+                self.keys[k].own = Own::Owned(Held {
+                    doubtful: true,
+                    ..held
+                });
                 self.release_again(k);
             }
-            Own::Owned(_) if self.keys[k].doubtful => self.release_again(k),
+            Own::Owned(Held { doubtful: true, .. }) => self.release_again(k),
             Own::Owned(_) => {
                 if let Some(w) = self.keys[k].recording.take() {
                     // No answer in time. Written again with a newer number: if this one lands
@@ -1187,7 +1180,7 @@ impl Lifecycle {
     fn release_again(&mut self, k: KeyIx) {
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state == SandboxState::HandingOver);
+            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
         self.release_key(k, handed);
     }
 

@@ -80,7 +80,7 @@ impl Live {
         self.ready
             .iter()
             .map(|call| calls[*call].sandbox().expect("a ready call is bound"))
-            .find(|x| sandboxes[*x].accepts_uploads())
+            .find(|sandbox| sandboxes[*sandbox].accepts_uploads())
     }
 
     /// Whether nothing here is live (the paths' unsettled versions aside).
@@ -454,8 +454,8 @@ impl Mirror<'_> {
                 let busy_on = if busy { live.target } else { None };
                 if busy_on != live.busy_on {
                     if let Some(old) = live.busy_on {
-                        if let Some(x) = self.sandboxes.get_mut(old) {
-                            x.busy_sessions -= 1;
+                        if let Some(old_sandbox) = self.sandboxes.get_mut(old) {
+                            old_sandbox.busy_sessions -= 1;
                         }
                         self.reconcile.sandbox(old);
                     }
@@ -469,15 +469,15 @@ impl Mirror<'_> {
                     let events = &mut self.out.events;
                     let paths = &s.paths;
                     let releasing = std::mem::take(&mut live.releasing);
-                    for (call, x) in releasing {
+                    for (call, sandbox) in releasing {
                         let in_flight = paths
                             .iter()
-                            .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == x));
-                        if busy_on != Some(x) && !in_flight {
+                            .any(|p| p.inflight.is_some_and(|u| uploads[u].sandbox == sandbox));
+                        if busy_on != Some(sandbox) && !in_flight {
                             tracing::debug!(call = %call, "release completed");
                             events.push_back(Event::CallReleased { call });
                         } else {
-                            live.releasing.push((call, x));
+                            live.releasing.push((call, sandbox));
                         }
                     }
                 }

@@ -6,7 +6,7 @@ use crate::command::{Command, HookPoint};
 use crate::error::{Error, ErrorKind};
 use crate::ids::SandboxId;
 use crate::lifecycle::Lifecycle;
-use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState};
+use crate::sandbox::{Awaiting, SandboxIx};
 use crate::small_set::Few;
 use crate::time::Instant;
 
@@ -27,19 +27,19 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "start ok");
         self.out.stats.starts_ok += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        let (point, timeout) = if x.resumed.is_some() {
-            (HookPoint::AfterResume, self.config.hooks.after_resume)
-        } else {
-            (HookPoint::AfterStart, self.config.hooks.after_start)
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        record.answered();
+        let point = record.after_hook();
+        let timeout = match point {
+            HookPoint::AfterResume => self.config.hooks.after_resume,
+            _ => self.config.hooks.after_start,
         };
         // An adopted sandbox was started, and hooked, by its first owner.
-        let timeout = timeout.filter(|_| !x.adopted);
+        let timeout = timeout.filter(|_| !record.is_adopted());
         match timeout {
             // Its calls wait for the hook (the sandbox stays starting); one whose calls all
             // ended meanwhile goes down at once, hook or not.
-            Some(timeout) if !x.bound.is_empty() => self.order_hook(sandbox, point, timeout),
+            Some(timeout) if !record.bound.is_empty() => self.order_hook(sandbox, point, timeout),
             _ => self.up(sandbox),
         }
         self.finish_input();
@@ -53,9 +53,9 @@ impl Lifecycle {
         if self.liveness.is_some() && self.waits_for_record(sandbox) {
             return;
         }
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Running;
-        let starters = self.calls.by_name_order(x.bound.to_few());
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        record.run();
+        let starters = self.calls.by_name_order(record.bound.to_few());
         for call in starters {
             if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
                 self.make_ready(call, sandbox);
@@ -65,7 +65,7 @@ impl Lifecycle {
         self.admit(key);
         self.record_if_changed(key);
         if self.sandboxes[sandbox].bound.is_empty() {
-            if self.sandboxes[sandbox].adopted {
+            if self.sandboxes[sandbox].is_adopted() {
                 // Adopted for calls that ended meanwhile: it is the key's warm sandbox, as it
                 // was its last owner's.
                 self.last_call_released(sandbox);
@@ -96,7 +96,7 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "start failed");
         self.out.stats.starts_failed += 1;
-        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").answered();
         self.fail_start(sandbox, ErrorKind::StartFailed);
         self.finish_input();
         Ok(())
@@ -110,14 +110,7 @@ impl Lifecycle {
         let c = &mut self.calls[call];
         let key = c.key;
         let spec = c.spec.take().expect("a call orders at most one Start");
-        let x = self
-            .sandboxes
-            .create(key, Ownership::Managed, SandboxState::Starting);
-        self.sandboxes[x].awaiting = Awaiting::Start;
-        self.sandboxes[x].token = self.keys[key].token();
         let slot = &mut self.keys[key];
-        slot.current = Some(x);
-        let key = slot.key.clone();
         // The start takes the key's snapshot: from now on it is the new sandbox's workspace
         // (a rename on the local backend, the same claim on Kubernetes), never discarded by the
         // key; the sandbox's own way down persists the next one.
@@ -129,11 +122,15 @@ impl Lifecycle {
             Some((snapshot, by)) => (Some(snapshot.clone()), Some(*by)),
             None => (None, None),
         };
-        self.sandboxes[x].resumed = taken;
+        let started = self.sandboxes.start(key, taken);
+        self.sandboxes[started].token = self.keys[key].token();
+        let slot = &mut self.keys[key];
+        slot.current = Some(started);
+        let key = slot.key.clone();
         self.out.stats.resumes_ordered += u64::from(resume_from.is_some());
-        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        let deadline = self.set_sandbox_timer(started, self.config.start_timeout);
         self.out.stats.starts_ordered += 1;
-        let id = self.sid(x);
+        let id = self.sid(started);
         tracing::debug!(sandbox = %id, key = %key, resume_from = ?resume_from, "start");
         self.out.commands.push_back(Command::Start {
             sandbox: id,
@@ -142,9 +139,9 @@ impl Lifecycle {
             resume_from,
             resumes,
             deadline,
-            token: self.sandboxes[x].token,
+            token: self.sandboxes[started].token,
         });
-        x
+        started
     }
 
     /// Fleet: an adopted sandbox that did not come up but keeps the key's history (its Adopts
@@ -158,9 +155,9 @@ impl Lifecycle {
         starters: Few<CallIx>,
         error: ErrorKind,
     ) {
-        let x = &self.sandboxes[sandbox];
-        debug_assert!(x.adopted);
-        let (id, key) = (x.id, x.key);
+        let record = &self.sandboxes[sandbox];
+        debug_assert!(record.is_adopted());
+        let (id, key) = (record.id, record.key);
         // Named first: the calls' ends may release the key, whose record must name it.
         if self
             .keys
@@ -198,49 +195,49 @@ impl Lifecycle {
         // right before its Shutdown, after the calls' ends, which may start other sandboxes).
         let abandoned = self.way_down().stop_awaiting(sandbox);
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let key = x.key;
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let key = record.key;
         if let Some(slot) = self.keys.get_mut(key) {
             if slot.current == Some(sandbox) {
                 slot.current = None;
             }
         }
-        let starters: Few<CallIx> = x.bound.to_few();
-        let adopted = x.adopted;
+        let starters: Few<CallIx> = record.bound.to_few();
+        let adopted = record.is_adopted();
         // A start that took its key's snapshot and did not come up (but did not die): the
         // workspace is still the key's history (the snapshot, or this sandbox if the backend
         // began to resume it). The key keeps the snapshot again, before its calls end (the
         // key's slot may go with them), and the sandbox is left to the backend below.
-        let give_back = match &x.resumed {
-            Some(resumed) if error != ErrorKind::SandboxGone && !adopted => Some(resumed.clone()),
+        let give_back = match record.resumed() {
+            Some((snapshot, by)) if error != ErrorKind::SandboxGone => Some((snapshot.clone(), by)),
             _ => None,
         };
         if let Some((snapshot, by)) = give_back.clone() {
             self.give_back_snapshot(key, snapshot, by);
         }
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
         if adopted && (error == ErrorKind::StartTimeout || keeps_history) {
             // Fleet: every Adopt went unanswered: the sandbox may well hold the key's history
             // still.
             return self.leave_adopted(sandbox, starters, error);
         }
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         if adopted {
             // Fleet: the handed-over sandbox could not be taken over. Its calls are not failed:
             // they queue first for the key again, and bind to a new start of it once the
             // adopted sandbox's Shutdown is ordered (queued, they also keep the key from being
             // released meanwhile).
-            x.bound = crate::small_set::SmallSet::Empty;
+            record.bound = crate::small_set::SmallSet::Empty;
             self.requeue_after_failed_adoption(key, starters);
         } else {
             for call in self.calls.by_name_order(starters.clone()) {
                 self.end_call(call, EndHow::Failed(error));
             }
         }
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         // Only a managed sandbox starts, and one still starting has no Shutdown ordered yet.
-        debug_assert!(x.is_managed() && !x.shutdown_ordered);
+        debug_assert!(record.is_managed() && !record.shutdown_ordered());
         if error == ErrorKind::SandboxGone {
-            x.state = SandboxState::Dead;
+            record.died();
         } else if let Some((snapshot, _)) = give_back {
             // Never shut down; no Abandon (a Shutdown must follow one): an answer that comes
             // later is stale.

@@ -14,7 +14,7 @@ use crate::ids::{Key, SandboxId, Snapshot};
 use crate::key::KeyIx;
 use crate::lifecycle::{Lifecycle, Reconcile};
 use crate::output::Outputs;
-use crate::sandbox::{Awaiting, Ownership, SandboxIx, SandboxState, Sandboxes};
+use crate::sandbox::{Awaiting, Ownership, SandboxIx, Sandboxes, Then};
 use crate::time::Instant;
 use crate::timer::{Timer, Timers};
 use std::time::Duration;
@@ -47,12 +47,10 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), snapshot = ?snapshot, "stop ok");
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        x.snapshot = snapshot;
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        record.answered();
         // The Persist gets its own attempts.
-        x.way_down_failures = 0;
-        if x.snapshot.is_some() || x.suspend {
+        if record.stopped(snapshot) {
             self.way_down().persist(sandbox);
         } else {
             self.shutdown(sandbox);
@@ -79,10 +77,8 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "stop failed");
         self.out.stats.stops_failed += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        x.way_down_failures += 1;
-        if x.way_down_failures < WAY_DOWN_ATTEMPTS {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        if record.way_down_failed() < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "stop failed: ordered again");
             self.order_stop(sandbox);
         } else {
@@ -104,16 +100,16 @@ impl Lifecycle {
         self.advance(now);
         tracing::debug!(sandbox = %self.sid(sandbox), "persist ok");
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        let (key, id) = (x.key, x.id);
-        if let Some(snapshot) = x.snapshot.clone() {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        record.answered();
+        let (key, id) = (record.key, record.id);
+        if let Some(snapshot) = record.snapshot().cloned() {
             self.keep_snapshot(key, sandbox, snapshot, id);
         }
         if self.record_may_name(key, id) {
             // Fleet: shut down, or suspended for the key's next start to take its workspace,
             // only once the record names the snapshot instead.
-            self.hold_for_record(sandbox);
+            self.hold_for_record(sandbox, false);
         } else {
             self.persisted(sandbox);
         }
@@ -137,14 +133,12 @@ impl Lifecycle {
         tracing::debug!(sandbox = %self.sid(sandbox), "persist failed");
         self.out.stats.persists_failed += 1;
         self.way_down().cancel_sandbox_timer(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("awaited");
-        x.awaiting = Awaiting::Nothing;
-        x.way_down_failures += 1;
-        if x.way_down_failures < WAY_DOWN_ATTEMPTS {
+        let record = self.sandboxes.get_mut(sandbox).expect("awaited");
+        if record.way_down_failed() < WAY_DOWN_ATTEMPTS {
             tracing::warn!(sandbox = %self.sid(sandbox), "persist failed: ordered again");
             self.way_down().persist(sandbox);
         } else {
-            let snapshot = x.snapshot.clone();
+            let snapshot = record.snapshot().cloned();
             self.way_down_gave_up(sandbox, snapshot);
         }
         self.finish_input();
@@ -197,14 +191,14 @@ impl Lifecycle {
     #[inline(always)]
     pub(crate) fn last_call_released(&mut self, sandbox: SandboxIx) {
         let idle = self.config.release.tiers().idle;
-        let x = &self.sandboxes[sandbox];
-        if x.instance_lost {
+        let record = &self.sandboxes[sandbox];
+        if record.instance_lost {
             self.suspend_lost_instance(sandbox);
             return;
         }
-        if x.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
+        if record.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
             tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
-            self.sandboxes.get_mut(sandbox).expect("live").state = SandboxState::Idle;
+            self.sandboxes.get_mut(sandbox).expect("live").idle();
             self.set_sandbox_timer(sandbox, idle);
         } else {
             self.begin_drain(sandbox);
@@ -294,10 +288,10 @@ impl Lifecycle {
     /// drain deadline.
     #[inline(always)]
     pub(crate) fn begin_drain(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert!(x.bound.is_empty());
-        x.state = SandboxState::Draining;
-        let sessions = self.sessions.names(&x.targeting.to_few());
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        debug_assert!(record.bound.is_empty());
+        record.drain();
+        let sessions = self.sessions.names(&record.targeting.to_few());
         tracing::debug!(sandbox = %self.sid(sandbox), sessions = sessions.len(), "drain");
         self.set_sandbox_timer(sandbox, self.config.drain_deadline);
         self.out.commands.push_back(Command::Drain {
@@ -312,15 +306,16 @@ impl Lifecycle {
     pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
         self.way_down().cancel_sandbox_timer(sandbox);
         let hand_over = self.hands_over(sandbox);
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        let managed = x.is_managed();
-        x.state = if hand_over {
-            SandboxState::HandingOver
+        let suspend = self.suspends();
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let managed = record.is_managed();
+        if hand_over {
+            record.hand_over();
         } else if managed {
-            SandboxState::Stopping
+            record.stop(suspend);
         } else {
-            SandboxState::Dead
-        };
+            record.kept_by_the_backend();
+        }
         self.mirror().leave_uploads(sandbox, reason);
         let key = self.sandboxes[sandbox].key;
         if hand_over {
@@ -335,8 +330,6 @@ impl Lifecycle {
         }
         if managed {
             slot.retiring = Some(sandbox);
-            let suspend = self.suspends();
-            self.sandboxes.get_mut(sandbox).expect("live").suspend = suspend;
             let hooks = self.config.hooks;
             let (point, timeout) = if suspend {
                 (HookPoint::BeforeSuspend, hooks.before_suspend)
@@ -357,10 +350,7 @@ impl Lifecycle {
     /// Orders the sandbox's Stop (its drain and its before-hook, if any, ended).
     #[inline(always)]
     pub(crate) fn order_stop(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        debug_assert_eq!(x.state, SandboxState::Stopping);
-        x.awaiting = Awaiting::Stop;
-        let suspend = x.suspend;
+        let suspend = self.sandboxes.get_mut(sandbox).expect("live").await_stop();
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         tracing::debug!(sandbox = %self.sid(sandbox), "stop");
         self.out.commands.push_back(Command::Stop {
@@ -371,14 +361,14 @@ impl Lifecycle {
         });
     }
 
-    /// Fleet mode: the sandbox, its snapshot the key's now, is held `Persisted` until a record
-    /// no longer naming it is confirmed (`Awaiting::Record`; then [`persisted`](Self::persisted)),
-    /// and that record is written.
-    fn hold_for_record(&mut self, sandbox: SandboxIx) {
-        let x = &mut self.sandboxes[sandbox];
-        x.state = SandboxState::Persisted;
-        x.awaiting = Awaiting::Record;
-        let key = x.key;
+    /// Fleet mode: the sandbox, its snapshot the key's now (persisted, or salvaged when its way
+    /// down was `given_up`), is held `Persisted` until a record no longer naming it is
+    /// confirmed (`Awaiting::Record`; then [`persisted`](Self::persisted)), and that record is
+    /// written.
+    fn hold_for_record(&mut self, sandbox: SandboxIx, given_up: bool) {
+        let record = &mut self.sandboxes[sandbox];
+        record.hold_for_record(given_up);
+        let key = record.key;
         self.record_if_changed(key);
     }
 
@@ -386,37 +376,25 @@ impl Lifecycle {
     /// key's record does not name it: suspended, shut down, or left as it is, as its way down
     /// says.
     pub(crate) fn persisted(&mut self, sandbox: SandboxIx) {
-        let x = &self.sandboxes[sandbox];
-        if x.way_down_failures >= WAY_DOWN_ATTEMPTS {
-            let kept = x.snapshot.clone();
-            self.left_as_it_is(sandbox, kept);
-        } else if self.sandboxes[sandbox].suspend {
-            self.suspended(sandbox);
-        } else {
-            self.shutdown(sandbox);
+        match self.sandboxes[sandbox].after_persist(false) {
+            Then::LeaveAsItIs(kept) => self.left_as_it_is(sandbox, Some(kept)),
+            Then::Suspend => self.suspended(sandbox),
+            Then::Shutdown => self.shutdown(sandbox),
         }
     }
 
     /// Orders the sandbox's one Shutdown.
     pub(crate) fn shutdown(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         debug_assert!(
-            !x.shutdown_ordered,
-            "shutdown ordered twice for {sandbox:?}"
-        );
-        debug_assert!(
-            x.awaiting == Awaiting::Nothing,
+            matches!(record.awaiting(), Awaiting::Nothing | Awaiting::Record),
             "shutdown of {sandbox:?} while awaiting {:?}",
-            x.awaiting
+            record.awaiting()
         );
-        debug_assert!(x.is_managed());
-        debug_assert!(x.uploads.is_empty());
-        x.shutdown_ordered = true;
-        x.awaiting = Awaiting::Shutdown;
-        if x.state != SandboxState::Dead {
-            x.state = SandboxState::ShuttingDown;
-        }
-        let key = x.key;
+        debug_assert!(record.is_managed());
+        debug_assert!(record.uploads.is_empty());
+        record.await_shutdown();
+        let key = record.key;
         self.mirror()
             .leave_uploads(sandbox, DropReason::SandboxGone);
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
@@ -437,16 +415,15 @@ impl Lifecycle {
     /// it is; any other is shut down, as its policy would have done. Nothing is awaited of it
     /// any more.
     pub(crate) fn way_down_gave_up(&mut self, sandbox: SandboxIx, snapshot: Option<Snapshot>) {
-        let x = &self.sandboxes[sandbox];
-        debug_assert_eq!(x.awaiting, Awaiting::Nothing);
-        let (key, id) = (x.key, x.id);
+        let record = &self.sandboxes[sandbox];
+        debug_assert_eq!(record.awaiting(), Awaiting::Nothing);
+        let (key, id) = (record.key, record.id);
         if let Some(snapshot) = snapshot {
             self.keep_snapshot(key, sandbox, snapshot.clone(), id);
             if self.record_may_name(key, id) {
                 // Fleet: left as it is, and the key's next start free to take the snapshot,
                 // only once the record names the snapshot instead (`persisted`).
-                self.sandboxes[sandbox].way_down_failures = WAY_DOWN_ATTEMPTS;
-                self.hold_for_record(sandbox);
+                self.hold_for_record(sandbox, true);
                 return;
             }
             self.left_as_it_is(sandbox, Some(snapshot));
@@ -460,8 +437,9 @@ impl Lifecycle {
     /// Whether the way down of `sandbox`, given up now, would keep its workspace (see
     /// [`way_down_gave_up`](Self::way_down_gave_up)).
     pub(crate) fn keeps_when_given_up(&self, sandbox: SandboxIx) -> bool {
-        let x = &self.sandboxes[sandbox];
-        (x.awaiting == Awaiting::Persist && x.snapshot.is_some()) || self.keeps_on_failure(sandbox)
+        let record = &self.sandboxes[sandbox];
+        (record.awaiting() == Awaiting::Persist && record.snapshot().is_some())
+            || self.keeps_on_failure(sandbox)
     }
 
     /// Whether a failed or unanswered way down leaves the sandbox as it is rather than shutting
@@ -478,8 +456,8 @@ impl Lifecycle {
     /// resumed the key's snapshot or was adopted from the key's last owner, or its way down
     /// is to keep it (a suspension). Its way down never ends in a Shutdown after a failure.
     pub(crate) fn holds_history(&self, sandbox: SandboxIx) -> bool {
-        let x = &self.sandboxes[sandbox];
-        x.resumed.is_some() || x.adopted || x.suspend
+        let record = &self.sandboxes[sandbox];
+        record.resumed().is_some() || record.is_adopted() || record.suspends()
     }
 
     /// Every Stop or Persist of the sandbox failed: it is left to the backend as it is, never
@@ -504,10 +482,9 @@ impl Lifecycle {
     /// The sandbox's way down ended with the backend keeping it (suspended, or left as it
     /// was): the core forgets it, without a Shutdown, and its key lets go of it.
     fn kept_by_the_backend(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Dead;
-        x.awaiting = Awaiting::Nothing;
-        let key = x.key;
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        record.kept_by_the_backend();
+        let key = record.key;
         self.key_lets_go(key, sandbox);
         self.reconcile.sandbox(sandbox);
     }
@@ -577,11 +554,8 @@ impl WayDown<'_> {
     }
 
     pub(crate) fn persist(&mut self, sandbox: SandboxIx) {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        x.state = SandboxState::Persisting;
-        x.awaiting = Awaiting::Persist;
-        let snapshot = x.snapshot.clone();
-        let suspend = x.suspend;
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
+        let (snapshot, suspend) = record.await_persist();
         let deadline = self.set_sandbox_timer(sandbox, self.config.command_timeout);
         // The retention counts from the Persist's answer; the backend's own expiry from the
         // Persist's deadline, the latest instant the answer can come: never earlier than the
@@ -611,19 +585,20 @@ impl WayDown<'_> {
     /// A sandbox held back for its key's record (`Awaiting::Record`) has nothing outstanding
     /// at the backend: it stops waiting, and the answer is no.
     pub(crate) fn stop_awaiting(&mut self, sandbox: SandboxIx) -> bool {
-        let x = self.sandboxes.get_mut(sandbox).expect("live");
-        if x.awaiting == Awaiting::Record {
-            x.awaiting = Awaiting::Nothing;
-            return false;
-        }
+        let record = self.sandboxes.get_mut(sandbox).expect("live");
         if !matches!(
-            x.awaiting,
-            Awaiting::Start | Awaiting::Stop | Awaiting::Persist | Awaiting::Hook
+            record.awaiting(),
+            Awaiting::Start
+                | Awaiting::Stop
+                | Awaiting::Persist
+                | Awaiting::Hook
+                | Awaiting::Record
         ) {
             return false;
         }
-        x.awaiting = Awaiting::Nothing;
-        x.hook = None;
+        if record.answered() == Awaiting::Record {
+            return false;
+        }
         self.cancel_sandbox_timer(sandbox);
         true
     }
@@ -639,7 +614,7 @@ impl WayDown<'_> {
     #[inline(always)]
     pub(crate) fn shutdown_answered(&mut self, sandbox: SandboxIx) {
         self.cancel_sandbox_timer(sandbox);
-        self.sandboxes.get_mut(sandbox).expect("awaited").awaiting = Awaiting::Nothing;
+        self.sandboxes.get_mut(sandbox).expect("awaited").answered();
         self.reconcile.sandbox(sandbox);
     }
 
@@ -665,8 +640,8 @@ impl WayDown<'_> {
 
     #[inline(always)]
     pub(crate) fn cancel_sandbox_timer(&mut self, sandbox: SandboxIx) {
-        if let Some(x) = self.sandboxes.get_mut(sandbox) {
-            if let Some(at) = x.deadline.take() {
+        if let Some(record) = self.sandboxes.get_mut(sandbox) {
+            if let Some(at) = record.deadline.take() {
                 self.timers.cancel(at);
             }
         }

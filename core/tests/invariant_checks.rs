@@ -99,9 +99,18 @@ fn a_starting_call_on_a_running_sandbox_is_reported() {
 #[test]
 fn a_call_on_a_sandbox_that_cannot_hold_calls_is_reported() {
     let core = corrupt(&running(), |v| {
-        sandbox_0(v)["state"] = json!("stopping");
+        sandbox_0(v)["state"] =
+            json!({ "stopping": { "suspend": false, "failures": 0, "awaits": "stop" } });
     });
     assert_eq!(broken(&core), "bound-calls");
+}
+
+#[test]
+fn a_starting_sandbox_awaiting_nothing_is_reported() {
+    let core = corrupt(&starting(), |v| {
+        sandbox_0(v)["state"] = json!({ "starting": "answered" });
+    });
+    assert_eq!(broken(&core), "shutdown-once");
 }
 
 #[test]

@@ -36,11 +36,13 @@ impl Lifecycle {
                         .is_some_and(|k| k.waiters.contains(&ix));
                     ensure!(queued, "key-counts", "waiting call {id} is not queued");
                 }
-                CallState::Starting(x) | CallState::Ready(x) => {
+                CallState::Starting(sandbox) | CallState::Ready(sandbox) => {
                     ensure!(
-                        self.sandboxes.get(x).is_some_and(|x| x.bound.contains(&ix)),
+                        self.sandboxes
+                            .get(sandbox)
+                            .is_some_and(|record| record.bound.contains(&ix)),
                         "bound-calls",
-                        "call {id} is bound to {x:?}, which does not list it"
+                        "call {id} is bound to {sandbox:?}, which does not list it"
                     );
                     ensure!(
                         self.keys.get(call.key).is_some(),

@@ -63,7 +63,7 @@ impl Lifecycle {
             if fleet_key
                 && slot
                     .current
-                    .is_some_and(|x| self.sandboxes[x].state != SandboxState::Dead)
+                    .is_some_and(|current| self.sandboxes[current].state() != SandboxState::Dead)
             {
                 ensure!(
                     matches!(slot.own, Own::Owned(_) | Own::Releasing(..)),
@@ -72,14 +72,14 @@ impl Lifecycle {
                     slot.own
                 );
             }
-            if let (Some(token), Some(x)) = (slot.token(), slot.current) {
-                let x = &self.sandboxes[x];
+            if let (Some(token), Some(current)) = (slot.token(), slot.current) {
+                let sandbox = &self.sandboxes[current];
                 ensure!(
-                    x.state == SandboxState::Dead || x.token == Some(token),
+                    sandbox.state() == SandboxState::Dead || sandbox.token == Some(token),
                     "ownership",
                     "key {key} is owned under {token} and its sandbox {} carries {:?}",
-                    x.id,
-                    x.token
+                    sandbox.id,
+                    sandbox.token
                 );
             }
             // Retention: a key keeps a snapshot for the policy's retention, on its own timer.
@@ -101,15 +101,15 @@ impl Lifecycle {
                     !matches!(
                         self.sandboxes
                             .get(slot.current.expect("checked"))
-                            .map(|x| x.state),
+                            .map(|sandbox| sandbox.state()),
                         Some(SandboxState::Starting)
                     )
                 },
                 "retention",
                 "key {key} keeps a snapshot while its sandbox starts (the start takes it)"
             );
-            if let Some(x) = slot.current {
-                let state = self.sandboxes.get(x).map(|x| x.state);
+            if let Some(current) = slot.current {
+                let state = self.sandboxes.get(current).map(|sandbox| sandbox.state());
                 ensure!(
                     matches!(
                         state,
@@ -121,14 +121,14 @@ impl Lifecycle {
                                 | SandboxState::HandingOver
                         )
                     ) || (state == Some(SandboxState::Dead)
-                        && self.sandboxes[x].shutdown_ordered
+                        && self.sandboxes[current].shutdown_ordered()
                         && slot.own != Own::Local),
                     "key-counts",
-                    "key {key}'s current sandbox {x:?} is {state:?}"
+                    "key {key}'s current sandbox {current:?} is {state:?}"
                 );
             }
-            if let Some(x) = slot.retiring {
-                let state = self.sandboxes.get(x).map(|x| x.state);
+            if let Some(retiring) = slot.retiring {
+                let state = self.sandboxes.get(retiring).map(|sandbox| sandbox.state());
                 ensure!(
                     matches!(
                         state,
@@ -137,9 +137,10 @@ impl Lifecycle {
                                 | SandboxState::Persisting
                                 | SandboxState::Persisted
                         )
-                    ) || (state == Some(SandboxState::Running) && self.sandboxes[x].instance_lost),
+                    ) || (state == Some(SandboxState::Running)
+                        && self.sandboxes[retiring].instance_lost),
                     "key-counts",
-                    "key {key}'s retiring sandbox {x:?} is {state:?}"
+                    "key {key}'s retiring sandbox {retiring:?} is {state:?}"
                 );
             }
             for w in &slot.waiters {

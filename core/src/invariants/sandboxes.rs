@@ -1,5 +1,9 @@
 //! The sandboxes table: a sandbox's calls, its way down and what it awaits, its uploads
 //! (`sandbox-index`, `bound-calls`, `shutdown-once`, `uploads`).
+//!
+//! What a sandbox awaits, its hook point, its suspension and its one Shutdown live in its
+//! state's variants (`sandbox.rs`), so their agreement with the state is not checked here: it
+//! cannot be written otherwise.
 
 use super::{Seen, Violation};
 use crate::call::CallState;
@@ -16,102 +20,85 @@ impl Lifecycle {
             "sandbox-index",
             "the sandbox id index and the sandbox records disagree"
         );
-        for (ix, x) in self.sandboxes.iter() {
-            let id = &x.id;
+        for (ix, sandbox) in self.sandboxes.iter() {
+            let id = &sandbox.id;
+            let state = sandbox.state();
             // With the calls' side above: the sandbox lists exactly the calls bound to it.
-            for call in x.bound.iter() {
+            for call in sandbox.bound.iter() {
                 ensure!(
                     self.calls.get(*call).and_then(|c| c.sandbox()) == Some(ix),
                     "bound-calls",
                     "sandbox {id} lists {call:?}, which is not bound to it"
                 );
             }
-            if !x.bound.is_empty() {
+            if !sandbox.bound.is_empty() {
                 ensure!(
                     matches!(
-                        x.state,
+                        state,
                         SandboxState::Starting | SandboxState::Running | SandboxState::Dead
                     ),
                     "bound-calls",
-                    "sandbox {id} has calls in state {:?}",
-                    x.state
+                    "sandbox {id} has calls in state {state:?}"
                 );
             }
-            for call in x.bound.iter() {
-                let state = &self.calls[*call].state;
+            for call in sandbox.bound.iter() {
+                let call_state = &self.calls[*call].state;
                 let call = &self.calls[*call].id;
-                let fits = match x.state {
-                    SandboxState::Starting => matches!(state, CallState::Starting(_)),
-                    SandboxState::Running => matches!(state, CallState::Ready(_)),
+                let fits = match state {
+                    SandboxState::Starting => matches!(call_state, CallState::Starting(_)),
+                    SandboxState::Running => matches!(call_state, CallState::Ready(_)),
                     _ => true,
                 };
                 ensure!(
                     fits,
                     "bound-calls",
-                    "call {call} is {state:?} on {id} which is {:?}",
-                    x.state
+                    "call {call} is {call_state:?} on {id} which is {state:?}"
                 );
             }
-            if x.shutdown_ordered {
-                ensure!(
-                    matches!(x.state, SandboxState::ShuttingDown | SandboxState::Dead),
-                    "shutdown-once",
-                    "sandbox {id} was ordered to shut down and is {:?}",
-                    x.state
-                );
-                ensure!(x.is_managed(), "shutdown-once", "external {id} shut down");
-            }
-            if x.state == SandboxState::ShuttingDown {
-                ensure!(
-                    x.shutdown_ordered,
-                    "shutdown-once",
-                    "sandbox {id} shuts down unordered"
-                );
-            }
-            let awaits_ok = match x.awaiting {
-                Awaiting::Nothing => true,
-                Awaiting::Start => x.state == SandboxState::Starting,
-                Awaiting::Stop => x.state == SandboxState::Stopping,
-                Awaiting::Persist => x.state == SandboxState::Persisting,
-                Awaiting::Record => {
-                    x.deadline.is_none()
-                        && self.keys.get(x.key).is_some_and(|slot| {
-                            matches!(slot.own, Own::Owned(_))
-                                && match x.state {
-                                    SandboxState::Persisted => slot.retiring == Some(ix),
-                                    SandboxState::Starting => slot.current == Some(ix),
-                                    _ => false,
-                                }
-                        })
-                }
-                Awaiting::Hook => match x.hook {
-                    Some(h) if h.is_after() => x.state == SandboxState::Starting,
-                    Some(_) => x.state == SandboxState::Stopping,
-                    None => false,
-                },
-                Awaiting::Shutdown => x.shutdown_ordered,
-            };
+            // Transitions leave no sandbox starting or stopping with nothing awaited, and only a
+            // managed sandbox is shut down.
             ensure!(
-                awaits_ok,
+                sandbox.awaits_agree(),
                 "shutdown-once",
-                "sandbox {id} in {:?} awaits {:?}",
-                x.state,
-                x.awaiting
+                "sandbox {id} ({}) in {state:?} awaits {:?}",
+                if sandbox.is_managed() {
+                    "managed"
+                } else {
+                    "external"
+                },
+                sandbox.awaiting()
             );
-            if x.deadline.is_some() {
+            if sandbox.awaiting() == Awaiting::Record {
+                // Held for its key's record: no timer of its own, its key owned here, and it is
+                // the key's starting sandbox or its persisted one.
+                let held = sandbox.deadline.is_none()
+                    && self.keys.get(sandbox.key).is_some_and(|slot| {
+                        matches!(slot.own, Own::Owned(_))
+                            && match state {
+                                SandboxState::Persisted => slot.retiring == Some(ix),
+                                SandboxState::Starting => slot.current == Some(ix),
+                                _ => false,
+                            }
+                    });
+                ensure!(
+                    held,
+                    "shutdown-once",
+                    "sandbox {id} in {state:?} awaits its key's record out of place"
+                );
+            }
+            if sandbox.deadline.is_some() {
                 seen.timers += 1;
             }
-            if !x.accepts_uploads() {
+            if !sandbox.accepts_uploads() {
                 ensure!(
-                    x.uploads.is_empty() && x.targeting.is_empty() && x.busy_sessions == 0,
+                    sandbox.uploads.is_empty() && sandbox.targeting.is_empty() && sandbox.busy_sessions == 0,
                     "uploads",
-                    "sandbox {id} in {:?} has {} uploads in flight and {} sessions targeting it",
-                    x.state,
-                    x.uploads.len(),
-                    x.targeting.len()
+                    "sandbox {id} in {state:?} has {} uploads in flight and {} sessions targeting it",
+                    sandbox.uploads.len(),
+                    sandbox.targeting.len()
                 );
             }
-            for upload in x.uploads.iter() {
+            for upload in sandbox.uploads.iter() {
                 let up = self.uploads.get(*upload);
                 ensure!(
                     up.is_some_and(|u| u.sandbox == ix),

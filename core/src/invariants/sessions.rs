@@ -40,10 +40,12 @@ impl Lifecycle {
                 .ready
                 .iter()
                 .filter_map(|c| self.calls[*c].sandbox())
-                .find(|x| self.sandboxes[*x].accepts_uploads());
-            let expected = first_up.or(s
-                .linger
-                .filter(|x| self.sandboxes.get(*x).is_some_and(|x| x.accepts_uploads())));
+                .find(|sandbox| self.sandboxes[*sandbox].accepts_uploads());
+            let expected = first_up.or(s.linger.filter(|sandbox| {
+                self.sandboxes
+                    .get(*sandbox)
+                    .is_some_and(|record| record.accepts_uploads())
+            }));
             ensure!(
                 s.target == expected,
                 "session-target",
@@ -119,16 +121,16 @@ impl Lifecycle {
             self.uploads.len()
         );
         busy_by_sandbox.sort();
-        for (ix, x) in self.sandboxes.iter() {
-            let id = &x.id;
+        for (ix, sandbox) in self.sandboxes.iter() {
+            let id = &sandbox.id;
             let busy = busy_by_sandbox.count(ix);
             ensure!(
-                x.busy_sessions as usize == busy,
+                sandbox.busy_sessions as usize == busy,
                 "busy-count",
                 "sandbox {id} counts {} busy sessions, {busy} are busy on it",
-                x.busy_sessions
+                sandbox.busy_sessions
             );
-            for s in x.targeting.iter() {
+            for s in sandbox.targeting.iter() {
                 ensure!(
                     self.sessions.get(*s).is_some_and(|r| r.target == Some(ix)),
                     "session-target",
@@ -150,9 +152,9 @@ impl Lifecycle {
         for (ix, up) in self.uploads.iter() {
             let u = &up.id;
             ensure!(
-                self.sandboxes
-                    .get(up.sandbox)
-                    .is_some_and(|x| x.accepts_uploads() && x.uploads.contains(&ix)),
+                self.sandboxes.get(up.sandbox).is_some_and(
+                    |sandbox| sandbox.accepts_uploads() && sandbox.uploads.contains(&ix)
+                ),
                 "uploads",
                 "upload {u} in flight into {:?} which does not accept uploads",
                 up.sandbox
