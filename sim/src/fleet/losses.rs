@@ -125,6 +125,10 @@ impl World {
             Input::InstanceGone { sandbox } => (*sandbox, false),
             _ => return,
         };
+        if let (true, Some(script)) = (dead, self.script.as_mut()) {
+            // A scenario's bookkeeping of the replica's lanes: dead once the core hears it.
+            script.died(r, x);
+        }
         let replica = &mut self.replicas[r];
         let state = replica.core.sandbox_state(x);
         let up = replica.intent.told_lost(x, dead, state);

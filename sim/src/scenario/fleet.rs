@@ -30,7 +30,7 @@ const APPLICATION: [&str; 9] = [
 ];
 
 /// Backend answers, as in one process (plus `fenced`), that reach one replica.
-const BACKEND: [&str; 14] = [
+const BACKEND: [&str; 15] = [
     "start-ok",
     "start-fail",
     "upload-ok",
@@ -44,6 +44,7 @@ const BACKEND: [&str; 14] = [
     "hook-ok",
     "hook-fail",
     "die",
+    "instance-gone",
     "fenced",
 ];
 

@@ -29,7 +29,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use sandkeeper::{Command, Config, Event, Input, Instant, StoreCommand};
+use sandkeeper::{Command, Config, Event, Input, Instant, SandboxId, StoreCommand};
 
 use super::{backend::Backend, store::Store, Ev, FleetReport, World};
 use crate::rng::Rng;
@@ -78,6 +78,13 @@ pub(crate) struct Script {
     step: usize,
     /// What comes due happens only on `advance` (`events=on-advance`), not before every step.
     pub(super) on_advance: bool,
+}
+
+impl Script {
+    /// Replica `r`'s core heard that `x` died: its lane here is dead from now on.
+    pub(super) fn died(&mut self, r: usize, x: SandboxId) {
+        self.seen[r].died(x);
+    }
 }
 
 impl World {

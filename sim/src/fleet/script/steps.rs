@@ -579,7 +579,6 @@ impl World {
         x: SandboxId,
         after: Option<std::time::Duration>,
     ) -> Result<(), Stop> {
-        self.script_mut().seen[r].died(x);
         self.lose(r, x, false, after);
         Ok(())
     }
