@@ -120,11 +120,7 @@ fn malformed_fleet_lines_are_named() {
             "twice",
         ),
         ("fleet replicas=2\n[r0] fenced a\n", 2, "@<call>"),
-        (
-            "fleet replicas=2\n[r0] instance-gone @a\n",
-            2,
-            "unknown step",
-        ),
+        ("fleet replicas=2\n[r0] instance-gone a\n", 2, "@<call>"),
         (
             "fleet replicas=2\n[r0] restart drift=fast\n",
             2,
