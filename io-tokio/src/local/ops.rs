@@ -285,7 +285,7 @@ impl LocalBackend {
             ("SANDKEEPER_SANDBOX".into(), sandbox.to_string()),
         ];
         env.extend(request.options.env.iter().cloned());
-        if self.isolated.init().is_some() {
+        let ran = if self.isolated.init().is_some() {
             let init = self.sandbox_init(&s).await?;
             let exec = InitExec {
                 spawn: Spawn {
@@ -299,26 +299,24 @@ impl LocalBackend {
                 timeout,
                 chunks,
             };
-            let ran = init_exec::run(&s, sandbox, init, exec).await;
-            // Whatever it wrote is counted before the next write or command.
-            s.quota.forget();
-            return ran;
-        }
-        let prepared = self
-            .isolated
-            .command(
-                &self.limits,
-                &self.config.root,
-                &s.dir,
-                &dir,
-                &request.argv,
-                &env,
-            )
-            .map_err(|e| OpError::Backend {
-                what: "sandbox",
-                error: e.to_string(),
-            })?;
-        let ran = process::run(&s, sandbox, prepared, request, timeout, chunks).await;
+            init_exec::run(&s, sandbox, init, exec).await
+        } else {
+            let prepared = self
+                .isolated
+                .command(
+                    &self.limits,
+                    &self.config.root,
+                    &s.dir,
+                    &dir,
+                    &request.argv,
+                    &env,
+                )
+                .map_err(|e| OpError::Backend {
+                    what: "sandbox",
+                    error: e.to_string(),
+                })?;
+            process::run(&s, sandbox, prepared, request, timeout, chunks).await
+        };
         // Whatever it wrote is counted before the next write or command.
         s.quota.forget();
         ran

@@ -95,15 +95,9 @@ impl Drains {
         self.closing = true;
     }
 
-    /// A call became ready on `x`, or its key was handed over: its drain (if any) is over
-    /// without a way down.
+    /// A call became ready on `x`, its key was handed over, or it died or lost its instance:
+    /// its drain (if any) is over without a way down (nothing left to wait for there).
     pub(super) fn revived(&mut self, x: SandboxId) {
-        self.open.remove(&x);
-    }
-
-    /// `x` died or lost its instance: its drain (if any) is over, with nothing left to wait
-    /// for (what held it back had nothing to finish there).
-    pub(super) fn lost(&mut self, x: SandboxId) {
         self.open.remove(&x);
     }
 

@@ -314,7 +314,7 @@ impl Process {
     /// are lost, nothing more goes into it.
     pub(super) fn lost(&mut self, x: SandboxId) {
         self.sandboxes.entry(x).or_default().dead = true;
-        self.drains.lost(x);
+        self.drains.revived(x);
     }
 
     /// The driver dropped the answer to an upload (`flight`) past its deadline: the core awaits
