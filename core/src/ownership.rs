@@ -224,17 +224,17 @@ impl Lifecycle {
         self.time_passes(now);
         self.check_not_closed("fenced")?;
         self.check_sandbox_id(sandbox)?;
-        let found = self.sandboxes.find(sandbox).filter(|x| {
-            let x = &self.sandboxes[*x];
-            x.token.is_some() && self.keys.get(x.key).and_then(|k| k.token()) == x.token
+        let driven = self.sandboxes.find(sandbox).filter(|&driven| {
+            let entry = &self.sandboxes[driven];
+            entry.token.is_some() && self.keys.get(entry.key).and_then(|k| k.token()) == entry.token
         });
-        let Some(x) = found else {
+        let Some(driven) = driven else {
             tracing::debug!(%sandbox, "stale refusal ignored");
             self.out.stats.stale_answers += 1;
             return Ok(());
         };
         self.advance(now);
-        let k = self.sandboxes[x].key;
+        let k = self.sandboxes[driven].key;
         self.fence_key(k, FenceReason::Refused);
         self.finish_input();
         Ok(())
@@ -272,9 +272,9 @@ impl Lifecycle {
         match slot.own {
             Own::Owned(held) => {
                 !held.doubtful
-                    && !slot
-                        .current
-                        .is_some_and(|x| self.sandboxes[x].state() == SandboxState::HandingOver)
+                    && !slot.current.is_some_and(|sandbox| {
+                        self.sandboxes[sandbox].state() == SandboxState::HandingOver
+                    })
                     && slot.left.is_none_or(|id| self.sandboxes.find(id).is_none())
                     && !self.record_names_another(k)
             }
@@ -287,7 +287,7 @@ impl Lifecycle {
     /// one.
     fn record_names_another(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
-        let current = slot.current.map(|x| self.sandboxes[x].id);
+        let current = slot.current.map(|sandbox| self.sandboxes[sandbox].id);
         let another = |r: &KeyRecord| r.warm.is_some_and(|id| Some(id) != current);
         slot.recording.as_ref().is_some_and(|w| another(&w.1))
             || slot.record_in_doubt.as_deref().is_some_and(another)
@@ -433,8 +433,8 @@ impl Lifecycle {
             // record counts as this key slot's from now on (the slot it had may have gone with
             // the key's last calls): forgetting it admits this slot's calls.
             self.keys[k].left = Some(id);
-            if let Some(x) = self.sandboxes.find(id) {
-                self.sandboxes[x].key = k;
+            if let Some(sandbox) = self.sandboxes.find(id) {
+                self.sandboxes[sandbox].key = k;
             }
         }
         self.admit(k);
@@ -451,13 +451,13 @@ impl Lifecycle {
         tracing::debug!(sandbox = %id, "adopting the key's sandbox left as it was");
         // Left in this very input, its record is still here, done with (the input's end would
         // forget it): forgotten now, so that it can be tracked anew.
-        if let Some(x) = self.sandboxes.find(id) {
-            let old = &self.sandboxes[x];
+        if let Some(sandbox) = self.sandboxes.find(id) {
+            let old = &self.sandboxes[sandbox];
             if old.state() == SandboxState::Dead
                 && old.bound.is_empty()
                 && old.awaiting() == Awaiting::Nothing
             {
-                self.sandboxes.remove(x);
+                self.sandboxes.remove(sandbox);
             }
         }
         self.adopt_sandbox(k, id, token)
@@ -467,16 +467,16 @@ impl Lifecycle {
     /// may only be late: this process paused, or the backend is slow), so the Adopt is ordered
     /// again, its calls still bound, up to [`WAY_DOWN_ATTEMPTS`](crate::WAY_DOWN_ATTEMPTS) in
     /// all. Whether it was (the driver dropped the first at its deadline).
-    pub(crate) fn adopt_again(&mut self, x: SandboxIx) -> bool {
-        let sandbox = &mut self.sandboxes[x];
-        let Some(token) = sandbox.token.filter(|_| sandbox.is_adopted()) else {
+    pub(crate) fn adopt_again(&mut self, sandbox: SandboxIx) -> bool {
+        let entry = &mut self.sandboxes[sandbox];
+        let Some(token) = entry.token.filter(|_| entry.is_adopted()) else {
             return false;
         };
-        if !sandbox.adopt_again(crate::WAY_DOWN_ATTEMPTS) {
+        if !entry.adopt_again(crate::WAY_DOWN_ATTEMPTS) {
             return false;
         }
-        let (id, k) = (sandbox.id, sandbox.key);
-        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        let (id, k) = (entry.id, entry.key);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt unanswered: ordered again");
         self.out.commands.push_back(Command::Adopt {
             sandbox: id,
@@ -492,14 +492,14 @@ impl Lifecycle {
     /// it on its way out, or relinquished it when it lost the key and its lost calls are not
     /// released yet: not adoptable twice).
     fn adopt_sandbox(&mut self, k: KeyIx, id: SandboxId, token: Token) -> Option<SandboxIx> {
-        let Some(x) = self.sandboxes.adopt(id, k) else {
+        let Some(sandbox) = self.sandboxes.adopt(id, k) else {
             tracing::warn!(sandbox = %id, "handed-over sandbox still tracked here: not adopted");
             return None;
         };
         self.out.stats.adoptions_ordered += 1;
-        self.sandboxes[x].token = Some(token);
-        self.keys[k].current = Some(x);
-        let deadline = self.set_sandbox_timer(x, self.config.start_timeout);
+        self.sandboxes[sandbox].token = Some(token);
+        self.keys[k].current = Some(sandbox);
+        let deadline = self.set_sandbox_timer(sandbox, self.config.start_timeout);
         tracing::debug!(sandbox = %id, %token, "adopt");
         self.out.commands.push_back(Command::Adopt {
             sandbox: id,
@@ -507,7 +507,7 @@ impl Lifecycle {
             token,
             deadline,
         });
-        Some(x)
+        Some(sandbox)
     }
 
     /// An adopted sandbox could not be taken over (gone, failed, late): its calls, taken off
@@ -560,27 +560,27 @@ impl Lifecycle {
         let wanted = matches!(slot.own, Own::Owned(Held { wanted: true, .. }));
         match slot.current {
             None if wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
-            Some(x) if wanted && self.sandboxes[x].state() == SandboxState::Idle => {
+            Some(sandbox) if wanted && self.sandboxes[sandbox].state() == SandboxState::Idle => {
                 // Handed over warm: drained first, like any way down; `end_drain` hands it
                 // over rather than stopping it.
-                tracing::debug!(sandbox = %self.sid(x), "wanted elsewhere: draining to hand over");
-                self.begin_drain(x);
+                tracing::debug!(sandbox = %self.sid(sandbox), "wanted elsewhere: draining to hand over");
+                self.begin_drain(sandbox);
             }
             _ => self.record_if_changed(k),
         }
     }
 
-    /// Whether the drained sandbox `x` goes to another process rather than down: its key is
+    /// Whether the drained `sandbox` goes to another process rather than down: its key is
     /// owned here, wanted elsewhere, and none of this process's calls wants it.
-    pub(crate) fn hands_over(&self, x: SandboxIx) -> bool {
-        let sandbox = &self.sandboxes[x];
-        let slot = &self.keys[sandbox.key];
+    pub(crate) fn hands_over(&self, sandbox: SandboxIx) -> bool {
+        let entry = &self.sandboxes[sandbox];
+        let slot = &self.keys[entry.key];
         matches!(slot.own, Own::Owned(Held { wanted: true, .. }))
             && slot.store_at.is_none()
             && slot.bound == 0
             && slot.waiters.is_empty()
             && slot.retiring.is_none()
-            && sandbox.state() == SandboxState::Draining
+            && entry.state() == SandboxState::Draining
     }
 
     /// Orders the release of the owned key `k` with its record: its snapshot, and the drained
@@ -594,9 +594,9 @@ impl Lifecycle {
         let release = ReleaseId(live.next_release);
         live.next_release += 1;
         let deadline = self.now + self.config.command_timeout;
-        if let Some(x) = warm {
-            debug_assert_eq!(self.sandboxes[x].state(), SandboxState::HandingOver);
-            self.way_down().cancel_sandbox_timer(x);
+        if let Some(sandbox) = warm {
+            debug_assert_eq!(self.sandboxes[sandbox].state(), SandboxState::HandingOver);
+            self.way_down().cancel_sandbox_timer(sandbox);
         }
         let slot = &mut self.keys[k];
         let record = KeyRecord {
@@ -608,7 +608,7 @@ impl Lifecycle {
                     by: *by,
                     retain_until: slot.retain.map(|at| at.at),
                 }),
-            warm: warm.map(|x| self.sandboxes[x].id).or(slot.left),
+            warm: warm.map(|sandbox| self.sandboxes[sandbox].id).or(slot.left),
         };
         slot.own = Own::Releasing(release, held);
         tracing::debug!(%release, key = %slot.key, ?record, "release key");
@@ -672,7 +672,7 @@ impl Lifecycle {
         };
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
+            .filter(|sandbox| self.sandboxes[*sandbox].state() == SandboxState::HandingOver);
         tracing::debug!(%release, key = %self.keys[k].key, ?how, "release answered");
         match how {
             Written::Failed => {
@@ -681,11 +681,14 @@ impl Lifecycle {
                 self.retry_later(k);
                 // In doubt (an earlier attempt may have landed), nothing is taken back.
                 if !held.doubtful {
-                    if let Some(x) = handed {
+                    if let Some(sandbox) = handed {
                         // Warm again: bound at once by a call of the key that came meanwhile.
-                        self.sandboxes[x].idle();
+                        self.sandboxes[sandbox].idle();
                         let idle = self.config.release.tiers().idle;
-                        self.set_sandbox_timer(x, idle.max(std::time::Duration::from_nanos(1)));
+                        self.set_sandbox_timer(
+                            sandbox,
+                            idle.max(std::time::Duration::from_nanos(1)),
+                        );
                     }
                     self.admit(k);
                 }
@@ -707,8 +710,8 @@ impl Lifecycle {
                 if let Some(at) = slot.retain.take() {
                     self.timers.cancel(at);
                 }
-                if let Some(x) = handed {
-                    self.relinquish(x, DropReason::SandboxGone);
+                if let Some(sandbox) = handed {
+                    self.relinquish(sandbox, DropReason::SandboxGone);
                 }
                 if !self.keys[k].waiters.is_empty() && !self.is_closing() {
                     self.claim(k);
@@ -721,17 +724,17 @@ impl Lifecycle {
     /// The sandbox is no longer this process's to drive: `Relinquish` is its last command (it
     /// drops whatever is outstanding); uploads still in flight into it are dropped with
     /// `reason`. Its record goes once no call is bound to it.
-    pub(crate) fn relinquish(&mut self, x: SandboxIx, reason: DropReason) {
-        let sandbox = &mut self.sandboxes[x];
-        sandbox.relinquished();
-        let id = sandbox.id;
-        self.way_down().cancel_sandbox_timer(x);
-        self.mirror().leave_uploads(x, reason);
+    pub(crate) fn relinquish(&mut self, sandbox: SandboxIx, reason: DropReason) {
+        let entry = &mut self.sandboxes[sandbox];
+        entry.relinquished();
+        let id = entry.id;
+        self.way_down().cancel_sandbox_timer(sandbox);
+        self.mirror().leave_uploads(sandbox, reason);
         tracing::debug!(sandbox = %id, "relinquish");
         self.out
             .commands
             .push_back(Command::Relinquish { sandbox: id });
-        self.reconcile.sandbox(x);
+        self.reconcile.sandbox(sandbox);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -766,12 +769,12 @@ impl Lifecycle {
             .push_back(Event::KeyFenced { key, token, reason });
         // Every sandbox of the key driven under this token whose last command is not ordered
         // yet, in id order (rare: a scan). One whose Shutdown is out already keeps it.
-        let fenced = self
-            .sandboxes
-            .in_id_order(|x| x.key == k && x.token == Some(token) && !x.shutdown_ordered());
-        for x in fenced {
-            let starting = self.sandboxes[x].state() == SandboxState::Starting;
-            let bound: Few<CallIx> = self.sandboxes[x].bound.to_few();
+        let fenced = self.sandboxes.in_id_order(|sandbox| {
+            sandbox.key == k && sandbox.token == Some(token) && !sandbox.shutdown_ordered()
+        });
+        for sandbox in fenced {
+            let starting = self.sandboxes[sandbox].state() == SandboxState::Starting;
+            let bound: Few<CallIx> = self.sandboxes[sandbox].bound.to_few();
             for call in bound.iter() {
                 let session = self.calls[*call].session;
                 self.sessions[session].stale = true;
@@ -785,11 +788,11 @@ impl Lifecycle {
                 for call in self.calls.by_name_order(bound) {
                     self.out.events.push_back(Event::SandboxLost {
                         call: self.calls[call].id.clone(),
-                        sandbox: self.sid(x),
+                        sandbox: self.sid(sandbox),
                     });
                 }
             }
-            self.relinquish(x, DropReason::Fenced);
+            self.relinquish(sandbox, DropReason::Fenced);
         }
         if let Some(slot) = self.keys.get(k) {
             let mut waiting = Few::<SessionIx>::new();
@@ -908,11 +911,11 @@ impl Lifecycle {
         // the next owner the key's history, not a sandbox it suspended since.
         let resuming = slot
             .current
-            .filter(|x| {
-                let x = &self.sandboxes[*x];
-                x.state() == SandboxState::Starting && x.awaiting() != Awaiting::Record
+            .filter(|sandbox| {
+                let entry = &self.sandboxes[*sandbox];
+                entry.state() == SandboxState::Starting && entry.awaiting() != Awaiting::Record
             })
-            .and_then(|x| self.sandboxes[x].resumed());
+            .and_then(|sandbox| self.sandboxes[sandbox].resumed());
         if let Some((snapshot, by)) = resuming {
             return KeyRecord {
                 snapshot: Some(RecordedSnapshot {
@@ -935,11 +938,11 @@ impl Lifecycle {
             // Up, or up and waiting for this record before its calls are ready.
             warm: slot
                 .current
-                .filter(|x| {
-                    let x = &self.sandboxes[*x];
-                    x.accepts_uploads() || x.awaiting() == Awaiting::Record
+                .filter(|sandbox| {
+                    let entry = &self.sandboxes[*sandbox];
+                    entry.accepts_uploads() || entry.awaiting() == Awaiting::Record
                 })
-                .map(|x| self.sandboxes[x].id)
+                .map(|sandbox| self.sandboxes[sandbox].id)
                 .or(slot.left),
         }
     }
@@ -975,12 +978,12 @@ impl Lifecycle {
             || slot.recording.is_some()
             || slot
                 .retiring
-                .is_some_and(|x| self.sandboxes[x].awaiting() != Awaiting::Record)
-            || slot.current.is_some_and(|x| {
-                let x = &self.sandboxes[x];
-                x.state() == SandboxState::Starting
-                    && x.resumed().is_none()
-                    && x.awaiting() != Awaiting::Record
+                .is_some_and(|sandbox| self.sandboxes[sandbox].awaiting() != Awaiting::Record)
+            || slot.current.is_some_and(|sandbox| {
+                let entry = &self.sandboxes[sandbox];
+                entry.state() == SandboxState::Starting
+                    && entry.resumed().is_none()
+                    && entry.awaiting() != Awaiting::Record
             })
         {
             // Not while its sandbox is on its way up either, unless it resumes: an adoption (or
@@ -1032,17 +1035,17 @@ impl Lifecycle {
     /// key's next owner, should this process end, would continue from this sandbox: before,
     /// a process that ended left a record naming the key's last sandbox or snapshot, and the
     /// next owner started from there without the acknowledged work.
-    pub(crate) fn waits_for_record(&mut self, x: SandboxIx) -> bool {
-        let sandbox = &self.sandboxes[x];
-        let (k, id) = (sandbox.key, sandbox.id);
-        if sandbox.bound.is_empty()
+    pub(crate) fn waits_for_record(&mut self, sandbox: SandboxIx) -> bool {
+        let entry = &self.sandboxes[sandbox];
+        let (k, id) = (entry.key, entry.id);
+        if entry.bound.is_empty()
             || !matches!(self.keys[k].own, Own::Owned(_))
             || self.keys[k].recorded().warm == Some(id)
         {
             return false;
         }
         tracing::debug!(sandbox = %id, "up: its calls wait for the key's record to name it");
-        self.sandboxes[x].await_record();
+        self.sandboxes[sandbox].await_record();
         self.record_if_changed(k);
         true
     }
@@ -1053,20 +1056,20 @@ impl Lifecycle {
     /// once no record may name it any more.
     fn record_confirmed(&mut self, k: KeyIx) {
         let slot = &self.keys[k];
-        if let Some(x) = slot.current.filter(|x| {
-            self.sandboxes[*x].awaiting() == Awaiting::Record
-                && slot.recorded().warm == Some(self.sandboxes[*x].id)
+        if let Some(sandbox) = slot.current.filter(|sandbox| {
+            self.sandboxes[*sandbox].awaiting() == Awaiting::Record
+                && slot.recorded().warm == Some(self.sandboxes[*sandbox].id)
         }) {
-            self.sandboxes[x].answered();
-            self.up(x);
+            self.sandboxes[sandbox].answered();
+            self.up(sandbox);
         }
-        let Some(x) = self.keys.get(k).and_then(|slot| slot.retiring) else {
+        let Some(sandbox) = self.keys.get(k).and_then(|slot| slot.retiring) else {
             return;
         };
-        if self.sandboxes[x].awaiting() == Awaiting::Record
-            && !self.record_may_name(k, self.sandboxes[x].id)
+        if self.sandboxes[sandbox].awaiting() == Awaiting::Record
+            && !self.record_may_name(k, self.sandboxes[sandbox].id)
         {
-            self.persisted(x);
+            self.persisted(sandbox);
         }
     }
 
@@ -1180,7 +1183,7 @@ impl Lifecycle {
     fn release_again(&mut self, k: KeyIx) {
         let handed = self.keys[k]
             .current
-            .filter(|x| self.sandboxes[*x].state() == SandboxState::HandingOver);
+            .filter(|sandbox| self.sandboxes[*sandbox].state() == SandboxState::HandingOver);
         self.release_key(k, handed);
     }
 
