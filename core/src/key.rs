@@ -4,8 +4,9 @@
 
 use crate::call::{CallIx, CallState};
 use crate::config::SameKey;
-use crate::fleet::{ClaimId, KeyRecord, RecordingId, ReleaseId, Token};
+use crate::fleet::{ClaimId, ReleaseId, Token};
 use crate::ids::{Key, SandboxId, Snapshot};
+use crate::key_record::StoreRecord;
 use crate::lifecycle::Lifecycle;
 use crate::map::Map;
 use crate::sandbox::SandboxIx;
@@ -43,21 +44,10 @@ pub(crate) struct KeySlot {
     /// Fleet mode: the deadline of the claim or release under way, or when a busy claim or a
     /// failed release is tried again (`Timer::KeyStore`).
     pub(crate) store_at: Option<TimerRef>,
-    /// Fleet mode: the write of the key's durable record under way, with what it writes.
-    /// Boxed, as `recorded` is: only fleet keys write records, and a slot is moved whole when
-    /// it is made and when it is forgotten (each call cycle on a fresh key does both).
-    pub(crate) recording: Option<Box<(RecordingId, KeyRecord)>>,
-    /// Fleet mode: what the store's record of this owned key says (as last confirmed; once
-    /// claimed, the record the claim handed out, which the store keeps). `None` is the empty record (see
-    /// [`recorded`](Self::recorded)).
+    /// Fleet mode: what this process knows of the key's durable record in the store: as last
+    /// confirmed, the write under way, a write in doubt (`key_record.rs`).
     #[serde(default)]
-    pub(crate) recorded: Option<Box<KeyRecord>>,
-    /// Fleet mode: the record a write carried that went unanswered in time and may still land,
-    /// over what `recorded` says, until a newer write is confirmed (the store keeps the newest).
-    /// Meanwhile the record is written again, even if what it should say is what was last
-    /// confirmed, and no call binds while it names a sandbox other than the key's current one.
-    #[serde(default)]
-    pub(crate) record_in_doubt: Option<Box<KeyRecord>>,
+    pub(crate) record: StoreRecord,
     /// Fleet mode: the key's sandbox left as it is after its way down failed with nothing
     /// salvaged (its Stop unanswered or failed): it still holds the key's history. The key's
     /// record names it warm, so that whoever continues the key next adopts it (the next owner,
@@ -65,12 +55,6 @@ pub(crate) struct KeySlot {
     #[serde(default)]
     pub(crate) left: Option<crate::ids::SandboxId>,
 }
-
-/// The empty record, which a key's `recorded` of `None` stands for.
-static NO_RECORD: KeyRecord = KeyRecord {
-    snapshot: None,
-    warm: None,
-};
 
 /// Fleet mode: a key's ownership, as this process knows it.
 ///
@@ -135,16 +119,9 @@ impl KeySlot {
             retain: None,
             own: Own::Local,
             store_at: None,
-            recording: None,
-            recorded: None,
-            record_in_doubt: None,
+            record: StoreRecord::default(),
             left: None,
         }
-    }
-
-    /// What the store's record of this owned key says, as last confirmed.
-    pub(crate) fn recorded(&self) -> &KeyRecord {
-        self.recorded.as_deref().unwrap_or(&NO_RECORD)
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -339,6 +339,7 @@ mod ids;
 mod input;
 mod invariants;
 mod key;
+mod key_record;
 mod lifecycle;
 mod liveness;
 mod map;

@@ -93,9 +93,7 @@ impl Lifecycle {
         slot.own = Own::Owned(Held::claimed(token));
         // The store keeps the record it handed out until this process writes a newer one: a
         // process that ends before its first write leaves the key's next owner what it found.
-        slot.recorded = (!record.is_empty()).then(|| Box::new(record.clone()));
-        slot.recording = None;
-        slot.record_in_doubt = None;
+        slot.record.claimed(&record);
         if let Some(recorded) = record.snapshot {
             self.take_recorded_snapshot(k, recorded);
         }
@@ -288,9 +286,7 @@ impl Lifecycle {
     fn record_names_another(&self, k: KeyIx) -> bool {
         let slot = &self.keys[k];
         let current = slot.current.map(|sandbox| self.sandboxes[sandbox].id);
-        let another = |r: &KeyRecord| r.warm.is_some_and(|id| Some(id) != current);
-        slot.recording.as_ref().is_some_and(|w| another(&w.1))
-            || slot.record_in_doubt.as_deref().is_some_and(another)
+        slot.record.names_another(current)
     }
 
     /// A call of `k` queued: claim the key if nobody is claiming it yet and the lease is valid
@@ -701,8 +697,7 @@ impl Lifecycle {
                 }
                 let slot = &mut self.keys[k];
                 slot.own = Own::Unclaimed;
-                slot.recording = None;
-                slot.record_in_doubt = None;
+                slot.record.forgotten();
                 // The record holds the snapshot now (or the new owner's record does): the key
                 // here no longer references it, and never discards it. So with a sandbox left.
                 slot.snapshot = None;
@@ -754,8 +749,7 @@ impl Lifecycle {
         self.cancel_key_store_timer(k);
         let slot = &mut self.keys[k];
         slot.own = Own::Unclaimed;
-        slot.recording = None;
-        slot.record_in_doubt = None;
+        slot.record.forgotten();
         slot.current = None;
         slot.retiring = None;
         slot.snapshot = None;
@@ -975,7 +969,7 @@ impl Lifecycle {
         };
         if slot.store_at.is_some()
             || doubtful
-            || slot.recording.is_some()
+            || slot.record.is_writing()
             || slot
                 .retiring
                 .is_some_and(|sandbox| self.sandboxes[sandbox].awaiting() != Awaiting::Record)
@@ -993,7 +987,7 @@ impl Lifecycle {
             return;
         }
         let record = self.durable_record(k);
-        if record == *self.keys[k].recorded() && self.keys[k].record_in_doubt.is_none() {
+        if self.keys[k].record.says(&record) {
             return;
         }
         let now = self.now;
@@ -1008,7 +1002,7 @@ impl Lifecycle {
         self.out.stats.records_ordered += 1;
         let slot = &mut self.keys[k];
         tracing::debug!(%recording, key = %slot.key, ?record, "record key");
-        slot.recording = Some(Box::new((recording, record.clone())));
+        slot.record.write(recording, record.clone());
         self.out.store.push_back(StoreCommand::Record {
             recording,
             key: slot.key.clone(),
@@ -1024,9 +1018,7 @@ impl Lifecycle {
     /// before a write that no longer names it is confirmed (`Awaiting::Record`).
     pub(crate) fn record_may_name(&self, k: KeyIx, sandbox: SandboxId) -> bool {
         let slot = &self.keys[k];
-        matches!(slot.own, Own::Owned(_))
-            && (slot.recorded().warm == Some(sandbox)
-                || matches!(&slot.recording, Some(w) if w.1.warm == Some(sandbox)))
+        matches!(slot.own, Own::Owned(_)) && slot.record.may_name(sandbox)
     }
 
     /// Fleet mode: whether the sandbox, up for calls of an owned key whose confirmed record
@@ -1040,7 +1032,7 @@ impl Lifecycle {
         let (k, id) = (entry.key, entry.id);
         if entry.bound.is_empty()
             || !matches!(self.keys[k].own, Own::Owned(_))
-            || self.keys[k].recorded().warm == Some(id)
+            || self.keys[k].record.confirmed().warm == Some(id)
         {
             return false;
         }
@@ -1058,7 +1050,7 @@ impl Lifecycle {
         let slot = &self.keys[k];
         if let Some(sandbox) = slot.current.filter(|sandbox| {
             self.sandboxes[*sandbox].awaiting() == Awaiting::Record
-                && slot.recorded().warm == Some(self.sandboxes[*sandbox].id)
+                && slot.record.confirmed().warm == Some(self.sandboxes[*sandbox].id)
         }) {
             self.sandboxes[sandbox].answered();
             self.up(sandbox);
@@ -1092,8 +1084,7 @@ impl Lifecycle {
             return Err(unknown);
         }
         let Some(k) = self.keys.find(key).filter(|k| {
-            matches!(&self.keys[*k].recording, Some(w) if w.0 == recording)
-                && matches!(self.keys[*k].own, Own::Owned(_))
+            self.keys[*k].record.writes(recording) && matches!(self.keys[*k].own, Own::Owned(_))
         }) else {
             tracing::debug!(%recording, key = %key, "stale record answer ignored");
             self.out.stats.stale_answers += 1;
@@ -1101,18 +1092,17 @@ impl Lifecycle {
         };
         self.advance(now);
         self.cancel_key_store_timer(k);
-        let (_, record) = *self.keys[k].recording.take().expect("awaited");
         match how {
             Written::Done => {
                 self.out.stats.records_ok += 1;
-                self.keys[k].recorded = (!record.is_empty()).then(|| Box::new(record));
-                self.keys[k].record_in_doubt = None;
+                self.keys[k].record.written();
                 self.record_confirmed(k);
                 self.key_settles(k);
                 self.admit(k);
             }
             Written::Failed => {
                 tracing::warn!(%recording, key = %key, "record failed");
+                self.keys[k].record.failed();
                 self.out.stats.records_failed += 1;
                 self.retry_later(k);
                 self.admit(k);
@@ -1164,13 +1154,11 @@ impl Lifecycle {
             }
             Own::Owned(Held { doubtful: true, .. }) => self.release_again(k),
             Own::Owned(_) => {
-                if let Some(w) = self.keys[k].recording.take() {
+                if let Some(recording) = self.keys[k].record.unanswered() {
                     // No answer in time. Written again with a newer number: if this one lands
                     // late, the store keeps the newer.
-                    let (recording, record) = *w;
                     tracing::debug!(%recording, "record unanswered in time");
                     self.out.stats.records_failed += 1;
-                    self.keys[k].record_in_doubt = Some(Box::new(record));
                 }
                 self.key_settles(k);
                 self.admit(k);
