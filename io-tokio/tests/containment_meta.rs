@@ -464,3 +464,138 @@ async fn a_forged_resume_of_its_own_key_is_not_handed_to_another_key() {
     assert!(workspace.join("planted").exists());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Roots made by an older keeper (its metadata inside the workspace), records left by a crash,
+// records that are not records.
+
+/// A root an older keeper made has its metadata inside the workspaces and no records. None of
+/// it is trusted: the fleet sweep keeps a dead process's sandbox and snapshot that have no
+/// record, whatever their workspace says (a `sandbox.json` naming a key nothing owns, an
+/// `expires` long past), rather than judge them from what a command could have written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_roots_objects_are_never_judged_from_their_workspace() {
+    let root = fresh("older-root");
+    let fleet = Fleet::open(&root);
+    let sandbox = root.join(format!("sbx-{}", id(fleet.dead, 1).0));
+    forge_info(
+        &sandbox,
+        serde_json::json!({"sandbox": id(fleet.dead, 1).0, "key": "session:nobody"}),
+    );
+    let snapshot = root
+        .join(".snapshots")
+        .join(format!("sbx-{}-old", id(fleet.dead, 2).0));
+    forge_info(
+        &snapshot,
+        serde_json::json!({"sandbox": id(fleet.dead, 2).0, "key": "session:nobody"}),
+    );
+    std::fs::write(snapshot.join(".sandkeeper/expires"), b"1\n").unwrap();
+    std::fs::write(snapshot.join(".sandkeeper/persisted"), b"persisted\n").unwrap();
+
+    let swept = fleet.store.sweep(fleet.now).unwrap();
+    assert_eq!(swept, Default::default());
+    assert!(sandbox.exists() && snapshot.exists());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// An older root's live sandbox (no record) is adopted, and recorded from the adopting owner's
+/// own request (the key its record names), not from its workspace's `sandbox.json`, which may
+/// name another key. A sandbox recorded for another key is not adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_records_an_older_roots_sandbox_and_refuses_another_keys() {
+    let root = fresh("adopt-older");
+    let x = id(1, 1);
+    let dir = root.join(format!("sbx-{}", x.0));
+    forge_info(
+        &dir,
+        serde_json::json!({"sandbox": x.0, "key": "session:other"}),
+    );
+    let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    backend
+        .adopt(AdoptRequest {
+            sandbox: x,
+            key: key("k"),
+            token: Token(2),
+        })
+        .await
+        .unwrap();
+    let record = backend.sandbox_record(x).unwrap().expect("recorded now");
+    assert_eq!(record.key, "session:k");
+    assert_eq!(record.resumed_from, None);
+
+    let y = id(1, 2);
+    backend.start(start(y, &key("a"), None)).await.unwrap();
+    let other = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let refused = other
+        .adopt(AdoptRequest {
+            sandbox: y,
+            key: key("b"),
+            token: Token(3),
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("session:a"), "{refused}");
+    assert_eq!(backend.sandbox_record(y).unwrap().unwrap().key, "session:a");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A record whose directory is gone (a crash between the two) is cleared by the fleet sweep
+/// once it is an hour old, never before; a record beside its directory stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_a_crash_left_are_cleared_once_old() {
+    let root = fresh("orphans");
+    let fleet = Fleet::open(&root);
+    let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let (x, y) = (id(fleet.live, 1), id(fleet.live, 2));
+    backend.start(start(x, &key("a"), None)).await.unwrap();
+    backend.start(start(y, &key("b"), None)).await.unwrap();
+    // The crash: `y`'s directory went, its record did not.
+    std::fs::remove_dir_all(backend.sandbox_dir(y)).unwrap();
+    fleet.store.sweep(fleet.now).unwrap();
+    assert!(backend.sandbox_record(y).unwrap().is_some(), "young: kept");
+    fleet
+        .store
+        .renew(fleet.live, 1, fleet.now + Duration::from_secs(7_200))
+        .unwrap();
+    fleet
+        .store
+        .sweep(fleet.now + Duration::from_secs(7_200))
+        .unwrap();
+    assert_eq!(backend.sandbox_record(y).unwrap(), None);
+    assert!(backend.sandbox_record(x).unwrap().is_some());
+    assert!(backend.sandbox_dir(x).exists());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A record that is not one is an error naming it, never a guess: the retention sweep of a new
+/// backend and the fleet sweep both refuse to go on past it, and a resume too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_record_is_an_error_naming_it() {
+    let root = fresh("malformed");
+    let first = LocalBackend::new(LocalConfig::new(&root)).unwrap();
+    let x = SandboxId(1);
+    first.start(start(x, &key("a"), None)).await.unwrap();
+    let snapshot = first.stop(stop(x)).await.unwrap().unwrap();
+    first.persist(persist(x, &snapshot, None)).await.unwrap();
+    let record = root
+        .join(".meta/snapshots")
+        .join(format!("{}.json", snapshot.as_str()));
+    std::fs::write(&record, b"{\"taken_from\": 7}").unwrap();
+
+    let e = LocalBackend::new(LocalConfig::new(&root))
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains(&record.display().to_string()), "{e}");
+    let e = first
+        .persist(persist(x, &snapshot, None))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("malformed"), "{e}");
+
+    let fleet = LocalStore::open(&root, Duration::from_secs(10)).unwrap();
+    #[allow(clippy::disallowed_methods)]
+    let e = fleet.sweep(SystemTime::now()).unwrap_err();
+    assert!(e.to_string().contains(&record.display().to_string()), "{e}");
+    let _ = std::fs::remove_dir_all(&root);
+}
