@@ -17,7 +17,7 @@
 //! synced, renamed over the record, the directory synced) *before* the directory it describes is
 //! made or renamed into place, and removed only *after* that directory is gone. So a directory
 //! the keeper made always has its record; a crash between the two leaves a record without a
-//! directory, which a sweep removes once it is older than [`ORPHAN_AGE`] ([`clear_orphans`]).
+//! directory, which a sweep removes once it is older than [`ORPHAN_AGE`] (`clear_orphans`).
 //!
 //! A directory without a record (one made by a keeper older than this layout, whose metadata was
 //! inside the workspace, or one made by hand) is never judged from its workspace: the sweeps keep

@@ -1,31 +1,36 @@
 //! `LocalBackend`: sandboxes as local directories, commands as real processes. The embedded
 //! default, and what the main job runs on.
 //!
-//! - Start makes `<root>/sbx-<n>`, or, resuming the key's snapshot, *renames* the snapshot's
-//!   directory to it (the start takes the snapshot: O(1) in the workspace's size, and the
-//!   workspace exists once), and writes `.sandkeeper/sandbox.json`. A snapshot found missing
-//!   (deleted by hand, expired) means a fresh workspace and a warning, as a lost claim does on
-//!   Kubernetes.
+//! - Start records what the sandbox is started for (its key, the snapshot it resumes) in
+//!   `<root>/.meta/` (`meta.rs`), then makes `<root>/sbx-<n>`, or, resuming the key's snapshot,
+//!   *renames* the snapshot's directory to it (the start takes the snapshot: O(1) in the
+//!   workspace's size, and the workspace exists once). A snapshot found missing (deleted by
+//!   hand, expired) means a fresh workspace and a warning, as a lost claim does on Kubernetes.
 //! - Upload writes `.sandkeeper/<session>/<path>` atomically (temporary file, then rename).
 //! - The keeper never acts through a command's files: a workspace, `.sandkeeper/` included, is
-//!   its commands' to change, so every read, write, rename and remove the keeper (uploads,
-//!   `sandbox.json`, the persist markers) or an operation does in it goes through directory
-//!   handles that never follow a link, writes a new temporary (`O_EXCL`) and renames it within
-//!   the handle, and reads only regular files without waiting (`nofollow.rs`;
-//!   `docs/operations-errors.md`).
+//!   its commands' to change, so every read, write, rename and remove the keeper (uploads) or an
+//!   operation does in it goes through directory handles that never follow a link, writes a new
+//!   temporary (`O_EXCL`) and renames it within the handle, and reads only regular files without
+//!   waiting (`nofollow.rs`). And nothing the keeper decides from is in a workspace: what a
+//!   sandbox was started for and what a snapshot is (persisted, until when) are its records in
+//!   `<root>/.meta/`, out of every sandbox's sight, each written before its directory is made and
+//!   removed after it is gone (`meta.rs`; `docs/operations-errors.md`, which also says what a
+//!   root an older keeper made becomes).
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
-//!   on or it suspends, *renames* the workspace to `<root>/.snapshots/sbx-<n>-<instance>` and
-//!   returns that snapshot (O(1); no copy is ever made: nothing needs the stopped workspace
-//!   where it was, and a start takes a snapshot rather than sharing it).
-//! - Persist marks the snapshot persisted and, when the policy retains it for a while, writes
-//!   its expiry (`.sandkeeper/expires`, seconds since the Unix epoch) inside it. Shutdown
-//!   removes the sandbox directory, also one that a start the driver dropped was still making
-//!   (a per-sandbox fence orders the two), and the sandbox's own snapshot if no Persist kept
-//!   it. Discard removes a snapshot.
+//!   on or it suspends, records the snapshot (not persisted) and *renames* the workspace to
+//!   `<root>/.snapshots/sbx-<n>-<instance>` and returns that snapshot (O(1); no copy is ever
+//!   made: nothing needs the stopped workspace where it was, and a start takes a snapshot rather
+//!   than sharing it).
+//! - Persist marks the snapshot's record persisted and, when the policy retains it for a while,
+//!   records its expiry (seconds since the Unix epoch). Shutdown removes the sandbox directory,
+//!   also one that a start the driver dropped was still making (a per-sandbox fence orders the
+//!   two), and the sandbox's own snapshot if its record says no Persist kept it. Discard removes
+//!   a snapshot. Each removes the records of what it removed, after it.
 //! - At construction the backend sweeps `.snapshots/`: a snapshot whose recorded expiry passed
 //!   is removed ([`LocalBackend::sweep_expired`]), so a keeper that crashed keeps nothing
-//!   forever, and one that restarts removes nothing early.
+//!   forever, and one that restarts removes nothing early; so are records a crash left without
+//!   their directory, once old.
 //! - A sandbox directory removed from outside is reported as a death by a periodic check
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,

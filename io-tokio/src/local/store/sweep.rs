@@ -8,9 +8,13 @@
 //! *renamed* into `<root>/.fleet/trash/` (O(1)) and deleted once every decision is acted on; a
 //! record's reference to a snapshot whose retention ended is dropped *first*, by a
 //! compare-and-set of the key's entry on the version the second decision read, and the snapshot
-//! is renamed only if that write won (else it is left for the next sweep). What it reads
-//! beside each object: `.sandkeeper/sandbox.json` (its key), and for a snapshot
-//! `.sandkeeper/expires` (the retention its Persist recorded).
+//! is renamed only if that write won (else it is left for the next sweep). What it reads of
+//! each object is the keeper's record of it under `<root>/.meta/` (`local/meta.rs`): its key,
+//! the snapshot a sandbox's start took, a snapshot's recorded retention; never anything in its
+//! workspace, which a command may have forged. An object without a record (an older keeper's, or
+//! made by hand) is kept, never judged on a guess; a record that is not one stops the sweep with
+//! an error naming it. A swept object's record goes once the object is in the trash, and records
+//! a crash left without their directory go once an hour old.
 //!
 //! It judges leases and retention one lease later than a claim would (`now - lease`): a claim
 //! made on a clock that runs ahead is fenced at the backend, but a removal cannot be taken back,
