@@ -357,6 +357,15 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     ];
     for path in &gone {
         assert!(!path.exists(), "{} should be swept", path.display());
+        // Its record with it.
+        let name = path.file_name().unwrap().to_string_lossy();
+        let kind = if name.matches('-').count() > 1 {
+            "snapshots"
+        } else {
+            "sandboxes"
+        };
+        let record = root.join(".meta").join(kind).join(format!("{name}.json"));
+        assert!(!record.exists(), "{} should be gone", record.display());
     }
     let kept = [
         sandbox(id(dead, 1)),

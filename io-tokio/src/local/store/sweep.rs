@@ -291,6 +291,7 @@ impl LocalStore {
     /// The sandbox directories and snapshots under `root`, as the sweep sees them.
     fn objects(&self, root: &Path) -> Result<Vec<(PathBuf, SweepObject)>, StoreError> {
         let mut out = vec![];
+        let mut unrecorded = 0usize;
         for (dir, snapshots) in [(root.to_path_buf(), false), (root.join(".snapshots"), true)] {
             let items = match fs::read_dir(&dir) {
                 Ok(items) => items,
@@ -318,11 +319,19 @@ impl LocalStore {
                 let Some(object) = self.object(root, &name, SandboxId(id), snapshots)? else {
                     // No keeper record: an older keeper's (which kept it in the workspace), or
                     // made by hand. Never judged from its workspace, so never removed.
-                    tracing::warn!(object = %path.display(), "no keeper record: kept");
+                    tracing::debug!(object = %path.display(), "no keeper record: kept");
+                    unrecorded += 1;
                     continue;
                 };
                 out.push((path, object));
             }
+        }
+        if unrecorded > 0 {
+            tracing::warn!(
+                unrecorded,
+                "objects without a keeper record (an older keeper's?) are kept: remove by hand \
+                 those no key continues (docs/operations-errors.md)"
+            );
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
