@@ -287,13 +287,25 @@ fn write(path: &Path, record: &impl Serialize) -> Result<(), MetaError> {
         path: path.to_path_buf(),
         why: e.to_string(),
     })?;
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{}-{n}.tmp", std::process::id()));
+    // A name of its own: another writer's (one with the same process id in another PID
+    // namespace, on a shared root) is never opened, nor removed.
+    let (tmp, mut file) = {
+        let mut tries = 0;
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let tmp = dir.join(format!(".{}-{n}.tmp", std::process::id()));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+            {
+                Ok(file) => break (tmp, file),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
+                Err(e) => return Err(io(e)),
+            }
+        }
+    };
     let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
         file.write_all(&bytes)?;
         file.sync_data()?;
         std::fs::rename(&tmp, path)?;
