@@ -709,6 +709,41 @@ async fn the_keepers_root_and_other_sandboxes_stay_out_of_sight() {
     b.release().await;
 }
 
+/// The keeper's records (`<root>/.meta/`: what each sandbox was started for, what each
+/// snapshot is and until when it is kept) are out of every command's reach: a command that knows
+/// their paths can neither read nor change its own sandbox's record, nor plant a record of its
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keepers_records_stay_out_of_a_commands_reach() {
+    let Some(k) = sandboxed("records") else {
+        return;
+    };
+    let a = call(&k, "a").await;
+    let records = k.backend().root().join(".meta");
+    let own = records.join(format!("sandboxes/sbx-{}.json", a.sandbox().0));
+    let before = std::fs::read(&own).expect("the start recorded it");
+    let out = sh(
+        &a,
+        &format!(
+            "cat '{own}'; echo '{{}}' > '{own}'; mkdir -p '{dir}/snapshots'; \
+             echo '{{}}' > '{dir}/snapshots/sbx-1-x.json'; ls -R '{dir}'",
+            own = own.display(),
+            dir = records.display(),
+        ),
+    )
+    .await;
+    let key = k
+        .backend()
+        .sandbox_record(a.sandbox())
+        .unwrap()
+        .unwrap()
+        .key;
+    assert!(!text(&out.stdout).contains(&key), "{out:?}");
+    assert_eq!(std::fs::read(&own).unwrap(), before, "unchanged");
+    assert!(!records.join("snapshots/sbx-1-x.json").exists());
+    a.release().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // One namespace per sandbox (issue 31: the exec cost, limits per sandbox)
 

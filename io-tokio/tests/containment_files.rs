@@ -172,7 +172,8 @@ async fn an_upload_never_follows_a_link_planted_at_the_keepers_directory() {
 
 /// Finding: a link planted at `.sandkeeper/persisted` (and at the temporary name the keeper
 /// used to write it through) overwrote a host file with `persisted\n`. After a persist the host
-/// file is unchanged, and the snapshot carries its own markers.
+/// file is unchanged: the keeper writes no marker in the workspace any more, what is kept is in
+/// its own record (`<root>/.meta/`), and what the command planted is left as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persist_never_writes_through_a_planted_marker_link() {
     let b = backend("persisted-link");
@@ -198,38 +199,42 @@ async fn a_persist_never_writes_through_a_planted_marker_link() {
         .join(".sandkeeper");
     for marker in ["persisted", "expires"] {
         let m = kept.join(marker).symlink_metadata().unwrap();
-        assert!(m.file_type().is_file(), "{marker} is the keeper's own file");
+        assert!(
+            m.file_type().is_symlink(),
+            "{marker} is the command's, untouched"
+        );
     }
-    assert_eq!(
-        std::fs::read(kept.join("persisted")).unwrap(),
-        b"persisted\n"
-    );
+    let record = b.snapshot_record(&snapshot).unwrap().expect("recorded");
+    assert!(record.persisted);
+    assert_eq!(record.expires, Some(4_000_000_000));
 }
 
 /// Finding: a resume wrote `sandbox.json` into a host file through a link planted in the
 /// snapshot (at `sandbox.json` and at its temporary name). The host file is unchanged after
-/// the resume, and the resumed sandbox's `sandbox.json` is its own.
+/// the resume: what the resumed sandbox was started for is the keeper's record, outside the
+/// workspace, and the planted links are left as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_never_writes_sandbox_json_through_a_planted_link() {
     let b = backend("resume-link");
     let (outside, precious) = host("resume-link");
     b.start(start(1, "a", None)).await.unwrap();
     let meta = b.sandbox_dir(SandboxId(1)).join(".sandkeeper");
-    std::fs::remove_file(meta.join("sandbox.json")).unwrap();
     for name in ["sandbox.json", ".sandbox.json.upl-18446744073709551615.tmp"] {
         symlink(&precious, meta.join(name)).unwrap();
     }
     let snapshot = b.stop(stop(1)).await.unwrap().expect("a snapshot");
     b.persist(persist(1, snapshot.clone())).await.unwrap();
-    b.start(start(2, "a", Some(snapshot))).await.unwrap();
+    b.start(start(2, "a", Some(snapshot.clone())))
+        .await
+        .unwrap();
 
     assert_eq!(std::fs::read(&precious).unwrap(), b"the host's own bytes\n");
     assert_eq!(names(&outside), ["precious"]);
     let info = b.sandbox_dir(SandboxId(2)).join(".sandkeeper/sandbox.json");
-    assert!(info.symlink_metadata().unwrap().file_type().is_file());
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(info).unwrap()).unwrap();
-    assert_eq!(info["sandbox"], 2);
+    assert!(info.symlink_metadata().unwrap().file_type().is_symlink());
+    let record = b.sandbox_record(SandboxId(2)).unwrap().expect("recorded");
+    assert_eq!(record.sandbox, 2);
+    assert_eq!(record.resumed_from.as_deref(), Some(snapshot.as_str()));
 }
 
 /// Finding: through an inner link to `.sandkeeper` (`ln -s .sandkeeper k`), `write("k/x")` and
@@ -246,12 +251,15 @@ async fn an_inner_link_to_the_keepers_directory_is_refused_for_write_and_remove(
         .unwrap();
     assert!(made.success(), "{made:?}");
     let meta = k.backend().sandbox_dir(g.sandbox()).join(".sandkeeper");
+    // A mirror there (as an upload leaves one), which no operation may change.
+    std::fs::create_dir_all(meta.join("s")).unwrap();
+    std::fs::write(meta.join("s/session.log"), b"mirrored\n").unwrap();
     let before = names(&meta);
-    assert!(before.contains(&"sandbox.json".to_string()), "{before:?}");
+    assert_eq!(before, ["s"]);
 
     let wrote = w.write("k/x", "planted").await;
     assert!(matches!(wrote, Err(OpError::Escapes { .. })), "{wrote:?}");
-    let removed = w.remove("k/sandbox.json").await;
+    let removed = w.remove("k/s/session.log").await;
     assert!(
         matches!(removed, Err(OpError::Escapes { .. })),
         "{removed:?}"
@@ -622,7 +630,8 @@ async fn links_out_stay_refused_and_plain_files_keep_working() {
 }
 
 /// What held before and must keep holding: an upload, a stop, a persist and a resume with no
-/// planted file leave the session's log and the markers where the layout says.
+/// planted file leave the session's log where the layout says, and the keeper's records in
+/// `<root>/.meta/`, none in the workspace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keepers_own_files_keep_their_places() {
     let b = backend("places");
@@ -638,25 +647,33 @@ async fn the_keepers_own_files_keep_their_places() {
         .snapshots_dir()
         .join(snapshot.as_str())
         .join(".sandkeeper");
+    assert_eq!(names(&kept), ["sa"], "no temporary, no marker");
+    assert!(b.snapshot_record(&snapshot).unwrap().unwrap().persisted);
     assert_eq!(
-        names(&kept),
-        ["expires", "persisted", "sa", "sandbox.json"],
-        "no temporary left"
+        b.sandbox_record(SandboxId(1)).unwrap(),
+        None,
+        "gone with its directory"
     );
-    b.start(start(2, "a", Some(snapshot))).await.unwrap();
+    b.start(start(2, "a", Some(snapshot.clone())))
+        .await
+        .unwrap();
     let meta = b.sandbox_dir(SandboxId(2)).join(".sandkeeper");
+    assert_eq!(names(&meta), ["sa"]);
     assert_eq!(
-        names(&meta),
-        ["sa", "sandbox.json"],
-        "live again: no markers"
+        b.snapshot_record(&snapshot).unwrap(),
+        None,
+        "taken by the start"
     );
+    let root = b.root();
+    assert_eq!(names(&root.join(".meta/sandboxes")), ["sbx-2.json"]);
+    assert!(names(&root.join(".meta/snapshots")).is_empty());
     assert_eq!(std::fs::read(meta.join("sa/session.log")).unwrap(), b"v2\n");
 }
 
-/// The keeper's own reads of a workspace's metadata never wait: FIFOs a command made at
-/// `.sandkeeper/expires` and `.sandkeeper/sandbox.json` of a kept snapshot neither hold up the
+/// The keeper never reads a workspace's old metadata names: FIFOs a command made at
+/// `.sandkeeper/expires`, `persisted` and `sandbox.json` of a kept snapshot neither hold up the
 /// sweep a new backend runs on the root nor a resume of that snapshot, and the snapshot is
-/// kept (an unreadable expiry is no expiry).
+/// kept (its record's retention has not ended).
 ///
 /// Bound: 10 s for what takes milliseconds, on a thread of its own so that a hang fails the
 /// test; then the test opens each FIFO for writing, which frees a reader stuck in it.
@@ -677,9 +694,12 @@ fn the_keepers_own_reads_never_wait_on_a_planted_fifo() {
         .join(".snapshots")
         .join(snapshot.as_str())
         .join(".sandkeeper");
-    let fifos = [meta.join("expires"), meta.join("sandbox.json")];
+    let fifos = [
+        meta.join("expires"),
+        meta.join("persisted"),
+        meta.join("sandbox.json"),
+    ];
     for fifo in &fifos {
-        std::fs::remove_file(fifo).unwrap();
         let made = std::process::Command::new("mkfifo")
             .arg(fifo)
             .status()
@@ -709,14 +729,22 @@ fn the_keepers_own_reads_never_wait_on_a_planted_fifo() {
     }
     let resumed = answered.expect("the sweep and the resume answer within the bound");
     resumed.unwrap().unwrap();
-    let info = root.join("sbx-2/.sandkeeper/sandbox.json");
-    assert!(info.symlink_metadata().unwrap().file_type().is_file());
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(info).unwrap()).unwrap();
+    let record = sandkeeper_tokio::local::meta::sandbox_record(&root, SandboxId(2))
+        .unwrap()
+        .expect("recorded");
     assert_eq!(
-        info["resumed_from"],
-        snapshot.as_str(),
-        "the sweep kept the snapshot, and the start took it"
+        record.resumed_from.as_deref(),
+        Some(snapshot.as_str()),
+        "the start was for the snapshot"
+    );
+    use std::os::unix::fs::FileTypeExt;
+    let taken = root
+        .join("sbx-2/.sandkeeper/expires")
+        .symlink_metadata()
+        .unwrap();
+    assert!(
+        taken.file_type().is_fifo(),
+        "the sweep kept the snapshot, and the start took it (the command's FIFO with it)"
     );
 }
 

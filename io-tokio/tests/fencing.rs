@@ -216,9 +216,13 @@ async fn a_start_from_a_snapshot_a_crashed_start_took_continues_its_workspace() 
     let log = third.session_file(z, &SessionId::new("s").unwrap(), &PathName::session_log());
     assert_eq!(std::fs::read(&log).unwrap(), b"v2");
     assert!(!third.sandbox_dir(y).exists());
-    let info =
-        std::fs::read_to_string(third.sandbox_dir(z).join(".sandkeeper/sandbox.json")).unwrap();
-    assert!(info.contains(&format!("\"sandbox\":{}", z.0)), "{info}");
+    let record = third.sandbox_record(z).unwrap().expect("recorded");
+    assert_eq!(record.resumed_from.as_deref(), Some(snapshot.as_str()));
+    assert_eq!(
+        third.sandbox_record(y).unwrap(),
+        None,
+        "gone with its directory"
+    );
     // A sandbox this backend runs is never taken: with nothing else left of the snapshot, a
     // start from it begins afresh.
     let w = SandboxId(3 << 32 | 2);

@@ -8,11 +8,23 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, Config, Fleet, PathName, ReleasePolicy, SandboxState, Scope, SessionId,
+    CallId, CallSpec, Config, Fleet, PathName, ReleasePolicy, SandboxId, SandboxState, Scope,
+    SessionId, Snapshot,
 };
+use sandkeeper_tokio::local::meta::{record_sandbox, record_snapshot, SnapshotRecord, StartedFor};
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{FaultBackend, Keeper, KeeperConfig, KeeperError, LocalBackend};
+
+/// What the keeper records of a sandbox of `key` (a session) it started, resuming `from`.
+fn started_for(sandbox: SandboxId, key: &str, from: Option<&str>) -> StartedFor {
+    StartedFor {
+        sandbox: sandbox.0,
+        key: format!("session:{key}"),
+        spec: Some(String::new()),
+        resumed_from: from.map(str::to_string),
+    }
+}
 
 fn root(name: &str) -> PathBuf {
     let root = std::env::temp_dir().join(format!("sk-fleet-{name}-{}", std::process::id()));
@@ -174,13 +186,10 @@ async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
     assert!(before.records_ok >= 2, "{before:?}");
     // What the crash leaves that no record names (a start that never finished, say): the next
     // keeper's sweep removes it once the crashed one's lease is over (and a lease more).
-    let orphan = root.join(format!("sbx-{}", (warm_sandbox.0 >> 32) << 32 | 99));
-    std::fs::create_dir_all(orphan.join(".sandkeeper")).unwrap();
-    std::fs::write(
-        orphan.join(".sandkeeper/sandbox.json"),
-        r#"{"key":"session:gone"}"#,
-    )
-    .unwrap();
+    let orphan_id = SandboxId((warm_sandbox.0 >> 32) << 32 | 99);
+    let orphan = root.join(format!("sbx-{}", orphan_id.0));
+    record_sandbox(&root, orphan_id, &started_for(orphan_id, "gone", None)).unwrap();
+    std::fs::create_dir_all(&orphan).unwrap();
     // The crash: no close, no release, no more renewals.
     drop(a);
 
@@ -227,7 +236,7 @@ async fn a_crashed_keeper_s_sessions_continue_on_another_from_their_records() {
 /// ended no longer names it.
 #[test]
 fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
-    use sandkeeper::{Key, SandboxId, Snapshot, Token};
+    use sandkeeper::{Key, Token};
     use sandkeeper_tokio::store::Swept;
     use sandkeeper_tokio::store::{Claim, StoredRecord, StoredSnapshot};
     use std::time::{SystemTime, UNIX_EPOCH};
@@ -243,18 +252,23 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     store.renew(live, 1, now).unwrap();
     let key = |s: &str| Key::Session(SessionId::new(s).unwrap());
     let id = |inc: u32, n: u64| SandboxId(u64::from(inc) << 32 | n);
+    // The keeper's record first, then the directory, as the backend makes them.
     let make_from = |dir: PathBuf, key: &str, expires: Option<SystemTime>, from: Option<&str>| {
-        let meta = dir.join(".sandkeeper");
-        std::fs::create_dir_all(&meta).unwrap();
-        let info = match from {
-            None => format!(r#"{{"key":"session:{key}"}}"#),
-            Some(from) => format!(r#"{{"key":"session:{key}","resumed_from":"{from}"}}"#),
-        };
-        std::fs::write(meta.join("sandbox.json"), info).unwrap();
-        if let Some(at) = expires {
-            let secs = at.duration_since(UNIX_EPOCH).unwrap().as_secs();
-            std::fs::write(meta.join("expires"), format!("{secs}\n")).unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let rest = name.strip_prefix("sbx-").unwrap();
+        let by = SandboxId(rest.split('-').next().unwrap().parse().unwrap());
+        let started = started_for(by, key, from);
+        if dir.parent().unwrap().ends_with(".snapshots") {
+            let record = SnapshotRecord {
+                taken_from: started,
+                persisted: true,
+                expires: expires.map(|at| at.duration_since(UNIX_EPOCH).unwrap().as_secs()),
+            };
+            record_snapshot(&root, &Snapshot::new(name), &record).unwrap();
+        } else {
+            record_sandbox(&root, by, &started).unwrap();
         }
+        std::fs::create_dir_all(&dir).unwrap();
     };
     let make =
         |dir: PathBuf, key: &str, expires: Option<SystemTime>| make_from(dir, key, expires, None);
@@ -343,6 +357,15 @@ fn the_fleet_sweep_removes_only_what_nothing_live_or_recorded_needs() {
     ];
     for path in &gone {
         assert!(!path.exists(), "{} should be swept", path.display());
+        // Its record with it.
+        let name = path.file_name().unwrap().to_string_lossy();
+        let kind = if name.matches('-').count() > 1 {
+            "snapshots"
+        } else {
+            "sandboxes"
+        };
+        let record = root.join(".meta").join(kind).join(format!("{name}.json"));
+        assert!(!record.exists(), "{} should be gone", record.display());
     }
     let kept = [
         sandbox(id(dead, 1)),

@@ -126,10 +126,13 @@ async fn many_concurrent_sessions_leave_no_sandbox_and_every_log_is_there_or_rep
     );
     let mut seen = 0;
     for snapshot in &snapshots {
-        let info =
-            std::fs::read_to_string(snapshot.join(".sandkeeper").join("sandbox.json")).unwrap();
-        let info: serde_json::Value = serde_json::from_str(&info).unwrap();
-        let key = info["key"].as_str().unwrap();
+        let name = snapshot.file_name().unwrap().to_string_lossy();
+        let record = keeper
+            .backend()
+            .snapshot_record(&sandkeeper::Snapshot::new(name))
+            .unwrap()
+            .expect("recorded");
+        let key = record.taken_from.key.as_str();
         let session = sid(key.strip_prefix("session:").unwrap_or(key));
         let Some(version) = newest.get(&session) else {
             continue;

@@ -83,13 +83,16 @@ async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
     );
     let kept = snapshots(&snapshot_dir);
     assert_eq!(kept.len(), 1, "{kept:?}");
-    let meta = kept[0].join(".sandkeeper");
-    assert!(meta.join("persisted").exists());
-    let expires: u64 = std::fs::read_to_string(meta.join("expires"))
+    // What is kept, and until when, is the keeper's record, outside the workspace.
+    let kept_name = sandkeeper::Snapshot::new(kept[0].file_name().unwrap().to_string_lossy());
+    let record = keeper
+        .backend()
+        .snapshot_record(&kept_name)
         .unwrap()
-        .trim()
-        .parse()
         .unwrap();
+    assert!(record.persisted);
+    assert!(!kept[0].join(".sandkeeper/persisted").exists());
+    let expires = record.expires.unwrap();
     // The keeper maps its clock to the wall clock from one reading at its start, so on
     // tokio's paused clock the wall clock it records moves with virtual time.
     let now = (wall_at_start + start.elapsed())
@@ -124,6 +127,7 @@ async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
     );
     assert!(!dir.join(".sandkeeper/persisted").exists());
     assert!(!dir.join(".sandkeeper/expires").exists());
+    assert_eq!(keeper.backend().snapshot_record(&kept_name).unwrap(), None);
     assert!(snapshots(&snapshot_dir).is_empty(), "the start took it");
     assert_eq!(guard.release().await, Released::Completed);
 
@@ -148,20 +152,28 @@ async fn warm_then_suspended_by_rename_then_resumed_then_discarded() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-/// A keeper that crashed leaves its suspended workspaces with their expiry: the next backend on
-/// the root removes those whose retention ended and keeps the others (and those kept without a
-/// retention), no earlier.
+/// A keeper that crashed leaves its suspended workspaces with their expiry recorded: the next
+/// backend on the root removes those whose retention ended, with their records, and keeps the
+/// others (and those kept without a retention), no earlier. A snapshot an older keeper kept
+/// (its expiry inside the workspace, no record) is kept: never judged from its workspace.
 #[test]
 fn the_sweep_removes_expired_snapshots_and_keeps_the_rest() {
+    use sandkeeper_tokio::local::meta::{record_snapshot, snapshot_record, SnapshotRecord};
     let root = root("sweep");
     let snaps = root.join(".snapshots");
     let kept_until = |name: &str, expires: Option<u64>| {
-        let meta = snaps.join(name).join(".sandkeeper");
-        std::fs::create_dir_all(&meta).unwrap();
-        std::fs::write(meta.join("persisted"), "persisted\n").unwrap();
-        if let Some(at) = expires {
-            std::fs::write(meta.join("expires"), format!("{at}\n")).unwrap();
-        }
+        let record = SnapshotRecord {
+            taken_from: sandkeeper_tokio::local::meta::StartedFor {
+                sandbox: 1,
+                key: "session:s".into(),
+                spec: None,
+                resumed_from: None,
+            },
+            persisted: true,
+            expires,
+        };
+        record_snapshot(&root, &sandkeeper::Snapshot::new(name), &record).unwrap();
+        std::fs::create_dir_all(snaps.join(name)).unwrap();
     };
     #[allow(clippy::disallowed_methods)] // the expiries are on the wall clock
     let now = SystemTime::now()
@@ -171,16 +183,27 @@ fn the_sweep_removes_expired_snapshots_and_keeps_the_rest() {
     kept_until("sbx-1-old", Some(now - 10));
     kept_until("sbx-2-old", Some(now + 3_600));
     kept_until("sbx-3-old", None);
+    let legacy = snaps.join("sbx-4-old/.sandkeeper");
+    std::fs::create_dir_all(&legacy).unwrap();
+    std::fs::write(legacy.join("persisted"), "persisted\n").unwrap();
+    std::fs::write(legacy.join("expires"), format!("{}\n", now - 10)).unwrap();
     let backend = LocalBackend::new(LocalConfig::new(&root)).unwrap();
     let left: Vec<String> = snapshots(&snaps)
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, ["sbx-2-old", "sbx-3-old"]);
-    // An hour on, the second one goes too; the one without an expiry stays.
+    assert_eq!(left, ["sbx-2-old", "sbx-3-old", "sbx-4-old"]);
+    let gone = sandkeeper::Snapshot::new("sbx-1-old");
+    assert_eq!(
+        snapshot_record(&root, &gone).unwrap(),
+        None,
+        "its record with it"
+    );
+    // An hour on, the second one goes too; the one without an expiry stays, and the older
+    // keeper's.
     let later = SystemTime::UNIX_EPOCH + Duration::from_secs(now + 3_600);
     assert_eq!(backend.sweep_expired(later).unwrap(), 1);
-    assert_eq!(snapshots(&snaps).len(), 1);
+    assert_eq!(snapshots(&snaps).len(), 2);
     std::fs::remove_dir_all(&root).unwrap();
 }
 

@@ -1,10 +1,12 @@
 //! Where a local sandbox's files live, derived only from validated names, and the atomic write.
 //!
 //! ```text
-//! <root>/sbx-<n>/                          one sandbox (its working directory)
-//! <root>/sbx-<n>/.sandkeeper/sandbox.json  what it was started for
+//! <root>/sbx-<n>/                          one sandbox (its working directory: its workspace)
 //! <root>/sbx-<n>/.sandkeeper/<session>/<path>   a session's mirrored file
 //! <root>/.snapshots/<snapshot>/            a stopped sandbox's saved workspace
+//! <root>/.meta/sandboxes/sbx-<n>.json      what sandbox <n> was started for (`meta.rs`)
+//! <root>/.meta/snapshots/<snapshot>.json   what a snapshot was taken from, persisted, its expiry
+//! <root>/.tokens/, <root>/.fleet/          fencing tokens (`fence.rs`), a fleet's store (`store/`)
 //! ```
 //!
 //! `<n>` is the core's sandbox number; `<session>` and `<path>` are [`SessionId`] and
@@ -12,19 +14,21 @@
 //! name is checked the same way before it is used.
 //!
 //! Everything under `<root>/sbx-<n>/` and `<root>/.snapshots/<snapshot>/` is a workspace, its
-//! commands' to change, `.sandkeeper/` included: the keeper reads and writes there only through
-//! directory handles that never follow a link (`nofollow.rs`).
+//! commands' to change, `.sandkeeper/` included: the keeper writes there only the session
+//! mirrors the commands read, and only through directory handles that never follow a link
+//! (`nofollow.rs`). What the keeper decides from (what a directory was started for, whether a
+//! snapshot is kept and until when) is in `.meta/`, outside every workspace and hidden from
+//! every sandbox (`meta.rs`): a workspace's own `.sandkeeper/sandbox.json`, `persisted` or
+//! `expires` (an older keeper wrote them there) are a command's files like any other, and never
+//! read.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use sandkeeper::{PathName, SandboxId, SessionId, Snapshot, UploadId};
 
-/// The directory of sandbox metadata inside a sandbox.
+/// The directory of a sandbox's session mirrors inside its workspace.
 pub(crate) const META_DIR: &str = ".sandkeeper";
-
-/// The file in [`META_DIR`] that says what a workspace was started for.
-pub(crate) const SANDBOX_INFO: &str = "sandbox.json";
 
 /// The directory of snapshots under the root.
 pub(crate) const SNAPSHOTS_DIR: &str = ".snapshots";
@@ -32,6 +36,12 @@ pub(crate) const SNAPSHOTS_DIR: &str = ".snapshots";
 /// A sandbox's directory.
 pub(crate) fn sandbox_dir(root: &Path, sandbox: SandboxId) -> PathBuf {
     root.join(format!("sbx-{}", sandbox.0))
+}
+
+/// The sandbox a sandbox directory (`sbx-<n>`) is of, if its name is one.
+pub(crate) fn sandbox_of(dir: &Path) -> Option<SandboxId> {
+    let name = dir.file_name()?.to_str()?;
+    name.strip_prefix("sbx-")?.parse().ok().map(SandboxId)
 }
 
 /// The sandbox directories under `root` (`sbx-<n>`), in name order.
@@ -64,31 +74,6 @@ pub(crate) fn snapshot_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
     }
     dirs.sort();
     Ok(dirs)
-}
-
-/// What a workspace's `.sandkeeper/sandbox.json` says, as the start that made it wrote it.
-#[derive(Debug, Default)]
-pub(crate) struct SandboxInfo {
-    /// The sandbox whose start wrote it.
-    pub(crate) sandbox: Option<u64>,
-    /// Its key, as it displays.
-    pub(crate) key: Option<String>,
-    /// The snapshot that start took as the workspace.
-    pub(crate) resumed_from: Option<String>,
-}
-
-/// Reads the `sandbox.json` of the workspace (sandbox or snapshot directory) `dir`; `None`
-/// when it is missing or not JSON.
-pub(crate) fn read_sandbox_info(dir: &Path) -> Option<SandboxInfo> {
-    // Read without following a link a command planted, and never waiting on a FIFO.
-    let bytes = super::nofollow::read_meta(dir, META_DIR, SANDBOX_INFO, 64 << 10)?;
-    let info: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let text_of = |field: &str| info.get(field).and_then(|v| v.as_str()).map(str::to_string);
-    Some(SandboxInfo {
-        sandbox: info.get("sandbox").and_then(|v| v.as_u64()),
-        key: text_of("key"),
-        resumed_from: text_of("resumed_from"),
-    })
 }
 
 /// A session's mirrored file in a sandbox.

@@ -1,31 +1,36 @@
 //! `LocalBackend`: sandboxes as local directories, commands as real processes. The embedded
 //! default, and what the main job runs on.
 //!
-//! - Start makes `<root>/sbx-<n>`, or, resuming the key's snapshot, *renames* the snapshot's
-//!   directory to it (the start takes the snapshot: O(1) in the workspace's size, and the
-//!   workspace exists once), and writes `.sandkeeper/sandbox.json`. A snapshot found missing
-//!   (deleted by hand, expired) means a fresh workspace and a warning, as a lost claim does on
-//!   Kubernetes.
+//! - Start records what the sandbox is started for (its key, the snapshot it resumes) in
+//!   `<root>/.meta/` (`meta.rs`), then makes `<root>/sbx-<n>`, or, resuming the key's snapshot,
+//!   *renames* the snapshot's directory to it (the start takes the snapshot: O(1) in the
+//!   workspace's size, and the workspace exists once). A snapshot found missing (deleted by
+//!   hand, expired) means a fresh workspace and a warning, as a lost claim does on Kubernetes.
 //! - Upload writes `.sandkeeper/<session>/<path>` atomically (temporary file, then rename).
 //! - The keeper never acts through a command's files: a workspace, `.sandkeeper/` included, is
-//!   its commands' to change, so every read, write, rename and remove the keeper (uploads,
-//!   `sandbox.json`, the persist markers) or an operation does in it goes through directory
-//!   handles that never follow a link, writes a new temporary (`O_EXCL`) and renames it within
-//!   the handle, and reads only regular files without waiting (`nofollow.rs`;
-//!   `docs/operations-errors.md`).
+//!   its commands' to change, so every read, write, rename and remove the keeper (uploads) or an
+//!   operation does in it goes through directory handles that never follow a link, writes a new
+//!   temporary (`O_EXCL`) and renames it within the handle, and reads only regular files without
+//!   waiting (`nofollow.rs`). And nothing the keeper decides from is in a workspace: what a
+//!   sandbox was started for and what a snapshot is (persisted, until when) are its records in
+//!   `<root>/.meta/`, out of every sandbox's sight, each written before its directory is made and
+//!   removed after it is gone (`meta.rs`; `docs/operations-errors.md`, which also says what a
+//!   root an older keeper made becomes).
 //! - Stop seals the sandbox (no write can land after it: a write holds the sandbox's gate while
 //!   it writes and refuses a sealed one), stops its running processes, and, when snapshots are
-//!   on or it suspends, *renames* the workspace to `<root>/.snapshots/sbx-<n>-<instance>` and
-//!   returns that snapshot (O(1); no copy is ever made: nothing needs the stopped workspace
-//!   where it was, and a start takes a snapshot rather than sharing it).
-//! - Persist marks the snapshot persisted and, when the policy retains it for a while, writes
-//!   its expiry (`.sandkeeper/expires`, seconds since the Unix epoch) inside it. Shutdown
-//!   removes the sandbox directory, also one that a start the driver dropped was still making
-//!   (a per-sandbox fence orders the two), and the sandbox's own snapshot if no Persist kept
-//!   it. Discard removes a snapshot.
+//!   on or it suspends, records the snapshot (not persisted) and *renames* the workspace to
+//!   `<root>/.snapshots/sbx-<n>-<instance>` and returns that snapshot (O(1); no copy is ever
+//!   made: nothing needs the stopped workspace where it was, and a start takes a snapshot rather
+//!   than sharing it).
+//! - Persist marks the snapshot's record persisted and, when the policy retains it for a while,
+//!   records its expiry (seconds since the Unix epoch). Shutdown removes the sandbox directory,
+//!   also one that a start the driver dropped was still making (a per-sandbox fence orders the
+//!   two), and the sandbox's own snapshot if its record says no Persist kept it. Discard removes
+//!   a snapshot. Each removes the records of what it removed, after it.
 //! - At construction the backend sweeps `.snapshots/`: a snapshot whose recorded expiry passed
 //!   is removed ([`LocalBackend::sweep_expired`]), so a keeper that crashed keeps nothing
-//!   forever, and one that restarts removes nothing early.
+//!   forever, and one that restarts removes nothing early; so are records a crash left without
+//!   their directory, once old.
 //! - A sandbox directory removed from outside is reported as a death by a periodic check
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
@@ -42,6 +47,7 @@ mod init_exec;
 mod isolation;
 pub(crate) mod layout;
 mod limits;
+pub mod meta;
 mod nofollow;
 mod ops;
 mod quota;
@@ -73,12 +79,7 @@ pub use exec::{RunError, RunOutput};
 pub use isolation::{find_init, Isolated, Isolation, IsolationError, Mode, Namespaces, INIT_VAR};
 use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
-
-/// The marker a Persist writes into a snapshot it keeps.
-const PERSISTED: &str = "persisted";
-/// The file a Persist writes into a snapshot retained for a while: its expiry, in seconds since
-/// the Unix epoch.
-const EXPIRES: &str = "expires";
+use meta::{MetaError, SnapshotRecord, StartedFor};
 
 /// How a [`LocalBackend`] runs.
 #[derive(Clone, Debug)]
@@ -264,28 +265,45 @@ impl LocalBackend {
         blocking(move || ledger.admit(sandbox, None, token)).await
     }
 
-    /// Removes every snapshot under the root whose recorded expiry (`.sandkeeper/expires`,
-    /// written by a Persist with a retention) is at or before `now`; returns how many. Snapshots
-    /// without an expiry are kept (the policy retains them until the key's next start).
-    /// Construction runs it once. Not on a fleet's root (one with `.fleet/`): there the fleet
-    /// sweep ([`store::LocalStore::sweep`]) decides, records included.
+    /// Removes every snapshot under the root whose recorded expiry (in its record under
+    /// `.meta/`, written by a Persist with a retention) is at or before `now`, then its record;
+    /// returns how many. Snapshots without an expiry are kept (the policy retains them until the
+    /// key's next start), and so are those without a record (an older keeper's: never judged
+    /// from what is in a workspace). Records left by a crash go ([`meta`]). Construction runs
+    /// it once. Not on a fleet's root (one with `.fleet/`): there the fleet sweep
+    /// ([`store::LocalStore::sweep`]) decides, records included. A malformed record is an
+    /// `InvalidData` error naming it.
     pub fn sweep_expired(&self, now: SystemTime) -> io::Result<usize> {
         let mut swept = 0;
-        if self.config.root.join(".fleet").is_dir() {
+        let root = &self.config.root;
+        if root.join(".fleet").is_dir() {
             // A fleet's root: a snapshot may be named by a key's record, which its own
             // retention then decides; the fleet sweep (`LocalStore::sweep`) checks both.
             return Ok(0);
         }
+        let invalid = |e: MetaError| match e {
+            MetaError::Io { source, .. } => source,
+            e => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+        };
         for path in self.snapshot_dirs_present()? {
-            match snapshot_expiry(&path) {
+            let Some(snapshot) = path.file_name().map(|n| Snapshot::new(n.to_string_lossy()))
+            else {
+                continue;
+            };
+            let expiry = meta::snapshot_record(root, &snapshot)
+                .map_err(invalid)?
+                .and_then(|r| r.expiry());
+            match expiry {
                 Some(expires) if expires <= now => match std::fs::remove_dir_all(&path) {
                     Ok(()) => swept += 1,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 },
-                _ => {}
+                _ => continue,
             }
+            meta::forget_snapshot(root, &snapshot).map_err(invalid)?;
         }
+        meta::clear_orphans(root, now).map_err(invalid)?;
         Ok(swept)
     }
 
@@ -344,6 +362,20 @@ impl LocalBackend {
         layout::sandbox_dirs(&self.config.root)
     }
 
+    /// The keeper's record of what `sandbox` was started for, if there is one ([`meta`]).
+    pub fn sandbox_record(&self, sandbox: SandboxId) -> Result<Option<StartedFor>, MetaError> {
+        meta::sandbox_record(&self.config.root, sandbox)
+    }
+
+    /// The keeper's record of `snapshot` (whose it is, whether a Persist kept it, until when),
+    /// if there is one ([`meta`]).
+    pub fn snapshot_record(
+        &self,
+        snapshot: &Snapshot,
+    ) -> Result<Option<SnapshotRecord>, MetaError> {
+        meta::snapshot_record(&self.config.root, snapshot)
+    }
+
     /// Sandboxes the backend runs now.
     pub fn running(&self) -> usize {
         self.table().len()
@@ -380,74 +412,125 @@ impl LocalBackend {
     }
 }
 
-/// The expiry a Persist recorded in a snapshot directory, if any (an unreadable one counts as
-/// none: the snapshot is kept, never removed on a guess).
-pub(crate) fn snapshot_expiry(snapshot: &Path) -> Option<SystemTime> {
-    // Read without following a link a command planted, and never waiting on a FIFO.
-    let bytes = nofollow::read_meta(snapshot, META_DIR, EXPIRES, 64)?;
-    let secs: u64 = std::str::from_utf8(&bytes).ok()?.trim().parse().ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
-}
-
-/// Removes what marked a workspace as a kept snapshot (persisted, its expiry) from its
-/// keeper's directory `meta` (a handle): it is a live sandbox's again. (A link at a marker's
-/// name is removed itself, never followed.)
-fn live_again(meta: &std::os::fd::OwnedFd) -> Result<(), BackendError> {
-    for marker in [PERSISTED, EXPIRES] {
-        nofollow::remove_file(meta, marker).map_err(|e| io_error("revive", e))?;
+/// Makes a starting sandbox's workspace `made`, its record written already: the snapshot it
+/// resumes, renamed (the start takes it, then its record goes); or, where a start of an owner
+/// that crashed before its key's record named that sandbox took it already, that sandbox's
+/// directory (then its record goes); or a fresh directory, with a warning when the snapshot is
+/// gone (deleted by hand, expired), as a lost claim does on Kubernetes.
+fn take_or_make(
+    root: &Path,
+    made: &Path,
+    request: &StartRequest,
+    running: &[PathBuf],
+) -> Result<(), BackendError> {
+    if let Some(snapshot) = &request.resume_from {
+        let from = snapshot_dir(root, snapshot).map_err(|e| io_error("snapshot", e))?;
+        match std::fs::rename(&from, made) {
+            Ok(()) => return meta::forget_snapshot(root, snapshot).map_err(meta_error),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("resume", e)),
+        }
+        let key = request.key.to_string();
+        if let Some((there, by)) = took_snapshot(root, snapshot, &key, running)? {
+            match std::fs::rename(&there, made) {
+                Ok(()) => return meta::forget_sandbox(root, by).map_err(meta_error),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error("resume", e)),
+            }
+        }
+        tracing::warn!(sandbox = %request.sandbox, snapshot = %from.display(),
+            "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
     }
-    Ok(())
+    std::fs::create_dir_all(made).map_err(|e| io_error("mkdir", e))
 }
 
-/// The keeper's directory of the workspace `dir`, as a handle: made if missing, and whatever a
-/// command put at its name instead (a link, a file) taken away, never followed.
-fn claim_meta(dir: &Path) -> io::Result<std::os::fd::OwnedFd> {
-    let ws = nofollow::open_dir(dir)?;
-    nofollow::claim_dir(&ws, META_DIR)
+/// The adoption of `sandbox`, whose directory is there, for `key`: its record must say it was
+/// started for that key. One without a record (an older keeper's, which kept it inside the
+/// workspace) gets one now, from the adopting owner's request (the key's record named the
+/// sandbox), never from what is in the workspace.
+fn adopt_up(root: &Path, sandbox: SandboxId, key: &sandkeeper::Key) -> Result<(), BackendError> {
+    let key = key.to_string();
+    match meta::sandbox_record(root, sandbox).map_err(meta_error)? {
+        Some(record) if record.key == key => Ok(()),
+        Some(record) => Err(BackendError::fatal(format!(
+            "{sandbox} was started for {}, not {key}: not adopted",
+            record.key
+        ))),
+        None => {
+            tracing::warn!(%sandbox, %key,
+                "adopting a sandbox without a keeper record (an older keeper's): recorded now");
+            let record = StartedFor {
+                sandbox: sandbox.0,
+                key,
+                spec: None,
+                resumed_from: None,
+            };
+            meta::record_sandbox(root, sandbox, &record).map_err(meta_error)
+        }
+    }
 }
 
-/// The snapshot `sandbox`'s own Stop made of its workspace (`sbx-<n>-<instance>`, its
-/// `sandbox.json` naming it), if one is under `root`.
-fn stopped_workspace(root: &Path, sandbox: SandboxId) -> Result<Option<PathBuf>, BackendError> {
+/// The snapshot `sandbox`'s own Stop made of its workspace (`sbx-<n>-<instance>`, its record
+/// saying it was taken from that sandbox), with its record, if one is under `root`. A snapshot
+/// without a record (an older keeper's) is not taken for one.
+fn stopped_workspace(
+    root: &Path,
+    sandbox: SandboxId,
+) -> Result<Option<(PathBuf, Snapshot, SnapshotRecord)>, BackendError> {
     let prefix = format!("sbx-{}-", sandbox.0);
     let dirs = layout::snapshot_dirs(root).map_err(|e| io_error("snapshots", e))?;
     for dir in dirs {
-        let named = dir
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
-        let by = layout::read_sandbox_info(&dir).and_then(|i| i.sandbox);
-        if named && by == Some(sandbox.0) {
-            return Ok(Some(dir));
+        let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let snapshot = Snapshot::new(name);
+        let Some(record) = meta::snapshot_record(root, &snapshot).map_err(meta_error)? else {
+            continue;
+        };
+        if record.taken_from.sandbox == sandbox.0 {
+            return Ok(Some((dir, snapshot, record)));
         }
     }
     Ok(None)
 }
 
 /// The sandbox directory under `root` whose start took `snapshot` as its workspace for `key`
-/// (its `sandbox.json` names it as `resumed_from`, and the key), if one is there and not among
-/// `running`. The key is checked too: a `sandbox.json` is in a workspace, which its commands
-/// may write, and one forged to name another key's snapshot must not hand its workspace to
-/// that key (a start of the key takes only what a start of the same key wrote it took).
+/// (its record names the snapshot as `resumed_from`, and the key), with its sandbox, if one is
+/// there and not among `running`. Only the keeper's records are read, never a workspace: a
+/// command cannot make its directory look like another key's taking.
 fn took_snapshot(
     root: &Path,
     snapshot: &Snapshot,
     key: &str,
     running: &[PathBuf],
-) -> Result<Option<PathBuf>, BackendError> {
+) -> Result<Option<(PathBuf, SandboxId)>, BackendError> {
     for dir in layout::sandbox_dirs(root).map_err(|e| io_error("sandboxes", e))? {
         if running.contains(&dir) {
             continue;
         }
-        let Some(info) = layout::read_sandbox_info(&dir) else {
+        let Some(sandbox) = layout::sandbox_of(&dir) else {
             continue;
         };
-        if info.resumed_from.as_deref() == Some(snapshot.as_str())
-            && info.key.as_deref() == Some(key)
-        {
-            return Ok(Some(dir));
+        let Some(record) = meta::sandbox_record(root, sandbox).map_err(meta_error)? else {
+            continue;
+        };
+        if record.resumed_from.as_deref() == Some(snapshot.as_str()) && record.key == key {
+            return Ok(Some((dir, sandbox)));
         }
     }
     Ok(None)
+}
+
+/// The seconds since the Unix epoch a retention ends at, rounded up: a snapshot never goes
+/// before its retention ends.
+fn expiry_secs(until: SystemTime) -> u64 {
+    let until = until
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    until.as_secs() + u64::from(until.subsec_nanos() > 0)
 }
 
 /// Runs blocking file work off the async threads.
@@ -457,6 +540,15 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(BackendError::fatal(format!("file task failed: {e}"))))
+}
+
+/// A record under `.meta/` that failed: as the file system failure beneath it, or, for a record
+/// that is not one, fatal (the same work would meet it again).
+fn meta_error(e: MetaError) -> BackendError {
+    match e {
+        MetaError::Io { path, source } => io_error(&format!("record {}", path.display()), source),
+        e => BackendError::fatal(e.to_string()),
+    }
 }
 
 fn io_error(what: &str, e: io::Error) -> BackendError {
@@ -484,6 +576,7 @@ impl Backend for LocalBackend {
         let made = dir.clone();
         let fence = self.fences().entry(request.sandbox).or_default().clone();
         let sandbox = request.sandbox;
+        let token = request.token;
         let ledger = self.ledger.clone();
         // What this backend runs is never another start's to take.
         let running: Vec<PathBuf> = self.table().values().map(|s| s.dir.clone()).collect();
@@ -499,57 +592,29 @@ impl Backend for LocalBackend {
                     made.display()
                 )));
             }
-            // The start takes the snapshot: a rename, so the workspace exists once. The new
-            // sandbox's identity goes in first (its `sandbox.json`, naming the snapshot it
-            // takes), so that the workspace says what it is wherever a crash leaves it: a
-            // key's record names the snapshot until the sandbox is up, and the sweep keeps a
-            // sandbox that took the recorded snapshot for the key's next start.
-            let info = serde_json::json!({
-                "sandbox": request.sandbox.0,
-                "key": request.key.to_string(),
-                "spec": request.spec.as_str(),
-                "resumed_from": request.resume_from.as_ref().map(|s| s.as_str().to_string()),
-            });
-            // Through handles, never following a link a command planted in the workspace
-            // (`nofollow.rs`); a missing workspace is `NotFound`.
-            let write_info = |dir: &Path| -> io::Result<()> {
-                let meta = claim_meta(dir)?;
-                nofollow::write_file(&meta, layout::SANDBOX_INFO, info.to_string().as_bytes())
+            // What it is started for is recorded first, outside the workspace (`meta.rs`), so
+            // that its directory says what it is wherever a crash leaves it: a key's record names
+            // the snapshot until the sandbox is up, and the sweep keeps a sandbox that took the
+            // recorded snapshot for the key's next start.
+            let started = StartedFor {
+                sandbox: sandbox.0,
+                key: request.key.to_string(),
+                spec: Some(request.spec.as_str().to_string()),
+                resumed_from: request.resume_from.as_ref().map(|s| s.as_str().to_string()),
             };
-            let gone = |from: &Path| {
-                tracing::warn!(%sandbox, snapshot = %from.display(),
-                    "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
-                false
-            };
-            let resumed = match &request.resume_from {
-                Some(snapshot) => {
-                    let from =
-                        snapshot_dir(&root, snapshot).map_err(|e| io_error("snapshot", e))?;
-                    // Where the snapshot is: kept, or already taken by a start of an owner that
-                    // crashed before its key's record named that sandbox.
-                    let taken = match write_info(&from) {
-                        Ok(()) => Some(from.clone()),
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                            took_snapshot(&root, snapshot, &request.key.to_string(), &running)?
-                        }
-                        Err(e) => return Err(io_error("resume", e)),
-                    };
-                    match taken.map(|dir| std::fs::rename(dir, &made)) {
-                        None => gone(&from),
-                        Some(Ok(())) => true,
-                        Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => gone(&from),
-                        Some(Err(e)) => return Err(io_error("resume", e)),
-                    }
-                }
-                None => false,
-            };
-            if !resumed {
-                std::fs::create_dir_all(&made).map_err(|e| io_error("mkdir", e))?;
+            meta::record_sandbox(&root, sandbox, &started).map_err(meta_error)?;
+            let made_it = take_or_make(&root, &made, &request, &running);
+            if made_it.is_err() && !made.exists() {
+                // Nothing was made: the record goes too (else the sweep's, once it is old).
+                let _ = meta::forget_sandbox(&root, sandbox);
             }
-            let meta = claim_meta(&made).map_err(|e| io_error("mkdir", e))?;
-            live_again(&meta)?;
-            nofollow::write_file(&meta, layout::SANDBOX_INFO, info.to_string().as_bytes())
-                .map_err(|e| io_error("sandbox.json", e))?;
+            made_it?;
+            // The directory of the session mirrors, there for the commands from the start
+            // (through handles: whatever a command left at its name in a resumed workspace is
+            // taken away, never followed).
+            nofollow::open_dir(&made)
+                .and_then(|ws| nofollow::claim_dir(&ws, META_DIR))
+                .map_err(|e| io_error("mkdir", e))?;
             drop(shut_down);
             Ok(())
         })
@@ -557,10 +622,10 @@ impl Backend for LocalBackend {
         self.fences().remove(&sandbox);
         work?;
         self.table().insert(
-            request.sandbox,
+            sandbox,
             Arc::new(LocalSandbox::running(
                 dir,
-                request.token,
+                token,
                 self.config.limits.workspace_bytes,
             )),
         );
@@ -582,18 +647,22 @@ impl Backend for LocalBackend {
             // Up means its workspace is there as its first owner's Start left it; or its owner
             // stopped it (its workspace renamed to its snapshot) and crashed before the key's
             // record said so: the record still names the sandbox, and the stop is undone.
-            if !nofollow::has_meta_file(&there, META_DIR, layout::SANDBOX_INFO) {
-                let Some(stopped) = stopped_workspace(&root, sandbox)? else {
-                    return Err(BackendError::gone(format!(
-                        "{} is gone: nothing to adopt",
-                        there.display()
-                    )));
-                };
-                tracing::warn!(%sandbox, snapshot = %stopped.display(),
-                    "adopting a sandbox its crashed owner had stopped: its workspace is taken back");
-                std::fs::rename(&stopped, &there).map_err(|e| io_error("adopt", e))?;
-                live_again(&claim_meta(&there).map_err(|e| io_error("adopt", e))?)?;
+            // Decided from the keeper's records, never from the workspace (`meta.rs`).
+            if there.is_dir() {
+                return adopt_up(&root, sandbox, &key);
             }
+            let Some((stopped, snapshot, record)) = stopped_workspace(&root, sandbox)? else {
+                return Err(BackendError::gone(format!(
+                    "{} is gone: nothing to adopt",
+                    there.display()
+                )));
+            };
+            tracing::warn!(%sandbox, snapshot = %stopped.display(),
+                "adopting a sandbox its crashed owner had stopped: its workspace is taken back");
+            // Its record again first, then the rename; the snapshot's record once it is gone.
+            meta::record_sandbox(&root, sandbox, &record.taken_from).map_err(meta_error)?;
+            std::fs::rename(&stopped, &there).map_err(|e| io_error("adopt", e))?;
+            meta::forget_snapshot(&root, &snapshot).map_err(meta_error)?;
             Ok(())
         })
         .await?;
@@ -671,20 +740,28 @@ impl Backend for LocalBackend {
             if !snapshots && !request.suspend {
                 return Ok(None);
             }
-            // Sealed, its processes told to stop: markers a command wrote in the workspace
-            // (a forged `persisted`, an early `expires`) go before it becomes a snapshot, so
-            // that only a Persist's own say what is kept. (Through handles: a link at a
-            // marker's name is removed itself.)
-            if let Ok(meta) =
-                nofollow::open_dir(&s.dir).and_then(|ws| nofollow::open_subdir(&ws, META_DIR))
-            {
-                live_again(&meta)?;
-            }
             let to = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
             std::fs::create_dir_all(root.join(layout::SNAPSHOTS_DIR))
                 .map_err(|e| io_error("snapshot", e))?;
+            // The snapshot's record first (what its sandbox was started for, not yet persisted:
+            // only a Persist's say keeps it), then the rename, then the sandbox's record.
+            let Some(taken_from) = meta::sandbox_record(&root, sandbox).map_err(meta_error)? else {
+                return Err(BackendError::fatal(format!(
+                    "{sandbox} has no record of what it was started for: not snapshotted"
+                )));
+            };
+            let record = SnapshotRecord {
+                taken_from,
+                persisted: false,
+                expires: None,
+            };
+            meta::record_snapshot(&root, &snapshot, &record).map_err(meta_error)?;
             // Sealed, its processes stopped: the workspace itself becomes the snapshot.
-            std::fs::rename(&s.dir, &to).map_err(|e| io_error("snapshot", e))?;
+            if let Err(e) = std::fs::rename(&s.dir, &to) {
+                let _ = meta::forget_snapshot(&root, &snapshot);
+                return Err(io_error("snapshot", e));
+            }
+            meta::forget_sandbox(&root, sandbox).map_err(meta_error)?;
             Ok(Some(snapshot))
         })
         .await
@@ -712,19 +789,18 @@ impl Backend for LocalBackend {
                     dir.display()
                 )));
             }
-            // Through handles, never following a link a command planted (`nofollow.rs`).
-            let meta = claim_meta(&dir).map_err(|e| io_error("persist", e))?;
-            if let Some(until) = retain_until {
-                // Rounded up: the snapshot never goes before its retention ends.
-                let until = until
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default();
-                let secs = until.as_secs() + u64::from(until.subsec_nanos() > 0);
-                nofollow::write_file(&meta, EXPIRES, format!("{secs}\n").as_bytes())
-                    .map_err(|e| io_error("persist", e))?;
-            }
-            nofollow::write_file(&meta, PERSISTED, b"persisted\n")
-                .map_err(|e| io_error("persist", e))
+            // The snapshot's record, outside the workspace: nothing in the workspace says what
+            // is kept (`meta.rs`).
+            let Some(mut record) = meta::snapshot_record(&root, &snapshot).map_err(meta_error)?
+            else {
+                return Err(BackendError::fatal(format!(
+                    "snapshot {} of {sandbox} has no record: not persisted",
+                    dir.display()
+                )));
+            };
+            record.persisted = true;
+            record.expires = retain_until.map(expiry_secs);
+            meta::record_snapshot(&root, &snapshot, &record).map_err(meta_error)
         })
         .await;
         if persisted.is_ok() && suspend {
@@ -741,10 +817,12 @@ impl Backend for LocalBackend {
             let _admitted = ledger.admit(request.sandbox, Some(&request.key), request.token)?;
             let dir = snapshot_dir(&root, &request.snapshot).map_err(|e| io_error("discard", e))?;
             match std::fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io_error("discard", e)),
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error("discard", e)),
             }
+            // Its record once it is gone.
+            meta::forget_snapshot(&root, &request.snapshot).map_err(meta_error)
         })
         .await
     }
@@ -756,8 +834,9 @@ impl Backend for LocalBackend {
             let _ = s.stopped.send(true);
         }
         let dir = self.sandbox_dir(sandbox);
-        let own = snapshot_dir(&self.config.root, &self.snapshot_of(sandbox))
-            .map_err(|e| io_error("snapshot", e))?;
+        let root = self.config.root.clone();
+        let own_snapshot = self.snapshot_of(sandbox);
+        let own = snapshot_dir(&root, &own_snapshot).map_err(|e| io_error("snapshot", e))?;
         let fence = self.fences().remove(&sandbox).unwrap_or_default();
         blocking(move || {
             let _admitted = admitted;
@@ -772,10 +851,16 @@ impl Backend for LocalBackend {
                 Err(e) => Err(io_error("remove", e)),
             };
             remove(&dir)?;
+            meta::forget_sandbox(&root, sandbox).map_err(meta_error)?;
             // A snapshot its Stop took that no Persist kept (the persist failed or timed out)
-            // is no key's: it goes with the sandbox.
-            if own.exists() && !nofollow::has_meta_file(&own, META_DIR, PERSISTED) {
+            // is no key's: it goes with the sandbox, then its record. Whether a Persist kept it
+            // is in its record, never in the workspace.
+            let persisted = meta::snapshot_record(&root, &own_snapshot)
+                .map_err(meta_error)?
+                .is_some_and(|r| r.persisted);
+            if own.exists() && !persisted {
                 remove(&own)?;
+                meta::forget_snapshot(&root, &own_snapshot).map_err(meta_error)?;
             }
             Ok(())
         })

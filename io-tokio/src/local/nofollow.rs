@@ -1,5 +1,6 @@
-//! File work inside a workspace that never goes through a link: the keeper's own (mirror
-//! uploads, `sandbox.json`, the persist markers) and the application's operations (`ops.rs`).
+//! File work inside a workspace that never goes through a link: the keeper's own (the session
+//! mirrors it uploads) and the application's operations (`ops.rs`). The keeper's metadata is
+//! not in a workspace at all (`meta.rs`).
 //!
 //! A workspace is its commands' to change. Any name in it, `.sandkeeper/` and everything in it
 //! included, may be a link a command planted (to another sandbox, to a host file, to the
@@ -245,36 +246,6 @@ pub(crate) fn kind_at(dir: impl AsFd, name: &str) -> io::Result<Option<FileType>
         Err(Errno::NOENT) => Ok(None),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Removes the file (or link, FIFO, ...) `name` in `dir`; `false` when nothing was there.
-pub(crate) fn remove_file(dir: impl AsFd, name: &str) -> io::Result<bool> {
-    match rfs::unlinkat(dir.as_fd(), name, AtFlags::empty()) {
-        Ok(()) => Ok(true),
-        Err(Errno::NOENT) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// A workspace's own metadata, read without following links: the file `name` in the keeper's
-/// directory `meta` of the workspace `dir`, up to `cap` bytes; `None` for anything missing,
-/// refused or unreadable.
-pub(crate) fn read_meta(dir: &Path, meta: &str, name: &str, cap: usize) -> Option<Vec<u8>> {
-    let ws = open_dir(dir).ok()?;
-    let meta = open_subdir(&ws, meta).ok()?;
-    read_file(&meta, name, cap).ok()
-}
-
-/// Whether the workspace `dir` has the regular file `name` in its keeper's directory `meta`
-/// (a link or anything else there does not count).
-pub(crate) fn has_meta_file(dir: &Path, meta: &str, name: &str) -> bool {
-    let Ok(ws) = open_dir(dir) else {
-        return false;
-    };
-    let Ok(meta) = open_subdir(&ws, meta) else {
-        return false;
-    };
-    matches!(kind_at(&meta, name), Ok(Some(FileType::RegularFile)))
 }
 
 #[cfg(test)]

@@ -157,14 +157,17 @@ pub(super) async fn check<B: WorkloadTarget>(
         for snapshot in local.snapshot_dirs_present()? {
             snapshots_left += 1;
             let meta = snapshot.join(".sandkeeper");
-            let info: serde_json::Value = std::fs::read_to_string(meta.join("sandbox.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
-            let (Some(key), Some(by)) = (info["key"].as_str(), info["sandbox"].as_u64()) else {
-                check(false, format!("{} says whose it is", snapshot.display()));
+            // Whose it is, as the keeper recorded it (outside the workspace).
+            let name = snapshot.file_name().unwrap_or_default().to_string_lossy();
+            let record = local.snapshot_record(&sandkeeper::Snapshot::new(name));
+            let Ok(Some(record)) = record else {
+                check(
+                    false,
+                    format!("{} has a keeper record ({record:?})", snapshot.display()),
+                );
                 continue;
             };
+            let (key, by) = (record.taken_from.key.as_str(), record.taken_from.sandbox);
             check(
                 keys.insert(key.to_string()),
                 format!("one snapshot of key {key} ({})", snapshot.display()),

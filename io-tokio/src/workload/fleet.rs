@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::WorkloadError;
 use crate::local::layout::{self, sandbox_dirs, snapshot_dirs, META_DIR};
 use crate::local::store::LocalStore;
-use crate::local::{snapshot_expiry, token_log_in_order};
+use crate::local::{meta, token_log_in_order};
 
 /// One line of a fleet process's ledger: a session-log version the backend acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,7 +231,13 @@ pub fn verify_local_fleet(
         }
     }
     for dir in snapshot_dirs(root)? {
-        let retained = snapshot_expiry(&dir).is_some_and(|until| until > now);
+        // Its retention as the keeper recorded it, outside the workspace.
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let record = meta::snapshot_record(root, &sandkeeper::Snapshot::new(name))
+            .map_err(|e| WorkloadError::Fleet(e.to_string()))?;
+        let retained = record
+            .and_then(|r| r.expiry())
+            .is_some_and(|until| until > now);
         if !snapshots.contains_key(&dir) && !retained {
             leaked.push(dir);
         }

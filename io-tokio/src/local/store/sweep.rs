@@ -8,9 +8,13 @@
 //! *renamed* into `<root>/.fleet/trash/` (O(1)) and deleted once every decision is acted on; a
 //! record's reference to a snapshot whose retention ended is dropped *first*, by a
 //! compare-and-set of the key's entry on the version the second decision read, and the snapshot
-//! is renamed only if that write won (else it is left for the next sweep). What it reads
-//! beside each object: `.sandkeeper/sandbox.json` (its key), and for a snapshot
-//! `.sandkeeper/expires` (the retention its Persist recorded).
+//! is renamed only if that write won (else it is left for the next sweep). What it reads of
+//! each object is the keeper's record of it under `<root>/.meta/` (`local/meta.rs`): its key,
+//! the snapshot a sandbox's start took, a snapshot's recorded retention; never anything in its
+//! workspace, which a command may have forged. An object without a record (an older keeper's, or
+//! made by hand) is kept, never judged on a guess; a record that is not one stops the sweep with
+//! an error naming it. A swept object's record goes once the object is in the trash, and records
+//! a crash left without their directory go once an hour old.
 //!
 //! It judges leases and retention one lease later than a claim would (`now - lease`): a claim
 //! made on a clock that runs ahead is fenced at the backend, but a removal cannot be taken back,
@@ -46,6 +50,7 @@ use sandkeeper::{
 };
 
 use super::{cell, parse_key, LocalStore, StoreError};
+use crate::local::meta::{self, MetaError, StartedFor};
 use crate::store::{unix_ms, Swept};
 
 /// How old a staged file must be before a sweep takes it for a dead writer's.
@@ -111,6 +116,9 @@ impl LocalStore {
             if !self.to_trash(&path, &trash)? {
                 continue; // another sweep took it
             }
+            // Its record once it is gone from its place (a crash between the two leaves an
+            // orphan record, which `clear_orphans` below takes once it is old).
+            self.forget(&root, &object)?;
             tracing::info!(object = %path.display(), ?verdict, "swept");
             match object {
                 SweepObject::Sandbox { .. } => swept.sandboxes += 1,
@@ -133,6 +141,7 @@ impl LocalStore {
             }
         }
         self.clear_staged(wall)?;
+        meta::clear_orphans(&root, wall).map_err(|e| self.record_failed(&root, e))?;
         Ok(swept)
     }
 
@@ -216,9 +225,73 @@ impl LocalStore {
             .is_some_and(|(_, expires)| unix_ms(now) < expires))
     }
 
+    /// The sweep's view of the sandbox directory or snapshot `name` under `root` (by `id`), from
+    /// the keeper's record of it (`local/meta.rs`), never from its workspace; `None` without a
+    /// record.
+    fn object(
+        &self,
+        root: &Path,
+        name: &str,
+        id: SandboxId,
+        snapshot: bool,
+    ) -> Result<Option<SweepObject>, StoreError> {
+        let malformed = |e| self.record_failed(root, e);
+        if snapshot {
+            let snapshot = Snapshot::new(name);
+            let Some(record) = meta::snapshot_record(root, &snapshot).map_err(malformed)? else {
+                return Ok(None);
+            };
+            let key = recorded_key(&record.taken_from).map_err(|why| {
+                self.malformed(
+                    &root.join(meta::META_ROOT).join("snapshots").join(name),
+                    why,
+                )
+            })?;
+            return Ok(Some(SweepObject::Snapshot {
+                snapshot,
+                by: id,
+                key: Some(key),
+                expires: record.expires.map(expiry_instant),
+            }));
+        }
+        let Some(record) = meta::sandbox_record(root, id).map_err(malformed)? else {
+            return Ok(None);
+        };
+        let key = recorded_key(&record).map_err(|why| {
+            self.malformed(
+                &root.join(meta::META_ROOT).join("sandboxes").join(name),
+                why,
+            )
+        })?;
+        Ok(Some(SweepObject::Sandbox {
+            id,
+            key: Some(key),
+            resumed_from: record.resumed_from.map(Snapshot::new),
+        }))
+    }
+
+    /// Removes the record of a swept object (after it is gone from its place).
+    fn forget(&self, root: &Path, object: &SweepObject) -> Result<(), StoreError> {
+        let forgotten = match object {
+            SweepObject::Sandbox { id, .. } => meta::forget_sandbox(root, *id),
+            SweepObject::Snapshot { snapshot, .. } => meta::forget_snapshot(root, snapshot),
+        };
+        forgotten.map_err(|e| self.record_failed(root, e))
+    }
+
+    /// A keeper record under `root` that failed, as the store's error.
+    fn record_failed(&self, root: &Path, e: MetaError) -> StoreError {
+        match e {
+            MetaError::Io { source, .. } => self.io(source),
+            MetaError::Malformed { path, why } => self.malformed(&path, why),
+            e => self.malformed(&root.join(meta::META_ROOT), e),
+        }
+    }
+
     /// The sandbox directories and snapshots under `root`, as the sweep sees them.
     fn objects(&self, root: &Path) -> Result<Vec<(PathBuf, SweepObject)>, StoreError> {
         let mut out = vec![];
+        let mut unrecorded = 0usize;
         for (dir, snapshots) in [(root.to_path_buf(), false), (root.join(".snapshots"), true)] {
             let items = match fs::read_dir(&dir) {
                 Ok(items) => items,
@@ -243,45 +316,36 @@ impl LocalStore {
                     continue;
                 }
                 let path = item.path();
-                let (key, resumed_from) = read_info(&path);
-                let object = if snapshots {
-                    SweepObject::Snapshot {
-                        snapshot: Snapshot::new(name.clone()),
-                        by: SandboxId(id),
-                        key,
-                        expires: read_expiry(&path),
-                    }
-                } else {
-                    SweepObject::Sandbox {
-                        id: SandboxId(id),
-                        key,
-                        resumed_from,
-                    }
+                let Some(object) = self.object(root, &name, SandboxId(id), snapshots)? else {
+                    // No keeper record: an older keeper's (which kept it in the workspace), or
+                    // made by hand. Never judged from its workspace, so never removed.
+                    tracing::debug!(object = %path.display(), "no keeper record: kept");
+                    unrecorded += 1;
+                    continue;
                 };
                 out.push((path, object));
             }
+        }
+        if unrecorded > 0 {
+            tracing::warn!(
+                unrecorded,
+                "objects without a keeper record (an older keeper's?) are kept: remove by hand \
+                 those no key continues (docs/operations-errors.md)"
+            );
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 }
 
-/// The key a sandbox (or the snapshot of one) was started for, and the snapshot its start
-/// took, from its `sandbox.json`; `None` for what cannot be read.
-fn read_info(dir: &Path) -> (Option<sandkeeper::Key>, Option<Snapshot>) {
-    let info = crate::local::layout::read_sandbox_info(dir).unwrap_or_default();
-    let key = info.key.and_then(|k| parse_key(&k).ok());
-    (key, info.resumed_from.map(Snapshot::new))
+/// The key a record says its sandbox was started for.
+fn recorded_key(record: &StartedFor) -> Result<sandkeeper::Key, String> {
+    parse_key(&record.key)
 }
 
-/// The expiry a Persist recorded in a snapshot (unix seconds), as the sweep's instant.
-fn read_expiry(dir: &Path) -> Option<Instant> {
-    // As the backend's own sweep reads it: never through a link, never waiting on a FIFO.
-    let secs = crate::local::snapshot_expiry(dir)?
-        .duration_since(UNIX_EPOCH)
-        .ok()?
-        .as_secs();
-    Some(Instant::from_nanos(secs.saturating_mul(1_000_000_000)))
+/// A retention's end in seconds since the Unix epoch, as the sweep's instant.
+fn expiry_instant(secs: u64) -> Instant {
+    Instant::from_nanos(secs.saturating_mul(1_000_000_000))
 }
 
 /// A wall-clock time as the sweep's instant: nanoseconds since the Unix epoch.
@@ -303,17 +367,23 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
     }
 
-    /// A snapshot of key `session:s`, made by a sandbox of incarnation 99 (never live): made
-    /// whole beside the root, then renamed into place, as the backend's Persist renames a
-    /// sandbox's directory (a sweep never sees it without its `sandbox.json`).
+    /// A snapshot of key `session:s`, made by a sandbox of incarnation 99 (never live): its
+    /// record first, then its directory, made whole beside the root and renamed into place, as
+    /// the backend's Stop does (a sweep never sees it without its record).
     fn make_snapshot(root: &Path, name: &str) {
+        let record = meta::SnapshotRecord {
+            taken_from: StartedFor {
+                sandbox: 425201762304,
+                key: "session:s".into(),
+                spec: None,
+                resumed_from: None,
+            },
+            persisted: true,
+            expires: None,
+        };
+        meta::record_snapshot(root, &Snapshot::new(name), &record).unwrap();
         let staging = root.join(format!("staging-{name}"));
-        fs::create_dir_all(staging.join(".sandkeeper")).unwrap();
-        fs::write(
-            staging.join(".sandkeeper").join("sandbox.json"),
-            r#"{"sandbox": 425201762304, "key": "session:s"}"#,
-        )
-        .unwrap();
+        fs::create_dir_all(&staging).unwrap();
         fs::create_dir_all(root.join(".snapshots")).unwrap();
         fs::rename(&staging, root.join(".snapshots").join(name)).unwrap();
     }
