@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use super::isolation::Prepared;
+use super::limit_watch::{self, Ask, Overrun, Watch, Watched};
 use super::limits::CommandCgroup;
 use super::wire::{self, Exit, Reply, Request, Spawn};
 
@@ -38,6 +39,10 @@ pub(crate) struct SandboxInit {
     requests: mpsc::UnboundedSender<Vec<u8>>,
     waiters: Arc<Mutex<Waiters>>,
     next: AtomicU64,
+    /// Questions to the sandbox's watch (`limit_watch.rs`), which runs on the task.
+    asks: mpsc::UnboundedSender<Ask>,
+    /// Whether the watch looks at the sandbox's CPU (else nothing asks it).
+    cpu_watched: bool,
 }
 
 /// The execs waiting for replies, by id; closed (with why) once the init ended.
@@ -45,6 +50,8 @@ pub(crate) struct SandboxInit {
 struct Waiters {
     by_id: HashMap<u64, mpsc::UnboundedSender<Reply>>,
     ended: Option<String>,
+    /// The limit the keeper ended the init for, if it did.
+    overrun: Option<Overrun>,
 }
 
 fn lock(w: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
@@ -53,18 +60,26 @@ fn lock(w: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
 
 impl SandboxInit {
     /// Starts the task that spawns `prepared` (the sandbox's bubblewrap and init,
-    /// `Isolated::init_command`) and owns it, ending it when `stopped` turns `true`. Requests
-    /// sent meanwhile wait in the channel; a spawn that fails ends the init with its error.
+    /// `Isolated::init_command`) and owns it, ending it when `stopped` turns `true` or when its
+    /// watch of `watched` finds a limit passed (`limit_watch.rs`). Requests sent meanwhile wait in
+    /// the channel; a spawn that fails ends the init with its error.
     ///
     /// The spawn happens on the task, a thread of the runtime, not the caller's: bubblewrap's
     /// parent-death signal (`--die-with-parent`) follows the *thread* that spawned it, and a
     /// sandbox's init must live as long as the runtime, not as an exec's caller's thread.
-    pub(crate) fn start(prepared: Prepared, stopped: watch::Receiver<bool>) -> Arc<SandboxInit> {
+    pub(crate) fn start(
+        prepared: Prepared,
+        stopped: Stopped,
+        watched: Watched,
+    ) -> Arc<SandboxInit> {
         let (requests, rx) = mpsc::unbounded_channel();
+        let (asks, asked) = mpsc::unbounded_channel();
         let init = Arc::new(SandboxInit {
             requests,
             waiters: Arc::default(),
             next: AtomicU64::new(1),
+            asks,
+            cpu_watched: watched.cpu_budget.is_some(),
         });
         let waiters = init.waiters.clone();
         tokio::spawn(async move {
@@ -78,11 +93,18 @@ impl SandboxInit {
                 Ok((child, pipes)) => {
                     // The filter's pipe is the spawned process's now.
                     drop(fds);
-                    own(child, pipes, rx, waiters, stopped, cgroup).await;
+                    let cpu_usage = cgroup.as_ref().and_then(CommandCgroup::cpu_usage_file);
+                    let watch = Arc::new(Watch::new(watched, cpu_usage, child.id()));
+                    let ends = Ends {
+                        stopped,
+                        watch,
+                        asked,
+                    };
+                    own(child, pipes, rx, waiters, ends, cgroup).await;
                 }
                 Err(e) => {
                     drop(fds);
-                    end(&waiters, format!("it did not start: {e}"));
+                    end(&waiters, format!("it did not start: {e}"), None);
                     if let Some(cgroup) = cgroup {
                         cgroup.end().await;
                     }
@@ -100,6 +122,22 @@ impl SandboxInit {
     /// Why the init ended (empty while it runs).
     pub(crate) fn why(&self) -> String {
         lock(&self.waiters).ended.clone().unwrap_or_default()
+    }
+
+    /// The limit the keeper ended the init for, if it did.
+    pub(crate) fn overrun(&self) -> Option<Overrun> {
+        lock(&self.waiters).overrun
+    }
+
+    /// Asks the sandbox's watch for its CPU now (at a command's end): the spent budget, if it
+    /// is, the init then ending. `None` also when the init ended already.
+    pub(crate) async fn cpu_spent(&self) -> Option<Overrun> {
+        if !self.cpu_watched {
+            return None;
+        }
+        let (ask, answer) = tokio::sync::oneshot::channel();
+        self.asks.send(ask).ok()?;
+        answer.await.ok().flatten()
     }
 
     /// A new command id and the channel its replies come on; why not when the init ended.
@@ -152,11 +190,24 @@ fn spawn(command: std::process::Command) -> io::Result<(tokio::process::Child, P
     Ok((child, pipes))
 }
 
-/// Marks the init ended (`why`): every waiting exec's channel closes, and they answer with it.
-fn end(waiters: &Mutex<Waiters>, why: String) {
+/// Marks the init ended (`why`, for the limit `overrun` if the keeper ended it for one): every
+/// waiting exec's channel closes, and they answer with it.
+fn end(waiters: &Mutex<Waiters>, why: String, overrun: Option<Overrun>) {
     let mut w = lock(waiters);
     w.ended = Some(format!("the sandbox's init: {why}"));
+    w.overrun = overrun;
     w.by_id.clear();
+}
+
+/// When the sandbox stops.
+type Stopped = tokio::sync::watch::Receiver<bool>;
+
+/// What else ends an init than its pipes: the sandbox stopping, its watch finding a limit
+/// passed (asked by execs meanwhile).
+struct Ends {
+    stopped: Stopped,
+    watch: Arc<Watch>,
+    asked: mpsc::UnboundedReceiver<Ask>,
 }
 
 /// The task that owns the init: writes requests, dispatches replies, and ends it (see the
@@ -166,9 +217,14 @@ async fn own(
     (mut stdin, stdout, stderr): Pipes,
     mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
     waiters: Arc<Mutex<Waiters>>,
-    mut stopped: watch::Receiver<bool>,
+    ends: Ends,
     cgroup: Option<CommandCgroup>,
 ) {
+    let Ends {
+        mut stopped,
+        watch,
+        asked,
+    } = ends;
     let errors = tokio::spawn(kept(stderr));
     let write = async {
         while let Some(frame) = requests.recv().await {
@@ -192,18 +248,25 @@ async fn own(
             }
         }
     };
-    let why = tokio::select! {
-        why = write => why,
-        why = read => why,
-        _ = stopped.wait_for(|s| *s) => "the sandbox stopped".to_string(),
+    let (why, overrun) = tokio::select! {
+        why = write => (why, None),
+        why = read => (why, None),
+        _ = stopped.wait_for(|s| *s) => ("the sandbox stopped".to_string(), None),
+        overrun = limit_watch::run(watch.clone(), asked) => (overrun.to_string(), Some(overrun)),
     };
     let _ = child.start_kill();
     let _ = tokio::time::timeout(END_WAIT, child.wait()).await;
+    if let Some(cgroup) = &cgroup {
+        // Nothing of the sandbox runs on: its CPU time is final, kept for its next init.
+        cgroup.kill_all();
+        let watch = watch.clone();
+        let _ = tokio::task::spawn_blocking(move || watch.ended()).await;
+    }
     let said = match tokio::time::timeout(END_WAIT, errors).await {
         Ok(Ok(said)) if !said.is_empty() => format!(" ({})", String::from_utf8_lossy(&said).trim()),
         _ => String::new(),
     };
-    end(&waiters, format!("{why}{said}"));
+    end(&waiters, format!("{why}{said}"), overrun);
     tracing::debug!(%why, "a sandbox init ended");
     if let Some(cgroup) = cgroup {
         cgroup.end().await;

@@ -255,6 +255,18 @@ pub enum OpError {
         /// The quota.
         limit: u64,
     },
+    /// The sandbox spent its CPU budget (its processes' CPU time over its life, all of them:
+    /// `Limits::sandbox_cpu_seconds` of the local backend, where it is enforced). The keeper
+    /// killed every process of the sandbox; the command running then answers this, and so does
+    /// every later command of the sandbox (the budget is for its life: a new sandbox has a new
+    /// one). Files can still be read, written and removed. Class [`OpErrorClass::Limit`].
+    #[error("the sandbox used {used:?} of CPU, past its budget of {budget:?}")]
+    CpuBudgetSpent {
+        /// CPU time its processes used, as the keeper last counted it.
+        used: Duration,
+        /// The budget.
+        budget: Duration,
+    },
     /// An empty argv. Class [`OpErrorClass::Refused`].
     #[error("empty argv")]
     EmptyArgv,
@@ -309,6 +321,7 @@ impl OpError {
             OpError::NotADirectory { .. } => "not-a-directory",
             OpError::TooLarge { .. } => "too-large",
             OpError::QuotaExceeded { .. } => "quota-exceeded",
+            OpError::CpuBudgetSpent { .. } => "cpu-budget-spent",
             OpError::EmptyArgv => "empty-argv",
             OpError::InvalidEnv { .. } => "invalid-env",
             OpError::Spawn { .. } => "spawn",
@@ -335,9 +348,10 @@ impl OpError {
             | OpError::EmptyArgv
             | OpError::InvalidEnv { .. }
             | OpError::Spawn { .. } => OpErrorClass::Refused,
-            OpError::Timeout { .. } | OpError::TooLarge { .. } | OpError::QuotaExceeded { .. } => {
-                OpErrorClass::Limit
-            }
+            OpError::Timeout { .. }
+            | OpError::TooLarge { .. }
+            | OpError::QuotaExceeded { .. }
+            | OpError::CpuBudgetSpent { .. } => OpErrorClass::Limit,
             OpError::Keeper(e) => match e {
                 K::Closed | K::Revoked { .. } | K::Core(C::Closed { .. }) => OpErrorClass::Gone,
                 K::Core(C::SandboxGone { .. }) => OpErrorClass::Gone,
