@@ -4,7 +4,12 @@
 //! always is, and the command is killed — its process group, by the init — when it times out,
 //! when the sandbox stops, or when the caller drops the exec. It answers what the
 //! per-command path (`ops.rs`) answers, and an [`OpError::Backend`] (`what: "sandbox init"`,
-//! retryable: the next exec starts a fresh init) when the init ended under it.
+//! retryable: the next exec starts a fresh init) when the init ended under it — or, when the
+//! keeper ended it for a limit over time (`limit_watch.rs`), that limit's error
+//! ([`OpError::QuotaExceeded`], [`OpError::CpuBudgetSpent`]). At its command's end an exec asks
+//! the sandbox's watch for its CPU time, and answers `CpuBudgetSpent` if the budget is spent.
+//! The command runs under `prlimit --cpu=N` where `RLIMIT_CPU` is set per command
+//! (`limits.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;

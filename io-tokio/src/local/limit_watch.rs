@@ -319,3 +319,80 @@ fn look(watch: &Watch, walk: bool) -> (Option<Overrun>, Option<Duration>) {
     let found = watch.quota();
     (found, Some(started.elapsed()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `children` of this test's process list a child it spawned, and nothing once it was
+    /// reaped; a process that does not exist has none to read.
+    #[test]
+    fn a_process_s_children_are_read_from_proc() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let ours = children(std::process::id()).unwrap();
+        assert!(ours.contains(&child.id()), "{ours:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+        let ours = children(std::process::id()).unwrap();
+        assert!(!ours.contains(&child.id()), "{ours:?}");
+        assert_eq!(children(u32::MAX), None);
+    }
+
+    /// What the watch costs on a workspace of 10,000 files (100 directories of 100): one walk,
+    /// and one tick's look for processes (`/proc`). A measurement, not a check: run with
+    /// `cargo test -p sandkeeper-tokio --lib the_watch_s_cost -- --ignored --nocapture`
+    /// (`docs/performance.md`).
+    #[test]
+    #[ignore]
+    #[allow(clippy::disallowed_methods)] // a measurement reads the clock
+    fn the_watch_s_cost() {
+        let ws = std::env::temp_dir().join(format!("sk-watch-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&ws);
+        for d in 0..100 {
+            let dir = ws.join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..100 {
+                std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+            }
+        }
+        let watch = Watch::new(
+            Watched {
+                workspace: ws.clone(),
+                quota: Some(u64::MAX),
+                cpu_budget: None,
+                usage: Arc::default(),
+            },
+            None,
+            Some(std::process::id()),
+        );
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        let time = |f: &dyn Fn()| {
+            let runs: Vec<Duration> = (0..21)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed()
+                })
+                .collect();
+            median(runs)
+        };
+        let walk = time(&|| assert_eq!(watch.quota(), None));
+        let look = time(&|| {
+            watch.busy();
+        });
+        let every = WALK_AT_MOST_EVERY.max(walk * WALK_SHARE);
+        eprintln!(
+            "watch cost: walk of 10,000 files {walk:?} (one every {every:?}: {:.2} % of a core), \
+             a tick's look for processes {look:?} ({:.3} % of a core)",
+            100.0 * walk.as_secs_f64() / every.as_secs_f64(),
+            100.0 * look.as_secs_f64() / TICK.as_secs_f64(),
+        );
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+}

@@ -1,7 +1,9 @@
 //! What a sandbox (or, with one bubblewrap per command, each of its commands) may use:
-//! processes, memory, CPU time, file size, open files and `/tmp`.
+//! processes, memory, CPU time (per process, per sandbox over its life, and cores at once), file
+//! size, open files, `/tmp` and its workspace on disk.
 //!
-//! How each is enforced depends on the machine, and is found at start ([`Enforcement`]):
+//! How each is enforced depends on the machine, and is found at start ([`Enforcement`], whose
+//! `Display` the main job prints):
 //!
 //! - **cgroup v1** (a keeper that may make cgroups, i.e. root, where the `pids` and `memory`
 //!   controllers are mounted under `/sys/fs/cgroup/<controller>`): each command gets a cgroup
@@ -10,7 +12,10 @@
 //!   `memory.memsw.limit_in_bytes` where swap is accounted). A fork bomb stops at the limit; an
 //!   allocation past the memory limit wakes the OOM killer *in that cgroup* only. When the
 //!   command ends, every process still in its cgroup is killed, however it left its process
-//!   group or session, and the cgroup is removed.
+//!   group or session, and the cgroup is removed. Where `cpuacct` is mounted too, the cgroup is
+//!   in it (its `cpuacct.usage`: the CPU time of everything that ran in it); where `cpu` is,
+//!   `cpu.cfs_quota_us` is [`Limits::cpu_cores`] times `cpu.cfs_period_us`, so a sandbox uses at
+//!   most that many of the host's cores at once. (cgroup v2 is not supported: only v1.)
 //! - **rlimits**, set in the spawned process before bubblewrap (or the command) runs, and so
 //!   inherited by everything the command starts: `RLIMIT_CPU` (CPU seconds of each process,
 //!   then `SIGKILL`), `RLIMIT_FSIZE` (one file's size: the write fails with `EFBIG`, after
@@ -29,12 +34,38 @@
 //!   `ENOSPC`.
 //!
 //! With one bubblewrap per sandbox (its init running every command, `sandbox_init.rs`), the
-//! cgroup, the rlimits and `prlimit` are set once, on the sandbox's bubblewrap: the processes and
-//! memory limits hold for the sandbox as a whole (its commands and the init's threads share
-//! them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`) still count per
-//! process. With one bubblewrap per command every limit holds per command, so a sandbox running
-//! k commands at once may use k times as much. The workspace's total size is the keeper's own
-//! count ([`Limits::workspace_bytes`], `quota.rs`): no kernel quota is needed.
+//! cgroup, the rlimits and `prlimit --nproc` are set once, on the sandbox's bubblewrap: the
+//! processes, memory and cores limits hold for the sandbox as a whole (its commands and the
+//! init's threads share them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`)
+//! still count per process. `RLIMIT_CPU` is the exception: set on the bubblewrap it would be
+//! inherited by the init, which lives as long as the sandbox and would die of it (and the
+//! sandbox with it) however its CPU time came. So where `prlimit` is present it is set on each
+//! command instead (the command runs as `prlimit --cpu=N -- argv`, and everything it starts
+//! inherits it), and the bubblewrap and the init go without; where `prlimit` is missing it
+//! stays on the bubblewrap, the init included, and the summary says so. With one bubblewrap per
+//! command every limit holds per command, so a sandbox running k commands at once may use k
+//! times as much.
+//!
+//! Over time (one bubblewrap per sandbox; `limit_watch.rs`):
+//!
+//! - **A sandbox's CPU time over its life** ([`Limits::sandbox_cpu_seconds`], besides the
+//!   per-process [`Limits::cpu_seconds`], which keeps its meaning): the keeper reads its
+//!   cgroup's `cpuacct.usage` at each command's end and every `TICK` (250 ms) while the sandbox
+//!   has processes besides its init, and, once the total (across its inits) passes the budget,
+//!   kills every process of the sandbox; the running commands, and every later command of the
+//!   sandbox, fail `OpError::CpuBudgetSpent` (class `Limit`). It overshoots by at most what the
+//!   sandbox uses in one tick (with 2 cores: half a second). It needs root and the `cpuacct`
+//!   controller: elsewhere (an unprivileged keeper, or one bubblewrap per command) only
+//!   `RLIMIT_CPU` holds, per process, and a sandbox running many processes, or processes one
+//!   after another, uses unbounded CPU time (rate-capped only where the `cpu` controller is).
+//! - **The workspace's size** ([`Limits::workspace_bytes`], `quota.rs`) is the keeper's own
+//!   count: no kernel quota is needed. Besides the count at each command's admission, the
+//!   keeper counts it while the sandbox has processes besides its init (a command running, or
+//!   one a command left running in the background): at most every second, and never more often
+//!   than 50 times what the last count took. Past the quota it kills every process of the
+//!   sandbox: a sandbox over its quota loses its background processes (and its running
+//!   commands, which fail `OpError::QuotaExceeded`), and a background writer overshoots the
+//!   quota by at most what it writes in one interval. This holds as root and unprivileged.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -69,7 +100,9 @@ pub struct Limits {
     /// The size of the sandbox's `/tmp`, in bytes (a size-limited `tmpfs`; bubblewrap only).
     pub tmp_bytes: Option<u64>,
     /// What the sandbox's workspace may take on disk, in bytes: counted by the keeper
-    /// (`quota.rs`); writes and commands past it fail `OpError::QuotaExceeded`.
+    /// (`quota.rs`); writes and commands past it fail `OpError::QuotaExceeded`. With one
+    /// bubblewrap per sandbox it is also watched while the sandbox has processes: past it, they
+    /// are killed (`limit_watch.rs`).
     pub workspace_bytes: Option<u64>,
 }
 
@@ -608,11 +641,15 @@ impl fmt::Display for Enforcement {
             self.tmp_is_tmpfs.then_some("tmpfs"),
         );
         let per = if self.per_sandbox {
-            "per sandbox (cpu, file size and open files per process)"
+            "per sandbox (cpu, file size and open files per process, sandbox cpu over its life)"
         } else {
             "per command"
         };
         let workspace = match l.workspace_bytes {
+            Some(n) if self.per_sandbox => format!(
+                "{} (counted by the keeper, and watched while the sandbox has processes)",
+                bytes(n)
+            ),
             Some(n) => format!("{} (counted by the keeper)", bytes(n)),
             None => "unlimited".into(),
         };

@@ -245,9 +245,11 @@ pub enum OpError {
         cap: usize,
     },
     /// The workspace is (or with this write would be) over its disk quota: nothing was written,
-    /// or the command did not start. A command that wrote past the quota was not stopped; what
-    /// it wrote is counted once it ended. Remove files to make room. Class
-    /// [`OpErrorClass::Limit`].
+    /// or the command did not start; or (the local backend with one bubblewrap per sandbox) the
+    /// keeper's watch found the workspace over it while the command ran, and killed every
+    /// process of the sandbox, the ones left running in the background too. Otherwise a command
+    /// that wrote past the quota was not stopped; what it wrote is counted once it ended. Remove
+    /// files to make room. Class [`OpErrorClass::Limit`].
     #[error("the workspace takes (or would take) {used} bytes of its quota of {limit}")]
     QuotaExceeded {
         /// Bytes it takes, or would take with the write.
