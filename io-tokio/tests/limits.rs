@@ -1,7 +1,7 @@
 //! A sandbox's limits over time (issue 31, item 3; the "freeze or exhaust the keeper or the
-//! host" part of `docs/threat-model.md`): a sandbox's CPU time over its life, the sandbox's init
-//! outside the per-process CPU limit, and a process left running that writes past the
-//! workspace's quota.
+//! host" part of `docs/threat-model.md`): a sandbox's CPU time over its life, its cores at once,
+//! the sandbox's init outside the per-process CPU limit, and a process left running that writes
+//! past the workspace's quota.
 //!
 //! Each needs bubblewrap: it skips (saying so) where bubblewrap does not work, and fails instead
 //! when `SANDKEEPER_REQUIRE_BWRAP` is set, as `.ci/run` sets it. `.ci/run` runs this file as root
@@ -252,5 +252,81 @@ async fn a_background_writer_stops_near_the_workspace_quota() {
     g.work().remove("log").await.unwrap();
     let again = sh(&g, "echo again").await.unwrap();
     assert_eq!(again.stdout, b"again\n", "{again:?}");
+    g.release().await;
+}
+
+/// The CFS quota of every command cgroup the keepers of this test process made under the `cpu`
+/// controller, with its period: `(quota, period)` in microseconds.
+fn cfs_quotas() -> Vec<(i64, i64)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Some(path) = own.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "cpu")
+            .then(|| path.trim_start_matches('/').to_string())
+    }) else {
+        return Vec::new();
+    };
+    let mount = std::fs::canonicalize("/sys/fs/cgroup/cpu").unwrap_or_default();
+    let prefix = format!("sandkeeper-{}-", std::process::id());
+    let read = |p: PathBuf| -> Option<i64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let mut out = Vec::new();
+    let keepers = std::fs::read_dir(mount.join(path))
+        .into_iter()
+        .flatten()
+        .flatten();
+    for keeper in keepers.filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)) {
+        for group in std::fs::read_dir(keeper.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = group.path();
+            if let (Some(q), Some(p)) = (
+                read(dir.join("cpu.cfs_quota_us")),
+                read(dir.join("cpu.cfs_period_us")),
+            ) {
+                out.push((q, p));
+            }
+        }
+    }
+    out
+}
+
+/// A sandbox uses at most `cpu_cores` of the host's cores at once: as root, where the `cpu`
+/// controller is mounted, its cgroup's CFS quota is one period per core (read from the host
+/// while its init runs; sandboxes of the other tests here have the default 2). Elsewhere the
+/// summary says the cap is not enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_is_capped_at_its_cores() {
+    let limits = Limits {
+        cpu_cores: Some(1),
+        ..Limits::default()
+    };
+    let Some(k) = sandboxed("cores", limits) else {
+        return;
+    };
+    let said = k.backend().limits().to_string();
+    let g = call(&k, "a").await;
+    let out = sh(&g, "true").await.unwrap();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let cappable = rustix::process::geteuid().is_root()
+        && std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").is_file();
+    if !cappable {
+        assert!(said.contains("cpu cores 1 (NOT ENFORCED here)"), "{said}");
+        g.release().await;
+        return;
+    }
+    assert!(
+        said.contains("cpu cores 1 (cpu cgroup's CFS quota)"),
+        "{said}"
+    );
+    let quotas = cfs_quotas();
+    assert!(
+        quotas.iter().any(|&(quota, period)| quota == period),
+        "no sandbox cgroup with a quota of one core: {quotas:?}"
+    );
     g.release().await;
 }
