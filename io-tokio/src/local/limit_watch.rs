@@ -3,13 +3,16 @@
 //! `cpuacct`) and its workspace's size
 //! ([`Limits::workspace_bytes`](super::Limits::workspace_bytes)) while it has processes.
 //!
-//! One timer per sandbox, on the task that owns its init (`sandbox_init.rs`): every [`TICK`]
-//! the watch looks whether the sandbox has processes besides its init (the init's children,
-//! from `/proc`); while it has, it reads the cgroup's `cpuacct.usage` at every tick, and counts
-//! the workspace (`quota.rs`'s walk) at most every [`WALK_AT_MOST_EVERY`], and never more often
-//! than [`WALK_SHARE`] times the last walk's own cost (so a walk takes at most 1/[`WALK_SHARE`]
-//! of one core, whatever the workspace's size). An exec also asks it for the CPU at its
-//! command's end, and answers with what it says.
+//! One timer per sandbox, on the task that owns its init (`sandbox_init.rs`), running only
+//! while the sandbox has processes besides its init: a command running (the init counts them
+//! for the watch), or the init's children (from `/proc`: what commands left running). Every
+//! [`TICK`] it reads the cgroup's `cpuacct.usage`, and it counts the workspace (`quota.rs`'s
+//! walk) at most every [`WALK_AT_MOST_EVERY`], never more often than [`WALK_SHARE`] times the
+//! last walk's own cost (so a walk takes at most 1/[`WALK_SHARE`] of one core, whatever the
+//! workspace's size). A sandbox found without processes costs nothing until its next command:
+//! only a command, which the keeper asks the init for, starts processes in it, and each
+//! command's start and end nudge the watch ([`Nudge::Wake`]). An exec also asks it for the CPU
+//! at its command's end ([`Nudge::Cpu`]), and answers with what it says.
 //!
 //! When the budget is spent, or the workspace is over its quota, the watch returns the
 //! [`Overrun`]: its task ends the init, and with it every process of the sandbox (the PID
@@ -24,7 +27,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -123,12 +126,19 @@ pub(crate) struct Watched {
     pub(crate) usage: Arc<Usage>,
 }
 
-/// An exec's question to the watch: the CPU now, answered with the overrun if there is one.
-pub(crate) type Ask = oneshot::Sender<Option<Overrun>>;
+/// What an exec tells the watch.
+pub(crate) enum Nudge {
+    /// A command started or ended: look now, and tick on while the sandbox has processes.
+    Wake,
+    /// The CPU now, please: answered with the overrun if there is one (at a command's end).
+    Cpu(oneshot::Sender<Option<Overrun>>),
+}
 
 /// One init's watch.
 pub(crate) struct Watch {
     watched: Watched,
+    /// Commands running through the init now (counted by it, `SandboxInit`).
+    commands: Arc<AtomicUsize>,
     /// The init's cgroup's `cpuacct.usage`.
     cpu_usage: Option<PathBuf>,
     /// The sandbox's bubblewrap, whose child is the init.
@@ -138,10 +148,17 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// The watch of the init under the bubblewrap `bwrap`, its cgroup's `cpu_usage` file.
-    pub(crate) fn new(watched: Watched, cpu_usage: Option<&Path>, bwrap: Option<u32>) -> Self {
+    /// The watch of the init under the bubblewrap `bwrap` running `commands` now, its cgroup's
+    /// `cpu_usage` file.
+    pub(crate) fn new(
+        watched: Watched,
+        commands: Arc<AtomicUsize>,
+        cpu_usage: Option<&Path>,
+        bwrap: Option<u32>,
+    ) -> Self {
         Watch {
             watched,
+            commands,
             cpu_usage: cpu_usage.map(Path::to_path_buf),
             bwrap,
             init: Mutex::new(None),
@@ -195,9 +212,13 @@ impl Watch {
         }
     }
 
-    /// Whether the sandbox has processes besides its init (its children, its orphans'
-    /// too: the init reaps them all); `true` when that cannot be told. Blocks (`/proc`).
+    /// Whether the sandbox has processes besides its init: a command running, or the init's
+    /// children (its orphans' too: the init reaps them all); `true` when that cannot be told.
+    /// Blocks (`/proc`).
     fn busy(&self) -> bool {
+        if self.commands.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
         let mut init = self.init.lock().unwrap_or_else(|p| p.into_inner());
         if init.is_none() {
             *init = self.bwrap.and_then(find_init);
@@ -263,34 +284,54 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.ok()
 }
 
-/// Watches one init until an overrun, which it returns; answers `asks` (an exec's question at
-/// its command's end) meanwhile. Never returns when there is nothing to watch.
-pub(crate) async fn run(watch: Arc<Watch>, mut asks: mpsc::UnboundedReceiver<Ask>) -> Overrun {
+/// Watches one init until an overrun, which it returns, ticking while the sandbox has processes
+/// and woken by `nudges` otherwise; answers an exec's question meanwhile. Never returns when
+/// there is nothing to watch.
+pub(crate) async fn run(watch: Arc<Watch>, mut nudges: mpsc::UnboundedReceiver<Nudge>) -> Overrun {
     if watch.idle() {
-        while let Some(ask) = asks.recv().await {
-            let _ = ask.send(None);
+        while let Some(nudge) = nudges.recv().await {
+            if let Nudge::Cpu(ask) = nudge {
+                let _ = ask.send(None);
+            }
         }
         return std::future::pending().await;
     }
     let mut walk_due = tokio::time::Instant::now();
+    let mut busy = true;
     loop {
-        let asked = tokio::select! {
-            () = tokio::time::sleep(TICK) => None,
-            Some(ask) = asks.recv() => Some(ask),
+        let nudge = if busy {
+            tokio::select! {
+                () = tokio::time::sleep(TICK) => Nudge::Wake,
+                Some(nudge) = nudges.recv() => nudge,
+            }
+        } else {
+            match nudges.recv().await {
+                Some(nudge) => nudge,
+                // No handle left: the init ends.
+                None => return std::future::pending().await,
+            }
         };
         let w = watch.clone();
-        let found = match asked {
-            Some(ask) => {
+        let found = match nudge {
+            Nudge::Cpu(ask) => {
                 let found = blocking(move || w.cpu()).await.flatten();
                 let _ = ask.send(found);
                 found
             }
-            None => {
+            Nudge::Wake => {
                 let walk = tokio::time::Instant::now() >= walk_due;
-                let (found, took) = blocking(move || look(&w, walk))
-                    .await
-                    .unwrap_or((None, None));
-                if let Some(took) = took {
+                let looked = blocking(move || look(&w, walk)).await;
+                let Looked {
+                    found,
+                    busy: b,
+                    walked,
+                } = looked.unwrap_or(Looked {
+                    found: None,
+                    busy: true,
+                    walked: None,
+                });
+                busy = b;
+                if let Some(took) = walked {
                     walk_due =
                         tokio::time::Instant::now() + WALK_AT_MOST_EVERY.max(took * WALK_SHARE);
                 }
@@ -303,21 +344,35 @@ pub(crate) async fn run(watch: Arc<Watch>, mut asks: mpsc::UnboundedReceiver<Ask
     }
 }
 
-/// One tick: nothing while the sandbox has no process besides its init; else its CPU, and,
-/// when `walk`, its workspace. The overrun found, and how long the walk took if one ran.
-fn look(watch: &Watch, walk: bool) -> (Option<Overrun>, Option<Duration>) {
-    if !watch.busy() {
-        return (None, None);
+/// What one look found.
+struct Looked {
+    /// A limit passed.
+    found: Option<Overrun>,
+    /// Whether the sandbox has processes besides its init.
+    busy: bool,
+    /// How long the walk of the workspace took, if one ran.
+    walked: Option<Duration>,
+}
+
+/// One look: nothing while the sandbox has no process besides its init; else its CPU, and,
+/// when `walk`, its workspace.
+fn look(watch: &Watch, walk: bool) -> Looked {
+    let mut looked = Looked {
+        found: None,
+        busy: watch.busy(),
+        walked: None,
+    };
+    if !looked.busy {
+        return looked;
     }
-    if let Some(overrun) = watch.cpu() {
-        return (Some(overrun), None);
-    }
-    if !walk || watch.watched.quota.is_none() {
-        return (None, None);
+    looked.found = watch.cpu();
+    if looked.found.is_some() || !walk || watch.watched.quota.is_none() {
+        return looked;
     }
     let started = tokio::time::Instant::now();
-    let found = watch.quota();
-    (found, Some(started.elapsed()))
+    looked.found = watch.quota();
+    looked.walked = Some(started.elapsed());
+    looked
 }
 
 #[cfg(test)]
@@ -365,6 +420,7 @@ mod tests {
                 cpu_budget: None,
                 usage: Arc::default(),
             },
+            Arc::default(),
             None,
             Some(std::process::id()),
         );

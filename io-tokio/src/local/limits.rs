@@ -51,7 +51,8 @@
 //! - **A sandbox's CPU time over its life** ([`Limits::sandbox_cpu_seconds`], besides the
 //!   per-process [`Limits::cpu_seconds`], which keeps its meaning): the keeper reads its
 //!   cgroup's `cpuacct.usage` at each command's end and every `TICK` (250 ms) while the sandbox
-//!   has processes besides its init, and, once the total (across its inits) passes the budget,
+//!   has processes besides its init (a sandbox without has no timer: its next command wakes
+//!   the watch), and, once the total (across its inits) passes the budget,
 //!   kills every process of the sandbox; the running commands, and every later command of the
 //!   sandbox, fail `OpError::CpuBudgetSpent` (class `Limit`). It overshoots by at most what the
 //!   sandbox uses in one tick (with 2 cores: half a second). It needs root and the `cpuacct`

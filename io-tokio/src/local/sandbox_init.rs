@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::isolation::Prepared;
-use super::limit_watch::{self, Ask, Overrun, Watch, Watched};
+use super::limit_watch::{self, Nudge, Overrun, Watch, Watched};
 use super::limits::CommandCgroup;
 use super::wire::{self, Exit, Reply, Request, Spawn};
 
@@ -40,8 +40,10 @@ pub(crate) struct SandboxInit {
     requests: mpsc::UnboundedSender<Vec<u8>>,
     waiters: Arc<Mutex<Waiters>>,
     next: AtomicU64,
-    /// Questions to the sandbox's watch (`limit_watch.rs`), which runs on the task.
-    asks: mpsc::UnboundedSender<Ask>,
+    /// Nudges to the sandbox's watch (`limit_watch.rs`), which runs on the task.
+    nudges: mpsc::UnboundedSender<Nudge>,
+    /// Commands running now (registered and not yet forgotten), for the watch.
+    commands: Arc<AtomicUsize>,
     /// Whether the watch looks at the sandbox's CPU (else nothing asks it).
     cpu_watched: bool,
 }
@@ -74,14 +76,16 @@ impl SandboxInit {
         watched: Watched,
     ) -> Arc<SandboxInit> {
         let (requests, rx) = mpsc::unbounded_channel();
-        let (asks, asked) = mpsc::unbounded_channel();
+        let (nudges, nudged) = mpsc::unbounded_channel();
         let init = Arc::new(SandboxInit {
             requests,
             waiters: Arc::default(),
             next: AtomicU64::new(1),
-            asks,
+            nudges,
+            commands: Arc::default(),
             cpu_watched: watched.cpu_budget.is_some(),
         });
+        let commands = init.commands.clone();
         let waiters = init.waiters.clone();
         tokio::spawn(async move {
             let Prepared {
@@ -95,11 +99,11 @@ impl SandboxInit {
                     // The filter's pipe is the spawned process's now.
                     drop(fds);
                     let cpu_usage = cgroup.as_ref().and_then(CommandCgroup::cpu_usage_file);
-                    let watch = Arc::new(Watch::new(watched, cpu_usage, child.id()));
+                    let watch = Watch::new(watched, commands, cpu_usage, child.id());
                     let ends = Ends {
                         stopped,
-                        watch,
-                        asked,
+                        watch: Arc::new(watch),
+                        nudged,
                     };
                     own(child, pipes, rx, waiters, ends, cgroup).await;
                 }
@@ -137,7 +141,7 @@ impl SandboxInit {
             return None;
         }
         let (ask, answer) = tokio::sync::oneshot::channel();
-        self.asks.send(ask).ok()?;
+        self.nudges.send(Nudge::Cpu(ask)).ok()?;
         answer.await.ok().flatten()
     }
 
@@ -150,6 +154,9 @@ impl SandboxInit {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         w.by_id.insert(id, tx);
+        // Counted before the watch is woken: it sees the sandbox busy from now on.
+        self.commands.fetch_add(1, Ordering::SeqCst);
+        let _ = self.nudges.send(Nudge::Wake);
         Ok((id, rx))
     }
 
@@ -160,9 +167,15 @@ impl SandboxInit {
         Ok(())
     }
 
-    /// Stops waiting for `id`'s replies (those still coming are dropped).
+    /// Stops waiting for `id`'s replies (those still coming are dropped); the command (once
+    /// registered, forgotten once) no longer counts as running, and the watch looks whether it
+    /// left processes behind.
     pub(crate) fn forget(&self, id: u64) {
         lock(&self.waiters).by_id.remove(&id);
+        let _ = self
+            .commands
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let _ = self.nudges.send(Nudge::Wake);
     }
 }
 
@@ -208,7 +221,7 @@ type Stopped = tokio::sync::watch::Receiver<bool>;
 struct Ends {
     stopped: Stopped,
     watch: Arc<Watch>,
-    asked: mpsc::UnboundedReceiver<Ask>,
+    nudged: mpsc::UnboundedReceiver<Nudge>,
 }
 
 /// The task that owns the init: writes requests, dispatches replies, and ends it (see the
@@ -224,7 +237,7 @@ async fn own(
     let Ends {
         mut stopped,
         watch,
-        asked,
+        nudged,
     } = ends;
     let errors = tokio::spawn(kept(stderr));
     let write = async {
@@ -253,7 +266,7 @@ async fn own(
         why = write => (why, None),
         why = read => (why, None),
         _ = stopped.wait_for(|s| *s) => ("the sandbox stopped".to_string(), None),
-        overrun = limit_watch::run(watch.clone(), asked) => (overrun.to_string(), Some(overrun)),
+        overrun = limit_watch::run(watch.clone(), nudged) => (overrun.to_string(), Some(overrun)),
     };
     let _ = child.start_kill();
     let _ = tokio::time::timeout(END_WAIT, child.wait()).await;
