@@ -330,3 +330,91 @@ async fn a_sandbox_is_capped_at_its_cores() {
     );
     g.release().await;
 }
+
+/// The host's processes whose command line has every one of `needles` as an argument.
+fn host_processes_with(needles: &[&str]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = text(&std::fs::read(e.path().join("cmdline")).ok()?);
+            needles
+                .iter()
+                .all(|n| cmdline.split('\0').any(|a| a == *n))
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// Two busy loops one after another, each killed by the per-process CPU limit: their statuses.
+const BUSY_TWO: &str = "sh -c 'while :; do :; done'; a=$?; sh -c 'while :; do :; done'; echo $a $?";
+
+/// Whether `out` says both loops of [`BUSY_TWO`] were killed by `RLIMIT_CPU` (`SIGKILL` or
+/// `SIGXCPU`).
+fn both_killed(out: &ExecOutput) -> bool {
+    text(&out.stdout)
+        .split_whitespace()
+        .filter(|s| *s == "137" || *s == "152")
+        .count()
+        == 2
+}
+
+/// A sandbox's CPU budget (3 s) counts its processes one after another, across its inits: a
+/// command spends about 2 s (two loops, each killed by the per-process limit of 1 s; the
+/// cgroup counts a little less, 0.97 s each here), the sandbox's init is killed from the host
+/// (the next command starts a fresh one, with a fresh cgroup), and the next command's 2 s take
+/// the sandbox past its budget, though they are under it alone: it answers `CpuBudgetSpent`.
+/// Without cgroups each command spends its 2 s and nothing more is counted (the summary says
+/// so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cpu_budget_counts_commands_one_after_another_across_inits() {
+    let limits = Limits {
+        sandbox_cpu_seconds: Some(3),
+        cpu_seconds: Some(1),
+        ..Limits::default()
+    };
+    let Some(k) = sandboxed("cpu-after", limits) else {
+        return;
+    };
+    let g = call(&k, "a").await;
+    let first = sh(&g, BUSY_TWO).await.unwrap();
+    assert!(both_killed(&first), "{first:?}");
+    let dir = k.backend().sandbox_dir(g.sandbox());
+    let bwraps = host_processes_with(&["--as-pid-1", &dir.to_string_lossy()]);
+    assert_eq!(
+        bwraps.len(),
+        1,
+        "one bubblewrap for the sandbox: {bwraps:?}"
+    );
+    let bwrap = rustix::process::Pid::from_raw(bwraps[0]).unwrap();
+    rustix::process::kill_process(bwrap, rustix::process::Signal::KILL).unwrap();
+    // A bounded poll of a real process: the bubblewrap is reaped by its keeper's task, which
+    // ends the init's cgroup (keeping its CPU time) before the next command starts a new one.
+    for _ in 0..500 {
+        if !std::path::Path::new(&format!("/proc/{}", bwraps[0])).exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The init's end may reach the next exec first: it then answers a retryable error.
+    let mut second = sh(&g, BUSY_TWO).await;
+    if matches!(&second, Err(e) if e.is_retryable()) {
+        second = sh(&g, BUSY_TWO).await;
+    }
+    if !cpu_watchable() {
+        let out = second.unwrap();
+        assert!(both_killed(&out), "{out:?}");
+        g.release().await;
+        return;
+    }
+    match second {
+        Err(OpError::CpuBudgetSpent { used, budget }) => {
+            assert_eq!(budget, Duration::from_secs(3));
+            assert!(used > budget, "{used:?}");
+        }
+        other => panic!("expected CpuBudgetSpent, got {other:?}"),
+    }
+    g.release().await;
+}
