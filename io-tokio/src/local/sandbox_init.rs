@@ -8,8 +8,9 @@
 //! whose death (`--die-with-parent`) takes the init and with it the whole PID namespace, then
 //! ending the sandbox's cgroup — when the sandbox stops, when the init ends or writes a frame
 //! that does not decode, when every handle is gone, or when the sandbox's watch, which runs on
-//! the same task (`limit_watch.rs`: its CPU time, its workspace's size), finds a limit passed. Execs waiting then get their channel
-//! closed and [`SandboxInit::why`]; the next exec of the sandbox starts a fresh init.
+//! the same task (`limit_watch.rs`: its CPU time, its workspace's size), finds a limit passed.
+//! Execs waiting then get their channel closed and [`SandboxInit::why`] (or the limit's error);
+//! the next exec of the sandbox starts a fresh init.
 //!
 //! [`run_blocking`] runs one command through a fresh init without a runtime: the probe at start
 //! (`isolation.rs`).
