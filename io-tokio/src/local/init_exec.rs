@@ -4,7 +4,12 @@
 //! always is, and the command is killed — its process group, by the init — when it times out,
 //! when the sandbox stops, or when the caller drops the exec. It answers what the
 //! per-command path (`ops.rs`) answers, and an [`OpError::Backend`] (`what: "sandbox init"`,
-//! retryable: the next exec starts a fresh init) when the init ended under it.
+//! retryable: the next exec starts a fresh init) when the init ended under it — or, when the
+//! keeper ended it for a limit over time (`limit_watch.rs`), that limit's error
+//! ([`OpError::QuotaExceeded`], [`OpError::CpuBudgetSpent`]). At its command's end an exec asks
+//! the sandbox's watch for its CPU time, and answers `CpuBudgetSpent` if the budget is spent.
+//! The command runs under `prlimit --cpu=N` where `RLIMIT_CPU` is set per command
+//! (`limits.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +32,8 @@ const WINDOW: u64 = 1 << 20;
 
 /// What an exec asks of its sandbox's init.
 pub(crate) struct InitExec {
+    /// The program asked for (the argv may start with `prlimit`'s).
+    pub(crate) program: String,
     /// The command, as the init runs it.
     pub(crate) spawn: Spawn,
     /// The most bytes kept of each output.
@@ -92,12 +99,15 @@ pub(crate) async fn run(
     exec: InitExec,
 ) -> Result<ExecOutput, OpError> {
     let InitExec {
+        program,
         spawn,
         cap,
         timeout,
         chunks,
     } = exec;
-    let program = spawn.argv.first().cloned().ok_or(OpError::EmptyArgv)?;
+    if spawn.argv.is_empty() {
+        return Err(OpError::EmptyArgv);
+    }
     let spawn = Spawn {
         window: if chunks.is_some() { WINDOW } else { 0 },
         ..spawn
@@ -134,7 +144,10 @@ pub(crate) async fn run(
                 Some(Reply::Stderr(b)) => output(&mut kept, (&init, id), &chunks, b, true).await,
                 Some(Reply::Exit(exit)) => break Ok(exit),
                 Some(Reply::Failed(error)) => break Err(OpError::Spawn { program, error }),
-                None => break Err(init_ended(init.why())),
+                None => break Err(match init.overrun() {
+                    Some(overrun) => overrun.error(),
+                    None => init_ended(init.why()),
+                }),
             },
             () = &mut deadline => break Err(OpError::Timeout { after: timeout }),
             () = stopping(&mut stopped) => break Err(OpError::Stopped { sandbox }),
@@ -162,6 +175,10 @@ pub(crate) async fn run(
         Err(e) => return Err(e),
     };
     running.ended = true;
+    // Its CPU, at its end: a command that spent the sandbox's budget answers so.
+    if let Some(overrun) = init.cpu_spent().await {
+        return Err(overrun.error());
+    }
     if exit.escaped {
         return Err(OpError::Backend {
             what: "exec",

@@ -1,7 +1,9 @@
 //! What a sandbox (or, with one bubblewrap per command, each of its commands) may use:
-//! processes, memory, CPU time, file size, open files and `/tmp`.
+//! processes, memory, CPU time (per process, per sandbox over its life, and cores at once), file
+//! size, open files, `/tmp` and its workspace on disk.
 //!
-//! How each is enforced depends on the machine, and is found at start ([`Enforcement`]):
+//! How each is enforced depends on the machine, and is found at start ([`Enforcement`], whose
+//! `Display` the main job prints):
 //!
 //! - **cgroup v1** (a keeper that may make cgroups, i.e. root, where the `pids` and `memory`
 //!   controllers are mounted under `/sys/fs/cgroup/<controller>`): each command gets a cgroup
@@ -10,7 +12,10 @@
 //!   `memory.memsw.limit_in_bytes` where swap is accounted). A fork bomb stops at the limit; an
 //!   allocation past the memory limit wakes the OOM killer *in that cgroup* only. When the
 //!   command ends, every process still in its cgroup is killed, however it left its process
-//!   group or session, and the cgroup is removed.
+//!   group or session, and the cgroup is removed. Where `cpuacct` is mounted too, the cgroup is
+//!   in it (its `cpuacct.usage`: the CPU time of everything that ran in it); where `cpu` is,
+//!   `cpu.cfs_quota_us` is [`Limits::cpu_cores`] times `cpu.cfs_period_us`, so a sandbox uses at
+//!   most that many of the host's cores at once. (cgroup v2 is not supported: only v1.)
 //! - **rlimits**, set in the spawned process before bubblewrap (or the command) runs, and so
 //!   inherited by everything the command starts: `RLIMIT_CPU` (CPU seconds of each process,
 //!   then `SIGKILL`), `RLIMIT_FSIZE` (one file's size: the write fails with `EFBIG`, after
@@ -29,12 +34,39 @@
 //!   `ENOSPC`.
 //!
 //! With one bubblewrap per sandbox (its init running every command, `sandbox_init.rs`), the
-//! cgroup, the rlimits and `prlimit` are set once, on the sandbox's bubblewrap: the processes and
-//! memory limits hold for the sandbox as a whole (its commands and the init's threads share
-//! them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`) still count per
-//! process. With one bubblewrap per command every limit holds per command, so a sandbox running
-//! k commands at once may use k times as much. The workspace's total size is the keeper's own
-//! count ([`Limits::workspace_bytes`], `quota.rs`): no kernel quota is needed.
+//! cgroup, the rlimits and `prlimit --nproc` are set once, on the sandbox's bubblewrap: the
+//! processes, memory and cores limits hold for the sandbox as a whole (its commands and the
+//! init's threads share them), while the rlimits (CPU, file size, open files, and `RLIMIT_AS`)
+//! still count per process. `RLIMIT_CPU` is the exception: set on the bubblewrap it would be
+//! inherited by the init, which lives as long as the sandbox and would die of it (and the
+//! sandbox with it) however its CPU time came. So where `prlimit` is present it is set on each
+//! command instead (the command runs as `prlimit --cpu=N -- argv`, and everything it starts
+//! inherits it), and the bubblewrap and the init go without; where `prlimit` is missing it
+//! stays on the bubblewrap, the init included, and the summary says so. With one bubblewrap per
+//! command every limit holds per command, so a sandbox running k commands at once may use k
+//! times as much.
+//!
+//! Over time (one bubblewrap per sandbox; `limit_watch.rs`):
+//!
+//! - **A sandbox's CPU time over its life** ([`Limits::sandbox_cpu_seconds`], besides the
+//!   per-process [`Limits::cpu_seconds`], which keeps its meaning): the keeper reads its
+//!   cgroup's `cpuacct.usage` at each command's end and every `TICK` (250 ms) while the sandbox
+//!   has processes besides its init (a sandbox without has no timer: its next command wakes
+//!   the watch), and, once the total (across its inits) passes the budget,
+//!   kills every process of the sandbox; the running commands, and every later command of the
+//!   sandbox, fail `OpError::CpuBudgetSpent` (class `Limit`). It overshoots by at most what the
+//!   sandbox uses in one tick (with 2 cores: half a second). It needs root and the `cpuacct`
+//!   controller: elsewhere (an unprivileged keeper, or one bubblewrap per command) only
+//!   `RLIMIT_CPU` holds, per process, and a sandbox running many processes, or processes one
+//!   after another, uses unbounded CPU time (rate-capped only where the `cpu` controller is).
+//! - **The workspace's size** ([`Limits::workspace_bytes`], `quota.rs`) is the keeper's own
+//!   count: no kernel quota is needed. Besides the count at each command's admission, the
+//!   keeper counts it while the sandbox has processes besides its init (a command running, or
+//!   one a command left running in the background): at most every second, and never more often
+//!   than 50 times what the last count took. Past the quota it kills every process of the
+//!   sandbox: a sandbox over its quota loses its background processes (and its running
+//!   commands, which fail `OpError::QuotaExceeded`), and a background writer overshoots the
+//!   quota by at most what it writes in one interval. This holds as root and unprivileged.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -51,8 +83,17 @@ pub struct Limits {
     pub processes: Option<u64>,
     /// Memory, in bytes (memory cgroup, else address space, `RLIMIT_AS`).
     pub memory_bytes: Option<u64>,
-    /// CPU time, in seconds, of each process (`RLIMIT_CPU`).
+    /// CPU time, in seconds, of each process (`RLIMIT_CPU`; with one bubblewrap per sandbox,
+    /// set on each command by `prlimit`, never on the sandbox's init).
     pub cpu_seconds: Option<u64>,
+    /// CPU time, in seconds, of a whole sandbox over its life: every process of it, at once or
+    /// one after another (the `cpuacct` cgroup, watched by the keeper; root, one bubblewrap per
+    /// sandbox). Once spent, its processes are killed and its commands fail
+    /// `OpError::CpuBudgetSpent`.
+    pub sandbox_cpu_seconds: Option<u64>,
+    /// The CPU a sandbox (with one bubblewrap per command: a command) may use at once, in
+    /// cores (the `cpu` cgroup's `cpu.cfs_quota_us` over `cpu.cfs_period_us`; root).
+    pub cpu_cores: Option<u32>,
     /// The largest file a command may write, in bytes (`RLIMIT_FSIZE`).
     pub file_size_bytes: Option<u64>,
     /// Open files per process (`RLIMIT_NOFILE`).
@@ -60,18 +101,22 @@ pub struct Limits {
     /// The size of the sandbox's `/tmp`, in bytes (a size-limited `tmpfs`; bubblewrap only).
     pub tmp_bytes: Option<u64>,
     /// What the sandbox's workspace may take on disk, in bytes: counted by the keeper
-    /// (`quota.rs`); writes and commands past it fail `OpError::QuotaExceeded`.
+    /// (`quota.rs`); writes and commands past it fail `OpError::QuotaExceeded`. With one
+    /// bubblewrap per sandbox it is also watched while the sandbox has processes: past it, they
+    /// are killed (`limit_watch.rs`).
     pub workspace_bytes: Option<u64>,
 }
 
 impl Default for Limits {
-    /// 512 processes, 2 GiB of memory, 10 minutes of CPU, 1 GiB files, 4,096 open files,
-    /// 512 MiB of `/tmp`, a workspace of 8 GiB.
+    /// 512 processes, 2 GiB of memory, 10 minutes of CPU per process and an hour per sandbox,
+    /// 2 cores at once, 1 GiB files, 4,096 open files, 512 MiB of `/tmp`, a workspace of 8 GiB.
     fn default() -> Self {
         Limits {
             processes: Some(512),
             memory_bytes: Some(2 << 30),
             cpu_seconds: Some(600),
+            sandbox_cpu_seconds: Some(3600),
+            cpu_cores: Some(2),
             file_size_bytes: Some(1 << 30),
             open_files: Some(4096),
             tmp_bytes: Some(512 << 20),
@@ -87,6 +132,8 @@ impl Limits {
             processes: None,
             memory_bytes: None,
             cpu_seconds: None,
+            sandbox_cpu_seconds: None,
+            cpu_cores: None,
             file_size_bytes: None,
             open_files: None,
             tmp_bytes: None,
@@ -140,6 +187,26 @@ pub struct CgroupV1 {
     pub pids: PathBuf,
     /// Under the `memory` controller.
     pub memory: PathBuf,
+    /// Under the `cpuacct` controller, where it is mounted: a sandbox's CPU time over its life
+    /// ([`Limits::sandbox_cpu_seconds`]).
+    pub cpuacct: Option<PathBuf>,
+    /// Under the `cpu` controller, where it is mounted: the cores a sandbox may use at once
+    /// ([`Limits::cpu_cores`]). The same directory as `cpuacct` where the two are mounted
+    /// together.
+    pub cpu: Option<PathBuf>,
+}
+
+impl CgroupV1 {
+    /// Every directory, once (`cpu` and `cpuacct` may be one).
+    fn dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.pids.clone(), self.memory.clone()];
+        for dir in [&self.cpuacct, &self.cpu].into_iter().flatten() {
+            if !dirs.contains(dir) {
+                dirs.push(dir.clone());
+            }
+        }
+        dirs
+    }
 }
 
 impl Enforcement {
@@ -166,6 +233,39 @@ impl Enforcement {
             tmp_is_tmpfs: bubblewrap,
             per_sandbox: false,
         }
+    }
+
+    /// Whether `RLIMIT_CPU` is set on each command through the sandbox's init by `prlimit`
+    /// ([`command_prlimit_argv`](Self::command_prlimit_argv)) rather than on the sandbox's
+    /// bubblewrap, where the init, which lives as long as the sandbox, would count against it.
+    pub(crate) fn cpu_rlimit_per_command(&self) -> bool {
+        self.per_sandbox && self.prlimit.is_some() && self.limits.cpu_seconds.is_some()
+    }
+
+    /// `prlimit --cpu=N --` to run before the argv of each command through a sandbox's init
+    /// (see [`cpu_rlimit_per_command`](Self::cpu_rlimit_per_command)), else nothing. Never above
+    /// the keeper's own hard limit, which the init inherited and `prlimit` could not raise.
+    pub(crate) fn command_prlimit_argv(&self) -> Vec<String> {
+        match (&self.prlimit, self.limits.cpu_seconds) {
+            (Some(prlimit), Some(n)) if self.cpu_rlimit_per_command() => {
+                let hard = rustix::process::getrlimit(rustix::process::Resource::Cpu).maximum;
+                let n = hard.map_or(n, |hard| n.min(hard));
+                vec![
+                    prlimit.display().to_string(),
+                    format!("--cpu={n}"),
+                    "--".into(),
+                ]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the keeper watches each sandbox's CPU time over its life (one bubblewrap per
+    /// sandbox, its cgroup in `cpuacct`, a budget asked for).
+    pub(crate) fn sandbox_cpu_watched(&self) -> bool {
+        self.per_sandbox
+            && self.limits.sandbox_cpu_seconds.is_some()
+            && self.cgroups.as_ref().is_some_and(|c| c.cpuacct.is_some())
     }
 
     /// `prlimit --nproc=N --` to run before the command's argv where that limit holds (see
@@ -199,7 +299,7 @@ impl Enforcement {
         if let (Some(n), None) = (l.memory_bytes, &self.cgroups) {
             push(libc::RLIMIT_AS, R::As, n);
         }
-        if let Some(n) = l.cpu_seconds {
+        if let (Some(n), false) = (l.cpu_seconds, self.cpu_rlimit_per_command()) {
             push(libc::RLIMIT_CPU, R::Cpu, n);
         }
         if let Some(n) = l.file_size_bytes {
@@ -218,11 +318,14 @@ impl Enforcement {
         };
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("x{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        let group = CommandCgroup {
-            dirs: vec![base.pids.join(&name), base.memory.join(&name)],
+        let mut group = CommandCgroup {
+            dirs: base.dirs().iter().map(|d| d.join(&name)).collect(),
             procs: Vec::new(),
+            cpu_usage: base
+                .cpuacct
+                .as_ref()
+                .map(|d| d.join(&name).join("cpuacct.usage")),
         };
-        let mut group = group;
         for dir in &group.dirs {
             std::fs::create_dir(dir)?;
         }
@@ -236,6 +339,17 @@ impl Enforcement {
             if memsw.exists() {
                 write_value(&memsw, n)?;
             }
+        }
+        if let (Some(cores), Some(cpu)) = (l.cpu_cores, &base.cpu) {
+            let dir = cpu.join(&name);
+            let period = std::fs::read_to_string(dir.join("cpu.cfs_period_us"))
+                .ok()
+                .and_then(|p| p.trim().parse::<u64>().ok())
+                .unwrap_or(100_000);
+            write_value(
+                &dir.join("cpu.cfs_quota_us"),
+                period.saturating_mul(u64::from(cores)),
+            )?;
         }
         for dir in &group.dirs {
             group.procs.push(
@@ -271,7 +385,8 @@ impl CgroupV1 {
                     .is_some_and(|c| c.split(',').any(|c| c == controller))
             })?;
             let path = line.split(':').nth(2)?.trim_start_matches('/');
-            let mount = Path::new("/sys/fs/cgroup").join(controller);
+            // Canonical: `cpu` and `cpuacct` mounted together are links to one directory.
+            let mount = std::fs::canonicalize(Path::new("/sys/fs/cgroup").join(controller)).ok()?;
             if !mount.join("cgroup.procs").is_file() {
                 return None;
             }
@@ -292,7 +407,12 @@ impl CgroupV1 {
             let _ = std::fs::remove_dir(&pids);
             return None;
         };
-        Some(CgroupV1 { pids, memory })
+        Some(CgroupV1 {
+            pids,
+            memory,
+            cpuacct: under("cpuacct"),
+            cpu: under("cpu"),
+        })
     }
 }
 
@@ -327,6 +447,7 @@ fn sweep_stale(parent: &Path) {
             CommandCgroup {
                 dirs: stayed,
                 procs: Vec::new(),
+                cpu_usage: None,
             }
             .end_now();
         }
@@ -338,7 +459,7 @@ impl Drop for CgroupV1 {
     /// Removes the directories, and any command's cgroup that stayed in them (one whose
     /// command's future was dropped while the runtime shut down), killing what is left in it.
     fn drop(&mut self) {
-        for dir in [&self.pids, &self.memory] {
+        for dir in &self.dirs() {
             if let Ok(entries) = std::fs::read_dir(dir) {
                 let stayed: Vec<PathBuf> = entries
                     .flatten()
@@ -349,6 +470,7 @@ impl Drop for CgroupV1 {
                     CommandCgroup {
                         dirs: stayed,
                         procs: Vec::new(),
+                        cpu_usage: None,
                     }
                     .end_now();
                 }
@@ -365,9 +487,17 @@ pub(crate) struct CommandCgroup {
     dirs: Vec<PathBuf>,
     /// `cgroup.procs` of each, open for the spawned process to write itself into.
     pub(crate) procs: Vec<OwnedFd>,
+    /// Its `cpuacct.usage` (the CPU time of every process that was in it, in nanoseconds),
+    /// where `cpuacct` is mounted.
+    cpu_usage: Option<PathBuf>,
 }
 
 impl CommandCgroup {
+    /// Its `cpuacct.usage` file, where `cpuacct` is mounted.
+    pub(crate) fn cpu_usage_file(&self) -> Option<&Path> {
+        self.cpu_usage.as_deref()
+    }
+
     /// Sends `SIGKILL` to every process in it; how many there were.
     pub(crate) fn kill_all(&self) -> usize {
         let mut left = 0;
@@ -471,7 +601,30 @@ impl fmt::Display for Enforcement {
         part(
             "cpu",
             l.cpu_seconds.map(|n| format!("{n} s")),
-            rl.then_some("RLIMIT_CPU"),
+            Some(if self.cpu_rlimit_per_command() {
+                "RLIMIT_CPU of each command's processes, by prlimit"
+            } else if self.per_sandbox {
+                "RLIMIT_CPU, the sandbox's init included"
+            } else {
+                "RLIMIT_CPU"
+            }),
+        );
+        part(
+            "sandbox cpu",
+            l.sandbox_cpu_seconds.map(|n| format!("{n} s")),
+            Some(if self.sandbox_cpu_watched() {
+                "cpuacct cgroup, watched by the keeper"
+            } else {
+                "NOT ENFORCED here: RLIMIT_CPU per process only"
+            }),
+        );
+        part(
+            "cpu cores",
+            l.cpu_cores.map(|n| n.to_string()),
+            self.cgroups
+                .as_ref()
+                .is_some_and(|c| c.cpu.is_some())
+                .then_some("cpu cgroup's CFS quota"),
         );
         part(
             "file size",
@@ -489,11 +642,15 @@ impl fmt::Display for Enforcement {
             self.tmp_is_tmpfs.then_some("tmpfs"),
         );
         let per = if self.per_sandbox {
-            "per sandbox (CPU, file size and open files per process)"
+            "per sandbox (cpu, file size and open files per process, sandbox cpu over its life)"
         } else {
             "per command"
         };
         let workspace = match l.workspace_bytes {
+            Some(n) if self.per_sandbox => format!(
+                "{} (counted by the keeper, and watched while the sandbox has processes)",
+                bytes(n)
+            ),
             Some(n) => format!("{} (counted by the keeper)", bytes(n)),
             None => "unlimited".into(),
         };

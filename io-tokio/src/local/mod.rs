@@ -46,6 +46,7 @@ mod fence;
 mod init_exec;
 mod isolation;
 pub(crate) mod layout;
+mod limit_watch;
 mod limits;
 pub mod meta;
 mod nofollow;
@@ -160,6 +161,9 @@ struct LocalSandbox {
     token: Option<Token>,
     /// What its workspace may take on disk, and the keeper's count (`quota.rs`).
     quota: quota::Quota,
+    /// What it used over its life (its CPU, across its inits), watched by the keeper
+    /// (`limit_watch.rs`).
+    usage: Arc<limit_watch::Usage>,
     /// Its init, with one bubblewrap per sandbox: started by its first command, again by the
     /// next after it ended, ended when the sandbox stops (`sandbox_init.rs`).
     init: tokio::sync::Mutex<Option<Arc<sandbox_init::SandboxInit>>>,
@@ -176,6 +180,7 @@ impl LocalSandbox {
             reported: false.into(),
             token,
             quota: quota::Quota::new(quota),
+            usage: Arc::default(),
             init: tokio::sync::Mutex::new(None),
         }
     }

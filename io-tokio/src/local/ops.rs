@@ -30,6 +30,7 @@ use sandkeeper::SandboxId;
 
 use super::init_exec::{self, InitExec};
 use super::isolation::Prepared;
+use super::limit_watch::Watched;
 use super::nofollow::{self, Refused};
 use super::quota;
 use super::sandbox_init::SandboxInit;
@@ -246,8 +247,12 @@ impl LocalBackend {
         request: ExecRequest,
         chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
     ) -> Result<ExecOutput, OpError> {
-        let program = request.check()?;
+        let program = request.check()?.to_string();
         let s = self.for_work(sandbox)?;
+        // A sandbox that spent its CPU budget runs nothing more (`limit_watch.rs`).
+        if let Some(spent) = s.usage.spent() {
+            return Err(spent);
+        }
         let cwd = request.options.cwd.clone();
         // The working directory is checked as every operation's path is (one component at a
         // time, never through a link: `Escapes`), then named. Checked as a change: a command
@@ -269,7 +274,7 @@ impl LocalBackend {
         };
         // Found before anything starts, as the command will see it (the host's file system,
         // the fixed PATH), so a missing program is a spawn error under bubblewrap too.
-        if !program_exists(program, &dir) {
+        if !program_exists(&program, &dir) {
             return Err(OpError::Spawn {
                 program: program.to_string(),
                 error: "not found (on PATH, or at the path given)".into(),
@@ -287,9 +292,13 @@ impl LocalBackend {
         env.extend(request.options.env.iter().cloned());
         let ran = if self.isolated.init().is_some() {
             let init = self.sandbox_init(&s).await?;
+            // `RLIMIT_CPU` on the command itself, not on the init (`limits.rs`).
+            let mut argv = self.limits.command_prlimit_argv();
+            argv.extend(request.argv);
             let exec = InitExec {
+                program: program.clone(),
                 spawn: Spawn {
-                    argv: request.argv,
+                    argv,
                     env,
                     cwd: path(&dir),
                     stdin: request.options.stdin,
@@ -338,7 +347,18 @@ impl LocalBackend {
             .isolated
             .init_command(&self.limits, &self.config.root, &s.dir)
             .map_err(backend)?;
-        let init = SandboxInit::start(prepared, s.stopped.subscribe());
+        let watched = Watched {
+            workspace: s.dir.clone(),
+            quota: self.limits.limits.workspace_bytes,
+            cpu_budget: self
+                .limits
+                .limits
+                .sandbox_cpu_seconds
+                .filter(|_| self.limits.sandbox_cpu_watched())
+                .map(Duration::from_secs),
+            usage: s.usage.clone(),
+        };
+        let init = SandboxInit::start(prepared, s.stopped.subscribe(), watched);
         *slot = Some(init.clone());
         Ok(init)
     }

@@ -10,15 +10,19 @@
 //! - An operation's write is admitted only if the workspace, with the file it replaces taken
 //!   off and the new bytes on, stays within the quota: otherwise nothing is written and it fails
 //!   [`OpError::QuotaExceeded`](crate::ops::OpError::QuotaExceeded).
-//! - A command is not stopped while it writes (no kernel quota sees its writes; its single files
-//!   are bounded by `RLIMIT_FSIZE`). Once it ended, the workspace is counted again before the
-//!   next write or command; while it is over the quota, writes and commands fail
-//!   `QuotaExceeded`. Reads, lists and removals still work, so the caller can make room.
+//! - No kernel quota sees a command's writes (its single files are bounded by `RLIMIT_FSIZE`).
+//!   With one bubblewrap per sandbox the keeper's watch (`limit_watch.rs`) counts the workspace
+//!   while the sandbox has processes, and past the quota kills them all (a running command
+//!   fails `QuotaExceeded`); with one per command, a command is not stopped while it writes.
+//!   Once it ended, the workspace is counted again before the next write or command; while it
+//!   is over the quota, writes and commands fail `QuotaExceeded`. Reads, lists and removals
+//!   still work, so the caller can make room.
 //!
 //! Every command's admission counts the workspace afresh (one `fstatat` per entry). A write's
 //! admission uses the count cached since, forgotten after anything that changes the workspace
 //! behind the keeper's back (a command, a removal, a mirror upload); a process a command left
-//! running in the sandbox's namespace writes uncounted until the next command counts again. The
+//! running in the sandbox's namespace is caught by the watch, which kills it once the workspace
+//! is over its quota (it overshoots by what it writes in one interval of the watch). The
 //! keeper's own writes (mirror uploads, its metadata) are counted in the total but never
 //! refused.
 

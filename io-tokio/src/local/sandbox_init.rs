@@ -7,22 +7,25 @@
 //! its standard output, each to the exec of its id. The task ends — killing the bubblewrap,
 //! whose death (`--die-with-parent`) takes the init and with it the whole PID namespace, then
 //! ending the sandbox's cgroup — when the sandbox stops, when the init ends or writes a frame
-//! that does not decode, or when every handle is gone. Execs waiting then get their channel
-//! closed and [`SandboxInit::why`]; the next exec of the sandbox starts a fresh init.
+//! that does not decode, when every handle is gone, or when the sandbox's watch, which runs on
+//! the same task (`limit_watch.rs`: its CPU time, its workspace's size), finds a limit passed.
+//! Execs waiting then get their channel closed and [`SandboxInit::why`] (or the limit's error);
+//! the next exec of the sandbox starts a fresh init.
 //!
 //! [`run_blocking`] runs one command through a fresh init without a runtime: the probe at start
 //! (`isolation.rs`).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use super::isolation::Prepared;
+use super::limit_watch::{self, Nudge, Overrun, Watch, Watched};
 use super::limits::CommandCgroup;
 use super::wire::{self, Exit, Reply, Request, Spawn};
 
@@ -38,6 +41,12 @@ pub(crate) struct SandboxInit {
     requests: mpsc::UnboundedSender<Vec<u8>>,
     waiters: Arc<Mutex<Waiters>>,
     next: AtomicU64,
+    /// Nudges to the sandbox's watch (`limit_watch.rs`), which runs on the task.
+    nudges: mpsc::UnboundedSender<Nudge>,
+    /// Commands running now (registered and not yet forgotten), for the watch.
+    commands: Arc<AtomicUsize>,
+    /// Whether the watch looks at the sandbox's CPU (else nothing asks it).
+    cpu_watched: bool,
 }
 
 /// The execs waiting for replies, by id; closed (with why) once the init ended.
@@ -45,6 +54,8 @@ pub(crate) struct SandboxInit {
 struct Waiters {
     by_id: HashMap<u64, mpsc::UnboundedSender<Reply>>,
     ended: Option<String>,
+    /// The limit the keeper ended the init for, if it did.
+    overrun: Option<Overrun>,
 }
 
 fn lock(w: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
@@ -53,19 +64,29 @@ fn lock(w: &Mutex<Waiters>) -> MutexGuard<'_, Waiters> {
 
 impl SandboxInit {
     /// Starts the task that spawns `prepared` (the sandbox's bubblewrap and init,
-    /// `Isolated::init_command`) and owns it, ending it when `stopped` turns `true`. Requests
-    /// sent meanwhile wait in the channel; a spawn that fails ends the init with its error.
+    /// `Isolated::init_command`) and owns it, ending it when `stopped` turns `true` or when its
+    /// watch of `watched` finds a limit passed (`limit_watch.rs`). Requests sent meanwhile wait in
+    /// the channel; a spawn that fails ends the init with its error.
     ///
     /// The spawn happens on the task, a thread of the runtime, not the caller's: bubblewrap's
     /// parent-death signal (`--die-with-parent`) follows the *thread* that spawned it, and a
     /// sandbox's init must live as long as the runtime, not as an exec's caller's thread.
-    pub(crate) fn start(prepared: Prepared, stopped: watch::Receiver<bool>) -> Arc<SandboxInit> {
+    pub(crate) fn start(
+        prepared: Prepared,
+        stopped: Stopped,
+        watched: Watched,
+    ) -> Arc<SandboxInit> {
         let (requests, rx) = mpsc::unbounded_channel();
+        let (nudges, nudged) = mpsc::unbounded_channel();
         let init = Arc::new(SandboxInit {
             requests,
             waiters: Arc::default(),
             next: AtomicU64::new(1),
+            nudges,
+            commands: Arc::default(),
+            cpu_watched: watched.cpu_budget.is_some(),
         });
+        let commands = init.commands.clone();
         let waiters = init.waiters.clone();
         tokio::spawn(async move {
             let Prepared {
@@ -78,11 +99,18 @@ impl SandboxInit {
                 Ok((child, pipes)) => {
                     // The filter's pipe is the spawned process's now.
                     drop(fds);
-                    own(child, pipes, rx, waiters, stopped, cgroup).await;
+                    let cpu_usage = cgroup.as_ref().and_then(CommandCgroup::cpu_usage_file);
+                    let watch = Watch::new(watched, commands, cpu_usage, child.id());
+                    let ends = Ends {
+                        stopped,
+                        watch: Arc::new(watch),
+                        nudged,
+                    };
+                    own(child, pipes, rx, waiters, ends, cgroup).await;
                 }
                 Err(e) => {
                     drop(fds);
-                    end(&waiters, format!("it did not start: {e}"));
+                    end(&waiters, format!("it did not start: {e}"), None);
                     if let Some(cgroup) = cgroup {
                         cgroup.end().await;
                     }
@@ -102,6 +130,22 @@ impl SandboxInit {
         lock(&self.waiters).ended.clone().unwrap_or_default()
     }
 
+    /// The limit the keeper ended the init for, if it did.
+    pub(crate) fn overrun(&self) -> Option<Overrun> {
+        lock(&self.waiters).overrun
+    }
+
+    /// Asks the sandbox's watch for its CPU now (at a command's end): the spent budget, if it
+    /// is, the init then ending. `None` also when the init ended already.
+    pub(crate) async fn cpu_spent(&self) -> Option<Overrun> {
+        if !self.cpu_watched {
+            return None;
+        }
+        let (ask, answer) = tokio::sync::oneshot::channel();
+        self.nudges.send(Nudge::Cpu(ask)).ok()?;
+        answer.await.ok().flatten()
+    }
+
     /// A new command id and the channel its replies come on; why not when the init ended.
     pub(crate) fn register(&self) -> Result<(u64, mpsc::UnboundedReceiver<Reply>), String> {
         let mut w = lock(&self.waiters);
@@ -111,6 +155,9 @@ impl SandboxInit {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         w.by_id.insert(id, tx);
+        // Counted before the watch is woken: it sees the sandbox busy from now on.
+        self.commands.fetch_add(1, Ordering::SeqCst);
+        let _ = self.nudges.send(Nudge::Wake);
         Ok((id, rx))
     }
 
@@ -121,9 +168,15 @@ impl SandboxInit {
         Ok(())
     }
 
-    /// Stops waiting for `id`'s replies (those still coming are dropped).
+    /// Stops waiting for `id`'s replies (those still coming are dropped); the command (once
+    /// registered, forgotten once) no longer counts as running, and the watch looks whether it
+    /// left processes behind.
     pub(crate) fn forget(&self, id: u64) {
         lock(&self.waiters).by_id.remove(&id);
+        let _ = self
+            .commands
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let _ = self.nudges.send(Nudge::Wake);
     }
 }
 
@@ -152,11 +205,24 @@ fn spawn(command: std::process::Command) -> io::Result<(tokio::process::Child, P
     Ok((child, pipes))
 }
 
-/// Marks the init ended (`why`): every waiting exec's channel closes, and they answer with it.
-fn end(waiters: &Mutex<Waiters>, why: String) {
+/// Marks the init ended (`why`, for the limit `overrun` if the keeper ended it for one): every
+/// waiting exec's channel closes, and they answer with it.
+fn end(waiters: &Mutex<Waiters>, why: String, overrun: Option<Overrun>) {
     let mut w = lock(waiters);
     w.ended = Some(format!("the sandbox's init: {why}"));
+    w.overrun = overrun;
     w.by_id.clear();
+}
+
+/// When the sandbox stops.
+type Stopped = tokio::sync::watch::Receiver<bool>;
+
+/// What else ends an init than its pipes: the sandbox stopping, its watch finding a limit
+/// passed (asked by execs meanwhile).
+struct Ends {
+    stopped: Stopped,
+    watch: Arc<Watch>,
+    nudged: mpsc::UnboundedReceiver<Nudge>,
 }
 
 /// The task that owns the init: writes requests, dispatches replies, and ends it (see the
@@ -166,9 +232,14 @@ async fn own(
     (mut stdin, stdout, stderr): Pipes,
     mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
     waiters: Arc<Mutex<Waiters>>,
-    mut stopped: watch::Receiver<bool>,
+    ends: Ends,
     cgroup: Option<CommandCgroup>,
 ) {
+    let Ends {
+        mut stopped,
+        watch,
+        nudged,
+    } = ends;
     let errors = tokio::spawn(kept(stderr));
     let write = async {
         while let Some(frame) = requests.recv().await {
@@ -192,18 +263,25 @@ async fn own(
             }
         }
     };
-    let why = tokio::select! {
-        why = write => why,
-        why = read => why,
-        _ = stopped.wait_for(|s| *s) => "the sandbox stopped".to_string(),
+    let (why, overrun) = tokio::select! {
+        why = write => (why, None),
+        why = read => (why, None),
+        _ = stopped.wait_for(|s| *s) => ("the sandbox stopped".to_string(), None),
+        overrun = limit_watch::run(watch.clone(), nudged) => (overrun.to_string(), Some(overrun)),
     };
     let _ = child.start_kill();
     let _ = tokio::time::timeout(END_WAIT, child.wait()).await;
+    if let Some(cgroup) = &cgroup {
+        // Nothing of the sandbox runs on: its CPU time is final, kept for its next init.
+        cgroup.kill_all();
+        let watch = watch.clone();
+        let _ = tokio::task::spawn_blocking(move || watch.ended()).await;
+    }
     let said = match tokio::time::timeout(END_WAIT, errors).await {
         Ok(Ok(said)) if !said.is_empty() => format!(" ({})", String::from_utf8_lossy(&said).trim()),
         _ => String::new(),
     };
-    end(&waiters, format!("{why}{said}"));
+    end(&waiters, format!("{why}{said}"), overrun);
     tracing::debug!(%why, "a sandbox init ended");
     if let Some(cgroup) = cgroup {
         cgroup.end().await;

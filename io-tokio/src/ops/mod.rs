@@ -245,15 +245,29 @@ pub enum OpError {
         cap: usize,
     },
     /// The workspace is (or with this write would be) over its disk quota: nothing was written,
-    /// or the command did not start. A command that wrote past the quota was not stopped; what
-    /// it wrote is counted once it ended. Remove files to make room. Class
-    /// [`OpErrorClass::Limit`].
+    /// or the command did not start; or (the local backend with one bubblewrap per sandbox) the
+    /// keeper's watch found the workspace over it while the command ran, and killed every
+    /// process of the sandbox, the ones left running in the background too. Otherwise a command
+    /// that wrote past the quota was not stopped; what it wrote is counted once it ended. Remove
+    /// files to make room. Class [`OpErrorClass::Limit`].
     #[error("the workspace takes (or would take) {used} bytes of its quota of {limit}")]
     QuotaExceeded {
         /// Bytes it takes, or would take with the write.
         used: u64,
         /// The quota.
         limit: u64,
+    },
+    /// The sandbox spent its CPU budget (its processes' CPU time over its life, all of them:
+    /// `Limits::sandbox_cpu_seconds` of the local backend, where it is enforced). The keeper
+    /// killed every process of the sandbox; the command running then answers this, and so does
+    /// every later command of the sandbox (the budget is for its life: a new sandbox has a new
+    /// one). Files can still be read, written and removed. Class [`OpErrorClass::Limit`].
+    #[error("the sandbox used {used:?} of CPU, past its budget of {budget:?}")]
+    CpuBudgetSpent {
+        /// CPU time its processes used, as the keeper last counted it.
+        used: Duration,
+        /// The budget.
+        budget: Duration,
     },
     /// An empty argv. Class [`OpErrorClass::Refused`].
     #[error("empty argv")]
@@ -309,6 +323,7 @@ impl OpError {
             OpError::NotADirectory { .. } => "not-a-directory",
             OpError::TooLarge { .. } => "too-large",
             OpError::QuotaExceeded { .. } => "quota-exceeded",
+            OpError::CpuBudgetSpent { .. } => "cpu-budget-spent",
             OpError::EmptyArgv => "empty-argv",
             OpError::InvalidEnv { .. } => "invalid-env",
             OpError::Spawn { .. } => "spawn",
@@ -335,9 +350,10 @@ impl OpError {
             | OpError::EmptyArgv
             | OpError::InvalidEnv { .. }
             | OpError::Spawn { .. } => OpErrorClass::Refused,
-            OpError::Timeout { .. } | OpError::TooLarge { .. } | OpError::QuotaExceeded { .. } => {
-                OpErrorClass::Limit
-            }
+            OpError::Timeout { .. }
+            | OpError::TooLarge { .. }
+            | OpError::QuotaExceeded { .. }
+            | OpError::CpuBudgetSpent { .. } => OpErrorClass::Limit,
             OpError::Keeper(e) => match e {
                 K::Closed | K::Revoked { .. } | K::Core(C::Closed { .. }) => OpErrorClass::Gone,
                 K::Core(C::SandboxGone { .. }) => OpErrorClass::Gone,
