@@ -76,7 +76,11 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), PgError> {
         )
         .await
         .map_err(failed)?;
-        tracing::info!(version = m.version, name = m.name, "fleet store schema migrated");
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "fleet store schema migrated"
+        );
     }
     tx.commit().await.map_err(server)
 }
@@ -91,7 +95,11 @@ mod tests {
         let expected: Vec<i32> = (1..=SCHEMA_VERSION).collect();
         assert_eq!(versions, expected);
         for m in MIGRATIONS {
-            assert!(m.name.starts_with(&format!("{:04}_", m.version)), "{}", m.name);
+            assert!(
+                m.name.starts_with(&format!("{:04}_", m.version)),
+                "{}",
+                m.name
+            );
         }
     }
 }

@@ -188,7 +188,10 @@ impl Conn {
                 tracing::warn!(error = %e, "fleet store connection ended");
             }
         });
-        let backend_pid = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+        let backend_pid = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
         let statements = Statements::prepare(&client).await?;
         Ok(Conn {
             client,
@@ -481,7 +484,10 @@ impl PgStore {
     {
         let bound = self.shared.timeouts.operation;
         let deadline = tokio::time::Instant::now() + bound;
-        let timed_out = PgError::TimedOut { op: name, after: bound };
+        let timed_out = PgError::TimedOut {
+            op: name,
+            after: bound,
+        };
         let conn = match tokio::time::timeout_at(deadline, self.conn()).await {
             Ok(conn) => conn.map_err(|source| PgError::Server { op: name, source })?,
             Err(_) => return Err(timed_out),

@@ -69,11 +69,7 @@ impl PgStore {
                 Some(key) => self.entry(key).await?,
                 None => None,
             };
-            let fresh = sweep_keys(
-                fresh_entry.as_slice(),
-                &fresh_processes,
-                judged_ms,
-            )?;
+            let fresh = sweep_keys(fresh_entry.as_slice(), &fresh_processes, judged_ms)?;
             let live = |inc: u32| maker_live(&fresh_processes, inc, judged_ms);
             let verdict = sweep_verdict(&object, &fresh, live, at);
             match (verdict, &fresh_entry) {

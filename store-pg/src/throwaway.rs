@@ -75,9 +75,15 @@ impl Throwaway {
                 .arg(cluster.socket_dir()))?;
         }
         cluster.server_command("initdb", |c| {
-            c.arg("-D")
-                .arg(cluster.data_dir())
-                .args(["-U", ROLE, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]);
+            c.arg("-D").arg(cluster.data_dir()).args([
+                "-U",
+                ROLE,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]);
         })?;
         cluster.server_command("pg_ctl", |c| {
             c.arg("-D")
@@ -109,8 +115,12 @@ impl Throwaway {
     /// it accepts connections again.
     pub fn restart(&self) -> Result<(), ThrowawayError> {
         self.server_command("pg_ctl", |c| {
+            // The log again: without it the new server writes to pg_ctl's output, which it
+            // then holds open, and reading that output to its end would never end.
             c.arg("-D")
                 .arg(self.data_dir())
+                .arg("-l")
+                .arg(self.dir.join("server.log"))
                 .args(["-m", "fast", "-w", "-t", "60", "restart"]);
         })
     }
@@ -311,7 +321,9 @@ pub async fn rows_written(
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    admin.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    admin
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await?;
     let row = admin
         .query_one(
             "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint \

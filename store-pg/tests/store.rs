@@ -24,7 +24,10 @@ async fn the_postgres_store_keeps_the_fleet_store_contract() {
         let admin = &admin;
         async move {
             let row = admin
-                .query_one(&format!("SELECT count(*) FROM sandkeeper_fleet.{table}"), &[])
+                .query_one(
+                    &format!("SELECT count(*) FROM sandkeeper_fleet.{table}"),
+                    &[],
+                )
                 .await
                 .unwrap();
             row.get::<_, i64>(0)
@@ -52,7 +55,8 @@ async fn six_concurrent_claims_of_one_key_make_one_owner() {
     let claims: Vec<_> = claimants
         .iter()
         .map(|(inc, store)| {
-            let (inc, store, key, barrier) = (*inc, store.clone(), contended.clone(), barrier.clone());
+            let (inc, store, key, barrier) =
+                (*inc, store.clone(), contended.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
                 (inc, store.claim(&key, inc, 1, now).await)
@@ -113,7 +117,11 @@ async fn a_renewal_is_one_write_whatever_the_keys_owned() {
         let after = rows_written(&admin, &[pid]).await.unwrap();
         per_renewal.push((after - before) as f64 / 10.0);
     }
-    assert_eq!(per_renewal, vec![1.0, 1.0], "rows written per renewal owning 1, then 51 keys");
+    assert_eq!(
+        per_renewal,
+        vec![1.0, 1.0],
+        "rows written per renewal owning 1, then 51 keys"
+    );
 }
 
 /// Tokens come from one sequence: a key whose row is removed (by hand: the store never removes
@@ -160,7 +168,10 @@ async fn migrations_apply_once_when_keepers_start_together() {
     }
     let admin = admin(&cluster, None).await;
     let versions: Vec<i32> = admin
-        .query("SELECT version FROM sandkeeper_fleet_schema ORDER BY version", &[])
+        .query(
+            "SELECT version FROM sandkeeper_fleet_schema ORDER BY version",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -210,7 +221,10 @@ async fn bad_input_and_bad_rows_are_typed_errors() {
         store
             .record(&key("k"), inc, token, u64::MAX, &record, at(0))
             .await,
-        Err(PgError::OutOfRange { what: "recording", .. })
+        Err(PgError::OutOfRange {
+            what: "recording",
+            ..
+        })
     ));
     assert!(!store
         .release(&key("k"), inc, Token(token.0 + 1), &record, at(0))
