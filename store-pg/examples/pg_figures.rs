@@ -5,7 +5,8 @@
 //!   default `renew_every`) by a process owning 10, then 1,000 idle keys; counted from the
 //!   server's statistics (`pg_stat_user_tables`: inserted + updated + deleted rows of the
 //!   store's tables), read once the renewing session ended (`throwaway::rows_written`).
-//! - `pg.claim_ms`: p50 / p99 of a claim of a new key, on the local server over its socket.
+//! - `pg.claim_ms`: p50 / p99 of a claim of a new key, on the local server over its socket,
+//!   with `fsync` off (the tests' cluster) and on (each commit waits for its WAL flush).
 //! - `pg.paused_stall_ms`: the worst time another process's renewal or claim waited on a client
 //!   paused inside a transaction holding the lease's and the key's rows (5 trials).
 //!
@@ -134,18 +135,29 @@ async fn main() -> Result<(), Failed> {
         .query_one("SHOW server_version", &[])
         .await?
         .get::<_, String>(0);
-    println!("PostgreSQL {version}, throwaway cluster over a unix socket, fsync off");
+    println!("PostgreSQL {version}, throwaway cluster over a unix socket");
     for keys in [10, 1_000] {
         let writes = writes_per_min(&cluster, keys).await?;
         println!("pg.store_writes_per_min{{owned_idle_keys={keys}}} = {writes}");
     }
     let took = claim_ms(&cluster, 2_000).await?;
     println!(
-        "pg.claim_ms p50 = {:.3} p99 = {:.3} (n = {}, new keys)",
+        "pg.claim_ms p50 = {:.3} p99 = {:.3} (n = {}, new keys, fsync off)",
         percentile(&took, 0.50),
         percentile(&took, 0.99),
         took.len()
     );
+    {
+        let durable = Throwaway::start_durable()?;
+        let took = claim_ms(&durable, 2_000).await?;
+        println!(
+            "pg.claim_ms p50 = {:.3} p99 = {:.3} (n = {}, new keys, fsync on: each claim's \
+             commit waits for its WAL flush)",
+            percentile(&took, 0.50),
+            percentile(&took, 0.99),
+            took.len()
+        );
+    }
     let mut worst = Duration::ZERO;
     for trial in 0..5 {
         worst = worst.max(paused_stall(&cluster, trial).await?);

@@ -58,7 +58,20 @@ pub struct Throwaway {
 impl Throwaway {
     /// Makes a cluster in a new temporary directory and starts its server (waiting until it
     /// accepts connections: `pg_ctl -w`).
+    ///
+    /// The server runs with `fsync=off` (a test's cluster is thrown away: durability would
+    /// only slow the tests down); [`start_durable`](Self::start_durable) keeps it on.
     pub fn start() -> Result<Throwaway, ThrowawayError> {
+        Throwaway::start_with(false)
+    }
+
+    /// As [`start`](Self::start), with `fsync` on: every commit waits for its WAL flush, as on
+    /// a server that keeps what it confirmed (for figures that include the commit's cost).
+    pub fn start_durable() -> Result<Throwaway, ThrowawayError> {
+        Throwaway::start_with(true)
+    }
+
+    fn start_with(fsync: bool) -> Result<Throwaway, ThrowawayError> {
         let bin = find_binaries()?;
         let dir = fresh_dir()?;
         // Root runs the server as SERVER_USER; the directory must be that user's.
@@ -92,8 +105,9 @@ impl Throwaway {
                 .arg(cluster.dir.join("server.log"))
                 .arg("-o")
                 .arg(format!(
-                    "-k {} -c listen_addresses='' -c fsync=off -c max_connections=200",
-                    cluster.socket_dir().display()
+                    "-k {} -c listen_addresses='' -c fsync={} -c max_connections=200",
+                    cluster.socket_dir().display(),
+                    if fsync { "on" } else { "off" }
                 ))
                 .args(["-w", "-t", "60", "start"]);
         })?;
