@@ -42,6 +42,12 @@ pub enum ThrowawayError {
         /// Its error, or its status and output.
         why: String,
     },
+    /// A query of the cluster failed.
+    #[error("throwaway PostgreSQL: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    /// Server processes whose sessions were ended had not exited after ten seconds.
+    #[error("throwaway PostgreSQL: server processes {0:?} still there ten seconds after their sessions ended")]
+    StillRunning(Vec<i32>),
     /// The temporary directory could not be made or prepared.
     #[error("throwaway PostgreSQL: {0}")]
     Io(#[from] std::io::Error),
@@ -321,9 +327,10 @@ fn run(command: &mut Command) -> Result<Output, ThrowawayError> {
 pub async fn rows_written(
     admin: &tokio_postgres::Client,
     ended: &[i32],
-) -> Result<i64, tokio_postgres::Error> {
+) -> Result<i64, ThrowawayError> {
     let ended = ended.to_vec();
-    for _ in 0..1_000 {
+    let mut attempts = 0;
+    loop {
         let row = admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
@@ -332,6 +339,10 @@ pub async fn rows_written(
             .await?;
         if row.get::<_, i64>(0) == 0 {
             break;
+        }
+        attempts += 1;
+        if attempts == 1_000 {
+            return Err(ThrowawayError::StillRunning(ended));
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }

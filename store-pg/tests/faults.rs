@@ -34,11 +34,11 @@ struct Worked {
 }
 
 /// A keeper at work on its one key: renews its lease and writes the key's record, numbered
-/// 1, 2, ..., over and over, until stopped. `progress` counts its confirmed writes, so that the
-/// test waits on its work rather than on a clock.
+/// 1, 2, ..., over and over, until stopped. `progress` tells its confirmed writes as they land,
+/// so that the test waits on its work rather than on a clock.
 struct Keeper {
     stop: Arc<AtomicBool>,
-    progress: Arc<AtomicU64>,
+    progress: tokio::sync::watch::Receiver<u64>,
     failures: Arc<AtomicU64>,
     work: tokio::task::JoinHandle<Worked>,
     incarnation: u32,
@@ -56,15 +56,10 @@ impl Keeper {
             panic!("a new key is free")
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(AtomicU64::new(0));
+        let (confirmed, progress) = tokio::sync::watch::channel(0u64);
         let failures = Arc::new(AtomicU64::new(0));
         let work = tokio::spawn({
-            let (stop, progress, failures, key) = (
-                stop.clone(),
-                progress.clone(),
-                failures.clone(),
-                key.clone(),
-            );
+            let (stop, failures, key) = (stop.clone(), failures.clone(), key.clone());
             async move {
                 let mut worked = Worked::default();
                 let mut n = 0;
@@ -84,7 +79,7 @@ impl Keeper {
                     match recorded {
                         Ok(true) => {
                             worked.confirmed = n;
-                            progress.fetch_add(1, Ordering::Relaxed);
+                            confirmed.send_modify(|count| *count += 1);
                         }
                         Ok(false) => panic!("write {n} fenced: the key was lost"),
                         Err(_) => {
@@ -112,20 +107,22 @@ impl Keeper {
 
     /// Waits until `more` writes beyond the count now are confirmed (at most 30 s: the server
     /// comes back within seconds, and each operation is bounded by the store).
-    async fn confirms(&self, more: u64) {
-        let target = self.progress.load(Ordering::Relaxed) + more;
-        let waited = tokio::time::timeout(Duration::from_secs(30), async {
-            while self.progress.load(Ordering::Relaxed) < target {
-                tokio::task::yield_now().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
+    async fn confirms(&mut self, more: u64) {
+        let target = *self.progress.borrow() + more;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.progress.wait_for(|count| *count >= target),
+        )
         .await;
-        assert!(
-            waited.is_ok(),
-            "no write confirmed after the fault ({} failures): the store did not come back",
-            self.failures.load(Ordering::Relaxed)
-        );
+        match waited {
+            Ok(Ok(_)) => {}
+            // The sender went with the keeper's task: it panicked (a write fenced).
+            Ok(Err(_)) => panic!("the keeper at work ended: {:?}", self.work.is_finished()),
+            Err(_) => panic!(
+                "no write confirmed after the fault ({} failures): the store did not come back",
+                self.failures.load(Ordering::Relaxed)
+            ),
+        }
     }
 
     async fn stop(self) -> (Worked, u32, Token, Key) {
@@ -173,7 +170,7 @@ async fn a_killed_connection_loses_nothing_and_the_store_connects_again() {
     let cluster = cluster();
     let store = store(&cluster).await;
     let pid = store.backend_pid().await.unwrap();
-    let keeper = Keeper::start(store.clone(), "killed").await;
+    let mut keeper = Keeper::start(store.clone(), "killed").await;
     keeper.confirms(20).await;
     let admin = admin(&cluster, None).await;
     let killed: bool = admin
@@ -194,7 +191,7 @@ async fn a_killed_connection_loses_nothing_and_the_store_connects_again() {
 async fn a_restarted_server_loses_nothing_and_the_store_connects_again() {
     let cluster = Arc::new(cluster());
     let store = store(&cluster).await;
-    let keeper = Keeper::start(store, "restarted").await;
+    let mut keeper = Keeper::start(store, "restarted").await;
     keeper.confirms(20).await;
     let restarting = cluster.clone();
     tokio::task::spawn_blocking(move || restarting.restart())
@@ -275,13 +272,15 @@ async fn a_client_paused_inside_a_transaction_holds_others_back_at_most_the_boun
         "paused client: unrelated work {unrelated:?}, renewal {renewed_after:?}, claim \
          {claimed_after:?}, bound {bound:?}"
     );
-    assert!(unrelated < Duration::from_millis(500), "{unrelated:?}");
+    // Not held (its usual time is a few milliseconds; half the idle limit leaves room for a
+    // loaded machine) ...
+    assert!(
+        unrelated < timeouts.idle_in_transaction / 2,
+        "{unrelated:?}"
+    );
     for stall in [renewed_after, claimed_after] {
-        // Held (the locks were real) ...
-        assert!(
-            stall >= timeouts.idle_in_transaction - Duration::from_millis(100),
-            "{stall:?}"
-        );
+        // ... while these were (the locks were real) ...
+        assert!(stall >= timeouts.idle_in_transaction / 2, "{stall:?}");
         // ... and no longer than the bound.
         assert!(stall < bound, "{stall:?} >= {bound:?}");
     }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -174,13 +175,17 @@ async fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot(
         claimant.register().await.unwrap(),
     );
     let k = key("raced");
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Sweeps done, so that some rounds let a whole sweep run between a release and the next
+    // claim (the sweeper then surely wins those; a loaded machine may otherwise never let it).
+    let (done, mut sweeps_done) = tokio::sync::watch::channel(0u64);
     let sweeps = tokio::spawn({
         let stop = stop.clone();
         async move {
             let mut swept = Swept::default();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 swept += sweeper.sweep(at(1_000)).await.unwrap();
+                done.send_modify(|n| *n += 1);
                 tokio::task::yield_now().await;
             }
             swept
@@ -188,6 +193,16 @@ async fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot(
     });
     let mut claims_naming = 0;
     for n in 0..150 {
+        if n % 10 == 9 {
+            // Two sweeps more: the second started after the last release.
+            let after = *sweeps_done.borrow() + 2;
+            let waited = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                sweeps_done.wait_for(|done| *done >= after),
+            )
+            .await;
+            assert!(matches!(waited, Ok(Ok(_))), "the sweeper stopped sweeping");
+        }
         // Renewed at the sweep's instant: live (the maker of the snapshots never is).
         claimant.renew(owner, 1, at(1_000)).await.unwrap();
         let Claim::Claimed(token, taken) = claimant.claim(&k, owner, 1, at(1_000)).await.unwrap()
@@ -196,11 +211,15 @@ async fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot(
         };
         if let Some(named) = taken.snapshot {
             claims_naming += 1;
-            assert!(
-                held.has_snapshot(named.snapshot.as_str()),
-                "handed {:?}, which a sweep removed",
-                named.snapshot
-            );
+            // Held when handed, and still held while the key is owned (a round trip later).
+            for _ in 0..2 {
+                assert!(
+                    held.has_snapshot(named.snapshot.as_str()),
+                    "handed {:?}, which a sweep removed",
+                    named.snapshot
+                );
+                claimant.renew(owner, 1, at(1_000)).await.unwrap();
+            }
         }
         let name = format!("snap-{n}");
         held.add(snapshot(&name, maker, &k));
@@ -210,9 +229,10 @@ async fn a_claim_racing_the_sweep_never_gets_a_record_naming_a_removed_snapshot(
             .await
             .unwrap());
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let swept = sweeps.await.unwrap();
-    // Both sides won sometimes, else the race was not run.
+    // Both sides won sometimes (the sweeper at least in the rounds it was let), else the race
+    // was not run.
     assert!(swept.unrecorded > 0, "{swept:?}");
     assert!(
         claims_naming > 0,
