@@ -668,3 +668,57 @@ impl FleetStore for PgStore {
 fn failure(e: PgError) -> StoreFailure {
     StoreFailure(e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_limits_go_after_the_callers_options_and_name_the_session() {
+        let timeouts = Timeouts::default();
+        assert_eq!(
+            timeouts.session_options(),
+            "-c idle_in_transaction_session_timeout=2000 -c lock_timeout=3000 \
+             -c statement_timeout=4000"
+        );
+        let mut given = Config::new();
+        given.options("-c search_path=x");
+        let applied = timeouts.apply(&given);
+        assert_eq!(
+            applied.get_options(),
+            Some(format!("-c search_path=x {}", timeouts.session_options()).as_str())
+        );
+        assert_eq!(applied.get_application_name(), Some("sandkeeper-fleet"));
+        assert_eq!(applied.get_connect_timeout(), Some(&timeouts.operation));
+        // A bound under the server's limits would cut operations the server still runs.
+        assert!(timeouts.idle_in_transaction < timeouts.lock);
+        assert!(timeouts.lock < timeouts.statement && timeouts.statement < timeouts.operation);
+    }
+
+    #[test]
+    fn numbers_beyond_a_bigint_and_negative_rows_are_typed_errors() {
+        assert!(matches!(
+            bigint("epoch", u64::MAX),
+            Err(PgError::OutOfRange {
+                what: "epoch",
+                value: u64::MAX
+            })
+        ));
+        assert!(matches!(
+            unsigned("a token", -1),
+            Err(PgError::Malformed { .. })
+        ));
+        assert!(matches!(
+            incarnation("an owner", i64::from(u32::MAX) + 1),
+            Err(PgError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse_record("session:s", Some(serde_json::json!({"warm": "x"}))),
+            Err(PgError::Malformed { .. })
+        ));
+        assert_eq!(
+            parse_record("session:s", None).unwrap(),
+            StoredRecord::default()
+        );
+    }
+}
