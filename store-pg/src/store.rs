@@ -204,7 +204,8 @@ impl Conn {
 impl PgStore {
     /// The store in the database `config` names, whose process leases last `lease` after each
     /// renewal, its sessions under `timeouts`. Connects, and brings the schema up to this
-    /// build's version (`schema.rs`); the connection is the store's first.
+    /// build's version (`schema.rs`) on a connection of its own, then opens the store's first
+    /// connection: bounded by twice [`Timeouts::operation`], one for each.
     pub async fn connect(
         config: &Config,
         lease: Duration,
