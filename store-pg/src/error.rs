@@ -9,7 +9,7 @@ pub enum PgError {
     /// The server or the connection failed (refused, killed, restarted, a timeout of the
     /// server's: `lock_timeout`, `statement_timeout`). The connection is dropped and the next
     /// operation connects again.
-    #[error("fleet store on PostgreSQL: {op}: {source}")]
+    #[error("fleet store on PostgreSQL: {op}: {}", detail(.source))]
     Server {
         /// The operation.
         op: &'static str,
@@ -53,7 +53,7 @@ pub enum PgError {
     #[error("fleet store on PostgreSQL: the sweep's inventory: {0}")]
     Inventory(#[source] std::io::Error),
     /// The store's schema could not be brought to this version.
-    #[error("fleet store on PostgreSQL: migration {version} ({name}): {source}")]
+    #[error("fleet store on PostgreSQL: migration {version} ({name}): {}", detail(.source))]
     Migration {
         /// The migration's version.
         version: i32,
@@ -70,6 +70,15 @@ pub enum PgError {
         /// The newest version this build has.
         known: i32,
     },
+}
+
+/// What the server said (its error's severity, code and message), or else the driver's error:
+/// tokio-postgres shows a server's error only as "db error".
+fn detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => e.to_string(),
+    }
 }
 
 /// The SQLSTATE the `claim` function raises for a claimant without a lease (migration 1).

@@ -1,6 +1,8 @@
 //! The store's schema and its migrations: SQL files in `migrations/`, embedded in the crate,
 //! applied in order at [`PgStore::connect`](crate::PgStore::connect). The table
-//! `sandkeeper_fleet_schema` keeps the versions applied; the whole of it runs in one transaction
+//! `sandkeeper_fleet.schema_version` keeps the versions applied (in the store's own schema,
+//! made here first: since PostgreSQL 15 a role that does not own the database may not create
+//! tables in `public`); the whole of it runs in one transaction
 //! under a transaction-level advisory lock, so that keepers starting together apply each
 //! migration once (the others wait on the lock, then find it applied), and a migration that
 //! fails leaves nothing half-applied.
@@ -42,7 +44,8 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), PgError> {
         .await
         .map_err(server)?;
     tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS sandkeeper_fleet_schema (
+        "CREATE SCHEMA IF NOT EXISTS sandkeeper_fleet;
+         CREATE TABLE IF NOT EXISTS sandkeeper_fleet.schema_version (
             version integer PRIMARY KEY,
             name text NOT NULL,
             applied_at timestamptz NOT NULL DEFAULT now())",
@@ -51,7 +54,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), PgError> {
     .map_err(server)?;
     let found: i32 = tx
         .query_one(
-            "SELECT coalesce(max(version), 0) FROM sandkeeper_fleet_schema",
+            "SELECT coalesce(max(version), 0) FROM sandkeeper_fleet.schema_version",
             &[],
         )
         .await
@@ -71,7 +74,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), PgError> {
         };
         tx.batch_execute(m.sql).await.map_err(failed)?;
         tx.execute(
-            "INSERT INTO sandkeeper_fleet_schema (version, name) VALUES ($1, $2)",
+            "INSERT INTO sandkeeper_fleet.schema_version (version, name) VALUES ($1, $2)",
             &[&m.version, &m.name],
         )
         .await

@@ -169,7 +169,7 @@ async fn migrations_apply_once_when_keepers_start_together() {
     let admin = admin(&cluster, None).await;
     let versions: Vec<i32> = admin
         .query(
-            "SELECT version FROM sandkeeper_fleet_schema ORDER BY version",
+            "SELECT version FROM sandkeeper_fleet.schema_version ORDER BY version",
             &[],
         )
         .await
@@ -181,7 +181,7 @@ async fn migrations_apply_once_when_keepers_start_together() {
     // A schema newer than this build is refused, not run against.
     admin
         .execute(
-            "INSERT INTO sandkeeper_fleet_schema (version, name) VALUES (99, 'future')",
+            "INSERT INTO sandkeeper_fleet.schema_version (version, name) VALUES (99, 'future')",
             &[],
         )
         .await
@@ -246,4 +246,41 @@ async fn bad_input_and_bad_rows_are_typed_errors() {
     // The store's failure reaches the core as a StoreFailure naming it.
     let failure = FleetStore::claim(&store, key("k"), inc, 1, at(0)).await;
     assert!(failure.is_err(), "{failure:?}");
+    // A server's error says what the server said (tokio-postgres alone shows "db error").
+    admin
+        .batch_execute("ALTER TABLE sandkeeper_fleet.key_entry RENAME TO moved")
+        .await
+        .unwrap();
+    let e = store
+        .release(&key("k"), inc, token, &record, at(0))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("42P01") && e.to_string().contains("does not exist"),
+        "{e}"
+    );
+}
+
+/// The store needs no superuser: a role allowed only to create a schema in the database (not
+/// in `public`, which since PostgreSQL 15 only the database's owner may) migrates and keeps the
+/// contract.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_allowed_only_to_create_a_schema_runs_the_store() {
+    let cluster = cluster();
+    let admin = admin(&cluster, None).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE keeper LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE; \
+             GRANT CREATE ON DATABASE postgres TO keeper;",
+        )
+        .await
+        .unwrap();
+    let mut config = cluster.config();
+    config.user("keeper");
+    let store = PgStore::connect(&config, LEASE, Timeouts::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sandkeeper_tokio::store::contract::check_all(&store, LEASE)
+        .await
+        .unwrap();
 }
