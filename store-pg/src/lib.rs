@@ -1,0 +1,29 @@
+//! sandkeeper's fleet store on PostgreSQL: [`PgStore`], a
+//! [`FleetStore`](sandkeeper_tokio::store::FleetStore) whose process leases, key entries
+//! (owner, fencing token, durable record, wants) and incarnation counter live in a PostgreSQL
+//! database that every process of a fleet reaches, on whatever host.
+//!
+//! - `migrations/`: the schema (schema `sandkeeper_fleet`: tables `process` and `key_entry`, the
+//!   sequences `incarnation` and `token`, one function per operation), embedded and applied at
+//!   connect under an advisory lock ([`schema`]).
+//! - [`PgStore`]: the operations, each one statement calling one function, on one connection
+//!   made again after it broke, each bounded in time ([`Timeouts`]).
+//! - [`Inventory`] and [`PgStore::sweep`]: the sweep as a composition of this store (leases,
+//!   records) and the host's backend (the sandboxes).
+//! - [`throwaway`]: a test aid, a throwaway cluster in a temporary directory.
+//!
+//! `docs/fleet-postgres.md` has the design, the transactions and why each keeps the store
+//! contract, the timeouts and their measured bound, and the figures.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+pub mod schema;
+mod store;
+mod sweep;
+pub mod throwaway;
+
+pub use error::PgError;
+pub use store::{PgStore, Timeouts};
+pub use sweep::{Inventory, InventoryFuture};

@@ -1,0 +1,148 @@
+//! The sweep, as a composition: the PostgreSQL store keeps the fleet's leases and records, and
+//! the sandboxes live in each host's backend. A store shared by processes on many hosts cannot
+//! list what a host holds, and a host's backend cannot tell alone who is live; so a keeper gives
+//! its store the [`Inventory`] of its own host's backend ([`PgStore::with_inventory`]), and
+//! [`PgStore::sweep`] judges each object the inventory lists by [`sandkeeper::sweep_verdict`]
+//! (the decision the local root's sweep, the Kubernetes sweep and the simulator share) on the
+//! leases and records in PostgreSQL. Each host sweeps its own objects; no host removes
+//! another's. A store with no inventory sweeps nothing (it holds no sandboxes).
+//!
+//! As the local root's sweep (`io-tokio/src/local/store/sweep.rs`), it judges leases and
+//! retention a lease before `now`; it decides on one read of the entries and leases, and for
+//! each object it would remove, reads its key's entry and the leases again and decides again,
+//! just before acting. A record's snapshot whose retention ended is dropped from the record
+//! *first*, by a compare-and-set on the row as the second read saw it (same token, owner and
+//! record: `store.rs`'s `unrecord`), and the snapshot is removed only if that update changed the
+//! row. A claim racing it either took the record first (the update then changes nothing, and
+//! the snapshot stays for the next sweep) or takes it without the snapshot: a claim never gets a
+//! record naming what the sweep removed.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sandkeeper::{sweep_verdict, Instant, Key, SweepKey, SweepObject, SweepVerdict};
+use sandkeeper_tokio::store::{unix_ms, KeyEntry, Swept};
+
+use crate::error::PgError;
+use crate::PgStore;
+
+/// What an inventory's operation returns.
+pub type InventoryFuture<'a, T> = Pin<Box<dyn Future<Output = std::io::Result<T>> + Send + 'a>>;
+
+/// What one host's backend holds, as a sweep sees it: its sandboxes and kept snapshots, and the
+/// removal of one. It owns the objects; the store only judges them.
+pub trait Inventory: Send + Sync + 'static {
+    /// The objects the backend holds now.
+    fn objects(&self) -> InventoryFuture<'_, Vec<SweepObject>>;
+
+    /// Removes `object`: whether it was there to remove (`false`: gone already, another sweep
+    /// took it).
+    fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool>;
+}
+
+impl PgStore {
+    /// Sweeps what this store's [`Inventory`] holds at `now` (the caller's wall clock), judging
+    /// leases and retention as of `now - lease` (see the module docs). Nothing without an
+    /// inventory.
+    pub async fn sweep(&self, now: SystemTime) -> Result<Swept, PgError> {
+        let Some(inventory) = self.inventory().cloned() else {
+            return Ok(Swept::default());
+        };
+        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
+        let judged_ms = unix_ms(judged);
+        let at = Instant::from_nanos(judged_ms.saturating_mul(1_000_000));
+        let entries = self.entries().await?;
+        let processes = self.processes().await?;
+        let keys = sweep_keys(&entries, &processes, judged_ms)?;
+        let objects = inventory.objects().await.map_err(inventory_failed)?;
+        let mut swept = Swept::default();
+        for object in objects {
+            let live = |inc: u32| maker_live(&processes, inc, judged_ms);
+            if sweep_verdict(&object, &keys, live, at) == SweepVerdict::Keep {
+                continue;
+            }
+            // Decided again on the key and the leases as they are now, just before acting.
+            let fresh_processes = self.processes().await?;
+            let fresh_entry = match object_key(&object) {
+                Some(key) => self.entry(key).await?,
+                None => None,
+            };
+            let fresh = sweep_keys(fresh_entry.as_slice(), &fresh_processes, judged_ms)?;
+            let live = |inc: u32| maker_live(&fresh_processes, inc, judged_ms);
+            let verdict = sweep_verdict(&object, &fresh, live, at);
+            match (verdict, &fresh_entry) {
+                (SweepVerdict::Keep, _) => continue,
+                (SweepVerdict::SweepAndUnrecord, Some(entry)) => {
+                    // Unrecorded first: once this lands, no claim takes a record naming it.
+                    if !self.unrecord(entry).await? {
+                        continue; // the key changed since: the next sweep decides again
+                    }
+                }
+                // A verdict to unrecord comes only from a record read.
+                (SweepVerdict::SweepAndUnrecord, None) => continue,
+                (SweepVerdict::Sweep, _) => {}
+            }
+            if !inventory.remove(&object).await.map_err(inventory_failed)? {
+                continue;
+            }
+            tracing::info!(?object, ?verdict, "swept");
+            match object {
+                SweepObject::Sandbox { .. } => swept.sandboxes += 1,
+                SweepObject::Snapshot { .. } => {
+                    swept.snapshots += 1;
+                    if verdict == SweepVerdict::SweepAndUnrecord {
+                        swept.unrecorded += 1;
+                    }
+                }
+            }
+        }
+        Ok(swept)
+    }
+}
+
+/// What the sweep decides on of each entry: its owner's liveness at `judged_ms` and its record.
+fn sweep_keys(
+    entries: &[KeyEntry],
+    processes: &BTreeMap<u32, (u64, u64)>,
+    judged_ms: u64,
+) -> Result<BTreeMap<Key, SweepKey>, PgError> {
+    let mut keys = BTreeMap::new();
+    for entry in entries {
+        let key = Key::try_from(entry.key.clone()).map_err(|e| PgError::Malformed {
+            what: format!("key {:?}", entry.key),
+            why: e.to_string(),
+        })?;
+        let owner_live = entry.owner.is_some_and(|(inc, epoch)| {
+            processes
+                .get(&inc)
+                .is_some_and(|(e, expires)| *e == epoch && judged_ms < *expires)
+        });
+        keys.insert(
+            key,
+            SweepKey {
+                owner_live,
+                record: entry.record.on_unix_clock(),
+            },
+        );
+    }
+    Ok(keys)
+}
+
+/// Whether the incarnation's lease is live at `judged_ms`, whatever its epoch.
+fn maker_live(processes: &BTreeMap<u32, (u64, u64)>, inc: u32, judged_ms: u64) -> bool {
+    processes
+        .get(&inc)
+        .is_some_and(|(_, expires)| judged_ms < *expires)
+}
+
+fn object_key(object: &SweepObject) -> Option<&Key> {
+    match object {
+        SweepObject::Sandbox { key, .. } | SweepObject::Snapshot { key, .. } => key.as_ref(),
+    }
+}
+
+fn inventory_failed(e: std::io::Error) -> PgError {
+    PgError::Inventory(e)
+}
