@@ -146,7 +146,9 @@ async fn read_head(client: &mut TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Copies until the source closes, or until `limit` bytes were copied (the cut).
+/// Copies until the source closes, or until `limit` bytes were copied (the cut). The cut comes
+/// once bytes beyond the limit arrived, so a response cut at 0 bytes is one the server sent
+/// (it handled the request) and the client never saw.
 async fn copy_limited(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -155,16 +157,16 @@ async fn copy_limited(
     let mut copied = 0usize;
     let mut buf = vec![0u8; 64 << 10];
     loop {
-        let room = limit.map_or(buf.len(), |limit| (limit - copied).min(buf.len()));
-        if room == 0 {
-            return Ok(Copied::Cut);
-        }
-        let n = from.read(&mut buf[..room]).await?;
+        let n = from.read(&mut buf).await?;
         if n == 0 {
             let _ = to.shutdown().await;
             return Ok(Copied::ToTheEnd);
         }
-        to.write_all(&buf[..n]).await?;
-        copied += n;
+        let passed = limit.map_or(n, |limit| n.min(limit - copied));
+        to.write_all(&buf[..passed]).await?;
+        copied += passed;
+        if passed < n {
+            return Ok(Copied::Cut);
+        }
     }
 }
