@@ -17,7 +17,7 @@
 //!   object, and the snapshot it found is never replaced.
 //! - [`ObjectSnapshots::download`] reads the manifest, streams the data object into a staging
 //!   directory beside the target (unpacked on a blocking thread), checks every entry, every
-//!   file's hash and the whole archive against the manifest, and only then renames the staging
+//!   file's size and hash against the manifest, and only then renames the staging
 //!   directory to the target: the target is whole or absent.
 //! - [`ObjectSnapshots::discard`] removes a snapshot's objects, the manifest last.
 //! - [`ObjectSnapshots::expired`] names the snapshots whose recorded retention passed at the
@@ -161,7 +161,6 @@ impl ObjectSnapshots {
             name: name.to_string(),
             data,
             data_size: packed.size,
-            data_hash: packed.hash,
             retain_until: retain_until.map(unix_seconds),
             entries: packed.entries,
             skipped: packed.skipped,
@@ -321,14 +320,7 @@ impl ObjectSnapshots {
                 )
             })
         };
-        let mut stream = got.into_stream();
-        while let Some(delivery) = stream.next().await {
-            let failed = delivery.is_err();
-            // A send fails only when the unpacker stopped; its error says why.
-            if to_unpacker.send(delivery).await.is_err() || failed {
-                break;
-            }
-        }
+        forward(got.into_stream(), &to_unpacker).await;
         drop(to_unpacker);
         unpacker
             .await
@@ -403,6 +395,39 @@ impl ObjectSnapshots {
             Err(e) => Err(SnapshotError::store(e)),
         }
     }
+}
+
+/// Hands the data object's stream to the unpacker in batches of about [`pack::CHUNK`] bytes,
+/// then its failure if it fails. Stops early when the unpacker stopped (its error says why).
+async fn forward(
+    mut stream: futures::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    to_unpacker: &mpsc::Sender<unpack::Delivery>,
+) {
+    let mut batch = Vec::new();
+    let mut batched = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let _ = to_unpacker.send(Ok(batch)).await;
+                let _ = to_unpacker.send(Err(e)).await;
+                return;
+            }
+        };
+        batched += chunk.len();
+        batch.push(chunk);
+        if batched >= pack::CHUNK {
+            batched = 0;
+            if to_unpacker
+                .send(Ok(std::mem::take(&mut batch)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+    let _ = to_unpacker.send(Ok(batch)).await;
 }
 
 /// Deletes `path`, already gone counting as deleted.

@@ -1,5 +1,5 @@
 //! The manifest: the last object a snapshot's upload writes, and the only one whose presence
-//! says the snapshot is complete. It names the data object, the archive's size and hash, every
+//! says the snapshot is complete. It names the data object and its size, every
 //! entry of the workspace in archive order with its size and content hash, what was skipped,
 //! and the retention.
 
@@ -24,8 +24,6 @@ pub struct Manifest {
     pub data: String,
     /// The data object's size in bytes.
     pub data_size: u64,
-    /// BLAKE3 of the whole data object, hex.
-    pub data_hash: String,
     /// When the snapshot may be swept, in seconds since the Unix epoch; `None`: kept until
     /// discarded.
     pub retain_until: Option<u64>,
@@ -108,6 +106,8 @@ pub enum EntryKind {
         mode: u32,
         /// Its size in bytes.
         size: u64,
+        /// Its modification time, in seconds since the Unix epoch.
+        mtime: u64,
         /// BLAKE3 of its contents, hex.
         hash: String,
     },

@@ -1,6 +1,6 @@
 //! Packing a workspace into the snapshot's archive, on a blocking thread: a walk that never
 //! follows a link, writing a tar into chunks handed to the uploader as they fill, so the
-//! workspace is never held in memory; hashing every file and the whole archive on the way.
+//! workspace is never held in memory; hashing every file on the way.
 
 use std::fs::{self, Metadata};
 use std::io::{self, Read, Write};
@@ -22,7 +22,6 @@ pub(crate) struct Packed {
     pub(crate) entries: Vec<Entry>,
     pub(crate) skipped: Vec<Skipped>,
     pub(crate) size: u64,
-    pub(crate) hash: String,
 }
 
 /// Writes the archive of `workspace` into `sink`. An error of kind `BrokenPipe` means the
@@ -34,7 +33,7 @@ pub(crate) fn pack(workspace: &Path, sink: ChunkSink) -> io::Result<Packed> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     }
     let mut archive = Archive {
-        builder: tar::Builder::new(HashingWriter::new(sink)),
+        builder: tar::Builder::new(CountingWriter::new(sink)),
         entries: Vec::new(),
         skipped: Vec::new(),
     };
@@ -61,19 +60,18 @@ pub(crate) fn pack(workspace: &Path, sink: ChunkSink) -> io::Result<Packed> {
         pending.extend(subdirs.into_iter().rev());
     }
     let writer = archive.builder.into_inner()?;
-    let (sink, size, hash) = writer.finish();
+    let (sink, size) = writer.finish();
     sink.finish()?;
     Ok(Packed {
         entries: archive.entries,
         skipped: archive.skipped,
         size,
-        hash,
     })
 }
 
 /// The archive being written and the manifest's entries so far.
 struct Archive {
-    builder: tar::Builder<HashingWriter<ChunkSink>>,
+    builder: tar::Builder<CountingWriter<ChunkSink>>,
     entries: Vec<Entry>,
     skipped: Vec<Skipped>,
 }
@@ -150,7 +148,12 @@ impl Archive {
         }
         self.entries.push(Entry {
             path: path.to_string(),
-            kind: EntryKind::File { mode, size, hash },
+            kind: EntryKind::File {
+                mode,
+                size,
+                mtime: header.mtime().unwrap_or(0),
+                hash,
+            },
         });
         Ok(())
     }
@@ -231,35 +234,25 @@ impl Write for ChunkSink {
     }
 }
 
-/// A writer that hashes and counts what passes through it.
-struct HashingWriter<W> {
+/// A writer that counts what passes through it.
+struct CountingWriter<W> {
     inner: W,
-    hasher: blake3::Hasher,
     written: u64,
 }
 
-impl<W: Write> HashingWriter<W> {
+impl<W: Write> CountingWriter<W> {
     fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            hasher: blake3::Hasher::new(),
-            written: 0,
-        }
+        CountingWriter { inner, written: 0 }
     }
 
-    fn finish(self) -> (W, u64, String) {
-        (
-            self.inner,
-            self.written,
-            self.hasher.finalize().to_hex().to_string(),
-        )
+    fn finish(self) -> (W, u64) {
+        (self.inner, self.written)
     }
 }
 
-impl<W: Write> Write for HashingWriter<W> {
+impl<W: Write> Write for CountingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
         self.written += n as u64;
         Ok(n)
     }
@@ -270,14 +263,14 @@ impl<W: Write> Write for HashingWriter<W> {
 }
 
 /// A reader that hashes and counts what passes through it.
-pub(crate) struct HashingReader<R> {
+struct HashingReader<R> {
     inner: R,
     hasher: blake3::Hasher,
     read: u64,
 }
 
 impl<R: Read> HashingReader<R> {
-    pub(crate) fn new(inner: R) -> Self {
+    fn new(inner: R) -> Self {
         HashingReader {
             inner,
             hasher: blake3::Hasher::new(),
@@ -286,7 +279,7 @@ impl<R: Read> HashingReader<R> {
     }
 
     /// The bytes read and their hash, hex.
-    pub(crate) fn finish(self) -> (u64, String) {
+    fn finish(self) -> (u64, String) {
         (self.read, self.hasher.finalize().to_hex().to_string())
     }
 }

@@ -78,6 +78,7 @@ async fn plant(snapshots: &ObjectSnapshots, name: &SnapshotName, entries: &[(&st
                     EntryKind::File {
                         mode: 0o644,
                         size,
+                        mtime: 0,
                         hash,
                     },
                     data,
@@ -108,7 +109,6 @@ async fn plant(snapshots: &ObjectSnapshots, name: &SnapshotName, entries: &[(&st
         name: name.to_string(),
         data: "data-planted.tar".to_string(),
         data_size: bytes.len() as u64,
-        data_hash: blake3::hash(&bytes).to_hex().to_string(),
         retain_until: None,
         entries: listed,
         skipped: Vec::new(),
