@@ -157,9 +157,11 @@ fn unpack_into(
     made.set_dir_modes(staging)
 }
 
-/// What this unpack has made so far.
+/// What this unpack has made so far, and the buffer it copies files through.
 #[derive(Default)]
 struct Made {
+    /// The copy buffer (one per unpack: files are copied one at a time).
+    buffer: Vec<u8>,
     /// Every path made, so none is made twice.
     paths: HashSet<String>,
     /// The directories made (real directories: the only parents an entry may have).
@@ -207,7 +209,15 @@ impl Made {
                     let why = format!("{path:?}'s time differs from the manifest's");
                     return Err(SnapshotError::corrupt(name, why));
                 }
-                let (read, got) = write_file(name, &mut entry, &full, *mode, *mtime)?;
+                if self.buffer.is_empty() {
+                    self.buffer = vec![0u8; COPY_BUFFER];
+                }
+                let copy = Copy {
+                    buffer: &mut self.buffer,
+                    mode: *mode,
+                    mtime: *mtime,
+                };
+                let (read, got) = write_file(name, &mut entry, &full, copy)?;
                 if read != *size || got != *hash {
                     let why = format!("{path:?} differs from the manifest's {size} bytes");
                     return Err(SnapshotError::corrupt(name, why));
@@ -268,14 +278,28 @@ impl Made {
     }
 }
 
+/// The size of the buffer files are copied through (large, so a file of a MiB is one write).
+const COPY_BUFFER: usize = 64 << 10;
+
+/// How to write one file: through which buffer, with what permission bits and time.
+struct Copy<'a> {
+    buffer: &'a mut [u8],
+    mode: u32,
+    mtime: u64,
+}
+
 /// Writes a new file at `full` from `contents`; the bytes read and their hash.
 fn write_file(
     name: &str,
     contents: &mut impl Read,
     full: &Path,
-    mode: u32,
-    mtime: u64,
+    copy: Copy<'_>,
 ) -> Result<(u64, String), SnapshotError> {
+    let Copy {
+        buffer,
+        mode,
+        mtime,
+    } = copy;
     let mut file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -284,21 +308,34 @@ fn write_file(
         .map_err(SnapshotError::Local)?;
     let mut hasher = blake3::Hasher::new();
     let mut read = 0u64;
-    let mut buf = vec![0u8; 64 << 10];
     loop {
-        let n = contents.read(&mut buf).map_err(|e| read_failure(name, e))?;
+        let n = read_full(contents, buffer).map_err(|e| read_failure(name, e))?;
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
+        hasher.update(&buffer[..n]);
         read += n as u64;
-        file.write_all(&buf[..n]).map_err(SnapshotError::Local)?;
+        file.write_all(&buffer[..n]).map_err(SnapshotError::Local)?;
     }
     file.set_permissions(fs::Permissions::from_mode(mode & 0o777))
         .map_err(SnapshotError::Local)?;
     file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime))
         .map_err(SnapshotError::Local)?;
     Ok((read, hasher.finalize().to_hex().to_string()))
+}
+
+/// Reads until `buffer` is full or the reader ends; the bytes read.
+fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// A failure reading the archive: the store's, when the downloader passed one on; otherwise
