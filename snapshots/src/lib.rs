@@ -462,3 +462,43 @@ fn target_name(target: &Path) -> Result<String, SnapshotError> {
 fn unix_seconds(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandkeeper::SandboxId;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_round_trips_through_memory_and_is_written_once() {
+        let snapshots = ObjectSnapshots::open("memory://", SnapshotsConfig::default()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        std::fs::create_dir_all(work.join("a/b")).unwrap();
+        std::fs::write(work.join("a/b/c"), b"contents").unwrap();
+        std::os::unix::fs::symlink("../../etc/passwd", work.join("a/out")).unwrap();
+        let name = SnapshotName::new(SandboxId(3), "mem").unwrap();
+
+        let manifest = snapshots.upload(&work, &name, None).await.unwrap();
+        let paths: Vec<_> = manifest.entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["a", "a/b", "a/out", "a/b/c"]);
+        assert_eq!(manifest.file_bytes(), 8);
+        let again = snapshots.upload(&work, &name, None).await;
+        assert!(matches!(again, Err(SnapshotError::AlreadyExists { .. })));
+
+        let back = tmp.path().join("back");
+        assert_eq!(snapshots.download(&name, &back).await.unwrap(), manifest);
+        assert_eq!(std::fs::read(back.join("a/b/c")).unwrap(), b"contents");
+        let link = std::fs::read_link(back.join("a/out")).unwrap();
+        assert_eq!(link, Path::new("../../etc/passwd"));
+
+        let missing = SnapshotName::new(SandboxId(4), "mem").unwrap();
+        let got = snapshots.download(&missing, &tmp.path().join("none")).await;
+        assert!(matches!(got, Err(SnapshotError::NotFound { .. })));
+        let not_a_dir = snapshots.upload(&work.join("a/b/c"), &missing, None).await;
+        assert!(matches!(not_a_dir, Err(SnapshotError::Local(_))));
+        assert!(matches!(
+            snapshots.manifest(&missing).await,
+            Err(SnapshotError::NotFound { .. })
+        ));
+    }
+}
