@@ -4,8 +4,9 @@
 //!
 //! Every entry must be the manifest's next one, its path `/`-separated normal components whose
 //! parent is a directory this unpack made (so nothing is ever written through a link, and no
-//! entry lands outside the staging directory), each file's contents must hash to the manifest's
-//! hash, and the archive's size must be the manifest's. Links are made as links with
+//! entry lands outside the staging directory), its header must agree with the manifest (kind,
+//! mode, time, size, link target), each file's contents must hash to the manifest's hash, and
+//! the archive's size must be the manifest's. Links are made as links with
 //! the recorded target, wherever it points, and never followed.
 
 use std::collections::{HashSet, VecDeque};
@@ -190,6 +191,15 @@ impl Made {
         self.check_path(name, &path)?;
         let full = staging.join(&path);
         let kind = entry.header().entry_type();
+        let header_mode = entry.header().mode().ok().map(|mode| mode & 0o777);
+        let mode_wanted = match &want.kind {
+            EntryKind::Dir { mode } | EntryKind::File { mode, .. } => Some(*mode),
+            EntryKind::Symlink { .. } => None,
+        };
+        if mode_wanted.is_some_and(|mode| header_mode != Some(mode)) {
+            let why = format!("{path:?}'s mode differs from the manifest's");
+            return Err(SnapshotError::corrupt(name, why));
+        }
         match (&want.kind, kind) {
             (EntryKind::Dir { mode }, EntryType::Directory) => {
                 fs::create_dir(&full).map_err(SnapshotError::Local)?;

@@ -198,3 +198,54 @@ async fn a_hostile_archive_is_refused_and_writes_nothing_outside() {
         .unwrap();
     assert_eq!(fs::read(downloads.join("fine/a")).unwrap(), b"fine");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_altered_with_a_valid_checksum_is_detected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    fs::create_dir(&store).unwrap();
+    let snapshots = open(&store);
+    let work = tmp.path().join("work");
+    fs::create_dir(&work).unwrap();
+    fs::write(work.join("a"), b"first").unwrap();
+    fs::write(work.join("b"), b"second").unwrap();
+    let manifest = snapshots.upload(&work, &name(1), None).await.unwrap();
+    let data = snapshots.object_path(&name(1), &manifest.data);
+    let original = snapshots
+        .store()
+        .get(&data)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let downloads = tmp.path().join("downloads");
+    fs::create_dir(&downloads).unwrap();
+
+    // The first entry's time, then its mode, each changed with the header's checksum made
+    // right again: only the manifest can tell.
+    let alterations: [fn(&mut tar::Header); 2] = [
+        |h| h.set_mtime(h.mtime().unwrap() + 1),
+        |h| h.set_mode(0o777),
+    ];
+    for (n, alter) in alterations.iter().enumerate() {
+        let mut bytes = original.to_vec();
+        let mut header = tar::Header::from_byte_slice(&bytes[..512]).clone();
+        alter(&mut header);
+        header.set_cksum();
+        bytes[..512].copy_from_slice(header.as_bytes());
+        snapshots.store().put(&data, bytes.into()).await.unwrap();
+        let got = snapshots
+            .download(&name(1), &downloads.join(format!("t{n}")))
+            .await;
+        assert!(
+            matches!(got, Err(SnapshotError::Corrupt { .. })),
+            "{n}: {got:?}"
+        );
+        assert!(
+            names_in(&downloads).is_empty(),
+            "{n}: left {:?}",
+            names_in(&downloads)
+        );
+    }
+}
