@@ -284,3 +284,79 @@ fn io_at(path: &Path, source: io::Error) -> MetaError {
         source,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("sk-inventory-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn sandbox(n: u64) -> SweepObject {
+        SweepObject::Sandbox {
+            id: SandboxId(n),
+            key: None,
+            resumed_from: None,
+        }
+    }
+
+    fn record(root: &Path, n: u64) {
+        let started = StartedFor {
+            sandbox: n,
+            key: "session:s".into(),
+            spec: None,
+            resumed_from: None,
+        };
+        meta::record_sandbox(root, SandboxId(n), &started).unwrap();
+    }
+
+    /// Only a real directory with its record is listed and removed: one without a record stays,
+    /// a link at an object's name (even with a record) is neither listed nor moved, and a
+    /// snapshot name that is a path is a typed error, never a path followed.
+    #[test]
+    fn only_recorded_directories_are_listed_and_removed() {
+        let root = scratch("removed");
+        let outside = scratch("removed-outside");
+        for n in [1, 2] {
+            fs::create_dir_all(root.join(format!("sbx-{n}"))).unwrap();
+        }
+        record(&root, 1);
+        record(&root, 3);
+        std::os::unix::fs::symlink(&outside, root.join("sbx-3")).unwrap();
+
+        let listed = sweep_objects(&root).unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(matches!(
+            listed[0],
+            SweepObject::Sandbox {
+                id: SandboxId(1),
+                ..
+            }
+        ));
+        assert!(!remove_swept(&root, &sandbox(2)).unwrap(), "no record");
+        assert!(root.join("sbx-2").is_dir());
+        assert!(!remove_swept(&root, &sandbox(3)).unwrap(), "a link");
+        assert!(fs::symlink_metadata(root.join("sbx-3")).is_ok());
+        assert!(remove_swept(&root, &sandbox(1)).unwrap());
+        assert!(!root.join("sbx-1").exists());
+        assert_eq!(meta::sandbox_record(&root, SandboxId(1)).unwrap(), None);
+        assert!(!remove_swept(&root, &sandbox(1)).unwrap(), "gone already");
+        assert_eq!(fs::read_dir(trash_dir(&root)).unwrap().count(), 0);
+
+        let escaping = SweepObject::Snapshot {
+            snapshot: Snapshot::new("../sbx-2"),
+            by: SandboxId(2),
+            key: None,
+            expires: None,
+        };
+        let e = remove_swept(&root, &escaping).unwrap_err();
+        assert!(matches!(e, MetaError::Name { .. }), "{e}");
+        assert!(root.join("sbx-2").is_dir());
+        fs::remove_dir_all(&root).unwrap();
+        fs::remove_dir_all(&outside).unwrap();
+    }
+}
