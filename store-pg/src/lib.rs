@@ -9,7 +9,8 @@
 //! - [`PgStore`]: the operations, each one statement calling one function, on one connection
 //!   made again after it broke, each bounded in time ([`Timeouts`]).
 //! - [`Inventory`] and [`PgStore::sweep`]: the sweep as a composition of this store (leases,
-//!   records) and the host's backend (the sandboxes).
+//!   records) and the host's backend (the sandboxes); [`LocalRootInventory`], that of a
+//!   local root (a host's `LocalBackend`).
 //! - [`throwaway`]: a test aid, a throwaway cluster in a temporary directory.
 //!
 //! `docs/fleet-postgres.md` has the design, the transactions and why each keeps the store
@@ -19,11 +20,13 @@
 #![warn(missing_docs)]
 
 mod error;
+mod local_root;
 pub mod schema;
 mod store;
 mod sweep;
 pub mod throwaway;
 
 pub use error::PgError;
+pub use local_root::LocalRootInventory;
 pub use store::{PgStore, Timeouts};
 pub use sweep::{Inventory, InventoryFuture};

@@ -5,7 +5,8 @@
 //! [`PgStore::sweep`] judges each object the inventory lists by [`sandkeeper::sweep_verdict`]
 //! (the decision the local root's sweep, the Kubernetes sweep and the simulator share) on the
 //! leases and records in PostgreSQL. Each host sweeps its own objects; no host removes
-//! another's. A store with no inventory sweeps nothing (it holds no sandboxes).
+//! another's. A store with no inventory sweeps nothing (it holds no sandboxes). A host's local
+//! root is listed and swept by [`LocalRootInventory`](crate::LocalRootInventory).
 //!
 //! As the local root's sweep (`io-tokio/src/local/store/sweep.rs`), it judges leases and
 //! retention a lease before `now`; it decides on one read of the entries and leases, and for

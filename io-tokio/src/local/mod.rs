@@ -44,6 +44,7 @@
 mod exec;
 mod fence;
 mod init_exec;
+pub mod inventory;
 mod isolation;
 pub(crate) mod layout;
 mod limit_watch;

@@ -8,13 +8,15 @@
 //! *renamed* into `<root>/.fleet/trash/` (O(1)) and deleted once every decision is acted on; a
 //! record's reference to a snapshot whose retention ended is dropped *first*, by a
 //! compare-and-set of the key's entry on the version the second decision read, and the snapshot
-//! is renamed only if that write won (else it is left for the next sweep). What it reads of
-//! each object is the keeper's record of it under `<root>/.meta/` (`local/meta.rs`): its key,
-//! the snapshot a sandbox's start took, a snapshot's recorded retention; never anything in its
-//! workspace, which a command may have forged. An object without a record (an older keeper's, or
-//! made by hand) is kept, never judged on a guess; a record that is not one stops the sweep with
-//! an error naming it. A swept object's record goes once the object is in the trash, and records
-//! a crash left without their directory go once an hour old.
+//! is renamed only if that write won (else it is left for the next sweep). What it lists, and
+//! how it removes, is the root's inventory (`local/inventory.rs`, the same functions any other
+//! fleet store uses on a local root): each object as the keeper's record of it under
+//! `<root>/.meta/` (`local/meta.rs`) says (its key, the snapshot a sandbox's start took, a
+//! snapshot's recorded retention), never anything in its workspace, which a command may have
+//! forged. An object without a record (an older keeper's, or made by hand) is kept, never judged
+//! on a guess; a record that is not one stops the sweep with an error naming it. A swept object's
+//! record goes once the object is in the trash, and records a crash left without their directory
+//! go once an hour old.
 //!
 //! It judges leases and retention one lease later than a claim would (`now - lease`): a claim
 //! made on a clock that runs ahead is fenced at the backend, but a removal cannot be taken back,
@@ -42,15 +44,13 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sandkeeper::{
-    sweep_verdict, Instant, SandboxId, Snapshot, SweepKey, SweepObject, SweepVerdict,
-};
+use sandkeeper::{sweep_verdict, Instant, SweepKey, SweepObject, SweepVerdict};
 
 use super::{cell, parse_key, LocalStore, StoreError};
-use crate::local::meta::{self, MetaError, StartedFor};
+use crate::local::inventory;
+use crate::local::meta::{self, MetaError};
 use crate::store::{unix_ms, Swept};
 
 /// How old a staged file must be before a sweep takes it for a dead writer's.
@@ -61,8 +61,6 @@ impl LocalStore {
     /// operation's), judging leases and retention as of `now - lease`. See the module docs.
     pub fn sweep(&self, now: SystemTime) -> Result<Swept, StoreError> {
         let root = self.root();
-        let trash = self.dir.join("trash");
-        fs::create_dir_all(&trash).map_err(|e| self.io(e))?;
         let mut swept = Swept::default();
         let wall = now;
         let now = now.checked_sub(self.lease).unwrap_or(UNIX_EPOCH);
@@ -73,7 +71,8 @@ impl LocalStore {
             keys.insert(key, self.sweep_key(&entry, now)?);
         }
         let live = |incarnation| self.lease_live(incarnation, now).unwrap_or(true);
-        for (path, object) in self.objects(&root)? {
+        let record_failed = |e| self.record_failed(&root, e);
+        for object in inventory::sweep_objects(&root).map_err(record_failed)? {
             if sweep_verdict(&object, &keys, live, now_core) == SweepVerdict::Keep {
                 continue;
             }
@@ -113,13 +112,15 @@ impl LocalStore {
                     continue; // the key changed since: the next sweep decides again
                 }
             }
-            if !self.to_trash(&path, &trash)? {
+            // To the trash, then its record (a crash between the two leaves an orphan record,
+            // which `clear_leftovers` below takes once it is old).
+            if inventory::trash_swept(&root, &object)
+                .map_err(record_failed)?
+                .is_none()
+            {
                 continue; // another sweep took it
             }
-            // Its record once it is gone from its place (a crash between the two leaves an
-            // orphan record, which `clear_orphans` below takes once it is old).
-            self.forget(&root, &object)?;
-            tracing::info!(object = %path.display(), ?verdict, "swept");
+            tracing::info!(?object, ?verdict, "swept");
             match object {
                 SweepObject::Sandbox { .. } => swept.sandboxes += 1,
                 SweepObject::Snapshot { .. } => {
@@ -132,46 +133,9 @@ impl LocalStore {
         }
         // Once every decision is acted on: a removal takes as long as the workspace is large.
         // Whatever is in the trash goes (another sweep's, or a crashed one's, too).
-        for item in fs::read_dir(&trash).map_err(|e| self.io(e))? {
-            let path = item.map_err(|e| self.io(e))?.path();
-            match fs::remove_dir_all(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.io(e)),
-            }
-        }
         self.clear_staged(wall)?;
-        meta::clear_orphans(&root, wall).map_err(|e| self.record_failed(&root, e))?;
+        inventory::clear_leftovers(&root, wall).map_err(record_failed)?;
         Ok(swept)
-    }
-
-    /// Renames `path` into `trash` under a name of its own (two sweeps, even of processes
-    /// with one process id in different namespaces, never rename onto each other's): whether it
-    /// was there to move.
-    fn to_trash(&self, path: &Path, trash: &Path) -> Result<bool, StoreError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = path.file_name().expect("a listed directory");
-        let mut last = None;
-        for _ in 0..100 {
-            let mut unique = name.to_owned();
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            unique.push(format!(".{}-{n}", std::process::id()));
-            match fs::rename(path, trash.join(unique)) {
-                Ok(()) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-                // The name is taken: another one.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
-                    ) =>
-                {
-                    last = Some(e)
-                }
-                Err(e) => return Err(self.io(e)),
-            }
-        }
-        Err(self.io(last.expect("a hundred tries")))
     }
 
     /// What the sweep decides on of one entry: its owner's liveness at `now` and its record.
@@ -225,60 +189,6 @@ impl LocalStore {
             .is_some_and(|(_, expires)| unix_ms(now) < expires))
     }
 
-    /// The sweep's view of the sandbox directory or snapshot `name` under `root` (by `id`), from
-    /// the keeper's record of it (`local/meta.rs`), never from its workspace; `None` without a
-    /// record.
-    fn object(
-        &self,
-        root: &Path,
-        name: &str,
-        id: SandboxId,
-        snapshot: bool,
-    ) -> Result<Option<SweepObject>, StoreError> {
-        let malformed = |e| self.record_failed(root, e);
-        if snapshot {
-            let snapshot = Snapshot::new(name);
-            let Some(record) = meta::snapshot_record(root, &snapshot).map_err(malformed)? else {
-                return Ok(None);
-            };
-            let key = recorded_key(&record.taken_from).map_err(|why| {
-                self.malformed(
-                    &root.join(meta::META_ROOT).join("snapshots").join(name),
-                    why,
-                )
-            })?;
-            return Ok(Some(SweepObject::Snapshot {
-                snapshot,
-                by: id,
-                key: Some(key),
-                expires: record.expires.map(expiry_instant),
-            }));
-        }
-        let Some(record) = meta::sandbox_record(root, id).map_err(malformed)? else {
-            return Ok(None);
-        };
-        let key = recorded_key(&record).map_err(|why| {
-            self.malformed(
-                &root.join(meta::META_ROOT).join("sandboxes").join(name),
-                why,
-            )
-        })?;
-        Ok(Some(SweepObject::Sandbox {
-            id,
-            key: Some(key),
-            resumed_from: record.resumed_from.map(Snapshot::new),
-        }))
-    }
-
-    /// Removes the record of a swept object (after it is gone from its place).
-    fn forget(&self, root: &Path, object: &SweepObject) -> Result<(), StoreError> {
-        let forgotten = match object {
-            SweepObject::Sandbox { id, .. } => meta::forget_sandbox(root, *id),
-            SweepObject::Snapshot { snapshot, .. } => meta::forget_snapshot(root, snapshot),
-        };
-        forgotten.map_err(|e| self.record_failed(root, e))
-    }
-
     /// A keeper record under `root` that failed, as the store's error.
     fn record_failed(&self, root: &Path, e: MetaError) -> StoreError {
         match e {
@@ -287,65 +197,6 @@ impl LocalStore {
             e => self.malformed(&root.join(meta::META_ROOT), e),
         }
     }
-
-    /// The sandbox directories and snapshots under `root`, as the sweep sees them.
-    fn objects(&self, root: &Path) -> Result<Vec<(PathBuf, SweepObject)>, StoreError> {
-        let mut out = vec![];
-        let mut unrecorded = 0usize;
-        for (dir, snapshots) in [(root.to_path_buf(), false), (root.join(".snapshots"), true)] {
-            let items = match fs::read_dir(&dir) {
-                Ok(items) => items,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(self.io(e)),
-            };
-            for item in items {
-                let item = item.map_err(|e| self.io(e))?;
-                let name = item.file_name().to_string_lossy().into_owned();
-                // `sbx-<id>` for a sandbox, `sbx-<id>-<instance>` for a snapshot.
-                let Some(rest) = name.strip_prefix("sbx-") else {
-                    continue;
-                };
-                let (id, instance) = match rest.split_once('-') {
-                    Some((id, instance)) => (id, Some(instance)),
-                    None => (rest, None),
-                };
-                let (Ok(id), true) = (id.parse::<u64>(), instance.is_some() == snapshots) else {
-                    continue;
-                };
-                if !item.file_type().map_err(|e| self.io(e))?.is_dir() {
-                    continue;
-                }
-                let path = item.path();
-                let Some(object) = self.object(root, &name, SandboxId(id), snapshots)? else {
-                    // No keeper record: an older keeper's (which kept it in the workspace), or
-                    // made by hand. Never judged from its workspace, so never removed.
-                    tracing::debug!(object = %path.display(), "no keeper record: kept");
-                    unrecorded += 1;
-                    continue;
-                };
-                out.push((path, object));
-            }
-        }
-        if unrecorded > 0 {
-            tracing::warn!(
-                unrecorded,
-                "objects without a keeper record (an older keeper's?) are kept: remove by hand \
-                 those no key continues (docs/operations-errors.md)"
-            );
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
-    }
-}
-
-/// The key a record says its sandbox was started for.
-fn recorded_key(record: &StartedFor) -> Result<sandkeeper::Key, String> {
-    parse_key(&record.key)
-}
-
-/// A retention's end in seconds since the Unix epoch, as the sweep's instant.
-fn expiry_instant(secs: u64) -> Instant {
-    Instant::from_nanos(secs.saturating_mul(1_000_000_000))
 }
 
 /// A wall-clock time as the sweep's instant: nanoseconds since the Unix epoch.
@@ -361,6 +212,7 @@ mod tests {
     use sandkeeper::{SandboxId, SessionId, Snapshot};
 
     use super::*;
+    use crate::local::meta::StartedFor;
     use crate::store::{Claim, StoredRecord, StoredSnapshot};
 
     fn at(secs: u64) -> SystemTime {
