@@ -413,6 +413,7 @@ mod tests {
         record_sandbox(&root, SandboxId(1), &started(1)).unwrap();
         record_sandbox(&root, SandboxId(2), &started(2)).unwrap();
         std::fs::create_dir_all(root.join("sbx-2")).unwrap();
+        // A record's age is its file's, on the wall clock: the test's `now` is that clock.
         #[allow(clippy::disallowed_methods)]
         let now = SystemTime::now();
         assert_eq!(clear_orphans(&root, now).unwrap(), 0, "young: kept");
