@@ -23,8 +23,8 @@
 //! behind the keeper's back (a command, a removal, a mirror upload); a process a command left
 //! running in the sandbox's namespace is caught by the watch, which kills it once the workspace
 //! is over its quota (it overshoots by what it writes in one interval of the watch). The
-//! keeper's own writes (mirror uploads, its metadata) are counted in the total but never
-//! refused.
+//! keeper's own writes (mirror uploads) are counted in the total but never refused; its records
+//! of the sandbox live outside the workspace (`meta.rs`).
 
 use std::collections::HashSet;
 use std::ffi::CStr;
