@@ -25,13 +25,14 @@
 //! record from the adopting owner's own request. A record that is there but cannot be read as
 //! one is an error ([`MetaError::Malformed`]), never a guess.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use sandkeeper::{PathName, SandboxId, Snapshot};
 use serde::{Deserialize, Serialize};
+
+use super::nofollow;
 
 /// The keeper's directory of records under the root.
 pub const META_ROOT: &str = ".meta";
@@ -241,9 +242,18 @@ fn snapshot_record_path(root: &Path, snapshot: &Snapshot) -> Result<PathBuf, Met
 }
 
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaError> {
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
+    let (dir, name) = split(path);
+    let read =
+        nofollow::open_dir(dir).and_then(|dir| nofollow::read_file(dir, name, MAX_RECORD as usize));
+    let bytes = match read {
+        Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if matches!(nofollow::refusal(&e), Some(nofollow::Refused::TooLarge(_))) => {
+            return Err(MetaError::Malformed {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            })
+        }
         Err(source) => {
             return Err(MetaError::Io {
                 path: path.to_path_buf(),
@@ -251,19 +261,6 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaEr
             })
         }
     };
-    let mut bytes = Vec::new();
-    file.take(MAX_RECORD + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| MetaError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    if bytes.len() as u64 > MAX_RECORD {
-        return Err(MetaError::Malformed {
-            path: path.to_path_buf(),
-            why: format!("larger than {MAX_RECORD} bytes"),
-        });
-    }
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| MetaError::Malformed {
@@ -272,49 +269,33 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaEr
         })
 }
 
-/// Writes `record` to `path`: a temporary of its own beside it, synced, renamed over it, and the
-/// directory synced, so that a reader sees the old record or the new one, and a crash after the
-/// write leaves the new one.
+/// Writes `record` to `path`: `nofollow::write_file`'s temporary beside it (a name of its own,
+/// never another writer's), synced, renamed over it, then the directory synced, so that a
+/// reader sees the old record or the new one, and a crash after the write leaves the new one.
 fn write(path: &Path, record: &impl Serialize) -> Result<(), MetaError> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
     let io = |source| MetaError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let dir = path.parent().expect("a record is in a directory");
+    let (dir, name) = split(path);
     std::fs::create_dir_all(dir).map_err(io)?;
     let bytes = serde_json::to_vec(record).map_err(|e| MetaError::Malformed {
         path: path.to_path_buf(),
         why: e.to_string(),
     })?;
-    // A name of its own: another writer's (one with the same process id in another PID
-    // namespace, on a shared root) is never opened, nor removed.
-    let (tmp, mut file) = {
-        let mut tries = 0;
-        loop {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let tmp = dir.join(format!(".{}-{n}.tmp", std::process::id()));
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)
-            {
-                Ok(file) => break (tmp, file),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
-                Err(e) => return Err(io(e)),
-            }
-        }
-    };
-    let written = (|| {
-        file.write_all(&bytes)?;
-        file.sync_data()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(io)
+    let dir = nofollow::open_dir(dir).map_err(io)?;
+    nofollow::write_file(&dir, name, &bytes).map_err(io)?;
+    rustix::fs::fsync(&dir).map_err(|e| io(e.into()))
+}
+
+/// A record's directory and file name (every record path is `<root>/.meta/<kind>/<name>.json`).
+fn split(path: &Path) -> (&Path, &str) {
+    let dir = path.parent().expect("a record is in a directory");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a record's name is its object's, valid UTF-8");
+    (dir, name)
 }
 
 fn remove(path: &Path) -> Result<(), MetaError> {
