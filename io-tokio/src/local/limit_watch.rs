@@ -403,7 +403,7 @@ mod tests {
     /// `cargo test -p sandkeeper-tokio --lib the_watch_s_cost -- --ignored --nocapture`
     /// (`docs/performance.md`).
     #[test]
-    #[ignore]
+    #[ignore = "a measurement, not a check: run by hand for docs/performance.md"]
     #[allow(clippy::disallowed_methods)] // a measurement reads the clock
     fn the_watch_s_cost() {
         let ws = std::env::temp_dir().join(format!("sk-watch-cost-{}", std::process::id()));
