@@ -52,17 +52,21 @@ pub fn sweep_objects(root: &Path) -> Result<Vec<SweepObject>, MetaError> {
         let items = match fs::read_dir(&dir) {
             Ok(items) => items,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(MetaError::Io { path: dir, source }),
+            Err(source) => return Err(MetaError::io(&dir, source)),
         };
         for item in items {
-            let item = item.map_err(|source| io_at(&dir, source))?;
+            let item = item.map_err(|source| MetaError::io(&dir, source))?;
             let name = item.file_name().to_string_lossy().into_owned();
             let Some(id) = object_id(&name, snapshots) else {
                 continue;
             };
             // The entry's own type: a link is not a directory, and is never followed.
             let path = item.path();
-            if !item.file_type().map_err(|e| io_at(&path, e))?.is_dir() {
+            if !item
+                .file_type()
+                .map_err(|e| MetaError::io(&path, e))?
+                .is_dir()
+            {
                 continue;
             }
             match recorded_object(root, &name, id, snapshots)? {
@@ -106,13 +110,13 @@ pub fn trash_swept(root: &Path, object: &SweepObject) -> Result<Option<PathBuf>,
         Ok(found) if found.is_dir() => {}
         Ok(_) => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_at(&dir, e)),
+        Err(e) => return Err(MetaError::io(&dir, e)),
     }
     if !has_record(root, object)? {
         return Ok(None);
     }
     let trash = trash_dir(root);
-    fs::create_dir_all(&trash).map_err(|e| io_at(&trash, e))?;
+    fs::create_dir_all(&trash).map_err(|e| MetaError::io(&trash, e))?;
     let Some(trashed) = rename_into(&dir, &trash)? else {
         return Ok(None);
     };
@@ -131,10 +135,10 @@ pub fn empty_trash(root: &Path) -> Result<(), MetaError> {
     let items = match fs::read_dir(&trash) {
         Ok(items) => items,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_at(&trash, e)),
+        Err(e) => return Err(MetaError::io(&trash, e)),
     };
     for item in items {
-        delete_trashed(&item.map_err(|e| io_at(&trash, e))?.path())?;
+        delete_trashed(&item.map_err(|e| MetaError::io(&trash, e))?.path())?;
     }
     Ok(())
 }
@@ -256,11 +260,11 @@ fn rename_into(dir: &Path, trash: &Path) -> Result<Option<PathBuf>, MetaError> {
             {
                 last = Some(e)
             }
-            Err(e) => return Err(io_at(dir, e)),
+            Err(e) => return Err(MetaError::io(dir, e)),
         }
     }
     let source = last.unwrap_or_else(|| io::Error::other("no name free in the trash"));
-    Err(io_at(dir, source))
+    Err(MetaError::io(dir, source))
 }
 
 /// Deletes a trashed directory (a link in it is removed, never followed); gone already is no
@@ -269,20 +273,13 @@ fn delete_trashed(path: &Path) -> Result<(), MetaError> {
     match fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_at(path, e)),
+        Err(e) => Err(MetaError::io(path, e)),
     }
 }
 
 /// A retention's end in seconds since the Unix epoch, as the sweep's instant.
 fn expiry_instant(secs: u64) -> Instant {
     Instant::from_nanos(secs.saturating_mul(1_000_000_000))
-}
-
-fn io_at(path: &Path, source: io::Error) -> MetaError {
-    MetaError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 #[cfg(test)]

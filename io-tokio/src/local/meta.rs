@@ -110,6 +110,14 @@ pub enum MetaError {
 }
 
 impl MetaError {
+    /// The file system's `source` at `path`.
+    pub(crate) fn io(path: &Path, source: io::Error) -> Self {
+        MetaError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     /// The file system error beneath, if that is what failed.
     pub fn io_kind(&self) -> Option<io::ErrorKind> {
         match self {
@@ -194,18 +202,10 @@ pub(crate) fn clear_orphans(root: &Path, now: SystemTime) -> Result<usize, MetaE
         let items = match std::fs::read_dir(&records) {
             Ok(items) => items,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => {
-                return Err(MetaError::Io {
-                    path: records,
-                    source,
-                })
-            }
+            Err(source) => return Err(MetaError::io(&records, source)),
         };
         for item in items {
-            let item = item.map_err(|source| MetaError::Io {
-                path: records.clone(),
-                source,
-            })?;
+            let item = item.map_err(|source| MetaError::io(&records, source))?;
             let name = item.file_name().to_string_lossy().into_owned();
             let leftover = match name.strip_suffix(".json") {
                 Some(object) if !name.starts_with('.') => !objects.join(object).exists(),
@@ -254,12 +254,7 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaEr
                 why: e.to_string(),
             })
         }
-        Err(source) => {
-            return Err(MetaError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
+        Err(source) => return Err(MetaError::io(path, source)),
     };
     serde_json::from_slice(&bytes)
         .map(Some)
@@ -273,10 +268,7 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaEr
 /// never another writer's), synced, renamed over it, then the directory synced, so that a
 /// reader sees the old record or the new one, and a crash after the write leaves the new one.
 fn write(path: &Path, record: &impl Serialize) -> Result<(), MetaError> {
-    let io = |source| MetaError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| MetaError::io(path, source);
     let (dir, name) = split(path);
     std::fs::create_dir_all(dir).map_err(io)?;
     let bytes = serde_json::to_vec(record).map_err(|e| MetaError::Malformed {
@@ -302,10 +294,7 @@ fn remove(path: &Path) -> Result<(), MetaError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(MetaError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(MetaError::io(path, source)),
     }
 }
 
