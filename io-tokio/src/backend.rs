@@ -27,6 +27,11 @@ pub enum FailureClass {
     /// Fleet mode: refused because the sandbox, or its key, has seen a newer fencing token:
     /// another process owns the key now. Becomes the core's `fenced` for every command.
     Fenced,
+    /// Fleet mode across hosts: the sandbox is not on this host, and may be up on another
+    /// host's (a local root with a [`Shelf`](crate::local::shelf::Shelf)). An Adopt so answered
+    /// is the core's `instance_gone` (the sandbox is left to its key's next adoption, never
+    /// shut down); any other command's, a transient failure.
+    Elsewhere,
 }
 
 /// A backend operation's failure.
@@ -66,6 +71,11 @@ impl BackendError {
     /// Not worth another try.
     pub fn fatal(message: impl Into<String>) -> Self {
         Self::new(FailureClass::Fatal, message)
+    }
+
+    /// Not on this host; maybe on another.
+    pub fn elsewhere(message: impl Into<String>) -> Self {
+        Self::new(FailureClass::Elsewhere, message)
     }
 }
 

@@ -1,16 +1,18 @@
 //! How a backend's answer becomes the core's input. The one place where failure classes meet
 //! the lifecycle:
 //!
-//! | command | ok | `Gone` | `Timeout` | `Transient` | `Fatal` |
-//! |---|---|---|---|---|---|
-//! | Start | `StartOk` | `Died` (its calls fail `sandbox-gone`) | `StartFailed` | `StartFailed` | `StartFailed` |
-//! | Upload | `UploadOk` | `UploadFailed(Gone)` (treated as death) | `UploadFailed(Transient)` | `UploadFailed(Transient)` | `UploadFailed(Transient)` |
-//! | Stop | `StopOk(snapshot)` | `Died` | `StopFailed` | `StopFailed` | `StopFailed` |
-//! | Persist | `PersistOk` | `Died` | `PersistFailed` | `PersistFailed` | `PersistFailed` |
-//! | Adopt (fleet) | `StartOk` | `StartFailed` (gone: the key starts afresh) | `StartFailed` | `StartFailed` | `StartFailed` |
-//! | Shutdown | `ShutdownOk` | `ShutdownOk` (already gone is done) | `ShutdownFailed` | `ShutdownFailed` | `ShutdownFailed` |
+//! | command | ok | `Gone` | `Timeout`, `Transient`, `Fatal` | `Elsewhere` |
+//! |---|---|---|---|---|
+//! | Start | `StartOk` | `Died` (its calls fail `sandbox-gone`) | `StartFailed` | `StartFailed` |
+//! | Upload | `UploadOk` | `UploadFailed(Gone)` (treated as death) | `UploadFailed(Transient)` | `UploadFailed(Transient)` |
+//! | Stop | `StopOk(snapshot)` | `Died` | `StopFailed` | `StopFailed` |
+//! | Persist | `PersistOk` | `Died` | `PersistFailed` | `PersistFailed` |
+//! | Adopt (fleet) | `StartOk` | `StartFailed` (gone: the key starts afresh) | `StartFailed` | `InstanceGone` (on another host: left to the key's next adoption) |
+//! | Shutdown | `ShutdownOk` | `ShutdownOk` (already gone is done) | `ShutdownFailed` | `ShutdownFailed` |
 //!
 //! `Fenced` (fleet mode: a newer token owns the key) is the core's `Fenced` for every command.
+//! `Elsewhere` (fleet mode across hosts: not on this host's root, maybe on another's) matters
+//! only to an Adopt: its workspace may hold the key's history, so it is never shut down.
 //!
 //! A fatal upload is retried like a transient one: the core bounds retries (`upload_retries`)
 //! and then drops the version with `upload-failed`, so nothing is lost silently, and a sandbox
@@ -31,11 +33,14 @@ pub(crate) fn start(sandbox: SandboxId, result: Result<(), BackendError>) -> Inp
 }
 
 /// An Adopt's answer: like a Start's, except that a sandbox found gone is a failed adoption
-/// (the core starts the key afresh for its calls), not a death of something they were bound to.
+/// (the core starts the key afresh for its calls), not a death of something they were bound to;
+/// and one on another host is an instance lost with its workspace intact (the core leaves it,
+/// named in the key's record, to the key's next adoption).
 pub(crate) fn adopt(sandbox: SandboxId, result: Result<(), BackendError>) -> Input {
     match result {
         Ok(()) => Input::StartOk { sandbox },
         Err(e) if e.class == FailureClass::Fenced => Input::Fenced { sandbox },
+        Err(e) if e.class == FailureClass::Elsewhere => Input::InstanceGone { sandbox },
         Err(_) => Input::StartFailed { sandbox },
     }
 }
@@ -56,7 +61,8 @@ pub(crate) fn upload(
                 FailureClass::Timeout
                 | FailureClass::Transient
                 | FailureClass::Fatal
-                | FailureClass::Fenced => UploadFailure::Transient,
+                | FailureClass::Fenced
+                | FailureClass::Elsewhere => UploadFailure::Transient,
             },
         },
     }
@@ -126,6 +132,24 @@ mod tests {
             assert_eq!(persist(x, err(c)), Input::PersistFailed { sandbox: x });
             assert_eq!(shutdown(x, err(c)), Input::ShutdownFailed { sandbox: x });
         }
+        // An Adopt: gone or failing is a failed start; on another host, an instance lost.
+        assert_eq!(adopt(x, Ok(())), Input::StartOk { sandbox: x });
+        for c in [
+            FailureClass::Gone,
+            FailureClass::Timeout,
+            FailureClass::Transient,
+            FailureClass::Fatal,
+        ] {
+            assert_eq!(adopt(x, err(c)), Input::StartFailed { sandbox: x });
+        }
+        assert_eq!(
+            adopt(x, err(FailureClass::Elsewhere)),
+            Input::InstanceGone { sandbox: x }
+        );
+        assert_eq!(
+            start(x, err(FailureClass::Elsewhere)),
+            Input::StartFailed { sandbox: x }
+        );
         // Fleet mode: a refusal for an old token is the core's `fenced`, whatever the command.
         let fenced = Input::Fenced { sandbox: x };
         assert_eq!(start(x, err(FailureClass::Fenced)), fenced);
@@ -133,6 +157,7 @@ mod tests {
         assert_eq!(stop(x, err(FailureClass::Fenced).map(|()| None)), fenced);
         assert_eq!(persist(x, err(FailureClass::Fenced)), fenced);
         assert_eq!(shutdown(x, err(FailureClass::Fenced)), fenced);
+        assert_eq!(adopt(x, err(FailureClass::Fenced)), fenced);
         assert_eq!(
             upload(u, x, err(FailureClass::Gone)),
             Input::UploadFailed {

@@ -39,6 +39,7 @@ mod manifest;
 mod name;
 mod open;
 mod pack;
+mod shelf;
 mod transfer;
 mod unpack;
 
@@ -148,6 +149,18 @@ impl ObjectSnapshots {
         name: &SnapshotName,
         retain_until: Option<SystemTime>,
     ) -> Result<Manifest, SnapshotError> {
+        self.upload_for(workspace, name, None, retain_until).await
+    }
+
+    /// [`upload`](Self::upload), its manifest naming the `key` whose sandbox the workspace was
+    /// taken from (what a fleet sweep judges the snapshot by).
+    pub async fn upload_for(
+        &self,
+        workspace: &Path,
+        name: &SnapshotName,
+        key: Option<&str>,
+        retain_until: Option<SystemTime>,
+    ) -> Result<Manifest, SnapshotError> {
         if self.exists(&self.object_path(name, MANIFEST)).await? {
             return Err(SnapshotError::AlreadyExists {
                 name: name.to_string(),
@@ -162,6 +175,7 @@ impl ObjectSnapshots {
             data,
             data_size: packed.size,
             retain_until: retain_until.map(unix_seconds),
+            key: key.map(str::to_string),
             entries: packed.entries,
             skipped: packed.skipped,
         };
@@ -361,7 +375,19 @@ impl ObjectSnapshots {
     /// manifest that does not parse, or an object not named as this crate names snapshots, is
     /// left alone (it is not this crate's to judge).
     pub async fn expired(&self, now: SystemTime) -> Result<Vec<SnapshotName>, SnapshotError> {
-        let mut names = Vec::new();
+        let listed = self.list().await?;
+        Ok(listed
+            .into_iter()
+            .filter(|(_, manifest)| manifest.expired_at(now))
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// Every complete snapshot under the prefix with its manifest, by name: a GET per
+    /// snapshot. A manifest that does not parse, or that vanished since the listing, and an
+    /// object not named as this crate names snapshots, are left out.
+    pub async fn list(&self) -> Result<Vec<(SnapshotName, Manifest)>, SnapshotError> {
+        let mut found = Vec::new();
         let mut listed = self.store.list(Some(&self.prefix));
         while let Some(meta) = listed.next().await {
             let meta = meta.map_err(SnapshotError::store)?;
@@ -369,13 +395,13 @@ impl ObjectSnapshots {
                 continue;
             };
             match self.manifest(&name).await {
-                Ok(manifest) if manifest.expired_at(now) => names.push(name),
-                Ok(_) | Err(SnapshotError::Corrupt { .. } | SnapshotError::NotFound { .. }) => {}
+                Ok(manifest) => found.push((name, manifest)),
+                Err(SnapshotError::Corrupt { .. } | SnapshotError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
-        names.sort();
-        Ok(names)
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found)
     }
 
     /// The snapshot whose manifest is at `location`, if it is one.

@@ -27,6 +27,10 @@ pub struct Manifest {
     /// When the snapshot may be swept, in seconds since the Unix epoch; `None`: kept until
     /// discarded.
     pub retain_until: Option<u64>,
+    /// The key whose sandbox it was taken from, as the uploader said (`Key`'s text, e.g.
+    /// `user:u1`): what a fleet sweep judges it by. `None`: not said (absent from the JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// Every entry of the archive, in archive order.
     pub entries: Vec<Entry>,
     /// What the workspace held that a snapshot does not keep.

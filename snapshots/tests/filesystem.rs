@@ -110,6 +110,7 @@ async fn plant(snapshots: &ObjectSnapshots, name: &SnapshotName, entries: &[(&st
         data: "data-planted.tar".to_string(),
         data_size: bytes.len() as u64,
         retain_until: None,
+        key: None,
         entries: listed,
         skipped: Vec::new(),
     };

@@ -55,6 +55,7 @@ mod ops;
 mod quota;
 mod sandbox_init;
 mod seccomp;
+pub mod shelf;
 pub mod store;
 // Both halves of the frames: the keeper uses its own, the init (`src/bin`) the other.
 #[allow(dead_code)]
@@ -82,6 +83,7 @@ pub use isolation::{find_init, Isolated, Isolation, IsolationError, Mode, Namesp
 use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
 use meta::{MetaError, SnapshotRecord, StartedFor};
+use shelf::{Shelf, ShelfError};
 
 /// How a [`LocalBackend`] runs.
 #[derive(Clone, Debug)]
@@ -118,6 +120,13 @@ pub struct LocalConfig {
     /// ([`token_log_in_order`](crate::local::token_log_in_order)). Off by default: it grows
     /// with every upload.
     pub token_log: bool,
+    /// Fleet mode across hosts: the shelf that keeps persisted snapshots beyond this root, so
+    /// that a key suspended here resumes on another host (`shelf.rs`: Persist puts, a Start
+    /// fetches what is not here, Discard removes, an Adopt of a sandbox not here answers
+    /// [`Elsewhere`](crate::backend::FailureClass::Elsewhere)). With a shelf the root is one
+    /// host's of a fleet, and the fleet's sweep decides what goes: construction sweeps nothing.
+    /// `None` (the default): one root holds everything.
+    pub shelf: Option<Arc<dyn Shelf>>,
 }
 
 impl LocalConfig {
@@ -134,6 +143,7 @@ impl LocalConfig {
             namespaces: Namespaces::default(),
             init: None,
             token_log: false,
+            shelf: None,
         }
     }
 
@@ -276,15 +286,16 @@ impl LocalBackend {
     /// returns how many. Snapshots without an expiry are kept (the policy retains them until the
     /// key's next start), and so are those without a record (an older keeper's: never judged
     /// from what is in a workspace). Records left by a crash go ([`meta`]). Construction runs
-    /// it once. Not on a fleet's root (one with `.fleet/`): there the fleet sweep
-    /// ([`store::LocalStore::sweep`]) decides, records included. A malformed record is an
-    /// `InvalidData` error naming it.
+    /// it once. Not on a fleet's root (one with `.fleet/`, or one host's, with a
+    /// [`shelf`](LocalConfig::shelf)): there the fleet sweep ([`store::LocalStore::sweep`], or
+    /// the fleet store's over the host's inventory) decides, records included. A malformed
+    /// record is an `InvalidData` error naming it.
     pub fn sweep_expired(&self, now: SystemTime) -> io::Result<usize> {
         let mut swept = 0;
         let root = &self.config.root;
-        if root.join(".fleet").is_dir() {
+        if root.join(".fleet").is_dir() || self.config.shelf.is_some() {
             // A fleet's root: a snapshot may be named by a key's record, which its own
-            // retention then decides; the fleet sweep (`LocalStore::sweep`) checks both.
+            // retention then decides; the fleet sweep checks both.
             return Ok(0);
         }
         let invalid = |e: MetaError| match e {
@@ -422,12 +433,15 @@ impl LocalBackend {
 /// resumes, renamed (the start takes it, then its record goes); or, where a start of an owner
 /// that crashed before its key's record named that sandbox took it already, that sandbox's
 /// directory (then its record goes); or a fresh directory, with a warning when the snapshot is
-/// gone (deleted by hand, expired), as a lost claim does on Kubernetes.
+/// gone (deleted by hand, expired), as a lost claim does on Kubernetes. With a shelf, a
+/// snapshot not on this host is fetched from it into `made`; one on neither fails the start
+/// (`shelf.rs`): it may be on another host's disk, and the core keeps it for the key.
 fn take_or_make(
     root: &Path,
     made: &Path,
     request: &StartRequest,
     running: &[PathBuf],
+    shelf: Option<&(Arc<dyn Shelf>, tokio::runtime::Handle)>,
 ) -> Result<(), BackendError> {
     if let Some(snapshot) = &request.resume_from {
         let from = snapshot_dir(root, snapshot).map_err(|e| io_error("snapshot", e))?;
@@ -443,6 +457,17 @@ fn take_or_make(
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_error("resume", e)),
             }
+        }
+        if let Some((shelf, runtime)) = shelf {
+            return match runtime.block_on(shelf.fetch(snapshot, made)) {
+                Ok(()) => Ok(()),
+                Err(ShelfError::NotFound(_)) => Err(BackendError::fatal(format!(
+                    "snapshot {} is neither on this host nor on the shelf: it may be on the host \
+                     that took it, whose Persists all failed; the key keeps it",
+                    snapshot.as_str()
+                ))),
+                Err(e) => Err(shelf_error(&format!("fetching {}", snapshot.as_str()), e)),
+            };
         }
         tracing::warn!(sandbox = %request.sandbox, snapshot = %from.display(),
             "the snapshot to resume is gone (removed, or expired): starting with a fresh workspace");
@@ -530,6 +555,28 @@ fn took_snapshot(
     Ok(None)
 }
 
+/// The snapshot directory a Persist keeps and its record, which must both be there.
+fn kept_snapshot(
+    root: &Path,
+    snapshot: &Snapshot,
+    sandbox: SandboxId,
+) -> Result<(PathBuf, SnapshotRecord), BackendError> {
+    let dir = snapshot_dir(root, snapshot).map_err(|e| io_error("snapshot", e))?;
+    if !dir.exists() {
+        return Err(BackendError::fatal(format!(
+            "snapshot {} of {sandbox} is missing",
+            dir.display()
+        )));
+    }
+    match meta::snapshot_record(root, snapshot).map_err(meta_error)? {
+        Some(record) => Ok((dir, record)),
+        None => Err(BackendError::fatal(format!(
+            "snapshot {} of {sandbox} has no record: not persisted",
+            dir.display()
+        ))),
+    }
+}
+
 /// The seconds since the Unix epoch a retention ends at, rounded up: a snapshot never goes
 /// before its retention ends.
 fn expiry_secs(until: SystemTime) -> u64 {
@@ -554,6 +601,15 @@ fn meta_error(e: MetaError) -> BackendError {
     match e {
         MetaError::Io { path, source } => io_error(&format!("record {}", path.display()), source),
         e => BackendError::fatal(e.to_string()),
+    }
+}
+
+/// A shelf's failure as the backend's: not there is `Gone` only to the caller that says so.
+fn shelf_error(what: &str, e: ShelfError) -> BackendError {
+    match e {
+        ShelfError::NotFound(_) => BackendError::gone(format!("{what}: {e}")),
+        ShelfError::Unavailable(_) => BackendError::transient(format!("{what}: {e}")),
+        ShelfError::Refused(_) => BackendError::fatal(format!("{what}: {e}")),
     }
 }
 
@@ -586,6 +642,12 @@ impl Backend for LocalBackend {
         let ledger = self.ledger.clone();
         // What this backend runs is never another start's to take.
         let running: Vec<PathBuf> = self.table().values().map(|s| s.dir.clone()).collect();
+        // A fetch from the shelf runs on this runtime, from the start's blocking thread.
+        let shelf = self
+            .config
+            .shelf
+            .clone()
+            .map(|shelf| (shelf, tokio::runtime::Handle::current()));
         let work = blocking(move || {
             let _admitted = ledger.admit(sandbox, Some(&request.key), request.token)?;
             let shut_down = fence.lock().unwrap_or_else(|p| p.into_inner());
@@ -609,7 +671,7 @@ impl Backend for LocalBackend {
                 resumed_from: request.resume_from.as_ref().map(|s| s.as_str().to_string()),
             };
             meta::record_sandbox(&root, sandbox, &started).map_err(meta_error)?;
-            let made_it = take_or_make(&root, &made, &request, &running);
+            let made_it = take_or_make(&root, &made, &request, &running, shelf.as_ref());
             if made_it.is_err() && !made.exists() {
                 // Nothing was made: the record goes too (else the sweep's, once it is old).
                 let _ = meta::forget_sandbox(&root, sandbox);
@@ -648,6 +710,7 @@ impl Backend for LocalBackend {
         let ledger = self.ledger.clone();
         let there = dir.clone();
         let root = self.config.root.clone();
+        let hosts = self.config.shelf.is_some();
         blocking(move || {
             let _admitted = ledger.admit(sandbox, Some(&key), Some(token))?;
             // Up means its workspace is there as its first owner's Start left it; or its owner
@@ -658,6 +721,14 @@ impl Backend for LocalBackend {
                 return adopt_up(&root, sandbox, &key);
             }
             let Some((stopped, snapshot, record)) = stopped_workspace(&root, sandbox)? else {
+                if hosts {
+                    // One host's root of several: the sandbox may be up on another's, with the
+                    // key's history in it. Never taken for gone (`shelf.rs`).
+                    return Err(BackendError::elsewhere(format!(
+                        "{sandbox} is not on this host ({}): it may be on another's",
+                        root.display()
+                    )));
+                }
                 return Err(BackendError::gone(format!(
                     "{} is gone: nothing to adopt",
                     there.display()
@@ -784,26 +855,25 @@ impl Backend for LocalBackend {
         let Some(snapshot) = snapshot else {
             return Ok(());
         };
+        let admitted = self.admit(sandbox, token).await?;
         let root = self.config.root.clone();
-        let ledger = self.ledger.clone();
+        let (dir, mut record) = {
+            let (root, snapshot) = (root.clone(), snapshot.clone());
+            blocking(move || kept_snapshot(&root, &snapshot, sandbox)).await?
+        };
+        if let Some(shelf) = &self.config.shelf {
+            // On the shelf first: a Persist that answers ok has put it beyond this host.
+            shelf
+                .put(&dir, &snapshot, &record.taken_from.key, retain_until)
+                .await
+                .map_err(|e| {
+                    shelf_error(&format!("putting {} on the shelf", snapshot.as_str()), e)
+                })?;
+        }
         let persisted = blocking(move || {
-            let _admitted = ledger.admit(sandbox, None, token)?;
-            let dir = snapshot_dir(&root, &snapshot).map_err(|e| io_error("snapshot", e))?;
-            if !dir.exists() {
-                return Err(BackendError::fatal(format!(
-                    "snapshot {} of {sandbox} is missing",
-                    dir.display()
-                )));
-            }
+            let _admitted = admitted;
             // The snapshot's record, outside the workspace: nothing in the workspace says what
             // is kept (`meta.rs`).
-            let Some(mut record) = meta::snapshot_record(&root, &snapshot).map_err(meta_error)?
-            else {
-                return Err(BackendError::fatal(format!(
-                    "snapshot {} of {sandbox} has no record: not persisted",
-                    dir.display()
-                )));
-            };
             record.persisted = true;
             record.expires = retain_until.map(expiry_secs);
             meta::record_snapshot(&root, &snapshot, &record).map_err(meta_error)
@@ -819,6 +889,7 @@ impl Backend for LocalBackend {
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
         let root = self.config.root.clone();
         let ledger = self.ledger.clone();
+        let snapshot = request.snapshot.clone();
         blocking(move || {
             let _admitted = ledger.admit(request.sandbox, Some(&request.key), request.token)?;
             let dir = snapshot_dir(&root, &request.snapshot).map_err(|e| io_error("discard", e))?;
@@ -830,7 +901,16 @@ impl Backend for LocalBackend {
             // Its record once it is gone.
             meta::forget_snapshot(&root, &request.snapshot).map_err(meta_error)
         })
-        .await
+        .await?;
+        // Then the shelf's copy (after this host's, so the shelf's outlives it: a Discard cut
+        // short never leaves a host copy that only this host could resume).
+        if let Some(shelf) = &self.config.shelf {
+            match shelf.remove(&snapshot).await {
+                Ok(()) | Err(ShelfError::NotFound(_)) => {}
+                Err(e) => return Err(shelf_error(&format!("removing {}", snapshot.as_str()), e)),
+            }
+        }
+        Ok(())
     }
 
     async fn shutdown(&self, sandbox: SandboxId, token: Option<Token>) -> Result<(), BackendError> {

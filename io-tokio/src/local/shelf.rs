@@ -1,0 +1,69 @@
+//! The shelf: where a fleet of hosts keeps persisted snapshots beyond one host's root, so that a
+//! key suspended on one host resumes on another. The local backend uses it, when configured
+//! ([`LocalConfig::shelf`](super::LocalConfig::shelf)), at four steps:
+//!
+//! - **Persist** puts the stopped workspace (`<root>/.snapshots/<snapshot>`) on the shelf
+//!   before it records the snapshot persisted, and fails if the put fails: a Persist that
+//!   answered ok means the snapshot is on the shelf. The local directory stays, as this host's
+//!   copy (a start here takes it by a rename).
+//! - **Start** resuming a snapshot not on this host fetches it from the shelf straight into the
+//!   new sandbox's directory (whole or not at all). A snapshot neither here nor on the shelf
+//!   fails the Start (never a fresh workspace): it may be on the host whose every Persist
+//!   failed, and the core then keeps it for the key.
+//! - **Discard** removes it from the shelf too.
+//! - **Adopt** of a sandbox not on this root answers [`FailureClass::Elsewhere`]: it may be up
+//!   on another host's root, and the core leaves it to the key's next adoption there.
+//!
+//! A start never removes a snapshot from the shelf (another host may still need it until the
+//! key's record moves on): what no record names any more is removed by the fleet sweep, at the
+//! end of its retention or of its maker's lease. The implementation on object storage is
+//! `sandkeeper-snapshots`' `ObjectSnapshots`.
+//!
+//! [`FailureClass::Elsewhere`]: crate::backend::FailureClass::Elsewhere
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::SystemTime;
+
+use sandkeeper::Snapshot;
+
+/// What a shelf's operation returns.
+pub type ShelfFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ShelfError>> + Send + 'a>>;
+
+/// A place beyond this host that keeps snapshots (see the module docs).
+pub trait Shelf: Debug + Send + Sync + 'static {
+    /// Puts the stopped workspace `dir` on the shelf as `snapshot`, taken from a sandbox of
+    /// `key` and kept until `retain_until` (`None`: until removed). Ok once it is there whole,
+    /// also when it was there already (a Persist tried again: a snapshot's name is its sandbox
+    /// and this backend's instance, so only this backend's own Stop made it).
+    fn put<'a>(
+        &'a self,
+        dir: &'a Path,
+        snapshot: &'a Snapshot,
+        key: &'a str,
+        retain_until: Option<SystemTime>,
+    ) -> ShelfFuture<'a, ()>;
+
+    /// Fetches `snapshot` into `target`, which must not exist: made whole, or not at all.
+    /// [`ShelfError::NotFound`] when the shelf has no such snapshot.
+    fn fetch<'a>(&'a self, snapshot: &'a Snapshot, target: &'a Path) -> ShelfFuture<'a, ()>;
+
+    /// Removes `snapshot` from the shelf; one that is not there is removed already.
+    fn remove<'a>(&'a self, snapshot: &'a Snapshot) -> ShelfFuture<'a, ()>;
+}
+
+/// A shelf operation's failure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShelfError {
+    /// The shelf has no such snapshot.
+    #[error("not on the shelf: {0}")]
+    NotFound(String),
+    /// It may work if tried again (a server error, a transfer cut).
+    #[error("shelf unavailable: {0}")]
+    Unavailable(String),
+    /// It will not work if tried again (a damaged snapshot, permissions, configuration).
+    #[error("shelf refused: {0}")]
+    Refused(String),
+}
