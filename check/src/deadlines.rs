@@ -489,6 +489,7 @@ mod tests {
                 renew_every: Duration::from_secs(3),
                 margin: Duration::from_secs(2),
                 claim_retry: Duration::from_secs(1),
+                handover: sandkeeper::Handover::Warm,
             }),
             ..config()
         };

@@ -514,6 +514,7 @@ mod tests {
                 renew_every: Duration::from_secs(3),
                 margin: Duration::from_secs(2),
                 claim_retry: Duration::from_millis(500),
+                handover: sandkeeper::Handover::Warm,
             }),
             ..Config::default()
         };

@@ -46,6 +46,27 @@ pub struct Fleet {
     /// again (the owner hands the key over once its own calls on it end), and how long a failed
     /// release waits before it is tried again.
     pub claim_retry: Duration,
+    /// How a key wanted by another process leaves this one when its calls here ended and its
+    /// sandbox is idle: handed over warm, or suspended first.
+    #[serde(default)]
+    pub handover: Handover,
+}
+
+/// How an owned key that another process wants is handed over (see [`Fleet::handover`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Handover {
+    /// The idle sandbox is drained and released in the key's record, warm: the next owner
+    /// adopts it as it is. For backends every process reaches alike (one local root, one
+    /// cluster).
+    #[default]
+    Warm,
+    /// The idle sandbox is drained and suspended (Stop, Persist: its snapshot kept whatever the
+    /// release policy), and the key released with the snapshot in its record: the next owner
+    /// resumes it. For processes that cannot reach each other's sandboxes, only a shared place
+    /// for snapshots (hosts with a local root each, and a shelf in object storage): a sandbox
+    /// handed over warm there would be on a host its next owner cannot reach.
+    Suspended,
 }
 
 impl Default for Fleet {
@@ -56,6 +77,7 @@ impl Default for Fleet {
             renew_every: Duration::from_secs(5),
             margin: Duration::from_secs(2),
             claim_retry: Duration::from_millis(500),
+            handover: Handover::Warm,
         }
     }
 }

@@ -367,8 +367,8 @@ pub use config::{
 pub use error::{DropReason, Error, ErrorKind};
 pub use event::{CloseReport, Event, FenceReason, Retained, Settlement};
 pub use fleet::{
-    ClaimId, Fleet, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, RenewalId, StoreCommand,
-    Token,
+    ClaimId, Fleet, Handover, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, RenewalId,
+    StoreCommand, Token,
 };
 pub use ids::{Key, Payload, SandboxId, Snapshot, Spec, UploadId, Version};
 pub use input::{Answer, Input, UploadFailure};

@@ -25,7 +25,7 @@ use crate::command::Command;
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::{Event, FenceReason};
 use crate::fleet::{
-    ClaimId, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, StoreCommand, Token,
+    ClaimId, Handover, KeyRecord, RecordedSnapshot, RecordingId, ReleaseId, StoreCommand, Token,
 };
 use crate::ids::Key;
 use crate::ids::SandboxId;
@@ -557,8 +557,9 @@ impl Lifecycle {
         match slot.current {
             None if wanted || slot.snapshot.is_none() || closing => self.release_key(k, None),
             Some(sandbox) if wanted && self.sandboxes[sandbox].state() == SandboxState::Idle => {
-                // Handed over warm: drained first, like any way down; `end_drain` hands it
-                // over rather than stopping it.
+                // Handed over: drained first, like any way down; `end_drain` hands it over
+                // warm rather than stopping it, or suspends it for the key's record
+                // ([`Handover`](crate::fleet::Handover)).
                 tracing::debug!(sandbox = %self.sid(sandbox), "wanted elsewhere: draining to hand over");
                 self.begin_drain(sandbox);
             }
@@ -566,17 +567,21 @@ impl Lifecycle {
         }
     }
 
-    /// Whether the drained `sandbox` goes to another process rather than down: its key is
-    /// owned here, wanted elsewhere, and none of this process's calls wants it.
-    pub(crate) fn hands_over(&self, sandbox: SandboxIx) -> bool {
+    /// How the drained `sandbox` goes to another process, if it does: its key is owned here,
+    /// wanted elsewhere, and none of this process's calls wants it. Warm, it is released in
+    /// the key's record as it is; suspended, it goes down suspended whatever the policy, and
+    /// the key is released with its snapshot (`Fleet::handover`).
+    pub(crate) fn handing_over(&self, sandbox: SandboxIx) -> Option<Handover> {
         let entry = &self.sandboxes[sandbox];
         let slot = &self.keys[entry.key];
-        matches!(slot.own, Own::Owned(Held { wanted: true, .. }))
+        let handing = matches!(slot.own, Own::Owned(Held { wanted: true, .. }))
             && slot.store_at.is_none()
             && slot.bound == 0
             && slot.waiters.is_empty()
             && slot.retiring.is_none()
-            && entry.state() == SandboxState::Draining
+            && entry.state() == SandboxState::Draining;
+        let fleet = self.config.fleet.as_ref()?;
+        handing.then_some(fleet.handover)
     }
 
     /// Orders the release of the owned key `k` with its record: its snapshot, and the drained

@@ -10,6 +10,7 @@ use crate::command::{Command, DiscardReason, HookPoint};
 use crate::config::Config;
 use crate::error::{DropReason, Error};
 use crate::event::Event;
+use crate::fleet::Handover;
 use crate::ids::{Key, SandboxId, Snapshot};
 use crate::key::KeyIx;
 use crate::lifecycle::{Lifecycle, Reconcile};
@@ -305,8 +306,10 @@ impl Lifecycle {
     /// dropped with `reason`, then a managed sandbox stops and an external one is unbound.
     pub(crate) fn end_drain(&mut self, sandbox: SandboxIx, reason: DropReason) {
         self.way_down().cancel_sandbox_timer(sandbox);
-        let hand_over = self.hands_over(sandbox);
-        let suspend = self.suspends();
+        let handover = self.handing_over(sandbox);
+        let hand_over = handover == Some(Handover::Warm);
+        // Handed over by suspension: its snapshot is what the key's next owner resumes.
+        let suspend = self.suspends() || handover == Some(Handover::Suspended);
         let record = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = record.is_managed();
         if hand_over {

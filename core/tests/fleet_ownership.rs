@@ -221,6 +221,56 @@ fn a_warm_sandbox_is_drained_and_handed_over_not_destroyed() {
     assert_eq!(core.stats().handovers, 1);
 }
 
+/// Hosts with a root each (`Handover::Suspended`): a sandbox wanted elsewhere is never handed
+/// over warm (the next owner's host cannot reach it); it is suspended, whatever the policy, and
+/// the key goes with its snapshot, which the next owner resumes from the shared shelf.
+#[test]
+fn a_sandbox_wanted_on_another_host_is_suspended_and_the_key_goes_with_its_snapshot() {
+    let warm = ReleasePolicy::KeepWarm {
+        idle: Duration::from_secs(60),
+    };
+    let fleet = Fleet {
+        handover: Handover::Suspended,
+        ..fleet()
+    };
+    let mut core = Lifecycle::new(Config {
+        fleet: Some(fleet),
+        ..config(warm)
+    })
+    .unwrap();
+    core.handle_timeout(ms(0)).unwrap();
+    let Some(StoreCommand::Renew { renewal, .. }) = core.poll_store() else {
+        panic!("the first renewal")
+    };
+    core.handle_renewed(ms(0), renewal, &[]).unwrap();
+    let x = owned_and_ready(&mut core, ms(0), "c1", "s1", 6);
+    release(&mut core, ms(10), "c1");
+    assert_eq!(core.sandbox_state(x), Some(SandboxState::Idle));
+    wanted_at_next_renewal(&mut core, &[key("s1")]);
+    let mut cmds = commands(&mut core).into_iter();
+    assert!(matches!(cmds.next(), Some(Command::Drain { .. })));
+    assert!(
+        matches!(cmds.next(), Some(Command::Stop { sandbox, suspend: true, .. }) if sandbox == x),
+        "stopped to suspend, though the policy keeps warm and shuts down"
+    );
+    core.handle_stop_ok(ms(3_002), x, Some(Snapshot::new("snap-1")))
+        .unwrap();
+    let (records, rest) = way_down(&mut core, ms(3_003), x, None, 6);
+    assert!(
+        records.iter().all(|r| r.warm.is_none()),
+        "never recorded warm: {records:?}"
+    );
+    match rest.as_slice() {
+        [StoreCommand::Release { record, .. }] => {
+            assert_eq!(record.warm, None);
+            let recorded = record.snapshot.as_ref().expect("the snapshot goes along");
+            assert_eq!((recorded.snapshot.as_str(), recorded.by), ("snap-1", x));
+        }
+        other => panic!("released with its snapshot: {other:?}"),
+    }
+    assert_eq!(core.stats().handovers, 0);
+}
+
 /// Found by the first two-keeper test on the local backend: a sandbox handed over and handed
 /// back is adopted by the process that started it (it was refused as "ours already", and the
 /// key started a second sandbox while the first stayed up, referenced by nothing).

@@ -21,6 +21,7 @@ fn fleet() -> Fleet {
         renew_every: Duration::from_millis(500),
         margin: Duration::from_millis(400),
         claim_retry: Duration::from_millis(100),
+        handover: sandkeeper::Handover::Warm,
     }
 }
 

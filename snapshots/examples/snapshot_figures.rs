@@ -10,10 +10,6 @@
 //! download makes files on disk, so its figure compares it with a raw get written to one file
 //! on the same disk; the raw get into memory (the body read and dropped) is printed beside it.
 
-// The moto launcher the tests use.
-#[path = "../tests/support/moto.rs"]
-mod moto;
-
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +19,7 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, WriteMultipart};
 use sandkeeper::SandboxId;
+use sandkeeper_snapshots::moto;
 use sandkeeper_snapshots::{ObjectSnapshots, SnapshotName, SnapshotsConfig};
 
 const FILES: usize = 100;

@@ -36,6 +36,7 @@
 
 mod error;
 mod manifest;
+pub mod moto;
 mod name;
 mod open;
 mod pack;

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use sandkeeper::SandboxId;
+use sandkeeper_snapshots::moto::Moto;
 use sandkeeper_snapshots::{ObjectSnapshots, SnapshotError, SnapshotName};
 use support::fault_proxy::{Fault, FaultProxy};
-use support::moto::Moto;
 use support::workspace::{assert_same, fill, names_in};
 use support::{test_config, PART};
 

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use object_store::{PutMode, PutOptions};
 use sandkeeper::SandboxId;
+use sandkeeper_snapshots::moto::Moto;
 use sandkeeper_snapshots::{ObjectSnapshots, SnapshotError, SnapshotName};
-use support::moto::Moto;
 use support::workspace::{assert_same, fill, names_in};
 use support::{test_config, PART};
 

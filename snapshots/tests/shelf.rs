@@ -266,6 +266,32 @@ async fn discard_removes_the_snapshot_here_and_on_the_shelf() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_fleet_on_a_root_with_a_shelf_must_hand_keys_over_suspended() {
+    let dir = fresh("handover");
+    let shelf = bucket(&dir.join("bucket"));
+    let host_root = host(dir.join("a"), Some(shelf));
+    let alone = host(dir.join("alone"), None);
+    let fleet = |handover| sandkeeper::Config {
+        fleet: Some(sandkeeper::Fleet {
+            handover,
+            ..sandkeeper::Fleet::default()
+        }),
+        ..sandkeeper::Config::default()
+    };
+    let e = host_root
+        .check_config(&fleet(sandkeeper::Handover::Warm))
+        .unwrap_err();
+    assert!(e.contains("Handover::Suspended"), "{e}");
+    host_root
+        .check_config(&fleet(sandkeeper::Handover::Suspended))
+        .unwrap();
+    alone
+        .check_config(&fleet(sandkeeper::Handover::Warm))
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The real shelf, with failures injected at its boundary: the next `n` operations fail as a
 /// store that answers 503 past its retries does (`Unavailable`), doing nothing.
 #[derive(Debug)]

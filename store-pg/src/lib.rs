@@ -10,7 +10,8 @@
 //!   made again after it broke, each bounded in time ([`Timeouts`]).
 //! - [`Inventory`] and [`PgStore::sweep`]: the sweep as a composition of this store (leases,
 //!   records) and the host's backend (the sandboxes); [`LocalRootInventory`], that of a
-//!   local root (a host's `LocalBackend`).
+//!   local root (a host's `LocalBackend`); [`ShelfInventory`], that of the snapshots the
+//!   hosts put in object storage; [`Inventories`], a host's as one.
 //! - [`throwaway`]: a test aid, a throwaway cluster in a temporary directory.
 //!
 //! `docs/fleet-postgres.md` has the design, the transactions and why each keeps the store
@@ -20,13 +21,16 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod hosts;
 mod local_root;
 pub mod schema;
+mod shelf_inventory;
 mod store;
 mod sweep;
 pub mod throwaway;
 
 pub use error::PgError;
 pub use local_root::LocalRootInventory;
+pub use shelf_inventory::{Inventories, ShelfInventory};
 pub use store::{PgStore, Timeouts};
 pub use sweep::{Inventory, InventoryFuture};

@@ -131,6 +131,15 @@ impl Throwaway {
         config
     }
 
+    /// [`config`](Self::config) as a key=value connection string (`host=<socket dir>
+    /// user=… dbname=postgres`), for a process given `--store` on its command line.
+    pub fn connection_string(&self) -> String {
+        format!(
+            "host={} user={ROLE} dbname=postgres",
+            self.socket_dir().display()
+        )
+    }
+
     /// Restarts the server (`pg_ctl restart -m fast`: every connection is ended), waiting until
     /// it accepts connections again.
     pub fn restart(&self) -> Result<(), ThrowawayError> {

@@ -12,6 +12,7 @@ pub fn fleet() -> Fleet {
         renew_every: Duration::from_secs(3),
         margin: Duration::from_secs(2),
         claim_retry: Duration::from_millis(500),
+        handover: Handover::Warm,
     }
 }
 

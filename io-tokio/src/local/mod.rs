@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use sandkeeper::{SandboxId, Snapshot, Token};
+use sandkeeper::{Handover, SandboxId, Snapshot, Token};
 use tokio::sync::watch;
 
 use crate::backend::{
@@ -153,6 +153,17 @@ impl LocalConfig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         Self::new(std::env::temp_dir().join(format!("sandkeeper-{}-{n}", std::process::id())))
     }
+}
+
+/// Where a session's mirrored file `path` is inside `workspace`, a sandbox's directory or a
+/// snapshot's (as [`LocalBackend::session_file`] says for a running sandbox): for checks of what
+/// a workspace holds, wherever it is.
+pub fn session_file_in(
+    workspace: &Path,
+    session: &sandkeeper::SessionId,
+    path: &sandkeeper::PathName,
+) -> PathBuf {
+    session_file(workspace, session, path)
 }
 
 /// One sandbox directory the backend runs.
@@ -951,6 +962,22 @@ impl Backend for LocalBackend {
             Ok(())
         })
         .await
+    }
+
+    /// A root with a shelf is one host's: another host's process cannot reach a sandbox here,
+    /// so a fleet on it hands keys over suspended (their snapshots on the shelf), never warm.
+    fn check_config(&self, config: &sandkeeper::Config) -> Result<(), String> {
+        match &config.fleet {
+            Some(fleet) if self.config.shelf.is_some() && fleet.handover == Handover::Warm => {
+                Err(format!(
+                    "the local root {} has a shelf: it is one host's of a fleet, whose other \
+                     hosts cannot adopt a sandbox here; set config.core.fleet.handover to \
+                     Handover::Suspended",
+                    self.config.root.display()
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn watch_deaths(&self, deaths: DeathSink) {

@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sandkeeper::{
-    CallId, CallSpec, CloseReport, Config, Event, HookPoint, Hooks, PathName, SameKey, SandboxId,
-    Scope, SessionId, Settlement, UserId, Version,
+    CallId, CallSpec, CloseReport, Config, Event, Fleet, HookPoint, Hooks, PathName, SameKey,
+    SandboxId, Scope, SessionId, Settlement, UserId, Version,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -179,7 +179,10 @@ pub async fn run_fleet<B: WorkloadTarget>(
     fleet.check()?;
     fleet.check_ledger(options)?;
     let mut config = keeper_config(options);
-    config.core.fleet = Some(turn::fleet_timing(fleet.lease()));
+    config.core.fleet = Some(Fleet {
+        handover: fleet.handover,
+        ..turn::fleet_timing(fleet.lease())
+    });
     let checkpoints = Arc::new(AtomicU64::new(0));
     let keeper = Keeper::fleet_with_hooks(config, backend, store, {
         let checkpoints = checkpoints.clone();

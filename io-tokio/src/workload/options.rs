@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sandkeeper::{ReleasePolicy, SessionId, Tiers, WayDown};
+use sandkeeper::{Handover, ReleasePolicy, SessionId, Tiers, WayDown};
 
 /// The shape of a harness workload run. With clap, `#[command(flatten)]` it into a binary's
 /// arguments.
@@ -100,6 +100,11 @@ pub struct FleetOptions {
     /// what a process killed mid-run was told is known afterwards (`harness --verify`).
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
+    /// How a key another process wants leaves this one (the core's `Fleet::handover`): warm
+    /// where every process reaches every sandbox (one root), suspended where each host has
+    /// its own root (`harness-pg` sets it). Not a flag: the backend decides.
+    #[arg(skip)]
+    pub handover: Handover,
 }
 
 impl FleetOptions {
@@ -146,6 +151,7 @@ impl Default for FleetOptions {
             replica: "r0".to_string(),
             lease_ms: 3_000,
             ledger: None,
+            handover: Handover::Warm,
         }
     }
 }

@@ -38,6 +38,7 @@ pub fn fleet_timing(lease: Duration) -> Fleet {
         renew_every: lease / 3,
         margin: lease / 5,
         claim_retry: lease / 10,
+        ..Fleet::default()
     }
 }
 

@@ -470,6 +470,7 @@ impl World {
             renew_every: Duration::from_secs(3),
             margin: Duration::from_secs(2),
             claim_retry: Duration::from_millis(rng.range(200, 1_000)),
+            handover: sandkeeper::Handover::Warm,
         };
         let config = Config {
             scope: Scope::Session,

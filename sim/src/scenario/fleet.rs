@@ -22,6 +22,7 @@ pub const DEFAULT_TIMING: Fleet = Fleet {
     renew_every: Duration::from_secs(3),
     margin: Duration::from_secs(2),
     claim_retry: Duration::from_millis(500),
+    handover: sandkeeper::Handover::Warm,
 };
 
 /// Application steps, as in one process, that happen on one replica.

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 pub mod fault_proxy;
-pub mod moto;
 pub mod workspace;
 
 use std::time::Duration;

@@ -1,7 +1,8 @@
-//! A moto S3 server on a free loopback port, started by a test and killed when dropped.
-//! moto comes from the Python found on the path, or from a venv this module makes under the
-//! target directory with `pip install 'moto[server]'`; without Python or pip the test fails
-//! saying so.
+//! A throwaway S3-compatible server for tests and local trials: moto (`moto[server]` from
+//! PyPI) on a free loopback port, started by [`Moto::start`] and killed when dropped. moto
+//! comes from the Python found on the path, or from a venv this module makes under the target
+//! directory with `pip install 'moto[server]'`. For tests: it panics, saying what is missing,
+//! where Python, pip or moto cannot be had. `docs/snapshots.md` says what moto does not model.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -12,7 +13,9 @@ use std::time::{Duration, Instant};
 /// A running moto server and the bucket a test made in it.
 pub struct Moto {
     child: Child,
+    /// The loopback port it listens on.
     pub port: u16,
+    /// The bucket made at its start.
     pub bucket: String,
 }
 
@@ -49,7 +52,8 @@ impl Moto {
         format!("s3://{}/{prefix}", self.bucket)
     }
 
-    /// The store options for reaching moto at `port` (moto's own, or a proxy's).
+    /// The store options ([`SnapshotsConfig::options`](crate::SnapshotsConfig::options)) for
+    /// reaching moto at `port` (moto's own, or a proxy's).
     pub fn options(port: u16) -> Vec<(String, String)> {
         [
             ("endpoint", format!("http://127.0.0.1:{port}")),
@@ -61,6 +65,15 @@ impl Moto {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+    }
+
+    /// The same options as `AWS_*` environment variables, for a process that opens the store
+    /// from its URL alone (`ObjectSnapshots::open` reads them).
+    pub fn environment(&self) -> Vec<(String, String)> {
+        Self::options(self.port)
+            .into_iter()
+            .map(|(k, v)| (format!("AWS_{}", k.to_uppercase()), v))
+            .collect()
     }
 
     /// Polls until moto accepts a connection. Bounded (60 s): moto imports a large package

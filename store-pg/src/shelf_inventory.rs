@@ -1,0 +1,101 @@
+//! The [`Inventory`] of a fleet's shelf: the snapshots its hosts put in object storage
+//! ([`ObjectSnapshots`], the local backend's shelf), as the fleet sweep judges them. Each is a
+//! snapshot as its manifest describes it: its name says the sandbox that took it (so its
+//! maker's incarnation), the manifest the key it was put for and its own retention. A start
+//! never removes a snapshot from the shelf, so this is what removes a snapshot no record names
+//! any more: once its maker's lease ended and its retention passed (or it has none), by
+//! [`sweep_verdict`](sandkeeper::sweep_verdict)'s rules. Any host may sweep the shelf: every
+//! host sees all of it.
+//!
+//! [`Inventories`] joins a host's inventories (its local root and the shelf) into the one its
+//! store sweeps.
+
+use std::sync::Arc;
+
+use sandkeeper::{Instant, Key, SweepObject};
+use sandkeeper_snapshots::{ObjectSnapshots, SnapshotError, SnapshotName};
+
+use crate::sweep::{Inventory, InventoryFuture};
+
+/// The sweep's view of a shelf in object storage.
+#[derive(Clone, Debug)]
+pub struct ShelfInventory {
+    shelf: Arc<ObjectSnapshots>,
+}
+
+impl ShelfInventory {
+    /// The inventory of `shelf`.
+    pub fn new(shelf: Arc<ObjectSnapshots>) -> Self {
+        ShelfInventory { shelf }
+    }
+}
+
+impl Inventory for ShelfInventory {
+    /// Every complete snapshot on the shelf (a GET of each manifest). One whose manifest names
+    /// a key that does not parse is listed without a key (no record keeps it).
+    fn objects(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
+        Box::pin(async move {
+            let listed = self.shelf.list().await.map_err(io_error)?;
+            Ok(listed
+                .into_iter()
+                .map(|(name, manifest)| SweepObject::Snapshot {
+                    snapshot: name.to_snapshot(),
+                    by: name.sandbox(),
+                    key: manifest.key.and_then(|key| Key::try_from(key).ok()),
+                    expires: manifest
+                        .retain_until
+                        .map(|secs| Instant::from_nanos(secs.saturating_mul(1_000_000_000))),
+                })
+                .collect())
+        })
+    }
+
+    /// Discards the snapshot's objects; `false` when it was gone already (or is not one of
+    /// the shelf's: a sandbox, or a name the shelf does not write).
+    fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
+        Box::pin(async move {
+            let SweepObject::Snapshot { snapshot, .. } = object else {
+                return Ok(false);
+            };
+            let Ok(name) = SnapshotName::from_snapshot(snapshot) else {
+                return Ok(false);
+            };
+            match self.shelf.discard(&name).await {
+                Ok(()) => Ok(true),
+                Err(SnapshotError::NotFound { .. }) => Ok(false),
+                Err(e) => Err(io_error(e)),
+            }
+        })
+    }
+}
+
+/// A host's inventories as one: everything each lists; a removal asked of each (a snapshot on
+/// the shelf and on this host's disk is the same snapshot, judged alike, removed from both).
+#[derive(Clone)]
+pub struct Inventories(pub Vec<Arc<dyn Inventory>>);
+
+impl Inventory for Inventories {
+    fn objects(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
+        Box::pin(async move {
+            let mut all = Vec::new();
+            for inventory in &self.0 {
+                all.extend(inventory.objects().await?);
+            }
+            Ok(all)
+        })
+    }
+
+    fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
+        Box::pin(async move {
+            let mut removed = false;
+            for inventory in &self.0 {
+                removed |= inventory.remove(object).await?;
+            }
+            Ok(removed)
+        })
+    }
+}
+
+fn io_error(e: SnapshotError) -> std::io::Error {
+    std::io::Error::other(e)
+}
