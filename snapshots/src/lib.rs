@@ -23,13 +23,12 @@
 //! - [`ObjectSnapshots::expired`] names the snapshots whose recorded retention passed at the
 //!   caller's `now`, for the fleet sweep.
 //!
-//! The local backend will use it so (next session): its Persist, after marking the snapshot
-//! directory `<root>/.snapshots/<snapshot>` kept, calls `upload(dir, &SnapshotName::
-//! from_snapshot(&snapshot)?, retain_until)`; a Start whose `resume_from` is not on this host
-//! calls `download(&name, &dir)` into that same directory and then renames it into place as
-//! today; Discard calls `discard`; the fleet sweep removes what `expired(now)` names. The
-//! backend's snapshot names (`sbx-<n>-<instance>`) are this crate's names. `docs/snapshots.md`
-//! says more: the manifest, the conditional writes, the failure cases.
+//! It is the local backend's [`Shelf`](sandkeeper_tokio::local::shelf::Shelf) (`shelf.rs`): a
+//! Persist uploads the stopped workspace, a Start on another host downloads it, a Discard
+//! discards it; the backend's snapshot names (`sbx-<n>-<instance>`) are this crate's names, and
+//! the manifest names the key, for the fleet sweep. [`moto`] starts a throwaway S3-compatible
+//! server for tests. `docs/snapshots.md` says more: the manifest, the conditional writes, the
+//! failure cases; `docs/fleet-hosts.md`, the fleet across hosts it serves.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
