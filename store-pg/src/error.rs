@@ -52,6 +52,9 @@ pub enum PgError {
     /// The backend's inventory, given for the sweep, failed to list or remove an object.
     #[error("fleet store on PostgreSQL: the sweep's inventory: {0}")]
     Inventory(#[source] std::io::Error),
+    /// The TLS configuration for the store's connections could not be made.
+    #[error("fleet store on PostgreSQL: TLS: {0}")]
+    Tls(String),
     /// The store's schema could not be brought to this version.
     #[error("fleet store on PostgreSQL: migration {version} ({name}): {}", detail(.source))]
     Migration {
@@ -77,7 +80,17 @@ pub enum PgError {
 fn detail(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
-        None => e.to_string(),
+        None => {
+            // The client's own errors say what went wrong in their sources (a TLS handshake
+            // refused for an unknown issuer, a refused connection): every one, in order.
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 

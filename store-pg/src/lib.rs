@@ -28,9 +28,11 @@ mod shelf_inventory;
 mod store;
 mod sweep;
 pub mod throwaway;
+mod tls;
 
 pub use error::PgError;
 pub use local_root::LocalRootInventory;
 pub use shelf_inventory::{Inventories, ShelfInventory};
 pub use store::{PgStore, Timeouts};
 pub use sweep::{Inventory, InventoryFuture};
+pub use tls::StoreTls;

@@ -13,11 +13,12 @@ use sandkeeper_tokio::store::{
 };
 use tokio::sync::Mutex;
 use tokio_postgres::error::Severity;
-use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+use tokio_postgres::{Client, Config, Row, Statement};
 
 use crate::error::{bigint, incarnation, unsigned, PgError, NO_LEASE};
 use crate::schema;
 use crate::sweep::Inventory;
+use crate::tls::StoreTls;
 
 /// The time limits of the store's work. The three server-side ones are set on every session the
 /// store opens (as startup options, so they hold from the first statement); `operation` bounds
@@ -105,6 +106,7 @@ pub struct PgStore {
 /// What the clones of a store share.
 struct Shared {
     config: Config,
+    tls: StoreTls,
     lease: Duration,
     timeouts: Timeouts,
     conn: Mutex<Option<Arc<Conn>>>,
@@ -181,13 +183,8 @@ impl Statements {
 impl Conn {
     /// Connects with `config`, and prepares the statements. The connection's I/O runs on a task
     /// of its own, which ends when the connection breaks or the client is dropped.
-    async fn open(config: &Config) -> Result<Conn, tokio_postgres::Error> {
-        let (client, connection) = config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "fleet store connection ended");
-            }
-        });
+    async fn open(config: &Config, tls: &StoreTls) -> Result<Conn, tokio_postgres::Error> {
+        let (client, _io) = tls.connect(config).await?;
         let backend_pid = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await?
@@ -211,6 +208,16 @@ impl PgStore {
         lease: Duration,
         timeouts: Timeouts,
     ) -> Result<PgStore, PgError> {
+        PgStore::connect_tls(config, lease, timeouts, StoreTls::Off).await
+    }
+
+    /// [`connect`](Self::connect), every connection secured as `tls` says ([`StoreTls`]).
+    pub async fn connect_tls(
+        config: &Config,
+        lease: Duration,
+        timeouts: Timeouts,
+        tls: StoreTls,
+    ) -> Result<PgStore, PgError> {
         let config = timeouts.apply(config);
         let bound = timeouts.operation;
         let opened = async {
@@ -218,14 +225,13 @@ impl PgStore {
                 op: "connect",
                 source,
             };
-            let (mut client, connection) = config.connect(NoTls).await.map_err(server)?;
-            let io = tokio::spawn(connection);
+            let (mut client, io) = tls.connect(&config).await.map_err(server)?;
             schema::migrate(&mut client).await?;
             // Dropped here: the store's connection is opened after the schema is there (the
             // statements it prepares name the schema's functions).
             drop(client);
             let _ = io.await;
-            Conn::open(&config).await.map_err(server)
+            Conn::open(&config, &tls).await.map_err(server)
         };
         let conn = tokio::time::timeout(bound.saturating_mul(2), opened)
             .await
@@ -236,6 +242,7 @@ impl PgStore {
         Ok(PgStore {
             shared: Arc::new(Shared {
                 config,
+                tls,
                 lease,
                 timeouts,
                 conn: Mutex::new(Some(Arc::new(conn))),
@@ -515,7 +522,7 @@ impl PgStore {
             return Ok(conn.clone());
         }
         *slot = None;
-        let conn = Arc::new(Conn::open(&self.shared.config).await?);
+        let conn = Arc::new(Conn::open(&self.shared.config, &self.shared.tls).await?);
         tracing::info!(pid = conn.backend_pid, "fleet store connected");
         *slot = Some(conn.clone());
         Ok(conn)

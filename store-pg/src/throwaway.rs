@@ -59,6 +59,8 @@ pub struct Throwaway {
     bin: PathBuf,
     dir: PathBuf,
     as_user: bool,
+    /// The loopback TCP port it also serves TLS on ([`start_tls`](Self::start_tls)).
+    tls_port: Option<u16>,
 }
 
 impl Throwaway {
@@ -68,21 +70,34 @@ impl Throwaway {
     /// The server runs with `fsync=off` (a test's cluster is thrown away: durability would
     /// only slow the tests down); [`start_durable`](Self::start_durable) keeps it on.
     pub fn start() -> Result<Throwaway, ThrowawayError> {
-        Throwaway::start_with(false)
+        Throwaway::start_with(false, None)
+    }
+
+    /// As [`start`](Self::start), the server also listening on a free loopback TCP port with
+    /// TLS on (`ssl=on`), presenting the certificate `cert_pem` (for the name `localhost`) with
+    /// the key `key_pem`: [`tls_config`](Self::tls_config) reaches it there.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Result<Throwaway, ThrowawayError> {
+        Throwaway::start_with(false, Some((cert_pem, key_pem)))
     }
 
     /// As [`start`](Self::start), with `fsync` on: every commit waits for its WAL flush, as on
     /// a server that keeps what it confirmed (for figures that include the commit's cost).
     pub fn start_durable() -> Result<Throwaway, ThrowawayError> {
-        Throwaway::start_with(true)
+        Throwaway::start_with(true, None)
     }
 
-    fn start_with(fsync: bool) -> Result<Throwaway, ThrowawayError> {
+    fn start_with(fsync: bool, tls: Option<(&str, &str)>) -> Result<Throwaway, ThrowawayError> {
         let bin = find_binaries()?;
         let dir = fresh_dir()?;
         // Root runs the server as SERVER_USER; the directory must be that user's.
         let as_user = is_root()?;
-        let cluster = Throwaway { bin, dir, as_user };
+        let tls_port = tls.map(|_| free_port()).transpose()?;
+        let cluster = Throwaway {
+            bin,
+            dir,
+            as_user,
+            tls_port,
+        };
         if as_user {
             ensure_server_user()?;
             run(Command::new("chown").arg(SERVER_USER).arg(&cluster.dir))?;
@@ -104,6 +119,10 @@ impl Throwaway {
                 "--no-sync",
             ]);
         })?;
+        let listen = match (tls, tls_port) {
+            (Some((cert, key)), Some(port)) => cluster.tls_files(cert, key, port)?,
+            _ => "-c listen_addresses=''".to_string(),
+        };
         cluster.server_command("pg_ctl", |c| {
             c.arg("-D")
                 .arg(cluster.data_dir())
@@ -111,7 +130,7 @@ impl Throwaway {
                 .arg(cluster.dir.join("server.log"))
                 .arg("-o")
                 .arg(format!(
-                    "-k {} -c listen_addresses='' -c fsync={} -c max_connections=200",
+                    "-k {} {listen} -c fsync={} -c max_connections=200",
                     cluster.socket_dir().display(),
                     if fsync { "on" } else { "off" }
                 ))
@@ -128,14 +147,57 @@ impl Throwaway {
             .host_path(self.socket_dir())
             .user(ROLE)
             .dbname("postgres");
+        if let Some(port) = self.tls_port {
+            // The socket's name carries the server's port.
+            config.port(port);
+        }
         config
+    }
+
+    /// The server's certificate and key written into the cluster's directory (the key readable
+    /// by the server's user alone, as the server demands), and the options that serve TLS on
+    /// the loopback `port`.
+    fn tls_files(&self, cert: &str, key: &str, port: u16) -> Result<String, ThrowawayError> {
+        use std::os::unix::fs::PermissionsExt;
+        let (cert_file, key_file) = (self.dir.join("server.crt"), self.dir.join("server.key"));
+        std::fs::write(&cert_file, cert)?;
+        std::fs::write(&key_file, key)?;
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+        if self.as_user {
+            run(Command::new("chown")
+                .arg(SERVER_USER)
+                .arg(&cert_file)
+                .arg(&key_file))?;
+        }
+        Ok(format!(
+            "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c listen_addresses=127.0.0.1 -p {port}",
+            cert_file.display(),
+            key_file.display()
+        ))
+    }
+
+    /// The connection settings of the cluster's TCP port with TLS required (`sslmode=require`,
+    /// host `localhost`), for a cluster made by [`start_tls`](Self::start_tls); `None` otherwise.
+    pub fn tls_config(&self) -> Option<tokio_postgres::Config> {
+        let port = self.tls_port?;
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("localhost")
+            .port(port)
+            .user(ROLE)
+            .dbname("postgres")
+            .ssl_mode(tokio_postgres::config::SslMode::Require);
+        Some(config)
     }
 
     /// [`config`](Self::config) as a key=value connection string (`host=<socket dir>
     /// user=… dbname=postgres`), for a process given `--store` on its command line.
     pub fn connection_string(&self) -> String {
+        let port = self
+            .tls_port
+            .map_or(String::new(), |p| format!(" port={p}"));
         format!(
-            "host={} user={ROLE} dbname=postgres",
+            "host={} user={ROLE} dbname=postgres{port}",
             self.socket_dir().display()
         )
     }
@@ -265,6 +327,12 @@ fn fresh_dir() -> Result<PathBuf, ThrowawayError> {
     ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// A free loopback TCP port (bound, then released for the server to take).
+fn free_port() -> Result<u16, ThrowawayError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 fn is_root() -> Result<bool, ThrowawayError> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use clap::Parser;
 use sandkeeper::Handover;
 use sandkeeper_pg::hosts::{open_shelf, verify_hosts};
-use sandkeeper_pg::{Inventories, LocalRootInventory, PgStore, ShelfInventory, Timeouts};
+use sandkeeper_pg::{Inventories, LocalRootInventory, PgStore, ShelfInventory, StoreTls, Timeouts};
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::workload::{self, FleetOptions, WorkloadOptions};
 use sandkeeper_tokio::LocalBackend;
@@ -33,6 +33,11 @@ struct Args {
     /// connection string. The schema is made or brought up to date at start.
     #[arg(long, value_name = "URL")]
     store: String,
+    /// Speak TLS to the store, trusting the certificates in this PEM file (the server's CA, or
+    /// its own certificate); with `sslmode=require` in `--store`, every connection is TLS or
+    /// fails. Without it the store's connections are in the clear.
+    #[arg(long, value_name = "PEM")]
+    store_ca: Option<PathBuf>,
     /// The shelf for persisted snapshots: `s3://bucket/prefix` (endpoint and credentials from
     /// `AWS_*`), `gs://…`, `az://…`, or `file:///dir`.
     #[arg(long, value_name = "URL")]
@@ -83,7 +88,15 @@ async fn run(args: Args) -> Result<(), String> {
         .map(|root| Arc::new(LocalRootInventory::new(root)) as Arc<dyn sandkeeper_pg::Inventory>)
         .collect();
     inventories.push(Arc::new(ShelfInventory::new(shelf.clone())));
-    let store = PgStore::connect(&config, args.fleet.lease(), Timeouts::default())
+    let tls = match &args.store_ca {
+        Some(pem) => {
+            let pem =
+                std::fs::read(pem).map_err(|e| format!("--store-ca {}: {e}", pem.display()))?;
+            StoreTls::trusting_pem(&pem).map_err(|e| format!("--store-ca: {e}"))?
+        }
+        None => StoreTls::Off,
+    };
+    let store = PgStore::connect_tls(&config, args.fleet.lease(), Timeouts::default(), tls)
         .await
         .map_err(|e| format!("--store: {e}"))?
         .with_inventory(Arc::new(Inventories(inventories)));
