@@ -12,13 +12,13 @@
 #![cfg(not(loom))]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::store::{held_by, not_taken_over};
+use sandkeeper_tokio::workload::child::{lines, until, HarnessChild};
 use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";
@@ -32,65 +32,8 @@ fn harness(root: &Path, replica: &str, calls: usize, ledger: &Path) -> Command {
         .args(["--sessions", "8", "--users", "4", "--concurrency", "8"])
         .args(["--calls", &calls.to_string(), "--turns", "3"])
         .arg("--ledger")
-        .arg(ledger)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(ledger);
     cmd
-}
-
-/// A harness process, its standard output read through one buffer.
-struct Proc {
-    child: Child,
-    out: BufReader<ChildStdout>,
-}
-
-fn spawn(mut cmd: Command) -> Proc {
-    let mut child = cmd.spawn().expect("harness runs");
-    let out = BufReader::new(child.stdout.take().expect("piped"));
-    Proc { child, out }
-}
-
-impl Proc {
-    /// The incarnation the process prints first.
-    fn incarnation(&mut self) -> u32 {
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        line.trim()
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no incarnation line: {line:?}"))
-    }
-
-    /// The rest of its output, once it exited successfully.
-    fn succeeded(mut self) -> String {
-        let mut stdout = String::new();
-        self.out.read_to_string(&mut stdout).unwrap();
-        let Output { status, stderr, .. } = self.child.wait_with_output().unwrap();
-        assert!(
-            status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&stderr)
-        );
-        stdout
-    }
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
-/// Polls `done` every 5 ms, at most 24,000 times (two minutes), failing with `what`. The
-/// processes run on the wall clock, so waiting for what they write takes wall time; the poll
-/// is bounded and never a fixed sleep standing in for an event.
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..24_000 {
-        if done() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("{what}");
 }
 
 /// `harness --verify` over the root and the ledgers, once every process ended: its report,
@@ -132,7 +75,7 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
     // `a` runs alone until it has been told of 24 uploads: it holds its users' keys. Then `b`
     // joins, wanting the same users' keys, and `a` is killed at once (no close, no release,
     // no last renewal): `b` gets the keys `a` held only when `a`'s lease expires.
-    let mut a = spawn(harness(&root, "a", 60, &la));
+    let mut a = HarnessChild::spawn(harness(&root, "a", 60, &la));
     let ia = a.incarnation();
     until("a made no progress", || {
         assert!(
@@ -141,7 +84,7 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
         );
         lines(&la) >= 24
     });
-    let mut b = spawn(harness(&root, "b", 20, &lb));
+    let mut b = HarnessChild::spawn(harness(&root, "b", 20, &lb));
     let ib = b.incarnation();
     assert_ne!(ia, ib);
     a.child.kill().unwrap(); // SIGKILL
@@ -169,7 +112,7 @@ fn a_harness_killed_mid_run_leaves_nothing_lost_to_its_peer_and_its_restart() {
 
     // The killed replica restarts (a new incarnation) and continues its users' keys from
     // their records: what the survivor suspended, it resumes.
-    let mut a2 = spawn(harness(&root, "a2", 3, &la2));
+    let mut a2 = HarnessChild::spawn(harness(&root, "a2", 3, &la2));
     let ia2 = a2.incarnation();
     assert!(ia2 > ia.max(ib));
     let restarted = a2.succeeded();
@@ -210,14 +153,14 @@ fn a_harness_paused_past_its_lease_is_fenced_and_its_peer_keeps_the_keys() {
 
     // `a` runs alone until it holds its users' keys, and is stopped (SIGSTOP) mid-run: a pause
     // longer than its lease, with its work in flight.
-    let mut a = spawn(harness(&root, "a", 40, &la));
+    let mut a = HarnessChild::spawn(harness(&root, "a", 40, &la));
     let ia = a.incarnation();
     until("a made no progress", || lines(&la) >= 24);
     signal(&a.child, "STOP");
     let held = held_by(&store.entries().unwrap(), ia);
     assert!(!held.is_empty(), "the paused process holds keys");
     // `b` joins and, once the paused lease expired, takes every key `a` held.
-    let mut b = spawn(harness(&root, "b", 20, &lb));
+    let mut b = HarnessChild::spawn(harness(&root, "b", 20, &lb));
     let ib = b.incarnation();
     until("b never took the paused process's keys", || {
         let taken = held_by(&store.entries().unwrap(), ib);

@@ -13,13 +13,12 @@
 //! never fixed sleeps.
 #![cfg(not(loom))]
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use sandkeeper_pg::throwaway::Throwaway;
 use sandkeeper_snapshots::moto::Moto;
+use sandkeeper_tokio::workload::child::{lines, until, HarnessChild};
 use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";
@@ -40,7 +39,7 @@ impl Fleet {
         cmd
     }
 
-    fn host(&self, root: &Path, replica: &str, calls: usize, ledger: &Path) -> Proc {
+    fn host(&self, root: &Path, replica: &str, calls: usize, ledger: &Path) -> HarnessChild {
         let mut cmd = self.command();
         cmd.arg("--root")
             .arg(root)
@@ -49,12 +48,8 @@ impl Fleet {
             .args(["--sessions", "8", "--users", "4", "--concurrency", "8"])
             .args(["--calls", &calls.to_string(), "--turns", "3"])
             .arg("--ledger")
-            .arg(ledger)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("harness-pg runs");
-        let out = BufReader::new(child.stdout.take().expect("piped"));
-        Proc { child, out }
+            .arg(ledger);
+        HarnessChild::spawn(cmd)
     }
 
     /// `harness-pg --verify` over the roots and the ledgers: its report, after it succeeded.
@@ -72,66 +67,6 @@ impl Fleet {
         );
         report
     }
-}
-
-/// A host's process, its standard output read through one buffer.
-struct Proc {
-    child: Child,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    /// The incarnation the process prints first.
-    fn incarnation(&mut self) -> u32 {
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        line.trim()
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no incarnation line: {line:?}"))
-    }
-
-    /// What it printed, once it ended.
-    fn output(&mut self) -> String {
-        let mut stdout = String::new();
-        self.out.read_to_string(&mut stdout).unwrap();
-        let mut stderr = String::new();
-        if let Some(err) = self.child.stderr.as_mut() {
-            err.read_to_string(&mut stderr).unwrap();
-        }
-        format!("{stdout}\n{stderr}")
-    }
-
-    /// The rest of its output, once it exited successfully.
-    fn succeeded(mut self) -> String {
-        let mut stdout = String::new();
-        self.out.read_to_string(&mut stdout).unwrap();
-        let Output { status, stderr, .. } = self.child.wait_with_output().unwrap();
-        assert!(
-            status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&stderr)
-        );
-        stdout
-    }
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
-/// Polls `done` every 5 ms, at most 24,000 times (two minutes), failing with `what`. The
-/// processes run on the wall clock, so waiting for what they write takes wall time; the poll
-/// is bounded and never a fixed sleep standing in for an event.
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..24_000 {
-        if done() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("{what}");
 }
 
 fn fleet_row(summary: &str) -> std::collections::BTreeMap<String, u64> {

@@ -26,7 +26,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use sandkeeper_k8s::{run_fleet_workload, run_workload};
 use sandkeeper_k8s::{Cluster, K8sConfig, Mode};
-use sandkeeper_tokio::workload::{FleetOptions, WorkloadOptions};
+use sandkeeper_tokio::workload::{self, FleetOptions, WorkloadOptions};
 
 /// The sandkeeper harness workload on a Kubernetes cluster.
 #[derive(Parser, Debug)]
@@ -103,16 +103,7 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    if args.log != "off" {
-        let level: tracing::Level = args
-            .log
-            .parse()
-            .map_err(|_| format!("unknown log level {:?}", args.log))?;
-        tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_writer(std::io::stderr)
-            .init();
-    }
+    workload::log_to_stderr(&args.log)?;
     args.workload.check().map_err(|e| e.to_string())?;
     let mode = match (&args.warm_pool, &args.pod_template) {
         (Some(pool), _) => Mode::AgentSandbox {

@@ -61,16 +61,7 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    if args.log != "off" {
-        let level: tracing::Level = args
-            .log
-            .parse()
-            .map_err(|_| format!("unknown log level {:?}", args.log))?;
-        tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_writer(std::io::stderr)
-            .init();
-    }
+    workload::log_to_stderr(&args.log)?;
     let w = &args.workload;
     w.check().map_err(|e| e.to_string())?;
     if let Some(root) = &args.fleet_root {

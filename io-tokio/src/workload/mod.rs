@@ -26,6 +26,7 @@
 //! ```
 
 mod after_close;
+pub mod child;
 mod fleet;
 mod options;
 mod summary;
@@ -143,6 +144,24 @@ impl Timeline {
             self.ledger_error.get_or_insert(e.to_string());
         }
     }
+}
+
+/// The main job's binaries' `--log LEVEL`: tracing output at `level` and above on standard
+/// error (`off`, `error`, `warn`, `info`, `debug`, `trace`); `off` sets up nothing.
+///
+/// Errors: a level that is none of these, named.
+pub fn log_to_stderr(level: &str) -> Result<(), String> {
+    if level == "off" {
+        return Ok(());
+    }
+    let level: tracing::Level = level
+        .parse()
+        .map_err(|_| format!("unknown log level {level:?}"))?;
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .init();
+    Ok(())
 }
 
 /// Runs the workload on `backend` and closes the keeper; returns what was measured and
