@@ -31,6 +31,10 @@
 //!   is removed ([`LocalBackend::sweep_expired`]), so a keeper that crashed keeps nothing
 //!   forever, and one that restarts removes nothing early; so are records a crash left without
 //!   their directory, once old.
+//! - With a shelf ([`LocalConfig::shelf`], `shelf.rs`) the root is one host's of a fleet:
+//!   Persist puts the snapshot on the shelf before it answers, a Start fetches from the shelf a
+//!   snapshot not on this host (one on neither fails the start), Discard removes the shelf's copy
+//!   too, and an Adopt of a sandbox not on this root answers `Elsewhere`, never `Gone`.
 //! - A sandbox directory removed from outside is reported as a death by a periodic check
 //!   ([`LocalConfig::death_check`]); an upload that finds it gone answers `Gone`.
 //! - [`LocalBackend::run`] runs a real process in a sandbox, argv only, never a shell string,
@@ -615,7 +619,8 @@ fn meta_error(e: MetaError) -> BackendError {
     }
 }
 
-/// A shelf's failure as the backend's: not there is `Gone` only to the caller that says so.
+/// A shelf's failure as the backend's: a snapshot not on the shelf is `Gone`, a failure that
+/// may pass `Transient`, a refusal `Fatal`.
 fn shelf_error(what: &str, e: ShelfError) -> BackendError {
     match e {
         ShelfError::NotFound(_) => BackendError::gone(format!("{what}: {e}")),
