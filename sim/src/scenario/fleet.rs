@@ -94,6 +94,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         "events",
         "backend-fencing",
         "conservation",
+        "hosts",
     ])?;
     let Some(n) = get(&keys, "replicas") else {
         return line.err("fleet needs replicas=<n> (at least 1)");
@@ -159,6 +160,11 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
             ))
         }
     };
+    let hosts = match get(&keys, "hosts") {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(other) => return line.err(format!("invalid hosts `{other}`: expected on or off")),
+    };
     let calm_after = get(&keys, "calm-after")
         .map(|d| duration(line, d))
         .transpose()?;
@@ -174,6 +180,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         on_advance,
         backend_fencing,
         conservation,
+        hosts,
     })
 }
 
@@ -205,6 +212,9 @@ pub fn fleet_line_text(spec: &FleetSpec, timing: &Fleet) -> String {
     }
     if !spec.conservation {
         text.push_str(" conservation=off");
+    }
+    if spec.hosts {
+        text.push_str(" hosts=on");
     }
     text
 }

@@ -75,6 +75,10 @@ pub struct FleetSpec {
     /// The `conservation` check judges the run (`conservation=on`, the default); `off` runs
     /// a scenario written before the check, or one that shows what it would miss.
     pub conservation: bool,
+    /// Each replica is a host with its own disk over a shared object store (`hosts=on`;
+    /// default off: one backend root; `sim/src/fleet/hosts.rs`). The object store's faults
+    /// are a seed's; a scenario answers with what the backend does.
+    pub hosts: bool,
 }
 
 /// A store answer, to a replica's oldest held piece of store work of its kind (for that key,

@@ -13,6 +13,7 @@ use sandkeeper::{
 
 use super::{bounded, ns};
 use crate::fleet::backend::Outcome;
+use crate::fleet::hosts::Draw;
 use crate::fleet::process::Told;
 use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
@@ -454,8 +455,11 @@ impl World {
         };
         if success {
             // What the backend would do, asked first: a wrong answer changes nothing.
-            let cmd = &self.script_ref().outstanding[i].cmd;
-            match self.backend.clone().apply(cmd) {
+            let (cmd, host) = {
+                let o = &self.script_ref().outstanding[i];
+                (&o.cmd, o.r)
+            };
+            match self.backend.clone().apply(cmd, host, Draw::default()) {
                 Outcome::Fenced => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
@@ -539,11 +543,13 @@ impl World {
             )));
         };
         let cmd = self.script_ref().outstanding[i].cmd.clone();
+        let host = self.script_ref().outstanding[i].r;
         // What the backend would do, asked first. A backend that takes the old token breaks
         // `token-order` (the run's failure, not the scenario's error); one that takes it
         // rightly makes the answer wrong.
         let mut probe = self.backend.clone();
-        if probe.apply(&cmd) != Outcome::Fenced && probe.violation.is_none() {
+        if probe.apply(&cmd, host, Draw::default()) != Outcome::Fenced && probe.violation.is_none()
+        {
             return Err(Stop::Misuse(format!(
                 "fenced @{call}: the backend accepts {} under {:?}: it has seen no newer token for {x} or its key",
                 cmd.name(),
