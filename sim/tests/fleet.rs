@@ -65,6 +65,16 @@ fn without_the_backends_fencing_a_stale_replicas_change_is_caught() {
 /// sets how many seeds (default 12).
 #[test]
 fn a_fleet_seeds_transcript_replays_as_a_scenario() {
+    transcripts_replay(false);
+}
+
+/// As above, with hosts over an object store (`hosts=on`).
+#[test]
+fn a_fleet_on_hosts_seeds_transcript_replays_as_a_scenario() {
+    transcripts_replay(true);
+}
+
+fn transcripts_replay(hosts: bool) {
     use sim::scenario::{run_steps, RunMode, Scenario, Verdict};
     let seeds: u64 = std::env::var("SIM_FLEET_REPLAY_SEEDS")
         .ok()
@@ -74,6 +84,7 @@ fn a_fleet_seeds_transcript_replays_as_a_scenario() {
     for seed in 0..seeds {
         let opts = FleetOptions {
             transcript: true,
+            hosts,
             ..FleetOptions::new(3)
         };
         let report = run_fleet_seed(seed, opts);

@@ -134,6 +134,11 @@ impl World {
         let answer = match input {
             Input::Fenced { .. } => BackendAnswer::Fenced(Some(cmd.name().to_string())),
             Input::StartOk { .. } => BackendAnswer::Plain(Answer::StartOk),
+            // With hosts: an Adopt of a sandbox on another host, run by the replica's host's
+            // backend (`start-ok` runs it; that backend answers `InstanceGone`).
+            Input::InstanceGone { .. } if matches!(cmd, Command::Adopt { .. }) => {
+                BackendAnswer::Plain(Answer::StartOk)
+            }
             Input::StartFailed { .. } => BackendAnswer::Plain(Answer::StartFail),
             Input::UploadOk { .. } => BackendAnswer::Plain(Answer::UploadOk),
             Input::UploadFailed { failure, .. } => BackendAnswer::Plain(Answer::UploadFail {
