@@ -383,6 +383,10 @@ struct World {
     /// its own, drawn from only with hosts).
     shelf_faults: hosts::ShelfFaults,
     shelf_rng: Rng,
+    /// A scenario's step gives the object store's fault of the command it runs (`shelf=`).
+    shelf_next: Option<hosts::Draw>,
+    /// The object store's faults in the last command the backend ran (for the transcript).
+    last_draw: hosts::Draw,
 }
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
@@ -542,6 +546,8 @@ impl World {
             drivers: BTreeMap::new(),
             shelf_faults: hosts::ShelfFaults::default(),
             shelf_rng: Rng::new(seed ^ 0x5e1f_5eed),
+            shelf_next: None,
+            last_draw: hosts::Draw::default(),
         };
         if opts.hosts {
             w.shelf_faults = hosts::ShelfFaults::draw(&mut w.shelf_rng);
@@ -1410,11 +1416,15 @@ impl World {
                 );
             }
         }
-        let draw = if self.faults && hosts::touches_store(cmd) && self.backend.shelf.is_some() {
-            self.shelf_faults.for_command(&mut self.shelf_rng)
-        } else {
-            hosts::Draw::default()
+        let hosts = self.backend.shelf.is_some();
+        let draw = match self.shelf_next {
+            Some(draw) => draw,
+            None if self.faults && hosts && hosts::touches_store(cmd) => {
+                self.shelf_faults.for_command(&mut self.shelf_rng)
+            }
+            None => hosts::Draw::default(),
         };
+        self.last_draw = draw;
         let outcome = self.backend.apply(cmd, r, draw);
         if matches!(cmd, Command::Start { .. } | Command::Adopt { .. })
             && outcome == Outcome::Ok(None)

@@ -11,7 +11,8 @@ use super::parse::{
     ParseError,
 };
 use crate::step::fleet::{
-    fmt_ppm, BackendAnswer, FleetExpect, FleetSpec, FleetStep, Link, ReplicaNo, StoreAnswer,
+    fmt_ppm, BackendAnswer, FleetExpect, FleetSpec, FleetStep, Link, ReplicaNo, ShelfFault,
+    StoreAnswer,
 };
 use crate::step::{fmt_duration, Step};
 
@@ -405,6 +406,12 @@ fn take_after_run(line: &mut Line) -> Result<(Option<Duration>, Option<usize>), 
 
 fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
     let (after, run) = take_after_run(line)?;
+    let shelf = match take_key(line, "shelf")? {
+        None => None,
+        Some("fail") => Some(ShelfFault::Fail),
+        Some("late") => Some(ShelfFault::Late),
+        Some(other) => return line.err(format!("invalid shelf `{other}`: expected fail or late")),
+    };
     if verb == "fenced" {
         let c = line.positional("@<call>")?;
         let call = at_call(line, c)?;
@@ -424,6 +431,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
             call,
             run,
             after,
+            shelf,
         });
     }
     match parse_step(line, verb)? {
@@ -432,6 +440,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
             call,
             run,
             after,
+            shelf,
         }),
         other => unreachable!("a backend verb parses to an answer, not {other:?}"),
     }

@@ -139,6 +139,8 @@ impl World {
             // A scenario's answers are the object store's faults.
             shelf_faults: Default::default(),
             shelf_rng: Rng::new(0),
+            shelf_next: None,
+            last_draw: Default::default(),
             script: Some(Box::new(Script {
                 links: vec![spec.link; spec.replicas],
                 held: Vec::new(),

@@ -17,7 +17,7 @@ use crate::fleet::hosts::Draw;
 use crate::fleet::process::Told;
 use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
-use crate::step::fleet::{BackendAnswer, FleetStep, Link, StoreAnswer};
+use crate::step::fleet::{BackendAnswer, FleetStep, Link, ShelfFault, StoreAnswer};
 use crate::step::{Answer, OpKind, ResolveExpect, Step};
 
 impl World {
@@ -149,9 +149,17 @@ impl World {
                 call,
                 run,
                 after,
+                shelf,
             } => {
                 let after = after.map(|d| bounded("after", d)).transpose()?;
-                self.backend_answers(r, answer, call, *run, after)
+                // The object store's fault in the command the step runs, if any.
+                self.shelf_next = shelf.map(|fault| Draw {
+                    fail: fault == ShelfFault::Fail,
+                    late: fault == ShelfFault::Late,
+                });
+                let done = self.backend_answers(r, answer, call, *run, after);
+                self.shelf_next = None;
+                done
             }
             FleetStep::Store {
                 answer,
@@ -459,12 +467,15 @@ impl World {
                 let o = &self.script_ref().outstanding[i];
                 (&o.cmd, o.r)
             };
-            match self.backend.clone().apply(cmd, host, Draw::default()) {
+            let draw = self.shelf_next.unwrap_or_default();
+            match self.backend.clone().apply(cmd, host, draw) {
                 Outcome::Fenced => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
                     )))
                 }
+                // The object store's doing, as the step says.
+                Outcome::Unavailable if self.shelf_next.is_some() => {}
                 Outcome::Unavailable => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: {x}'s instance is lost: answer with the failure"
