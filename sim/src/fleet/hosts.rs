@@ -413,3 +413,181 @@ impl World {
         extra
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sandkeeper::{DiscardReason, Instant, SessionId, Spec};
+
+    use super::*;
+
+    const H0: usize = 0;
+    const H1: usize = 1;
+
+    fn key() -> Key {
+        Key::Session(SessionId::new("s").expect("a valid name"))
+    }
+
+    fn start(x: u64, resume_from: Option<&str>) -> Command {
+        Command::Start {
+            sandbox: SandboxId(x),
+            key: key(),
+            spec: Spec::default(),
+            resume_from: resume_from.map(Snapshot::new),
+            resumes: None,
+            deadline: Instant::ZERO,
+            token: None,
+        }
+    }
+
+    fn stop(x: u64) -> Command {
+        Command::Stop {
+            sandbox: SandboxId(x),
+            suspend: true,
+            token: None,
+            deadline: Instant::ZERO,
+        }
+    }
+
+    fn persist(x: u64) -> Command {
+        Command::Persist {
+            sandbox: SandboxId(x),
+            snapshot: Some(Snapshot::new(format!("snap-{}", SandboxId(x)))),
+            suspend: true,
+            token: None,
+            retain_until: None,
+            deadline: Instant::ZERO,
+        }
+    }
+
+    fn shutdown(x: u64) -> Command {
+        Command::Shutdown {
+            sandbox: SandboxId(x),
+            token: None,
+            deadline: Instant::ZERO,
+        }
+    }
+
+    fn adopt(x: u64) -> Command {
+        Command::Adopt {
+            sandbox: SandboxId(x),
+            key: key(),
+            token: Token(1),
+            deadline: Instant::ZERO,
+        }
+    }
+
+    const OK: Draw = Draw {
+        fail: false,
+        late: false,
+    };
+    const FAIL: Draw = Draw {
+        fail: true,
+        late: false,
+    };
+    const LATE: Draw = Draw {
+        fail: false,
+        late: true,
+    };
+
+    /// Sandbox 1 started and stopped on host 0: its snapshot on host 0's disk only.
+    fn stopped_on_h0() -> (Backend, String) {
+        let mut b = Backend::new(true, true);
+        assert_eq!(b.apply(&start(1, None), H0, OK), Outcome::Ok(None));
+        let name = format!("snap-{}", SandboxId(1));
+        let taken = b.apply(&stop(1), H0, OK);
+        assert_eq!(taken, Outcome::Ok(Some(Snapshot::new(name.clone()))));
+        (b, name)
+    }
+
+    #[test]
+    fn a_snapshot_only_on_another_hosts_disk_is_resumed_there_and_nowhere_else() {
+        let (mut b, name) = stopped_on_h0();
+        assert_eq!(b.apply(&start(2, Some(&name)), H1, OK), Outcome::Gone);
+        assert!(!b.sandboxes.contains_key(&SandboxId(2)), "nothing started");
+        assert_eq!(b.apply(&start(3, Some(&name)), H0, OK), Outcome::Ok(None));
+        let took = b.sandboxes[&SandboxId(3)].resumed_from.clone();
+        assert_eq!(took, Some(Snapshot::new(name.clone())));
+        assert!(
+            !b.shelf.as_ref().unwrap().local.contains_key(&name),
+            "moved"
+        );
+    }
+
+    #[test]
+    fn a_persisted_snapshot_is_downloaded_elsewhere_and_stays_in_the_store() {
+        let (mut b, name) = stopped_on_h0();
+        assert_eq!(b.apply(&persist(1), H0, OK), Outcome::Ok(None));
+        assert_eq!(
+            b.apply(&start(2, Some(&name)), H1, FAIL),
+            Outcome::Unavailable
+        );
+        assert_eq!(b.apply(&start(3, Some(&name)), H1, OK), Outcome::Ok(None));
+        assert!(
+            b.snapshots.contains_key(&name),
+            "a start never consumes an object"
+        );
+        // The local copy goes to the host's own start.
+        assert_eq!(b.apply(&start(4, Some(&name)), H0, FAIL), Outcome::Ok(None));
+        assert!(!b.shelf.as_ref().unwrap().local.contains_key(&name));
+    }
+
+    #[test]
+    fn an_upload_that_failed_lands_nothing_and_a_late_one_lands() {
+        let (mut b, name) = stopped_on_h0();
+        assert_eq!(b.apply(&persist(1), H0, FAIL), Outcome::Unavailable);
+        assert!(!b.snapshots.contains_key(&name));
+        assert_eq!(b.apply(&persist(1), H0, LATE), Outcome::Late);
+        assert!(b.snapshots.contains_key(&name));
+        assert!(b.shelf.as_ref().unwrap().local[&name].persisted);
+    }
+
+    #[test]
+    fn a_shutdown_removes_its_own_unpersisted_snapshot_and_nothing_elsewhere() {
+        let (mut b, name) = stopped_on_h0();
+        assert_eq!(b.apply(&shutdown(1), H1, OK), Outcome::Elsewhere);
+        assert_eq!(b.sandboxes[&SandboxId(1)].life, Life::Stopped);
+        assert_eq!(b.apply(&shutdown(1), H0, OK), Outcome::Ok(None));
+        let shelf = b.shelf.as_ref().unwrap();
+        assert_eq!(shelf.vanished, vec![Snapshot::new(name.clone())]);
+        assert!(!b.anywhere(&name));
+        // A persisted one stays.
+        let (mut b, name) = stopped_on_h0();
+        b.apply(&persist(1), H0, OK);
+        b.apply(&shutdown(1), H0, OK);
+        assert!(b.shelf.as_ref().unwrap().local.contains_key(&name));
+    }
+
+    #[test]
+    fn only_its_own_host_adopts_a_sandbox() {
+        let mut b = Backend::new(true, true);
+        b.apply(&start(1, None), H0, OK);
+        assert_eq!(b.apply(&adopt(1), H1, OK), Outcome::Elsewhere);
+        assert_eq!(b.apply(&adopt(1), H0, OK), Outcome::Ok(None));
+        // Stopped: its workspace taken back from its own host's disk only.
+        let (mut b, name) = stopped_on_h0();
+        assert_eq!(b.apply(&adopt(1), H1, OK), Outcome::Elsewhere);
+        assert_eq!(b.apply(&adopt(1), H0, OK), Outcome::Ok(None));
+        assert!(!b.anywhere(&name), "its workspace again, no snapshot left");
+        // Shut down: gone to every host.
+        b.apply(&shutdown(1), H0, OK);
+        assert_eq!(b.apply(&adopt(1), H1, OK), Outcome::Gone);
+    }
+
+    #[test]
+    fn a_discard_removes_the_object_and_the_issuing_hosts_copy_only() {
+        let (mut b, name) = stopped_on_h0();
+        b.apply(&persist(1), H0, OK);
+        let discard = Command::Discard {
+            sandbox: SandboxId(1),
+            key: key(),
+            snapshot: Snapshot::new(name.clone()),
+            token: None,
+            reason: DiscardReason::Superseded,
+        };
+        assert_eq!(b.apply(&discard, H1, OK), Outcome::Silent);
+        assert!(!b.snapshots.contains_key(&name));
+        assert!(b.shelf.as_ref().unwrap().local.contains_key(&name));
+        b.apply(&discard, H0, OK);
+        assert!(!b.anywhere(&name));
+    }
+}
