@@ -32,17 +32,22 @@
 //! - the sweep (`sweep_on`) runs on the sweeper's host over that host's sandboxes and local
 //!   snapshots, and over the object store's snapshots.
 //!
-//! `conservation` counts a snapshot while it is in the store or on any host's disk, and a
-//! sandbox wherever it is (a warm sandbox on a host whose replica is down included: that host
-//! adopts it when its replica is back). It is fed what the backend did: a Start continues from
-//! the snapshot it took (none: a fresh workspace), and a snapshot whose last copy went is gone
-//! ([`Shelf::vanished`]).
+//! `conservation` counts a snapshot while it is in the store or on any host's disk (as a local
+//! copy, or as the directory of a sandbox whose start took it), and a sandbox wherever it is (a
+//! warm sandbox on a host whose replica is down included: that host adopts it when its replica
+//! is back). It is fed what the backend did: a Start continues from the snapshot it took (none:
+//! a fresh workspace), and a snapshot whose last copy went is gone ([`Shelf::vanished`], or
+//! the sweep). A start copies an object rather than taking it, so the sweep may remove one
+//! copy of a snapshot whose retention ended while another is left: that excuses what the
+//! snapshot holds wherever the checker follows it, as the retention's Discard would.
 //!
 //! The faults are drawn per seed from a stream of their own (so a seed without hosts draws
 //! as before), each a per mille of the commands that touch the store, and only during the
 //! fault phase.
 //!
-//! Not modelled: a host's disk lost or full; a download left half-made; the store's listing
+//! Not modelled: the local backend's `took_snapshot` passing over a sandbox its own process
+//! runs (here any sandbox of the host that took the snapshot, up or with its instance lost,
+//! is taken from, and gone after); a host's disk lost or full; a download left half-made; the store's listing
 //! lagging its writes; a local copy and an object that differ (an object lands whole or not at
 //! all); hosts that come and go (a replica slot is its host for the whole run).
 //!

@@ -19,6 +19,13 @@
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
+//! With hosts (`FleetOptions::hosts`, `--hosts`; `hosts.rs`, issue 33) each replica slot is a
+//! host with its own disk over a shared object store for snapshots, which fails, slows and
+//! loses answers to uploads and downloads during the faults (a stream of its own): a sandbox is
+//! adopted, stopped, persisted or shut down only on its own host, a snapshot resumed from its
+//! host's disk or the store, and the sweep runs per host. Without it, a seed runs step for step
+//! as before.
+//!
 //! A fleet scenario (a `.scn` file with a `fleet` line) drives the same world instead of a
 //! seed: `script` takes every choice the seed would make from the scenario's steps. A seed's run
 //! can be written out as such a scenario (`transcript`), which the shrinker reduces.
