@@ -57,6 +57,10 @@ enum Cmd {
         /// and one backend (`sim::fleet`); 1 is the one-process simulator.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// With `--replicas`: each replica is a host with its own disk, over a shared object
+        /// store with faults of its own (`sim/src/fleet/hosts.rs`).
+        #[arg(long)]
+        hosts: bool,
     },
     /// Reruns one seed and writes its trace (JSON lines).
     Replay {
@@ -85,6 +89,9 @@ enum Cmd {
         /// scenario.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// The seed was run with `--hosts`.
+        #[arg(long)]
+        hosts: bool,
     },
     /// Runs a scenario file: exit 0 on pass, 1 on failure, 2 when malformed.
     Run {
@@ -109,9 +116,10 @@ fn main() -> ExitCode {
             getter_check_every,
             operations,
             replicas,
+            hosts,
         } => {
             if replicas > 1 {
-                return explore_fleet(seeds, from, replicas, stop_at_first);
+                return explore_fleet(seeds, from, replicas, hosts, stop_at_first);
             }
             let full_check = match (small_state, full_check_every) {
                 (None, None) => None,
@@ -135,7 +143,8 @@ fn main() -> ExitCode {
             out,
             operations,
             replicas,
-        } => shrink(seed, out, operations, replicas),
+            hosts,
+        } => shrink(seed, out, operations, replicas, hosts),
         Cmd::Run { file, quiet } => run_file(file, quiet),
     }
 }
@@ -212,13 +221,20 @@ fn explore(seeds: u64, from: u64, jobs: usize, stop_at_first: bool, opts: &RunOp
     }
 }
 
-fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) -> ExitCode {
+fn explore_fleet(
+    seeds: u64,
+    from: u64,
+    replicas: usize,
+    hosts: bool,
+    stop_at_first: bool,
+) -> ExitCode {
     let started = wall_clock();
     let (mut inputs, mut steps) = (0, 0);
     let mut marks = std::collections::BTreeSet::new();
     let mut failures = vec![];
     for seed in from..from + seeds {
         let mut opts = sim::fleet::FleetOptions::new(replicas);
+        opts.hosts = hosts;
         opts.trace = std::env::var_os("SIM_FLEET_TRACE").is_some();
         // The canary of the backend's fencing, by hand.
         opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
@@ -236,8 +252,9 @@ fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) ->
         }
     }
     let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let on_hosts = if hosts { " on hosts" } else { "" };
     println!(
-        "fleet of {replicas}, seeds {from}..{}: {steps} steps, {inputs} core inputs in {secs:.2}s ({:.0} inputs/s)",
+        "fleet of {replicas}{on_hosts}, seeds {from}..{}: {steps} steps, {inputs} core inputs in {secs:.2}s ({:.0} inputs/s)",
         from + seeds,
         inputs as f64 / secs
     );
@@ -245,8 +262,9 @@ fn explore_fleet(seeds: u64, from: u64, replicas: usize, stop_at_first: bool) ->
         "marks reached: {}",
         marks.iter().copied().collect::<Vec<_>>().join(" ")
     );
-    let missing: Vec<&str> = sim::fleet::MARKS
-        .iter()
+    let host_marks = if hosts { sim::fleet::HOST_MARKS } else { &[] };
+    let missing: Vec<&str> = (sim::fleet::MARKS.iter())
+        .chain(host_marks)
         .copied()
         .filter(|m| !marks.contains(m))
         .collect();
@@ -308,10 +326,17 @@ fn replay(seed: u64, trace: Option<PathBuf>, operations: bool) -> ExitCode {
     }
 }
 
-fn shrink(seed: u64, out: Option<PathBuf>, operations: bool, replicas: usize) -> ExitCode {
+fn shrink(
+    seed: u64,
+    out: Option<PathBuf>,
+    operations: bool,
+    replicas: usize,
+    hosts: bool,
+) -> ExitCode {
     let shrunk = if replicas > 1 {
         println!("seed {seed}: a fleet of {replicas} replicas");
         let mut opts = sim::fleet::FleetOptions::new(replicas);
+        opts.hosts = hosts;
         // As `explore` ran it.
         opts.backend_fencing = std::env::var_os("SIM_FLEET_NO_BACKEND_FENCING").is_none();
         opts.conservation = std::env::var_os("SIM_FLEET_NO_CONSERVATION").is_none();

@@ -2,7 +2,7 @@
 //! drift and store faults. Runs in debug builds here, so every core also checks its own
 //! invariants after every input.
 
-use sim::fleet::{run_fleet_seed, FleetOptions, MARKS};
+use sim::fleet::{run_fleet_seed, FleetOptions, HOST_MARKS, MARKS};
 
 #[test]
 fn a_fleet_of_three_passes_every_check_and_reaches_every_mark() {
@@ -13,6 +13,26 @@ fn a_fleet_of_three_passes_every_check_and_reaches_every_mark() {
         marks.extend(report.marks);
     }
     let missing: Vec<_> = MARKS.iter().filter(|m| !marks.contains(*m)).collect();
+    assert!(missing.is_empty(), "marks never reached: {missing:?}");
+}
+
+/// Hosts over an object store (`sim/src/fleet/hosts.rs`): every check holds, and the
+/// object store's faults and the hosts' refusals all happen.
+#[test]
+fn a_fleet_on_hosts_passes_every_check_and_reaches_every_host_mark() {
+    let mut marks = std::collections::BTreeSet::new();
+    for seed in 0..150 {
+        let opts = FleetOptions {
+            hosts: true,
+            ..FleetOptions::new(3)
+        };
+        let report = run_fleet_seed(seed, opts);
+        assert_eq!(report.failure, None, "seed {seed}");
+        marks.extend(report.marks);
+    }
+    let missing: Vec<_> = (MARKS.iter().chain(HOST_MARKS))
+        .filter(|m| !marks.contains(*m))
+        .collect();
     assert!(missing.is_empty(), "marks never reached: {missing:?}");
 }
 
@@ -45,6 +65,16 @@ fn without_the_backends_fencing_a_stale_replicas_change_is_caught() {
 /// sets how many seeds (default 12).
 #[test]
 fn a_fleet_seeds_transcript_replays_as_a_scenario() {
+    transcripts_replay(false);
+}
+
+/// As above, with hosts over an object store (`hosts=on`).
+#[test]
+fn a_fleet_on_hosts_seeds_transcript_replays_as_a_scenario() {
+    transcripts_replay(true);
+}
+
+fn transcripts_replay(hosts: bool) {
     use sim::scenario::{run_steps, RunMode, Scenario, Verdict};
     let seeds: u64 = std::env::var("SIM_FLEET_REPLAY_SEEDS")
         .ok()
@@ -54,6 +84,7 @@ fn a_fleet_seeds_transcript_replays_as_a_scenario() {
     for seed in 0..seeds {
         let opts = FleetOptions {
             transcript: true,
+            hosts,
             ..FleetOptions::new(3)
         };
         let report = run_fleet_seed(seed, opts);

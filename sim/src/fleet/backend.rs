@@ -17,6 +17,9 @@
 //! workspace, and an Adopt brings it back up (the controller makes a new pod for the claim).
 //! A dead one ([`Life::Dead`]) answers everything `Gone`.
 //!
+//! With hosts ([`Backend::shelf`], `hosts.rs`), each sandbox and each local snapshot lives on
+//! one host's disk, and persisted snapshots in a shared object store: see `hosts.rs`.
+//!
 //! Not modelled: start and stop latency inside the backend (the world's schedule gives each
 //! command its latency), hooks (the application's work, which the world runs itself:
 //! `World::hook_runs`).
@@ -24,6 +27,8 @@
 use std::collections::BTreeMap;
 
 use sandkeeper::{Command, Key, SandboxId, Snapshot, Token};
+
+use super::hosts::{Draw, Shelf};
 
 /// Where a simulated sandbox is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +69,9 @@ pub struct Sandbox {
     pub accepted: Vec<u64>,
     /// The snapshot its Start took (moved into it), as the local backend records it.
     pub resumed_from: Option<Snapshot>,
+    /// The host (replica slot) whose process started it: its directory is on that host's
+    /// disk (looked at only with hosts, `hosts.rs`).
+    pub host: usize,
 }
 
 /// What a command did.
@@ -79,6 +87,12 @@ pub enum Outcome {
     Unavailable,
     /// Nothing to answer (a command that wants no answer, or one the backend never sees).
     Silent,
+    /// With hosts: the sandbox lives on another host, where this host's backend can do
+    /// nothing (`hosts.rs`: an Adopt is answered `InstanceGone`, a Shutdown ok).
+    Elsewhere,
+    /// With hosts: a Persist whose upload landed in the object store, its answer lost or a
+    /// failure (`hosts.rs`).
+    Late,
 }
 
 /// The backend.
@@ -98,11 +112,15 @@ pub struct Backend {
     pub refusals: u64,
     /// A change accepted under a token older than one the sandbox had seen, if any.
     pub violation: Option<String>,
+    /// With hosts: the hosts' local snapshots (`snapshots` is then the object store); `None`
+    /// for one backend root shared by every replica.
+    pub shelf: Option<Shelf>,
 }
 
 impl Backend {
-    /// A backend with nothing in it.
-    pub fn new(fencing: bool) -> Self {
+    /// A backend with nothing in it; `hosts`: each replica slot a host with its own disk, over
+    /// a shared object store (`hosts.rs`).
+    pub fn new(fencing: bool, hosts: bool) -> Self {
         Backend {
             sandboxes: BTreeMap::new(),
             snapshots: BTreeMap::new(),
@@ -111,14 +129,18 @@ impl Backend {
             fencing,
             refusals: 0,
             violation: None,
+            shelf: hosts.then(Shelf::default),
         }
     }
 
-    /// Applies one command a replica ordered.
     /// The application's own write into `x` (an operation of a call ready on it), under the
     /// token the process holds the sandbox's key by: taken as an upload is, refused under an
     /// older token than the sandbox or its key has seen, gone when `x` is not up.
-    pub fn write(&mut self, x: SandboxId, token: Option<Token>) -> Outcome {
+    /// With hosts, a sandbox on another host than `host` takes nothing (`Unavailable`).
+    pub fn write(&mut self, x: SandboxId, token: Option<Token>, host: usize) -> Outcome {
+        if self.elsewhere(x, host) {
+            return Outcome::Unavailable;
+        }
         match self.sandboxes.get(&x).map(|s| &s.life) {
             Some(Life::Up) => self.change(x, token, None),
             Some(Life::Lost) => Outcome::Unavailable,
@@ -138,7 +160,14 @@ impl Backend {
         }
     }
 
-    pub fn apply(&mut self, cmd: &Command) -> Outcome {
+    /// Applies one command a replica on `host` ordered; `draw`: the object store's faults for
+    /// it (looked at only with hosts).
+    pub fn apply(&mut self, cmd: &Command, host: usize, draw: Draw) -> Outcome {
+        if self.shelf.is_some() {
+            if let Some(outcome) = self.apply_on_host(cmd, host, draw) {
+                return outcome;
+            }
+        }
         let token = cmd.token();
         match cmd {
             Command::Start {
@@ -172,6 +201,7 @@ impl Backend {
                         life: Life::Up,
                         accepted: token.map(|t| t.0).into_iter().collect(),
                         resumed_from: resume_from.clone(),
+                        host,
                     },
                 );
                 Outcome::Ok(None)
@@ -250,7 +280,12 @@ impl Backend {
 
     /// A change to `x` under `token`: refused when the sandbox saw a newer one (with fencing
     /// on); recorded, and checked against every token it accepted before.
-    fn change(&mut self, x: SandboxId, token: Option<Token>, life: Option<Life>) -> Outcome {
+    pub(super) fn change(
+        &mut self,
+        x: SandboxId,
+        token: Option<Token>,
+        life: Option<Life>,
+    ) -> Outcome {
         let Some(sandbox) = self.sandboxes.get_mut(&x) else {
             return Outcome::Gone;
         };

@@ -145,7 +145,7 @@ impl World {
         order: u64,
     ) -> bool {
         let token = self.replicas[r].intent.key_of(x).and_then(|(_, t)| *t);
-        let landed = self.backend.write(x, token) == Outcome::Ok(None);
+        let landed = self.backend.write(x, token, r) == Outcome::Ok(None);
         if landed {
             let work = operation_work(session);
             self.conservation.written(x, work, order);

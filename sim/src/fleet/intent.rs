@@ -49,6 +49,14 @@ struct Sbx {
     resumes: Option<SandboxId>,
     /// The snapshot its Persist keeps.
     persisting: Option<Snapshot>,
+    /// The earliest instant the core can have given its way down up at, salvaging the
+    /// snapshot: its last Persist's deadline (a timeout runs at it or later), or the failed
+    /// answer that ended it. In a fleet the salvage's `WayDownFailed` waits for the record
+    /// to name the snapshot, while the key's retention counts from the salvage.
+    salvaged_from: Option<Instant>,
+    /// The key was found keeping its salvaged snapshot before the salvage's `WayDownFailed`
+    /// came (its retention ran out while the record was still to name it).
+    salvage_kept: bool,
     /// Its hook outstanding: which, and its deadline.
     hook: Option<(HookPoint, Instant)>,
     /// Its after hook answered ok.
@@ -130,6 +138,7 @@ impl Intent {
         match input {
             Input::StopOk { sandbox, .. }
             | Input::PersistOk { sandbox }
+            | Input::PersistFailed { sandbox }
             | Input::HookOk { sandbox }
             | Input::HookFailed { sandbox } => {
                 Before::State(*sandbox, core.sandbox_state(*sandbox))
@@ -194,6 +203,11 @@ impl Intent {
                     {
                         s.stop_ok = true;
                     }
+                    // Perhaps the last failure, salvaging the snapshot now (a Persist ordered
+                    // again sets a later instant).
+                    Input::PersistFailed { .. } if was == Some(SandboxState::Persisting) => {
+                        s.salvaged_from = Some(now);
+                    }
                     // Taken while awaited: by its deadline (the driver drops a later one), the
                     // sandbox still starting (an after hook) or stopping (a before hook), not
                     // dead, relinquished or shutting down.
@@ -232,7 +246,13 @@ impl Intent {
                     .filter(|s| s.resume_from.as_ref() == Some(snapshot))
                     .and_then(|s| s.resumes);
                 let by = given_back.unwrap_or(*sandbox);
-                self.snapshots.persisted(key, snapshot.clone(), by, now);
+                let salvaged = self.sandboxes.get(sandbox);
+                // Kept, and perhaps let go, already (`salvaged_early`).
+                if !salvaged.is_some_and(|s| s.salvage_kept) {
+                    let since = salvaged.and_then(|s| s.salvaged_from);
+                    let since = since.map_or(now, |at| at.min(now));
+                    self.snapshots.persisted(key, snapshot.clone(), by, since);
+                }
             }
             if let Event::WayDownFailed {
                 sandbox,
@@ -249,6 +269,30 @@ impl Intent {
                 self.lets_go(*sandbox);
             }
         }
+    }
+
+    /// A Discard of `snapshot` of `key` that the key does not keep here, which a sandbox of the
+    /// key was persisting when its way down was given up: in a fleet the key keeps the
+    /// salvaged snapshot from then on, though its `WayDownFailed` waits for a record naming it
+    /// (and the key's retention may end first). Kept from the earliest instant the salvage
+    /// can have come at, before the Discard is judged.
+    fn salvaged_early(&mut self, key: &Key, snapshot: &Snapshot) {
+        if self.snapshots.kept(key).is_some_and(|(s, _)| s == snapshot) {
+            return;
+        }
+        let salvaged = self.sandboxes.iter_mut().find(|(_, s)| {
+            s.persisting.as_ref() == Some(snapshot)
+                && s.key.as_ref().is_some_and(|(k, _)| k == key)
+                && !s.salvage_kept
+        });
+        let Some((x, s)) = salvaged else {
+            return;
+        };
+        let Some(since) = s.salvaged_from else {
+            return;
+        };
+        s.salvage_kept = true;
+        self.snapshots.persisted(key, snapshot.clone(), *x, since);
     }
 
     /// One command, ordered at `now`.
@@ -328,10 +372,16 @@ impl Intent {
                 of_key.retain(|y| y != sandbox);
                 of_key.push(*sandbox);
             }
-            Command::Discard { .. } => also(self.snapshots.command(cmd, now)),
-            Command::Persist { snapshot, .. } => {
+            Command::Discard { key, snapshot, .. } => {
+                self.salvaged_early(key, snapshot);
+                also(self.snapshots.command(cmd, now));
+            }
+            Command::Persist {
+                snapshot, deadline, ..
+            } => {
                 if let Some(s) = self.sandboxes.get_mut(&x) {
                     s.persisting = snapshot.clone();
+                    s.salvaged_from = Some(*deadline);
                     if !s.stop_ok {
                         also(Err(Violation::new(
                             "persist-after-stop",

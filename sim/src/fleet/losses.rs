@@ -113,6 +113,7 @@ impl World {
             call,
             run: None,
             after,
+            shelf: None,
         };
         self.record(Some(r), Step::Fleet(step));
     }

@@ -19,6 +19,13 @@
 //! what its core abandoned, relinquished or cancelled, and drops an answer that comes after the
 //! command's deadline. Then faults stop, every replica is closed, and the liveness checks run.
 //!
+//! With hosts (`FleetOptions::hosts`, `--hosts`; `hosts.rs`, issue 33) each replica slot is a
+//! host with its own disk over a shared object store for snapshots, which fails, slows and
+//! loses answers to uploads and downloads during the faults (a stream of its own): a sandbox is
+//! adopted, stopped, persisted or shut down only on its own host, a snapshot resumed from its
+//! host's disk or the store, and the sweep runs per host. Without it, a seed runs step for step
+//! as before.
+//!
 //! A fleet scenario (a `.scn` file with a `fleet` line) drives the same world instead of a
 //! seed: `script` takes every choice the seed would make from the scenario's steps. A seed's run
 //! can be written out as such a scenario (`transcript`), which the shrinker reduces.
@@ -82,6 +89,7 @@
 mod backend;
 mod background;
 mod drains;
+mod hosts;
 mod intent;
 mod losses;
 mod names;
@@ -92,6 +100,7 @@ pub(crate) mod script;
 mod store;
 mod transcript;
 
+pub use hosts::HOST_MARKS;
 pub use transcript::FleetTranscript;
 
 use background::operation_work;
@@ -174,6 +183,9 @@ pub struct FleetOptions {
     /// Write the run out as a fleet scenario (`FleetReport::transcript`), for the shrinker.
     /// The run itself is the same.
     pub transcript: bool,
+    /// Each replica slot is a host with its own disk, over a shared object store with faults
+    /// of its own (`hosts.rs`; off: one backend root every replica shares).
+    pub hosts: bool,
 }
 
 impl FleetOptions {
@@ -185,6 +197,7 @@ impl FleetOptions {
             conservation: true,
             trace: false,
             transcript: false,
+            hosts: false,
         }
     }
 }
@@ -373,6 +386,14 @@ struct World {
     /// one its losses are reported to (a real backend's watch reports to the process that
     /// runs the sandbox).
     drivers: BTreeMap<SandboxId, (usize, u32)>,
+    /// With hosts (`hosts.rs`): the object store's faults of the seed, and their stream (of
+    /// its own, drawn from only with hosts).
+    shelf_faults: hosts::ShelfFaults,
+    shelf_rng: Rng,
+    /// A scenario's step gives the object store's fault of the command it runs (`shelf=`).
+    shelf_next: Option<hosts::Draw>,
+    /// The object store's faults in the last command the backend ran (for the transcript).
+    last_draw: hosts::Draw,
 }
 
 /// The key a call of `session` is isolated under, when the world knows it (a seed's world has
@@ -426,6 +447,7 @@ fn run_world(mut w: World, opts: FleetOptions) -> FleetReport {
         on_advance: true,
         backend_fencing: opts.backend_fencing,
         conservation: opts.conservation,
+        hosts: opts.hosts,
     });
     // A core panic fails the seed (check `panic`), as in one process; the world is not looked
     // at again but for what it reported and recorded up to the panic.
@@ -499,7 +521,7 @@ impl World {
             events: Vec::new(),
             replicas: Vec::new(),
             store: Store::new(fleet.lease.as_nanos() as u64),
-            backend: Backend::new(opts.backend_fencing),
+            backend: Backend::new(opts.backend_fencing, opts.hosts),
             config,
             fleet,
             next_incarnation: 1,
@@ -530,7 +552,14 @@ impl World {
             hook_hang,
             loss_rng: Rng::new(seed ^ 0x1055_5eed),
             drivers: BTreeMap::new(),
+            shelf_faults: hosts::ShelfFaults::default(),
+            shelf_rng: Rng::new(seed ^ 0x5e1f_5eed),
+            shelf_next: None,
+            last_draw: hosts::Draw::default(),
         };
+        if opts.hosts {
+            w.shelf_faults = hosts::ShelfFaults::draw(&mut w.shelf_rng);
+        }
         for r in 0..opts.replicas.max(1) {
             let replica = w.boot(0);
             if let Some(rec) = w.recorder.as_mut() {
@@ -685,6 +714,9 @@ impl World {
     pub(super) fn judge_conservation(&mut self) {
         let judged = self.conservation.after_input();
         if let (true, Err(v)) = (self.check_conservation, judged) {
+            if std::env::var_os("SIM_DEBUG_CONSERVATION").is_some() {
+                println!("{:#?}", self.conservation);
+            }
             self.fail(v.check, v.detail);
         }
     }
@@ -1247,6 +1279,9 @@ impl World {
 
     fn event(&mut self, r: usize, ev: Event) {
         let inc = self.replicas[r].incarnation;
+        if self.trace {
+            println!("{:>9} ms   r{r} event {ev:?}", self.now / MS);
+        }
         if self.script.is_some() {
             self.script_saw_event(r, &ev);
         }
@@ -1389,25 +1424,47 @@ impl World {
                 );
             }
         }
-        let outcome = self.backend.apply(cmd);
+        let hosts = self.backend.shelf.is_some();
+        let draw = match self.shelf_next {
+            Some(draw) => draw,
+            None if self.faults && hosts && hosts::touches_store(cmd) => {
+                self.shelf_faults.for_command(&mut self.shelf_rng)
+            }
+            None => hosts::Draw::default(),
+        };
+        self.last_draw = draw;
+        let outcome = self.backend.apply(cmd, r, draw);
         if matches!(cmd, Command::Start { .. } | Command::Adopt { .. })
             && outcome == Outcome::Ok(None)
         {
             self.drivers.insert(cmd.sandbox(), (r, inc));
         }
         self.conserve(r, inc, cmd, &outcome);
+        // With hosts: a snapshot whose last copy went (a Shutdown removed it) holds nothing
+        // any more, and nothing is excused.
+        if let Some(shelf) = self.backend.shelf.as_mut() {
+            let (vanished, marks) = (std::mem::take(&mut shelf.vanished), shelf.marks.drain(..));
+            self.report.marks.extend(marks);
+            for snapshot in vanished {
+                self.conservation.swept_snapshot(&snapshot, false);
+            }
+        }
         if let (
             Command::Persist {
                 snapshot: Some(snapshot),
                 retain_until: Some(until),
                 ..
             },
-            Outcome::Ok(_),
+            Outcome::Ok(_) | Outcome::Late,
         ) = (cmd, &outcome)
         {
             let until = self.replicas[r].true_of(until.as_nanos());
             if let Some(kept) = self.backend.snapshots.get_mut(snapshot.as_str()) {
                 kept.expires = Some(until);
+            }
+            let shelf = self.backend.shelf.as_mut();
+            if let Some(local) = shelf.and_then(|s| s.local.get_mut(snapshot.as_str())) {
+                local.expires = Some(until);
             }
         }
         if let (Some(key), Outcome::Ok(_)) = (named, &outcome) {
@@ -1435,12 +1492,29 @@ impl World {
         let done = match outcome {
             Outcome::Ok(_) => true,
             Outcome::Silent => matches!(cmd, Command::Discard { .. }),
-            Outcome::Gone | Outcome::Fenced | Outcome::Unavailable => false,
+            Outcome::Gone
+            | Outcome::Fenced
+            | Outcome::Unavailable
+            | Outcome::Elsewhere
+            | Outcome::Late => false,
         };
         if !done {
             return;
         }
-        self.conservation.command(cmd);
+        match cmd {
+            // With hosts: the Start continues from what the backend took (a fresh workspace
+            // when it took nothing).
+            Command::Start { sandbox, .. } if self.backend.shelf.is_some() => {
+                let took =
+                    (self.backend.sandboxes.get(sandbox)).and_then(|x| x.resumed_from.clone());
+                let mut started = cmd.clone();
+                if let Command::Start { resume_from, .. } = &mut started {
+                    *resume_from = took;
+                }
+                self.conservation.command(&started);
+            }
+            _ => self.conservation.command(cmd),
+        }
         match (cmd, outcome) {
             (
                 Command::Upload {
@@ -1490,10 +1564,14 @@ impl World {
     }
 
     fn answer(&mut self, r: usize, inc: u32, cmd: &Command, outcome: Outcome) {
+        let late = outcome == Outcome::Late;
         let Some((input, deadline)) = Self::answer_of(cmd, outcome) else {
             return;
         };
-        let latency = self.rng.range(1, 200);
+        let mut latency = self.rng.range(1, 200);
+        if self.faults && self.backend.shelf.is_some() && hosts::touches_store(cmd) {
+            latency += self.shelf_latency(late);
+        }
         if self.recorder.is_some() {
             self.record_backend(r, inc, cmd, &input, latency * MS);
         }
@@ -1511,9 +1589,12 @@ impl World {
             (Command::Start { .. } | Command::Adopt { .. }, Outcome::Ok(_)) => {
                 Input::StartOk { sandbox }
             }
-            (Command::Start { .. } | Command::Adopt { .. }, Outcome::Gone) => {
-                Input::StartFailed { sandbox }
-            }
+            (
+                Command::Start { .. } | Command::Adopt { .. },
+                Outcome::Gone | Outcome::Unavailable,
+            ) => Input::StartFailed { sandbox },
+            // With hosts: the sandbox lives on another host (`FailureClass::Elsewhere`).
+            (Command::Adopt { .. }, Outcome::Elsewhere) => Input::InstanceGone { sandbox },
             (Command::Upload { upload, .. }, Outcome::Ok(_)) => Input::UploadOk { upload: *upload },
             (Command::Upload { upload, .. }, Outcome::Unavailable) => Input::UploadFailed {
                 upload: *upload,
@@ -1526,8 +1607,12 @@ impl World {
             (Command::Stop { .. }, Outcome::Ok(snapshot)) => Input::StopOk { sandbox, snapshot },
             (Command::Stop { .. }, Outcome::Gone) => Input::StopFailed { sandbox },
             (Command::Persist { .. }, Outcome::Ok(_)) => Input::PersistOk { sandbox },
-            (Command::Persist { .. }, Outcome::Gone) => Input::PersistFailed { sandbox },
-            (Command::Shutdown { .. }, Outcome::Ok(_)) => Input::ShutdownOk { sandbox },
+            (Command::Persist { .. }, Outcome::Gone | Outcome::Unavailable | Outcome::Late) => {
+                Input::PersistFailed { sandbox }
+            }
+            (Command::Shutdown { .. }, Outcome::Ok(_) | Outcome::Elsewhere) => {
+                Input::ShutdownOk { sandbox }
+            }
             (Command::Shutdown { .. }, Outcome::Gone) => Input::ShutdownOk { sandbox },
             (Command::Hook { .. }, _) => Input::HookFailed { sandbox },
             (other, outcome) => unreachable!("{other:?} answered {outcome:?}"),
@@ -1775,8 +1860,14 @@ impl World {
         let now = Instant::from_nanos(judged_true);
         let mut doomed = vec![];
         let mut retention: BTreeMap<String, Option<u64>> = BTreeMap::new();
+        // With hosts, the sweeper's host's sandboxes and local snapshots, and the object
+        // store's snapshots (`hosts.rs`).
+        let hosts = self.backend.shelf.is_some();
         for (id, x) in &self.backend.sandboxes {
             if matches!(x.life, backend::Life::Gone | backend::Life::Dead) {
+                continue;
+            }
+            if hosts && x.host != sweeper {
                 continue;
             }
             // The simulated backend's start moves the snapshot it resumes (as the local root's
@@ -1788,10 +1879,21 @@ impl World {
             };
             let verdict = sandkeeper::sweep_verdict(&object, &keys, live, now);
             if verdict != sandkeeper::SweepVerdict::Keep {
-                doomed.push((object, verdict));
+                doomed.push((object, verdict, false));
             }
         }
-        for (name, kept) in &self.backend.snapshots {
+        let locals = (self.backend.shelf.iter()).flat_map(|s| &s.local);
+        let locals = locals.filter(|(_, l)| l.host == sweeper).map(|(name, l)| {
+            let kept = backend::Kept {
+                by: l.by,
+                key: l.key.clone(),
+                expires: l.expires,
+            };
+            (name, kept, true)
+        });
+        let objects =
+            (self.backend.snapshots.iter()).map(|(name, kept)| (name, kept.clone(), false));
+        for (name, kept, local) in objects.chain(locals) {
             let object = sandkeeper::SweepObject::Snapshot {
                 snapshot: sandkeeper::Snapshot::new(name.clone()),
                 by: kept.by,
@@ -1810,10 +1912,17 @@ impl World {
                     None => kept.expires,
                 };
                 retention.insert(name.clone(), until);
-                doomed.push((object, verdict));
+                doomed.push((object, verdict, local));
             }
         }
-        for (object, verdict) in doomed {
+        for (object, verdict, local) in doomed {
+            if self.trace {
+                let at = if local { " (a local copy)" } else { "" };
+                println!(
+                    "{:>9} ms   r{sweeper}'s sweep: {object:?}{at} {verdict:?}",
+                    self.now / MS
+                );
+            }
             self.report.marks.insert("swept");
             match object {
                 sandkeeper::SweepObject::Sandbox { id, .. } => {
@@ -1847,10 +1956,26 @@ impl World {
                     }
                 }
                 sandkeeper::SweepObject::Snapshot { snapshot, key, .. } => {
-                    self.backend.snapshots.remove(snapshot.as_str());
+                    if !local {
+                        self.backend.snapshots.remove(snapshot.as_str());
+                    } else if let Some(shelf) = self.backend.shelf.as_mut() {
+                        shelf.local.remove(snapshot.as_str());
+                    }
                     let expires = retention.get(snapshot.as_str()).copied().flatten();
                     let over = expires.is_some_and(|e| e <= self.now);
-                    self.conservation.swept_snapshot(&snapshot, over);
+                    // With hosts, a snapshot holds its content while any copy is left.
+                    if hosts && over {
+                        // With hosts a start copies an object rather than taking it, and a
+                        // copy may be left (on a host's disk, or in the sandbox a start took
+                        // it into, which no record named): the snapshot's retention ended,
+                        // which excuses what it holds wherever `conservation` follows it, as
+                        // the Discard this removal stands for would.
+                        let retention = sandkeeper::DiscardReason::Retention;
+                        self.conservation.discard_ordered(&snapshot, retention);
+                    }
+                    if !hosts || !self.backend.anywhere(snapshot.as_str()) {
+                        self.conservation.swept_snapshot(&snapshot, over);
+                    }
                     self.swept_snapshots.insert(snapshot.as_str().to_string());
                     if verdict == sandkeeper::SweepVerdict::SweepAndUnrecord {
                         self.report.marks.insert("swept-recorded");

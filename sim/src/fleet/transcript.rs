@@ -19,7 +19,7 @@ use std::time::Duration;
 use sandkeeper::{Command, Config, Input, Key};
 
 use super::World;
-use crate::step::fleet::{BackendAnswer, FleetSpec, FleetStep, ReplicaNo, StoreAnswer};
+use crate::step::fleet::{BackendAnswer, FleetSpec, FleetStep, ReplicaNo, ShelfFault, StoreAnswer};
 use crate::step::{Answer, Step};
 
 /// A seed's run as a fleet scenario.
@@ -131,9 +131,28 @@ impl World {
             let text = format!("r{r}: the backend answered {input:?} to {}", cmd.name());
             return self.record(None, Step::Unspellable(text));
         };
+        // With hosts, a fault of the object store's in the command is spelled on the step that
+        // runs it (`shelf=`), whatever the backend then answered.
+        let shelf = match (cmd, input) {
+            (_, Input::Fenced { .. }) => None,
+            (Command::Start { .. }, _) if self.last_draw.fail => Some(ShelfFault::Fail),
+            (Command::Persist { .. }, _) if self.last_draw.fail => Some(ShelfFault::Fail),
+            (Command::Persist { .. }, _) if self.last_draw.late => Some(ShelfFault::Late),
+            _ => None,
+        };
+        let ran = match cmd {
+            Command::Start { .. } => Answer::StartOk,
+            _ => Answer::PersistOk,
+        };
         let answer = match input {
+            _ if shelf.is_some() => BackendAnswer::Plain(ran),
             Input::Fenced { .. } => BackendAnswer::Fenced(Some(cmd.name().to_string())),
             Input::StartOk { .. } => BackendAnswer::Plain(Answer::StartOk),
+            // With hosts: an Adopt of a sandbox on another host, run by the replica's host's
+            // backend (`start-ok` runs it; that backend answers `InstanceGone`).
+            Input::InstanceGone { .. } if matches!(cmd, Command::Adopt { .. }) => {
+                BackendAnswer::Plain(Answer::StartOk)
+            }
             Input::StartFailed { .. } => BackendAnswer::Plain(Answer::StartFail),
             Input::UploadOk { .. } => BackendAnswer::Plain(Answer::UploadOk),
             Input::UploadFailed { failure, .. } => BackendAnswer::Plain(Answer::UploadFail {
@@ -159,6 +178,7 @@ impl World {
             call,
             run: self.run_of(r, inc),
             after: Some(Duration::from_nanos(after)),
+            shelf,
         };
         self.record(Some(r), Step::Fleet(step));
     }

@@ -11,7 +11,8 @@ use super::parse::{
     ParseError,
 };
 use crate::step::fleet::{
-    fmt_ppm, BackendAnswer, FleetExpect, FleetSpec, FleetStep, Link, ReplicaNo, StoreAnswer,
+    fmt_ppm, BackendAnswer, FleetExpect, FleetSpec, FleetStep, Link, ReplicaNo, ShelfFault,
+    StoreAnswer,
 };
 use crate::step::{fmt_duration, Step};
 
@@ -95,6 +96,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         "events",
         "backend-fencing",
         "conservation",
+        "hosts",
     ])?;
     let Some(n) = get(&keys, "replicas") else {
         return line.err("fleet needs replicas=<n> (at least 1)");
@@ -160,6 +162,11 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
             ))
         }
     };
+    let hosts = match get(&keys, "hosts") {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(other) => return line.err(format!("invalid hosts `{other}`: expected on or off")),
+    };
     let calm_after = get(&keys, "calm-after")
         .map(|d| duration(line, d))
         .transpose()?;
@@ -175,6 +182,7 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
         on_advance,
         backend_fencing,
         conservation,
+        hosts,
     })
 }
 
@@ -206,6 +214,9 @@ pub fn fleet_line_text(spec: &FleetSpec, timing: &Fleet) -> String {
     }
     if !spec.conservation {
         text.push_str(" conservation=off");
+    }
+    if spec.hosts {
+        text.push_str(" hosts=on");
     }
     text
 }
@@ -396,6 +407,12 @@ fn take_after_run(line: &mut Line) -> Result<(Option<Duration>, Option<usize>), 
 
 fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
     let (after, run) = take_after_run(line)?;
+    let shelf = match take_key(line, "shelf")? {
+        None => None,
+        Some("fail") => Some(ShelfFault::Fail),
+        Some("late") => Some(ShelfFault::Late),
+        Some(other) => return line.err(format!("invalid shelf `{other}`: expected fail or late")),
+    };
     if verb == "fenced" {
         let c = line.positional("@<call>")?;
         let call = at_call(line, c)?;
@@ -415,6 +432,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
             call,
             run,
             after,
+            shelf,
         });
     }
     match parse_step(line, verb)? {
@@ -423,6 +441,7 @@ fn backend(line: &mut Line, verb: &str) -> Result<FleetStep, ParseError> {
             call,
             run,
             after,
+            shelf,
         }),
         other => unreachable!("a backend verb parses to an answer, not {other:?}"),
     }

@@ -75,6 +75,10 @@ pub struct FleetSpec {
     /// The `conservation` check judges the run (`conservation=on`, the default); `off` runs
     /// a scenario written before the check, or one that shows what it would miss.
     pub conservation: bool,
+    /// Each replica is a host with its own disk over a shared object store (`hosts=on`;
+    /// default off: one backend root; `sim/src/fleet/hosts.rs`). The object store's faults
+    /// are a seed's; a scenario answers with what the backend does.
+    pub hosts: bool,
 }
 
 /// A store answer, to a replica's oldest held piece of store work of its kind (for that key,
@@ -156,6 +160,25 @@ impl StoreAnswer {
     }
 }
 
+/// With hosts, the object store's fault in one command (`shelf=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShelfFault {
+    /// The upload or download fails (`shelf=fail`).
+    Fail,
+    /// The upload lands and its answer is lost: answered as a failure (`shelf=late`).
+    Late,
+}
+
+impl ShelfFault {
+    /// The word after `shelf=`.
+    pub fn word(self) -> &'static str {
+        match self {
+            ShelfFault::Fail => "fail",
+            ShelfFault::Late => "late",
+        }
+    }
+}
+
 /// A backend answer in a fleet: one of the one-process answers, or `fenced`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendAnswer {
@@ -184,6 +207,9 @@ pub enum FleetStep {
         run: Option<usize>,
         /// The delivery delay.
         after: Option<Duration>,
+        /// With hosts: the object store's fault in this command's upload or download
+        /// (`shelf=fail|late`; `sim/src/fleet/hosts.rs`).
+        shelf: Option<ShelfFault>,
     },
     /// `[rN] <store answer> [<key>] [id=<n>] [after=<d>]`: the store takes the replica's held
     /// work now; its answer reaches the replica now, or `after` later.
@@ -296,6 +322,7 @@ impl fmt::Display for FleetStep {
                 call,
                 run,
                 after,
+                shelf,
             } => {
                 match answer {
                     BackendAnswer::Fenced(None) => write!(f, "fenced @{call}")?,
@@ -306,6 +333,9 @@ impl fmt::Display for FleetStep {
                 }
                 if let Some(k) = run {
                     write!(f, " run={k}")?;
+                }
+                if let Some(fault) = shelf {
+                    write!(f, " shelf={}", fault.word())?;
                 }
                 f.write_str(&after_word(after))
             }

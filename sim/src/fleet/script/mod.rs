@@ -102,7 +102,7 @@ impl World {
             events: Vec::new(),
             replicas: Vec::new(),
             store: Store::new(fleet.lease.as_nanos() as u64),
-            backend: Backend::new(spec.backend_fencing),
+            backend: Backend::new(spec.backend_fencing, spec.hosts),
             config,
             fleet,
             next_incarnation: 1,
@@ -136,6 +136,11 @@ impl World {
             // A scenario's steps lose sandboxes (`die`, `instance-gone`).
             loss_rng: Rng::new(0),
             drivers: BTreeMap::new(),
+            // A scenario's answers are the object store's faults.
+            shelf_faults: Default::default(),
+            shelf_rng: Rng::new(0),
+            shelf_next: None,
+            last_draw: Default::default(),
             script: Some(Box::new(Script {
                 links: vec![spec.link; spec.replicas],
                 held: Vec::new(),

@@ -13,10 +13,11 @@ use sandkeeper::{
 
 use super::{bounded, ns};
 use crate::fleet::backend::Outcome;
+use crate::fleet::hosts::Draw;
 use crate::fleet::process::Told;
 use crate::fleet::{Ev, Phase, Run, World, MS};
 use crate::harness::Stop;
-use crate::step::fleet::{BackendAnswer, FleetStep, Link, StoreAnswer};
+use crate::step::fleet::{BackendAnswer, FleetStep, Link, ShelfFault, StoreAnswer};
 use crate::step::{Answer, OpKind, ResolveExpect, Step};
 
 impl World {
@@ -148,9 +149,17 @@ impl World {
                 call,
                 run,
                 after,
+                shelf,
             } => {
                 let after = after.map(|d| bounded("after", d)).transpose()?;
-                self.backend_answers(r, answer, call, *run, after)
+                // The object store's fault in the command the step runs, if any.
+                self.shelf_next = shelf.map(|fault| Draw {
+                    fail: fault == ShelfFault::Fail,
+                    late: fault == ShelfFault::Late,
+                });
+                let done = self.backend_answers(r, answer, call, *run, after);
+                self.shelf_next = None;
+                done
             }
             FleetStep::Store {
                 answer,
@@ -454,13 +463,19 @@ impl World {
         };
         if success {
             // What the backend would do, asked first: a wrong answer changes nothing.
-            let cmd = &self.script_ref().outstanding[i].cmd;
-            match self.backend.clone().apply(cmd) {
+            let (cmd, host) = {
+                let o = &self.script_ref().outstanding[i];
+                (&o.cmd, o.r)
+            };
+            let draw = self.shelf_next.unwrap_or_default();
+            match self.backend.clone().apply(cmd, host, draw) {
                 Outcome::Fenced => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
                     )))
                 }
+                // The object store's doing, as the step says.
+                Outcome::Unavailable if self.shelf_next.is_some() => {}
                 Outcome::Unavailable => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: {x}'s instance is lost: answer with the failure"
@@ -539,11 +554,13 @@ impl World {
             )));
         };
         let cmd = self.script_ref().outstanding[i].cmd.clone();
+        let host = self.script_ref().outstanding[i].r;
         // What the backend would do, asked first. A backend that takes the old token breaks
         // `token-order` (the run's failure, not the scenario's error); one that takes it
         // rightly makes the answer wrong.
         let mut probe = self.backend.clone();
-        if probe.apply(&cmd) != Outcome::Fenced && probe.violation.is_none() {
+        if probe.apply(&cmd, host, Draw::default()) != Outcome::Fenced && probe.violation.is_none()
+        {
             return Err(Stop::Misuse(format!(
                 "fenced @{call}: the backend accepts {} under {:?}: it has seen no newer token for {x} or its key",
                 cmd.name(),
