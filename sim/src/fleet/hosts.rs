@@ -100,6 +100,7 @@ pub const HOST_MARKS: &[&str] = &[
     "upload-failed",
     "upload-late",
     "adopt-elsewhere",
+    "handover-suspended",
 ];
 
 /// The object store's faults for one command.

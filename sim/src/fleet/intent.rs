@@ -409,7 +409,9 @@ impl Intent {
                 }
             }
             Command::Stop { suspend, .. } => {
-                let wanted = if self.release.suspends() {
+                // A Stop that suspends had the before-suspend hook, the policy's or not (a key
+                // handed over to another host goes suspended whatever the policy).
+                let wanted = if self.release.suspends() || *suspend {
                     self.hooks.before_suspend
                 } else {
                     self.hooks.before_stop

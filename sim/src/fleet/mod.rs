@@ -492,7 +492,13 @@ impl World {
             renew_every: Duration::from_secs(3),
             margin: Duration::from_secs(2),
             claim_retry: Duration::from_millis(rng.range(200, 1_000)),
-            handover: sandkeeper::Handover::Warm,
+            // Hosts reach only each other's snapshots: keys go between them suspended, as
+            // the local backend with a shelf requires (`check_config`).
+            handover: if opts.hosts {
+                sandkeeper::Handover::Suspended
+            } else {
+                sandkeeper::Handover::Warm
+            },
         };
         let config = Config {
             scope: Scope::Session,
@@ -1433,6 +1439,23 @@ impl World {
             None => hosts::Draw::default(),
         };
         self.last_draw = draw;
+        if let Command::Stop {
+            sandbox,
+            suspend: true,
+            ..
+        } = cmd
+        {
+            let up = self
+                .backend
+                .sandboxes
+                .get(sandbox)
+                .is_some_and(|s| s.life == backend::Life::Up);
+            if hosts && up && !self.config.release.suspends() {
+                // Suspended though the policy does not suspend and its instance is up: its key
+                // goes to another host (`Handover::Suspended`).
+                self.report.marks.insert("handover-suspended");
+            }
+        }
         let outcome = self.backend.apply(cmd, r, draw);
         if matches!(cmd, Command::Start { .. } | Command::Adopt { .. })
             && outcome == Outcome::Ok(None)

@@ -170,6 +170,10 @@ pub(super) fn fleet_line(line: &mut Line, config: &mut Config) -> Result<FleetSp
     let calm_after = get(&keys, "calm-after")
         .map(|d| duration(line, d))
         .transpose()?;
+    if hosts {
+        // Keys go between hosts suspended, as the local backend with a shelf requires.
+        timing.handover = sandkeeper::Handover::Suspended;
+    }
     config.fleet = Some(timing);
     if let Err(e) = config.validate() {
         return line.err(format!("invalid fleet timing: {e}"));
