@@ -270,10 +270,18 @@ impl Backend for K8sBackend {
             return Err("a backend connected with K8sBackend::connect_fleet serves fleet mode only (nothing would sweep a single keeper's orphans): use K8sBackend::connect".to_string());
         }
         let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
+        // Keys handed over suspended suspend whatever the policy.
+        let handover_suspends = config
+            .fleet
+            .is_some_and(|f| f.handover == sandkeeper::Handover::Suspended);
         if pod_mode && config.release.suspends() {
             return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());
         }
-        if !pod_mode && config.release.suspends() && !self.install.workdir_persistent {
+        if pod_mode && handover_suspends {
+            return Err("fleet handover Suspended suspends a key's sandbox before another process takes it, and pod mode cannot keep a sandbox without its pod: every process of a cluster reaches every pod, so hand over warm (Handover::Warm), or use agentSandbox mode".to_string());
+        }
+        let suspends = config.release.suspends() || handover_suspends;
+        if !pod_mode && suspends && !self.install.workdir_persistent {
             return Err(format!(
                 "release policy Suspend would lose the workspace: suspending deletes the pod, and the working directory {} of template {} is not on a volume of its volumeClaimTemplates (a container filesystem or an emptyDir goes with the pod); mount a volumeClaimTemplates volume there (io-k8s/deploy/warm-pool.example.yaml), or use Shutdown or KeepWarm",
                 self.cluster.config().workdir,

@@ -103,4 +103,17 @@ async fn a_backend_connected_for_one_mode_refuses_the_other() {
         matches!(&e, Some(KeeperError::Unsupported(why)) if why.contains("fleet mode only")),
         "{e:?}"
     );
+    // Keys handed over suspended would suspend pods, which pod mode cannot keep.
+    let fleet_backend = K8sBackend::connect_fleet(cluster(&server, pod_config("g")))
+        .await
+        .unwrap();
+    let mut suspended = config().core;
+    suspended.fleet = Some(Fleet {
+        handover: sandkeeper::Handover::Suspended,
+        ..fleet()
+    });
+    let refusal = sandkeeper_tokio::Backend::check_config(&fleet_backend, &suspended).unwrap_err();
+    assert!(refusal.contains("hand over warm"), "{refusal}");
+    sandkeeper_tokio::Backend::check_config(&fleet_backend, &config().core)
+        .expect("handed over warm, pod mode is fine");
 }
