@@ -4,8 +4,9 @@
 //! maker's incarnation), the manifest the key it was put for and its own retention. A start
 //! never removes a snapshot from the shelf, so this is what removes a snapshot no record names
 //! any more: once its maker's lease ended and its retention passed (or it has none), by
-//! [`sweep_verdict`](sandkeeper::sweep_verdict)'s rules. Any host may sweep the shelf: every
-//! host sees all of it.
+//! [`sweep_verdict`](sandkeeper::sweep_verdict)'s rules; while its maker lives, it stays
+//! (`docs/fleet-hosts.md`, "What this leaves"). Any host may sweep the shelf: every host sees
+//! all of it.
 //!
 //! [`Inventories`] joins a host's inventories (its local root and the shelf) into the one its
 //! store sweeps.

@@ -15,8 +15,9 @@
 //!   on another host's root, and the core leaves it to the key's next adoption there.
 //!
 //! A start never removes a snapshot from the shelf (another host may still need it until the
-//! key's record moves on): what no record names any more is removed by the fleet sweep, at the
-//! end of its retention or of its maker's lease. The implementation on object storage is
+//! key's record moves on): what no record names any more is removed by the fleet sweep, once
+//! its maker's lease ended and its retention, if any, passed (`docs/fleet-hosts.md` says what
+//! that leaves while the maker lives). The implementation on object storage is
 //! `sandkeeper-snapshots`' `ObjectSnapshots`.
 //!
 //! [`FailureClass::Elsewhere`]: crate::backend::FailureClass::Elsewhere
