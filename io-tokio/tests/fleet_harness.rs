@@ -11,14 +11,13 @@
 //! is 1.5 s): the waits are bounded polls for what the processes write, never fixed sleeps.
 #![cfg(not(loom))]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::store::{held_by, not_taken_over};
-use sandkeeper_tokio::workload::child::{lines, until, HarnessChild};
+use sandkeeper_tokio::workload::child::{fleet_row, lines, ran, until, HarnessChild};
 use sandkeeper_tokio::workload::Summary;
 
 const LEASE_MS: &str = "1500";
@@ -39,25 +38,13 @@ fn harness(root: &Path, replica: &str, calls: usize, ledger: &Path) -> Command {
 /// `harness --verify` over the root and the ledgers, once every process ended: its report,
 /// after it succeeded.
 fn verified(root: &Path, ledgers: &[&Path]) -> String {
-    let verify = Command::new(env!("CARGO_BIN_EXE_harness"))
+    let mut verify = Command::new(env!("CARGO_BIN_EXE_harness"));
+    verify
         .arg("--fleet-root")
         .arg(root)
         .args(["--lease-ms", LEASE_MS, "--verify"])
-        .args(ledgers)
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&verify.stdout).into_owned();
-    assert!(
-        verify.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&verify.stderr)
-    );
-    report
-}
-
-/// The numbers of the printed summary's "fleet" row.
-fn fleet_row(summary: &str) -> BTreeMap<String, u64> {
-    Summary::figures_of(summary, "fleet").unwrap_or_else(|| panic!("no fleet row: {summary}"))
+        .args(ledgers);
+    ran(verify)
 }
 
 fn calls_failed(summary: &str) -> u64 {

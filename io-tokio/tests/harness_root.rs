@@ -5,21 +5,16 @@
 use std::path::Path;
 use std::process::Command;
 
+use sandkeeper_tokio::workload::child::ran;
+
 /// Runs a small harness with `TMPDIR=dir` and `extra` arguments: its standard output.
 fn harness(dir: &Path, extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_harness"))
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_harness"));
+    harness
         .args(["--sessions", "2", "--users", "1", "--calls", "1", "--quiet"])
         .args(extra)
-        .env("TMPDIR", dir)
-        .output()
-        .expect("the harness runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "harness failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+        .env("TMPDIR", dir);
+    ran(harness)
 }
 
 fn entries(dir: &Path) -> Vec<String> {

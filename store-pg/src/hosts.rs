@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sandkeeper::{PathName, SandboxId, Snapshot, SweepObject};
 use sandkeeper_snapshots::{ObjectSnapshots, SnapshotName};
 use sandkeeper_tokio::local::inventory::object_dir;
-use sandkeeper_tokio::local::{meta, session_file_in, token_log_in_order};
+use sandkeeper_tokio::local::{meta, session_file, token_log_in_order};
 use sandkeeper_tokio::store::unix_ms;
 use sandkeeper_tokio::workload::{last_acknowledged, FleetVerdict};
 
@@ -140,7 +140,7 @@ pub async fn verify_hosts(
     let users = acknowledged.check_logs(
         |key, session| match continues.get(key)? {
             Continues::At(dir) => {
-                let file = session_file_in(dir, session, &log_name);
+                let file = session_file(dir, session, &log_name);
                 let log = std::fs::read_to_string(&file).ok();
                 Some((file.display().to_string(), log))
             }

@@ -89,15 +89,7 @@ impl PgStore {
                 continue;
             }
             tracing::info!(?object, ?verdict, "swept");
-            match object {
-                SweepObject::Sandbox { .. } => swept.sandboxes += 1,
-                SweepObject::Snapshot { .. } => {
-                    swept.snapshots += 1;
-                    if verdict == SweepVerdict::SweepAndUnrecord {
-                        swept.unrecorded += 1;
-                    }
-                }
-            }
+            swept.count(&object, verdict);
         }
         Ok(swept)
     }

@@ -18,8 +18,7 @@ use std::process::Command;
 
 use sandkeeper_pg::throwaway::Throwaway;
 use sandkeeper_snapshots::moto::Moto;
-use sandkeeper_tokio::workload::child::{lines, until, HarnessChild};
-use sandkeeper_tokio::workload::Summary;
+use sandkeeper_tokio::workload::child::{fleet_row, lines, ran, until, HarnessChild};
 
 const LEASE_MS: &str = "1500";
 
@@ -58,19 +57,9 @@ impl Fleet {
         for root in roots {
             cmd.arg("--root").arg(root);
         }
-        let verify = cmd.arg("--verify").args(ledgers).output().unwrap();
-        let report = String::from_utf8_lossy(&verify.stdout).into_owned();
-        assert!(
-            verify.status.success(),
-            "{report}\n{}",
-            String::from_utf8_lossy(&verify.stderr)
-        );
-        report
+        cmd.arg("--verify").args(ledgers);
+        ran(cmd)
     }
-}
-
-fn fleet_row(summary: &str) -> std::collections::BTreeMap<String, u64> {
-    Summary::figures_of(summary, "fleet").unwrap_or_else(|| panic!("no fleet row: {summary}"))
 }
 
 #[test]

@@ -76,8 +76,9 @@ pub(crate) fn snapshot_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// A session's mirrored file in a sandbox.
-pub(crate) fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
+/// Where a session's mirrored file `path` is inside `dir`, a sandbox's workspace or a snapshot's
+/// (for checks of what a workspace holds, wherever it is).
+pub fn session_file(dir: &Path, session: &SessionId, path: &PathName) -> PathBuf {
     dir.join(META_DIR)
         .join(session.as_str())
         .join(path.as_str())

@@ -84,7 +84,8 @@ use crate::backend::{
 
 pub use exec::{RunError, RunOutput};
 pub use isolation::{find_init, Isolated, Isolation, IsolationError, Mode, Namespaces, INIT_VAR};
-use layout::{sandbox_dir, session_file, snapshot_dir, META_DIR};
+pub use layout::session_file;
+use layout::{sandbox_dir, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
 use meta::{MetaError, SnapshotRecord, StartedFor};
 use shelf::{Shelf, ShelfError};
@@ -157,17 +158,6 @@ impl LocalConfig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         Self::new(std::env::temp_dir().join(format!("sandkeeper-{}-{n}", std::process::id())))
     }
-}
-
-/// Where a session's mirrored file `path` is inside `workspace`, a sandbox's directory or a
-/// snapshot's (as [`LocalBackend::session_file`] says for a running sandbox): for checks of what
-/// a workspace holds, wherever it is.
-pub fn session_file_in(
-    workspace: &Path,
-    session: &sandkeeper::SessionId,
-    path: &sandkeeper::PathName,
-) -> PathBuf {
-    session_file(workspace, session, path)
 }
 
 /// One sandbox directory the backend runs.

@@ -40,6 +40,21 @@ pub struct Swept {
     pub unrecorded: u64,
 }
 
+impl Swept {
+    /// Counts `object`, removed on `verdict`.
+    pub fn count(&mut self, object: &sandkeeper::SweepObject, verdict: sandkeeper::SweepVerdict) {
+        match object {
+            sandkeeper::SweepObject::Sandbox { .. } => self.sandboxes += 1,
+            sandkeeper::SweepObject::Snapshot { .. } => {
+                self.snapshots += 1;
+                if verdict == sandkeeper::SweepVerdict::SweepAndUnrecord {
+                    self.unrecorded += 1;
+                }
+            }
+        }
+    }
+}
+
 impl std::ops::AddAssign for Swept {
     fn add_assign(&mut self, other: Swept) {
         self.sandboxes += other.sandboxes;

@@ -66,6 +66,27 @@ impl HarnessChild {
     }
 }
 
+/// Runs `cmd` to its end: its standard output, once it exited successfully (panics with its
+/// output and error otherwise). For a main job's one-shot runs (`--verify`, a short workload).
+pub fn ran(mut cmd: Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} does not run: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The numbers of a printed summary's `fleet` row (panics when it has none).
+pub fn fleet_row(summary: &str) -> std::collections::BTreeMap<String, u64> {
+    super::Summary::figures_of(summary, "fleet")
+        .unwrap_or_else(|| panic!("no fleet row: {summary}"))
+}
+
 /// The lines in the file at `path` (0 when it is not there yet): how far a process's ledger got.
 pub fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())

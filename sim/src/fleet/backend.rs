@@ -74,6 +74,24 @@ pub struct Sandbox {
     pub host: usize,
 }
 
+impl Sandbox {
+    /// A sandbox of `key` just started on `host` under `token`, from `resume_from`.
+    pub(super) fn up(
+        key: &Key,
+        token: Option<Token>,
+        resume_from: &Option<Snapshot>,
+        host: usize,
+    ) -> Self {
+        Sandbox {
+            key: key.clone(),
+            life: Life::Up,
+            accepted: token.map(|t| t.0).into_iter().collect(),
+            resumed_from: resume_from.clone(),
+            host,
+        }
+    }
+}
+
 /// What a command did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -176,34 +194,16 @@ impl Backend {
                 resume_from,
                 ..
             } => {
-                if let Some(Token(t)) = token {
-                    let newest = self.keys.get(key).copied().unwrap_or(0);
-                    if t < newest {
-                        if self.fencing {
-                            self.refusals += 1;
-                            return Outcome::Fenced;
-                        }
-                        self.violation.get_or_insert(format!(
-                            "{sandbox} started under token {t} after its key saw token {newest}"
-                        ));
-                    }
-                    self.keys.insert(key.clone(), t.max(newest));
+                if let Err(refused) = self.admit_start(*sandbox, key, token) {
+                    return refused;
                 }
                 if let Some(snapshot) = resume_from {
                     // The start takes the snapshot (gone already: a fresh workspace).
                     self.snapshots.remove(snapshot.as_str());
                     self.taken.insert(snapshot.as_str().to_string());
                 }
-                self.sandboxes.insert(
-                    *sandbox,
-                    Sandbox {
-                        key: key.clone(),
-                        life: Life::Up,
-                        accepted: token.map(|t| t.0).into_iter().collect(),
-                        resumed_from: resume_from.clone(),
-                        host,
-                    },
-                );
+                let started = Sandbox::up(key, token, resume_from, host);
+                self.sandboxes.insert(*sandbox, started);
                 Outcome::Ok(None)
             }
             Command::Upload { sandbox, .. } => match self.sandboxes.get(sandbox).map(|x| &x.life) {
@@ -276,6 +276,32 @@ impl Backend {
             | Command::Abandon { .. }
             | Command::Relinquish { .. } => Outcome::Silent,
         }
+    }
+
+    /// The token check of a Start of `sandbox`, new, for `key`: refused (`Fenced`) under a token
+    /// older than the key has seen (with fencing on; without, the first such start is the
+    /// run's violation); the key's newest token advanced.
+    pub(super) fn admit_start(
+        &mut self,
+        sandbox: SandboxId,
+        key: &Key,
+        token: Option<Token>,
+    ) -> Result<(), Outcome> {
+        let Some(Token(t)) = token else {
+            return Ok(());
+        };
+        let newest = self.keys.get(key).copied().unwrap_or(0);
+        if t < newest {
+            if self.fencing {
+                self.refusals += 1;
+                return Err(Outcome::Fenced);
+            }
+            self.violation.get_or_insert(format!(
+                "{sandbox} started under token {t} after its key saw token {newest}"
+            ));
+        }
+        self.keys.insert(key.clone(), t.max(newest));
+        Ok(())
     }
 
     /// A change to `x` under `token`: refused when the sandbox saw a newer one (with fencing

@@ -55,7 +55,7 @@
 
 use std::collections::BTreeMap;
 
-use sandkeeper::{Command, Key, SandboxId, Snapshot, Token};
+use sandkeeper::{Command, Key, SandboxId, Snapshot};
 
 use super::backend::{Backend, Kept, Life, Outcome, Sandbox};
 use super::World;
@@ -188,31 +188,15 @@ impl Backend {
                 resume_from,
                 ..
             } => {
-                if let Some(Token(t)) = token {
-                    let newest = self.keys.get(key).copied().unwrap_or(0);
-                    if t < newest {
-                        if self.fencing {
-                            self.refusals += 1;
-                            return Some(Outcome::Fenced);
-                        }
-                        self.violation.get_or_insert(format!(
-                            "{sandbox} started under token {t} after its key saw token {newest}"
-                        ));
-                    }
-                    self.keys.insert(key.clone(), t.max(newest));
+                if let Err(refused) = self.admit_start(*sandbox, key, token) {
+                    return Some(refused);
                 }
                 if let Some(snapshot) = resume_from {
                     if let Err(failed) = self.take_for_start(snapshot, key, host, draw) {
                         return Some(failed);
                     }
                 }
-                let started = Sandbox {
-                    key: key.clone(),
-                    life: Life::Up,
-                    accepted: token.map(|t| t.0).into_iter().collect(),
-                    resumed_from: resume_from.clone(),
-                    host,
-                };
+                let started = Sandbox::up(key, token, resume_from, host);
                 self.sandboxes.insert(*sandbox, started);
                 Outcome::Ok(None)
             }
@@ -422,7 +406,7 @@ impl World {
 
 #[cfg(test)]
 mod tests {
-    use sandkeeper::{DiscardReason, Instant, SessionId, Spec};
+    use sandkeeper::{DiscardReason, Instant, SessionId, Spec, Token};
 
     use super::*;
 

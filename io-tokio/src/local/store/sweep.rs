@@ -121,15 +121,7 @@ impl LocalStore {
                 continue; // another sweep took it
             }
             tracing::info!(?object, ?verdict, "swept");
-            match object {
-                SweepObject::Sandbox { .. } => swept.sandboxes += 1,
-                SweepObject::Snapshot { .. } => {
-                    swept.snapshots += 1;
-                    if verdict == SweepVerdict::SweepAndUnrecord {
-                        swept.unrecorded += 1;
-                    }
-                }
-            }
+            swept.count(&object, verdict);
         }
         // Once every decision is acted on: a removal takes as long as the workspace is large.
         // Whatever is in the trash goes (another sweep's, or a crashed one's, too).
