@@ -35,13 +35,18 @@
 //!   suspension's own doing, or stale news of an earlier incarnation) is the core's to say.
 //!
 //! `KeepWarm` needs nothing here: the core simply does not order a shutdown, so the claim is
-//! kept between calls (R11). A plain pod keeps nothing without the pod, so pod mode cannot
-//! suspend ([`ConfigError::SuspendNeedsAgentSandbox`]).
+//! kept between calls (R11). A plain pod keeps nothing without the pod, so pod mode suspends
+//! only with a shelf ([`K8sBackend::with_shelf`]; otherwise
+//! [`ConfigError::SuspendNeedsAgentSandbox`]): then `stop` names the snapshot
+//! `sbx-<n>-<owner>`, `persist` streams the workspace out of the pod onto the shelf before it
+//! deletes the pod, a `start` resuming it streams it into a new pod, and `discard` removes it
+//! from the shelf (`shelf.rs` says what happens when a step fails).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sandkeeper::{Config, SandboxId, Snapshot, Token};
+use sandkeeper_tokio::local::shelf::Shelf;
 use sandkeeper_tokio::{
     AdoptRequest, Backend, BackendError, DeathSink, DiscardRequest, FailureClass, PersistRequest,
     StartRequest, StopRequest, UploadRequest,
@@ -55,6 +60,7 @@ use crate::install::Install;
 use crate::lease::{LeaseRenewal, SweepReport};
 use crate::names;
 use crate::sandbox::SandboxHandle;
+use crate::shelf::{pod_of_snapshot, snapshot_name, Restored};
 use crate::suspend::Resumable;
 use crate::upload::UploadFile;
 
@@ -89,11 +95,25 @@ pub struct K8sBackend {
     _lease: Option<LeaseRenewal>,
     /// Connected as one process of a fleet ([`K8sBackend::connect_fleet`]).
     fleet: bool,
+    /// Pod mode: where a suspended sandbox's workspace is kept ([`K8sBackend::with_shelf`]).
+    shelf: Option<Arc<dyn Shelf>>,
+    /// Pod mode with a shelf: the pods this backend deletes itself on a step that answers
+    /// for them (a Persist once the workspace is on the shelf, a start whose restore failed),
+    /// by sandbox number. The death watch does not report that deletion: it would race the
+    /// step's answer, and the core would count a suspension as a death, or a failed resume as
+    /// one that lost the key's workspace. The first report of each is dropped.
+    own_deletions: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// Pod mode with a shelf: sandboxes whose start is restoring a snapshot from the shelf. A
+    /// loss of such a pod is of the instance only: the snapshot is still on the shelf, and
+    /// the core gives it back to the key when the start fails.
+    restoring: Arc<Mutex<std::collections::HashSet<u64>>>,
 }
 
 /// A sandbox this backend drives.
 struct Running {
     handle: SandboxHandle,
+    /// The key it serves (what a snapshot on the shelf is judged by).
+    key: String,
     /// Fleet mode: the newest token this process started, adopted or changed the sandbox
     /// under. The application's own changes in it are checked against its object's token
     /// before they are made (`work.rs`); `None` (a single keeper): nothing is checked.
@@ -143,6 +163,28 @@ impl K8sBackend {
             suspensions: tokio::sync::watch::channel(0).0,
             _lease: lease,
             fleet,
+            shelf: None,
+            own_deletions: Arc::default(),
+            restoring: Arc::default(),
+        }
+    }
+
+    /// Pod mode suspending through `shelf` (`shelf.rs`): a suspended sandbox's workspace is
+    /// streamed out of its pod onto the shelf before the pod is deleted, and back into a new
+    /// pod when its key resumes. With a shelf, pod mode serves the `Suspend` release policy
+    /// and a fleet's `Handover::Suspended`; agentSandbox mode refuses one (its claims keep a
+    /// suspended sandbox), at [`Backend::check_config`].
+    #[must_use]
+    pub fn with_shelf(mut self, shelf: Arc<dyn Shelf>) -> Self {
+        self.shelf = Some(shelf);
+        self
+    }
+
+    /// The shelf, in pod mode with one.
+    fn pod_shelf(&self) -> Option<&dyn Shelf> {
+        match self.cluster.config().mode {
+            Mode::Pod { .. } => self.shelf.as_deref(),
+            Mode::AgentSandbox { .. } => None,
         }
     }
 
@@ -162,6 +204,7 @@ impl K8sBackend {
     fn check_suspends(&self, sandbox: SandboxId) -> Result<(), BackendError> {
         match self.cluster.config().mode {
             Mode::AgentSandbox { .. } => Ok(()),
+            Mode::Pod { .. } if self.shelf.is_some() => Ok(()),
             Mode::Pod { .. } => Err(BackendError::fatal(format!(
                 "{sandbox}: {}",
                 ConfigError::SuspendNeedsAgentSandbox
@@ -210,6 +253,158 @@ impl K8sBackend {
         let handle = self.cluster.resume_sandbox(sandbox.0, &found).await?;
         tracing::info!(%sandbox, ?resumes, %claim, pod = %handle.pod, "resumed a suspended claim");
         Ok(Some(handle))
+    }
+
+    /// A new sandbox with an empty workspace.
+    async fn start_fresh(&self, request: &StartRequest) -> Result<SandboxHandle, BackendError> {
+        let key = request.key.to_string();
+        self.cluster
+            .start_sandbox(request.sandbox.0, &key)
+            .await
+            .map_err(failure)
+    }
+
+    /// Pod mode with a shelf: a new pod, and `snapshot`'s workspace restored into it
+    /// ([`restore`](Self::restore)); true when there was one to restore. On a failure the new
+    /// pod is deleted again.
+    async fn start_from_shelf(
+        &self,
+        shelf: &dyn Shelf,
+        request: &StartRequest,
+        snapshot: &Snapshot,
+    ) -> Result<(SandboxHandle, bool), K8sError> {
+        let key = request.key.to_string();
+        let n = request.sandbox.0;
+        locked(&self.restoring).insert(n);
+        let started = self.cluster.start_sandbox(n, &key).await;
+        let restored = match started {
+            Ok(handle) => match self.restore(shelf, request, snapshot, &handle).await {
+                Ok(restored) => Ok((handle, restored)),
+                Err(e) => Err((Some(handle), e)),
+            },
+            Err(e) => Err((None, e)),
+        };
+        match restored {
+            Ok(done) => {
+                locked(&self.restoring).remove(&n);
+                Ok(done)
+            }
+            Err((None, e)) => {
+                locked(&self.restoring).remove(&n);
+                Err(e)
+            }
+            Err((Some(handle), e)) => {
+                locked(&self.own_deletions).insert(n);
+                locked(&self.restoring).remove(&n);
+                if let Err(d) = self.cluster.delete_pod(&handle.object).await {
+                    tracing::warn!(pod = %handle.object, error = %d,
+                        "deleting a pod whose restore failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Restores `snapshot` into the new pod of `handle` from the shelf (`shelf.rs`). A snapshot
+    /// not on the shelf is taken from the pod that held it, if it still runs: put on the shelf,
+    /// its pod deleted, and restored from there. Ok(false): on neither, lost (the start goes on
+    /// fresh).
+    async fn restore(
+        &self,
+        shelf: &dyn Shelf,
+        request: &StartRequest,
+        snapshot: &Snapshot,
+        handle: &SandboxHandle,
+    ) -> Result<bool, K8sError> {
+        let sandbox = request.sandbox;
+        if self.cluster.unshelve(shelf, snapshot, &handle.pod).await? == Restored::Whole {
+            tracing::info!(%sandbox, snapshot = %snapshot.as_str(), pod = %handle.pod,
+                "resumed from the shelf");
+            return Ok(true);
+        }
+        let held = pod_of_snapshot(snapshot)?;
+        if let Err(e) = self.cluster.check_pod_alive(&held).await {
+            if !e.is_gone() {
+                return Err(e);
+            }
+            tracing::warn!(%sandbox, snapshot = %snapshot.as_str(), %held,
+                "the snapshot to resume from is on neither the shelf nor its pod; starting a fresh sandbox");
+            return Ok(false);
+        }
+        // A salvaged snapshot (no Persist kept it): its pod is the only copy until the put.
+        let key = request.key.to_string();
+        self.cluster
+            .shelve(shelf, &held, snapshot, &key, None)
+            .await?;
+        self.cluster.admit(&held, request.token).await?;
+        self.cluster.delete_pod(&held).await?;
+        match self.cluster.unshelve(shelf, snapshot, &handle.pod).await? {
+            Restored::Whole => {
+                tracing::info!(%sandbox, snapshot = %snapshot.as_str(), %held, pod = %handle.pod,
+                    "resumed a salvaged snapshot from the pod that held it, through the shelf");
+                Ok(true)
+            }
+            Restored::NotOnShelf => Err(K8sError::Shelf {
+                retryable: true,
+                message: format!(
+                    "{} vanished from the shelf right after it was put",
+                    snapshot.as_str()
+                ),
+            }),
+        }
+    }
+
+    /// Pod mode with a shelf: Persist puts the workspace of the stopped sandbox (its pod
+    /// `h`) on the shelf as `snapshot`, then deletes the pod. On a failure the pod stays.
+    async fn shelve(
+        &self,
+        shelf: &dyn Shelf,
+        sandbox: SandboxId,
+        h: &SandboxHandle,
+        snapshot: &Snapshot,
+        retain_until: Option<std::time::SystemTime>,
+        token: Option<Token>,
+    ) -> Result<(), K8sError> {
+        if *snapshot != snapshot_name(self.cluster.owner(), sandbox.0) {
+            return Err(K8sError::BadSnapshot {
+                snapshot: snapshot.as_str().to_string(),
+                why: format!("{sandbox} runs in pod {}", h.object),
+            });
+        }
+        let key = locked(&self.started)
+            .get(&sandbox)
+            .map(|r| r.key.clone())
+            .unwrap_or_default();
+        self.cluster.admit(&h.object, token).await?;
+        self.cluster
+            .shelve(shelf, &h.pod, snapshot, &key, retain_until)
+            .await?;
+        // The suspension's own doing: not reported as a loss.
+        locked(&self.own_deletions).insert(sandbox.0);
+        self.cluster.delete_pod(&h.object).await?;
+        locked(&self.started).remove(&sandbox);
+        self.suspensions.send_modify(|n| *n += 1);
+        tracing::debug!(%sandbox, snapshot = %snapshot.as_str(), "suspended to the shelf");
+        Ok(())
+    }
+
+    /// Pod mode with a shelf: Discard removes the snapshot from the shelf, and the pod that
+    /// held it if it still runs (a salvaged snapshot's).
+    async fn unshelve_discard(
+        &self,
+        shelf: &dyn Shelf,
+        request: &DiscardRequest,
+    ) -> Result<(), K8sError> {
+        let held = pod_of_snapshot(&request.snapshot)?;
+        shelf
+            .remove(&request.snapshot)
+            .await
+            .map_err(crate::shelf::shelf_failure)?;
+        self.cluster.admit(&held, request.token).await?;
+        let deleted = self.cluster.delete_pod(&held).await?;
+        tracing::debug!(sandbox = %request.sandbox, snapshot = %request.snapshot.as_str(), deleted,
+            reason = ?request.reason, "discarded a snapshot on the shelf");
+        Ok(())
     }
 
     /// What connect learnt of the install.
@@ -270,15 +465,20 @@ impl Backend for K8sBackend {
             return Err("a backend connected with K8sBackend::connect_fleet serves fleet mode only (nothing would sweep a single keeper's orphans): use K8sBackend::connect".to_string());
         }
         let pod_mode = matches!(self.cluster.config().mode, Mode::Pod { .. });
+        if !pod_mode && self.shelf.is_some() {
+            return Err("a shelf is for pod mode: agentSandbox mode keeps a suspended sandbox in its claim (K8sBackend::with_shelf)".to_string());
+        }
+        // With a shelf, pod mode keeps a suspended workspace there.
+        let pod_cannot_keep = pod_mode && self.shelf.is_none();
         // Keys handed over suspended suspend whatever the policy.
         let handover_suspends = config
             .fleet
             .is_some_and(|f| f.handover == sandkeeper::Handover::Suspended);
-        if pod_mode && config.release.suspends() {
+        if pod_cannot_keep && config.release.suspends() {
             return Err(ConfigError::SuspendNeedsAgentSandbox.to_string());
         }
-        if pod_mode && handover_suspends {
-            return Err("fleet handover Suspended suspends a key's sandbox before another process takes it, and pod mode cannot keep a sandbox without its pod: every process of a cluster reaches every pod, so hand over warm (Handover::Warm), or use agentSandbox mode".to_string());
+        if pod_cannot_keep && handover_suspends {
+            return Err("fleet handover Suspended suspends a key's sandbox before another process takes it, and pod mode cannot keep a sandbox without its pod: every process of a cluster reaches every pod, so hand over warm (Handover::Warm), use agentSandbox mode, or give the backend a shelf (K8sBackend::with_shelf)".to_string());
         }
         let suspends = config.release.suspends() || handover_suspends;
         if !pod_mode && suspends && !self.install.workdir_persistent {
@@ -321,34 +521,33 @@ impl Backend for K8sBackend {
             .admit_start(&key, request.token)
             .await
             .map_err(failure)?;
-        let resumed = match &request.resume_from {
-            Some(snapshot) => {
+        let (handle, resumed) = match (&request.resume_from, self.pod_shelf()) {
+            (Some(snapshot), Some(shelf)) => self
+                .start_from_shelf(shelf, &request, snapshot)
+                .await
+                .map_err(failure)?,
+            (Some(snapshot), None) => {
                 let r = self.resume(&request, snapshot).await;
                 // Ended either way: resumed (now in `started`), failed (the claim deleted), or
                 // lost (a fresh start follows, under the new sandbox's own name).
                 locked(&self.resuming).remove(&request.sandbox);
-                r.map_err(failure)?
+                match r.map_err(failure)? {
+                    Some(handle) => (handle, true),
+                    None => (self.start_fresh(&request).await?, false),
+                }
             }
-            None => None,
-        };
-        let resumed_from_claim = resumed.is_some();
-        let handle = match resumed {
-            Some(h) => h,
-            None => self
-                .cluster
-                .start_sandbox(request.sandbox.0, &key)
-                .await
-                .map_err(failure)?,
+            (None, _) => (self.start_fresh(&request).await?, false),
         };
         // Fleet mode: the new (or resumed) object records its owner's token.
         let mut admitted = self.cluster.admit(&handle.object, request.token).await;
-        if let (Ok(()), Some(token), true) = (&admitted, request.token, resumed_from_claim) {
+        if let (Ok(()), Some(token), true) = (&admitted, request.token, resumed) {
             // The resumed workspace keeps the token file its last adopter wrote: the pod's
             // guard learns of this owner too (`work.rs`).
             admitted = self.cluster.raise_pod_token(&handle.pod, token).await;
         }
         let running = Running {
             handle,
+            key,
             token: request.token,
         };
         locked(&self.started).insert(request.sandbox, running);
@@ -366,6 +565,7 @@ impl Backend for K8sBackend {
             })?;
         let running = Running {
             handle,
+            key: request.key.to_string(),
             token: Some(request.token),
         };
         locked(&self.started).insert(request.sandbox, running);
@@ -424,6 +624,10 @@ impl Backend for K8sBackend {
                 "{sandbox} is not started here: nothing to suspend"
             )));
         };
+        if self.pod_shelf().is_some() {
+            // Its workspace is in its pod until a Persist puts it on the shelf.
+            return Ok(Some(snapshot_name(self.cluster.owner(), sandbox.0)));
+        }
         // The claim owns the Sandbox whose volumes outlive the suspension.
         Ok(Some(Snapshot::new(h.object)))
     }
@@ -450,6 +654,13 @@ impl Backend for K8sBackend {
                 "{sandbox}: suspend without a snapshot"
             )));
         };
+        if let Some(shelf) = self.pod_shelf() {
+            let shelved = self.shelve(shelf, sandbox, &h, &snapshot, retain_until, token);
+            return shelved.await.map_err(|e| {
+                tracing::warn!(%sandbox, error = %e, "suspending to the shelf failed; the pod stays");
+                failure(e)
+            });
+        }
         let claim = self.claim_of(&snapshot).map_err(failure)?;
         if claim != h.object {
             return Err(failure(K8sError::BadSnapshot {
@@ -502,6 +713,12 @@ impl Backend for K8sBackend {
     }
 
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
+        if let Some(shelf) = self.pod_shelf() {
+            return self
+                .unshelve_discard(shelf, &request)
+                .await
+                .map_err(failure);
+        }
         let claim = self.claim_of(&request.snapshot).map_err(failure)?;
         self.cluster
             .admit(&claim, request.token)
@@ -515,7 +732,16 @@ impl Backend for K8sBackend {
     async fn watch_deaths(&self, deaths: DeathSink) {
         let sink = deaths.clone();
         let losses = self.losses.clone();
-        let _watch = self.cluster.spawn_death_watch(move |d| {
+        let own_deletions = self.own_deletions.clone();
+        let restoring = self.restoring.clone();
+        let _watch = self.cluster.spawn_death_watch(move |mut d| {
+            if locked(&own_deletions).remove(&d.sandbox) {
+                tracing::debug!(sandbox = d.sandbox, "a pod this backend deleted: no loss");
+                return true;
+            }
+            if locked(&restoring).contains(&d.sandbox) {
+                d.loss = sandkeeper_tokio::Loss::Instance;
+            }
             tracing::debug!(sandbox = d.sandbox, loss = ?d.loss, reason = %d.reason, "reporting a loss");
             let listening = sink.report_loss(SandboxId(d.sandbox), d.loss);
             // Counted once the core took the report in.

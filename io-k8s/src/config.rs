@@ -63,6 +63,11 @@ pub struct K8sConfig {
     /// Largest payload accepted for one upload.
     #[serde(default = "default_max_payload")]
     pub max_payload_bytes: u64,
+    /// The in-container `timeout` of moving a whole workspace out of a pod or into one
+    /// (`tar -c` / `tar -x`: pod mode suspending through a shelf); the client waits
+    /// [`crate::upload::EXEC_GRACE`] longer for the command's status.
+    #[serde(default = "default_archive_timeout")]
+    pub archive_timeout_secs: u64,
     /// Lease duration; renewed every third of it.
     #[serde(default = "default_lease_duration")]
     pub lease_duration_secs: u64,
@@ -88,6 +93,9 @@ fn default_upload_timeout() -> u64 {
 }
 fn default_max_payload() -> u64 {
     16 << 20
+}
+fn default_archive_timeout() -> u64 {
+    600
 }
 fn default_lease_duration() -> u64 {
     60
@@ -125,10 +133,10 @@ pub enum ConfigError {
     /// Bad warm pool name.
     #[error("invalid warm pool name {0:?}")]
     WarmPool(String),
-    /// `ReleasePolicy::Suspend` in pod mode: a plain pod keeps nothing once it is deleted, so
-    /// every suspended sandbox would either be lost or leak a running pod. The backend's
-    /// `check_config` answers the keeper with this message.
-    #[error("release policy Suspend needs agentSandbox mode (Sandbox.spec.operatingMode: Suspended); pod mode cannot keep a sandbox without its pod: use Shutdown or KeepWarm, or agentSandbox mode")]
+    /// `ReleasePolicy::Suspend` in pod mode without a shelf: a plain pod keeps nothing once it
+    /// is deleted, so every suspended sandbox would either be lost or leak a running pod. The
+    /// backend's `check_config` answers the keeper with this message.
+    #[error("release policy Suspend needs agentSandbox mode (Sandbox.spec.operatingMode: Suspended) or a shelf (K8sBackend::with_shelf); pod mode cannot keep a sandbox without its pod: use Shutdown or KeepWarm, agentSandbox mode, or give the backend a shelf")]
     SuspendNeedsAgentSandbox,
 }
 
@@ -154,6 +162,7 @@ impl K8sConfig {
             ready_timeout_secs: default_ready_timeout(),
             upload_timeout_secs: default_upload_timeout(),
             max_payload_bytes: default_max_payload(),
+            archive_timeout_secs: default_archive_timeout(),
             lease_duration_secs: default_lease_duration(),
             api_deadline_secs: default_api_deadline(),
             retry_base_millis: default_retry_base(),
@@ -183,6 +192,7 @@ impl K8sConfig {
             ("readyTimeoutSecs", self.ready_timeout_secs),
             ("uploadTimeoutSecs", self.upload_timeout_secs),
             ("maxPayloadBytes", self.max_payload_bytes),
+            ("archiveTimeoutSecs", self.archive_timeout_secs),
             ("leaseDurationSecs", self.lease_duration_secs),
             ("apiDeadlineSecs", self.api_deadline_secs),
         ] {

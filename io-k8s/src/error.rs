@@ -141,6 +141,15 @@ pub enum K8sError {
         /// What to do about it.
         fix: String,
     },
+    /// The shelf a pod-mode suspension keeps workspaces on failed (`shelf.rs`).
+    #[error("the shelf: {message}")]
+    Shelf {
+        /// Whether the same operation may succeed later (a store failure that may pass, an
+        /// archive cut in transit).
+        retryable: bool,
+        /// What it said.
+        message: String,
+    },
     /// A snapshot reference this backend did not make (not `sk-<owner>-<number>` of this owner).
     #[error("snapshot {snapshot:?} is not a claim of this owner: {why}")]
     BadSnapshot {
@@ -159,6 +168,9 @@ impl K8sError {
             K8sError::Conflict { .. } => ErrorClass::Conflict,
             K8sError::Fenced { .. } => ErrorClass::Fenced,
             K8sError::Retryable { .. } | K8sError::OutcomeUnknown { .. } => ErrorClass::Retryable,
+            K8sError::Shelf {
+                retryable: true, ..
+            } => ErrorClass::Retryable,
             K8sError::Timeout { .. } => ErrorClass::Timeout,
             K8sError::Forbidden { .. }
             | K8sError::Invalid { .. }
@@ -168,7 +180,10 @@ impl K8sError {
             | K8sError::Archive(_)
             | K8sError::Install { .. }
             | K8sError::FleetLease { .. }
-            | K8sError::BadSnapshot { .. } => ErrorClass::Fatal,
+            | K8sError::BadSnapshot { .. }
+            | K8sError::Shelf {
+                retryable: false, ..
+            } => ErrorClass::Fatal,
         }
     }
 

@@ -118,6 +118,7 @@
 #![warn(missing_docs)]
 
 mod adopt;
+mod archive;
 mod backend;
 mod claim;
 mod cluster;
@@ -136,6 +137,7 @@ pub mod names;
 mod pod;
 mod retry;
 mod sandbox;
+mod shelf;
 mod suspend;
 mod upload;
 mod wait;

@@ -35,7 +35,7 @@ pub const EXEC_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 pub const KILLED_EXIT: i32 = 137;
 
 /// Reads what `r` has (0 at its end, on an error, or when there is no such stream).
-async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> usize {
+pub(crate) async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> usize {
     match r.as_mut() {
         Some(r) => r.read(buf).await.unwrap_or(0),
         None => 0,
@@ -76,7 +76,7 @@ pub fn archive(files: &[UploadFile<'_>], tag: &str) -> Result<Vec<u8>, K8sError>
     b.into_inner().map_err(|e| K8sError::Archive(e.to_string()))
 }
 
-fn timed(timeout_secs: u64, command: &[&str]) -> Vec<String> {
+pub(crate) fn timed(timeout_secs: u64, command: &[&str]) -> Vec<String> {
     let secs = timeout_secs.to_string();
     ["timeout", "-s", "KILL", secs.as_str()]
         .into_iter()
@@ -262,7 +262,7 @@ impl Cluster {
     /// named, or the named one is not in it) keeps the server's message and says what to set.
     /// kube-rs passes the server's `Status` on; where a 400 comes without one (a proxy in
     /// between), the message is worded from the pod by the same rule.
-    async fn exec_refused(&self, pod: &str, e: kube::Error) -> K8sError {
+    pub(crate) async fn exec_refused(&self, pod: &str, e: kube::Error) -> K8sError {
         use kube::client::UpgradeConnectionError::ProtocolSwitch;
         let what = format!("pod {pod}");
         let code = match &e {
@@ -409,31 +409,42 @@ impl Cluster {
             }
         }
         drop(proc);
-        match status {
-            None => Err(K8sError::OutcomeUnknown {
-                pod: pod.to_string(),
-            }),
-            Some(s) if s.status.as_deref() == Some("Success") => Ok(captured),
-            Some(s) => {
-                let code = s
-                    .details
-                    .as_ref()
-                    .and_then(|d| d.causes.as_ref())
-                    .and_then(|cs| cs.iter().find(|c| c.reason.as_deref() == Some("ExitCode")))
-                    .and_then(|c| c.message.as_deref())
-                    .and_then(|m| m.parse::<i32>().ok());
-                match code {
-                    Some(code) => Ok(Captured { code, ..captured }),
-                    None => Err(K8sError::Invalid {
-                        code: s.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(500),
-                        reason: s.reason.unwrap_or_default(),
-                        message: format!(
-                            "{} {}",
-                            s.message.unwrap_or_default(),
-                            String::from_utf8_lossy(&captured.stderr)
-                        ),
-                    }),
-                }
+        outcome(pod, status, captured)
+    }
+}
+
+/// What an exec's status frame says: the command ran to its end (`Ok`, its exit code in
+/// `captured`, whatever it is); no frame is [`K8sError::OutcomeUnknown`]; a failure without
+/// an exit code is [`K8sError::Invalid`].
+pub(crate) fn outcome(
+    pod: &str,
+    status: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>,
+    captured: Captured,
+) -> Result<Captured, K8sError> {
+    match status {
+        None => Err(K8sError::OutcomeUnknown {
+            pod: pod.to_string(),
+        }),
+        Some(s) if s.status.as_deref() == Some("Success") => Ok(captured),
+        Some(s) => {
+            let code = s
+                .details
+                .as_ref()
+                .and_then(|d| d.causes.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.reason.as_deref() == Some("ExitCode")))
+                .and_then(|c| c.message.as_deref())
+                .and_then(|m| m.parse::<i32>().ok());
+            match code {
+                Some(code) => Ok(Captured { code, ..captured }),
+                None => Err(K8sError::Invalid {
+                    code: s.code.and_then(|c| u16::try_from(c).ok()).unwrap_or(500),
+                    reason: s.reason.unwrap_or_default(),
+                    message: format!(
+                        "{} {}",
+                        s.message.unwrap_or_default(),
+                        String::from_utf8_lossy(&captured.stderr)
+                    ),
+                }),
             }
         }
     }
@@ -453,7 +464,7 @@ pub struct Captured {
 }
 
 /// Keeps `bytes` in `kept` up to `cap`; whether any were dropped.
-fn keep(kept: &mut Vec<u8>, bytes: &[u8], cap: usize) -> bool {
+pub(crate) fn keep(kept: &mut Vec<u8>, bytes: &[u8], cap: usize) -> bool {
     let room = cap.saturating_sub(kept.len());
     kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
     bytes.len() > room

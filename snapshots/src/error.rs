@@ -45,6 +45,14 @@ pub enum SnapshotError {
     /// Reading the workspace or writing the target failed on this host.
     #[error("local file system: {0}")]
     Local(#[source] io::Error),
+    /// A workspace archive streamed from a sandbox
+    /// ([`upload_archive`](crate::ObjectSnapshots::upload_archive)) did not come whole: its
+    /// maker failed or went away, or what came is not a whole tar. Nothing was kept.
+    #[error("the workspace archive: {0}")]
+    Source(String),
+    /// A streamed fetch's receiver stopped taking the archive.
+    #[error("the archive's receiver stopped")]
+    ReceiverGone,
     /// The object store failed. `retryable` is true when the same call may succeed later (a
     /// server error or a transport failure that outlasted `object_store`'s own retries); false
     /// when it will not without a change (permissions, configuration, an unsupported

@@ -39,6 +39,7 @@ pub mod moto;
 mod name;
 mod open;
 mod pack;
+mod repack;
 mod shelf;
 mod transfer;
 mod unpack;
@@ -47,15 +48,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 pub use error::SnapshotError;
 pub use manifest::{Entry, EntryKind, Manifest, Skipped, MANIFEST_FORMAT};
 pub use name::SnapshotName;
 pub use object_store;
+pub use repack::{MAX_ENTRIES, MAX_PATH, MAX_TRAILING};
 
 use pack::{pack, ChunkSink, Packed};
 use transfer::DataWriter;
@@ -168,31 +171,75 @@ impl ObjectSnapshots {
         }
         let data = format!("data-{}.tar", upload_id()?);
         let data_path = self.object_path(name, &data);
-        let packed = self.upload_data(workspace, &data_path).await?;
-        let manifest = Manifest {
-            format: MANIFEST_FORMAT,
-            name: name.to_string(),
-            data,
-            data_size: packed.size,
-            retain_until: retain_until.map(unix_seconds),
-            key: key.map(str::to_string),
-            entries: packed.entries,
-            skipped: packed.skipped,
-        };
+        let workspace = workspace.to_path_buf();
+        let packer = move |sink| pack(&workspace, sink);
+        let packed = self.upload_data(packer, &data_path).await?;
+        let manifest = new_manifest(name, data, packed, key, retain_until);
         self.publish(name, &manifest, &data_path).await?;
         Ok(manifest)
     }
 
-    /// Packs `workspace` into the data object at `data_path`; on failure nothing is left there.
+    /// Uploads the workspace `archive` streams as the snapshot `name`, as
+    /// [`upload_for`](Self::upload_for) does a directory. The archive is a tar made where this
+    /// host cannot look (inside a sandbox), so it is hostile input: it is repacked entry by
+    /// entry into this crate's archive, never unpacked here; what a snapshot cannot hold is
+    /// skipped and listed in the manifest (the `repack` module says what). The manifest is
+    /// written only once `finished` says the archive's maker finished: a maker that failed,
+    /// or went away without a word, leaves no snapshot.
+    pub async fn upload_archive(
+        &self,
+        archive: mpsc::Receiver<Bytes>,
+        finished: oneshot::Receiver<Result<(), String>>,
+        name: &SnapshotName,
+        key: Option<&str>,
+        retain_until: Option<SystemTime>,
+    ) -> Result<Manifest, SnapshotError> {
+        if self.exists(&self.object_path(name, MANIFEST)).await? {
+            return Err(SnapshotError::AlreadyExists {
+                name: name.to_string(),
+            });
+        }
+        let data = format!("data-{}.tar", upload_id()?);
+        let data_path = self.object_path(name, &data);
+        let (to_repacker, from_archive) = mpsc::channel(CHUNKS_IN_FLIGHT);
+        let forwarder = tokio::spawn(forward_archive(archive, to_repacker));
+        let packer = move |sink| repack::repack(ChunkSource::new(from_archive), sink);
+        let uploaded = self.upload_data(packer, &data_path).await;
+        // Ended with the archive, or to end now: the repacker read it to its end or failed.
+        forwarder.abort();
+        let maker = match finished.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(why),
+            Err(_) => Err("its maker went away without saying it finished".to_string()),
+        };
+        let packed = match (uploaded, maker) {
+            (Ok(packed), Ok(())) => packed,
+            (Ok(_), Err(why)) => {
+                // No manifest names the data: removing it is safe.
+                let _ = self.store.delete(&data_path).await;
+                return Err(SnapshotError::Source(why));
+            }
+            // The maker's failure explains a tar cut short better than the cut does.
+            (Err(SnapshotError::Local(_)), Err(why)) => return Err(SnapshotError::Source(why)),
+            (Err(SnapshotError::Local(e)), Ok(())) => {
+                return Err(SnapshotError::Source(format!("not a whole tar: {e}")))
+            }
+            (Err(e), _) => return Err(e),
+        };
+        let manifest = new_manifest(name, data, packed, key, retain_until);
+        self.publish(name, &manifest, &data_path).await?;
+        Ok(manifest)
+    }
+
+    /// Packs into the data object at `data_path` with `packer` (on a blocking thread); on
+    /// failure nothing is left there.
     async fn upload_data(
         &self,
-        workspace: &Path,
+        packer: impl FnOnce(ChunkSink) -> std::io::Result<Packed> + Send + 'static,
         data_path: &ObjectPath,
     ) -> Result<Packed, SnapshotError> {
         let (to_uploader, mut from_packer) = mpsc::channel(CHUNKS_IN_FLIGHT);
-        let workspace = workspace.to_path_buf();
-        let packer =
-            tokio::task::spawn_blocking(move || pack(&workspace, ChunkSink::new(to_uploader)));
+        let packer = tokio::task::spawn_blocking(move || packer(ChunkSink::new(to_uploader)));
         let mut writer =
             DataWriter::new(self.store.clone(), data_path.clone(), self.config.part_size);
         let mut store_failure = None;
@@ -342,6 +389,53 @@ impl ObjectSnapshots {
         Ok(manifest)
     }
 
+    /// Streams the data object of the snapshot `name` into `to`, and returns its manifest once
+    /// every byte went and the whole matched the manifest's size and hash. On an error what
+    /// was sent is not the snapshot: the receiver throws it away. A manifest without a data
+    /// hash (written before it was recorded) is refused, as nothing could check the stream.
+    pub async fn fetch_archive(
+        &self,
+        name: &SnapshotName,
+        to: mpsc::Sender<Bytes>,
+    ) -> Result<Manifest, SnapshotError> {
+        let manifest = self.manifest(name).await?;
+        let Some(want) = manifest.data_hash.clone() else {
+            let why = "the manifest records no data hash (written by an older version)";
+            return Err(SnapshotError::corrupt(name, why));
+        };
+        let data_path = self.object_path(name, &manifest.data);
+        let got = match self.store.get(&data_path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(SnapshotError::corrupt(name, "the data object is missing"))
+            }
+            Err(e) => return Err(SnapshotError::store(e)),
+        };
+        let mut stream = got.into_stream();
+        let mut hasher = blake3::Hasher::new();
+        let mut sent = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(SnapshotError::store)?;
+            sent += chunk.len() as u64;
+            if sent > manifest.data_size {
+                return Err(SnapshotError::corrupt(name, "the data object is too long"));
+            }
+            hasher.update(&chunk);
+            to.send(chunk)
+                .await
+                .map_err(|_| SnapshotError::ReceiverGone)?;
+        }
+        let got = hasher.finalize().to_hex().to_string();
+        if sent != manifest.data_size || got != want {
+            let why = format!(
+                "the data object ({sent} bytes) differs from the manifest's ({} bytes)",
+                manifest.data_size
+            );
+            return Err(SnapshotError::corrupt(name, why));
+        }
+        Ok(manifest)
+    }
+
     /// Removes the snapshot `name`: every object under its name (an earlier failed upload's
     /// data too), the manifest last, so a discard cut short is finished by the next.
     pub async fn discard(&self, name: &SnapshotName) -> Result<(), SnapshotError> {
@@ -454,6 +548,36 @@ async fn forward(
         }
     }
     let _ = to_unpacker.send(Ok(batch)).await;
+}
+
+/// Hands a streamed archive's chunks to the repacker, one at a time.
+async fn forward_archive(mut archive: mpsc::Receiver<Bytes>, to: mpsc::Sender<unpack::Delivery>) {
+    while let Some(chunk) = archive.recv().await {
+        if to.send(Ok(vec![chunk])).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The manifest of a snapshot whose data object `data` holds `packed`.
+fn new_manifest(
+    name: &SnapshotName,
+    data: String,
+    packed: Packed,
+    key: Option<&str>,
+    retain_until: Option<SystemTime>,
+) -> Manifest {
+    Manifest {
+        format: MANIFEST_FORMAT,
+        name: name.to_string(),
+        data,
+        data_size: packed.size,
+        data_hash: Some(packed.hash),
+        retain_until: retain_until.map(unix_seconds),
+        key: key.map(str::to_string),
+        entries: packed.entries,
+        skipped: packed.skipped,
+    }
 }
 
 /// Deletes `path`, already gone counting as deleted.

@@ -24,6 +24,11 @@ pub struct Manifest {
     pub data: String,
     /// The data object's size in bytes.
     pub data_size: u64,
+    /// BLAKE3 of the whole data object, hex: what a fetch that streams the archive on without
+    /// unpacking it ([`ObjectSnapshots::fetch_archive`](crate::ObjectSnapshots::fetch_archive))
+    /// checks. `None` in manifests written before it was recorded (absent from the JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_hash: Option<String>,
     /// When the snapshot may be swept, in seconds since the Unix epoch; `None`: kept until
     /// discarded.
     pub retain_until: Option<u64>,

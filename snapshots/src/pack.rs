@@ -22,6 +22,8 @@ pub(crate) struct Packed {
     pub(crate) entries: Vec<Entry>,
     pub(crate) skipped: Vec<Skipped>,
     pub(crate) size: u64,
+    /// BLAKE3 of the whole archive, hex.
+    pub(crate) hash: String,
 }
 
 /// Writes the archive of `workspace` into `sink`. An error of kind `BrokenPipe` means the
@@ -32,11 +34,7 @@ pub(crate) fn pack(workspace: &Path, sink: ChunkSink) -> io::Result<Packed> {
         let why = "a workspace is a directory, not a link or a file";
         return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     }
-    let mut archive = Archive {
-        builder: tar::Builder::new(CountingWriter::new(sink)),
-        entries: Vec::new(),
-        skipped: Vec::new(),
-    };
+    let mut archive = Archive::new(sink);
     // Directories still to list, relative to the workspace; each was added before it is listed.
     let mut pending = vec![String::new()];
     while let Some(dir) = pending.pop() {
@@ -59,24 +57,39 @@ pub(crate) fn pack(workspace: &Path, sink: ChunkSink) -> io::Result<Packed> {
         }
         pending.extend(subdirs.into_iter().rev());
     }
-    let writer = archive.builder.into_inner()?;
-    let (sink, size) = writer.finish();
-    sink.finish()?;
-    Ok(Packed {
-        entries: archive.entries,
-        skipped: archive.skipped,
-        size,
-    })
+    archive.finish()
 }
 
 /// The archive being written and the manifest's entries so far.
-struct Archive {
-    builder: tar::Builder<CountingWriter<ChunkSink>>,
-    entries: Vec<Entry>,
-    skipped: Vec<Skipped>,
+pub(crate) struct Archive {
+    pub(crate) builder: tar::Builder<HashingWriter<ChunkSink>>,
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) skipped: Vec<Skipped>,
 }
 
 impl Archive {
+    /// An empty archive written into `sink`.
+    pub(crate) fn new(sink: ChunkSink) -> Self {
+        Archive {
+            builder: tar::Builder::new(HashingWriter::new(sink)),
+            entries: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Writes the end-of-archive blocks and hands over the last chunk.
+    pub(crate) fn finish(self) -> io::Result<Packed> {
+        let writer = self.builder.into_inner()?;
+        let (sink, size, hash) = writer.finish();
+        sink.finish()?;
+        Ok(Packed {
+            entries: self.entries,
+            skipped: self.skipped,
+            size,
+            hash,
+        })
+    }
+
     /// Adds the entry at `path` (relative to `workspace`); true when it is a directory whose
     /// children come next.
     fn add(&mut self, workspace: &Path, path: &str) -> io::Result<bool> {
@@ -158,7 +171,7 @@ impl Archive {
         Ok(())
     }
 
-    fn skip(&mut self, path: String, why: &str) {
+    pub(crate) fn skip(&mut self, path: String, why: &str) {
         self.skipped.push(Skipped {
             path,
             why: why.to_string(),
@@ -174,15 +187,21 @@ fn changed(path: &str) -> io::Error {
 
 /// A tar header for an entry: its type, permission bits and modification time.
 fn header(kind: EntryType, mode: u32, meta: &Metadata) -> Header {
-    let mut header = Header::new_gnu();
-    header.set_entry_type(kind);
-    header.set_mode(mode);
-    header.set_size(0);
     let mtime = meta
         .modified()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
+    header_of(kind, mode, mtime)
+}
+
+/// A tar header of this crate's archives: the type, permission bits and modification time,
+/// size 0 (a file's is set after).
+pub(crate) fn header_of(kind: EntryType, mode: u32, mtime: u64) -> Header {
+    let mut header = Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_mode(mode);
+    header.set_size(0);
     header.set_mtime(mtime);
     header
 }
@@ -234,25 +253,33 @@ impl Write for ChunkSink {
     }
 }
 
-/// A writer that counts what passes through it.
-struct CountingWriter<W> {
+/// A writer that counts and hashes what passes through it.
+pub(crate) struct HashingWriter<W> {
     inner: W,
     written: u64,
+    hasher: blake3::Hasher,
 }
 
-impl<W: Write> CountingWriter<W> {
+impl<W: Write> HashingWriter<W> {
     fn new(inner: W) -> Self {
-        CountingWriter { inner, written: 0 }
+        HashingWriter {
+            inner,
+            written: 0,
+            hasher: blake3::Hasher::new(),
+        }
     }
 
-    fn finish(self) -> (W, u64) {
-        (self.inner, self.written)
+    /// The writer, the bytes written and their hash, hex.
+    fn finish(self) -> (W, u64, String) {
+        let hash = self.hasher.finalize().to_hex().to_string();
+        (self.inner, self.written, hash)
     }
 }
 
-impl<W: Write> Write for CountingWriter<W> {
+impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
         self.written += n as u64;
         Ok(n)
     }
@@ -263,14 +290,14 @@ impl<W: Write> Write for CountingWriter<W> {
 }
 
 /// A reader that hashes and counts what passes through it.
-struct HashingReader<R> {
+pub(crate) struct HashingReader<R> {
     inner: R,
     hasher: blake3::Hasher,
     read: u64,
 }
 
 impl<R: Read> HashingReader<R> {
-    fn new(inner: R) -> Self {
+    pub(crate) fn new(inner: R) -> Self {
         HashingReader {
             inner,
             hasher: blake3::Hasher::new(),
@@ -279,7 +306,7 @@ impl<R: Read> HashingReader<R> {
     }
 
     /// The bytes read and their hash, hex.
-    fn finish(self) -> (u64, String) {
+    pub(crate) fn finish(self) -> (u64, String) {
         (self.read, self.hasher.finalize().to_hex().to_string())
     }
 }

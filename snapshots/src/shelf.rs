@@ -5,8 +5,10 @@
 use std::path::Path;
 use std::time::SystemTime;
 
+use bytes::Bytes;
 use sandkeeper::Snapshot;
-use sandkeeper_tokio::local::shelf::{Shelf, ShelfError, ShelfFuture};
+use sandkeeper_tokio::local::shelf::{ArchiveSource, Shelf, ShelfError, ShelfFuture};
+use tokio::sync::mpsc;
 
 use crate::{ObjectSnapshots, SnapshotError, SnapshotName};
 
@@ -50,14 +52,54 @@ impl Shelf for ObjectSnapshots {
             }
         })
     }
+
+    /// [`ObjectSnapshots::upload_archive`]; a snapshot there already is put, as with
+    /// [`put`](Shelf::put).
+    fn put_archive<'a>(
+        &'a self,
+        archive: ArchiveSource,
+        snapshot: &'a Snapshot,
+        key: &'a str,
+        retain_until: Option<SystemTime>,
+    ) -> ShelfFuture<'a, ()> {
+        Box::pin(async move {
+            let name = SnapshotName::from_snapshot(snapshot).map_err(shelf_error)?;
+            let ArchiveSource { chunks, finished } = archive;
+            let uploaded = self
+                .upload_archive(chunks, finished, &name, Some(key), retain_until)
+                .await;
+            match uploaded {
+                Ok(_) | Err(SnapshotError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(shelf_error(e)),
+            }
+        })
+    }
+
+    /// [`ObjectSnapshots::fetch_archive`].
+    fn fetch_archive<'a>(
+        &'a self,
+        snapshot: &'a Snapshot,
+        to: mpsc::Sender<Bytes>,
+    ) -> ShelfFuture<'a, ()> {
+        Box::pin(async move {
+            let name = SnapshotName::from_snapshot(snapshot).map_err(shelf_error)?;
+            self.fetch_archive(&name, to)
+                .await
+                .map(|_| ())
+                .map_err(shelf_error)
+        })
+    }
 }
 
 /// A snapshot failure as a shelf's: not found; worth another try (a store failure that may
-/// pass, this host's file system); or not (a damaged snapshot, a bad name, a target there).
+/// pass, this host's file system, an archive from a sandbox that did not come whole, a
+/// receiver that stopped); or not (a damaged snapshot, a bad name, a target there).
 fn shelf_error(e: SnapshotError) -> ShelfError {
     match &e {
         SnapshotError::NotFound { .. } => ShelfError::NotFound(e.to_string()),
-        SnapshotError::Local(_) => ShelfError::Unavailable(e.to_string()),
+        SnapshotError::Local(_) | SnapshotError::Source(_) | SnapshotError::ReceiverGone => {
+            ShelfError::Unavailable(e.to_string())
+        }
         _ if e.is_retryable() => ShelfError::Unavailable(e.to_string()),
         _ => ShelfError::Refused(e.to_string()),
     }

@@ -109,6 +109,7 @@ async fn plant(snapshots: &ObjectSnapshots, name: &SnapshotName, entries: &[(&st
         name: name.to_string(),
         data: "data-planted.tar".to_string(),
         data_size: bytes.len() as u64,
+        data_hash: Some(blake3::hash(&bytes).to_hex().to_string()),
         retain_until: None,
         key: None,
         entries: listed,

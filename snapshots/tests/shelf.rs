@@ -10,14 +10,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use sandkeeper::{DiscardReason, Key, SandboxId, SessionId, Snapshot, Spec, Token};
 use sandkeeper_snapshots::{ObjectSnapshots, SnapshotError, SnapshotName, SnapshotsConfig};
-use sandkeeper_tokio::local::shelf::{Shelf, ShelfError, ShelfFuture};
+use sandkeeper_tokio::local::shelf::{ArchiveSource, Shelf, ShelfError, ShelfFuture};
 use sandkeeper_tokio::local::{Isolation, LocalConfig};
 use sandkeeper_tokio::{
     AdoptRequest, Backend, DiscardRequest, FailureClass, LocalBackend, PersistRequest,
     StartRequest, StopRequest,
 };
+use tokio::sync::mpsc;
 
 /// A fresh directory for one test.
 fn fresh(name: &str) -> PathBuf {
@@ -347,6 +349,32 @@ impl Shelf for Flaky {
         Box::pin(async move {
             self.failing()?;
             self.inner.remove(snapshot).await
+        })
+    }
+
+    fn put_archive<'a>(
+        &'a self,
+        archive: ArchiveSource,
+        snapshot: &'a Snapshot,
+        key: &'a str,
+        retain_until: Option<SystemTime>,
+    ) -> ShelfFuture<'a, ()> {
+        Box::pin(async move {
+            self.failing()?;
+            self.inner
+                .put_archive(archive, snapshot, key, retain_until)
+                .await
+        })
+    }
+
+    fn fetch_archive<'a>(
+        &'a self,
+        snapshot: &'a Snapshot,
+        to: mpsc::Sender<Bytes>,
+    ) -> ShelfFuture<'a, ()> {
+        Box::pin(async move {
+            self.failing()?;
+            Shelf::fetch_archive(&*self.inner, snapshot, to).await
         })
     }
 }

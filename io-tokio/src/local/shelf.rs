@@ -20,6 +20,11 @@
 //! that leaves while the maker lives). The implementation on object storage is
 //! `sandkeeper-snapshots`' `ObjectSnapshots`.
 //!
+//! A backend whose sandboxes the host cannot reach into (Kubernetes pod mode) puts and fetches
+//! a workspace as a tar stream instead of a directory ([`Shelf::put_archive`],
+//! [`Shelf::fetch_archive`]): the tar is made inside the sandbox, so the shelf treats it as
+//! hostile input (`docs/snapshots.md`).
+//!
 //! [`FailureClass::Elsewhere`]: crate::backend::FailureClass::Elsewhere
 
 use std::fmt::Debug;
@@ -28,7 +33,9 @@ use std::path::Path;
 use std::pin::Pin;
 use std::time::SystemTime;
 
+use bytes::Bytes;
 use sandkeeper::Snapshot;
+use tokio::sync::{mpsc, oneshot};
 
 /// What a shelf's operation returns.
 pub type ShelfFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ShelfError>> + Send + 'a>>;
@@ -53,6 +60,39 @@ pub trait Shelf: Debug + Send + Sync + 'static {
 
     /// Removes `snapshot` from the shelf; one that is not there is removed already.
     fn remove<'a>(&'a self, snapshot: &'a Snapshot) -> ShelfFuture<'a, ()>;
+
+    /// Puts the workspace `archive` streams (a tar made inside the sandbox: untrusted) on the
+    /// shelf as `snapshot`, as [`put`](Self::put) does a directory. The snapshot is made only
+    /// once the archive's maker says it finished ([`ArchiveSource::finished`]); a maker that
+    /// failed or went away leaves nothing. Ok also when the snapshot was there already.
+    fn put_archive<'a>(
+        &'a self,
+        archive: ArchiveSource,
+        snapshot: &'a Snapshot,
+        key: &'a str,
+        retain_until: Option<SystemTime>,
+    ) -> ShelfFuture<'a, ()>;
+
+    /// Streams `snapshot` as a tar into `to`, chunk by chunk. Ok only once every byte was sent
+    /// and the whole agreed with what the shelf recorded at the put: on an error, what was sent
+    /// is not the snapshot and must be thrown away. [`ShelfError::NotFound`] when the shelf
+    /// has no such snapshot (nothing was sent).
+    fn fetch_archive<'a>(
+        &'a self,
+        snapshot: &'a Snapshot,
+        to: mpsc::Sender<Bytes>,
+    ) -> ShelfFuture<'a, ()>;
+}
+
+/// A workspace as a tar stream from inside a sandbox ([`Shelf::put_archive`]).
+#[derive(Debug)]
+pub struct ArchiveSource {
+    /// The tar's bytes, in order.
+    pub chunks: mpsc::Receiver<Bytes>,
+    /// Whether the tar's maker finished (`Ok`) or failed (why), sent once it knows. The
+    /// chunks' end alone never says the tar is whole: a connection cut between two entries
+    /// ends them too. A sender dropped unsent is a failure.
+    pub finished: oneshot::Receiver<Result<(), String>>,
 }
 
 /// A shelf operation's failure.
