@@ -377,6 +377,6 @@ pub use lifecycle::Lifecycle;
 pub use name::{CallId, ExternalId, InvalidName, PathName, SessionId, UserId, MAX_NAME_LEN};
 pub use sandbox::{Ownership, SandboxState};
 pub use stats::Stats;
-pub use sweep::{sweep_verdict, SweepKey, SweepObject, SweepVerdict};
+pub use sweep::{sweep_verdict, sweep_verdict_of, SweepKey, SweepObject, SweepVerdict, Sweeper};
 pub use time::Instant;
 pub use way_down::WAY_DOWN_ATTEMPTS;

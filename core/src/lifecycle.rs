@@ -13,6 +13,7 @@ use crate::event::Event;
 use crate::fleet::StoreCommand;
 use crate::hook::HookEnd;
 use crate::ids::SandboxId;
+use crate::ids::Snapshot;
 use crate::key::Keys;
 use crate::liveness::Liveness;
 use crate::name::{CallId, SessionId};
@@ -180,6 +181,21 @@ impl Lifecycle {
                 CallStatus::Lost(self.sandboxes[sandbox].id)
             }
             CallState::Ready(sandbox) => CallStatus::Ready(self.sandboxes[sandbox].id),
+        })
+    }
+
+    /// Whether the core holds `snapshot`: a key keeps it (for its next start, or salvaged), or a
+    /// sandbox it tracks made it (its Stop took it; a Persist may be under way) or took it (a
+    /// start resumed it). What the core does not hold, only a key's record can bring back to a
+    /// start (the fleet sweep's own rule, `sweep.rs`). O(keys + sandboxes).
+    pub fn holds_snapshot(&self, snapshot: &Snapshot) -> bool {
+        let kept = self
+            .keys
+            .iter()
+            .any(|(_, slot)| slot.snapshot.as_ref().is_some_and(|(s, _)| s == snapshot));
+        kept || self.sandboxes.iter().any(|(_, entry)| {
+            entry.snapshot() == Some(snapshot)
+                || entry.resumed().is_some_and(|(s, _)| s == snapshot)
         })
     }
 

@@ -20,6 +20,18 @@
 //!
 //! A snapshot with no recorded expiry and no record is no key's: nothing would resume it.
 //!
+//! One more rule is the sweeping process's own, for the snapshots it made itself
+//! ([`sweep_verdict_of`], with a [`Sweeper`]): a snapshot of its own that its core no longer
+//! holds (no key of it keeps it, no sandbox of it made or took it), that its key's record
+//! names neither as the snapshot nor by its maker as the warm sandbox, and whose own recorded
+//! expiry, if any, passed, is swept, although its maker (this very process) lives. Once its core let go of it, only a record naming it could
+//! bring it back to a start, and the record has moved on: another process resumed it and
+//! recorded the sandbox that took it (on another host: this host's copy, and the shelf's, are
+//! left over), or it was never recorded. The core lets go of a snapshot it released with a key
+//! only once the release is written (a release in doubt keeps it), so the record the sweep
+//! reads after asking the core names it whenever a start may still take it. Only the maker can
+//! tell: another live process's snapshots stay under the rules above.
+//!
 //! A caller judges leases and retention later than a claim would (the local sweep: a lease
 //! later): a claim made on a clock that runs ahead is fenced at the backend, but a removal
 //! cannot be taken back.
@@ -81,6 +93,63 @@ pub enum SweepVerdict {
     SweepAndUnrecord,
 }
 
+/// The process that sweeps, for [`sweep_verdict_of`]: its incarnation, and whether its core
+/// holds the object being judged, asked *before* the key's record the verdict reads is read
+/// (the module docs say why).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sweeper {
+    /// The sweeping process's incarnation.
+    pub incarnation: u32,
+    /// Whether its core holds the object ([`Lifecycle::holds_snapshot`] for a snapshot).
+    ///
+    /// [`Lifecycle::holds_snapshot`]: crate::Lifecycle::holds_snapshot
+    pub holds: bool,
+}
+
+/// [`sweep_verdict`], and, with a `sweeper`, the rule for its own snapshots (module docs): a
+/// snapshot made by the sweeper's incarnation that its core does not hold, its key's record
+/// names neither as the snapshot nor by its maker, and whose recorded expiry is not ahead, is
+/// swept.
+pub fn sweep_verdict_of(
+    object: &SweepObject,
+    keys: &BTreeMap<Key, SweepKey>,
+    live: impl Fn(u32) -> bool,
+    now: Instant,
+    sweeper: Option<Sweeper>,
+) -> SweepVerdict {
+    let verdict = sweep_verdict(object, keys, live, now);
+    let (Some(sweeper), SweepVerdict::Keep) = (sweeper, verdict) else {
+        return verdict;
+    };
+    let SweepObject::Snapshot {
+        snapshot,
+        by,
+        key,
+        expires,
+    } = object
+    else {
+        return verdict;
+    };
+    let own = sweeper.incarnation != 0 && incarnation_of(*by) == sweeper.incarnation;
+    if !own || sweeper.holds || expires.is_some_and(|until| until > now) {
+        return verdict;
+    }
+    let record = key.as_ref().and_then(|k| keys.get(k)).map(|e| &e.record);
+    let named = record.is_some_and(|r| {
+        r.warm == Some(*by) || r.snapshot.as_ref().is_some_and(|s| &s.snapshot == snapshot)
+    });
+    if named {
+        SweepVerdict::Keep
+    } else {
+        SweepVerdict::Sweep
+    }
+}
+
+/// The incarnation a fleet sandbox id carries (its high 32 bits).
+fn incarnation_of(id: SandboxId) -> u32 {
+    u32::try_from(id.0 >> 32).unwrap_or(u32::MAX)
+}
+
 /// The verdict on `object`. `keys`: the store's keys; `live`: whether an incarnation holds a live
 /// lease; `now`: the caller's clock, as the records' retention.
 pub fn sweep_verdict(
@@ -93,7 +162,7 @@ pub fn sweep_verdict(
         SweepObject::Sandbox { id, key, .. } => (id, key),
         SweepObject::Snapshot { by, key, .. } => (by, key),
     };
-    let incarnation = u32::try_from(maker.0 >> 32).unwrap_or(u32::MAX);
+    let incarnation = incarnation_of(*maker);
     if incarnation == 0 || live(incarnation) {
         return SweepVerdict::Keep;
     }
@@ -186,6 +255,96 @@ mod tests {
 
     fn dead(_: u32) -> bool {
         false
+    }
+
+    #[test]
+    fn the_maker_sweeps_its_own_snapshot_once_its_core_lets_go_and_the_record_moved_on() {
+        let me = |holds| {
+            Some(Sweeper {
+                incarnation: 2,
+                holds,
+            })
+        };
+        let live = |i| i == 2;
+        // Resumed elsewhere: the record names the sandbox that took it, owned by a live process.
+        let moved_on = keys(
+            true,
+            KeyRecord {
+                snapshot: None,
+                warm: Some(SandboxId(3 << 32 | 1)),
+            },
+        );
+        let verdict = |object: &SweepObject, keys, sweeper| {
+            sweep_verdict_of(object, keys, live, at(10), sweeper)
+        };
+        assert_eq!(
+            verdict(&snapshot(None), &moved_on, me(false)),
+            SweepVerdict::Sweep
+        );
+        // Held by its core, asked by no sweeper, another live process's, or its expiry ahead:
+        // kept, as before.
+        assert_eq!(
+            verdict(&snapshot(None), &moved_on, me(true)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            verdict(&snapshot(None), &moved_on, None),
+            SweepVerdict::Keep
+        );
+        let other = Some(Sweeper {
+            incarnation: 3,
+            holds: false,
+        });
+        assert_eq!(
+            sweep_verdict_of(
+                &snapshot(None),
+                &moved_on,
+                |i| i == 2 || i == 3,
+                at(10),
+                other
+            ),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            verdict(&snapshot(Some(at(11))), &moved_on, me(false)),
+            SweepVerdict::Keep
+        );
+        assert_eq!(
+            verdict(&snapshot(Some(at(10))), &moved_on, me(false)),
+            SweepVerdict::Sweep
+        );
+        // Named by the record, as the snapshot or by its maker: kept.
+        let named = keys(
+            true,
+            KeyRecord {
+                snapshot: Some(RecordedSnapshot {
+                    snapshot: Snapshot::new("snap"),
+                    by: SandboxId(2 << 32),
+                    retain_until: None,
+                }),
+                warm: None,
+            },
+        );
+        assert_eq!(
+            verdict(&snapshot(None), &named, me(false)),
+            SweepVerdict::Keep
+        );
+        let its_maker = keys(
+            false,
+            KeyRecord {
+                snapshot: None,
+                warm: Some(SandboxId(2 << 32)),
+            },
+        );
+        assert_eq!(
+            verdict(&snapshot(None), &its_maker, me(false)),
+            SweepVerdict::Keep
+        );
+        // Sandboxes are never judged by this rule.
+        assert_eq!(
+            verdict(&sandbox(2), &moved_on, me(false)),
+            SweepVerdict::Keep
+        );
     }
 
     #[test]

@@ -513,6 +513,23 @@ fn no_hook_timeouts(config: &KeeperConfig) -> Result<(), KeeperError> {
     Ok(())
 }
 
+/// What this process's core holds, for the sweep's own rule: asked at each decision; a keeper
+/// gone meanwhile holds everything (nothing of its own is swept).
+fn own_snapshots<B: Backend>(
+    shared: &std::sync::Weak<Shared<TokioExecutor<B>>>,
+    incarnation: u32,
+) -> crate::store::OwnSnapshots {
+    let shared = shared.clone();
+    let holds = move |snapshot: &sandkeeper::Snapshot| match shared.upgrade() {
+        Some(shared) => shared.with_core(|core| core.holds_snapshot(snapshot)),
+        None => true,
+    };
+    crate::store::OwnSnapshots {
+        incarnation,
+        holds: Arc::new(holds),
+    }
+}
+
 /// Fleet mode's sweep, on its own task: every `every` (the first at once) until the keeper
 /// closes or is dropped. Nothing else waits on it, and it waits on nothing but the store.
 async fn sweeps<B: Backend>(
@@ -528,11 +545,19 @@ async fn sweeps<B: Backend>(
             _ = tick.tick() => {}
             _ = listening.wait_for(|listening| !*listening) => return,
         }
-        let clock = match shared.upgrade() {
-            Some(shared) if !shared.is_closed() => shared.executor().clock(),
+        let (clock, incarnation) = match shared.upgrade() {
+            Some(shared) if !shared.is_closed() => {
+                let executor = shared.executor();
+                (executor.clock(), executor.incarnation())
+            }
             _ => return,
         };
-        match store.sweep(clock.wall(clock.now())).await {
+        let now = clock.wall(clock.now());
+        let swept = match incarnation {
+            Some(incarnation) => store.sweep_own(now, own_snapshots(&shared, incarnation)),
+            None => store.sweep(now),
+        };
+        match swept.await {
             Ok(swept) => {
                 if let Some(shared) = shared.upgrade() {
                     shared.executor().note_swept(swept);

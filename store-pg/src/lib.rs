@@ -11,7 +11,8 @@
 //! - [`Inventory`] and [`PgStore::sweep`]: the sweep as a composition of this store (leases,
 //!   records) and the host's backend (the sandboxes); [`LocalRootInventory`], that of a
 //!   local root (a host's `LocalBackend`); [`ShelfInventory`], that of the snapshots the
-//!   hosts put in object storage; [`Inventories`], a host's as one.
+//!   hosts put in object storage; [`Inventories`] and [`HostInventory`], a host's as one (the
+//!   latter telling its copies of what the shelf keeps apart, for [`PgStore::sweep_own`]).
 //! - [`throwaway`]: a test aid, a throwaway cluster in a temporary directory.
 //!
 //! `docs/fleet-postgres.md` has the design, the transactions and why each keeps the store
@@ -32,7 +33,7 @@ mod tls;
 
 pub use error::PgError;
 pub use local_root::LocalRootInventory;
-pub use shelf_inventory::{Inventories, ShelfInventory};
+pub use shelf_inventory::{HostInventory, Inventories, ShelfInventory};
 pub use store::{PgStore, Timeouts};
 pub use sweep::{Inventory, InventoryFuture};
 pub use tls::StoreTls;

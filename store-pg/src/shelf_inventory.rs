@@ -9,7 +9,12 @@
 //! all of it.
 //!
 //! [`Inventories`] joins a host's inventories (its local root and the shelf) into the one its
-//! store sweeps.
+//! store sweeps; [`HostInventory`] does too, and tells this host's copies of what the shelf
+//! keeps apart, for the sweeping process's own rule ([`PgStore::sweep_own`]): a host's copy of
+//! a snapshot another host resumed from the shelf goes from this host once its core let go of
+//! it and the record moved on, while its maker (this host's process) lives.
+//!
+//! [`PgStore::sweep_own`]: crate::PgStore::sweep_own
 
 use std::sync::Arc;
 
@@ -91,6 +96,79 @@ impl Inventory for Inventories {
             let mut removed = false;
             for inventory in &self.0 {
                 removed |= inventory.remove(object).await?;
+            }
+            Ok(removed)
+        })
+    }
+}
+
+/// A host's inventory: its local roots and the shelf. It lists and removes as [`Inventories`]
+/// does, and its [`copies`](Inventory::copies) are the roots' snapshots the shelf keeps too.
+#[derive(Clone)]
+pub struct HostInventory {
+    roots: Vec<Arc<dyn Inventory>>,
+    shelf: ShelfInventory,
+}
+
+impl HostInventory {
+    /// The inventory of a host with `roots` (usually one) over `shelf`.
+    pub fn new(roots: Vec<Arc<dyn Inventory>>, shelf: ShelfInventory) -> Self {
+        HostInventory { roots, shelf }
+    }
+}
+
+impl Inventory for HostInventory {
+    fn objects(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
+        Box::pin(async move {
+            let mut all = Vec::new();
+            for root in &self.roots {
+                all.extend(root.objects().await?);
+            }
+            all.extend(self.shelf.objects().await?);
+            Ok(all)
+        })
+    }
+
+    fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
+        Box::pin(async move {
+            let mut removed = false;
+            for root in &self.roots {
+                removed |= root.remove(object).await?;
+            }
+            removed |= self.shelf.remove(object).await?;
+            Ok(removed)
+        })
+    }
+
+    /// The roots' snapshots whose name is on the shelf too.
+    fn copies(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
+        Box::pin(async move {
+            let shelved: std::collections::BTreeSet<_> = self
+                .shelf
+                .objects()
+                .await?
+                .into_iter()
+                .filter_map(|object| match object {
+                    SweepObject::Snapshot { snapshot, .. } => Some(snapshot.as_str().to_string()),
+                    SweepObject::Sandbox { .. } => None,
+                })
+                .collect();
+            let mut copies = Vec::new();
+            for root in &self.roots {
+                copies.extend(root.objects().await?.into_iter().filter(|object| {
+                    matches!(object, SweepObject::Snapshot { snapshot, .. } if shelved.contains(snapshot.as_str()))
+                }));
+            }
+            Ok(copies)
+        })
+    }
+
+    /// Removes the snapshot from the roots only.
+    fn remove_copy<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
+        Box::pin(async move {
+            let mut removed = false;
+            for root in &self.roots {
+                removed |= root.remove(object).await?;
             }
             Ok(removed)
         })

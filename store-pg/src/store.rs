@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use sandkeeper::{Key, Token};
 use sandkeeper_tokio::store::{
-    unix_ms, Claim, FleetStore, KeyEntry, StoreFailure, StoreFuture, StoredRecord, Swept,
+    unix_ms, Claim, FleetStore, KeyEntry, OwnSnapshots, StoreFailure, StoreFuture, StoredRecord,
+    Swept,
 };
 use tokio::sync::Mutex;
 use tokio_postgres::error::Severity;
@@ -654,6 +655,11 @@ impl FleetStore for PgStore {
     fn sweep(&self, now: SystemTime) -> StoreFuture<Swept> {
         let store = self.clone();
         Box::pin(async move { PgStore::sweep(&store, now).await.map_err(failure) })
+    }
+
+    fn sweep_own(&self, now: SystemTime, own: OwnSnapshots) -> StoreFuture<Swept> {
+        let store = self.clone();
+        Box::pin(async move { PgStore::sweep_own(&store, now, &own).await.map_err(failure) })
     }
 
     fn release(

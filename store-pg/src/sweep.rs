@@ -23,8 +23,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sandkeeper::{sweep_verdict, Instant, Key, SweepKey, SweepObject, SweepVerdict};
-use sandkeeper_tokio::store::{unix_ms, KeyEntry, Swept};
+use sandkeeper::{
+    sweep_verdict, sweep_verdict_of, Instant, Key, SweepKey, SweepObject, SweepVerdict, Sweeper,
+};
+use sandkeeper_tokio::store::{unix_ms, KeyEntry, OwnSnapshots, Swept};
 
 use crate::error::PgError;
 use crate::PgStore;
@@ -41,6 +43,20 @@ pub trait Inventory: Send + Sync + 'static {
     /// Removes `object`: whether it was there to remove (`false`: gone already, another sweep
     /// took it).
     fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool>;
+
+    /// This host's copies of snapshots that are kept elsewhere too (on the shelf), for the
+    /// sweeping process's own rule ([`PgStore::sweep_own`]). None by default: an inventory
+    /// that keeps one copy of each object.
+    fn copies(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Removes this host's copy of the snapshot `object` only, leaving it where else it is
+    /// kept: whether there was a copy to remove.
+    fn remove_copy<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
+        let _ = object;
+        Box::pin(async { Ok(false) })
+    }
 }
 
 impl PgStore {
@@ -89,6 +105,55 @@ impl PgStore {
                 continue;
             }
             tracing::info!(?object, ?verdict, "swept");
+            swept.count(&object, verdict);
+        }
+        Ok(swept)
+    }
+}
+
+impl PgStore {
+    /// [`sweep`](Self::sweep), then this process's own rule for this host's copies of what the
+    /// shelf keeps ([`Inventory::copies`], [`sandkeeper::sweep_verdict_of`]): a copy of a
+    /// snapshot `own` made that its core no longer holds, and that its key's record names
+    /// neither as the snapshot nor by its maker, goes from this host; the shelf keeps it. The
+    /// core is asked before the record is read (the rule's module docs say why).
+    pub async fn sweep_own(&self, now: SystemTime, own: &OwnSnapshots) -> Result<Swept, PgError> {
+        let mut swept = self.sweep(now).await?;
+        let Some(inventory) = self.inventory().cloned() else {
+            return Ok(swept);
+        };
+        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
+        let judged_ms = unix_ms(judged);
+        let at = Instant::from_nanos(judged_ms.saturating_mul(1_000_000));
+        for object in inventory.copies().await.map_err(inventory_failed)? {
+            let SweepObject::Snapshot { snapshot, .. } = &object else {
+                continue;
+            };
+            let holds = (own.holds)(snapshot);
+            let processes = self.processes().await?;
+            let entry = match object_key(&object) {
+                Some(key) => self.entry(key).await?,
+                None => None,
+            };
+            let keys = sweep_keys(entry.as_slice(), &processes, judged_ms)?;
+            let live = |inc: u32| maker_live(&processes, inc, judged_ms);
+            let sweeper = Sweeper {
+                incarnation: own.incarnation,
+                holds,
+            };
+            let plain = sweep_verdict(&object, &keys, live, at);
+            let verdict = sweep_verdict_of(&object, &keys, live, at, Some(sweeper));
+            if plain != SweepVerdict::Keep || verdict != SweepVerdict::Sweep {
+                continue;
+            }
+            if !inventory
+                .remove_copy(&object)
+                .await
+                .map_err(inventory_failed)?
+            {
+                continue;
+            }
+            tracing::info!(?object, "swept this host's copy");
             swept.count(&object, verdict);
         }
         Ok(swept)

@@ -124,6 +124,16 @@ pub trait FleetStore: Send + Sync + 'static {
     /// [`LocalStore::sweep`](crate::local::store::LocalStore::sweep)). What it removed.
     fn sweep(&self, now: SystemTime) -> StoreFuture<Swept>;
 
+    /// [`sweep`](Self::sweep), and where the backend keeps copies of snapshots on this host
+    /// besides a shelf, this process's own rule for them ([`sandkeeper::sweep_verdict_of`]): a
+    /// copy of a snapshot it made that its core no longer holds ([`OwnSnapshots`]) and no
+    /// record names goes, while its maker (this process) lives. The keeper sweeps with this.
+    /// By default the plain sweep (a store whose backend keeps one copy of each snapshot).
+    fn sweep_own(&self, now: SystemTime, own: OwnSnapshots) -> StoreFuture<Swept> {
+        let _ = own;
+        self.sweep(now)
+    }
+
     /// Releases `key` from `incarnation` under `token`, leaving `record` (see
     /// [`StoreCommand::Release`]): whether it was written (`false`: a newer token owns the key,
     /// or this process's lease expired by `now`).
@@ -135,6 +145,26 @@ pub trait FleetStore: Send + Sync + 'static {
         record: StoredRecord,
         now: SystemTime,
     ) -> StoreFuture<bool>;
+}
+
+/// The sweeping process's view of its own snapshots ([`FleetStore::sweep_own`]): its
+/// incarnation, and whether its core holds a snapshot now (a key keeps it, a sandbox made or
+/// took it: [`sandkeeper::Lifecycle::holds_snapshot`]). A sweep asks `holds` before it reads
+/// the key's record it decides on.
+#[derive(Clone)]
+pub struct OwnSnapshots {
+    /// This process's incarnation.
+    pub incarnation: u32,
+    /// Whether its core holds the snapshot now.
+    pub holds: Arc<dyn Fn(&sandkeeper::Snapshot) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for OwnSnapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnSnapshots")
+            .field("incarnation", &self.incarnation)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Fleet mode's store, as the executor holds it: the store and this process's incarnation.

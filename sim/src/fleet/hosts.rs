@@ -101,6 +101,7 @@ pub const HOST_MARKS: &[&str] = &[
     "upload-late",
     "adopt-elsewhere",
     "handover-suspended",
+    "swept-own-copy",
 ];
 
 /// The object store's faults for one command.

@@ -1917,13 +1917,26 @@ impl World {
         let objects =
             (self.backend.snapshots.iter()).map(|(name, kept)| (name, kept.clone(), false));
         for (name, kept, local) in objects.chain(locals) {
+            let snapshot = sandkeeper::Snapshot::new(name.clone());
+            // The sweeper's own rule, for its host's copies of what is on the object store
+            // (`sweep.rs`): what its core still holds.
+            let sweeper = local.then(|| sandkeeper::Sweeper {
+                incarnation: self.replicas[sweeper].incarnation,
+                holds: self.replicas[sweeper].core.holds_snapshot(&snapshot),
+            });
             let object = sandkeeper::SweepObject::Snapshot {
-                snapshot: sandkeeper::Snapshot::new(name.clone()),
+                snapshot,
                 by: kept.by,
                 key: Some(kept.key.clone()),
                 expires: kept.expires.map(Instant::from_nanos),
             };
-            let verdict = sandkeeper::sweep_verdict(&object, &keys, live, now);
+            let verdict = sandkeeper::sweep_verdict_of(&object, &keys, live, now, sweeper);
+            if sweeper.is_some() && verdict != sandkeeper::SweepVerdict::Keep {
+                let by_others = sandkeeper::sweep_verdict(&object, &keys, live, now);
+                if by_others == sandkeeper::SweepVerdict::Keep {
+                    self.report.marks.insert("swept-own-copy");
+                }
+            }
             if verdict != sandkeeper::SweepVerdict::Keep {
                 // Its retention: the one its key's record gives it, else its Persist's.
                 let recorded = keys
@@ -1996,10 +2009,12 @@ impl World {
                         let retention = sandkeeper::DiscardReason::Retention;
                         self.conservation.discard_ordered(&snapshot, retention);
                     }
+                    // With hosts, a snapshot is swept once its last copy is: a host's copy of
+                    // what the object store holds is only a copy.
                     if !hosts || !self.backend.anywhere(snapshot.as_str()) {
                         self.conservation.swept_snapshot(&snapshot, over);
+                        self.swept_snapshots.insert(snapshot.as_str().to_string());
                     }
-                    self.swept_snapshots.insert(snapshot.as_str().to_string());
                     if verdict == sandkeeper::SweepVerdict::SweepAndUnrecord {
                         self.report.marks.insert("swept-recorded");
                         let key = key.expect("known");

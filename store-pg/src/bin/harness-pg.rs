@@ -16,7 +16,9 @@ use std::sync::Arc;
 use clap::Parser;
 use sandkeeper::Handover;
 use sandkeeper_pg::hosts::{open_shelf, verify_hosts};
-use sandkeeper_pg::{Inventories, LocalRootInventory, PgStore, ShelfInventory, StoreTls, Timeouts};
+use sandkeeper_pg::{
+    HostInventory, LocalRootInventory, PgStore, ShelfInventory, StoreTls, Timeouts,
+};
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::workload::{self, FleetOptions, WorkloadOptions};
 use sandkeeper_tokio::LocalBackend;
@@ -73,12 +75,12 @@ async fn run(args: Args) -> Result<(), String> {
         .parse()
         .map_err(|e| format!("--store {:?}: {e}", args.store))?;
     let shelf = open_shelf(&args.snapshots)?;
-    let mut inventories: Vec<Arc<dyn sandkeeper_pg::Inventory>> = args
+    let roots: Vec<Arc<dyn sandkeeper_pg::Inventory>> = args
         .root
         .iter()
         .map(|root| Arc::new(LocalRootInventory::new(root)) as Arc<dyn sandkeeper_pg::Inventory>)
         .collect();
-    inventories.push(Arc::new(ShelfInventory::new(shelf.clone())));
+    let inventory = HostInventory::new(roots, ShelfInventory::new(shelf.clone()));
     let tls = match &args.store_ca {
         Some(pem) => {
             let pem =
@@ -90,7 +92,7 @@ async fn run(args: Args) -> Result<(), String> {
     let store = PgStore::connect_tls(&config, args.fleet.lease(), Timeouts::default(), tls)
         .await
         .map_err(|e| format!("--store: {e}"))?
-        .with_inventory(Arc::new(Inventories(inventories)));
+        .with_inventory(Arc::new(inventory));
 
     if let Some(ledgers) = &args.verify {
         let verdict = verify_hosts(&store, &args.root, &shelf, ledgers).await?;
