@@ -4,7 +4,7 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it; an `unused` one only of a call's own key |
+//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it; an `unused` one only of a call's own key; a `taken` one only of a snapshot a Start of its key took from that sandbox, once, and never while the key keeps it again (a start that failed gave it back) |
 //! | `discard-after-retention` | a `retention` Discard comes no earlier than the persist plus the policy's retention; a `superseded` one only in the input that persisted the key's newer snapshot |
 //! | `snapshot-released` | after every input, no key keeps a snapshot past its retention, and none that a newer one superseded |
 //!
@@ -34,6 +34,9 @@ pub struct Snapshots {
     kept: BTreeMap<Key, (Snapshot, SandboxId, Instant, Option<Instant>)>,
     /// Snapshots superseded in this input, still to be discarded before it ends.
     superseded: Vec<(Key, Snapshot)>,
+    /// Snapshots a Start took, by key and snapshot: the sandbox that persisted each (what a
+    /// `taken` Discard may name, once).
+    taken: BTreeMap<(Key, String), SandboxId>,
 }
 
 impl Snapshots {
@@ -91,10 +94,19 @@ impl Snapshots {
     /// One command, ordered at `now`.
     pub fn command(&mut self, cmd: &Command, now: Instant) -> Result<(), Violation> {
         match cmd {
-            Command::Start { key, .. } => {
+            Command::Start {
+                key,
+                resume_from,
+                resumes,
+                ..
+            } => {
                 // The start takes what the key kept (whether it resumes it is the caller's
                 // `resume-latest-snapshot`).
                 self.kept.remove(key);
+                if let (Some(snapshot), Some(by)) = (resume_from, resumes) {
+                    self.taken
+                        .insert((key.clone(), snapshot.as_str().to_string()), *by);
+                }
                 Ok(())
             }
             Command::Discard {
@@ -117,6 +129,27 @@ impl Snapshots {
                     };
                     self.superseded.remove(i);
                     Ok(())
+                }
+                DiscardReason::Taken => {
+                    if self
+                        .kept
+                        .get(key)
+                        .is_some_and(|(kept, ..)| kept == snapshot)
+                    {
+                        return Err(Violation::new(
+                            "discard-unreferenced",
+                            format!("Discard of {snapshot:?} of key {key} as taken, which the key keeps (given back)"),
+                        ));
+                    }
+                    let taken = (key.clone(), snapshot.as_str().to_string());
+                    if self.taken.get(&taken) == Some(sandbox) {
+                        self.taken.remove(&taken);
+                        return Ok(());
+                    }
+                    Err(Violation::new(
+                        "discard-unreferenced",
+                        format!("Discard of {snapshot:?} by {sandbox} of key {key} as taken, and no Start of the key took it from that sandbox (or it went already)"),
+                    ))
                 }
                 DiscardReason::Unused => match key {
                     Key::Call(_) => Ok(()),
@@ -160,6 +193,7 @@ impl Snapshots {
         if closed {
             self.kept.clear();
             self.superseded.clear();
+            self.taken.clear();
             return Ok(());
         }
         if let Some((key, snapshot)) = self.superseded.first().cloned() {
@@ -200,6 +234,45 @@ mod tests {
             reason: DiscardReason::Retention,
             token: None,
         }
+    }
+
+    /// A `taken` Discard names a snapshot a Start of the key took from that sandbox, once, and
+    /// never one the key keeps again.
+    #[test]
+    fn a_taken_discard_names_what_a_start_took_once() {
+        let key = Key::Session(sandkeeper::SessionId::new("s").unwrap());
+        let (snap, by) = (Snapshot::new("snap-1"), SandboxId(1));
+        let at = Instant::from_millis;
+        let taken = |sandbox| Command::Discard {
+            sandbox,
+            key: key.clone(),
+            snapshot: snap.clone(),
+            reason: DiscardReason::Taken,
+            token: None,
+        };
+        let start = Command::Start {
+            sandbox: SandboxId(2),
+            key: key.clone(),
+            spec: sandkeeper::Spec::new(""),
+            resume_from: Some(snap.clone()),
+            resumes: Some(by),
+            token: None,
+            deadline: at(10_000),
+        };
+        let mut c = Snapshots::new(None);
+        c.persisted(&key, snap.clone(), by, at(0));
+        assert_eq!(check(c.command(&taken(by), at(1))), "discard-unreferenced");
+        assert_eq!(check(c.command(&start, at(2))), "ok");
+        assert_eq!(
+            check(c.command(&taken(SandboxId(9)), at(3))),
+            "discard-unreferenced"
+        );
+        assert_eq!(check(c.command(&taken(by), at(3))), "ok");
+        assert_eq!(check(c.command(&taken(by), at(4))), "discard-unreferenced");
+        // Taken, then given back by a failed start: the key keeps it again.
+        assert_eq!(check(c.command(&start, at(5))), "ok");
+        c.persisted(&key, snap.clone(), by, at(6));
+        assert_eq!(check(c.command(&taken(by), at(7))), "discard-unreferenced");
     }
 
     /// A snapshot a claim handed over is retained until its record says, not the policy's

@@ -347,6 +347,12 @@ pub enum DiscardReason {
     Superseded,
     /// No start will ever take it: its key is one call's (scope `Call`), and that call ended.
     Unused,
+    /// A start took it, and the sandbox it became is up: its workspace lives on there, and no
+    /// start takes the snapshot again. What is left of it is a copy a start leaves behind (on
+    /// the shelf, which a start on another host downloads from); a backend whose start moves
+    /// or reuses the snapshot itself (the local root's rename, an agent-sandbox claim) has
+    /// nothing of it left to delete, and must delete nothing.
+    Taken,
 }
 
 /// The sessions of a [`Command::Drain`]: a list that holds one session without allocating (a

@@ -88,7 +88,9 @@
 //!    with `resume_from` *takes* the snapshot (the new sandbox's workspace from then on: a
 //!    rename, the same claim); a retained snapshot carries its expiry (`Persist::retain_until`),
 //!    which the backend records with it and enforces by itself. `Discard` deletes a snapshot no
-//!    key references any longer (its retention ended): it runs beside everything, in no
+//!    key references any longer (its retention ended, a newer one superseded it, or a start
+//!    took it and its sandbox is up: then only what the start left of it, e.g. the shelf's
+//!    copy; a backend whose start moved or reused it deletes nothing): it runs beside everything, in no
 //!    sandbox's order, needs no answer, and is the one command that may name a sandbox after
 //!    its last command (the sandbox that persisted it).
 //! 10. **Report deaths.** When the backend learns a sandbox is gone (pod deleted, claim expired,
@@ -150,7 +152,7 @@
 //! ## Commands ([`Command`])
 //!
 //! `Hook` (run the application's hook at a [`HookPoint`], answered like a lifecycle command),
-//! `Discard` (a snapshot whose retention ended), `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
+//! `Discard` (a snapshot whose retention ended, superseded, unused, or taken: [`DiscardReason`]), `Start` (with the key, the call's opaque [`Spec`], `resume_from`, the key's last
 //! persisted [`Snapshot`], and `resumes`, the sandbox that persisted it), `Upload`,
 //! `CancelUpload`, `Drain` (the sandbox and the sessions whose background writers should submit
 //! now), `Stop` and `Persist` (each saying whether the sandbox is being suspended), `Shutdown`,

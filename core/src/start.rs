@@ -2,7 +2,7 @@
 //! died.
 
 use crate::call::{CallIx, CallState, EndHow};
-use crate::command::{Command, HookPoint};
+use crate::command::{Command, DiscardReason, HookPoint};
 use crate::error::{Error, ErrorKind};
 use crate::ids::SandboxId;
 use crate::lifecycle::Lifecycle;
@@ -55,6 +55,8 @@ impl Lifecycle {
         }
         let record = self.sandboxes.get_mut(sandbox).expect("live");
         record.run();
+        self.discard_taken(sandbox);
+        let record = &self.sandboxes[sandbox];
         let starters = self.calls.by_name_order(record.bound.to_few());
         for call in starters {
             if matches!(self.calls[call].state, CallState::Starting(s) if s == sandbox) {
@@ -82,6 +84,19 @@ impl Lifecycle {
             self.out.stats.orphan_starts += 1;
             self.shutdown(sandbox);
         }
+    }
+
+    /// The sandbox, up, resumed a snapshot: no start takes that snapshot again (a start gives it
+    /// back to its key only while it is not up), so what is left of it goes
+    /// ([`DiscardReason::Taken`]: the copy a start on another host downloaded, for one).
+    fn discard_taken(&mut self, sandbox: SandboxIx) {
+        let record = &self.sandboxes[sandbox];
+        let Some((snapshot, by)) = record.resumed() else {
+            return;
+        };
+        let (snapshot, key) = (snapshot.clone(), record.key);
+        tracing::debug!(sandbox = %self.sid(sandbox), ?snapshot, "discard the snapshot it took");
+        self.discard(key, snapshot, by, DiscardReason::Taken);
     }
 
     /// The sandbox's Start failed: the calls waiting on it fail with `start-failed`, and it is

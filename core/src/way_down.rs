@@ -274,7 +274,13 @@ impl Lifecycle {
     }
 
     /// Orders a snapshot the key no longer references deleted.
-    fn discard(&mut self, key: KeyIx, snapshot: Snapshot, by: SandboxId, reason: DiscardReason) {
+    pub(crate) fn discard(
+        &mut self,
+        key: KeyIx,
+        snapshot: Snapshot,
+        by: SandboxId,
+        reason: DiscardReason,
+    ) {
         self.out.stats.discards += 1;
         self.out.commands.push_back(Command::Discard {
             sandbox: by,

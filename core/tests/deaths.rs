@@ -273,6 +273,7 @@ fn a_late_loss_of_the_old_incarnation_is_no_death_of_the_resumed_sandbox() {
     let x1 = h.take_start().sandbox;
     h.start_ok(x1);
     h.expect_events(&[ready("b", x1)]);
+    h.expect_commands(&[taken(x0, "s", "claim-1")]);
     let stale = h.core.stats().stale_answers;
     h.instance_gone(x0);
     h.died(x0);

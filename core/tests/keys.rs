@@ -99,6 +99,8 @@ fn snapshot_is_kept_per_key_and_resumed() {
     let y = start.sandbox;
     h.start_ok(y);
     h.take_events();
+    // Up: what the start left of the snapshot it took goes.
+    h.expect_commands(&[taken(x, "s1", "s1-snap-1")]);
     h.release("a2");
     h.take_events();
     h.expect_commands(&[drain(y, &["s1"]), stop(y)]);
@@ -144,6 +146,13 @@ fn a_call_arriving_while_the_previous_sandbox_stops_resumes_from_its_new_snapsho
     let x1 = x1.sandbox;
     h.start_ok(x1);
     h.take_events();
+    assert!(matches!(
+        h.take_commands().as_slice(),
+        [Command::Discard {
+            reason: DiscardReason::Taken,
+            ..
+        }]
+    ));
     h.release("a1");
     h.take_events();
     h.expect_commands(&[drain(x1, &["s"]), stop(x1)]);

@@ -25,7 +25,8 @@
 //!   controller deletes it then even if no keeper is left, and a resume pushes it out again.
 //!   Otherwise nothing;
 //! - `discard`: delete the suspended claim the snapshot names (ours by its name); gone already
-//!   is success;
+//!   is success. A snapshot a start took (`DiscardReason::Taken`) is the claim the resumed
+//!   sandbox runs in: nothing is deleted;
 //! - `shutdown`: delete the claim (or pod) by its name (a resume's by the name of the claim it
 //!   resumes, even when its start was abandoned); gone already is success;
 //! - `watch_deaths`: deleted, failed or expired pods and claims of this owner, reported by the
@@ -718,6 +719,10 @@ impl Backend for K8sBackend {
                 .unshelve_discard(shelf, &request)
                 .await
                 .map_err(failure);
+        }
+        if request.reason == sandkeeper::DiscardReason::Taken {
+            // The claim a resume took is the sandbox it became: nothing of it is left over.
+            return Ok(());
         }
         let claim = self.claim_of(&request.snapshot).map_err(failure)?;
         self.cluster

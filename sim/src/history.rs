@@ -154,7 +154,8 @@ pub struct History {
     /// Sandboxes a later Start said it continues (`resumes`), most recent last, at most 16: a
     /// random world reports late losses of them.
     pub resumed: Vec<SandboxId>,
-    /// The snapshots the core ordered discarded (for scenario expectations).
+    /// The snapshots the core ordered discarded because their key let go of them (not `taken`:
+    /// what a start left of one); for scenario expectations.
     pub discarded: std::collections::BTreeSet<String>,
     /// Per key, the snapshot it keeps for its next start, and when the core must let it go
     /// (`sandkeeper_check::Snapshots`).
@@ -898,7 +899,12 @@ impl History {
             Command::Discard {
                 reason, snapshot, ..
             } => {
-                self.discarded.insert(snapshot.as_str().to_string());
+                // What scenarios' `discarded` expects: a snapshot its key let go of. A `taken`
+                // Discard deletes only what a start left of a snapshot whose workspace lives on
+                // in the sandbox that took it.
+                if *reason != DiscardReason::Taken {
+                    self.discarded.insert(snapshot.as_str().to_string());
+                }
                 if *reason == DiscardReason::Retention {
                     self.marks.hit(Mark::DiscardRetention);
                 }

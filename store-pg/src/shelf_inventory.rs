@@ -2,17 +2,16 @@
 //! ([`ObjectSnapshots`], the local backend's shelf), as the fleet sweep judges them. Each is a
 //! snapshot as its manifest describes it: its name says the sandbox that took it (so its
 //! maker's incarnation), the manifest the key it was put for and its own retention. A start
-//! never removes a snapshot from the shelf, so this is what removes a snapshot no record names
-//! any more: once its maker's lease ended and its retention passed (or it has none), by
-//! [`sweep_verdict`](sandkeeper::sweep_verdict)'s rules; while its maker lives, it stays
-//! (`docs/fleet-hosts.md`, "What this leaves"). Any host may sweep the shelf: every host sees
-//! all of it.
+//! that took a snapshot discards it once its sandbox is up; this removes what no record names
+//! and no Discard reached (a process that crashed first): once its maker's lease ended and its
+//! retention passed (or it has none), by [`sweep_verdict`](sandkeeper::sweep_verdict)'s rules.
+//! Any host may sweep the shelf: every host sees all of it.
 //!
 //! [`Inventories`] joins a host's inventories (its local root and the shelf) into the one its
-//! store sweeps; [`HostInventory`] does too, and tells this host's copies of what the shelf
-//! keeps apart, for the sweeping process's own rule ([`PgStore::sweep_own`]): a host's copy of
-//! a snapshot another host resumed from the shelf goes from this host once its core let go of
-//! it and the record moved on, while its maker (this host's process) lives.
+//! store sweeps; [`HostInventory`] does too, and tells this host's copies of its snapshots
+//! apart, for the sweeping process's own rule ([`PgStore::sweep_own`]): a host's copy of a
+//! snapshot another host resumed from the shelf goes from this host once its core let go of it
+//! and the record moved on, while its maker (this host's process) lives.
 //!
 //! [`PgStore::sweep_own`]: crate::PgStore::sweep_own
 
@@ -103,7 +102,7 @@ impl Inventory for Inventories {
 }
 
 /// A host's inventory: its local roots and the shelf. It lists and removes as [`Inventories`]
-/// does, and its [`copies`](Inventory::copies) are the roots' snapshots the shelf keeps too.
+/// does, and its [`copies`](Inventory::copies) are the roots' snapshots.
 #[derive(Clone)]
 pub struct HostInventory {
     roots: Vec<Arc<dyn Inventory>>,
@@ -140,24 +139,16 @@ impl Inventory for HostInventory {
         })
     }
 
-    /// The roots' snapshots whose name is on the shelf too.
+    /// The roots' snapshots: this host's copies of what it persisted. Each was put on the
+    /// shelf before it was kept, but for a snapshot whose every put failed (salvaged), which
+    /// is then the only copy; the rule keeps that one as long as a record names it, and only
+    /// a record brings a snapshot its core let go of back to a start.
     fn copies(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
         Box::pin(async move {
-            let shelved: std::collections::BTreeSet<_> = self
-                .shelf
-                .objects()
-                .await?
-                .into_iter()
-                .filter_map(|object| match object {
-                    SweepObject::Snapshot { snapshot, .. } => Some(snapshot.as_str().to_string()),
-                    SweepObject::Sandbox { .. } => None,
-                })
-                .collect();
             let mut copies = Vec::new();
             for root in &self.roots {
-                copies.extend(root.objects().await?.into_iter().filter(|object| {
-                    matches!(object, SweepObject::Snapshot { snapshot, .. } if shelved.contains(snapshot.as_str()))
-                }));
+                let objects = root.objects().await?.into_iter();
+                copies.extend(objects.filter(|o| matches!(o, SweepObject::Snapshot { .. })));
             }
             Ok(copies)
         })

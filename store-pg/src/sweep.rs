@@ -44,9 +44,9 @@ pub trait Inventory: Send + Sync + 'static {
     /// took it).
     fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool>;
 
-    /// This host's copies of snapshots that are kept elsewhere too (on the shelf), for the
-    /// sweeping process's own rule ([`PgStore::sweep_own`]). None by default: an inventory
-    /// that keeps one copy of each object.
+    /// This host's copies of the snapshots its processes persisted to a shelf, for the sweeping
+    /// process's own rule ([`PgStore::sweep_own`]). None by default: an inventory without a
+    /// shelf, whose snapshots are the only copies.
     fn copies(&self) -> InventoryFuture<'_, Vec<SweepObject>> {
         Box::pin(async { Ok(Vec::new()) })
     }
@@ -112,11 +112,12 @@ impl PgStore {
 }
 
 impl PgStore {
-    /// [`sweep`](Self::sweep), then this process's own rule for this host's copies of what the
-    /// shelf keeps ([`Inventory::copies`], [`sandkeeper::sweep_verdict_of`]): a copy of a
+    /// [`sweep`](Self::sweep), then this process's own rule for this host's copies of its
+    /// snapshots ([`Inventory::copies`], [`sandkeeper::sweep_verdict_of`]): a copy of a
     /// snapshot `own` made that its core no longer holds, and that its key's record names
-    /// neither as the snapshot nor by its maker, goes from this host; the shelf keeps it. The
-    /// core is asked before the record is read (the rule's module docs say why).
+    /// neither as the snapshot nor by its maker, goes from this host (the shelf's copy, if any,
+    /// is the shelf's: a start that took it discards it). The core is asked before the record
+    /// is read (the rule's module docs say why).
     pub async fn sweep_own(&self, now: SystemTime, own: &OwnSnapshots) -> Result<Swept, PgError> {
         let mut swept = self.sweep(now).await?;
         let Some(inventory) = self.inventory().cloned() else {

@@ -177,6 +177,18 @@ pub fn shutdown(x: SandboxId) -> Command {
     }
 }
 
+/// `Discard { reason: Taken }` of `snapshot`, persisted by `by`, of the session key `s`: what a
+/// resumed sandbox orders once it is up.
+pub fn taken(by: SandboxId, s: &str, snapshot: &str) -> Command {
+    Command::Discard {
+        sandbox: by,
+        key: Key::Session(session(s)),
+        snapshot: snap(snapshot),
+        reason: DiscardReason::Taken,
+        token: None,
+    }
+}
+
 /// `Abandon { sandbox }`.
 pub fn abandon(x: SandboxId) -> Command {
     Command::Abandon { sandbox: x }

@@ -14,10 +14,12 @@
 //! - **Adopt** of a sandbox not on this root answers [`FailureClass::Elsewhere`]: it may be up
 //!   on another host's root, and the core leaves it to the key's next adoption there.
 //!
-//! A start never removes a snapshot from the shelf (another host may still need it until the
-//! key's record moves on): what no record names any more is removed by the fleet sweep, once
-//! its maker's lease ended and its retention, if any, passed (`docs/fleet-hosts.md` says what
-//! that leaves while the maker lives). The implementation on object storage is
+//! A start does not remove a snapshot from the shelf as it takes it: until the sandbox it
+//! becomes is up, a failed start gives the snapshot back to its key, and the next start
+//! (perhaps on another host) needs the shelf's copy. Once that sandbox is up, the core orders
+//! it discarded ([`DiscardReason::Taken`](sandkeeper::DiscardReason::Taken)), and Discard
+//! removes it here and on the shelf. What no record names any more and no Discard reached is
+//! removed by the fleet sweep (`docs/fleet-hosts.md`). The implementation on object storage is
 //! `sandkeeper-snapshots`' `ObjectSnapshots`.
 //!
 //! A backend whose sandboxes the host cannot reach into (Kubernetes pod mode) puts and fetches

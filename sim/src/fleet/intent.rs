@@ -372,8 +372,15 @@ impl Intent {
                 of_key.retain(|y| y != sandbox);
                 of_key.push(*sandbox);
             }
-            Command::Discard { key, snapshot, .. } => {
-                self.salvaged_early(key, snapshot);
+            Command::Discard {
+                key,
+                snapshot,
+                reason,
+                ..
+            } => {
+                if *reason != sandkeeper::DiscardReason::Taken {
+                    self.salvaged_early(key, snapshot);
+                }
                 also(self.snapshots.command(cmd, now));
             }
             Command::Persist {
