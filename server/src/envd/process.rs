@@ -1,0 +1,352 @@
+//! envd's process service (`process.Process`): `Start` with streamed output, `List`,
+//! `SendSignal`. Commands run through the sandbox's keeper call
+//! ([`SandboxWork::exec_streaming`](sandkeeper_tokio::SandboxWork::exec_streaming)), in the
+//! workspace (the user's home), with the create's variables and the request's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sandkeeper_tokio::{Chunk, ExecOptions, ExecOutput, OpError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::connect;
+use crate::error::{Code, ConnectError};
+use crate::registry::{Lease, Sandbox};
+use crate::server::AppState;
+
+/// Commands one sandbox may run at once.
+pub const MAX_PROCESSES: usize = 64;
+
+/// The most bytes of stdout (and of stderr) a command keeps beside what it streams: the stream
+/// carries everything, so the kept copy is small.
+const KEPT_OUTPUT: usize = 64 * 1024;
+
+/// The running commands of one sandbox, by pid.
+#[derive(Default)]
+pub struct Processes {
+    inner: Mutex<HashMap<u32, Running>>,
+}
+
+struct Running {
+    config: Value,
+    tag: Option<String>,
+    kill: watch::Sender<bool>,
+}
+
+impl Processes {
+    fn add(
+        &self,
+        pid: u32,
+        config: Value,
+        tag: Option<String>,
+    ) -> Result<watch::Receiver<bool>, ConnectError> {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if inner.len() >= MAX_PROCESSES {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!("at most {MAX_PROCESSES} commands run at once"),
+            ));
+        }
+        let (kill, killed) = watch::channel(false);
+        inner.insert(pid, Running { config, tag, kill });
+        Ok(killed)
+    }
+
+    fn remove(&self, pid: u32) {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pid);
+    }
+
+    fn list(&self) -> Vec<Value> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<_> = inner
+            .iter()
+            .map(|(pid, r)| json!({"pid": pid, "config": r.config, "tag": r.tag}))
+            .collect();
+        all.sort_by_key(|v| v["pid"].as_u64());
+        all
+    }
+
+    /// Kills the command `pid` (or tagged `tag`); `false` if there is none.
+    fn kill(&self, pid: Option<u32>, tag: Option<&str>) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = inner
+            .iter()
+            .find(|(p, r)| pid == Some(**p) || (tag.is_some() && r.tag.as_deref() == tag));
+        match found {
+            Some((_, r)) => {
+                r.kill.send_replace(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Kills every command (the sandbox is being killed).
+    pub fn kill_all(&self) {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        for r in inner.values() {
+            r.kill.send_replace(true);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+    tag: Option<String>,
+    #[serde(default)]
+    stdin: bool,
+}
+
+#[derive(Deserialize, Default)]
+struct Selector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SignalRequest {
+    #[serde(default)]
+    process: Selector,
+}
+
+/// `POST /process.Process/{method}`.
+pub async fn rpc(
+    State(app): State<AppState>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let sandbox = match super::sandbox(&app, &headers) {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
+    let bytes = match crate::body::read(&headers, body, app.limits.json_body).await {
+        Ok(b) => b,
+        Err(e) => return crate::error::ApiError::from(e).into_response(),
+    };
+    match method.as_str() {
+        "Start" => start(sandbox, &headers, &bytes).await,
+        "List" => Json(json!({"processes": sandbox.processes.list()})).into_response(),
+        "SendSignal" => signal(&sandbox, &bytes).into_response(),
+        "Connect" => stream_error(&ConnectError::new(
+            Code::Unimplemented,
+            "process.Process/Connect is not supported yet by sandkeeperd",
+        )),
+        other => ConnectError::new(
+            Code::Unimplemented,
+            format!(
+                "process.Process/{} is not supported yet by sandkeeperd",
+                crate::error::shown(other)
+            ),
+        )
+        .into_response(),
+    }
+}
+
+fn signal(sandbox: &Sandbox, bytes: &[u8]) -> Result<Json<Value>, ConnectError> {
+    let request: SignalRequest = connect::decode(bytes)?;
+    if sandbox
+        .processes
+        .kill(request.process.pid, request.process.tag.as_deref())
+    {
+        Ok(Json(json!({})))
+    } else {
+        Err(ConnectError::new(Code::NotFound, "no such process"))
+    }
+}
+
+/// A stream that is only its end, with an error (a stream's errors go in its end, with 200).
+fn stream_error(e: &ConnectError) -> Response {
+    stream_response(Body::from(connect::end_stream(Some(e))))
+}
+
+fn stream_response(body: Body) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, connect::STREAM_JSON)],
+        body,
+    )
+        .into_response()
+}
+
+async fn start(sandbox: Arc<Sandbox>, headers: &HeaderMap, bytes: &[u8]) -> Response {
+    let request: StartRequest = match connect::single_message(bytes) {
+        Ok(r) => r,
+        Err(e) => return stream_error(&e),
+    };
+    let prepared = prepare(&sandbox, request, headers);
+    let (argv, options, config, tag) = match prepared {
+        Ok(p) => p,
+        Err(e) => return stream_error(&e),
+    };
+    let lease = match super::lease(&sandbox).await {
+        Ok(l) => l,
+        Err(e) => return stream_error(&e),
+    };
+    let pid = sandbox.next_pid();
+    let killed = match sandbox.processes.add(pid, config, tag) {
+        Ok(k) => k,
+        Err(e) => return stream_error(&e),
+    };
+    let keepalive = header_u64(headers, "keepalive-ping-interval")
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let _ = tx
+            .send(connect::message(&json!({"event": {"start": {"pid": pid}}})))
+            .await;
+        let end = run(&lease, argv, options, &tx, killed, keepalive).await;
+        sandbox.processes.remove(pid);
+        drop(lease);
+        let (event, error) = match end {
+            Ok(event) => (Some(event), None),
+            Err(e) => (None, Some(e)),
+        };
+        if let Some(event) = event {
+            let _ = tx
+                .send(connect::message(&json!({"event": {"end": event}})))
+                .await;
+        }
+        let _ = tx.send(connect::end_stream(error.as_ref())).await;
+    });
+    stream_response(Body::from_stream(
+        ReceiverStream::new(rx).map(Ok::<_, Infallible>),
+    ))
+}
+
+type Prepared = (Vec<String>, ExecOptions, Value, Option<String>);
+
+/// The command's argv and options from the request (checked), and its config for `List`.
+fn prepare(
+    sandbox: &Sandbox,
+    request: StartRequest,
+    headers: &HeaderMap,
+) -> Result<Prepared, ConnectError> {
+    if request.pty.is_some() {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "a PTY is not supported yet by sandkeeperd",
+        ));
+    }
+    if request.stdin {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "stdin to a command is not supported yet by sandkeeperd",
+        ));
+    }
+    let p = request.process;
+    let config = json!({"cmd": p.cmd, "args": p.args, "envs": p.envs, "cwd": p.cwd});
+    let mut env = sandbox.env.clone();
+    env.extend(p.envs);
+    let cwd = match &p.cwd {
+        Some(cwd) => crate::paths::to_work(cwd)?,
+        None => sandkeeper_tokio::WorkPath::root(),
+    };
+    let timeout = header_u64(headers, "connect-timeout-ms")
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis);
+    let options = ExecOptions {
+        cwd,
+        env,
+        stdin: Vec::new(),
+        timeout,
+        output_cap: KEPT_OUTPUT,
+    };
+    let mut argv = vec![p.cmd];
+    argv.extend(p.args);
+    Ok((argv, options, config, request.tag))
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// Runs the command, sending its output as it comes; answers its `end` event, or the error
+/// that ends the stream.
+async fn run(
+    lease: &Lease,
+    argv: Vec<String>,
+    options: ExecOptions,
+    tx: &mpsc::Sender<Bytes>,
+    mut killed: watch::Receiver<bool>,
+    keepalive: Option<Duration>,
+) -> Result<Value, ConnectError> {
+    let work = lease.work();
+    let (chunks_tx, mut chunks) = mpsc::channel::<Chunk>(16);
+    let exec = work.exec_streaming(argv, options, chunks_tx);
+    tokio::pin!(exec);
+    let mut ticks = keepalive.map(tokio::time::interval);
+    loop {
+        tokio::select! {
+            Some(chunk) = chunks.recv() => send_chunk(tx, chunk).await,
+            done = &mut exec => {
+                while let Some(chunk) = chunks.recv().await {
+                    send_chunk(tx, chunk).await;
+                }
+                return end_event(done);
+            }
+            true = async { killed.wait_for(|k| *k).await.is_ok() } => {
+                // Dropping the exec kills the command with everything it started.
+                return Ok(json!({"exitCode": -1, "exited": false, "status": "signal: killed"}));
+            }
+            _ = async { match ticks.as_mut() { Some(t) => t.tick().await, None => std::future::pending().await } } => {
+                let _ = tx.send(connect::message(&json!({"event": {"keepalive": {}}}))).await;
+            }
+        }
+    }
+}
+
+async fn send_chunk(tx: &mpsc::Sender<Bytes>, chunk: Chunk) {
+    let (stream, bytes) = match chunk {
+        Chunk::Stdout(b) => ("stdout", b),
+        Chunk::Stderr(b) => ("stderr", b),
+    };
+    let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+    // A client gone away stops nothing: the command runs to its end, as envd's do.
+    let _ = tx
+        .send(connect::message(
+            &json!({"event": {"data": {stream: data}}}),
+        ))
+        .await;
+}
+
+fn end_event(done: Result<ExecOutput, OpError>) -> Result<Value, ConnectError> {
+    match done {
+        Ok(out) => Ok(match out.code {
+            Some(code) => {
+                json!({"exitCode": code, "exited": true, "status": format!("exit status {code}")})
+            }
+            None => json!({"exitCode": -1, "exited": false, "status": "signal: killed"}),
+        }),
+        Err(e) => Err(super::op_error(e)),
+    }
+}
