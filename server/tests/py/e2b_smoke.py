@@ -1,0 +1,132 @@
+"""The official `e2b` SDK, unmodified, against sandkeeperd.
+
+Run by server/tests/e2b_sdk.rs with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set (team A),
+and OTHER_TEAM_KEY (team B). Prints one `ok <step>` line per step; any failure raises, so the
+exit code is non-zero and the traceback says which step.
+"""
+
+import importlib.metadata
+import os
+import sys
+
+import e2b
+from e2b import Sandbox
+from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
+
+
+def step(name):
+    print(f"ok {name}", flush=True)
+
+
+def main():
+    print(f"e2b {importlib.metadata.version('e2b')}", flush=True)
+    sbx = Sandbox.create(timeout=120, metadata={"purpose": "smoke"}, envs={"GREETING": "hi"})
+    step(f"create {sbx.sandbox_id}")
+
+    r = sbx.commands.run("echo hello")
+    assert r.stdout == "hello\n", repr(r.stdout)
+    assert r.exit_code == 0, r.exit_code
+    step("run echo")
+
+    r = sbx.commands.run("echo $GREETING")
+    assert r.stdout == "hi\n", repr(r.stdout)
+    step("create envVars reach commands")
+
+    seen = []
+    r = sbx.commands.run("for i in 1 2 3; do echo line$i; done; echo oops >&2", on_stdout=seen.append)
+    assert "".join(seen) == "line1\nline2\nline3\n", repr(seen)
+    assert r.stderr == "oops\n", repr(r.stderr)
+    step("streamed on_stdout")
+
+    try:
+        sbx.commands.run("exit 3")
+        raise AssertionError("exit 3 did not raise")
+    except e2b.CommandExitException as e:
+        assert e.exit_code == 3, e.exit_code
+    step("exit code 3 raises CommandExitException")
+
+    info = sbx.files.write("/home/user/notes/a.txt", "hello file")
+    assert info.path == "/home/user/notes/a.txt", info
+    assert sbx.files.read("/home/user/notes/a.txt") == "hello file"
+    step("files.write/read")
+
+    names = sorted(e.name for e in sbx.files.list("/home/user/notes"))
+    assert names == ["a.txt"], names
+    step("files.list")
+
+    assert sbx.files.exists("/home/user/notes/a.txt")
+    assert not sbx.files.exists("/home/user/nope")
+    assert sbx.files.make_dir("/home/user/d1/d2") is True
+    assert sbx.files.make_dir("/home/user/d1/d2") is False
+    sbx.files.rename("/home/user/notes/a.txt", "/home/user/d1/b.txt")
+    assert sbx.files.read("/home/user/d1/b.txt") == "hello file"
+    sbx.files.remove("/home/user/d1/b.txt")
+    assert not sbx.files.exists("/home/user/d1/b.txt")
+    step("files.exists/make_dir/rename/remove")
+
+    r = sbx.commands.run("cat notes/../d1/../notes/a.txt 2>/dev/null; ls")
+    assert "d1" in r.stdout, r.stdout
+    step("commands see the files")
+
+    try:
+        sbx.files.read("/home/user/missing.txt")
+        raise AssertionError("reading a missing file did not raise")
+    except e2b.FileNotFoundException:
+        pass
+    step("missing file raises FileNotFoundException")
+
+    assert sbx.is_running()
+    assert sbx.get_info().sandbox_id == sbx.sandbox_id
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert sbx.sandbox_id in listed, listed
+    sbx.set_timeout(60)
+    step("is_running/get_info/list/set_timeout")
+
+    other = os.environ["OTHER_TEAM_KEY"]
+    try:
+        Sandbox.connect(sbx.sandbox_id, api_key=other)
+        raise AssertionError("another team connected")
+    except NotFoundException:
+        pass
+    try:
+        Sandbox.get_info(sbx.sandbox_id, api_key=other)
+        raise AssertionError("another team saw the sandbox")
+    except NotFoundException:
+        pass
+    assert Sandbox.kill(sbx.sandbox_id, api_key=other) is False
+    assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list(api_key=other).next_items()]
+    step("another team: NotFound")
+
+    try:
+        Sandbox.create(api_key="not-a-key")
+        raise AssertionError("a bad key created a sandbox")
+    except AuthenticationException:
+        pass
+    step("bad key: AuthenticationException")
+
+    same = Sandbox.connect(sbx.sandbox_id)
+    assert same.files.exists("/home/user/d1/d2")
+    assert same.commands.run("echo again").stdout == "again\n"
+    step("connect to the running sandbox")
+
+    assert sbx.kill() is True
+    assert not sbx.is_running()
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    try:
+        sbx.commands.run("echo after")
+        raise AssertionError("a killed sandbox ran a command")
+    except SandboxException:
+        pass
+    step("kill")
+    print("all steps passed", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - the test reads the exit code and this line
+        import traceback
+
+        traceback.print_exc()
+        print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)
