@@ -144,6 +144,10 @@ impl Server {
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let local = LocalConfig {
             run_timeout: config.run_timeout,
+            // Nothing is paused or resumed yet: a killed sandbox's workspace goes with it
+            // (with snapshots, Stop would keep every killed workspace until its key's next
+            // start, which never comes for a sandbox id).
+            snapshots: false,
             ..LocalConfig::new(&config.root)
         };
         let backend = LocalBackend::new(local).map_err(|error| ServerError::Backend {

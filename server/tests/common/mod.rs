@@ -15,7 +15,7 @@ pub struct Server {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
-    _root: tempfile::TempDir,
+    root: tempfile::TempDir,
 }
 
 impl Server {
@@ -41,11 +41,12 @@ impl Server {
             .strip_prefix("sandkeeperd listening on ")
             .unwrap_or_else(|| panic!("sandkeeperd did not start: {line:?}"))
             .to_string();
-        Server {
-            child,
-            url,
-            _root: root,
-        }
+        Server { child, url, root }
+    }
+
+    /// The local backend's root.
+    pub fn root(&self) -> &std::path::Path {
+        self.root.path()
     }
 }
 

@@ -75,6 +75,18 @@ def main():
         pass
     step("missing file raises FileNotFoundException")
 
+    h = sbx.commands.run("sleep 30", background=True)
+    assert h.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(h.pid) is True
+    try:
+        h.wait()
+        raise AssertionError("a killed command ended well")
+    except e2b.CommandExitException:
+        pass
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(h.pid) is False
+    step("background command: list, kill")
+
     assert sbx.is_running()
     assert sbx.get_info().sandbox_id == sbx.sandbox_id
     listed = [s.sandbox_id for s in Sandbox.list().next_items()]
