@@ -10,7 +10,9 @@ import os
 import sys
 
 import e2b
-from e2b import Sandbox
+from datetime import datetime, timedelta
+
+from e2b import Sandbox, SandboxQuery
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 
 
@@ -93,6 +95,26 @@ def main():
     assert sbx.sandbox_id in listed, listed
     sbx.set_timeout(60)
     step("is_running/get_info/list/set_timeout")
+
+    second = Sandbox.create(metadata={"purpose": "second"})
+    mine = Sandbox.list(query=SandboxQuery(metadata={"purpose": "smoke"})).next_items()
+    assert [s.sandbox_id for s in mine] == [sbx.sandbox_id], mine
+    pages = Sandbox.list(limit=1)
+    ids = [s.sandbox_id for s in pages.next_items()]
+    assert pages.has_next
+    ids += [s.sandbox_id for s in pages.next_items()]
+    assert sorted(ids) == sorted([sbx.sandbox_id, second.sandbox_id]), ids
+    later = Sandbox.list(query=SandboxQuery(started_after=datetime.now() + timedelta(hours=1))).next_items()
+    assert later == [], later
+    assert second.kill() is True
+    step("list: metadata filter, pages, startedAfter")
+
+    try:
+        sbx.commands.run("sleep 5", timeout=1)
+        raise AssertionError("a command outlived its timeout")
+    except e2b.TimeoutException:
+        pass
+    step("command timeout: TimeoutException")
 
     other = os.environ["OTHER_TEAM_KEY"]
     try:
