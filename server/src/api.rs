@@ -64,12 +64,16 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let team = app.keys.team(&headers)?;
     let body: CreateBody = crate::body::json(&headers, body, app.limits.json_body).await?;
-    let new = check_create(body, app.limits.max_timeout)?;
+    let new = check_create(&team, body, app.limits.max_timeout)?;
     let sandbox = app.registry.create(team, new).await?;
     Ok((StatusCode::CREATED, Json(sandbox_json(&sandbox))).into_response())
 }
 
-fn check_create(body: CreateBody, max_timeout: Duration) -> Result<NewSandbox, ApiError> {
+fn check_create(
+    team: &Team,
+    body: CreateBody,
+    max_timeout: Duration,
+) -> Result<NewSandbox, ApiError> {
     if body.auto_pause == Some(true) {
         return Err(ApiError::bad_request(
             "autoPause (pause on timeout) is not supported yet by sandkeeperd",
@@ -116,10 +120,7 @@ fn check_create(body: CreateBody, max_timeout: Duration) -> Result<NewSandbox, A
     let env = check_env(body.env_vars.unwrap_or_default())?;
     let session = match metadata.get(SESSION_KEY) {
         None => None,
-        Some(name) => Some(
-            SessionId::new(name)
-                .map_err(|e| ApiError::bad_request(format!("metadata {SESSION_KEY}: {e}")))?,
-        ),
+        Some(name) => Some(team_session(team, name)?),
     };
     Ok(NewSandbox {
         template,
@@ -128,6 +129,16 @@ fn check_create(body: CreateBody, max_timeout: Duration) -> Result<NewSandbox, A
         env,
         session,
     })
+}
+
+/// The keeper session a team's sandbox names: `<team>.<name>` (team names have no `.`), so
+/// two teams naming the same session never share a sandbox.
+fn team_session(team: &Team, name: &str) -> Result<SessionId, ApiError> {
+    let bad = |why: String| ApiError::bad_request(format!("metadata {SESSION_KEY}: {why}"));
+    if name.is_empty() {
+        return Err(bad("empty".into()));
+    }
+    SessionId::new(format!("{team}.{name}")).map_err(|e| bad(e.to_string()))
 }
 
 /// A timeout in seconds: 1 up to the server's most.

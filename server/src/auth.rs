@@ -13,7 +13,8 @@ use crate::error::ApiError;
 /// The most bytes of a team name.
 pub const MAX_TEAM_LEN: usize = 64;
 
-/// A team: the owner of sandboxes. `[A-Za-z0-9_.-]{1,64}`, checked by [`Team::new`].
+/// A team: the owner of sandboxes. `[A-Za-z0-9_-]{1,64}` (no `.`: a team's keeper sessions are
+/// `<team>.<session>`, unambiguous so), checked by [`Team::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Team(String);
 
@@ -24,7 +25,7 @@ impl Team {
             && name.len() <= MAX_TEAM_LEN
             && name
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
         if ok {
             Ok(Team(name.to_string()))
         } else {
@@ -48,7 +49,7 @@ impl fmt::Display for Team {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// A team name that is not `[A-Za-z0-9_.-]{1,64}`.
-    #[error("invalid team name {0:?}: use 1 to 64 of [A-Za-z0-9_.-]")]
+    #[error("invalid team name {0:?}: use 1 to 64 of [A-Za-z0-9_-]")]
     BadTeam(String),
     /// A line of the key file that is not `<team> <sha256 hex>`.
     #[error("{file}:{line}: expected `<team> <sha256 of the key, 64 hex digits>`")]
@@ -175,6 +176,7 @@ mod tests {
         assert_eq!(keys.team(&headers).unwrap_err().status.as_u16(), 401);
         assert!(Team::new("a b").is_err());
         assert!(Team::new("").is_err());
+        assert!(Team::new("a.b").is_err());
         assert!(keys.add_flag("nocolon").is_err());
         assert!(keys.add_flag("t:").is_err());
     }

@@ -246,8 +246,9 @@ impl Registry {
         Some(sandbox)
     }
 
-    /// Kills `team`'s sandbox `id` (see the module docs). `false` when there is none.
-    pub async fn kill(&self, team: &Team, id: &str) -> bool {
+    /// Kills `team`'s sandbox `id` (see the module docs). `false` when there is none. The
+    /// kill runs on its own task: a caller that goes away does not stop it half-way.
+    pub async fn kill(self: &Arc<Self>, team: &Team, id: &str) -> bool {
         let taken = {
             let mut inner = lock(&self.inner);
             match inner.sandboxes.get(id) {
@@ -255,13 +256,15 @@ impl Registry {
                 _ => None,
             }
         };
-        match taken {
-            Some(sandbox) => {
-                self.finish(sandbox).await;
-                true
-            }
-            None => false,
+        let Some(sandbox) = taken else {
+            return false;
+        };
+        let registry = self.clone();
+        let killed = tokio::spawn(async move { registry.finish(sandbox).await });
+        if let Err(e) = killed.await {
+            tracing::error!(error = %e, "a kill's task failed");
         }
+        true
     }
 
     /// Kills every sandbox (at shutdown).

@@ -179,3 +179,53 @@ async fn the_timeout_kills_the_sandbox() {
     }
     panic!("the sandbox outlived its 1 s timeout by 15 s");
 }
+
+#[tokio::test]
+async fn a_named_session_is_shared_within_a_team_and_never_across_teams() {
+    let s = Server::start(&[]);
+    let c = Client::new();
+    let make = |key: &'static str| {
+        c.post(format!("{}/v2/sandboxes", s.url))
+            .header("x-api-key", key)
+            .json(&json!({"metadata": {"sandkeeper.session": "s1"}}))
+            .send()
+    };
+    let sandbox = |r: Value| {
+        (
+            r["sandboxID"].as_str().unwrap().to_string(),
+            r["envdAccessToken"].as_str().unwrap().to_string(),
+        )
+    };
+    let a1 = sandbox(make(KEY_A).await.unwrap().json().await.unwrap());
+    let a2 = sandbox(make(KEY_A).await.unwrap().json().await.unwrap());
+    let b1 = sandbox(make(common::KEY_B).await.unwrap().json().await.unwrap());
+    let r = c
+        .post(format!("{}/files?path=/home/user/shared.txt", s.url))
+        .header("e2b-sandbox-id", &a1.0)
+        .header("x-access-token", &a1.1)
+        .header("content-type", "application/octet-stream")
+        .body("from a1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let read = |(id, token): &(String, String)| {
+        c.get(format!("{}/files?path=/home/user/shared.txt", s.url))
+            .header("e2b-sandbox-id", id)
+            .header("x-access-token", token)
+            .send()
+    };
+    let r = read(&a2).await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "team a's two sandboxes share session s1"
+    );
+    assert_eq!(r.text().await.unwrap(), "from a1");
+    let r = read(&b1).await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "team b's session s1 is its own"
+    );
+}
