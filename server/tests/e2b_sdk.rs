@@ -93,6 +93,7 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         "another team: NotFound",
         "bad key: AuthenticationException",
         "kill",
+        "async: create, streamed run, files, kill",
     ] {
         assert!(
             stdout.contains(&format!("ok {step}")),
