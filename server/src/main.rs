@@ -46,7 +46,7 @@ struct Args {
     /// Sandboxes one team may have at once.
     #[arg(long, default_value_t = 20)]
     sandboxes_per_team: usize,
-    /// The longest a command may run when its request gives no timeout, in seconds.
+    /// The longest a command may run, in seconds (a request's timeout may shorten it).
     #[arg(long, default_value_t = 3600)]
     run_timeout_secs: u64,
 }
@@ -100,8 +100,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             download: args.max_download_bytes,
             max_timeout: Duration::from_secs(args.max_timeout_secs),
             sandboxes_per_team: args.sandboxes_per_team,
+            run_timeout: Duration::from_secs(args.run_timeout_secs),
         },
-        run_timeout: Duration::from_secs(args.run_timeout_secs),
     };
     let server = Server::bind(config).await?;
     println!("sandkeeperd listening on http://{}", server.addr()?);

@@ -30,6 +30,8 @@ pub struct Limits {
     pub max_timeout: Duration,
     /// Sandboxes one team may have at once.
     pub sandboxes_per_team: usize,
+    /// The longest a command may run (a request's `Connect-Timeout-Ms` may shorten it).
+    pub run_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -40,6 +42,7 @@ impl Default for Limits {
             download: 100 << 20,
             max_timeout: Duration::from_secs(24 * 3600),
             sandboxes_per_team: 20,
+            run_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -55,8 +58,6 @@ pub struct Config {
     pub keys: Keys,
     /// The bounds.
     pub limits: Limits,
-    /// The longest a command may run when its request gives no timeout.
-    pub run_timeout: Duration,
 }
 
 /// What every handler shares.
@@ -143,7 +144,7 @@ impl Server {
     /// Makes the keeper on the local backend and binds the listener.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let local = LocalConfig {
-            run_timeout: config.run_timeout,
+            run_timeout: config.limits.run_timeout,
             // Nothing is paused or resumed yet: a killed sandbox's workspace goes with it
             // (with snapshots, Stop would keep every killed workspace until its key's next
             // start, which never comes for a sandbox id).

@@ -153,7 +153,7 @@ pub async fn rpc(
         Err(e) => return crate::error::ApiError::from(e).into_response(),
     };
     match method.as_str() {
-        "Start" => start(sandbox, &headers, &bytes).await,
+        "Start" => start(sandbox, &headers, &bytes, app.limits.run_timeout).await,
         "List" => Json(json!({"processes": sandbox.processes.list()})).into_response(),
         "SendSignal" => signal(&sandbox, &bytes).into_response(),
         "Connect" => stream_error(&ConnectError::new(
@@ -197,12 +197,17 @@ fn stream_response(body: Body) -> Response {
         .into_response()
 }
 
-async fn start(sandbox: Arc<Sandbox>, headers: &HeaderMap, bytes: &[u8]) -> Response {
+async fn start(
+    sandbox: Arc<Sandbox>,
+    headers: &HeaderMap,
+    bytes: &[u8],
+    run_timeout: Duration,
+) -> Response {
     let request: StartRequest = match connect::single_message(bytes) {
         Ok(r) => r,
         Err(e) => return stream_error(&e),
     };
-    let prepared = prepare(&sandbox, request, headers);
+    let prepared = prepare(&sandbox, request, headers, run_timeout);
     let (argv, options, config, tag) = match prepared {
         Ok(p) => p,
         Err(e) => return stream_error(&e),
@@ -216,9 +221,10 @@ async fn start(sandbox: Arc<Sandbox>, headers: &HeaderMap, bytes: &[u8]) -> Resp
         Ok(k) => k,
         Err(e) => return stream_error(&e),
     };
+    // Between 1 s and 10 min (the SDKs ask for 50 s).
     let keepalive = header_u64(headers, "keepalive-ping-interval")
         .filter(|s| *s > 0)
-        .map(Duration::from_secs);
+        .map(|s| Duration::from_secs(s.min(600)));
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         let _ = tx
@@ -250,6 +256,7 @@ fn prepare(
     sandbox: &Sandbox,
     request: StartRequest,
     headers: &HeaderMap,
+    run_timeout: Duration,
 ) -> Result<Prepared, ConnectError> {
     if request.pty.is_some() {
         return Err(ConnectError::new(
@@ -271,14 +278,16 @@ fn prepare(
         Some(cwd) => crate::paths::to_work(cwd)?,
         None => sandkeeper_tokio::WorkPath::root(),
     };
+    // A request's timeout shortens the server's longest, never lengthens it.
     let timeout = header_u64(headers, "connect-timeout-ms")
         .filter(|ms| *ms > 0)
-        .map(Duration::from_millis);
+        .map(Duration::from_millis)
+        .map_or(run_timeout, |t| t.min(run_timeout));
     let options = ExecOptions {
         cwd,
         env,
         stdin: Vec::new(),
-        timeout,
+        timeout: Some(timeout),
         output_cap: KEPT_OUTPUT,
     };
     let mut argv = vec![p.cmd];
