@@ -182,8 +182,9 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves; then stops taking requests, kills every sandbox
-    /// (draining each) and closes the keeper.
+    /// Serves until `shutdown` resolves; then kills every sandbox (draining each, which also
+    /// ends their commands' streams, so no open stream holds the end up), stops taking
+    /// requests, kills what was created meanwhile and closes the keeper.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -193,6 +194,11 @@ impl Server {
             error,
         })?;
         let registry = self.state.registry.clone();
+        let ending = registry.clone();
+        let shutdown = async move {
+            shutdown.await;
+            ending.kill_all().await;
+        };
         let served = axum::serve(self.listener, router(self.state))
             .with_graceful_shutdown(shutdown)
             .await;

@@ -229,3 +229,39 @@ async fn a_named_session_is_shared_within_a_team_and_never_across_teams() {
         "team b's session s1 is its own"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_kills_every_sandbox_and_ends_open_streams() {
+    let mut s = Server::start(&[]);
+    let c = Client::new();
+    let (id, token) = create(&c, &s, 600).await;
+    let start =
+        json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo started; sleep 600"]}});
+    let mut stream = c
+        .post(format!("{}/process.Process/Start", s.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .header("content-type", "application/connect+json")
+        .body(envelope(&start))
+        .send()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("c3RhcnRlZA") {
+        let chunk = stream
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the stream ended before the output");
+        got.extend_from_slice(&chunk);
+    }
+    let status = tokio::task::block_in_place(|| s.terminate(20));
+    let status =
+        status.expect("sandkeeperd still ran 20 s after SIGTERM (an open stream held it?)");
+    assert!(status.success(), "{status}");
+    while let Ok(Some(chunk)) = stream.chunk().await {
+        got.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&got).contains("signal: killed"));
+    nothing_left_on_disk(&s).await;
+}

@@ -44,6 +44,21 @@ impl Server {
         Server { child, url, root }
     }
 
+    /// Sends SIGTERM and waits, up to `secs` seconds, for the exit: its status, or `None`.
+    pub fn terminate(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        // A bounded poll of a real process's exit: every 50 ms up to `secs`.
+        for _ in 0..secs * 20 {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
     /// The local backend's root.
     pub fn root(&self) -> &std::path::Path {
         self.root.path()
