@@ -365,3 +365,56 @@ async fn unsupported_and_unknown_are_answered_plainly() {
     // And the slot is free again.
     create(&c, &s, KEY_A).await;
 }
+
+#[tokio::test]
+async fn a_client_killed_mid_upload_writes_nothing_and_the_sandbox_goes_on() {
+    use tokio::io::AsyncWriteExt;
+    let s = Server::start(&[]);
+    let c = Client::new();
+    let (id, token) = create(&c, &s, KEY_A).await;
+    let addr = s.url.strip_prefix("http://").unwrap();
+    for content_type in [
+        "application/octet-stream",
+        "multipart/form-data; boundary=XyZ",
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /files?path=/home/user/partial.bin HTTP/1.1\r\nhost: {addr}\r\ne2b-sandbox-id: {id}\r\n\
+             x-access-token: {token}\r\ncontent-type: {content_type}\r\ncontent-length: 1048576\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut part = b"--XyZ\r\ncontent-disposition: form-data; name=\"file\"; filename=\"partial.bin\"\r\n\r\n".to_vec();
+        part.resize(64 * 1024, b'p');
+        tcp.write_all(&part).await.unwrap();
+        drop(tcp); // the client dies a sixteenth of the way in
+    }
+    // The server read the dead connections to their end (or will): nothing was written, and
+    // the sandbox goes on taking work.
+    let r = c
+        .post(format!("{}/files?path=/home/user/after.txt", s.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .header("content-type", "application/octet-stream")
+        .body("after")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let list = envd(&c, &s, "/filesystem.Filesystem/ListDir", &id, &token)
+        .json(&json!({"path": "/home/user"}))
+        .send()
+        .await
+        .unwrap();
+    let (_, v) = body(list).await;
+    let names: Vec<_> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"after.txt".to_string()), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("partial")),
+        "a dead client's upload was written: {names:?}"
+    );
+}
