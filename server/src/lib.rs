@@ -9,6 +9,7 @@
 //! - [`auth`]: API keys (kept hashed) and teams.
 //! - [`api`]: the REST API; [`registry`]: the sandbox table and lifecycle.
 //! - [`envd`]: health, processes, filesystem, `/files`; [`connect`]: Connect's framing.
+//! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
 //!   paths to workspace paths; [`clock`]: the wall clock.
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ pub mod clock;
 pub mod connect;
 pub mod envd;
 pub mod error;
+pub mod metrics;
 pub mod paths;
 pub mod registry;
 pub mod server;

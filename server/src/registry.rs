@@ -23,6 +23,7 @@ use crate::auth::Team;
 use crate::clock;
 use crate::envd::process::Processes;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 /// The guard of a sandbox's keeper call.
 pub type Guard = CallGuard<LocalBackend>;
@@ -135,6 +136,7 @@ pub struct Registry {
     keeper: Keeper<LocalBackend>,
     limits: Limits,
     inner: Mutex<Inner>,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -152,6 +154,7 @@ impl Registry {
             keeper,
             limits,
             inner: Mutex::default(),
+            metrics: Arc::default(),
         })
     }
 
@@ -160,10 +163,32 @@ impl Registry {
         &self.keeper
     }
 
+    /// The server's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Creates a sandbox for `team`: acquires its keeper call and starts its timer. Nothing
     /// changes when it fails. Errors: 429 past the team's limit, 503 when the keeper refused or
     /// could not start the sandbox.
     pub async fn create(
+        self: &Arc<Self>,
+        team: Team,
+        new: NewSandbox,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let began = Instant::now();
+        let created = self.create_now(team, new).await;
+        let outcome = match &created {
+            Ok(_) => "ok",
+            Err(e) if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => "limit",
+            Err(_) => "keeper",
+        };
+        Metrics::count(&self.metrics.creates, outcome);
+        Metrics::time(&self.metrics.create_seconds, outcome, began.elapsed());
+        created
+    }
+
+    async fn create_now(
         self: &Arc<Self>,
         team: Team,
         new: NewSandbox,
@@ -206,6 +231,7 @@ impl Registry {
         lock(&self.inner)
             .sandboxes
             .insert(id.clone(), sandbox.clone());
+        self.metrics.sandboxes.inc();
         tokio::spawn(self.clone().timer(id, expiry));
         tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, session = %sandbox.session, "created");
         Ok(sandbox)
@@ -260,7 +286,7 @@ impl Registry {
             return false;
         };
         let registry = self.clone();
-        let killed = tokio::spawn(async move { registry.finish(sandbox).await });
+        let killed = tokio::spawn(async move { registry.finish(sandbox, "api").await });
         if let Err(e) = killed.await {
             tracing::error!(error = %e, "a kill's task failed");
         }
@@ -275,18 +301,22 @@ impl Registry {
             .map(|(_, s)| s)
             .collect();
         for sandbox in all {
-            self.finish(sandbox).await;
+            self.finish(sandbox, "shutdown").await;
         }
     }
 
-    /// Ends a sandbox already out of the table.
-    async fn finish(&self, sandbox: Arc<Sandbox>) {
+    /// Ends a sandbox already out of the table (`reason`: for the metrics).
+    async fn finish(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
+        let began = Instant::now();
         sandbox.processes.kill_all();
         let guard = sandbox.guard.write().await.take();
         if let Some(guard) = guard {
             let released = guard.release().await;
             tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, ?released, "killed");
         }
+        self.metrics.sandboxes.dec();
+        Metrics::count(&self.metrics.kills, reason);
+        Metrics::time(&self.metrics.kill_seconds, reason, began.elapsed());
         let mut inner = lock(&self.inner);
         if let Some(n) = inner.per_team.get_mut(&sandbox.team) {
             *n = n.saturating_sub(1);
@@ -308,7 +338,7 @@ impl Registry {
         let taken = lock(&self.inner).sandboxes.remove(&id);
         if let Some(sandbox) = taken {
             tracing::info!(sandbox = %id, "timeout: killing");
-            self.finish(sandbox).await;
+            self.finish(sandbox, "timeout").await;
         }
     }
 

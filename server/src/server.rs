@@ -117,6 +117,7 @@ pub fn router(state: AppState) -> Router {
         .route("/volumes/{*rest}", any(api::unsupported))
         .route("/secrets", any(api::unsupported))
         .route("/secrets/{*rest}", any(api::unsupported))
+        .route("/metrics", get(crate::metrics::scrape))
         .route("/health", get(envd::health))
         .route("/process.Process/{method}", post(envd::process::rpc))
         .route(

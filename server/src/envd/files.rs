@@ -101,6 +101,24 @@ pub async fn download(
 
 /// `POST /files`: writes the uploaded files; answers what was written.
 pub async fn upload(
+    state: State<AppState>,
+    query: RawQuery,
+    request: Request,
+) -> Result<Json<Value>, FilesError> {
+    let metrics = state.registry.metrics().clone();
+    let uploaded = upload_now(state, query, request).await;
+    let outcome = match &uploaded {
+        Ok(_) => "ok",
+        Err(FilesError::Gone(_)) => "gone",
+        Err(FilesError::Api(e)) if e.status == StatusCode::PAYLOAD_TOO_LARGE => "too-large",
+        Err(FilesError::Api(e)) if e.status.is_client_error() => "refused",
+        Err(FilesError::Api(_)) => "error",
+    };
+    crate::metrics::Metrics::count(&metrics.uploads, outcome);
+    uploaded
+}
+
+async fn upload_now(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
     request: Request,

@@ -24,6 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::connect;
 use crate::error::{Code, ConnectError};
+use crate::metrics::Metrics;
 use crate::registry::{Lease, Sandbox};
 use crate::server::AppState;
 
@@ -153,7 +154,10 @@ pub async fn rpc(
         Err(e) => return crate::error::ApiError::from(e).into_response(),
     };
     match method.as_str() {
-        "Start" => start(sandbox, &headers, &bytes, app.limits.run_timeout).await,
+        "Start" => {
+            let metrics = app.registry.metrics().clone();
+            start(sandbox, &headers, &bytes, app.limits.run_timeout, metrics).await
+        }
         "List" => Json(json!({"processes": sandbox.processes.list()})).into_response(),
         "SendSignal" => signal(&sandbox, &bytes).into_response(),
         "Connect" => stream_error(&ConnectError::new(
@@ -202,6 +206,7 @@ async fn start(
     headers: &HeaderMap,
     bytes: &[u8],
     run_timeout: Duration,
+    metrics: Arc<Metrics>,
 ) -> Response {
     let request: StartRequest = match connect::single_message(bytes) {
         Ok(r) => r,
@@ -231,6 +236,13 @@ async fn start(
             .send(connect::message(&json!({"event": {"start": {"pid": pid}}})))
             .await;
         let end = run(&lease, argv, options, &tx, killed, keepalive).await;
+        let outcome = match &end {
+            Ok(event) if event["exited"] == true => "exited",
+            Ok(_) => "killed",
+            Err(e) if e.code == Code::DeadlineExceeded => "timeout",
+            Err(_) => "error",
+        };
+        Metrics::count(&metrics.commands, outcome);
         sandbox.processes.remove(pid);
         drop(lease);
         let (event, error) = match end {
