@@ -184,8 +184,9 @@ fn check_env(vars: BTreeMap<String, String>) -> Result<Vec<(String, String)>, Ap
     Ok(vars.into_iter().collect())
 }
 
-/// `GET /sandboxes`, `GET /v2/sandboxes`: the team's sandboxes, filtered by `state` and
-/// `metadata`, paged by `limit` and `nextToken` (the next page's token in `x-next-token`).
+/// `GET /sandboxes`, `GET /v2/sandboxes`: the team's sandboxes, newest first (`order=asc`:
+/// oldest first), filtered by `state`, `metadata`, `template` and `startedAfter`, paged by
+/// `limit` and `nextToken` (the next page's token in `x-next-token`).
 pub async fn list(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -237,7 +238,8 @@ impl ListQuery {
             metadata: Vec::new(),
             template: None,
             started_after: None,
-            descending: false,
+            // Newest first unless asked otherwise, as E2B's list.
+            descending: true,
             limit: 100,
             offset: 0,
         };

@@ -89,20 +89,26 @@ async fn list_dir(work: &Work<'_>, bytes: &[u8]) -> Result<Value, ConnectError> 
     let dir = paths::to_work(&request.path)?;
     let depth = request.depth.max(1);
     let mut entries = Vec::new();
-    let mut todo = vec![(dir, 1u32)];
-    while let Some((dir, level)) = todo.pop() {
-        for e in work.list(dir.as_str()).await.map_err(op_error)? {
-            let path = paths::join(&dir, &e.name)?;
-            if e.kind == EntryKind::Dir && level < depth {
-                todo.push((path.clone(), level + 1));
-            }
-            entries.push(entry_json(&path, &e));
-            if entries.len() > MAX_ENTRIES {
-                return Err(ConnectError::new(
-                    Code::ResourceExhausted,
-                    format!("more than {MAX_ENTRIES} entries"),
-                ));
-            }
+    // Depth first, each directory by name, an entry before what is in it (envd's walk order).
+    let first = work.list(dir.as_str()).await.map_err(op_error)?;
+    let mut stack = vec![(dir, 1u32, first.into_iter())];
+    while let Some((dir, level, listed)) = stack.last_mut() {
+        let Some(e) = listed.next() else {
+            stack.pop();
+            continue;
+        };
+        let path = paths::join(dir, &e.name)?;
+        entries.push(entry_json(&path, &e));
+        if entries.len() > MAX_ENTRIES {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!("more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        if e.kind == EntryKind::Dir && *level < depth {
+            let level = *level + 1;
+            let inner = work.list(path.as_str()).await.map_err(op_error)?;
+            stack.push((path, level, inner.into_iter()));
         }
     }
     Ok(json!({ "entries": entries }))
@@ -155,8 +161,11 @@ async fn move_rpc(work: &Work<'_>, bytes: &[u8]) -> Result<Value, ConnectError> 
 async fn remove(work: &Work<'_>, bytes: &[u8]) -> Result<Value, ConnectError> {
     let request: PathRequest = crate::connect::decode(bytes)?;
     let path = paths::to_work(&request.path)?;
-    work.remove(path.as_str()).await.map_err(op_error)?;
-    Ok(json!({}))
+    // As envd's: removing what is not there succeeds.
+    match work.remove(path.as_str()).await {
+        Ok(()) | Err(OpError::NotFound { .. }) => Ok(json!({})),
+        Err(e) => Err(op_error(e)),
+    }
 }
 
 /// The entry at `path`, or `None` when there is none (nor its directory).

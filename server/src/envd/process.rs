@@ -4,7 +4,6 @@
 //! workspace (the user's home), with the create's variables and the request's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -15,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use sandkeeper_tokio::{Chunk, ExecOptions, ExecOutput, OpError};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -44,7 +42,27 @@ pub struct Processes {
 struct Running {
     config: Value,
     tag: Option<String>,
-    kill: watch::Sender<bool>,
+    kill: watch::Sender<Option<Kill>>,
+}
+
+/// Why a command is killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kill {
+    /// `SendSignal`: its stream ends with its `end` event.
+    Signal,
+    /// Its sandbox is being killed: its stream breaks off, as E2B's do when a sandbox goes
+    /// (the SDKs then probe `/health` and report the sandbox gone).
+    Sandbox,
+}
+
+/// How a command's stream ends.
+enum Ended {
+    /// With this `end` event, then the end-of-stream envelope.
+    Event(Value),
+    /// With this error in the end-of-stream envelope.
+    Failed(ConnectError),
+    /// Broken off: the sandbox was killed.
+    SandboxKilled,
 }
 
 impl Processes {
@@ -53,7 +71,7 @@ impl Processes {
         pid: u32,
         config: Value,
         tag: Option<String>,
-    ) -> Result<watch::Receiver<bool>, ConnectError> {
+    ) -> Result<watch::Receiver<Option<Kill>>, ConnectError> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if inner.len() >= MAX_PROCESSES {
             return Err(ConnectError::new(
@@ -61,7 +79,7 @@ impl Processes {
                 format!("at most {MAX_PROCESSES} commands run at once"),
             ));
         }
-        let (kill, killed) = watch::channel(false);
+        let (kill, killed) = watch::channel(None);
         inner.insert(pid, Running { config, tag, kill });
         Ok(killed)
     }
@@ -91,7 +109,7 @@ impl Processes {
             .find(|(p, r)| pid == Some(**p) || (tag.is_some() && r.tag.as_deref() == tag));
         match found {
             Some((_, r)) => {
-                r.kill.send_replace(true);
+                r.kill.send_replace(Some(Kill::Signal));
                 true
             }
             None => false,
@@ -102,7 +120,7 @@ impl Processes {
     pub fn kill_all(&self) {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         for r in inner.values() {
-            r.kill.send_replace(true);
+            r.kill.send_replace(Some(Kill::Sandbox));
         }
     }
 }
@@ -230,36 +248,39 @@ async fn start(
     let keepalive = header_u64(headers, "keepalive-ping-interval")
         .filter(|s| *s > 0)
         .map(|s| Duration::from_secs(s.min(600)));
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let (tx, rx) = mpsc::channel::<Frame>(16);
     tokio::spawn(async move {
         let _ = tx
-            .send(connect::message(&json!({"event": {"start": {"pid": pid}}})))
+            .send(Ok(connect::message(
+                &json!({"event": {"start": {"pid": pid}}}),
+            )))
             .await;
-        let end = run(&lease, argv, options, &tx, killed, keepalive).await;
-        let outcome = match &end {
-            Ok(event) if event["exited"] == true => "exited",
-            Ok(_) => "killed",
-            Err(e) if e.code == Code::DeadlineExceeded => "timeout",
-            Err(_) => "error",
+        let ended = run(&lease, argv, options, &tx, killed, keepalive).await;
+        let outcome = match &ended {
+            Ended::Event(event) if event["exited"] == true => "exited",
+            Ended::Event(_) | Ended::SandboxKilled => "killed",
+            Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
+            Ended::Failed(_) => "error",
         };
         Metrics::count(&metrics.commands, outcome);
         sandbox.processes.remove(pid);
         drop(lease);
-        let (event, error) = match end {
-            Ok(event) => (Some(event), None),
-            Err(e) => (None, Some(e)),
+        let last = match ended {
+            Ended::Event(event) => {
+                let end = connect::message(&json!({"event": {"end": event}}));
+                let _ = tx.send(Ok(end)).await;
+                Ok(connect::end_stream(None))
+            }
+            Ended::Failed(e) => Ok(connect::end_stream(Some(&e))),
+            Ended::SandboxKilled => Err(std::io::Error::other("the sandbox was killed")),
         };
-        if let Some(event) = event {
-            let _ = tx
-                .send(connect::message(&json!({"event": {"end": event}})))
-                .await;
-        }
-        let _ = tx.send(connect::end_stream(error.as_ref())).await;
+        let _ = tx.send(last).await;
     });
-    stream_response(Body::from_stream(
-        ReceiverStream::new(rx).map(Ok::<_, Infallible>),
-    ))
+    stream_response(Body::from_stream(ReceiverStream::new(rx)))
 }
+
+/// A piece of a stream's body; an error breaks the response off.
+type Frame = Result<Bytes, std::io::Error>;
 
 type Prepared = (Vec<String>, ExecOptions, Value, Option<String>);
 
@@ -311,16 +332,15 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// Runs the command, sending its output as it comes; answers its `end` event, or the error
-/// that ends the stream.
+/// Runs the command, sending its output as it comes; answers how its stream ends.
 async fn run(
     lease: &Lease,
     argv: Vec<String>,
     options: ExecOptions,
-    tx: &mpsc::Sender<Bytes>,
-    mut killed: watch::Receiver<bool>,
+    tx: &mpsc::Sender<Frame>,
+    mut killed: watch::Receiver<Option<Kill>>,
     keepalive: Option<Duration>,
-) -> Result<Value, ConnectError> {
+) -> Ended {
     let work = lease.work();
     let (chunks_tx, mut chunks) = mpsc::channel::<Chunk>(16);
     let exec = work.exec_streaming(argv, options, chunks_tx);
@@ -335,39 +355,44 @@ async fn run(
                 }
                 return end_event(done);
             }
-            true = async { killed.wait_for(|k| *k).await.is_ok() } => {
+            Some(kill) = async { killed.wait_for(Option::is_some).await.ok().and_then(|k| *k) } => {
                 // Dropping the exec kills the command with everything it started.
-                return Ok(json!({"exitCode": -1, "exited": false, "status": "signal: killed"}));
+                return match kill {
+                    Kill::Signal => Ended::Event(killed_event()),
+                    Kill::Sandbox => Ended::SandboxKilled,
+                };
             }
             _ = async { match ticks.as_mut() { Some(t) => t.tick().await, None => std::future::pending().await } } => {
-                let _ = tx.send(connect::message(&json!({"event": {"keepalive": {}}}))).await;
+                let keepalive = connect::message(&json!({"event": {"keepalive": {}}}));
+                let _ = tx.send(Ok(keepalive)).await;
             }
         }
     }
 }
 
-async fn send_chunk(tx: &mpsc::Sender<Bytes>, chunk: Chunk) {
+async fn send_chunk(tx: &mpsc::Sender<Frame>, chunk: Chunk) {
     let (stream, bytes) = match chunk {
         Chunk::Stdout(b) => ("stdout", b),
         Chunk::Stderr(b) => ("stderr", b),
     };
     let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+    let frame = connect::message(&json!({"event": {"data": {stream: data}}}));
     // A client gone away stops nothing: the command runs to its end, as envd's do.
-    let _ = tx
-        .send(connect::message(
-            &json!({"event": {"data": {stream: data}}}),
-        ))
-        .await;
+    let _ = tx.send(Ok(frame)).await;
 }
 
-fn end_event(done: Result<ExecOutput, OpError>) -> Result<Value, ConnectError> {
+fn killed_event() -> Value {
+    json!({"exitCode": -1, "exited": false, "status": "signal: killed"})
+}
+
+fn end_event(done: Result<ExecOutput, OpError>) -> Ended {
     match done {
-        Ok(out) => Ok(match out.code {
+        Ok(out) => Ended::Event(match out.code {
             Some(code) => {
                 json!({"exitCode": code, "exited": true, "status": format!("exit status {code}")})
             }
-            None => json!({"exitCode": -1, "exited": false, "status": "signal: killed"}),
+            None => killed_event(),
         }),
-        Err(e) => Err(super::op_error(e)),
+        Err(e) => Ended::Failed(super::op_error(e)),
     }
 }

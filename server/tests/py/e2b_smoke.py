@@ -144,7 +144,13 @@ def main():
     assert same.commands.run("echo again").stdout == "again\n"
     step("connect to the running sandbox")
 
+    running = sbx.commands.run("sleep 60", background=True)
     assert sbx.kill() is True
+    try:
+        running.wait()
+        raise AssertionError("a command outlived its sandbox")
+    except e2b.TimeoutException as e:
+        assert "killed or reached its end of life" in str(e), str(e)
     assert not sbx.is_running()
     assert Sandbox.kill(sbx.sandbox_id) is False
     try:
