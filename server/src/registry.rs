@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::auth::Team;
 use crate::clock;
-use crate::envd::process::Processes;
+use crate::envd::processes::Processes;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 

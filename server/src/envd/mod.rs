@@ -10,6 +10,7 @@
 pub mod files;
 pub mod filesystem;
 pub mod process;
+pub mod processes;
 
 use std::sync::Arc;
 

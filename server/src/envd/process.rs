@@ -3,8 +3,8 @@
 //! ([`SandboxWork::exec_streaming`](sandkeeper_tokio::SandboxWork::exec_streaming)), in the
 //! workspace (the user's home), with the create's variables and the request's.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,43 +17,19 @@ use bytes::Bytes;
 use sandkeeper_tokio::{Chunk, ExecOptions, ExecOutput, OpError};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::processes::{Event, Kill};
 use crate::connect;
 use crate::error::{Code, ConnectError};
 use crate::metrics::Metrics;
 use crate::registry::{Lease, Sandbox};
 use crate::server::AppState;
 
-/// Commands one sandbox may run at once.
-pub const MAX_PROCESSES: usize = 64;
-
 /// The most bytes of stdout (and of stderr) a command keeps beside what it streams: the stream
 /// carries everything, so the kept copy is small.
 const KEPT_OUTPUT: usize = 64 * 1024;
-
-/// The running commands of one sandbox, by pid.
-#[derive(Default)]
-pub struct Processes {
-    inner: Mutex<HashMap<u32, Running>>,
-}
-
-struct Running {
-    config: Value,
-    tag: Option<String>,
-    kill: watch::Sender<Option<Kill>>,
-}
-
-/// Why a command is killed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kill {
-    /// `SendSignal`: its stream ends with its `end` event.
-    Signal,
-    /// Its sandbox is being killed: its stream breaks off, as E2B's do when a sandbox goes
-    /// (the SDKs then probe `/health` and report the sandbox gone).
-    Sandbox,
-}
 
 /// How a command's stream ends.
 enum Ended {
@@ -65,63 +41,18 @@ enum Ended {
     SandboxKilled,
 }
 
-impl Processes {
-    fn add(
-        &self,
-        pid: u32,
-        config: Value,
-        tag: Option<String>,
-    ) -> Result<watch::Receiver<Option<Kill>>, ConnectError> {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if inner.len() >= MAX_PROCESSES {
-            return Err(ConnectError::new(
-                Code::ResourceExhausted,
-                format!("at most {MAX_PROCESSES} commands run at once"),
-            ));
-        }
-        let (kill, killed) = watch::channel(None);
-        inner.insert(pid, Running { config, tag, kill });
-        Ok(killed)
-    }
+/// Where a command's stream goes: its `Start` response, and its followers (`Connect`).
+struct Out {
+    tx: mpsc::Sender<Frame>,
+    events: broadcast::Sender<Event>,
+}
 
-    fn remove(&self, pid: u32) {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&pid);
-    }
-
-    fn list(&self) -> Vec<Value> {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut all: Vec<_> = inner
-            .iter()
-            .map(|(pid, r)| json!({"pid": pid, "config": r.config, "tag": r.tag}))
-            .collect();
-        all.sort_by_key(|v| v["pid"].as_u64());
-        all
-    }
-
-    /// Kills the command `pid` (or tagged `tag`); `false` if there is none.
-    fn kill(&self, pid: Option<u32>, tag: Option<&str>) -> bool {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let found = inner
-            .iter()
-            .find(|(p, r)| pid == Some(**p) || (tag.is_some() && r.tag.as_deref() == tag));
-        match found {
-            Some((_, r)) => {
-                r.kill.send_replace(Some(Kill::Signal));
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Kills every command (the sandbox is being killed).
-    pub fn kill_all(&self) {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        for r in inner.values() {
-            r.kill.send_replace(Some(Kill::Sandbox));
-        }
+impl Out {
+    /// Sends a message envelope to both; a client gone away stops nothing (the command runs
+    /// to its end, as envd's do).
+    async fn send(&self, frame: Bytes) {
+        let _ = self.events.send(Event::Frame(frame.clone()));
+        let _ = self.tx.send(Ok(frame)).await;
     }
 }
 
@@ -178,10 +109,7 @@ pub async fn rpc(
         }
         "List" => Json(json!({"processes": sandbox.processes.list()})).into_response(),
         "SendSignal" => signal(&sandbox, &bytes).into_response(),
-        "Connect" => stream_error(&ConnectError::new(
-            Code::Unimplemented,
-            "process.Process/Connect is not supported yet by sandkeeperd",
-        )),
+        "Connect" => follow(&sandbox, &bytes),
         other => ConnectError::new(
             Code::Unimplemented,
             format!(
@@ -240,8 +168,8 @@ async fn start(
         Err(e) => return stream_error(&e),
     };
     let pid = sandbox.next_pid();
-    let killed = match sandbox.processes.add(pid, config, tag) {
-        Ok(k) => k,
+    let started = match sandbox.processes.add(pid, config, tag) {
+        Ok(s) => s,
         Err(e) => return stream_error(&e),
     };
     // Between 1 s and 10 min (the SDKs ask for 50 s).
@@ -249,13 +177,14 @@ async fn start(
         .filter(|s| *s > 0)
         .map(|s| Duration::from_secs(s.min(600)));
     let (tx, rx) = mpsc::channel::<Frame>(16);
+    let out = Out {
+        tx,
+        events: started.events,
+    };
     tokio::spawn(async move {
-        let _ = tx
-            .send(Ok(connect::message(
-                &json!({"event": {"start": {"pid": pid}}}),
-            )))
-            .await;
-        let ended = run(&lease, argv, options, &tx, killed, keepalive).await;
+        let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
+        let _ = out.tx.send(Ok(start)).await;
+        let ended = run(&lease, argv, options, &out, started.killed, keepalive).await;
         let outcome = match &ended {
             Ended::Event(event) if event["exited"] == true => "exited",
             Ended::Event(_) | Ended::SandboxKilled => "killed",
@@ -268,19 +197,65 @@ async fn start(
         let last = match ended {
             Ended::Event(event) => {
                 let end = connect::message(&json!({"event": {"end": event}}));
-                let _ = tx.send(Ok(end)).await;
+                let _ = out.events.send(Event::End(end.clone()));
+                let _ = out.tx.send(Ok(end)).await;
                 Ok(connect::end_stream(None))
             }
-            Ended::Failed(e) => Ok(connect::end_stream(Some(&e))),
-            Ended::SandboxKilled => Err(std::io::Error::other("the sandbox was killed")),
+            Ended::Failed(e) => {
+                let _ = out.events.send(Event::Failed(e.clone()));
+                Ok(connect::end_stream(Some(&e)))
+            }
+            Ended::SandboxKilled => Err(broken_off()),
         };
-        let _ = tx.send(last).await;
+        let _ = out.tx.send(last).await;
     });
     stream_response(Body::from_stream(ReceiverStream::new(rx)))
 }
 
 /// A piece of a stream's body; an error breaks the response off.
 type Frame = Result<Bytes, std::io::Error>;
+
+fn broken_off() -> std::io::Error {
+    std::io::Error::other("the sandbox was killed")
+}
+
+/// `Connect`: follows a running command's stream from now on (its `start` event first), to
+/// its end; broken off when its sandbox is killed; `not_found` for no such command.
+fn follow(sandbox: &Sandbox, bytes: &[u8]) -> Response {
+    let request: SignalRequest = match connect::single_message(bytes) {
+        Ok(r) => r,
+        Err(e) => return stream_error(&e),
+    };
+    let selector = request.process;
+    let Some((pid, mut events)) = sandbox
+        .processes
+        .follow(selector.pid, selector.tag.as_deref())
+    else {
+        return stream_error(&ConnectError::new(Code::NotFound, "no such process"));
+    };
+    let (tx, rx) = mpsc::channel::<Frame>(16);
+    tokio::spawn(async move {
+        let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
+        let _ = tx.send(Ok(start)).await;
+        let last = loop {
+            match events.recv().await {
+                Ok(Event::Frame(frame)) => {
+                    let _ = tx.send(Ok(frame)).await;
+                }
+                Ok(Event::End(end)) => {
+                    let _ = tx.send(Ok(end)).await;
+                    break Ok(connect::end_stream(None));
+                }
+                Ok(Event::Failed(e)) => break Ok(connect::end_stream(Some(&e))),
+                // Fell behind: what it missed is gone, the rest follows.
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => break Err(broken_off()),
+            }
+        };
+        let _ = tx.send(last).await;
+    });
+    stream_response(Body::from_stream(ReceiverStream::new(rx)))
+}
 
 type Prepared = (Vec<String>, ExecOptions, Value, Option<String>);
 
@@ -337,7 +312,7 @@ async fn run(
     lease: &Lease,
     argv: Vec<String>,
     options: ExecOptions,
-    tx: &mpsc::Sender<Frame>,
+    out: &Out,
     mut killed: watch::Receiver<Option<Kill>>,
     keepalive: Option<Duration>,
 ) -> Ended {
@@ -348,10 +323,10 @@ async fn run(
     let mut ticks = keepalive.map(tokio::time::interval);
     loop {
         tokio::select! {
-            Some(chunk) = chunks.recv() => send_chunk(tx, chunk).await,
+            Some(chunk) = chunks.recv() => send_chunk(out, chunk).await,
             done = &mut exec => {
                 while let Some(chunk) = chunks.recv().await {
-                    send_chunk(tx, chunk).await;
+                    send_chunk(out, chunk).await;
                 }
                 return end_event(done);
             }
@@ -363,22 +338,22 @@ async fn run(
                 };
             }
             _ = async { match ticks.as_mut() { Some(t) => t.tick().await, None => std::future::pending().await } } => {
-                let keepalive = connect::message(&json!({"event": {"keepalive": {}}}));
-                let _ = tx.send(Ok(keepalive)).await;
+                out.send(connect::message(&json!({"event": {"keepalive": {}}}))).await;
             }
         }
     }
 }
 
-async fn send_chunk(tx: &mpsc::Sender<Frame>, chunk: Chunk) {
+async fn send_chunk(out: &Out, chunk: Chunk) {
     let (stream, bytes) = match chunk {
         Chunk::Stdout(b) => ("stdout", b),
         Chunk::Stderr(b) => ("stderr", b),
     };
     let data = base64::engine::general_purpose::STANDARD.encode(bytes);
-    let frame = connect::message(&json!({"event": {"data": {stream: data}}}));
-    // A client gone away stops nothing: the command runs to its end, as envd's do.
-    let _ = tx.send(Ok(frame)).await;
+    out.send(connect::message(
+        &json!({"event": {"data": {stream: data}}}),
+    ))
+    .await;
 }
 
 fn killed_event() -> Value {

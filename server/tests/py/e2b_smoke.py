@@ -90,6 +90,20 @@ def main():
     assert sbx.commands.kill(h.pid) is False
     step("background command: list, kill")
 
+    # Connect follows a running command from now on: this one prints only once the file
+    # `go` exists, which is written after the connect, so nothing is missed whatever the timing.
+    waiting = sbx.commands.run("while [ ! -e go ]; do sleep 0.05; done; echo late", background=True)
+    followed = sbx.commands.connect(waiting.pid)
+    assert followed.pid == waiting.pid
+    sbx.files.write("go", "")
+    assert followed.wait().stdout == "late\n"
+    try:
+        sbx.commands.connect(999999)
+        raise AssertionError("connected to no command")
+    except NotFoundException:
+        pass
+    step("connect to a running command")
+
     assert sbx.is_running()
     assert sbx.get_info().sandbox_id == sbx.sandbox_id
     listed = [s.sandbox_id for s in Sandbox.list().next_items()]
