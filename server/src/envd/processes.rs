@@ -19,7 +19,15 @@ const EVENTS: usize = 256;
 /// The running commands of one sandbox, by pid (the server's number, from 1).
 #[derive(Default)]
 pub struct Processes {
-    inner: Mutex<HashMap<u32, Running>>,
+    inner: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    running: HashMap<u32, Running>,
+    /// Set by [`Processes::kill_all`]: no command starts after it (a kill waits for every
+    /// command, so one started then would hold the kill up).
+    closed: bool,
 }
 
 struct Running {
@@ -60,11 +68,12 @@ pub struct Started {
 }
 
 impl Processes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Running>> {
+    fn lock(&self) -> MutexGuard<'_, Table> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds command `pid`, or `resource_exhausted` at [`MAX_PROCESSES`].
+    /// Adds command `pid`; `resource_exhausted` at [`MAX_PROCESSES`], `unavailable` once the
+    /// sandbox is being killed.
     pub fn add(
         &self,
         pid: u32,
@@ -72,7 +81,13 @@ impl Processes {
         tag: Option<String>,
     ) -> Result<Started, ConnectError> {
         let mut inner = self.lock();
-        if inner.len() >= MAX_PROCESSES {
+        if inner.closed {
+            return Err(ConnectError::new(
+                Code::Unavailable,
+                "The sandbox was not found",
+            ));
+        }
+        if inner.running.len() >= MAX_PROCESSES {
             return Err(ConnectError::new(
                 Code::ResourceExhausted,
                 format!("at most {MAX_PROCESSES} commands run at once"),
@@ -86,19 +101,20 @@ impl Processes {
             kill,
             events: events.clone(),
         };
-        inner.insert(pid, running);
+        inner.running.insert(pid, running);
         Ok(Started { killed, events })
     }
 
     /// Removes command `pid` (it ended).
     pub fn remove(&self, pid: u32) {
-        self.lock().remove(&pid);
+        self.lock().running.remove(&pid);
     }
 
     /// The commands as `List` shows them, by pid.
     pub fn list(&self) -> Vec<Value> {
         let mut all: Vec<_> = self
             .lock()
+            .running
             .iter()
             .map(|(pid, r)| json!({"pid": pid, "config": r.config, "tag": r.tag}))
             .collect();
@@ -109,7 +125,7 @@ impl Processes {
     /// Kills the command `pid` (or tagged `tag`); `false` if there is none.
     pub fn kill(&self, pid: Option<u32>, tag: Option<&str>) -> bool {
         let inner = self.lock();
-        match find(&inner, pid, tag) {
+        match find(&inner.running, pid, tag) {
             Some((_, r)) => {
                 r.kill.send_replace(Some(Kill::Signal));
                 true
@@ -125,12 +141,14 @@ impl Processes {
         tag: Option<&str>,
     ) -> Option<(u32, broadcast::Receiver<Event>)> {
         let inner = self.lock();
-        find(&inner, pid, tag).map(|(pid, r)| (*pid, r.events.subscribe()))
+        find(&inner.running, pid, tag).map(|(pid, r)| (*pid, r.events.subscribe()))
     }
 
-    /// Kills every command (the sandbox is being killed).
+    /// Kills every command, and refuses new ones (the sandbox is being killed).
     pub fn kill_all(&self) {
-        for r in self.lock().values() {
+        let mut inner = self.lock();
+        inner.closed = true;
+        for r in inner.running.values() {
             r.kill.send_replace(Some(Kill::Sandbox));
         }
     }
@@ -144,4 +162,26 @@ fn find<'a>(
     inner
         .iter()
         .find(|(p, r)| pid == Some(**p) || (tag.is_some() && r.tag.as_deref() == tag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_all_kills_every_command_and_refuses_new_ones() {
+        let p = Processes::default();
+        let a = p.add(1, json!({}), None).unwrap();
+        let b = p.add(2, json!({}), Some("t".into())).unwrap();
+        assert!(p.kill(None, Some("t")));
+        assert_eq!(*b.killed.borrow(), Some(Kill::Signal));
+        assert!(!p.kill(Some(9), None));
+        assert_eq!(p.follow(Some(1), None).map(|(pid, _)| pid), Some(1));
+        p.kill_all();
+        assert_eq!(*a.killed.borrow(), Some(Kill::Sandbox));
+        let refused = p.add(3, json!({}), None).err().map(|e| e.code);
+        assert_eq!(refused, Some(Code::Unavailable));
+        p.remove(1);
+        assert_eq!(p.list().len(), 1);
+    }
 }
