@@ -247,6 +247,11 @@ impl Registry {
         lock(&self.inner).sandboxes.get(id).cloned()
     }
 
+    /// Every sandbox, whoever's (for a signed URL, which names none).
+    pub fn all(&self) -> Vec<Arc<Sandbox>> {
+        lock(&self.inner).sandboxes.values().cloned().collect()
+    }
+
     /// `team`'s sandboxes, oldest first.
     pub fn list(&self, team: &Team) -> Vec<Arc<Sandbox>> {
         let mut all: Vec<_> = lock(&self.inner)

@@ -1,8 +1,11 @@
 //! envd's file transfer: `GET /files?path=` (the file's bytes) and `POST /files` (multipart
-//! parts named `file` whose filename is the destination, or one `application/octet-stream`
-//! body to `?path=`), through the sandbox's keeper call. An upload is read whole, within its
+//! parts named `file`, to the query's `path` or else each to its filename, or one
+//! `application/octet-stream` body to `?path=`), through the sandbox's keeper call; the
+//! sandbox named by the headers, or by a signed URL (`signed.rs`). An upload is read whole, within its
 //! bound (413 beyond), and every destination checked, before anything is written; each file is
 //! written atomically (a reader sees the old file or the new one).
+
+use std::sync::Arc;
 
 use axum::extract::{FromRequest, Multipart, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -12,8 +15,10 @@ use bytes::Bytes;
 use sandkeeper_tokio::{OpError, WorkPath};
 use serde_json::{json, Value};
 
+use super::signed::{self, Operation};
 use crate::error::{ApiError, SandboxNotFound};
 use crate::paths;
+use crate::registry::Sandbox;
 use crate::server::AppState;
 
 /// Files one multipart upload may carry.
@@ -78,13 +83,30 @@ fn query_path(query: Option<&str>) -> Result<Option<WorkPath>, ApiError> {
     }
 }
 
+/// The sandbox a transfer is for: named by its headers (with its token), else by a signed
+/// URL's signature.
+fn target(
+    app: &AppState,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    op: Operation,
+) -> Result<Arc<Sandbox>, FilesError> {
+    if headers.contains_key("e2b-sandbox-id") {
+        return Ok(super::sandbox(app, headers)?);
+    }
+    match signed::sandbox(&app.registry, query, op)? {
+        Some(sandbox) => Ok(sandbox),
+        None => Err(SandboxNotFound(String::new()).into()),
+    }
+}
+
 /// `GET /files?path=`: the file's bytes.
 pub async fn download(
     State(app): State<AppState>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, FilesError> {
-    let sandbox = super::sandbox(&app, &headers).map_err(FilesError::from)?;
+    let sandbox = target(&app, &headers, query.as_deref(), Operation::Read)?;
     let path =
         query_path(query.as_deref())?.ok_or_else(|| ApiError::bad_request("missing path"))?;
     let lease = sandbox
@@ -124,7 +146,7 @@ async fn upload_now(
     request: Request,
 ) -> Result<Json<Value>, FilesError> {
     let headers = request.headers().clone();
-    let sandbox = super::sandbox(&app, &headers).map_err(FilesError::from)?;
+    let sandbox = target(&app, &headers, query.as_deref(), Operation::Write)?;
     if headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v != "identity")
@@ -188,11 +210,18 @@ async fn parts(
         if field.name() != Some("file") {
             continue;
         }
-        let path = match field.file_name().filter(|n| !n.is_empty()) {
-            Some(name) => paths::to_work(name).map_err(|e| ApiError::bad_request(e.message))?,
-            None => target.clone().ok_or_else(|| {
-                ApiError::bad_request("a file part without a filename, and no path")
-            })?,
+        // The query's path names the one file (an upload URL's, or the SDK's single write);
+        // without it, each part's filename is its destination (the SDK's `write_files`).
+        let path = match (&target, field.file_name().filter(|n| !n.is_empty())) {
+            (Some(path), _) => path.clone(),
+            (None, Some(name)) => {
+                paths::to_work(name).map_err(|e| ApiError::bad_request(e.message))?
+            }
+            (None, None) => {
+                return Err(
+                    ApiError::bad_request("a file part without a filename, and no path").into(),
+                );
+            }
         };
         let bytes = field
             .bytes()
@@ -211,6 +240,9 @@ async fn parts(
     }
     if files.is_empty() {
         return Err(ApiError::bad_request("no `file` part in the upload").into());
+    }
+    if target.is_some() && files.len() > 1 {
+        return Err(ApiError::bad_request("several files to the one path of the query").into());
     }
     Ok(files)
 }

@@ -11,6 +11,7 @@ pub mod files;
 pub mod filesystem;
 pub mod process;
 pub mod processes;
+pub mod signed;
 
 use std::sync::Arc;
 

@@ -7,8 +7,11 @@ exit code is non-zero and the traceback says which step.
 
 import asyncio
 import importlib.metadata
+import json
 import os
 import sys
+import urllib.error
+import urllib.request
 
 import e2b
 from datetime import datetime, timedelta
@@ -66,6 +69,32 @@ def main():
     sbx.files.remove("/home/user/d1/b.txt")
     assert not sbx.files.exists("/home/user/d1/b.txt")
     step("files.exists/make_dir/rename/remove")
+
+    sbx.files.write("/home/user/notes/a.txt", "hello file")
+    with urllib.request.urlopen(sbx.download_url("/home/user/notes/a.txt")) as resp:
+        assert resp.read() == b"hello file"
+    with urllib.request.urlopen(sbx.download_url("notes/a.txt", "user", 120)) as resp:
+        assert resp.read() == b"hello file"
+    up = urllib.request.Request(
+        sbx.upload_url("/home/user/uploaded.txt"),
+        data=b"by url",
+        headers={"Content-Type": "application/octet-stream"},
+        method="POST",
+    )
+    urllib.request.urlopen(up).close()
+    assert sbx.files.read("/home/user/uploaded.txt") == "by url"
+    for bad in [
+        sbx.download_url("notes/a.txt", "user", use_signature_expiration=-120),
+        sbx.upload_url("notes/a.txt").replace("/files", "/files", 1),  # a write URL read
+        sbx.download_url("notes/a.txt").replace("notes", "other", 1),  # another path
+    ]:
+        try:
+            urllib.request.urlopen(bad)
+            raise AssertionError(f"a bad signed URL was served: {bad}")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e.code
+            assert json.loads(e.read())["code"] == 401
+    step("signed download_url/upload_url")
 
     r = sbx.commands.run("cat notes/../d1/../notes/a.txt 2>/dev/null; ls")
     assert "d1" in r.stdout, r.stdout
