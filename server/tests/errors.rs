@@ -187,6 +187,27 @@ async fn oversize_bodies_and_uploads_are_413_and_write_nothing() {
         (StatusCode::NOT_FOUND, Some(404)),
         "nothing was written: {v}"
     );
+    // A gzip body under the bound that inflates past it: 413, nothing written.
+    let mut zipped = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut zipped, &[0u8; 64 * 1024]).unwrap();
+    let zipped = zipped.finish().unwrap();
+    assert!(zipped.len() < 1024, "{}", zipped.len());
+    let r = envd(&c, &s, "/files?path=/home/user/bomb.bin", &id, &token)
+        .header("content-type", "application/octet-stream")
+        .header("content-encoding", "gzip")
+        .body(zipped)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(body(r).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = c
+        .get(format!("{}/files?path=/home/user/bomb.bin", s.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(body(r).await.0, StatusCode::NOT_FOUND);
     // A JSON body over its bound, chunked or not.
     let huge = json!({"templateID": "base", "metadata": {"k": "v".repeat(8000)}});
     let r = c

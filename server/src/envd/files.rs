@@ -147,20 +147,21 @@ async fn upload_now(
 ) -> Result<Json<Value>, FilesError> {
     let headers = request.headers().clone();
     let sandbox = target(&app, &headers, query.as_deref(), Operation::Write)?;
-    if headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v != "identity")
-    {
-        return Err(ApiError::bad_request(
-            "compressed uploads are not supported yet by sandkeeperd",
-        )
-        .into());
-    }
+    let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
+        None | Some(b"identity") => false,
+        Some(b"gzip") => true,
+        Some(_) => {
+            return Err(ApiError::bad_request("only gzip uploads are supported").into());
+        }
+    };
     let target = query_path(query.as_deref())?;
     let multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
+    if gzip && multipart {
+        return Err(ApiError::bad_request("gzip is for application/octet-stream uploads").into());
+    }
     let files = if multipart {
         let form = Multipart::from_request(request, &app)
             .await
@@ -171,6 +172,11 @@ async fn upload_now(
         let bytes = crate::body::read(&headers, request.into_body(), app.limits.upload)
             .await
             .map_err(ApiError::from)?;
+        let bytes = if gzip {
+            gunzip(&bytes, app.limits.upload)?
+        } else {
+            bytes
+        };
         vec![(path, bytes)]
     };
     for (path, _) in &files {
@@ -190,6 +196,22 @@ async fn upload_now(
         written.push(json!({"name": name, "type": "file", "path": paths::to_e2b(&path)}));
     }
     Ok(Json(Value::Array(written)))
+}
+
+/// A gzip body decompressed, at most `limit` bytes of it (413 beyond: no bomb is inflated past
+/// the bound).
+fn gunzip(bytes: &[u8], limit: usize) -> Result<Bytes, ApiError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    flate2::read::GzDecoder::new(bytes)
+        .take(cap)
+        .read_to_end(&mut out)
+        .map_err(|e| ApiError::bad_request(format!("invalid gzip body: {e}")))?;
+    if out.len() > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(Bytes::from(out))
 }
 
 /// Every `file` part, read whole within `limit` bytes in all; a part's filename is its

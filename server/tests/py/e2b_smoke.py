@@ -96,6 +96,11 @@ def main():
             assert json.loads(e.read())["code"] == 401
     step("signed download_url/upload_url")
 
+    sbx.files.write("/home/user/zipped.txt", "compressed on the way", gzip=True)
+    assert sbx.files.read("/home/user/zipped.txt") == "compressed on the way"
+    assert sbx.files.read("/home/user/zipped.txt", gzip=True) == "compressed on the way"
+    step("gzip upload")
+
     r = sbx.commands.run("cat notes/../d1/../notes/a.txt 2>/dev/null; ls")
     assert "d1" in r.stdout, r.stdout
     step("commands see the files")
