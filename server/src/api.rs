@@ -62,7 +62,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let body: CreateBody = crate::body::json(&headers, body, app.limits.json_body).await?;
     let new = check_create(&team, body, app.limits.max_timeout)?;
     let sandbox = app.registry.create(team, new).await?;
@@ -192,7 +192,7 @@ pub async fn list(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let query = ListQuery::parse(query.as_deref().unwrap_or(""))?;
     let mut matching: Vec<_> = app
         .registry
@@ -334,7 +334,7 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let sandbox = visible(&app, &team, &id)?;
     Ok(Json(detail_json(&sandbox)))
 }
@@ -346,7 +346,7 @@ pub async fn kill(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     if app.registry.kill(&team, &id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -366,7 +366,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let body: TimeoutBody = crate::body::json(&headers, body, app.limits.json_body).await?;
     let timeout = check_timeout(body.timeout, app.limits.max_timeout)?;
     app.registry
@@ -388,7 +388,7 @@ pub async fn refresh(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let body: RefreshBody = crate::body::json(&headers, body, app.limits.json_body).await?;
     let timeout = match body.duration {
         None => DEFAULT_TIMEOUT,
@@ -413,7 +413,7 @@ pub async fn connect(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     let body: ConnectBody = crate::body::json(&headers, body, app.limits.json_body).await?;
     let sandbox = visible(&app, &team, &id)?;
     if let Some(t) = body.timeout {
@@ -429,7 +429,7 @@ pub async fn metrics(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     visible(&app, &team, &id)?;
     Ok(Json(json!([])))
 }
@@ -441,7 +441,7 @@ pub async fn sandbox_unsupported(
     headers: HeaderMap,
     Path((id, what)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let team = app.keys.team(&headers)?;
+    let team = app.caller(&headers)?;
     visible(&app, &team, &id)?;
     let what = match what.as_str() {
         "pause" | "resume" => "pause and resume (the Suspend tier) is not supported yet; it",
@@ -458,7 +458,7 @@ pub async fn unsupported(
     State(app): State<AppState>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    app.keys.team(&headers)?;
+    app.caller(&headers)?;
     Err(ApiError::not_supported(
         "this E2B API (templates, snapshots, volumes, secrets)",
     ))

@@ -6,7 +6,7 @@
 //! through that call's sandbox operations ([`envd`]). See `docs/server.md`.
 //!
 //! - [`server`]: the listener, the routes, start and end.
-//! - [`auth`]: API keys (kept hashed) and teams.
+//! - [`auth`]: API keys (kept hashed) and teams; [`ratelimit`]: per-team request rates.
 //! - [`api`]: the REST API; [`registry`]: the sandbox table and lifecycle.
 //! - [`envd`]: health, processes, filesystem, `/files`; [`connect`]: Connect's framing.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
@@ -24,5 +24,6 @@ pub mod envd;
 pub mod error;
 pub mod metrics;
 pub mod paths;
+pub mod ratelimit;
 pub mod registry;
 pub mod server;

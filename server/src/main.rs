@@ -46,6 +46,10 @@ struct Args {
     /// Sandboxes one team may have at once.
     #[arg(long, default_value_t = 20)]
     sandboxes_per_team: usize,
+    /// Requests a second one team may make, REST and envd together (burst: twice that; 0: no
+    /// limit).
+    #[arg(long, default_value_t = 0)]
+    requests_per_second: u32,
     /// The longest a command may run, in seconds (a request's timeout may shorten it).
     #[arg(long, default_value_t = 3600)]
     run_timeout_secs: u64,
@@ -101,6 +105,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             max_timeout: Duration::from_secs(args.max_timeout_secs),
             sandboxes_per_team: args.sandboxes_per_team,
             run_timeout: Duration::from_secs(args.run_timeout_secs),
+            requests_per_second: args.requests_per_second,
         },
     };
     let server = Server::bind(config).await?;

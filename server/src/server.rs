@@ -14,6 +14,7 @@ use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 use crate::auth::Keys;
+use crate::error::ApiError;
 use crate::registry::{self, Registry};
 use crate::{api, envd};
 
@@ -32,6 +33,8 @@ pub struct Limits {
     pub sandboxes_per_team: usize,
     /// The longest a command may run (a request's `Connect-Timeout-Ms` may shorten it).
     pub run_timeout: Duration,
+    /// Requests a second one team may make, REST and envd together (0: no limit).
+    pub requests_per_second: u32,
 }
 
 impl Default for Limits {
@@ -43,6 +46,7 @@ impl Default for Limits {
             max_timeout: Duration::from_secs(24 * 3600),
             sandboxes_per_team: 20,
             run_timeout: Duration::from_secs(3600),
+            requests_per_second: 0,
         }
     }
 }
@@ -69,6 +73,8 @@ pub struct AppState {
     pub keys: Arc<Keys>,
     /// The bounds.
     pub limits: Arc<Limits>,
+    /// Each team's request rate.
+    pub rate: Arc<crate::ratelimit::RateLimit>,
 }
 
 /// Why the server did not start or stopped.
@@ -141,6 +147,30 @@ pub struct Server {
     keeper: Keeper<LocalBackend>,
 }
 
+impl AppState {
+    /// The team of a REST request's key (401), within its request rate (429).
+    pub fn caller(&self, headers: &axum::http::HeaderMap) -> Result<crate::auth::Team, ApiError> {
+        let team = self.keys.team(headers)?;
+        self.admit(&team)?;
+        Ok(team)
+    }
+
+    /// One request of `team`, or 429 past its rate.
+    pub fn admit(&self, team: &crate::auth::Team) -> Result<(), ApiError> {
+        if self.rate.admit(team) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "team {team} is over its {} requests a second",
+                    self.limits.requests_per_second
+                ),
+            ))
+        }
+    }
+}
+
 impl Server {
     /// Makes the keeper on the local backend and binds the listener.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
@@ -163,6 +193,9 @@ impl Server {
         let state = AppState {
             registry: Registry::new(keeper.clone(), limits),
             keys: Arc::new(config.keys),
+            rate: Arc::new(crate::ratelimit::RateLimit::new(
+                config.limits.requests_per_second,
+            )),
             limits: Arc::new(config.limits),
         };
         let listener = tokio::net::TcpListener::bind(config.listen)

@@ -439,3 +439,55 @@ async fn a_client_killed_mid_upload_writes_nothing_and_the_sandbox_goes_on() {
         "a dead client's upload was written: {names:?}"
     );
 }
+
+#[tokio::test]
+async fn a_team_over_its_request_rate_gets_429_and_other_teams_do_not() {
+    // One request a second, a burst of two. Ten requests in a row meet a refusal unless they
+    // take about eight seconds, so a slow machine does not make this flaky.
+    let s = Server::start(&["--requests-per-second", "1"]);
+    let c = Client::new();
+    let list = |key: &'static str| {
+        c.get(format!("{}/v2/sandboxes", s.url))
+            .header("x-api-key", key)
+            .send()
+    };
+    let (id, token) = create(&c, &s, KEY_A).await;
+    let mut refused = None;
+    for _ in 0..10 {
+        let r = list(KEY_A).await.unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let r = refused.expect("ten requests at once within a rate of one a second");
+    assert_eq!(
+        r.headers().get("should-retry").map(|v| v.as_bytes()),
+        Some(&b"false"[..])
+    );
+    let (status, v) = body(r).await;
+    assert_eq!(
+        (status, v["code"].as_u64()),
+        (StatusCode::TOO_MANY_REQUESTS, Some(429)),
+        "{v}"
+    );
+    let mut envd_refused = false;
+    for _ in 0..10 {
+        let r = envd(&c, &s, "/filesystem.Filesystem/ListDir", &id, &token)
+            .json(&json!({"path": "/home/user"}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            envd_refused = true;
+            break;
+        }
+    }
+    assert!(envd_refused, "envd requests count for the team too");
+    assert_eq!(
+        list(KEY_B).await.unwrap().status(),
+        StatusCode::OK,
+        "team b has its own rate"
+    );
+}

@@ -44,6 +44,15 @@ impl From<SandboxNotFound> for FilesError {
     }
 }
 
+impl From<super::Refused> for FilesError {
+    fn from(e: super::Refused) -> Self {
+        match e {
+            super::Refused::NotFound(e) => FilesError::Gone(e),
+            super::Refused::RateLimited(e) => FilesError::Api(e),
+        }
+    }
+}
+
 impl IntoResponse for FilesError {
     fn into_response(self) -> Response {
         match self {
@@ -95,7 +104,10 @@ fn target(
         return Ok(super::sandbox(app, headers)?);
     }
     match signed::sandbox(&app.registry, query, op)? {
-        Some(sandbox) => Ok(sandbox),
+        Some(sandbox) => {
+            app.admit(&sandbox.team)?;
+            Ok(sandbox)
+        }
         None => Err(SandboxNotFound(String::new()).into()),
     }
 }

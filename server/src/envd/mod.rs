@@ -17,14 +17,32 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use sandkeeper_tokio::OpError;
 
-use crate::error::{Code, ConnectError, SandboxNotFound};
+use crate::error::{ApiError, Code, ConnectError, SandboxNotFound};
 use crate::registry::{Lease, Sandbox};
 use crate::server::AppState;
 
-/// The sandbox a request names, if its token is that sandbox's.
-pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, SandboxNotFound> {
+/// Why an envd request was refused before it did anything.
+pub enum Refused {
+    /// No sandbox of this id with this token (502, as E2B's edge).
+    NotFound(SandboxNotFound),
+    /// The sandbox's team is over its request rate (429).
+    RateLimited(ApiError),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::NotFound(e) => e.into_response(),
+            Refused::RateLimited(e) => e.into_response(),
+        }
+    }
+}
+
+/// The sandbox a request names, if its token is that sandbox's, within its team's rate.
+pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, Refused> {
     let id = headers
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
@@ -34,8 +52,11 @@ pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, Sand
         .map(|v| v.as_bytes())
         .unwrap_or(b"");
     match app.registry.any(id) {
-        Some(s) if s.token_matches(token) => Ok(s),
-        _ => Err(SandboxNotFound(id.to_string())),
+        Some(s) if s.token_matches(token) => {
+            app.admit(&s.team).map_err(Refused::RateLimited)?;
+            Ok(s)
+        }
+        _ => Err(Refused::NotFound(SandboxNotFound(id.to_string()))),
     }
 }
 
@@ -51,7 +72,7 @@ pub async fn lease(sandbox: &Sandbox) -> Result<Lease, ConnectError> {
 pub async fn health(
     State(app): State<AppState>,
     headers: HeaderMap,
-) -> Result<StatusCode, SandboxNotFound> {
+) -> Result<StatusCode, Refused> {
     sandbox(&app, &headers)?;
     Ok(StatusCode::NO_CONTENT)
 }
