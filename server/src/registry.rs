@@ -18,6 +18,7 @@ use sandkeeper_tokio::{CallGuard, Keeper, LocalBackend, SandboxWork};
 use subtle::ConstantTimeEq;
 use tokio::sync::{watch, OwnedRwLockReadGuard, RwLock};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::auth::Team;
 use crate::clock;
@@ -177,7 +178,8 @@ impl Registry {
         new: NewSandbox,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let began = Instant::now();
-        let created = self.create_now(team, new).await;
+        let span = tracing::info_span!("create", team = %team);
+        let created = self.create_now(team, new).instrument(span).await;
         let outcome = match &created {
             Ok(_) => "ok",
             Err(e) if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => "limit",
@@ -312,6 +314,17 @@ impl Registry {
 
     /// Ends a sandbox already out of the table (`reason`: for the metrics).
     async fn finish(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
+        let span = tracing::info_span!(
+            "kill",
+            sandbox = %sandbox.id,
+            team = %sandbox.team,
+            session = %sandbox.session,
+            reason,
+        );
+        self.finish_now(sandbox, reason).instrument(span).await;
+    }
+
+    async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
         let began = Instant::now();
         sandbox.processes.kill_all();
         let guard = sandbox.guard.write().await.take();

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 use super::processes::{Event, Kill};
 use crate::connect;
@@ -181,34 +182,45 @@ async fn start(
         tx,
         events: started.events,
     };
-    tokio::spawn(async move {
-        let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
-        let _ = out.tx.send(Ok(start)).await;
-        let ended = run(&lease, argv, options, &out, started.killed, keepalive).await;
-        let outcome = match &ended {
-            Ended::Event(event) if event["exited"] == true => "exited",
-            Ended::Event(_) | Ended::SandboxKilled => "killed",
-            Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
-            Ended::Failed(_) => "error",
-        };
-        Metrics::count(&metrics.commands, outcome);
-        sandbox.processes.remove(pid);
-        drop(lease);
-        let last = match ended {
-            Ended::Event(event) => {
-                let end = connect::message(&json!({"event": {"end": event}}));
-                let _ = out.events.send(Event::End(end.clone()));
-                let _ = out.tx.send(Ok(end)).await;
-                Ok(connect::end_stream(None))
-            }
-            Ended::Failed(e) => {
-                let _ = out.events.send(Event::Failed(e.clone()));
-                Ok(connect::end_stream(Some(&e)))
-            }
-            Ended::SandboxKilled => Err(broken_off()),
-        };
-        let _ = out.tx.send(last).await;
-    });
+    let span = tracing::info_span!(
+        "command",
+        sandbox = %sandbox.id,
+        team = %sandbox.team,
+        session = %sandbox.session,
+        pid,
+    );
+    tokio::spawn(
+        async move {
+            let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
+            let _ = out.tx.send(Ok(start)).await;
+            let ended = run(&lease, argv, options, &out, started.killed, keepalive).await;
+            let outcome = match &ended {
+                Ended::Event(event) if event["exited"] == true => "exited",
+                Ended::Event(_) | Ended::SandboxKilled => "killed",
+                Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
+                Ended::Failed(_) => "error",
+            };
+            Metrics::count(&metrics.commands, outcome);
+            tracing::info!(outcome, "command ended");
+            sandbox.processes.remove(pid);
+            drop(lease);
+            let last = match ended {
+                Ended::Event(event) => {
+                    let end = connect::message(&json!({"event": {"end": event}}));
+                    let _ = out.events.send(Event::End(end.clone()));
+                    let _ = out.tx.send(Ok(end)).await;
+                    Ok(connect::end_stream(None))
+                }
+                Ended::Failed(e) => {
+                    let _ = out.events.send(Event::Failed(e.clone()));
+                    Ok(connect::end_stream(Some(&e)))
+                }
+                Ended::SandboxKilled => Err(broken_off()),
+            };
+            let _ = out.tx.send(last).await;
+        }
+        .instrument(span),
+    );
     stream_response(Body::from_stream(ReceiverStream::new(rx)))
 }
 
