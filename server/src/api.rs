@@ -464,6 +464,11 @@ pub async fn unsupported(
     ))
 }
 
+/// A known path with another method: 405 in E2B's error shape.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+}
+
 /// Anything else: 404 in E2B's error shape.
 pub async fn fallback() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not found")

@@ -137,6 +137,7 @@ pub fn router(state: AppState) -> Router {
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
         .fallback(api::fallback)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state)
 }
 

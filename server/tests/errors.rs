@@ -322,6 +322,16 @@ async fn unsupported_and_unknown_are_answered_plainly() {
         .unwrap();
     assert_eq!(body(r).await.0, StatusCode::NOT_IMPLEMENTED);
     let r = c
+        .put(format!("{}/v2/sandboxes", s.url))
+        .send()
+        .await
+        .unwrap();
+    let (status, v) = body(r).await;
+    assert_eq!(
+        (status, v["code"].as_u64()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some(405))
+    );
+    let r = c
         .get(format!("{}/no/such/path", s.url))
         .send()
         .await
@@ -437,6 +447,40 @@ async fn a_client_killed_mid_upload_writes_nothing_and_the_sandbox_goes_on() {
     assert!(
         !names.iter().any(|n| n.starts_with("partial")),
         "a dead client's upload was written: {names:?}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_creates_past_the_team_limit_are_refused_whole() {
+    let s = Server::start(&["--sandboxes-per-team", "3"]);
+    let c = Client::new();
+    let creates = (0..10).map(|_| {
+        c.post(format!("{}/v2/sandboxes", s.url))
+            .header("x-api-key", KEY_A)
+            .json(&json!({}))
+            .send()
+    });
+    let answers = futures_util::future::join_all(creates).await;
+    let statuses: Vec<_> = answers.into_iter().map(|r| r.unwrap().status()).collect();
+    let created = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((created, refused), (3, 7), "{statuses:?}");
+    let r = c
+        .get(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        body(r).await.1.as_array().map(Vec::len),
+        Some(3),
+        "the refused made nothing"
     );
 }
 
