@@ -4,14 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use percent_encoding::percent_decode_str;
 use sandkeeper::SessionId;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -193,7 +192,7 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let team = app.caller(&headers)?;
-    let query = ListQuery::parse(query.as_deref().unwrap_or(""))?;
+    let query = crate::list_query::ListQuery::parse(query.as_deref().unwrap_or(""))?;
     let mut matching: Vec<_> = app
         .registry
         .list(&team)
@@ -217,115 +216,6 @@ pub async fn list(
         }
     }
     Ok(response)
-}
-
-/// A list's query, checked.
-struct ListQuery {
-    /// Whether running sandboxes are asked for (every sandbox here runs).
-    running: bool,
-    metadata: Vec<(String, String)>,
-    template: Option<String>,
-    started_after: Option<SystemTime>,
-    descending: bool,
-    limit: usize,
-    offset: usize,
-}
-
-impl ListQuery {
-    fn parse(raw: &str) -> Result<Self, ApiError> {
-        let mut q = ListQuery {
-            running: true,
-            metadata: Vec::new(),
-            template: None,
-            started_after: None,
-            // Newest first unless asked otherwise, as E2B's list.
-            descending: true,
-            limit: 100,
-            offset: 0,
-        };
-        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
-            match k.as_ref() {
-                "state" => q.running = v.split(',').any(|s| s == "running"),
-                "limit" => {
-                    q.limit = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| ApiError::bad_request("limit must be 1 to 1000"))?;
-                }
-                "nextToken" => {
-                    q.offset = v
-                        .parse()
-                        .map_err(|_| ApiError::bad_request("invalid nextToken"))?;
-                }
-                "metadata" => q.metadata.extend(metadata_filter(&v)?),
-                "template" => q.template = Some(v.into_owned()),
-                "order" => {
-                    q.descending = match v.as_ref() {
-                        "asc" => false,
-                        "desc" => true,
-                        _ => return Err(ApiError::bad_request("order is asc or desc")),
-                    };
-                }
-                "startedAfter" => q.started_after = Some(parse_time(&v)?),
-                _ => {}
-            }
-        }
-        Ok(q)
-    }
-
-    /// Whether the sandbox is one the query asks for.
-    fn matches(&self, s: &Sandbox) -> bool {
-        self.running
-            && self
-                .metadata
-                .iter()
-                .all(|(k, v)| s.metadata.get(k) == Some(v))
-            && self.template.as_ref().is_none_or(|t| t == &s.template)
-            && self.started_after.is_none_or(|t| s.started >= t)
-    }
-}
-
-/// The `metadata` filter: a form whose keys and values are percent-encoded once more (as the
-/// SDKs send it).
-fn metadata_filter(form: &str) -> Result<Vec<(String, String)>, ApiError> {
-    let decode = |s: &str| percent_decode_str(s).decode_utf8().map(|c| c.into_owned());
-    form_urlencoded::parse(form.as_bytes())
-        .map(|(k, v)| match (decode(&k), decode(&v)) {
-            (Ok(k), Ok(v)) => Ok((k, v)),
-            _ => Err(ApiError::bad_request("invalid metadata filter")),
-        })
-        .collect()
-}
-
-/// An ISO 8601 / RFC 3339 time with a `Z` or `±hh:mm` offset (Python's `isoformat()`).
-fn parse_time(text: &str) -> Result<SystemTime, ApiError> {
-    let bad = || ApiError::bad_request("startedAfter: an RFC 3339 time with an offset");
-    let (local, offset) = match text.strip_suffix('Z') {
-        Some(local) => (local, 0i64),
-        None => {
-            let at = text.len().checked_sub(6).ok_or_else(bad)?;
-            let (local, off) = text.split_at_checked(at).ok_or_else(bad)?;
-            let sign = match off.as_bytes().first() {
-                Some(b'+') => 1,
-                Some(b'-') => -1,
-                _ => return Err(bad()),
-            };
-            let (h, m) = off[1..].split_once(':').ok_or_else(bad)?;
-            let minutes =
-                h.parse::<i64>().map_err(|_| bad())? * 60 + m.parse::<i64>().map_err(|_| bad())?;
-            (local, sign * minutes * 60)
-        }
-    };
-    let t = humantime::parse_rfc3339_weak(local).map_err(|_| bad())?;
-    let shift = Duration::from_secs(offset.unsigned_abs());
-    // Local time minus its offset is UTC.
-    let utc = if offset >= 0 {
-        t.checked_sub(shift)
-    } else {
-        t.checked_add(shift)
-    };
-    utc.ok_or_else(bad)
 }
 
 /// `GET /sandboxes/{id}`: the sandbox's details.
@@ -512,29 +402,4 @@ fn detail_json(s: &Sandbox) -> Value {
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},
         "domain": null,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_with_offsets_and_metadata_filters_parse() {
-        let utc = parse_time("2026-12-06T19:00:00Z").unwrap();
-        assert_eq!(parse_time("2026-12-06T20:00:00.000+01:00").unwrap(), utc);
-        assert_eq!(parse_time("2026-12-06T18:30:00-00:30").unwrap(), utc);
-        for bad in [
-            "",
-            "2026-12-06",
-            "2026-12-06T19:00:00+0100",
-            "yesterday+01:00",
-        ] {
-            assert!(parse_time(bad).is_err(), "{bad:?}");
-        }
-        let pairs = metadata_filter("a%20b=c%26d&k=v").unwrap();
-        assert_eq!(
-            pairs,
-            [("a b".into(), "c&d".into()), ("k".into(), "v".into())]
-        );
-    }
 }

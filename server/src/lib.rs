@@ -7,7 +7,8 @@
 //!
 //! - [`server`]: the listener, the routes, start and end.
 //! - [`auth`]: API keys (kept hashed) and teams; [`ratelimit`]: per-team request rates.
-//! - [`api`]: the REST API; [`registry`]: the sandbox table and lifecycle.
+//! - [`api`]: the REST API ([`list_query`]: its list's filters and pages); [`registry`]: the
+//!   sandbox table and lifecycle.
 //! - [`envd`]: health, processes, filesystem, `/files`; [`connect`]: Connect's framing.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
@@ -22,6 +23,7 @@ pub mod clock;
 pub mod connect;
 pub mod envd;
 pub mod error;
+pub mod list_query;
 pub mod metrics;
 pub mod paths;
 pub mod ratelimit;

@@ -266,7 +266,8 @@ impl Registry {
         all
     }
 
-    /// Sets the timeout of `team`'s sandbox `id` (from now). `false` when there is none.
+    /// Sets the timeout of `team`'s sandbox `id` (from now): the sandbox, or `None` when the
+    /// team has none of that id.
     pub fn set_timeout(
         &self,
         team: &Team,
