@@ -202,11 +202,12 @@ pub async fn list(
     if query.descending {
         matching.reverse();
     }
+    let sizes = Sizes::of(&app);
     let page: Vec<Value> = matching
         .iter()
         .skip(query.offset)
         .take(query.limit)
-        .map(|s| detail_json(s))
+        .map(|s| detail_json(s, sizes))
         .collect();
     let mut response = Json(page).into_response();
     let next = query.offset.saturating_add(query.limit);
@@ -226,7 +227,7 @@ pub async fn get(
 ) -> Result<Json<Value>, ApiError> {
     let team = app.caller(&headers)?;
     let sandbox = visible(&app, &team, &id)?;
-    Ok(Json(detail_json(&sandbox)))
+    Ok(Json(detail_json(&sandbox, Sizes::of(&app))))
 }
 
 /// `DELETE /sandboxes/{id}`: 204 once the sandbox is killed (its in-flight work drained, its
@@ -383,9 +384,29 @@ fn sandbox_json(s: &Sandbox) -> Value {
     })
 }
 
-/// The `SandboxDetail` of get (and `ListedSandbox` of list). CPU, memory and disk are not
-/// reported yet (0).
-fn detail_json(s: &Sandbox) -> Value {
+/// What a sandbox may use, as the API reports it: the local backend's limits as configured
+/// (`LocalConfig::limits`; `LocalBackend::limits` says how they are enforced on this machine),
+/// 0 where there is none.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    cpus: u32,
+    memory_mb: u64,
+    disk_mb: u64,
+}
+
+impl Sizes {
+    fn of(app: &AppState) -> Self {
+        let limits = &app.registry.keeper().backend().limits().limits;
+        Sizes {
+            cpus: limits.cpu_cores.unwrap_or(0),
+            memory_mb: limits.memory_bytes.unwrap_or(0) >> 20,
+            disk_mb: limits.workspace_bytes.unwrap_or(0) >> 20,
+        }
+    }
+}
+
+/// The `SandboxDetail` of get (and `ListedSandbox` of list).
+fn detail_json(s: &Sandbox, sizes: Sizes) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": s.id,
@@ -394,9 +415,9 @@ fn detail_json(s: &Sandbox) -> Value {
         "endAt": clock::rfc3339(s.end_at()),
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": s.token(),
-        "cpuCount": 0,
-        "memoryMB": 0,
-        "diskSizeMB": 0,
+        "cpuCount": sizes.cpus,
+        "memoryMB": sizes.memory_mb,
+        "diskSizeMB": sizes.disk_mb,
         "state": "running",
         "metadata": s.metadata,
         "lifecycle": {"autoResume": false, "onTimeout": "kill"},

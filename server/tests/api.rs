@@ -45,6 +45,16 @@ async fn v1_paths_and_the_timeout_family() {
     let detail = || call(&c, "GET", format!("{}/sandboxes/{id}", s.url), None);
     let (status, d0) = detail().await;
     assert_eq!(status, StatusCode::OK);
+    // The local backend's default limits: 2 cores, 2 GiB, a workspace of 8 GiB.
+    assert_eq!(
+        (
+            d0["cpuCount"].as_u64(),
+            d0["memoryMB"].as_u64(),
+            d0["diskSizeMB"].as_u64()
+        ),
+        (Some(2), Some(2048), Some(8192)),
+        "{d0}"
+    );
     assert_eq!(
         (d0["state"].as_str(), d0["metadata"]["k"].as_str()),
         (Some("running"), Some("v"))
