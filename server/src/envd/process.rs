@@ -189,38 +189,15 @@ async fn start(
         session = %sandbox.session,
         pid,
     );
-    tokio::spawn(
-        async move {
-            let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
-            let _ = out.tx.send(Ok(start)).await;
-            let ended = run(&lease, argv, options, &out, started.killed, keepalive).await;
-            let outcome = match &ended {
-                Ended::Event(event) if event["exited"] == true => "exited",
-                Ended::Event(_) | Ended::SandboxKilled => "killed",
-                Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
-                Ended::Failed(_) => "error",
-            };
-            Metrics::count(&metrics.commands, outcome);
-            tracing::info!(outcome, "command ended");
-            sandbox.processes.remove(pid);
-            drop(lease);
-            let last = match ended {
-                Ended::Event(event) => {
-                    let end = connect::message(&json!({"event": {"end": event}}));
-                    let _ = out.events.send(Event::End(end.clone()));
-                    let _ = out.tx.send(Ok(end)).await;
-                    Ok(connect::end_stream(None))
-                }
-                Ended::Failed(e) => {
-                    let _ = out.events.send(Event::Failed(e.clone()));
-                    Ok(connect::end_stream(Some(&e)))
-                }
-                Ended::SandboxKilled => Err(broken_off()),
-            };
-            let _ = out.tx.send(last).await;
-        }
-        .instrument(span),
-    );
+    let command = Command {
+        sandbox,
+        lease,
+        pid,
+        argv,
+        options,
+        keepalive,
+    };
+    tokio::spawn(drive(command, out, started.killed, metrics).instrument(span));
     stream_response(Body::from_stream(ReceiverStream::new(rx)))
 }
 
@@ -267,6 +244,61 @@ fn follow(sandbox: &Sandbox, bytes: &[u8]) -> Response {
         let _ = tx.send(last).await;
     });
     stream_response(Body::from_stream(ReceiverStream::new(rx)))
+}
+
+/// A command ready to run in its sandbox.
+struct Command {
+    sandbox: Arc<Sandbox>,
+    lease: Lease,
+    pid: u32,
+    argv: Vec<String>,
+    options: ExecOptions,
+    keepalive: Option<Duration>,
+}
+
+/// Runs a command to its end, streaming it to `out`: its `start` event, its output, then its
+/// `end` event and the end-of-stream envelope, or the error, or a break (its sandbox killed).
+async fn drive(
+    command: Command,
+    out: Out,
+    killed: watch::Receiver<Option<Kill>>,
+    metrics: Arc<Metrics>,
+) {
+    let Command {
+        sandbox,
+        lease,
+        pid,
+        argv,
+        options,
+        keepalive,
+    } = command;
+    let start = connect::message(&json!({"event": {"start": {"pid": pid}}}));
+    let _ = out.tx.send(Ok(start)).await;
+    let ended = run(&lease, argv, options, &out, killed, keepalive).await;
+    let outcome = match &ended {
+        Ended::Event(event) if event["exited"] == true => "exited",
+        Ended::Event(_) | Ended::SandboxKilled => "killed",
+        Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
+        Ended::Failed(_) => "error",
+    };
+    Metrics::count(&metrics.commands, outcome);
+    tracing::info!(outcome, "command ended");
+    sandbox.processes.remove(pid);
+    drop(lease);
+    let last = match ended {
+        Ended::Event(event) => {
+            let end = connect::message(&json!({"event": {"end": event}}));
+            let _ = out.events.send(Event::End(end.clone()));
+            let _ = out.tx.send(Ok(end)).await;
+            Ok(connect::end_stream(None))
+        }
+        Ended::Failed(e) => {
+            let _ = out.events.send(Event::Failed(e.clone()));
+            Ok(connect::end_stream(Some(&e)))
+        }
+        Ended::SandboxKilled => Err(broken_off()),
+    };
+    let _ = out.tx.send(last).await;
 }
 
 type Prepared = (Vec<String>, ExecOptions, Value, Option<String>);
