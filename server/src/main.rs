@@ -1,0 +1,131 @@
+//! `sandkeeperd`: serves the E2B sandbox protocol on one address, with sandboxes on the local
+//! backend under `--root`.
+//!
+//! `sandkeeperd --listen 127.0.0.1:3000 --root /var/lib/sandkeeperd --api-key team-a:KEY`
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use sandkeeperd::auth::{hash_key, Keys};
+use sandkeeperd::server::{Config, Limits, Server};
+
+/// A server speaking the E2B sandbox protocol, sandboxes kept by sandkeeper.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Where to listen (port 0: any free port; the first line printed names it).
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// The local backend's root: sandboxes' directories are made under it.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// An API key, `TEAM:KEY` (hashed at once; prefer --api-keys, since a flag shows in `ps`).
+    #[arg(long = "api-key")]
+    api_key: Vec<String>,
+    /// A file of keys: one `<team> <sha256 hex of the key>` a line (`--hash-key` prints it).
+    #[arg(long = "api-keys")]
+    api_keys: Option<PathBuf>,
+    /// Print the SHA-256 of a key (for the --api-keys file) and exit.
+    #[arg(long = "hash-key")]
+    hash_key: Option<String>,
+    /// The most bytes of a JSON request body.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// The most bytes of one upload to /files.
+    #[arg(long, default_value_t = 100 << 20)]
+    max_upload_bytes: usize,
+    /// The most bytes of one file downloaded from /files.
+    #[arg(long, default_value_t = 100 << 20)]
+    max_download_bytes: usize,
+    /// The longest timeout a sandbox may be given, in seconds.
+    #[arg(long, default_value_t = 24 * 3600)]
+    max_timeout_secs: u64,
+    /// Sandboxes one team may have at once.
+    #[arg(long, default_value_t = 20)]
+    sandboxes_per_team: usize,
+    /// Requests a second one team may make, REST and envd together (burst: twice that; 0: no
+    /// limit).
+    #[arg(long, default_value_t = 0)]
+    requests_per_second: u32,
+    /// The longest a command may run, in seconds (a request's timeout may shorten it).
+    #[arg(long, default_value_t = 3600)]
+    run_timeout_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            // Warnings (bubblewrap missing, ...) by default; RUST_LOG=info for every sandbox.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Some(key) = &args.hash_key {
+        println!("{}", hex::encode(hash_key(key)));
+        return std::process::ExitCode::SUCCESS;
+    }
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandkeeperd: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut keys = Keys::new();
+    for flag in &args.api_key {
+        keys.add_flag(flag)?;
+    }
+    if let Some(file) = &args.api_keys {
+        keys.add_file(file)?;
+    }
+    if keys.is_empty() {
+        return Err("no API keys: give --api-key TEAM:KEY or --api-keys FILE".into());
+    }
+    let root = match args.root {
+        Some(root) => root,
+        None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
+    };
+    let config = Config {
+        listen: args.listen,
+        root,
+        keys,
+        limits: Limits {
+            json_body: args.max_body_bytes,
+            upload: args.max_upload_bytes,
+            download: args.max_download_bytes,
+            max_timeout: Duration::from_secs(args.max_timeout_secs),
+            sandboxes_per_team: args.sandboxes_per_team,
+            run_timeout: Duration::from_secs(args.run_timeout_secs),
+            requests_per_second: args.requests_per_second,
+        },
+    };
+    let server = Server::bind(config).await?;
+    println!("sandkeeperd listening on http://{}", server.addr()?);
+    server.serve(shutdown()).await?;
+    Ok(())
+}
+
+/// Resolves at Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,245 @@
+//! The server: one listener for the REST API and envd (told apart by path; envd requests name
+//! their sandbox by header), the keeper on the local backend behind it, and an orderly end.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{any, get, post};
+use axum::Router;
+use sandkeeper_tokio::local::LocalConfig;
+use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
+
+use crate::auth::Keys;
+use crate::error::ApiError;
+use crate::registry::{self, Registry};
+use crate::{api, envd};
+
+/// Bounds of what requests may ask.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// The most bytes of a JSON body (REST and envd RPC requests).
+    pub json_body: usize,
+    /// The most bytes of one upload to `/files` (all its files together).
+    pub upload: usize,
+    /// The most bytes of one file downloaded from `/files`.
+    pub download: usize,
+    /// The longest timeout a sandbox may be given.
+    pub max_timeout: Duration,
+    /// Sandboxes one team may have at once.
+    pub sandboxes_per_team: usize,
+    /// The longest a command may run (a request's `Connect-Timeout-Ms` may shorten it).
+    pub run_timeout: Duration,
+    /// Requests a second one team may make, REST and envd together (0: no limit).
+    pub requests_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            json_body: 1 << 20,
+            upload: 100 << 20,
+            download: 100 << 20,
+            max_timeout: Duration::from_secs(24 * 3600),
+            sandboxes_per_team: 20,
+            run_timeout: Duration::from_secs(3600),
+            requests_per_second: 0,
+        }
+    }
+}
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where it listens (port 0: any free port; [`Server::addr`] says which).
+    pub listen: SocketAddr,
+    /// The local backend's root: every sandbox's directory is made under it.
+    pub root: PathBuf,
+    /// The API keys.
+    pub keys: Keys,
+    /// The bounds.
+    pub limits: Limits,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The sandboxes.
+    pub registry: Arc<Registry>,
+    /// The API keys.
+    pub keys: Arc<Keys>,
+    /// The bounds.
+    pub limits: Arc<Limits>,
+    /// Each team's request rate.
+    pub rate: Arc<crate::ratelimit::RateLimit>,
+}
+
+/// Why the server did not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The local backend could not be made under the root.
+    #[error("the local backend at {root}: {error}")]
+    Backend {
+        /// The root.
+        root: String,
+        /// The error.
+        error: std::io::Error,
+    },
+    /// The keeper refused its configuration.
+    #[error("the keeper: {0}")]
+    Keeper(#[from] sandkeeper_tokio::KeeperError),
+    /// Listening or serving failed.
+    #[error("listening on {addr}: {error}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        error: std::io::Error,
+    },
+}
+
+/// The routes: the REST API, envd, and 404 in E2B's shape for anything else.
+pub fn router(state: AppState) -> Router {
+    let upload_limit = state.limits.upload.saturating_add(1 << 20);
+    Router::new()
+        .route("/sandboxes", get(api::list).post(api::create))
+        .route("/v2/sandboxes", get(api::list).post(api::create))
+        .route("/sandboxes/{id}", get(api::get).delete(api::kill))
+        .route("/sandboxes/{id}/timeout", post(api::set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(api::refresh))
+        .route("/sandboxes/{id}/connect", post(api::connect))
+        .route("/v2/sandboxes/{id}/connect", post(api::connect))
+        .route("/sandboxes/{id}/metrics", get(api::metrics))
+        .route("/sandboxes/{id}/{what}", any(api::sandbox_unsupported))
+        .route("/templates", any(api::unsupported))
+        .route("/templates/{*rest}", any(api::unsupported))
+        .route("/v2/templates/{*rest}", any(api::unsupported))
+        .route("/v3/templates", any(api::unsupported))
+        .route("/snapshots", any(api::unsupported))
+        .route("/volumes", any(api::unsupported))
+        .route("/volumes/{*rest}", any(api::unsupported))
+        .route("/secrets", any(api::unsupported))
+        .route("/secrets/{*rest}", any(api::unsupported))
+        .route("/metrics", get(crate::metrics::scrape))
+        .route("/health", get(envd::health))
+        .route("/process.Process/{method}", post(envd::process::rpc))
+        .route(
+            "/filesystem.Filesystem/{method}",
+            post(envd::filesystem::rpc),
+        )
+        .route(
+            "/files",
+            get(envd::files::download)
+                .post(envd::files::upload)
+                .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .fallback(api::fallback)
+        .method_not_allowed_fallback(api::method_not_allowed)
+        .with_state(state)
+}
+
+/// A server bound to its address, not yet serving.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    keeper: Keeper<LocalBackend>,
+}
+
+impl AppState {
+    /// The team of a REST request's key (401), within its request rate (429).
+    pub fn caller(&self, headers: &axum::http::HeaderMap) -> Result<crate::auth::Team, ApiError> {
+        let team = self.keys.team(headers)?;
+        self.admit(&team)?;
+        Ok(team)
+    }
+
+    /// One request of `team`, or 429 past its rate.
+    pub fn admit(&self, team: &crate::auth::Team) -> Result<(), ApiError> {
+        if self.rate.admit(team) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "team {team} is over its {} requests a second",
+                    self.limits.requests_per_second
+                ),
+            ))
+        }
+    }
+}
+
+impl Server {
+    /// Makes the keeper on the local backend and binds the listener.
+    pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        let local = LocalConfig {
+            run_timeout: config.limits.run_timeout,
+            // Nothing is paused or resumed yet: a killed sandbox's workspace goes with it
+            // (with snapshots, Stop would keep every killed workspace until its key's next
+            // start, which never comes for a sandbox id).
+            snapshots: false,
+            ..LocalConfig::new(&config.root)
+        };
+        let backend = LocalBackend::new(local).map_err(|error| ServerError::Backend {
+            root: config.root.display().to_string(),
+            error,
+        })?;
+        let keeper = Keeper::new(KeeperConfig::default(), backend)?;
+        let limits = registry::Limits {
+            sandboxes_per_team: config.limits.sandboxes_per_team,
+        };
+        let state = AppState {
+            registry: Registry::new(keeper.clone(), limits),
+            keys: Arc::new(config.keys),
+            rate: Arc::new(crate::ratelimit::RateLimit::new(
+                config.limits.requests_per_second,
+            )),
+            limits: Arc::new(config.limits),
+        };
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|error| ServerError::Listen {
+                addr: config.listen,
+                error,
+            })?;
+        Ok(Server {
+            listener,
+            state,
+            keeper,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> Result<SocketAddr, std::io::Error> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves; then kills every sandbox (draining each, which also
+    /// ends their commands' streams, so no open stream holds the end up), stops taking
+    /// requests, kills what was created meanwhile and closes the keeper.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let addr = self.addr().map_err(|error| ServerError::Listen {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            error,
+        })?;
+        let registry = self.state.registry.clone();
+        let ending = registry.clone();
+        let shutdown = async move {
+            shutdown.await;
+            ending.kill_all().await;
+        };
+        let served = axum::serve(self.listener, router(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await;
+        registry.kill_all().await;
+        let report = self.keeper.close(Duration::from_secs(10)).await;
+        tracing::info!(?report, "closed");
+        served.map_err(|error| ServerError::Listen { addr, error })
+    }
+}

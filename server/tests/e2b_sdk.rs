@@ -1,0 +1,104 @@
+//! The official Python `e2b` SDK, unmodified, against the binary: create, commands with
+//! streamed output, files, another team's sandbox, a bad key, kill (`py/e2b_smoke.py`).
+//!
+//! The SDK is installed from PyPI into a venv under the target directory, once (reused while
+//! it holds the pinned version). When it cannot be installed the test fails, saying so: it is
+//! never skipped.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{Server, KEY_A, KEY_B};
+
+/// The SDK version the survey (`/work/e2b-protocol.md` at the time) was made from.
+const E2B_VERSION: &str = "2.63.0";
+
+/// Runs `cmd` under `timeout(1)` for at most `secs` seconds.
+fn bounded(secs: u32, cmd: &Path, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
+}
+
+/// The venv's python, with the pinned SDK installed.
+fn venv_python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
+    let python = venv.join("bin/python");
+    let check =
+        format!("import importlib.metadata as m; assert m.version('e2b') == '{E2B_VERSION}'");
+    if python.exists() && bounded(60, &python, &["-c", &check]).status.success() {
+        return python;
+    }
+    let made = bounded(
+        120,
+        Path::new("python3"),
+        &["-m", "venv", venv.to_str().unwrap()],
+    );
+    assert!(
+        made.status.success(),
+        "python3 -m venv failed (install python3-venv): {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let pip = venv.join("bin/pip");
+    let spec = format!("e2b=={E2B_VERSION}");
+    let installed = bounded(
+        600,
+        &pip,
+        &["install", "-q", "--disable-pip-version-check", &spec],
+    );
+    assert!(
+        installed.status.success(),
+        "pip install {spec} failed (PyPI unreachable?); this test needs the real SDK:\n{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    python
+}
+
+#[test]
+fn the_unmodified_python_sdk_works_against_sandkeeperd() {
+    let python = venv_python();
+    let server = Server::start(&[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_smoke.py");
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(&python)
+        .arg(&script)
+        .env("E2B_API_URL", &server.url)
+        .env("E2B_SANDBOX_URL", &server.url)
+        .env("E2B_API_KEY", KEY_A)
+        .env("OTHER_TEAM_KEY", KEY_B)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run the script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the SDK script failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains(&format!("e2b {E2B_VERSION}")), "{stdout}");
+    for step in [
+        "create",
+        "streamed on_stdout",
+        "files.write/read",
+        "files.list",
+        "another team: NotFound",
+        "bad key: AuthenticationException",
+        "kill",
+        "async: create, streamed run, files, kill",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok {step}")),
+            "step {step:?} missing:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("all steps passed"), "{stdout}");
+}
