@@ -7,7 +7,9 @@
 //!   the next call of the key gets a new pod with the workspace back: files, the session log,
 //!   a link kept as a link; a FIFO is listed as skipped;
 //! - a put that fails every time leaves the pod (the salvaged snapshot's only copy), and the
-//!   next call takes the workspace from that pod through the shelf, then deletes it;
+//!   next call takes the workspace from that pod through the shelf, then deletes it; once the
+//!   new sandbox is up, the core discards what the start left of the snapshot (`taken`): the
+//!   shelf's copy goes;
 //! - a snapshot damaged on the shelf fails the start (the new pod deleted), and the next call
 //!   after it is mended resumes it: nothing lost;
 //! - agentSandbox mode refuses a shelf; pod mode with one serves `Suspend`.
@@ -330,12 +332,17 @@ async fn a_put_that_always_fails_leaves_the_pod_and_the_next_call_takes_the_work
         !pod_exists(&server, &h1.pod),
         "taken through the shelf, the old pod is deleted"
     );
-    bucket
-        .shelf
-        .inner
-        .manifest(&name)
-        .await
-        .expect("now on the shelf");
+    // Put on the shelf to be resumed, then discarded as taken once the new sandbox is up: the
+    // Discard runs beside the call, so this polls the bucket (bounded: 30 s).
+    tokio::time::timeout(WAIT, async {
+        while bucket.shelf.inner.manifest(&name).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("what the start left on the shelf is discarded once its sandbox is up");
+    assert!(keeper.stats().discards >= 1);
+    sees_first_work(&keeper, &second, &server, &session).await;
     second.release().await;
     tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
         .await

@@ -43,11 +43,22 @@ fn failed(child: Child) -> (std::process::ExitStatus, String) {
     )
 }
 
-/// The JSON line a turn prints when it is done.
+/// The JSON line a turn prints when it is done (bounded: a minute; a turn that hangs is
+/// killed, and the test fails with what it said).
 fn done(child: &mut Child) -> serde_json::Value {
-    let stdout = child.stdout.as_mut().expect("piped");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = child.kill();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        panic!("the turn printed nothing in a minute: {err}");
+    };
     if line.is_empty() {
         let mut err = String::new();
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();

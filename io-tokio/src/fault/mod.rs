@@ -527,7 +527,21 @@ impl Backend for FaultBackend {
 
     async fn discard(&self, request: DiscardRequest) -> Result<(), BackendError> {
         let mut world = self.world();
-        if world.taken.contains(&request.snapshot) {
+        let taken = world.taken.contains(&request.snapshot);
+        if request.reason == DiscardReason::Taken {
+            // A start here moves the snapshot into the sandbox it becomes: nothing is left of
+            // it, and nothing is deleted.
+            if !taken {
+                let v = format!(
+                    "discard-unreferenced: {:?} discarded as taken, and no start took it",
+                    request.snapshot
+                );
+                world.violations.push(v);
+            }
+            world.discarded.push((request.snapshot, request.reason));
+            return Ok(());
+        }
+        if taken {
             let v = format!(
                 "discard-unreferenced: {:?} discarded after a start took it",
                 request.snapshot

@@ -74,7 +74,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use sandkeeper::{Handover, SandboxId, Snapshot, Token};
+use sandkeeper::{DiscardReason, Handover, SandboxId, Snapshot, Token};
 use tokio::sync::watch;
 
 use crate::backend::{
@@ -897,7 +897,14 @@ impl Backend for LocalBackend {
         let ledger = self.ledger.clone();
         let snapshot = request.snapshot.clone();
         blocking(move || {
-            let _admitted = ledger.admit(request.sandbox, Some(&request.key), request.token)?;
+            // What a start left of a snapshot it took (`Taken`) fences nothing: the sandbox it
+            // became is up and holds its workspace, and no start takes the snapshot again. So
+            // it takes no key lock either (a process paused while holding one would hold up
+            // the key's next owner).
+            let _admitted = match request.reason {
+                DiscardReason::Taken => None,
+                _ => ledger.admit(request.sandbox, Some(&request.key), request.token)?,
+            };
             let dir = snapshot_dir(&root, &request.snapshot).map_err(|e| io_error("discard", e))?;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}

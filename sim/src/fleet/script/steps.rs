@@ -474,8 +474,10 @@ impl World {
                         "{answer} @{call}: the backend refuses it, having seen a newer token for {x} or its key: answer `fenced @{call}`"
                     )))
                 }
-                // The object store's doing, as the step says.
-                Outcome::Unavailable if self.shelf_next.is_some() => {}
+                // With the object store's fault the step says, the step runs the command and
+                // the backend answers what it does (its transcript spells the fault whatever
+                // the answer: a start may also find its snapshot nowhere).
+                _ if self.shelf_next.is_some() => {}
                 Outcome::Unavailable => {
                     return Err(Stop::Misuse(format!(
                         "{answer} @{call}: {x}'s instance is lost: answer with the failure"
