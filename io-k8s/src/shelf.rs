@@ -21,7 +21,7 @@
 
 use bytes::Bytes;
 use sandkeeper::Snapshot;
-use sandkeeper_tokio::local::shelf::{ArchiveSource, Shelf, ShelfError};
+use sandkeeper_tokio::local::shelf::{snapshot_name_parts, ArchiveSource, Shelf, ShelfError};
 use std::time::SystemTime;
 use tokio::sync::{mpsc, oneshot};
 
@@ -61,24 +61,11 @@ pub(crate) fn pod_of_snapshot(snapshot: &Snapshot) -> Result<String, K8sError> {
     let text = snapshot.as_str();
     let bad = |why: &str| K8sError::BadSnapshot {
         snapshot: text.to_string(),
-        why: why.to_string(),
+        why: format!("pod mode's snapshots are sbx-<number>-<owner>: {why}"),
     };
-    let rest = text
-        .strip_prefix("sbx-")
-        .ok_or_else(|| bad("pod mode's snapshots are sbx-<number>-<owner>"))?;
-    let (number, owner) = rest
-        .split_once('-')
-        .ok_or_else(|| bad("pod mode's snapshots are sbx-<number>-<owner>"))?;
-    let canonical = !number.is_empty()
-        && number.bytes().all(|b| b.is_ascii_digit())
-        && (number == "0" || !number.starts_with('0'));
-    let sandbox = number
-        .parse::<u64>()
-        .ok()
-        .filter(|_| canonical)
-        .ok_or_else(|| bad("the sandbox number is decimal digits"))?;
+    let (sandbox, owner) = snapshot_name_parts(text).map_err(bad)?;
     names::check_owner(owner).map_err(|e| bad(&e.to_string()))?;
-    Ok(names::object_name(owner, sandbox))
+    Ok(names::object_name(owner, sandbox.0))
 }
 
 impl Cluster {

@@ -164,13 +164,7 @@ impl ObjectSnapshots {
         key: Option<&str>,
         retain_until: Option<SystemTime>,
     ) -> Result<Manifest, SnapshotError> {
-        if self.exists(&self.object_path(name, MANIFEST)).await? {
-            return Err(SnapshotError::AlreadyExists {
-                name: name.to_string(),
-            });
-        }
-        let data = format!("data-{}.tar", upload_id()?);
-        let data_path = self.object_path(name, &data);
+        let (data, data_path) = self.new_data_object(name).await?;
         let workspace = workspace.to_path_buf();
         let packer = move |sink| pack(&workspace, sink);
         let packed = self.upload_data(packer, &data_path).await?;
@@ -194,13 +188,7 @@ impl ObjectSnapshots {
         key: Option<&str>,
         retain_until: Option<SystemTime>,
     ) -> Result<Manifest, SnapshotError> {
-        if self.exists(&self.object_path(name, MANIFEST)).await? {
-            return Err(SnapshotError::AlreadyExists {
-                name: name.to_string(),
-            });
-        }
-        let data = format!("data-{}.tar", upload_id()?);
-        let data_path = self.object_path(name, &data);
+        let (data, data_path) = self.new_data_object(name).await?;
         let (to_repacker, from_archive) = mpsc::channel(CHUNKS_IN_FLIGHT);
         let forwarder = tokio::spawn(forward_archive(archive, to_repacker));
         let packer = move |sink| repack::repack(ChunkSource::new(from_archive), sink);
@@ -229,6 +217,22 @@ impl ObjectSnapshots {
         let manifest = new_manifest(name, data, packed, key, retain_until);
         self.publish(name, &manifest, &data_path).await?;
         Ok(manifest)
+    }
+
+    /// The name and path of a new upload's data object under `name`, once no manifest is
+    /// there (`AlreadyExists` otherwise: the usual case of a late writer costs no transfer).
+    async fn new_data_object(
+        &self,
+        name: &SnapshotName,
+    ) -> Result<(String, ObjectPath), SnapshotError> {
+        if self.exists(&self.object_path(name, MANIFEST)).await? {
+            return Err(SnapshotError::AlreadyExists {
+                name: name.to_string(),
+            });
+        }
+        let data = format!("data-{}.tar", upload_id()?);
+        let path = self.object_path(name, &data);
+        Ok((data, path))
     }
 
     /// Packs into the data object at `data_path` with `packer` (on a blocking thread); on

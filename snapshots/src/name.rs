@@ -5,6 +5,7 @@
 use std::fmt;
 
 use sandkeeper::{SandboxId, Snapshot};
+use sandkeeper_tokio::local::shelf::snapshot_name_parts;
 
 use crate::SnapshotError;
 
@@ -41,25 +42,12 @@ impl SnapshotName {
 
     /// Parses `sbx-<n>-<instance>`.
     pub fn parse(text: &str) -> Result<Self, SnapshotError> {
-        let invalid = |why| SnapshotError::InvalidName {
-            name: text.chars().take(200).collect(),
-            why,
-        };
-        let rest = text
-            .strip_prefix("sbx-")
-            .ok_or_else(|| invalid("a snapshot name starts with sbx-"))?;
-        let (number, instance) = rest
-            .split_once('-')
-            .ok_or_else(|| invalid("a snapshot name is sbx-<n>-<instance>"))?;
-        let canonical = !number.is_empty()
-            && number.bytes().all(|b| b.is_ascii_digit())
-            && (number == "0" || !number.starts_with('0'));
-        let sandbox = number
-            .parse::<u64>()
-            .ok()
-            .filter(|_| canonical)
-            .ok_or_else(|| invalid("a sandbox number is decimal digits"))?;
-        SnapshotName::new(SandboxId(sandbox), instance)
+        let (sandbox, instance) =
+            snapshot_name_parts(text).map_err(|why| SnapshotError::InvalidName {
+                name: text.chars().take(200).collect(),
+                why,
+            })?;
+        SnapshotName::new(sandbox, instance)
     }
 
     /// The name of the backend's [`Snapshot`] reference.

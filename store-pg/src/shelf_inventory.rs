@@ -130,12 +130,8 @@ impl Inventory for HostInventory {
 
     fn remove<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
         Box::pin(async move {
-            let mut removed = false;
-            for root in &self.roots {
-                removed |= root.remove(object).await?;
-            }
-            removed |= self.shelf.remove(object).await?;
-            Ok(removed)
+            let here = self.remove_copy(object).await?;
+            Ok(self.shelf.remove(object).await? | here)
         })
     }
 
@@ -154,7 +150,7 @@ impl Inventory for HostInventory {
         })
     }
 
-    /// Removes the snapshot from the roots only.
+    /// Removes the object from the roots only.
     fn remove_copy<'a>(&'a self, object: &'a SweepObject) -> InventoryFuture<'a, bool> {
         Box::pin(async move {
             let mut removed = false;

@@ -67,9 +67,7 @@ impl PgStore {
         let Some(inventory) = self.inventory().cloned() else {
             return Ok(Swept::default());
         };
-        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
-        let judged_ms = unix_ms(judged);
-        let at = Instant::from_nanos(judged_ms.saturating_mul(1_000_000));
+        let (judged_ms, at) = self.judged(now);
         let entries = self.entries().await?;
         let processes = self.processes().await?;
         let keys = sweep_keys(&entries, &processes, judged_ms)?;
@@ -123,9 +121,7 @@ impl PgStore {
         let Some(inventory) = self.inventory().cloned() else {
             return Ok(swept);
         };
-        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
-        let judged_ms = unix_ms(judged);
-        let at = Instant::from_nanos(judged_ms.saturating_mul(1_000_000));
+        let (judged_ms, at) = self.judged(now);
         for object in inventory.copies().await.map_err(inventory_failed)? {
             let SweepObject::Snapshot { snapshot, .. } = &object else {
                 continue;
@@ -158,6 +154,19 @@ impl PgStore {
             swept.count(&object, verdict);
         }
         Ok(swept)
+    }
+}
+
+impl PgStore {
+    /// When a sweep at `now` judges leases and retention: a lease before, in milliseconds
+    /// since the Unix epoch and as the core's instant.
+    fn judged(&self, now: SystemTime) -> (u64, Instant) {
+        let judged = now.checked_sub(self.lease()).unwrap_or(UNIX_EPOCH);
+        let judged_ms = unix_ms(judged);
+        (
+            judged_ms,
+            Instant::from_nanos(judged_ms.saturating_mul(1_000_000)),
+        )
     }
 }
 

@@ -36,7 +36,7 @@ use std::pin::Pin;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use sandkeeper::Snapshot;
+use sandkeeper::{SandboxId, Snapshot};
 use tokio::sync::{mpsc, oneshot};
 
 /// What a shelf's operation returns.
@@ -95,6 +95,28 @@ pub struct ArchiveSource {
     /// chunks' end alone never says the tar is whole: a connection cut between two entries
     /// ends them too. A sender dropped unsent is a failure.
     pub finished: oneshot::Receiver<Result<(), String>>,
+}
+
+/// The parts of a snapshot's name on a shelf, `sbx-<n>-<instance>`: the sandbox whose
+/// workspace it is (canonical decimal) and the rest, the instance (or owner) that stopped it,
+/// unchecked beyond being there. The local backend names its snapshots so, and so does
+/// Kubernetes pod mode; `Err` says what is wrong.
+pub fn snapshot_name_parts(text: &str) -> Result<(SandboxId, &str), &'static str> {
+    let rest = text
+        .strip_prefix("sbx-")
+        .ok_or("a snapshot name starts with sbx-")?;
+    let (number, instance) = rest
+        .split_once('-')
+        .ok_or("a snapshot name is sbx-<n>-<instance>")?;
+    let canonical = !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
+        && (number == "0" || !number.starts_with('0'));
+    let sandbox = number
+        .parse::<u64>()
+        .ok()
+        .filter(|_| canonical)
+        .ok_or("a sandbox number is decimal digits")?;
+    Ok((SandboxId(sandbox), instance))
 }
 
 /// A shelf operation's failure.
