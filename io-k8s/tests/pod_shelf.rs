@@ -177,6 +177,14 @@ async fn stats_until(
     .unwrap_or_else(|_| panic!("never: {what}: {:?}", keeper.stats()));
 }
 
+/// Closes the keeper (bounded), then its backend.
+async fn close(keeper: &Keeper<K8sBackend>) {
+    tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    keeper.backend().close().await.unwrap();
+}
+
 fn pod_exists(server: &Loopback, pod: &str) -> bool {
     server.store().get(&PODS, NS, pod).is_ok()
 }
@@ -289,10 +297,7 @@ async fn a_suspended_pod_goes_to_the_shelf_and_the_next_call_gets_its_workspace_
     assert_eq!(stats.shutdowns_ordered, 0, "{stats:?}");
     second.release().await;
     stats_until(&keeper, "suspended again", |s| s.suspended >= 2).await;
-    tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    keeper.backend().close().await.unwrap();
+    close(&keeper).await;
     assert!(
         owned_by(&server, "shelf-a").is_empty(),
         "{:?}",
@@ -344,10 +349,7 @@ async fn a_put_that_always_fails_leaves_the_pod_and_the_next_call_takes_the_work
     assert!(keeper.stats().discards >= 1);
     sees_first_work(&keeper, &second, &server, &session).await;
     second.release().await;
-    tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    keeper.backend().close().await.unwrap();
+    close(&keeper).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,10 +394,7 @@ async fn a_snapshot_damaged_on_the_shelf_fails_the_start_and_resumes_once_mended
     let third = call(&keeper, "c3", &session).await;
     sees_first_work(&keeper, &third, &server, &session).await;
     third.release().await;
-    tokio::time::timeout(WAIT, keeper.close(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    keeper.backend().close().await.unwrap();
+    close(&keeper).await;
 }
 
 #[tokio::test]
