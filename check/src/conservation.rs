@@ -18,6 +18,9 @@
 //! - the policy lets a workspace go: a Shutdown of a sandbox that started fresh (it continues
 //!   nothing of its key), was not being suspended and did not lose only its instance lets go
 //!   of the work acknowledged in it (a Stop that took a snapshot moved it there before);
+//! - the application let it go: a Shutdown of a sandbox whose last released call asked for it
+//!   (`release_as(Shutdown)`, a kill), not suspended and not of a lost instance, lets go of
+//!   what it held, whatever it continued;
 //! - the backend reported the storage destroyed ([`Conservation::died`]), with a snapshot its
 //!   Stop took that the key does not keep yet (on Kubernetes the same claim), and work
 //!   acknowledged into it once it was destroyed (the write landed before, its answer came
@@ -35,7 +38,7 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
-use sandkeeper::{Command, DiscardReason, Key, PathName, SandboxId, SessionId, Snapshot};
+use sandkeeper::{Command, DiscardReason, Key, PathName, SandboxId, SessionId, Snapshot, WayDown};
 
 use crate::violation::Violation;
 
@@ -63,6 +66,9 @@ struct Workspace {
     suspend: bool,
     /// Its instance was lost with the workspace intact: the core may not delete it.
     instance_lost: bool,
+    /// Its last released call asked it shut down (`Lifecycle::release_as`): the application
+    /// lets its workspace go, as a kill does.
+    asked_shutdown: bool,
 }
 
 /// What a sandbox started in this input starts from, for the report.
@@ -232,6 +238,7 @@ impl Conservation {
                 inherited,
                 suspend: false,
                 instance_lost: false,
+                asked_shutdown: false,
             },
         );
         self.starts.push((sandbox, from));
@@ -384,6 +391,15 @@ impl Conservation {
         }
     }
 
+    /// A call ready in `sandbox` was released asking `way` of its way down (`None`: a plain
+    /// release, the policy's way); the last release decides. Asking `Shutdown` is the
+    /// application's excuse for the workspace it lets go.
+    pub fn asked(&mut self, sandbox: SandboxId, way: Option<WayDown>) {
+        if let Some(w) = self.sandboxes.get_mut(&sandbox) {
+            w.asked_shutdown = way == Some(WayDown::Shutdown);
+        }
+    }
+
     /// The core left `sandbox` to the backend as it was, its way down failed, and said so
     /// (`WayDownFailed`); `kept` is the snapshot its key keeps of it, if any.
     ///
@@ -525,7 +541,8 @@ impl Conservation {
             return;
         };
         let policy_lets_go = !w.inherited && !w.suspend && !w.instance_lost;
-        if policy_lets_go || self.closing {
+        let asked = w.asked_shutdown && !w.suspend && !w.instance_lost;
+        if policy_lets_go || asked || self.closing {
             self.excuse_unheld(&w.key, &w.content);
         }
         self.dirty.push(w.key);

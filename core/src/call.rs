@@ -2,7 +2,7 @@
 //! memory of recently ended calls, and the call inputs: acquire, binding to the key's sandbox
 //! (starting one when there is none), becoming ready, and ending (released, failed, revoked).
 
-use crate::config::Scope;
+use crate::config::{Scope, WayDown};
 use crate::error::{DropReason, Error, ErrorKind};
 use crate::event::Event;
 use crate::ids::{Key, SandboxId, Spec};
@@ -351,6 +351,35 @@ impl Lifecycle {
     ///
     /// Errors: `UnknownCall`, `AlreadyReleased`, `Closed` after close finished.
     pub fn release(&mut self, now: Instant, call: &CallId) -> Result<(), Error> {
+        self.release_with(now, call, None)
+    }
+
+    /// Ends a call as [`release`](Self::release) does, and says how its sandbox goes down when
+    /// it was the sandbox's last call: at once (no warm tier), the way `way` names, whatever
+    /// the release policy says. An application's explicit pause (`WayDown::Suspend`: drain,
+    /// Stop, Persist, kept for the key's next start) or kill (`WayDown::Shutdown`: drain, Stop,
+    /// Shutdown; a snapshot only if the backend's Stop takes one unasked) of one sandbox,
+    /// beside a policy that serves every other release.
+    ///
+    /// The last release decides: when other calls are still bound, `way` is noted and the
+    /// sandbox goes down as the last release of a ready call says (the policy's way if that
+    /// one is a plain `release`). A call released before it was ready, or that ends otherwise
+    /// (failed, or revoked by close), changes nothing of what was asked.
+    /// A lost instance still suspends, and a fleet's handover still goes the way it needs.
+    /// Asking `Shutdown` lets the sandbox's workspace go even when it continues its key's
+    /// history (it resumed or was adopted): the application's choice, as a kill is.
+    ///
+    /// Errors: as [`release`](Self::release).
+    pub fn release_as(&mut self, now: Instant, call: &CallId, way: WayDown) -> Result<(), Error> {
+        self.release_with(now, call, Some(way))
+    }
+
+    fn release_with(
+        &mut self,
+        now: Instant,
+        call: &CallId,
+        way: Option<WayDown>,
+    ) -> Result<(), Error> {
         self.time_passes(now);
         self.check_not_closed("release")?;
         let Some(ix) = self.calls.find(call) else {
@@ -367,9 +396,9 @@ impl Lifecycle {
             );
         };
         self.advance(now);
-        tracing::debug!(call = %call, "release");
+        tracing::debug!(call = %call, way = ?way, "release");
         self.out.stats.calls_released += 1;
-        self.end_call(ix, EndHow::Released);
+        self.end_call(ix, EndHow::Released(way));
         self.finish_input();
         Ok(())
     }
@@ -464,7 +493,7 @@ impl Lifecycle {
         let call = &c.id;
         let session = c.session;
         match how {
-            EndHow::Released => {}
+            EndHow::Released(_) => {}
             EndHow::Failed(error) => {
                 self.out.stats.calls_failed += 1;
                 tracing::debug!(call = %call, error = %error, "call failed");
@@ -481,7 +510,7 @@ impl Lifecycle {
                     .push_back(Event::CallRevoked { call: call.clone() });
             }
         }
-        let released = how == EndHow::Released;
+        let released = matches!(how, EndHow::Released(_));
         match c.state {
             CallState::Waiting { deadline } => {
                 self.timers.cancel(deadline);
@@ -516,6 +545,13 @@ impl Lifecycle {
                 }
                 if released {
                     s.releasing.push((call.clone(), sandbox));
+                }
+                if let EndHow::Released(way) = how {
+                    // The last release of a ready call decides its sandbox's way down.
+                    self.sandboxes
+                        .get_mut(sandbox)
+                        .expect("sandbox of a bound call")
+                        .asked = way;
                 }
                 self.unbind(ix, c.key, sandbox);
             }
@@ -573,7 +609,8 @@ impl Lifecycle {
 /// How a call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EndHow {
-    Released,
+    /// By the application, asking its sandbox's way down or not ([`Lifecycle::release_as`]).
+    Released(Option<WayDown>),
     Failed(ErrorKind),
     Revoked,
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallSpec;
+use crate::config::WayDown;
 use crate::error::Error;
 use crate::fleet::{ClaimId, KeyRecord, RecordingId, ReleaseId, RenewalId, Token};
 use crate::ids::Key;
@@ -31,6 +32,9 @@ pub enum Input {
     Acquire(CallSpec),
     Release {
         call: CallId,
+        /// The way down asked ([`Lifecycle::release_as`]); absent: a plain release.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        way: Option<WayDown>,
     },
     Flush {
         session: SessionId,
@@ -165,7 +169,11 @@ impl Lifecycle {
     pub fn handle(&mut self, now: Instant, input: Input) -> Result<Answer, Error> {
         match input {
             Input::Acquire(spec) => self.acquire(now, spec),
-            Input::Release { call } => self.release(now, &call),
+            Input::Release { call, way: None } => self.release(now, &call),
+            Input::Release {
+                call,
+                way: Some(way),
+            } => self.release_as(now, &call, way),
             Input::Flush {
                 session,
                 path,

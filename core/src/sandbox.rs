@@ -2,6 +2,7 @@
 
 use crate::call::CallIx;
 use crate::command::HookPoint;
+use crate::config::WayDown;
 use crate::fleet::Token;
 use crate::id_index::IdIndex;
 use crate::ids::{SandboxId, Snapshot};
@@ -228,6 +229,9 @@ pub(crate) struct Sandbox {
     /// and no before-hook, and no call binds to it again (`death.rs`). A fact about the
     /// backend's instance, not a state: it stays true on the way down and after.
     pub(crate) instance_lost: bool,
+    /// The way down the last release of a call ready in it asked for
+    /// ([`Lifecycle::release_as`]); `None`: the release policy's. Read when it goes down.
+    pub(crate) asked: Option<WayDown>,
 }
 
 impl Sandbox {
@@ -246,6 +250,7 @@ impl Sandbox {
             deadline: None,
             token: None,
             instance_lost: false,
+            asked: None,
         }
     }
 

@@ -7,7 +7,7 @@
 
 use crate::close::CloseState;
 use crate::command::{Command, DiscardReason, HookPoint};
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::error::{DropReason, Error};
 use crate::event::Event;
 use crate::fleet::Handover;
@@ -197,7 +197,9 @@ impl Lifecycle {
             self.suspend_lost_instance(sandbox);
             return;
         }
-        if record.owner == Ownership::Managed && !idle.is_zero() && !self.is_closing() {
+        // A release that asked a way down skips the warm tier.
+        let warm = record.asked.is_none() && !idle.is_zero();
+        if record.owner == Ownership::Managed && warm && !self.is_closing() {
             tracing::debug!(sandbox = %self.sid(sandbox), "kept warm");
             self.sandboxes.get_mut(sandbox).expect("live").idle();
             self.set_sandbox_timer(sandbox, idle);
@@ -314,8 +316,11 @@ impl Lifecycle {
         self.way_down().cancel_sandbox_timer(sandbox);
         let handover = self.handing_over(sandbox);
         let hand_over = handover == Some(Handover::Warm);
-        // Handed over by suspension: its snapshot is what the key's next owner resumes.
-        let suspend = self.suspends() || handover == Some(Handover::Suspended);
+        // The way its last release asked, else the policy's. Handed over by suspension: its
+        // snapshot is what the key's next owner resumes.
+        let asked = self.sandboxes[sandbox].asked;
+        let suspend = asked.map_or(self.suspends(), |way| way == config::WayDown::Suspend)
+            || handover == Some(Handover::Suspended);
         let record = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = record.is_managed();
         if hand_over {

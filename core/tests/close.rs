@@ -231,7 +231,10 @@ fn after_closed_every_input_is_rejected() {
     assert_eq!(h.core.poll_timeout(), None);
     let inputs = vec![
         Input::Acquire(spec("b", "s")),
-        Input::Release { call: call("a") },
+        Input::Release {
+            call: call("a"),
+            way: None,
+        },
         Input::Flush {
             session: session("s"),
             path: log(),

@@ -217,7 +217,10 @@ fn every_variant_round_trips() {
                 .with_external(external("e"))
                 .with_spec(Spec::new("img")),
         ),
-        Input::Release { call: call("a") },
+        Input::Release {
+            call: call("a"),
+            way: None,
+        },
         Input::Flush {
             session: session("s"),
             path: log(),
@@ -377,7 +380,13 @@ fn lifecycle_round_trip_continues_identically() {
     let rest = vec![
         (ms(0), Input::UploadOk { upload: u1 }),
         (ms(10), Input::StartOk { sandbox: y }),
-        (ms(10), Input::Release { call: call("a") }),
+        (
+            ms(10),
+            Input::Release {
+                call: call("a"),
+                way: None,
+            },
+        ),
         (
             ms(10),
             Input::Unhold {
@@ -385,9 +394,27 @@ fn lifecycle_round_trip_continues_identically() {
             },
         ),
         (ms(5000), Input::Timeout),
-        (ms(0), Input::Release { call: call("q") }),
-        (ms(0), Input::Release { call: call("b") }),
-        (ms(0), Input::Release { call: call("b") }),
+        (
+            ms(0),
+            Input::Release {
+                call: call("q"),
+                way: None,
+            },
+        ),
+        (
+            ms(0),
+            Input::Release {
+                call: call("b"),
+                way: None,
+            },
+        ),
+        (
+            ms(0),
+            Input::Release {
+                call: call("b"),
+                way: None,
+            },
+        ),
         (ms(20_000), Input::Timeout),
         (ms(0), Input::Close { deadline: secs(1) }),
         (

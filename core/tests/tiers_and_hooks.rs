@@ -563,3 +563,82 @@ fn a_sandbox_whose_calls_ended_while_it_started_is_not_hooked() {
     assert_eq!(h.core.stats().hooks_ordered, 0);
     assert_eq!(h.core.stats().orphan_starts, 1);
 }
+
+/// `release_as`: a release that asks a way down skips the warm tier and goes that way,
+/// whatever the policy says: a pause under a policy that shuts down keeps the sandbox
+/// suspended for the key's next start, and a kill of the resumed sandbox under a policy that
+/// suspends shuts it down, its workspace let go.
+#[test]
+fn a_release_that_asks_a_way_goes_that_way_at_once() {
+    let mut h = tiers(60, WayDown::Shutdown, None);
+    let x = h.ready_call("a", "s");
+    h.release_as("a", WayDown::Suspend).unwrap();
+    h.expect_events(&[released("a")]);
+    // No warm tier: the drain and the suspending Stop come at once.
+    suspend(&mut h, x, "s", "snap-x");
+    h.quiet();
+
+    h.acquire("b", "s");
+    let start = h.take_start();
+    assert_eq!(start.resume_from, Some(snap("snap-x")));
+    h.start_ok(start.sandbox);
+    h.expect_events(&[ready("b", start.sandbox)]);
+    h.expect_commands(&[taken(x, "s", "snap-x")]);
+
+    let y = start.sandbox;
+    h.release_as("b", WayDown::Shutdown).unwrap();
+    h.expect_events(&[released("b")]);
+    h.expect_commands(&[drain(y, &["s"]), stop(y)]);
+    h.stop_ok(y, None);
+    h.expect_commands(&[shutdown(y)]);
+    h.shutdown_ok(y);
+    h.quiet();
+    assert_eq!(h.core.stats().discards, 1);
+}
+
+/// The last release decides: a call that asked a way while another call of the key was still
+/// bound asks nothing once that one releases plainly (the policy's warm tier applies), and a
+/// plain release after an asked one is the policy's again.
+#[test]
+fn the_last_release_decides_the_way_down() {
+    let mut h = Script::with(|c| {
+        c.scope = Scope::Session;
+        c.same_key = SameKey::Share;
+        c.release = ReleasePolicy::Tiered(Tiers {
+            idle: secs(10),
+            then: WayDown::Suspend,
+            retain: None,
+        });
+    });
+    let x = h.ready_call("a", "s");
+    h.acquire("b", "s");
+    h.expect_events(&[ready("b", x)]);
+    h.release_as("a", WayDown::Shutdown).unwrap();
+    h.take_events();
+    h.quiet(); // "b" still holds it
+    h.release("b");
+    h.take_events();
+    h.quiet(); // warm, as the policy says: the plain release was the last
+    h.advance(secs(10));
+    suspend(&mut h, x, "s", "snap-x");
+}
+
+/// Asking a way of a call that is not live is refused as `release` refuses it, and changes
+/// nothing.
+#[test]
+fn release_as_refuses_what_release_refuses() {
+    let mut h = tiers(0, WayDown::Shutdown, None);
+    let x = h.ready_call("a", "s");
+    assert!(matches!(
+        h.release_as("nobody", WayDown::Suspend),
+        Err(Error::UnknownCall { .. })
+    ));
+    h.release("a");
+    h.take_events();
+    h.expect_commands(&[drain(x, &["s"]), stop(x)]);
+    assert!(matches!(
+        h.release_as("a", WayDown::Suspend),
+        Err(Error::AlreadyReleased { .. })
+    ));
+    h.quiet();
+}

@@ -1,6 +1,6 @@
 //! The call guard: a ready call's sandbox, and its one release.
 
-use sandkeeper::{CallId, SandboxId, SessionId};
+use sandkeeper::{CallId, SandboxId, SessionId, WayDown};
 use sandkeeper_shell::{CallTicket, Released};
 use tracing::{Instrument, Span};
 
@@ -73,6 +73,17 @@ impl<B: Backend> CallGuard<B> {
     pub async fn release(self) -> Released {
         let CallGuard { ticket, span, .. } = self;
         let wait = span.in_scope(|| ticket.release());
+        wait.instrument(span).await.unwrap_or(Released::Closed)
+    }
+
+    /// Releases the call asking its sandbox's way down, and waits until the release completed:
+    /// when it is the sandbox's last call, `WayDown::Suspend` pauses the sandbox (drain, Stop,
+    /// Persist: kept for its key's next call, which resumes it) and `WayDown::Shutdown` lets it
+    /// go (drain, Stop, Shutdown), whatever the keeper's release policy says
+    /// (`Lifecycle::release_as`).
+    pub async fn release_as(self, way: WayDown) -> Released {
+        let CallGuard { ticket, span, .. } = self;
+        let wait = span.in_scope(|| ticket.release_as(way));
         wait.instrument(span).await.unwrap_or(Released::Closed)
     }
 }

@@ -303,3 +303,74 @@ async fn hooks_run_in_the_sandbox_at_their_places() {
     keeper.check_invariants().unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Waits until the keeper forgot `sandbox` (its way down ended). A completed release says the
+/// session's mirror settled, not that the Stop and Persist or Shutdown ran: those are real
+/// renames and removals, polled with a bound (ten seconds, far above their milliseconds).
+async fn gone(keeper: &Keeper<LocalBackend>, sandbox: sandkeeper::SandboxId) {
+    for _ in 0..1000 {
+        if keeper.sandbox_state(sandbox).is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{sandbox} still tracked after ten seconds");
+}
+
+/// `release_as`, what sandkeeperd's pause and kill are: under the default policy (shut down at
+/// the last release, no snapshots), a release asking `Suspend` keeps the workspace for the
+/// key's next call, which resumes it with its files; a release asking `Shutdown` of that
+/// resumed sandbox deletes it, and the key's next call starts empty.
+#[tokio::test]
+async fn release_as_pauses_and_kills_whatever_the_policy() {
+    let root = root("release-as");
+    let config = LocalConfig {
+        snapshots: false,
+        ..LocalConfig::new(&root)
+    };
+    let backend = LocalBackend::new(config).unwrap();
+    let keeper = Keeper::new(KeeperConfig::default(), backend).unwrap();
+    let snapshot_dir = keeper.backend().snapshots_dir();
+
+    let guard = keeper.acquire(spec("c1")).await.unwrap();
+    let first = guard.sandbox();
+    guard
+        .work()
+        .write("notes.txt", b"kept".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        guard.release_as(WayDown::Suspend).await,
+        Released::Completed
+    );
+    gone(&keeper, first).await;
+    assert_eq!(keeper.stats().suspended, 1);
+    assert!(!keeper.backend().sandbox_dir(first).exists());
+    assert_eq!(
+        snapshots(&snapshot_dir).len(),
+        1,
+        "the paused workspace is kept"
+    );
+
+    let guard = keeper.acquire(spec("c2")).await.unwrap();
+    let resumed = guard.sandbox();
+    assert_ne!(resumed, first);
+    assert_eq!(keeper.stats().resumes_ordered, 1);
+    assert_eq!(guard.work().read("notes.txt").await.unwrap(), b"kept");
+    assert_eq!(
+        guard.release_as(WayDown::Shutdown).await,
+        Released::Completed
+    );
+    gone(&keeper, resumed).await;
+    assert!(!keeper.backend().sandbox_dir(resumed).exists());
+    assert!(snapshots(&snapshot_dir).is_empty(), "a kill keeps nothing");
+
+    let guard = keeper.acquire(spec("c3")).await.unwrap();
+    assert!(
+        guard.work().read("notes.txt").await.is_err(),
+        "fresh after a kill"
+    );
+    assert_eq!(guard.release().await, Released::Completed);
+    keeper.close(Duration::from_secs(5)).await;
+    let _ = std::fs::remove_dir_all(&root);
+}

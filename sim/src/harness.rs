@@ -206,7 +206,15 @@ impl Harness {
             Step::Release(call) => {
                 let r = self.core.release(now, call);
                 match &r {
-                    Ok(()) => self.history.released(call),
+                    Ok(()) => self.history.released(call, None),
+                    Err(e) => self.history.release_rejected(call, e.kind()),
+                }
+                self.after(r.map_err(|e| e.kind()))?;
+            }
+            Step::ReleaseAs(call, way) => {
+                let r = self.core.release_as(now, call, *way);
+                match &r {
+                    Ok(()) => self.history.released(call, Some(*way)),
                     Err(e) => self.history.release_rejected(call, e.kind()),
                 }
                 self.after(r.map_err(|e| e.kind()))?;

@@ -15,7 +15,7 @@
 use sandkeeper::{
     CallId, Command, Config, DiscardReason, ErrorKind, Event, ExternalId, HookPoint, Hooks,
     Instant, Key, Lifecycle, PathName, ReleasePolicy, SandboxId, SessionId, SessionList,
-    Settlement, Snapshot, UploadId, UserId,
+    Settlement, Snapshot, UploadId, UserId, WayDown,
 };
 
 use sandkeeper_check::{
@@ -72,6 +72,8 @@ pub struct SandboxRecord {
     pub instance_lost: bool,
     /// The deadline (ms) of its Stop or Persist outstanding, if one is.
     pub way_down_due: Option<u64>,
+    /// The way down its last released ready call asked (`release_as`); `None`: the policy's.
+    pub asked: Option<WayDown>,
 }
 
 /// The flags of a sandbox record, copied out for a check.
@@ -303,6 +305,12 @@ impl History {
         self.sandboxes.entry(x)
     }
 
+    /// Whether `x` goes down suspended: the way its last release asked, else the policy's.
+    fn wants_suspend(&self, x: SandboxId) -> bool {
+        let asked = self.sandboxes.get(&x).and_then(|s| s.asked);
+        asked.map_or(self.release.suspends(), |way| way == WayDown::Suspend)
+    }
+
     // ------------------------------------------------------------------------------------------
     // Inputs the core accepted
 
@@ -342,8 +350,8 @@ impl History {
         }
     }
 
-    /// `release` returned `Ok`.
-    pub fn released(&mut self, call: &CallId) {
+    /// `release` (`way`: `None`) or `release_as` returned `Ok`.
+    pub fn released(&mut self, call: &CallId, way: Option<WayDown>) {
         self.releases += 1;
         let c = match self.calls.released(call) {
             Ok(c) => c,
@@ -358,6 +366,12 @@ impl History {
             self.touched.sandbox(x);
         }
         if let (Phase::Ready, Some(x)) = (c.phase, c.sandbox) {
+            // The last release decides the way down (a call never ready asks nothing).
+            self.sbx(x).asked = way;
+            self.conservation.asked(x, way);
+            if way.is_some() {
+                self.marks.hit(Mark::ReleaseAsked);
+            }
             if !dead(&self.sandboxes, x) {
                 self.mirror.released_up(&c.session);
                 // The mirror lingers on the released sandbox unless another call of the
@@ -556,7 +570,7 @@ impl History {
 
     /// A Persist was answered `ok` (before the core saw it).
     pub fn persist_answered(&mut self, x: SandboxId) {
-        let policy = self.release.suspends();
+        let policy = self.wants_suspend(x);
         let now = Instant::from_millis(self.now_ms);
         let s = self.sbx(x);
         // A sandbox whose instance was lost is suspended whatever the policy.
@@ -954,7 +968,20 @@ impl History {
                     "Stop for {x} without a Drain first"
                 );
                 let now = self.now_ms;
-                let wanted = if self.release.suspends() {
+                let asked = self.sandboxes.get(&x).and_then(|s| s.asked);
+                check!(
+                    self,
+                    asked != Some(WayDown::Shutdown) || !*suspend || lost,
+                    "release-way",
+                    "Stop for {x} suspends it, though its last release asked it shut down"
+                );
+                check!(
+                    self,
+                    asked != Some(WayDown::Suspend) || *suspend || hooked,
+                    "release-way",
+                    "Stop for {x} shuts it down, though its last release asked it suspended"
+                );
+                let wanted = if asked.map_or(self.release.suspends(), |w| w == WayDown::Suspend) {
                     self.hooks.before_suspend
                 } else {
                     self.hooks.before_stop
@@ -1400,11 +1427,14 @@ impl History {
 
     /// Every started sandbox was ordered to shut down (or suspended under `Suspend`).
     pub fn check_every_started_shut_down(&mut self) {
-        let suspend = self.release.suspends();
+        let policy = self.release.suspends();
         let left = self
             .sandboxes
             .iter()
-            .filter(|(_, s)| s.lane.is_started() && !s.lane.has_ended(suspend || s.instance_lost))
+            .filter(|(_, s)| {
+                let suspend = s.asked.map_or(policy, |way| way == WayDown::Suspend);
+                s.lane.is_started() && !s.lane.has_ended(suspend || s.instance_lost)
+            })
             .map(|(x, _)| x)
             .min();
         if let Some(x) = left {

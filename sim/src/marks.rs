@@ -63,6 +63,8 @@ pub enum Mark {
     DrainWaitsForHold,
     /// A call was released while waiting or starting (a cancellation).
     CancelBeforeReady,
+    /// A ready call's release asked its sandbox's way down (`release_as`).
+    ReleaseAsked,
     /// A live call's name was acquired again.
     DuplicateCall,
     /// An ended call was released again.
@@ -91,7 +93,7 @@ pub enum Mark {
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 41] = [
+pub const ALL: [Mark; 42] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -121,6 +123,7 @@ pub const ALL: [Mark; 41] = [
     Mark::SharedSandbox,
     Mark::DrainWaitsForHold,
     Mark::CancelBeforeReady,
+    Mark::ReleaseAsked,
     Mark::DuplicateCall,
     Mark::AlreadyReleased,
     Mark::Closed,
@@ -168,6 +171,7 @@ impl Mark {
             Mark::SharedSandbox => "shared-sandbox",
             Mark::DrainWaitsForHold => "drain-waits-for-hold",
             Mark::CancelBeforeReady => "cancel-before-ready",
+            Mark::ReleaseAsked => "release-asked",
             Mark::DuplicateCall => "duplicate-call",
             Mark::AlreadyReleased => "already-released",
             Mark::Closed => "closed",

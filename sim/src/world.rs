@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sandkeeper::{CallId, ExternalId, PathName, SessionId, UserId};
+use sandkeeper::{CallId, ExternalId, PathName, SessionId, UserId, WayDown};
 
 use crate::backend::{Fate, Op};
 use crate::harness::Harness;
@@ -264,6 +264,15 @@ impl World {
         self.ended.push(call.clone());
         if self.ended.len() > 16 {
             self.ended.remove(0);
+        }
+        // One release in eight asks its sandbox's way down (an application's pause or kill).
+        if self.rng.chance(125) {
+            let way = if self.rng.chance(500) {
+                WayDown::Suspend
+            } else {
+                WayDown::Shutdown
+            };
+            return Some(Move::Step(Step::ReleaseAs(call, way)));
         }
         Some(Move::Step(Step::Release(call)))
     }

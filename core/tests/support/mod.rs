@@ -515,7 +515,7 @@ impl Script {
                 let h = &self.history;
                 let judged = match &input {
                     Input::Acquire(spec) => h.calls.acquire_rejected(&spec.call, e.kind()),
-                    Input::Release { call } => {
+                    Input::Release { call, .. } => {
                         h.calls
                             .release_rejected(call, e.kind(), h.outputs.is_closed())
                     }
@@ -552,7 +552,7 @@ impl Script {
                         spec.user.as_ref(),
                         spec.external.as_ref(),
                     ),
-                    Input::Release { call } => calls.released(call).map(|c| {
+                    Input::Release { call, .. } => calls.released(call).map(|c| {
                         let up = |x| !h.lanes.get(x).is_some_and(|l| l.is_dead());
                         if c.phase == Phase::Ready && c.sandbox.is_some_and(up) {
                             h.mirror.released_up(&c.session);
@@ -845,7 +845,20 @@ impl Script {
 
     /// Releases `c`, returning what the core said.
     pub fn try_release(&mut self, c: &str) -> Result<(), Error> {
-        self.input(Input::Release { call: call(c) }).map(|_| ())
+        self.input(Input::Release {
+            call: call(c),
+            way: None,
+        })
+        .map(|_| ())
+    }
+
+    /// Releases `c`, asking its sandbox's way down ([`Lifecycle::release_as`]).
+    pub fn release_as(&mut self, c: &str, way: WayDown) -> Result<(), Error> {
+        self.input(Input::Release {
+            call: call(c),
+            way: Some(way),
+        })
+        .map(|_| ())
     }
 
     /// Flushes `bytes` as the next version of (s, p).

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use sandkeeper::{
     CallId, CallSpec, CloseReport, Event, Input, Instant, Lifecycle, PathName, Payload, SandboxId,
-    SessionId, Stats, Version, Violation,
+    SessionId, Stats, Version, Violation, WayDown,
 };
 
 use crate::error::{CallEnd, KeeperError, Released};
@@ -162,8 +162,14 @@ impl<E: Executor> Shared<E> {
         })
     }
 
-    /// Releases the call of `ticket` and returns a waiter for the release's completion.
-    fn release(self: &Arc<Self>, call: &CallId, ticket: u64) -> Wait<Released> {
+    /// Releases the call of `ticket` (asking `way` of its sandbox's way down, if given) and
+    /// returns a waiter for the release's completion.
+    fn release(
+        self: &Arc<Self>,
+        call: &CallId,
+        ticket: u64,
+        way: Option<WayDown>,
+    ) -> Wait<Released> {
         let mut st = lock(&self.state);
         if st.calls.get(call).is_none_or(|e| e.ticket != ticket) {
             // The core already ended it: revoked by close, or close finished.
@@ -175,7 +181,11 @@ impl<E: Executor> Shared<E> {
             return Wait::ready(outcome);
         }
         let now = self.executor.now();
-        if let Err(error) = st.core.release(now, call) {
+        let released = match way {
+            None => st.core.release(now, call),
+            Some(way) => st.core.release_as(now, call, way),
+        };
+        if let Err(error) = released {
             tracing::debug!(call = %call, %error, "release refused");
             st.release_refusals += 1;
             st.calls.remove(call);
@@ -609,7 +619,15 @@ impl<E: Executor> CallTicket<E> {
     /// ([`Released::Completed`]), or says that close ended the call first.
     pub fn release(mut self) -> Wait<Released> {
         self.done = true;
-        self.shared.release(&self.call, self.ticket)
+        self.shared.release(&self.call, self.ticket, None)
+    }
+
+    /// Releases the call as [`release`](Self::release) does, asking its sandbox's way down
+    /// when it is the sandbox's last call (`Lifecycle::release_as`): `Suspend` pauses it for
+    /// the key's next call, `Shutdown` lets its workspace go, whatever the release policy says.
+    pub fn release_as(mut self, way: WayDown) -> Wait<Released> {
+        self.done = true;
+        self.shared.release(&self.call, self.ticket, Some(way))
     }
 }
 

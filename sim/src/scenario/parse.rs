@@ -454,8 +454,18 @@ pub(super) fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError
         }
         "release" => {
             let c = line.positional("a call name")?;
-            line.done()?;
-            Step::Release(call_name(line, c)?)
+            let call = call_name(line, c)?;
+            let keys = line.keys(&["as"])?;
+            match get(&keys, "as") {
+                None => Step::Release(call),
+                Some("suspend") => Step::ReleaseAs(call, WayDown::Suspend),
+                Some("shutdown") => Step::ReleaseAs(call, WayDown::Shutdown),
+                Some(other) => {
+                    return line.err(format!(
+                        "as={other}: a release asks `suspend` or `shutdown`"
+                    ))
+                }
+            }
         }
         "flush" => {
             let s = line.positional("a session name")?;

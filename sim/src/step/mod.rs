@@ -9,7 +9,7 @@ pub mod fleet;
 use std::fmt;
 use std::time::Duration;
 
-use sandkeeper::{CallId, ExternalId, PathName, SessionId, Snapshot, UserId};
+use sandkeeper::{CallId, ExternalId, PathName, SessionId, Snapshot, UserId, WayDown};
 
 /// What a `resolve` step expects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +167,9 @@ pub enum Step {
     },
     /// `release <call>`
     Release(CallId),
+    /// `release <call> as=<suspend|shutdown>`: a release that asks its sandbox's way down
+    /// (`Lifecycle::release_as`).
+    ReleaseAs(CallId, WayDown),
     /// `flush <session> [path=<p>] [bytes=<n>]`
     Flush {
         /// The session.
@@ -246,6 +249,14 @@ pub const STATES: [sandkeeper::SandboxState; 10] = [
     sandkeeper::SandboxState::Dead,
     sandkeeper::SandboxState::HandingOver,
 ];
+
+/// A way down as `release … as=` spells it.
+pub fn way_name(way: WayDown) -> &'static str {
+    match way {
+        WayDown::Suspend => "suspend",
+        WayDown::Shutdown => "shutdown",
+    }
+}
 
 /// Writes a duration the way scenario files spell it.
 pub fn fmt_duration(d: Duration) -> String {
@@ -356,6 +367,7 @@ impl fmt::Display for Step {
                 Ok(())
             }
             Step::Release(c) => write!(f, "release {c}"),
+            Step::ReleaseAs(c, way) => write!(f, "release {c} as={}", way_name(*way)),
             Step::Flush {
                 session,
                 path,

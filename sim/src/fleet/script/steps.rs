@@ -70,6 +70,13 @@ impl World {
             Step::Release(call) => self
                 .app(r, Told::Release(call), |core, t| core.release(t, call))
                 .map(drop),
+            // The fleet's checkers follow the policy's way down: the fleet worlds never ask
+            // one, and a scenario that does is judged by them as if the policy had.
+            Step::ReleaseAs(call, way) => self
+                .app(r, Told::Release(call), |core, t| {
+                    core.release_as(t, call, *way)
+                })
+                .map(drop),
             Step::Flush {
                 session,
                 path,
