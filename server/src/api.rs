@@ -1,6 +1,6 @@
-//! The sandbox REST API (the control plane): create, list, get, kill, timeout, refresh and
-//! connect (to a running sandbox). Every route takes the caller's team from `X-API-KEY`
-//! first; a sandbox of another team answers exactly as an unknown one (404).
+//! The sandbox REST API (the control plane): create, list, get, kill, timeout, refresh, pause,
+//! resume and connect (which resumes a paused sandbox). Every route takes the caller's team
+//! from `X-API-KEY` first; a sandbox of another team answers exactly as an unknown one (404).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::auth::Team;
 use crate::clock;
 use crate::error::ApiError;
-use crate::registry::{NewSandbox, Sandbox};
+use crate::registry::{NewSandbox, Resumed, Sandbox};
 use crate::server::AppState;
 
 /// The envd version this server claims: the SDKs gate features on it (0.5.7: uploads as
@@ -48,6 +48,7 @@ struct CreateBody {
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
     auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
     auto_resume: Option<Value>,
     network: Option<Value>,
     mcp: Option<Value>,
@@ -73,9 +74,10 @@ fn check_create(
     body: CreateBody,
     max_timeout: Duration,
 ) -> Result<NewSandbox, ApiError> {
-    if body.auto_pause == Some(true) {
+    if body.auto_pause_memory == Some(true) {
         return Err(ApiError::bad_request(
-            "autoPause (pause on timeout) is not supported yet by sandkeeperd",
+            "autoPauseMemory is not supported by sandkeeperd: a pause keeps the filesystem, \
+             not memory (running processes end)",
         ));
     }
     if body
@@ -127,6 +129,7 @@ fn check_create(
         metadata,
         env,
         session,
+        auto_pause: body.auto_pause == Some(true),
     })
 }
 
@@ -296,22 +299,85 @@ struct ConnectBody {
     timeout: Option<i64>,
 }
 
-/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 and the sandbox,
-/// which is running (nothing is ever paused here); a timeout only lengthens its life.
+/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 and the sandbox
+/// when it was running (a timeout only lengthens its life), 201 when it was paused and is
+/// resumed (expiring `timeout` from now, 300 s if none is given).
 pub async fn connect(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let team = app.caller(&headers)?;
     let body: ConnectBody = crate::body::json(&headers, body, app.limits.json_body).await?;
-    let sandbox = visible(&app, &team, &id)?;
-    if let Some(t) = body.timeout {
-        let timeout = check_timeout(t, app.limits.max_timeout)?;
-        app.registry.set_timeout(&team, &id, timeout, true);
+    let timeout = body
+        .timeout
+        .map(|t| check_timeout(t, app.limits.max_timeout))
+        .transpose()?;
+    let (sandbox, resumed) = app
+        .registry
+        .resume(&team, &id, timeout.unwrap_or(DEFAULT_TIMEOUT))
+        .await?;
+    let status = match resumed {
+        Resumed::Resumed => StatusCode::CREATED,
+        Resumed::WasRunning => {
+            if let Some(timeout) = timeout {
+                app.registry.set_timeout(&team, &id, timeout, true);
+            }
+            StatusCode::OK
+        }
+    };
+    Ok((status, Json(sandbox_json(&sandbox))).into_response())
+}
+
+#[derive(Deserialize)]
+struct ResumeBody {
+    timeout: Option<i64>,
+}
+
+/// `POST /sandboxes/{id}/resume` (the 1.x SDKs' resume): 201 and the sandbox once resumed; 409
+/// when it is running.
+pub async fn resume(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let team = app.caller(&headers)?;
+    let body: ResumeBody = crate::body::json(&headers, body, app.limits.json_body).await?;
+    let timeout = match body.timeout {
+        None => DEFAULT_TIMEOUT,
+        Some(t) => check_timeout(t, app.limits.max_timeout)?,
+    };
+    let visible = visible(&app, &team, &id)?;
+    if !visible.is_paused() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already running"),
+        ));
     }
-    Ok(Json(sandbox_json(&sandbox)))
+    let (sandbox, _) = app.registry.resume(&team, &id, timeout).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(&sandbox))).into_response())
+}
+
+/// A pause's body: read so that malformed JSON is refused; its fields are not interpreted.
+#[derive(Deserialize)]
+struct PauseBody {}
+
+/// `POST /sandboxes/{id}/pause`: 204 once the sandbox is paused (its commands ended, its
+/// in-flight work drained, its workspace kept by the keeper), 409 when it is paused already.
+/// The body (`memory`, `requireHealthyGuest`) is read and bounded, not interpreted: a pause
+/// keeps the filesystem, never memory.
+pub async fn pause(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let team = app.caller(&headers)?;
+    let _: PauseBody = crate::body::json(&headers, body, app.limits.json_body).await?;
+    app.registry.pause(&team, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /sandboxes/{id}/metrics`: no metrics are collected yet, so an empty list.
@@ -335,7 +401,6 @@ pub async fn sandbox_unsupported(
     let team = app.caller(&headers)?;
     visible(&app, &team, &id)?;
     let what = match what.as_str() {
-        "pause" | "resume" => "pause and resume (the Suspend tier) is not supported yet; it",
         "fork" => "fork",
         "snapshots" => "snapshots",
         "network" => "network rules",
@@ -418,9 +483,12 @@ fn detail_json(s: &Sandbox, sizes: Sizes) -> Value {
         "cpuCount": sizes.cpus,
         "memoryMB": sizes.memory_mb,
         "diskSizeMB": sizes.disk_mb,
-        "state": "running",
+        "state": if s.is_paused() { "paused" } else { "running" },
         "metadata": s.metadata,
-        "lifecycle": {"autoResume": false, "onTimeout": "kill"},
+        "lifecycle": {
+            "autoResume": false,
+            "onTimeout": if s.auto_pause { "pause" } else { "kill" },
+        },
         "domain": null,
     })
 }

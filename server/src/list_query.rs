@@ -11,8 +11,10 @@ use crate::registry::Sandbox;
 
 /// A list's query, checked.
 pub struct ListQuery {
-    /// Whether running sandboxes are asked for (every sandbox here runs).
+    /// Whether running sandboxes are asked for.
     running: bool,
+    /// Whether paused sandboxes are asked for.
+    paused: bool,
     metadata: Vec<(String, String)>,
     template: Option<String>,
     started_after: Option<SystemTime>,
@@ -30,6 +32,7 @@ impl ListQuery {
     pub fn parse(raw: &str) -> Result<Self, ApiError> {
         let mut q = ListQuery {
             running: true,
+            paused: true,
             metadata: Vec::new(),
             template: None,
             started_after: None,
@@ -40,7 +43,10 @@ impl ListQuery {
         };
         for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
             match k.as_ref() {
-                "state" => q.running = v.split(',').any(|s| s == "running"),
+                "state" => {
+                    q.running = v.split(',').any(|s| s == "running");
+                    q.paused = v.split(',').any(|s| s == "paused");
+                }
                 "limit" => {
                     q.limit = v
                         .parse()
@@ -71,11 +77,14 @@ impl ListQuery {
 
     /// Whether the sandbox is one the query asks for.
     pub fn matches(&self, s: &Sandbox) -> bool {
-        self.running
-            && self
-                .metadata
-                .iter()
-                .all(|(k, v)| s.metadata.get(k) == Some(v))
+        (if s.is_paused() {
+            self.paused
+        } else {
+            self.running
+        }) && self
+            .metadata
+            .iter()
+            .all(|(k, v)| s.metadata.get(k) == Some(v))
             && self.template.as_ref().is_none_or(|t| t == &s.template)
             && self.started_after.is_none_or(|t| s.started >= t)
     }

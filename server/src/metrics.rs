@@ -33,7 +33,7 @@ type Latency = Family<Labels, Histogram, fn() -> Histogram>;
 /// Every metric of the server.
 pub struct Metrics {
     registry: Registry,
-    /// Sandboxes live now.
+    /// Sandboxes running now.
     pub sandboxes: Gauge,
     /// Creates, by outcome.
     pub creates: Family<Labels, Counter>,
@@ -47,6 +47,12 @@ pub struct Metrics {
     pub create_seconds: Latency,
     /// From a kill's start to the keeper call released, by reason.
     pub kill_seconds: Latency,
+    /// Paused sandboxes now.
+    pub paused: Gauge,
+    /// From a pause's start to its keeper call released asking `Suspend`, by reason.
+    pub pause_seconds: Latency,
+    /// From a resume's start (connect of a paused sandbox) to its new call ready, by outcome.
+    pub resume_seconds: Latency,
 }
 
 fn latency() -> Histogram {
@@ -65,9 +71,16 @@ impl Default for Metrics {
             commands: Family::default(),
             create_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             kill_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            paused: Gauge::default(),
+            pause_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            resume_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             registry: Registry::default(),
         };
-        registry.register("sandboxes", "Sandboxes live now", metrics.sandboxes.clone());
+        registry.register(
+            "sandboxes",
+            "Sandboxes running now",
+            metrics.sandboxes.clone(),
+        );
         registry.register(
             "creates",
             "Sandbox creates, by outcome",
@@ -93,6 +106,17 @@ impl Default for Metrics {
             "kill_seconds",
             "From a kill's start to its keeper call released, by reason",
             metrics.kill_seconds.clone(),
+        );
+        registry.register("paused", "Sandboxes paused now", metrics.paused.clone());
+        registry.register(
+            "pause_seconds",
+            "From a pause's start to its keeper call released (drained, suspending), by reason",
+            metrics.pause_seconds.clone(),
+        );
+        registry.register(
+            "resume_seconds",
+            "From a resume's start to its sandbox ready again, by outcome",
+            metrics.resume_seconds.clone(),
         );
         Metrics {
             registry,

@@ -1,19 +1,33 @@
 //! The sandbox table: every E2B sandbox this server runs, with the keeper call that holds its
 //! keeper sandbox, its team, its access token and its timeout.
 //!
-//! An E2B sandbox is one keeper call: create acquires it ([`Registry::create`]), and the
-//! [`CallGuard`] stays here while the sandbox lives. Work in it ([`Sandbox::lease`]) holds the
-//! guard for reading; kill and expiry ([`Registry::kill`]) take the sandbox out of the table
-//! first (new requests see it gone), kill its commands, wait for every lease (the in-flight
-//! file operations finish), then release the call and wait for the release (the keeper drains
-//! and shuts the sandbox down).
+//! An E2B sandbox is one keeper call at a time on its session's key: create acquires it
+//! ([`Registry::create`]), and the [`CallGuard`] stays here while the sandbox runs. Work in it
+//! ([`Sandbox::lease`]) holds the guard for reading. Every transition takes it for writing, so
+//! it waits for every lease (the in-flight file operations finish) and no two transitions of
+//! one sandbox overlap:
+//!
+//! - kill and expiry ([`Registry::kill`]) take the sandbox out of the table first (new
+//!   requests see it gone), kill its commands, then release the call asking `Shutdown` and
+//!   wait for the release (the keeper drains, stops and deletes the workspace); a paused
+//!   sandbox is resumed first, then killed the same way (the keeper deletes only what a call
+//!   let go of);
+//! - pause, and expiry with `autoPause` ([`Registry::pause`]), kill its commands, then release
+//!   the call asking `Suspend` (the keeper drains, stops and keeps the workspace for the
+//!   session's next call); the sandbox stays in the table, paused;
+//! - connect and resume of a paused sandbox ([`Registry::resume`]) acquire a new call on the
+//!   same session: the keeper's Start resumes the kept workspace.
+//!
+//! The last release on a key decides its way down: sandboxes that share a session (metadata
+//! `sandkeeper.session`) share one keeper sandbox, which a pause or kill of one of them leaves
+//! running for the others.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use sandkeeper::{CallId, CallSpec, SessionId};
+use sandkeeper::{CallId, CallSpec, SessionId, WayDown};
 use sandkeeper_tokio::{CallGuard, Keeper, LocalBackend, SandboxWork};
 use subtle::ConstantTimeEq;
 use tokio::sync::{watch, OwnedRwLockReadGuard, RwLock};
@@ -43,6 +57,28 @@ pub struct NewSandbox {
     pub env: Vec<(String, String)>,
     /// The keeper session named by the metadata, if any (else the sandbox id is the session).
     pub session: Option<SessionId>,
+    /// At its timeout it is paused (`autoPause`), not killed.
+    pub auto_pause: bool,
+}
+
+/// Where a sandbox is, with what belongs there.
+enum Life {
+    /// Running: its keeper call.
+    Running(Guard),
+    /// Paused: no call; its session's keeper sandbox is suspended (or, shared, runs on for
+    /// the others).
+    Paused,
+    /// Killed: out of the table.
+    Ended,
+}
+
+/// What [`Registry::resume`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// It was running already.
+    WasRunning,
+    /// It was paused, and runs again.
+    Resumed,
 }
 
 /// One E2B sandbox.
@@ -67,15 +103,21 @@ pub struct Sandbox {
     end_at: Mutex<SystemTime>,
     /// When it expires, for its timer.
     deadline: watch::Sender<Instant>,
-    /// The keeper call; `None` once it was released.
-    guard: Arc<RwLock<Option<Guard>>>,
+    /// At its timeout it is paused, not killed.
+    pub auto_pause: bool,
+    /// Running with its keeper call, paused, or ended; every transition holds it for writing.
+    life: Arc<RwLock<Life>>,
+    /// The API's view of `life` (list, get, envd routing), set under its write lock.
+    paused: AtomicBool,
+    /// How many times it was resumed: its timer's generation, and its next call's name.
+    resumes: AtomicU32,
     /// Its commands (envd's process service).
     pub processes: Processes,
     next_pid: AtomicU32,
 }
 
-/// The sandbox's call held for one piece of work: kill waits for it.
-pub struct Lease(OwnedRwLockReadGuard<Option<Guard>, Guard>);
+/// The sandbox's call held for one piece of work: kill and pause wait for it.
+pub struct Lease(OwnedRwLockReadGuard<Life, Guard>);
 
 impl Lease {
     /// The call's work in its sandbox.
@@ -100,12 +142,21 @@ impl Sandbox {
         *lock(&self.end_at)
     }
 
-    /// The sandbox's call for one piece of work, or `None` once it was released.
+    /// The sandbox's call for one piece of work, or `None` while it is paused or once it was
+    /// killed.
     pub async fn lease(&self) -> Option<Lease> {
-        let held = self.guard.clone().read_owned().await;
-        OwnedRwLockReadGuard::try_map(held, Option::as_ref)
-            .ok()
-            .map(Lease)
+        let held = self.life.clone().read_owned().await;
+        OwnedRwLockReadGuard::try_map(held, |life| match life {
+            Life::Running(guard) => Some(guard),
+            Life::Paused | Life::Ended => None,
+        })
+        .ok()
+        .map(Lease)
+    }
+
+    /// Whether it is paused (as the API shows it).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
     }
 
     /// A new process id in this sandbox.
@@ -128,7 +179,8 @@ impl Sandbox {
 /// Bounds of the table.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Sandboxes one team may have at once (creating counts).
+    /// Running sandboxes one team may have at once (creating and resuming count; paused ones
+    /// do not).
     pub sandboxes_per_team: usize,
 }
 
@@ -225,7 +277,10 @@ impl Registry {
             started: clock::now(),
             end_at: Mutex::new(clock::after(clock::now(), new.timeout)),
             deadline,
-            guard: Arc::new(RwLock::new(Some(guard))),
+            auto_pause: new.auto_pause,
+            life: Arc::new(RwLock::new(Life::Running(guard))),
+            paused: AtomicBool::new(false),
+            resumes: AtomicU32::new(0),
             processes: Processes::default(),
             next_pid: AtomicU32::new(1),
         });
@@ -234,7 +289,7 @@ impl Registry {
             .sandboxes
             .insert(id.clone(), sandbox.clone());
         self.metrics.sandboxes.inc();
-        tokio::spawn(self.clone().timer(id, expiry));
+        tokio::spawn(self.clone().timer(sandbox.clone(), 0, expiry));
         tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, session = %sandbox.session, "created");
         Ok(sandbox)
     }
@@ -328,25 +383,190 @@ impl Registry {
     async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
         let began = Instant::now();
         sandbox.processes.kill_all();
-        let guard = sandbox.guard.write().await.take();
+        let mut life = sandbox.life.write().await;
+        let was = std::mem::replace(&mut *life, Life::Ended);
+        let guard = match was {
+            Life::Running(guard) => {
+                self.metrics.sandboxes.dec();
+                self.give_back_slot(&sandbox.team);
+                Some(guard)
+            }
+            // Paused: its session's next call resumes what the keeper kept, and that call's
+            // release lets it go (a kill deletes only what a call let go of).
+            Life::Paused => {
+                self.metrics.paused.dec();
+                match self.acquire(&sandbox).await {
+                    Ok(guard) => Some(guard),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %sandbox.id, error = %e, "a paused sandbox could not be resumed to be killed: its workspace stays with the keeper");
+                        None
+                    }
+                }
+            }
+            Life::Ended => return,
+        };
+        sandbox.paused.store(false, Ordering::Release);
         if let Some(guard) = guard {
-            let released = guard.release().await;
+            let released = guard.release_as(WayDown::Shutdown).await;
             tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, ?released, "killed");
         }
-        self.metrics.sandboxes.dec();
+        drop(life);
         Metrics::count(&self.metrics.kills, reason);
         Metrics::time(&self.metrics.kill_seconds, reason, began.elapsed());
-        let mut inner = lock(&self.inner);
-        if let Some(n) = inner.per_team.get_mut(&sandbox.team) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                inner.per_team.remove(&sandbox.team);
-            }
-        }
     }
 
-    /// Kills sandbox `id` when its deadline passes; ends when the sandbox is gone.
-    async fn timer(self: Arc<Self>, id: String, mut expiry: watch::Receiver<Instant>) {
+    /// Pauses `team`'s sandbox `id`: its commands end, its in-flight work finishes, and its
+    /// call is released asking `Suspend` (the keeper drains, stops and keeps the workspace).
+    /// Runs on its own task, as a kill. Errors: 404 (none of that id), 409 (paused already).
+    pub async fn pause(self: &Arc<Self>, team: &Team, id: &str) -> Result<(), ApiError> {
+        let sandbox = self
+            .get(team, id)
+            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+        let registry = self.clone();
+        tokio::spawn(async move { registry.pause_now(&sandbox, "api").await })
+            .await
+            .map_err(|e| ApiError::internal(format!("a pause's task failed: {e}")))?
+    }
+
+    async fn pause_now(&self, sandbox: &Sandbox, reason: &'static str) -> Result<(), ApiError> {
+        let span = tracing::info_span!(
+            "pause",
+            sandbox = %sandbox.id,
+            team = %sandbox.team,
+            session = %sandbox.session,
+            reason,
+        );
+        let began = Instant::now();
+        let paused = async {
+            sandbox.processes.kill_all();
+            let mut life = sandbox.life.write().await;
+            let guard = match std::mem::replace(&mut *life, Life::Paused) {
+                Life::Running(guard) => guard,
+                Life::Paused => {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::CONFLICT,
+                        format!("sandbox {} is already paused", sandbox.id),
+                    ))
+                }
+                Life::Ended => {
+                    *life = Life::Ended;
+                    return Err(ApiError::sandbox_not_found(&sandbox.id));
+                }
+            };
+            sandbox.paused.store(true, Ordering::Release);
+            let released = guard.release_as(WayDown::Suspend).await;
+            tracing::info!(?released, "paused");
+            Ok(())
+        }
+        .instrument(span)
+        .await;
+        if paused.is_ok() {
+            self.metrics.sandboxes.dec();
+            self.metrics.paused.inc();
+            self.give_back_slot(&sandbox.team);
+        }
+        let outcome = match &paused {
+            Ok(()) => reason,
+            Err(_) => "refused",
+        };
+        Metrics::time(&self.metrics.pause_seconds, outcome, began.elapsed());
+        paused
+    }
+
+    /// Resumes `team`'s sandbox `id` if it is paused (connect, resume): a new keeper call on
+    /// its session, whose Start resumes the kept workspace; it then expires `timeout` from
+    /// now. A running one is left as it is. Errors: 404, 429 (the team's limit), 503 (the
+    /// keeper could not resume it; it stays paused).
+    pub async fn resume(
+        self: &Arc<Self>,
+        team: &Team,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<(Arc<Sandbox>, Resumed), ApiError> {
+        let sandbox = self
+            .get(team, id)
+            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+        let registry = self.clone();
+        let task = sandbox.clone();
+        let resumed = tokio::spawn(async move { registry.resume_now(task, timeout).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("a resume's task failed: {e}")))??;
+        Ok((sandbox, resumed))
+    }
+
+    async fn resume_now(
+        self: Arc<Self>,
+        sandbox: Arc<Sandbox>,
+        timeout: Duration,
+    ) -> Result<Resumed, ApiError> {
+        let span = tracing::info_span!(
+            "resume",
+            sandbox = %sandbox.id,
+            team = %sandbox.team,
+            session = %sandbox.session,
+        );
+        let began = Instant::now();
+        let resumed = async {
+            let mut life = sandbox.life.write().await;
+            match &*life {
+                Life::Running(_) => return Ok(Resumed::WasRunning),
+                Life::Ended => return Err(ApiError::sandbox_not_found(&sandbox.id)),
+                Life::Paused => {}
+            }
+            let slot = self.reserve(&sandbox.team)?;
+            let guard = self.acquire(&sandbox).await?;
+            *life = Life::Running(guard);
+            sandbox.processes.reopen();
+            sandbox.paused.store(false, Ordering::Release);
+            slot.commit();
+            let generation = sandbox.resumes.load(Ordering::Acquire);
+            sandbox.set_timeout(timeout, false);
+            tokio::spawn(self.clone().timer(
+                sandbox.clone(),
+                generation,
+                sandbox.deadline.subscribe(),
+            ));
+            tracing::info!("resumed");
+            Ok(Resumed::Resumed)
+        }
+        .instrument(span)
+        .await;
+        if resumed == Ok(Resumed::Resumed) {
+            self.metrics.paused.dec();
+            self.metrics.sandboxes.inc();
+        }
+        if !matches!(resumed, Ok(Resumed::WasRunning)) {
+            let outcome = if resumed.is_ok() { "ok" } else { "refused" };
+            Metrics::time(&self.metrics.resume_seconds, outcome, began.elapsed());
+        }
+        resumed
+    }
+
+    /// A new keeper call on the sandbox's session, named after the sandbox and how many times
+    /// it was resumed (a call's name is used once). Error: 503.
+    async fn acquire(&self, sandbox: &Sandbox) -> Result<Guard, ApiError> {
+        let n = sandbox.resumes.fetch_add(1, Ordering::AcqRel) + 1;
+        let call = CallId::new(format!("{}.r{n}", sandbox.id))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.keeper
+            .acquire(CallSpec::new(call, sandbox.session.clone()))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the keeper could not resume sandbox {}: {e}", sandbox.id),
+                )
+            })
+    }
+
+    /// Kills or (`autoPause`) pauses the sandbox when its deadline passes; ends when it is
+    /// paused or killed otherwise (a resume starts a timer of the next `generation`).
+    async fn timer(
+        self: Arc<Self>,
+        sandbox: Arc<Sandbox>,
+        generation: u32,
+        mut expiry: watch::Receiver<Instant>,
+    ) {
         loop {
             let deadline = *expiry.borrow_and_update();
             tokio::select! {
@@ -354,10 +574,37 @@ impl Registry {
                 changed = expiry.changed() => if changed.is_err() { return },
             }
         }
-        let taken = lock(&self.inner).sandboxes.remove(&id);
+        if sandbox.resumes.load(Ordering::Acquire) != generation || sandbox.is_paused() {
+            return;
+        }
+        if sandbox.auto_pause {
+            tracing::info!(sandbox = %sandbox.id, "timeout: pausing");
+            if let Err(e) = self.pause_now(&sandbox, "timeout").await {
+                tracing::debug!(sandbox = %sandbox.id, error = %e.message, "timeout: not paused");
+            }
+            return;
+        }
+        let taken = {
+            let mut inner = lock(&self.inner);
+            match inner.sandboxes.get(&sandbox.id) {
+                Some(s) if Arc::ptr_eq(s, &sandbox) => inner.sandboxes.remove(&sandbox.id),
+                _ => None,
+            }
+        };
         if let Some(sandbox) = taken {
-            tracing::info!(sandbox = %id, "timeout: killing");
+            tracing::info!(sandbox = %sandbox.id, "timeout: killing");
             self.finish(sandbox, "timeout").await;
+        }
+    }
+
+    /// A running sandbox of `team` stopped counting against its limit.
+    fn give_back_slot(&self, team: &Team) {
+        let mut inner = lock(&self.inner);
+        if let Some(n) = inner.per_team.get_mut(team) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inner.per_team.remove(team);
+            }
         }
     }
 

@@ -111,6 +111,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/timeout", post(api::set_timeout))
         .route("/sandboxes/{id}/refreshes", post(api::refresh))
         .route("/sandboxes/{id}/connect", post(api::connect))
+        .route("/sandboxes/{id}/pause", post(api::pause))
+        .route("/sandboxes/{id}/resume", post(api::resume))
         .route("/v2/sandboxes/{id}/connect", post(api::connect))
         .route("/sandboxes/{id}/metrics", get(api::metrics))
         .route("/sandboxes/{id}/{what}", any(api::sandbox_unsupported))

@@ -92,6 +92,9 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         "files.list",
         "another team: NotFound",
         "bad key: AuthenticationException",
+        "pause, connect resumes it with its files",
+        "timeout expires into pause, resumes, expires again, resumes again",
+        "kill of a paused sandbox",
         "kill",
         "async: create, streamed run, files, kill",
     ] {

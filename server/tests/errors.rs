@@ -248,7 +248,8 @@ async fn malformed_or_invalid_requests_are_400_and_change_nothing() {
         r#"{"templateID": "a b"}"#,
         r#"{"envVars": {"1BAD": "x"}}"#,
         r#"{"metadata": {"sandkeeper.session": "../x"}}"#,
-        r#"{"autoPause": true}"#,
+        r#"{"autoPause": true, "autoPauseMemory": true}"#,
+        r#"{"autoPause": true, "autoResume": {"enabled": true}}"#,
         r#"{"network": {"allowOut": []}}"#,
     ] {
         let (status, v) = body(post("/v2/sandboxes", raw).await.unwrap()).await;
@@ -300,7 +301,7 @@ async fn unsupported_and_unknown_are_answered_plainly() {
     let c = Client::new();
     let (id, token) = create(&c, &s, KEY_A).await;
     let r = c
-        .post(format!("{}/sandboxes/{id}/pause", s.url))
+        .post(format!("{}/sandboxes/{id}/fork", s.url))
         .header("x-api-key", KEY_A)
         .json(&json!({}))
         .send()

@@ -41,7 +41,9 @@ impl IntoResponse for Refused {
     }
 }
 
-/// The sandbox a request names, if its token is that sandbox's, within its team's rate.
+/// The sandbox a request names, if its token is that sandbox's and it runs (a paused one
+/// answers as an unknown one, 502, as E2B's edge does for a sandbox it cannot reach), within
+/// its team's rate.
 pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, Refused> {
     let id = headers
         .get("e2b-sandbox-id")
@@ -52,7 +54,7 @@ pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, Refu
         .map(|v| v.as_bytes())
         .unwrap_or(b"");
     match app.registry.any(id) {
-        Some(s) if s.token_matches(token) => {
+        Some(s) if s.token_matches(token) && !s.is_paused() => {
             app.admit(&s.team).map_err(Refused::RateLimited)?;
             Ok(s)
         }

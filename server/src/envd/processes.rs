@@ -144,7 +144,12 @@ impl Processes {
         find(&inner.running, pid, tag).map(|(pid, r)| (*pid, r.events.subscribe()))
     }
 
-    /// Kills every command, and refuses new ones (the sandbox is being killed).
+    /// Takes new commands again (the sandbox was paused, and is resumed).
+    pub fn reopen(&self) {
+        self.lock().closed = false;
+    }
+
+    /// Kills every command, and refuses new ones (the sandbox is being killed or paused).
     pub fn kill_all(&self) {
         let mut inner = self.lock();
         inner.closed = true;

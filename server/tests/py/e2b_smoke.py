@@ -16,7 +16,9 @@ import urllib.request
 import e2b
 from datetime import datetime, timedelta
 
-from e2b import AsyncSandbox, Sandbox, SandboxQuery
+import time
+
+from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 
 
@@ -192,6 +194,8 @@ def main():
     assert same.commands.run("echo again").stdout == "again\n"
     step("connect to the running sandbox")
 
+    pause_and_resume()
+
     running = sbx.commands.run("sleep 60", background=True)
     assert sbx.kill() is True
     try:
@@ -210,6 +214,76 @@ def main():
 
     asyncio.run(async_main())
     print("all steps passed", flush=True)
+
+
+def state_of(sandbox_id):
+    return Sandbox.get_info(sandbox_id).state
+
+
+def until_paused(sandbox_id, what):
+    # The server's timer pauses it once its timeout passes (a second or two here); polled,
+    # bounded at 30 s, far above that.
+    for _ in range(300):
+        if state_of(sandbox_id) == SandboxState.PAUSED:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not paused after 30 s")
+
+
+def ids(query):
+    return [s.sandbox_id for s in Sandbox.list(query=query).next_items()]
+
+
+def pause_and_resume():
+    p = Sandbox.create(timeout=120)
+    p.files.write("/home/user/kept.txt", "kept across pause")
+    p.commands.run("mkdir -p deep/er && echo made > deep/er/by-command")
+    p.commands.run("sleep 60", background=True)
+    assert p.pause() is True
+    assert p.pause() is False, "a second pause is refused (409)"
+    assert not p.is_running()
+    assert state_of(p.sandbox_id) == SandboxState.PAUSED
+    assert p.sandbox_id in ids(SandboxQuery(state=[SandboxState.PAUSED]))
+    assert p.sandbox_id not in ids(SandboxQuery(state=[SandboxState.RUNNING]))
+    try:
+        p.commands.run("echo while paused")
+        raise AssertionError("a paused sandbox ran a command")
+    except SandboxException:
+        pass
+    resumed = Sandbox.connect(p.sandbox_id)
+    assert resumed.is_running()
+    assert state_of(p.sandbox_id) == SandboxState.RUNNING
+    assert resumed.files.read("/home/user/kept.txt") == "kept across pause"
+    assert resumed.commands.run("cat deep/er/by-command").stdout == "made\n"
+    assert [c.pid for c in resumed.commands.list()] == [], "no process survives a pause"
+    step("pause, connect resumes it with its files")
+
+    a = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    a.files.write("/home/user/auto.txt", "before the timeout")
+    until_paused(a.sandbox_id, "create timeout=2 on_timeout=pause")
+    b = Sandbox.connect(a.sandbox_id, timeout=60)
+    assert b.files.read("/home/user/auto.txt") == "before the timeout"
+    b.files.write("/home/user/auto.txt", "after one resume")
+    b.set_timeout(1)
+    until_paused(a.sandbox_id, "set_timeout(1) on_timeout=pause")
+    c = Sandbox.connect(a.sandbox_id)
+    assert c.files.read("/home/user/auto.txt") == "after one resume"
+    step("timeout expires into pause, resumes, expires again, resumes again")
+
+    assert c.pause() is True
+    assert Sandbox.kill(a.sandbox_id) is True
+    try:
+        Sandbox.get_info(a.sandbox_id)
+        raise AssertionError("a killed paused sandbox is still there")
+    except NotFoundException:
+        pass
+    try:
+        Sandbox.connect(a.sandbox_id)
+        raise AssertionError("a killed paused sandbox was resumed")
+    except NotFoundException:
+        pass
+    assert resumed.kill() is True
+    step("kill of a paused sandbox")
 
 
 async def async_main():

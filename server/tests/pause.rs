@@ -1,0 +1,263 @@
+//! Pause and resume over HTTP against the binary: what was acknowledged before or during a
+//! pause is there after the resume, whole; the edges answer as the SDKs expect (409 for a
+//! second pause or a resume of a running sandbox, 502 for envd traffic to a paused one, 404
+//! for another team's); a paused sandbox does not count against its team's limit; a kill of a
+//! paused sandbox leaves nothing on disk.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, KEY_A, KEY_B};
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+async fn create(c: &Client, s: &Server) -> (String, String) {
+    let r = c
+        .post(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 120}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let v: Value = r.json().await.unwrap();
+    (
+        v["sandboxID"].as_str().unwrap().into(),
+        v["envdAccessToken"].as_str().unwrap().into(),
+    )
+}
+
+async fn rest(c: &Client, s: &Server, key: &str, path: &str, body: &str) -> StatusCode {
+    c.post(format!("{}/sandboxes/{path}", s.url))
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// The content of upload `i`: its own bytes, so a file holding another's, or a part, shows.
+fn content(i: usize) -> Vec<u8> {
+    (0..64 * 1024)
+        .map(|n| ((n * 31 + i * 7) % 251) as u8)
+        .collect()
+}
+
+fn upload(
+    c: &Client,
+    s: &Server,
+    id: &str,
+    token: &str,
+    i: usize,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    c.post(format!("{}/files?path=/home/user/up/f{i}", s.url))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .header("content-type", "application/octet-stream")
+        .body(content(i))
+        .send()
+}
+
+async fn download(
+    c: &Client,
+    s: &Server,
+    id: &str,
+    token: &str,
+    path: &str,
+) -> (StatusCode, Vec<u8>) {
+    let r = c
+        .get(format!("{}/files?path={path}", s.url))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.bytes().await.unwrap().to_vec())
+}
+
+/// The nothing-lost property across a pause: every upload the server answered 200 (before the
+/// pause, or racing it) is in the resumed sandbox, whole; the others were refused whole (502,
+/// the sandbox unreachable) and left nothing.
+#[tokio::test]
+async fn what_was_acknowledged_before_or_during_a_pause_is_there_after_the_resume() {
+    let s = Server::start(&[]);
+    let c = Client::new();
+    let (id, token) = create(&c, &s).await;
+    let (status, _) = {
+        let r = upload(&c, &s, &id, &token, 1000).await.unwrap();
+        (r.status(), ())
+    };
+    assert_eq!(status, StatusCode::OK);
+
+    let uploads: Vec<_> = (0..32).map(|i| upload(&c, &s, &id, &token, i)).collect();
+    let pause_path = format!("{id}/pause");
+    let pause = rest(&c, &s, KEY_A, &pause_path, "{}");
+    let (answers, paused) = tokio::join!(futures_util::future::join_all(uploads), pause);
+    assert_eq!(paused, StatusCode::NO_CONTENT);
+    let mut acknowledged = vec![1000];
+    for (i, a) in answers.into_iter().enumerate() {
+        match a.unwrap().status() {
+            StatusCode::OK => acknowledged.push(i),
+            StatusCode::BAD_GATEWAY => {}
+            other => panic!("upload {i}: {other}"),
+        }
+    }
+    println!("{} of 32 racing uploads acknowledged", acknowledged.len() - 1);
+
+    let r = c
+        .post(format!("{}/sandboxes/{id}/connect", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "connect resumes a paused sandbox"
+    );
+    for i in 0..32 {
+        let (status, bytes) = download(&c, &s, &id, &token, &format!("/home/user/up/f{i}")).await;
+        if acknowledged.contains(&i) {
+            assert_eq!(status, StatusCode::OK, "acknowledged upload {i} lost");
+            assert!(bytes == content(i), "acknowledged upload {i} not whole");
+        } else if status == StatusCode::OK {
+            // Refused to the client, yet landed: only whole.
+            assert!(bytes == content(i), "a refused upload {i} landed in part");
+        }
+    }
+    let (status, bytes) = download(&c, &s, &id, &token, "/home/user/up/f1000").await;
+    assert_eq!((status, bytes == content(1000)), (StatusCode::OK, true));
+}
+
+#[tokio::test]
+async fn pause_and_resume_answer_their_edges() {
+    let s = Server::start(&["--sandboxes-per-team", "1"]);
+    let c = Client::new();
+    let (id, token) = create(&c, &s).await;
+
+    // Malformed: refused, and nothing changes (it still runs).
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/pause"), "{").await,
+        StatusCode::BAD_REQUEST
+    );
+    // Another team's: as an unknown one.
+    assert_eq!(
+        rest(&c, &s, KEY_B, &format!("{id}/pause"), "{}").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        rest(&c, &s, KEY_A, "sbx00000000000000000000/pause", "{}").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/resume"), "{}").await,
+        StatusCode::CONFLICT
+    );
+    let health = |c: &Client| {
+        c.get(format!("{}/health", s.url))
+            .header("e2b-sandbox-id", &id)
+            .header("x-access-token", &token)
+            .send()
+    };
+    assert_eq!(health(&c).await.unwrap().status(), StatusCode::NO_CONTENT);
+
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/pause"), "{}").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/pause"), "{}").await,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(health(&c).await.unwrap().status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        rest(&c, &s, KEY_B, &format!("{id}/connect"), "{}").await,
+        StatusCode::NOT_FOUND
+    );
+    let info: Value = c
+        .get(format!("{}/sandboxes/{id}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["state"], "paused");
+
+    // A paused sandbox does not count against the team's limit (1): another can be created,
+    // and while that one runs the paused one cannot be resumed.
+    let (other, _) = create(&c, &s).await;
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/connect"), "{}").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let killed = c
+        .delete(format!("{}/sandboxes/{other}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/resume"), "{}").await,
+        StatusCode::CREATED
+    );
+    assert_eq!(health(&c).await.unwrap().status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/connect"), "{}").await,
+        StatusCode::OK
+    );
+
+    // Paused again, then killed: resumed to be let go, and nothing stays on disk.
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/pause"), "{}").await,
+        StatusCode::NO_CONTENT
+    );
+    let killed = c
+        .delete(format!("{}/sandboxes/{id}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{id}/connect"), "{}").await,
+        StatusCode::NOT_FOUND
+    );
+    // The keeper's Stop and Shutdown follow the released call on their own: a bounded poll of
+    // the real directory, up to 15 s.
+    for _ in 0..300 {
+        if left_on_disk(&s).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "left on disk after the kill of a paused sandbox: {:?}",
+        left_on_disk(&s)
+    );
+}
+
+/// Sandbox directories and snapshots under the root (not the backend's bookkeeping).
+fn left_on_disk(s: &Server) -> Vec<String> {
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir(s.root()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.as_str() {
+            ".meta" | ".tokens" => {}
+            ".snapshots" => left.extend(
+                std::fs::read_dir(entry.path())
+                    .unwrap()
+                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
+            ),
+            _ => left.push(name),
+        }
+    }
+    left
+}
