@@ -20,7 +20,9 @@
 //! sandbox is up (another call holds it and ran a command in it), released before the next.
 //!
 //! `cargo run --release -p sandkeeperd --example exec_direct -- [ROUNDS] [ROOT]` prints one
-//! `name value` line per figure (ms), p50 and p99 (nearest rank).
+//! `name value` line per figure (ms), p50 and p99 (nearest rank). With `--serve` first (and
+//! ROUNDS ignored) it runs one round of the four execs per line of standard input and
+//! answers their times on one line, for `sdk_perf.py` to interleave with the SDK's.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -29,7 +31,7 @@ use std::time::Duration;
 
 use sandkeeper::{CallId, CallSpec, SessionId};
 use sandkeeper_tokio::local::LocalConfig;
-use sandkeeper_tokio::{ExecOptions, Keeper, KeeperConfig, LocalBackend};
+use sandkeeper_tokio::{CallGuard, ExecOptions, Keeper, KeeperConfig, LocalBackend};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -88,7 +90,8 @@ fn host_spawn(argv: &[&str]) -> Res<()> {
 
 #[tokio::main]
 async fn main() -> Res<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let serving = args.next_if(|a| a == "--serve").is_some();
     let rounds: usize = match args.next() {
         Some(n) => n.parse()?,
         None => 200,
@@ -105,10 +108,61 @@ async fn main() -> Res<()> {
     };
     let keeper = Keeper::new(KeeperConfig::default(), LocalBackend::new(local)?)?;
     eprintln!("exec_direct: {}", keeper.backend().isolation());
-    let measured = measure(&keeper, rounds).await;
+    let measured = if serving {
+        serve(&keeper).await
+    } else {
+        measure(&keeper, rounds).await
+    };
     keeper.close(Duration::from_secs(10)).await;
     let _ = std::fs::remove_dir_all(&root);
     measured
+}
+
+/// One round of the four, interleaved: ms of the library's exec of the SDK's argv, of `true`,
+/// and of the host's spawns of `true` and `bash -c true`.
+async fn round(guard: &CallGuard<LocalBackend>) -> Res<[f64; 4]> {
+    let at = now();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let work = guard.work();
+    let (out, ()) = tokio::join!(work.exec_streaming(SDK_ARGV, server_options(), tx), async {
+        while rx.recv().await.is_some() {}
+    });
+    let bash = ms_since(at);
+    if !out?.success() {
+        return Err("bash -l -c true failed in the sandbox".into());
+    }
+
+    let at = now();
+    let out = guard.work().exec(["true"], ExecOptions::default()).await?;
+    let lib_true = ms_since(at);
+    if !out.success() {
+        return Err("true failed in the sandbox".into());
+    }
+
+    let at = now();
+    host_spawn(&["true"])?;
+    let spawn_true = ms_since(at);
+
+    let at = now();
+    host_spawn(&["/bin/bash", "-c", "true"])?;
+    Ok([bash, lib_true, spawn_true, ms_since(at)])
+}
+
+/// `--serve`: one round per line read from standard input, its four times written as one
+/// line (`sdk_perf.py` interleaves them with the SDK's commands); ends at end of input.
+async fn serve(keeper: &Keeper<LocalBackend>) -> Res<()> {
+    let guard = keeper.acquire(spec("exec", "exec")?).await?;
+    guard.work().exec(["true"], ExecOptions::default()).await?;
+    println!("ready");
+    let mut line = String::new();
+    // Blocking reads between rounds, when nothing of this program is in flight.
+    while std::io::stdin().read_line(&mut line)? > 0 {
+        line.clear();
+        let [a, b, c, d] = round(&guard).await?;
+        println!("{a:.4} {b:.4} {c:.4} {d:.4}");
+    }
+    guard.release().await;
+    Ok(())
 }
 
 async fn measure(keeper: &Keeper<LocalBackend>, rounds: usize) -> Res<()> {
@@ -118,31 +172,11 @@ async fn measure(keeper: &Keeper<LocalBackend>, rounds: usize) -> Res<()> {
     let (mut bash, mut lib_true, mut spawn_true, mut spawn_bash) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let at = now();
-        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-        let work = guard.work();
-        let (out, ()) = tokio::join!(work.exec_streaming(SDK_ARGV, server_options(), tx), async {
-            while rx.recv().await.is_some() {}
-        });
-        bash.push(ms_since(at));
-        if !out?.success() {
-            return Err("bash -l -c true failed in the sandbox".into());
-        }
-
-        let at = now();
-        let out = guard.work().exec(["true"], ExecOptions::default()).await?;
-        lib_true.push(ms_since(at));
-        if !out.success() {
-            return Err("true failed in the sandbox".into());
-        }
-
-        let at = now();
-        host_spawn(&["true"])?;
-        spawn_true.push(ms_since(at));
-
-        let at = now();
-        host_spawn(&["/bin/bash", "-c", "true"])?;
-        spawn_bash.push(ms_since(at));
+        let [a, b, c, d] = round(&guard).await?;
+        bash.push(a);
+        lib_true.push(b);
+        spawn_true.push(c);
+        spawn_bash.push(d);
     }
     report("lib.exec_bash_ms", &bash);
     report("lib.exec_true_ms", &lib_true);

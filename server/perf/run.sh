@@ -9,13 +9,16 @@
 # release; makes (or reuses) a venv with the SDK version the tests use under the target
 # directory; then, each server on a fresh temporary root with a fresh API key and stopped
 # after its phase, in this order:
-#   1. sdk_perf.py latency ROUNDS against sandkeeperd: creates (fresh, warm), kills,
-#      commands.run("true")                                               (server.*)
-#   2. exec_direct ROUNDS: the same command through the library, a bare spawn  (lib.*, host.*)
-#   3. sdk_perf.py latency ROUNDS against serve_nodelay: sandkeeperd's router with
-#      TCP_NODELAY on its connections                                     (nodelay.*)
+#   1. sdk_perf.py latency ROUNDS against sandkeeperd: creates (fresh, warm), kills, then
+#      commands.run("true"), each interleaved with a round of exec_direct --serve (the same
+#      command through the library, and bare spawns on the host); the ratios of the p50s
+#                                                                         (server.*)
+#   2. exec_direct ROUNDS on its own: the same execs, and the library's acquire of a fresh
+#      and of a shared session                                            (lib.*, host.*)
+#   3. as 1, against serve_nodelay: sandkeeperd's router with TCP_NODELAY on its
+#      connections                                                        (nodelay.*)
 #   4. sdk_perf.py throughput CLIENTS SECONDS against sandkeeperd, then serve_nodelay
-# and prints the ratios of the p50s. CARGO_TARGET_DIR is honoured (default: target/).
+# CARGO_TARGET_DIR is honoured (default: target/).
 set -euo pipefail
 
 ROUNDS=${1:-200}
@@ -70,46 +73,43 @@ start_server() {
     export E2B_API_URL=$URL E2B_SANDBOX_URL=$URL E2B_API_KEY=$KEY SERVER_PID
 }
 unset E2B_DEBUG E2B_DOMAIN
+export EXEC_DIRECT=$TARGET/release/examples/exec_direct
 
 # 64 clients hold up to 64 sandboxes at once: the team's bound raised above that. No request
 # rate bound (the default).
 PER_TEAM=$((CLIENTS * 2))
-SANDKEEPERD=("$TARGET/release/sandkeeperd" --listen 127.0.0.1:0 --root "$WORK/root"
-    --api-key "perf:$KEY" --sandboxes-per-team "$PER_TEAM")
-NODELAY=("$TARGET/release/examples/serve_nodelay" "$WORK/root-nodelay" "perf:$KEY" "$PER_TEAM")
+sandkeeperd() {
+    start_server "$1" "$TARGET/release/sandkeeperd" --listen 127.0.0.1:0 --root "$WORK/root-$1" \
+        --api-key "perf:$KEY" --sandboxes-per-team "$PER_TEAM"
+}
+nodelay() {
+    start_server "$1" "$TARGET/release/examples/serve_nodelay" "$WORK/root-$1" "perf:$KEY" \
+        "$PER_TEAM"
+}
 
 echo "## latency: sandkeeperd"
-start_server sandkeeperd "${SANDKEEPERD[@]}"
-FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py latency "$ROUNDS" | tee "$WORK/sdk"
+sandkeeperd latency
+EXEC_DIRECT_ROOT=$WORK/direct-1 FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py latency "$ROUNDS"
 stop_server
 
-echo "## the library directly, and a bare spawn"
-"$TARGET/release/examples/exec_direct" "$ROUNDS" "$WORK/direct-root" | tee "$WORK/direct"
+echo "## the library directly, and a bare spawn, on their own"
+"$EXEC_DIRECT" "$ROUNDS" "$WORK/direct-3"
 
 echo "## latency: the same server with TCP_NODELAY (examples/serve_nodelay.rs)"
-start_server nodelay "${NODELAY[@]}"
-FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py latency "$ROUNDS" | tee "$WORK/nodelay"
+nodelay latency-nodelay
+EXEC_DIRECT_ROOT=$WORK/direct-2 FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py latency "$ROUNDS"
 stop_server
 
 echo "## throughput: sandkeeperd (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
-start_server sandkeeperd2 "${SANDKEEPERD[@]}"
+sandkeeperd throughput
 FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
 stop_server
 
 echo "## throughput: with TCP_NODELAY (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
-start_server nodelay2 "${NODELAY[@]}"
+nodelay throughput-nodelay
 FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
 stop_server
 
-echo "## ratios of p50s"
-awk '{ v[$1] = $2 }
-     END {
-       printf "server.exec_vs_lib %.3f\n", v["server.exec_ms_p50"] / v["lib.exec_bash_ms_p50"]
-       printf "server.exec_vs_host_spawn_true %.3f\n", v["server.exec_ms_p50"] / v["host.spawn_true_ms_p50"]
-       printf "nodelay.exec_vs_lib %.3f\n", v["nodelay.exec_ms_p50"] / v["lib.exec_bash_ms_p50"]
-       printf "nodelay.exec_vs_host_spawn_true %.3f\n", v["nodelay.exec_ms_p50"] / v["host.spawn_true_ms_p50"]
-       printf "lib.exec_bash_vs_host_spawn_true %.3f\n", v["lib.exec_bash_ms_p50"] / v["host.spawn_true_ms_p50"]
-     }' "$WORK/sdk" "$WORK/direct" "$WORK/nodelay"
 for f in "$WORK"/*.err; do
     if [ -s "$f" ]; then
         echo "# $(basename "$f" .err)'s stderr:"

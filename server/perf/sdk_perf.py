@@ -3,7 +3,9 @@ official, unmodified `e2b` SDK. Run by server/perf/run.sh, which starts the serv
 E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (as server/tests/e2b_sdk.rs does: no E2B_DEBUG, no
 E2B_DOMAIN) and SERVER_PID.
 
-    sdk_perf.py latency ROUNDS      server.create_to_ready_ms (fresh and warm), server.exec_ms
+    sdk_perf.py latency ROUNDS      server.create_to_ready_ms (fresh and warm), server.exec_ms,
+                                    interleaved with the library's (EXEC_DIRECT: the
+                                    exec_direct example, EXEC_DIRECT_ROOT: its root)
     sdk_perf.py throughput CLIENTS SECONDS
                                     server.requests_per_sec, CPU per request
 
@@ -14,6 +16,7 @@ import asyncio
 import importlib.metadata
 import math
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -118,12 +121,28 @@ def latency(rounds):
         warm_kill.append(ms_since(t0))
     after = server_histogram_means()
 
-    runs = []
+    # The commands, each round interleaved with one of exec_direct --serve (the library's exec
+    # of the same argv, of `true`, and the host's spawns), so the load of the machine falls on
+    # both sides alike.
+    direct = subprocess.Popen(
+        [os.environ["EXEC_DIRECT"], "--serve", "0", os.environ["EXEC_DIRECT_ROOT"]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert direct.stdout.readline().strip() == "ready"
+    runs, lib = [], [[], [], [], []]
     for _ in range(rounds * 2):
         t0 = time.perf_counter()
         r = holder.commands.run("true")
         runs.append(ms_since(t0))
         assert r.exit_code == 0, r
+        direct.stdin.write("round\n")
+        direct.stdin.flush()
+        for xs, x in zip(lib, direct.stdout.readline().split(), strict=True):
+            xs.append(float(x))
+    direct.stdin.close()
+    assert direct.wait() == 0, "exec_direct --serve failed"
     holder.kill()
 
     report("create_to_ready_ms", fresh)
@@ -132,6 +151,14 @@ def latency(rounds):
     report("kill_warm_ms", warm_kill)
     report("first_exec_ms", first_run)
     report("exec_ms", runs)
+    for name, xs in zip(
+        ["lib_exec_bash_ms", "lib_exec_true_ms", "host_spawn_true_ms", "host_spawn_bash_ms"], lib
+    ):
+        report(name, xs)
+    p50 = percentile(runs, 50)
+    figure("exec_vs_lib", f"{p50 / percentile(lib[0], 50):.3f}")
+    figure("exec_vs_host_spawn_true", f"{p50 / percentile(lib[2], 50):.3f}")
+    figure("lib_exec_bash_vs_host_spawn_true", f"{percentile(lib[0], 50) / percentile(lib[2], 50):.3f}")
     # The server's own view (its /metrics histograms, fresh and warm together): the mean.
     figure("create_server_side_ms_mean", f"{mean_between(before, after, 'create_seconds'):.3f}")
     figure("kill_server_side_ms_mean", f"{mean_between(before, after, 'kill_seconds'):.3f}")
