@@ -30,13 +30,15 @@ cd "$(dirname "$0")/../.."
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 export CARGO_TARGET_DIR=$TARGET
 
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average: $(load)"
 cargo build --release --quiet -p sandkeeperd -p sandkeeper-tokio \
     --bin sandkeeperd --bin sandkeeper-init --example exec_direct --example serve_nodelay
 
 VENV=$TARGET/tmp/e2b-venv
 PY=$VENV/bin/python
-if ! "$PY" -c "import importlib.metadata as m; assert m.version('e2b') == '$E2B_VERSION'" 2>/dev/null; then
+CHECK="import importlib.metadata as m; assert m.version('e2b') == '$E2B_VERSION'"
+if ! "$PY" -c "$CHECK" 2>/dev/null; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --disable-pip-version-check "e2b==$E2B_VERSION"
 fi
@@ -97,15 +99,16 @@ echo "## the library directly, and a bare spawn, on their own"
 
 echo "## latency: the same server with TCP_NODELAY (examples/serve_nodelay.rs)"
 nodelay latency-nodelay
-EXEC_DIRECT_ROOT=$WORK/direct-2 FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py latency "$ROUNDS"
+EXEC_DIRECT_ROOT=$WORK/direct-2 FIGURE_PREFIX=nodelay \
+    "$PY" server/perf/sdk_perf.py latency "$ROUNDS"
 stop_server
 
-echo "## throughput: sandkeeperd (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "## throughput: sandkeeperd (load average before: $(load))"
 sandkeeperd throughput
 FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
 stop_server
 
-echo "## throughput: with TCP_NODELAY (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "## throughput: with TCP_NODELAY (load average before: $(load))"
 nodelay throughput-nodelay
 FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
 stop_server
@@ -116,4 +119,4 @@ for f in "$WORK"/*.err; do
         cat "$f"
     fi
 done
-echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# load average at the end: $(load)"

@@ -16,6 +16,7 @@ import asyncio
 import importlib.metadata
 import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -60,6 +61,12 @@ def server_cpu():
         fields = f.read().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
+
+
+def client_cpu():
+    """This process's CPU seconds (the SDK clients, their Python and their transport's threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def machine_busy():
@@ -155,10 +162,10 @@ def latency(rounds):
         ["lib_exec_bash_ms", "lib_exec_true_ms", "host_spawn_true_ms", "host_spawn_bash_ms"], lib
     ):
         report(name, xs)
-    p50 = percentile(runs, 50)
-    figure("exec_vs_lib", f"{p50 / percentile(lib[0], 50):.3f}")
-    figure("exec_vs_host_spawn_true", f"{p50 / percentile(lib[2], 50):.3f}")
-    figure("lib_exec_bash_vs_host_spawn_true", f"{percentile(lib[0], 50) / percentile(lib[2], 50):.3f}")
+    p50, lib_p50, spawn_p50 = percentile(runs, 50), percentile(lib[0], 50), percentile(lib[2], 50)
+    figure("exec_vs_lib", f"{p50 / lib_p50:.3f}")
+    figure("exec_vs_host_spawn_true", f"{p50 / spawn_p50:.3f}")
+    figure("lib_exec_bash_vs_host_spawn_true", f"{lib_p50 / spawn_p50:.3f}")
     # The server's own view (its /metrics histograms, fresh and warm together): the mean.
     figure("create_server_side_ms_mean", f"{mean_between(before, after, 'create_seconds'):.3f}")
     figure("kill_server_side_ms_mean", f"{mean_between(before, after, 'kill_seconds'):.3f}")
@@ -188,19 +195,26 @@ async def throughput_async(clients, seconds):
     counts, errors = [0], []
     cpu0, children0 = server_cpu()
     busy0, total0 = machine_busy()
+    client0 = client_cpu()
     t0 = time.perf_counter()
     await asyncio.gather(*(client(t0 + seconds, counts, errors) for _ in range(clients)))
     took = time.perf_counter() - t0
     cpu1, children1 = server_cpu()
     busy1, total1 = machine_busy()
-    return counts[0], errors, took, cpu1 - cpu0, children1 - children0, busy1 - busy0, total1 - total0
+    own = client_cpu() - client0
+    return (
+        counts[0], errors, took, cpu1 - cpu0, children1 - children0, own,
+        busy1 - busy0, total1 - total0,
+    )
 
 
 def throughput(clients, seconds):
-    cycles, errors, took, cpu, children, busy, total = asyncio.run(
+    cycles, errors, took, cpu, children, client, busy, total = asyncio.run(
         throughput_async(clients, seconds)
     )
-    requests = cycles * 4  # create, run, write, kill: one HTTP request each
+    # create, run, write, kill: one HTTP request each (POST /v2/sandboxes, Start, POST /files,
+    # DELETE /sandboxes/{id}, as the SDK's own `pyqwest.access` log shows).
+    requests = cycles * 4
     figure("throughput_clients", f"{clients}")
     figure("throughput_seconds", f"{took:.1f}")
     figure("cycles", f"{cycles}")
@@ -211,8 +225,12 @@ def throughput(clients, seconds):
     figure("requests_per_sec", f"{requests / took:.1f}")
     figure("cpu_ms_per_request", f"{cpu * 1e3 / requests:.3f}")
     figure("children_cpu_ms_per_cycle", f"{children * 1e3 / cycles:.3f}")
+    # Shares of the machine's busy CPU time over the run (the rest: other processes, the
+    # kernel's own threads).
     figure("cpu_share_of_machine", f"{cpu / (busy / CLK_TCK):.3f}")
-    print(f"machine.busy_fraction {busy / total:.3f}")
+    figure("children_cpu_share_of_machine", f"{children / (busy / CLK_TCK):.3f}")
+    figure("client_cpu_share_of_machine", f"{client / (busy / CLK_TCK):.3f}")
+    figure("machine_busy_fraction", f"{busy / total:.3f}")
 
 
 def main():
