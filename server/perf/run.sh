@@ -5,8 +5,7 @@
 #     server/perf/run.sh [ROUNDS] [CLIENTS] [SECONDS]     (defaults 200, 64, 30)
 #
 # Builds sandkeeperd, sandkeeper-init (beside it, so each sandbox gets one bubblewrap with the
-# init as its PID 1, as a deployed server) and the examples exec_direct and serve_nodelay in
-# release; makes (or reuses) a venv with the SDK version the tests use under the target
+# init as its PID 1, as a deployed server) and the example exec_direct in release; makes (or reuses) a venv with the SDK version the tests use under the target
 # directory; then, each server on a fresh temporary root with a fresh API key and stopped
 # after its phase, in this order:
 #   1. sdk_perf.py latency ROUNDS against sandkeeperd: creates (fresh, warm), kills, then
@@ -15,9 +14,7 @@
 #                                                                         (server.*)
 #   2. exec_direct ROUNDS on its own: the same execs, and the library's acquire of a fresh
 #      and of a shared session                                            (lib.*, host.*)
-#   3. as 1, against serve_nodelay: sandkeeperd's router with TCP_NODELAY on its
-#      connections                                                        (nodelay.*)
-#   4. sdk_perf.py throughput CLIENTS SECONDS against sandkeeperd, then serve_nodelay
+#   3. sdk_perf.py throughput CLIENTS SECONDS against sandkeeperd      (server.*)
 # CARGO_TARGET_DIR is honoured (default: target/).
 set -euo pipefail
 
@@ -33,7 +30,7 @@ export CARGO_TARGET_DIR=$TARGET
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average: $(load)"
 cargo build --release --quiet -p sandkeeperd -p sandkeeper-tokio \
-    --bin sandkeeperd --bin sandkeeper-init --example exec_direct --example serve_nodelay
+    --bin sandkeeperd --bin sandkeeper-init --example exec_direct
 
 VENV=$TARGET/tmp/e2b-venv
 PY=$VENV/bin/python
@@ -84,10 +81,6 @@ sandkeeperd() {
     start_server "$1" "$TARGET/release/sandkeeperd" --listen 127.0.0.1:0 --root "$WORK/root-$1" \
         --api-key "perf:$KEY" --sandboxes-per-team "$PER_TEAM"
 }
-nodelay() {
-    start_server "$1" "$TARGET/release/examples/serve_nodelay" "$WORK/root-$1" "perf:$KEY" \
-        "$PER_TEAM"
-}
 
 echo "## latency: sandkeeperd"
 sandkeeperd latency
@@ -97,20 +90,9 @@ stop_server
 echo "## the library directly, and a bare spawn, on their own"
 "$EXEC_DIRECT" "$ROUNDS" "$WORK/direct-3"
 
-echo "## latency: the same server with TCP_NODELAY (examples/serve_nodelay.rs)"
-nodelay latency-nodelay
-EXEC_DIRECT_ROOT=$WORK/direct-2 FIGURE_PREFIX=nodelay \
-    "$PY" server/perf/sdk_perf.py latency "$ROUNDS"
-stop_server
-
 echo "## throughput: sandkeeperd (load average before: $(load))"
 sandkeeperd throughput
 FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
-stop_server
-
-echo "## throughput: with TCP_NODELAY (load average before: $(load))"
-nodelay throughput-nodelay
-FIGURE_PREFIX=nodelay "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
 stop_server
 
 for f in "$WORK"/*.err; do

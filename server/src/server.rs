@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
@@ -236,7 +237,15 @@ impl Server {
             shutdown.await;
             ending.kill_all().await;
         };
-        let served = axum::serve(self.listener, router(self.state))
+        // No Nagle: a command's stream writes its events as they come, each small; held back
+        // until the client acknowledged the last (which it delays, 40 ms on Linux), every
+        // `commands.run` took 40 ms more (docs/performance.md, "sandkeeperd").
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %e, "TCP_NODELAY not set on a connection");
+            }
+        });
+        let served = axum::serve(listener, router(self.state))
             .with_graceful_shutdown(shutdown)
             .await;
         registry.kill_all().await;

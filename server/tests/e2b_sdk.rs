@@ -1,5 +1,6 @@
 //! The official Python `e2b` SDK, unmodified, against the binary: create, commands with
-//! streamed output, files, another team's sandbox, a bad key, kill (`py/e2b_smoke.py`).
+//! streamed output, files, pause and resume, timeouts into pause, another team's sandbox, a bad
+//! key, kill (`py/e2b_smoke.py`); and the README's Python block, as it is written there.
 //!
 //! The SDK is installed from PyPI into a venv under the target directory, once (reused while
 //! it holds the pinned version). When it cannot be installed the test fails, saying so: it is
@@ -25,8 +26,12 @@ fn bounded(secs: u32, cmd: &Path, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
 }
 
-/// The venv's python, with the pinned SDK installed.
+/// The venv's python, with the pinned SDK installed (once: the tests here share it).
 fn venv_python() -> PathBuf {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = MADE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
     let python = venv.join("bin/python");
     let check =
@@ -104,4 +109,49 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         );
     }
     assert!(stdout.contains("all steps passed"), "{stdout}");
+}
+
+/// The README's Python block (between its `readme-e2b` markers), run as it is written: it
+/// creates, runs a command, pauses and resumes, and prints what it says it prints.
+#[test]
+fn the_readmes_python_block_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("the README");
+    let block = readme
+        .split("<!-- readme-e2b-begin -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- readme-e2b-end -->").next())
+        .expect("the README's readme-e2b markers");
+    let code = block
+        .trim()
+        .strip_prefix("```python")
+        .and_then(|c| c.strip_suffix("```"))
+        .expect("a python block between the markers");
+    assert_eq!(
+        code.trim().lines().count(),
+        5,
+        "the README promises five lines"
+    );
+    let python = venv_python();
+    let server = Server::start(&[]);
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(&python)
+        .args(["-c", code])
+        .env("E2B_API_URL", &server.url)
+        .env("E2B_SANDBOX_URL", &server.url)
+        .env("E2B_API_KEY", KEY_A)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run the README's block");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the README's block failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "hello\n\nkept across the pause\n");
 }

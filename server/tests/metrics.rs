@@ -1,4 +1,5 @@
-//! `/metrics` scraped after a sandbox's life: its create, a command, uploads, its kill.
+//! `/metrics` scraped during and after a sandbox's life: its create, a command, uploads, a
+//! pause and a resume, its kill.
 
 mod common;
 
@@ -63,6 +64,27 @@ async fn metrics_count_a_sandboxs_life() {
         .await
         .unwrap();
     streamed.bytes().await.unwrap(); // to its end
+    let post = |path: String| {
+        c.post(format!("{}/sandboxes/{id}/{path}", s.url))
+            .header("x-api-key", KEY_A)
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(
+        post("pause".into()).await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    let paused = scrape().await;
+    assert_eq!(sample(&paused, "sandkeeperd_paused"), Some(1.0), "{paused}");
+    assert_eq!(
+        sample(&paused, "sandkeeperd_sandboxes"),
+        Some(0.0),
+        "{paused}"
+    );
+    assert_eq!(
+        post("connect".into()).await.unwrap().status(),
+        StatusCode::CREATED
+    );
     let r = c
         .delete(format!("{}/sandboxes/{id}", s.url))
         .header("x-api-key", KEY_A)
@@ -89,5 +111,8 @@ async fn metrics_count_a_sandboxs_life() {
     assert_eq!(local("commands_total", "exited"), Some(1.0), "{after}");
     assert_eq!(local("create_seconds_count", "ok"), Some(1.0), "{after}");
     assert_eq!(local("kill_seconds_count", "api"), Some(1.0), "{after}");
+    assert_eq!(local("pause_seconds_count", "api"), Some(1.0), "{after}");
+    assert_eq!(local("resume_seconds_count", "ok"), Some(1.0), "{after}");
+    assert_eq!(sample(&after, "sandkeeperd_paused"), Some(0.0), "{after}");
     assert!(!after.contains(id), "no sandbox id in the metrics");
 }

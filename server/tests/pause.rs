@@ -105,7 +105,10 @@ async fn what_was_acknowledged_before_or_during_a_pause_is_there_after_the_resum
             other => panic!("upload {i}: {other}"),
         }
     }
-    println!("{} of 32 racing uploads acknowledged", acknowledged.len() - 1);
+    println!(
+        "{} of 32 racing uploads acknowledged",
+        acknowledged.len() - 1
+    );
 
     let r = c
         .post(format!("{}/sandboxes/{id}/connect", s.url))
