@@ -28,6 +28,10 @@ struct Args {
     /// A file of keys: one `<team> <sha256 hex of the key>` a line (`--hash-key` prints it).
     #[arg(long = "api-keys")]
     api_keys: Option<PathBuf>,
+    /// A JSON file of lifecycle hooks: commands run in a sandbox after its start or resume and
+    /// before it stops for a pause or a kill (docs/server.md, "Hooks").
+    #[arg(long)]
+    hooks: Option<PathBuf>,
     /// Print the SHA-256 of a key (for the --api-keys file) and exit.
     #[arg(long = "hash-key")]
     hash_key: Option<String>,
@@ -90,6 +94,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if keys.is_empty() {
         return Err("no API keys: give --api-key TEAM:KEY or --api-keys FILE".into());
     }
+    let hooks = args
+        .hooks
+        .as_deref()
+        .map(sandkeeperd::hooks::HookFile::load)
+        .transpose()?;
     let root = match args.root {
         Some(root) => root,
         None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
@@ -107,6 +116,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             run_timeout: Duration::from_secs(args.run_timeout_secs),
             requests_per_second: args.requests_per_second,
         },
+        hooks,
     };
     let server = Server::bind(config).await?;
     println!("sandkeeperd listening on http://{}", server.addr()?);
