@@ -27,8 +27,9 @@
 //!   after);
 //! - the core left the sandbox to the backend as it was after its way down failed and said so
 //!   (`WayDownFailed` with no snapshot kept: [`Conservation::left`]);
-//! - a snapshot's retention ended, or it was of a key nothing continues (`Discard` with reason
-//!   `retention` or `unused`); a `superseded` Discard excuses nothing (the newer one holds it);
+//! - a snapshot's retention ended, it was of a key nothing continues, or the application
+//!   dropped it (`Discard` with reason `retention`, `unused` or `dropped`); a `superseded`
+//!   Discard excuses nothing (the newer one holds it);
 //! - the application closed ([`Conservation::closing`]): what close cuts is its choice.
 //!
 //! Keys of one call (`Key::Call`) and external sandboxes are not followed: nothing continues
@@ -199,7 +200,10 @@ impl Conservation {
             Command::Discard {
                 snapshot, reason, ..
             } => {
-                let expired = matches!(reason, DiscardReason::Retention | DiscardReason::Unused);
+                let expired = matches!(
+                    reason,
+                    DiscardReason::Retention | DiscardReason::Unused | DiscardReason::Dropped
+                );
                 if let Some((key, content)) = self.snapshots.remove(snapshot) {
                     if expired {
                         self.excuse(&key, &content);
@@ -424,7 +428,10 @@ impl Conservation {
     /// Discard later, as the fleet's does): from the order on, a retention that ended or a
     /// snapshot of a key nothing continues excuses what it holds, as the Discard itself does.
     pub fn discard_ordered(&mut self, snapshot: &Snapshot, reason: DiscardReason) {
-        if !matches!(reason, DiscardReason::Retention | DiscardReason::Unused) {
+        if !matches!(
+            reason,
+            DiscardReason::Retention | DiscardReason::Unused | DiscardReason::Dropped
+        ) {
             return;
         }
         if let Some((key, content)) = self.snapshots.get(snapshot) {

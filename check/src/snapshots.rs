@@ -4,9 +4,9 @@
 //!
 //! | check | what must hold |
 //! |---|---|
-//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it; an `unused` one only of a call's own key; a `taken` one only of a snapshot a Start of its key took from that sandbox, once, and never while the key keeps it again (a start that failed gave it back) |
+//! | `discard-unreferenced` | a Discard names a snapshot its key keeps (never one a Start took as `resume_from`, never one already discarded), with the sandbox that persisted it; an `unused` one only of a call's own key; a `dropped` one only of the snapshot its key keeps, in the input in which the application dropped it ([`Snapshots::dropping`]); a `taken` one only of a snapshot a Start of its key took from that sandbox, once, and never while the key keeps it again (a start that failed gave it back) |
 //! | `discard-after-retention` | a `retention` Discard comes no earlier than the persist plus the policy's retention; a `superseded` one only in the input that persisted the key's newer snapshot |
-//! | `snapshot-released` | after every input, no key keeps a snapshot past its retention, and none that a newer one superseded |
+//! | `snapshot-released` | after every input, no key keeps a snapshot past its retention, none that a newer one superseded, and none the application dropped in it |
 //!
 //! A key keeps the snapshot its last persist left until a Start takes it (`resume_from`), its
 //! retention passes, or a newer one supersedes it; the checker models exactly that, so a
@@ -37,6 +37,8 @@ pub struct Snapshots {
     /// Snapshots a Start took, by key and snapshot: the sandbox that persisted each (what a
     /// `taken` Discard may name, once).
     taken: BTreeMap<(Key, String), SandboxId>,
+    /// The key whose snapshot the application dropped in this input (`drop_snapshot`).
+    dropping: Option<Key>,
 }
 
 impl Snapshots {
@@ -79,6 +81,12 @@ impl Snapshots {
     /// keeps nothing of it here from now on, and discards nothing of it.
     pub fn let_go(&mut self, key: &Key) {
         self.kept.remove(key);
+    }
+
+    /// The application dropped what `key` keeps (`drop_snapshot` returned `Ok`, in the input
+    /// now being checked): a `dropped` Discard of it may follow in this input.
+    pub fn dropping(&mut self, key: &Key) {
+        self.dropping = Some(key.clone());
     }
 
     /// What the key keeps now, if anything (for the Start checks of a caller).
@@ -151,6 +159,18 @@ impl Snapshots {
                         format!("Discard of {snapshot:?} by {sandbox} of key {key} as taken, and no Start of the key took it from that sandbox (or it went already)"),
                     ))
                 }
+                DiscardReason::Dropped => {
+                    let kept = self.kept.get(key).map(|(s, by, ..)| (s, *by));
+                    if self.dropping.as_ref() != Some(key) || kept != Some((snapshot, *sandbox)) {
+                        return Err(Violation::new(
+                            "discard-unreferenced",
+                            format!("Discard of {snapshot:?} by {sandbox} of key {key} as dropped, which the application did not drop now, or the key does not keep"),
+                        ));
+                    }
+                    self.dropping = None;
+                    self.kept.remove(key);
+                    Ok(())
+                }
                 DiscardReason::Unused => match key {
                     Key::Call(_) => Ok(()),
                     _ => Err(Violation::new(
@@ -194,7 +214,16 @@ impl Snapshots {
             self.kept.clear();
             self.superseded.clear();
             self.taken.clear();
+            self.dropping = None;
             return Ok(());
+        }
+        if let Some(key) = self.dropping.take() {
+            if let Some((snapshot, ..)) = self.kept.get(&key) {
+                return Err(Violation::new(
+                    "snapshot-released",
+                    format!("key {key} keeps {snapshot:?} after the application dropped it"),
+                ));
+            }
         }
         if let Some((key, snapshot)) = self.superseded.first().cloned() {
             self.superseded.clear();

@@ -353,6 +353,9 @@ pub enum DiscardReason {
     /// or reuses the snapshot itself (the local root's rename, an agent-sandbox claim) has
     /// nothing of it left to delete, and must delete nothing.
     Taken,
+    /// The application let it go ([`Lifecycle::drop_snapshot`](crate::Lifecycle::drop_snapshot):
+    /// a kill of a paused sandbox): no start takes it.
+    Dropped,
 }
 
 /// The sessions of a [`Command::Drain`]: a list that holds one session without allocating (a

@@ -104,6 +104,12 @@ pub enum Error {
         /// Its number.
         id: u64,
     },
+    /// `drop_snapshot` of a key that has a sandbox or a call: what it keeps is in use.
+    #[error("key {key} has a sandbox or a call: its snapshot is in use")]
+    KeyInUse {
+        /// The key.
+        key: Key,
+    },
     /// A configuration value is out of range.
     #[error("invalid configuration: {field} {why}")]
     InvalidConfig {
@@ -133,6 +139,7 @@ impl Error {
             Error::MissingUser { .. } => ErrorKind::MissingUser,
             Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
+            Error::KeyInUse { .. } => ErrorKind::KeyInUse,
             Error::UnknownStoreWork { .. } => ErrorKind::UnknownStoreWork,
         }
     }
@@ -183,6 +190,8 @@ pub enum ErrorKind {
     InvalidConfig,
     /// See [`Error::UnknownStoreWork`].
     UnknownStoreWork,
+    /// See [`Error::KeyInUse`].
+    KeyInUse,
     /// A call failure, fleet mode: this process lost the call's key while the call was starting
     /// (its lease lapsed, or the backend refused its token).
     Fenced,
@@ -212,6 +221,7 @@ impl ErrorKind {
             ErrorKind::LimitExceeded => "limit-exceeded",
             ErrorKind::InvalidConfig => "invalid-config",
             ErrorKind::UnknownStoreWork => "unknown-store-work",
+            ErrorKind::KeyInUse => "key-in-use",
             ErrorKind::Fenced => "fenced",
         }
     }

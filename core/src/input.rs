@@ -30,6 +30,9 @@ pub enum UploadFailure {
 #[allow(missing_docs)] // each variant is the method of the same name
 pub enum Input {
     Acquire(CallSpec),
+    DropSnapshot {
+        key: Key,
+    },
     Release {
         call: CallId,
         /// The way down asked ([`Lifecycle::release_as`]); absent: a plain release.
@@ -169,6 +172,7 @@ impl Lifecycle {
     pub fn handle(&mut self, now: Instant, input: Input) -> Result<Answer, Error> {
         match input {
             Input::Acquire(spec) => self.acquire(now, spec),
+            Input::DropSnapshot { key } => self.drop_snapshot(now, &key).map(drop),
             Input::Release { call, way: None } => self.release(now, &call),
             Input::Release {
                 call,

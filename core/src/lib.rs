@@ -222,7 +222,8 @@
 //! exceptions are exactly: the key's retention ended ([`Tiers`]' `retain`), the policy lets the
 //! workspace go (a sandbox that started fresh, shut down on the `Shutdown` way with no snapshot
 //! taken), the application discarded it (a release that asked `Shutdown`,
-//! [`Lifecycle::release_as`], lets its sandbox's workspace go, as a kill does) or closed, or the backend reported the storage itself
+//! [`Lifecycle::release_as`], lets its sandbox's workspace go, as a kill does;
+//! [`Lifecycle::drop_snapshot`] lets go of what the key keeps) or closed, or the backend reported the storage itself
 //! destroyed (a death; its calls get [`Event::SandboxLost`]); and a sandbox whose way down
 //! failed, which the core never deletes but leaves to the backend as it is
 //! ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).

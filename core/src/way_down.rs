@@ -276,6 +276,21 @@ impl Lifecycle {
     }
 
     /// Orders a snapshot the key no longer references deleted.
+    pub(crate) fn drop_kept_snapshot(&mut self, key: KeyIx) -> bool {
+        let slot = self.keys.get_mut(key).expect("a tracked key");
+        let Some((snapshot, by)) = slot.snapshot.take() else {
+            return false;
+        };
+        if let Some(at) = slot.retain.take() {
+            self.timers.cancel(at);
+        }
+        tracing::debug!(key = %slot.key, snapshot = ?snapshot, "snapshot dropped");
+        self.discard(key, snapshot, by, DiscardReason::Dropped);
+        self.key_settles(key);
+        true
+    }
+
+    /// Orders a snapshot the key no longer references deleted.
     pub(crate) fn discard(
         &mut self,
         key: KeyIx,

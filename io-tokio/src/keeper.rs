@@ -295,6 +295,15 @@ impl<B: Backend> Keeper<B> {
         Shared::flush(&self.shared, session, path, Payload::new(bytes))
     }
 
+    /// Lets go of what `key` keeps for its next start (a suspended sandbox: a kill of a paused
+    /// sandbox that is not resumed first): the backend is ordered to delete it, and the key's
+    /// next call starts fresh. `false` when the key keeps nothing here.
+    ///
+    /// Errors: `Core(KeyInUse)` while the key has a sandbox or a call, `Core(Closed)`.
+    pub fn drop_snapshot(&self, key: &sandkeeper::Key) -> Result<bool, KeeperError> {
+        Shared::drop_snapshot(&self.shared, key)
+    }
+
     /// A background writer of `session` promises a write: draining waits for it (bounded by the
     /// drain deadline). Errors: `Core(NoActiveSandbox)`, `Core(LimitExceeded)`, `Core(Closed)`.
     pub fn hold(&self, session: &SessionId) -> Result<(), KeeperError> {
@@ -339,6 +348,13 @@ impl<B: Backend> Keeper<B> {
         B: crate::ops::SandboxOps,
     {
         crate::ops::SessionWork::enter(self.shared.clone(), session)
+    }
+
+    /// Resolves once the core no longer tracks `sandbox`: its way down ended (shut down,
+    /// suspended: its snapshot is its key's now, left to the backend, or dead), or close
+    /// finished. At once for a sandbox not tracked now.
+    pub async fn sandbox_down(&self, sandbox: SandboxId) {
+        self.shared.sandbox_down(sandbox).await;
     }
 
     /// The core's state of a sandbox it still tracks.

@@ -304,17 +304,15 @@ async fn hooks_run_in_the_sandbox_at_their_places() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-/// Waits until the keeper forgot `sandbox` (its way down ended). A completed release says the
-/// session's mirror settled, not that the Stop and Persist or Shutdown ran: those are real
-/// renames and removals, polled with a bound (ten seconds, far above their milliseconds).
+/// Waits until the keeper forgot `sandbox` (its way down ended: `Keeper::sandbox_down`). A
+/// completed release says the session's mirror settled, not that the Stop and Persist or
+/// Shutdown ran: those are real renames and removals, bounded here by ten seconds (far above
+/// their milliseconds).
 async fn gone(keeper: &Keeper<LocalBackend>, sandbox: sandkeeper::SandboxId) {
-    for _ in 0..1000 {
-        if keeper.sandbox_state(sandbox).is_none() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{sandbox} still tracked after ten seconds");
+    tokio::time::timeout(Duration::from_secs(10), keeper.sandbox_down(sandbox))
+        .await
+        .unwrap_or_else(|_| panic!("{sandbox} still tracked after ten seconds"));
+    assert_eq!(keeper.sandbox_state(sandbox), None);
 }
 
 /// `release_as`, what sandkeeperd's pause and kill are: under the default policy (shut down at

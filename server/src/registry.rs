@@ -10,8 +10,8 @@
 //! - kill and expiry ([`Registry::kill`]) take the sandbox out of the table first (new
 //!   requests see it gone), kill its commands, then release the call asking `Shutdown` and
 //!   wait for the release (the keeper drains, stops and deletes the workspace); a paused
-//!   sandbox is resumed first, then killed the same way (the keeper deletes only what a call
-//!   let go of);
+//!   sandbox's kept workspace is dropped (`Keeper::drop_snapshot`), or, while its session's
+//!   key is in use, resumed into and released the same way;
 //! - pause, and expiry with `autoPause` ([`Registry::pause`]), kill its commands, then release
 //!   the call asking `Suspend` (the keeper drains, stops and keeps the workspace for the
 //!   session's next call); the sandbox stays in the table, paused;
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use sandkeeper::{CallId, CallSpec, SessionId, WayDown};
+use sandkeeper::{CallId, CallSpec, SandboxState, SessionId, WayDown};
 use sandkeeper_tokio::{CallGuard, Keeper, LocalBackend, SandboxWork};
 use subtle::ConstantTimeEq;
 use tokio::sync::{watch, OwnedRwLockReadGuard, RwLock};
@@ -391,17 +391,9 @@ impl Registry {
                 self.give_back_slot(&sandbox.team);
                 Some(guard)
             }
-            // Paused: its session's next call resumes what the keeper kept, and that call's
-            // release lets it go (a kill deletes only what a call let go of).
             Life::Paused => {
                 self.metrics.paused.dec();
-                match self.acquire(&sandbox).await {
-                    Ok(guard) => Some(guard),
-                    Err(e) => {
-                        tracing::warn!(sandbox = %sandbox.id, error = %e, "a paused sandbox could not be resumed to be killed: its workspace stays with the keeper");
-                        None
-                    }
-                }
+                self.let_go_paused(&sandbox).await
             }
             Life::Ended => return,
         };
@@ -413,6 +405,29 @@ impl Registry {
         drop(life);
         Metrics::count(&self.metrics.kills, reason);
         Metrics::time(&self.metrics.kill_seconds, reason, began.elapsed());
+    }
+
+    /// What a kill of a paused sandbox does: the keeper drops what its session's key keeps
+    /// (`Keeper::drop_snapshot`: the suspended workspace is deleted, nothing is started). When
+    /// the key is in use (another sandbox of a shared session runs it, or the pause's own way
+    /// down has not ended), a call resumes into it, to be released asking `Shutdown`: the last
+    /// release on the key decides what goes.
+    async fn let_go_paused(&self, sandbox: &Sandbox) -> Option<Guard> {
+        let key = sandkeeper::Key::Session(sandbox.session.clone());
+        match self.keeper.drop_snapshot(&key) {
+            Ok(dropped) => {
+                tracing::info!(sandbox = %sandbox.id, dropped, "paused sandbox let go");
+                return None;
+            }
+            Err(e) => tracing::debug!(sandbox = %sandbox.id, error = %e, "resuming to kill"),
+        }
+        match self.acquire(sandbox).await {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                tracing::warn!(sandbox = %sandbox.id, error = %e.message, "a paused sandbox could not be resumed to be killed: its workspace stays with the keeper");
+                None
+            }
+        }
     }
 
     /// Pauses `team`'s sandbox `id`: its commands end, its in-flight work finishes, and its
@@ -454,7 +469,14 @@ impl Registry {
                 }
             };
             sandbox.paused.store(true, Ordering::Release);
+            let keeper_sandbox = guard.sandbox();
             let released = guard.release_as(WayDown::Suspend).await;
+            // Paused once its workspace is kept (the keeper's Stop and Persist ran), so that a
+            // kill that follows finds it its key's to drop. Not while it runs on for the other
+            // sandboxes of a shared session (it is not going down).
+            if self.keeper.sandbox_state(keeper_sandbox) != Some(SandboxState::Running) {
+                self.keeper.sandbox_down(keeper_sandbox).await;
+            }
             tracing::info!(?released, "paused");
             Ok(())
         }

@@ -120,6 +120,47 @@ async fn hooks_run_in_the_sandbox_at_each_transition_in_order() {
             "{point}:\n{text}"
         );
     }
+
+    // A paused sandbox killed is not resumed to be killed: the keeper drops what it keeps, so
+    // no after-resume hook runs (nor a before-stop: it is not running to be stopped).
+    let created: Value = c
+        .post(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second = created["sandboxID"].as_str().unwrap();
+    let paused = c
+        .post(format!("{}/sandboxes/{second}/pause", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paused.status(), StatusCode::NO_CONTENT);
+    let killed = c
+        .delete(format!("{}/sandboxes/{second}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), StatusCode::NO_CONTENT);
+    let text = scrape(&c, &s).await;
+    for (point, runs) in [
+        ("after-start", 2.0),
+        ("before-suspend", 2.0),
+        ("after-resume", 1.0),
+        ("before-stop", 1.0),
+    ] {
+        assert_eq!(
+            hooks_counted(&text, point, "ok"),
+            Some(runs),
+            "{point}:\n{text}"
+        );
+    }
 }
 
 #[tokio::test]

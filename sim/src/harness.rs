@@ -211,6 +211,13 @@ impl Harness {
                 }
                 self.after(r.map_err(|e| e.kind()))?;
             }
+            Step::DropSnapshot(key) => {
+                let r = self.core.drop_snapshot(now, key);
+                if r.is_ok() {
+                    self.history.snapshot_dropped(key);
+                }
+                self.after(r.map(drop).map_err(|e| e.kind()))?;
+            }
             Step::ReleaseAs(call, way) => {
                 let r = self.core.release_as(now, call, *way);
                 match &r {

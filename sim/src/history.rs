@@ -350,6 +350,18 @@ impl History {
         }
     }
 
+    /// The keys that keep a snapshot now, in key order.
+    pub fn keys_keeping_snapshots(&self) -> impl Iterator<Item = &Key> {
+        self.snapshots.keys()
+    }
+
+    /// `drop_snapshot` of `key` returned `Ok`: a `dropped` Discard of what it keeps may follow
+    /// in this input, and must, if it keeps anything.
+    pub fn snapshot_dropped(&mut self, key: &Key) {
+        self.marks.hit(Mark::SnapshotDropped);
+        self.snapshots.dropping(key);
+    }
+
     /// `release` (`way`: `None`) or `release_as` returned `Ok`.
     pub fn released(&mut self, call: &CallId, way: Option<WayDown>) {
         self.releases += 1;

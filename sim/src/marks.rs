@@ -65,6 +65,8 @@ pub enum Mark {
     CancelBeforeReady,
     /// A ready call's release asked its sandbox's way down (`release_as`).
     ReleaseAsked,
+    /// The application dropped a key's snapshot (`drop_snapshot`).
+    SnapshotDropped,
     /// A live call's name was acquired again.
     DuplicateCall,
     /// An ended call was released again.
@@ -93,7 +95,7 @@ pub enum Mark {
 }
 
 /// Every mark, in report order.
-pub const ALL: [Mark; 42] = [
+pub const ALL: [Mark; 43] = [
     Mark::DrainDeadline,
     Mark::DeathDuringUpload,
     Mark::DeathDuringDrain,
@@ -124,6 +126,7 @@ pub const ALL: [Mark; 42] = [
     Mark::DrainWaitsForHold,
     Mark::CancelBeforeReady,
     Mark::ReleaseAsked,
+    Mark::SnapshotDropped,
     Mark::DuplicateCall,
     Mark::AlreadyReleased,
     Mark::Closed,
@@ -172,6 +175,7 @@ impl Mark {
             Mark::DrainWaitsForHold => "drain-waits-for-hold",
             Mark::CancelBeforeReady => "cancel-before-ready",
             Mark::ReleaseAsked => "release-asked",
+            Mark::SnapshotDropped => "snapshot-dropped",
             Mark::DuplicateCall => "duplicate-call",
             Mark::AlreadyReleased => "already-released",
             Mark::Closed => "closed",

@@ -257,6 +257,15 @@ impl World {
     }
 
     fn release(&mut self, h: &Harness) -> Option<Move> {
+        // Now and then the application drops what a key keeps (a kill of a paused sandbox), or
+        // tries to while the key is in use.
+        if self.rng.chance(30) {
+            let kept: Vec<_> = h.history.keys_keeping_snapshots().cloned().collect();
+            if !kept.is_empty() {
+                let key = kept[self.rng.index(kept.len())].clone();
+                return Some(Move::Step(Step::DropSnapshot(key)));
+            }
+        }
         if h.history.calls.live().is_empty() {
             return None;
         }

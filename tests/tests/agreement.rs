@@ -11,8 +11,9 @@
 //!
 //! How the scenario maps onto the driver:
 //! - `acquire` spawns `keeper.acquire(..)` (the call's name travels in its `Spec`, so a Start
-//!   names the call that caused it); `release` releases the guard, or drops the acquire future
-//!   while it is not ready (the driver's cancellation, which the core sees as a release).
+//!   names the call that caused it); `release` releases the guard (`release … as=` with
+//!   `release_as`), or drops the acquire future while it is not ready (the driver's
+//!   cancellation, which the core sees as a release, asking nothing).
 //! - backend steps answer the oldest matching command the scripted backend holds; `die` goes
 //!   through the backend's `DeathSink`; `settle` answers everything outstanding with success
 //!   until nothing is.
@@ -245,6 +246,7 @@ fn answered_at_once(step: &Step) -> bool {
             | Step::Unhold(_)
             | Step::Enter(_)
             | Step::Leave(_)
+            | Step::DropSnapshot(_)
     )
 }
 
@@ -810,10 +812,18 @@ impl Driver {
                     self.answered(line, Ok(()));
                 }
             }
-            Step::Release(call) => match self.held.remove(call.as_str()) {
+            Step::Release(call) | Step::ReleaseAs(call, _) => match self.held.remove(call.as_str())
+            {
                 Some(Held::Ready(guard)) => {
+                    let way = match step {
+                        Step::ReleaseAs(_, way) => Some(*way),
+                        _ => None,
+                    };
                     self.tasks.push(tokio::spawn(async move {
-                        guard.release().await;
+                        match way {
+                            None => guard.release().await,
+                            Some(way) => guard.release_as(way).await,
+                        };
                     }));
                 }
                 // Dropping the acquire future is the driver's release of a call not ready yet.
@@ -846,6 +856,10 @@ impl Driver {
                         .insert(c.clone(), ErrorKind::InvalidName.as_str().to_string());
                 }
                 self.last_error = Some(ErrorKind::InvalidName.as_str().to_string());
+            }
+            Step::DropSnapshot(key) => {
+                let r = self.keeper.drop_snapshot(key);
+                self.answered(line, r.map(drop).map_err(kind_of));
             }
             Step::Hold(session) => {
                 let r = self.keeper.hold(session);
@@ -1109,7 +1123,7 @@ async fn agree(name: &str, scenario: Scenario) -> Result<String, String> {
     for line in &skipped {
         if !steps
             .iter()
-            .any(|(l, s)| l == line && matches!(s, Step::Release(_)))
+            .any(|(l, s)| l == line && matches!(s, Step::Release(_) | Step::ReleaseAs(..)))
         {
             return Err(format!("{name}: line {line} skipped"));
         }

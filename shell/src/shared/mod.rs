@@ -34,8 +34,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, CallSpec, CloseReport, Event, Input, Instant, Lifecycle, PathName, Payload, SandboxId,
-    SessionId, Stats, Version, Violation, WayDown,
+    CallId, CallSpec, CloseReport, Event, Input, Instant, Key, Lifecycle, PathName, Payload,
+    SandboxId, SessionId, Stats, Version, Violation, WayDown,
 };
 
 use crate::error::{CallEnd, KeeperError, Released};
@@ -62,6 +62,8 @@ struct State {
     releasing: HashMap<CallId, VecDeque<Signal<Released>>>,
     /// Waiters for one session's mirror to settle.
     settled: HashMap<SessionId, Vec<Signal<()>>>,
+    /// Waiters for a sandbox the core tracks to be forgotten (its way down ended).
+    down: Vec<(SandboxId, Signal<()>)>,
     close_waiters: Vec<Signal<CloseReport>>,
     /// Set by the `Closed` event.
     report: Option<CloseReport>,
@@ -113,6 +115,7 @@ impl<E: Executor> Shared<E> {
                 calls: HashMap::new(),
                 releasing: HashMap::new(),
                 settled: HashMap::new(),
+                down: Vec::new(),
                 close_waiters: Vec::new(),
                 report: None,
                 armed: None,
@@ -246,6 +249,12 @@ impl<E: Executor> Shared<E> {
         self.apply(|core, now| core.hold(now, session))
     }
 
+    /// Applies `drop_snapshot`: lets go of what `key` keeps for its next start (the core orders
+    /// its Discard); `false` when it keeps nothing. Errors: `Core(KeyInUse)`, `Core(Closed)`.
+    pub fn drop_snapshot(self: &Arc<Self>, key: &Key) -> Result<bool, KeeperError> {
+        self.apply(|core, now| core.drop_snapshot(now, key))
+    }
+
     /// Applies `unhold`: lets one hold of `session` go. Errors: `Core(NotHeld)`, `Core(Closed)`.
     pub fn unhold(self: &Arc<Self>, session: &SessionId) -> Result<(), KeeperError> {
         self.apply(|core, now| core.unhold(now, session))
@@ -280,6 +289,19 @@ impl<E: Executor> Shared<E> {
         }
         let (done, wait) = signal();
         st.settled.entry(session.clone()).or_default().push(done);
+        wait
+    }
+
+    /// A waiter that resolves once the core no longer tracks `sandbox`: its way down ended
+    /// (shut down, suspended, left to the backend, or dead), or close finished. At once when it
+    /// is not tracked now.
+    pub fn sandbox_down(&self, sandbox: SandboxId) -> Wait<()> {
+        let mut st = lock(&self.state);
+        if st.report.is_some() || st.core.sandbox_state(sandbox).is_none() {
+            return Wait::ready(());
+        }
+        let (done, wait) = signal();
+        st.down.push((sandbox, done));
         wait
     }
 
@@ -449,6 +471,14 @@ impl<E: Executor> Shared<E> {
                 break;
             }
         }
+        let mut i = 0;
+        while i < st.down.len() {
+            if st.core.sandbox_state(st.down[i].0).is_none() {
+                st.down.swap_remove(i).1.set(());
+            } else {
+                i += 1;
+            }
+        }
         let next = st.core.poll_timeout();
         if next != st.armed {
             st.armed = next;
@@ -507,6 +537,9 @@ impl State {
                     for done in queue {
                         done.set(Released::Closed);
                     }
+                }
+                for (_, done) in self.down.drain(..) {
+                    done.set(());
                 }
                 for (_, waiters) in self.settled.drain() {
                     for done in waiters {

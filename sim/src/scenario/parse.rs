@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sandkeeper::{
-    CallId, Config, ExternalId, PathName, ReleasePolicy, SameKey, Scope, SessionId, Snapshot,
+    CallId, Config, ExternalId, Key, PathName, ReleasePolicy, SameKey, Scope, SessionId, Snapshot,
     SuspendHookFailure, Tiers, UserId, WayDown,
 };
 
@@ -11,7 +11,7 @@ use crate::step::fleet::FleetSpec;
 use crate::step::{fmt_duration, Answer, Expect, ResolveExpect, Step};
 
 /// Error and reason kinds a scenario may name (kebab case).
-pub const KINDS: [&str; 24] = [
+pub const KINDS: [&str; 25] = [
     "closed",
     "unknown-call",
     "duplicate-call",
@@ -35,6 +35,7 @@ pub const KINDS: [&str; 24] = [
     "unknown-upload",
     "missing-user",
     "limit-exceeded",
+    "key-in-use",
     "fenced",
 ];
 
@@ -168,6 +169,24 @@ named!(session_name, SessionId, "session");
 named!(user_name, UserId, "user");
 named!(external_name, ExternalId, "external");
 named!(path_name, PathName, "path");
+
+/// A key as it is displayed: `session:<s>`, `user:<u>`, `call:<c>`, `external:<e>`, `agent`,
+/// `global`.
+pub(super) fn key_name(line: &Line, text: &str) -> Result<Key, ParseError> {
+    Ok(match text.split_once(':') {
+        None if text == "agent" => Key::Agent,
+        None if text == "global" => Key::Global,
+        Some(("session", s)) => Key::Session(session_name(line, s)?),
+        Some(("user", u)) => Key::User(user_name(line, u)?),
+        Some(("call", c)) => Key::Call(call_name(line, c)?),
+        Some(("external", e)) => Key::External(external_name(line, e)?),
+        _ => {
+            return line.err(format!(
+                "invalid key `{text}`: expected session:<s>, user:<u>, call:<c>, external:<e>, agent or global"
+            ))
+        }
+    })
+}
 
 pub(super) fn at_call(line: &Line, text: &str) -> Result<CallId, ParseError> {
     match text.strip_prefix('@') {
@@ -496,6 +515,11 @@ pub(super) fn parse_step(line: &mut Line, verb: &str) -> Result<Step, ParseError
                 None => return line.err("resolve needs expect=@<call>, expect=none or expect=gone"),
             };
             Step::Resolve(session, expect)
+        }
+        "drop-snapshot" => {
+            let k = line.positional("a key")?;
+            line.done()?;
+            Step::DropSnapshot(key_name(line, k)?)
         }
         "hold" | "unhold" | "enter" | "leave" => {
             let s = line.positional("a session name")?;

@@ -9,7 +9,7 @@ pub mod fleet;
 use std::fmt;
 use std::time::Duration;
 
-use sandkeeper::{CallId, ExternalId, PathName, SessionId, Snapshot, UserId, WayDown};
+use sandkeeper::{CallId, ExternalId, Key, PathName, SessionId, Snapshot, UserId, WayDown};
 
 /// What a `resolve` step expects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,6 +170,9 @@ pub enum Step {
     /// `release <call> as=<suspend|shutdown>`: a release that asks its sandbox's way down
     /// (`Lifecycle::release_as`).
     ReleaseAs(CallId, WayDown),
+    /// `drop-snapshot <key>`: the application lets go of what the key keeps
+    /// (`Lifecycle::drop_snapshot`).
+    DropSnapshot(Key),
     /// `flush <session> [path=<p>] [bytes=<n>]`
     Flush {
         /// The session.
@@ -368,6 +371,7 @@ impl fmt::Display for Step {
             }
             Step::Release(c) => write!(f, "release {c}"),
             Step::ReleaseAs(c, way) => write!(f, "release {c} as={}", way_name(*way)),
+            Step::DropSnapshot(key) => write!(f, "drop-snapshot {key}"),
             Step::Flush {
                 session,
                 path,

@@ -72,6 +72,11 @@ impl World {
                 .map(drop),
             // The fleet's checkers follow the policy's way down: the fleet worlds never ask
             // one, and a scenario that does is judged by them as if the policy had.
+            Step::DropSnapshot(key) => self
+                .app(r, Told::Nothing, |core, t| {
+                    core.drop_snapshot(t, key).map(drop)
+                })
+                .map(drop),
             Step::ReleaseAs(call, way) => self
                 .app(r, Told::Release(call), |core, t| {
                     core.release_as(t, call, *way)
