@@ -2,7 +2,8 @@
 //! here (rcgen) for `localhost` and 127.0.0.1. A sandbox made, reached through envd and killed
 //! over HTTPS; nothing answered in the clear; a client that connects and says nothing holds no
 //! one up (and is closed after the handshake timeout); bad flags and files refused before
-//! listening, naming the problem.
+//! listening, naming the problem; the unmodified Python SDK over HTTPS (`py/e2b_tls.py`),
+//! trusting the certificate through `SSL_CERT_FILE`.
 
 mod common;
 
@@ -248,4 +249,76 @@ fn bad_tls_flags_and_files_are_refused_before_listening() {
         err.contains("--tls-key") && err.contains(path(&other.key())),
         "{err}"
     );
+}
+
+/// The SDK version `e2b_sdk.rs` pins; its venv is shared.
+const E2B_VERSION: &str = "2.63.0";
+
+/// The venv's python with the pinned SDK: `e2b_sdk.rs`'s (cargo runs test binaries one after
+/// another), or made here the same way when it is not there yet. Fails, never skips.
+fn venv_python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
+    let python = venv.join("bin/python");
+    let check =
+        format!("import importlib.metadata as m; assert m.version('e2b') == '{E2B_VERSION}'");
+    let bounded = |secs: u32, cmd: &Path, args: &[&str]| {
+        Command::new("timeout")
+            .arg(secs.to_string())
+            .arg(cmd)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
+    };
+    if python.exists() && bounded(60, &python, &["-c", &check]).status.success() {
+        return python;
+    }
+    let made = bounded(
+        120,
+        Path::new("python3"),
+        &["-m", "venv", venv.to_str().unwrap()],
+    );
+    assert!(made.status.success(), "python3 -m venv failed: {made:?}");
+    let spec = format!("e2b=={E2B_VERSION}");
+    let installed = bounded(
+        600,
+        &venv.join("bin/pip"),
+        &["install", "-q", "--disable-pip-version-check", &spec],
+    );
+    assert!(
+        installed.status.success(),
+        "pip install {spec} failed (PyPI unreachable?): {}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    python
+}
+
+#[test]
+fn the_unmodified_python_sdk_over_https() {
+    let python = venv_python();
+    let cert = Cert::new();
+    let s = cert.serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_tls.py");
+    let out = Command::new("timeout")
+        .arg("180")
+        .arg(&python)
+        .arg(&script)
+        .env("E2B_API_URL", &s.url)
+        .env("E2B_SANDBOX_URL", &s.url)
+        .env("E2B_API_KEY", KEY_A)
+        // The SDK's transport adds the system's certificates; SSL_CERT_FILE names them.
+        .env("SSL_CERT_FILE", cert.cert())
+        .env_remove("SSL_CERT_DIR")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run the script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the SDK over HTTPS failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&format!("e2b {E2B_VERSION}")), "{stdout}");
+    assert!(stdout.contains("all steps passed"), "{stdout}");
 }
