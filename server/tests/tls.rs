@@ -2,7 +2,8 @@
 //! here (rcgen) for `localhost` and 127.0.0.1. A sandbox made, reached through envd and killed
 //! over HTTPS; nothing answered in the clear; a client that connects and says nothing holds no
 //! one up (and is closed after the handshake timeout); bad flags and files refused before
-//! listening, naming the problem; the unmodified Python SDK over HTTPS (`py/e2b_tls.py`),
+//! listening, naming the problem; SIGTERM kills every sandbox and exits with a handshake under
+//! way; the unmodified Python SDK over HTTPS (`py/e2b_tls.py`),
 //! trusting the certificate through `SSL_CERT_FILE`.
 
 mod common;
@@ -181,6 +182,56 @@ async fn a_silent_client_holds_no_one_up() {
         started.elapsed()
     );
     assert!(started.elapsed() < Duration::from_secs(25));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_over_tls_kills_every_sandbox_and_exits() {
+    let cert = Cert::new();
+    let mut s = cert.serve();
+    let c = cert.client();
+    let created = c
+        .post(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"templateID": "base", "timeout": 600}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let id = created.json::<Value>().await.unwrap()["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = left_on_disk(s.root());
+    assert!(!before.is_empty(), "the sandbox {id} is not on disk");
+    // A handshake under way (a client that says nothing) does not hold the exit up: within
+    // 8 s, less than the 10 s the handshake would wait.
+    let _silent = TcpStream::connect(host_port(&s.url)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let status = tokio::task::block_in_place(|| s.terminate(8));
+    let status = status.expect("sandkeeperd still ran 8 s after SIGTERM");
+    assert!(status.success(), "{status}");
+    let left = left_on_disk(s.root());
+    assert!(left.is_empty(), "left on disk after SIGTERM: {left:?}");
+}
+
+/// The entries under the local backend's root but its bookkeeping (`.meta`, `.tokens`, an
+/// empty `.snapshots`).
+fn left_on_disk(root: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.as_str() {
+            ".meta" | ".tokens" => {}
+            ".snapshots" => left.extend(
+                std::fs::read_dir(entry.path())
+                    .unwrap()
+                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
+            ),
+            _ => left.push(name),
+        }
+    }
+    left
 }
 
 /// Runs the binary with `args` (bounded: a binary that started listening would be killed at
