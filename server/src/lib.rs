@@ -24,6 +24,7 @@ pub mod clock;
 pub mod connect;
 pub mod envd;
 pub mod error;
+pub mod hooks;
 pub mod list_query;
 pub mod metrics;
 pub mod paths;

@@ -29,6 +29,10 @@ struct Args {
     /// A file of keys: one `<team> <sha256 hex of the key>` a line (`--hash-key` prints it).
     #[arg(long = "api-keys")]
     api_keys: Option<PathBuf>,
+    /// A JSON file of lifecycle hooks: commands run in a sandbox after its start or resume and
+    /// before it stops for a pause or a kill (docs/server.md, "Hooks").
+    #[arg(long)]
+    hooks: Option<PathBuf>,
     /// Print the SHA-256 of a key (for the --api-keys file) and exit.
     #[arg(long = "hash-key")]
     hash_key: Option<String>,
@@ -98,6 +102,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if keys.is_empty() {
         return Err("no API keys: give --api-key TEAM:KEY or --api-keys FILE".into());
     }
+    let hooks = args
+        .hooks
+        .as_deref()
+        .map(sandkeeperd::hooks::HookFile::load)
+        .transpose()?;
     // clap made sure the two come together.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),
@@ -120,6 +129,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             run_timeout: Duration::from_secs(args.run_timeout_secs),
             requests_per_second: args.requests_per_second,
         },
+        hooks,
         tls,
     };
     let scheme = if config.tls.is_some() {

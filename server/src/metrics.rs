@@ -30,6 +30,17 @@ pub struct Labels {
 
 type Latency = Family<Labels, Histogram, fn() -> Histogram>;
 
+/// The labels of a hook's count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// The backend.
+    pub backend: &'static str,
+    /// Its point: `after-start`, `after-resume`, `before-suspend`, `before-stop`.
+    pub point: &'static str,
+    /// `ok` or `failed`.
+    pub outcome: &'static str,
+}
+
 /// Every metric of the server.
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +60,8 @@ pub struct Metrics {
     pub kill_seconds: Latency,
     /// Paused sandboxes now.
     pub paused: Gauge,
+    /// Hooks run, by point and outcome.
+    pub hooks: Family<HookLabels, Counter>,
     /// From a pause's start to its keeper call released asking `Suspend`, by reason.
     pub pause_seconds: Latency,
     /// From a resume's start (connect of a paused sandbox) to its new call ready, by outcome.
@@ -72,6 +85,7 @@ impl Default for Metrics {
             create_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             kill_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             paused: Gauge::default(),
+            hooks: Family::default(),
             pause_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             resume_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             registry: Registry::default(),
@@ -109,6 +123,11 @@ impl Default for Metrics {
         );
         registry.register("paused", "Sandboxes paused now", metrics.paused.clone());
         registry.register(
+            "hooks",
+            "Hooks run (--hooks), by point and outcome",
+            metrics.hooks.clone(),
+        );
+        registry.register(
             "pause_seconds",
             "From a pause's start to its keeper call released (drained, suspending), by reason",
             metrics.pause_seconds.clone(),
@@ -129,6 +148,21 @@ impl Metrics {
     /// Counts one in `family` with this outcome.
     pub fn count(family: &Family<Labels, Counter>, outcome: &'static str) {
         family.get_or_create(&labels(outcome)).inc();
+    }
+
+    /// Counts a hook's run at `point`.
+    pub fn count_hook(
+        family: &Family<HookLabels, Counter>,
+        point: sandkeeper::HookPoint,
+        outcome: &'static str,
+    ) {
+        family
+            .get_or_create(&HookLabels {
+                backend: BACKEND,
+                point: point.as_str(),
+                outcome,
+            })
+            .inc();
     }
 
     /// Records a latency with this outcome.

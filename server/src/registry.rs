@@ -201,13 +201,13 @@ struct Inner {
 }
 
 impl Registry {
-    /// A table over `keeper`.
-    pub fn new(keeper: Keeper<LocalBackend>, limits: Limits) -> Arc<Self> {
+    /// A table over `keeper`, counting into `metrics`.
+    pub fn new(keeper: Keeper<LocalBackend>, limits: Limits, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Registry {
             keeper,
             limits,
             inner: Mutex::default(),
-            metrics: Arc::default(),
+            metrics,
         })
     }
 

@@ -16,6 +16,7 @@ use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 use crate::auth::Keys;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
 use crate::tls::{Tls, TlsListener};
 use crate::{api, envd};
@@ -64,6 +65,8 @@ pub struct Config {
     pub keys: Keys,
     /// The bounds.
     pub limits: Limits,
+    /// The lifecycle hooks (`--hooks`), if any.
+    pub hooks: Option<crate::hooks::HookFile>,
     /// TLS: with it the listener serves HTTPS only (`crate::tls`); without it, HTTP.
     pub tls: Option<Tls>,
 }
@@ -184,9 +187,8 @@ impl Server {
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let local = LocalConfig {
             run_timeout: config.limits.run_timeout,
-            // Nothing is paused or resumed yet: a killed sandbox's workspace goes with it
-            // (with snapshots, Stop would keep every killed workspace until its key's next
-            // start, which never comes for a sandbox id).
+            // A Stop takes a snapshot only when asked to suspend (a pause): a killed
+            // sandbox's workspace goes with it.
             snapshots: false,
             ..LocalConfig::new(&config.root)
         };
@@ -194,12 +196,23 @@ impl Server {
             root: config.root.display().to_string(),
             error,
         })?;
-        let keeper = Keeper::new(KeeperConfig::default(), backend)?;
+        let metrics = Arc::new(Metrics::default());
+        let keeper = match config.hooks {
+            None => Keeper::new(KeeperConfig::default(), backend)?,
+            Some(file) => {
+                let core = sandkeeper::Config {
+                    hooks: file.core_hooks(),
+                    ..sandkeeper::Config::default()
+                };
+                let runner = crate::hooks::runner(Arc::new(file), metrics.clone());
+                Keeper::with_hooks(KeeperConfig::with_core(core), backend, runner)?
+            }
+        };
         let limits = registry::Limits {
             sandboxes_per_team: config.limits.sandboxes_per_team,
         };
         let state = AppState {
-            registry: Registry::new(keeper.clone(), limits),
+            registry: Registry::new(keeper.clone(), limits, metrics),
             keys: Arc::new(config.keys),
             rate: Arc::new(crate::ratelimit::RateLimit::new(
                 config.limits.requests_per_second,
