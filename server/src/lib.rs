@@ -13,6 +13,7 @@
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
 //!   paths to workspace paths; [`clock`]: the wall clock.
+//! - [`tls`]: optional TLS on the listener.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -30,3 +31,4 @@ pub mod paths;
 pub mod ratelimit;
 pub mod registry;
 pub mod server;
+pub mod tls;

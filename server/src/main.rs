@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use sandkeeperd::auth::{hash_key, Keys};
 use sandkeeperd::server::{Config, Limits, Server};
+use sandkeeperd::tls::Tls;
 
 /// A server speaking the E2B sandbox protocol, sandboxes kept by sandkeeper.
 #[derive(Parser, Debug)]
@@ -57,6 +58,13 @@ struct Args {
     /// The longest a command may run, in seconds (a request's timeout may shorten it).
     #[arg(long, default_value_t = 3600)]
     run_timeout_secs: u64,
+    /// Serve HTTPS only, with this certificate chain (PEM, the server's certificate first;
+    /// needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or SEC1; needs --tls-cert).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -99,6 +107,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .as_deref()
         .map(sandkeeperd::hooks::HookFile::load)
         .transpose()?;
+    // clap made sure the two come together.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),
+        _ => None,
+    };
     let root = match args.root {
         Some(root) => root,
         None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
@@ -117,9 +130,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             requests_per_second: args.requests_per_second,
         },
         hooks,
+        tls,
+    };
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
     };
     let server = Server::bind(config).await?;
-    println!("sandkeeperd listening on http://{}", server.addr()?);
+    println!("sandkeeperd listening on {scheme}://{}", server.addr()?);
     server.serve(shutdown()).await?;
     Ok(())
 }

@@ -18,6 +18,7 @@ use crate::auth::Keys;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
+use crate::tls::{Tls, TlsListener};
 use crate::{api, envd};
 
 /// Bounds of what requests may ask.
@@ -66,6 +67,8 @@ pub struct Config {
     pub limits: Limits,
     /// The lifecycle hooks (`--hooks`), if any.
     pub hooks: Option<crate::hooks::HookFile>,
+    /// TLS: with it the listener serves HTTPS only (`crate::tls`); without it, HTTP.
+    pub tls: Option<Tls>,
 }
 
 /// What every handler shares.
@@ -152,6 +155,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
     keeper: Keeper<LocalBackend>,
+    tls: Option<Tls>,
 }
 
 impl AppState {
@@ -225,6 +229,7 @@ impl Server {
             listener,
             state,
             keeper,
+            tls: config.tls,
         })
     }
 
@@ -258,9 +263,23 @@ impl Server {
                 tracing::warn!(error = %e, "TCP_NODELAY not set on a connection");
             }
         });
-        let served = axum::serve(listener, router(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let app = router(self.state);
+        // With TLS, the same TCP connections (TCP_NODELAY set) are handshaken first.
+        let served = match &self.tls {
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            Some(tls) => match TlsListener::new(listener, tls) {
+                Ok(listener) => {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                }
+                Err(error) => Err(error),
+            },
+        };
         registry.kill_all().await;
         let report = self.keeper.close(Duration::from_secs(10)).await;
         tracing::info!(?report, "closed");
