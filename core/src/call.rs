@@ -374,40 +374,6 @@ impl Lifecycle {
         self.release_with(now, call, Some(way))
     }
 
-    /// The application lets go of what `key` keeps for its next start (its snapshot: a paused
-    /// sandbox it kills without resuming it): the core orders it discarded
-    /// ([`DiscardReason::Dropped`](crate::DiscardReason::Dropped)) at once, and the key's next
-    /// call starts fresh. `Ok(false)` when the key keeps nothing (or is not tracked here: in
-    /// fleet mode, another process's, or released to the store). O(log n).
-    ///
-    /// Errors: `KeyInUse` while the key has a sandbox (running, starting, on its way down, or
-    /// left to the backend) or a call: its history is in use; `Closed` once close began.
-    pub fn drop_snapshot(&mut self, now: Instant, key: &Key) -> Result<bool, Error> {
-        self.time_passes(now);
-        if self.is_closing() {
-            return Err(Error::Closed {
-                what: "drop_snapshot",
-            });
-        }
-        let Some(k) = self.keys.find(key) else {
-            return Ok(false);
-        };
-        let slot = &self.keys[k];
-        let in_use = slot.current.is_some()
-            || slot.retiring.is_some()
-            || slot.bound > 0
-            || !slot.waiters.is_empty()
-            || slot.left.is_some()
-            || slot.store_at.is_some();
-        if in_use {
-            return Err(Error::KeyInUse { key: key.clone() });
-        }
-        self.advance(now);
-        let dropped = self.drop_kept_snapshot(k);
-        self.finish_input();
-        Ok(dropped)
-    }
-
     fn release_with(
         &mut self,
         now: Instant,

@@ -223,10 +223,10 @@
 //! workspace go (a sandbox that started fresh, shut down on the `Shutdown` way with no snapshot
 //! taken), the application discarded it (a release that asked `Shutdown`,
 //! [`Lifecycle::release_as`], lets its sandbox's workspace go, as a kill does;
-//! [`Lifecycle::drop_snapshot`] lets go of what the key keeps) or closed, or the backend reported the storage itself
-//! destroyed (a death; its calls get [`Event::SandboxLost`]); and a sandbox whose way down
-//! failed, which the core never deletes but leaves to the backend as it is
-//! ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).
+//! [`Lifecycle::drop_snapshot`] lets go of what the key keeps) or closed, or the backend
+//! reported the storage itself destroyed (a death; its calls get [`Event::SandboxLost`]); and
+//! a sandbox whose way down failed, which the core never deletes but leaves to the backend as
+//! it is ([`Event::WayDownFailed`], naming the snapshot the key keeps of it, or none).
 //!
 //! **How the core keeps it.** A Stop or Persist that fails is ordered again; when every attempt
 //! failed, or one went unanswered, a sandbox that holds its key's history (it resumed, was

@@ -185,6 +185,43 @@ impl Lifecycle {
     }
 
     // ------------------------------------------------------------------------------------------
+    // Application inputs
+
+    /// The application lets go of what `key` keeps for its next start (its snapshot: a paused
+    /// sandbox it kills without resuming it): the core orders it discarded
+    /// ([`DiscardReason::Dropped`](crate::DiscardReason::Dropped)) at once, and the key's next
+    /// call starts fresh. `Ok(false)` when the key keeps nothing (or is not tracked here: in
+    /// fleet mode, another process's, or released to the store). O(log n).
+    ///
+    /// Errors: `KeyInUse` while the key has a sandbox (running, starting, on its way down, or
+    /// left to the backend) or a call: its history is in use; `Closed` once close began.
+    pub fn drop_snapshot(&mut self, now: Instant, key: &Key) -> Result<bool, Error> {
+        self.time_passes(now);
+        if self.is_closing() {
+            return Err(Error::Closed {
+                what: "drop_snapshot",
+            });
+        }
+        let Some(k) = self.keys.find(key) else {
+            return Ok(false);
+        };
+        let slot = &self.keys[k];
+        let in_use = slot.current.is_some()
+            || slot.retiring.is_some()
+            || slot.bound > 0
+            || !slot.waiters.is_empty()
+            || slot.left.is_some()
+            || slot.store_at.is_some();
+        if in_use {
+            return Err(Error::KeyInUse { key: key.clone() });
+        }
+        self.advance(now);
+        let dropped = self.drop_kept_snapshot(k);
+        self.finish_input();
+        Ok(dropped)
+    }
+
+    // ------------------------------------------------------------------------------------------
     // Internals: the way down (drain → Stop → Persist → Shutdown)
 
     /// The release policy, applied when a running sandbox's last call has gone: its warm tier
@@ -275,7 +312,9 @@ impl Lifecycle {
         self.key_settles(key);
     }
 
-    /// Orders a snapshot the key no longer references deleted.
+    /// The application's drop of what the key keeps ([`drop_snapshot`](Self::drop_snapshot)):
+    /// its snapshot discarded as `Dropped`, its retention timer cancelled, the key settled.
+    /// `false` when it keeps nothing.
     pub(crate) fn drop_kept_snapshot(&mut self, key: KeyIx) -> bool {
         let slot = self.keys.get_mut(key).expect("a tracked key");
         let Some((snapshot, by)) = slot.snapshot.take() else {

@@ -154,6 +154,11 @@ fn check_timeout(seconds: i64, max: Duration) -> Result<Duration, ApiError> {
     }
 }
 
+/// A timeout in seconds as [`check_timeout`] takes it, or the default when none is given.
+fn timeout_or_default(seconds: Option<i64>, max: Duration) -> Result<Duration, ApiError> {
+    seconds.map_or(Ok(DEFAULT_TIMEOUT), |s| check_timeout(s, max))
+}
+
 fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if metadata.len() > MAX_METADATA {
         return Err(ApiError::bad_request(format!(
@@ -284,16 +289,14 @@ pub async fn refresh(
 ) -> Result<StatusCode, ApiError> {
     let team = app.caller(&headers)?;
     let body: RefreshBody = crate::body::json(&headers, body, app.limits.json_body).await?;
-    let timeout = match body.duration {
-        None => DEFAULT_TIMEOUT,
-        Some(d) => check_timeout(d, app.limits.max_timeout)?,
-    };
+    let timeout = timeout_or_default(body.duration, app.limits.max_timeout)?;
     app.registry
         .set_timeout(&team, &id, timeout, true)
         .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A connect's or a resume's body.
 #[derive(Deserialize)]
 struct ConnectBody {
     timeout: Option<i64>,
@@ -330,11 +333,6 @@ pub async fn connect(
     Ok((status, Json(sandbox_json(&sandbox))).into_response())
 }
 
-#[derive(Deserialize)]
-struct ResumeBody {
-    timeout: Option<i64>,
-}
-
 /// `POST /sandboxes/{id}/resume` (the 1.x SDKs' resume): 201 and the sandbox once resumed; 409
 /// when it is running.
 pub async fn resume(
@@ -344,11 +342,8 @@ pub async fn resume(
     body: Body,
 ) -> Result<Response, ApiError> {
     let team = app.caller(&headers)?;
-    let body: ResumeBody = crate::body::json(&headers, body, app.limits.json_body).await?;
-    let timeout = match body.timeout {
-        None => DEFAULT_TIMEOUT,
-        Some(t) => check_timeout(t, app.limits.max_timeout)?,
-    };
+    let body: ConnectBody = crate::body::json(&headers, body, app.limits.json_body).await?;
+    let timeout = timeout_or_default(body.timeout, app.limits.max_timeout)?;
     let visible = visible(&app, &team, &id)?;
     if !visible.is_paused() {
         return Err(ApiError::new(

@@ -8,61 +8,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
-use common::{Server, KEY_A, KEY_B};
-
-/// The SDK version the survey (`/work/e2b-protocol.md` at the time) was made from.
-const E2B_VERSION: &str = "2.63.0";
-
-/// Runs `cmd` under `timeout(1)` for at most `secs` seconds.
-fn bounded(secs: u32, cmd: &Path, args: &[&str]) -> Output {
-    Command::new("timeout")
-        .arg(secs.to_string())
-        .arg(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
-}
-
-/// The venv's python, with the pinned SDK installed (once: the tests here share it).
-fn venv_python() -> PathBuf {
-    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _once = MADE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
-    let python = venv.join("bin/python");
-    let check =
-        format!("import importlib.metadata as m; assert m.version('e2b') == '{E2B_VERSION}'");
-    if python.exists() && bounded(60, &python, &["-c", &check]).status.success() {
-        return python;
-    }
-    let made = bounded(
-        120,
-        Path::new("python3"),
-        &["-m", "venv", venv.to_str().unwrap()],
-    );
-    assert!(
-        made.status.success(),
-        "python3 -m venv failed (install python3-venv): {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let pip = venv.join("bin/pip");
-    let spec = format!("e2b=={E2B_VERSION}");
-    let installed = bounded(
-        600,
-        &pip,
-        &["install", "-q", "--disable-pip-version-check", &spec],
-    );
-    assert!(
-        installed.status.success(),
-        "pip install {spec} failed (PyPI unreachable?); this test needs the real SDK:\n{}",
-        String::from_utf8_lossy(&installed.stderr)
-    );
-    python
-}
+use common::{venv_python, Server, E2B_VERSION, KEY_A, KEY_B};
 
 #[test]
 fn the_unmodified_python_sdk_works_against_sandkeeperd() {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, KEY_A};
+use common::{left_on_disk, Server, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -32,29 +32,6 @@ fn envelope(json: &Value) -> Vec<u8> {
     out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
     out.extend_from_slice(&body);
     out
-}
-
-/// What the sandbox's root holds besides the backend's own bookkeeping: sandbox directories and
-/// snapshots.
-fn left_on_disk(s: &Server) -> Vec<String> {
-    let mut left = Vec::new();
-    for entry in std::fs::read_dir(s.root()).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name == ".meta" || name == ".tokens" {
-            continue;
-        }
-        if name == ".snapshots" {
-            left.extend(
-                std::fs::read_dir(entry.path())
-                    .unwrap()
-                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
-            );
-            continue;
-        }
-        left.push(name);
-    }
-    left
 }
 
 /// Reads a command's stream to its end, which must be broken off (no end event, no
@@ -84,12 +61,15 @@ async fn assert_broken_off(stream: &mut reqwest::Response) {
 /// so this is a bounded poll of the real backend's directory: up to 15 s.
 async fn nothing_left_on_disk(s: &Server) {
     for _ in 0..300 {
-        if left_on_disk(s).is_empty() {
+        if left_on_disk(s.root()).is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("left on disk 15 s after the kill: {:?}", left_on_disk(s));
+    panic!(
+        "left on disk 15 s after the kill: {:?}",
+        left_on_disk(s.root())
+    );
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, KEY_A, KEY_B};
+use common::{left_on_disk, Server, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -235,32 +235,13 @@ async fn pause_and_resume_answer_their_edges() {
     // The keeper's Stop and Shutdown follow the released call on their own: a bounded poll of
     // the real directory, up to 15 s.
     for _ in 0..300 {
-        if left_on_disk(&s).is_empty() {
+        if left_on_disk(s.root()).is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!(
         "left on disk after the kill of a paused sandbox: {:?}",
-        left_on_disk(&s)
+        left_on_disk(s.root())
     );
-}
-
-/// Sandbox directories and snapshots under the root (not the backend's bookkeeping).
-fn left_on_disk(s: &Server) -> Vec<String> {
-    let mut left = Vec::new();
-    for entry in std::fs::read_dir(s.root()).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        match name.as_str() {
-            ".meta" | ".tokens" => {}
-            ".snapshots" => left.extend(
-                std::fs::read_dir(entry.path())
-                    .unwrap()
-                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
-            ),
-            _ => left.push(name),
-        }
-    }
-    left
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, KEY_A};
+use common::{left_on_disk, venv_python, Server, E2B_VERSION, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -214,26 +214,6 @@ async fn sigterm_over_tls_kills_every_sandbox_and_exits() {
     assert!(left.is_empty(), "left on disk after SIGTERM: {left:?}");
 }
 
-/// The entries under the local backend's root but its bookkeeping (`.meta`, `.tokens`, an
-/// empty `.snapshots`).
-fn left_on_disk(root: &Path) -> Vec<String> {
-    let mut left = Vec::new();
-    for entry in std::fs::read_dir(root).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        match name.as_str() {
-            ".meta" | ".tokens" => {}
-            ".snapshots" => left.extend(
-                std::fs::read_dir(entry.path())
-                    .unwrap()
-                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
-            ),
-            _ => left.push(name),
-        }
-    }
-    left
-}
-
 /// Runs the binary with `args` (bounded: a binary that started listening would be killed at
 /// 20 s, status 124); its exit status and stderr.
 fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
@@ -300,47 +280,6 @@ fn bad_tls_flags_and_files_are_refused_before_listening() {
         err.contains("--tls-key") && err.contains(path(&other.key())),
         "{err}"
     );
-}
-
-/// The SDK version `e2b_sdk.rs` pins; its venv is shared.
-const E2B_VERSION: &str = "2.63.0";
-
-/// The venv's python with the pinned SDK: `e2b_sdk.rs`'s (cargo runs test binaries one after
-/// another), or made here the same way when it is not there yet. Fails, never skips.
-fn venv_python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
-    let python = venv.join("bin/python");
-    let check =
-        format!("import importlib.metadata as m; assert m.version('e2b') == '{E2B_VERSION}'");
-    let bounded = |secs: u32, cmd: &Path, args: &[&str]| {
-        Command::new("timeout")
-            .arg(secs.to_string())
-            .arg(cmd)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
-    };
-    if python.exists() && bounded(60, &python, &["-c", &check]).status.success() {
-        return python;
-    }
-    let made = bounded(
-        120,
-        Path::new("python3"),
-        &["-m", "venv", venv.to_str().unwrap()],
-    );
-    assert!(made.status.success(), "python3 -m venv failed: {made:?}");
-    let spec = format!("e2b=={E2B_VERSION}");
-    let installed = bounded(
-        600,
-        &venv.join("bin/pip"),
-        &["install", "-q", "--disable-pip-version-check", &spec],
-    );
-    assert!(
-        installed.status.success(),
-        "pip install {spec} failed (PyPI unreachable?): {}",
-        String::from_utf8_lossy(&installed.stderr)
-    );
-    python
 }
 
 #[test]

@@ -4,7 +4,8 @@
 #![allow(dead_code)] // each test file uses a part of it
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Team A's key, and team B's.
 pub const KEY_A: &str = "key-of-team-a";
@@ -70,4 +71,76 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The SDK version the survey (`/work/e2b-protocol.md` at the time) was made from.
+pub const E2B_VERSION: &str = "2.63.0";
+
+/// Runs `cmd` under `timeout(1)` for at most `secs` seconds.
+pub fn bounded(secs: u32, cmd: &Path, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", cmd.display()))
+}
+
+/// The venv's python, with the pinned SDK installed (once per test binary: its tests share
+/// it; cargo runs the binaries one after another, so they share it too).
+pub fn venv_python() -> PathBuf {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = MADE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2b-venv");
+    let python = venv.join("bin/python");
+    let check =
+        format!("import importlib.metadata as m; assert m.version('e2b') == '{E2B_VERSION}'");
+    if python.exists() && bounded(60, &python, &["-c", &check]).status.success() {
+        return python;
+    }
+    let made = bounded(
+        120,
+        Path::new("python3"),
+        &["-m", "venv", venv.to_str().unwrap()],
+    );
+    assert!(
+        made.status.success(),
+        "python3 -m venv failed (install python3-venv): {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let pip = venv.join("bin/pip");
+    let spec = format!("e2b=={E2B_VERSION}");
+    let installed = bounded(
+        600,
+        &pip,
+        &["install", "-q", "--disable-pip-version-check", &spec],
+    );
+    assert!(
+        installed.status.success(),
+        "pip install {spec} failed (PyPI unreachable?); this test needs the real SDK:\n{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    python
+}
+
+/// The entries under a local backend's `root` but its bookkeeping (`.meta`, `.tokens`, an empty
+/// `.snapshots`): sandbox directories and kept snapshots.
+pub fn left_on_disk(root: &std::path::Path) -> Vec<String> {
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.as_str() {
+            ".meta" | ".tokens" => {}
+            ".snapshots" => left.extend(
+                std::fs::read_dir(entry.path())
+                    .unwrap()
+                    .map(|e| format!(".snapshots/{:?}", e.unwrap().file_name())),
+            ),
+            _ => left.push(name),
+        }
+    }
+    left
 }
