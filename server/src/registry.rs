@@ -596,7 +596,14 @@ impl Registry {
                 changed = expiry.changed() => if changed.is_err() { return },
             }
         }
-        if sandbox.resumes.load(Ordering::Acquire) != generation || sandbox.is_paused() {
+        // Not a timer of this sandbox's present life: paused or resumed since, or killed (out of
+        // the table; a kill does not stop the timer, which ends here at its deadline).
+        let current = lock(&self.inner)
+            .sandboxes
+            .get(&sandbox.id)
+            .is_some_and(|s| Arc::ptr_eq(s, &sandbox));
+        let stale = sandbox.resumes.load(Ordering::Acquire) != generation || sandbox.is_paused();
+        if !current || stale {
             return;
         }
         if sandbox.auto_pause {

@@ -245,3 +245,42 @@ async fn pause_and_resume_answer_their_edges() {
         left_on_disk(s.root())
     );
 }
+
+/// A sandbox created with `autoPause` and killed before its timeout: its timer, which still
+/// runs to the deadline, finds it gone and pauses nothing (before, it tried, and counted a
+/// refused pause).
+#[tokio::test]
+async fn a_killed_sandbox_is_not_paused_by_its_timeout() {
+    let s = Server::start(&[]);
+    let c = Client::new();
+    let created: Value = c
+        .post(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 1, "autoPause": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+    let killed = c
+        .delete(format!("{}/sandboxes/{id}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), StatusCode::NO_CONTENT);
+    // An absence shows only after the deadline: wait past the 1 s timeout (real time: the
+    // server's timer is the binary's own).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let text = c
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("sandkeeperd_pause_seconds_count"), "{text}");
+}
