@@ -540,9 +540,13 @@ impl Lifecycle {
     }
 
     /// Whether a managed sandbox's way down ends suspended (Stop, Persist, kept) rather than
-    /// in Shutdown.
-    pub(crate) fn suspends(&self) -> bool {
-        self.config.release.suspends()
+    /// in Shutdown: the way its last release asked ([`Lifecycle::release_as`]), else the
+    /// policy's.
+    pub(crate) fn suspends(&self, sandbox: SandboxIx) -> bool {
+        match self.sandboxes[sandbox].asked {
+            Some(way) => way == crate::config::WayDown::Suspend,
+            None => self.config.release.suspends(),
+        }
     }
 
     // ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 
 use crate::close::CloseState;
 use crate::command::{Command, DiscardReason, HookPoint};
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::error::{DropReason, Error};
 use crate::event::Event;
 use crate::fleet::Handover;
@@ -370,11 +370,8 @@ impl Lifecycle {
         self.way_down().cancel_sandbox_timer(sandbox);
         let handover = self.handing_over(sandbox);
         let hand_over = handover == Some(Handover::Warm);
-        // The way its last release asked, else the policy's. Handed over by suspension: its
-        // snapshot is what the key's next owner resumes.
-        let asked = self.sandboxes[sandbox].asked;
-        let suspend = asked.map_or(self.suspends(), |way| way == config::WayDown::Suspend)
-            || handover == Some(Handover::Suspended);
+        // Handed over by suspension: its snapshot is what the key's next owner resumes.
+        let suspend = self.suspends(sandbox) || handover == Some(Handover::Suspended);
         let record = self.sandboxes.get_mut(sandbox).expect("live");
         let managed = record.is_managed();
         if hand_over {

@@ -9,25 +9,16 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{venv_python, Server, E2B_VERSION, KEY_A, KEY_B};
+use common::{sdk_python, Server, E2B_VERSION, KEY_B};
 
 #[test]
 fn the_unmodified_python_sdk_works_against_sandkeeperd() {
-    let python = venv_python();
     let server = Server::start(&[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_smoke.py");
-    let out = Command::new("timeout")
-        .arg("300")
-        .arg(&python)
+    let out = sdk_python(300, &server.url)
         .arg(&script)
-        .env("E2B_API_URL", &server.url)
-        .env("E2B_SANDBOX_URL", &server.url)
-        .env("E2B_API_KEY", KEY_A)
         .env("OTHER_TEAM_KEY", KEY_B)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run the script");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -82,17 +73,9 @@ fn the_readmes_python_block_runs_as_written() {
         5,
         "the README promises five lines"
     );
-    let python = venv_python();
     let server = Server::start(&[]);
-    let out = Command::new("timeout")
-        .arg("120")
-        .arg(&python)
+    let out = sdk_python(120, &server.url)
         .args(["-c", code])
-        .env("E2B_API_URL", &server.url)
-        .env("E2B_SANDBOX_URL", &server.url)
-        .env("E2B_API_KEY", KEY_A)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run the README's block");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{left_on_disk, venv_python, Server, E2B_VERSION, KEY_A};
+use common::{left_on_disk, sdk_python, Server, E2B_VERSION, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -284,22 +284,14 @@ fn bad_tls_flags_and_files_are_refused_before_listening() {
 
 #[test]
 fn the_unmodified_python_sdk_over_https() {
-    let python = venv_python();
     let cert = Cert::new();
     let s = cert.serve();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_tls.py");
-    let out = Command::new("timeout")
-        .arg("180")
-        .arg(&python)
+    let out = sdk_python(180, &s.url)
         .arg(&script)
-        .env("E2B_API_URL", &s.url)
-        .env("E2B_SANDBOX_URL", &s.url)
-        .env("E2B_API_KEY", KEY_A)
         // The SDK's transport adds the system's certificates; SSL_CERT_FILE names them.
         .env("SSL_CERT_FILE", cert.cert())
         .env_remove("SSL_CERT_DIR")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run the script");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -203,10 +203,14 @@ impl Harness {
                 }
                 self.after(r.map_err(|e| e.kind()))?;
             }
-            Step::Release(call) => {
-                let r = self.core.release(now, call);
+            Step::Release(call) | Step::ReleaseAs(call, _) => {
+                let way = step.asked_way();
+                let r = match way {
+                    None => self.core.release(now, call),
+                    Some(way) => self.core.release_as(now, call, way),
+                };
                 match &r {
-                    Ok(()) => self.history.released(call, None),
+                    Ok(()) => self.history.released(call, way),
                     Err(e) => self.history.release_rejected(call, e.kind()),
                 }
                 self.after(r.map_err(|e| e.kind()))?;
@@ -217,14 +221,6 @@ impl Harness {
                     self.history.snapshot_dropped(key);
                 }
                 self.after(r.map(drop).map_err(|e| e.kind()))?;
-            }
-            Step::ReleaseAs(call, way) => {
-                let r = self.core.release_as(now, call, *way);
-                match &r {
-                    Ok(()) => self.history.released(call, Some(*way)),
-                    Err(e) => self.history.release_rejected(call, e.kind()),
-                }
-                self.after(r.map_err(|e| e.kind()))?;
             }
             Step::Flush {
                 session,

@@ -307,8 +307,7 @@ impl History {
 
     /// Whether `x` goes down suspended: the way its last release asked, else the policy's.
     fn wants_suspend(&self, x: SandboxId) -> bool {
-        let asked = self.sandboxes.get(&x).and_then(|s| s.asked);
-        asked.map_or(self.release.suspends(), |way| way == WayDown::Suspend)
+        suspends_as(self.sandboxes.get(&x).and_then(|s| s.asked), self.release)
     }
 
     // ------------------------------------------------------------------------------------------
@@ -993,7 +992,7 @@ impl History {
                     "release-way",
                     "Stop for {x} shuts it down, though its last release asked it suspended"
                 );
-                let wanted = if asked.map_or(self.release.suspends(), |w| w == WayDown::Suspend) {
+                let wanted = if self.wants_suspend(x) {
                     self.hooks.before_suspend
                 } else {
                     self.hooks.before_stop
@@ -1439,12 +1438,11 @@ impl History {
 
     /// Every started sandbox was ordered to shut down (or suspended under `Suspend`).
     pub fn check_every_started_shut_down(&mut self) {
-        let policy = self.release.suspends();
         let left = self
             .sandboxes
             .iter()
             .filter(|(_, s)| {
-                let suspend = s.asked.map_or(policy, |way| way == WayDown::Suspend);
+                let suspend = suspends_as(s.asked, self.release);
                 s.lane.is_started() && !s.lane.has_ended(suspend || s.instance_lost)
             })
             .map(|(x, _)| x)
@@ -1461,6 +1459,11 @@ impl History {
     pub fn pending_calls(&self) -> Vec<CallId> {
         self.calls.pending()
     }
+}
+
+/// Whether a sandbox whose last release asked `asked` goes down suspended under `release`.
+fn suspends_as(asked: Option<WayDown>, release: ReleasePolicy) -> bool {
+    asked.map_or(release.suspends(), |way| way == WayDown::Suspend)
 }
 
 #[cfg(test)]

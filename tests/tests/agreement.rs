@@ -815,10 +815,7 @@ impl Driver {
             Step::Release(call) | Step::ReleaseAs(call, _) => match self.held.remove(call.as_str())
             {
                 Some(Held::Ready(guard)) => {
-                    let way = match step {
-                        Step::ReleaseAs(_, way) => Some(*way),
-                        _ => None,
-                    };
+                    let way = step.asked_way();
                     self.tasks.push(tokio::spawn(async move {
                         match way {
                             None => guard.release().await,

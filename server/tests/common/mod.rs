@@ -144,3 +144,18 @@ pub fn left_on_disk(root: &std::path::Path) -> Vec<String> {
     }
     left
 }
+
+/// The venv's `python`, bounded by `secs` seconds, with the unmodified SDK pointed at the server
+/// at `url` as team A (`E2B_API_URL` and `E2B_SANDBOX_URL` that origin, `E2B_API_KEY`, and no
+/// `E2B_DEBUG` or `E2B_DOMAIN`, which would send it elsewhere). Arguments follow.
+pub fn sdk_python(secs: u32, url: &str) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg(secs.to_string())
+        .arg(venv_python())
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .env("E2B_API_KEY", KEY_A)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN");
+    c
+}

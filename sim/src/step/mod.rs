@@ -253,6 +253,16 @@ pub const STATES: [sandkeeper::SandboxState; 10] = [
     sandkeeper::SandboxState::HandingOver,
 ];
 
+impl Step {
+    /// The way down a release asks (`release … as=`); `None` for a plain release or another step.
+    pub fn asked_way(&self) -> Option<WayDown> {
+        match self {
+            Step::ReleaseAs(_, way) => Some(*way),
+            _ => None,
+        }
+    }
+}
+
 /// A way down as `release … as=` spells it.
 pub fn way_name(way: WayDown) -> &'static str {
     match way {
