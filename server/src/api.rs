@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::auth::Team;
+use crate::backend::SandboxBackend;
 use crate::clock;
 use crate::error::ApiError;
 use crate::registry::{NewSandbox, Resumed, Sandbox};
@@ -65,6 +66,12 @@ pub async fn create(
     let team = app.caller(&headers)?;
     let body: CreateBody = crate::body::json(&headers, body, app.limits.json_body).await?;
     let new = check_create(&team, body, app.limits.max_timeout)?;
+    if new.auto_pause {
+        // A timeout that pauses needs a backend that can keep the paused workspace.
+        app.registry
+            .pausable()
+            .map_err(|e| ApiError::bad_request(format!("autoPause: {}", e.message)))?;
+    }
     let sandbox = app.registry.create(team, new).await?;
     Ok((StatusCode::CREATED, Json(sandbox_json(&sandbox))).into_response())
 }
@@ -446,7 +453,8 @@ fn sandbox_json(s: &Sandbox) -> Value {
 
 /// What a sandbox may use, as the API reports it: the local backend's limits as configured
 /// (`LocalConfig::limits`; `LocalBackend::limits` says how they are enforced on this machine),
-/// 0 where there is none.
+/// 0 where there is none. On Kubernetes, 0: the pod's resources are the template's, which the
+/// API does not restate.
 #[derive(Clone, Copy, Debug)]
 struct Sizes {
     cpus: u32,
@@ -456,7 +464,14 @@ struct Sizes {
 
 impl Sizes {
     fn of(app: &AppState) -> Self {
-        let limits = &app.registry.keeper().backend().limits().limits;
+        let SandboxBackend::Local(local) = app.registry.keeper().backend() else {
+            return Sizes {
+                cpus: 0,
+                memory_mb: 0,
+                disk_mb: 0,
+            };
+        };
+        let limits = &local.limits().limits;
         Sizes {
             cpus: limits.cpu_cores.unwrap_or(0),
             memory_mb: limits.memory_bytes.unwrap_or(0) >> 20,

@@ -25,9 +25,10 @@ use std::time::Duration;
 
 use sandkeeper::{HookPoint, Hooks};
 use sandkeeper_tokio::ops::ExecOptions;
-use sandkeeper_tokio::{LocalBackend, SandboxWork};
+use sandkeeper_tokio::SandboxWork;
 use serde::Deserialize;
 
+use crate::backend::SandboxBackend;
 use crate::metrics::Metrics;
 
 /// The longest a hook may be given.
@@ -133,7 +134,8 @@ impl HookFile {
 pub fn runner(
     file: Arc<HookFile>,
     metrics: Arc<Metrics>,
-) -> impl Fn(HookPoint, SandboxWork<'static, LocalBackend>) -> HookFuture + Send + Sync + 'static {
+) -> impl Fn(HookPoint, SandboxWork<'static, SandboxBackend>) -> HookFuture + Send + Sync + 'static
+{
     move |point, work| {
         let file = file.clone();
         let metrics = metrics.clone();
@@ -161,7 +163,10 @@ pub fn runner(
 /// A hook's run, as the keeper awaits it.
 pub type HookFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
-async fn run(hook: &HookCommand, work: &SandboxWork<'static, LocalBackend>) -> Result<(), String> {
+async fn run(
+    hook: &HookCommand,
+    work: &SandboxWork<'static, SandboxBackend>,
+) -> Result<(), String> {
     let options = ExecOptions {
         timeout: Some(Duration::from_secs(hook.timeout_secs)),
         output_cap: 4096,

@@ -2,8 +2,9 @@
 //!
 //! A server that the official E2B SDKs (PyPI `e2b`, npm `e2b`) talk to unchanged: point
 //! `E2B_API_URL` and `E2B_SANDBOX_URL` at it and give an `E2B_API_KEY` it knows. Each E2B
-//! sandbox is one keeper call on the local backend ([`registry`]); its commands and files go
-//! through that call's sandbox operations ([`envd`]). See `docs/server.md`.
+//! sandbox is one keeper call ([`registry`]) on the local backend or on Kubernetes
+//! ([`backend`], [`kubernetes`]); its commands and files go through that call's sandbox
+//! operations ([`envd`]). See `docs/server.md`.
 //!
 //! - [`server`]: the listener, the routes, start and end.
 //! - [`auth`]: API keys (kept hashed) and teams; [`ratelimit`]: per-team request rates.
@@ -19,12 +20,14 @@
 
 pub mod api;
 pub mod auth;
+pub mod backend;
 pub mod body;
 pub mod clock;
 pub mod connect;
 pub mod envd;
 pub mod error;
 pub mod hooks;
+pub mod kubernetes;
 pub mod list_query;
 pub mod metrics;
 pub mod paths;

@@ -1,5 +1,5 @@
 //! `sandkeeperd`: serves the E2B sandbox protocol on one address, with sandboxes on the local
-//! backend under `--root`.
+//! backend under `--root`, or on Kubernetes (`--kubernetes FILE`).
 //!
 //! `sandkeeperd --listen 127.0.0.1:3000 --root /var/lib/sandkeeperd --api-key team-a:KEY`
 #![forbid(unsafe_code)]
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use sandkeeperd::auth::{hash_key, Keys};
+use sandkeeperd::kubernetes::{ApiServer, Kubernetes};
 use sandkeeperd::server::{Config, Limits, Server};
 use sandkeeperd::tls::Tls;
 
@@ -21,8 +22,25 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
     /// The local backend's root: sandboxes' directories are made under it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kubernetes")]
     root: Option<PathBuf>,
+    /// Run sandboxes on Kubernetes instead, with this backend configuration (YAML:
+    /// io-k8s/deploy/sandkeeper-k8s.example.yaml). The API server: --kubeconfig, --kube-server,
+    /// else KUBECONFIG, ~/.kube/config, then the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    kubernetes: Option<PathBuf>,
+    /// With --kubernetes: this kubeconfig file (its current context).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "kubernetes",
+        conflicts_with = "kube_server"
+    )]
+    kubeconfig: Option<PathBuf>,
+    /// With --kubernetes: the API server's URL, spoken to without credentials (`kubectl
+    /// proxy`).
+    #[arg(long, value_name = "URL", requires = "kubernetes")]
+    kube_server: Option<String>,
     /// An API key, `TEAM:KEY` (hashed at once; prefer --api-keys, since a flag shows in `ps`).
     #[arg(long = "api-key")]
     api_key: Vec<String>,
@@ -116,9 +134,21 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(root) => root,
         None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
     };
+    let kubernetes = match &args.kubernetes {
+        None => None,
+        Some(file) => {
+            let api = match (args.kubeconfig, args.kube_server) {
+                (Some(path), _) => ApiServer::Kubeconfig(path),
+                (None, Some(url)) => ApiServer::Url(url),
+                (None, None) => ApiServer::Infer,
+            };
+            Some(Kubernetes::load(file, api)?)
+        }
+    };
     let config = Config {
         listen: args.listen,
         root,
+        kubernetes,
         keys,
         limits: Limits {
             json_body: args.max_body_bytes,

@@ -28,20 +28,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use sandkeeper::{CallId, CallSpec, SandboxState, SessionId, WayDown};
-use sandkeeper_tokio::{CallGuard, Keeper, LocalBackend, SandboxWork};
+use sandkeeper_tokio::{CallGuard, Keeper, SandboxWork};
 use subtle::ConstantTimeEq;
 use tokio::sync::{watch, OwnedRwLockReadGuard, RwLock};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::auth::Team;
+use crate::backend::SandboxBackend;
 use crate::clock;
 use crate::envd::processes::Processes;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// The guard of a sandbox's keeper call.
-pub type Guard = CallGuard<LocalBackend>;
+pub type Guard = CallGuard<SandboxBackend>;
 
 /// What a create asked for, checked ([`crate::api`]).
 #[derive(Clone, Debug)]
@@ -121,7 +122,7 @@ pub struct Lease(OwnedRwLockReadGuard<Life, Guard>);
 
 impl Lease {
     /// The call's work in its sandbox.
-    pub fn work(&self) -> SandboxWork<'_, LocalBackend> {
+    pub fn work(&self) -> SandboxWork<'_, SandboxBackend> {
         self.0.work()
     }
 }
@@ -186,8 +187,11 @@ pub struct Limits {
 
 /// Every sandbox of this server.
 pub struct Registry {
-    keeper: Keeper<LocalBackend>,
+    keeper: Keeper<SandboxBackend>,
     limits: Limits,
+    /// Why its backend cannot keep a paused sandbox, when it cannot
+    /// ([`SandboxBackend::can_pause`]): pauses and `autoPause` are refused with it.
+    cannot_pause: Option<String>,
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
 }
@@ -202,23 +206,40 @@ struct Inner {
 
 impl Registry {
     /// A table over `keeper`, counting into `metrics`.
-    pub fn new(keeper: Keeper<LocalBackend>, limits: Limits, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(keeper: Keeper<SandboxBackend>, limits: Limits, metrics: Arc<Metrics>) -> Arc<Self> {
+        let cannot_pause = keeper.backend().can_pause().err();
         Arc::new(Registry {
             keeper,
             limits,
+            cannot_pause,
             inner: Mutex::default(),
             metrics,
         })
     }
 
     /// The keeper.
-    pub fn keeper(&self) -> &Keeper<LocalBackend> {
+    pub fn keeper(&self) -> &Keeper<SandboxBackend> {
         &self.keeper
     }
 
     /// The server's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Whether a sandbox may be paused here: 501 naming why when the backend cannot keep a
+    /// paused sandbox's workspace (Kubernetes in pod mode).
+    pub fn pausable(&self) -> Result<(), ApiError> {
+        match &self.cannot_pause {
+            None => Ok(()),
+            Some(why) => Err(ApiError::new(
+                axum::http::StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "pausing is not supported on this server's {} backend: {why}",
+                    self.keeper.backend().name()
+                ),
+            )),
+        }
     }
 
     /// Creates a sandbox for `team`: acquires its keeper call and starts its timer. Nothing
@@ -432,11 +453,13 @@ impl Registry {
 
     /// Pauses `team`'s sandbox `id`: its commands end, its in-flight work finishes, and its
     /// call is released asking `Suspend` (the keeper drains, stops and keeps the workspace).
-    /// Runs on its own task, as a kill. Errors: 404 (none of that id), 409 (paused already).
+    /// Runs on its own task, as a kill. Errors: 404 (none of that id), 409 (paused already),
+    /// 501 (the backend cannot pause).
     pub async fn pause(self: &Arc<Self>, team: &Team, id: &str) -> Result<(), ApiError> {
         let sandbox = self
             .get(team, id)
             .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+        self.pausable()?;
         let registry = self.clone();
         tokio::spawn(async move { registry.pause_now(&sandbox, "api").await })
             .await

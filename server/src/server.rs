@@ -1,5 +1,5 @@
 //! The server: one listener for the REST API and envd (told apart by path; envd requests name
-//! their sandbox by header), the keeper on the local backend behind it, and an orderly end.
+//! their sandbox by header), the keeper on its backend behind it, and an orderly end.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,6 +15,7 @@ use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 use crate::auth::Keys;
+use crate::backend::SandboxBackend;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
@@ -59,8 +60,11 @@ impl Default for Limits {
 pub struct Config {
     /// Where it listens (port 0: any free port; [`Server::addr`] says which).
     pub listen: SocketAddr,
-    /// The local backend's root: every sandbox's directory is made under it.
+    /// The local backend's root: every sandbox's directory is made under it (unused on
+    /// Kubernetes).
     pub root: PathBuf,
+    /// Sandboxes on Kubernetes instead of the local backend.
+    pub kubernetes: Option<crate::kubernetes::Kubernetes>,
     /// The API keys.
     pub keys: Keys,
     /// The bounds.
@@ -95,6 +99,9 @@ pub enum ServerError {
         /// The error.
         error: std::io::Error,
     },
+    /// The Kubernetes backend could not be set up.
+    #[error(transparent)]
+    Kubernetes(#[from] crate::kubernetes::KubernetesError),
     /// The keeper refused its configuration.
     #[error("the keeper: {0}")]
     Keeper(#[from] sandkeeper_tokio::KeeperError),
@@ -150,11 +157,25 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The local backend under the root. A Stop takes a snapshot only when asked to suspend (a
+/// pause): a killed sandbox's workspace goes with it.
+fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
+    let local = LocalConfig {
+        run_timeout: config.limits.run_timeout,
+        snapshots: false,
+        ..LocalConfig::new(&config.root)
+    };
+    LocalBackend::new(local).map_err(|error| ServerError::Backend {
+        root: config.root.display().to_string(),
+        error,
+    })
+}
+
 /// A server bound to its address, not yet serving.
 pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
-    keeper: Keeper<LocalBackend>,
+    keeper: Keeper<SandboxBackend>,
     tls: Option<Tls>,
 }
 
@@ -183,19 +204,13 @@ impl AppState {
 }
 
 impl Server {
-    /// Makes the keeper on the local backend and binds the listener.
+    /// Makes the keeper on its backend (connecting to Kubernetes when configured) and binds
+    /// the listener.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
-        let local = LocalConfig {
-            run_timeout: config.limits.run_timeout,
-            // A Stop takes a snapshot only when asked to suspend (a pause): a killed
-            // sandbox's workspace goes with it.
-            snapshots: false,
-            ..LocalConfig::new(&config.root)
+        let backend = match &config.kubernetes {
+            None => SandboxBackend::Local(local_backend(&config)?),
+            Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
-        let backend = LocalBackend::new(local).map_err(|error| ServerError::Backend {
-            root: config.root.display().to_string(),
-            error,
-        })?;
         let metrics = Arc::new(Metrics::default());
         let keeper = match config.hooks {
             None => Keeper::new(KeeperConfig::default(), backend)?,
@@ -231,6 +246,11 @@ impl Server {
             keeper,
             tls: config.tls,
         })
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &SandboxBackend {
+        self.keeper.backend()
     }
 
     /// The address it listens on.
@@ -283,6 +303,10 @@ impl Server {
         registry.kill_all().await;
         let report = self.keeper.close(Duration::from_secs(10)).await;
         tracing::info!(?report, "closed");
+        match self.keeper.backend().close().await {
+            Ok(deleted) => tracing::info!(deleted, "backend closed"),
+            Err(error) => tracing::warn!(%error, "the backend did not close cleanly"),
+        }
         served.map_err(|error| ServerError::Listen { addr, error })
     }
 }

@@ -9,9 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandkeeper_tokio::{
-    Entry, EntryKind, ExecOptions, LocalBackend, OpError, SandboxWork, WorkPath,
-};
+use sandkeeper_tokio::{Entry, EntryKind, ExecOptions, OpError, SandboxWork, WorkPath};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -22,7 +20,7 @@ use crate::paths;
 /// The most entries one `ListDir` answers.
 pub const MAX_ENTRIES: usize = 10_000;
 
-type Work<'a> = SandboxWork<'a, LocalBackend>;
+type Work<'a> = SandboxWork<'a, crate::backend::SandboxBackend>;
 
 #[derive(Deserialize)]
 struct PathRequest {

@@ -20,15 +20,26 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts it with two teams (a, b) and the extra flags.
+    /// Starts it with two teams (a, b) and the extra flags, on the local backend under a fresh
+    /// root.
     pub fn start(extra: &[&str]) -> Server {
         let root = tempfile::tempdir().expect("a temporary root");
+        let path = root.path().to_str().expect("a UTF-8 root").to_string();
+        Self::spawn(root, &[&["--root", &path][..], extra].concat())
+    }
+
+    /// Starts it with two teams (a, b) on the backend the flags name (`--kubernetes ...`);
+    /// [`root`](Self::root) is then an empty directory, which no flag names.
+    pub fn start_on(backend: &[&str]) -> Server {
+        Self::spawn(tempfile::tempdir().expect("a temporary dir"), backend)
+    }
+
+    fn spawn(root: tempfile::TempDir, flags: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sandkeeperd"))
-            .args(["--listen", "127.0.0.1:0", "--root"])
-            .arg(root.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
             .args(["--api-key", &format!("team-a:{KEY_A}")])
             .args(["--api-key", &format!("team-b:{KEY_B}")])
-            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

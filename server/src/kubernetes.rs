@@ -1,0 +1,103 @@
+//! The Kubernetes backend by configuration (`--kubernetes FILE`): the backend's settings
+//! (`sandkeeper_k8s::K8sConfig`, the YAML of `io-k8s/deploy/sandkeeper-k8s.example.yaml`) and
+//! how to reach the API server. The server connects once, at start: the backend takes its
+//! owner's Lease and sweeps what dead owners left (`K8sBackend::connect`), and at the end
+//! deletes what it still owns and lets the Lease go ([`SandboxBackend::close`]).
+//!
+//! [`SandboxBackend::close`]: crate::backend::SandboxBackend::close
+
+use std::path::{Path, PathBuf};
+
+use sandkeeper_k8s::{Cluster, K8sBackend, K8sConfig};
+
+/// How to reach the API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiServer {
+    /// kube's usual inference: `KUBECONFIG`, `~/.kube/config`, then the in-cluster service
+    /// account (a `sandkeeperd` deployed in the cluster needs nothing more).
+    Infer,
+    /// A kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// A URL spoken to as it is, without credentials (`kubectl proxy`, a test's API server).
+    Url(String),
+}
+
+/// The Kubernetes backend a server runs on.
+#[derive(Clone, Debug)]
+pub struct Kubernetes {
+    /// The backend's settings (namespace, owner, claims or pods, ...).
+    pub config: K8sConfig,
+    /// Where the API server is.
+    pub api: ApiServer,
+}
+
+/// Why the Kubernetes backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesError {
+    /// The configuration file could not be read or is not a valid configuration.
+    #[error("{file}: {why}")]
+    Config {
+        /// The file.
+        file: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// No client for the API server.
+    #[error("the Kubernetes API server: {0}")]
+    Client(String),
+    /// The backend did not connect (its install check, its Lease or its sweep failed).
+    #[error("the Kubernetes backend: {0}")]
+    Connect(String),
+}
+
+impl Kubernetes {
+    /// Reads the backend's settings from a YAML (or JSON) file, and checks them.
+    pub fn load(file: &Path, api: ApiServer) -> Result<Self, KubernetesError> {
+        let bad = |why: String| KubernetesError::Config {
+            file: file.display().to_string(),
+            why,
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+        // Through a JSON value: serde_yaml would want a YAML tag for the `mode` enum.
+        let value: serde_json::Value =
+            serde_yaml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let config: K8sConfig = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        config.validate().map_err(|e| bad(e.to_string()))?;
+        Ok(Kubernetes { config, api })
+    }
+
+    /// Connects the backend: a client for the API server, then `K8sBackend::connect`.
+    pub async fn connect(&self) -> Result<K8sBackend, KubernetesError> {
+        let client = self.client().await?;
+        let cluster = Cluster::new(client, self.config.clone())
+            .map_err(|e| KubernetesError::Connect(e.to_string()))?;
+        let (backend, report) = K8sBackend::connect(cluster)
+            .await
+            .map_err(|e| KubernetesError::Connect(e.to_string()))?;
+        tracing::info!(?report, namespace = %self.config.namespace, "kubernetes backend connected");
+        Ok(backend)
+    }
+
+    async fn client(&self) -> Result<kube::Client, KubernetesError> {
+        let failed = |e: &dyn std::fmt::Display| KubernetesError::Client(e.to_string());
+        let mut config = match &self.api {
+            ApiServer::Url(url) => kube::Config::new(
+                url.parse()
+                    .map_err(|e| KubernetesError::Client(format!("{url}: {e}")))?,
+            ),
+            ApiServer::Kubeconfig(path) => {
+                let file = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| KubernetesError::Client(format!("{}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(
+                    file,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .map_err(|e| KubernetesError::Client(format!("{}: {e}", path.display())))?
+            }
+            ApiServer::Infer => kube::Config::infer().await.map_err(|e| failed(&e))?,
+        };
+        config.default_namespace = self.config.namespace.clone();
+        Cluster::make_client(config).map_err(|e| failed(&e))
+    }
+}

@@ -1,0 +1,174 @@
+//! sandkeeperd on its Kubernetes backend (`--kubernetes FILE --kube-server URL`), against the
+//! loopback API server (io-k8s's double: its exec runs each argv as a real process in the
+//! pod's directory, its agent-sandbox controller makes, suspends and resumes claims' pods),
+//! driven by the official Python SDK, unmodified (`py/e2b_k8s.py`): in agent-sandbox mode a
+//! pause keeps the claim and connect resumes it with its files; in pod mode pause and
+//! `autoPause` are refused and the sandbox runs on. Then the objects: a killed sandbox's are
+//! gone, a running one's are there, and after SIGTERM nothing of the server's owner is left.
+//!
+//! What the loopback does not model (io-k8s/loopback's docs): images (the argv runs on this
+//! host), scheduling, and real volumes (a pod's directory stays on disk).
+
+mod common;
+
+use std::path::Path;
+
+use common::{sdk_python, Server};
+use k8s_loopback::resources::{ALL, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use k8s_loopback::Loopback;
+use sandkeeper::{Key, SessionId};
+use sandkeeper_k8s::names::{session_hash, OWNER, SESSION_HASH};
+use serde_json::{json, Value};
+
+const NS: &str = "sk-test";
+
+/// The loopback with the agent-sandbox template and warm pool the claim mode uses (the working
+/// directory on a per-claim volume, so a suspension keeps it).
+async fn cluster() -> Loopback {
+    let server = Loopback::start().await.expect("the loopback starts");
+    let store = server.store();
+    store
+        .create(
+            &SANDBOX_TEMPLATES,
+            NS,
+            json!({"metadata": {"name": "tpl"}, "spec": {
+                "podTemplate": {"spec": {"terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "main", "image": "busybox",
+                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "workspace"},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]
+            }}),
+        )
+        .expect("the template");
+    store
+        .create(
+            &SANDBOX_WARM_POOLS,
+            NS,
+            json!({"metadata": {"name": "pool"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "tpl"}}}),
+        )
+        .expect("the warm pool");
+    server
+}
+
+/// The backend's configuration file, as a user writes it.
+fn config_file(dir: &Path, owner: &str, mode: &str) -> std::path::PathBuf {
+    let mode = match mode {
+        "claim" => "mode:\n  agentSandbox:\n    warmPool: pool\n".to_string(),
+        _ => "mode:\n  pod:\n    template:\n      spec:\n        containers:\n        - name: main\n          image: busybox\n          command: [\"sleep\", \"infinity\"]\n".to_string(),
+    };
+    let yaml = format!(
+        "namespace: {NS}\nowner: {owner}\n{mode}retryBaseMillis: 5\napiDeadlineSecs: 10\nreadyTimeoutSecs: 30\nuploadTimeoutSecs: 10\n"
+    );
+    let file = dir.join(format!("{owner}.yaml"));
+    std::fs::write(&file, yaml).expect("write the configuration");
+    file
+}
+
+/// The objects labelled with `owner` (claims, sandboxes, pods, leases), as `<plural>/<name>`.
+fn owned_by(server: &Loopback, owner: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for rt in ALL {
+        for o in server.store().all(rt) {
+            let label = o.pointer("/metadata/labels").and_then(|l| l.get(OWNER));
+            if label.and_then(Value::as_str) == Some(owner) {
+                let name = o["metadata"]["name"].as_str().unwrap_or("");
+                out.push(format!("{}/{name}", rt.plural));
+            }
+        }
+    }
+    out
+}
+
+/// The objects of `owner` that serve the server's sandbox `id` (its keeper session is the id;
+/// the backend labels each object with a hash of the session's key), as `<plural>/<name>`.
+fn serving(server: &Loopback, owner: &str, id: &str) -> Vec<String> {
+    let session = SessionId::new(id).expect("a session name");
+    let hash = session_hash(&Key::Session(session).to_string());
+    let mut out = Vec::new();
+    for rt in ALL {
+        for o in server.store().all(rt) {
+            let labels = o.pointer("/metadata/labels");
+            let label = |name: &str| labels.and_then(|l| l.get(name)).and_then(Value::as_str);
+            if label(OWNER) == Some(owner) && label(SESSION_HASH) == Some(hash.as_str()) {
+                let name = o["metadata"]["name"].as_str().unwrap_or("");
+                out.push(format!("{}/{name}", rt.plural));
+            }
+        }
+    }
+    out
+}
+
+async fn run_script(mode: &'static str) {
+    let cluster = cluster().await;
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    let owner = format!("sandkeeperd-{mode}");
+    let file = config_file(dir.path(), &owner, mode);
+    let url = cluster.url();
+    let (mut server, out) = tokio::task::spawn_blocking(move || {
+        let server = Server::start_on(&[
+            "--kubernetes",
+            file.to_str().expect("a UTF-8 path"),
+            "--kube-server",
+            &url,
+        ]);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_k8s.py");
+        let out = sdk_python(240, &server.url)
+            .arg(&script)
+            .env("K8S_MODE", mode)
+            .output()
+            .expect("run the script");
+        (server, out)
+    })
+    .await
+    .expect("the script's thread");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the SDK script failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("all steps passed"), "{stdout}");
+    let ids: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("sandbox "))
+        .collect();
+    let [killed, running] = ids[..] else {
+        panic!("two sandboxes named: {stdout}")
+    };
+
+    // The killed sandbox's objects are gone; the running one's are there, in the cluster.
+    assert_eq!(serving(&cluster, &owner, killed), Vec::<String>::new());
+    let kinds: Vec<String> = serving(&cluster, &owner, running)
+        .iter()
+        .map(|o| o.split('/').next().unwrap_or("").to_string())
+        .collect();
+    let expected: &[&str] = match mode {
+        "claim" => &["pods", "sandboxclaims"],
+        _ => &["pods"],
+    };
+    assert!(
+        expected.iter().all(|k| kinds.iter().any(|x| x == k)),
+        "the running sandbox's {expected:?}: {:?}",
+        owned_by(&cluster, &owner)
+    );
+
+    // SIGTERM: the server kills what runs, closes the keeper and the backend deletes what its
+    // owner still has and lets its Lease go.
+    let status = tokio::task::spawn_blocking(move || server.terminate(30))
+        .await
+        .expect("the terminate thread");
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(owned_by(&cluster, &owner), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_on_agent_sandbox_claims_pauses_and_resumes() {
+    run_script("claim").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_on_plain_pods_is_refused_pause_and_runs_on() {
+    run_script("pod").await;
+}
