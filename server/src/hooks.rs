@@ -146,7 +146,7 @@ pub fn runner(
             };
             let ran = run(hook, &work).await;
             let outcome = if ran.is_ok() { "ok" } else { "failed" };
-            Metrics::count_hook(&metrics.hooks, point, outcome);
+            metrics.count_hook(&metrics.hooks, point, outcome);
             match &ran {
                 Ok(()) => {
                     tracing::info!(sandbox = %work.sandbox(), hook = point.as_str(), "hook ok")

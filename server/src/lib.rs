@@ -11,7 +11,8 @@
 //! - [`api`]: the REST API ([`list_query`]: its list's filters and pages); [`registry`]: the
 //!   sandbox table and lifecycle.
 //! - [`envd`]: health, processes, filesystem, `/files`; [`connect`]: Connect's framing.
-//! - [`metrics`]: `/metrics` in the Prometheus text format.
+//! - [`metrics`]: `/metrics` in the Prometheus text format; [`request_span`]: a span around
+//!   every request.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
 //!   paths to workspace paths; [`clock`]: the wall clock.
 //! - [`tls`]: optional TLS on the listener.
@@ -33,5 +34,6 @@ pub mod metrics;
 pub mod paths;
 pub mod ratelimit;
 pub mod registry;
+pub mod request_span;
 pub mod server;
 pub mod tls;

@@ -16,9 +16,6 @@ use prometheus_client::registry::Registry;
 
 use crate::server::AppState;
 
-/// The backend every sandbox runs on here.
-pub const BACKEND: &str = "local";
-
 /// The labels of a count or a latency.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Labels {
@@ -44,6 +41,8 @@ pub struct HookLabels {
 /// Every metric of the server.
 pub struct Metrics {
     registry: Registry,
+    /// The backend's name (`local`, `kubernetes`): every sample's `backend` label.
+    backend: &'static str,
     /// Sandboxes running now.
     pub sandboxes: Gauge,
     /// Creates, by outcome.
@@ -73,8 +72,11 @@ fn latency() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+impl Metrics {
+    /// The metrics of a server on `backend` (its name, as [`SandboxBackend::name`]).
+    ///
+    /// [`SandboxBackend::name`]: crate::backend::SandboxBackend::name
+    pub fn new(backend: &'static str) -> Self {
         let mut registry = Registry::with_prefix("sandkeeperd");
         let metrics = Metrics {
             sandboxes: Gauge::default(),
@@ -89,6 +91,7 @@ impl Default for Metrics {
             pause_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             resume_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             registry: Registry::default(),
+            backend,
         };
         registry.register(
             "sandboxes",
@@ -146,19 +149,20 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Counts one in `family` with this outcome.
-    pub fn count(family: &Family<Labels, Counter>, outcome: &'static str) {
-        family.get_or_create(&labels(outcome)).inc();
+    pub fn count(&self, family: &Family<Labels, Counter>, outcome: &'static str) {
+        family.get_or_create(&self.labels(outcome)).inc();
     }
 
     /// Counts a hook's run at `point`.
     pub fn count_hook(
+        &self,
         family: &Family<HookLabels, Counter>,
         point: sandkeeper::HookPoint,
         outcome: &'static str,
     ) {
         family
             .get_or_create(&HookLabels {
-                backend: BACKEND,
+                backend: self.backend,
                 point: point.as_str(),
                 outcome,
             })
@@ -166,9 +170,9 @@ impl Metrics {
     }
 
     /// Records a latency with this outcome.
-    pub fn time(family: &Latency, outcome: &'static str, took: Duration) {
+    pub fn time(&self, family: &Latency, outcome: &'static str, took: Duration) {
         family
-            .get_or_create(&labels(outcome))
+            .get_or_create(&self.labels(outcome))
             .observe(took.as_secs_f64());
     }
 
@@ -180,10 +184,12 @@ impl Metrics {
     }
 }
 
-fn labels(outcome: &'static str) -> Labels {
-    Labels {
-        backend: BACKEND,
-        outcome,
+impl Metrics {
+    fn labels(&self, outcome: &'static str) -> Labels {
+        Labels {
+            backend: self.backend,
+            outcome,
+        }
     }
 }
 

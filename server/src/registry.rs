@@ -258,8 +258,9 @@ impl Registry {
             Err(e) if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => "limit",
             Err(_) => "keeper",
         };
-        Metrics::count(&self.metrics.creates, outcome);
-        Metrics::time(&self.metrics.create_seconds, outcome, began.elapsed());
+        self.metrics.count(&self.metrics.creates, outcome);
+        self.metrics
+            .time(&self.metrics.create_seconds, outcome, began.elapsed());
         created
     }
 
@@ -424,8 +425,9 @@ impl Registry {
             tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, ?released, "killed");
         }
         drop(life);
-        Metrics::count(&self.metrics.kills, reason);
-        Metrics::time(&self.metrics.kill_seconds, reason, began.elapsed());
+        self.metrics.count(&self.metrics.kills, reason);
+        self.metrics
+            .time(&self.metrics.kill_seconds, reason, began.elapsed());
     }
 
     /// What a kill of a paused sandbox does: the keeper drops what its session's key keeps
@@ -514,7 +516,8 @@ impl Registry {
             Ok(()) => reason,
             Err(_) => "refused",
         };
-        Metrics::time(&self.metrics.pause_seconds, outcome, began.elapsed());
+        self.metrics
+            .time(&self.metrics.pause_seconds, outcome, began.elapsed());
         paused
     }
 
@@ -582,7 +585,8 @@ impl Registry {
         }
         if !matches!(resumed, Ok(Resumed::WasRunning)) {
             let outcome = if resumed.is_ok() { "ok" } else { "refused" };
-            Metrics::time(&self.metrics.resume_seconds, outcome, began.elapsed());
+            self.metrics
+                .time(&self.metrics.resume_seconds, outcome, began.elapsed());
         }
         resumed
     }

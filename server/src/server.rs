@@ -154,6 +154,7 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(api::fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
+        .layer(axum::middleware::from_fn(crate::request_span::layer))
         .with_state(state)
 }
 
@@ -183,6 +184,7 @@ impl AppState {
     /// The team of a REST request's key (401), within its request rate (429).
     pub fn caller(&self, headers: &axum::http::HeaderMap) -> Result<crate::auth::Team, ApiError> {
         let team = self.keys.team(headers)?;
+        crate::request_span::record_team(&team);
         self.admit(&team)?;
         Ok(team)
     }
@@ -211,7 +213,7 @@ impl Server {
             None => SandboxBackend::Local(local_backend(&config)?),
             Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(backend.name()));
         let keeper = match config.hooks {
             None => Keeper::new(KeeperConfig::default(), backend)?,
             Some(file) => {

@@ -154,6 +154,19 @@ async fn run_script(mode: &'static str) {
         owned_by(&cluster, &owner)
     );
 
+    // The metrics name the backend.
+    let scrape = reqwest::get(format!("{}/metrics", server.url))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("the text");
+    let line = |sample: &str| scrape.lines().any(|l| l == sample);
+    let created = r#"sandkeeperd_creates_total{backend="kubernetes",outcome="ok"} 2"#;
+    assert!(line(created), "{created} in:\n{scrape}");
+    let paused = r#"sandkeeperd_pause_seconds_count{backend="kubernetes",outcome="api"} 1"#;
+    assert_eq!(line(paused), mode == "claim", "{paused} in:\n{scrape}");
+
     // SIGTERM: the server kills what runs, closes the keeper and the backend deletes what its
     // owner still has and lets its Lease go.
     let status = tokio::task::spawn_blocking(move || server.terminate(30))

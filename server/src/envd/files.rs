@@ -105,6 +105,7 @@ fn target(
     }
     match signed::sandbox(&app.registry, query, op)? {
         Some(sandbox) => {
+            crate::request_span::record_team(&sandbox.team);
             app.admit(&sandbox.team)?;
             Ok(sandbox)
         }
@@ -148,7 +149,7 @@ pub async fn upload(
         Err(FilesError::Api(e)) if e.status.is_client_error() => "refused",
         Err(FilesError::Api(_)) => "error",
     };
-    crate::metrics::Metrics::count(&metrics.uploads, outcome);
+    metrics.count(&metrics.uploads, outcome);
     uploaded
 }
 

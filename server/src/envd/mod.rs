@@ -55,6 +55,7 @@ pub fn sandbox(app: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, Refu
         .unwrap_or(b"");
     match app.registry.any(id) {
         Some(s) if s.token_matches(token) && !s.is_paused() => {
+            crate::request_span::record_team(&s.team);
             app.admit(&s.team).map_err(Refused::RateLimited)?;
             Ok(s)
         }

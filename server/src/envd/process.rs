@@ -281,7 +281,7 @@ async fn drive(
         Ended::Failed(e) if e.code == Code::DeadlineExceeded => "timeout",
         Ended::Failed(_) => "error",
     };
-    Metrics::count(&metrics.commands, outcome);
+    metrics.count(&metrics.commands, outcome);
     tracing::info!(outcome, "command ended");
     sandbox.processes.remove(pid);
     drop(lease);

@@ -34,16 +34,36 @@ impl Server {
         Self::spawn(tempfile::tempdir().expect("a temporary dir"), backend)
     }
 
+    /// Starts it as [`start`](Self::start) does, logging at `filter` (`RUST_LOG`) into `log`.
+    pub fn start_logging(filter: &str, log: &Path) -> Server {
+        let root = tempfile::tempdir().expect("a temporary root");
+        let path = root.path().to_str().expect("a UTF-8 root").to_string();
+        let file = std::fs::File::create(log).expect("the log file");
+        let mut command = Self::command(&["--root", &path]);
+        command.env("RUST_LOG", filter).stderr(file);
+        Self::started(root, command)
+    }
+
     fn spawn(root: tempfile::TempDir, flags: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandkeeperd"))
+        let mut command = Self::command(flags);
+        command.stderr(Stdio::inherit());
+        Self::started(root, command)
+    }
+
+    fn command(flags: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sandkeeperd"));
+        command
             .args(["--listen", "127.0.0.1:0"])
             .args(flags)
             .args(["--api-key", &format!("team-a:{KEY_A}")])
             .args(["--api-key", &format!("team-b:{KEY_B}")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sandkeeperd");
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped());
+        command
+    }
+
+    fn started(root: tempfile::TempDir, mut command: Command) -> Server {
+        let mut child = command.spawn().expect("start sandkeeperd");
         // The first line names the address once it listens; EOF (it died) ends the read.
         let mut line = String::new();
         let stdout = child.stdout.take().expect("stdout");
