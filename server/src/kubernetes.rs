@@ -7,8 +7,10 @@
 //! [`SandboxBackend::close`]: crate::backend::SandboxBackend::close
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sandkeeper_k8s::{Cluster, K8sBackend, K8sConfig};
+use sandkeeper_snapshots::{ObjectSnapshots, SnapshotsConfig};
 
 /// How to reach the API server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +31,12 @@ pub struct Kubernetes {
     pub config: K8sConfig,
     /// Where the API server is.
     pub api: ApiServer,
+    /// Pod mode's shelf: the object-storage URL (`s3://bucket/prefix`, `gs://`, `az://`,
+    /// `file:///dir`) a paused sandbox's workspace is streamed to before its pod is deleted,
+    /// and back from into a new pod at its resume (`K8sBackend::with_shelf`). Without it, pod
+    /// mode cannot pause. Refused in `agentSandbox` mode, which keeps a paused workspace in its
+    /// claim's volume.
+    pub snapshots: Option<String>,
 }
 
 /// Why the Kubernetes backend could not be set up.
@@ -45,6 +53,9 @@ pub enum KubernetesError {
     /// No client for the API server.
     #[error("the Kubernetes API server: {0}")]
     Client(String),
+    /// The object storage of `--snapshots` could not be opened.
+    #[error("--snapshots {0}")]
+    Snapshots(String),
     /// The backend did not connect (its install check, its Lease or its sweep failed).
     #[error("the Kubernetes backend: {0}")]
     Connect(String),
@@ -52,7 +63,11 @@ pub enum KubernetesError {
 
 impl Kubernetes {
     /// Reads the backend's settings from a YAML (or JSON) file, and checks them.
-    pub fn load(file: &Path, api: ApiServer) -> Result<Self, KubernetesError> {
+    pub fn load(
+        file: &Path,
+        api: ApiServer,
+        snapshots: Option<String>,
+    ) -> Result<Self, KubernetesError> {
         let bad = |why: String| KubernetesError::Config {
             file: file.display().to_string(),
             why,
@@ -63,7 +78,11 @@ impl Kubernetes {
             serde_yaml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let config: K8sConfig = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
         config.validate().map_err(|e| bad(e.to_string()))?;
-        Ok(Kubernetes { config, api })
+        Ok(Kubernetes {
+            config,
+            api,
+            snapshots,
+        })
     }
 
     /// Connects the backend: a client for the API server, then `K8sBackend::connect`.
@@ -75,7 +94,12 @@ impl Kubernetes {
             .await
             .map_err(|e| KubernetesError::Connect(e.to_string()))?;
         tracing::info!(?report, namespace = %self.config.namespace, "kubernetes backend connected");
-        Ok(backend)
+        let Some(url) = &self.snapshots else {
+            return Ok(backend);
+        };
+        let shelf = ObjectSnapshots::open(url, SnapshotsConfig::default())
+            .map_err(|e| KubernetesError::Snapshots(format!("{url}: {e}")))?;
+        Ok(backend.with_shelf(Arc::new(shelf)))
     }
 
     async fn client(&self) -> Result<kube::Client, KubernetesError> {

@@ -41,6 +41,10 @@ struct Args {
     /// proxy`).
     #[arg(long, value_name = "URL", requires = "kubernetes")]
     kube_server: Option<String>,
+    /// With --kubernetes in pod mode: keep paused workspaces in this object storage
+    /// (s3://bucket/prefix, gs://, az://, file:///dir), so that pod mode can pause.
+    #[arg(long, value_name = "URL", requires = "kubernetes")]
+    snapshots: Option<String>,
     /// An API key, `TEAM:KEY` (hashed at once; prefer --api-keys, since a flag shows in `ps`).
     #[arg(long = "api-key")]
     api_key: Vec<String>,
@@ -144,7 +148,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 (None, Some(url)) => ApiServer::Url(url),
                 (None, None) => ApiServer::Infer,
             };
-            Some(Kubernetes::load(file, api)?)
+            Some(Kubernetes::load(file, api, args.snapshots)?)
         }
     };
     let config = Config {

@@ -104,13 +104,21 @@ async fn run_script(mode: &'static str) {
     let owner = format!("sandkeeperd-{mode}");
     let file = config_file(dir.path(), &owner, mode);
     let url = cluster.url();
+    let shelf = dir.path().join("shelf");
+    std::fs::create_dir(&shelf).expect("the shelf's directory");
+    let shelf_url = (mode == "pod-shelf").then(|| format!("file://{}", shelf.display()));
     let (mut server, out) = tokio::task::spawn_blocking(move || {
-        let server = Server::start_on(&[
-            "--kubernetes",
-            file.to_str().expect("a UTF-8 path"),
-            "--kube-server",
-            &url,
-        ]);
+        let mut flags = vec![
+            "--kubernetes".to_string(),
+            file.to_str().expect("a UTF-8 path").to_string(),
+            "--kube-server".to_string(),
+            url,
+        ];
+        if let Some(shelf) = shelf_url {
+            flags.extend(["--snapshots".to_string(), shelf]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = Server::start_on(&flags);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_k8s.py");
         let out = sdk_python(240, &server.url)
             .arg(&script)
@@ -148,6 +156,7 @@ async fn run_script(mode: &'static str) {
         "claim" => &["pods", "sandboxclaims"],
         _ => &["pods"],
     };
+    let paused_once = mode != "pod";
     assert!(
         expected.iter().all(|k| kinds.iter().any(|x| x == k)),
         "the running sandbox's {expected:?}: {:?}",
@@ -165,7 +174,7 @@ async fn run_script(mode: &'static str) {
     let created = r#"sandkeeperd_creates_total{backend="kubernetes",outcome="ok"} 2"#;
     assert!(line(created), "{created} in:\n{scrape}");
     let paused = r#"sandkeeperd_pause_seconds_count{backend="kubernetes",outcome="api"} 1"#;
-    assert_eq!(line(paused), mode == "claim", "{paused} in:\n{scrape}");
+    assert_eq!(line(paused), paused_once, "{paused} in:\n{scrape}");
 
     // SIGTERM: the server kills what runs, closes the keeper and the backend deletes what its
     // owner still has and lets its Lease go.
@@ -174,6 +183,29 @@ async fn run_script(mode: &'static str) {
         .expect("the terminate thread");
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     assert_eq!(owned_by(&cluster, &owner), Vec::<String>::new());
+    // The shelf kept the paused workspace only until its resume; nothing is left on it.
+    let left: Vec<_> = walk(&shelf);
+    assert_eq!(left, Vec::<String>::new(), "left on the shelf");
+    if mode == "pod-shelf" {
+        assert!(stdout.contains("ok pause, connect resumes it with its files"));
+    }
+}
+
+/// The files under `dir`, as paths relative to it.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read the shelf").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap_or(&p).display().to_string());
+            }
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,6 +214,87 @@ async fn the_python_sdk_on_agent_sandbox_claims_pauses_and_resumes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_on_plain_pods_with_a_shelf_pauses_and_resumes() {
+    run_script("pod-shelf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_on_plain_pods_is_refused_pause_and_runs_on() {
     run_script("pod").await;
+}
+
+/// Configurations the server refuses before it listens, each naming what is wrong: a shelf in
+/// agentSandbox mode (which keeps a paused workspace in its claim), an unreadable or invalid
+/// configuration file, an API server that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_kubernetes_configurations_stop_the_server_before_it_listens() {
+    let cluster = cluster().await;
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    let claim = config_file(dir.path(), "refused", "claim");
+    let invalid = dir.path().join("invalid.yaml");
+    std::fs::write(
+        &invalid,
+        "namespace: sk-test\nowner: NOT_A_NAME\nmode:\n  agentSandbox:\n    warmPool: pool\n",
+    )
+    .unwrap();
+    let shelf = format!("file://{}", dir.path().display());
+    let url = cluster.url();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--kubernetes".into(),
+                claim.display().to_string(),
+                "--kube-server".into(),
+                url.clone(),
+                "--snapshots".into(),
+                shelf,
+            ],
+            "a shelf is for pod mode",
+        ),
+        (
+            vec![
+                "--kubernetes".into(),
+                dir.path().join("missing.yaml").display().to_string(),
+                "--kube-server".into(),
+                url.clone(),
+            ],
+            "missing.yaml",
+        ),
+        (
+            vec![
+                "--kubernetes".into(),
+                invalid.display().to_string(),
+                "--kube-server".into(),
+                url,
+            ],
+            "invalid owner name",
+        ),
+        (
+            vec![
+                "--kubernetes".into(),
+                claim.display().to_string(),
+                "--kube-server".into(),
+                "http://127.0.0.1:9".into(),
+            ],
+            "the Kubernetes backend",
+        ),
+    ];
+    for (flags, says) in cases {
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("timeout")
+                .arg("60")
+                .arg(env!("CARGO_BIN_EXE_sandkeeperd"))
+                .args(["--listen", "127.0.0.1:0", "--api-key", "t:k"])
+                .args(&flags)
+                .output()
+                .expect("run sandkeeperd")
+        })
+        .await
+        .expect("the thread");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(!stdout.contains("listening"), "{stdout}");
+        assert!(stderr.contains(says), "{says:?} in:\n{stderr}");
+    }
 }

@@ -1,7 +1,8 @@
 """The official `e2b` SDK, unmodified, against sandkeeperd on its Kubernetes backend.
 
 Run by server/tests/kubernetes.rs (the same environment as e2b_smoke.py) with K8S_MODE set to
-`claim` (agent-sandbox claims: pause keeps the claim) or `pod` (plain pods: no pause). Prints
+`claim` (agent-sandbox claims: pause keeps the claim), `pod-shelf` (plain pods with a shelf:
+pause streams the workspace out) or `pod` (plain pods: no pause). Prints
 one `ok <step>` line per step and the created sandboxes' ids; any failure raises.
 """
 
@@ -43,7 +44,7 @@ def main():
     sbx.files.write("/home/user/kept.txt", "kept across pause")
     step("files")
 
-    if mode == "claim":
+    if mode in ("claim", "pod-shelf"):
         assert sbx.pause() is True
         assert not sbx.is_running()
         resumed = Sandbox.connect(sbx.sandbox_id)
