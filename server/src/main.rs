@@ -77,6 +77,10 @@ struct Args {
     /// limit).
     #[arg(long, default_value_t = 0)]
     requests_per_second: u32,
+    /// How long a paused sandbox is kept, in seconds: past it, it is killed and its workspace
+    /// deleted (0: kept until it is killed).
+    #[arg(long, default_value_t = 0)]
+    paused_retention_secs: u64,
     /// The longest a command may run, in seconds (a request's timeout may shorten it).
     #[arg(long, default_value_t = 3600)]
     run_timeout_secs: u64,
@@ -164,6 +168,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             sandboxes_per_team: args.sandboxes_per_team,
             run_timeout: Duration::from_secs(args.run_timeout_secs),
             requests_per_second: args.requests_per_second,
+            paused_retention: (args.paused_retention_secs > 0)
+                .then(|| Duration::from_secs(args.paused_retention_secs)),
         },
         hooks,
         tls,

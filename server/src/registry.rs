@@ -183,6 +183,9 @@ pub struct Limits {
     /// Running sandboxes one team may have at once (creating and resuming count; paused ones
     /// do not).
     pub sandboxes_per_team: usize,
+    /// How long a paused sandbox is kept: past it, it is killed (its workspace deleted) as a
+    /// kill of a paused sandbox is. `None`: until it is killed.
+    pub paused_retention: Option<Duration>,
 }
 
 /// Every sandbox of this server.
@@ -468,7 +471,11 @@ impl Registry {
             .map_err(|e| ApiError::internal(format!("a pause's task failed: {e}")))?
     }
 
-    async fn pause_now(&self, sandbox: &Sandbox, reason: &'static str) -> Result<(), ApiError> {
+    async fn pause_now(
+        self: &Arc<Self>,
+        sandbox: &Arc<Sandbox>,
+        reason: &'static str,
+    ) -> Result<(), ApiError> {
         let span = tracing::info_span!(
             "pause",
             sandbox = %sandbox.id,
@@ -511,6 +518,13 @@ impl Registry {
             self.metrics.sandboxes.dec();
             self.metrics.paused.inc();
             self.give_back_slot(&sandbox.team);
+            if let Some(retention) = self.limits.paused_retention {
+                let generation = sandbox.resumes.load(Ordering::Acquire);
+                tokio::spawn(
+                    self.clone()
+                        .retention(sandbox.clone(), generation, retention),
+                );
+            }
         }
         let outcome = match &paused {
             Ok(()) => reason,
@@ -650,6 +664,33 @@ impl Registry {
         if let Some(sandbox) = taken {
             tracing::info!(sandbox = %sandbox.id, "timeout: killing");
             self.finish(sandbox, "timeout").await;
+        }
+    }
+
+    /// Kills the sandbox `retention` after its pause unless it was resumed (or killed) since:
+    /// the pause of `generation` is still its present life, checked under its write lock.
+    async fn retention(
+        self: Arc<Self>,
+        sandbox: Arc<Sandbox>,
+        generation: u32,
+        retention: Duration,
+    ) {
+        tokio::time::sleep(retention).await;
+        let taken = {
+            let life = sandbox.life.write().await;
+            let same_pause = matches!(*life, Life::Paused)
+                && sandbox.resumes.load(Ordering::Acquire) == generation;
+            let mut inner = lock(&self.inner);
+            match inner.sandboxes.get(&sandbox.id) {
+                Some(s) if same_pause && Arc::ptr_eq(s, &sandbox) => {
+                    inner.sandboxes.remove(&sandbox.id)
+                }
+                _ => None,
+            }
+        };
+        if let Some(sandbox) = taken {
+            tracing::info!(sandbox = %sandbox.id, "paused past its retention: killing");
+            self.finish(sandbox, "retention").await;
         }
     }
 

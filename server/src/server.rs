@@ -39,6 +39,8 @@ pub struct Limits {
     pub run_timeout: Duration,
     /// Requests a second one team may make, REST and envd together (0: no limit).
     pub requests_per_second: u32,
+    /// How long a paused sandbox is kept before it is killed (`None`: until it is killed).
+    pub paused_retention: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -51,6 +53,7 @@ impl Default for Limits {
             sandboxes_per_team: 20,
             run_timeout: Duration::from_secs(3600),
             requests_per_second: 0,
+            paused_retention: None,
         }
     }
 }
@@ -227,6 +230,7 @@ impl Server {
         };
         let limits = registry::Limits {
             sandboxes_per_team: config.limits.sandboxes_per_team,
+            paused_retention: config.limits.paused_retention,
         };
         let state = AppState {
             registry: Registry::new(keeper.clone(), limits, metrics),

@@ -2,7 +2,7 @@
 //! pause is there after the resume, whole; the edges answer as the SDKs expect (409 for a
 //! second pause or a resume of a running sandbox, 502 for envd traffic to a paused one, 404
 //! for another team's); a paused sandbox does not count against its team's limit; a kill of a
-//! paused sandbox leaves nothing on disk.
+//! paused sandbox leaves nothing on disk, nor does a paused sandbox past its retention.
 
 mod common;
 
@@ -283,4 +283,113 @@ async fn a_killed_sandbox_is_not_paused_by_its_timeout() {
         .await
         .unwrap();
     assert!(!text.contains("sandkeeperd_pause_seconds_count"), "{text}");
+}
+
+/// `--paused-retention-secs`: a paused sandbox is killed once its retention passes, its
+/// workspace deleted (nothing on disk, a kill counted with reason `retention`); one resumed
+/// before then runs on with its file.
+#[tokio::test]
+async fn a_paused_sandbox_is_killed_past_its_retention_unless_resumed() {
+    let s = Server::start(&["--paused-retention-secs", "1"]);
+    let c = Client::new();
+    // B is paused first and resumed at once; A is paused after it, so A's retention ends
+    // after B's would have.
+    let (b, b_token) = create(&c, &s).await;
+    assert!(upload(&c, &s, &b, &b_token, 1)
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{b}/pause"), "").await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{b}/resume"), "{}").await,
+        StatusCode::CREATED
+    );
+    let (a, a_token) = create(&c, &s).await;
+    assert!(upload(&c, &s, &a, &a_token, 2)
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{a}/pause"), "").await,
+        StatusCode::NO_CONTENT
+    );
+
+    // The server's own timer, on real time: polled every 50 ms, bounded at 30 s (far above the
+    // 1 s retention).
+    let get = |id: String| {
+        c.get(format!("{}/sandboxes/{id}", s.url))
+            .header("x-api-key", KEY_A)
+            .send()
+    };
+    let mut gone = false;
+    for _ in 0..600 {
+        if get(a.clone()).await.unwrap().status() == StatusCode::NOT_FOUND {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "a paused sandbox outlived its retention");
+    assert_eq!(
+        rest(&c, &s, KEY_A, &format!("{a}/resume"), "{}").await,
+        StatusCode::NOT_FOUND
+    );
+
+    let detail: Value = get(b.clone()).await.unwrap().json().await.unwrap();
+    assert_eq!(detail["state"], "running", "{detail}");
+    let (status, bytes) = download(&c, &s, &b, &b_token, "/home/user/up/f1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(bytes, content(1));
+
+    let text = c
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"sandkeeperd_kills_total{backend="local",outcome="retention"} 1"#),
+        "{text}"
+    );
+    // A's kept workspace is deleted (B's was taken by its resume): no snapshot is left. The
+    // table lets A go before the keeper's discard runs: a bounded poll, up to 15 s.
+    let snapshots = || {
+        left_on_disk(s.root())
+            .into_iter()
+            .filter(|e| e.starts_with(".snapshots"))
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..300 {
+        if snapshots().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(snapshots(), Vec::<String>::new());
+    assert_eq!(rest_delete(&c, &s, &b).await, StatusCode::NO_CONTENT);
+    // The keeper's Stop and Shutdown follow the released call on their own: a bounded poll of
+    // the real directory, up to 15 s.
+    for _ in 0..300 {
+        if left_on_disk(s.root()).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("left on disk: {:?}", left_on_disk(s.root()));
+}
+
+async fn rest_delete(c: &Client, s: &Server, id: &str) -> StatusCode {
+    c.delete(format!("{}/sandboxes/{id}", s.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .status()
 }
