@@ -173,7 +173,8 @@ async fn run_script(mode: &'static str) {
     let line = |sample: &str| scrape.lines().any(|l| l == sample);
     let created = r#"sandkeeperd_creates_total{backend="kubernetes",outcome="ok"} 2"#;
     assert!(line(created), "{created} in:\n{scrape}");
-    let paused = r#"sandkeeperd_pause_seconds_count{backend="kubernetes",outcome="api"} 1"#;
+    // Two pauses where the backend can: one resumed, one killed while paused.
+    let paused = r#"sandkeeperd_pause_seconds_count{backend="kubernetes",outcome="api"} 2"#;
     assert_eq!(line(paused), paused_once, "{paused} in:\n{scrape}");
 
     // SIGTERM: the server kills what runs, closes the keeper and the backend deletes what its

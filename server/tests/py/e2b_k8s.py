@@ -52,6 +52,7 @@ def main():
         assert resumed.files.read("/home/user/kept.txt") == "kept across pause"
         assert resumed.commands.run("cat kept.txt").stdout == "kept across pause"
         step("pause, connect resumes it with its files")
+        assert resumed.pause() is True  # killed below while paused: nothing of it may stay
     else:
         try:
             sbx.pause()
@@ -72,13 +73,18 @@ def main():
     assert other.commands.run("ls kept.txt 2>/dev/null || echo none").stdout == "none\n"
     step("a second sandbox has its own workspace")
 
-    assert sbx.kill() is True
+    assert Sandbox.kill(sbx.sandbox_id) is True
     try:
         Sandbox.get_info(sbx.sandbox_id)
         raise AssertionError("a killed sandbox is still there")
     except NotFoundException:
         pass
-    step("kill")
+    try:
+        Sandbox.connect(sbx.sandbox_id)
+        raise AssertionError("a killed sandbox was resumed")
+    except NotFoundException:
+        pass
+    step("kill (of a paused sandbox, where it pauses)")
     print(f"left running {other.sandbox_id}", flush=True)
     print("all steps passed", flush=True)
 
