@@ -23,6 +23,17 @@ pub fn after(t: SystemTime, d: Duration) -> SystemTime {
     t.checked_add(d).unwrap_or(t)
 }
 
+/// `t` in Unix milliseconds (0 before the epoch, saturating far after it).
+pub fn unix_ms(t: SystemTime) -> u64 {
+    let ms = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// The time `ms` Unix milliseconds name (clamped to what RFC 3339 can write).
+pub fn from_unix_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms).min(LAST)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

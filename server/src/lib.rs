@@ -15,7 +15,7 @@
 //!   every request.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
 //!   paths to workspace paths; [`clock`]: the wall clock.
-//! - [`tls`]: optional TLS on the listener.
+//! - [`tls`]: optional TLS on the listener; [`durable`]: paused sandboxes on disk (`--fleet`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -25,6 +25,7 @@ pub mod backend;
 pub mod body;
 pub mod clock;
 pub mod connect;
+pub mod durable;
 pub mod envd;
 pub mod error;
 pub mod hooks;

@@ -29,6 +29,10 @@ struct Args {
     /// else KUBECONFIG, ~/.kube/config, then the in-cluster service account.
     #[arg(long, value_name = "FILE")]
     kubernetes: Option<PathBuf>,
+    /// Paused sandboxes outlive this process: the next sandkeeperd on the same --root takes
+    /// them back (the keeper runs in fleet mode on the root's store; docs/server.md).
+    #[arg(long, conflicts_with = "kubernetes")]
+    fleet: bool,
     /// With --kubernetes: this kubeconfig file (its current context).
     #[arg(
         long,
@@ -159,6 +163,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         listen: args.listen,
         root,
         kubernetes,
+        fleet: args.fleet,
         keys,
         limits: Limits {
             json_body: args.max_body_bytes,

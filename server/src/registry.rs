@@ -37,6 +37,7 @@ use tracing::Instrument;
 use crate::auth::Team;
 use crate::backend::SandboxBackend;
 use crate::clock;
+use crate::durable::{Durable, Record};
 use crate::envd::processes::Processes;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -197,6 +198,8 @@ pub struct Registry {
     cannot_pause: Option<String>,
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
+    /// The paused sandboxes on disk (`--fleet`): they outlive the process.
+    durable: Option<Durable>,
 }
 
 #[derive(Default)]
@@ -208,8 +211,16 @@ struct Inner {
 }
 
 impl Registry {
-    /// A table over `keeper`, counting into `metrics`.
-    pub fn new(keeper: Keeper<SandboxBackend>, limits: Limits, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// A table over `keeper`, counting into `metrics`; with `durable`, its paused sandboxes
+    /// are recorded there (the keeper must then be a fleet keeper on the same root, whose
+    /// store keeps their workspaces' records), and those recorded by an earlier process are
+    /// taken back ([`restore`](Self::restore)).
+    pub fn new(
+        keeper: Keeper<SandboxBackend>,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        durable: Option<Durable>,
+    ) -> Arc<Self> {
         let cannot_pause = keeper.backend().can_pause().err();
         Arc::new(Registry {
             keeper,
@@ -217,7 +228,99 @@ impl Registry {
             cannot_pause,
             inner: Mutex::default(),
             metrics,
+            durable,
         })
+    }
+
+    /// Takes back the paused sandboxes an earlier process recorded: each is paused here as it
+    /// was there (same id, team, token, settings), its workspace with the keeper's fleet store
+    /// until a resume claims its key. Answers how many; a record that names no valid team or
+    /// session is kept on disk and left out, with a warning.
+    pub fn restore(self: &Arc<Self>) -> std::io::Result<usize> {
+        let Some(durable) = &self.durable else {
+            return Ok(0);
+        };
+        let mut restored = 0;
+        for record in durable.load()? {
+            let Ok(team) = Team::new(&record.team) else {
+                tracing::warn!(sandbox = %record.id, team = ?record.team, "a paused sandbox's record names no valid team: left on disk");
+                continue;
+            };
+            let session = match SessionId::new(&record.session) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(sandbox = %record.id, error = %e, "a paused sandbox's record names no valid session: left on disk");
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let started = clock::from_unix_ms(record.started_ms);
+            let sandbox = Arc::new(Sandbox {
+                id: record.id.clone(),
+                team,
+                template: record.template,
+                metadata: record.metadata,
+                env: record.env,
+                session,
+                token: record.token,
+                started,
+                end_at: Mutex::new(clock::now()),
+                deadline: watch::channel(now).0,
+                auto_pause: record.auto_pause,
+                life: Arc::new(RwLock::new(Life::Paused)),
+                paused: AtomicBool::new(true),
+                resumes: AtomicU32::new(0),
+                processes: Processes::default(),
+                next_pid: AtomicU32::new(1),
+            });
+            lock(&self.inner)
+                .sandboxes
+                .insert(record.id, sandbox.clone());
+            self.metrics.paused.inc();
+            if let Some(retention) = self.limits.paused_retention {
+                tokio::spawn(self.clone().retention(sandbox, 0, retention));
+            }
+            restored += 1;
+        }
+        Ok(restored)
+    }
+
+    /// Records `sandbox` as paused (`--fleet`); a failure is logged: the sandbox stays paused
+    /// here, and a later process does not know it.
+    async fn record_paused(&self, sandbox: &Sandbox) {
+        let Some(durable) = self.durable.clone() else {
+            return;
+        };
+        let record = Record {
+            id: sandbox.id.clone(),
+            team: sandbox.team.to_string(),
+            template: sandbox.template.clone(),
+            metadata: sandbox.metadata.clone(),
+            env: sandbox.env.clone(),
+            session: sandbox.session.to_string(),
+            token: sandbox.token.clone(),
+            started_ms: clock::unix_ms(sandbox.started),
+            auto_pause: sandbox.auto_pause,
+            paused: true,
+        };
+        let written = tokio::task::spawn_blocking(move || durable.put(&record)).await;
+        if !matches!(written, Ok(Ok(()))) {
+            tracing::error!(sandbox = %sandbox.id, ?written, "a paused sandbox could not be recorded: a restart forgets it");
+        }
+    }
+
+    /// Forgets `sandbox`'s record (resumed or killed): before the keeper acts, so that a crash
+    /// in between leaves a sandbox forgotten (its workspace swept with its key's record), never
+    /// a record that a later resume would answer with an empty workspace.
+    async fn forget_record(&self, sandbox: &Sandbox) {
+        let Some(durable) = self.durable.clone() else {
+            return;
+        };
+        let id = sandbox.id.clone();
+        let removed = tokio::task::spawn_blocking(move || durable.remove(&id)).await;
+        if !matches!(removed, Ok(Ok(()))) {
+            tracing::error!(sandbox = %sandbox.id, ?removed, "a paused sandbox's record could not be removed");
+        }
     }
 
     /// The keeper.
@@ -381,12 +484,15 @@ impl Registry {
         true
     }
 
-    /// Kills every sandbox (at shutdown).
+    /// Kills every sandbox (at shutdown); with the table on disk (`--fleet`), every running
+    /// one: paused ones stay, for the next process.
     pub async fn kill_all(&self) {
+        let keep_paused = self.durable.is_some();
         let all: Vec<_> = lock(&self.inner)
             .sandboxes
             .drain()
             .map(|(_, s)| s)
+            .filter(|s| !(keep_paused && s.is_paused()))
             .collect();
         for sandbox in all {
             self.finish(sandbox, "shutdown").await;
@@ -418,6 +524,7 @@ impl Registry {
             }
             Life::Paused => {
                 self.metrics.paused.dec();
+                self.forget_record(&sandbox).await;
                 self.let_go_paused(&sandbox).await
             }
             Life::Ended => return,
@@ -441,6 +548,12 @@ impl Registry {
     async fn let_go_paused(&self, sandbox: &Sandbox) -> Option<Guard> {
         let key = sandkeeper::Key::Session(sandbox.session.clone());
         match self.keeper.drop_snapshot(&key) {
+            // In a fleet, a key this process released keeps its workspace in the store's
+            // record, which only the key's owner rewrites: nothing dropped here means resume
+            // into it (claiming the key) and release asking `Shutdown`.
+            Ok(false) if self.durable.is_some() => {
+                tracing::debug!(sandbox = %sandbox.id, "resuming to kill (kept in the fleet store)");
+            }
             Ok(dropped) => {
                 tracing::info!(sandbox = %sandbox.id, dropped, "paused sandbox let go");
                 return None;
@@ -509,6 +622,7 @@ impl Registry {
             if self.keeper.sandbox_state(keeper_sandbox) != Some(SandboxState::Running) {
                 self.keeper.sandbox_down(keeper_sandbox).await;
             }
+            self.record_paused(sandbox).await;
             tracing::info!(?released, "paused");
             Ok(())
         }
@@ -576,7 +690,14 @@ impl Registry {
                 Life::Paused => {}
             }
             let slot = self.reserve(&sandbox.team)?;
-            let guard = self.acquire(&sandbox).await?;
+            self.forget_record(&sandbox).await;
+            let guard = match self.acquire(&sandbox).await {
+                Ok(guard) => guard,
+                Err(e) => {
+                    self.record_paused(&sandbox).await;
+                    return Err(e);
+                }
+            };
             *life = Life::Running(guard);
             sandbox.processes.reopen();
             sandbox.paused.store(false, Ordering::Release);

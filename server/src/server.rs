@@ -11,11 +11,13 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
+use sandkeeper_tokio::local::store::LocalStore;
 use sandkeeper_tokio::local::LocalConfig;
 use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 use crate::auth::Keys;
 use crate::backend::SandboxBackend;
+use crate::durable::Durable;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
@@ -68,6 +70,10 @@ pub struct Config {
     pub root: PathBuf,
     /// Sandboxes on Kubernetes instead of the local backend.
     pub kubernetes: Option<crate::kubernetes::Kubernetes>,
+    /// Paused sandboxes outlive the process (local backend): the keeper is a fleet keeper on
+    /// the root's own store, and the table of paused sandboxes is kept under the root
+    /// ([`crate::durable`]); the next server on the root takes them back.
+    pub fleet: bool,
     /// The API keys.
     pub keys: Keys,
     /// The bounds.
@@ -175,6 +181,51 @@ fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
     })
 }
 
+/// The keeper on `backend`, with the hooks if any; with `--fleet`, a fleet keeper on the
+/// root's own store, and the table of paused sandboxes beside it.
+async fn keeper(
+    config: &Config,
+    backend: SandboxBackend,
+    metrics: &Arc<Metrics>,
+) -> Result<(Keeper<SandboxBackend>, Option<Durable>), ServerError> {
+    let mut core = sandkeeper::Config::default();
+    if let Some(file) = &config.hooks {
+        core.hooks = file.core_hooks();
+    }
+    let runner = config
+        .hooks
+        .clone()
+        .map(|file| crate::hooks::runner(Arc::new(file), metrics.clone()));
+    if !config.fleet {
+        let keeper = match runner {
+            None => Keeper::new(KeeperConfig::with_core(core), backend)?,
+            Some(runner) => Keeper::with_hooks(KeeperConfig::with_core(core), backend, runner)?,
+        };
+        return Ok((keeper, None));
+    }
+    let backend_error = |error: std::io::Error| ServerError::Backend {
+        root: config.root.display().to_string(),
+        error,
+    };
+    if config.kubernetes.is_some() {
+        return Err(backend_error(std::io::Error::other(
+            "--fleet runs on the local backend's root (Kubernetes keeps a paused claim itself)",
+        )));
+    }
+    let fleet = sandkeeper::Fleet::default();
+    let store = LocalStore::open(&config.root, fleet.lease)
+        .map_err(|e| backend_error(std::io::Error::other(e.to_string())))?;
+    core.fleet = Some(fleet);
+    let keeper = match runner {
+        None => Keeper::fleet(KeeperConfig::with_core(core), backend, store).await?,
+        Some(runner) => {
+            Keeper::fleet_with_hooks(KeeperConfig::with_core(core), backend, store, runner).await?
+        }
+    };
+    let durable = Durable::open(&config.root).map_err(backend_error)?;
+    Ok((keeper, Some(durable)))
+}
+
 /// A server bound to its address, not yet serving.
 pub struct Server {
     listener: tokio::net::TcpListener,
@@ -217,29 +268,29 @@ impl Server {
             Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
         let metrics = Arc::new(Metrics::new(backend.name()));
-        let keeper = match config.hooks {
-            None => Keeper::new(KeeperConfig::default(), backend)?,
-            Some(file) => {
-                let core = sandkeeper::Config {
-                    hooks: file.core_hooks(),
-                    ..sandkeeper::Config::default()
-                };
-                let runner = crate::hooks::runner(Arc::new(file), metrics.clone());
-                Keeper::with_hooks(KeeperConfig::with_core(core), backend, runner)?
-            }
-        };
+        let (keeper, durable) = keeper(&config, backend, &metrics).await?;
         let limits = registry::Limits {
             sandboxes_per_team: config.limits.sandboxes_per_team,
             paused_retention: config.limits.paused_retention,
         };
         let state = AppState {
-            registry: Registry::new(keeper.clone(), limits, metrics),
+            registry: Registry::new(keeper.clone(), limits, metrics, durable),
             keys: Arc::new(config.keys),
             rate: Arc::new(crate::ratelimit::RateLimit::new(
                 config.limits.requests_per_second,
             )),
             limits: Arc::new(config.limits),
         };
+        let restored = state
+            .registry
+            .restore()
+            .map_err(|error| ServerError::Backend {
+                root: config.root.display().to_string(),
+                error,
+            })?;
+        if restored > 0 {
+            tracing::info!(restored, "paused sandboxes taken back from the root");
+        }
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|error| ServerError::Listen {

@@ -91,6 +91,12 @@ impl Server {
         None
     }
 
+    /// Kills it with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+    }
+
     /// The local backend's root.
     pub fn root(&self) -> &std::path::Path {
         self.root.path()
