@@ -48,6 +48,7 @@ fn spawn(argv: &[&str], stdin: &[u8]) -> Request {
         cwd: "/".into(),
         stdin: stdin.to_vec(),
         window: 0,
+        input: false,
     })
 }
 

@@ -3,15 +3,17 @@
 //! over its backend: every handler, the registry and the hooks name one concrete keeper type,
 //! and a call costs one `match` that the compiler sees through. The enum owns its backend;
 //! each method hands the call to it unchanged, so both keep every promise of
-//! [`Backend`] and [`SandboxOps`] as documented there.
+//! [`Backend`] and [`SandboxOps`] as documented there. Every method is handed on, those with
+//! a default included: a default left here would answer for both backends, whatever theirs do
+//! (a new trait method must be added here too).
 
 use sandkeeper::{Config, SandboxId, Snapshot, Token};
 use sandkeeper_k8s::K8sBackend;
 use sandkeeper_tokio::ops::ExecRequest;
 use sandkeeper_tokio::{
     AdoptRequest, Backend, BackendError, Chunk, DeathSink, DiscardRequest, Entry, ExecOutput,
-    LocalBackend, OpError, PersistRequest, SandboxOps, StartRequest, StopRequest, UploadRequest,
-    WorkPath,
+    Input, LocalBackend, OpError, PersistRequest, SandboxOps, StartRequest, StopRequest,
+    UploadRequest, WorkPath,
 };
 
 /// Where sandboxes run.
@@ -127,6 +129,16 @@ impl SandboxOps for SandboxBackend {
         chunks: tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<ExecOutput, OpError> {
         each!(self, b => b.exec_streaming(sandbox, request, chunks).await)
+    }
+
+    async fn exec_with_input(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+        input: tokio::sync::mpsc::Receiver<Input>,
+    ) -> Result<ExecOutput, OpError> {
+        each!(self, b => b.exec_with_input(sandbox, request, chunks, input).await)
     }
 
     async fn write(

@@ -94,6 +94,9 @@ pub enum Code {
     AlreadyExists,
     /// A limit (429).
     ResourceExhausted,
+    /// The target is not in the state the operation needs (400): input to a command whose
+    /// standard input is not open.
+    FailedPrecondition,
     /// The operation is not implemented (501).
     Unimplemented,
     /// The sandbox cannot take the work now (503).
@@ -112,6 +115,7 @@ impl Code {
             Code::NotFound => "not_found",
             Code::AlreadyExists => "already_exists",
             Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
             Code::Unimplemented => "unimplemented",
             Code::Unavailable => "unavailable",
             Code::DeadlineExceeded => "deadline_exceeded",
@@ -126,6 +130,7 @@ impl Code {
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists => StatusCode::CONFLICT,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,

@@ -140,7 +140,10 @@ async fn a_paused_sandbox_outlives_a_sigterm_and_is_resumed_by_the_next_server()
     let mut first = fleet_server(root.path());
     let ((p, p_token), r) = paused_and_running(&c, &first).await;
     let (q, _) = create(&c, &first).await;
-    assert_eq!(post(&c, &first, &format!("{q}/pause"), "").await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        post(&c, &first, &format!("{q}/pause"), "").await,
+        StatusCode::NO_CONTENT
+    );
     assert!(first.terminate(30).is_some_and(|st| st.success()));
 
     let mut second = fleet_server(root.path());

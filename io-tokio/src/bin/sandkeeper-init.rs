@@ -4,9 +4,11 @@
 //! The keeper starts one bubblewrap per sandbox with every protection on and this program as
 //! its PID 1 (`--as-pid-1`); from then on a command costs a spawn inside the namespaces instead
 //! of a new bubblewrap. It reads frames (`local/wire.rs`) on its standard input — run a command
-//! (argv, environment, working directory, standard input), kill one — and writes frames on its
-//! standard output: each command's output as it comes and its exit, tagged with the command's
-//! id, so commands run at once without waiting for each other.
+//! (argv, environment, working directory, standard input), feed one's standard input while it
+//! runs, kill one — and writes frames on its standard output: each command's output as it comes,
+//! the input it took and its exit, tagged with the command's id, so commands run at once without
+//! waiting for each other. A command's standard input is written by a thread of its own, so one
+//! that does not read blocks only that thread, never this loop or another command.
 //!
 //! Each command leads a process group of its own. When its first process ends (or the keeper
 //! asks), the whole group is killed; its exit is reported once its output pipes closed, or,
@@ -99,6 +101,11 @@ struct Running {
     pid: Pid,
     /// How much more output the keeper takes.
     credit: Arc<Credit>,
+    /// Where its standard input's pieces go, while it stays open ([`Spawn::input`]): its writer
+    /// thread. Dropped (by [`Request::CloseInput`], or with the command), it closes the input
+    /// once what was queued is written. Bounded by the keeper: it sends no more than its window
+    /// ahead of the [`Reply::Taken`] the writer answers.
+    input: Option<mpsc::Sender<Vec<u8>>>,
     /// Output pipes still open (0 to 2).
     open: u8,
     /// How its first process ended, once it did.
@@ -212,6 +219,18 @@ fn serve() -> io::Result<()> {
                     r.credit.give(n);
                 }
             }
+            Request::Input(bytes) => {
+                // Queued to its writer (never written here: the command may not read). For a
+                // command that ended, or whose input closed, dropped.
+                if let Some(tx) = init.table().running.get(&id).and_then(|r| r.input.as_ref()) {
+                    let _ = tx.send(bytes);
+                }
+            }
+            Request::CloseInput => {
+                if let Some(r) = init.table().running.get_mut(&id) {
+                    r.input = None;
+                }
+            }
         }
     }
     Ok(())
@@ -229,7 +248,7 @@ fn spawn(init: &Arc<Init>, id: u64, s: Spawn) -> bool {
         .envs(s.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&s.cwd)
         .process_group(0)
-        .stdin(if s.stdin.is_empty() {
+        .stdin(if s.stdin.is_empty() && !s.input {
             Stdio::null()
         } else {
             Stdio::piped()
@@ -252,22 +271,27 @@ fn spawn(init: &Arc<Init>, id: u64, s: Spawn) -> bool {
         return false;
     };
     let credit = Credit::new(s.window);
+    let (input, pieces) = if s.input {
+        let (tx, rx) = mpsc::channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     table.running.insert(
         id,
         Running {
             pid,
             credit: credit.clone(),
+            input,
             open: 2,
             ended: None,
         },
     );
     table.ids.insert(pid.as_raw_nonzero().get(), id);
     drop(table);
-    let stdin = child.stdin.take().map(|mut w| {
-        let bytes = s.stdin;
-        move || {
-            let _ = w.write_all(&bytes);
-        }
+    let stdin = child.stdin.take().map(|w| {
+        let (init, first) = (init.clone(), s.stdin);
+        move || write_input(&init, id, w, first, pieces)
     });
     let threads = [
         stdin.map(thread),
@@ -292,6 +316,29 @@ fn spawn(init: &Arc<Init>, id: u64, s: Spawn) -> bool {
         return false;
     }
     true
+}
+
+/// Writes command `id`'s standard input `w`: `first`, then each piece from `pieces` (when it
+/// stays open), answering [`Reply::Taken`] for each; once the command stops reading, pieces
+/// are dropped (and still answered). Closes the input when `pieces` ends (its sender dropped:
+/// [`Request::CloseInput`], or the command ended).
+fn write_input(
+    init: &Init,
+    id: u64,
+    mut w: impl Write,
+    first: Vec<u8>,
+    pieces: Option<mpsc::Receiver<Vec<u8>>>,
+) {
+    let mut reads = w.write_all(&first).is_ok();
+    let Some(pieces) = pieces else {
+        return;
+    };
+    while let Ok(piece) = pieces.recv() {
+        if reads {
+            reads = w.write_all(&piece).is_ok();
+        }
+        init.send(id, &Reply::Taken(piece.len() as u64));
+    }
 }
 
 /// Runs `f` on a thread of its own; an error where no thread can be made (at the sandbox's

@@ -98,7 +98,7 @@ impl LocalBackend {
             },
         };
         tracing::debug!(sandbox = %sandbox, program = %program, "run");
-        match self.exec_with(sandbox, request, None).await {
+        match self.exec_with(sandbox, request, None, None).await {
             Ok(out) => Ok(RunOutput {
                 code: out.code,
                 stdout: out.stdout,

@@ -10,6 +10,11 @@
 //! the sandbox's watch for its CPU time, and answers `CpuBudgetSpent` if the budget is spent.
 //! The command runs under `prlimit --cpu=N` where `RLIMIT_CPU` is set per command
 //! (`limits.rs`).
+//!
+//! A command whose standard input stays open ([`InitExec::input`]) gets its input in pieces of
+//! at most [`wire::MAX_INPUT`] bytes, no more than [`INPUT_WINDOW`] of them ahead of what the
+//! init says it wrote ([`Reply::Taken`]): the caller's channel waits meanwhile, so a command that
+//! does not read holds its caller back, not the keeper's memory or the init's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +22,9 @@ use std::time::Duration;
 use sandkeeper::SandboxId;
 
 use super::sandbox_init::SandboxInit;
-use super::wire::{Exit, Reply, Request, Spawn};
+use super::wire::{self, Exit, Reply, Request, Spawn};
 use super::LocalSandbox;
-use crate::ops::{Chunk, ExecOutput, OpError};
+use crate::ops::{Chunk, ExecOutput, Input, OpError};
 
 /// How long an exec that timed out waits for the init to say its group is dead.
 const REAP: Duration = Duration::from_secs(5);
@@ -29,6 +34,10 @@ const REAP: Duration = Duration::from_secs(5);
 /// as on a pipe, instead of the keeper's memory growing. An exec that is not streamed takes
 /// every piece at once, and runs without a window.
 const WINDOW: u64 = 1 << 20;
+
+/// How many bytes of a command's standard input may be on their way to it (in the keeper's
+/// pipe to the init and the init's queue for the command) before the init said it wrote them.
+const INPUT_WINDOW: u64 = 256 << 10;
 
 /// What an exec asks of its sandbox's init.
 pub(crate) struct InitExec {
@@ -42,6 +51,83 @@ pub(crate) struct InitExec {
     pub(crate) timeout: Duration,
     /// Where its output goes as it comes, when streamed.
     pub(crate) chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+    /// Where more of its standard input comes from while it runs, when it stays open (the
+    /// spawn is then asked with [`Spawn::input`]).
+    pub(crate) input: Option<tokio::sync::mpsc::Receiver<Input>>,
+}
+
+/// The caller's input to a command on its way to the init, within [`INPUT_WINDOW`].
+struct Feed {
+    from: tokio::sync::mpsc::Receiver<Input>,
+    /// The piece taken from the caller and not yet all sent, and how much of it was sent.
+    pending: Vec<u8>,
+    sent: usize,
+    /// Bytes sent and not yet answered by [`Reply::Taken`].
+    in_flight: u64,
+    /// The caller closed the input (or dropped its sender): [`Request::CloseInput`] follows
+    /// the pending piece.
+    closing: bool,
+    /// `CloseInput` was sent: what the caller sends now is dropped.
+    closed: bool,
+}
+
+impl Feed {
+    /// Whether it takes the caller's next piece now (its last is all sent, within the window;
+    /// after the close always, to drop it).
+    fn wants(&self) -> bool {
+        self.closed || (!self.closing && self.sent == self.pending.len() && self.has_room())
+    }
+
+    fn has_room(&self) -> bool {
+        self.in_flight < INPUT_WINDOW
+    }
+
+    /// Takes what the caller sent (`None`: its sender is gone).
+    fn took(&mut self, got: Option<Input>) {
+        if self.closed {
+            return;
+        }
+        match got {
+            Some(Input::Stdin(bytes)) => {
+                self.pending = bytes;
+                self.sent = 0;
+            }
+            Some(Input::Close) | None => self.closing = true,
+        }
+    }
+
+    /// Sends what it may of the pending piece, then the close once all is sent.
+    fn pump(&mut self, init: &SandboxInit, id: u64) {
+        while self.sent < self.pending.len() && self.has_room() {
+            let end = self.pending.len().min(self.sent + wire::MAX_INPUT);
+            let piece = self.pending[self.sent..end].to_vec();
+            self.in_flight += piece.len() as u64;
+            self.sent = end;
+            let _ = init.send(id, &Request::Input(piece));
+        }
+        if self.sent == self.pending.len() {
+            self.pending = Vec::new();
+            self.sent = 0;
+            if self.closing && !self.closed {
+                self.closed = true;
+                let _ = init.send(id, &Request::CloseInput);
+            }
+        }
+    }
+
+    /// The init wrote (or dropped) `n` bytes.
+    fn taken(&mut self, n: u64, init: &SandboxInit, id: u64) {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        self.pump(init, id);
+    }
+}
+
+/// The caller's next piece, when `feed` wants one; else never.
+async fn next_input(feed: &mut Option<Feed>) -> Option<Input> {
+    match feed {
+        Some(f) if f.wants() => f.from.recv().await,
+        _ => std::future::pending().await,
+    }
 }
 
 /// Kills the command (its group, by the init) when dropped before it ended: an exec that times
@@ -104,14 +190,24 @@ pub(crate) async fn run(
         cap,
         timeout,
         chunks,
+        input,
     } = exec;
     if spawn.argv.is_empty() {
         return Err(OpError::EmptyArgv);
     }
     let spawn = Spawn {
         window: if chunks.is_some() { WINDOW } else { 0 },
+        input: input.is_some(),
         ..spawn
     };
+    let mut feed = input.map(|from| Feed {
+        from,
+        pending: Vec::new(),
+        sent: 0,
+        in_flight: 0,
+        closing: false,
+        closed: false,
+    });
     let mut stopped = s.stopped.subscribe();
     let stopped_now = *stopped.borrow();
     if stopped_now {
@@ -144,11 +240,22 @@ pub(crate) async fn run(
                 Some(Reply::Stderr(b)) => output(&mut kept, (&init, id), &chunks, b, true).await,
                 Some(Reply::Exit(exit)) => break Ok(exit),
                 Some(Reply::Failed(error)) => break Err(OpError::Spawn { program, error }),
+                Some(Reply::Taken(n)) => {
+                    if let Some(f) = feed.as_mut() {
+                        f.taken(n, &init, id);
+                    }
+                }
                 None => break Err(match init.overrun() {
                     Some(overrun) => overrun.error(),
                     None => init_ended(init.why()),
                 }),
             },
+            got = next_input(&mut feed) => {
+                if let Some(f) = feed.as_mut() {
+                    f.took(got);
+                    f.pump(&init, id);
+                }
+            }
             () = &mut deadline => break Err(OpError::Timeout { after: timeout }),
             () = stopping(&mut stopped) => break Err(OpError::Stopped { sandbox }),
         }

@@ -300,6 +300,7 @@ fn probe(
                 cwd: root.to_string_lossy().into_owned(),
                 stdin: Vec::new(),
                 window: 0,
+                input: false,
             };
             let (exit, stdout, stderr) = super::sandbox_init::run_blocking(prepared, spawn)
                 .map_err(|e| broken(e.to_string()))?;

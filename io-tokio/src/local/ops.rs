@@ -37,7 +37,9 @@ use super::sandbox_init::SandboxInit;
 use super::wire::Spawn;
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
-use crate::ops::{Chunk, Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
+use crate::ops::{
+    Chunk, Entry, EntryKind, ExecOutput, ExecRequest, Input, OpError, SandboxOps, WorkPath,
+};
 
 /// Maps an IO error on `path` in sandbox `s`: a missing workspace is the sandbox gone, a path
 /// that led outside is refused as such.
@@ -239,13 +241,14 @@ fn kind_of(t: cap_std::fs::FileType) -> EntryKind {
 }
 
 impl LocalBackend {
-    /// An exec, streaming its output to `chunks` when given (also what
-    /// [`LocalBackend::run`] runs through).
+    /// An exec, streaming its output to `chunks` when given, its standard input kept open and
+    /// fed from `input` when given (also what [`LocalBackend::run`] runs through).
     pub(super) async fn exec_with(
         &self,
         sandbox: SandboxId,
         request: ExecRequest,
         chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+        input: Option<tokio::sync::mpsc::Receiver<Input>>,
     ) -> Result<ExecOutput, OpError> {
         let program = request.check()?.to_string();
         let s = self.for_work(sandbox)?;
@@ -303,10 +306,12 @@ impl LocalBackend {
                     cwd: path(&dir),
                     stdin: request.options.stdin,
                     window: 0,
+                    input: false,
                 },
                 cap: request.options.output_cap,
                 timeout,
                 chunks,
+                input,
             };
             init_exec::run(&s, sandbox, init, exec).await
         } else {
@@ -324,7 +329,8 @@ impl LocalBackend {
                     what: "sandbox",
                     error: e.to_string(),
                 })?;
-            process::run(&s, sandbox, prepared, request, timeout, chunks).await
+            let streams = (chunks, input);
+            process::run(&s, sandbox, prepared, request, timeout, streams).await
         };
         // Whatever it wrote is counted before the next write or command.
         s.quota.forget();
@@ -366,7 +372,7 @@ impl LocalBackend {
 
 impl SandboxOps for LocalBackend {
     async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
-        self.exec_with(sandbox, request, None).await
+        self.exec_with(sandbox, request, None, None).await
     }
 
     async fn exec_streaming(
@@ -375,7 +381,18 @@ impl SandboxOps for LocalBackend {
         request: ExecRequest,
         chunks: tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<ExecOutput, OpError> {
-        self.exec_with(sandbox, request, Some(chunks)).await
+        self.exec_with(sandbox, request, Some(chunks), None).await
+    }
+
+    async fn exec_with_input(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+        input: tokio::sync::mpsc::Receiver<Input>,
+    ) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, Some(chunks), Some(input))
+            .await
     }
 
     async fn write(
@@ -491,6 +508,13 @@ impl SandboxOps for LocalBackend {
     }
 }
 
+/// Where an exec's output goes as it comes, and where its standard input comes from while it
+/// runs, when given.
+type Streams = (
+    Option<tokio::sync::mpsc::Sender<Chunk>>,
+    Option<tokio::sync::mpsc::Receiver<Input>>,
+);
+
 #[cfg(loom)]
 mod process {
     //! tokio leaves out its process module under `--cfg loom`; loom builds only check the
@@ -503,7 +527,7 @@ mod process {
         _: Prepared,
         request: ExecRequest,
         _: Duration,
-        _: Option<tokio::sync::mpsc::Sender<Chunk>>,
+        _: Streams,
     ) -> Result<ExecOutput, OpError> {
         Err(OpError::Spawn {
             program: request.argv.first().cloned().unwrap_or_default(),
@@ -575,6 +599,28 @@ mod process {
         }
     }
 
+    /// Writes a command's standard input: `first`, then, when it stays open, each piece from
+    /// `input` until [`Input::Close`] or its sender is gone, then closes it. Once the command
+    /// stops reading (a write fails), or after the close, pieces are taken and dropped, so the
+    /// sender is held back only while the command reads slower than it sends.
+    async fn feed(
+        mut stdin: tokio::process::ChildStdin,
+        first: Vec<u8>,
+        input: Option<tokio::sync::mpsc::Receiver<Input>>,
+    ) {
+        let mut reads = stdin.write_all(&first).await.is_ok();
+        let Some(mut input) = input else {
+            return;
+        };
+        while let Some(Input::Stdin(bytes)) = input.recv().await {
+            if reads {
+                reads = stdin.write_all(&bytes).await.is_ok();
+            }
+        }
+        drop(stdin);
+        while input.recv().await.is_some() {}
+    }
+
     /// Reads `r` to its end, keeping at most `cap` bytes; whether any were dropped.
     /// ... and sends each piece read to `chunks` (made by `wrap`), when given.
     async fn collect(
@@ -606,7 +652,7 @@ mod process {
         prepared: Prepared,
         request: ExecRequest,
         timeout: Duration,
-        chunks: Option<tokio::sync::mpsc::Sender<Chunk>>,
+        (chunks, input): Streams,
     ) -> Result<ExecOutput, OpError> {
         let ExecRequest { argv, options } = request;
         let program = argv.first().ok_or(OpError::EmptyArgv)?;
@@ -629,7 +675,7 @@ mod process {
         // (`isolation.rs`); the command leads a session and process group of its own.
         let mut command = tokio::process::Command::from(command);
         command
-            .stdin(if options.stdin.is_empty() {
+            .stdin(if options.stdin.is_empty() && input.is_none() {
                 std::process::Stdio::null()
             } else {
                 std::process::Stdio::piped()
@@ -661,13 +707,17 @@ mod process {
             chunks,
             Chunk::Stderr,
         ));
-        if let Some(mut stdin) = child.stdin.take() {
-            let bytes = options.stdin;
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&bytes).await;
-            });
-        }
+        // Fed on this future, not a task of its own: its receiver goes the moment the command
+        // ended (or the exec is dropped), and the caller's sends fail from then on.
+        let stdin = child.stdin.take();
+        let feeding = async move {
+            if let Some(stdin) = stdin {
+                feed(stdin, options.stdin, input).await;
+            }
+            std::future::pending::<std::convert::Infallible>().await
+        };
         let ended = tokio::select! {
+            never = feeding => match never {},
             status = child.wait() => status.map_err(|e| OpError::Backend {
                 what: "wait",
                 error: e.to_string(),

@@ -1,6 +1,6 @@
 //! The frames between the keeper and a sandbox's init (`sandkeeper-init`, `src/bin`): what the
-//! keeper asks (run a command, kill one) and what the init answers (output, an exit, a failed
-//! start), each tagged with the id of the command it is about, so that one pair of pipes carries
+//! keeper asks (run a command, feed its standard input, kill one) and what the init answers
+//! (output, input taken, an exit, a failed start), each tagged with the id of the command it is about, so that one pair of pipes carries
 //! every command of the sandbox at once.
 //!
 //! Std only: the init includes this file as a module of its own (`#[path]`), without the rest of
@@ -12,6 +12,10 @@ use std::io::{self, Read};
 
 /// The largest request frame the init accepts (a command's standard input travels in one).
 pub const MAX_FRAME: usize = 1 << 30;
+
+/// The most bytes of a command's standard input one [`Request::Input`] carries (a longer one
+/// does not decode): the keeper cuts what it is given into pieces of at most this.
+pub const MAX_INPUT: usize = 64 << 10;
 
 /// The largest reply frame the keeper accepts: the init sends output in pieces of 64 KiB, so a
 /// longer frame is not the init's, and allocates nothing.
@@ -26,6 +30,12 @@ pub enum Request {
     Kill,
     /// The keeper took this many more bytes of the command's output (see [`Spawn::window`]).
     Credit(u64),
+    /// More of the command's standard input (one it spawned with [`Spawn::input`]), at most
+    /// [`MAX_INPUT`] bytes, written after what came before; the init answers
+    /// [`Reply::Taken`] once it is written (or dropped: the command no longer reads).
+    Input(Vec<u8>),
+    /// Closes the command's standard input once what came before is written.
+    CloseInput,
 }
 
 /// A command to run: exactly this argv, environment, working directory and standard input.
@@ -37,12 +47,16 @@ pub struct Spawn {
     pub env: Vec<(String, String)>,
     /// Its working directory (a path inside the sandbox).
     pub cwd: String,
-    /// Its standard input (closed at once when empty).
+    /// Its standard input (closed at once when empty, unless [`Spawn::input`]).
     pub stdin: Vec<u8>,
     /// How many bytes of its output the init may send before the keeper's [`Request::Credit`]
     /// (0: no bound): the init stops reading its pipes, and the command blocks on them, while
     /// the keeper's reader of its output is behind by that much.
     pub window: u64,
+    /// Whether its standard input stays open after `stdin`, for [`Request::Input`] frames,
+    /// until [`Request::CloseInput`] (or the command's end). The init writes it from a thread
+    /// of the command's own, so a command that does not read holds up nothing else.
+    pub input: bool,
 }
 
 /// What the init answers about a command.
@@ -56,6 +70,9 @@ pub enum Reply {
     Exit(Exit),
     /// It could not be started (why); the last frame of its id.
     Failed(String),
+    /// This many bytes of its [`Request::Input`] were written to it, or dropped once it no
+    /// longer read: the keeper sends no more than a window ahead of these.
+    Taken(u64),
 }
 
 /// How a command ended.
@@ -77,6 +94,8 @@ pub enum WireError {
     Short,
     /// An unknown tag.
     Tag(u8),
+    /// A flag that is neither 0 nor 1.
+    Flag(u8),
     /// A string that is not UTF-8.
     NotUtf8,
     /// Bytes left after its last field.
@@ -90,6 +109,7 @@ impl std::fmt::Display for WireError {
         match self {
             WireError::Short => write!(f, "a frame ends early"),
             WireError::Tag(t) => write!(f, "unknown frame tag {t}"),
+            WireError::Flag(b) => write!(f, "a flag of {b}, neither 0 nor 1"),
             WireError::NotUtf8 => write!(f, "a string of a frame is not UTF-8"),
             WireError::Trailing => write!(f, "bytes after a frame's last field"),
             WireError::TooLong(n) => write!(f, "a frame or field of {n} bytes, too long"),
@@ -102,10 +122,13 @@ impl std::error::Error for WireError {}
 const SPAWN: u8 = 1;
 const KILL: u8 = 2;
 const CREDIT: u8 = 3;
+const INPUT: u8 = 4;
+const CLOSE_INPUT: u8 = 5;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
 const EXIT: u8 = 3;
 const FAILED: u8 = 4;
+const TAKEN: u8 = 5;
 
 /// A frame being written: the length is filled in by [`Out::done`].
 struct Out(Vec<u8>);
@@ -178,6 +201,23 @@ impl<'a> In<'a> {
         Ok(self.take(n)?.to_vec())
     }
 
+    /// A byte string of at most `max` bytes.
+    fn bytes_at_most(&mut self, max: usize) -> Result<Vec<u8>, WireError> {
+        let b = self.bytes()?;
+        if b.len() > max {
+            return Err(WireError::TooLong(b.len()));
+        }
+        Ok(b)
+    }
+
+    fn flag(&mut self) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(WireError::Flag(b)),
+        }
+    }
+
     fn string(&mut self) -> Result<String, WireError> {
         String::from_utf8(self.bytes()?).map_err(|_| WireError::NotUtf8)
     }
@@ -205,6 +245,15 @@ impl<'a> In<'a> {
 pub fn encode_request(id: u64, request: &Request) -> Result<Vec<u8>, WireError> {
     match request {
         Request::Kill => Out::new(KILL, id).done(),
+        Request::CloseInput => Out::new(CLOSE_INPUT, id).done(),
+        Request::Input(b) => {
+            if b.len() > MAX_INPUT {
+                return Err(WireError::TooLong(b.len()));
+            }
+            let mut o = Out::new(INPUT, id);
+            o.bytes(b)?;
+            o.done()
+        }
         Request::Credit(n) => {
             let mut o = Out::new(CREDIT, id);
             o.0.extend_from_slice(&n.to_le_bytes());
@@ -224,6 +273,7 @@ pub fn encode_request(id: u64, request: &Request) -> Result<Vec<u8>, WireError> 
             o.bytes(s.cwd.as_bytes())?;
             o.bytes(&s.stdin)?;
             o.0.extend_from_slice(&s.window.to_le_bytes());
+            o.0.push(u8::from(s.input));
             o.done()
         }
     }
@@ -237,6 +287,8 @@ pub fn decode_request(body: &[u8]) -> Result<(u64, Request), WireError> {
     let request = match tag {
         KILL => Request::Kill,
         CREDIT => Request::Credit(i.u64()?),
+        INPUT => Request::Input(i.bytes_at_most(MAX_INPUT)?),
+        CLOSE_INPUT => Request::CloseInput,
         SPAWN => {
             let mut s = Spawn::default();
             for _ in 0..i.count(4)? {
@@ -248,6 +300,7 @@ pub fn decode_request(body: &[u8]) -> Result<(u64, Request), WireError> {
             s.cwd = i.string()?;
             s.stdin = i.bytes()?;
             s.window = i.u64()?;
+            s.input = i.flag()?;
             Request::Spawn(s)
         }
         t => return Err(WireError::Tag(t)),
@@ -272,6 +325,10 @@ pub fn encode_reply(id: u64, reply: &Reply) -> Result<Vec<u8>, WireError> {
             o = Out::new(FAILED, id);
             o.bytes(why.as_bytes())?;
         }
+        Reply::Taken(n) => {
+            o = Out::new(TAKEN, id);
+            o.0.extend_from_slice(&n.to_le_bytes());
+        }
         Reply::Exit(e) => {
             o = Out::new(EXIT, id);
             for (has, n) in [(e.code.is_some(), e.code), (e.signal.is_some(), e.signal)] {
@@ -293,6 +350,7 @@ pub fn decode_reply(body: &[u8]) -> Result<(u64, Reply), WireError> {
         STDOUT => Reply::Stdout(i.bytes()?),
         STDERR => Reply::Stderr(i.bytes()?),
         FAILED => Reply::Failed(i.string()?),
+        TAKEN => Reply::Taken(i.u64()?),
         EXIT => {
             let code = (i.u8()? != 0, i.u32()? as i32);
             let signal = (i.u8()? != 0, i.u32()? as i32);
@@ -354,8 +412,18 @@ mod tests {
             cwd: "/w".into(),
             stdin: b"in\0put".to_vec(),
             window: 1 << 20,
+            input: true,
         });
-        for r in [spawn, Request::Kill, Request::Credit(65536)] {
+        let requests = [
+            spawn,
+            Request::Kill,
+            Request::Credit(65536),
+            Request::Input(b"more\0input".to_vec()),
+            Request::Input(vec![7; MAX_INPUT]),
+            Request::Input(Vec::new()),
+            Request::CloseInput,
+        ];
+        for r in requests {
             let f = encode_request(7, &r).unwrap();
             assert_eq!(decode_request(body(&f)), Ok((7, r)));
         }
@@ -368,6 +436,7 @@ mod tests {
             Reply::Stdout(b"out".to_vec()),
             Reply::Stderr(Vec::new()),
             Reply::Failed("no such file".into()),
+            Reply::Taken(u64::MAX),
             exit,
         ] {
             let f = encode_reply(u64::MAX, &r).unwrap();
@@ -399,5 +468,48 @@ mod tests {
         assert!(read_frame(&mut r, MAX_FRAME).is_err());
         let mut empty: &[u8] = &[];
         assert!(read_frame(&mut empty, MAX_FRAME).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_input_frames_are_errors_not_panics() {
+        // An input frame cut anywhere, or with a byte past its end.
+        let f = encode_request(3, &Request::Input(b"abc".to_vec())).unwrap();
+        for cut in 0..f.len() - 4 {
+            assert!(decode_request(&body(&f)[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = f.clone();
+        long.push(0);
+        assert_eq!(decode_request(body(&long)), Err(WireError::Trailing));
+        let close = encode_request(3, &Request::CloseInput).unwrap();
+        let mut long = close.clone();
+        long.push(1);
+        assert_eq!(decode_request(body(&long)), Err(WireError::Trailing));
+        // More than a piece's worth: refused at both ends, never allocated by a forged length.
+        let big = Request::Input(vec![0; MAX_INPUT + 1]);
+        assert_eq!(
+            encode_request(3, &big),
+            Err(WireError::TooLong(MAX_INPUT + 1))
+        );
+        let mut forged = vec![INPUT];
+        forged.extend_from_slice(&3u64.to_le_bytes());
+        forged.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_request(&forged), Err(WireError::Short));
+        let mut over = vec![INPUT];
+        over.extend_from_slice(&3u64.to_le_bytes());
+        over.extend_from_slice(&(MAX_INPUT as u32 + 1).to_le_bytes());
+        over.extend(std::iter::repeat_n(0, MAX_INPUT + 1));
+        assert_eq!(
+            decode_request(&over),
+            Err(WireError::TooLong(MAX_INPUT + 1))
+        );
+        // A spawn whose input flag is neither 0 nor 1.
+        let mut spawn = encode_request(1, &Request::Spawn(Spawn::default())).unwrap();
+        *spawn.last_mut().unwrap() = 2;
+        assert_eq!(decode_request(body(&spawn)), Err(WireError::Flag(2)));
+        // A taken reply cut short.
+        let taken = encode_reply(1, &Reply::Taken(5)).unwrap();
+        for cut in 0..taken.len() - 4 {
+            assert!(decode_reply(&body(&taken)[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -87,6 +87,17 @@ pub enum Chunk {
     Stderr(Vec<u8>),
 }
 
+/// A piece of what a running command reads on its standard input
+/// ([`SandboxWork::exec_with_input`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Bytes written to its standard input, after everything sent before.
+    Stdin(Vec<u8>),
+    /// Closes its standard input (the command reads its end); dropping the sender does the
+    /// same. Whatever is sent after it is dropped.
+    Close,
+}
+
 /// What a listed entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EntryKind {
@@ -290,6 +301,13 @@ pub enum OpError {
         /// Why.
         error: String,
     },
+    /// What the backend cannot do at all (a standard input fed while the command runs, on a
+    /// backend that only takes it up front). Class [`OpErrorClass::Refused`].
+    #[error("{what} is not supported by this backend")]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+    },
     /// Any other failure of the backend, with what it said. Class
     /// [`OpErrorClass::Retryable`].
     #[error("{what}: {error}")]
@@ -327,6 +345,7 @@ impl OpError {
             OpError::EmptyArgv => "empty-argv",
             OpError::InvalidEnv { .. } => "invalid-env",
             OpError::Spawn { .. } => "spawn",
+            OpError::Unsupported { .. } => "unsupported",
             OpError::Backend { .. } => "backend",
             OpError::Keeper(_) => "keeper",
         }
@@ -349,7 +368,8 @@ impl OpError {
             | OpError::NotADirectory { .. }
             | OpError::EmptyArgv
             | OpError::InvalidEnv { .. }
-            | OpError::Spawn { .. } => OpErrorClass::Refused,
+            | OpError::Spawn { .. }
+            | OpError::Unsupported { .. } => OpErrorClass::Refused,
             OpError::Timeout { .. }
             | OpError::TooLarge { .. }
             | OpError::QuotaExceeded { .. }
@@ -413,6 +433,30 @@ pub trait SandboxOps: Backend {
                 let _ = chunks.send(Chunk::Stderr(out.stderr.clone())).await;
             }
             Ok(out)
+        }
+    }
+
+    /// Runs a command like [`exec_streaming`](Self::exec_streaming) whose standard input stays
+    /// open while it runs: first the request's `stdin`, then each [`Input::Stdin`] from `input`
+    /// in order; [`Input::Close`], or the sender dropped, closes it. The backend takes the next
+    /// piece only once the last was written or is bounded on its way: a full channel holds
+    /// the writer back. A command that no longer reads (it closed its input, or
+    /// exited) gets nothing more: what is sent then is dropped, and once the exec ended the
+    /// sender's `send` fails. The command is killed at its timeout whether its input is open or
+    /// not. The default, for a backend that takes standard input only up front, answers
+    /// [`OpError::Unsupported`] and runs nothing.
+    fn exec_with_input(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+        input: tokio::sync::mpsc::Receiver<Input>,
+    ) -> impl Future<Output = Result<ExecOutput, OpError>> + Send {
+        let _ = (sandbox, request, chunks, input);
+        async {
+            Err(OpError::Unsupported {
+                what: "a standard input fed while the command runs",
+            })
         }
     }
 

@@ -9,7 +9,7 @@ use sandkeeper::{CallId, CallStatus, HookPoint, SandboxId, SandboxState, Session
 use sandkeeper_shell::Shared;
 
 use super::{
-    Chunk, Entry, ExecOptions, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath,
+    Chunk, Entry, ExecOptions, ExecOutput, ExecRequest, Input, OpError, SandboxOps, WorkPath,
     DEFAULT_READ_CAP,
 };
 use crate::executor::TokioExecutor;
@@ -104,6 +104,30 @@ impl<B: SandboxOps> SandboxWork<'_, B> {
         let x = self.check()?;
         self.settle(self.backend().exec_streaming(x, request, chunks).await)
             .await
+    }
+
+    /// Runs a command like [`exec_streaming`](Self::exec_streaming) whose standard input stays
+    /// open while it runs, fed from `input` (E2B's `commands.run(..., stdin=True)` with
+    /// `send_stdin` and `close_stdin`): `options.stdin` first, then each [`Input::Stdin`] in
+    /// order; [`Input::Close`] or the sender dropped closes it. A full channel holds the
+    /// sender back; once the command stopped reading, what is sent is dropped, and once the
+    /// exec ended `send` fails. The timeout holds as for `exec`. A backend that cannot feed a
+    /// running command answers [`OpError::Unsupported`] ([`SandboxOps::exec_with_input`]).
+    pub async fn exec_with_input<S: Into<String>>(
+        &self,
+        argv: impl IntoIterator<Item = S>,
+        options: ExecOptions,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+        input: tokio::sync::mpsc::Receiver<Input>,
+    ) -> Result<ExecOutput, OpError> {
+        let request = ExecRequest::new(argv.into_iter().map(Into::into).collect(), options)?;
+        let x = self.check()?;
+        self.settle(
+            self.backend()
+                .exec_with_input(x, request, chunks, input)
+                .await,
+        )
+        .await
     }
 
     /// Writes a file atomically, making its parent directories.

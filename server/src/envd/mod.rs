@@ -91,6 +91,7 @@ pub fn op_error(e: OpError) -> ConnectError {
         | OpError::EmptyArgv
         | OpError::InvalidEnv { .. }
         | OpError::Spawn { .. } => Code::InvalidArgument,
+        OpError::Unsupported { .. } => Code::Unimplemented,
         OpError::Timeout { .. } => Code::DeadlineExceeded,
         OpError::TooLarge { .. }
         | OpError::QuotaExceeded { .. }

@@ -1,12 +1,14 @@
 //! The running commands of one sandbox: what `List` shows, what `SendSignal` and a sandbox's
-//! kill reach, and the events `Connect` follows.
+//! kill reach, the events `Connect` follows, and the standard input `SendInput` and
+//! `CloseStdin` reach (of a command started with `stdin: true`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
+use sandkeeper_tokio::Input;
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::error::{Code, ConnectError};
 
@@ -35,6 +37,18 @@ struct Running {
     tag: Option<String>,
     kill: watch::Sender<Option<Kill>>,
     events: broadcast::Sender<Event>,
+    stdin: Stdin,
+}
+
+/// A command's standard input, as `SendInput` and `CloseStdin` find it.
+enum Stdin {
+    /// Started without `stdin: true`: closed from the start.
+    None,
+    /// Open: where its pieces go (a bounded channel to its exec; a full one holds the
+    /// sender back).
+    Open(mpsc::Sender<Input>),
+    /// Closed by `CloseStdin`.
+    Closed,
 }
 
 /// Why a command is killed.
@@ -74,11 +88,13 @@ impl Processes {
 
     /// Adds command `pid`; `resource_exhausted` at [`MAX_PROCESSES`], `unavailable` once the
     /// sandbox is being killed.
+    /// `stdin`: where its standard input goes, when it stays open (`stdin: true`).
     pub fn add(
         &self,
         pid: u32,
         config: Value,
         tag: Option<String>,
+        stdin: Option<mpsc::Sender<Input>>,
     ) -> Result<Started, ConnectError> {
         let mut inner = self.lock();
         if inner.closed {
@@ -100,6 +116,7 @@ impl Processes {
             tag,
             kill,
             events: events.clone(),
+            stdin: stdin.map_or(Stdin::None, Stdin::Open),
         };
         inner.running.insert(pid, running);
         Ok(Started { killed, events })
@@ -144,6 +161,47 @@ impl Processes {
         find(&inner.running, pid, tag).map(|(pid, r)| (*pid, r.events.subscribe()))
     }
 
+    /// Where the standard input of command `pid` (or tagged `tag`) goes: `not_found` for no
+    /// such command, `failed_precondition` for one whose standard input is not open.
+    pub fn stdin(
+        &self,
+        pid: Option<u32>,
+        tag: Option<&str>,
+    ) -> Result<mpsc::Sender<Input>, ConnectError> {
+        let inner = self.lock();
+        let (_, r) = find(&inner.running, pid, tag).ok_or_else(no_such_process)?;
+        match &r.stdin {
+            Stdin::Open(tx) => Ok(tx.clone()),
+            Stdin::None => Err(not_open("it was started without stdin")),
+            Stdin::Closed => Err(not_open("it was closed")),
+        }
+    }
+
+    /// Closes the standard input of command `pid` (or tagged `tag`): answers where to send the
+    /// close (once; `None` when it was closed already), `not_found` for no such command,
+    /// `failed_precondition` for one started without standard input.
+    pub fn close_stdin(
+        &self,
+        pid: Option<u32>,
+        tag: Option<&str>,
+    ) -> Result<Option<mpsc::Sender<Input>>, ConnectError> {
+        let mut inner = self.lock();
+        let pid = find(&inner.running, pid, tag)
+            .map(|(pid, _)| *pid)
+            .ok_or_else(no_such_process)?;
+        let Some(r) = inner.running.get_mut(&pid) else {
+            return Err(no_such_process());
+        };
+        match std::mem::replace(&mut r.stdin, Stdin::Closed) {
+            Stdin::Open(tx) => Ok(Some(tx)),
+            Stdin::Closed => Ok(None),
+            Stdin::None => {
+                r.stdin = Stdin::None;
+                Err(not_open("it was started without stdin"))
+            }
+        }
+    }
+
     /// Takes new commands again (the sandbox was paused, and is resumed).
     pub fn reopen(&self) {
         self.lock().closed = false;
@@ -157,6 +215,18 @@ impl Processes {
             r.kill.send_replace(Some(Kill::Sandbox));
         }
     }
+}
+
+/// The error for no command of a pid or tag (the SDKs raise their not-found exception).
+pub fn no_such_process() -> ConnectError {
+    ConnectError::new(Code::NotFound, "no such process")
+}
+
+fn not_open(why: &str) -> ConnectError {
+    ConnectError::new(
+        Code::FailedPrecondition,
+        format!("the command's stdin is not open: {why} (start it with stdin: true)"),
+    )
 }
 
 fn find<'a>(
@@ -176,17 +246,49 @@ mod tests {
     #[test]
     fn kill_all_kills_every_command_and_refuses_new_ones() {
         let p = Processes::default();
-        let a = p.add(1, json!({}), None).unwrap();
-        let b = p.add(2, json!({}), Some("t".into())).unwrap();
+        let a = p.add(1, json!({}), None, None).unwrap();
+        let b = p.add(2, json!({}), Some("t".into()), None).unwrap();
         assert!(p.kill(None, Some("t")));
         assert_eq!(*b.killed.borrow(), Some(Kill::Signal));
         assert!(!p.kill(Some(9), None));
         assert_eq!(p.follow(Some(1), None).map(|(pid, _)| pid), Some(1));
         p.kill_all();
         assert_eq!(*a.killed.borrow(), Some(Kill::Sandbox));
-        let refused = p.add(3, json!({}), None).err().map(|e| e.code);
+        let refused = p.add(3, json!({}), None, None).err().map(|e| e.code);
         assert_eq!(refused, Some(Code::Unavailable));
         p.remove(1);
         assert_eq!(p.list().len(), 1);
+    }
+
+    #[test]
+    fn stdin_is_found_open_closed_once_or_refused() {
+        let p = Processes::default();
+        let (tx, mut rx) = mpsc::channel(1);
+        p.add(1, json!({}), Some("with".into()), Some(tx)).unwrap();
+        p.add(2, json!({}), None, None).unwrap();
+        fn code<T>(r: Result<T, ConnectError>) -> Option<Code> {
+            r.err().map(|e| e.code)
+        }
+        assert_eq!(code(p.stdin(Some(9), None)), Some(Code::NotFound));
+        assert_eq!(
+            code(p.close_stdin(None, Some("none"))),
+            Some(Code::NotFound)
+        );
+        assert_eq!(code(p.stdin(Some(2), None)), Some(Code::FailedPrecondition));
+        assert_eq!(
+            code(p.close_stdin(Some(2), None)),
+            Some(Code::FailedPrecondition)
+        );
+        // Still refused as never opened, not as closed, after the refused close.
+        let again = p.stdin(Some(2), None).err().unwrap();
+        assert!(again.message.contains("without stdin"), "{again:?}");
+        p.stdin(None, Some("with"))
+            .unwrap()
+            .try_send(Input::Stdin(b"a".to_vec()))
+            .unwrap();
+        assert_eq!(rx.try_recv().unwrap(), Input::Stdin(b"a".to_vec()));
+        assert!(p.close_stdin(Some(1), None).unwrap().is_some());
+        assert!(p.close_stdin(Some(1), None).unwrap().is_none());
+        assert_eq!(code(p.stdin(Some(1), None)), Some(Code::FailedPrecondition));
     }
 }
