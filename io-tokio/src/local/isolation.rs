@@ -18,7 +18,9 @@
 //!   dynamic linker's cache, certificates, `alternatives`), a minimal `/dev`, its own `/proc`
 //!   and a `/tmp` of its own (a size-limited `tmpfs`); no `/root`, `/home`, `/run`, `/var`,
 //!   `/sys`, no host socket; the keeper's root hidden under an empty `tmpfs`, and only the
-//!   sandbox's own directory mounted back, writable;
+//!   sandbox's own directory mounted back, writable, at its own path; or, with a
+//!   [`workspace_mount`](super::LocalConfig::workspace_mount), at that path alone, nothing
+//!   of the root mounted (`mount.rs`);
 //! - with a **clean environment**: bubblewrap itself starts with none (nothing of a request
 //!   can load code into it on the host side), and the command's variables are set inside: by
 //!   the init, from its pipe (one per sandbox), or by `--clearenv`, `--setenv` (one per
