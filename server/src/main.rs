@@ -95,6 +95,12 @@ struct Args {
     /// The private key of --tls-cert (PEM: PKCS#8, RSA or SEC1; needs --tls-cert).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Where commands see their sandbox's workspace, and start (HOME too): an absolute path,
+    /// by default E2B's /home/user, where the file API's paths are. Needs bubblewrap (the
+    /// server does not start without it); `host` (or an empty value) runs commands at the
+    /// workspace's host path under --root instead.
+    #[arg(long, value_name = "PATH|host", default_value = "/home/user")]
+    workspace_path: String,
 }
 
 #[tokio::main]
@@ -178,6 +184,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         hooks,
         tls,
+        workspace_path: match args.workspace_path.as_str() {
+            "" | "host" => None,
+            path => Some(PathBuf::from(path)),
+        },
     };
     let scheme = if config.tls.is_some() {
         "https"

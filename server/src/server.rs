@@ -82,6 +82,13 @@ pub struct Config {
     pub hooks: Option<crate::hooks::HookFile>,
     /// TLS: with it the listener serves HTTPS only (`crate::tls`); without it, HTTP.
     pub tls: Option<Tls>,
+    /// Where commands see their sandbox's workspace (`--workspace-path`): `/home/user`, as in
+    /// E2B's sandboxes, is where the file API's paths already are, so `cat /home/user/a.txt`
+    /// reads what `files.write("/home/user/a.txt")` wrote. The local backend's
+    /// [`workspace_mount`](LocalConfig::workspace_mount): it needs bubblewrap, and the server
+    /// does not start without it. `None`: commands see the workspace at its host path under
+    /// the root.
+    pub workspace_path: Option<PathBuf>,
 }
 
 /// What every handler shares.
@@ -111,6 +118,9 @@ pub enum ServerError {
     /// The Kubernetes backend could not be set up.
     #[error(transparent)]
     Kubernetes(#[from] crate::kubernetes::KubernetesError),
+    /// The workspace path cannot be used here (not a usable path, or no bubblewrap).
+    #[error("{0}; to run commands at the workspace's host path instead, start with --workspace-path host")]
+    WorkspacePath(sandkeeper_tokio::local::WorkspaceMountError),
     /// The keeper refused its configuration.
     #[error("the keeper: {0}")]
     Keeper(#[from] sandkeeper_tokio::KeeperError),
@@ -173,11 +183,20 @@ fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
     let local = LocalConfig {
         run_timeout: config.limits.run_timeout,
         snapshots: false,
+        workspace_mount: config.workspace_path.clone(),
         ..LocalConfig::new(&config.root)
     };
-    LocalBackend::new(local).map_err(|error| ServerError::Backend {
-        root: config.root.display().to_string(),
-        error,
+    LocalBackend::new(local).map_err(|error| {
+        match error
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<sandkeeper_tokio::local::WorkspaceMountError>())
+        {
+            Some(refused) => ServerError::WorkspacePath(refused.clone()),
+            None => ServerError::Backend {
+                root: config.root.display().to_string(),
+                error,
+            },
+        }
     })
 }
 

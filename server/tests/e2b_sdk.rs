@@ -34,6 +34,7 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         "create",
         "streamed on_stdout",
         "files.write/read",
+        "commands see the workspace at /home/user",
         "files.list",
         "another team: NotFound",
         "bad key: AuthenticationException",

@@ -18,7 +18,9 @@
 //!   dynamic linker's cache, certificates, `alternatives`), a minimal `/dev`, its own `/proc`
 //!   and a `/tmp` of its own (a size-limited `tmpfs`); no `/root`, `/home`, `/run`, `/var`,
 //!   `/sys`, no host socket; the keeper's root hidden under an empty `tmpfs`, and only the
-//!   sandbox's own directory mounted back, writable;
+//!   sandbox's own directory mounted back, writable, at its own path; or, with a
+//!   [`workspace_mount`](super::LocalConfig::workspace_mount), at that path alone, nothing
+//!   of the root mounted (`mount.rs`);
 //! - with a **clean environment**: bubblewrap itself starts with none (nothing of a request
 //!   can load code into it on the host side), and the command's variables are set inside: by
 //!   the init, from its pipe (one per sandbox), or by `--clearenv`, `--setenv` (one per
@@ -227,12 +229,15 @@ fn find_bwrap() -> Option<PathBuf> {
 /// or leaves the command capabilities falls back (a warning), or fails under
 /// [`Isolation::Require`] with an [`IsolationError`]. One bubblewrap per sandbox when
 /// `namespaces` asks for it and the init is found (`init`, see [`find_init`]) and passes the
-/// same probe, the command run through it; else one per command, saying why.
+/// same probe, the command run through it; else one per command, saying why. The probe sees
+/// the keeper's root as its workspace, at `mount` when given (see
+/// [`LocalConfig::workspace_mount`](super::LocalConfig::workspace_mount)), so a mount
+/// bubblewrap cannot make counts as bubblewrap not working.
 pub(crate) fn detect(
     wanted: Isolation,
     network: bool,
     (namespaces, init): (Namespaces, Option<&Path>),
-    root: &Path,
+    (root, mount): (&Path, Option<&Path>),
     limits: &Enforcement,
 ) -> io::Result<Isolated> {
     if wanted == Isolation::Off {
@@ -253,12 +258,12 @@ pub(crate) fn detect(
                 Namespaces::PerCommand => Err("one per command in the configuration".into()),
             };
             let per_sandbox = init.and_then(|init| {
-                probe(with(Mode::PerSandbox { init }), root, limits).map_err(|e| {
+                probe(with(Mode::PerSandbox { init }), root, mount, limits).map_err(|e| {
                     tracing::warn!(%e, "the per-sandbox init does not work here: one bubblewrap per command");
                     format!("the per-sandbox init does not work here: {e}")
                 })
             });
-            per_sandbox.or_else(|why| probe(with(Mode::PerCommand { why }), root, limits))
+            per_sandbox.or_else(|why| probe(with(Mode::PerCommand { why }), root, mount, limits))
         }
     };
     match (found, wanted) {
@@ -273,11 +278,13 @@ pub(crate) fn detect(
     }
 }
 
-/// Runs `cat /proc/self/status` under `isolated` (the keeper's root as its workspace; through
-/// a sandbox's init when there is one per sandbox) and checks that it is contained.
+/// Runs `cat /proc/self/status` under `isolated` (the keeper's root as its workspace, seen at
+/// `mount` when given; through a sandbox's init when there is one per sandbox) and checks that
+/// it is contained.
 fn probe(
     isolated: Isolated,
     root: &Path,
+    mount: Option<&Path>,
     limits: &Enforcement,
 ) -> Result<Isolated, IsolationError> {
     let Isolated::Bubblewrap { program, mode, .. } = &isolated else {
@@ -289,15 +296,19 @@ fn probe(
     };
     let argv = ["cat".to_string(), "/proc/self/status".to_string()];
     let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
+    let workspace = Workspace {
+        host: root,
+        inside: mount.unwrap_or(root),
+    };
     let (ok, stdout, stderr) = match mode {
         Mode::PerSandbox { .. } => {
             let prepared = isolated
-                .init_command(limits, root, root)
+                .init_command(limits, root, workspace)
                 .map_err(|e| broken(e.to_string()))?;
             let spawn = super::wire::Spawn {
                 argv: argv.to_vec(),
                 env: env.to_vec(),
-                cwd: root.to_string_lossy().into_owned(),
+                cwd: workspace.inside.to_string_lossy().into_owned(),
                 stdin: Vec::new(),
                 window: 0,
                 input: false,
@@ -308,7 +319,7 @@ fn probe(
         }
         Mode::PerCommand { .. } => {
             let mut prepared = isolated
-                .command(limits, root, root, root, &argv, &env)
+                .command(limits, root, workspace, "", &argv, &env)
                 .map_err(|e| broken(e.to_string()))?;
             prepared
                 .command
@@ -370,7 +381,7 @@ fn system_binds() -> &'static [OsString] {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &[&str]| a.extend(s.iter().map(OsString::from));
         push(&["--ro-bind", "/usr", "/usr"]);
-        for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+        for &top in LEADING {
             match std::fs::symlink_metadata(top) {
                 Ok(m) if m.file_type().is_symlink() => {
                     if let Ok(target) = std::fs::read_link(top) {
@@ -395,6 +406,18 @@ fn system_binds() -> &'static [OsString] {
         a
     })
 }
+
+/// Whether the minimal root ([`system_binds`]) would show `path`: it lies under a directory
+/// bound from the host.
+fn shown_by_system_binds(path: &Path) -> bool {
+    std::iter::once(&"/usr")
+        .chain(LEADING)
+        .chain(ETC)
+        .any(|bound| path.starts_with(bound))
+}
+
+/// The top-level directories that lead into `/usr`, bound (or linked) where the host has them.
+pub(super) const LEADING: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
 
 /// The `/etc` files and directories a sandbox sees (where the host has them).
 const ETC: &[&str] = &[
@@ -434,15 +457,62 @@ pub(crate) struct Prepared {
 /// The variable that marks an exec's processes when nothing else can find them.
 const MARK: &str = "SANDKEEPER_EXEC";
 
+/// A sandbox's workspace: its directory on the host, and the path its commands see it at (the
+/// same path, unless a [`workspace_mount`](super::LocalConfig::workspace_mount) names another;
+/// only bubblewrap can show it elsewhere). Everything handed into the sandbox (the working
+/// directory, `HOME`, `PWD`) is a path `inside`; everything the keeper itself touches is a path
+/// on the `host`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Workspace<'a> {
+    /// The sandbox's directory on the host.
+    pub(crate) host: &'a Path,
+    /// Where its commands see it.
+    pub(crate) inside: &'a Path,
+}
+
+impl Workspace<'_> {
+    /// The host path of `rel`, a path relative to the workspace (`""` or `"."`: the
+    /// workspace itself).
+    pub(crate) fn host_path(&self, rel: &str) -> PathBuf {
+        under(self.host, rel)
+    }
+
+    /// The path commands see `rel` at, `rel` relative to the workspace (`""` or `"."`: the
+    /// workspace itself).
+    pub(crate) fn inside_path(&self, rel: &str) -> PathBuf {
+        under(self.inside, rel)
+    }
+
+    /// The host path of `seen`, an absolute path as commands see it, when it is the workspace
+    /// or in it; `None` for any other path.
+    pub(crate) fn host_of(&self, seen: &Path) -> Option<PathBuf> {
+        let rel = seen.strip_prefix(self.inside).ok()?;
+        Some(under(self.host, &rel.to_string_lossy()))
+    }
+}
+
+/// `base`, joined with `rel` unless that names `base` itself (no trailing `/`: the path is
+/// also a command's `PWD`).
+fn under(base: &Path, rel: &str) -> PathBuf {
+    if rel.is_empty() || rel == "." {
+        base.to_path_buf()
+    } else {
+        base.join(rel)
+    }
+}
+
 impl Isolated {
-    /// The command that runs `argv` in `cwd` of the sandbox at `dir` under the keeper's `root`,
-    /// with exactly the variables `env` (the host's never reach it, nor bubblewrap).
+    /// The command that runs `argv` in `cwd` (relative to the workspace: `""` for the
+    /// workspace itself) of the sandbox `workspace` under the keeper's `root`, with exactly the
+    /// variables `env` (the host's never reach it, nor bubblewrap). Without bubblewrap it runs
+    /// at the workspace's host path (there is then no other: `LocalBackend::new` refuses a
+    /// workspace mount without bubblewrap).
     pub(crate) fn command(
         &self,
         limits: &Enforcement,
         root: &Path,
-        dir: &Path,
-        cwd: &Path,
+        workspace: Workspace<'_>,
+        cwd: &str,
         argv: &[String],
         env: &[(String, String)],
     ) -> io::Result<Prepared> {
@@ -455,7 +525,9 @@ impl Isolated {
             Isolated::ProcessGroup { .. } => {
                 let (program, args) = wrapped.split_first().expect("checked non-empty");
                 let mut c = std::process::Command::new(program);
-                c.args(args).env_clear().current_dir(cwd);
+                c.args(args)
+                    .env_clear()
+                    .current_dir(workspace.host_path(cwd));
                 c.envs(env.iter().map(|(k, v)| (k, v)));
                 if cgroup.is_none() {
                     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -476,7 +548,7 @@ impl Isolated {
             } => {
                 let (read, keep) = seccomp_fd()?;
                 fds.push(read);
-                let mut a = bwrap_args(limits, root, dir, *network, &[]);
+                let mut a = bwrap_args(limits, root, workspace, *network, &[]);
                 for (k, v) in env {
                     a.extend(["--setenv".into(), k.into(), v.into()]);
                 }
@@ -485,7 +557,7 @@ impl Isolated {
                     keep.to_string().into(),
                     "--chdir".into(),
                 ]);
-                a.push(cwd.into());
+                a.push(workspace.inside_path(cwd).into());
                 a.push("--".into());
                 a.extend(wrapped.iter().map(OsString::from));
                 let mut c = std::process::Command::new(bwrap);
@@ -510,19 +582,20 @@ impl Isolated {
 }
 
 /// Where a sandbox's init is bound, read-only, inside its namespaces.
-const INIT_INSIDE: &str = "/sandkeeper-init";
+pub(super) const INIT_INSIDE: &str = "/sandkeeper-init";
 
 impl Isolated {
-    /// The bubblewrap of the sandbox at `dir` under the keeper's `root` with its init as PID 1
-    /// (one bubblewrap per sandbox): every protection of [`command`](Self::command), the
-    /// limits (rlimits, `prlimit`, a cgroup) for the whole sandbox, and no variable at all
-    /// (each command's come over the init's pipe, never on a command line). An error unless
-    /// there is one bubblewrap per sandbox.
+    /// The bubblewrap of the sandbox `workspace` under the keeper's `root` with its init as
+    /// PID 1 (one bubblewrap per sandbox), started in the workspace as its commands see it:
+    /// every protection of [`command`](Self::command), the limits (rlimits, `prlimit`, a
+    /// cgroup) for the whole sandbox, and no variable at all (each command's come over the
+    /// init's pipe, never on a command line). An error unless there is one bubblewrap per
+    /// sandbox.
     pub(crate) fn init_command(
         &self,
         limits: &Enforcement,
         root: &Path,
-        dir: &Path,
+        workspace: Workspace<'_>,
     ) -> io::Result<Prepared> {
         let Isolated::Bubblewrap {
             program: bwrap,
@@ -535,13 +608,13 @@ impl Isolated {
         let cgroup = limits.cgroup()?;
         let (read, keep) = seccomp_fd()?;
         let bind: [OsString; 3] = ["--ro-bind".into(), init.into(), INIT_INSIDE.into()];
-        let mut a = bwrap_args(limits, root, dir, *network, &bind);
+        let mut a = bwrap_args(limits, root, workspace, *network, &bind);
         a.extend([
             "--as-pid-1".into(),
             "--seccomp".into(),
             keep.to_string().into(),
         ]);
-        a.extend(["--chdir".into(), dir.into(), "--".into()]);
+        a.extend(["--chdir".into(), workspace.inside.into(), "--".into()]);
         a.extend(limits.prlimit_argv().into_iter().map(OsString::from));
         a.push(INIT_INSIDE.into());
         let mut command = std::process::Command::new(bwrap);
@@ -577,14 +650,20 @@ fn seccomp_fd() -> io::Result<(OwnedFd, RawFd)> {
     Ok((read, fd))
 }
 
-/// Bubblewrap's arguments for the sandbox at `dir` under `root`, up to the variables, the
+/// Bubblewrap's arguments for the sandbox `workspace` under `root`, up to the variables, the
 /// filter, the working directory and the program: the minimal root, `/dev`, `/proc`, `/tmp`,
-/// `binds` (made before the root turns read-only), the namespaces, no capabilities, a session
-/// of its own, death with its parent, no variable.
+/// the workspace bound writable where its commands see it, `binds` (made before the root
+/// turns read-only), the namespaces, no capabilities, a session of its own, death with its
+/// parent, no variable.
+///
+/// The keeper's root is hidden under an empty `tmpfs` when the workspace is bound at its own
+/// host path (which lies in the root). Bound elsewhere, nothing of the root is bound at all; it
+/// is hidden only where the minimal root would show it (a root under `/usr`, say), so a
+/// command does not even see its name.
 fn bwrap_args(
     limits: &Enforcement,
     root: &Path,
-    dir: &Path,
+    workspace: Workspace<'_>,
     network: bool,
     binds: &[OsString],
 ) -> Vec<OsString> {
@@ -597,13 +676,16 @@ fn bwrap_args(
         push(&"--size");
         push(&n.to_string());
     }
-    for s in ["--tmpfs", "/tmp", "--tmpfs"] {
+    for s in ["--tmpfs", "/tmp"] {
         push(&s);
     }
-    push(&root);
+    if workspace.inside == workspace.host || shown_by_system_binds(root) {
+        push(&"--tmpfs");
+        push(&root);
+    }
     push(&"--bind");
-    push(&dir);
-    push(&dir);
+    push(&workspace.host);
+    push(&workspace.inside);
     for s in binds {
         push(s);
     }

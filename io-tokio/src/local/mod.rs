@@ -44,6 +44,9 @@
 //!   runs an exec through it, `wire.rs` is what they say to each other) and ended when the
 //!   sandbox stops; or one per command where no init is found. The limits (`limits.rs`) hold
 //!   for the sandbox, or for each command.
+//! - Commands see their workspace at its host path, or, with a
+//!   [`workspace_mount`](LocalConfig::workspace_mount), at one fixed path such as `/home/user`
+//!   (bubblewrap binds it there; `mount.rs` checks the path and why it needs bubblewrap).
 
 mod exec;
 mod fence;
@@ -54,6 +57,7 @@ pub(crate) mod layout;
 mod limit_watch;
 mod limits;
 pub mod meta;
+mod mount;
 mod nofollow;
 mod ops;
 mod quota;
@@ -88,6 +92,7 @@ pub use layout::session_file;
 use layout::{sandbox_dir, snapshot_dir, META_DIR};
 pub use limits::{CgroupV1, Enforcement, Limits};
 use meta::{MetaError, SnapshotRecord, StartedFor};
+pub use mount::WorkspaceMountError;
 use shelf::{Shelf, ShelfError};
 
 /// How a [`LocalBackend`] runs.
@@ -132,6 +137,16 @@ pub struct LocalConfig {
     /// host's of a fleet, and the fleet's sweep decides what goes: construction sweeps nothing.
     /// `None` (the default): one root holds everything.
     pub shelf: Option<Arc<dyn Shelf>>,
+    /// The absolute path every sandbox's commands see their own workspace at (`/home/user`,
+    /// say): bubblewrap binds the workspace there, and nowhere else, and a command starts in
+    /// it (or in its `cwd` under it) with `HOME` and `PWD` naming it, so the keeper's root and
+    /// the workspace's host path appear nowhere inside. Files the application reads and
+    /// writes through the backend are the same files, named relative to the workspace as
+    /// always. Needs bubblewrap: [`LocalBackend::new`] refuses a mount where commands run
+    /// without it (isolation off, or not working here), and a path that is not plain or lies
+    /// on the sandbox's system paths ([`WorkspaceMountError`]). `None` (the default): commands
+    /// see the workspace at its host path.
+    pub workspace_mount: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -149,6 +164,7 @@ impl LocalConfig {
             init: None,
             token_log: false,
             shelf: None,
+            workspace_mount: None,
         }
     }
 
@@ -230,8 +246,15 @@ type Fence = Arc<Mutex<bool>>;
 impl LocalBackend {
     /// A backend under `config.root` (made if missing), with the isolation that
     /// `config.isolation` asks for and the machine allows (a warning where bubblewrap is
-    /// missing under [`Isolation::Auto`]; an error under [`Isolation::Require`]).
+    /// missing under [`Isolation::Auto`]; an error under [`Isolation::Require`]). With a
+    /// [`workspace_mount`](LocalConfig::workspace_mount), an `InvalidInput` error holding a
+    /// [`WorkspaceMountError`] when the path is refused, before anything is made, or when
+    /// commands would run without bubblewrap.
     pub fn new(config: LocalConfig) -> io::Result<Self> {
+        let refused = |e: WorkspaceMountError| io::Error::new(io::ErrorKind::InvalidInput, e);
+        if let Some(mount) = &config.workspace_mount {
+            mount::check(mount).map_err(refused)?;
+        }
         std::fs::create_dir_all(&config.root)?;
         let wanted = config.isolation != Isolation::Off;
         let limits = Enforcement::find(config.limits.clone(), wanted);
@@ -239,9 +262,15 @@ impl LocalBackend {
             config.isolation,
             config.network,
             (config.namespaces, config.init.as_deref()),
-            &config.root,
+            (&config.root, config.workspace_mount.as_deref()),
             &limits,
         )?;
+        if let (Some(path), Isolated::ProcessGroup { why }) = (&config.workspace_mount, &isolated) {
+            return Err(refused(WorkspaceMountError::NotIsolated {
+                path: path.clone(),
+                why: why.clone(),
+            }));
+        }
         let mut limits = if isolated.is_bubblewrap() == wanted {
             limits
         } else {
@@ -352,6 +381,22 @@ impl LocalBackend {
     /// The root directory.
     pub fn root(&self) -> &Path {
         &self.config.root
+    }
+
+    /// The path commands see their workspace at, when it is not its host path (the
+    /// [`workspace_mount`](LocalConfig::workspace_mount) in effect: construction refused one
+    /// it could not honour).
+    pub fn workspace_mount(&self) -> Option<&Path> {
+        self.config.workspace_mount.as_deref()
+    }
+
+    /// Where the commands of `sandbox` see their workspace: the workspace mount, else the
+    /// sandbox's directory ([`sandbox_dir`](Self::sandbox_dir)).
+    pub fn workspace_seen(&self, sandbox: SandboxId) -> PathBuf {
+        match &self.config.workspace_mount {
+            Some(mount) => mount.clone(),
+            None => self.sandbox_dir(sandbox),
+        }
     }
 
     /// The directory of a sandbox (whether or not it exists).

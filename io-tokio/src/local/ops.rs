@@ -8,7 +8,8 @@
 //!   (a new temporary `.sk-<16 hex>` in the target's directory, then a rename within it) and,
 //!   like uploads, hold the sandbox's gate: none lands after Stop.
 //! - **Commands** run with argv only, in the workspace (or a directory in it, checked the same
-//!   way), with a cleared environment: `PATH`, `HOME` (the workspace), `PWD`, `LANG`,
+//!   way), seen at its host path or at the configured workspace mount (`mount.rs`), with a
+//!   cleared environment: `PATH`, `HOME` (the workspace as they see it), `PWD`, `LANG`,
 //!   `SANDKEEPER_SANDBOX` and the request's own variables, never the host's. Each runs under
 //!   the backend's isolation and limits (`isolation.rs`, `limits.rs`; the threat model is
 //!   `docs/threat-model.md`), leading a process group of its own, killed with
@@ -29,7 +30,7 @@ use cap_std::fs::Dir;
 use sandkeeper::SandboxId;
 
 use super::init_exec::{self, InitExec};
-use super::isolation::Prepared;
+use super::isolation::{Prepared, Workspace};
 use super::limit_watch::Watched;
 use super::nofollow::{self, Refused};
 use super::quota;
@@ -214,15 +215,21 @@ fn open_listed(dir: &Dir, path: &WorkPath) -> io::Result<Dir> {
 /// The `PATH` commands get.
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Whether `program` names an executable file: a path (relative to `cwd`) when it holds a
-/// `/`, else a file in a directory of [`PATH`].
-fn program_exists(program: &str, cwd: &std::path::Path) -> bool {
+/// Whether `program` names an executable file, looked up on the host as the command will
+/// see it: a path when it holds a `/` (relative to the working directory `cwd` of the
+/// `workspace`; an absolute one in the workspace as commands see it is looked up at its host
+/// path), else a file in a directory of [`PATH`].
+fn program_exists(program: &str, workspace: &Workspace<'_>, cwd: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let executable = |p: &std::path::Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
     if program.contains('/') {
-        return executable(&cwd.join(program));
+        let seen = workspace.inside_path(cwd).join(program);
+        let host = workspace
+            .host_of(&seen)
+            .unwrap_or_else(|| workspace.host_path(cwd).join(program));
+        return executable(&host);
     }
     PATH.split(':')
         .any(|d| executable(&std::path::Path::new(d).join(program)))
@@ -270,14 +277,17 @@ impl LocalBackend {
             counted.quota.admit_command(dir)
         })
         .await?;
-        let dir = if cwd.is_root() {
-            s.dir.clone()
-        } else {
-            s.dir.join(cwd.as_str())
+        // The workspace as commands see it: at its host path, or at the workspace mount
+        // (`mount.rs`). The keeper checks on the host; everything handed in names the inside.
+        let workspace = Workspace {
+            host: &s.dir,
+            inside: self.config.workspace_mount.as_deref().unwrap_or(&s.dir),
         };
+        let rel = if cwd.is_root() { "" } else { cwd.as_str() };
         // Found before anything starts, as the command will see it (the host's file system,
-        // the fixed PATH), so a missing program is a spawn error under bubblewrap too.
-        if !program_exists(&program, &dir) {
+        // the fixed PATH, a path in the workspace where it lies on the host), so a missing
+        // program is a spawn error under bubblewrap too.
+        if !program_exists(&program, &workspace, rel) {
             return Err(OpError::Spawn {
                 program: program.to_string(),
                 error: "not found (on PATH, or at the path given)".into(),
@@ -287,8 +297,8 @@ impl LocalBackend {
         let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), PATH.into()),
-            ("HOME".into(), path(&s.dir)),
-            ("PWD".into(), path(&dir)),
+            ("HOME".into(), path(workspace.inside)),
+            ("PWD".into(), path(&workspace.inside_path(rel))),
             ("LANG".into(), "C.UTF-8".into()),
             ("SANDKEEPER_SANDBOX".into(), sandbox.to_string()),
         ];
@@ -303,7 +313,8 @@ impl LocalBackend {
                 spawn: Spawn {
                     argv,
                     env,
-                    cwd: path(&dir),
+                    // The init runs inside: the directory as the command sees it.
+                    cwd: path(&workspace.inside_path(rel)),
                     stdin: request.options.stdin,
                     window: 0,
                     input: false,
@@ -320,8 +331,8 @@ impl LocalBackend {
                 .command(
                     &self.limits,
                     &self.config.root,
-                    &s.dir,
-                    &dir,
+                    workspace,
+                    rel,
                     &request.argv,
                     &env,
                 )
@@ -349,9 +360,13 @@ impl LocalBackend {
             what: "sandbox init",
             error: e.to_string(),
         };
+        let workspace = Workspace {
+            host: &s.dir,
+            inside: self.config.workspace_mount.as_deref().unwrap_or(&s.dir),
+        };
         let prepared = self
             .isolated
-            .init_command(&self.limits, &self.config.root, &s.dir)
+            .init_command(&self.limits, &self.config.root, workspace)
             .map_err(backend)?;
         let watched = Watched {
             workspace: s.dir.clone(),

@@ -58,6 +58,16 @@ def main():
     assert sbx.files.read("/home/user/notes/a.txt") == "hello file"
     step("files.write/read")
 
+    r = sbx.commands.run("pwd")
+    assert r.stdout.strip() == "/home/user", repr(r.stdout)
+    r = sbx.commands.run("echo $HOME")
+    assert r.stdout.strip() == "/home/user", repr(r.stdout)
+    r = sbx.commands.run("cat /home/user/notes/a.txt")
+    assert r.stdout == "hello file", repr(r.stdout)
+    r = sbx.commands.run("pwd", cwd="/home/user/notes")
+    assert r.stdout.strip() == "/home/user/notes", repr(r.stdout)
+    step("commands see the workspace at /home/user")
+
     names = sorted(e.name for e in sbx.files.list("/home/user/notes"))
     assert names == ["a.txt"], names
     step("files.list")
