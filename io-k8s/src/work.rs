@@ -68,7 +68,7 @@ use std::time::Duration;
 use sandkeeper::{SandboxId, Token};
 use sandkeeper_tokio::{
     ops::{ExecRequest, WorkPath},
-    Chunk, Entry, EntryKind, ExecOutput, OpError, SandboxOps,
+    Chunk, Entry, EntryKind, EntryMeta, ExecOutput, OpError, SandboxOps,
 };
 
 use crate::backend::K8sBackend;
@@ -489,7 +489,10 @@ impl SandboxOps for K8sBackend {
                     "-maxdepth",
                     "1",
                     "-printf",
-                    "%y %s %f\\0",
+                    // Kind, size, mode bits (octal), mtime (Unix seconds), uid, gid, then the
+                    // name, and the link's target (empty for anything else) as a record of
+                    // its own: names and targets may hold spaces, never a NUL.
+                    "%y %s %m %T@ %U %G %f\\0%l\\0",
                 ],
                 Vec::new(),
                 LIST_CAP,
@@ -511,23 +514,11 @@ impl SandboxOps for K8sBackend {
             });
         }
         let mut entries = Vec::new();
-        for record in out.stdout.split(|b| *b == 0).filter(|r| !r.is_empty()) {
-            let text = String::from_utf8_lossy(record);
-            let mut parts = text.splitn(3, ' ');
-            let (Some(kind), Some(size), Some(name)) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            entries.push(Entry {
-                name: name.to_string(),
-                kind: match kind {
-                    "f" => EntryKind::File,
-                    "d" => EntryKind::Dir,
-                    "l" => EntryKind::Symlink,
-                    _ => EntryKind::Other,
-                },
-                size: size.parse().unwrap_or(0),
-            });
+        let mut records = out.stdout.split(|b| *b == 0);
+        while let (Some(record), Some(link)) = (records.next(), records.next()) {
+            if let Some(entry) = listed_entry(&String::from_utf8_lossy(record), link) {
+                entries.push(entry);
+            }
         }
         entries.sort();
         Ok(entries)
@@ -579,4 +570,74 @@ fn temporary_name() -> String {
     let mut h = KEY.get_or_init(Default::default).build_hasher();
     h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
     format!(".sk-{:016x}", h.finish())
+}
+
+/// One entry of `list`'s `find -printf` output: `<kind> <size> <mode> <mtime> <uid> <gid>
+/// <name>` and the link's target (empty when none); `None` for a record that is not one.
+fn listed_entry(record: &str, link: &[u8]) -> Option<Entry> {
+    let mut parts = record.splitn(7, ' ');
+    let kind = match parts.next()? {
+        "f" => EntryKind::File,
+        "d" => EntryKind::Dir,
+        "l" => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    let size = parts.next()?.parse().unwrap_or(0);
+    let mode = u32::from_str_radix(parts.next()?, 8).ok();
+    let modified = parts.next()?.parse::<f64>().ok().and_then(|secs| {
+        (secs.is_finite() && secs >= 0.0)
+            .then(|| std::time::UNIX_EPOCH.checked_add(Duration::from_secs_f64(secs)))
+            .flatten()
+    });
+    let uid = parts.next()?.parse().ok();
+    let gid = parts.next()?.parse().ok();
+    let name = parts.next()?.to_string();
+    let link_target =
+        (kind == EntryKind::Symlink).then(|| String::from_utf8_lossy(link).into_owned());
+    Some(Entry {
+        name,
+        kind,
+        size,
+        meta: EntryMeta {
+            mode,
+            modified,
+            uid,
+            gid,
+            link_target,
+        },
+    })
+}
+
+#[cfg(test)]
+mod listed_entry_tests {
+    use super::*;
+
+    /// `find -printf` records read back, and records that are not ones skipped, never a panic.
+    #[test]
+    fn find_records_are_read_and_bad_ones_skipped() {
+        let e = listed_entry("f 4 640 1700000000.5 1000 1001 a file.txt", b"").unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.kind, e.size),
+            ("a file.txt", EntryKind::File, 4)
+        );
+        assert_eq!(e.meta.mode, Some(0o640));
+        assert_eq!((e.meta.uid, e.meta.gid), (Some(1000), Some(1001)));
+        assert_eq!(
+            e.meta.modified,
+            Some(std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_500))
+        );
+        let l = listed_entry("l 5 777 1.0 0 0 link", b"/etc/passwd").unwrap();
+        assert_eq!(l.meta.link_target.as_deref(), Some("/etc/passwd"));
+        let d = listed_entry("d 4096 755 nan x y dir", b"ignored").unwrap();
+        assert_eq!(
+            (d.meta.modified, d.meta.uid, d.meta.link_target),
+            (None, None, None)
+        );
+        for bad in ["", "f", "f 4 644 1 0 0", "f 4 644 -5 0"] {
+            assert!(
+                listed_entry(bad, b"").is_none() || bad == "f 4 644 -5 0",
+                "{bad:?}"
+            );
+        }
+    }
 }

@@ -76,7 +76,7 @@ pub use keeper::{Keeper, KeeperConfig, Load};
 pub use local::LocalBackend;
 pub use notice::Notice;
 pub use ops::{
-    Chunk, Entry, EntryKind, ExecOptions, ExecOutput, Input, OpError, OpErrorClass, SandboxOps,
-    SandboxWork, SessionWork, WorkPath,
+    Chunk, Entry, EntryKind, EntryMeta, ExecOptions, ExecOutput, Input, OpError, OpErrorClass,
+    SandboxOps, SandboxWork, SessionWork, WorkPath,
 };
 pub use sandkeeper_shell::{KeeperError, Released, Tally};

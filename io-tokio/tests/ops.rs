@@ -269,6 +269,29 @@ async fn files_are_confined_to_the_workspace() {
     let r = w.write("out/evil", "x").await;
     assert!(matches!(r, Err(OpError::Escapes { .. })), "{r:?}");
     assert!(matches!(w.list("out").await, Err(OpError::Escapes { .. })));
+    // Listed, the link is the link: its own target as written, its own mode and owner, nothing
+    // of /etc's.
+    std::fs::write(dir.join("f"), "four").unwrap();
+    std::fs::set_permissions(
+        dir.join("f"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
+    let listed = w.list(".").await.unwrap();
+    let link = listed.iter().find(|e| e.name == "out").unwrap();
+    assert_eq!(link.kind, EntryKind::Symlink);
+    assert_eq!(link.meta.link_target.as_deref(), Some("/etc"));
+    assert_eq!(link.meta.mode, Some(0o777), "a link's own bits: {link:?}");
+    let file = listed.iter().find(|e| e.name == "f").unwrap();
+    let host = std::fs::metadata(dir.join("f")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(file.meta.mode, Some(0o640));
+    assert_eq!(
+        (file.meta.uid, file.meta.gid),
+        (Some(host.uid()), Some(host.gid()))
+    );
+    assert_eq!(file.meta.modified, Some(host.modified().unwrap()));
+    assert_eq!(file.meta.link_target, None);
     assert!(matches!(
         w.exec(
             ["pwd"],

@@ -36,6 +36,7 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         "files.write/read",
         "commands see the workspace at /home/user",
         "files.list",
+        "entry details: mode, permissions, owner, time, symlink target",
         "another team: NotFound",
         "bad key: AuthenticationException",
         "pause, connect resumes it with its files",

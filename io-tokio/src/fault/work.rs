@@ -13,7 +13,9 @@ use std::time::Duration;
 use sandkeeper::SandboxId;
 
 use super::{FaultBackend, Phase};
-use crate::ops::{Entry, EntryKind, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath};
+use crate::ops::{
+    Entry, EntryKind, EntryMeta, ExecOutput, ExecRequest, OpError, SandboxOps, WorkPath,
+};
 
 /// The default timeout of an exec.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -207,11 +209,14 @@ impl SandboxOps for FaultBackend {
                         name: d.to_string(),
                         kind: EntryKind::Dir,
                         size: 0,
+                        // The double keeps bytes only: no modes, times or owners.
+                        meta: EntryMeta::default(),
                     },
                     None => Entry {
                         name: rest.to_string(),
                         kind: EntryKind::File,
                         size: bytes.len() as u64,
+                        meta: EntryMeta::default(),
                     },
                 };
                 if !out.contains(&entry) {

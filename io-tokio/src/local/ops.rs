@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, MetadataExt as _, PermissionsExt as _};
 use sandkeeper::SandboxId;
 
 use super::init_exec::{self, InitExec};
@@ -39,7 +39,8 @@ use super::wire::Spawn;
 use super::{LocalBackend, LocalSandbox};
 use crate::backend::{BackendError, FailureClass};
 use crate::ops::{
-    Chunk, Entry, EntryKind, ExecOutput, ExecRequest, Input, OpError, SandboxOps, WorkPath,
+    Chunk, Entry, EntryKind, EntryMeta, ExecOutput, ExecRequest, Input, OpError, SandboxOps,
+    WorkPath,
 };
 
 /// Maps an IO error on `path` in sandbox `s`: a missing workspace is the sandbox gone, a path
@@ -442,15 +443,33 @@ impl SandboxOps for LocalBackend {
         self.with_dir(sandbox, path, Access::Reads, |dir, path| {
             // Every component opened without following a link; entries' metadata is read
             // without following theirs.
-            let entries = open_listed(dir, path)?.entries()?;
+            let listed = open_listed(dir, path)?;
             let mut out = Vec::new();
-            for entry in entries {
+            for entry in listed.entries()? {
                 let entry = entry?;
                 let meta = entry.metadata()?;
+                let kind = kind_of(entry.file_type()?);
+                let name = entry.file_name();
+                // The link itself is read, never followed: its target as written (absolute or
+                // leading out included: it is only text here).
+                let link_target = match kind {
+                    EntryKind::Symlink => listed
+                        .read_link_contents(&name)
+                        .ok()
+                        .map(|t| t.to_string_lossy().into_owned()),
+                    _ => None,
+                };
                 out.push(Entry {
-                    name: entry.file_name().to_string_lossy().into_owned(),
-                    kind: kind_of(entry.file_type()?),
+                    name: name.to_string_lossy().into_owned(),
+                    kind,
                     size: meta.len(),
+                    meta: EntryMeta {
+                        mode: Some(meta.permissions().mode() & 0o7777),
+                        modified: meta.modified().ok().map(|t| t.into_std()),
+                        uid: Some(meta.uid()),
+                        gid: Some(meta.gid()),
+                        link_target,
+                    },
                 });
             }
             out.sort();

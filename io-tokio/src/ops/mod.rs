@@ -120,6 +120,23 @@ pub struct Entry {
     pub kind: EntryKind,
     /// Its size in bytes (of the link itself for a symlink).
     pub size: u64,
+    /// What else the backend read of it (each part `None` where it reads none).
+    pub meta: EntryMeta,
+}
+
+/// An entry's metadata beyond its name, kind and size, read without following a symlink.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EntryMeta {
+    /// Its permission bits (`st_mode & 0o7777`: `0o644` for `rw-r--r--`).
+    pub mode: Option<u32>,
+    /// When its content last changed.
+    pub modified: Option<std::time::SystemTime>,
+    /// The numeric user that owns it, as the backend sees it.
+    pub uid: Option<u32>,
+    /// The numeric group that owns it, as the backend sees it.
+    pub gid: Option<u32>,
+    /// Where a symlink points, as written in the link (never resolved).
+    pub link_target: Option<String>,
 }
 
 /// What a caller can do about an [`OpError`]: every error is of exactly one class

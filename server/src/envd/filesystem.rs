@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandkeeper_tokio::{Entry, EntryKind, ExecOptions, OpError, SandboxWork, WorkPath};
+use sandkeeper_tokio::{Entry, EntryKind, EntryMeta, ExecOptions, OpError, SandboxWork, WorkPath};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -173,6 +173,7 @@ pub async fn stat(work: &Work<'_>, path: &WorkPath) -> Result<Option<Value>, Con
             name: "user".into(),
             kind: EntryKind::Dir,
             size: 0,
+            meta: EntryMeta::default(),
         };
         return Ok(Some(entry_json(path, &root)));
     };
@@ -211,7 +212,12 @@ fn not_found(path: &WorkPath) -> ConnectError {
     )
 }
 
-/// An `EntryInfo` (proto3 JSON: the size as a string).
+/// An `EntryInfo` (proto3 JSON: the size as a string, the time RFC 3339), with what the
+/// backend read of the entry: its permission bits as `mode` and as envd writes them
+/// (`permissions`, Go's `FileMode` string: `-rw-r--r--`, `drwxr-xr-x`, `Lrwxrwxrwx`), its owner
+/// and group (`user` for the sandbox's own user, [`sandbox_uid`], else the number), its
+/// modification time and a symlink's target. What the backend did not read is left out (the
+/// SDKs read it as 0 or empty).
 pub fn entry_json(path: &WorkPath, e: &Entry) -> Value {
     let kind = match e.kind {
         EntryKind::File => "FILE_TYPE_FILE",
@@ -219,10 +225,89 @@ pub fn entry_json(path: &WorkPath, e: &Entry) -> Value {
         EntryKind::Symlink => "FILE_TYPE_SYMLINK",
         EntryKind::Other => "FILE_TYPE_UNSPECIFIED",
     };
-    json!({
+    let mut v = json!({
         "name": e.name,
         "type": kind,
         "path": paths::to_e2b(path),
         "size": e.size.to_string(),
-    })
+    });
+    let m = &e.meta;
+    if let Some(mode) = m.mode {
+        v["mode"] = json!(mode & 0o777);
+        v["permissions"] = json!(permissions(e.kind, mode));
+    }
+    let name = |id: Option<u32>| {
+        id.map(|id| {
+            if Some(id) == sandbox_uid() {
+                "user".to_string()
+            } else {
+                id.to_string()
+            }
+        })
+    };
+    if let Some(owner) = name(m.uid) {
+        v["owner"] = json!(owner);
+    }
+    if let Some(group) = name(m.gid) {
+        v["group"] = json!(group);
+    }
+    if let Some(t) = m.modified {
+        v["modifiedTime"] = json!(crate::clock::rfc3339(t));
+    }
+    if let Some(target) = &m.link_target {
+        v["symlinkTarget"] = json!(target);
+    }
+    v
+}
+
+/// The user (and group) the sandboxes' files belong to on the local backend: this process's
+/// own, which owns `/proc/self` (read once; `None` where there is no `/proc`). The keeper
+/// writes uploads as it, and commands run as it (bubblewrap maps it to itself).
+pub fn sandbox_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    static UID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| std::fs::metadata("/proc/self").ok().map(|m| m.uid()))
+}
+
+/// Permission bits as Go's `FileMode.String` writes them (envd's `permissions`): the type and
+/// special-bit letters that apply (`d` directory, `L` symlink, `?` anything else that is not a
+/// file; `u` setuid, `g` setgid, `t` sticky), or `-` when none does, then `rwx` three times.
+fn permissions(kind: EntryKind, mode: u32) -> String {
+    let mut s = String::with_capacity(14);
+    match kind {
+        EntryKind::Dir => s.push('d'),
+        EntryKind::Symlink => s.push('L'),
+        EntryKind::Other => s.push('?'),
+        EntryKind::File => {}
+    }
+    for (bit, letter) in [(0o4000, 'u'), (0o2000, 'g'), (0o1000, 't')] {
+        if mode & bit != 0 {
+            s.push(letter);
+        }
+    }
+    if s.is_empty() {
+        s.push('-');
+    }
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 0o7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_are_written_as_envd_writes_them() {
+        assert_eq!(permissions(EntryKind::File, 0o644), "-rw-r--r--");
+        assert_eq!(permissions(EntryKind::Dir, 0o755), "drwxr-xr-x");
+        assert_eq!(permissions(EntryKind::Symlink, 0o777), "Lrwxrwxrwx");
+        assert_eq!(permissions(EntryKind::File, 0o4755), "urwxr-xr-x");
+        assert_eq!(permissions(EntryKind::Dir, 0o1777), "dtrwxrwxrwx");
+        assert_eq!(permissions(EntryKind::Other, 0o600), "?rw-------");
+    }
 }

@@ -82,6 +82,20 @@ def main():
     assert not sbx.files.exists("/home/user/d1/b.txt")
     step("files.exists/make_dir/rename/remove")
 
+    # Entry details, as envd reports them: mode and permissions, owner, time, a link's target.
+    sbx.files.write("/home/user/details/f.txt", "four")
+    sbx.commands.run("cd details && mkdir sub && ln -s f.txt link && chmod 600 f.txt")
+    info = sbx.files.get_info("/home/user/details/f.txt")
+    assert (info.size, info.mode, info.permissions) == (4, 0o600, "-rw-------"), info
+    assert (info.owner, info.group) == ("user", "user"), info
+    assert info.modified_time.tzinfo is not None, info
+    assert abs((datetime.now(info.modified_time.tzinfo) - info.modified_time).total_seconds()) < 600, info
+    entries = {e.name: e for e in sbx.files.list("/home/user/details")}
+    assert entries["sub"].permissions == "drwxr-xr-x" and entries["sub"].mode == 0o755, entries["sub"]
+    assert entries["link"].symlink_target == "f.txt", entries["link"]
+    assert entries["f.txt"].symlink_target is None, entries["f.txt"]
+    step("entry details: mode, permissions, owner, time, symlink target")
+
     sbx.files.write("/home/user/notes/a.txt", "hello file")
     with urllib.request.urlopen(sbx.download_url("/home/user/notes/a.txt")) as resp:
         assert resp.read() == b"hello file"
