@@ -4,8 +4,9 @@
 //! bound: the server polls); a rewrite of another size a write, a remove a remove; a recursive
 //! watch sees into subdirectories, one that is not does not; a missing directory raises
 //! `NotFoundException`, a file `InvalidArgumentException`; `stop` ends a watch; a watcher id is
-//! not found in another sandbox; a watcher of a killed sandbox ends; the async `watch_dir`
-//! streams events to `on_event` and calls `on_exit` when its sandbox is killed.
+//! not found in another sandbox; a pause ends a watch (the resumed sandbox watches anew); a
+//! watcher of a killed sandbox ends; the async `watch_dir` streams events to `on_event` and
+//! calls `on_exit` when its sandbox is killed.
 //!
 //! The SDK's venv is the one `e2b_sdk.rs` uses (`common::venv_python`): when it cannot be
 //! installed the test fails, saying so; it is never skipped.
@@ -41,6 +42,7 @@ fn the_python_sdk_watches_a_directory() {
         "watch: a recursive watch sees files in subdirectories, old and new",
         "watch: a missing directory raises NotFoundException",
         "watch: a file raises InvalidArgumentException",
+        "watch: a pause ends a watch, and the resumed sandbox watches anew",
         "watch: a watcher id is not found in another sandbox",
         "watch: a watcher of a killed sandbox ends",
         "watch: async watch_dir streams the create and the remove to on_event",

@@ -95,6 +95,21 @@ def sync_steps():
         pass
     step("watch: a file raises InvalidArgumentException")
 
+    # A pause ends every watch of the sandbox; after the resume it watches anew.
+    p = sbx.files.watch_dir("watched")
+    assert sbx.pause() is True
+    sbx = Sandbox.connect(sbx.sandbox_id)
+    try:
+        p.get_new_events()
+        raise AssertionError("a watch outlived its sandbox's pause")
+    except NotFoundException:
+        pass
+    again = sbx.files.watch_dir("watched")
+    sbx.files.write("watched/after-resume.txt", "r")
+    wait_for(again, "after-resume.txt", FilesystemEventType.CREATE)
+    again.stop()
+    step("watch: a pause ends a watch, and the resumed sandbox watches anew")
+
     # Another sandbox does not know this one's watcher.
     other = Sandbox.create(timeout=60)
     k = sbx.files.watch_dir("watched")
