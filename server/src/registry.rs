@@ -39,6 +39,7 @@ use crate::backend::SandboxBackend;
 use crate::clock;
 use crate::durable::{Durable, Record};
 use crate::envd::processes::Processes;
+use crate::envd::watchers::Watchers;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -115,6 +116,8 @@ pub struct Sandbox {
     resumes: AtomicU32,
     /// Its commands (envd's process service).
     pub processes: Processes,
+    /// Its directory watches (envd's `WatchDir`, `CreateWatcher`): ended with its commands.
+    pub watchers: Watchers,
     next_pid: AtomicU32,
 }
 
@@ -271,6 +274,7 @@ impl Registry {
                 paused: AtomicBool::new(true),
                 resumes: AtomicU32::new(0),
                 processes: Processes::default(),
+                watchers: Watchers::default(),
                 next_pid: AtomicU32::new(1),
             });
             lock(&self.inner)
@@ -410,6 +414,7 @@ impl Registry {
             paused: AtomicBool::new(false),
             resumes: AtomicU32::new(0),
             processes: Processes::default(),
+            watchers: Watchers::default(),
             next_pid: AtomicU32::new(1),
         });
         slot.commit();
@@ -514,6 +519,7 @@ impl Registry {
     async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
         let began = Instant::now();
         sandbox.processes.kill_all();
+        sandbox.watchers.stop_all();
         let mut life = sandbox.life.write().await;
         let was = std::mem::replace(&mut *life, Life::Ended);
         let guard = match was {
@@ -599,6 +605,7 @@ impl Registry {
         let began = Instant::now();
         let paused = async {
             sandbox.processes.kill_all();
+            sandbox.watchers.stop_all();
             let mut life = sandbox.life.write().await;
             let guard = match std::mem::replace(&mut *life, Life::Paused) {
                 Life::Running(guard) => guard,
@@ -700,6 +707,7 @@ impl Registry {
             };
             *life = Life::Running(guard);
             sandbox.processes.reopen();
+            sandbox.watchers.reopen();
             sandbox.paused.store(false, Ordering::Release);
             slot.commit();
             let generation = sandbox.resumes.load(Ordering::Acquire);

@@ -342,8 +342,8 @@ async fn unsupported_and_unknown_are_answered_plainly() {
         (status, v["code"].as_u64()),
         (StatusCode::NOT_FOUND, Some(404))
     );
-    let r = envd(&c, &s, "/filesystem.Filesystem/CreateWatcher", &id, &token)
-        .json(&json!({"path": "/home/user"}))
+    let r = envd(&c, &s, "/process.Process/Update", &id, &token)
+        .json(&json!({"process": {"pid": 1}}))
         .send()
         .await
         .unwrap();

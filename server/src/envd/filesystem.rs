@@ -1,7 +1,7 @@
 //! envd's filesystem service (`filesystem.Filesystem`): `Stat`, `ListDir`, `MakeDir`, `Move`,
-//! `Remove`, all through the sandbox's keeper call. The operations API lists, reads, writes and
-//! removes; a directory is made (`mkdir -p`) and a path moved (`mv -T`) by a command in the
-//! sandbox, as its user would. An entry shows its name, type, path and size (mode, owner and
+//! `Remove`, all through the sandbox's keeper call (the watches are [`super::watch`]'s). The
+//! operations API lists, reads, writes and removes; a directory is made (`mkdir -p`) and a path
+//! moved (`mv -T`) by a command in the sandbox, as its user would. An entry shows its name, type, path and size (mode, owner and
 //! times are not reported yet).
 
 use axum::body::Body;
@@ -50,6 +50,14 @@ pub async fn rpc(
         Ok(b) => b,
         Err(e) => return crate::error::ApiError::from(e).into_response(),
     };
+    // Watches take the sandbox's lease for each listing only (see `watch`).
+    match method.as_str() {
+        "WatchDir" => return super::watch::stream(&sandbox, &headers, &bytes).await,
+        "CreateWatcher" => return super::watch::create(&sandbox, &bytes).await,
+        "GetWatcherEvents" => return super::watch::events(&sandbox, &bytes),
+        "RemoveWatcher" => return super::watch::remove(&sandbox, &bytes),
+        _ => {}
+    }
     let lease = match super::lease(&sandbox).await {
         Ok(l) => l,
         Err(e) => return e.into_response(),

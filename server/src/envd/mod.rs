@@ -12,6 +12,8 @@ pub mod filesystem;
 pub mod process;
 pub mod processes;
 pub mod signed;
+pub mod watch;
+pub mod watchers;
 
 use std::sync::Arc;
 

@@ -357,11 +357,13 @@ fn base64_bytes(data: &str) -> Result<Vec<u8>, ConnectError> {
 }
 
 /// A stream that is only its end, with an error (a stream's errors go in its end, with 200).
-fn stream_error(e: &ConnectError) -> Response {
+/// A stream that is only its end-of-stream envelope, with `e`.
+pub(super) fn stream_error(e: &ConnectError) -> Response {
     stream_response(Body::from(connect::end_stream(Some(e))))
 }
 
-fn stream_response(body: Body) -> Response {
+/// A Connect stream's response (JSON codec) of `body`.
+pub(super) fn stream_response(body: Body) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, connect::STREAM_JSON)],
@@ -401,10 +403,7 @@ async fn start(
         Ok(s) => s,
         Err(e) => return stream_error(&e),
     };
-    // Between 1 s and 10 min (the SDKs ask for 50 s).
-    let keepalive = header_u64(headers, "keepalive-ping-interval")
-        .filter(|s| *s > 0)
-        .map(|s| Duration::from_secs(s.min(600)));
+    let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel::<Frame>(16);
     let out = Out {
         tx,
@@ -433,7 +432,8 @@ async fn start(
 /// A piece of a stream's body; an error breaks the response off.
 type Frame = Result<Bytes, std::io::Error>;
 
-fn broken_off() -> std::io::Error {
+/// The error that breaks a stream off when its sandbox is killed.
+pub(super) fn broken_off() -> std::io::Error {
     std::io::Error::other("the sandbox was killed")
 }
 
@@ -572,6 +572,14 @@ fn prepare(
     let mut argv = vec![p.cmd];
     argv.extend(p.args);
     Ok((argv, options, config, request.tag, request.stdin))
+}
+
+/// How often a stream sends a keepalive, as the client's `Keepalive-Ping-Interval` asks:
+/// between 1 s and 10 min (the SDKs ask for 50 s).
+pub(super) fn keepalive_interval(headers: &HeaderMap) -> Option<Duration> {
+    header_u64(headers, "keepalive-ping-interval")
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s.min(600)))
 }
 
 fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
