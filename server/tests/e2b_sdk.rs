@@ -10,27 +10,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{sdk_python, Server, E2B_VERSION, KEY_B};
+use common::{run_sdk_script, sdk_python, Server, E2B_VERSION, KEY_B};
 
 #[test]
 fn the_unmodified_python_sdk_works_against_sandkeeperd() {
     let server = Server::start(&[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_smoke.py");
-    let out = sdk_python(300, &server.url)
-        .arg(&script)
-        .env("OTHER_TEAM_KEY", KEY_B)
-        .output()
-        .expect("run the script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the SDK script failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains(&format!("e2b {E2B_VERSION}")), "{stdout}");
-    for step in [
+    let steps = [
         "create",
         "streamed on_stdout",
         "files.write/read",
@@ -44,13 +29,15 @@ fn the_unmodified_python_sdk_works_against_sandkeeperd() {
         "kill of a paused sandbox",
         "kill",
         "async: create, streamed run, files, kill",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {step}")),
-            "step {step:?} missing:\n{stdout}"
-        );
-    }
-    assert!(stdout.contains("all steps passed"), "{stdout}");
+    ];
+    let stdout = run_sdk_script(
+        300,
+        &server.url,
+        "e2b_smoke.py",
+        &[("OTHER_TEAM_KEY", KEY_B)],
+        &steps,
+    );
+    assert!(stdout.contains(&format!("e2b {E2B_VERSION}")), "{stdout}");
 }
 
 /// The README's Python block (between its `readme-e2b` markers), run as it is written: it

@@ -13,27 +13,12 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{sdk_python, Server};
+use common::{run_sdk_script, Server};
 
 #[test]
 fn the_python_sdk_watches_a_directory() {
     let server = Server::start(&[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/e2b_watch.py");
-    let out = sdk_python(240, &server.url)
-        .arg(&script)
-        .output()
-        .expect("run the script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the SDK script failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    for step in [
+    let steps = [
         "watch: a written file is created then written, named relative to the directory",
         "watch: a rewrite of another size is a write",
         "watch: a rewrite of the same size is a write, a chmod a chmod",
@@ -48,11 +33,6 @@ fn the_python_sdk_watches_a_directory() {
         "watch: a watcher of a killed sandbox ends",
         "watch: async watch_dir streams the create and the remove to on_event",
         "watch: an async watch of a killed sandbox ends (on_exit)",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {step}")),
-            "step {step:?} missing:\n{stdout}"
-        );
-    }
-    assert!(stdout.contains("all steps passed"), "{stdout}");
+    ];
+    run_sdk_script(240, &server.url, "e2b_watch.py", &[], &steps);
 }

@@ -196,3 +196,39 @@ pub fn sdk_python(secs: u32, url: &str) -> Command {
         .env_remove("E2B_DOMAIN");
     c
 }
+
+/// Runs the SDK script `tests/py/<script>` against the server at `url` (as [`sdk_python`],
+/// bounded by `secs`) with `env` set; asserts it exited 0 and printed `ok <step>` for each of
+/// `steps`, then `all steps passed`. Answers what it printed.
+pub fn run_sdk_script(
+    secs: u32,
+    url: &str,
+    script: &str,
+    env: &[(&str, &str)],
+    steps: &[&str],
+) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(script);
+    let out = sdk_python(secs, url)
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the script");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the SDK script {script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    for step in steps {
+        assert!(
+            stdout.contains(&format!("ok {step}")),
+            "step {step:?} missing:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("all steps passed"), "{stdout}");
+    stdout
+}
