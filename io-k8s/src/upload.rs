@@ -17,7 +17,8 @@
 use futures_util::FutureExt;
 use kube::api::AttachParams;
 use sandkeeper::{PathName, SessionId};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use sandkeeper_tokio::Input;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::cluster::{calls, err, Cluster};
 use crate::container::exec_container;
@@ -325,6 +326,25 @@ impl Cluster {
         err_cap: usize,
         chunks: Option<&tokio::sync::mpsc::Sender<sandkeeper_tokio::Chunk>>,
     ) -> Result<Captured, K8sError> {
+        let stdin = Stdin {
+            first: stdin,
+            more: None,
+        };
+        self.exec_fed(pod, argv, stdin, out_cap, err_cap, chunks)
+            .await
+    }
+
+    /// [`Cluster::exec_capture`] with a standard input that may stay open while the command
+    /// runs ([`Stdin`]).
+    pub(crate) async fn exec_fed(
+        &self,
+        pod: &str,
+        argv: Vec<String>,
+        stdin: Stdin,
+        out_cap: usize,
+        err_cap: usize,
+        chunks: Option<&tokio::sync::mpsc::Sender<sandkeeper_tokio::Chunk>>,
+    ) -> Result<Captured, K8sError> {
         use sandkeeper_tokio::Chunk;
         let forward = |chunk: Chunk| async move {
             if let Some(tx) = chunks {
@@ -344,17 +364,10 @@ impl Cluster {
             Err(e) => return Err(self.exec_refused(pod, e).await),
         };
         let status = proc.take_status();
-        let mut input = proc.stdin();
+        let input = proc.stdin();
         let mut out = proc.stdout();
         let mut errs = proc.stderr();
-        let write = async {
-            if let Some(w) = input.as_mut() {
-                // A broken pipe here means the command ended early; the status says why.
-                let _ = w.write_all(&stdin).await;
-                let _ = w.shutdown().await;
-            }
-            drop(input);
-        };
+        let write = feed(input, stdin);
         let status = async {
             match status {
                 Some(s) => s.await,
@@ -365,7 +378,9 @@ impl Cluster {
         // to come (kube's message loop has ended). Neither the write nor the end of the output
         // is waited for after that: a loop that ended on a broken connection neither reads the
         // rest of the input nor marks the end of the output, so either wait could last for ever.
-        // What the command wrote before its status is already buffered and is still read.
+        // What the command wrote before its status is already buffered and is still read. An
+        // input fed while the command runs is dropped with the write when this returns: the
+        // sender's sends fail from then on.
         tokio::pin!(write, status);
         let (mut written, mut out_open, mut err_open) = (false, out.is_some(), errs.is_some());
         let (mut out_buf, mut err_buf) = ([0u8; 4096], [0u8; 4096]);
@@ -448,6 +463,47 @@ pub(crate) fn outcome(
             }
         }
     }
+}
+
+/// An exec's standard input: `first`, then, when `more` is given, each piece from it in order
+/// until [`Input::Close`] or its sender is gone (a command fed while it runs:
+/// `exec_with_input` in `work.rs`); then it is closed.
+pub(crate) struct Stdin {
+    /// Written first (all of it, when there is no `more`).
+    pub first: Vec<u8>,
+    /// The pieces that follow, as they come.
+    pub more: Option<tokio::sync::mpsc::Receiver<Input>>,
+}
+
+/// Writes an exec's standard input to kube's stdin writer, then shuts the writer, which makes
+/// kube send the end of the stdin channel (the v5 protocol's close of channel 0; the kubelet
+/// closes the process's input at it). Bounded: the writer's buffer is `max_stdin_buf_size`
+/// bytes, and a write waits there until kube's message loop has sent what came before on the
+/// websocket, so the next piece is taken from `more` only then (a full channel holds its
+/// sender back). A failed write (kube's loop is gone) ends the writing, not the taking:
+/// pieces sent later are taken and dropped, and so are pieces sent after the close, until the
+/// sender is gone or the exec ended (which drops this future, and the receiver with it).
+async fn feed<W: AsyncWrite + Unpin>(writer: Option<W>, stdin: Stdin) {
+    let Stdin { first, mut more } = stdin;
+    let mut writer = write_on(writer, &first).await;
+    if let Some(more) = more.as_mut() {
+        while let Some(Input::Stdin(bytes)) = more.recv().await {
+            writer = write_on(writer, &bytes).await;
+        }
+    }
+    if let Some(mut w) = writer {
+        let _ = w.shutdown().await;
+    }
+    if let Some(mut more) = more {
+        while more.recv().await.is_some() {}
+    }
+}
+
+/// Writes `bytes` on `writer`; answers it back, or nothing once a write failed (the command's
+/// input is gone; its status says why it ended).
+async fn write_on<W: AsyncWrite + Unpin>(writer: Option<W>, bytes: &[u8]) -> Option<W> {
+    let mut w = writer?;
+    w.write_all(bytes).await.ok().map(|()| w)
 }
 
 /// What a command that ran to its end left ([`Cluster::exec_capture`]).

@@ -15,6 +15,15 @@
 //!   over the target (`mv -f -T`): all or nothing. `read` is `cat` with its output capped,
 //!   `list` is `find -printf`, `remove` is `rm -rf`, `exists` is `test -e`.
 //! - `exec_streaming` forwards each frame of output as the websocket delivers it.
+//! - `exec_with_input` runs the command as `exec_streaming` does (the same wrapping, timeout,
+//!   caps, streaming and guard) with the exec's stdin channel kept open: the request's `stdin`,
+//!   then each piece from the receiver in order, written through kube's stdin writer (its
+//!   buffer bounded: the next piece is taken only once the last is on its way). A close, or
+//!   the sender dropped, shuts the writer, and kube sends the v5 protocol's close of the stdin
+//!   channel, at which the kubelet closes the process's input (on a connection that
+//!   negotiated only v4, which has no such close, kube closes the whole websocket instead, and
+//!   output still to come may be lost). Once the command ended the receiver is dropped, so
+//!   later sends fail.
 //!
 //! A pod found gone (404, deleted, finished) is [`OpError::SandboxGone`].
 //!
@@ -68,13 +77,13 @@ use std::time::Duration;
 use sandkeeper::{SandboxId, Token};
 use sandkeeper_tokio::{
     ops::{ExecRequest, WorkPath},
-    Chunk, Entry, EntryKind, EntryMeta, ExecOutput, OpError, SandboxOps,
+    Chunk, Entry, EntryKind, EntryMeta, ExecOutput, Input, OpError, SandboxOps,
 };
 
 use crate::backend::K8sBackend;
 use crate::error::K8sError;
 use crate::fence::{pod_token_file, refused_newest, FENCED_EXIT, GUARD};
-use crate::upload::{Captured, EXEC_GRACE, KILLED_EXIT};
+use crate::upload::{Captured, Stdin, EXEC_GRACE, KILLED_EXIT};
 
 /// The `PATH` commands get.
 const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -89,6 +98,9 @@ const LIST_CAP: usize = 4 << 20;
 struct Run<'a> {
     argv: Vec<String>,
     stdin: Vec<u8>,
+    /// Pieces of standard input that follow `stdin` while the command runs, when it stays open
+    /// (`exec_with_input`); otherwise its input is closed after `stdin`.
+    input: Option<tokio::sync::mpsc::Receiver<Input>>,
     /// The most bytes kept of each output stream.
     cap: usize,
     timeout: Duration,
@@ -158,6 +170,7 @@ impl K8sBackend {
         let Run {
             argv,
             stdin,
+            input,
             cap,
             timeout,
             chunks,
@@ -176,9 +189,11 @@ impl K8sBackend {
             timed.extend([file, token.to_string()]);
         }
         timed.extend(argv);
-        let run = self
-            .cluster()
-            .exec_capture(pod, timed, stdin, cap, cap, chunks);
+        let stdin = Stdin {
+            first: stdin,
+            more: input,
+        };
+        let run = self.cluster().exec_fed(pod, timed, stdin, cap, cap, chunks);
         match tokio::time::timeout(Duration::from_secs(secs) + EXEC_GRACE, run).await {
             Err(_) => Err(OpError::Timeout { after: timeout }),
             Ok(Ok(c)) if c.code == KILLED_EXIT => Err(OpError::Timeout { after: timeout }),
@@ -233,6 +248,7 @@ impl K8sBackend {
         let run = Run {
             argv,
             stdin,
+            input: None,
             cap,
             timeout,
             chunks: None,
@@ -254,6 +270,7 @@ impl K8sBackend {
         let run = Run {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             stdin: Vec::new(),
+            input: None,
             // Room for the guard's refusal on standard error.
             cap: 4 << 10,
             timeout: self.cluster().config().upload_timeout(),
@@ -317,12 +334,14 @@ impl K8sBackend {
 }
 
 impl K8sBackend {
-    /// An exec, streaming its output to `chunks` when given.
+    /// An exec, streaming its output to `chunks` when given, its standard input kept open and
+    /// fed from `input` when given.
     async fn exec_with(
         &self,
         sandbox: SandboxId,
         request: ExecRequest,
         chunks: Option<&tokio::sync::mpsc::Sender<Chunk>>,
+        input: Option<tokio::sync::mpsc::Receiver<Input>>,
     ) -> Result<ExecOutput, OpError> {
         let program = request.check()?.to_string();
         let ExecRequest { argv, options } = request;
@@ -352,6 +371,7 @@ impl K8sBackend {
                 Run {
                     argv: full,
                     stdin: options.stdin,
+                    input,
                     cap: options.output_cap,
                     timeout,
                     chunks,
@@ -378,7 +398,7 @@ impl K8sBackend {
 
 impl SandboxOps for K8sBackend {
     async fn exec(&self, sandbox: SandboxId, request: ExecRequest) -> Result<ExecOutput, OpError> {
-        self.exec_with(sandbox, request, None).await
+        self.exec_with(sandbox, request, None, None).await
     }
 
     async fn exec_streaming(
@@ -387,7 +407,18 @@ impl SandboxOps for K8sBackend {
         request: ExecRequest,
         chunks: tokio::sync::mpsc::Sender<Chunk>,
     ) -> Result<ExecOutput, OpError> {
-        self.exec_with(sandbox, request, Some(&chunks)).await
+        self.exec_with(sandbox, request, Some(&chunks), None).await
+    }
+
+    async fn exec_with_input(
+        &self,
+        sandbox: SandboxId,
+        request: ExecRequest,
+        chunks: tokio::sync::mpsc::Sender<Chunk>,
+        input: tokio::sync::mpsc::Receiver<Input>,
+    ) -> Result<ExecOutput, OpError> {
+        self.exec_with(sandbox, request, Some(&chunks), Some(input))
+            .await
     }
 
     async fn write(

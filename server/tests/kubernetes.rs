@@ -1,7 +1,8 @@
 //! sandkeeperd on its Kubernetes backend (`--kubernetes FILE --kube-server URL`), against the
 //! loopback API server (io-k8s's double: its exec runs each argv as a real process in the
 //! pod's directory, its agent-sandbox controller makes, suspends and resumes claims' pods),
-//! driven by the official Python SDK, unmodified (`py/e2b_k8s.py`): in agent-sandbox mode a
+//! driven by the official Python SDK, unmodified (`py/e2b_k8s.py`): a command's standard input
+//! is fed while it runs (`send_stdin`, `close_stdin`) in every mode; in agent-sandbox mode a
 //! pause keeps the claim and connect resumes it with its files; in pod mode pause and
 //! `autoPause` are refused and the sandbox runs on. Then the objects: a killed sandbox's are
 //! gone, a running one's are there, and after SIGTERM nothing of the server's owner is left.
@@ -138,6 +139,11 @@ async fn run_script(mode: &'static str) {
         out.status
     );
     assert!(stdout.contains("all steps passed"), "{stdout}");
+    // A command's standard input fed while it runs in the pod, in every mode.
+    assert!(
+        stdout.contains("ok stdin: send_stdin twice, close_stdin, wait"),
+        "{stdout}"
+    );
     let ids: Vec<&str> = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("sandbox "))

@@ -35,6 +35,17 @@ def main():
         assert e.exit_code == 3, e.exit_code
     step("run with streamed output, exit codes")
 
+    # `cat` started in the background with its stdin open echoes what is sent, in order, and
+    # ends once stdin is closed (the exec's stdin channel fed while it runs, then closed).
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "one ")
+    sbx.commands.send_stdin(h.pid, "two")
+    sbx.commands.close_stdin(h.pid)
+    r = h.wait()
+    assert r.exit_code == 0, r
+    assert r.stdout == "one two", repr(r.stdout)
+    step("stdin: send_stdin twice, close_stdin, wait")
+
     sbx.files.write("/home/user/notes/a.txt", "in the pod")
     assert sbx.files.read("/home/user/notes/a.txt") == "in the pod"
     assert [e.name for e in sbx.files.list("/home/user/notes")] == ["a.txt"]
