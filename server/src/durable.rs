@@ -2,8 +2,8 @@
 //! `<root>/.sandkeeperd/sandboxes/<id>.json`, so that a paused sandbox outlives the process that
 //! paused it. The keeper's own durable state (the key's record naming its kept workspace) is in
 //! the root's fleet store; this table maps the E2B id, team, token and settings back onto that
-//! key. Written at every transition, before it is answered: create (running), pause (paused,
-//! once the keeper's way down ended), resume (running), kill (removed).
+//! key. Only paused sandboxes have a record: written at the pause, once the keeper's way down
+//! ended and before the pause is answered; removed before a resume or a kill acts.
 //!
 //! A record is replaced whole (written beside, synced, renamed over, the directory synced): a
 //! crash leaves the old record or the new one. The files hold the sandbox's access token and
@@ -44,8 +44,6 @@ pub struct Record {
     pub started_ms: u64,
     /// At its timeout it is paused, not killed.
     pub auto_pause: bool,
-    /// Paused (its workspace kept by the keeper), or running when it was written.
-    pub paused: bool,
 }
 
 /// The table's directory.
@@ -147,7 +145,7 @@ fn file_name(id: &str) -> io::Result<String> {
 mod tests {
     use super::*;
 
-    fn record(id: &str, paused: bool) -> Record {
+    fn record(id: &str, auto_pause: bool) -> Record {
         Record {
             id: id.into(),
             team: "team-a".into(),
@@ -157,8 +155,7 @@ mod tests {
             session: id.into(),
             token: "ab".repeat(32),
             started_ms: 1,
-            auto_pause: false,
-            paused,
+            auto_pause,
         }
     }
 
@@ -169,7 +166,7 @@ mod tests {
         let a = record("sbx0123456789abcdef0123", false);
         table.put(&a).unwrap();
         let mut paused = a.clone();
-        paused.paused = true;
+        paused.auto_pause = true;
         table.put(&paused).unwrap();
         table
             .put(&record("sbxffffffffffffffffffff", false))

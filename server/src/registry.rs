@@ -305,7 +305,6 @@ impl Registry {
             token: sandbox.token.clone(),
             started_ms: clock::unix_ms(sandbox.started),
             auto_pause: sandbox.auto_pause,
-            paused: true,
         };
         let written = tokio::task::spawn_blocking(move || durable.put(&record)).await;
         if !matches!(written, Ok(Ok(()))) {
@@ -701,7 +700,17 @@ impl Registry {
             let guard = match self.acquire(&sandbox).await {
                 Ok(guard) => guard,
                 Err(e) => {
+                    // Still paused: recorded again, and its retention (which the attempt's
+                    // generation ended) starts anew.
                     self.record_paused(&sandbox).await;
+                    if let Some(retention) = self.limits.paused_retention {
+                        let generation = sandbox.resumes.load(Ordering::Acquire);
+                        tokio::spawn(self.clone().retention(
+                            sandbox.clone(),
+                            generation,
+                            retention,
+                        ));
+                    }
                     return Err(e);
                 }
             };
