@@ -281,9 +281,7 @@ impl Registry {
                 .sandboxes
                 .insert(record.id, sandbox.clone());
             self.metrics.paused.inc();
-            if let Some(retention) = self.limits.paused_retention {
-                tokio::spawn(self.clone().retention(sandbox, 0, retention));
-            }
+            self.start_retention(&sandbox);
             restored += 1;
         }
         Ok(restored)
@@ -638,13 +636,7 @@ impl Registry {
             self.metrics.sandboxes.dec();
             self.metrics.paused.inc();
             self.give_back_slot(&sandbox.team);
-            if let Some(retention) = self.limits.paused_retention {
-                let generation = sandbox.resumes.load(Ordering::Acquire);
-                tokio::spawn(
-                    self.clone()
-                        .retention(sandbox.clone(), generation, retention),
-                );
-            }
+            self.start_retention(sandbox);
         }
         let outcome = match &paused {
             Ok(()) => reason,
@@ -703,14 +695,7 @@ impl Registry {
                     // Still paused: recorded again, and its retention (which the attempt's
                     // generation ended) starts anew.
                     self.record_paused(&sandbox).await;
-                    if let Some(retention) = self.limits.paused_retention {
-                        let generation = sandbox.resumes.load(Ordering::Acquire);
-                        tokio::spawn(self.clone().retention(
-                            sandbox.clone(),
-                            generation,
-                            retention,
-                        ));
-                    }
+                    self.start_retention(&sandbox);
                     return Err(e);
                 }
             };
@@ -805,6 +790,18 @@ impl Registry {
         }
     }
 
+    /// Starts the retention of a sandbox just paused (or left paused), when there is one: for
+    /// its present generation, so that a resume ends it.
+    fn start_retention(self: &Arc<Self>, sandbox: &Arc<Sandbox>) {
+        if let Some(retention) = self.limits.paused_retention {
+            let generation = sandbox.resumes.load(Ordering::Acquire);
+            tokio::spawn(
+                self.clone()
+                    .retention(sandbox.clone(), generation, retention),
+            );
+        }
+    }
+
     /// Kills the sandbox `retention` after its pause unless it was resumed (or killed) since:
     /// the pause of `generation` is still its present life, checked under its write lock.
     async fn retention(
@@ -890,8 +887,8 @@ impl Drop for Slot {
     }
 }
 
-/// `n` random bytes as hex, from the OS.
-fn random_hex(n: usize) -> Result<String, ApiError> {
+/// `n` random bytes as hex, from the OS (sandbox ids, access tokens, watcher ids).
+pub(crate) fn random_hex(n: usize) -> Result<String, ApiError> {
     let mut bytes = vec![0u8; n];
     getrandom::getrandom(&mut bytes)
         .map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;

@@ -201,10 +201,7 @@ async fn begin(
 
 /// A new watcher's id: 16 random bytes as hex (unguessable; only its sandbox knows it).
 fn watcher_id() -> Result<String, ConnectError> {
-    let mut bytes = [0u8; 16];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|e| ConnectError::new(Code::Internal, format!("no randomness: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    crate::registry::random_hex(16).map_err(|e| ConnectError::new(Code::Internal, e.message))
 }
 
 /// A change as a `FilesystemEvent`, with its entry when asked for and it is there.
