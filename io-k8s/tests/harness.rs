@@ -128,6 +128,7 @@ async fn the_harness_workload_runs_the_tiers_and_the_hooks_on_claims() {
         warm_ms: 1_000,
         suspend: true,
         retain_ms: 60_000,
+        think_ms: 0,
         seed: 5,
         close_deadline: 10,
         quiet: true,

@@ -38,11 +38,22 @@ impl Fleet {
         cmd
     }
 
-    fn host(&self, root: &Path, replica: &str, calls: usize, ledger: &Path) -> HarnessChild {
+    /// A host's `harness-pg`. Its sessions wait `think_ms` between calls: a key wanted
+    /// elsewhere is handed over only once its calls here have all ended, so a host whose
+    /// sessions never pause would keep its keys from the other one until it finished.
+    fn host(
+        &self,
+        root: &Path,
+        replica: &str,
+        calls: usize,
+        think_ms: u64,
+        ledger: &Path,
+    ) -> HarnessChild {
         let mut cmd = self.command();
         cmd.arg("--root")
             .arg(root)
             .args(["--replica", replica])
+            .args(["--think-ms", &think_ms.to_string()])
             .args(["--suspend", "--death-rate", "0", "--quiet"])
             .args(["--sessions", "8", "--users", "4", "--concurrency", "8"])
             .args(["--calls", &calls.to_string(), "--turns", "3"])
@@ -79,8 +90,9 @@ fn a_host_killed_mid_run_loses_nothing_its_keys_move_through_the_shelf() {
     let (la, lb, la2) = (ledger("a"), ledger("b"), ledger("a2"));
 
     // a runs alone until it was told of 24 uploads; b joins, wanting the same users' keys,
-    // and runs until it was told of 24 of its own (keys moved from a to b through the shelf).
-    let mut a = fleet.host(&root_a, "a", 400, &la);
+    // and runs until it was told of 24 of its own (keys moved from a to b through the shelf,
+    // in the pauses between a's calls: 400 calls with 100 ms between them outlast this).
+    let mut a = fleet.host(&root_a, "a", 400, 100, &la);
     let ia = a.incarnation();
     until("a made no progress", || {
         if a.child.try_wait().unwrap().is_some() {
@@ -88,7 +100,7 @@ fn a_host_killed_mid_run_loses_nothing_its_keys_move_through_the_shelf() {
         }
         lines(&la) >= 24
     });
-    let mut b = fleet.host(&root_b, "b", 30, &lb);
+    let mut b = fleet.host(&root_b, "b", 30, 0, &lb);
     let ib = b.incarnation();
     assert_ne!(ia, ib);
     until("b made no progress", || {
@@ -112,7 +124,7 @@ fn a_host_killed_mid_run_loses_nothing_its_keys_move_through_the_shelf() {
 
     // Host a comes back on its own root: it continues what b left suspended (from the shelf)
     // and adopts what is warm on its own disk.
-    let mut a2 = fleet.host(&root_a, "a2", 3, &la2);
+    let mut a2 = fleet.host(&root_a, "a2", 3, 0, &la2);
     assert!(a2.incarnation() > ia.max(ib));
     let restarted = a2.succeeded();
     assert!(restarted.contains("all checks passed"), "{restarted}");

@@ -579,6 +579,9 @@ async fn session_task<B: WorkloadTarget>(
             load.live_calls, load.tracked_sandboxes
         ));
         bar.inc(1);
+        if args.think_ms > 0 && c + 1 < args.calls {
+            tokio::time::sleep(Duration::from_millis(args.think_ms)).await;
+        }
     }
     record
 }

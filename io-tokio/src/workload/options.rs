@@ -40,6 +40,12 @@ pub struct WorkloadOptions {
     /// for the user's next call, then discard it (0: until the next call).
     #[arg(long, default_value_t = 0)]
     pub retain_ms: u64,
+    /// Wait this many milliseconds between a session's calls, as a user reading an answer
+    /// does (0: the next call at once). In a fleet, a key another process wants is handed
+    /// over only once its calls here have all ended, so a session that never pauses keeps its
+    /// user's key from the other process for as long as it runs.
+    #[arg(long, default_value_t = 0)]
+    pub think_ms: u64,
     /// The seed of the workload's choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -169,6 +175,7 @@ impl Default for WorkloadOptions {
             warm_ms: 0,
             suspend: false,
             retain_ms: 0,
+            think_ms: 0,
             seed: 1,
             close_deadline: 5,
             quiet: false,
