@@ -211,6 +211,7 @@ pub async fn list(
     let mut matching: Vec<_> = app
         .registry
         .list(&team)
+        .await
         .into_iter()
         .filter(|s| query.matches(s))
         .collect();
@@ -253,7 +254,7 @@ pub async fn kill(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let team = app.caller(&headers)?;
-    if app.registry.kill(&team, &id).await {
+    if app.registry.kill(&team, &id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::sandbox_not_found(&id))

@@ -1,15 +1,20 @@
 //! The sandbox table on disk (`--fleet`): one record a sandbox under
-//! `<root>/.sandkeeperd/sandboxes/<id>.json`, so that a paused sandbox outlives the process that
-//! paused it. The keeper's own durable state (the key's record naming its kept workspace) is in
-//! the root's fleet store; this table maps the E2B id, team, token and settings back onto that
-//! key. Only paused sandboxes have a record: written at the pause, once the keeper's way down
-//! ended and before the pause is answered; removed before a resume or a kill acts.
+//! `<root>/.sandkeeperd/sandboxes/<id>.json`, shared by every server on the root (its
+//! replicas). The keeper's own durable state (the key's record naming its kept workspace) is
+//! in the root's fleet store; this table maps the E2B id, team, token and settings back onto
+//! that key, and says where the sandbox runs: on one replica ([`Record::runs_on`], written by
+//! that replica at the create or resume, before it answers), or nowhere (paused, written at the
+//! pause, once the keeper's way down ended and before the pause is answered). A kill removes
+//! the record before the keeper acts.
 //!
 //! A record is replaced whole (written beside, synced, renamed over, the directory synced): a
-//! crash leaves the old record or the new one. The files hold the sandbox's access token and
-//! variables, so the directory is the server's alone (mode 0700, files 0600). Names are checked
-//! on the way in and out: a file that is not `<id>.json` of a valid id, or does not parse, is
-//! skipped with a warning naming it, never followed or trusted.
+//! crash leaves the old record or the new one. A change that depends on what a record says (a
+//! paused sandbox taken by one replica, or forgotten by a kill) is made under the table's
+//! lock ([`Durable::locked`], an exclusive `flock` of `.lock`, which the kernel lets go if the
+//! process dies), so two replicas never both take one sandbox. The files hold the sandbox's
+//! access token and variables, so the directory is the server's alone (mode 0700, files
+//! 0600). Names are checked on the way in and out: a file that is not `<id>.json` of a valid
+//! id, or does not parse, is skipped with a warning naming it, never followed or trusted.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -44,6 +49,28 @@ pub struct Record {
     pub started_ms: u64,
     /// At its timeout it is paused, not killed.
     pub auto_pause: bool,
+    /// The replica it runs on; `None`: paused.
+    #[serde(default)]
+    pub runs_on: Option<Replica>,
+    /// When it expires, in Unix milliseconds, as its replica last set it (0 while paused by
+    /// its user).
+    #[serde(default)]
+    pub end_ms: u64,
+    /// Paused by its server's end (SIGTERM, or a crash), not by its user: the first envd
+    /// request for it, on any replica, resumes it until `end_ms`.
+    #[serde(default)]
+    pub interrupted: bool,
+}
+
+/// One server of those sharing a root: its incarnation in the root's fleet store (its lease
+/// there says whether it lives) and where the others reach it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replica {
+    /// Its incarnation.
+    pub incarnation: u32,
+    /// Its base URL (`--advertise`).
+    pub url: String,
 }
 
 /// The table's directory.
@@ -67,7 +94,7 @@ impl Durable {
     pub fn put(&self, record: &Record) -> io::Result<()> {
         let name = file_name(&record.id)?;
         let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -78,6 +105,35 @@ impl Durable {
         file.sync_all()?;
         fs::rename(&tmp, self.dir.join(name))?;
         fs::File::open(&self.dir)?.sync_all()
+    }
+
+    /// `id`'s record, if it has one (a file that is not a record is an error naming why).
+    pub fn get(&self, id: &str) -> io::Result<Option<Record>> {
+        let name = file_name(id)?;
+        let path = self.dir.join(&name);
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        read_record(&path, &name)
+            .map(Some)
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {why}")))
+    }
+
+    /// Runs `change` holding the table's lock: no other process on the root changes a record
+    /// under the lock meanwhile. Blocking (the lock waits for the holder).
+    pub fn locked<T>(&self, change: impl FnOnce(&Durable) -> io::Result<T>) -> io::Result<T> {
+        let lock = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.dir.join(".lock"))?;
+        lock.lock()?;
+        let changed = change(self);
+        drop(lock); // unlocks
+        changed
     }
 
     /// Removes `id`'s record ("already gone" is success).
@@ -96,7 +152,7 @@ impl Durable {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {
-                continue; // a write that did not finish
+                continue; // the lock, or a write that did not finish
             }
             match read_record(&entry.path(), &name) {
                 Ok(record) => out.push(record),
@@ -156,6 +212,9 @@ mod tests {
             token: "ab".repeat(32),
             started_ms: 1,
             auto_pause,
+            runs_on: None,
+            end_ms: 0,
+            interrupted: false,
         }
     }
 

@@ -15,7 +15,10 @@
 //!   every request.
 //! - [`error`]: the error shapes the SDKs read; [`body`]: bounded bodies; [`paths`]: E2B
 //!   paths to workspace paths; [`clock`]: the wall clock.
-//! - [`tls`]: optional TLS on the listener; [`durable`]: paused sandboxes on disk (`--fleet`).
+//! - [`tls`]: optional TLS on the listener.
+//! - `--fleet`: [`durable`], the root's sandbox table; [`replicas`], servers on one root
+//!   answering for each other's sandboxes; [`route`] and [`forward`], a request sent to the
+//!   replica that runs its sandbox.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -28,6 +31,7 @@ pub mod connect;
 pub mod durable;
 pub mod envd;
 pub mod error;
+pub mod forward;
 pub mod hooks;
 pub mod kubernetes;
 pub mod list_query;
@@ -35,6 +39,8 @@ pub mod metrics;
 pub mod paths;
 pub mod ratelimit;
 pub mod registry;
+pub mod replicas;
 pub mod request_span;
+pub mod route;
 pub mod server;
 pub mod tls;

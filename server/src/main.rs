@@ -30,9 +30,15 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     kubernetes: Option<PathBuf>,
     /// Paused sandboxes outlive this process: the next sandkeeperd on the same --root takes
-    /// them back (the keeper runs in fleet mode on the root's store; docs/server.md).
+    /// them back (the keeper runs in fleet mode on the root's store; docs/server.md). Several
+    /// sandkeeperd on one --root with --fleet are replicas: each answers for every sandbox,
+    /// forwarding a request to the replica that runs its sandbox.
     #[arg(long, conflicts_with = "kubernetes")]
     fleet: bool,
+    /// With --fleet: the http://host:port the other replicas reach this one at (default: the
+    /// --listen address, 127.0.0.1 for 0.0.0.0).
+    #[arg(long, value_name = "URL", requires = "fleet")]
+    advertise: Option<String>,
     /// With --kubernetes: this kubeconfig file (its current context).
     #[arg(
         long,
@@ -170,6 +176,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         root,
         kubernetes,
         fleet: args.fleet,
+        advertise: args.advertise,
         keys,
         limits: Limits {
             json_body: args.max_body_bytes,

@@ -17,10 +17,11 @@ use sandkeeper_tokio::{Keeper, KeeperConfig, LocalBackend};
 
 use crate::auth::Keys;
 use crate::backend::SandboxBackend;
-use crate::durable::Durable;
+use crate::durable::{Durable, Replica};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
+use crate::replicas::Replicas;
 use crate::tls::{Tls, TlsListener};
 use crate::{api, envd};
 
@@ -74,6 +75,11 @@ pub struct Config {
     /// the root's own store, and the table of paused sandboxes is kept under the root
     /// ([`crate::durable`]); the next server on the root takes them back.
     pub fleet: bool,
+    /// With `fleet`: the base URL the other servers on the root reach this one at
+    /// (`--advertise`; default `http://` or `https://` and the listening address, with
+    /// `127.0.0.1` for an unspecified one). Replicas forward requests for the sandboxes they
+    /// do not run to the one that runs them ([`crate::replicas`]).
+    pub advertise: Option<String>,
     /// The API keys.
     pub keys: Keys,
     /// The bounds.
@@ -102,6 +108,8 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     /// Each team's request rate.
     pub rate: Arc<crate::ratelimit::RateLimit>,
+    /// How requests reach the other replicas on the root (`--fleet`).
+    pub forwarder: Option<crate::forward::Forwarder>,
 }
 
 /// Why the server did not start or stopped.
@@ -121,6 +129,12 @@ pub enum ServerError {
     /// The workspace path cannot be used here (not a usable path, or no bubblewrap).
     #[error("{0}; to run commands at the workspace's host path instead, start with --workspace-path host")]
     WorkspacePath(sandkeeper_tokio::local::WorkspaceMountError),
+    /// `--advertise` is not an `http://host:port` URL.
+    #[error("--advertise {0}: give the http://host:port the other servers on the root reach this one at")]
+    Advertise(String),
+    /// `--fleet` with `--tls`: the replicas would forward to each other's TLS listeners.
+    #[error("--fleet with --tls: replicas forward requests to each other over plain HTTP, which a TLS listener refuses; terminate TLS in front of the replicas (a load balancer) instead")]
+    FleetTls,
     /// The keeper refused its configuration.
     #[error("the keeper: {0}")]
     Keeper(#[from] sandkeeper_tokio::KeeperError),
@@ -173,6 +187,10 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(api::fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::route::layer,
+        ))
         .layer(axum::middleware::from_fn(crate::request_span::layer))
         .with_state(state)
 }
@@ -201,12 +219,14 @@ fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
 }
 
 /// The keeper on `backend`, with the hooks if any; with `--fleet`, a fleet keeper on the
-/// root's own store, and the table of paused sandboxes beside it.
+/// root's own store, and the root's sandbox table beside it, this server one of its replicas
+/// at `url`.
 async fn keeper(
     config: &Config,
     backend: SandboxBackend,
     metrics: &Arc<Metrics>,
-) -> Result<(Keeper<SandboxBackend>, Option<Durable>), ServerError> {
+    url: String,
+) -> Result<(Keeper<SandboxBackend>, Option<Replicas>), ServerError> {
     let mut core = sandkeeper::Config::default();
     if let Some(file) = &config.hooks {
         core.hooks = file.core_hooks();
@@ -236,13 +256,46 @@ async fn keeper(
         .map_err(|e| backend_error(std::io::Error::other(e.to_string())))?;
     core.fleet = Some(fleet);
     let keeper = match runner {
-        None => Keeper::fleet(KeeperConfig::with_core(core), backend, store).await?,
+        None => Keeper::fleet(KeeperConfig::with_core(core), backend, store.clone()).await?,
         Some(runner) => {
-            Keeper::fleet_with_hooks(KeeperConfig::with_core(core), backend, store, runner).await?
+            Keeper::fleet_with_hooks(
+                KeeperConfig::with_core(core),
+                backend,
+                store.clone(),
+                runner,
+            )
+            .await?
         }
     };
-    let durable = Durable::open(&config.root).map_err(backend_error)?;
-    Ok((keeper, Some(durable)))
+    let table = Durable::open(&config.root).map_err(backend_error)?;
+    let me = Replica {
+        incarnation: keeper
+            .incarnation()
+            .expect("a fleet keeper has an incarnation"),
+        url,
+    };
+    tracing::info!(incarnation = me.incarnation, url = %me.url, "a replica on the root");
+    Ok((keeper, Some(Replicas::new(table, store, me))))
+}
+
+/// Where the other replicas reach this server: `--advertise`, else the listening address
+/// (`127.0.0.1` for an unspecified one) with the scheme the listener speaks.
+fn advertised(config: &Config, addr: SocketAddr) -> Result<String, ServerError> {
+    if let Some(url) = &config.advertise {
+        let valid = url
+            .parse::<axum::http::Uri>()
+            .is_ok_and(|u| u.scheme_str() == Some("http") && u.host().is_some() && u.path() == "/");
+        return if valid {
+            Ok(url.trim_end_matches('/').to_string())
+        } else {
+            Err(ServerError::Advertise(url.clone()))
+        };
+    }
+    let ip = match addr.ip() {
+        ip if ip.is_unspecified() => std::net::IpAddr::from([127, 0, 0, 1]),
+        ip => ip,
+    };
+    Ok(format!("http://{}", SocketAddr::new(ip, addr.port())))
 }
 
 /// A server bound to its address, not yet serving.
@@ -287,18 +340,40 @@ impl Server {
             Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
         let metrics = Arc::new(Metrics::new(backend.name()));
-        let (keeper, durable) = keeper(&config, backend, &metrics).await?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|error| ServerError::Listen {
+                addr: config.listen,
+                error,
+            })?;
+        let addr = listener.local_addr().map_err(|error| ServerError::Listen {
+            addr: config.listen,
+            error,
+        })?;
+        let url = if config.fleet {
+            if config.tls.is_some() {
+                return Err(ServerError::FleetTls);
+            }
+            advertised(&config, addr)?
+        } else {
+            String::new()
+        };
+        let (keeper, replicas) = keeper(&config, backend, &metrics, url).await?;
+        let forwarder = replicas
+            .as_ref()
+            .map(|r| crate::forward::Forwarder::new(r.me.incarnation));
         let limits = registry::Limits {
             sandboxes_per_team: config.limits.sandboxes_per_team,
             paused_retention: config.limits.paused_retention,
         };
         let state = AppState {
-            registry: Registry::new(keeper.clone(), limits, metrics, durable),
+            registry: Registry::new(keeper.clone(), limits, metrics, replicas),
             keys: Arc::new(config.keys),
             rate: Arc::new(crate::ratelimit::RateLimit::new(
                 config.limits.requests_per_second,
             )),
             limits: Arc::new(config.limits),
+            forwarder,
         };
         let restored = state
             .registry
@@ -310,12 +385,6 @@ impl Server {
         if restored > 0 {
             tracing::info!(restored, "paused sandboxes taken back from the root");
         }
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|error| ServerError::Listen {
-                addr: config.listen,
-                error,
-            })?;
         Ok(Server {
             listener,
             state,

@@ -1,9 +1,11 @@
-//! `--fleet`: a paused sandbox outlives the server that paused it. Against the binary, on one
-//! root: a server ended by SIGTERM, and one killed with SIGKILL right after the pause was
-//! answered, are followed by a new server on the same root, which lists the paused sandbox as
-//! paused and resumes it (the same id and access token) with every file its uploads were
-//! answered 200 for; a running sandbox does not outlive its server; paused sandboxes killed
-//! after the restart (one resumed and paused again, one never resumed) leave nothing on disk.
+//! `--fleet`: sandboxes outlive the server. Against the binary, on one root: a server ended by
+//! SIGTERM, and one killed with SIGKILL right after a pause was answered, are followed by a new
+//! server on the same root, which lists the paused sandbox as paused and resumes it (the same
+//! id and access token) with every file its uploads were answered 200 for. The sandbox that
+//! was running when its server ended is shown paused, and the first envd request for it
+//! resumes it with its file (after a SIGKILL, once the dead server's lease ran out). Sandboxes
+//! killed after the restart (resumed and paused again, never resumed, continued) leave nothing
+//! on disk.
 
 mod common;
 
@@ -100,8 +102,9 @@ fn left(root: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Pauses a sandbox with two files; creates a running one beside it. Answers both.
-async fn paused_and_running(c: &Client, s: &Server) -> ((String, String), String) {
+/// Pauses a sandbox with two files; creates a running one beside it, with a third. Answers
+/// both, with their tokens.
+async fn paused_and_running(c: &Client, s: &Server) -> ((String, String), (String, String)) {
     let (p, p_token) = create(c, s).await;
     for i in [1, 2] {
         assert_eq!(upload(c, s, &p, &p_token, i).await, StatusCode::OK);
@@ -112,16 +115,15 @@ async fn paused_and_running(c: &Client, s: &Server) -> ((String, String), String
         post(c, s, &format!("{p}/pause"), "").await,
         StatusCode::NO_CONTENT
     );
-    ((p, p_token), r)
+    ((p, p_token), (r, r_token))
 }
 
-/// The next server resumes `p` with its files and token; `r` is gone.
-async fn resumed_after_restart(c: &Client, s: &Server, p: &str, p_token: &str, r: &str) {
+/// The next server resumes `p` with its files and token.
+async fn resumed_after_restart(c: &Client, s: &Server, p: &str, p_token: &str) {
     let (status, d) = detail(c, s, p).await;
     assert_eq!(status, StatusCode::OK, "{d}");
     assert_eq!(d["state"], "paused", "{d}");
     assert_eq!(d["metadata"]["who"], "restart", "{d}");
-    assert_eq!(detail(c, s, r).await.0, StatusCode::NOT_FOUND);
     assert_eq!(
         post(c, s, &format!("{p}/connect"), r#"{"timeout": 60}"#).await,
         StatusCode::CREATED
@@ -133,12 +135,28 @@ async fn resumed_after_restart(c: &Client, s: &Server, p: &str, p_token: &str, r
     }
 }
 
+/// The next server continues `r`, which ran when its server ended: the API shows it paused
+/// (interrupted), and the first envd request resumes it, its file there.
+async fn continued_after_restart(c: &Client, s: &Server, r: &str, r_token: &str) {
+    let (status, d) = detail(c, s, r).await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    assert_eq!(d["state"], "paused", "{d}");
+    let (status, bytes) = download(c, s, r, r_token, 3).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the running sandbox's file after the restart"
+    );
+    assert!(bytes == content(3), "its file whole after the restart");
+    assert_eq!(detail(c, s, r).await.1["state"], "running");
+}
+
 #[tokio::test]
 async fn a_paused_sandbox_outlives_a_sigterm_and_is_resumed_by_the_next_server() {
     let root = tempfile::tempdir().unwrap();
     let c = Client::new();
     let mut first = fleet_server(root.path());
-    let ((p, p_token), r) = paused_and_running(&c, &first).await;
+    let ((p, p_token), (r, r_token)) = paused_and_running(&c, &first).await;
     let (q, _) = create(&c, &first).await;
     assert_eq!(
         post(&c, &first, &format!("{q}/pause"), "").await,
@@ -147,7 +165,8 @@ async fn a_paused_sandbox_outlives_a_sigterm_and_is_resumed_by_the_next_server()
     assert!(first.terminate(30).is_some_and(|st| st.success()));
 
     let mut second = fleet_server(root.path());
-    resumed_after_restart(&c, &second, &p, &p_token, &r).await;
+    resumed_after_restart(&c, &second, &p, &p_token).await;
+    continued_after_restart(&c, &second, &r, &r_token).await;
     // Killed while paused, never resumed here: its workspace, in the store's record of its
     // key, goes too.
     assert_eq!(detail(&c, &second, &q).await.1["state"], "paused");
@@ -171,6 +190,13 @@ async fn a_paused_sandbox_outlives_a_sigterm_and_is_resumed_by_the_next_server()
         .unwrap();
     assert_eq!(killed.status(), StatusCode::NO_CONTENT);
     assert_eq!(detail(&c, &second, &p).await.0, StatusCode::NOT_FOUND);
+    let killed = c
+        .delete(format!("{}/sandboxes/{r}", second.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), StatusCode::NO_CONTENT);
     assert!(second.terminate(30).is_some_and(|st| st.success()));
     assert_eq!(left(root.path()), Vec::<String>::new());
 
@@ -184,7 +210,7 @@ async fn a_paused_sandbox_outlives_a_sigkill_right_after_its_pause_was_answered(
     let root = tempfile::tempdir().unwrap();
     let c = Client::new();
     let mut first = fleet_server(root.path());
-    let ((p, p_token), r) = paused_and_running(&c, &first).await;
+    let ((p, p_token), (r, r_token)) = paused_and_running(&c, &first).await;
     first.kill9();
 
     let second = fleet_server(root.path());
@@ -194,5 +220,7 @@ async fn a_paused_sandbox_outlives_a_sigkill_right_after_its_pause_was_answered(
         .timeout(Duration::from_secs(120))
         .build()
         .unwrap();
-    resumed_after_restart(&c, &second, &p, &p_token, &r).await;
+    resumed_after_restart(&c, &second, &p, &p_token).await;
+    // The running one, once the dead server's lease ran out (the resume above waited for it).
+    continued_after_restart(&c, &second, &r, &r_token).await;
 }

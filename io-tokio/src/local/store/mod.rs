@@ -302,6 +302,14 @@ impl LocalStore {
             .is_some_and(|(epoch, expires)| epoch == owner.1 && unix_ms(now) < expires))
     }
 
+    /// Whether `incarnation` holds an unexpired lease at `now`, under any epoch: as far as the
+    /// store can tell, its process lives (a server's replicas ask it of each other).
+    pub fn holds_lease(&self, incarnation: u32, now: SystemTime) -> Result<bool, StoreError> {
+        Ok(self
+            .read_lease(incarnation)?
+            .is_some_and(|(_, expires)| unix_ms(now) < expires))
+    }
+
     // ------------------------------------------------------------------------------------------
     // Internals
 

@@ -21,6 +21,9 @@
 //! The last release on a key decides its way down: sandboxes that share a session (metadata
 //! `sandkeeper.session`) share one keeper sandbox, which a pause or kill of one of them leaves
 //! running for the others.
+//!
+//! With `--fleet`, every change is also written to the root's table, which the replicas on
+//! the root share (`replicated.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -37,11 +40,16 @@ use tracing::Instrument;
 use crate::auth::Team;
 use crate::backend::SandboxBackend;
 use crate::clock;
-use crate::durable::{Durable, Record};
+use crate::durable::Record;
 use crate::envd::processes::Processes;
 use crate::envd::watchers::Watchers;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::replicas::{Claimed, Replicas};
+
+mod replicated;
+
+use replicated::{moved, Recorded};
 
 /// The guard of a sandbox's keeper call.
 pub type Guard = CallGuard<SandboxBackend>;
@@ -132,6 +140,57 @@ impl Lease {
 }
 
 impl Sandbox {
+    /// The sandbox a table record describes, with no call: paused, or (`paused` false) a view
+    /// of one running on another replica, until the end its record says. Error: its id and
+    /// why, when the record names no valid team or session.
+    fn of_record(record: Record, paused: bool) -> Result<Sandbox, (String, String)> {
+        let why = |e: String| (record.id.clone(), e);
+        let team = Team::new(&record.team).map_err(|_| why(format!("team {:?}", record.team)))?;
+        let session = SessionId::new(&record.session).map_err(|e| why(e.to_string()))?;
+        let end = if paused && !record.interrupted {
+            clock::now()
+        } else {
+            clock::from_unix_ms(record.end_ms)
+        };
+        Ok(Sandbox {
+            id: record.id,
+            team,
+            template: record.template,
+            metadata: record.metadata,
+            env: record.env,
+            session,
+            token: record.token,
+            started: clock::from_unix_ms(record.started_ms),
+            end_at: Mutex::new(end),
+            deadline: watch::channel(Instant::now()).0,
+            auto_pause: record.auto_pause,
+            life: Arc::new(RwLock::new(Life::Paused)),
+            paused: AtomicBool::new(paused),
+            resumes: AtomicU32::new(0),
+            processes: Processes::default(),
+            watchers: Watchers::default(),
+            next_pid: AtomicU32::new(1),
+        })
+    }
+
+    /// Its record for the table, paused (no replica, no end).
+    fn record(&self) -> Record {
+        Record {
+            id: self.id.clone(),
+            team: self.team.to_string(),
+            template: self.template.clone(),
+            metadata: self.metadata.clone(),
+            env: self.env.clone(),
+            session: self.session.to_string(),
+            token: self.token.clone(),
+            started_ms: clock::unix_ms(self.started),
+            auto_pause: self.auto_pause,
+            runs_on: None,
+            end_ms: 0,
+            interrupted: false,
+        }
+    }
+
     /// Whether `token` is its access token (compared in constant time).
     pub fn token_matches(&self, token: &[u8]) -> bool {
         self.token.as_bytes().ct_eq(token).into()
@@ -201,8 +260,9 @@ pub struct Registry {
     cannot_pause: Option<String>,
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
-    /// The paused sandboxes on disk (`--fleet`): they outlive the process.
-    durable: Option<Durable>,
+    /// The root's sandbox table and this replica (`--fleet`): paused sandboxes outlive the
+    /// process, and the replicas on the root answer for each other's.
+    replicas: Option<Replicas>,
 }
 
 #[derive(Default)]
@@ -214,15 +274,15 @@ struct Inner {
 }
 
 impl Registry {
-    /// A table over `keeper`, counting into `metrics`; with `durable`, its paused sandboxes
-    /// are recorded there (the keeper must then be a fleet keeper on the same root, whose
-    /// store keeps their workspaces' records), and those recorded by an earlier process are
-    /// taken back ([`restore`](Self::restore)).
+    /// A table over `keeper`, counting into `metrics`; with `replicas`, every sandbox is
+    /// recorded in the root's table (the keeper must then be a fleet keeper on the same root,
+    /// whose store keeps the workspaces' records), and the paused ones recorded by an earlier
+    /// process are taken back ([`restore`](Self::restore)).
     pub fn new(
         keeper: Keeper<SandboxBackend>,
         limits: Limits,
         metrics: Arc<Metrics>,
-        durable: Option<Durable>,
+        replicas: Option<Replicas>,
     ) -> Arc<Self> {
         let cannot_pause = keeper.backend().can_pause().err();
         Arc::new(Registry {
@@ -231,97 +291,13 @@ impl Registry {
             cannot_pause,
             inner: Mutex::default(),
             metrics,
-            durable,
+            replicas,
         })
     }
 
-    /// Takes back the paused sandboxes an earlier process recorded: each is paused here as it
-    /// was there (same id, team, token, settings), its workspace with the keeper's fleet store
-    /// until a resume claims its key. Answers how many; a record that names no valid team or
-    /// session is kept on disk and left out, with a warning.
-    pub fn restore(self: &Arc<Self>) -> std::io::Result<usize> {
-        let Some(durable) = &self.durable else {
-            return Ok(0);
-        };
-        let mut restored = 0;
-        for record in durable.load()? {
-            let Ok(team) = Team::new(&record.team) else {
-                tracing::warn!(sandbox = %record.id, team = ?record.team, "a paused sandbox's record names no valid team: left on disk");
-                continue;
-            };
-            let session = match SessionId::new(&record.session) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(sandbox = %record.id, error = %e, "a paused sandbox's record names no valid session: left on disk");
-                    continue;
-                }
-            };
-            let now = Instant::now();
-            let started = clock::from_unix_ms(record.started_ms);
-            let sandbox = Arc::new(Sandbox {
-                id: record.id.clone(),
-                team,
-                template: record.template,
-                metadata: record.metadata,
-                env: record.env,
-                session,
-                token: record.token,
-                started,
-                end_at: Mutex::new(clock::now()),
-                deadline: watch::channel(now).0,
-                auto_pause: record.auto_pause,
-                life: Arc::new(RwLock::new(Life::Paused)),
-                paused: AtomicBool::new(true),
-                resumes: AtomicU32::new(0),
-                processes: Processes::default(),
-                watchers: Watchers::default(),
-                next_pid: AtomicU32::new(1),
-            });
-            lock(&self.inner)
-                .sandboxes
-                .insert(record.id, sandbox.clone());
-            self.metrics.paused.inc();
-            self.start_retention(&sandbox);
-            restored += 1;
-        }
-        Ok(restored)
-    }
-
-    /// Records `sandbox` as paused (`--fleet`); a failure is logged: the sandbox stays paused
-    /// here, and a later process does not know it.
-    async fn record_paused(&self, sandbox: &Sandbox) {
-        let Some(durable) = self.durable.clone() else {
-            return;
-        };
-        let record = Record {
-            id: sandbox.id.clone(),
-            team: sandbox.team.to_string(),
-            template: sandbox.template.clone(),
-            metadata: sandbox.metadata.clone(),
-            env: sandbox.env.clone(),
-            session: sandbox.session.to_string(),
-            token: sandbox.token.clone(),
-            started_ms: clock::unix_ms(sandbox.started),
-            auto_pause: sandbox.auto_pause,
-        };
-        let written = tokio::task::spawn_blocking(move || durable.put(&record)).await;
-        if !matches!(written, Ok(Ok(()))) {
-            tracing::error!(sandbox = %sandbox.id, ?written, "a paused sandbox could not be recorded: a restart forgets it");
-        }
-    }
-
-    /// Forgets `sandbox`'s record (resumed or killed): before the keeper acts, so that a crash
-    /// in between leaves a sandbox forgotten (its workspace swept with its key's record), never
-    /// a record that a later resume would answer with an empty workspace.
-    async fn forget_record(&self, sandbox: &Sandbox) {
-        let Some(durable) = self.durable.clone() else {
-            return;
-        };
-        let id = sandbox.id.clone();
-        let removed = tokio::task::spawn_blocking(move || durable.remove(&id)).await;
-        if !matches!(removed, Ok(Ok(()))) {
-            tracing::error!(sandbox = %sandbox.id, ?removed, "a paused sandbox's record could not be removed");
-        }
+    /// The replicas on the root (`--fleet`).
+    pub fn replicas(&self) -> Option<&Replicas> {
+        self.replicas.as_ref()
     }
 
     /// The keeper.
@@ -419,6 +395,7 @@ impl Registry {
             .sandboxes
             .insert(id.clone(), sandbox.clone());
         self.metrics.sandboxes.inc();
+        self.record(&sandbox, Recorded::Running).await;
         tokio::spawn(self.clone().timer(sandbox.clone(), 0, expiry));
         tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, session = %sandbox.session, "created");
         Ok(sandbox)
@@ -439,14 +416,42 @@ impl Registry {
         lock(&self.inner).sandboxes.values().cloned().collect()
     }
 
-    /// `team`'s sandboxes, oldest first.
-    pub fn list(&self, team: &Team) -> Vec<Arc<Sandbox>> {
-        let mut all: Vec<_> = lock(&self.inner)
+    /// `team`'s sandboxes, oldest first: with replicas (`--fleet`), those the root's table
+    /// says run on the others too, and every paused one (a table that cannot be read is
+    /// logged, and this replica's own are answered).
+    pub async fn list(&self, team: &Team) -> Vec<Arc<Sandbox>> {
+        let mut all: HashMap<String, Arc<Sandbox>> = lock(&self.inner)
             .sandboxes
             .values()
             .filter(|s| &s.team == team)
-            .cloned()
+            .map(|s| (s.id.clone(), s.clone()))
             .collect();
+        if let Some(replicas) = self.replicas.clone() {
+            let me = replicas.me.clone();
+            match tokio::task::spawn_blocking(move || replicas.table.load()).await {
+                Ok(Ok(records)) => {
+                    // The table is what is paused, and where the rest runs: what this replica
+                    // thought paused may have been resumed elsewhere, or killed, since.
+                    let recorded: std::collections::HashSet<_> =
+                        records.iter().map(|r| r.id.clone()).collect();
+                    all.retain(|id, s| !s.is_paused() || recorded.contains(id));
+                    for record in records {
+                        let elsewhere = record.runs_on.as_ref().is_some_and(|r| r != &me);
+                        let known = all
+                            .get(&record.id)
+                            .is_some_and(|s| !elsewhere || !s.is_paused());
+                        if record.team != team.to_string() || known {
+                            continue;
+                        }
+                        if let Ok(view) = Sandbox::of_record(record, !elsewhere) {
+                            all.insert(view.id.clone(), Arc::new(view));
+                        }
+                    }
+                }
+                failed => tracing::error!(?failed, "the sandbox table could not be read"),
+            }
+        }
+        let mut all: Vec<_> = all.into_values().collect();
         all.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
         all
     }
@@ -454,7 +459,7 @@ impl Registry {
     /// Sets the timeout of `team`'s sandbox `id` (from now): the sandbox, or `None` when the
     /// team has none of that id.
     pub fn set_timeout(
-        &self,
+        self: &Arc<Self>,
         team: &Team,
         id: &str,
         timeout: Duration,
@@ -462,12 +467,18 @@ impl Registry {
     ) -> Option<Arc<Sandbox>> {
         let sandbox = self.get(team, id)?;
         sandbox.set_timeout(timeout, only_longer);
+        if self.replicas.is_some() && !sandbox.is_paused() {
+            // The other replicas' lists show the new end.
+            let (registry, recorded) = (self.clone(), sandbox.clone());
+            tokio::spawn(async move { registry.record(&recorded, Recorded::Running).await });
+        }
         Some(sandbox)
     }
 
-    /// Kills `team`'s sandbox `id` (see the module docs). `false` when there is none. The
-    /// kill runs on its own task: a caller that goes away does not stop it half-way.
-    pub async fn kill(self: &Arc<Self>, team: &Team, id: &str) -> bool {
+    /// Kills `team`'s sandbox `id` (see the module docs). `Ok(false)` when there is none; 409
+    /// when another replica resumed it meanwhile (a retry is sent there). The kill runs on its
+    /// own task: a caller that goes away does not stop it half-way.
+    pub async fn kill(self: &Arc<Self>, team: &Team, id: &str) -> Result<bool, ApiError> {
         let taken = {
             let mut inner = lock(&self.inner);
             match inner.sandboxes.get(id) {
@@ -476,33 +487,51 @@ impl Registry {
             }
         };
         let Some(sandbox) = taken else {
-            return false;
+            return Ok(false);
         };
         let registry = self.clone();
-        let killed = tokio::spawn(async move { registry.finish(sandbox, "api").await });
-        if let Err(e) = killed.await {
-            tracing::error!(error = %e, "a kill's task failed");
+        match tokio::spawn(async move { registry.finish(sandbox, "api").await }).await {
+            Ok(Claimed::Done) => Ok(true),
+            Ok(Claimed::Gone) => Ok(false),
+            Ok(Claimed::RunsOn(replica)) => Err(moved(id, &replica)),
+            Err(e) => Err(ApiError::internal(format!("a kill's task failed: {e}"))),
         }
-        true
     }
 
-    /// Kills every sandbox (at shutdown); with the table on disk (`--fleet`), every running
-    /// one: paused ones stay, for the next process.
-    pub async fn kill_all(&self) {
-        let keep_paused = self.durable.is_some();
-        let all: Vec<_> = lock(&self.inner)
-            .sandboxes
-            .drain()
-            .map(|(_, s)| s)
-            .filter(|s| !(keep_paused && s.is_paused()))
-            .collect();
+    /// Ends every sandbox here (at shutdown): kills them all; with the root's table
+    /// (`--fleet`), pauses the running ones instead, recorded as interrupted (the first envd
+    /// request for one, on any replica of the root, resumes it), and leaves the paused ones.
+    /// A running one that cannot be paused is killed.
+    pub async fn kill_all(self: &Arc<Self>) {
+        let keep = self.replicas.is_some();
+        let all: Vec<_> = lock(&self.inner).sandboxes.values().cloned().collect();
         for sandbox in all {
-            self.finish(sandbox, "shutdown").await;
+            if keep && sandbox.is_paused() {
+                continue;
+            }
+            if keep {
+                let end = Recorded::Interrupted {
+                    end: sandbox.end_at(),
+                };
+                match self.pause_now(&sandbox, "shutdown", end).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %sandbox.id, error = %e.message, "not paused at the end: killed")
+                    }
+                }
+            }
+            let taken = lock(&self.inner).sandboxes.remove(&sandbox.id);
+            if let Some(sandbox) = taken {
+                self.finish(sandbox, "shutdown").await;
+            }
         }
+        lock(&self.inner).sandboxes.clear();
     }
 
-    /// Ends a sandbox already out of the table (`reason`: for the metrics).
-    async fn finish(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
+    /// Ends a sandbox already out of the table (`reason`: for the metrics). Not `Done` when
+    /// it was paused and another replica took it, or it was killed there, meanwhile: then
+    /// nothing is done here.
+    async fn finish(&self, sandbox: Arc<Sandbox>, reason: &'static str) -> Claimed {
         let span = tracing::info_span!(
             "kill",
             sandbox = %sandbox.id,
@@ -510,10 +539,10 @@ impl Registry {
             session = %sandbox.session,
             reason,
         );
-        self.finish_now(sandbox, reason).instrument(span).await;
+        self.finish_now(sandbox, reason).instrument(span).await
     }
 
-    async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) {
+    async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) -> Claimed {
         let began = Instant::now();
         sandbox.processes.kill_all();
         sandbox.watchers.stop_all();
@@ -523,14 +552,20 @@ impl Registry {
             Life::Running(guard) => {
                 self.metrics.sandboxes.dec();
                 self.give_back_slot(&sandbox.team);
+                self.forget_record(&sandbox).await;
                 Some(guard)
             }
             Life::Paused => {
                 self.metrics.paused.dec();
-                self.forget_record(&sandbox).await;
+                let forgotten = self.forget_record(&sandbox).await;
+                if forgotten != Claimed::Done {
+                    sandbox.paused.store(false, Ordering::Release);
+                    tracing::info!(?forgotten, "not killed here: another replica has it");
+                    return forgotten;
+                }
                 self.let_go_paused(&sandbox).await
             }
-            Life::Ended => return,
+            Life::Ended => return Claimed::Gone,
         };
         sandbox.paused.store(false, Ordering::Release);
         if let Some(guard) = guard {
@@ -541,6 +576,7 @@ impl Registry {
         self.metrics.count(&self.metrics.kills, reason);
         self.metrics
             .time(&self.metrics.kill_seconds, reason, began.elapsed());
+        Claimed::Done
     }
 
     /// What a kill of a paused sandbox does: the keeper drops what its session's key keeps
@@ -554,7 +590,7 @@ impl Registry {
             // In a fleet, a key this process released keeps its workspace in the store's
             // record, which only the key's owner rewrites: nothing dropped here means resume
             // into it (claiming the key) and release asking `Shutdown`.
-            Ok(false) if self.durable.is_some() => {
+            Ok(false) if self.replicas.is_some() => {
                 tracing::debug!(sandbox = %sandbox.id, "resuming to kill (kept in the fleet store)");
             }
             Ok(dropped) => {
@@ -582,15 +618,18 @@ impl Registry {
             .ok_or_else(|| ApiError::sandbox_not_found(id))?;
         self.pausable()?;
         let registry = self.clone();
-        tokio::spawn(async move { registry.pause_now(&sandbox, "api").await })
+        tokio::spawn(async move { registry.pause_now(&sandbox, "api", Recorded::Paused).await })
             .await
             .map_err(|e| ApiError::internal(format!("a pause's task failed: {e}")))?
     }
 
+    /// Pauses `sandbox`, recording it as `how` says (paused by its user, or interrupted by
+    /// the server's end).
     async fn pause_now(
         self: &Arc<Self>,
         sandbox: &Arc<Sandbox>,
         reason: &'static str,
+        how: Recorded,
     ) -> Result<(), ApiError> {
         let span = tracing::info_span!(
             "pause",
@@ -626,7 +665,7 @@ impl Registry {
             if self.keeper.sandbox_state(keeper_sandbox) != Some(SandboxState::Running) {
                 self.keeper.sandbox_down(keeper_sandbox).await;
             }
-            self.record_paused(sandbox).await;
+            self.record(sandbox, how).await;
             tracing::info!(?released, "paused");
             Ok(())
         }
@@ -688,13 +727,25 @@ impl Registry {
                 Life::Paused => {}
             }
             let slot = self.reserve(&sandbox.team)?;
-            self.forget_record(&sandbox).await;
+            match self.change_record(&sandbox, Replicas::take).await {
+                Claimed::Done => {}
+                Claimed::Gone => {
+                    drop(life);
+                    self.evict(&sandbox.id).await;
+                    return Err(ApiError::sandbox_not_found(&sandbox.id));
+                }
+                Claimed::RunsOn(replica) => {
+                    drop(life);
+                    self.evict(&sandbox.id).await;
+                    return Err(moved(&sandbox.id, &replica));
+                }
+            }
             let guard = match self.acquire(&sandbox).await {
                 Ok(guard) => guard,
                 Err(e) => {
                     // Still paused: recorded again, and its retention (which the attempt's
                     // generation ended) starts anew.
-                    self.record_paused(&sandbox).await;
+                    self.record(&sandbox, Recorded::Paused).await;
                     self.start_retention(&sandbox);
                     return Err(e);
                 }
@@ -706,6 +757,7 @@ impl Registry {
             slot.commit();
             let generation = sandbox.resumes.load(Ordering::Acquire);
             sandbox.set_timeout(timeout, false);
+            self.record(&sandbox, Recorded::Running).await;
             tokio::spawn(self.clone().timer(
                 sandbox.clone(),
                 generation,
@@ -772,7 +824,7 @@ impl Registry {
         }
         if sandbox.auto_pause {
             tracing::info!(sandbox = %sandbox.id, "timeout: pausing");
-            if let Err(e) = self.pause_now(&sandbox, "timeout").await {
+            if let Err(e) = self.pause_now(&sandbox, "timeout", Recorded::Paused).await {
                 tracing::debug!(sandbox = %sandbox.id, error = %e.message, "timeout: not paused");
             }
             return;

@@ -1,0 +1,268 @@
+//! The registry's side of replicas (`--fleet`, [`crate::replicas`]): the root's table kept
+//! as the sandboxes change here, paused sandboxes taken in from it (at start, and when a
+//! request names one), stale ones let go, and sandboxes interrupted by their server's end
+//! continued by the first envd request.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{lock, Life, Registry, Sandbox};
+use crate::clock;
+use crate::durable::{Record, Replica};
+use crate::error::ApiError;
+use crate::replicas::{Claimed, Replicas, Route};
+
+impl Registry {
+    /// Takes back the paused sandboxes of the root's table: each is paused here as it was
+    /// (same id, team, token, settings), its workspace with the keeper's fleet store until a
+    /// resume claims its key, and its retention starts. A sandbox whose replica is gone is
+    /// paused first ([`crate::replicas`]); one running on a live replica is left to it.
+    /// Answers how many were taken back; a record that names no valid team or session is kept
+    /// on disk and left out, with a warning.
+    pub fn restore(self: &Arc<Self>) -> std::io::Result<usize> {
+        let Some(replicas) = &self.replicas else {
+            return Ok(0);
+        };
+        let mut restored = 0;
+        for record in replicas.table.load()? {
+            let record = match &record.runs_on {
+                None => record,
+                Some(r) if replicas.lives(r) => continue,
+                Some(_) => match replicas.route(&record.id)? {
+                    Route::Paused { record, .. } => record,
+                    _ => continue,
+                },
+            };
+            if let Some(sandbox) = self.adopt(record) {
+                self.start_retention(&sandbox);
+                restored += 1;
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Puts the paused sandbox of `record` in the table here (a restart, or a replica that
+    /// was asked for it): `None` when its record names no valid team or session.
+    pub(super) fn adopt(&self, record: Record) -> Option<Arc<Sandbox>> {
+        let sandbox = match Sandbox::of_record(record, true) {
+            Ok(sandbox) => Arc::new(sandbox),
+            Err((id, why)) => {
+                tracing::warn!(sandbox = %id, %why, "a paused sandbox's record is not usable: left on disk");
+                return None;
+            }
+        };
+        let mut inner = lock(&self.inner);
+        if let Some(here) = inner.sandboxes.get(&sandbox.id) {
+            return Some(here.clone());
+        }
+        inner.sandboxes.insert(sandbox.id.clone(), sandbox.clone());
+        self.metrics.paused.inc();
+        Some(sandbox)
+    }
+
+    /// Takes a paused sandbox this replica knew out of its table: it was resumed by another
+    /// replica, or killed. Its timers find it gone and do nothing.
+    pub(super) async fn evict(&self, id: &str) {
+        let here = lock(&self.inner).sandboxes.get(id).cloned();
+        let Some(sandbox) = here.filter(|s| s.is_paused()) else {
+            return;
+        };
+        let mut life = sandbox.life.write().await;
+        if !matches!(*life, Life::Paused) {
+            return;
+        }
+        *life = Life::Ended;
+        sandbox.paused.store(false, Ordering::Release);
+        let mut inner = lock(&self.inner);
+        if inner
+            .sandboxes
+            .get(id)
+            .is_some_and(|s| Arc::ptr_eq(s, &sandbox))
+        {
+            inner.sandboxes.remove(id);
+        }
+        self.metrics.paused.dec();
+        tracing::info!(sandbox = %id, "no longer paused here: another replica has it, or it was killed");
+    }
+
+    /// Whether the sandbox `id` runs on this replica.
+    pub fn runs_here(&self, id: &str) -> bool {
+        self.any(id).is_some_and(|s| !s.is_paused())
+    }
+
+    /// Where a request for the sandbox `id` goes (`--fleet`; [`crate::replicas`]), for a
+    /// sandbox that does not run here: this replica's view follows the table's (a paused
+    /// sandbox it has not seen is taken in; one it thought paused and that runs elsewhere, or
+    /// is gone, is let go). `Ok(None)`: this replica answers.
+    ///
+    /// `data_plane`: the request is envd's. Then a sandbox interrupted by its server's end is
+    /// resumed here first (`continue_interrupted`).
+    pub async fn route(
+        self: &Arc<Self>,
+        id: &str,
+        data_plane: bool,
+    ) -> Result<Option<Replica>, ApiError> {
+        let Some(replicas) = self.replicas.clone() else {
+            return Ok(None);
+        };
+        let owned = id.to_string();
+        let route = tokio::task::spawn_blocking(move || replicas.route(&owned))
+            .await
+            .map_err(|e| ApiError::internal(format!("routing's task failed: {e}")))?;
+        match route {
+            Ok(Route::Mine) => Ok(None),
+            Ok(Route::Paused { record, orphaned }) => {
+                let interrupted = record.interrupted.then_some(record.end_ms);
+                let Some(sandbox) = self.adopt(record) else {
+                    return Ok(None);
+                };
+                if orphaned {
+                    self.start_retention(&sandbox);
+                }
+                match interrupted {
+                    Some(end_ms) if data_plane => {
+                        let registry = self.clone();
+                        let end = clock::from_unix_ms(end_ms);
+                        tokio::spawn(
+                            async move { registry.continue_interrupted(sandbox, end).await },
+                        )
+                        .await
+                        .map_err(|e| ApiError::internal(format!("a resume's task failed: {e}")))?
+                    }
+                    _ => Ok(None),
+                }
+            }
+            Ok(Route::Unknown) => {
+                self.evict(id).await;
+                Ok(None)
+            }
+            Ok(Route::There(replica)) => {
+                self.evict(id).await;
+                Ok(Some(replica))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(None),
+            Err(e) => Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("the sandbox table could not be read: {e}"),
+            )),
+        }
+    }
+
+    /// Resumes `sandbox`, interrupted by its server's end, until `end` (its timeout as it
+    /// was). Past it, its timeout acts now: an `autoPause` sandbox stays paused (by its user,
+    /// now), another is killed. Where a request for it goes then: here (`None`), or the replica
+    /// that took it meanwhile.
+    async fn continue_interrupted(
+        self: Arc<Self>,
+        sandbox: Arc<Sandbox>,
+        end: SystemTime,
+    ) -> Result<Option<Replica>, ApiError> {
+        let left = end
+            .duration_since(clock::now())
+            .ok()
+            .filter(|d| !d.is_zero());
+        let Some(left) = left else {
+            if sandbox.auto_pause {
+                self.record(&sandbox, Recorded::Paused).await;
+            } else if let Err(e) = self.kill(&sandbox.team, &sandbox.id).await {
+                tracing::warn!(sandbox = %sandbox.id, error = %e.message, "an interrupted sandbox past its end not killed");
+            }
+            return Ok(None);
+        };
+        tracing::info!(sandbox = %sandbox.id, "interrupted by its server's end: resumed by a request");
+        match self.clone().resume_now(sandbox.clone(), left).await {
+            Ok(_) => Ok(None),
+            Err(e) if e.status == axum::http::StatusCode::CONFLICT => {
+                // Another replica resumed it meanwhile: the request goes there.
+                let Some(replicas) = self.replicas.clone() else {
+                    return Err(e);
+                };
+                let id = sandbox.id.clone();
+                match tokio::task::spawn_blocking(move || replicas.route(&id)).await {
+                    Ok(Ok(Route::There(replica))) => Ok(Some(replica)),
+                    _ => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records `sandbox` in the root's table as `how` says (`--fleet`), on a blocking task; a
+    /// failure is logged: the sandbox stays as it is here, and the other replicas (and a later
+    /// process) do not know it.
+    pub(super) async fn record(&self, sandbox: &Sandbox, how: Recorded) {
+        let Some(replicas) = self.replicas.clone() else {
+            return;
+        };
+        let mut record = sandbox.record();
+        match how {
+            Recorded::Running => {
+                record.runs_on = Some(replicas.me.clone());
+                record.end_ms = clock::unix_ms(sandbox.end_at());
+            }
+            Recorded::Paused => {}
+            Recorded::Interrupted { end } => {
+                record.end_ms = clock::unix_ms(end);
+                record.interrupted = true;
+            }
+        }
+        let written = tokio::task::spawn_blocking(move || replicas.table.put(&record)).await;
+        if !matches!(written, Ok(Ok(()))) {
+            tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+        }
+    }
+
+    /// Removes `sandbox`'s record (`--fleet`) if it is paused or runs here, under the table's
+    /// lock (a kill, before the keeper acts: a crash in between leaves a sandbox forgotten,
+    /// its workspace swept with its key's record, never a record that a later resume would
+    /// answer with an empty workspace). What the lock found; a failure to write is logged and
+    /// taken as done.
+    pub(super) async fn forget_record(&self, sandbox: &Sandbox) -> Claimed {
+        self.change_record(sandbox, Replicas::forget).await
+    }
+
+    /// `change` of `sandbox`'s record on a blocking task (`--fleet`; without: done).
+    pub(super) async fn change_record(
+        &self,
+        sandbox: &Sandbox,
+        change: fn(&Replicas, &str) -> std::io::Result<Claimed>,
+    ) -> Claimed {
+        let Some(replicas) = self.replicas.clone() else {
+            return Claimed::Done;
+        };
+        let id = sandbox.id.clone();
+        match tokio::task::spawn_blocking(move || change(&replicas, &id)).await {
+            Ok(Ok(claimed)) => claimed,
+            failed => {
+                tracing::error!(sandbox = %sandbox.id, ?failed, "a sandbox's record could not be changed");
+                Claimed::Done
+            }
+        }
+    }
+}
+
+/// How a sandbox is recorded in the root's table (`--fleet`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Recorded {
+    /// Running on this replica, until its end.
+    Running,
+    /// Paused by its user (or its timeout).
+    Paused,
+    /// Paused by this server's end, to be resumed by its next envd request until `end`.
+    Interrupted {
+        /// When it expires.
+        end: SystemTime,
+    },
+}
+
+/// 409: the paused sandbox `id` was taken by `replica` while this one acted on it.
+pub(super) fn moved(id: &str, replica: &crate::durable::Replica) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::CONFLICT,
+        format!(
+            "sandbox {id} was resumed meanwhile by the replica at {}: retry, and the request goes there",
+            replica.url
+        ),
+    )
+}

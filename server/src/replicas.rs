@@ -1,0 +1,269 @@
+//! Replicas: several servers on one root (`--fleet`), any of which answers for any sandbox.
+//!
+//! The root's sandbox table ([`crate::durable`]) says where each sandbox runs; the root's fleet
+//! store says which replicas live (each holds a lease under its incarnation) and which one's
+//! keeper drives a sandbox's key, so no two act on one sandbox. A request for a sandbox this
+//! replica does not run is routed ([`Replicas::route`]):
+//!
+//! - it runs on another live replica: the request is forwarded there ([`crate::forward`]);
+//! - it is paused: this replica answers, and a connect or resume takes it under the table's
+//!   lock ([`Replicas::take`]); the keeper's claim of its key then has the replica that paused
+//!   it hand the kept workspace over at its next lease renewal;
+//! - its replica is dead (no live lease, or it had this replica's own address): the sandbox
+//!   is paused in the table as interrupted (under the lock, if the record still names that
+//!   replica), and then handled as one its server paused at its end. Its workspace is still on
+//!   the root, named warm in its key's record in the store (the keeper's sweep keeps what a
+//!   key's record names), so a resume continues it where this replica's keeper adopts it,
+//!   files intact: what a dead replica acknowledged is not lost. A kill deletes it the same
+//!   way;
+//! - there is no record: 404.
+//!
+//! Not shared: each replica counts its own running sandboxes against a team's limit and its
+//! own request rate, and a signed `/files` URL (which names no sandbox) is answered only by
+//! the replica that runs the sandbox.
+
+use std::io;
+
+use sandkeeper_tokio::local::store::LocalStore;
+
+use crate::durable::{Durable, Record, Replica};
+
+/// This replica, the root's table and store.
+#[derive(Clone, Debug)]
+pub struct Replicas {
+    /// The table.
+    pub table: Durable,
+    /// This replica.
+    pub me: Replica,
+    store: LocalStore,
+}
+
+/// Where a request for a sandbox goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Its record says it runs here.
+    Mine,
+    /// It is paused: any replica answers for it. `orphaned`: it was running on a replica that
+    /// died, and was paused in the table just now.
+    Paused {
+        /// Its record.
+        record: Record,
+        /// Paused just now, its replica dead.
+        orphaned: bool,
+    },
+    /// It has no record (never made, or killed): 404 here.
+    Unknown,
+    /// It runs on that live replica.
+    There(Replica),
+}
+
+/// What [`Replicas::take`] and [`Replicas::forget`] found under the lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// The sandbox was paused, and the change was made.
+    Done,
+    /// It runs on that replica (taken by it meanwhile).
+    RunsOn(Replica),
+    /// It has no record (killed meanwhile).
+    Gone,
+}
+
+impl Replicas {
+    /// The replicas of the table `table` and the fleet store `store`, as `me`.
+    pub fn new(table: Durable, store: LocalStore, me: Replica) -> Self {
+        Replicas { table, me, store }
+    }
+
+    /// Whether `replica` lives: not this one under an old incarnation (same address), and
+    /// holding a lease in the store. A store that cannot be read counts as alive: nothing is
+    /// removed on a guess.
+    pub fn lives(&self, replica: &Replica) -> bool {
+        if replica == &self.me {
+            return true;
+        }
+        if replica.url == self.me.url {
+            return false; // an earlier server on this address: it is gone
+        }
+        self.store
+            .holds_lease(replica.incarnation, crate::clock::now())
+            .unwrap_or(true)
+    }
+
+    /// Where a request for `id` (not running on this replica) goes. Blocking: it reads the
+    /// table and the store. A sandbox whose replica is dead is paused in the table here.
+    pub fn route(&self, id: &str) -> io::Result<Route> {
+        // A record that changed between the read and the lock is read again: each change is
+        // one replica's step, so a few reads settle.
+        for _ in 0..8 {
+            let Some(record) = self.table.get(id)? else {
+                return Ok(Route::Unknown);
+            };
+            let dead = match &record.runs_on {
+                None => {
+                    return Ok(Route::Paused {
+                        record,
+                        orphaned: false,
+                    })
+                }
+                Some(r) if r == &self.me => return Ok(Route::Mine),
+                Some(r) if self.lives(r) => return Ok(Route::There(r.clone())),
+                Some(dead) => dead.clone(),
+            };
+            let paused = self.table.locked(|table| match table.get(id)? {
+                Some(mut now) if now.runs_on.as_ref() == Some(&dead) => {
+                    now.runs_on = None;
+                    now.interrupted = true;
+                    table.put(&now)?;
+                    Ok(Some(now))
+                }
+                _ => Ok(None),
+            })?;
+            if let Some(record) = paused {
+                tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone: paused, for any replica to continue");
+                return Ok(Route::Paused {
+                    record,
+                    orphaned: true,
+                });
+            }
+        }
+        Err(io::Error::other(format!(
+            "sandbox {id}'s record kept changing while it was read"
+        )))
+    }
+
+    /// Takes the paused sandbox `id` for this replica (a resume): its record now says it runs
+    /// here. Blocking.
+    pub fn take(&self, id: &str) -> io::Result<Claimed> {
+        self.table.locked(|table| match table.get(id)? {
+            None => Ok(Claimed::Gone),
+            Some(mut record) => match &record.runs_on {
+                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
+                _ => {
+                    record.runs_on = Some(self.me.clone());
+                    table.put(&record)?;
+                    Ok(Claimed::Done)
+                }
+            },
+        })
+    }
+
+    /// Removes the record of `id` if it is paused or runs here (a kill). Blocking.
+    pub fn forget(&self, id: &str) -> io::Result<Claimed> {
+        self.table.locked(|table| match table.get(id)? {
+            None => Ok(Claimed::Gone),
+            Some(record) => match &record.runs_on {
+                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
+                _ => table.remove(id).map(|()| Claimed::Done),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    fn record(id: &str, runs_on: Option<Replica>) -> Record {
+        Record {
+            id: id.into(),
+            team: "team-a".into(),
+            template: "base".into(),
+            metadata: BTreeMap::new(),
+            env: vec![],
+            session: id.into(),
+            token: "ab".repeat(32),
+            started_ms: 1,
+            auto_pause: false,
+            runs_on,
+            end_ms: 0,
+            interrupted: false,
+        }
+    }
+
+    const X: &str = "sbx0123456789abcdef0123";
+
+    #[test]
+    fn a_sandbox_is_routed_to_its_live_replica_taken_once_and_paused_when_its_replica_died() {
+        let root = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
+        let table = Durable::open(root.path()).unwrap();
+        let (a_inc, b_inc) = (store.register().unwrap(), store.register().unwrap());
+        store.renew(a_inc, 1, crate::clock::now()).unwrap();
+        store.renew(b_inc, 1, crate::clock::now()).unwrap();
+        let a = Replica {
+            incarnation: a_inc,
+            url: "http://127.0.0.1:1".into(),
+        };
+        let b = Replica {
+            incarnation: b_inc,
+            url: "http://127.0.0.1:2".into(),
+        };
+        let on_a = Replicas::new(table.clone(), store.clone(), a.clone());
+        let on_b = Replicas::new(table.clone(), store.clone(), b.clone());
+
+        assert_eq!(on_b.route(X).unwrap(), Route::Unknown);
+        table.put(&record(X, Some(a.clone()))).unwrap();
+        assert_eq!(on_b.route(X).unwrap(), Route::There(a.clone()));
+        assert_eq!(on_a.route(X).unwrap(), Route::Mine);
+        // Running on a: b can neither take nor forget it.
+        assert_eq!(on_b.take(X).unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_b.forget(X).unwrap(), Claimed::RunsOn(a.clone()));
+        // Paused: both answer for it; the first to take it has it, the other is sent there.
+        table.put(&record(X, None)).unwrap();
+        assert!(matches!(
+            on_b.route(X).unwrap(),
+            Route::Paused {
+                orphaned: false,
+                ..
+            }
+        ));
+        assert_eq!(on_b.take(X).unwrap(), Claimed::Done);
+        assert_eq!(on_a.take(X).unwrap(), Claimed::RunsOn(b.clone()));
+        assert_eq!(on_a.route(X).unwrap(), Route::There(b.clone()));
+        // b's lease ends: its sandbox is paused in the table, for any replica to continue.
+        let dead = Replica {
+            incarnation: 999,
+            ..b.clone()
+        };
+        table.put(&record(X, Some(dead))).unwrap();
+        let c = Replicas::new(
+            table.clone(),
+            store,
+            Replica {
+                incarnation: 7,
+                url: "http://127.0.0.1:3".into(),
+            },
+        );
+        let Route::Paused {
+            record: r,
+            orphaned,
+        } = c.route(X).unwrap()
+        else {
+            panic!("not paused")
+        };
+        assert!(orphaned && r.interrupted);
+        assert_eq!(r.runs_on, None);
+        assert_eq!(table.get(X).unwrap().unwrap().runs_on, None);
+        // A record naming this replica's own address under another incarnation is a dead
+        // predecessor's.
+        table
+            .put(&record(
+                X,
+                Some(Replica {
+                    incarnation: a_inc + 100,
+                    url: a.url.clone(),
+                }),
+            ))
+            .unwrap();
+        assert!(matches!(
+            on_a.route(X).unwrap(),
+            Route::Paused { orphaned: true, .. }
+        ));
+        assert_eq!(on_a.forget(X).unwrap(), Claimed::Done);
+        assert_eq!(on_a.route(X).unwrap(), Route::Unknown);
+        assert_eq!(on_a.forget(X).unwrap(), Claimed::Gone);
+        assert!(on_a.route("../etc").is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! The routing layer (`--fleet`, [`crate::replicas`]): a request that names a sandbox this
+//! replica does not run is forwarded to the replica that runs it, or answered here (paused,
+//! or unknown). A request names its sandbox by its REST path (`/sandboxes/{id}…`,
+//! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header. A request another
+//! replica forwarded ([`HOP`]) is answered here whatever the table says.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::forward::HOP;
+use crate::server::AppState;
+
+/// The layer: see the module docs.
+pub async fn layer(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(forwarder) = app.forwarder.clone() else {
+        return next.run(request).await;
+    };
+    if request.headers().contains_key(HOP) {
+        return next.run(request).await;
+    }
+    let Some((id, data_plane)) = sandbox_named(&request) else {
+        return next.run(request).await;
+    };
+    if app.registry.runs_here(&id) {
+        return next.run(request).await;
+    }
+    match app.registry.route(&id, data_plane).await {
+        Ok(None) => next.run(request).await,
+        Ok(Some(replica)) => forwarder.forward(&replica, request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The sandbox id a request names, if any (checked later, by the table and the handlers), and
+/// whether it is envd's (by header) rather than the REST API's (by path).
+fn sandbox_named(request: &Request) -> Option<(String, bool)> {
+    if let Some(id) = request.headers().get("e2b-sandbox-id") {
+        return id.to_str().ok().map(|id| (id.to_string(), true));
+    }
+    let path = request.uri().path();
+    let rest = path
+        .strip_prefix("/v2/sandboxes/")
+        .or_else(|| path.strip_prefix("/sandboxes/"))?;
+    let id = rest.split('/').next().unwrap_or("");
+    (!id.is_empty()).then(|| (id.to_string(), false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn named(uri: &str, header: Option<&str>) -> Option<String> {
+        let mut request = Request::builder().uri(uri);
+        if let Some(id) = header {
+            request = request.header("e2b-sandbox-id", id);
+        }
+        sandbox_named(&request.body(Body::empty()).unwrap()).map(|(id, _)| id)
+    }
+
+    #[test]
+    fn a_request_names_its_sandbox_by_path_or_header() {
+        let x = Some("sbx0123456789abcdef0123".to_string());
+        assert_eq!(named("/sandboxes/sbx0123456789abcdef0123", None), x);
+        assert_eq!(named("/sandboxes/sbx0123456789abcdef0123/pause", None), x);
+        assert_eq!(
+            named("/v2/sandboxes/sbx0123456789abcdef0123/connect", None),
+            x
+        );
+        assert_eq!(
+            named("/process.Process/Start", Some("sbx0123456789abcdef0123")),
+            x
+        );
+        assert_eq!(named("/sandboxes", None), None);
+        assert_eq!(named("/v2/sandboxes?limit=3", None), None);
+        assert_eq!(named("/files?signature=x", None), None);
+        assert_eq!(named("/metrics", None), None);
+    }
+}

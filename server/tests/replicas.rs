@@ -1,0 +1,236 @@
+//! Replicas: two `sandkeeperd --fleet` on one root, each answering for every sandbox. The
+//! unmodified Python SDK makes a sandbox on one and uses it through the other (files, a
+//! streamed command, processes, list, get), pauses it through the other, resumes it there (the
+//! first replica's keeper hands the key over) and kills it through the first
+//! (`py/e2b_replicas.py`). Then, against the binaries: another team's key is answered 404
+//! through the other replica; a request already forwarded is answered where it lands, never
+//! forwarded again; a replica killed with SIGKILL is answered 502 (naming it) while its lease
+//! lives; once it lapsed, b answers for its sandboxes as paused, a connect through b continues
+//! one with the file an upload through b was answered 200 for before the crash, and the first
+//! envd request for the other resumes it on b with its file. Killed, nothing of them is left
+//! on the root.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{left_on_disk, run_sdk_script, Server, KEY_A, KEY_B};
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+fn replica(root: &Path) -> Server {
+    Server::start_on(&["--root", root.to_str().expect("a UTF-8 root"), "--fleet"])
+}
+
+async fn create(c: &Client, s: &Server) -> String {
+    let r = c
+        .post(format!("{}/v2/sandboxes", s.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 120}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let v: Value = r.json().await.unwrap();
+    v["sandboxID"].as_str().unwrap().to_string()
+}
+
+async fn get(c: &Client, s: &Server, id: &str, key: &str) -> (StatusCode, String) {
+    let r = c
+        .get(format!("{}/sandboxes/{id}", s.url))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_replica_answers_for_any_sandbox_and_continues_a_dead_ones() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut a, b) = (replica(root.path()), replica(root.path()));
+    let out = tokio::task::spawn_blocking({
+        let (ua, ub) = (a.url.clone(), b.url.clone());
+        move || {
+            run_sdk_script(
+                180,
+                &ua,
+                "e2b_replicas.py",
+                &[("URL_A", &ua), ("URL_B", &ub)],
+                &[
+                    "made on a, used through b",
+                    "paused through b, resumed on b",
+                    "killed through a while on b",
+                    "made on b, paused and resumed through a",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let left = out
+        .lines()
+        .find_map(|l| l.strip_prefix("left running "))
+        .expect("the script names the sandbox it left")
+        .to_string();
+
+    let c = Client::new();
+    // It runs on a (resumed there); b answers for it, a's team only.
+    let (status, body) = get(&c, &b, &left, KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("\"running\""), "{body}");
+    let (status, _) = get(&c, &b, &left, KEY_B).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another team through b");
+    // A request marked as forwarded is answered where it lands: b does not run it.
+    let r = c
+        .get(format!("{}/sandboxes/{left}", b.url))
+        .header("x-api-key", KEY_A)
+        .header("x-sandkeeperd-forwarded-by", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "forwarded twice");
+
+    // a dies with a sandbox on it, after an upload through b was answered 200: b says so
+    // (502, naming a) while a's lease lives; then b answers for it as paused, and a connect
+    // through b continues it with the file. The sandbox the script left on a too.
+    let on_a = create(&c, &a).await;
+    let token = details(&c, &b, &on_a).await["envdAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let uploaded = c
+        .post(format!("{}/files?path=/home/user/acked.bin", b.url))
+        .header("e2b-sandbox-id", &on_a)
+        .header("x-access-token", &token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![7u8; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status(), StatusCode::OK);
+    let a_url = a.url.clone();
+    a.kill9();
+    let (status, body) = get(&c, &b, &on_a, KEY_A).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains(&a_url), "{body}");
+    // A bounded poll of real processes: a's lease (15 s) lapses on the wall clock.
+    let mut paused = false;
+    for _ in 0..60 {
+        let (status, body) = get(&c, &b, &on_a, KEY_A).await;
+        if status == StatusCode::OK && body.contains("\"paused\"") {
+            paused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(paused, "b never took a dead replica's sandbox for paused");
+    let r = c
+        .post(format!("{}/sandboxes/{on_a}/connect", b.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let back = c
+        .get(format!("{}/files?path=/home/user/acked.bin", b.url))
+        .header("e2b-sandbox-id", &on_a)
+        .header("x-access-token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(back.status(), StatusCode::OK);
+    assert_eq!(back.bytes().await.unwrap().to_vec(), vec![7u8; 100_000]);
+    // The one the script left: the first envd request resumes it on b, its file there.
+    let left_token = details(&c, &b, &left).await["envdAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let read = c
+        .get(format!("{}/files?path=/home/user/d.txt", b.url))
+        .header("e2b-sandbox-id", &left)
+        .header("x-access-token", &left_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(read.text().await.unwrap(), "made on b");
+    assert_eq!(details(&c, &b, &left).await["state"], "running");
+    for id in [&on_a, &left] {
+        let r = c
+            .delete(format!("{}/sandboxes/{id}", b.url))
+            .header("x-api-key", KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    let mut b = b;
+    assert!(b.terminate(30).is_some_and(|s| s.success()));
+    let left_over: Vec<_> = left_on_disk(root.path())
+        .into_iter()
+        .filter(|n| n != ".fleet" && n != ".sandkeeperd")
+        .collect();
+    assert_eq!(left_over, Vec::<String>::new(), "killed, yet on disk");
+    let records: Vec<_> = std::fs::read_dir(root.path().join(".sandkeeperd/sandboxes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(records, Vec::<String>::new(), "records of killed sandboxes");
+}
+
+async fn details(c: &Client, s: &Server, id: &str) -> Value {
+    let (status, body) = get(c, s, id, KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Runs the binary with `flags`, expecting it to refuse them before listening: its standard
+/// error. Bounded by `timeout` (20 s): a server that starts instead is ended and the test fails.
+fn refused(flags: &[&str]) -> String {
+    let root = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_sandkeeperd"))
+        .args(["--listen", "127.0.0.1:0", "--root"])
+        .arg(root.path())
+        .args(["--api-key", &format!("team-a:{KEY_A}")])
+        .args(flags)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("listening"), "it started: {stdout}");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bad_replica_flags_stop_the_server_naming_them() {
+    for bad in [
+        "ftp://127.0.0.1:9",
+        "http://",
+        "127.0.0.1:9",
+        "http://h:1/path",
+    ] {
+        let err = refused(&["--fleet", "--advertise", bad]);
+        assert!(err.contains(&format!("--advertise {bad}")), "{bad}: {err}");
+    }
+    let err = refused(&["--advertise", "http://127.0.0.1:9"]);
+    assert!(err.contains("--fleet"), "{err}");
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let err = refused(&[
+        "--fleet",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    assert!(err.contains("--fleet with --tls"), "{err}");
+}
