@@ -15,6 +15,9 @@
 #   2. exec_direct ROUNDS on its own: the same execs, and the library's acquire of a fresh
 #      and of a shared session                                            (lib.*, host.*)
 #   3. sdk_perf.py throughput CLIENTS SECONDS against sandkeeperd      (server.*)
+#   4. sdk_perf.py replicas ROUNDS against two sandkeeperd --fleet on one root: creates,
+#      kills, and commands.run("true") direct and forwarded           (server.fleet_*,
+#                                                                      server.forwarded_*)
 # CARGO_TARGET_DIR is honoured (default: target/).
 set -euo pipefail
 
@@ -93,6 +96,18 @@ echo "## the library directly, and a bare spawn, on their own"
 echo "## throughput: sandkeeperd (load average before: $(load))"
 sandkeeperd throughput
 FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py throughput "$CLIENTS" "$SECONDS_"
+stop_server
+
+echo "## replicas: two sandkeeperd --fleet on one root (load average before: $(load))"
+start_server replica-b "$TARGET/release/sandkeeperd" --listen 127.0.0.1:0 --root "$WORK/root-fleet" \
+    --fleet --api-key "perf:$KEY" --sandboxes-per-team "$PER_TEAM"
+B_PID=$SERVER_PID
+export URL_B=$URL
+start_server replica-a "$TARGET/release/sandkeeperd" --listen 127.0.0.1:0 --root "$WORK/root-fleet" \
+    --fleet --api-key "perf:$KEY" --sandboxes-per-team "$PER_TEAM"
+FIGURE_PREFIX=server "$PY" server/perf/sdk_perf.py replicas "$ROUNDS"
+stop_server
+SERVER_PID=$B_PID
 stop_server
 
 for f in "$WORK"/*.err; do

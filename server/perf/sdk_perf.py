@@ -8,6 +8,10 @@ E2B_DOMAIN) and SERVER_PID.
                                     exec_direct example, EXEC_DIRECT_ROOT: its root)
     sdk_perf.py throughput CLIENTS SECONDS
                                     server.requests_per_sec, CPU per request
+    sdk_perf.py replicas ROUNDS     two replicas on one root (`--fleet`; the second's origin in
+                                    URL_B): a create and kill, and `commands.run("true")` on a
+                                    sandbox of the first, through it and (forwarded) through
+                                    the second, interleaved
 
 Prints one `name value` line per figure; any failure raises (non-zero exit).
 """
@@ -233,6 +237,40 @@ def throughput(clients, seconds):
     figure("machine_busy_fraction", f"{busy / total:.3f}")
 
 
+def replicas(rounds):
+    b = {"api_url": os.environ["URL_B"], "sandbox_url": os.environ["URL_B"]}
+    creates, kills = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(timeout=120)
+        creates.append(ms_since(t0))
+        t0 = time.perf_counter()
+        sbx.kill()
+        kills.append(ms_since(t0))
+    report("fleet_create_to_ready_ms", creates)
+    report("fleet_kill_ms", kills)
+
+    here = Sandbox.create(timeout=600)
+    there = Sandbox.connect(here.sandbox_id, **b)
+    here.commands.run("true")
+    there.commands.run("true")
+    direct, forwarded = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        here.commands.run("true")
+        direct.append(ms_since(t0))
+        t0 = time.perf_counter()
+        there.commands.run("true")
+        forwarded.append(ms_since(t0))
+    here.kill()
+    report("fleet_exec_ms", direct)
+    report("forwarded_exec_ms", forwarded)
+    figure(
+        "forwarded_vs_direct",
+        f"{percentile(forwarded, 50) / percentile(direct, 50):.3f}",
+    )
+
+
 def main():
     print(f"e2b {importlib.metadata.version('e2b')}", file=sys.stderr)
     what = sys.argv[1]
@@ -240,6 +278,8 @@ def main():
         latency(int(sys.argv[2]))
     elif what == "throughput":
         throughput(int(sys.argv[2]), float(sys.argv[3]))
+    elif what == "replicas":
+        replicas(int(sys.argv[2]))
     else:
         raise SystemExit(f"unknown: {what}")
 

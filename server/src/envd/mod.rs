@@ -9,6 +9,7 @@
 
 pub mod files;
 pub mod filesystem;
+mod input;
 pub mod process;
 pub mod processes;
 pub mod signed;
