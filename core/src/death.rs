@@ -111,7 +111,12 @@ impl Lifecycle {
     pub(crate) fn died(&mut self, sandbox: SandboxIx) {
         let record = self.sandboxes.get_mut(sandbox).expect("live");
         let previous = record.state();
-        tracing::warn!(sandbox = %record.id, state = ?previous, "sandbox died");
+        if record.shutdown_ordered() {
+            // Its Shutdown was ordered: the backend's death watch saw it go (a pod deleted).
+            tracing::debug!(sandbox = %record.id, state = ?previous, "sandbox gone while shutting down");
+        } else {
+            tracing::warn!(sandbox = %record.id, state = ?previous, "sandbox died");
+        }
         self.out.stats.deaths += 1;
         let holds_work = previous != SandboxState::Starting || record.resumed().is_some();
         if record.is_managed() && !record.shutdown_ordered() && holds_work {

@@ -151,7 +151,7 @@ pub enum ServerError {
 /// The routes: the REST API, envd, and 404 in E2B's shape for anything else.
 pub fn router(state: AppState) -> Router {
     let upload_limit = state.limits.upload.saturating_add(1 << 20);
-    Router::new()
+    let routes = Router::new()
         .route("/sandboxes", get(api::list).post(api::create))
         .route("/v2/sandboxes", get(api::list).post(api::create))
         .route("/sandboxes/{id}", get(api::get).delete(api::kill))
@@ -186,11 +186,16 @@ pub fn router(state: AppState) -> Router {
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
         .fallback(api::fallback)
-        .method_not_allowed_fallback(api::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(
+        .method_not_allowed_fallback(api::method_not_allowed);
+    // Replicas route requests to each other (`--fleet`); a lone server has nothing to route.
+    let routes = match state.forwarder {
+        Some(_) => routes.layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::route::layer,
-        ))
+        )),
+        None => routes,
+    };
+    routes
         .layer(axum::middleware::from_fn(crate::request_span::layer))
         .with_state(state)
 }

@@ -246,11 +246,13 @@ mod tests {
         let by = SandboxId(99 << 32);
         store.renew(1, 1, at(0)).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
+        let unrecorded = std::sync::atomic::AtomicU64::new(0);
         let (claims_naming, swept) = std::thread::scope(|s| {
             let sweeper = s.spawn(|| {
                 let mut swept = Swept::default();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     swept += store.sweep(at(1)).unwrap();
+                    unrecorded.store(swept.unrecorded, std::sync::atomic::Ordering::Relaxed);
                 }
                 swept
             });
@@ -264,7 +266,14 @@ mod tests {
             }
             let _stop = Stop(&stop);
             let mut claims_naming = 0;
-            for n in 0..200 {
+            // At least 200 rounds, and on until each side won once: which side wins a round is
+            // the machine's scheduling, so a loaded machine may need more (bounded: 20 000).
+            for n in 0..20_000 {
+                let both_won =
+                    claims_naming > 0 && unrecorded.load(std::sync::atomic::Ordering::Relaxed) > 0;
+                if n >= 200 && both_won {
+                    break;
+                }
                 let Claim::Claimed(token, taken) = store.claim(&key, 1, 1, at(1)).unwrap() else {
                     panic!("the key is free")
                 };
