@@ -25,7 +25,15 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
     if app.registry.runs_here(&id) {
         return next.run(request).await;
     }
-    match app.registry.route(&id, data_plane).await {
+    // An envd request's access token: an interrupted sandbox is resumed only for its own.
+    let token = data_plane.then(|| {
+        request
+            .headers()
+            .get("x-access-token")
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default()
+    });
+    match app.registry.route(&id, token.as_deref()).await {
         Ok(None) => next.run(request).await,
         Ok(Some(replica)) => forwarder.forward(&replica, request).await,
         Err(e) => e.into_response(),

@@ -141,6 +141,13 @@ async fn continued_after_restart(c: &Client, s: &Server, r: &str, r_token: &str)
     let (status, d) = detail(c, s, r).await;
     assert_eq!(status, StatusCode::OK, "{d}");
     assert_eq!(d["state"], "paused", "{d}");
+    // A request without its token does not wake it.
+    let wrong = "0".repeat(r_token.len());
+    assert_eq!(
+        download(c, s, r, &wrong, 3).await.0,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(detail(c, s, r).await.1["state"], "paused");
     let (status, bytes) = download(c, s, r, r_token, 3).await;
     assert_eq!(
         status,

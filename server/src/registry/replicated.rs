@@ -96,12 +96,13 @@ impl Registry {
     /// sandbox it has not seen is taken in; one it thought paused and that runs elsewhere, or
     /// is gone, is let go). `Ok(None)`: this replica answers.
     ///
-    /// `data_plane`: the request is envd's. Then a sandbox interrupted by its server's end is
-    /// resumed here first (`continue_interrupted`).
+    /// `token`: an envd request's access token. A sandbox interrupted by its server's end is
+    /// resumed here first (`continue_interrupted`) for a request that carries its own token,
+    /// and for no other: a request that cannot use it does not wake it.
     pub async fn route(
         self: &Arc<Self>,
         id: &str,
-        data_plane: bool,
+        token: Option<&[u8]>,
     ) -> Result<Option<Replica>, ApiError> {
         let Some(replicas) = self.replicas.clone() else {
             return Ok(None);
@@ -121,7 +122,7 @@ impl Registry {
                     self.start_retention(&sandbox);
                 }
                 match interrupted {
-                    Some(end_ms) if data_plane => {
+                    Some(end_ms) if token.is_some_and(|t| sandbox.token_matches(t)) => {
                         let registry = self.clone();
                         let end = clock::from_unix_ms(end_ms);
                         tokio::spawn(
