@@ -23,6 +23,7 @@ fn the_python_sdk_watches_a_directory() {
         "watch: a rewrite of another size is a write",
         "watch: a rewrite of the same size is a write, a chmod a chmod",
         "watch: a removed file is removed",
+        "watch: events asked for right after the change are there",
         "watch: a watch that is not recursive does not see into a subdirectory",
         "watch: stop ends the watch",
         "watch: a recursive watch sees files in subdirectories, old and new",

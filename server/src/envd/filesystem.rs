@@ -54,7 +54,7 @@ pub async fn rpc(
     match method.as_str() {
         "WatchDir" => return super::watch::stream(&sandbox, &headers, &bytes).await,
         "CreateWatcher" => return super::watch::create(&sandbox, &bytes).await,
-        "GetWatcherEvents" => return super::watch::events(&sandbox, &bytes),
+        "GetWatcherEvents" => return super::watch::events(&sandbox, &bytes).await,
         "RemoveWatcher" => return super::watch::remove(&sandbox, &bytes),
         _ => {}
     }

@@ -32,6 +32,10 @@ use crate::registry::Sandbox;
 /// idle (each listing is a backend call: on Kubernetes a command in the pod).
 pub const POLL: Duration = Duration::from_millis(150);
 
+/// The longest `GetWatcherEvents` waits for a listing made after it was asked: a directory
+/// that takes longer to list is answered with what is queued.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
 /// The most entries one watch lists (as `ListDir`'s): a larger tree ends the watch with
 /// `resource_exhausted`, rather than the server holding and diffing it every [`POLL`].
 pub const MAX_ENTRIES: usize = super::filesystem::MAX_ENTRIES;
@@ -77,14 +81,27 @@ struct Poller {
     spec: Spec,
     stop: watch::Receiver<bool>,
     before: Snapshot,
+    /// A `CreateWatcher` watch's queue: `GetWatcherEvents` may ask for a listing now.
+    queue: Option<Arc<Queue>>,
 }
 
 impl Poller {
-    /// Sleeps [`POLL`] (or until stopped), lists again, and answers what changed.
+    /// Sleeps [`POLL`] (or until asked to list now, or stopped), lists again, and answers what
+    /// changed.
     async fn next(&mut self) -> Result<Vec<Change>, Halt> {
+        let poked = async {
+            match &self.queue {
+                Some(queue) => queue.poked().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
+            () = poked => {}
             () = stopped(&mut self.stop) => return Err(Halt::Stopped),
+        }
+        if let Some(queue) = &self.queue {
+            queue.listing();
         }
         let after = snapshot(&self.sandbox, &self.spec, &mut self.stop).await?;
         let changes = super::watchers::diff(&self.before, &after);
@@ -178,7 +195,7 @@ async fn begin(
         include_entry: request.include_entry,
     };
     let id = watcher_id()?;
-    let added = sandbox.watchers.add(id.clone(), queue)?;
+    let added = sandbox.watchers.add(id.clone(), queue.clone())?;
     let mut stop = added.stop;
     let first = match snapshot(sandbox, &spec, &mut stop).await {
         Ok(first) => first,
@@ -195,6 +212,7 @@ async fn begin(
         spec,
         stop,
         before: first,
+        queue,
     };
     Ok((id, poller))
 }
@@ -253,11 +271,19 @@ pub async fn create(sandbox: &Arc<Sandbox>, bytes: &[u8]) -> Response {
     Json(json!({ "watcherId": id })).into_response()
 }
 
-/// `GetWatcherEvents`: what the watch saw since it was last asked.
-pub fn events(sandbox: &Sandbox, bytes: &[u8]) -> Response {
-    let answer =
-        connect::decode::<WatcherRequest>(bytes).and_then(|r| sandbox.watchers.take(&r.watcher_id));
-    match answer {
+/// `GetWatcherEvents`: what the watch saw since it was last asked, up to a listing made after
+/// this request came ([`Queue::settle`], at most [`SETTLE`]): a change made before the request
+/// is in its answer.
+pub async fn events(sandbox: &Sandbox, bytes: &[u8]) -> Response {
+    let request = match connect::decode::<WatcherRequest>(bytes) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    match sandbox.watchers.queue(&request.watcher_id) {
+        Ok(queue) => queue.settle(SETTLE).await,
+        Err(e) => return e.into_response(),
+    }
+    match sandbox.watchers.take(&request.watcher_id) {
         Ok(changes) => {
             let events: Vec<Value> = changes
                 .iter()

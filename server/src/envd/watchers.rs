@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use sandkeeper_tokio::EntryKind;
-use tokio::sync::watch;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
 
 use crate::error::{Code, ConnectError};
 
@@ -119,16 +121,33 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<Change> {
     changes
 }
 
-/// The events a `CreateWatcher` watch has queued, and how it ended (if it did).
-#[derive(Default)]
+/// The events a `CreateWatcher` watch has queued, and how it ended (if it did); and the count
+/// of its listings begun and done, so that `GetWatcherEvents` can have one made after it was
+/// asked ([`settle`](Queue::settle)).
 pub struct Queue {
     inner: Mutex<QueueInner>,
+    /// Listings done (each followed by a [`push`](Queue::push)); `u64::MAX` once it ended.
+    done: watch::Sender<u64>,
+    /// Asks the poller to list now rather than at the end of its interval.
+    poke: Notify,
 }
 
 #[derive(Default)]
 struct QueueInner {
     events: VecDeque<Change>,
     ended: Option<ConnectError>,
+    /// Listings begun.
+    begun: u64,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            inner: Mutex::default(),
+            done: watch::channel(0).0,
+            poke: Notify::new(),
+        }
+    }
 }
 
 impl Queue {
@@ -136,7 +155,17 @@ impl Queue {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `changes`, dropping the oldest past [`QUEUED_EVENTS`].
+    /// The poller begins a listing.
+    pub fn listing(&self) {
+        self.lock().begun += 1;
+    }
+
+    /// Returns when someone asked for a listing now.
+    pub async fn poked(&self) {
+        self.poke.notified().await;
+    }
+
+    /// Queues what a listing found, dropping the oldest past [`QUEUED_EVENTS`].
     pub fn push(&self, changes: Vec<Change>) {
         let mut inner = self.lock();
         for c in changes {
@@ -145,11 +174,25 @@ impl Queue {
             }
             inner.events.push_back(c);
         }
+        drop(inner);
+        self.done.send_modify(|n| *n = n.saturating_add(1));
     }
 
     /// Records why the watch ended (its poller stopped): answered once its events are taken.
     pub fn end(&self, why: ConnectError) {
         self.lock().ended = Some(why);
+        self.done.send_replace(u64::MAX);
+    }
+
+    /// Has the poller list now, and waits (at most `bound`) until a listing begun after this
+    /// call is queued: what changed before the call is then in the queue, as envd's
+    /// notifications would have it. Past `bound` (a large directory), what is queued is
+    /// answered. A watch that ended waits for nothing.
+    pub async fn settle(&self, bound: Duration) {
+        let target = self.lock().begun.saturating_add(1);
+        let mut done = self.done.subscribe();
+        self.poke.notify_one();
+        let _ = tokio::time::timeout(bound, done.wait_for(|n| *n >= target)).await;
     }
 
     /// Takes what is queued; once none is and the watch ended, why it did.
@@ -226,6 +269,16 @@ impl Watchers {
             }
             None => false,
         }
+    }
+
+    /// The queue of `CreateWatcher` watch `id`: `not_found` for no such watch (nor a
+    /// `WatchDir` stream's id).
+    pub fn queue(&self, id: &str) -> Result<Arc<Queue>, ConnectError> {
+        self.lock()
+            .live
+            .get(id)
+            .and_then(|l| l.queue.clone())
+            .ok_or_else(no_such_watcher)
     }
 
     /// Takes the queued events of `CreateWatcher` watch `id`: `not_found` for no such watch

@@ -4,10 +4,11 @@ Run by server/tests/e2b_watch.rs with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_K
 one `ok <step>` line per step; any failure raises, so the exit code is non-zero and the
 traceback says which step.
 
-sandkeeperd's watches poll the sandbox's listing (every 150 ms), so an event shows a little
-after the change that made it, never in the same instant as envd's inotify: each wait below
-asks again until the event is there, for at most WAIT seconds (far above a few polls, so a slow
-machine does not fail it; a missing event still fails it).
+sandkeeperd's watches poll the sandbox's listing (every 150 ms, and once more when
+`get_new_events()` asks), so a `WatchDir` stream's event shows a little after the change that
+made it, never in the same instant as envd's inotify: each wait below asks again until the
+event is there, for at most WAIT seconds (far above a few polls, so a slow machine does not
+fail it; a missing event still fails it). One step asks at once and needs no wait.
 """
 
 import asyncio
@@ -63,6 +64,17 @@ def sync_steps():
     sbx.files.remove("watched/new.txt")
     wait_for(h, "new.txt", FilesystemEventType.REMOVE)
     step("watch: a removed file is removed")
+
+    # Asked at once, with no wait: GetWatcherEvents has a listing made after it was asked, so
+    # what changed before it is in its answer (as envd's notifications would have it).
+    for n in range(5):
+        sbx.files.write(f"watched/at-once-{n}.txt", "x" * (n + 1))
+        got = [(e.name, e.type) for e in h.get_new_events()]
+        assert (f"at-once-{n}.txt", FilesystemEventType.CREATE) in got, got
+        sbx.files.remove(f"watched/at-once-{n}.txt")
+        got = [(e.name, e.type) for e in h.get_new_events()]
+        assert (f"at-once-{n}.txt", FilesystemEventType.REMOVE) in got, got
+    step("watch: events asked for right after the change are there")
 
     # Not recursive: a file in a subdirectory is not this watch's.
     sbx.files.write("watched/nested/deep.txt", "x")
