@@ -2,13 +2,17 @@
 //! replica does not run is forwarded to the replica that runs it, or answered here (paused,
 //! or unknown). A request names its sandbox by its REST path (`/sandboxes/{id}…`,
 //! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header. A request another
-//! replica forwarded ([`HOP`]) is answered here whatever the table says.
+//! replica forwarded ([`HOP`]) is answered here whatever the table says. A REST request answered
+//! here with 409 because another replica took its paused sandbox meanwhile (two connects
+//! racing) is sent to that replica after all.
 
+use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::forward::HOP;
+use crate::forward::{Forwarder, HOP};
 use crate::server::AppState;
 
 /// The layer: see the module docs.
@@ -34,9 +38,45 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
             .unwrap_or_default()
     });
     match app.registry.route(&id, token.as_deref()).await {
+        Ok(None) if token.is_none() => here_or_moved(&app, &forwarder, &id, request, next).await,
         Ok(None) => next.run(request).await,
         Ok(Some(replica)) => forwarder.forward(&replica, request).await,
         Err(e) => e.into_response(),
+    }
+}
+
+/// A REST request for a sandbox that does not run here, answered here; when the answer is 409
+/// and the sandbox now runs on another replica (a connect that lost the race for a paused
+/// sandbox to another replica's), sent there after all. Its body (bounded JSON) is kept for
+/// that.
+async fn here_or_moved(
+    app: &AppState,
+    forwarder: &Forwarder,
+    id: &str,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match crate::body::read(&parts.headers, body, app.limits.json_body).await {
+        Ok(bytes) => bytes,
+        Err(e) => return crate::error::ApiError::from(e).into_response(),
+    };
+    let answer = next
+        .run(Request::from_parts(
+            parts.clone(),
+            Body::from(bytes.clone()),
+        ))
+        .await;
+    if answer.status() != StatusCode::CONFLICT {
+        return answer;
+    }
+    match app.registry.route(id, None).await {
+        Ok(Some(replica)) => {
+            forwarder
+                .forward(&replica, Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        _ => answer,
     }
 }
 

@@ -234,3 +234,93 @@ fn bad_replica_flags_stop_the_server_naming_them() {
     ]);
     assert!(err.contains("--fleet with --tls"), "{err}");
 }
+
+/// Two connects of one paused sandbox, through two replicas at once, five rounds: one replica
+/// takes it (the table's lock) and answers 201, the other's connect is answered 200 from there
+/// (forwarded, before or after losing the race); it then runs on one replica, which both name,
+/// with its file, and the root holds one workspace of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_racing_through_two_replicas_resume_a_sandbox_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (replica(root.path()), replica(root.path()));
+    let c = Client::new();
+    let id = create(&c, &a).await;
+    let token = details(&c, &a, &id).await["envdAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let up = c
+        .post(format!("{}/files?path=/home/user/kept.txt", a.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .header("content-type", "application/octet-stream")
+        .body("kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status(), StatusCode::OK);
+    for round in 0..5 {
+        let paused = c
+            .post(format!("{}/sandboxes/{id}/pause", b.url))
+            .header("x-api-key", KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(paused.status(), StatusCode::NO_CONTENT, "round {round}");
+        let connect = |s: &Server| {
+            let (c, url, id) = (c.clone(), s.url.clone(), id.clone());
+            async move {
+                c.post(format!("{url}/sandboxes/{id}/connect"))
+                    .header("x-api-key", KEY_A)
+                    .json(&json!({"timeout": 120}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        };
+        let (ra, rb) = tokio::join!(connect(&a), connect(&b));
+        // One resumed it (201), the other found it running (200), its request sent there.
+        let mut got = [ra, rb];
+        got.sort();
+        assert_eq!(
+            got,
+            [StatusCode::OK, StatusCode::CREATED],
+            "round {round}: {ra} {rb}"
+        );
+        // Both name one replica, and the sandbox answers with its file through both.
+        let record: Value = serde_json::from_slice(
+            &std::fs::read(
+                root.path()
+                    .join(format!(".sandkeeperd/sandboxes/{id}.json")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let runs_on = record["runs_on"]["url"].as_str().unwrap().to_string();
+        assert!(runs_on == a.url || runs_on == b.url, "{record}");
+        for s in [&a, &b] {
+            assert_eq!(
+                details(&c, s, &id).await["state"],
+                "running",
+                "round {round}"
+            );
+            let read = c
+                .get(format!("{}/files?path=/home/user/kept.txt", s.url))
+                .header("e2b-sandbox-id", &id)
+                .header("x-access-token", &token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(read.status(), StatusCode::OK, "round {round}");
+            assert_eq!(read.text().await.unwrap(), "kept", "round {round}");
+        }
+        // One workspace of it on the root: the sandboxes' directories, not counting the
+        // bookkeeping (and the snapshots, which the resume consumed).
+        let workspaces: Vec<_> = left_on_disk(root.path())
+            .into_iter()
+            .filter(|n| n.starts_with("sbx-"))
+            .collect();
+        assert_eq!(workspaces.len(), 1, "round {round}: {workspaces:?}");
+    }
+}
