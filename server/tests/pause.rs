@@ -8,24 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{left_on_disk, Server, KEY_A, KEY_B};
+use common::{create_sandbox, left_on_disk, Server, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
 async fn create(c: &Client, s: &Server) -> (String, String) {
-    let r = c
-        .post(format!("{}/v2/sandboxes", s.url))
-        .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 120}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    (
-        v["sandboxID"].as_str().unwrap().into(),
-        v["envdAccessToken"].as_str().unwrap().into(),
-    )
+    create_sandbox(c, &s.url, KEY_A, json!({"timeout": 120})).await
 }
 
 async fn rest(c: &Client, s: &Server, key: &str, path: &str, body: &str) -> StatusCode {

@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{left_on_disk, run_sdk_script, Server, KEY_A, KEY_B};
+use common::{create_sandbox, left_on_disk, run_sdk_script, Server, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -24,16 +24,9 @@ fn replica(root: &Path) -> Server {
 }
 
 async fn create(c: &Client, s: &Server) -> String {
-    let r = c
-        .post(format!("{}/v2/sandboxes", s.url))
-        .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 120}))
-        .send()
+    create_sandbox(c, &s.url, KEY_A, json!({"timeout": 120}))
         .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    v["sandboxID"].as_str().unwrap().to_string()
+        .0
 }
 
 async fn get(c: &Client, s: &Server, id: &str, key: &str) -> (StatusCode, String) {

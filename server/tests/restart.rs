@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{left_on_disk, Server, KEY_A};
+use common::{create_sandbox, left_on_disk, Server, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -21,19 +21,8 @@ fn fleet_server(root: &Path) -> Server {
 }
 
 async fn create(c: &Client, s: &Server) -> (String, String) {
-    let r = c
-        .post(format!("{}/v2/sandboxes", s.url))
-        .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 120, "metadata": {"who": "restart"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    (
-        v["sandboxID"].as_str().unwrap().into(),
-        v["envdAccessToken"].as_str().unwrap().into(),
-    )
+    let body = json!({"timeout": 120, "metadata": {"who": "restart"}});
+    create_sandbox(c, &s.url, KEY_A, body).await
 }
 
 fn content(i: usize) -> Vec<u8> {

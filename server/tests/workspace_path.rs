@@ -8,24 +8,12 @@ mod common;
 use std::process::{Command, Stdio};
 
 use base64::Engine as _;
-use common::{Server, KEY_A};
+use common::{create_sandbox, Server, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
 async fn create(c: &Client, s: &Server) -> (String, String) {
-    let r = c
-        .post(format!("{}/v2/sandboxes", s.url))
-        .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 60}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    (
-        v["sandboxID"].as_str().unwrap().into(),
-        v["envdAccessToken"].as_str().unwrap().into(),
-    )
+    create_sandbox(c, &s.url, KEY_A, json!({"timeout": 60})).await
 }
 
 /// A Connect envelope around `json`.

@@ -232,3 +232,26 @@ pub fn run_sdk_script(
     assert!(stdout.contains("all steps passed"), "{stdout}");
     stdout
 }
+
+/// Creates a sandbox on the server at `url` as the team of `key`, with the create's `body`:
+/// its id and envd access token (panics unless it answered 201).
+pub async fn create_sandbox(
+    c: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> (String, String) {
+    let r = c
+        .post(format!("{url}/v2/sandboxes"))
+        .header("x-api-key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+    let v: serde_json::Value = r.json().await.unwrap();
+    (
+        v["sandboxID"].as_str().unwrap().into(),
+        v["envdAccessToken"].as_str().unwrap().into(),
+    )
+}
