@@ -147,6 +147,18 @@ impl Replicas {
         })
     }
 
+    /// Replaces the record of a sandbox running here with `record` (its new end), if the
+    /// table still says it runs here: a late write never undoes a pause or a kill. Blocking.
+    pub fn refresh(&self, record: &Record) -> io::Result<bool> {
+        self.table.locked(|table| match table.get(&record.id)? {
+            Some(now) if now.runs_on.as_ref() == Some(&self.me) => {
+                table.put(record)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        })
+    }
+
     /// Removes the record of `id` if it is paused or runs here (a kill). Blocking.
     pub fn forget(&self, id: &str) -> io::Result<Claimed> {
         self.table.locked(|table| match table.get(id)? {
@@ -210,8 +222,16 @@ mod tests {
         // Running on a: b can neither take nor forget it.
         assert_eq!(on_b.take(X).unwrap(), Claimed::RunsOn(a.clone()));
         assert_eq!(on_b.forget(X).unwrap(), Claimed::RunsOn(a.clone()));
+        // A's new end is written while it runs there, never over a pause.
+        let mut longer = record(X, Some(a.clone()));
+        longer.end_ms = 99;
+        assert!(on_a.refresh(&longer).unwrap());
+        assert_eq!(table.get(X).unwrap().unwrap().end_ms, 99);
+        assert!(!on_b.refresh(&longer).unwrap());
         // Paused: both answer for it; the first to take it has it, the other is sent there.
         table.put(&record(X, None)).unwrap();
+        assert!(!on_a.refresh(&longer).unwrap());
+        assert_eq!(table.get(X).unwrap().unwrap().runs_on, None);
         assert!(matches!(
             on_b.route(X).unwrap(),
             Route::Paused {

@@ -469,8 +469,8 @@ impl Registry {
         sandbox.set_timeout(timeout, only_longer);
         if self.replicas.is_some() && !sandbox.is_paused() {
             // The other replicas' lists show the new end.
-            let (registry, recorded) = (self.clone(), sandbox.clone());
-            tokio::spawn(async move { registry.record(&recorded, Recorded::Running).await });
+            let (registry, extended) = (self.clone(), sandbox.clone());
+            tokio::spawn(async move { registry.record_end(&extended).await });
         }
         Some(sandbox)
     }

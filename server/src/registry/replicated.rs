@@ -29,9 +29,13 @@ impl Registry {
             let record = match &record.runs_on {
                 None => record,
                 Some(r) if replicas.lives(r) => continue,
-                Some(_) => match replicas.route(&record.id)? {
-                    Route::Paused { record, .. } => record,
-                    _ => continue,
+                Some(_) => match replicas.route(&record.id) {
+                    Ok(Route::Paused { record, .. }) => record,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %record.id, error = %e, "a sandbox of a gone replica could not be taken back: left as it is");
+                        continue;
+                    }
                 },
             };
             if let Some(sandbox) = self.adopt(record) {
@@ -211,6 +215,22 @@ impl Registry {
         let written = tokio::task::spawn_blocking(move || replicas.table.put(&record)).await;
         if !matches!(written, Ok(Ok(()))) {
             tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+        }
+    }
+
+    /// Records the new end of `sandbox`, running here (`--fleet`), unless its record says it
+    /// no longer does (paused or killed meanwhile): written after the timeout changed, on its
+    /// own task, so it may come late.
+    pub(super) async fn record_end(&self, sandbox: &Sandbox) {
+        let Some(replicas) = self.replicas.clone() else {
+            return;
+        };
+        let mut record = sandbox.record();
+        record.runs_on = Some(replicas.me.clone());
+        record.end_ms = clock::unix_ms(sandbox.end_at());
+        let written = tokio::task::spawn_blocking(move || replicas.refresh(&record)).await;
+        if !matches!(written, Ok(Ok(_))) {
+            tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox's new end could not be recorded");
         }
     }
 
