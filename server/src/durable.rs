@@ -94,7 +94,9 @@ impl Durable {
     pub fn put(&self, record: &Record) -> io::Result<()> {
         let name = file_name(&record.id)?;
         let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-        let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        // Its own name beside: writes of one record from two tasks, or two hosts, never share
+        // (and so never empty or lose) a half-written file.
+        let tmp = self.dir.join(format!(".{name}.{}.tmp", unique()?));
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -178,6 +180,20 @@ fn read_record(path: &Path, name: &str) -> Result<Record, String> {
         return Err(format!("names sandbox {:?}", record.id));
     }
     Ok(record)
+}
+
+/// A name no other write of a record uses: this process's id, a count of its writes, and 8
+/// random bytes (for processes of another host sharing the root).
+fn unique() -> io::Result<String> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut random = [0u8; 8];
+    getrandom::getrandom(&mut random).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(format!(
+        "{}.{n}.{}",
+        std::process::id(),
+        hex::encode(random)
+    ))
 }
 
 /// `<id>.json` for a valid id (`sbx` and 20 lower-case hex digits), else an error.

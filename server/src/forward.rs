@@ -5,6 +5,8 @@
 //! forwarded again (a replica answers it from what it runs), so two replicas with stale views
 //! cannot bounce one between them.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::uri::{PathAndQuery, Uri};
@@ -19,6 +21,15 @@ use crate::error::ApiError;
 
 /// The header a forwarded request carries: the incarnation of the replica that forwarded it.
 pub const HOP: &str = "x-sandkeeperd-forwarded-by";
+
+/// The longest a connection to another replica takes to open.
+pub const CONNECT: Duration = Duration::from_secs(5);
+
+/// The longest a forwarded request waits for the head of its answer (a replica that is
+/// stopped still accepts connections, and would hold the request for ever): a command's
+/// stream starts at once, and a pause or resume ends well within it. An upload's answer comes
+/// only once the client sent it all, so an upload waits as long as the client takes.
+pub const ANSWER: Duration = Duration::from_secs(60);
 
 /// Headers of one connection, not of the request (RFC 9110 §7.6.1), and `host`, which is
 /// the replica's own: never passed on.
@@ -46,6 +57,7 @@ impl Forwarder {
     pub fn new(me: u32) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT));
         Forwarder {
             client: Client::builder(TokioExecutor::new()).build(connector),
             me,
@@ -67,10 +79,30 @@ impl Forwarder {
             HeaderName::from_static(HOP),
             HeaderValue::from(u64::from(self.me)),
         );
+        let upload = parts.method == axum::http::Method::POST && parts.uri.path() == "/files";
         parts.uri = uri;
         parts.version = axum::http::Version::HTTP_11;
         tracing::debug!(to = %to.url, incarnation = to.incarnation, "forwarded to the sandbox's replica");
-        match self.client.request(Request::from_parts(parts, body)).await {
+        let sent = self.client.request(Request::from_parts(parts, body));
+        let answered = if upload {
+            sent.await
+        } else {
+            match tokio::time::timeout(ANSWER, sent).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    return ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!(
+                            "the replica that runs this sandbox ({}) did not answer within {} s",
+                            to.url,
+                            ANSWER.as_secs()
+                        ),
+                    )
+                    .into_response()
+                }
+            }
+        };
+        match answered {
             Ok(answer) => {
                 let (mut parts, body) = answer.into_parts();
                 for name in HOP_BY_HOP {

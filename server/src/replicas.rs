@@ -74,15 +74,11 @@ impl Replicas {
         Replicas { table, me, store }
     }
 
-    /// Whether `replica` lives: not this one under an old incarnation (same address), and
-    /// holding a lease in the store. A store that cannot be read counts as alive: nothing is
-    /// removed on a guess.
+    /// Whether `replica` lives: it holds a lease in the store (this one does). A store that
+    /// cannot be read counts as alive: nothing is taken over on a guess.
     pub fn lives(&self, replica: &Replica) -> bool {
         if replica == &self.me {
             return true;
-        }
-        if replica.url == self.me.url {
-            return false; // an earlier server on this address: it is gone
         }
         self.store
             .holds_lease(replica.incarnation, crate::clock::now())
@@ -106,6 +102,18 @@ impl Replicas {
                     })
                 }
                 Some(r) if r == &self.me => return Ok(Route::Mine),
+                Some(r) if self.lives(r) && r.url == self.me.url => {
+                    // Not sent to itself: an earlier server at this address whose lease has
+                    // not run out yet (killed, and restarted on the same port), or a live
+                    // replica given the same address.
+                    return Err(io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        format!(
+                            "sandbox {id} runs on another server at this replica's own address {} (incarnation {}): an earlier server there, until its lease runs out (15 s), or a replica advertising the same address (give each its own --advertise)",
+                            r.url, r.incarnation
+                        ),
+                    ));
+                }
                 Some(r) if self.lives(r) => return Ok(Route::There(r.clone())),
                 Some(dead) => dead.clone(),
             };
@@ -156,6 +164,19 @@ impl Replicas {
                 Ok(true)
             }
             _ => Ok(false),
+        })
+    }
+
+    /// Writes `record` (paused) if the table says its sandbox is paused or runs here (a pause
+    /// here): never over another replica's, which took it while this one lost its lease.
+    /// Blocking.
+    pub fn pause(&self, record: &Record) -> io::Result<Claimed> {
+        self.table.locked(|table| match table.get(&record.id)? {
+            None => Ok(Claimed::Gone),
+            Some(now) => match &now.runs_on {
+                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
+                _ => table.put(record).map(|()| Claimed::Done),
+            },
         })
     }
 
@@ -228,6 +249,11 @@ mod tests {
         assert!(on_a.refresh(&longer).unwrap());
         assert_eq!(table.get(X).unwrap().unwrap().end_ms, 99);
         assert!(!on_b.refresh(&longer).unwrap());
+        // Nor can b record it paused.
+        assert_eq!(
+            on_b.pause(&record(X, None)).unwrap(),
+            Claimed::RunsOn(a.clone())
+        );
         // Paused: both answer for it; the first to take it has it, the other is sent there.
         table.put(&record(X, None)).unwrap();
         assert!(!on_a.refresh(&longer).unwrap());
@@ -266,8 +292,26 @@ mod tests {
         assert!(orphaned && r.interrupted);
         assert_eq!(r.runs_on, None);
         assert_eq!(table.get(X).unwrap().unwrap().runs_on, None);
-        // A record naming this replica's own address under another incarnation is a dead
-        // predecessor's.
+        // A record naming this replica's own address under another, live incarnation is not
+        // sent to itself, nor taken; under one with no lease, it is a dead predecessor's.
+        table
+            .put(&record(
+                X,
+                Some(Replica {
+                    incarnation: b_inc,
+                    url: a.url.clone(),
+                }),
+            ))
+            .unwrap();
+        let busy = on_a.route(X).unwrap_err();
+        assert!(busy.to_string().contains("--advertise"), "{busy}");
+        assert_eq!(
+            on_a.take(X).unwrap(),
+            Claimed::RunsOn(Replica {
+                incarnation: b_inc,
+                url: a.url.clone()
+            })
+        );
         table
             .put(&record(
                 X,

@@ -20,14 +20,23 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
     let Some(forwarder) = app.forwarder.clone() else {
         return next.run(request).await;
     };
-    if request.headers().contains_key(HOP) {
-        return next.run(request).await;
-    }
     let Some((id, data_plane)) = sandbox_named(&request) else {
         return next.run(request).await;
     };
-    if app.registry.runs_here(&id) {
+    if data_plane {
+        // A resume here under way (this replica won the sandbox, and the request may have been
+        // sent here by the one that lost it): the request waits for it, not refused meanwhile.
+        app.registry.settled(&id).await;
+    }
+    if request.headers().contains_key(HOP) {
         return next.run(request).await;
+    }
+    if app.registry.runs_here(&id) {
+        return if data_plane {
+            next.run(request).await
+        } else {
+            here_or_moved(&app, &forwarder, &id, request, next).await
+        };
     }
     // An envd request's access token: an interrupted sandbox is resumed only for its own.
     let token = data_plane.then(|| {
@@ -45,10 +54,10 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
     }
 }
 
-/// A REST request for a sandbox that does not run here, answered here; when the answer is 409
-/// and the sandbox now runs on another replica (a connect that lost the race for a paused
-/// sandbox to another replica's), sent there after all. Its body (bounded JSON) is kept for
-/// that.
+/// A REST request for a sandbox, answered here; when the answer is 409 and the sandbox now runs
+/// on another replica, sent there after all: a connect that lost the race for a paused sandbox
+/// to another replica, or a kill or pause on a replica whose lease had lapsed while another
+/// took the sandbox over. Its body (bounded JSON) is kept for that.
 async fn here_or_moved(
     app: &AppState,
     forwarder: &Forwarder,

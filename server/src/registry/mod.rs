@@ -548,11 +548,16 @@ impl Registry {
         sandbox.watchers.stop_all();
         let mut life = sandbox.life.write().await;
         let was = std::mem::replace(&mut *life, Life::Ended);
+        let mut taken = None;
         let guard = match was {
             Life::Running(guard) => {
                 self.metrics.sandboxes.dec();
                 self.give_back_slot(&sandbox.team);
-                self.forget_record(&sandbox).await;
+                if let Claimed::RunsOn(replica) = self.forget_record(&sandbox).await {
+                    // Taken by another replica while this one's lease had lapsed: its call
+                    // here was fenced off; released, it changes nothing there.
+                    taken = Some(replica);
+                }
                 Some(guard)
             }
             Life::Paused => {
@@ -576,7 +581,7 @@ impl Registry {
         self.metrics.count(&self.metrics.kills, reason);
         self.metrics
             .time(&self.metrics.kill_seconds, reason, began.elapsed());
-        Claimed::Done
+        taken.map_or(Claimed::Done, Claimed::RunsOn)
     }
 
     /// What a kill of a paused sandbox does: the keeper drops what its session's key keeps
@@ -665,9 +670,8 @@ impl Registry {
             if self.keeper.sandbox_state(keeper_sandbox) != Some(SandboxState::Running) {
                 self.keeper.sandbox_down(keeper_sandbox).await;
             }
-            self.record(sandbox, how).await;
             tracing::info!(?released, "paused");
-            Ok(())
+            Ok(self.record(sandbox, how).await)
         }
         .instrument(span)
         .await;
@@ -675,8 +679,20 @@ impl Registry {
             self.metrics.sandboxes.dec();
             self.metrics.paused.inc();
             self.give_back_slot(&sandbox.team);
-            self.start_retention(sandbox);
         }
+        let paused = match paused {
+            Ok(Claimed::RunsOn(replica)) => {
+                // Another replica took it while this one's lease had lapsed: the keeper here
+                // was fenced off it, and the table keeps saying where it runs.
+                self.evict(&sandbox.id).await;
+                Err(moved(&sandbox.id, &replica))
+            }
+            Ok(_) => {
+                self.start_retention(sandbox);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
         let outcome = match &paused {
             Ok(()) => reason,
             Err(_) => "refused",

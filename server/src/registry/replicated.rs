@@ -90,6 +90,14 @@ impl Registry {
         tracing::info!(sandbox = %id, "no longer paused here: another replica has it, or it was killed");
     }
 
+    /// Returns once no pause, resume or kill of the sandbox `id` here is under way (each holds
+    /// its life for writing), when this replica knows it paused.
+    pub async fn settled(&self, id: &str) {
+        if let Some(sandbox) = self.any(id).filter(|s| s.is_paused()) {
+            drop(sandbox.life.read().await);
+        }
+    }
+
     /// Whether the sandbox `id` runs on this replica.
     pub fn runs_here(&self, id: &str) -> bool {
         self.any(id).is_some_and(|s| !s.is_paused())
@@ -147,6 +155,10 @@ impl Registry {
                 Ok(Some(replica))
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                e.to_string(),
+            )),
             Err(e) => Err(ApiError::new(
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 format!("the sandbox table could not be read: {e}"),
@@ -193,12 +205,14 @@ impl Registry {
         }
     }
 
-    /// Records `sandbox` in the root's table as `how` says (`--fleet`), on a blocking task; a
-    /// failure is logged: the sandbox stays as it is here, and the other replicas (and a later
-    /// process) do not know it.
-    pub(super) async fn record(&self, sandbox: &Sandbox, how: Recorded) {
+    /// Records `sandbox` in the root's table as `how` says (`--fleet`), on a blocking task: a
+    /// sandbox made or resumed here as it is; a paused one only if the table does not say
+    /// another replica runs it (`RunsOn` then: this replica lost it, its lease having lapsed).
+    /// A failure to write is logged and taken as done: the sandbox stays as it is here, and
+    /// the other replicas (and a later process) do not know it.
+    pub(super) async fn record(&self, sandbox: &Sandbox, how: Recorded) -> Claimed {
         let Some(replicas) = self.replicas.clone() else {
-            return;
+            return Claimed::Done;
         };
         let mut record = sandbox.record();
         match how {
@@ -212,9 +226,21 @@ impl Registry {
                 record.interrupted = true;
             }
         }
-        let written = tokio::task::spawn_blocking(move || replicas.table.put(&record)).await;
-        if !matches!(written, Ok(Ok(()))) {
-            tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+        let running = matches!(how, Recorded::Running);
+        let written = tokio::task::spawn_blocking(move || {
+            if running {
+                replicas.table.put(&record).map(|()| Claimed::Done)
+            } else {
+                replicas.pause(&record)
+            }
+        })
+        .await;
+        match written {
+            Ok(Ok(claimed)) => claimed,
+            failed => {
+                tracing::error!(sandbox = %sandbox.id, ?failed, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+                Claimed::Done
+            }
         }
     }
 
