@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{left_on_disk, KEY_A, KEY_B};
+use common::{create_sandbox, left_on_disk, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -104,19 +104,25 @@ async fn create(c: &Client, s: &Rep, extra: Value) -> (String, String) {
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         b.extend(e.clone());
     }
-    let r = c
-        .post(format!("{}/v2/sandboxes", s.url))
-        .header("x-api-key", KEY_A)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let v: Value = r.json().await.unwrap();
-    (
-        v["sandboxID"].as_str().unwrap().to_string(),
-        v["envdAccessToken"].as_str().unwrap().to_string(),
-    )
+    create_sandbox(c, &s.url, KEY_A, body).await
+}
+
+/// Sends `request` (bounded by `bound`): its status and body, or why it was
+/// not answered within the bound; and how long it took.
+async fn answered(
+    request: reqwest::RequestBuilder,
+    bound: Duration,
+) -> (Result<String, String>, Duration) {
+    let began = Instant::now();
+    let answer = match request.timeout(bound).send().await {
+        Ok(r) => Ok(format!(
+            "{} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        )),
+        Err(e) => Err(format!("no answer: {e}")),
+    };
+    (answer, began.elapsed())
 }
 
 async fn get(c: &Client, s: &Rep, id: &str, key: &str) -> (StatusCode, String) {
@@ -300,22 +306,14 @@ async fn a_request_forwarded_to_a_stopped_replica_answers() {
     let (id, _) = create(&c, &a, json!({})).await;
     assert_eq!(get(&c, &b, &id, KEY_A).await.0, StatusCode::OK);
     a.signal("-STOP");
-    let began = Instant::now();
-    let r = c
+    let get = c
         .get(format!("{}/sandboxes/{id}", b.url))
-        .header("x-api-key", KEY_A)
-        .timeout(Duration::from_secs(70))
-        .send()
-        .await;
-    let answered = match r {
-        Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-        Err(e) => format!("no answer: {e}"),
-    };
+        .header("x-api-key", KEY_A);
+    let (answer, took) = answered(get, Duration::from_secs(70)).await;
     a.signal("-CONT");
     assert!(
-        !answered.starts_with("no answer"),
-        "b never answered a request for a stopped replica's sandbox in {:?}: {answered}",
-        began.elapsed()
+        answer.is_ok(),
+        "b never answered a request for a stopped replica's sandbox in {took:?}: {answer:?}"
     );
 }
 
@@ -807,26 +805,15 @@ async fn a_shared_session_through_two_replicas_answers() {
     let c = client();
     let shared = json!({"metadata": {"sandkeeper.session": "s1"}});
     let (x, _) = create(&c, &a, shared.clone()).await;
-    let began = Instant::now();
-    let r = c
+    let made = c
         .post(format!("{}/v2/sandboxes", b.url))
         .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 300, "metadata": {"sandkeeper.session": "s1"}}))
-        .timeout(Duration::from_secs(45))
-        .send()
-        .await;
-    let answered = match r {
-        Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-        Err(e) => format!("no answer: {e}"),
-    };
-    println!(
-        "x {x} on a; the create through b: {answered} after {:?}",
-        began.elapsed()
-    );
+        .json(&json!({"timeout": 300, "metadata": {"sandkeeper.session": "s1"}}));
+    let (answer, took) = answered(made, Duration::from_secs(45)).await;
+    println!("x {x} on a; the create through b: {answer:?} after {took:?}");
     assert!(
-        !answered.starts_with("no answer"),
-        "a create naming a session that runs on a, through b, did not answer in {:?}: {answered}",
-        began.elapsed()
+        answer.is_ok(),
+        "a create naming a session that runs on a, through b, did not answer in {took:?}: {answer:?}"
     );
 }
 
@@ -847,26 +834,15 @@ async fn a_connect_of_a_paused_sandbox_whose_session_runs_on_for_another_answers
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    let began = Instant::now();
-    let r = c
+    let connect = c
         .post(format!("{}/sandboxes/{x}/connect", b.url))
         .header("x-api-key", KEY_A)
-        .json(&json!({"timeout": 60}))
-        .timeout(Duration::from_secs(45))
-        .send()
-        .await;
-    let answered = match r {
-        Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-        Err(e) => format!("no answer: {e}"),
-    };
-    println!(
-        "the connect through b: {answered} after {:?}",
-        began.elapsed()
-    );
+        .json(&json!({"timeout": 60}));
+    let (answer, took) = answered(connect, Duration::from_secs(45)).await;
+    println!("the connect through b: {answer:?} after {took:?}");
     assert!(
-        !answered.starts_with("no answer"),
-        "a connect through b of a paused sandbox whose session runs on a for another did not answer in {:?}: {answered}",
-        began.elapsed()
+        answer.is_ok(),
+        "a connect through b of a paused sandbox whose session runs on a for another did not answer in {took:?}: {answer:?}"
     );
 }
 

@@ -214,18 +214,15 @@ impl Registry {
         let Some(replicas) = self.replicas.clone() else {
             return Claimed::Done;
         };
-        let mut record = sandbox.record();
-        match how {
-            Recorded::Running => {
-                record.runs_on = Some(replicas.me.clone());
-                record.end_ms = clock::unix_ms(sandbox.end_at());
-            }
-            Recorded::Paused => {}
-            Recorded::Interrupted { end } => {
-                record.end_ms = clock::unix_ms(end);
-                record.interrupted = true;
-            }
-        }
+        let record = match how {
+            Recorded::Running => running_here(sandbox, &replicas),
+            Recorded::Paused => sandbox.record(),
+            Recorded::Interrupted { end } => Record {
+                end_ms: clock::unix_ms(end),
+                interrupted: true,
+                ..sandbox.record()
+            },
+        };
         let running = matches!(how, Recorded::Running);
         let written = tokio::task::spawn_blocking(move || {
             if running {
@@ -251,9 +248,7 @@ impl Registry {
         let Some(replicas) = self.replicas.clone() else {
             return;
         };
-        let mut record = sandbox.record();
-        record.runs_on = Some(replicas.me.clone());
-        record.end_ms = clock::unix_ms(sandbox.end_at());
+        let record = running_here(sandbox, &replicas);
         let written = tokio::task::spawn_blocking(move || replicas.refresh(&record)).await;
         if !matches!(written, Ok(Ok(_))) {
             tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox's new end could not be recorded");
@@ -286,6 +281,15 @@ impl Registry {
                 Claimed::Done
             }
         }
+    }
+}
+
+/// The record of `sandbox` running on this replica, until its end.
+fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
+    Record {
+        runs_on: Some(replicas.me.clone()),
+        end_ms: clock::unix_ms(sandbox.end_at()),
+        ..sandbox.record()
     }
 }
 
