@@ -60,6 +60,24 @@ pub struct Record {
     /// request for it, on any replica, resumes it until `end_ms`.
     #[serde(default)]
     pub interrupted: bool,
+    /// When it was last paused, in Unix milliseconds: its retention counts from then, on
+    /// whichever replica (0 while it runs, and in a record written before this field, whose
+    /// retention counts from when a server took it back).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub paused_ms: u64,
+    /// A kill of it is under way on [`runs_on`](Self::runs_on): the record goes once the
+    /// keeper deleted the sandbox, and if that replica dies first, another one finishes the
+    /// kill. No request resumes or pauses it meanwhile.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub killing: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One server of those sharing a root: its incarnation in the root's fleet store (its lease
@@ -231,6 +249,8 @@ mod tests {
             runs_on: None,
             end_ms: 0,
             interrupted: false,
+            paused_ms: 0,
+            killing: false,
         }
     }
 

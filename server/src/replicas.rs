@@ -16,7 +16,16 @@
 //!   key's record names), so a resume continues it where this replica's keeper adopts it,
 //!   files intact: what a dead replica acknowledged is not lost. A kill deletes it the same
 //!   way;
+//! - its replica died in the middle of a kill of it ([`Record::killing`]): this replica takes
+//!   the kill over ([`Route::Killing`]), so that what the dead one was deleting is deleted;
 //! - there is no record: 404.
+//!
+//! A sweep on every replica ([`Replicas::sweep`], every few seconds) does the same for every
+//! record whose replica died, so that a sandbox nobody asks for again is not left behind.
+//!
+//! A paused sandbox's retention counts from its last pause as the table records it
+//! ([`Record::paused_ms`]): any replica that knows the sandbox paused may end it, under the
+//! lock and only if its record still says that pause ([`Replicas::retain`]).
 //!
 //! Not shared: each replica counts its own running sandboxes against a team's limit and its
 //! own request rate, and a signed `/files` URL (which names no sandbox) is answered only by
@@ -55,6 +64,20 @@ pub enum Route {
     Unknown,
     /// It runs on that live replica.
     There(Replica),
+    /// Its replica died in the middle of a kill of it: the kill is this replica's now (its
+    /// record says so), to be finished.
+    Killing(Record),
+}
+
+/// What [`Replicas::retain`] found, a paused sandbox's retention having run out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Still paused since that pause: its kill is this replica's now (its record says so).
+    Kill,
+    /// Paused again since, at that time (Unix milliseconds): its retention counts from then.
+    PausedSince(u64),
+    /// Resumed since, or being killed, or gone: nothing for the retention to do.
+    Moved,
 }
 
 /// What [`Replicas::take`] and [`Replicas::forget`] found under the lock.
@@ -117,21 +140,33 @@ impl Replicas {
                 Some(r) if self.lives(r) => return Ok(Route::There(r.clone())),
                 Some(dead) => dead.clone(),
             };
-            let paused = self.table.locked(|table| match table.get(id)? {
+            let taken = self.table.locked(|table| match table.get(id)? {
                 Some(mut now) if now.runs_on.as_ref() == Some(&dead) => {
-                    now.runs_on = None;
-                    now.interrupted = true;
+                    if now.killing {
+                        now.runs_on = Some(self.me.clone());
+                    } else {
+                        now.runs_on = None;
+                        now.interrupted = true;
+                        now.paused_ms = crate::clock::unix_ms(crate::clock::now());
+                    }
                     table.put(&now)?;
                     Ok(Some(now))
                 }
                 _ => Ok(None),
             })?;
-            if let Some(record) = paused {
-                tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone: paused, for any replica to continue");
-                return Ok(Route::Paused {
-                    record,
-                    orphaned: true,
-                });
+            match taken {
+                Some(record) if record.killing => {
+                    tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone in the middle of its kill: finishing it here");
+                    return Ok(Route::Killing(record));
+                }
+                Some(record) => {
+                    tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone: paused, for any replica to continue");
+                    return Ok(Route::Paused {
+                        record,
+                        orphaned: true,
+                    });
+                }
+                None => {}
             }
         }
         Err(io::Error::other(format!(
@@ -144,6 +179,9 @@ impl Replicas {
     pub fn take(&self, id: &str) -> io::Result<Claimed> {
         self.table.locked(|table| match table.get(id)? {
             None => Ok(Claimed::Gone),
+            Some(record) if record.killing && record.runs_on.as_ref() == Some(&self.me) => {
+                Ok(Claimed::Gone)
+            }
             Some(mut record) => match &record.runs_on {
                 Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
                 _ => {
@@ -159,7 +197,7 @@ impl Replicas {
     /// table still says it runs here: a late write never undoes a pause or a kill. Blocking.
     pub fn refresh(&self, record: &Record) -> io::Result<bool> {
         self.table.locked(|table| match table.get(&record.id)? {
-            Some(now) if now.runs_on.as_ref() == Some(&self.me) => {
+            Some(now) if now.runs_on.as_ref() == Some(&self.me) && !now.killing => {
                 table.put(record)?;
                 Ok(true)
             }
@@ -173,6 +211,7 @@ impl Replicas {
     pub fn pause(&self, record: &Record) -> io::Result<Claimed> {
         self.table.locked(|table| match table.get(&record.id)? {
             None => Ok(Claimed::Gone),
+            Some(now) if now.killing => Ok(Claimed::Gone),
             Some(now) => match &now.runs_on {
                 Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
                 _ => table.put(record).map(|()| Claimed::Done),
@@ -180,7 +219,64 @@ impl Replicas {
         })
     }
 
-    /// Removes the record of `id` if it is paused or runs here (a kill). Blocking.
+    /// Marks the sandbox `id` as being killed here if it is paused or runs here (a kill,
+    /// before the keeper acts): its record says so until [`forget`](Self::forget) removes it,
+    /// once the keeper deleted the sandbox, and a replica dying in between leaves the kill to
+    /// the others. Blocking.
+    pub fn kill(&self, id: &str) -> io::Result<Claimed> {
+        self.table.locked(|table| match table.get(id)? {
+            None => Ok(Claimed::Gone),
+            Some(mut record) => match &record.runs_on {
+                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
+                _ => {
+                    record.runs_on = Some(self.me.clone());
+                    record.killing = true;
+                    table.put(&record)?;
+                    Ok(Claimed::Done)
+                }
+            },
+        })
+    }
+
+    /// The retention of the sandbox `id`, paused at `paused_ms` (Unix milliseconds), ran
+    /// out: if it is still paused since then (or its record, older than the field, says no
+    /// time), it is marked as being killed here ([`kill`](Self::kill)). Blocking.
+    pub fn retain(&self, id: &str, paused_ms: u64) -> io::Result<Retention> {
+        self.table.locked(|table| match table.get(id)? {
+            Some(mut record) if record.runs_on.is_none() => {
+                if record.paused_ms != paused_ms && record.paused_ms != 0 {
+                    return Ok(Retention::PausedSince(record.paused_ms));
+                }
+                record.runs_on = Some(self.me.clone());
+                record.killing = true;
+                table.put(&record)?;
+                Ok(Retention::Kill)
+            }
+            _ => Ok(Retention::Moved),
+        })
+    }
+
+    /// Every record whose replica died (the sweep's work, [`route`](Self::route) each), and
+    /// every paused one: the table as this replica should see it. Blocking.
+    pub fn sweep(&self) -> io::Result<Vec<Record>> {
+        let mut lives = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for record in self.table.load()? {
+            let keep = match &record.runs_on {
+                None => true,
+                Some(replica) => !*lives
+                    .entry((replica.incarnation, replica.url.clone()))
+                    .or_insert_with(|| self.lives(replica)),
+            };
+            if keep {
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the record of `id` if it is paused or runs here (a kill, once the keeper
+    /// deleted the sandbox). Blocking.
     pub fn forget(&self, id: &str) -> io::Result<Claimed> {
         self.table.locked(|table| match table.get(id)? {
             None => Ok(Claimed::Gone),
@@ -212,6 +308,8 @@ mod tests {
             runs_on,
             end_ms: 0,
             interrupted: false,
+            paused_ms: 0,
+            killing: false,
         }
     }
 
@@ -329,5 +427,95 @@ mod tests {
         assert_eq!(on_a.route(X).unwrap(), Route::Unknown);
         assert_eq!(on_a.forget(X).unwrap(), Claimed::Gone);
         assert!(on_a.route("../etc").is_err());
+    }
+
+    #[test]
+    fn a_kill_is_marked_until_forgotten_and_a_dead_replicas_kill_is_taken_over() {
+        let root = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
+        let table = Durable::open(root.path()).unwrap();
+        let a_inc = store.register().unwrap();
+        store.renew(a_inc, 1, crate::clock::now()).unwrap();
+        let a = Replica {
+            incarnation: a_inc,
+            url: "http://127.0.0.1:1".into(),
+        };
+        let on_a = Replicas::new(table.clone(), store.clone(), a.clone());
+        let on_b = Replicas::new(
+            table.clone(),
+            store,
+            Replica {
+                incarnation: 77,
+                url: "http://127.0.0.1:2".into(),
+            },
+        );
+        // Paused, then being killed on a: neither taken, paused nor refreshed meanwhile.
+        table.put(&record(X, None)).unwrap();
+        assert_eq!(on_a.kill(X).unwrap(), Claimed::Done);
+        let marked = table.get(X).unwrap().unwrap();
+        assert!(marked.killing && marked.runs_on == Some(a.clone()));
+        assert_eq!(on_a.take(X).unwrap(), Claimed::Gone);
+        assert_eq!(on_b.take(X).unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_a.pause(&record(X, None)).unwrap(), Claimed::Gone);
+        assert!(!on_a.refresh(&record(X, Some(a.clone()))).unwrap());
+        assert_eq!(on_b.kill(X).unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_b.route(X).unwrap(), Route::There(a.clone()));
+        // A live replica's kill is not in b's sweep; a dead one's is, and b takes it over.
+        assert!(on_b.sweep().unwrap().is_empty());
+        let dead = Replica {
+            incarnation: 999,
+            url: "http://127.0.0.1:9".into(),
+        };
+        table
+            .put(&Record {
+                runs_on: Some(dead),
+                ..marked.clone()
+            })
+            .unwrap();
+        assert_eq!(on_b.sweep().unwrap().len(), 1);
+        let Route::Killing(taken) = on_b.route(X).unwrap() else {
+            panic!("a dead replica's kill not taken over")
+        };
+        assert_eq!(taken.runs_on, Some(on_b.me.clone()));
+        assert_eq!(table.get(X).unwrap().unwrap(), taken);
+        assert_eq!(on_b.forget(X).unwrap(), Claimed::Done);
+        assert_eq!(table.get(X).unwrap(), None);
+    }
+
+    #[test]
+    fn a_retention_ends_only_the_pause_it_counted_from() {
+        let root = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
+        let table = Durable::open(root.path()).unwrap();
+        let me = Replica {
+            incarnation: 5,
+            url: "http://127.0.0.1:1".into(),
+        };
+        let on_a = Replicas::new(table.clone(), store, me.clone());
+        let paused_at = |ms| Record {
+            paused_ms: ms,
+            ..record(X, None)
+        };
+        // Paused again since: counted from then, nothing changed.
+        table.put(&paused_at(2000)).unwrap();
+        assert_eq!(on_a.retain(X, 1000).unwrap(), Retention::PausedSince(2000));
+        assert_eq!(table.get(X).unwrap().unwrap(), paused_at(2000));
+        // Running somewhere, or gone: nothing to do.
+        table.put(&record(X, Some(me.clone()))).unwrap();
+        assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+        table.remove(X).unwrap();
+        assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+        // The same pause (or a record older than the field): the kill is marked here.
+        for recorded in [2000, 0] {
+            table.put(&paused_at(recorded)).unwrap();
+            assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Kill);
+            let now = table.get(X).unwrap().unwrap();
+            assert!(now.killing && now.runs_on == Some(me.clone()));
+            assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+        }
+        assert_eq!(
+            on_a.route("../x").unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 }

@@ -383,6 +383,7 @@ impl Server {
         let restored = state
             .registry
             .restore()
+            .await
             .map_err(|error| ServerError::Backend {
                 root: config.root.display().to_string(),
                 error,
@@ -421,8 +422,20 @@ impl Server {
         })?;
         let registry = self.state.registry.clone();
         let ending = registry.clone();
+        let sweeping = registry.replicas().is_some().then(|| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(crate::registry::SWEEP).await;
+                    registry.sweep().await;
+                }
+            })
+        });
         let shutdown = async move {
             shutdown.await;
+            if let Some(sweeping) = sweeping {
+                sweeping.abort();
+            }
             ending.kill_all().await;
         };
         // No Nagle: a command's stream writes its events as they come, each small; held back

@@ -26,7 +26,7 @@
 //! the root share (`replicated.rs`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -45,10 +45,11 @@ use crate::envd::processes::Processes;
 use crate::envd::watchers::Watchers;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::replicas::{Claimed, Replicas};
+use crate::replicas::{Claimed, Replicas, Retention};
 
 mod replicated;
 
+pub use replicated::SWEEP;
 use replicated::{moved, Recorded};
 
 /// The guard of a sandbox's keeper call.
@@ -122,6 +123,9 @@ pub struct Sandbox {
     paused: AtomicBool,
     /// How many times it was resumed: its timer's generation, and its next call's name.
     resumes: AtomicU32,
+    /// When it was last paused, in Unix milliseconds, as its record says (`--fleet`): what
+    /// its retention counts from.
+    paused_ms: AtomicU64,
     /// Its commands (envd's process service).
     pub processes: Processes,
     /// Its directory watches (envd's `WatchDir`, `CreateWatcher`): ended with its commands.
@@ -152,6 +156,11 @@ impl Sandbox {
         } else {
             clock::from_unix_ms(record.end_ms)
         };
+        // A record older than the field: its retention counts from now.
+        let paused_ms = match record.paused_ms {
+            0 => clock::unix_ms(clock::now()),
+            at => at,
+        };
         Ok(Sandbox {
             id: record.id,
             team,
@@ -167,13 +176,14 @@ impl Sandbox {
             life: Arc::new(RwLock::new(Life::Paused)),
             paused: AtomicBool::new(paused),
             resumes: AtomicU32::new(0),
+            paused_ms: AtomicU64::new(paused_ms),
             processes: Processes::default(),
             watchers: Watchers::default(),
             next_pid: AtomicU32::new(1),
         })
     }
 
-    /// Its record for the table, paused (no replica, no end).
+    /// Its record for the table, paused (no replica, no end) at its last pause.
     fn record(&self) -> Record {
         Record {
             id: self.id.clone(),
@@ -188,7 +198,15 @@ impl Sandbox {
             runs_on: None,
             end_ms: 0,
             interrupted: false,
+            paused_ms: self.paused_ms.load(Ordering::Acquire),
+            killing: false,
         }
+    }
+
+    /// Notes that it was paused now: its retention counts from here.
+    fn paused_now(&self) {
+        self.paused_ms
+            .store(clock::unix_ms(clock::now()), Ordering::Release);
     }
 
     /// Whether `token` is its access token (compared in constant time).
@@ -386,6 +404,7 @@ impl Registry {
             life: Arc::new(RwLock::new(Life::Running(guard))),
             paused: AtomicBool::new(false),
             resumes: AtomicU32::new(0),
+            paused_ms: AtomicU64::new(0),
             processes: Processes::default(),
             watchers: Watchers::default(),
             next_pid: AtomicU32::new(1),
@@ -432,6 +451,8 @@ impl Registry {
                 Ok(Ok(records)) => {
                     // The table is what is paused, and where the rest runs: what this replica
                     // thought paused may have been resumed elsewhere, or killed, since.
+                    // A sandbox being killed is listed nowhere.
+                    let records: Vec<_> = records.into_iter().filter(|r| !r.killing).collect();
                     let recorded: std::collections::HashSet<_> =
                         records.iter().map(|r| r.id.clone()).collect();
                     all.retain(|id, s| !s.is_paused() || recorded.contains(id));
@@ -548,25 +569,31 @@ impl Registry {
         sandbox.watchers.stop_all();
         let mut life = sandbox.life.write().await;
         let was = std::mem::replace(&mut *life, Life::Ended);
+        // Marked as being killed here in the root's table (`--fleet`) before the keeper acts,
+        // and forgotten once the keeper deleted it: a crash in between leaves the kill to the
+        // other replicas, never a workspace that nothing deletes.
+        if matches!(was, Life::Ended) {
+            return Claimed::Gone;
+        }
+        let marked = self.change_record(&sandbox, Replicas::kill).await;
         let mut taken = None;
         let guard = match was {
             Life::Running(guard) => {
                 self.metrics.sandboxes.dec();
                 self.give_back_slot(&sandbox.team);
-                if let Claimed::RunsOn(replica) = self.forget_record(&sandbox).await {
+                if let Claimed::RunsOn(replica) = &marked {
                     // Taken by another replica while this one's lease had lapsed: its call
                     // here was fenced off; released, it changes nothing there.
-                    taken = Some(replica);
+                    taken = Some(replica.clone());
                 }
                 Some(guard)
             }
             Life::Paused => {
                 self.metrics.paused.dec();
-                let forgotten = self.forget_record(&sandbox).await;
-                if forgotten != Claimed::Done {
+                if marked != Claimed::Done {
                     sandbox.paused.store(false, Ordering::Release);
-                    tracing::info!(?forgotten, "not killed here: another replica has it");
-                    return forgotten;
+                    tracing::info!(?marked, "not killed here: another replica has it");
+                    return marked;
                 }
                 self.let_go_paused(&sandbox).await
             }
@@ -574,8 +601,17 @@ impl Registry {
         };
         sandbox.paused.store(false, Ordering::Release);
         if let Some(guard) = guard {
+            let keeper_sandbox = guard.sandbox();
             let released = guard.release_as(WayDown::Shutdown).await;
+            // Deleted once its way down ended; not while it runs on for the other sandboxes
+            // of a shared session (it is not going down).
+            if self.keeper.sandbox_state(keeper_sandbox) != Some(SandboxState::Running) {
+                self.keeper.sandbox_down(keeper_sandbox).await;
+            }
             tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, ?released, "killed");
+        }
+        if marked == Claimed::Done {
+            self.forget_record(&sandbox).await;
         }
         drop(life);
         self.metrics.count(&self.metrics.kills, reason);
@@ -671,6 +707,7 @@ impl Registry {
                 self.keeper.sandbox_down(keeper_sandbox).await;
             }
             tracing::info!(?released, "paused");
+            sandbox.paused_now();
             Ok(self.record(sandbox, how).await)
         }
         .instrument(span)
@@ -761,6 +798,7 @@ impl Registry {
                 Err(e) => {
                     // Still paused: recorded again, and its retention (which the attempt's
                     // generation ended) starts anew.
+                    sandbox.paused_now();
                     self.record(&sandbox, Recorded::Paused).await;
                     self.start_retention(&sandbox);
                     return Err(e);
@@ -871,29 +909,56 @@ impl Registry {
     }
 
     /// Kills the sandbox `retention` after its pause unless it was resumed (or killed) since:
-    /// the pause of `generation` is still its present life, checked under its write lock.
+    /// the pause of `generation` is still its present life here, checked under its write
+    /// lock, and (`--fleet`) the root's table still says that pause ([`Replicas::retain`]):
+    /// paused again since by another replica, its retention counts from then.
     async fn retention(
         self: Arc<Self>,
         sandbox: Arc<Sandbox>,
         generation: u32,
         retention: Duration,
     ) {
-        tokio::time::sleep(retention).await;
-        let taken = {
+        loop {
+            let paused_ms = sandbox.paused_ms.load(Ordering::Acquire);
+            let end = clock::after(clock::from_unix_ms(paused_ms), retention);
+            let left = end.duration_since(clock::now()).unwrap_or_default();
+            tokio::time::sleep(left).await;
             let life = sandbox.life.write().await;
             let same_pause = matches!(*life, Life::Paused)
-                && sandbox.resumes.load(Ordering::Acquire) == generation;
-            let mut inner = lock(&self.inner);
-            match inner.sandboxes.get(&sandbox.id) {
-                Some(s) if same_pause && Arc::ptr_eq(s, &sandbox) => {
-                    inner.sandboxes.remove(&sandbox.id)
-                }
-                _ => None,
+                && sandbox.resumes.load(Ordering::Acquire) == generation
+                && self
+                    .any(&sandbox.id)
+                    .is_some_and(|s| Arc::ptr_eq(&s, &sandbox));
+            if !same_pause {
+                return;
             }
-        };
-        if let Some(sandbox) = taken {
-            tracing::info!(sandbox = %sandbox.id, "paused past its retention: killing");
-            self.finish(sandbox, "retention").await;
+            match self.retain(&sandbox, paused_ms).await {
+                Retention::Kill => {}
+                Retention::PausedSince(at) => {
+                    tracing::info!(sandbox = %sandbox.id, "retention: paused again since by another replica, counted from then");
+                    sandbox.paused_ms.store(at, Ordering::Release);
+                    continue;
+                }
+                Retention::Moved => {
+                    tracing::info!(sandbox = %sandbox.id, "retention: not here to act on: resumed or killed by another replica");
+                    drop(life);
+                    self.evict(&sandbox.id).await;
+                    return;
+                }
+            }
+            let taken = {
+                let mut inner = lock(&self.inner);
+                match inner.sandboxes.get(&sandbox.id) {
+                    Some(s) if Arc::ptr_eq(s, &sandbox) => inner.sandboxes.remove(&sandbox.id),
+                    _ => None,
+                }
+            };
+            drop(life);
+            if let Some(sandbox) = taken {
+                tracing::info!(sandbox = %sandbox.id, "paused past its retention: killing");
+                self.finish(sandbox, "retention").await;
+            }
+            return;
         }
     }
 

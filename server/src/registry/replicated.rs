@@ -11,44 +11,54 @@ use super::{lock, Life, Registry, Sandbox};
 use crate::clock;
 use crate::durable::{Record, Replica};
 use crate::error::ApiError;
-use crate::replicas::{Claimed, Replicas, Route};
+use crate::replicas::{Claimed, Replicas, Retention, Route};
+
+/// How often each replica sweeps the root's table ([`Registry::sweep`]).
+pub const SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Registry {
     /// Takes back the paused sandboxes of the root's table: each is paused here as it was
     /// (same id, team, token, settings), its workspace with the keeper's fleet store until a
-    /// resume claims its key, and its retention starts. A sandbox whose replica is gone is
-    /// paused first ([`crate::replicas`]); one running on a live replica is left to it.
-    /// Answers how many were taken back; a record that names no valid team or session is kept
-    /// on disk and left out, with a warning.
-    pub fn restore(self: &Arc<Self>) -> std::io::Result<usize> {
-        let Some(replicas) = &self.replicas else {
+    /// resume claims its key, and its retention runs here too. A sandbox whose replica is
+    /// gone is paused first ([`crate::replicas`]), and a kill that such a replica left half
+    /// done is finished; one running on a live replica is left to it. Answers how many were
+    /// taken back; a record that names no valid team or session is kept on disk and left out,
+    /// with a warning. The sweep ([`sweep`](Self::sweep)) does the same every few seconds.
+    pub async fn restore(self: &Arc<Self>) -> std::io::Result<usize> {
+        let Some(replicas) = self.replicas.clone() else {
             return Ok(0);
         };
+        let records = tokio::task::spawn_blocking(move || replicas.sweep())
+            .await
+            .map_err(std::io::Error::other)??;
         let mut restored = 0;
-        for record in replicas.table.load()? {
-            let record = match &record.runs_on {
-                None => record,
-                Some(r) if replicas.lives(r) => continue,
-                Some(_) => match replicas.route(&record.id) {
-                    Ok(Route::Paused { record, .. }) => record,
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::warn!(sandbox = %record.id, error = %e, "a sandbox of a gone replica could not be taken back: left as it is");
-                        continue;
-                    }
-                },
+        for record in records {
+            let adopted = if record.runs_on.is_none() {
+                self.adopt(record).is_some()
+            } else {
+                // Its replica died: paused here as interrupted (or its kill finished).
+                let id = record.id.clone();
+                matches!(self.route(&id, None).await, Ok(None)) && self.any(&id).is_some()
             };
-            if let Some(sandbox) = self.adopt(record) {
-                self.start_retention(&sandbox);
-                restored += 1;
-            }
+            restored += usize::from(adopted);
         }
         Ok(restored)
     }
 
+    /// One pass of the sweep (`--fleet`, every [`SWEEP`] on each replica): the paused
+    /// sandboxes of the table this replica did not know are taken in (their retention runs
+    /// here too), and those of dead replicas are paused, or their kills finished, as a
+    /// request for them would. A table that cannot be read is logged.
+    pub async fn sweep(self: &Arc<Self>) {
+        if let Err(e) = self.restore().await {
+            tracing::warn!(error = %e, "the sandbox table could not be swept");
+        }
+    }
+
     /// Puts the paused sandbox of `record` in the table here (a restart, or a replica that
-    /// was asked for it): `None` when its record names no valid team or session.
-    pub(super) fn adopt(&self, record: Record) -> Option<Arc<Sandbox>> {
+    /// was asked for it), and starts its retention when it was not known here: `None` when
+    /// its record names no valid team or session.
+    pub(super) fn adopt(self: &Arc<Self>, record: Record) -> Option<Arc<Sandbox>> {
         let sandbox = match Sandbox::of_record(record, true) {
             Ok(sandbox) => Arc::new(sandbox),
             Err((id, why)) => {
@@ -56,13 +66,43 @@ impl Registry {
                 return None;
             }
         };
-        let mut inner = lock(&self.inner);
-        if let Some(here) = inner.sandboxes.get(&sandbox.id) {
-            return Some(here.clone());
+        {
+            let mut inner = lock(&self.inner);
+            if let Some(here) = inner.sandboxes.get(&sandbox.id) {
+                return Some(here.clone());
+            }
+            inner.sandboxes.insert(sandbox.id.clone(), sandbox.clone());
         }
-        inner.sandboxes.insert(sandbox.id.clone(), sandbox.clone());
         self.metrics.paused.inc();
+        self.start_retention(&sandbox);
         Some(sandbox)
+    }
+
+    /// Finishes the kill of the sandbox of `record`, which a replica that died left half
+    /// done (its record, marked as being killed, names this replica now): its keeper takes
+    /// the key over, and the sandbox is deleted as a kill of a paused one is.
+    async fn finish_cut_off_kill(self: &Arc<Self>, record: Record) {
+        let id = record.id.clone();
+        let sandbox = match Sandbox::of_record(record, true) {
+            Ok(sandbox) => Arc::new(sandbox),
+            Err((id, why)) => {
+                tracing::warn!(sandbox = %id, %why, "a cut-off kill's record is not usable: left on disk");
+                return;
+            }
+        };
+        let known = lock(&self.inner).sandboxes.remove(&id);
+        if let Some(known) = known {
+            // A paused view this replica had of it: out of the table, ended.
+            let mut life = known.life.write().await;
+            if matches!(*life, Life::Paused) {
+                *life = Life::Ended;
+                known.paused.store(false, Ordering::Release);
+                self.metrics.paused.dec();
+            }
+        }
+        self.metrics.paused.inc();
+        let finished = self.finish(sandbox, "continued").await;
+        tracing::info!(sandbox = %id, ?finished, "a kill cut off by its replica's end finished");
     }
 
     /// Takes a paused sandbox this replica knew out of its table: it was resumed by another
@@ -127,12 +167,13 @@ impl Registry {
             Ok(Route::Mine) => Ok(None),
             Ok(Route::Paused { record, orphaned }) => {
                 let interrupted = record.interrupted.then_some(record.end_ms);
+                if orphaned {
+                    // Paused just now: whatever this replica knew of it is older.
+                    self.evict(id).await;
+                }
                 let Some(sandbox) = self.adopt(record) else {
                     return Ok(None);
                 };
-                if orphaned {
-                    self.start_retention(&sandbox);
-                }
                 match interrupted {
                     Some(end_ms) if token.is_some_and(|t| sandbox.token_matches(t)) => {
                         let registry = self.clone();
@@ -148,6 +189,12 @@ impl Registry {
             }
             Ok(Route::Unknown) => {
                 self.evict(id).await;
+                Ok(None)
+            }
+            Ok(Route::Killing(record)) => {
+                // Answered as gone (404) at once; the kill goes on on its own task.
+                let registry = self.clone();
+                tokio::spawn(async move { registry.finish_cut_off_kill(record).await });
                 Ok(None)
             }
             Ok(Route::There(replica)) => {
@@ -181,6 +228,7 @@ impl Registry {
             .filter(|d| !d.is_zero());
         let Some(left) = left else {
             if sandbox.auto_pause {
+                sandbox.paused_now();
                 self.record(&sandbox, Recorded::Paused).await;
             } else if let Err(e) = self.kill(&sandbox.team, &sandbox.id).await {
                 tracing::warn!(sandbox = %sandbox.id, error = %e.message, "an interrupted sandbox past its end not killed");
@@ -256,12 +304,27 @@ impl Registry {
     }
 
     /// Removes `sandbox`'s record (`--fleet`) if it is paused or runs here, under the table's
-    /// lock (a kill, before the keeper acts: a crash in between leaves a sandbox forgotten,
-    /// its workspace swept with its key's record, never a record that a later resume would
-    /// answer with an empty workspace). What the lock found; a failure to write is logged and
-    /// taken as done.
+    /// lock (a kill, once the keeper deleted it: [`Replicas::kill`] marked it before). What
+    /// the lock found; a failure to write is logged and taken as done.
     pub(super) async fn forget_record(&self, sandbox: &Sandbox) -> Claimed {
         self.change_record(sandbox, Replicas::forget).await
+    }
+
+    /// Whether the retention of `sandbox`, paused at `paused_ms`, may end it: without
+    /// `--fleet`, yes; with it, as the table says ([`Replicas::retain`]). A table that
+    /// cannot be changed answers `Moved` (logged): nothing is deleted on a guess.
+    pub(super) async fn retain(&self, sandbox: &Sandbox, paused_ms: u64) -> Retention {
+        let Some(replicas) = self.replicas.clone() else {
+            return Retention::Kill;
+        };
+        let id = sandbox.id.clone();
+        match tokio::task::spawn_blocking(move || replicas.retain(&id, paused_ms)).await {
+            Ok(Ok(retention)) => retention,
+            failed => {
+                tracing::error!(sandbox = %sandbox.id, ?failed, "a retention could not read the table: the sandbox is kept");
+                Retention::Moved
+            }
+        }
     }
 
     /// `change` of `sandbox`'s record on a blocking task (`--fleet`; without: done).
@@ -289,6 +352,7 @@ fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
     Record {
         runs_on: Some(replicas.me.clone()),
         end_ms: clock::unix_ms(sandbox.end_at()),
+        paused_ms: 0,
         ..sandbox.record()
     }
 }
