@@ -113,7 +113,17 @@ pub(super) async fn stream_input(
             answer.extend_from_slice(&connect::end_stream(None));
             stream_response(Body::from(answer))
         }
-        Err(e) => stream_error(&e),
+        Err(e) => {
+            // Refused before the client's stream ended: what it still sends is never read, so
+            // the connection cannot carry another request. Said, so that the client does not
+            // send its next request on it (the SDK did, and saw the connection closed under it).
+            let mut answer = stream_error(&e);
+            answer.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            answer
+        }
     }
 }
 
