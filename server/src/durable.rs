@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// The largest record read back (a create's body is bounded far below this).
-const MAX_RECORD: u64 = 4 << 20;
+pub const MAX_RECORD: u64 = 4 << 20;
 
 /// What the table keeps of one sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,6 +215,11 @@ fn unique() -> io::Result<String> {
 }
 
 /// `<id>.json` for a valid id (`sbx` and 20 lower-case hex digits), else an error.
+/// Whether `id` is a sandbox id (`sbx` and 20 hex digits): `InvalidInput` naming it if not.
+pub fn check_id(id: &str) -> io::Result<()> {
+    file_name(id).map(drop)
+}
+
 fn file_name(id: &str) -> io::Result<String> {
     let valid = id.len() == 23
         && id.starts_with("sbx")

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use sandkeeperd::auth::{hash_key, Keys};
+use sandkeeperd::hosts::Hosts;
 use sandkeeperd::kubernetes::{ApiServer, Kubernetes};
 use sandkeeperd::server::{Config, Limits, Server};
 use sandkeeperd::tls::Tls;
@@ -39,6 +40,15 @@ struct Args {
     /// --listen address, 127.0.0.1 for 0.0.0.0).
     #[arg(long, value_name = "URL", requires = "fleet")]
     advertise: Option<String>,
+    /// With --fleet: replicas on hosts of their own, each with its own --root, sharing this
+    /// PostgreSQL database (`postgres://user@host:port/db`, or a key=value connection string)
+    /// for the fleet store and the sandbox table, and the shelf --snapshots names for paused
+    /// workspaces (docs/server.md, "Replicas on hosts of their own").
+    #[arg(long, value_name = "URL", requires = "fleet")]
+    fleet_store: Option<String>,
+    /// With --fleet-store: speak TLS to PostgreSQL, trusting the certificates in this PEM file.
+    #[arg(long, value_name = "PEM", requires = "fleet_store")]
+    fleet_store_ca: Option<PathBuf>,
     /// With --kubernetes: this kubeconfig file (its current context).
     #[arg(
         long,
@@ -51,9 +61,10 @@ struct Args {
     /// proxy`).
     #[arg(long, value_name = "URL", requires = "kubernetes")]
     kube_server: Option<String>,
-    /// With --kubernetes in pod mode: keep paused workspaces in this object storage
-    /// (s3://bucket/prefix, gs://, az://, file:///dir), so that pod mode can pause.
-    #[arg(long, value_name = "URL", requires = "kubernetes")]
+    /// Keep paused workspaces in this object storage (s3://bucket/prefix, gs://, az://,
+    /// file:///dir): with --kubernetes in pod mode, so that pod mode can pause; with
+    /// --fleet-store (needed there), the shelf every host's paused workspaces go to.
+    #[arg(long, value_name = "URL")]
     snapshots: Option<String>,
     /// An API key, `TEAM:KEY` (hashed at once; prefer --api-keys, since a flag shows in `ps`).
     #[arg(long = "api-key")]
@@ -160,6 +171,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(root) => root,
         None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
     };
+    let hosts = match (&args.fleet_store, &args.snapshots) {
+        (None, Some(_)) if args.kubernetes.is_none() => {
+            return Err("--snapshots is for --kubernetes (pod mode) or --fleet-store".into())
+        }
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err("--fleet-store needs --snapshots URL: the shelf the hosts' paused workspaces go to, which every host reaches".into())
+        }
+        (Some(store), Some(shelf)) => Some(Hosts {
+            store: store.clone(),
+            store_ca: args.fleet_store_ca.clone(),
+            shelf: shelf.clone(),
+        }),
+    };
     let kubernetes = match &args.kubernetes {
         None => None,
         Some(file) => {
@@ -177,6 +202,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         kubernetes,
         fleet: args.fleet,
         advertise: args.advertise,
+        hosts,
         keys,
         limits: Limits {
             json_body: args.max_body_bytes,

@@ -1,16 +1,18 @@
-//! Replicas: several servers on one root (`--fleet`), any of which answers for any sandbox.
+//! Replicas: several servers (`--fleet`), on one root or on hosts of their own
+//! ([`crate::hosts`]), any of which answers for any sandbox.
 //!
-//! The root's sandbox table ([`crate::durable`]) says where each sandbox runs; the root's fleet
-//! store says which replicas live (each holds a lease under its incarnation) and which one's
-//! keeper drives a sandbox's key, so no two act on one sandbox. A request for a sandbox this
+//! The sandbox table ([`crate::table`]: files under the root, or rows in PostgreSQL) says
+//! where each sandbox runs; the fleet store (the root's, or PostgreSQL's) says which replicas
+//! live (each holds a lease under its incarnation) and which one's keeper drives a sandbox's
+//! key, so no two act on one sandbox. A request for a sandbox this
 //! replica does not run is routed ([`Replicas::route`]):
 //!
 //! - it runs on another live replica: the request is forwarded there ([`crate::forward`]);
-//! - it is paused: this replica answers, and a connect or resume takes it under the table's
-//!   lock ([`Replicas::take`]); the keeper's claim of its key then has the replica that paused
+//! - it is paused: this replica answers, and a connect or resume takes it in one change of its
+//!   record ([`Replicas::take`]); the keeper's claim of its key then has the replica that paused
 //!   it hand the kept workspace over at its next lease renewal;
 //! - its replica is dead (no live lease, or it had this replica's own address): the sandbox
-//!   is paused in the table as interrupted (under the lock, if the record still names that
+//!   is paused in the table as interrupted (in one change, if the record still names that
 //!   replica), and then handled as one its server paused at its end. Its workspace is still on
 //!   the root, named warm in its key's record in the store (the keeper's sweep keeps what a
 //!   key's record names), so a resume continues it where this replica's keeper adopts it,
@@ -31,20 +33,62 @@
 //! own request rate, and a signed `/files` URL (which names no sandbox) is answered only by
 //! the replica that runs the sandbox.
 
+use std::collections::HashMap;
 use std::io;
 
+use sandkeeper_pg::PgStore;
 use sandkeeper_tokio::local::store::LocalStore;
 
-use crate::durable::{Durable, Record, Replica};
+use crate::durable::{Record, Replica};
+use crate::table::{Change, Table};
 
-/// This replica, the root's table and store.
+/// This replica, the table and the leases of the fleet store.
 #[derive(Clone, Debug)]
 pub struct Replicas {
     /// The table.
-    pub table: Durable,
+    pub table: Table,
     /// This replica.
     pub me: Replica,
-    store: LocalStore,
+    leases: Leases,
+}
+
+/// Where the replicas' leases are read: the fleet store their keepers share.
+#[derive(Clone)]
+pub enum Leases {
+    /// The root's own store (replicas on one root).
+    Local(LocalStore),
+    /// The fleet store in PostgreSQL (replicas on hosts of their own).
+    Postgres(PgStore),
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Leases::Local(store) => f.debug_tuple("Local").field(store).finish(),
+            Leases::Postgres(_) => f.write_str("Postgres"),
+        }
+    }
+}
+
+impl Leases {
+    /// Whether `incarnation` holds a live lease now. A store that cannot be read counts as
+    /// alive: nothing is taken over on a guess.
+    async fn hold(&self, incarnation: u32) -> bool {
+        match self {
+            Leases::Local(store) => store
+                .holds_lease(incarnation, crate::clock::now())
+                .unwrap_or(true),
+            Leases::Postgres(store) => match store.processes().await {
+                Ok(leases) => leases.get(&incarnation).is_some_and(|(_, expires_ms)| {
+                    *expires_ms > crate::clock::unix_ms(crate::clock::now())
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the fleet store's leases could not be read: taken as alive");
+                    true
+                }
+            },
+        }
+    }
 }
 
 /// Where a request for a sandbox goes.
@@ -80,7 +124,7 @@ pub enum Retention {
     Moved,
 }
 
-/// What [`Replicas::take`] and [`Replicas::forget`] found under the lock.
+/// What [`Replicas::take`] and [`Replicas::forget`] found in one change of the record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claimed {
     /// The sandbox was paused, and the change was made.
@@ -92,32 +136,28 @@ pub enum Claimed {
 }
 
 impl Replicas {
-    /// The replicas of the table `table` and the fleet store `store`, as `me`.
-    pub fn new(table: Durable, store: LocalStore, me: Replica) -> Self {
-        Replicas { table, me, store }
+    /// The replicas of the table `table` and the fleet store's `leases`, as `me`.
+    pub fn new(table: Table, leases: Leases, me: Replica) -> Self {
+        Replicas { table, me, leases }
     }
 
-    /// Whether `replica` lives: it holds a lease in the store (this one does). A store that
-    /// cannot be read counts as alive: nothing is taken over on a guess.
-    pub fn lives(&self, replica: &Replica) -> bool {
-        if replica == &self.me {
-            return true;
-        }
-        self.store
-            .holds_lease(replica.incarnation, crate::clock::now())
-            .unwrap_or(true)
+    /// Whether `replica` lives: it holds a lease in the store (this one does).
+    pub async fn lives(&self, replica: &Replica) -> bool {
+        replica == &self.me || self.leases.hold(replica.incarnation).await
     }
 
-    /// Where a request for `id` (not running on this replica) goes. Blocking: it reads the
-    /// table and the store. A sandbox whose replica is dead is paused in the table here.
-    pub fn route(&self, id: &str) -> io::Result<Route> {
+    /// Where a request for `id` (not running on this replica) goes. A sandbox whose replica
+    /// is dead is paused in the table here, or its kill taken over.
+    pub async fn route(&self, id: &str) -> io::Result<Route> {
         // A record that changed between the read and the lock is read again: each change is
         // one replica's step, so a few reads settle.
         for _ in 0..8 {
-            let Some(record) = self.table.get(id)? else {
+            let Some(record) = self.table.get(id).await? else {
                 return Ok(Route::Unknown);
             };
+            // The replica whose kill or run is taken over (`None`: a kill no replica holds).
             let dead = match &record.runs_on {
+                None if record.killing => None,
                 None => {
                     return Ok(Route::Paused {
                         record,
@@ -125,7 +165,7 @@ impl Replicas {
                     })
                 }
                 Some(r) if r == &self.me => return Ok(Route::Mine),
-                Some(r) if self.lives(r) && r.url == self.me.url => {
+                Some(r) if self.lives(r).await && r.url == self.me.url => {
                     // Not sent to itself: an earlier server at this address whose lease has
                     // not run out yet (killed, and restarted on the same port), or a live
                     // replica given the same address.
@@ -137,29 +177,39 @@ impl Replicas {
                         ),
                     ));
                 }
-                Some(r) if self.lives(r) => return Ok(Route::There(r.clone())),
-                Some(dead) => dead.clone(),
+                Some(r) if self.lives(r).await => return Ok(Route::There(r.clone())),
+                Some(dead) => Some(dead.clone()),
             };
-            let taken = self.table.locked(|table| match table.get(id)? {
-                Some(mut now) if now.runs_on.as_ref() == Some(&dead) => {
-                    if now.killing {
-                        now.runs_on = Some(self.me.clone());
-                    } else {
-                        now.runs_on = None;
-                        now.interrupted = true;
-                        now.paused_ms = crate::clock::unix_ms(crate::clock::now());
+            let me = self.me.clone();
+            let taken = self
+                .table
+                .change(id, move |now| match now {
+                    Some(mut now) if now.runs_on == dead && (dead.is_some() || now.killing) => {
+                        if now.killing {
+                            now.runs_on = Some(me.clone());
+                        } else {
+                            now.runs_on = None;
+                            now.interrupted = true;
+                            now.paused_ms = crate::clock::unix_ms(crate::clock::now());
+                        }
+                        (
+                            Change::Put(Box::new(now.clone())),
+                            Some((now, dead.clone())),
+                        )
                     }
-                    table.put(&now)?;
-                    Ok(Some(now))
-                }
-                _ => Ok(None),
-            })?;
+                    _ => (Change::Keep, None),
+                })
+                .await?;
             match taken {
-                Some(record) if record.killing => {
+                Some((record, None)) => {
+                    tracing::info!(sandbox = %id, "a kill that could not reach its workspace: tried again here");
+                    return Ok(Route::Killing(record));
+                }
+                Some((record, Some(dead))) if record.killing => {
                     tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone in the middle of its kill: finishing it here");
                     return Ok(Route::Killing(record));
                 }
-                Some(record) => {
+                Some((record, Some(dead))) => {
                     tracing::info!(sandbox = %id, replica = %dead.url, incarnation = dead.incarnation, "the sandbox's replica is gone: paused, for any replica to continue");
                     return Ok(Route::Paused {
                         record,
@@ -175,98 +225,124 @@ impl Replicas {
     }
 
     /// Takes the paused sandbox `id` for this replica (a resume): its record now says it runs
-    /// here. Blocking.
-    pub fn take(&self, id: &str) -> io::Result<Claimed> {
-        self.table.locked(|table| match table.get(id)? {
-            None => Ok(Claimed::Gone),
-            Some(record) if record.killing && record.runs_on.as_ref() == Some(&self.me) => {
-                Ok(Claimed::Gone)
-            }
-            Some(mut record) => match &record.runs_on {
-                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
-                _ => {
-                    record.runs_on = Some(self.me.clone());
-                    table.put(&record)?;
-                    Ok(Claimed::Done)
+    /// here.
+    pub async fn take(&self, id: &str) -> io::Result<Claimed> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                None => (Change::Keep, Claimed::Gone),
+                Some(record)
+                    if record.killing && record.runs_on.as_ref().is_none_or(|r| r == &me) =>
+                {
+                    (Change::Keep, Claimed::Gone)
                 }
-            },
-        })
+                Some(mut record) => match &record.runs_on {
+                    Some(r) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                    _ => {
+                        record.runs_on = Some(me.clone());
+                        (Change::Put(Box::new(record)), Claimed::Done)
+                    }
+                },
+            })
+            .await
     }
 
     /// Replaces the record of a sandbox running here with `record` (its new end), if the
-    /// table still says it runs here: a late write never undoes a pause or a kill. Blocking.
-    pub fn refresh(&self, record: &Record) -> io::Result<bool> {
-        self.table.locked(|table| match table.get(&record.id)? {
-            Some(now) if now.runs_on.as_ref() == Some(&self.me) && !now.killing => {
-                table.put(record)?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        })
+    /// table still says it runs here: a late write never undoes a pause or a kill.
+    pub async fn refresh(&self, record: Record) -> io::Result<bool> {
+        let me = self.me.clone();
+        let id = record.id.clone();
+        self.table
+            .change(&id, move |now| match now {
+                Some(now) if now.runs_on.as_ref() == Some(&me) && !now.killing => {
+                    (Change::Put(Box::new(record.clone())), true)
+                }
+                _ => (Change::Keep, false),
+            })
+            .await
     }
 
     /// Writes `record` (paused) if the table says its sandbox is paused or runs here (a pause
     /// here): never over another replica's, which took it while this one lost its lease.
-    /// Blocking.
-    pub fn pause(&self, record: &Record) -> io::Result<Claimed> {
-        self.table.locked(|table| match table.get(&record.id)? {
-            None => Ok(Claimed::Gone),
-            Some(now) if now.killing => Ok(Claimed::Gone),
-            Some(now) => match &now.runs_on {
-                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
-                _ => table.put(record).map(|()| Claimed::Done),
-            },
-        })
+    pub async fn pause(&self, record: Record) -> io::Result<Claimed> {
+        let me = self.me.clone();
+        let id = record.id.clone();
+        self.table
+            .change(&id, move |now| match now {
+                None => (Change::Keep, Claimed::Gone),
+                Some(now) if now.killing => (Change::Keep, Claimed::Gone),
+                Some(now) => match &now.runs_on {
+                    Some(r) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                    _ => (Change::Put(Box::new(record.clone())), Claimed::Done),
+                },
+            })
+            .await
     }
 
     /// Marks the sandbox `id` as being killed here if it is paused or runs here (a kill,
     /// before the keeper acts): its record says so until [`forget`](Self::forget) removes it,
     /// once the keeper deleted the sandbox, and a replica dying in between leaves the kill to
-    /// the others. Blocking.
-    pub fn kill(&self, id: &str) -> io::Result<Claimed> {
-        self.table.locked(|table| match table.get(id)? {
-            None => Ok(Claimed::Gone),
-            Some(mut record) => match &record.runs_on {
-                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
-                _ => {
-                    record.runs_on = Some(self.me.clone());
-                    record.killing = true;
-                    table.put(&record)?;
-                    Ok(Claimed::Done)
-                }
-            },
-        })
+    /// the others.
+    pub async fn kill(&self, id: &str) -> io::Result<Claimed> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                None => (Change::Keep, Claimed::Gone),
+                Some(mut record) => match &record.runs_on {
+                    Some(r) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                    _ => {
+                        record.runs_on = Some(me.clone());
+                        record.killing = true;
+                        (Change::Put(Box::new(record)), Claimed::Done)
+                    }
+                },
+            })
+            .await
     }
 
     /// The retention of the sandbox `id`, paused at `paused_ms` (Unix milliseconds), ran
     /// out: if it is still paused since then (or its record, older than the field, says no
-    /// time), it is marked as being killed here ([`kill`](Self::kill)). Blocking.
-    pub fn retain(&self, id: &str, paused_ms: u64) -> io::Result<Retention> {
-        self.table.locked(|table| match table.get(id)? {
-            Some(mut record) if record.runs_on.is_none() => {
-                if record.paused_ms != paused_ms && record.paused_ms != 0 {
-                    return Ok(Retention::PausedSince(record.paused_ms));
+    /// time), it is marked as being killed here ([`kill`](Self::kill)).
+    pub async fn retain(&self, id: &str, paused_ms: u64) -> io::Result<Retention> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                Some(mut record) if record.runs_on.is_none() && !record.killing => {
+                    if record.paused_ms != paused_ms && record.paused_ms != 0 {
+                        let since = record.paused_ms;
+                        return (Change::Keep, Retention::PausedSince(since));
+                    }
+                    record.runs_on = Some(me.clone());
+                    record.killing = true;
+                    (Change::Put(Box::new(record)), Retention::Kill)
                 }
-                record.runs_on = Some(self.me.clone());
-                record.killing = true;
-                table.put(&record)?;
-                Ok(Retention::Kill)
-            }
-            _ => Ok(Retention::Moved),
-        })
+                _ => (Change::Keep, Retention::Moved),
+            })
+            .await
     }
 
-    /// Every record whose replica died (the sweep's work, [`route`](Self::route) each), and
-    /// every paused one: the table as this replica should see it. Blocking.
-    pub fn sweep(&self) -> io::Result<Vec<Record>> {
-        let mut lives = std::collections::HashMap::new();
+    /// Every paused record (and kill no replica holds), and every record whose replica died
+    /// (the sweep's work, [`route`](Self::route) each): the table as this replica should see
+    /// it.
+    pub async fn sweep(&self) -> io::Result<Vec<Record>> {
+        let mut lives: HashMap<(u32, String), bool> = HashMap::new();
         let mut out = Vec::new();
-        for record in self.table.load()? {
+        for record in self.table.load().await? {
             let keep = match &record.runs_on {
                 None => true,
-                Some(replica) => !*lives
-                    .entry((replica.incarnation, replica.url.clone()))
-                    .or_insert_with(|| self.lives(replica)),
+                Some(replica) if replica == &self.me => false,
+                Some(replica) => {
+                    let at = (replica.incarnation, replica.url.clone());
+                    let alive = match lives.get(&at) {
+                        Some(alive) => *alive,
+                        None => {
+                            let alive = self.lives(replica).await;
+                            lives.insert(at, alive);
+                            alive
+                        }
+                    };
+                    !alive
+                }
             };
             if keep {
                 out.push(record);
@@ -275,22 +351,47 @@ impl Replicas {
         Ok(out)
     }
 
+    /// Lets go of this replica's kill of `id`, which could not reach the workspace (its key's
+    /// sandbox is on a host that is down): the record stays marked, held by no replica, and
+    /// any replica's sweep tries the kill again ([`route`](Self::route) takes it), so that the
+    /// host the workspace is on finishes it once it is back.
+    pub async fn let_kill_go(&self, id: &str) -> io::Result<Claimed> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                Some(mut record) if record.killing && record.runs_on.as_ref() == Some(&me) => {
+                    record.runs_on = None;
+                    (Change::Put(Box::new(record)), Claimed::Done)
+                }
+                Some(record) => match record.runs_on {
+                    Some(r) if r != me => (Change::Keep, Claimed::RunsOn(r)),
+                    _ => (Change::Keep, Claimed::Gone),
+                },
+                None => (Change::Keep, Claimed::Gone),
+            })
+            .await
+    }
+
     /// Removes the record of `id` if it is paused or runs here (a kill, once the keeper
-    /// deleted the sandbox). Blocking.
-    pub fn forget(&self, id: &str) -> io::Result<Claimed> {
-        self.table.locked(|table| match table.get(id)? {
-            None => Ok(Claimed::Gone),
-            Some(record) => match &record.runs_on {
-                Some(r) if r != &self.me => Ok(Claimed::RunsOn(r.clone())),
-                _ => table.remove(id).map(|()| Claimed::Done),
-            },
-        })
+    /// deleted the sandbox).
+    pub async fn forget(&self, id: &str) -> io::Result<Claimed> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                None => (Change::Keep, Claimed::Gone),
+                Some(record) => match &record.runs_on {
+                    Some(r) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                    _ => (Change::Remove, Claimed::Done),
+                },
+            })
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::durable::Durable;
     use std::collections::BTreeMap;
     use std::time::Duration;
 
@@ -315,11 +416,12 @@ mod tests {
 
     const X: &str = "sbx0123456789abcdef0123";
 
-    #[test]
-    fn a_sandbox_is_routed_to_its_live_replica_taken_once_and_paused_when_its_replica_died() {
+    #[tokio::test]
+    async fn a_sandbox_is_routed_to_its_live_replica_taken_once_and_paused_when_its_replica_died() {
         let root = tempfile::tempdir().unwrap();
         let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
         let table = Durable::open(root.path()).unwrap();
+        let shared = Table::Files(table.clone());
         let (a_inc, b_inc) = (store.register().unwrap(), store.register().unwrap());
         store.renew(a_inc, 1, crate::clock::now()).unwrap();
         store.renew(b_inc, 1, crate::clock::now()).unwrap();
@@ -331,41 +433,41 @@ mod tests {
             incarnation: b_inc,
             url: "http://127.0.0.1:2".into(),
         };
-        let on_a = Replicas::new(table.clone(), store.clone(), a.clone());
-        let on_b = Replicas::new(table.clone(), store.clone(), b.clone());
+        let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), a.clone());
+        let on_b = Replicas::new(shared.clone(), Leases::Local(store.clone()), b.clone());
 
-        assert_eq!(on_b.route(X).unwrap(), Route::Unknown);
+        assert_eq!(on_b.route(X).await.unwrap(), Route::Unknown);
         table.put(&record(X, Some(a.clone()))).unwrap();
-        assert_eq!(on_b.route(X).unwrap(), Route::There(a.clone()));
-        assert_eq!(on_a.route(X).unwrap(), Route::Mine);
+        assert_eq!(on_b.route(X).await.unwrap(), Route::There(a.clone()));
+        assert_eq!(on_a.route(X).await.unwrap(), Route::Mine);
         // Running on a: b can neither take nor forget it.
-        assert_eq!(on_b.take(X).unwrap(), Claimed::RunsOn(a.clone()));
-        assert_eq!(on_b.forget(X).unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_b.take(X).await.unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_b.forget(X).await.unwrap(), Claimed::RunsOn(a.clone()));
         // A's new end is written while it runs there, never over a pause.
         let mut longer = record(X, Some(a.clone()));
         longer.end_ms = 99;
-        assert!(on_a.refresh(&longer).unwrap());
+        assert!(on_a.refresh(longer.clone()).await.unwrap());
         assert_eq!(table.get(X).unwrap().unwrap().end_ms, 99);
-        assert!(!on_b.refresh(&longer).unwrap());
+        assert!(!on_b.refresh(longer.clone()).await.unwrap());
         // Nor can b record it paused.
         assert_eq!(
-            on_b.pause(&record(X, None)).unwrap(),
+            on_b.pause(record(X, None)).await.unwrap(),
             Claimed::RunsOn(a.clone())
         );
         // Paused: both answer for it; the first to take it has it, the other is sent there.
         table.put(&record(X, None)).unwrap();
-        assert!(!on_a.refresh(&longer).unwrap());
+        assert!(!on_a.refresh(longer.clone()).await.unwrap());
         assert_eq!(table.get(X).unwrap().unwrap().runs_on, None);
         assert!(matches!(
-            on_b.route(X).unwrap(),
+            on_b.route(X).await.unwrap(),
             Route::Paused {
                 orphaned: false,
                 ..
             }
         ));
-        assert_eq!(on_b.take(X).unwrap(), Claimed::Done);
-        assert_eq!(on_a.take(X).unwrap(), Claimed::RunsOn(b.clone()));
-        assert_eq!(on_a.route(X).unwrap(), Route::There(b.clone()));
+        assert_eq!(on_b.take(X).await.unwrap(), Claimed::Done);
+        assert_eq!(on_a.take(X).await.unwrap(), Claimed::RunsOn(b.clone()));
+        assert_eq!(on_a.route(X).await.unwrap(), Route::There(b.clone()));
         // b's lease ends: its sandbox is paused in the table, for any replica to continue.
         let dead = Replica {
             incarnation: 999,
@@ -373,8 +475,8 @@ mod tests {
         };
         table.put(&record(X, Some(dead))).unwrap();
         let c = Replicas::new(
-            table.clone(),
-            store,
+            shared.clone(),
+            Leases::Local(store),
             Replica {
                 incarnation: 7,
                 url: "http://127.0.0.1:3".into(),
@@ -383,7 +485,7 @@ mod tests {
         let Route::Paused {
             record: r,
             orphaned,
-        } = c.route(X).unwrap()
+        } = c.route(X).await.unwrap()
         else {
             panic!("not paused")
         };
@@ -401,10 +503,10 @@ mod tests {
                 }),
             ))
             .unwrap();
-        let busy = on_a.route(X).unwrap_err();
+        let busy = on_a.route(X).await.unwrap_err();
         assert!(busy.to_string().contains("--advertise"), "{busy}");
         assert_eq!(
-            on_a.take(X).unwrap(),
+            on_a.take(X).await.unwrap(),
             Claimed::RunsOn(Replica {
                 incarnation: b_inc,
                 url: a.url.clone()
@@ -420,30 +522,31 @@ mod tests {
             ))
             .unwrap();
         assert!(matches!(
-            on_a.route(X).unwrap(),
+            on_a.route(X).await.unwrap(),
             Route::Paused { orphaned: true, .. }
         ));
-        assert_eq!(on_a.forget(X).unwrap(), Claimed::Done);
-        assert_eq!(on_a.route(X).unwrap(), Route::Unknown);
-        assert_eq!(on_a.forget(X).unwrap(), Claimed::Gone);
-        assert!(on_a.route("../etc").is_err());
+        assert_eq!(on_a.forget(X).await.unwrap(), Claimed::Done);
+        assert_eq!(on_a.route(X).await.unwrap(), Route::Unknown);
+        assert_eq!(on_a.forget(X).await.unwrap(), Claimed::Gone);
+        assert!(on_a.route("../etc").await.is_err());
     }
 
-    #[test]
-    fn a_kill_is_marked_until_forgotten_and_a_dead_replicas_kill_is_taken_over() {
+    #[tokio::test]
+    async fn a_kill_is_marked_until_forgotten_and_a_dead_replicas_kill_is_taken_over() {
         let root = tempfile::tempdir().unwrap();
         let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
         let table = Durable::open(root.path()).unwrap();
+        let shared = Table::Files(table.clone());
         let a_inc = store.register().unwrap();
         store.renew(a_inc, 1, crate::clock::now()).unwrap();
         let a = Replica {
             incarnation: a_inc,
             url: "http://127.0.0.1:1".into(),
         };
-        let on_a = Replicas::new(table.clone(), store.clone(), a.clone());
+        let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), a.clone());
         let on_b = Replicas::new(
-            table.clone(),
-            store,
+            shared.clone(),
+            Leases::Local(store),
             Replica {
                 incarnation: 77,
                 url: "http://127.0.0.1:2".into(),
@@ -451,17 +554,17 @@ mod tests {
         );
         // Paused, then being killed on a: neither taken, paused nor refreshed meanwhile.
         table.put(&record(X, None)).unwrap();
-        assert_eq!(on_a.kill(X).unwrap(), Claimed::Done);
+        assert_eq!(on_a.kill(X).await.unwrap(), Claimed::Done);
         let marked = table.get(X).unwrap().unwrap();
         assert!(marked.killing && marked.runs_on == Some(a.clone()));
-        assert_eq!(on_a.take(X).unwrap(), Claimed::Gone);
-        assert_eq!(on_b.take(X).unwrap(), Claimed::RunsOn(a.clone()));
-        assert_eq!(on_a.pause(&record(X, None)).unwrap(), Claimed::Gone);
-        assert!(!on_a.refresh(&record(X, Some(a.clone()))).unwrap());
-        assert_eq!(on_b.kill(X).unwrap(), Claimed::RunsOn(a.clone()));
-        assert_eq!(on_b.route(X).unwrap(), Route::There(a.clone()));
+        assert_eq!(on_a.take(X).await.unwrap(), Claimed::Gone);
+        assert_eq!(on_b.take(X).await.unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_a.pause(record(X, None)).await.unwrap(), Claimed::Gone);
+        assert!(!on_a.refresh(record(X, Some(a.clone()))).await.unwrap());
+        assert_eq!(on_b.kill(X).await.unwrap(), Claimed::RunsOn(a.clone()));
+        assert_eq!(on_b.route(X).await.unwrap(), Route::There(a.clone()));
         // A live replica's kill is not in b's sweep; a dead one's is, and b takes it over.
-        assert!(on_b.sweep().unwrap().is_empty());
+        assert!(on_b.sweep().await.unwrap().is_empty());
         let dead = Replica {
             incarnation: 999,
             url: "http://127.0.0.1:9".into(),
@@ -472,49 +575,93 @@ mod tests {
                 ..marked.clone()
             })
             .unwrap();
-        assert_eq!(on_b.sweep().unwrap().len(), 1);
-        let Route::Killing(taken) = on_b.route(X).unwrap() else {
+        assert_eq!(on_b.sweep().await.unwrap().len(), 1);
+        let Route::Killing(taken) = on_b.route(X).await.unwrap() else {
             panic!("a dead replica's kill not taken over")
         };
         assert_eq!(taken.runs_on, Some(on_b.me.clone()));
         assert_eq!(table.get(X).unwrap().unwrap(), taken);
-        assert_eq!(on_b.forget(X).unwrap(), Claimed::Done);
+        assert_eq!(on_b.forget(X).await.unwrap(), Claimed::Done);
         assert_eq!(table.get(X).unwrap(), None);
     }
 
-    #[test]
-    fn a_retention_ends_only_the_pause_it_counted_from() {
+    #[tokio::test]
+    async fn a_kill_let_go_is_taken_by_the_next_replica_and_nothing_else() {
         let root = tempfile::tempdir().unwrap();
         let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
         let table = Durable::open(root.path()).unwrap();
+        let shared = Table::Files(table.clone());
+        for _ in 0..2 {
+            let incarnation = store.register().unwrap();
+            store.renew(incarnation, 1, crate::clock::now()).unwrap();
+        }
+        let replica = |incarnation| Replica {
+            incarnation,
+            url: format!("http://127.0.0.1:{incarnation}"),
+        };
+        let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), replica(1));
+        let on_b = Replicas::new(shared, Leases::Local(store), replica(2));
+        table.put(&record(X, None)).unwrap();
+        assert_eq!(on_a.kill(X).await.unwrap(), Claimed::Done);
+        // Only the replica that holds the kill lets it go.
+        assert_eq!(
+            on_b.let_kill_go(X).await.unwrap(),
+            Claimed::RunsOn(replica(1))
+        );
+        assert_eq!(on_a.let_kill_go(X).await.unwrap(), Claimed::Done);
+        let held_by_none = table.get(X).unwrap().unwrap();
+        assert!(held_by_none.killing && held_by_none.runs_on.is_none());
+        // Neither resumed, paused, retained nor listed as paused; in every sweep.
+        assert_eq!(on_b.take(X).await.unwrap(), Claimed::Gone);
+        assert_eq!(on_b.pause(record(X, None)).await.unwrap(), Claimed::Gone);
+        assert_eq!(on_b.retain(X, 0).await.unwrap(), Retention::Moved);
+        assert_eq!(on_b.sweep().await.unwrap(), vec![held_by_none.clone()]);
+        // The next replica to look takes the kill.
+        let Route::Killing(taken) = on_b.route(X).await.unwrap() else {
+            panic!("a kill held by none not taken")
+        };
+        assert_eq!(taken.runs_on, Some(replica(2)));
+        assert_eq!(on_a.route(X).await.unwrap(), Route::There(replica(2)));
+        assert!(on_a.sweep().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_retention_ends_only_the_pause_it_counted_from() {
+        let root = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
+        let table = Durable::open(root.path()).unwrap();
+        let shared = Table::Files(table.clone());
         let me = Replica {
             incarnation: 5,
             url: "http://127.0.0.1:1".into(),
         };
-        let on_a = Replicas::new(table.clone(), store, me.clone());
+        let on_a = Replicas::new(shared.clone(), Leases::Local(store), me.clone());
         let paused_at = |ms| Record {
             paused_ms: ms,
             ..record(X, None)
         };
         // Paused again since: counted from then, nothing changed.
         table.put(&paused_at(2000)).unwrap();
-        assert_eq!(on_a.retain(X, 1000).unwrap(), Retention::PausedSince(2000));
+        assert_eq!(
+            on_a.retain(X, 1000).await.unwrap(),
+            Retention::PausedSince(2000)
+        );
         assert_eq!(table.get(X).unwrap().unwrap(), paused_at(2000));
         // Running somewhere, or gone: nothing to do.
         table.put(&record(X, Some(me.clone()))).unwrap();
-        assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+        assert_eq!(on_a.retain(X, 2000).await.unwrap(), Retention::Moved);
         table.remove(X).unwrap();
-        assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+        assert_eq!(on_a.retain(X, 2000).await.unwrap(), Retention::Moved);
         // The same pause (or a record older than the field): the kill is marked here.
         for recorded in [2000, 0] {
             table.put(&paused_at(recorded)).unwrap();
-            assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Kill);
+            assert_eq!(on_a.retain(X, 2000).await.unwrap(), Retention::Kill);
             let now = table.get(X).unwrap().unwrap();
             assert!(now.killing && now.runs_on == Some(me.clone()));
-            assert_eq!(on_a.retain(X, 2000).unwrap(), Retention::Moved);
+            assert_eq!(on_a.retain(X, 2000).await.unwrap(), Retention::Moved);
         }
         assert_eq!(
-            on_a.route("../x").unwrap_err().kind(),
+            on_a.route("../x").await.unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
     }

@@ -21,7 +21,8 @@ use crate::durable::{Durable, Replica};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
-use crate::replicas::Replicas;
+use crate::replicas::{Leases, Replicas};
+use crate::table::Table;
 use crate::tls::{Tls, TlsListener};
 use crate::{api, envd};
 
@@ -80,6 +81,10 @@ pub struct Config {
     /// `127.0.0.1` for an unspecified one). Replicas forward requests for the sandboxes they
     /// do not run to the one that runs them ([`crate::replicas`]).
     pub advertise: Option<String>,
+    /// With `fleet`: replicas on hosts of their own, sharing a PostgreSQL database and a shelf
+    /// in object storage instead of a root ([`crate::hosts`]); `None`: the replicas share this
+    /// server's root.
+    pub hosts: Option<crate::hosts::Hosts>,
     /// The API keys.
     pub keys: Keys,
     /// The bounds.
@@ -135,6 +140,9 @@ pub enum ServerError {
     /// `--fleet` with `--tls`: the replicas would forward to each other's TLS listeners.
     #[error("--fleet with --tls: replicas forward requests to each other over plain HTTP, which a TLS listener refuses; terminate TLS in front of the replicas (a load balancer) instead")]
     FleetTls,
+    /// The hosts' shared services (`--fleet-store`, `--snapshots`) could not be used.
+    #[error(transparent)]
+    Hosts(#[from] crate::hosts::HostsError),
     /// The keeper refused its configuration.
     #[error("the keeper: {0}")]
     Keeper(#[from] sandkeeper_tokio::KeeperError),
@@ -202,11 +210,15 @@ pub fn router(state: AppState) -> Router {
 
 /// The local backend under the root. A Stop takes a snapshot only when asked to suspend (a
 /// pause): a killed sandbox's workspace goes with it.
-fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
+fn local_backend(
+    config: &Config,
+    shelf: Option<Arc<sandkeeper_snapshots::ObjectSnapshots>>,
+) -> Result<LocalBackend, ServerError> {
     let local = LocalConfig {
         run_timeout: config.limits.run_timeout,
         snapshots: false,
         workspace_mount: config.workspace_path.clone(),
+        shelf: shelf.map(|s| s as Arc<dyn sandkeeper_tokio::local::shelf::Shelf>),
         ..LocalConfig::new(&config.root)
     };
     LocalBackend::new(local).map_err(|error| {
@@ -223,12 +235,13 @@ fn local_backend(config: &Config) -> Result<LocalBackend, ServerError> {
     })
 }
 
-/// The keeper on `backend`, with the hooks if any; with `--fleet`, a fleet keeper on the
-/// root's own store, and the root's sandbox table beside it, this server one of its replicas
-/// at `url`.
+/// The keeper on `backend`, with the hooks if any; with `--fleet`, a fleet keeper and the
+/// sandbox table beside it, this server one of its replicas at `url`: on the root's own store
+/// and table, or (`hosts`) on PostgreSQL's, its paused workspaces on the `shelf`.
 async fn keeper(
     config: &Config,
     backend: SandboxBackend,
+    shelf: Option<Arc<sandkeeper_snapshots::ObjectSnapshots>>,
     metrics: &Arc<Metrics>,
     url: String,
 ) -> Result<(Keeper<SandboxBackend>, Option<Replicas>), ServerError> {
@@ -256,31 +269,57 @@ async fn keeper(
             "--fleet runs on the local backend's root (Kubernetes keeps a paused claim itself)",
         )));
     }
-    let fleet = sandkeeper::Fleet::default();
-    let store = LocalStore::open(&config.root, fleet.lease)
-        .map_err(|e| backend_error(std::io::Error::other(e.to_string())))?;
-    core.fleet = Some(fleet);
-    let keeper = match runner {
-        None => Keeper::fleet(KeeperConfig::with_core(core), backend, store.clone()).await?,
-        Some(runner) => {
-            Keeper::fleet_with_hooks(
-                KeeperConfig::with_core(core),
-                backend,
-                store.clone(),
-                runner,
-            )
-            .await?
+    let mut fleet = sandkeeper::Fleet::default();
+    let (keeper, table, leases) = match (&config.hosts, shelf) {
+        (Some(hosts), Some(shelf)) => {
+            // Each host's sandboxes are out of the others' reach: a key goes to another host
+            // suspended, through the shelf (docs/fleet-hosts.md).
+            fleet.handover = sandkeeper::Handover::Suspended;
+            let (store, table) = hosts.connect(&config.root, shelf, fleet.lease).await?;
+            core.fleet = Some(fleet);
+            let keeper = fleet_keeper(core, backend, store.clone(), runner).await?;
+            (keeper, Table::Postgres(table), Leases::Postgres(store))
+        }
+        _ => {
+            let store = LocalStore::open(&config.root, fleet.lease)
+                .map_err(|e| backend_error(std::io::Error::other(e.to_string())))?;
+            core.fleet = Some(fleet);
+            let keeper = fleet_keeper(core, backend, store.clone(), runner).await?;
+            let table = Durable::open(&config.root).map_err(backend_error)?;
+            (keeper, Table::Files(table), Leases::Local(store))
         }
     };
-    let table = Durable::open(&config.root).map_err(backend_error)?;
     let me = Replica {
         incarnation: keeper
             .incarnation()
             .expect("a fleet keeper has an incarnation"),
         url,
     };
-    tracing::info!(incarnation = me.incarnation, url = %me.url, "a replica on the root");
-    Ok((keeper, Some(Replicas::new(table, store, me))))
+    tracing::info!(incarnation = me.incarnation, url = %me.url, hosts = config.hosts.is_some(), "a replica");
+    let replicas = Replicas::new(table, leases, me);
+    Ok((keeper, Some(replicas)))
+}
+
+/// A fleet keeper on `store`, with the hooks' `runner` if any.
+async fn fleet_keeper<R, F>(
+    core: sandkeeper::Config,
+    backend: SandboxBackend,
+    store: impl sandkeeper_tokio::store::FleetStore,
+    runner: Option<R>,
+) -> Result<Keeper<SandboxBackend>, ServerError>
+where
+    R: Fn(sandkeeper::HookPoint, sandkeeper_tokio::SandboxWork<'static, SandboxBackend>) -> F
+        + Send
+        + Sync
+        + 'static,
+    F: std::future::Future<Output = Result<(), String>> + Send + 'static,
+{
+    Ok(match runner {
+        None => Keeper::fleet(KeeperConfig::with_core(core), backend, store).await?,
+        Some(runner) => {
+            Keeper::fleet_with_hooks(KeeperConfig::with_core(core), backend, store, runner).await?
+        }
+    })
 }
 
 /// Where the other replicas reach this server: `--advertise`, else the listening address
@@ -340,8 +379,12 @@ impl Server {
     /// Makes the keeper on its backend (connecting to Kubernetes when configured) and binds
     /// the listener.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        let shelf = match &config.hosts {
+            Some(hosts) if config.fleet => Some(hosts.shelf()?),
+            _ => None,
+        };
         let backend = match &config.kubernetes {
-            None => SandboxBackend::Local(local_backend(&config)?),
+            None => SandboxBackend::Local(local_backend(&config, shelf.clone())?),
             Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
         let metrics = Arc::new(Metrics::new(backend.name()));
@@ -363,7 +406,7 @@ impl Server {
         } else {
             String::new()
         };
-        let (keeper, replicas) = keeper(&config, backend, &metrics, url).await?;
+        let (keeper, replicas) = keeper(&config, backend, shelf, &metrics, url).await?;
         let forwarder = replicas
             .as_ref()
             .map(|r| crate::forward::Forwarder::new(r.me.incarnation));

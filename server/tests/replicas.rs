@@ -201,7 +201,7 @@ fn refused(flags: &[&str]) -> String {
 }
 
 #[test]
-fn bad_replica_flags_stop_the_server_naming_them() {
+fn bad_replica_and_host_flags_stop_the_server_naming_them() {
     for bad in [
         "ftp://127.0.0.1:9",
         "http://",
@@ -226,6 +226,51 @@ fn bad_replica_flags_stop_the_server_naming_them() {
         key.to_str().unwrap(),
     ]);
     assert!(err.contains("--fleet with --tls"), "{err}");
+    // Replicas on hosts of their own: the shelf is needed, and is for them (or pod mode) only;
+    // a store that does not parse, cannot be reached or whose CA file is missing is named.
+    std::fs::create_dir(dir.path().join("shelf")).unwrap();
+    let shelf = format!("file://{}", dir.path().join("shelf").display());
+    let err = refused(&["--fleet", "--fleet-store", "host=127.0.0.1 port=1 user=x"]);
+    assert!(err.contains("--fleet-store needs --snapshots"), "{err}");
+    let err = refused(&["--snapshots", &shelf]);
+    assert!(err.contains("--snapshots is for"), "{err}");
+    let err = refused(&[
+        "--fleet-store",
+        "host=127.0.0.1 port=1 user=x",
+        "--snapshots",
+        &shelf,
+    ]);
+    assert!(err.contains("--fleet"), "{err}");
+    let err = refused(&[
+        "--fleet",
+        "--fleet-store",
+        "postgres://[bad",
+        "--snapshots",
+        &shelf,
+    ]);
+    assert!(err.contains("--fleet-store \"postgres://[bad\""), "{err}");
+    let unreachable = "host=127.0.0.1 port=1 user=x dbname=y";
+    let err = refused(&[
+        "--fleet",
+        "--fleet-store",
+        unreachable,
+        "--snapshots",
+        &shelf,
+    ]);
+    assert!(err.contains("--fleet-store: "), "{err}");
+    let err = refused(&[
+        "--fleet",
+        "--fleet-store",
+        unreachable,
+        "--fleet-store-ca",
+        "/nonexistent/ca.pem",
+        "--snapshots",
+        &shelf,
+    ]);
+    assert!(
+        err.contains("--fleet-store-ca /nonexistent/ca.pem"),
+        "{err}"
+    );
 }
 
 /// Two connects of one paused sandbox, through two replicas at once, five rounds: one replica

@@ -71,7 +71,7 @@ impl StoreTls {
 
     /// Connects with `config`; the connection's I/O runs on a task of its own (the handle),
     /// which ends when the connection breaks or the client is dropped.
-    pub(crate) async fn connect(
+    pub async fn connect(
         &self,
         config: &Config,
     ) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {

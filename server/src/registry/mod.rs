@@ -22,7 +22,7 @@
 //! `sandkeeper.session`) share one keeper sandbox, which a pause or kill of one of them leaves
 //! running for the others.
 //!
-//! With `--fleet`, every change is also written to the root's table, which the replicas on
+//! With `--fleet`, every change is also written to the sandbox table, which the replicas on
 //! the root share (`replicated.rs`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,7 +50,7 @@ use crate::replicas::{Claimed, Replicas, Retention};
 mod replicated;
 
 pub use replicated::SWEEP;
-use replicated::{moved, Recorded};
+use replicated::{moved, Op, Recorded};
 
 /// The guard of a sandbox's keeper call.
 pub type Guard = CallGuard<SandboxBackend>;
@@ -293,7 +293,7 @@ struct Inner {
 
 impl Registry {
     /// A table over `keeper`, counting into `metrics`; with `replicas`, every sandbox is
-    /// recorded in the root's table (the keeper must then be a fleet keeper on the same root,
+    /// recorded in the sandbox table (the keeper must then be a fleet keeper on the same root,
     /// whose store keeps the workspaces' records), and the paused ones recorded by an earlier
     /// process are taken back ([`restore`](Self::restore)).
     pub fn new(
@@ -435,7 +435,7 @@ impl Registry {
         lock(&self.inner).sandboxes.values().cloned().collect()
     }
 
-    /// `team`'s sandboxes, oldest first: with replicas (`--fleet`), those the root's table
+    /// `team`'s sandboxes, oldest first: with replicas (`--fleet`), those the sandbox table
     /// says run on the others too, and every paused one (a table that cannot be read is
     /// logged, and this replica's own are answered).
     pub async fn list(&self, team: &Team) -> Vec<Arc<Sandbox>> {
@@ -447,8 +447,8 @@ impl Registry {
             .collect();
         if let Some(replicas) = self.replicas.clone() {
             let me = replicas.me.clone();
-            match tokio::task::spawn_blocking(move || replicas.table.load()).await {
-                Ok(Ok(records)) => {
+            match replicas.table.load().await {
+                Ok(records) => {
                     // The table is what is paused, and where the rest runs: what this replica
                     // thought paused may have been resumed elsewhere, or killed, since.
                     // A sandbox being killed is listed nowhere.
@@ -519,7 +519,7 @@ impl Registry {
         }
     }
 
-    /// Ends every sandbox here (at shutdown): kills them all; with the root's table
+    /// Ends every sandbox here (at shutdown): kills them all; with the sandbox table
     /// (`--fleet`), pauses the running ones instead, recorded as interrupted (the first envd
     /// request for one, on any replica of the root, resumes it), and leaves the paused ones.
     /// A running one that cannot be paused is killed.
@@ -569,13 +569,14 @@ impl Registry {
         sandbox.watchers.stop_all();
         let mut life = sandbox.life.write().await;
         let was = std::mem::replace(&mut *life, Life::Ended);
-        // Marked as being killed here in the root's table (`--fleet`) before the keeper acts,
+        // Marked as being killed here in the sandbox table (`--fleet`) before the keeper acts,
         // and forgotten once the keeper deleted it: a crash in between leaves the kill to the
         // other replicas, never a workspace that nothing deletes.
         if matches!(was, Life::Ended) {
             return Claimed::Gone;
         }
-        let marked = self.change_record(&sandbox, Replicas::kill).await;
+        let marked = self.change_record(&sandbox, Op::Kill).await;
+        let mut reached = true;
         let mut taken = None;
         let guard = match was {
             Life::Running(guard) => {
@@ -595,7 +596,13 @@ impl Registry {
                     tracing::info!(?marked, "not killed here: another replica has it");
                     return marked;
                 }
-                self.let_go_paused(&sandbox).await
+                match self.let_go_paused(&sandbox).await {
+                    Ok(guard) => guard,
+                    Err(()) => {
+                        reached = false;
+                        None
+                    }
+                }
             }
             Life::Ended => return Claimed::Gone,
         };
@@ -610,8 +617,17 @@ impl Registry {
             }
             tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, ?released, "killed");
         }
-        if marked == Claimed::Done {
-            self.forget_record(&sandbox).await;
+        match (marked == Claimed::Done, reached) {
+            (true, true) => {
+                self.forget_record(&sandbox).await;
+            }
+            (true, false) if self.replicas.is_some() => {
+                // Still marked as being killed, by no replica: any replica's sweep tries again
+                // (the workspace's host may come back), and the API answers it gone meanwhile.
+                self.change_record(&sandbox, Op::LetKillGo).await;
+                tracing::warn!(sandbox = %sandbox.id, "a kill could not reach the workspace: recorded, and tried again by the sweeps");
+            }
+            _ => {}
         }
         drop(life);
         self.metrics.count(&self.metrics.kills, reason);
@@ -625,7 +641,9 @@ impl Registry {
     /// the key is in use (another sandbox of a shared session runs it, or the pause's own way
     /// down has not ended), a call resumes into it, to be released asking `Shutdown`: the last
     /// release on the key decides what goes.
-    async fn let_go_paused(&self, sandbox: &Sandbox) -> Option<Guard> {
+    /// `Err`: its workspace could not be reached (its key's sandbox is on a host that is
+    /// down), and nothing was deleted.
+    async fn let_go_paused(&self, sandbox: &Sandbox) -> Result<Option<Guard>, ()> {
         let key = sandkeeper::Key::Session(sandbox.session.clone());
         match self.keeper.drop_snapshot(&key) {
             // In a fleet, a key this process released keeps its workspace in the store's
@@ -636,15 +654,15 @@ impl Registry {
             }
             Ok(dropped) => {
                 tracing::info!(sandbox = %sandbox.id, dropped, "paused sandbox let go");
-                return None;
+                return Ok(None);
             }
             Err(e) => tracing::debug!(sandbox = %sandbox.id, error = %e, "resuming to kill"),
         }
         match self.acquire(sandbox).await {
-            Ok(guard) => Some(guard),
+            Ok(guard) => Ok(Some(guard)),
             Err(e) => {
                 tracing::warn!(sandbox = %sandbox.id, error = %e.message, "a paused sandbox could not be resumed to be killed: its workspace stays with the keeper");
-                None
+                Err(())
             }
         }
     }
@@ -780,7 +798,7 @@ impl Registry {
                 Life::Paused => {}
             }
             let slot = self.reserve(&sandbox.team)?;
-            match self.change_record(&sandbox, Replicas::take).await {
+            match self.change_record(&sandbox, Op::Take).await {
                 Claimed::Done => {}
                 Claimed::Gone => {
                     drop(life);
@@ -910,7 +928,7 @@ impl Registry {
 
     /// Kills the sandbox `retention` after its pause unless it was resumed (or killed) since:
     /// the pause of `generation` is still its present life here, checked under its write
-    /// lock, and (`--fleet`) the root's table still says that pause ([`Replicas::retain`]):
+    /// lock, and (`--fleet`) the sandbox table still says that pause ([`Replicas::retain`]):
     /// paused again since by another replica, its retention counts from then.
     async fn retention(
         self: Arc<Self>,

@@ -1,4 +1,4 @@
-//! The registry's side of replicas (`--fleet`, [`crate::replicas`]): the root's table kept
+//! The registry's side of replicas (`--fleet`, [`crate::replicas`]): the sandbox table kept
 //! as the sandboxes change here, paused sandboxes taken in from it (at start, and when a
 //! request names one), stale ones let go, and sandboxes interrupted by their server's end
 //! continued by the first envd request.
@@ -13,11 +13,11 @@ use crate::durable::{Record, Replica};
 use crate::error::ApiError;
 use crate::replicas::{Claimed, Replicas, Retention, Route};
 
-/// How often each replica sweeps the root's table ([`Registry::sweep`]).
+/// How often each replica sweeps the sandbox table ([`Registry::sweep`]).
 pub const SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Registry {
-    /// Takes back the paused sandboxes of the root's table: each is paused here as it was
+    /// Takes back the paused sandboxes of the sandbox table: each is paused here as it was
     /// (same id, team, token, settings), its workspace with the keeper's fleet store until a
     /// resume claims its key, and its retention runs here too. A sandbox whose replica is
     /// gone is paused first ([`crate::replicas`]), and a kill that such a replica left half
@@ -28,15 +28,14 @@ impl Registry {
         let Some(replicas) = self.replicas.clone() else {
             return Ok(0);
         };
-        let records = tokio::task::spawn_blocking(move || replicas.sweep())
-            .await
-            .map_err(std::io::Error::other)??;
+        let records = replicas.sweep().await?;
         let mut restored = 0;
         for record in records {
-            let adopted = if record.runs_on.is_none() {
+            let adopted = if record.runs_on.is_none() && !record.killing {
                 self.adopt(record).is_some()
             } else {
-                // Its replica died: paused here as interrupted (or its kill finished).
+                // Its replica died: paused here as interrupted (or its kill finished); or a
+                // kill no replica holds: tried again here.
                 let id = record.id.clone();
                 matches!(self.route(&id, None).await, Ok(None)) && self.any(&id).is_some()
             };
@@ -79,8 +78,9 @@ impl Registry {
     }
 
     /// Finishes the kill of the sandbox of `record`, which a replica that died left half
-    /// done (its record, marked as being killed, names this replica now): its keeper takes
-    /// the key over, and the sandbox is deleted as a kill of a paused one is.
+    /// done, or which could not reach its workspace before (its record, marked as being
+    /// killed, names this replica now): its keeper takes the key over, and the sandbox is
+    /// deleted as a kill of a paused one is (or let go again, if still out of reach).
     async fn finish_cut_off_kill(self: &Arc<Self>, record: Record) {
         let id = record.id.clone();
         let sandbox = match Sandbox::of_record(record, true) {
@@ -159,11 +159,7 @@ impl Registry {
         let Some(replicas) = self.replicas.clone() else {
             return Ok(None);
         };
-        let owned = id.to_string();
-        let route = tokio::task::spawn_blocking(move || replicas.route(&owned))
-            .await
-            .map_err(|e| ApiError::internal(format!("routing's task failed: {e}")))?;
-        match route {
+        match replicas.route(id).await {
             Ok(Route::Mine) => Ok(None),
             Ok(Route::Paused { record, orphaned }) => {
                 let interrupted = record.interrupted.then_some(record.end_ms);
@@ -243,9 +239,8 @@ impl Registry {
                 let Some(replicas) = self.replicas.clone() else {
                     return Err(e);
                 };
-                let id = sandbox.id.clone();
-                match tokio::task::spawn_blocking(move || replicas.route(&id)).await {
-                    Ok(Ok(Route::There(replica))) => Ok(Some(replica)),
+                match replicas.route(&sandbox.id).await {
+                    Ok(Route::There(replica)) => Ok(Some(replica)),
                     _ => Err(e),
                 }
             }
@@ -253,8 +248,8 @@ impl Registry {
         }
     }
 
-    /// Records `sandbox` in the root's table as `how` says (`--fleet`), on a blocking task: a
-    /// sandbox made or resumed here as it is; a paused one only if the table does not say
+    /// Records `sandbox` in the table as `how` says (`--fleet`): a sandbox made or resumed
+    /// here as it is; a paused one only if the table does not say
     /// another replica runs it (`RunsOn` then: this replica lost it, its lease having lapsed).
     /// A failure to write is logged and taken as done: the sandbox stays as it is here, and
     /// the other replicas (and a later process) do not know it.
@@ -272,16 +267,13 @@ impl Registry {
             },
         };
         let running = matches!(how, Recorded::Running);
-        let written = tokio::task::spawn_blocking(move || {
-            if running {
-                replicas.table.put(&record).map(|()| Claimed::Done)
-            } else {
-                replicas.pause(&record)
-            }
-        })
-        .await;
+        let written = if running {
+            replicas.table.put(record).await.map(|()| Claimed::Done)
+        } else {
+            replicas.pause(record).await
+        };
         match written {
-            Ok(Ok(claimed)) => claimed,
+            Ok(claimed) => claimed,
             failed => {
                 tracing::error!(sandbox = %sandbox.id, ?failed, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
                 Claimed::Done
@@ -297,8 +289,8 @@ impl Registry {
             return;
         };
         let record = running_here(sandbox, &replicas);
-        let written = tokio::task::spawn_blocking(move || replicas.refresh(&record)).await;
-        if !matches!(written, Ok(Ok(_))) {
+        let written = replicas.refresh(record).await;
+        if written.is_err() {
             tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox's new end could not be recorded");
         }
     }
@@ -307,7 +299,7 @@ impl Registry {
     /// lock (a kill, once the keeper deleted it: [`Replicas::kill`] marked it before). What
     /// the lock found; a failure to write is logged and taken as done.
     pub(super) async fn forget_record(&self, sandbox: &Sandbox) -> Claimed {
-        self.change_record(sandbox, Replicas::forget).await
+        self.change_record(sandbox, Op::Forget).await
     }
 
     /// Whether the retention of `sandbox`, paused at `paused_ms`, may end it: without
@@ -317,9 +309,8 @@ impl Registry {
         let Some(replicas) = self.replicas.clone() else {
             return Retention::Kill;
         };
-        let id = sandbox.id.clone();
-        match tokio::task::spawn_blocking(move || replicas.retain(&id, paused_ms)).await {
-            Ok(Ok(retention)) => retention,
+        match replicas.retain(&sandbox.id, paused_ms).await {
+            Ok(retention) => retention,
             failed => {
                 tracing::error!(sandbox = %sandbox.id, ?failed, "a retention could not read the table: the sandbox is kept");
                 Retention::Moved
@@ -327,24 +318,39 @@ impl Registry {
         }
     }
 
-    /// `change` of `sandbox`'s record on a blocking task (`--fleet`; without: done).
-    pub(super) async fn change_record(
-        &self,
-        sandbox: &Sandbox,
-        change: fn(&Replicas, &str) -> std::io::Result<Claimed>,
-    ) -> Claimed {
-        let Some(replicas) = self.replicas.clone() else {
+    /// `op` on `sandbox`'s record (`--fleet`; without: done). A failure to change it is
+    /// logged and taken as done.
+    pub(super) async fn change_record(&self, sandbox: &Sandbox, op: Op) -> Claimed {
+        let Some(replicas) = &self.replicas else {
             return Claimed::Done;
         };
-        let id = sandbox.id.clone();
-        match tokio::task::spawn_blocking(move || change(&replicas, &id)).await {
-            Ok(Ok(claimed)) => claimed,
-            failed => {
-                tracing::error!(sandbox = %sandbox.id, ?failed, "a sandbox's record could not be changed");
+        let changed = match op {
+            Op::Take => replicas.take(&sandbox.id).await,
+            Op::Kill => replicas.kill(&sandbox.id).await,
+            Op::Forget => replicas.forget(&sandbox.id).await,
+            Op::LetKillGo => replicas.let_kill_go(&sandbox.id).await,
+        };
+        match changed {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(sandbox = %sandbox.id, error = %e, ?op, "a sandbox's record could not be changed");
                 Claimed::Done
             }
         }
     }
+}
+
+/// A change of a sandbox's record that depends on what it says ([`Replicas`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Op {
+    /// [`Replicas::take`]: a resume here.
+    Take,
+    /// [`Replicas::kill`]: a kill here begins.
+    Kill,
+    /// [`Replicas::forget`]: a kill here ended.
+    Forget,
+    /// [`Replicas::let_kill_go`]: a kill here could not reach the workspace.
+    LetKillGo,
 }
 
 /// The record of `sandbox` running on this replica, until its end.
@@ -357,7 +363,7 @@ fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
     }
 }
 
-/// How a sandbox is recorded in the root's table (`--fleet`).
+/// How a sandbox is recorded in the sandbox table (`--fleet`).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Recorded {
     /// Running on this replica, until its end.

@@ -34,6 +34,15 @@ impl Server {
         Self::spawn(tempfile::tempdir().expect("a temporary dir"), backend)
     }
 
+    /// Starts it as [`start_on`](Self::start_on) does, with the variables `env` set.
+    pub fn start_on_env(flags: &[&str], env: &[(String, String)]) -> Server {
+        let mut command = Self::command(flags);
+        command
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stderr(Stdio::inherit());
+        Self::started(tempfile::tempdir().expect("a temporary dir"), command)
+    }
+
     /// Starts it as [`start`](Self::start) does, logging at `filter` (`RUST_LOG`) into `log`.
     pub fn start_logging(filter: &str, log: &Path) -> Server {
         let root = tempfile::tempdir().expect("a temporary root");
