@@ -30,8 +30,8 @@
 //! lock and only if its record still says that pause ([`Replicas::retain`]).
 //!
 //! Not shared: each replica counts its own running sandboxes against a team's limit and its
-//! own request rate, and a signed `/files` URL (which names no sandbox) is answered only by
-//! the replica that runs the sandbox.
+//! own request rate. A signed `/files` URL (which names no sandbox) goes to the sandbox whose
+//! access token made its signature, found in the table ([`crate::route`]).
 
 use std::collections::HashMap;
 use std::io;

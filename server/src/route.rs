@@ -1,7 +1,9 @@
 //! The routing layer (`--fleet`, [`crate::replicas`]): a request that names a sandbox this
 //! replica does not run is forwarded to the replica that runs it, or answered here (paused,
 //! or unknown). A request names its sandbox by its REST path (`/sandboxes/{id}…`,
-//! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header. A request another
+//! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header; a signed `/files` URL
+//! names none, and goes to the sandbox whose access token made its signature (found in the
+//! table when no sandbox here made it). A request another
 //! replica forwarded ([`HOP`]) is answered here whatever the table says. A REST request answered
 //! here with 409 because another replica took its paused sandbox meanwhile (two connects
 //! racing) is sent to that replica after all.
@@ -12,6 +14,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::envd::signed::{Operation, Signed};
 use crate::forward::{Forwarder, HOP};
 use crate::server::AppState;
 
@@ -20,8 +23,12 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
     let Some(forwarder) = app.forwarder.clone() else {
         return next.run(request).await;
     };
-    let Some((id, data_plane)) = sandbox_named(&request) else {
-        return next.run(request).await;
+    let (id, data_plane, signer) = match sandbox_named(&request) {
+        Some((id, data_plane)) => (id, data_plane, None),
+        None => match signed_elsewhere(&app, signed_files(&request)).await {
+            Some((id, token)) => (id, true, Some(token)),
+            None => return next.run(request).await,
+        },
     };
     if data_plane {
         // A resume here under way (this replica won the sandbox, and the request may have been
@@ -38,13 +45,16 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
             here_or_moved(&app, &forwarder, &id, request, next).await
         };
     }
-    // An envd request's access token: an interrupted sandbox is resumed only for its own.
+    // An envd request's access token (a signed URL's proves its signer's): an interrupted
+    // sandbox is resumed only for its own.
     let token = data_plane.then(|| {
-        request
-            .headers()
-            .get("x-access-token")
-            .map(|v| v.as_bytes().to_vec())
-            .unwrap_or_default()
+        signer.unwrap_or_else(|| {
+            request
+                .headers()
+                .get("x-access-token")
+                .map(|v| v.as_bytes().to_vec())
+                .unwrap_or_default()
+        })
     });
     match app.registry.route(&id, token.as_deref()).await {
         Ok(None) if token.is_none() => here_or_moved(&app, &forwarder, &id, request, next).await,
@@ -91,6 +101,39 @@ async fn here_or_moved(
 
 /// The sandbox id a request names, if any (checked later, by the table and the handlers), and
 /// whether it is envd's (by header) rather than the REST API's (by path).
+/// What a signed `/files` request (no sandbox header, a signature in its query) carries, and
+/// for what.
+fn signed_files(request: &Request) -> Option<(Signed, Operation)> {
+    if request.uri().path() != "/files" || request.headers().contains_key("e2b-sandbox-id") {
+        return None;
+    }
+    let op = match *request.method() {
+        axum::http::Method::GET => Operation::Read,
+        axum::http::Method::POST => Operation::Write,
+        _ => return None,
+    };
+    Some((Signed::of_query(request.uri().query())?, op))
+}
+
+/// The sandbox in the table whose access token made a signed request's signature, with that
+/// token, when no sandbox running here made it. The request's own handler answers the rest (a
+/// signer here, or none: 401).
+async fn signed_elsewhere(
+    app: &AppState,
+    signed: Option<(Signed, Operation)>,
+) -> Option<(String, Vec<u8>)> {
+    let (signed, op) = signed?;
+    if app
+        .registry
+        .all()
+        .iter()
+        .any(|s| !s.is_paused() && signed.by(op, s.token()))
+    {
+        return None;
+    }
+    app.registry.signed_by(&signed, op).await
+}
+
 fn sandbox_named(request: &Request) -> Option<(String, bool)> {
     if let Some(id) = request.headers().get("e2b-sandbox-id") {
         return id.to_str().ok().map(|id| (id.to_string(), true));

@@ -362,3 +362,72 @@ async fn connects_racing_through_two_replicas_resume_a_sandbox_once() {
         assert_eq!(workspaces.len(), 1, "round {round}: {workspaces:?}");
     }
 }
+
+/// A signed `/files` URL (the SDKs' `upload_url()` and `download_url()`) names no sandbox:
+/// any replica answers it, sending it to the replica that runs the sandbox whose access token
+/// made the signature. A signature no sandbox made, or made for the other operation, is 401
+/// through either replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_url_is_answered_through_any_replica() {
+    use sandkeeperd::envd::signed::{signature, Operation};
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (replica(root.path()), replica(root.path()));
+    let c = Client::new();
+    let (id, token) = create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 120})).await;
+    let path = "/home/user/signed.txt";
+    let signed = |op, sig: Option<String>| {
+        let sig = sig.unwrap_or_else(|| signature(path, op, "user", &token, None));
+        [
+            ("path", path.to_string()),
+            ("username", "user".to_string()),
+            ("signature", sig),
+        ]
+    };
+    let r = c
+        .post(format!("{}/files", b.url))
+        .query(&signed(Operation::Write, None))
+        .header("content-type", "application/octet-stream")
+        .body("written through b, signed")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    for s in [&a, &b] {
+        let r = c
+            .get(format!("{}/files", s.url))
+            .query(&signed(Operation::Read, None))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.text().await.unwrap(), "written through b, signed");
+    }
+    // The read signature for a write, a forged one: refused through both.
+    let read_sig = signature(path, Operation::Read, "user", &token, None);
+    let forged = signature(path, Operation::Read, "user", &"0".repeat(64), None);
+    for s in [&a, &b] {
+        let r = c
+            .post(format!("{}/files", s.url))
+            .query(&signed(Operation::Write, Some(read_sig.clone())))
+            .header("content-type", "application/octet-stream")
+            .body("not written")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{}", s.url);
+        let r = c
+            .get(format!("{}/files", s.url))
+            .query(&signed(Operation::Read, Some(forged.clone())))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{}", s.url);
+    }
+    let r = c
+        .delete(format!("{}/sandboxes/{id}", b.url))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+}

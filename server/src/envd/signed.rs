@@ -52,6 +52,53 @@ pub fn signature(
     )
 }
 
+/// What a signed URL's query carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signed {
+    path: String,
+    user: String,
+    given: String,
+    expiration: Option<String>,
+}
+
+impl Signed {
+    /// The signed parts of a raw query; `None` when it carries no signature.
+    pub fn of_query(query: Option<&str>) -> Option<Signed> {
+        let mut path = None;
+        let mut user = String::new();
+        let mut given = None;
+        let mut expiration = None;
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match k.as_ref() {
+                "path" => path = Some(v.into_owned()),
+                "username" => user = v.into_owned(),
+                "signature" => given = Some(v.into_owned()),
+                "signature_expiration" => expiration = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        Some(Signed {
+            path: path.unwrap_or_default(),
+            user,
+            given: given?,
+            expiration,
+        })
+    }
+
+    /// Whether the sandbox of access token `token` made this signature for `op` (compared
+    /// in constant time).
+    pub fn by(&self, op: Operation, token: &str) -> bool {
+        let expected = signature(
+            &self.path,
+            op,
+            &self.user,
+            token,
+            self.expiration.as_deref(),
+        );
+        expected.as_bytes().ct_eq(self.given.as_bytes()).into()
+    }
+}
+
 /// The sandbox a signed request is for, from its raw query; `Ok(None)` when the query carries
 /// no signature (the request must then name its sandbox by header).
 pub fn sandbox(
@@ -59,29 +106,15 @@ pub fn sandbox(
     query: Option<&str>,
     op: Operation,
 ) -> Result<Option<Arc<Sandbox>>, ApiError> {
-    let mut path = None;
-    let mut user = String::new();
-    let mut given = None;
-    let mut expiration = None;
-    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        match k.as_ref() {
-            "path" => path = Some(v.into_owned()),
-            "username" => user = v.into_owned(),
-            "signature" => given = Some(v.into_owned()),
-            "signature_expiration" => expiration = Some(v.into_owned()),
-            _ => {}
-        }
-    }
-    let Some(given) = given else {
+    let Some(signed) = Signed::of_query(query) else {
         return Ok(None);
     };
-    let path = path.unwrap_or_default();
-    let found = registry.all().into_iter().find(|s| {
-        let expected = signature(&path, op, &user, s.token(), expiration.as_deref());
-        bool::from(expected.as_bytes().ct_eq(given.as_bytes()))
-    });
+    let found = registry
+        .all()
+        .into_iter()
+        .find(|s| signed.by(op, s.token()));
     let sandbox = found.ok_or_else(|| ApiError::unauthorized("invalid signature"))?;
-    if let Some(expiration) = expiration {
+    if let Some(expiration) = &signed.expiration {
         let at: u64 = expiration
             .parse()
             .map_err(|_| ApiError::bad_request("invalid signature_expiration"))?;

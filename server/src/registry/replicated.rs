@@ -209,6 +209,28 @@ impl Registry {
         }
     }
 
+    /// The sandbox in the table (`--fleet`) whose access token made the signature `signed`
+    /// for `op`, with that token: a signed URL names no sandbox. A table that cannot be read
+    /// is logged, and nothing found.
+    pub async fn signed_by(
+        &self,
+        signed: &crate::envd::signed::Signed,
+        op: crate::envd::signed::Operation,
+    ) -> Option<(String, Vec<u8>)> {
+        let replicas = self.replicas.as_ref()?;
+        let records = match replicas.table.load().await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::error!(error = %e, "the sandbox table could not be read for a signed URL");
+                return None;
+            }
+        };
+        records
+            .into_iter()
+            .find(|r| !r.killing && signed.by(op, &r.token))
+            .map(|r| (r.id, r.token.into_bytes()))
+    }
+
     /// Resumes `sandbox`, interrupted by its server's end, until `end` (its timeout as it
     /// was). Past it, its timeout acts now: an `autoPause` sandbox stays paused (by its user,
     /// now), another is killed. Where a request for it goes then: here (`None`), or the replica
