@@ -19,7 +19,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{create_sandbox, left_on_disk, run_sdk_script, Server, KEY_A};
+use common::{
+    create_sandbox, download, get_sandbox, kill_sandbox, left_on_disk, replicas_script, Server,
+    KEY_A,
+};
 use reqwest::{Client, StatusCode};
 use sandkeeper_pg::throwaway::Throwaway;
 use sandkeeper_snapshots::moto::Moto;
@@ -51,37 +54,10 @@ impl Shared {
     }
 }
 
-async fn get(c: &Client, s: &Server, id: &str) -> (StatusCode, String) {
-    let r = c
-        .get(format!("{}/sandboxes/{id}", s.url))
-        .header("x-api-key", KEY_A)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.text().await.unwrap())
-}
-
 async fn details(c: &Client, s: &Server, id: &str) -> Value {
-    let (status, body) = get(c, s, id).await;
+    let (status, body) = get_sandbox(c, &s.url, id, KEY_A).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     serde_json::from_str(&body).unwrap()
-}
-
-async fn download(
-    c: &Client,
-    s: &Server,
-    id: &str,
-    token: &str,
-    path: &str,
-) -> (StatusCode, Vec<u8>) {
-    let r = c
-        .get(format!("{}/files?path={path}", s.url))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.bytes().await.unwrap().to_vec())
 }
 
 async fn connect(c: &Client, s: &Server, id: &str) -> (StatusCode, String) {
@@ -115,30 +91,7 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
 
-    let out = tokio::task::spawn_blocking({
-        let (ua, ub) = (a.url.clone(), b.url.clone());
-        move || {
-            run_sdk_script(
-                240,
-                &ua,
-                "e2b_replicas.py",
-                &[("URL_A", &ua), ("URL_B", &ub)],
-                &[
-                    "made on a, used through b",
-                    "paused through b, resumed on b",
-                    "killed through a while on b",
-                    "made on b, paused and resumed through a",
-                ],
-            )
-        }
-    })
-    .await
-    .unwrap();
-    let left = out
-        .lines()
-        .find_map(|l| l.strip_prefix("left running "))
-        .expect("the script names the sandbox it left")
-        .to_string();
+    let left = replicas_script(240, &a.url, &b.url).await;
     let c = Client::new();
     let token = details(&c, &b, &left).await["envdAccessToken"]
         .as_str()
@@ -158,7 +111,7 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     .unwrap();
     let paused = shelf.list().await.unwrap();
     assert!(!paused.is_empty(), "a's SIGTERM put nothing on the shelf");
-    let (status, bytes) = download(&c, &b, &left, &token, "/home/user/d.txt").await;
+    let (status, bytes) = download(&c, &b.url, &left, &token, "/home/user/d.txt").await;
     assert_eq!(
         (status, bytes.as_slice()),
         (StatusCode::OK, &b"made on b"[..])
@@ -182,13 +135,13 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     let mut b = b;
     let b_url = b.url.clone();
     b.kill9();
-    let (status, body) = get(&c, &a, &left).await;
+    let (status, body) = get_sandbox(&c, &a.url, &left, KEY_A).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains(&b_url), "{body}");
     // A bounded poll: b's lease (15 s) lapses on the wall clock.
     let mut paused = false;
     for _ in 0..80 {
-        let (status, body) = get(&c, &a, &left).await;
+        let (status, body) = get_sandbox(&c, &a.url, &left, KEY_A).await;
         if status == StatusCode::OK && body.contains("\"paused\"") {
             paused = true;
             break;
@@ -202,14 +155,14 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     assert_eq!(details(&c, &a, &left).await["state"], "paused");
     // A kill of the other through a is answered, and it is gone from the API at once; its
     // workspace, out of a's reach, is deleted once b is back (checked at the end).
-    let r = c
-        .delete(format!("{}/sandboxes/{doomed}", a.url))
-        .header("x-api-key", KEY_A)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    assert_eq!(get(&c, &a, &doomed).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        kill_sandbox(&c, &a.url, &doomed, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        get_sandbox(&c, &a.url, &doomed, KEY_A).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // b comes back on its root and continues it, the acknowledged upload whole.
     let b = shared.host(root_b.path());
@@ -218,24 +171,24 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
         status.is_success(),
         "connect through the restarted b: {status} {body}"
     );
-    let (status, bytes) = download(&c, &a, &left, &token, "/home/user/acked.bin").await;
+    let (status, bytes) = download(&c, &a.url, &left, &token, "/home/user/acked.bin").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(bytes, vec![7u8; 100_000], "the acknowledged upload");
-    let (status, bytes) = download(&c, &a, &left, &token, "/home/user/d.txt").await;
+    let (status, bytes) = download(&c, &a.url, &left, &token, "/home/user/d.txt").await;
     assert_eq!(
         (status, bytes.as_slice()),
         (StatusCode::OK, &b"made on b"[..])
     );
 
     // Killed through a: gone everywhere, nothing left on either root.
-    let r = c
-        .delete(format!("{}/sandboxes/{left}", a.url))
-        .header("x-api-key", KEY_A)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    assert_eq!(get(&c, &b, &left).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        kill_sandbox(&c, &a.url, &left, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        get_sandbox(&c, &b.url, &left, KEY_A).await.0,
+        StatusCode::NOT_FOUND
+    );
     let listed = c
         .get(format!("{}/v2/sandboxes", b.url))
         .header("x-api-key", KEY_A)

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{create_sandbox, left_on_disk, Server, KEY_A, KEY_B};
+use common::{create_sandbox, download, left_on_disk, Server, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -47,23 +47,6 @@ fn upload(
         .header("content-type", "application/octet-stream")
         .body(content(i))
         .send()
-}
-
-async fn download(
-    c: &Client,
-    s: &Server,
-    id: &str,
-    token: &str,
-    path: &str,
-) -> (StatusCode, Vec<u8>) {
-    let r = c
-        .get(format!("{}/files?path={path}", s.url))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.bytes().await.unwrap().to_vec())
 }
 
 /// The nothing-lost property across a pause: every upload the server answered 200 (before the
@@ -111,7 +94,8 @@ async fn what_was_acknowledged_before_or_during_a_pause_is_there_after_the_resum
         "connect resumes a paused sandbox"
     );
     for i in 0..32 {
-        let (status, bytes) = download(&c, &s, &id, &token, &format!("/home/user/up/f{i}")).await;
+        let (status, bytes) =
+            download(&c, &s.url, &id, &token, &format!("/home/user/up/f{i}")).await;
         if acknowledged.contains(&i) {
             assert_eq!(status, StatusCode::OK, "acknowledged upload {i} lost");
             assert!(bytes == content(i), "acknowledged upload {i} not whole");
@@ -120,7 +104,7 @@ async fn what_was_acknowledged_before_or_during_a_pause_is_there_after_the_resum
             assert!(bytes == content(i), "a refused upload {i} landed in part");
         }
     }
-    let (status, bytes) = download(&c, &s, &id, &token, "/home/user/up/f1000").await;
+    let (status, bytes) = download(&c, &s.url, &id, &token, "/home/user/up/f1000").await;
     assert_eq!((status, bytes == content(1000)), (StatusCode::OK, true));
 }
 
@@ -330,7 +314,7 @@ async fn a_paused_sandbox_is_killed_past_its_retention_unless_resumed() {
 
     let detail: Value = get(b.clone()).await.unwrap().json().await.unwrap();
     assert_eq!(detail["state"], "running", "{detail}");
-    let (status, bytes) = download(&c, &s, &b, &b_token, "/home/user/up/f1").await;
+    let (status, bytes) = download(&c, &s.url, &b, &b_token, "/home/user/up/f1").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(bytes, content(1));
 

@@ -15,7 +15,9 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{create_sandbox, left_on_disk, run_sdk_script, Server, KEY_A, KEY_B};
+use common::{
+    create_sandbox, get_sandbox, kill_sandbox, left_on_disk, replicas_script, Server, KEY_A, KEY_B,
+};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -29,51 +31,18 @@ async fn create(c: &Client, s: &Server) -> String {
         .0
 }
 
-async fn get(c: &Client, s: &Server, id: &str, key: &str) -> (StatusCode, String) {
-    let r = c
-        .get(format!("{}/sandboxes/{id}", s.url))
-        .header("x-api-key", key)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.text().await.unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_replica_answers_for_any_sandbox_and_continues_a_dead_ones() {
     let root = tempfile::tempdir().unwrap();
     let (mut a, b) = (replica(root.path()), replica(root.path()));
-    let out = tokio::task::spawn_blocking({
-        let (ua, ub) = (a.url.clone(), b.url.clone());
-        move || {
-            run_sdk_script(
-                180,
-                &ua,
-                "e2b_replicas.py",
-                &[("URL_A", &ua), ("URL_B", &ub)],
-                &[
-                    "made on a, used through b",
-                    "paused through b, resumed on b",
-                    "killed through a while on b",
-                    "made on b, paused and resumed through a",
-                ],
-            )
-        }
-    })
-    .await
-    .unwrap();
-    let left = out
-        .lines()
-        .find_map(|l| l.strip_prefix("left running "))
-        .expect("the script names the sandbox it left")
-        .to_string();
+    let left = replicas_script(180, &a.url, &b.url).await;
 
     let c = Client::new();
     // It runs on a (resumed there); b answers for it, a's team only.
-    let (status, body) = get(&c, &b, &left, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &left, KEY_A).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.contains("\"running\""), "{body}");
-    let (status, _) = get(&c, &b, &left, KEY_B).await;
+    let (status, _) = get_sandbox(&c, &b.url, &left, KEY_B).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "another team through b");
     // A request marked as forwarded is answered where it lands: b does not run it.
     let r = c
@@ -105,13 +74,13 @@ async fn any_replica_answers_for_any_sandbox_and_continues_a_dead_ones() {
     assert_eq!(uploaded.status(), StatusCode::OK);
     let a_url = a.url.clone();
     a.kill9();
-    let (status, body) = get(&c, &b, &on_a, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &on_a, KEY_A).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains(&a_url), "{body}");
     // A bounded poll of real processes: a's lease (15 s) lapses on the wall clock.
     let mut paused = false;
     for _ in 0..60 {
-        let (status, body) = get(&c, &b, &on_a, KEY_A).await;
+        let (status, body) = get_sandbox(&c, &b.url, &on_a, KEY_A).await;
         if status == StatusCode::OK && body.contains("\"paused\"") {
             paused = true;
             break;
@@ -152,13 +121,10 @@ async fn any_replica_answers_for_any_sandbox_and_continues_a_dead_ones() {
     assert_eq!(read.text().await.unwrap(), "made on b");
     assert_eq!(details(&c, &b, &left).await["state"], "running");
     for id in [&on_a, &left] {
-        let r = c
-            .delete(format!("{}/sandboxes/{id}", b.url))
-            .header("x-api-key", KEY_A)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            kill_sandbox(&c, &b.url, id, KEY_A).await,
+            StatusCode::NO_CONTENT
+        );
     }
     let mut b = b;
     assert!(b.terminate(30).is_some_and(|s| s.success()));
@@ -176,7 +142,7 @@ async fn any_replica_answers_for_any_sandbox_and_continues_a_dead_ones() {
 }
 
 async fn details(c: &Client, s: &Server, id: &str) -> Value {
-    let (status, body) = get(c, s, id, KEY_A).await;
+    let (status, body) = get_sandbox(c, &s.url, id, KEY_A).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -423,11 +389,8 @@ async fn a_signed_url_is_answered_through_any_replica() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{}", s.url);
     }
-    let r = c
-        .delete(format!("{}/sandboxes/{id}", b.url))
-        .header("x-api-key", KEY_A)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        kill_sandbox(&c, &b.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
 }

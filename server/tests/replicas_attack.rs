@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{create_sandbox, left_on_disk, KEY_A, KEY_B};
+use common::{create_sandbox, download, get_sandbox, left_on_disk, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -138,16 +138,6 @@ async fn answered(
     (answer, began.elapsed())
 }
 
-async fn get(c: &Client, s: &Rep, id: &str, key: &str) -> (StatusCode, String) {
-    let r = c
-        .get(format!("{}/sandboxes/{id}", s.url))
-        .header("x-api-key", key)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.text().await.unwrap())
-}
-
 async fn upload(
     c: &Client,
     s: &Rep,
@@ -165,17 +155,6 @@ async fn upload(
         .await
         .unwrap()
         .status()
-}
-
-async fn download(c: &Client, s: &Rep, id: &str, token: &str, path: &str) -> (StatusCode, Vec<u8>) {
-    let r = c
-        .get(format!("{}/files?path={path}", s.url))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.bytes().await.unwrap().to_vec())
 }
 
 fn records(root: &Path) -> Vec<String> {
@@ -245,7 +224,7 @@ async fn concurrent_timeout_changes_keep_the_record_readable() {
             String::from_utf8_lossy(&bytes),
             records(root.path())
         );
-        let (status, body) = get(&c, &b, &id, KEY_A).await;
+        let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
         assert_eq!(status, StatusCode::OK, "round {round}: through b: {body}");
     }
     assert!(
@@ -317,7 +296,7 @@ async fn a_request_forwarded_to_a_stopped_replica_answers() {
     let (a, b) = (Rep::start(root.path(), &[]), Rep::start(root.path(), &[]));
     let c = client();
     let (id, _) = create(&c, &a, json!({})).await;
-    assert_eq!(get(&c, &b, &id, KEY_A).await.0, StatusCode::OK);
+    assert_eq!(get_sandbox(&c, &b.url, &id, KEY_A).await.0, StatusCode::OK);
     a.signal("-STOP");
     let get = c
         .get(format!("{}/sandboxes/{id}", b.url))
@@ -351,8 +330,8 @@ async fn one_advertised_address_for_two_replicas_does_not_steal_a_running_sandbo
         upload(&c, &a, &id, &token, "/home/user/x", b"on a".to_vec()).await,
         StatusCode::OK
     );
-    let (status, body) = get(&c, &b, &id, KEY_A).await;
-    let (status_a, body_a) = get(&c, &a, &id, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
+    let (status_a, body_a) = get_sandbox(&c, &a.url, &id, KEY_A).await;
     let record = std::fs::read_to_string(
         root.path()
             .join(format!(".sandkeeperd/sandboxes/{id}.json")),
@@ -369,7 +348,7 @@ async fn one_advertised_address_for_two_replicas_does_not_steal_a_running_sandbo
     assert_eq!(record["runs_on"]["url"], same.as_str(), "{record}");
     assert_eq!(record["interrupted"], false, "{record}");
     assert_eq!(
-        download(&c, &a, &id, &token, "/home/user/x").await.1,
+        download(&c, &a.url, &id, &token, "/home/user/x").await.1,
         b"on a".to_vec()
     );
 }
@@ -388,7 +367,7 @@ async fn a_rolling_restart_continues_the_sandbox_on_the_other_replica() {
     );
     assert!(a.terminate(30), "a did not end cleanly");
     let began = Instant::now();
-    let (status, bytes) = download(&c, &b, &id, &token, "/home/user/k").await;
+    let (status, bytes) = download(&c, &b.url, &id, &token, "/home/user/k").await;
     let took = began.elapsed();
     assert_eq!(
         (status, bytes.as_slice()),
@@ -399,7 +378,7 @@ async fn a_rolling_restart_continues_the_sandbox_on_the_other_replica() {
         took < Duration::from_secs(10),
         "the first request took {took:?}"
     );
-    let (status, body) = get(&c, &b, &id, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
     assert!(
         status == StatusCode::OK && body.contains("\"running\""),
         "{status} {body}"
@@ -429,7 +408,7 @@ async fn large_bodies_go_through_forwarding_intact_and_other_teams_are_refused()
         upload(&c, &b, &id, &token, "/home/user/big.bin", data.clone()).await,
         StatusCode::OK
     );
-    let (status, back) = download(&c, &b, &id, &token, "/home/user/big.bin").await;
+    let (status, back) = download(&c, &b.url, &id, &token, "/home/user/big.bin").await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         back == data,
@@ -453,14 +432,14 @@ async fn large_bodies_go_through_forwarding_intact_and_other_teams_are_refused()
         );
     }
     // A wrong token: answered as an unknown sandbox (502, as envd's own refusal), not served.
-    let (status, body) = download(&c, &b, &id, &"0".repeat(64), "/home/user/big.bin").await;
+    let (status, body) = download(&c, &b.url, &id, &"0".repeat(64), "/home/user/big.bin").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert!(
         body.len() < 1000,
         "served to a wrong token: {} bytes",
         body.len()
     );
-    let (status, body) = get(&c, &b, &id, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
     assert!(
         status == StatusCode::OK && body.contains("\"running\""),
         "{body}"
@@ -485,7 +464,7 @@ async fn a_connect_racing_a_kill_through_two_replicas_leaves_nothing() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         // Both know it paused.
-        assert_eq!(get(&c, &b, &id, KEY_A).await.0, StatusCode::OK);
+        assert_eq!(get_sandbox(&c, &b.url, &id, KEY_A).await.0, StatusCode::OK);
         let (connect_on, kill_on) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
         let connect = c
             .post(format!("{}/sandboxes/{id}/connect", connect_on.url))
@@ -501,7 +480,7 @@ async fn a_connect_racing_a_kill_through_two_replicas_leaves_nothing() {
         seen.push(format!("round {round}: connect {rc}, kill {rk}"));
         assert_eq!(rk, StatusCode::NO_CONTENT, "{seen:?}");
         for s in [&a, &b] {
-            let (status, body) = get(&c, s, &id, KEY_A).await;
+            let (status, body) = get_sandbox(&c, &s.url, &id, KEY_A).await;
             assert_eq!(
                 status,
                 StatusCode::NOT_FOUND,
@@ -573,13 +552,13 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
         "connect through b: {}",
         r.text().await.unwrap()
     );
-    let (status, bytes) = download(&c, &b, &id, &token, "/home/user/v").await;
+    let (status, bytes) = download(&c, &b.url, &id, &token, "/home/user/v").await;
     assert_eq!((status, bytes.as_slice()), (StatusCode::OK, &b"v1"[..]));
     a.signal("-CONT");
     // What is checked holds whether or not the thawed replica has noticed yet that its lease
     // lapsed; the second gives it the chance to act on its stale view, which it must not.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (status_a, body_a) = get(&c, &a, &id, KEY_A).await;
+    let (status_a, body_a) = get_sandbox(&c, &a.url, &id, KEY_A).await;
     let up_a = upload(&c, &a, &id, &token, "/home/user/from-a", b"a".to_vec()).await;
     let kill = c
         .delete(format!("{}/sandboxes/{id}", a.url))
@@ -588,13 +567,13 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
         .await
         .unwrap()
         .status();
-    let (status_b, body_b) = get(&c, &b, &id, KEY_A).await;
+    let (status_b, body_b) = get_sandbox(&c, &b.url, &id, KEY_A).await;
     let record = std::fs::read_to_string(
         root.path()
             .join(format!(".sandkeeperd/sandboxes/{id}.json")),
     )
     .unwrap_or_else(|e| format!("(none: {e})"));
-    let (got_b, from_a) = download(&c, &b, &id, &token, "/home/user/from-a").await;
+    let (got_b, from_a) = download(&c, &b.url, &id, &token, "/home/user/from-a").await;
     println!("a said {status_a} {body_a}; upload through a {up_a}; kill through a {kill}; b then {status_b} {body_b}; from-a through b {got_b} {:?}; table {record}", String::from_utf8_lossy(&from_a));
     if kill == StatusCode::NO_CONTENT {
         assert_eq!(
@@ -648,7 +627,7 @@ async fn a_killed_sandbox_is_not_resurrected_after_its_replica_ends() {
     // Until a's lease lapses (15 s), b answers 502 naming a for them; then it decides.
     let mut early = Vec::new();
     for _ in 0..80 {
-        let (status, body) = get(&c, &b, &killed[0].0, KEY_A).await;
+        let (status, body) = get_sandbox(&c, &b.url, &killed[0].0, KEY_A).await;
         if status != StatusCode::BAD_GATEWAY {
             break;
         }
@@ -669,7 +648,7 @@ async fn a_killed_sandbox_is_not_resurrected_after_its_replica_ends() {
             .unwrap();
         let status = r.status();
         if status != StatusCode::NOT_FOUND {
-            let (fs, bytes) = download(&c, &b, id, token, "/home/user/f").await;
+            let (fs, bytes) = download(&c, &b.url, id, token, "/home/user/f").await;
             resurrected.push(format!(
                 "{id}: connect {status}; its file: {fs} {:?}",
                 String::from_utf8_lossy(&bytes)
@@ -742,7 +721,7 @@ async fn a_thawed_replica_does_not_pause_a_sandbox_taken_over() {
     let record: Value = serde_json::from_str(&record).unwrap();
     assert_eq!(record["runs_on"], Value::Null, "{record}");
     for s in [&a, &b] {
-        let (status, body) = get(&c, s, &id, KEY_A).await;
+        let (status, body) = get_sandbox(&c, &s.url, &id, KEY_A).await;
         assert!(
             status == StatusCode::OK && body.contains("\"paused\""),
             "{body}"
@@ -757,7 +736,7 @@ async fn a_thawed_replica_does_not_pause_a_sandbox_taken_over() {
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     assert_eq!(
-        download(&c, &b, &id, &token, "/home/user/on-b").await.1,
+        download(&c, &b.url, &id, &token, "/home/user/on-b").await.1,
         b"b".to_vec()
     );
 }
@@ -874,8 +853,8 @@ async fn envd_requests_racing_through_two_replicas_wake_an_interrupted_sandbox_o
     );
     assert!(a.terminate(30));
     let (rb, rd) = tokio::join!(
-        download(&c, &b, &id, &token, "/home/user/k"),
-        download(&c, &d, &id, &token, "/home/user/k")
+        download(&c, &b.url, &id, &token, "/home/user/k"),
+        download(&c, &d.url, &id, &token, "/home/user/k")
     );
     let show = |r: &(StatusCode, Vec<u8>)| format!("{} {}", r.0, String::from_utf8_lossy(&r.1));
     assert!(
@@ -906,8 +885,8 @@ async fn two_envd_requests_at_once_through_one_replica_wake_an_interrupted_sandb
     );
     assert!(a.terminate(30));
     let (r1, r2) = tokio::join!(
-        download(&c, &b, &id, &token, "/home/user/k"),
-        download(&c, &b, &id, &token, "/home/user/k")
+        download(&c, &b.url, &id, &token, "/home/user/k"),
+        download(&c, &b.url, &id, &token, "/home/user/k")
     );
     let show = |r: &(StatusCode, Vec<u8>)| format!("{} {}", r.0, String::from_utf8_lossy(&r.1));
     assert!(
@@ -1027,7 +1006,7 @@ async fn a_retention_counts_from_the_last_pause_whichever_replica_paused_it() {
     let paused_again = Instant::now();
     // A's retention timer fires RETENTION after a's pause (its log says what it did).
     let line = logged(&log_a, &id, "retention", Duration::from_secs(60)).await;
-    let (status, body) = get(&c, &b, &id, KEY_A).await;
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
     assert_eq!(
         status,
         StatusCode::OK,
@@ -1037,7 +1016,7 @@ async fn a_retention_counts_from_the_last_pause_whichever_replica_paused_it() {
     assert!(body.contains("\"paused\""), "{body}");
     // Left paused, it goes RETENTION after b's pause, and not before.
     let began = Instant::now();
-    while get(&c, &b, &id, KEY_A).await.0 != StatusCode::NOT_FOUND {
+    while get_sandbox(&c, &b.url, &id, KEY_A).await.0 != StatusCode::NOT_FOUND {
         assert!(
             began.elapsed() < Duration::from_secs(60),
             "never ended by its retention"
@@ -1137,7 +1116,7 @@ async fn kills_cut_off_by_a_sigkill_are_finished_by_another_replica() {
     }
     for id in [&paused, &running] {
         assert_eq!(
-            get(&c, &a, id, KEY_A).await.0,
+            get_sandbox(&c, &a.url, id, KEY_A).await.0,
             StatusCode::NOT_FOUND,
             "{id}"
         );

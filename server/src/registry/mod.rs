@@ -901,14 +901,7 @@ impl Registry {
             }
             return;
         }
-        let taken = {
-            let mut inner = lock(&self.inner);
-            match inner.sandboxes.get(&sandbox.id) {
-                Some(s) if Arc::ptr_eq(s, &sandbox) => inner.sandboxes.remove(&sandbox.id),
-                _ => None,
-            }
-        };
-        if let Some(sandbox) = taken {
+        if let Some(sandbox) = self.take_out(&sandbox) {
             tracing::info!(sandbox = %sandbox.id, "timeout: killing");
             self.finish(sandbox, "timeout").await;
         }
@@ -964,19 +957,23 @@ impl Registry {
                     return;
                 }
             }
-            let taken = {
-                let mut inner = lock(&self.inner);
-                match inner.sandboxes.get(&sandbox.id) {
-                    Some(s) if Arc::ptr_eq(s, &sandbox) => inner.sandboxes.remove(&sandbox.id),
-                    _ => None,
-                }
-            };
+            let taken = self.take_out(&sandbox);
             drop(life);
             if let Some(sandbox) = taken {
                 tracing::info!(sandbox = %sandbox.id, "paused past its retention: killing");
                 self.finish(sandbox, "retention").await;
             }
             return;
+        }
+    }
+
+    /// Takes `sandbox` out of the table if it is still this very sandbox there (not one put in
+    /// its place since): new requests find it gone.
+    fn take_out(&self, sandbox: &Arc<Sandbox>) -> Option<Arc<Sandbox>> {
+        let mut inner = lock(&self.inner);
+        match inner.sandboxes.get(&sandbox.id) {
+            Some(s) if Arc::ptr_eq(s, sandbox) => inner.sandboxes.remove(&sandbox.id),
+            _ => None,
         }
     }
 

@@ -118,14 +118,7 @@ impl Registry {
         }
         *life = Life::Ended;
         sandbox.paused.store(false, Ordering::Release);
-        let mut inner = lock(&self.inner);
-        if inner
-            .sandboxes
-            .get(id)
-            .is_some_and(|s| Arc::ptr_eq(s, &sandbox))
-        {
-            inner.sandboxes.remove(id);
-        }
+        self.take_out(&sandbox);
         self.metrics.paused.dec();
         tracing::info!(sandbox = %id, "no longer paused here: another replica has it, or it was killed");
     }

@@ -264,3 +264,80 @@ pub async fn create_sandbox(
         v["envdAccessToken"].as_str().unwrap().into(),
     )
 }
+
+/// A sandbox's file through envd at the server at `url` (`GET /files`, its headers): the
+/// status and the bytes.
+pub async fn download(
+    c: &reqwest::Client,
+    url: &str,
+    id: &str,
+    token: &str,
+    path: &str,
+) -> (reqwest::StatusCode, Vec<u8>) {
+    let r = c
+        .get(format!("{url}/files?path={path}"))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.bytes().await.unwrap().to_vec())
+}
+
+/// `GET /sandboxes/{id}` at the server at `url` as the team of `key`: the status and the body.
+pub async fn get_sandbox(
+    c: &reqwest::Client,
+    url: &str,
+    id: &str,
+    key: &str,
+) -> (reqwest::StatusCode, String) {
+    let r = c
+        .get(format!("{url}/sandboxes/{id}"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// Runs `py/e2b_replicas.py` (bounded by `secs`) with the SDK's objects pointed at the
+/// replicas at `url_a` and `url_b`, on a blocking task; asserts its steps passed. Answers the
+/// id of the sandbox it left running on a.
+pub async fn replicas_script(secs: u32, url_a: &str, url_b: &str) -> String {
+    let (ua, ub) = (url_a.to_string(), url_b.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        run_sdk_script(
+            secs,
+            &ua,
+            "e2b_replicas.py",
+            &[("URL_A", &ua), ("URL_B", &ub)],
+            &[
+                "made on a, used through b",
+                "paused through b, resumed on b",
+                "killed through a while on b",
+                "made on b, paused and resumed through a",
+            ],
+        )
+    })
+    .await
+    .expect("the script's task");
+    out.lines()
+        .find_map(|l| l.strip_prefix("left running "))
+        .expect("the script names the sandbox it left")
+        .to_string()
+}
+
+/// `DELETE /sandboxes/{id}` at the server at `url` as the team of `key`: the status.
+pub async fn kill_sandbox(
+    c: &reqwest::Client,
+    url: &str,
+    id: &str,
+    key: &str,
+) -> reqwest::StatusCode {
+    c.delete(format!("{url}/sandboxes/{id}"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
