@@ -90,16 +90,13 @@ impl Registry {
                 return;
             }
         };
-        let known = lock(&self.inner).sandboxes.remove(&id);
-        if let Some(known) = known {
-            // A paused view this replica had of it: out of the table, ended.
-            let mut life = known.life.write().await;
-            if matches!(*life, Life::Paused) {
-                *life = Life::Ended;
-                known.paused.store(false, Ordering::Release);
-                self.metrics.paused.dec();
-            }
+        if self.runs_here(&id) {
+            // Its record names a kill, yet it runs here: never ended on a record's word.
+            tracing::error!(sandbox = %id, "a kill to finish names a sandbox running here: left as it is");
+            return;
         }
+        // A paused view this replica had of it goes first.
+        self.evict(&id).await;
         self.metrics.paused.inc();
         let finished = self.finish(sandbox, "continued").await;
         tracing::info!(sandbox = %id, ?finished, "a kill cut off by its replica's end finished");
