@@ -414,10 +414,28 @@ impl Registry {
             .sandboxes
             .insert(id.clone(), sandbox.clone());
         self.metrics.sandboxes.inc();
-        self.record(&sandbox, Recorded::Running).await;
+        if let Err(e) = self.try_record(&sandbox, Recorded::Running).await {
+            // Not in the table: the other replicas and a later server would never know it,
+            // so it is not made at all.
+            self.undo_create(&sandbox).await;
+            return Err(e);
+        }
         tokio::spawn(self.clone().timer(sandbox.clone(), 0, expiry));
         tracing::info!(sandbox = %sandbox.id, team = %sandbox.team, session = %sandbox.session, "created");
         Ok(sandbox)
+    }
+
+    /// Takes back a create whose record could not be written: out of the table, its call
+    /// released asking `Shutdown`, its place given back.
+    async fn undo_create(&self, sandbox: &Arc<Sandbox>) {
+        self.take_out(sandbox);
+        let mut life = sandbox.life.write().await;
+        if let Life::Running(guard) = std::mem::replace(&mut *life, Life::Ended) {
+            self.metrics.sandboxes.dec();
+            self.give_back_slot(&sandbox.team);
+            let released = guard.release_as(WayDown::Shutdown).await;
+            tracing::warn!(sandbox = %sandbox.id, ?released, "a create not recorded: taken back");
+        }
     }
 
     /// The sandbox `id` if it is `team`'s.
@@ -512,9 +530,10 @@ impl Registry {
         };
         let registry = self.clone();
         match tokio::spawn(async move { registry.finish(sandbox, "api").await }).await {
-            Ok(Claimed::Done) => Ok(true),
-            Ok(Claimed::Gone) => Ok(false),
-            Ok(Claimed::RunsOn(replica)) => Err(moved(id, &replica)),
+            Ok(Ok(Claimed::Done)) => Ok(true),
+            Ok(Ok(Claimed::Gone)) => Ok(false),
+            Ok(Ok(Claimed::RunsOn(replica))) => Err(moved(id, &replica)),
+            Ok(Err(refused)) => Err(refused),
             Err(e) => Err(ApiError::internal(format!("a kill's task failed: {e}"))),
         }
     }
@@ -543,7 +562,9 @@ impl Registry {
             }
             let taken = lock(&self.inner).sandboxes.remove(&sandbox.id);
             if let Some(sandbox) = taken {
-                self.finish(sandbox, "shutdown").await;
+                if let Err(e) = self.finish(sandbox, "shutdown").await {
+                    tracing::error!(error = %e.message, "a sandbox not killed at the end");
+                }
             }
         }
         lock(&self.inner).sandboxes.clear();
@@ -551,8 +572,13 @@ impl Registry {
 
     /// Ends a sandbox already out of the table (`reason`: for the metrics). Not `Done` when
     /// it was paused and another replica took it, or it was killed there, meanwhile: then
-    /// nothing is done here.
-    async fn finish(&self, sandbox: Arc<Sandbox>, reason: &'static str) -> Claimed {
+    /// nothing is done here. 503 when its kill could not be recorded (`--fleet`): it is put
+    /// back as it was (its commands ended), nothing else done.
+    async fn finish(
+        &self,
+        sandbox: Arc<Sandbox>,
+        reason: &'static str,
+    ) -> Result<Claimed, ApiError> {
         let span = tracing::info_span!(
             "kill",
             sandbox = %sandbox.id,
@@ -563,19 +589,33 @@ impl Registry {
         self.finish_now(sandbox, reason).instrument(span).await
     }
 
-    async fn finish_now(&self, sandbox: Arc<Sandbox>, reason: &'static str) -> Claimed {
+    async fn finish_now(
+        &self,
+        sandbox: Arc<Sandbox>,
+        reason: &'static str,
+    ) -> Result<Claimed, ApiError> {
         let began = Instant::now();
         sandbox.processes.kill_all();
         sandbox.watchers.stop_all();
         let mut life = sandbox.life.write().await;
-        let was = std::mem::replace(&mut *life, Life::Ended);
+        if matches!(*life, Life::Ended) {
+            return Ok(Claimed::Gone);
+        }
         // Marked as being killed here in the sandbox table (`--fleet`) before the keeper acts,
         // and forgotten once the keeper deleted it: a crash in between leaves the kill to the
-        // other replicas, never a workspace that nothing deletes.
-        if matches!(was, Life::Ended) {
-            return Claimed::Gone;
-        }
-        let marked = self.change_record(&sandbox, Op::Kill).await;
+        // other replicas, never a workspace that nothing deletes. Not marked: not killed.
+        let marked = match self.try_change_record(&sandbox, Op::Kill).await {
+            Ok(marked) => marked,
+            Err(e) => {
+                drop(life);
+                lock(&self.inner)
+                    .sandboxes
+                    .entry(sandbox.id.clone())
+                    .or_insert(sandbox);
+                return Err(e);
+            }
+        };
+        let was = std::mem::replace(&mut *life, Life::Ended);
         let mut reached = true;
         let mut taken = None;
         let guard = match was {
@@ -594,7 +634,7 @@ impl Registry {
                 if marked != Claimed::Done {
                     sandbox.paused.store(false, Ordering::Release);
                     tracing::info!(?marked, "not killed here: another replica has it");
-                    return marked;
+                    return Ok(marked);
                 }
                 match self.let_go_paused(&sandbox).await {
                     Ok(guard) => guard,
@@ -604,7 +644,7 @@ impl Registry {
                     }
                 }
             }
-            Life::Ended => return Claimed::Gone,
+            Life::Ended => return Ok(Claimed::Gone),
         };
         sandbox.paused.store(false, Ordering::Release);
         if let Some(guard) = guard {
@@ -633,7 +673,7 @@ impl Registry {
         self.metrics.count(&self.metrics.kills, reason);
         self.metrics
             .time(&self.metrics.kill_seconds, reason, began.elapsed());
-        taken.map_or(Claimed::Done, Claimed::RunsOn)
+        Ok(taken.map_or(Claimed::Done, Claimed::RunsOn))
     }
 
     /// What a kill of a paused sandbox does: the keeper drops what its session's key keeps
@@ -798,7 +838,7 @@ impl Registry {
                 Life::Paused => {}
             }
             let slot = self.reserve(&sandbox.team)?;
-            match self.change_record(&sandbox, Op::Take).await {
+            match self.try_change_record(&sandbox, Op::Take).await? {
                 Claimed::Done => {}
                 Claimed::Gone => {
                     drop(life);
@@ -878,32 +918,44 @@ impl Registry {
         mut expiry: watch::Receiver<Instant>,
     ) {
         loop {
-            let deadline = *expiry.borrow_and_update();
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => break,
-                changed = expiry.changed() => if changed.is_err() { return },
+            loop {
+                let deadline = *expiry.borrow_and_update();
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => break,
+                    changed = expiry.changed() => if changed.is_err() { return },
+                }
             }
-        }
-        // Not a timer of this sandbox's present life: paused or resumed since, or killed (out of
-        // the table; a kill does not stop the timer, which ends here at its deadline).
-        let current = lock(&self.inner)
-            .sandboxes
-            .get(&sandbox.id)
-            .is_some_and(|s| Arc::ptr_eq(s, &sandbox));
-        let stale = sandbox.resumes.load(Ordering::Acquire) != generation || sandbox.is_paused();
-        if !current || stale {
-            return;
-        }
-        if sandbox.auto_pause {
-            tracing::info!(sandbox = %sandbox.id, "timeout: pausing");
-            if let Err(e) = self.pause_now(&sandbox, "timeout", Recorded::Paused).await {
-                tracing::debug!(sandbox = %sandbox.id, error = %e.message, "timeout: not paused");
+            // Not a timer of this sandbox's present life: paused or resumed since, or killed
+            // (out of the table; a kill does not stop the timer, which ends at its deadline).
+            let current = self
+                .any(&sandbox.id)
+                .is_some_and(|s| Arc::ptr_eq(&s, &sandbox));
+            let stale =
+                sandbox.resumes.load(Ordering::Acquire) != generation || sandbox.is_paused();
+            if !current || stale {
+                return;
             }
-            return;
-        }
-        if let Some(sandbox) = self.take_out(&sandbox) {
-            tracing::info!(sandbox = %sandbox.id, "timeout: killing");
-            self.finish(sandbox, "timeout").await;
+            if sandbox.auto_pause {
+                tracing::info!(sandbox = %sandbox.id, "timeout: pausing");
+                if let Err(e) = self.pause_now(&sandbox, "timeout", Recorded::Paused).await {
+                    tracing::debug!(sandbox = %sandbox.id, error = %e.message, "timeout: not paused");
+                }
+                return;
+            }
+            let Some(taken) = self.take_out(&sandbox) else {
+                return;
+            };
+            tracing::info!(sandbox = %taken.id, "timeout: killing");
+            match self.finish(taken, "timeout").await {
+                Ok(_) => return,
+                Err(e) => {
+                    // Put back, its kill not recorded: tried again a sweep's time later.
+                    tracing::warn!(sandbox = %sandbox.id, error = %e.message, "timeout: the kill not recorded, tried again");
+                    sandbox
+                        .deadline
+                        .send_replace(Instant::now() + replicated::SWEEP);
+                }
+            }
         }
     }
 
@@ -961,7 +1013,9 @@ impl Registry {
             drop(life);
             if let Some(sandbox) = taken {
                 tracing::info!(sandbox = %sandbox.id, "paused past its retention: killing");
-                self.finish(sandbox, "retention").await;
+                if let Err(e) = self.finish(sandbox, "retention").await {
+                    tracing::error!(error = %e.message, "retention: the kill not recorded");
+                }
             }
             return;
         }

@@ -266,8 +266,23 @@ impl Registry {
     /// A failure to write is logged and taken as done: the sandbox stays as it is here, and
     /// the other replicas (and a later process) do not know it.
     pub(super) async fn record(&self, sandbox: &Sandbox, how: Recorded) -> Claimed {
+        match self.try_record(sandbox, how).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(sandbox = %sandbox.id, error = %e.message, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+                Claimed::Done
+            }
+        }
+    }
+
+    /// [`record`](Self::record), a failure to write answered as 503 (a create refuses it).
+    pub(super) async fn try_record(
+        &self,
+        sandbox: &Sandbox,
+        how: Recorded,
+    ) -> Result<Claimed, ApiError> {
         let Some(replicas) = self.replicas.clone() else {
-            return Claimed::Done;
+            return Ok(Claimed::Done);
         };
         let record = match how {
             Recorded::Running => running_here(sandbox, &replicas),
@@ -284,13 +299,7 @@ impl Registry {
         } else {
             replicas.pause(record).await
         };
-        match written {
-            Ok(claimed) => claimed,
-            failed => {
-                tracing::error!(sandbox = %sandbox.id, ?failed, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
-                Claimed::Done
-            }
-        }
+        written.map_err(|e| unwritten(&sandbox.id, &e))
     }
 
     /// Records the new end of `sandbox`, running here (`--fleet`), unless its record says it
@@ -333,8 +342,24 @@ impl Registry {
     /// `op` on `sandbox`'s record (`--fleet`; without: done). A failure to change it is
     /// logged and taken as done.
     pub(super) async fn change_record(&self, sandbox: &Sandbox, op: Op) -> Claimed {
+        match self.try_change_record(sandbox, op).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(sandbox = %sandbox.id, error = %e.message, ?op, "a sandbox's record could not be changed");
+                Claimed::Done
+            }
+        }
+    }
+
+    /// `op` on `sandbox`'s record (`--fleet`; without: done); a failure to change it is 503,
+    /// and nothing was done (a take or a kill refuses it).
+    pub(super) async fn try_change_record(
+        &self,
+        sandbox: &Sandbox,
+        op: Op,
+    ) -> Result<Claimed, ApiError> {
         let Some(replicas) = &self.replicas else {
-            return Claimed::Done;
+            return Ok(Claimed::Done);
         };
         let changed = match op {
             Op::Take => replicas.take(&sandbox.id).await,
@@ -342,14 +367,18 @@ impl Registry {
             Op::Forget => replicas.forget(&sandbox.id).await,
             Op::LetKillGo => replicas.let_kill_go(&sandbox.id).await,
         };
-        match changed {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::error!(sandbox = %sandbox.id, error = %e, ?op, "a sandbox's record could not be changed");
-                Claimed::Done
-            }
-        }
+        changed.map_err(|e| unwritten(&sandbox.id, &e))
     }
+}
+
+/// 503: the table could not be written for sandbox `id`, so nothing was done.
+fn unwritten(id: &str, e: &std::io::Error) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "sandbox {id}: the sandbox table could not be written ({e}): nothing was done; retry"
+        ),
+    )
 }
 
 /// A change of a sandbox's record that depends on what it says ([`Replicas`]).

@@ -1,0 +1,369 @@
+//! Attacks on replicas on hosts of their own (`--fleet --fleet-store --snapshots`): two
+//! `sandkeeperd` on roots of their own sharing a throwaway PostgreSQL and a moto bucket.
+//!
+//! The sandbox table is made unreachable, for its own statements only, by an admin session
+//! that holds `LOCK TABLE sandkeeperd.sandbox IN ACCESS EXCLUSIVE MODE` in an open transaction:
+//! every table statement of the hosts waits on it and fails at their `lock_timeout` (3 s),
+//! while the fleet store (leases, keys) goes on answering. The lock is then released, and what
+//! the hosts acknowledged meanwhile is checked against the table.
+//!
+//! Written by a review: its first four tests found acknowledged creates and kills the table
+//! never recorded (fixed: both are refused, 503, while the table cannot be written). A fifth
+//! (a host frozen past its lease and thawed keeps its running sandbox out of the other's
+//! reach) is not fixed and not here: docs/server.md, "Not yet".
+//!
+//! Real processes on the wall clock: every wait is a bounded poll.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{get_sandbox, Server, KEY_A};
+use reqwest::{Client, StatusCode};
+use sandkeeper_pg::throwaway::Throwaway;
+use sandkeeper_snapshots::moto::Moto;
+use serde_json::json;
+
+/// What every host is started with: the store, the shelf, the shelf's credentials.
+struct Shared {
+    store: String,
+    shelf: String,
+    env: Vec<(String, String)>,
+}
+
+impl Shared {
+    fn host(&self, root: &std::path::Path) -> Server {
+        let root = root.to_str().expect("a UTF-8 root");
+        Server::start_on_env(
+            &[
+                "--root",
+                root,
+                "--fleet",
+                "--fleet-store",
+                &self.store,
+                "--snapshots",
+                &self.shelf,
+            ],
+            &self.env,
+        )
+    }
+}
+
+/// An admin session on the throwaway database.
+async fn admin(pg: &Throwaway) -> tokio_postgres::Client {
+    let (client, connection) = pg.config().connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Locks the sandbox table against every other session, until `unlock`.
+async fn lock_table(admin: &tokio_postgres::Client) {
+    admin
+        .batch_execute("BEGIN; LOCK TABLE sandkeeperd.sandbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+}
+
+async fn unlock_table(admin: &tokio_postgres::Client) {
+    admin.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// The table's row of `id`, as text, if any.
+async fn row(admin: &tokio_postgres::Client, id: &str) -> Option<String> {
+    admin
+        .query_opt(
+            "SELECT record::text FROM sandkeeperd.sandbox WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+async fn list(c: &Client, url: &str) -> String {
+    c.get(format!("{url}/v2/sandboxes"))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Checks: a kill of a running sandbox while the sandbox table cannot be changed is refused
+/// (503) and the sandbox lives on; a kill once the table is back leaves no record, and the
+/// other host neither lists it nor answers it. (The review's first version of this test found
+/// the kill answered 204 with its record left behind, the sandbox listed as running.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_the_table_cannot_record_is_refused_and_the_sandbox_lives() {
+    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
+    let moto = Moto::start("hostsattack");
+    let shared = Shared {
+        store: pg.connection_string(),
+        shelf: moto.url("shelf"),
+        env: moto.environment(),
+    };
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let (id, _) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
+    assert_eq!(get_sandbox(&c, &b.url, &id, KEY_A).await.0, StatusCode::OK);
+    let admin = admin(&pg).await;
+    assert!(row(&admin, &id).await.is_some(), "the sandbox's record");
+
+    lock_table(&admin).await;
+    let killed = common::kill_sandbox(&c, &a.url, &id, KEY_A).await;
+    unlock_table(&admin).await;
+
+    // Refused (503): the kill could not be recorded, so it was not done, and the sandbox is
+    // there; a kill once the table is back goes through.
+    assert_eq!(
+        killed,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a kill the table did not record"
+    );
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("\"running\""), "{body}");
+    assert_eq!(
+        common::kill_sandbox(&c, &a.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    let began = std::time::Instant::now();
+    loop {
+        let left = row(&admin, &id).await;
+        let listed = list(&c, &b.url).await;
+        if left.is_none() && !listed.contains(&id) {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "killed (204) while the table was locked, and 20 s after it was back: its record \
+             {left:?}; b lists {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        get_sandbox(&c, &b.url, &id, KEY_A).await.0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// Checks: a create while the sandbox table cannot be written is refused (503) and leaves
+/// nothing (listed or on disk); one once the table is back is known to the other host. (The
+/// review found the create answered 201 with no record: unknown to the other host, and lost,
+/// with an upload answered 200, at its host's rolling restart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_the_table_cannot_record_is_refused_and_leaves_nothing() {
+    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
+    let moto = Moto::start("hostsattack");
+    let shared = Shared {
+        store: pg.connection_string(),
+        shelf: moto.url("shelf"),
+        env: moto.environment(),
+    };
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let admin = admin(&pg).await;
+    // The table exists once both hosts are up.
+    assert!(row(&admin, "sbx00000000000000000000").await.is_none());
+
+    lock_table(&admin).await;
+    let r = c
+        .post(format!("{}/v2/sandboxes", a.url))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 300}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    unlock_table(&admin).await;
+    // Refused (503): a sandbox the table does not know would be unknown to the other host and
+    // to a restart; nothing of it is left on a, listed or on disk.
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(list(&c, &a.url).await.trim(), "[]");
+    let began = std::time::Instant::now();
+    while !common::left_on_disk(root_a.path())
+        .iter()
+        .all(|e| e == ".fleet" || e == ".sandkeeperd")
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "a refused create left {:?}",
+            common::left_on_disk(root_a.path())
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And a create once the table is back is known to b.
+    let (id, _) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
+    assert_eq!(get_sandbox(&c, &b.url, &id, KEY_A).await.0, StatusCode::OK);
+}
+
+/// Checks: a kill refused while the sandbox table could not be changed leaves a sandbox that
+/// its host's rolling restart (SIGTERM) pauses as any other: the other host shows it paused.
+/// (The review found the kill answered 204, and the killed sandbox back as paused, its
+/// workspace gone, after the restart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_kill_leaves_a_sandbox_a_rolling_restart_keeps() {
+    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
+    let moto = Moto::start("hostsattack");
+    let shared = Shared {
+        store: pg.connection_string(),
+        shelf: moto.url("shelf"),
+        env: moto.environment(),
+    };
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let (id, _) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
+    let admin = admin(&pg).await;
+    lock_table(&admin).await;
+    let killed = common::kill_sandbox(&c, &a.url, &id, KEY_A).await;
+    unlock_table(&admin).await;
+    // Refused (503), so not killed: a rolling restart of its host pauses it as any other,
+    // and b shows it paused, never gone.
+    assert_eq!(killed, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(a.terminate(60).is_some_and(|s| s.success()), "a's SIGTERM");
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("\"paused\""), "{body}");
+}
+
+/// `POST /sandboxes/{id}/{what}` (`pause`, `connect`) at `url`: the status and the body.
+async fn post(c: &Client, url: &str, id: &str, what: &str) -> (StatusCode, String) {
+    let r = c
+        .post(format!("{url}/sandboxes/{id}/{what}"))
+        .header("x-api-key", KEY_A)
+        .json(&json!({"timeout": 120}))
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+async fn upload(
+    c: &Client,
+    url: &str,
+    id: &str,
+    token: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> StatusCode {
+    c.post(format!("{url}/files?path={path}"))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .header("content-type", "application/octet-stream")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Checks: two hosts racing connects of one paused sandbox through the PostgreSQL table's
+/// compare-and-set, four rounds (paused through each host in turn): both connects succeed,
+/// the sandbox then runs on exactly one host, every upload answered 200 in an earlier round is
+/// still there, and once killed nothing is left on either root, the shelf or the table
+/// (within 90 s, the sweeps' work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
+    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
+    let moto = Moto::start("hostsattack");
+    let shared = Shared {
+        store: pg.connection_string(),
+        shelf: moto.url("shelf"),
+        env: moto.environment(),
+    };
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let (id, token) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
+    let mut files = Vec::new();
+    for round in 0..4u8 {
+        let path = format!("/home/user/r{round}.bin");
+        let via = if round % 2 == 0 { &a.url } else { &b.url };
+        assert_eq!(
+            upload(&c, via, &id, &token, &path, vec![round; 5000]).await,
+            StatusCode::OK,
+            "round {round}: the upload"
+        );
+        files.push((path, round));
+        let pauser = if round % 2 == 0 { &b.url } else { &a.url };
+        let (status, body) = post(&c, pauser, &id, "pause").await;
+        assert_eq!(
+            status,
+            StatusCode::NO_CONTENT,
+            "round {round}: pause: {body}"
+        );
+        let (through_a, through_b) = tokio::join!(
+            post(&c, &a.url, &id, "connect"),
+            post(&c, &b.url, &id, "connect")
+        );
+        assert!(
+            through_a.0.is_success() && through_b.0.is_success(),
+            "round {round}: racing connects answered {through_a:?} and {through_b:?}"
+        );
+        for (path, n) in &files {
+            for url in [&a.url, &b.url] {
+                let (status, bytes) = common::download(&c, url, &id, &token, path).await;
+                assert_eq!(
+                    status,
+                    StatusCode::OK,
+                    "round {round}: {path} through {url}"
+                );
+                assert_eq!(bytes, vec![*n; 5000], "round {round}: {path} through {url}");
+            }
+        }
+    }
+    assert_eq!(
+        common::kill_sandbox(&c, &b.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    let shelf = sandkeeper_snapshots::ObjectSnapshots::open(
+        &shared.shelf,
+        sandkeeper_snapshots::SnapshotsConfig {
+            options: Moto::options(moto.port),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let admin = admin(&pg).await;
+    let workspaces = |root: &std::path::Path| -> Vec<String> {
+        common::left_on_disk(root)
+            .into_iter()
+            .filter(|e| e != ".fleet" && e != ".sandkeeperd")
+            .collect()
+    };
+    let began = std::time::Instant::now();
+    loop {
+        let on_shelf: Vec<String> = shelf
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        let (on_a, on_b) = (workspaces(root_a.path()), workspaces(root_b.path()));
+        let left = row(&admin, &id).await;
+        if on_a.is_empty() && on_b.is_empty() && on_shelf.is_empty() && left.is_none() {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(90),
+            "left after the kill: on a {on_a:?}, on b {on_b:?}, on the shelf {on_shelf:?}, \
+             its record {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
