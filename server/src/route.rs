@@ -3,10 +3,10 @@
 //! or unknown). A request names its sandbox by its REST path (`/sandboxes/{id}…`,
 //! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header; a signed `/files` URL
 //! names none, and goes to the sandbox whose access token made its signature (found in the
-//! table when no sandbox here made it). A request another
-//! replica forwarded ([`HOP`]) is answered here whatever the table says. A REST request answered
-//! here with 409 because another replica took its paused sandbox meanwhile (two connects
-//! racing) is sent to that replica after all.
+//! table when no sandbox here made it). A request another replica forwarded ([`HOP`]) is
+//! answered here whatever the table says. A REST request answered here with 409 because
+//! another replica took its paused sandbox meanwhile (two connects racing) is sent to that
+//! replica after all.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -99,8 +99,6 @@ async fn here_or_moved(
     }
 }
 
-/// The sandbox id a request names, if any (checked later, by the table and the handlers), and
-/// whether it is envd's (by header) rather than the REST API's (by path).
 /// What a signed `/files` request (no sandbox header, a signature in its query) carries, and
 /// for what.
 fn signed_files(request: &Request) -> Option<(Signed, Operation)> {
@@ -134,6 +132,8 @@ async fn signed_elsewhere(
     app.registry.signed_by(&signed, op).await
 }
 
+/// The sandbox id a request names, if any (checked later, by the table and the handlers), and
+/// whether it is envd's (by header) rather than the REST API's (by path).
 fn sandbox_named(request: &Request) -> Option<(String, bool)> {
     if let Some(id) = request.headers().get("e2b-sandbox-id") {
         return id.to_str().ok().map(|id| (id.to_string(), true));

@@ -345,7 +345,7 @@ impl Registry {
 
     /// Creates a sandbox for `team`: acquires its keeper call and starts its timer. Nothing
     /// changes when it fails. Errors: 429 past the team's limit, 503 when the keeper refused or
-    /// could not start the sandbox.
+    /// could not start the sandbox, or (`--fleet`) the sandbox table could not record it.
     pub async fn create(
         self: &Arc<Self>,
         team: Team,
