@@ -107,35 +107,61 @@ pub(super) async fn stream_input(
     body: Body,
     max: usize,
 ) -> Response {
-    match stream_input_events(sandbox, headers, body, max).await {
+    let mut from = body.into_data_stream();
+    match stream_input_events(sandbox, headers, &mut from, max).await {
         Ok(()) => {
             let mut answer = connect::message(&json!({})).to_vec();
             answer.extend_from_slice(&connect::end_stream(None));
             stream_response(Body::from(answer))
         }
         Err(e) => {
-            // Refused before the client's stream ended: what it still sends is never read, so
-            // the connection cannot carry another request. Said, so that the client does not
-            // send its next request on it (the SDK did, and saw the connection closed under it).
+            // Refused before the client's stream ended: the rest it sends is read and dropped
+            // first (bounded), so that the client is not cut off while writing (it saw a broken
+            // pipe) and the connection can carry its next request (it saw the connection
+            // closed under it). Past the bound, the connection is said to close.
             let mut answer = stream_error(&e);
-            answer.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
+            if !drained(&mut from).await {
+                answer.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
             answer
         }
     }
 }
 
+/// Reads what is left of a refused request's body and drops it: whether it ended within the
+/// bounds (1 MiB, 2 s).
+async fn drained(from: &mut axum::body::BodyDataStream) -> bool {
+    use futures_util::StreamExt;
+    const MAX: usize = 1 << 20;
+    let rest = async {
+        let mut read = 0;
+        while let Some(piece) = from.next().await {
+            match piece {
+                Ok(piece) => read += piece.len(),
+                Err(_) => return false,
+            }
+            if read > MAX {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), rest)
+        .await
+        .unwrap_or(false)
+}
+
 async fn stream_input_events(
     sandbox: &Sandbox,
     headers: &HeaderMap,
-    body: Body,
+    from: &mut axum::body::BodyDataStream,
     max: usize,
 ) -> Result<(), ConnectError> {
     use futures_util::StreamExt;
     let bad = |why: String| ConnectError::new(Code::InvalidArgument, why);
-    let mut from = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::new();
     let mut to: Option<mpsc::Sender<Input>> = None;
     loop {
