@@ -19,40 +19,15 @@ mod common;
 
 use std::time::Duration;
 
+use common::hosts::Services;
 use common::{
-    create_sandbox, download, get_sandbox, kill_sandbox, left_on_disk, replicas_script, Server,
-    KEY_A,
+    create_sandbox, download, get_sandbox, kill_sandbox, left_on_disk, replicas_script, upload,
+    Server, KEY_A,
 };
 use reqwest::{Client, StatusCode};
 use sandkeeper_pg::throwaway::Throwaway;
 use sandkeeper_snapshots::moto::Moto;
 use serde_json::{json, Value};
-
-/// What every host is started with: the store, the shelf, the shelf's credentials.
-struct Shared {
-    store: String,
-    shelf: String,
-    env: Vec<(String, String)>,
-}
-
-impl Shared {
-    /// A host on `root`.
-    fn host(&self, root: &std::path::Path) -> Server {
-        let root = root.to_str().expect("a UTF-8 root");
-        Server::start_on_env(
-            &[
-                "--root",
-                root,
-                "--fleet",
-                "--fleet-store",
-                &self.store,
-                "--snapshots",
-                &self.shelf,
-            ],
-            &self.env,
-        )
-    }
-}
 
 async fn details(c: &Client, s: &Server, id: &str) -> Value {
     let (status, body) = get_sandbox(c, &s.url, id, KEY_A).await;
@@ -81,13 +56,7 @@ fn workspaces(root: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host() {
-    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
-    let moto = Moto::start("hosts");
-    let shared = Shared {
-        store: pg.connection_string(),
-        shelf: moto.url("shelf"),
-        env: moto.environment(),
-    };
+    let shared = Services::start("hosts");
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
 
@@ -104,7 +73,7 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     let shelf = sandkeeper_snapshots::ObjectSnapshots::open(
         &shared.shelf,
         sandkeeper_snapshots::SnapshotsConfig {
-            options: Moto::options(moto.port),
+            options: Moto::options(shared.moto.port),
             ..Default::default()
         },
     )
@@ -120,16 +89,18 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
 
     // a comes back; b dies with the sandbox on it, after an upload through a was answered 200.
     let a = shared.host(root_a.path());
-    let uploaded = c
-        .post(format!("{}/files?path=/home/user/acked.bin", a.url))
-        .header("e2b-sandbox-id", &left)
-        .header("x-access-token", &token)
-        .header("content-type", "application/octet-stream")
-        .body(vec![7u8; 100_000])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(uploaded.status(), StatusCode::OK);
+    assert_eq!(
+        upload(
+            &c,
+            &a.url,
+            &left,
+            &token,
+            "/home/user/acked.bin",
+            vec![7u8; 100_000]
+        )
+        .await,
+        StatusCode::OK
+    );
     // A second sandbox on b, to be killed while b is down.
     let (doomed, _) = create_sandbox(&c, &b.url, KEY_A, json!({"timeout": 300})).await;
     let mut b = b;
@@ -216,8 +187,7 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let (table, connection) = pg.config().connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let table = shared.admin().await;
     let rows = table
         .query("SELECT id FROM sandkeeperd.sandbox", &[])
         .await

@@ -19,43 +19,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get_sandbox, Server, KEY_A};
+use common::hosts::Services;
+use common::{get_sandbox, upload, KEY_A};
 use reqwest::{Client, StatusCode};
-use sandkeeper_pg::throwaway::Throwaway;
 use sandkeeper_snapshots::moto::Moto;
 use serde_json::json;
-
-/// What every host is started with: the store, the shelf, the shelf's credentials.
-struct Shared {
-    store: String,
-    shelf: String,
-    env: Vec<(String, String)>,
-}
-
-impl Shared {
-    fn host(&self, root: &std::path::Path) -> Server {
-        let root = root.to_str().expect("a UTF-8 root");
-        Server::start_on_env(
-            &[
-                "--root",
-                root,
-                "--fleet",
-                "--fleet-store",
-                &self.store,
-                "--snapshots",
-                &self.shelf,
-            ],
-            &self.env,
-        )
-    }
-}
-
-/// An admin session on the throwaway database.
-async fn admin(pg: &Throwaway) -> tokio_postgres::Client {
-    let (client, connection) = pg.config().connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
 
 /// Locks the sandbox table against every other session, until `unlock`.
 async fn lock_table(admin: &tokio_postgres::Client) {
@@ -105,19 +73,13 @@ fn client() -> Client {
 /// the kill answered 204 with its record left behind, the sandbox listed as running.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_the_table_cannot_record_is_refused_and_the_sandbox_lives() {
-    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
-    let moto = Moto::start("hostsattack");
-    let shared = Shared {
-        store: pg.connection_string(),
-        shelf: moto.url("shelf"),
-        env: moto.environment(),
-    };
+    let shared = Services::start("hostsattack");
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
     let c = client();
     let (id, _) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
     assert_eq!(get_sandbox(&c, &b.url, &id, KEY_A).await.0, StatusCode::OK);
-    let admin = admin(&pg).await;
+    let admin = shared.admin().await;
     assert!(row(&admin, &id).await.is_some(), "the sandbox's record");
 
     lock_table(&admin).await;
@@ -164,17 +126,11 @@ async fn a_kill_the_table_cannot_record_is_refused_and_the_sandbox_lives() {
 /// with an upload answered 200, at its host's rolling restart.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_the_table_cannot_record_is_refused_and_leaves_nothing() {
-    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
-    let moto = Moto::start("hostsattack");
-    let shared = Shared {
-        store: pg.connection_string(),
-        shelf: moto.url("shelf"),
-        env: moto.environment(),
-    };
+    let shared = Services::start("hostsattack");
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
     let c = client();
-    let admin = admin(&pg).await;
+    let admin = shared.admin().await;
     // The table exists once both hosts are up.
     assert!(row(&admin, "sbx00000000000000000000").await.is_none());
 
@@ -216,18 +172,12 @@ async fn a_create_the_table_cannot_record_is_refused_and_leaves_nothing() {
 /// workspace gone, after the restart.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_kill_leaves_a_sandbox_a_rolling_restart_keeps() {
-    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
-    let moto = Moto::start("hostsattack");
-    let shared = Shared {
-        store: pg.connection_string(),
-        shelf: moto.url("shelf"),
-        env: moto.environment(),
-    };
+    let shared = Services::start("hostsattack");
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
     let c = client();
     let (id, _) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
-    let admin = admin(&pg).await;
+    let admin = shared.admin().await;
     lock_table(&admin).await;
     let killed = common::kill_sandbox(&c, &a.url, &id, KEY_A).await;
     unlock_table(&admin).await;
@@ -252,25 +202,6 @@ async fn post(c: &Client, url: &str, id: &str, what: &str) -> (StatusCode, Strin
     (r.status(), r.text().await.unwrap())
 }
 
-async fn upload(
-    c: &Client,
-    url: &str,
-    id: &str,
-    token: &str,
-    path: &str,
-    body: Vec<u8>,
-) -> StatusCode {
-    c.post(format!("{url}/files?path={path}"))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .header("content-type", "application/octet-stream")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-}
-
 /// Checks: two hosts racing connects of one paused sandbox through the PostgreSQL table's
 /// compare-and-set, four rounds (paused through each host in turn): both connects succeed,
 /// the sandbox then runs on exactly one host, every upload answered 200 in an earlier round is
@@ -278,13 +209,7 @@ async fn upload(
 /// (within 90 s, the sweeps' work).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
-    let pg = Throwaway::start().expect("a throwaway PostgreSQL");
-    let moto = Moto::start("hostsattack");
-    let shared = Shared {
-        store: pg.connection_string(),
-        shelf: moto.url("shelf"),
-        env: moto.environment(),
-    };
+    let shared = Services::start("hostsattack");
     let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
     let c = client();
@@ -333,12 +258,12 @@ async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
     let shelf = sandkeeper_snapshots::ObjectSnapshots::open(
         &shared.shelf,
         sandkeeper_snapshots::SnapshotsConfig {
-            options: Moto::options(moto.port),
+            options: Moto::options(shared.moto.port),
             ..Default::default()
         },
     )
     .unwrap();
-    let admin = admin(&pg).await;
+    let admin = shared.admin().await;
     let workspaces = |root: &std::path::Path| -> Vec<String> {
         common::left_on_disk(root)
             .into_iter()

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{create_sandbox, download, get_sandbox, left_on_disk, KEY_A, KEY_B};
+use common::{create_sandbox, download, get_sandbox, left_on_disk, upload, KEY_A, KEY_B};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -136,25 +136,6 @@ async fn answered(
         Err(e) => Err(format!("no answer: {e}")),
     };
     (answer, began.elapsed())
-}
-
-async fn upload(
-    c: &Client,
-    s: &Rep,
-    id: &str,
-    token: &str,
-    path: &str,
-    body: Vec<u8>,
-) -> StatusCode {
-    c.post(format!("{}/files?path={path}", s.url))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .header("content-type", "application/octet-stream")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
 }
 
 fn records(root: &Path) -> Vec<String> {
@@ -327,7 +308,7 @@ async fn one_advertised_address_for_two_replicas_does_not_steal_a_running_sandbo
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &a, &id, &token, "/home/user/x", b"on a".to_vec()).await,
+        upload(&c, &a.url, &id, &token, "/home/user/x", b"on a".to_vec()).await,
         StatusCode::OK
     );
     let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
@@ -362,7 +343,7 @@ async fn a_rolling_restart_continues_the_sandbox_on_the_other_replica() {
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &b, &id, &token, "/home/user/k", b"kept".to_vec()).await,
+        upload(&c, &b.url, &id, &token, "/home/user/k", b"kept".to_vec()).await,
         StatusCode::OK
     );
     assert!(a.terminate(30), "a did not end cleanly");
@@ -405,7 +386,7 @@ async fn large_bodies_go_through_forwarding_intact_and_other_teams_are_refused()
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     assert_eq!(
-        upload(&c, &b, &id, &token, "/home/user/big.bin", data.clone()).await,
+        upload(&c, &b.url, &id, &token, "/home/user/big.bin", data.clone()).await,
         StatusCode::OK
     );
     let (status, back) = download(&c, &b.url, &id, &token, "/home/user/big.bin").await;
@@ -516,7 +497,7 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &a, &id, &token, "/home/user/v", b"v1".to_vec()).await,
+        upload(&c, &a.url, &id, &token, "/home/user/v", b"v1".to_vec()).await,
         StatusCode::OK
     );
     a.signal("-STOP");
@@ -559,7 +540,7 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
     // lapsed; the second gives it the chance to act on its stale view, which it must not.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status_a, body_a) = get_sandbox(&c, &a.url, &id, KEY_A).await;
-    let up_a = upload(&c, &a, &id, &token, "/home/user/from-a", b"a".to_vec()).await;
+    let up_a = upload(&c, &a.url, &id, &token, "/home/user/from-a", b"a".to_vec()).await;
     let kill = c
         .delete(format!("{}/sandboxes/{id}", a.url))
         .header("x-api-key", KEY_A)
@@ -603,7 +584,7 @@ async fn a_killed_sandbox_is_not_resurrected_after_its_replica_ends() {
     for _ in 0..6 {
         let (id, token) = create(&c, &a, json!({})).await;
         assert_eq!(
-            upload(&c, &a, &id, &token, "/home/user/f", b"data".to_vec()).await,
+            upload(&c, &a.url, &id, &token, "/home/user/f", b"data".to_vec()).await,
             StatusCode::OK
         );
         let r = c
@@ -696,7 +677,7 @@ async fn a_thawed_replica_does_not_pause_a_sandbox_taken_over() {
         .unwrap();
     assert!(r.status().is_success());
     assert_eq!(
-        upload(&c, &b, &id, &token, "/home/user/on-b", b"b".to_vec()).await,
+        upload(&c, &b.url, &id, &token, "/home/user/on-b", b"b".to_vec()).await,
         StatusCode::OK
     );
     a.signal("-CONT");
@@ -848,7 +829,7 @@ async fn envd_requests_racing_through_two_replicas_wake_an_interrupted_sandbox_o
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &a, &id, &token, "/home/user/k", b"kept".to_vec()).await,
+        upload(&c, &a.url, &id, &token, "/home/user/k", b"kept".to_vec()).await,
         StatusCode::OK
     );
     assert!(a.terminate(30));
@@ -880,7 +861,7 @@ async fn two_envd_requests_at_once_through_one_replica_wake_an_interrupted_sandb
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &a, &id, &token, "/home/user/k", b"kept".to_vec()).await,
+        upload(&c, &a.url, &id, &token, "/home/user/k", b"kept".to_vec()).await,
         StatusCode::OK
     );
     assert!(a.terminate(30));
@@ -976,7 +957,7 @@ async fn a_retention_counts_from_the_last_pause_whichever_replica_paused_it() {
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     assert_eq!(
-        upload(&c, &a, &id, &token, "/home/user/kept", b"kept".to_vec()).await,
+        upload(&c, &a.url, &id, &token, "/home/user/kept", b"kept".to_vec()).await,
         StatusCode::OK
     );
     assert_eq!(
@@ -1070,7 +1051,7 @@ async fn kills_cut_off_by_a_sigkill_are_finished_by_another_replica() {
     let (running, r_token) = create(&c, &b, json!({})).await;
     for (id, token) in [(&paused, &p_token), (&running, &r_token)] {
         assert_eq!(
-            upload(&c, &b, id, token, "/home/user/f", vec![7; 50_000]).await,
+            upload(&c, &b.url, id, token, "/home/user/f", vec![7; 50_000]).await,
             StatusCode::OK
         );
     }

@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{create_sandbox, left_on_disk, Server, KEY_A};
+use common::{create_sandbox, download, left_on_disk, Server, KEY_A};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -41,23 +41,6 @@ async fn upload(c: &Client, s: &Server, id: &str, token: &str, i: usize) -> Stat
         .await
         .unwrap()
         .status()
-}
-
-async fn download(
-    c: &Client,
-    s: &Server,
-    id: &str,
-    token: &str,
-    i: usize,
-) -> (StatusCode, Vec<u8>) {
-    let r = c
-        .get(format!("{}/files?path=/home/user/f{i}", s.url))
-        .header("e2b-sandbox-id", id)
-        .header("x-access-token", token)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.bytes().await.unwrap().to_vec())
 }
 
 async fn post(c: &Client, s: &Server, path: &str, body: &str) -> StatusCode {
@@ -118,7 +101,7 @@ async fn resumed_after_restart(c: &Client, s: &Server, p: &str, p_token: &str) {
         StatusCode::CREATED
     );
     for i in [1, 2] {
-        let (status, bytes) = download(c, s, p, p_token, i).await;
+        let (status, bytes) = download(c, &s.url, p, p_token, &format!("/home/user/f{i}")).await;
         assert_eq!(status, StatusCode::OK, "file {i} after the restart");
         assert!(bytes == content(i), "file {i} whole after the restart");
     }
@@ -133,11 +116,11 @@ async fn continued_after_restart(c: &Client, s: &Server, r: &str, r_token: &str)
     // A request without its token does not wake it.
     let wrong = "0".repeat(r_token.len());
     assert_eq!(
-        download(c, s, r, &wrong, 3).await.0,
+        download(c, &s.url, r, &wrong, "/home/user/f3").await.0,
         StatusCode::BAD_GATEWAY
     );
     assert_eq!(detail(c, s, r).await.1["state"], "paused");
-    let (status, bytes) = download(c, s, r, r_token, 3).await;
+    let (status, bytes) = download(c, &s.url, r, r_token, "/home/user/f3").await;
     assert_eq!(
         status,
         StatusCode::OK,

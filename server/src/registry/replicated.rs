@@ -58,6 +58,10 @@ impl Registry {
     /// was asked for it), and starts its retention when it was not known here: `None` when
     /// its record names no valid team or session.
     pub(super) fn adopt(self: &Arc<Self>, record: Record) -> Option<Arc<Sandbox>> {
+        // Known already (each sweep passes every paused record): nothing to build.
+        if let Some(here) = self.any(&record.id) {
+            return Some(here);
+        }
         let sandbox = match Sandbox::of_record(record, true) {
             Ok(sandbox) => Arc::new(sandbox),
             Err((id, why)) => {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses a part of it
 
+pub mod hosts;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -336,6 +338,27 @@ pub async fn kill_sandbox(
 ) -> reqwest::StatusCode {
     c.delete(format!("{url}/sandboxes/{id}"))
         .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// `POST /files?path=` of `body` (octet-stream) into sandbox `id` through envd at the server
+/// at `url`: the status.
+pub async fn upload(
+    c: &reqwest::Client,
+    url: &str,
+    id: &str,
+    token: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> reqwest::StatusCode {
+    c.post(format!("{url}/files?path={path}"))
+        .header("e2b-sandbox-id", id)
+        .header("x-access-token", token)
+        .header("content-type", "application/octet-stream")
+        .body(body)
         .send()
         .await
         .unwrap()
