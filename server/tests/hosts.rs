@@ -26,7 +26,6 @@ use common::{
 };
 use reqwest::{Client, StatusCode};
 use sandkeeper_pg::throwaway::Throwaway;
-use sandkeeper_snapshots::moto::Moto;
 use serde_json::{json, Value};
 
 async fn details(c: &Client, s: &Server, id: &str) -> Value {
@@ -70,14 +69,7 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
     // A rolling restart of a: its SIGTERM pauses the sandbox it runs (onto the shelf), and
     // the first envd request through b resumes it on b, its file there.
     assert!(a.terminate(60).is_some_and(|s| s.success()), "a's SIGTERM");
-    let shelf = sandkeeper_snapshots::ObjectSnapshots::open(
-        &shared.shelf,
-        sandkeeper_snapshots::SnapshotsConfig {
-            options: Moto::options(shared.moto.port),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let shelf = shared.shelf_store();
     let paused = shelf.list().await.unwrap();
     assert!(!paused.is_empty(), "a's SIGTERM put nothing on the shelf");
     let (status, bytes) = download(&c, &b.url, &left, &token, "/home/user/d.txt").await;

@@ -22,7 +22,6 @@ use std::time::Duration;
 use common::hosts::Services;
 use common::{get_sandbox, upload, KEY_A};
 use reqwest::{Client, StatusCode};
-use sandkeeper_snapshots::moto::Moto;
 use serde_json::json;
 
 /// Locks the sandbox table against every other session, until `unlock`.
@@ -255,14 +254,7 @@ async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
         common::kill_sandbox(&c, &b.url, &id, KEY_A).await,
         StatusCode::NO_CONTENT
     );
-    let shelf = sandkeeper_snapshots::ObjectSnapshots::open(
-        &shared.shelf,
-        sandkeeper_snapshots::SnapshotsConfig {
-            options: Moto::options(shared.moto.port),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let shelf = shared.shelf_store();
     let admin = shared.admin().await;
     let workspaces = |root: &std::path::Path| -> Vec<String> {
         common::left_on_disk(root)

@@ -43,6 +43,18 @@ impl Services {
         )
     }
 
+    /// The shelf, opened as a test reads it (what is on it).
+    pub fn shelf_store(&self) -> sandkeeper_snapshots::ObjectSnapshots {
+        sandkeeper_snapshots::ObjectSnapshots::open(
+            &self.shelf,
+            sandkeeper_snapshots::SnapshotsConfig {
+                options: Moto::options(self.moto.port),
+                ..Default::default()
+            },
+        )
+        .expect("the shelf")
+    }
+
     /// A plain session on the database, as an operator's `psql`.
     pub async fn admin(&self) -> tokio_postgres::Client {
         let (client, connection) = self
