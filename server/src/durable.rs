@@ -70,6 +70,12 @@ pub struct Record {
     /// kill. No request resumes or pauses it meanwhile.
     #[serde(default, skip_serializing_if = "is_false")]
     pub killing: bool,
+    /// Replicas on hosts of their own: interrupted with its workspace on that replica's host's
+    /// disk alone (the host froze past its lease, or died), so only a server on that host (it,
+    /// or its restart on the same root) can continue it, and requests for it go there while it
+    /// lives. `None`: any replica can continue it (one root, or a workspace on the shelf).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_on: Option<Replica>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -89,6 +95,11 @@ pub struct Replica {
     pub incarnation: u32,
     /// Its base URL (`--advertise`).
     pub url: String,
+    /// Replicas on hosts of their own: its host, the id kept in its root
+    /// ([`crate::hosts::host_id`]); a restart on the same root is the same host. `None` on one
+    /// root (every replica reaches every workspace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// The table's directory.
@@ -256,6 +267,7 @@ mod tests {
             interrupted: false,
             paused_ms: 0,
             killing: false,
+            held_on: None,
         }
     }
 

@@ -57,6 +57,14 @@ pub enum HostsError {
     /// The shelf could not be opened.
     #[error("--snapshots: {0}")]
     Shelf(String),
+    /// The host's id could not be read or made.
+    #[error("the host's id {path}: {why}")]
+    HostId {
+        /// Its file.
+        path: String,
+        /// Why.
+        why: String,
+    },
 }
 
 impl Hosts {
@@ -104,6 +112,51 @@ impl Hosts {
             .map_err(|e| HostsError::Store(e.to_string()))?;
         Ok((store, table))
     }
+}
+
+/// This host's id (see [`crate::durable::Replica::host`]): kept in `<root>/.sandkeeperd/host`,
+/// made (32 random hex digits) by the first server on the root. A workspace left on this
+/// host's disk is continued by a server on this root alone. A root copied to another machine
+/// must not keep the file: two hosts with one id would each take the other's sandboxes for
+/// their own.
+pub fn host_id(root: &Path) -> Result<String, HostsError> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = root.join(".sandkeeperd");
+    let path = dir.join("host");
+    let fail = |why: String| HostsError::HostId {
+        path: path.display().to_string(),
+        why,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| fail(e.to_string()))?;
+    let made = crate::registry::random_hex(16).map_err(|e| fail(e.message))?;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(mut file) => {
+            // Written whole before any server reads it as its id: synced, then read back below.
+            file.write_all(made.as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail(e.to_string())),
+    }
+    let id = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(fail(format!(
+            "holds {:?}, not 32 hex digits: remove it, and a new id is made",
+            id.chars().take(40).collect::<String>()
+        )));
+    }
+    Ok(id)
 }
 
 /// A connection string with any password replaced, to be shown in an error.

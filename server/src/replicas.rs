@@ -91,6 +91,12 @@ impl Leases {
     }
 }
 
+/// Whether `a` and `b` are on one host: the same replica, or two servers of one host's root
+/// (a restart), which [`Replica::host`] names.
+fn same_host(a: &Replica, b: &Replica) -> bool {
+    a == b || (a.host.is_some() && a.host == b.host)
+}
+
 /// Where a request for a sandbox goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -133,6 +139,9 @@ pub enum Claimed {
     RunsOn(Replica),
     /// It has no record (killed meanwhile).
     Gone,
+    /// It was interrupted with its workspace on that replica's disk alone
+    /// ([`Record::held_on`]), which is not this one: only that replica can continue it.
+    Held(Replica),
 }
 
 impl Replicas {
@@ -159,10 +168,16 @@ impl Replicas {
             let dead = match &record.runs_on {
                 None if record.killing => None,
                 None => {
+                    if let Some(holder) = record.held_on.as_ref().filter(|h| !self.is_me(h)) {
+                        if self.lives(holder).await {
+                            // Only its holder can continue it: the request goes there.
+                            return Ok(Route::There(holder.clone()));
+                        }
+                    }
                     return Ok(Route::Paused {
                         record,
                         orphaned: false,
-                    })
+                    });
                 }
                 Some(r) if r == &self.me => return Ok(Route::Mine),
                 Some(r) if self.lives(r).await && r.url == self.me.url => {
@@ -190,6 +205,8 @@ impl Replicas {
                         } else {
                             now.runs_on = None;
                             now.interrupted = true;
+                            // On a host of its own, its workspace stayed on that host's disk.
+                            now.held_on = dead.clone().filter(|d| d.host.is_some());
                             now.paused_ms = crate::clock::unix_ms(crate::clock::now());
                         }
                         (
@@ -236,13 +253,44 @@ impl Replicas {
                 {
                     (Change::Keep, Claimed::Gone)
                 }
-                Some(mut record) => match &record.runs_on {
-                    Some(r) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                Some(mut record) => match (&record.runs_on, &record.held_on) {
+                    (Some(r), _) if r != &me => (Change::Keep, Claimed::RunsOn(r.clone())),
+                    (_, Some(h)) if !same_host(h, &me) => (Change::Keep, Claimed::Held(h.clone())),
                     _ => {
                         record.runs_on = Some(me.clone());
+                        record.held_on = None;
                         (Change::Put(Box::new(record)), Claimed::Done)
                     }
                 },
+            })
+            .await
+    }
+
+    /// Whether `replica` is this one, or an earlier server on its host (restarted on its
+    /// root): what either holds on its disk is this replica's.
+    fn is_me(&self, replica: &Replica) -> bool {
+        same_host(replica, &self.me)
+    }
+
+    /// Makes the paused sandbox `id`, held by an earlier server on this replica's host
+    /// ([`Record::held_on`]: restarted on its root), held here: requests for it then come
+    /// here. Whether it changed the record.
+    pub async fn hold_again(&self, id: &str) -> io::Result<bool> {
+        let me = self.me.clone();
+        self.table
+            .change(id, move |now| match now {
+                Some(mut record)
+                    if record.runs_on.is_none()
+                        && !record.killing
+                        && record
+                            .held_on
+                            .as_ref()
+                            .is_some_and(|h| h != &me && same_host(h, &me)) =>
+                {
+                    record.held_on = Some(me.clone());
+                    (Change::Put(Box::new(record)), true)
+                }
+                _ => (Change::Keep, false),
             })
             .await
     }
@@ -411,6 +459,7 @@ mod tests {
             interrupted: false,
             paused_ms: 0,
             killing: false,
+            held_on: None,
         }
     }
 
@@ -428,10 +477,12 @@ mod tests {
         let a = Replica {
             incarnation: a_inc,
             url: "http://127.0.0.1:1".into(),
+            host: None,
         };
         let b = Replica {
             incarnation: b_inc,
             url: "http://127.0.0.1:2".into(),
+            host: None,
         };
         let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), a.clone());
         let on_b = Replicas::new(shared.clone(), Leases::Local(store.clone()), b.clone());
@@ -480,6 +531,7 @@ mod tests {
             Replica {
                 incarnation: 7,
                 url: "http://127.0.0.1:3".into(),
+                host: None,
             },
         );
         let Route::Paused {
@@ -500,6 +552,7 @@ mod tests {
                 Some(Replica {
                     incarnation: b_inc,
                     url: a.url.clone(),
+                    host: None,
                 }),
             ))
             .unwrap();
@@ -509,7 +562,8 @@ mod tests {
             on_a.take(X).await.unwrap(),
             Claimed::RunsOn(Replica {
                 incarnation: b_inc,
-                url: a.url.clone()
+                url: a.url.clone(),
+                host: None,
             })
         );
         table
@@ -518,6 +572,7 @@ mod tests {
                 Some(Replica {
                     incarnation: a_inc + 100,
                     url: a.url.clone(),
+                    host: None,
                 }),
             ))
             .unwrap();
@@ -542,6 +597,7 @@ mod tests {
         let a = Replica {
             incarnation: a_inc,
             url: "http://127.0.0.1:1".into(),
+            host: None,
         };
         let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), a.clone());
         let on_b = Replicas::new(
@@ -550,6 +606,7 @@ mod tests {
             Replica {
                 incarnation: 77,
                 url: "http://127.0.0.1:2".into(),
+                host: None,
             },
         );
         // Paused, then being killed on a: neither taken, paused nor refreshed meanwhile.
@@ -568,6 +625,7 @@ mod tests {
         let dead = Replica {
             incarnation: 999,
             url: "http://127.0.0.1:9".into(),
+            host: None,
         };
         table
             .put(&Record {
@@ -598,6 +656,7 @@ mod tests {
         let replica = |incarnation| Replica {
             incarnation,
             url: format!("http://127.0.0.1:{incarnation}"),
+            host: None,
         };
         let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), replica(1));
         let on_b = Replicas::new(shared, Leases::Local(store), replica(2));
@@ -634,6 +693,7 @@ mod tests {
         let me = Replica {
             incarnation: 5,
             url: "http://127.0.0.1:1".into(),
+            host: None,
         };
         let on_a = Replicas::new(shared.clone(), Leases::Local(store), me.clone());
         let paused_at = |ms| Record {
@@ -664,5 +724,59 @@ mod tests {
             on_a.route("../x").await.unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
+    }
+
+    /// Hosts of their own: a dead host's sandbox is paused as held on it; while it is down,
+    /// another host answers for it but cannot take it; once it lives again, requests go there;
+    /// a restart of that host (another incarnation, the same host id) takes it back and may
+    /// resume it, and the take clears the hold.
+    #[tokio::test]
+    async fn a_sandbox_left_on_a_hosts_disk_is_held_for_that_host() {
+        let root = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(root.path(), Duration::from_secs(15)).unwrap();
+        let table = Durable::open(root.path()).unwrap();
+        let shared = Table::Files(table.clone());
+        let on = |incarnation: u32, url: &str, host: &str| Replica {
+            incarnation,
+            url: url.into(),
+            host: Some(host.into()),
+        };
+        let (a_inc, b_inc) = (store.register().unwrap(), store.register().unwrap());
+        store.renew(a_inc, 1, crate::clock::now()).unwrap();
+        let a = on(a_inc, "http://127.0.0.1:1", "host-a");
+        let b = on(b_inc, "http://127.0.0.1:2", "host-b");
+        let on_a = Replicas::new(shared.clone(), Leases::Local(store.clone()), a.clone());
+
+        // b has no live lease: a pauses its sandbox, held on b.
+        table.put(&record(X, Some(b.clone()))).unwrap();
+        let Route::Paused { record: r, .. } = on_a.route(X).await.unwrap() else {
+            panic!("not paused")
+        };
+        assert!(r.interrupted);
+        assert_eq!(r.held_on, Some(b.clone()));
+        // b down: a answers for it, and cannot take it.
+        assert!(matches!(on_a.route(X).await.unwrap(), Route::Paused { .. }));
+        assert_eq!(on_a.take(X).await.unwrap(), Claimed::Held(b.clone()));
+        assert_eq!(table.get(X).unwrap().unwrap().runs_on, None);
+        // Nor does a take back what is not its host's.
+        assert!(!on_a.hold_again(X).await.unwrap());
+        // b lives again (thawed): requests go there.
+        store.renew(b_inc, 1, crate::clock::now()).unwrap();
+        assert_eq!(on_a.route(X).await.unwrap(), Route::There(b.clone()));
+        // b restarted on its root: another incarnation, the same host.
+        let b2_inc = store.register().unwrap();
+        store.renew(b2_inc, 1, crate::clock::now()).unwrap();
+        let b2 = on(b2_inc, "http://127.0.0.1:3", "host-b");
+        let on_b2 = Replicas::new(shared.clone(), Leases::Local(store.clone()), b2.clone());
+        assert!(on_b2.hold_again(X).await.unwrap());
+        assert_eq!(table.get(X).unwrap().unwrap().held_on, Some(b2.clone()));
+        assert_eq!(on_a.route(X).await.unwrap(), Route::There(b2.clone()));
+        assert!(matches!(
+            on_b2.route(X).await.unwrap(),
+            Route::Paused { .. }
+        ));
+        assert_eq!(on_b2.take(X).await.unwrap(), Claimed::Done);
+        let taken = table.get(X).unwrap().unwrap();
+        assert_eq!((taken.runs_on, taken.held_on), (Some(b2), None));
     }
 }

@@ -4,7 +4,8 @@
 //! `/v2/sandboxes/{id}…`) or, for envd, by the `E2b-Sandbox-Id` header; a signed `/files` URL
 //! names none, and goes to the sandbox whose access token made its signature (found in the
 //! table when no sandbox here made it). A request another replica forwarded ([`HOP`]) is
-//! answered here whatever the table says. A REST request answered here with 409 because
+//! answered here whatever the table says (an envd request for an interrupted sandbox held
+//! here, [`crate::durable::Record::held_on`], first continues it). A REST request answered here with 409 because
 //! another replica took its paused sandbox meanwhile (two connects racing) is sent to that
 //! replica after all.
 
@@ -35,7 +36,8 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
         // sent here by the one that lost it): the request waits for it, not refused meanwhile.
         app.registry.settled(&id).await;
     }
-    if request.headers().contains_key(HOP) {
+    let hop = request.headers().contains_key(HOP);
+    if hop && !data_plane {
         return next.run(request).await;
     }
     if app.registry.runs_here(&id) {
@@ -59,6 +61,8 @@ pub async fn layer(State(app): State<AppState>, request: Request, next: Next) ->
     match app.registry.route(&id, token.as_deref()).await {
         Ok(None) if token.is_none() => here_or_moved(&app, &forwarder, &id, request, next).await,
         Ok(None) => next.run(request).await,
+        // Forwarded here once already: answered here, never sent on.
+        Ok(Some(_)) if hop => next.run(request).await,
         Ok(Some(replica)) => forwarder.forward(&replica, request).await,
         Err(e) => e.into_response(),
     }

@@ -294,8 +294,12 @@ async fn keeper(
             .incarnation()
             .expect("a fleet keeper has an incarnation"),
         url,
+        host: match config.hosts {
+            Some(_) => Some(crate::hosts::host_id(&config.root)?),
+            None => None,
+        },
     };
-    tracing::info!(incarnation = me.incarnation, url = %me.url, hosts = config.hosts.is_some(), "a replica");
+    tracing::info!(incarnation = me.incarnation, url = %me.url, host = ?me.host, "a replica");
     let replicas = Replicas::new(table, leases, me);
     Ok((keeper, Some(replicas)))
 }
@@ -474,8 +478,10 @@ impl Server {
                 }
             })
         });
+        let watching = tokio::spawn(registry.clone().watch_lost());
         let shutdown = async move {
             shutdown.await;
+            watching.abort();
             if let Some(sweeping) = sweeping {
                 sweeping.abort();
             }

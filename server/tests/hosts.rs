@@ -229,6 +229,7 @@ async fn the_postgres_table_loses_no_concurrent_change() {
         interrupted: false,
         paused_ms: 0,
         killing: false,
+        held_on: None,
     };
     a.put(&record).await.unwrap();
     let bump = |table: PgTable| async move {

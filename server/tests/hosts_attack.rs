@@ -8,9 +8,9 @@
 //! the hosts acknowledged meanwhile is checked against the table.
 //!
 //! Written by a review: its first four tests found acknowledged creates and kills the table
-//! never recorded (fixed: both are refused, 503, while the table cannot be written). A fifth
-//! (a host frozen past its lease and thawed keeps its running sandbox out of the other's
-//! reach) is not fixed and not here: docs/server.md, "Not yet".
+//! never recorded (fixed: both are refused, 503, while the table cannot be written). Its
+//! fifth (a host frozen past its lease and thawed kept its running sandbox out of the other's
+//! reach) is the last test here, with its fix.
 //!
 //! Real processes on the wall clock: every wait is a bounded poll.
 #![allow(clippy::disallowed_methods)]
@@ -254,6 +254,12 @@ async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
         common::kill_sandbox(&c, &b.url, &id, KEY_A).await,
         StatusCode::NO_CONTENT
     );
+    nothing_left(&shared, &[root_a.path(), root_b.path()], &id).await;
+}
+
+/// Waits (a bounded poll: 90 s, the sweeps' work) until nothing of the sandbox `id` is left
+/// on the `roots`, the shelf or the table.
+async fn nothing_left(shared: &Services, roots: &[&std::path::Path], id: &str) {
     let shelf = shared.shelf_store();
     let admin = shared.admin().await;
     let workspaces = |root: &std::path::Path| -> Vec<String> {
@@ -271,16 +277,107 @@ async fn two_hosts_racing_connects_of_a_paused_sandbox_lose_nothing() {
             .iter()
             .map(|(n, _)| n.to_string())
             .collect();
-        let (on_a, on_b) = (workspaces(root_a.path()), workspaces(root_b.path()));
-        let left = row(&admin, &id).await;
-        if on_a.is_empty() && on_b.is_empty() && on_shelf.is_empty() && left.is_none() {
-            break;
+        let on_roots: Vec<Vec<String>> = roots.iter().map(|r| workspaces(r)).collect();
+        let left = row(&admin, id).await;
+        if on_roots.iter().all(Vec::is_empty) && on_shelf.is_empty() && left.is_none() {
+            return;
         }
         assert!(
             began.elapsed() < Duration::from_secs(90),
-            "left after the kill: on a {on_a:?}, on b {on_b:?}, on the shelf {on_shelf:?}, \
+            "left after the kill: on the roots {on_roots:?}, on the shelf {on_shelf:?}, \
              its record {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Checks (the review's fifth test): a host frozen past its lease (SIGSTOP: a VM paused, a
+/// long stall) while it runs a sandbox, then thawed. The other host takes the sandbox for
+/// paused, held on the frozen host's disk; once thawed, that host learns its keeper lost the
+/// sandbox and keeps it as interrupted, so a download through the other host (sent to it)
+/// continues it there, an upload answered 200 before the freeze whole; killed, nothing is left.
+/// Before: the thawed host's registry kept it as running, its keeper fenced off the key, and
+/// the other host, asked for it, tried to resume it where its workspace is not: 503, for as
+/// long as the frozen host lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_thawed_after_its_lease_lapsed_continues_its_sandbox_for_either_host() {
+    let shared = Services::start("hoststhaw");
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let (id, token) = common::create_sandbox(&c, &b.url, KEY_A, json!({"timeout": 300})).await;
+    let kept = vec![9u8; 50_000];
+    assert_eq!(
+        upload(&c, &a.url, &id, &token, "/home/user/kept.bin", kept.clone()).await,
+        StatusCode::OK
+    );
+    b.signal("-STOP");
+    // A bounded poll: b's lease (15 s) lapses on the wall clock, then a's sweep (5 s).
+    let mut paused = false;
+    for _ in 0..60 {
+        // Forwarded to the frozen b until its lease lapses: each poll is bounded (2 s).
+        let r = c
+            .get(format!("{}/sandboxes/{id}", a.url))
+            .header("x-api-key", KEY_A)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
+                paused = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(paused, "a never took the frozen host's sandbox for paused");
+    let admin = shared.admin().await;
+    let held = row(&admin, &id).await.unwrap_or_default();
+    assert!(held.contains("held_on") && held.contains(&b.url), "{held}");
+    b.signal("-CONT");
+    // A bounded poll: b notices at once that its lease lapsed (its timers fire at the thaw);
+    // until it has, a request for the sandbox may be refused.
+    let began = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let (status, bytes) =
+            common::download(&c, &a.url, &id, &token, "/home/user/kept.bin").await;
+        if status == StatusCode::OK {
+            assert_eq!(bytes, kept, "the upload answered 200 before the freeze");
+            break;
+        }
+        seen.push(format!("{status} {}", String::from_utf8_lossy(&bytes)));
+        assert!(
+            began.elapsed() < Duration::from_secs(40),
+            "the thawed host's sandbox stayed out of reach through a: {seen:?}; its record {:?}",
+            row(&admin, &id).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("through a after the thaw: {seen:?}, then 200");
+    // It runs on b again, reached through either host.
+    let record = row(&admin, &id).await.unwrap();
+    assert!(
+        record.contains(&b.url) && !record.contains("held_on"),
+        "{record}"
+    );
+    assert_eq!(
+        upload(
+            &c,
+            &a.url,
+            &id,
+            &token,
+            "/home/user/after.txt",
+            b"after".to_vec()
+        )
+        .await,
+        StatusCode::OK
+    );
+    let (status, bytes) = common::download(&c, &b.url, &id, &token, "/home/user/after.txt").await;
+    assert_eq!((status, bytes.as_slice()), (StatusCode::OK, &b"after"[..]));
+    assert_eq!(
+        common::kill_sandbox(&c, &a.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    nothing_left(&shared, &[root_a.path(), root_b.path()], &id).await;
 }

@@ -24,7 +24,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{create_sandbox, download, get_sandbox, left_on_disk, upload, KEY_A, KEY_B};
+use common::{
+    create_sandbox, download, get_sandbox, kill_sandbox, left_on_disk, upload, KEY_A, KEY_B,
+};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -489,7 +491,8 @@ async fn a_connect_racing_a_kill_through_two_replicas_leaves_nothing() {
 
 /// A replica frozen past its lease (SIGSTOP: a VM pause, a long stall) while it runs a sandbox:
 /// the other replica takes the sandbox over (its lease lapsed) and continues it. Thawed, the
-/// first must not act on it: a kill through it answered 204 must leave it killed everywhere.
+/// first must not act on it: a kill through it answered 204 must leave it killed everywhere, and
+/// an upload through it answered 200 must be in the sandbox the other runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
     let root = tempfile::tempdir().unwrap();
@@ -541,6 +544,7 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status_a, body_a) = get_sandbox(&c, &a.url, &id, KEY_A).await;
     let up_a = upload(&c, &a.url, &id, &token, "/home/user/from-a", b"a".to_vec()).await;
+    let (got_b, from_a) = download(&c, &b.url, &id, &token, "/home/user/from-a").await;
     let kill = c
         .delete(format!("{}/sandboxes/{id}", a.url))
         .header("x-api-key", KEY_A)
@@ -554,7 +558,6 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
             .join(format!(".sandkeeperd/sandboxes/{id}.json")),
     )
     .unwrap_or_else(|e| format!("(none: {e})"));
-    let (got_b, from_a) = download(&c, &b.url, &id, &token, "/home/user/from-a").await;
     println!("a said {status_a} {body_a}; upload through a {up_a}; kill through a {kill}; b then {status_b} {body_b}; from-a through b {got_b} {:?}; table {record}", String::from_utf8_lossy(&from_a));
     if kill == StatusCode::NO_CONTENT {
         assert_eq!(
@@ -570,6 +573,74 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
             "an upload through a answered 200 is not in the sandbox b runs"
         );
     }
+}
+
+/// A replica frozen past its lease while it runs a sandbox that nobody asks for meanwhile: the
+/// other replica pauses it in the table (interrupted) and leaves it. Thawed, the first learns
+/// that its keeper lost the sandbox, and its first envd request through it continues it there,
+/// the upload answered before the freeze whole. Before: it still took the sandbox for running
+/// (its keeper fenced off the key), and every request through it failed (502) for as long as it
+/// lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thawed_replica_continues_a_sandbox_nobody_took_over() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (Rep::start(root.path(), &[]), Rep::start(root.path(), &[]));
+    let c = client();
+    let (id, token) = create(&c, &a, json!({})).await;
+    assert_eq!(
+        upload(&c, &a.url, &id, &token, "/home/user/v", b"v1".to_vec()).await,
+        StatusCode::OK
+    );
+    a.signal("-STOP");
+    let mut taken = false;
+    for _ in 0..60 {
+        // Forwarded to the frozen a until its lease lapses: each poll is bounded (2 s).
+        let r = c
+            .get(format!("{}/sandboxes/{id}", b.url))
+            .header("x-api-key", KEY_A)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
+                taken = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        taken,
+        "b never took the frozen replica's sandbox for paused"
+    );
+    a.signal("-CONT");
+    // A bounded poll: a notices at once that its lease lapsed (its timers fire at the thaw).
+    let began = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let (status, bytes) = download(&c, &a.url, &id, &token, "/home/user/v").await;
+        if status == StatusCode::OK {
+            assert_eq!(bytes, b"v1", "the upload answered before the freeze");
+            break;
+        }
+        seen.push(format!("{status} {}", String::from_utf8_lossy(&bytes)));
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the thawed replica never continued its sandbox: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("through a after the thaw: {seen:?}, then 200");
+    let (status, body) = get_sandbox(&c, &b.url, &id, KEY_A).await;
+    assert!(
+        status == StatusCode::OK && body.contains("\"running\""),
+        "{body}"
+    );
+    assert_eq!(
+        kill_sandbox(&c, &b.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(records(root.path()), Vec::<String>::new());
 }
 
 /// The record a kill left (above) outlives its replica: once that replica ended, the next one

@@ -47,10 +47,11 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::replicas::{Claimed, Replicas, Retention};
 
+mod lost;
 mod replicated;
 
 pub use replicated::SWEEP;
-use replicated::{moved, Op, Recorded};
+use replicated::{held, moved, Op, Recorded};
 
 /// The guard of a sandbox's keeper call.
 pub type Guard = CallGuard<SandboxBackend>;
@@ -200,6 +201,7 @@ impl Sandbox {
             interrupted: false,
             paused_ms: self.paused_ms.load(Ordering::Acquire),
             killing: false,
+            held_on: None,
         }
     }
 
@@ -533,6 +535,7 @@ impl Registry {
             Ok(Ok(Claimed::Done)) => Ok(true),
             Ok(Ok(Claimed::Gone)) => Ok(false),
             Ok(Ok(Claimed::RunsOn(replica))) => Err(moved(id, &replica)),
+            Ok(Ok(Claimed::Held(replica))) => Err(held(id, &replica)),
             Ok(Err(refused)) => Err(refused),
             Err(e) => Err(ApiError::internal(format!("a kill's task failed: {e}"))),
         }
@@ -812,16 +815,21 @@ impl Registry {
             .ok_or_else(|| ApiError::sandbox_not_found(id))?;
         let registry = self.clone();
         let task = sandbox.clone();
-        let resumed = tokio::spawn(async move { registry.resume_now(task, timeout).await })
-            .await
-            .map_err(|e| ApiError::internal(format!("a resume's task failed: {e}")))??;
+        let resumed =
+            tokio::spawn(async move { registry.resume_now(task, timeout, Recorded::Paused).await })
+                .await
+                .map_err(|e| ApiError::internal(format!("a resume's task failed: {e}")))??;
         Ok((sandbox, resumed))
     }
 
+    /// Resumes `sandbox` for `timeout` (see [`resume`](Self::resume)); one the keeper could
+    /// not resume is recorded as `again` says (as it was before: paused by its user, or
+    /// interrupted).
     async fn resume_now(
         self: Arc<Self>,
         sandbox: Arc<Sandbox>,
         timeout: Duration,
+        again: Recorded,
     ) -> Result<Resumed, ApiError> {
         let span = tracing::info_span!(
             "resume",
@@ -850,14 +858,15 @@ impl Registry {
                     self.evict(&sandbox.id).await;
                     return Err(moved(&sandbox.id, &replica));
                 }
+                Claimed::Held(replica) => return Err(held(&sandbox.id, &replica)),
             }
             let guard = match self.acquire(&sandbox).await {
                 Ok(guard) => guard,
                 Err(e) => {
-                    // Still paused: recorded again, and its retention (which the attempt's
-                    // generation ended) starts anew.
+                    // Still paused: recorded again as it was, and its retention (which the
+                    // attempt's generation ended) starts anew.
                     sandbox.paused_now();
-                    self.record(&sandbox, Recorded::Paused).await;
+                    self.record(&sandbox, again).await;
                     self.start_retention(&sandbox);
                     return Err(e);
                 }

@@ -31,6 +31,15 @@ impl Registry {
         let records = replicas.sweep().await?;
         let mut restored = 0;
         for record in records {
+            let me = &replicas.me;
+            if (record.held_on.as_ref())
+                .is_some_and(|h| h != me && h.host.is_some() && h.host == me.host)
+            {
+                // Held by an earlier server on this host: restarted on its root.
+                if let Err(e) = replicas.hold_again(&record.id).await {
+                    tracing::warn!(sandbox = %record.id, error = %e, "a sandbox held on this host not taken back");
+                }
+            }
             let adopted = if record.runs_on.is_none() && !record.killing {
                 self.adopt(record).is_some()
             } else {
@@ -49,6 +58,7 @@ impl Registry {
     /// here too), and those of dead replicas are paused, or their kills finished, as a
     /// request for them would. A table that cannot be read is logged.
     pub async fn sweep(self: &Arc<Self>) {
+        self.interrupt_lost();
         if let Err(e) = self.restore().await {
             tracing::warn!(error = %e, "the sandbox table could not be swept");
         }
@@ -157,6 +167,7 @@ impl Registry {
             Ok(Route::Mine) => Ok(None),
             Ok(Route::Paused { record, orphaned }) => {
                 let interrupted = record.interrupted.then_some(record.end_ms);
+                let again = Recorded::interrupted_as(&record, clock::from_unix_ms(record.end_ms));
                 if orphaned {
                     // Paused just now: whatever this replica knew of it is older.
                     self.evict(id).await;
@@ -168,9 +179,9 @@ impl Registry {
                     Some(end_ms) if token.is_some_and(|t| sandbox.token_matches(t)) => {
                         let registry = self.clone();
                         let end = clock::from_unix_ms(end_ms);
-                        tokio::spawn(
-                            async move { registry.continue_interrupted(sandbox, end).await },
-                        )
+                        tokio::spawn(async move {
+                            registry.continue_interrupted(sandbox, end, again).await
+                        })
                         .await
                         .map_err(|e| ApiError::internal(format!("a resume's task failed: {e}")))?
                     }
@@ -229,26 +240,31 @@ impl Registry {
     /// was). Past it, its timeout acts now: an `autoPause` sandbox stays paused (by its user,
     /// now), another is killed. Where a request for it goes then: here (`None`), or the replica
     /// that took it meanwhile.
+    /// A resume that fails leaves it recorded as `again` says (still interrupted).
     async fn continue_interrupted(
         self: Arc<Self>,
         sandbox: Arc<Sandbox>,
         end: SystemTime,
+        again: Recorded,
     ) -> Result<Option<Replica>, ApiError> {
         let left = end
             .duration_since(clock::now())
             .ok()
             .filter(|d| !d.is_zero());
         let Some(left) = left else {
-            if sandbox.auto_pause {
+            if sandbox.auto_pause && matches!(again, Recorded::Interrupted { .. }) {
                 sandbox.paused_now();
                 self.record(&sandbox, Recorded::Paused).await;
+            } else if sandbox.auto_pause {
+                // Held on this host's disk: left as it is recorded (paused, held here), for a
+                // connect to resume.
             } else if let Err(e) = self.kill(&sandbox.team, &sandbox.id).await {
                 tracing::warn!(sandbox = %sandbox.id, error = %e.message, "an interrupted sandbox past its end not killed");
             }
             return Ok(None);
         };
         tracing::info!(sandbox = %sandbox.id, "interrupted by its server's end: resumed by a request");
-        match self.clone().resume_now(sandbox.clone(), left).await {
+        match self.clone().resume_now(sandbox.clone(), left, again).await {
             Ok(_) => Ok(None),
             Err(e) if e.status == axum::http::StatusCode::CONFLICT => {
                 // Another replica resumed it meanwhile: the request goes there.
@@ -294,6 +310,12 @@ impl Registry {
             Recorded::Interrupted { end } => Record {
                 end_ms: clock::unix_ms(end),
                 interrupted: true,
+                ..sandbox.record()
+            },
+            Recorded::Stranded { end } => Record {
+                end_ms: clock::unix_ms(end),
+                interrupted: true,
+                held_on: replicas.me.host.is_some().then(|| replicas.me.clone()),
                 ..sandbox.record()
             },
         };
@@ -420,6 +442,36 @@ pub(super) enum Recorded {
         /// When it expires.
         end: SystemTime,
     },
+    /// As `Interrupted`, its workspace left on this replica's disk, not on the shelf: its
+    /// keeper call lost it ([`lost`](super::lost)). On hosts of their own it is held here
+    /// ([`Record::held_on`]); on one root, any replica continues it.
+    Stranded {
+        /// When it expires.
+        end: SystemTime,
+    },
+}
+
+impl Recorded {
+    /// How a sandbox interrupted until `end` is recorded again when a resume of it failed:
+    /// still held here if `record` says it was held (on this host).
+    fn interrupted_as(record: &Record, end: SystemTime) -> Recorded {
+        match record.held_on {
+            Some(_) => Recorded::Stranded { end },
+            None => Recorded::Interrupted { end },
+        }
+    }
+}
+
+/// 503: the sandbox `id` was interrupted with its workspace on `replica`'s disk alone, and
+/// that replica is down (a live one is sent the request).
+pub(super) fn held(id: &str, replica: &crate::durable::Replica) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "sandbox {id} was interrupted with its workspace on the host at {}, which is down: it continues once that host is back; retry then",
+            replica.url
+        ),
+    )
 }
 
 /// 409: the paused sandbox `id` was taken by `replica` while this one acted on it.

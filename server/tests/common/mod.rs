@@ -108,6 +108,13 @@ impl Server {
         self.child.wait().expect("reaped");
     }
 
+    /// Sends the signal `sig` (`-STOP`, `-CONT`, ...) to it.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args([sig, &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill {sig} {pid}");
+    }
+
     /// The local backend's root.
     pub fn root(&self) -> &std::path::Path {
         self.root.path()
