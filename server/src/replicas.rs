@@ -29,8 +29,8 @@
 //! ([`Record::paused_ms`]): any replica that knows the sandbox paused may end it, under the
 //! lock and only if its record still says that pause ([`Replicas::retain`]).
 //!
-//! Not shared: each replica counts its own running sandboxes against a team's limit and its
-//! own request rate. A signed `/files` URL (which names no sandbox) goes to the sandbox whose
+//! A team's limit on running sandboxes counts its records that name a replica
+//! ([`crate::table::Table::running`]); each replica counts its own request rate. A signed `/files` URL (which names no sandbox) goes to the sandbox whose
 //! access token made its signature, found in the table ([`crate::route`]).
 
 use std::collections::HashMap;

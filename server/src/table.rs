@@ -53,6 +53,21 @@ impl Table {
         }
     }
 
+    /// How many of `team`'s sandboxes run (or are being killed) on any replica, as the table
+    /// says: what a team's limit counts across the replicas.
+    pub async fn running(&self, team: &str) -> io::Result<usize> {
+        match self {
+            Table::Files(_) => {
+                let records = self.load().await?;
+                Ok(records
+                    .iter()
+                    .filter(|r| r.team == team && r.runs_on.is_some())
+                    .count())
+            }
+            Table::Postgres(rows) => rows.running(team).await,
+        }
+    }
+
     /// Writes `record`, replacing any older one of its id, whatever it said.
     pub async fn put(&self, record: Record) -> io::Result<()> {
         match self {

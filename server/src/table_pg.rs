@@ -117,6 +117,26 @@ impl PgTable {
         Ok(out)
     }
 
+    /// How many of `team`'s sandboxes run (or are being killed) on any replica: those whose
+    /// record names a replica ([`crate::table::Table::running`]).
+    pub async fn running(&self, team: &str) -> io::Result<usize> {
+        let team = team.to_string();
+        let row = self
+            .run("count a team's sandboxes", |client| async move {
+                client
+                    .query_one(
+                        "SELECT count(*) FROM sandkeeperd.sandbox
+                         WHERE record->>'team' = $1
+                           AND jsonb_typeof(record->'runs_on') = 'object'",
+                        &[&team],
+                    )
+                    .await
+            })
+            .await?;
+        let n: i64 = row.get(0);
+        usize::try_from(n).map_err(|e| io::Error::other(format!("a count of {n}: {e}")))
+    }
+
     /// Writes `record`, replacing any older one of its id, whatever it said.
     pub async fn put(&self, record: &Record) -> io::Result<()> {
         check_id(&record.id)?;

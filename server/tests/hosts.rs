@@ -202,7 +202,8 @@ async fn sandboxes_move_between_hosts_through_the_shelf_and_wait_for_a_dead_host
 
 /// The sandbox table in PostgreSQL on its own: a change is a compare-and-set, so two hosts
 /// (two connections) changing one record at once lose no change; ids that are not a
-/// sandbox's are refused, and a row that is not a record is skipped.
+/// sandbox's are refused, a row that is not a record is skipped, and a team's running
+/// sandboxes are counted by the records that name a replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_postgres_table_loses_no_concurrent_change() {
     use sandkeeperd::durable::Record;
@@ -274,6 +275,41 @@ async fn the_postgres_table_loses_no_concurrent_change() {
         .unwrap();
     let loaded: Vec<_> = a.load().await.unwrap().into_iter().map(|r| r.id).collect();
     assert_eq!(loaded, vec![ID.to_string()], "a row that is not a record");
+
+    // A team's running sandboxes, as its limit counts them: those that name a replica.
+    let replica = sandkeeperd::durable::Replica {
+        incarnation: 1,
+        url: "http://127.0.0.1:1".into(),
+        host: Some("h".into()),
+    };
+    for (id, team, runs_on) in [
+        ("sbx00000000000000000001", "team-a", Some(replica.clone())),
+        ("sbx00000000000000000002", "team-a", Some(replica.clone())),
+        ("sbx00000000000000000003", "team-b", Some(replica.clone())),
+    ] {
+        a.put(&Record {
+            id: id.into(),
+            team: team.into(),
+            runs_on,
+            ..record.clone()
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        a.running("team-a").await.unwrap(),
+        2,
+        "the paused one not counted"
+    );
+    assert_eq!(b.running("team-b").await.unwrap(), 1);
+    assert_eq!(b.running("team-c").await.unwrap(), 0);
+    for id in [
+        "sbx00000000000000000001",
+        "sbx00000000000000000002",
+        "sbx00000000000000000003",
+    ] {
+        a.change(id, |_| (Change::Remove, ())).await.unwrap();
+    }
     assert!(a.get("sbxffffffffffffffffffff").await.is_err());
     a.change(ID, |_| (Change::Remove, ())).await.unwrap();
     assert_eq!(b.get(ID).await.unwrap(), None);

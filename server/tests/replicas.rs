@@ -394,3 +394,127 @@ async fn a_signed_url_is_answered_through_any_replica() {
         StatusCode::NO_CONTENT
     );
 }
+
+/// A create through `url` as team A: its status, and its id if it was made.
+async fn try_create(c: &Client, url: &str, key: &str) -> (StatusCode, Option<String>) {
+    let r = c
+        .post(format!("{url}/v2/sandboxes"))
+        .header("x-api-key", key)
+        .json(&json!({"timeout": 120}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    (status, v["sandboxID"].as_str().map(String::from))
+}
+
+/// A team's limit of running sandboxes holds across the replicas (the table counts them):
+/// with a limit of three, ten creates at once spread over two replicas make at most three
+/// (before: three on each replica, six), and the table lists exactly those made; with three
+/// running, a create through either replica is refused (429); a paused one does not count,
+/// and its connect while three others run is refused (429) and leaves it paused; another team
+/// is not affected. Killed, nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_limit_holds_across_the_replicas() {
+    let root = tempfile::tempdir().unwrap();
+    let flags = [
+        "--root",
+        root.path().to_str().unwrap(),
+        "--fleet",
+        "--sandboxes-per-team",
+        "3",
+    ];
+    let (a, b) = (Server::start_on(&flags), Server::start_on(&flags));
+    let c = Client::new();
+    let creates = (0..10).map(|i| {
+        let url = if i % 2 == 0 { &a.url } else { &b.url };
+        try_create(&c, url, KEY_A)
+    });
+    let answers = futures_util::future::join_all(creates).await;
+    let mut made: Vec<String> = answers.iter().filter_map(|(_, id)| id.clone()).collect();
+    assert!(
+        answers
+            .iter()
+            .all(|(s, _)| *s == StatusCode::CREATED || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{answers:?}"
+    );
+    assert!(made.len() <= 3, "made past the limit: {answers:?}");
+    // Two creates racing for the last place may both be refused: filled up one at a time.
+    for url in [&a.url, &b.url, &a.url].iter().cycle().take(3) {
+        if made.len() < 3 {
+            let (status, id) = try_create(&c, url, KEY_A).await;
+            assert_eq!(status, StatusCode::CREATED, "{made:?}");
+            made.push(id.unwrap());
+        }
+    }
+    let listed = |url: String| {
+        let c = c.clone();
+        async move {
+            let v: Value = c
+                .get(format!("{url}/v2/sandboxes"))
+                .header("x-api-key", KEY_A)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let mut ids: Vec<String> = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["sandboxID"].as_str().unwrap().to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    made.sort();
+    assert_eq!(listed(a.url.clone()).await, made, "what a lists");
+    for url in [&a.url, &b.url] {
+        assert_eq!(
+            try_create(&c, url, KEY_A).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "a fourth through {url}"
+        );
+    }
+    // A paused one does not count; its connect while three others run is refused.
+    let r = c
+        .post(format!("{}/sandboxes/{}/pause", b.url, made[0]))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (status, fourth) = try_create(&c, &a.url, KEY_A).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for url in [&a.url, &b.url] {
+        let r = c
+            .post(format!("{url}/sandboxes/{}/connect", made[0]))
+            .header("x-api-key", KEY_A)
+            .json(&json!({"timeout": 60}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "connect via {url}"
+        );
+        assert_eq!(details(&c, &b, &made[0]).await["state"], "paused");
+    }
+    assert_eq!(
+        try_create(&c, &b.url, KEY_B).await.0,
+        StatusCode::CREATED,
+        "another team"
+    );
+    made.push(fourth.unwrap());
+    for id in &made {
+        assert_eq!(
+            kill_sandbox(&c, &a.url, id, KEY_A).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(listed(b.url.clone()).await, Vec::<String>::new());
+}

@@ -51,7 +51,7 @@ mod lost;
 mod replicated;
 
 pub use replicated::SWEEP;
-use replicated::{held, moved, Op, Recorded};
+use replicated::{held, moved, Counted, Op, Recorded};
 
 /// The guard of a sandbox's keeper call.
 pub type Guard = CallGuard<SandboxBackend>;
@@ -373,6 +373,7 @@ impl Registry {
         new: NewSandbox,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let slot = self.reserve(&team)?;
+        self.within_fleet_limit(&team, Counted::Without).await?;
         let id = format!("sbx{}", random_hex(10)?);
         let session = match &new.session {
             Some(s) => s.clone(),
@@ -420,6 +421,16 @@ impl Registry {
             // Not in the table: the other replicas and a later server would never know it,
             // so it is not made at all.
             self.undo_create(&sandbox).await;
+            return Err(e);
+        }
+        if let Err(e) = self.within_fleet_limit(&sandbox.team, Counted::With).await {
+            // Past the team's limit across the replicas (another replica made one meanwhile):
+            // killed, as a kill does it (its record marked first).
+            if let Some(taken) = self.take_out(&sandbox) {
+                if let Err(refused) = self.finish(taken, "limit").await {
+                    tracing::warn!(sandbox = %sandbox.id, error = %refused.message, "a create past the limit not taken back: the sweep and its timeout end it");
+                }
+            }
             return Err(e);
         }
         tokio::spawn(self.clone().timer(sandbox.clone(), 0, expiry));
@@ -860,6 +871,11 @@ impl Registry {
                 }
                 Claimed::Held(replica) => return Err(held(&sandbox.id, &replica)),
             }
+            if let Err(e) = self.within_fleet_limit(&sandbox.team, Counted::With).await {
+                // Past the team's limit across the replicas: given back as it was.
+                self.record(&sandbox, again).await;
+                return Err(e);
+            }
             let guard = match self.acquire(&sandbox).await {
                 Ok(guard) => guard,
                 Err(e) => {
@@ -1056,13 +1072,7 @@ impl Registry {
         let mut inner = lock(&self.inner);
         let n = inner.per_team.entry(team.clone()).or_insert(0);
         if *n >= self.limits.sandboxes_per_team {
-            return Err(ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "team {team} has {} sandboxes, its limit: kill one first",
-                    self.limits.sandboxes_per_team
-                ),
-            ));
+            return Err(past_limit(team, self.limits.sandboxes_per_team));
         }
         *n += 1;
         Ok(Slot {
@@ -1071,6 +1081,14 @@ impl Registry {
             committed: false,
         })
     }
+}
+
+/// 429: `team` has its `limit` of running sandboxes.
+fn past_limit(team: &Team, limit: usize) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        format!("team {team} has {limit} sandboxes, its limit: kill one first"),
+    )
 }
 
 /// A team's place for a sandbox being created; given back unless committed.

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{lock, Life, Registry, Sandbox};
+use super::{lock, past_limit, Life, Registry, Sandbox};
+use crate::auth::Team;
 use crate::clock;
 use crate::durable::{Record, Replica};
 use crate::error::ApiError;
@@ -395,6 +396,51 @@ impl Registry {
         };
         changed.map_err(|e| unwritten(&sandbox.id, &e))
     }
+}
+
+impl Registry {
+    /// `--fleet`: 429 when `team` has its limit of running sandboxes across the replicas, as
+    /// the table counts them (`Counted::With`: with the one just recorded running here, so
+    /// past the limit; two creates racing for the last place may then both be refused, never
+    /// both made). A table that cannot be read: 503. Without `--fleet`, the reservation here
+    /// counted them all.
+    pub(super) async fn within_fleet_limit(
+        &self,
+        team: &Team,
+        counted: Counted,
+    ) -> Result<(), ApiError> {
+        let Some(replicas) = &self.replicas else {
+            return Ok(());
+        };
+        let running = replicas
+            .table
+            .running(team.as_str())
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the sandbox table could not be read to count team {team}'s sandboxes ({e}): nothing was done; retry"),
+                )
+            })?;
+        let limit = self.limits.sandboxes_per_team;
+        let over = match counted {
+            Counted::Without => running >= limit,
+            Counted::With => running > limit,
+        };
+        if over {
+            return Err(past_limit(team, limit));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a count of a team's sandboxes includes the one being made or resumed.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Counted {
+    /// Before it is recorded.
+    Without,
+    /// Once it is recorded running here.
+    With,
 }
 
 /// 503: the table could not be written for sandbox `id`, so nothing was done.
