@@ -399,6 +399,15 @@ impl K8sStore {
             .is_some_and(|(epoch, expires)| epoch == owner.1 && unix_ms(now) < expires))
     }
 
+    /// Whether `incarnation` holds a live lease at `now`, whatever its epoch: a server of a
+    /// fleet asks it of the others' incarnations.
+    pub async fn holds_lease(&self, incarnation: u32, now: SystemTime) -> Result<bool, K8sError> {
+        Ok(self
+            .process(incarnation)
+            .await?
+            .is_some_and(|(_, expires)| unix_ms(now) < expires))
+    }
+
     /// A process lease: `(epoch, expires ms)`.
     async fn process(&self, incarnation: u32) -> Result<Option<(u64, u64)>, K8sError> {
         let Some(lease) = self.get(&proc_name(incarnation)).await? else {

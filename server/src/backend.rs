@@ -36,10 +36,15 @@ impl SandboxBackend {
     /// Whether it can keep a paused sandbox's workspace, and why not: asked as the core would
     /// ask of a keeper whose every release suspends ([`Backend::check_config`]). The local
     /// backend always can; Kubernetes in `agentSandbox` mode can (on a persistent working
-    /// directory), in `pod` mode it cannot (the workspace goes with the pod).
-    pub fn can_pause(&self) -> Result<(), String> {
+    /// directory), in `pod` mode it cannot (the workspace goes with the pod). `fleet`: the
+    /// keeper is one of a fleet's (`--fleet`), whose backend is connected for it.
+    pub fn can_pause(&self, fleet: bool) -> Result<(), String> {
+        if let SandboxBackend::Local(_) = self {
+            return Ok(());
+        }
         let suspending = Config {
             release: sandkeeper::ReleasePolicy::Suspend,
+            fleet: fleet.then(sandkeeper::Fleet::default),
             ..Config::default()
         };
         self.check_config(&suspending)

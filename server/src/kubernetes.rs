@@ -94,6 +94,26 @@ impl Kubernetes {
             .await
             .map_err(|e| KubernetesError::Connect(e.to_string()))?;
         tracing::info!(?report, namespace = %self.config.namespace, "kubernetes backend connected");
+        self.shelved(backend)
+    }
+
+    /// Connects the backend as one replica of several on the namespace (`--fleet`): a client
+    /// for the API server, then `K8sBackend::connect_fleet` (no owner Lease, no sweep by
+    /// owner: the fleet store's process leases say who lives, and its sweep decides). Its
+    /// cluster is the fleet store's and the sandbox table's too.
+    pub async fn connect_fleet(&self) -> Result<K8sBackend, KubernetesError> {
+        let client = self.client().await?;
+        let cluster = Cluster::new(client, self.config.clone())
+            .map_err(|e| KubernetesError::Connect(e.to_string()))?;
+        let backend = K8sBackend::connect_fleet(cluster)
+            .await
+            .map_err(|e| KubernetesError::Connect(e.to_string()))?;
+        tracing::info!(namespace = %self.config.namespace, owner = %self.config.owner, "kubernetes backend connected as a replica");
+        self.shelved(backend)
+    }
+
+    /// `backend`, with the shelf of `--snapshots` if any.
+    fn shelved(&self, backend: K8sBackend) -> Result<K8sBackend, KubernetesError> {
         let Some(url) = &self.snapshots else {
             return Ok(backend);
         };

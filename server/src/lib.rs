@@ -45,5 +45,6 @@ pub mod request_span;
 pub mod route;
 pub mod server;
 pub mod table;
+pub mod table_k8s;
 pub mod table_pg;
 pub mod tls;

@@ -33,8 +33,9 @@ struct Args {
     /// Paused sandboxes outlive this process: the next sandkeeperd on the same --root takes
     /// them back (the keeper runs in fleet mode on the root's store; docs/server.md). Several
     /// sandkeeperd on one --root with --fleet are replicas: each answers for every sandbox,
-    /// forwarding a request to the replica that runs its sandbox.
-    #[arg(long, conflicts_with = "kubernetes")]
+    /// forwarding a request to the replica that runs its sandbox. With --kubernetes, several
+    /// sandkeeperd on one namespace (each with its own `owner`) are replicas the same way.
+    #[arg(long)]
     fleet: bool,
     /// With --fleet: the http://host:port the other replicas reach this one at (default: the
     /// --listen address, 127.0.0.1 for 0.0.0.0).
@@ -171,6 +172,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(root) => root,
         None => std::env::temp_dir().join(format!("sandkeeperd-{}", std::process::id())),
     };
+    if args.fleet_store.is_some() && args.kubernetes.is_some() {
+        return Err("--fleet-store is for replicas on hosts of their own (the local backend); on Kubernetes, --fleet replicas share the namespace (its Leases hold the fleet store and the sandbox table)".into());
+    }
     let hosts = match (&args.fleet_store, &args.snapshots) {
         (None, Some(_)) if args.kubernetes.is_none() => {
             return Err("--snapshots is for --kubernetes (pod mode) or --fleet-store".into())

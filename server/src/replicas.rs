@@ -1,11 +1,11 @@
-//! Replicas: several servers (`--fleet`), on one root or on hosts of their own
-//! ([`crate::hosts`]), any of which answers for any sandbox.
+//! Replicas: several servers (`--fleet`), on one root, on hosts of their own
+//! ([`crate::hosts`]) or on one Kubernetes namespace, any of which answers for any sandbox.
 //!
-//! The sandbox table ([`crate::table`]: files under the root, or rows in PostgreSQL) says
-//! where each sandbox runs; the fleet store (the root's, or PostgreSQL's) says which replicas
-//! live (each holds a lease under its incarnation) and which one's keeper drives a sandbox's
-//! key, so no two act on one sandbox. A request for a sandbox this
-//! replica does not run is routed ([`Replicas::route`]):
+//! The sandbox table ([`crate::table`]: files under the root, rows in PostgreSQL, or Leases)
+//! says where each sandbox runs; the fleet store (the root's, PostgreSQL's or the
+//! namespace's) says which replicas live (each holds a lease under its incarnation) and which
+//! one's keeper drives a sandbox's key, so no two act on one sandbox. A request for a sandbox
+//! this replica does not run is routed ([`Replicas::route`]):
 //!
 //! - it runs on another live replica: the request is forwarded there ([`crate::forward`]);
 //! - it is paused: this replica answers, and a connect or resume takes it in one change of its
@@ -36,6 +36,7 @@
 use std::collections::HashMap;
 use std::io;
 
+use sandkeeper_k8s::K8sStore;
 use sandkeeper_pg::PgStore;
 use sandkeeper_tokio::local::store::LocalStore;
 
@@ -59,6 +60,9 @@ pub enum Leases {
     Local(LocalStore),
     /// The fleet store in PostgreSQL (replicas on hosts of their own).
     Postgres(PgStore),
+    /// The fleet store in the namespace's Leases (replicas on Kubernetes; boxed: a client is
+    /// large beside the others).
+    Kubernetes(Box<K8sStore>),
 }
 
 impl std::fmt::Debug for Leases {
@@ -66,6 +70,7 @@ impl std::fmt::Debug for Leases {
         match self {
             Leases::Local(store) => f.debug_tuple("Local").field(store).finish(),
             Leases::Postgres(_) => f.write_str("Postgres"),
+            Leases::Kubernetes(_) => f.write_str("Kubernetes"),
         }
     }
 }
@@ -87,6 +92,15 @@ impl Leases {
                     true
                 }
             },
+            Leases::Kubernetes(store) => {
+                match store.holds_lease(incarnation, crate::clock::now()).await {
+                    Ok(live) => live,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the fleet store's leases could not be read: taken as alive");
+                        true
+                    }
+                }
+            }
         }
     }
 }

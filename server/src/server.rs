@@ -23,8 +23,10 @@ use crate::metrics::Metrics;
 use crate::registry::{self, Registry};
 use crate::replicas::{Leases, Replicas};
 use crate::table::Table;
+use crate::table_k8s::K8sTable;
 use crate::tls::{Tls, TlsListener};
 use crate::{api, envd};
+use sandkeeper_k8s::K8sStore;
 
 /// Bounds of what requests may ask.
 #[derive(Clone, Debug)]
@@ -237,7 +239,8 @@ fn local_backend(
 
 /// The keeper on `backend`, with the hooks if any; with `--fleet`, a fleet keeper and the
 /// sandbox table beside it, this server one of its replicas at `url`: on the root's own store
-/// and table, or (`hosts`) on PostgreSQL's, its paused workspaces on the `shelf`.
+/// and table, (`hosts`) on PostgreSQL's, its paused workspaces on the `shelf`, or (on
+/// Kubernetes) on the namespace's Leases.
 async fn keeper(
     config: &Config,
     backend: SandboxBackend,
@@ -264,14 +267,26 @@ async fn keeper(
         root: config.root.display().to_string(),
         error,
     };
-    if config.kubernetes.is_some() {
-        return Err(backend_error(std::io::Error::other(
-            "--fleet runs on the local backend's root (Kubernetes keeps a paused claim itself)",
-        )));
-    }
     let mut fleet = sandkeeper::Fleet::default();
-    let (keeper, table, leases) = match (&config.hosts, shelf) {
-        (Some(hosts), Some(shelf)) => {
+    let on_kubernetes = match &backend {
+        SandboxBackend::Kubernetes(k8s) => Some(k8s.cluster().clone()),
+        _ => None,
+    };
+    let (keeper, table, leases) = match (on_kubernetes, &config.hosts, shelf) {
+        (Some(cluster), _, _) => {
+            // Every replica reaches every pod and claim: keys are handed over warm, as
+            // between replicas on one root.
+            let store = K8sStore::new(cluster.clone(), fleet.lease);
+            core.fleet = Some(fleet);
+            let keeper = fleet_keeper(core, backend, store.clone(), runner).await?;
+            let table = K8sTable::new(cluster.client().clone(), &cluster.config().namespace);
+            (
+                keeper,
+                Table::Kubernetes(Box::new(table)),
+                Leases::Kubernetes(Box::new(store)),
+            )
+        }
+        (None, Some(hosts), Some(shelf)) => {
             // Each host's sandboxes are out of the others' reach: a key goes to another host
             // suspended, through the shelf (docs/fleet-hosts.md).
             fleet.handover = sandkeeper::Handover::Suspended;
@@ -389,6 +404,9 @@ impl Server {
         };
         let backend = match &config.kubernetes {
             None => SandboxBackend::Local(local_backend(&config, shelf.clone())?),
+            Some(kubernetes) if config.fleet => {
+                SandboxBackend::Kubernetes(kubernetes.connect_fleet().await?)
+            }
             Some(kubernetes) => SandboxBackend::Kubernetes(kubernetes.connect().await?),
         };
         let metrics = Arc::new(Metrics::new(backend.name()));

@@ -1,13 +1,16 @@
 //! The sandbox table the replicas share (`--fleet`), wherever it is kept: files under the root
 //! ([`crate::durable`]) for replicas on one root, or rows in PostgreSQL ([`crate::table_pg`])
-//! for replicas on hosts of their own. Every change that depends on what a record says is one
-//! [`Table::change`], never interleaved with another's (the root's `flock`, or PostgreSQL's
-//! compare-and-set), so that two replicas never both act on one record. The decisions
+//! for replicas on hosts of their own, or Leases ([`crate::table_k8s`]) for replicas on one
+//! Kubernetes namespace. Every change that depends on what a record says is one
+//! [`Table::change`], never interleaved with another's (the root's `flock`, PostgreSQL's
+//! compare-and-set, or the API server's `resourceVersion`), so that two replicas never both
+//! act on one record. The decisions
 //! themselves are [`crate::replicas`]'s.
 
 use std::io;
 
 use crate::durable::{Durable, Record};
+use crate::table_k8s::K8sTable;
 use crate::table_pg::PgTable;
 
 /// Where the table is kept.
@@ -17,6 +20,9 @@ pub enum Table {
     Files(Durable),
     /// One row a sandbox in PostgreSQL (replicas on hosts of their own).
     Postgres(PgTable),
+    /// One Lease a sandbox in the namespace (replicas on Kubernetes; boxed: a client is large
+    /// beside the others).
+    Kubernetes(Box<K8sTable>),
 }
 
 /// What a [`Table::change`] does to the record it read.
@@ -39,6 +45,7 @@ impl Table {
                 blocking(move || files.get(&id)).await
             }
             Table::Postgres(rows) => rows.get(id).await,
+            Table::Kubernetes(leases) => leases.get(id).await,
         }
     }
 
@@ -50,6 +57,7 @@ impl Table {
                 blocking(move || files.load()).await
             }
             Table::Postgres(rows) => rows.load().await,
+            Table::Kubernetes(leases) => leases.load().await,
         }
     }
 
@@ -65,6 +73,7 @@ impl Table {
                     .count())
             }
             Table::Postgres(rows) => rows.running(team).await,
+            Table::Kubernetes(leases) => leases.running(team).await,
         }
     }
 
@@ -76,6 +85,7 @@ impl Table {
                 blocking(move || files.put(&record)).await
             }
             Table::Postgres(rows) => rows.put(&record).await,
+            Table::Kubernetes(leases) => leases.put(&record).await,
         }
     }
 
@@ -105,6 +115,7 @@ impl Table {
                 .await
             }
             Table::Postgres(rows) => rows.change(id, decide).await,
+            Table::Kubernetes(leases) => leases.change(id, decide).await,
         }
     }
 }

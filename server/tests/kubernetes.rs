@@ -14,71 +14,13 @@ mod common;
 
 use std::path::Path;
 
+use common::k8s::{cluster, config_file, owned_by};
 use common::{sdk_python, Server};
-use k8s_loopback::resources::{ALL, SANDBOX_TEMPLATES, SANDBOX_WARM_POOLS};
+use k8s_loopback::resources::ALL;
 use k8s_loopback::Loopback;
 use sandkeeper::{Key, SessionId};
 use sandkeeper_k8s::names::{session_hash, OWNER, SESSION_HASH};
-use serde_json::{json, Value};
-
-const NS: &str = "sk-test";
-
-/// The loopback with the agent-sandbox template and warm pool the claim mode uses (the working
-/// directory on a per-claim volume, so a suspension keeps it).
-async fn cluster() -> Loopback {
-    let server = Loopback::start().await.expect("the loopback starts");
-    let store = server.store();
-    store
-        .create(
-            &SANDBOX_TEMPLATES,
-            NS,
-            json!({"metadata": {"name": "tpl"}, "spec": {
-                "podTemplate": {"spec": {"terminationGracePeriodSeconds": 5,
-                    "containers": [{"name": "main", "image": "busybox",
-                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}},
-                "volumeClaimTemplates": [{"metadata": {"name": "workspace"},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]
-            }}),
-        )
-        .expect("the template");
-    store
-        .create(
-            &SANDBOX_WARM_POOLS,
-            NS,
-            json!({"metadata": {"name": "pool"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "tpl"}}}),
-        )
-        .expect("the warm pool");
-    server
-}
-
-/// The backend's configuration file, as a user writes it.
-fn config_file(dir: &Path, owner: &str, mode: &str) -> std::path::PathBuf {
-    let mode = match mode {
-        "claim" => "mode:\n  agentSandbox:\n    warmPool: pool\n".to_string(),
-        _ => "mode:\n  pod:\n    template:\n      spec:\n        containers:\n        - name: main\n          image: busybox\n          command: [\"sleep\", \"infinity\"]\n".to_string(),
-    };
-    let yaml = format!(
-        "namespace: {NS}\nowner: {owner}\n{mode}retryBaseMillis: 5\napiDeadlineSecs: 10\nreadyTimeoutSecs: 30\nuploadTimeoutSecs: 10\n"
-    );
-    let file = dir.join(format!("{owner}.yaml"));
-    std::fs::write(&file, yaml).expect("write the configuration");
-    file
-}
-
-/// The objects labelled with `owner` (claims, sandboxes, pods, leases), as `<plural>/<name>`.
-fn owned_by(server: &Loopback, owner: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for rt in ALL {
-        for o in server.store().all(rt) {
-            let label = o.pointer("/metadata/labels").and_then(|l| l.get(OWNER));
-            if label.and_then(Value::as_str) == Some(owner) {
-                let name = o["metadata"]["name"].as_str().unwrap_or("");
-                out.push(format!("{}/{name}", rt.plural));
-            }
-        }
-    }
-    out
-}
+use serde_json::Value;
 
 /// The objects of `owner` that serve the server's sandbox `id` (its keeper session is the id;
 /// the backend labels each object with a hash of the session's key), as `<plural>/<name>`.
@@ -257,6 +199,18 @@ async fn bad_kubernetes_configurations_stop_the_server_before_it_listens() {
                 shelf,
             ],
             "a shelf is for pod mode",
+        ),
+        (
+            vec![
+                "--kubernetes".into(),
+                claim.display().to_string(),
+                "--kube-server".into(),
+                url.clone(),
+                "--fleet".into(),
+                "--fleet-store".into(),
+                "host=127.0.0.1 port=1 user=x".into(),
+            ],
+            "--fleet-store is for replicas on hosts of their own",
         ),
         (
             vec![

@@ -12,7 +12,8 @@
 //!   `SandboxTemplate` (`extensions.agents.x-k8s.io/v1beta1`);
 //! - create, get, list (`labelSelector`, `fieldSelector`, `limit`/`continue`), replace, patch
 //!   (merge, strategic-as-merge, server-side apply as create-or-merge), delete (with
-//!   `propagationPolicy`: ownerReference cascade) and deletecollection, with resourceVersions,
+//!   `propagationPolicy`: ownerReference cascade; `preconditions` on `uid` and
+//!   `resourceVersion`) and deletecollection, with resourceVersions,
 //!   409 on stale writes and `Status` error bodies (400/403/404/405/409/410/415/422/429/5xx);
 //! - watch: newline-delimited events; selector transitions; an expired resourceVersion yields an
 //!   `ERROR` event with a 410 `Status` (as the real server does) — [`Loopback::store`]`.compact()`

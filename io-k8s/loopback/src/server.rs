@@ -329,7 +329,12 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
                 Some("Orphan") => Propagation::Orphan,
                 _ => Propagation::Background,
             };
-            let uid = opts.pointer("/preconditions/uid").and_then(Value::as_str);
+            let preconditions = crate::store::Preconditions {
+                uid: opts.pointer("/preconditions/uid").and_then(Value::as_str),
+                resource_version: opts
+                    .pointer("/preconditions/resourceVersion")
+                    .and_then(Value::as_str),
+            };
             let grace = match opts.get("gracePeriodSeconds") {
                 Some(g) => Some(g.as_i64().ok_or_else(|| {
                     ApiError::bad_request("gracePeriodSeconds must be an integer")
@@ -344,7 +349,14 @@ async fn serve(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<B
             };
             Ok(json_response(
                 200,
-                &store.delete_with_grace(&rt, &ns, name, propagation, uid, grace)?,
+                &store.delete_with_preconditions(
+                    &rt,
+                    &ns,
+                    name,
+                    propagation,
+                    preconditions,
+                    grace,
+                )?,
             ))
         }
         (Verb::DeleteCollection, None) => {

@@ -740,11 +740,30 @@ impl Store {
         precondition_uid: Option<&str>,
         grace: Option<i64>,
     ) -> Result<Value, ApiError> {
+        let preconditions = Preconditions {
+            uid: precondition_uid,
+            resource_version: None,
+        };
+        self.delete_with_preconditions(rt, ns, name, propagation, preconditions, grace)
+    }
+
+    /// [`delete_with_grace`](Self::delete_with_grace) under both of `DeleteOptions`'
+    /// preconditions: a `uid` or a `resourceVersion` that does not match answers 409
+    /// (kubernetes `staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go`: the
+    /// preconditions are checked against the object as stored, in the delete's own
+    /// transaction; here, under the store's lock as the object is removed).
+    pub fn delete_with_preconditions(
+        &self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+        preconditions: Preconditions<'_>,
+        grace: Option<i64>,
+    ) -> Result<Value, ApiError> {
         let obj = self.get(rt, ns, name)?;
-        if let Some(uid) = precondition_uid {
-            if uid != uid_of(&obj) {
-                return Err(ApiError::conflict(rt.group, rt.plural, name));
-            }
+        if !preconditions.hold(&obj) {
+            return Err(ApiError::conflict(rt.group, rt.plural, name));
         }
         if *rt == resources::PODS {
             if let Some(period) = pod_grace_period(&obj, grace) {
@@ -794,6 +813,13 @@ impl Store {
             }
         }
         let mut g = self.lock();
+        match g.objects.get(&key(rt, ns, name)) {
+            None => return Err(ApiError::not_found(rt.group, rt.plural, name)),
+            Some(now) if !preconditions.hold(now) => {
+                return Err(ApiError::conflict(rt.group, rt.plural, name))
+            }
+            Some(_) => {}
+        }
         let Some(mut last) = g.objects.remove(&key(rt, ns, name)) else {
             return Err(ApiError::not_found(rt.group, rt.plural, name));
         };
@@ -814,6 +840,26 @@ impl Store {
     }
 }
 
+/// A delete's preconditions (`DeleteOptions.preconditions`): what the object must be.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Preconditions<'a> {
+    /// Its `metadata.uid`.
+    pub uid: Option<&'a str>,
+    /// Its `metadata.resourceVersion`: it was not changed since it was read.
+    pub resource_version: Option<&'a str>,
+}
+
+impl Preconditions<'_> {
+    /// Whether `obj` is what they ask for.
+    fn hold(&self, obj: &Value) -> bool {
+        let rv = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str);
+        self.uid.is_none_or(|uid| uid == uid_of(obj))
+            && self.resource_version.is_none_or(|want| Some(want) == rv)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -821,6 +867,43 @@ mod tests {
 
     fn pod(name: &str) -> Value {
         json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    }
+
+    #[test]
+    fn a_delete_whose_resource_version_precondition_is_stale_is_a_conflict() {
+        let s = Store::new();
+        let made = s
+            .create(&LEASES, "ns", json!({"metadata": {"name": "l"}}))
+            .unwrap();
+        let rv = made["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let changed = s
+            .modify(&LEASES, "ns", "l", |o| {
+                o["spec"] = json!({"holderIdentity": "x"})
+            })
+            .unwrap();
+        let now = changed["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let stale = Preconditions {
+            uid: None,
+            resource_version: Some(&rv),
+        };
+        let e = s
+            .delete_with_preconditions(&LEASES, "ns", "l", Propagation::Background, stale, None)
+            .unwrap_err();
+        assert_eq!(e.code, 409);
+        assert!(s.get(&LEASES, "ns", "l").is_ok(), "kept");
+        let current = Preconditions {
+            uid: None,
+            resource_version: Some(&now),
+        };
+        s.delete_with_preconditions(&LEASES, "ns", "l", Propagation::Background, current, None)
+            .unwrap();
+        assert!(s.get(&LEASES, "ns", "l").is_err(), "deleted");
     }
 
     #[test]

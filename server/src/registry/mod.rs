@@ -304,7 +304,7 @@ impl Registry {
         metrics: Arc<Metrics>,
         replicas: Option<Replicas>,
     ) -> Arc<Self> {
-        let cannot_pause = keeper.backend().can_pause().err();
+        let cannot_pause = keeper.backend().can_pause(replicas.is_some()).err();
         Arc::new(Registry {
             keeper,
             limits,

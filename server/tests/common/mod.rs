@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses a part of it
 
 pub mod hosts;
+pub mod k8s;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

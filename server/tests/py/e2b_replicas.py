@@ -1,6 +1,8 @@
-"""Two sandkeeperd replicas on one root, through the official `e2b` SDK, unmodified.
+"""Two sandkeeperd replicas, through the official `e2b` SDK, unmodified.
 
-Run by server/tests/replicas.rs with URL_A and URL_B (the two replicas) and E2B_API_KEY set.
+Run by server/tests/replicas.rs (one root), hosts.rs (hosts of their own) and
+kubernetes_replicas.rs (one namespace) with URL_A and URL_B (the two replicas) and E2B_API_KEY
+set. Commands name files relative to their working directory, the workspace on every backend.
 Each SDK object is pointed at one replica by the SDK's own `api_url` and `sandbox_url`
 parameters; a sandbox made on one is used through the other. Prints one `ok <step>` line per
 step; any failure raises, so the exit code is non-zero and the traceback says which step.
@@ -65,7 +67,7 @@ def run():
     assert resumed.files.read("/home/user/b.txt") == "written through b"
     assert sid in ids(A, SandboxState.RUNNING)
     # Now on b: a sends its requests there.
-    assert via_a.commands.run("cat /home/user/b.txt").stdout == "written through b"
+    assert via_a.commands.run("cat b.txt").stdout == "written through b"
     via_a.files.write("/home/user/c.txt", "written through a, run on b")
     assert resumed.files.read("/home/user/c.txt") == "written through a, run on b"
     step("paused through b, resumed on b with its files, used through a")
