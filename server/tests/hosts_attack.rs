@@ -381,3 +381,60 @@ async fn a_host_thawed_after_its_lease_lapsed_continues_its_sandbox_for_either_h
     );
     nothing_left(&shared, &[root_a.path(), root_b.path()], &id).await;
 }
+
+/// Checks: a pause while the sandbox table cannot be written is done (the keeper acted: the
+/// workspace is on the shelf) and answered 204, its record left saying the sandbox runs; once
+/// the table is back, a sweep writes it (within 20 s): both hosts list it paused, and a connect
+/// through the other host resumes it there with its file. Before, the failed write was only
+/// logged: the other host listed the paused sandbox as running for as long as its host lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_the_table_could_not_record_is_recorded_once_it_is_back() {
+    let shared = Services::start("hostsattack");
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (shared.host(root_a.path()), shared.host(root_b.path()));
+    let c = client();
+    let admin = shared.admin().await;
+    let (id, token) = common::create_sandbox(&c, &a.url, KEY_A, json!({"timeout": 300})).await;
+    assert_eq!(
+        upload(
+            &c,
+            &a.url,
+            &id,
+            &token,
+            "/home/user/p.txt",
+            b"paused".to_vec()
+        )
+        .await,
+        StatusCode::OK
+    );
+    lock_table(&admin).await;
+    let (status, body) = post(&c, &a.url, &id, "pause").await;
+    unlock_table(&admin).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let began = std::time::Instant::now();
+    loop {
+        let record = row(&admin, &id).await.unwrap_or_default();
+        let listed = list(&c, &b.url).await;
+        if record.contains("\"runs_on\": null") && listed.contains("\"paused\"") {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "paused (204) while the table was locked, and 20 s after it was back: its record \
+             {record}; b lists {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "recorded paused {:?} after the table was back",
+        began.elapsed()
+    );
+    let (status, body) = post(&c, &b.url, &id, "connect").await;
+    assert!(status.is_success(), "{status} {body}");
+    let (status, bytes) = common::download(&c, &b.url, &id, &token, "/home/user/p.txt").await;
+    assert_eq!((status, bytes.as_slice()), (StatusCode::OK, &b"paused"[..]));
+    assert_eq!(
+        common::kill_sandbox(&c, &b.url, &id, KEY_A).await,
+        StatusCode::NO_CONTENT
+    );
+}

@@ -49,6 +49,7 @@ use crate::replicas::{Claimed, Replicas, Retention};
 
 mod lost;
 mod replicated;
+mod unrecorded;
 
 pub use replicated::SWEEP;
 use replicated::{held, moved, Counted, Op, Recorded};
@@ -283,6 +284,9 @@ pub struct Registry {
     /// The root's sandbox table and this replica (`--fleet`): paused sandboxes outlive the
     /// process, and the replicas on the root answer for each other's.
     replicas: Option<Replicas>,
+    /// Writes of records that failed after the keeper acted, by sandbox id: made again by the
+    /// sweeps ([`unrecorded`]).
+    pending: Mutex<HashMap<String, (Arc<Sandbox>, unrecorded::Pending)>>,
 }
 
 #[derive(Default)]
@@ -312,6 +316,7 @@ impl Registry {
             inner: Mutex::default(),
             metrics,
             replicas,
+            pending: Mutex::default(),
         })
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::unrecorded::Pending;
 use super::{lock, past_limit, Life, Registry, Sandbox};
 use crate::auth::Team;
 use crate::clock;
@@ -60,6 +61,7 @@ impl Registry {
     /// request for them would. A table that cannot be read is logged.
     pub async fn sweep(self: &Arc<Self>) {
         self.interrupt_lost();
+        self.record_again().await;
         if let Err(e) = self.restore().await {
             tracing::warn!(error = %e, "the sandbox table could not be swept");
         }
@@ -285,12 +287,16 @@ impl Registry {
     /// here as it is; a paused one only if the table does not say
     /// another replica runs it (`RunsOn` then: this replica lost it, its lease having lapsed).
     /// A failure to write is logged and taken as done: the sandbox stays as it is here, and
-    /// the other replicas (and a later process) do not know it.
-    pub(super) async fn record(&self, sandbox: &Sandbox, how: Recorded) -> Claimed {
+    /// the write is made again by the sweeps until it lands ([`super::unrecorded`]).
+    pub(super) async fn record(&self, sandbox: &Arc<Sandbox>, how: Recorded) -> Claimed {
         match self.try_record(sandbox, how).await {
-            Ok(claimed) => claimed,
+            Ok(claimed) => {
+                self.recorded(sandbox);
+                claimed
+            }
             Err(e) => {
-                tracing::error!(sandbox = %sandbox.id, error = %e.message, "a sandbox could not be recorded: the other replicas and a restart do not see it as it is");
+                tracing::error!(sandbox = %sandbox.id, error = %e.message, "a sandbox could not be recorded: written again by the sweeps");
+                self.unrecorded(sandbox, Pending::Record(how));
                 Claimed::Done
             }
         }
@@ -332,21 +338,24 @@ impl Registry {
     /// Records the new end of `sandbox`, running here (`--fleet`), unless its record says it
     /// no longer does (paused or killed meanwhile): written after the timeout changed, on its
     /// own task, so it may come late.
-    pub(super) async fn record_end(&self, sandbox: &Sandbox) {
+    pub(super) async fn record_end(&self, sandbox: &Arc<Sandbox>) {
         let Some(replicas) = self.replicas.clone() else {
             return;
         };
         let record = running_here(sandbox, &replicas);
         let written = replicas.refresh(record).await;
-        if written.is_err() {
-            tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox's new end could not be recorded");
+        if written.is_ok() {
+            self.recorded(sandbox);
+        } else {
+            tracing::error!(sandbox = %sandbox.id, ?written, "a sandbox's new end could not be recorded: written again by the sweeps");
+            self.unrecorded(sandbox, Pending::Record(Recorded::Running));
         }
     }
 
     /// Removes `sandbox`'s record (`--fleet`) if it is paused or runs here, under the table's
     /// lock (a kill, once the keeper deleted it: [`Replicas::kill`] marked it before). What
     /// the lock found; a failure to write is logged and taken as done.
-    pub(super) async fn forget_record(&self, sandbox: &Sandbox) -> Claimed {
+    pub(super) async fn forget_record(&self, sandbox: &Arc<Sandbox>) -> Claimed {
         self.change_record(sandbox, Op::Forget).await
     }
 
@@ -367,12 +376,16 @@ impl Registry {
     }
 
     /// `op` on `sandbox`'s record (`--fleet`; without: done). A failure to change it is
-    /// logged and taken as done.
-    pub(super) async fn change_record(&self, sandbox: &Sandbox, op: Op) -> Claimed {
+    /// logged and taken as done, and the change is made again by the sweeps.
+    pub(super) async fn change_record(&self, sandbox: &Arc<Sandbox>, op: Op) -> Claimed {
         match self.try_change_record(sandbox, op).await {
-            Ok(claimed) => claimed,
+            Ok(claimed) => {
+                self.recorded(sandbox);
+                claimed
+            }
             Err(e) => {
-                tracing::error!(sandbox = %sandbox.id, error = %e.message, ?op, "a sandbox's record could not be changed");
+                tracing::error!(sandbox = %sandbox.id, error = %e.message, ?op, "a sandbox's record could not be changed: changed again by the sweeps");
+                self.unrecorded(sandbox, Pending::Change(op));
                 Claimed::Done
             }
         }
@@ -454,7 +467,7 @@ fn unwritten(id: &str, e: &std::io::Error) -> ApiError {
 }
 
 /// A change of a sandbox's record that depends on what it says ([`Replicas`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Op {
     /// [`Replicas::take`]: a resume here.
     Take,
@@ -467,7 +480,7 @@ pub(super) enum Op {
 }
 
 /// The record of `sandbox` running on this replica, until its end.
-fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
+pub(super) fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
     Record {
         runs_on: Some(replicas.me.clone()),
         end_ms: clock::unix_ms(sandbox.end_at()),
@@ -477,7 +490,7 @@ fn running_here(sandbox: &Sandbox, replicas: &Replicas) -> Record {
 }
 
 /// How a sandbox is recorded in the sandbox table (`--fleet`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Recorded {
     /// Running on this replica, until its end.
     Running,
