@@ -215,23 +215,7 @@ async fn the_postgres_table_loses_no_concurrent_change() {
     let a = PgTable::connect(&pg.config(), off.clone()).await.unwrap();
     let b = PgTable::connect(&pg.config(), off).await.unwrap();
     const ID: &str = "sbx0123456789abcdef0123";
-    let record = Record {
-        id: ID.into(),
-        team: "team-a".into(),
-        template: "base".into(),
-        metadata: Default::default(),
-        env: vec![],
-        session: ID.into(),
-        token: "ab".repeat(32),
-        started_ms: 1,
-        auto_pause: false,
-        runs_on: None,
-        end_ms: 0,
-        interrupted: false,
-        paused_ms: 0,
-        killing: false,
-        held_on: None,
-    };
+    let record = common::paused_record(ID);
     a.put(&record).await.unwrap();
     let bump = |table: PgTable| async move {
         for _ in 0..100 {

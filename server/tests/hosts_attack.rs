@@ -312,24 +312,8 @@ async fn a_host_thawed_after_its_lease_lapsed_continues_its_sandbox_for_either_h
         StatusCode::OK
     );
     b.signal("-STOP");
-    // A bounded poll: b's lease (15 s) lapses on the wall clock, then a's sweep (5 s).
-    let mut paused = false;
-    for _ in 0..60 {
-        // Forwarded to the frozen b until its lease lapses: each poll is bounded (2 s).
-        let r = c
-            .get(format!("{}/sandboxes/{id}", a.url))
-            .header("x-api-key", KEY_A)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        if let Ok(r) = r {
-            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
-                paused = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // Forwarded to the frozen b until its lease lapses (15 s), then a's sweep (5 s).
+    let paused = common::shows_paused(&c, &a.url, &id, 60).await;
     assert!(paused, "a never took the frozen host's sandbox for paused");
     let admin = shared.admin().await;
     let held = row(&admin, &id).await.unwrap_or_default();

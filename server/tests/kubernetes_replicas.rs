@@ -210,23 +210,7 @@ async fn the_kubernetes_table_loses_no_concurrent_change() {
     };
     let (a, b) = (K8sTable::new(client(), NS), K8sTable::new(client(), NS));
     const ID: &str = "sbx0123456789abcdef0123";
-    let record = Record {
-        id: ID.into(),
-        team: "team-a".into(),
-        template: "base".into(),
-        metadata: Default::default(),
-        env: vec![],
-        session: ID.into(),
-        token: "ab".repeat(32),
-        started_ms: 1,
-        auto_pause: false,
-        runs_on: None,
-        end_ms: 0,
-        interrupted: false,
-        paused_ms: 0,
-        killing: false,
-        held_on: None,
-    };
+    let record = common::paused_record(ID);
     a.put(&record).await.unwrap();
     let bump = |table: K8sTable| async move {
         for _ in 0..100 {

@@ -504,22 +504,8 @@ async fn a_thawed_replica_does_not_act_on_a_sandbox_taken_over() {
         StatusCode::OK
     );
     a.signal("-STOP");
-    let mut taken = false;
-    for _ in 0..60 {
-        let r = c
-            .get(format!("{}/sandboxes/{id}", b.url))
-            .header("x-api-key", KEY_A)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        if let Ok(r) = r {
-            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
-                taken = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // Forwarded to the frozen replica until its lease lapses (15 s), then a sweep (5 s).
+    let taken = common::shows_paused(&c, &b.url, &id, 60).await;
     assert!(
         taken,
         "b never took the frozen replica's sandbox for paused"
@@ -592,23 +578,8 @@ async fn a_thawed_replica_continues_a_sandbox_nobody_took_over() {
         StatusCode::OK
     );
     a.signal("-STOP");
-    let mut taken = false;
-    for _ in 0..60 {
-        // Forwarded to the frozen a until its lease lapses: each poll is bounded (2 s).
-        let r = c
-            .get(format!("{}/sandboxes/{id}", b.url))
-            .header("x-api-key", KEY_A)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        if let Ok(r) = r {
-            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
-                taken = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // Forwarded to the frozen replica until its lease lapses (15 s), then a sweep (5 s).
+    let taken = common::shows_paused(&c, &b.url, &id, 60).await;
     assert!(
         taken,
         "b never took the frozen replica's sandbox for paused"
@@ -722,22 +693,8 @@ async fn a_thawed_replica_does_not_pause_a_sandbox_taken_over() {
     let c = client();
     let (id, token) = create(&c, &a, json!({})).await;
     a.signal("-STOP");
-    let mut taken = false;
-    for _ in 0..60 {
-        let r = c
-            .get(format!("{}/sandboxes/{id}", b.url))
-            .header("x-api-key", KEY_A)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await;
-        if let Ok(r) = r {
-            if r.status() == StatusCode::OK && r.text().await.unwrap().contains("\"paused\"") {
-                taken = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // Forwarded to the frozen replica until its lease lapses (15 s), then a sweep (5 s).
+    let taken = common::shows_paused(&c, &b.url, &id, 60).await;
     assert!(taken);
     let r = c
         .post(format!("{}/sandboxes/{id}/connect", b.url))

@@ -372,3 +372,46 @@ pub async fn upload(
         .unwrap()
         .status()
 }
+
+/// Whether the server at `url` shows the sandbox `id` paused within `polls` polls, 500 ms
+/// apart (a bounded poll of real processes: a lease lapses on the wall clock). Each request is
+/// bounded by 2 s: it may be forwarded to a replica that is stopped.
+pub async fn shows_paused(c: &reqwest::Client, url: &str, id: &str, polls: u32) -> bool {
+    for _ in 0..polls {
+        let r = c
+            .get(format!("{url}/sandboxes/{id}"))
+            .header("x-api-key", KEY_A)
+            .timeout(std::time::Duration::from_secs(2))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            let ok = r.status() == reqwest::StatusCode::OK;
+            if ok && r.text().await.unwrap_or_default().contains("\"paused\"") {
+                return true;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// A paused sandbox's record of team A, as the tests of the tables write one.
+pub fn paused_record(id: &str) -> sandkeeperd::durable::Record {
+    sandkeeperd::durable::Record {
+        id: id.into(),
+        team: "team-a".into(),
+        template: "base".into(),
+        metadata: Default::default(),
+        env: vec![],
+        session: id.into(),
+        token: "ab".repeat(32),
+        started_ms: 1,
+        auto_pause: false,
+        runs_on: None,
+        end_ms: 0,
+        interrupted: false,
+        paused_ms: 0,
+        killing: false,
+        held_on: None,
+    }
+}
