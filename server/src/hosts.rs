@@ -133,21 +133,28 @@ pub fn host_id(root: &Path) -> Result<String, HostsError> {
         .mode(0o700)
         .create(&dir)
         .map_err(|e| fail(e.to_string()))?;
-    let made = crate::registry::random_hex(16).map_err(|e| fail(e.message))?;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-    {
-        Ok(mut file) => {
-            // Written whole before any server reads it as its id: synced, then read back below.
-            file.write_all(made.as_bytes())
-                .and_then(|()| file.sync_all())
-                .map_err(|e| fail(e.to_string()))?;
+    if !path.exists() {
+        // Written whole under a name of its own, then linked into place: a server starting
+        // beside this one reads the whole id or makes its own, never half of one. Linking
+        // fails if the file exists (the other's won): this one's is dropped.
+        let made = crate::registry::random_hex(16).map_err(|e| fail(e.message))?;
+        let draft = dir.join(format!("host.{made}.tmp"));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&draft)
+            .and_then(|mut file| {
+                file.write_all(made.as_bytes())?;
+                file.sync_all()
+            });
+        let linked = written.and_then(|()| std::fs::hard_link(&draft, &path));
+        let _ = std::fs::remove_file(&draft);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(fail(e.to_string())),
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(fail(e.to_string())),
     }
     let id = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
     if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -167,5 +174,32 @@ fn redacted(url: &str) -> String {
         }
         _ if url.contains("password") || url.contains('@') => "(a connection string)".into(),
         _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_id_is_made_once_kept_and_refused_when_it_is_not_one() {
+        let root = tempfile::tempdir().unwrap();
+        let made = host_id(root.path()).unwrap();
+        assert_eq!(made.len(), 32);
+        assert_eq!(host_id(root.path()).unwrap(), made, "kept");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(host_id(other.path()).unwrap(), made, "each root its own");
+        let file = root.path().join(".sandkeeperd/host");
+        std::fs::write(&file, "not an id").unwrap();
+        let e = host_id(root.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("not 32 hex digits") && e.contains(".sandkeeperd/host"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(root.path().join(".sandkeeperd"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, vec!["host".to_string()], "no draft left");
     }
 }

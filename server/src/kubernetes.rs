@@ -2,7 +2,9 @@
 //! (`sandkeeper_k8s::K8sConfig`, the YAML of `io-k8s/deploy/sandkeeper-k8s.example.yaml`) and
 //! how to reach the API server. The server connects once, at start: the backend takes its
 //! owner's Lease and sweeps what dead owners left (`K8sBackend::connect`), and at the end
-//! deletes what it still owns and lets the Lease go ([`SandboxBackend::close`]).
+//! deletes what it still owns and lets the Lease go ([`SandboxBackend::close`]). One replica
+//! of several (`--fleet`) connects for a fleet instead (`K8sBackend::connect_fleet`: no owner
+//! Lease, and nothing deleted at its end: the fleet's sweep decides).
 //!
 //! [`SandboxBackend::close`]: crate::backend::SandboxBackend::close
 

@@ -30,8 +30,9 @@
 //! lock and only if its record still says that pause ([`Replicas::retain`]).
 //!
 //! A team's limit on running sandboxes counts its records that name a replica
-//! ([`crate::table::Table::running`]); each replica counts its own request rate. A signed `/files` URL (which names no sandbox) goes to the sandbox whose
-//! access token made its signature, found in the table ([`crate::route`]).
+//! ([`crate::table::Table::running`]); each replica counts its own request rate. A signed
+//! `/files` URL (which names no sandbox) goes to the sandbox whose access token made its
+//! signature, found in the table ([`crate::route`]).
 
 use std::collections::HashMap;
 use std::io;

@@ -5,9 +5,9 @@
 //! names none, and goes to the sandbox whose access token made its signature (found in the
 //! table when no sandbox here made it). A request another replica forwarded ([`HOP`]) is
 //! answered here whatever the table says (an envd request for an interrupted sandbox held
-//! here, [`crate::durable::Record::held_on`], first continues it). A REST request answered here with 409 because
-//! another replica took its paused sandbox meanwhile (two connects racing) is sent to that
-//! replica after all.
+//! here, [`crate::durable::Record::held_on`], first continues it). A REST request answered
+//! here with 409 because another replica took its paused sandbox meanwhile (two connects
+//! racing) is sent to that replica after all.
 
 use axum::body::Body;
 use axum::extract::{Request, State};

@@ -34,9 +34,8 @@ impl Registry {
         let mut restored = 0;
         for record in records {
             let me = &replicas.me;
-            if (record.held_on.as_ref())
-                .is_some_and(|h| h != me && h.host.is_some() && h.host == me.host)
-            {
+            let held_before = |h: &Replica| h != me && h.host.is_some() && h.host == me.host;
+            if record.held_on.as_ref().is_some_and(held_before) {
                 // Held by an earlier server on this host: restarted on its root.
                 if let Err(e) = replicas.hold_again(&record.id).await {
                     tracing::warn!(sandbox = %record.id, error = %e, "a sandbox held on this host not taken back");
@@ -241,9 +240,9 @@ impl Registry {
 
     /// Resumes `sandbox`, interrupted by its server's end, until `end` (its timeout as it
     /// was). Past it, its timeout acts now: an `autoPause` sandbox stays paused (by its user,
-    /// now), another is killed. Where a request for it goes then: here (`None`), or the replica
-    /// that took it meanwhile.
-    /// A resume that fails leaves it recorded as `again` says (still interrupted).
+    /// now; one held on this host's disk stays as it is recorded), another is killed. Where a
+    /// request for it goes then: here (`None`), or the replica that took it meanwhile. A
+    /// resume that fails leaves it recorded as `again` says (still interrupted).
     async fn continue_interrupted(
         self: Arc<Self>,
         sandbox: Arc<Sandbox>,
