@@ -108,7 +108,7 @@ impl Leases {
 
 /// Whether `a` and `b` are on one host: the same replica, or two servers of one host's root
 /// (a restart), which [`Replica::host`] names.
-fn same_host(a: &Replica, b: &Replica) -> bool {
+pub(crate) fn same_host(a: &Replica, b: &Replica) -> bool {
     a == b || (a.host.is_some() && a.host == b.host)
 }
 
@@ -183,7 +183,9 @@ impl Replicas {
             let dead = match &record.runs_on {
                 None if record.killing => None,
                 None => {
-                    if let Some(holder) = record.held_on.as_ref().filter(|h| !self.is_me(h)) {
+                    if let Some(holder) =
+                        record.held_on.as_ref().filter(|h| !same_host(h, &self.me))
+                    {
                         if self.lives(holder).await {
                             // Only its holder can continue it: the request goes there.
                             return Ok(Route::There(holder.clone()));
@@ -279,12 +281,6 @@ impl Replicas {
                 },
             })
             .await
-    }
-
-    /// Whether `replica` is this one, or an earlier server on its host (restarted on its
-    /// root): what either holds on its disk is this replica's.
-    fn is_me(&self, replica: &Replica) -> bool {
-        same_host(replica, &self.me)
     }
 
     /// Makes the paused sandbox `id`, held by an earlier server on this replica's host

@@ -34,7 +34,7 @@ impl Registry {
         let mut restored = 0;
         for record in records {
             let me = &replicas.me;
-            let held_before = |h: &Replica| h != me && h.host.is_some() && h.host == me.host;
+            let held_before = |h: &Replica| h != me && crate::replicas::same_host(h, me);
             if record.held_on.as_ref().is_some_and(held_before) {
                 // Held by an earlier server on this host: restarted on its root.
                 if let Err(e) = replicas.hold_again(&record.id).await {
